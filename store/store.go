@@ -1,0 +1,220 @@
+// Package store holds capkernel's bbolt file and the group-commit sequencer
+// through which every durable write goes.
+//
+// One goroutine, the sequencer, owns all write transactions. Update queues a
+// function and waits; the sequencer takes everything queued so far, runs the
+// functions in queue order inside one bbolt transaction and commits it (one
+// fsync for many calls) as soon as the previous commit is done. There is no
+// timer: under low load a lone request commits at once, under high load
+// batches grow by themselves.
+//
+// Unlike bbolt's db.Batch, a function's error is its own result and does not
+// fail its batch: functions must decide before they write, so an error
+// returned by a function means it wrote nothing. A function that fails after
+// writing must return Abort(err); the sequencer then rolls the batch back and
+// runs each of its functions again, alone, in a transaction of its own.
+// Functions must therefore depend only on the transaction's state and their
+// own arguments, never on memory they changed in an earlier run.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+)
+
+// MaxBatch bounds the number of functions committed in one transaction.
+const MaxBatch = 1024
+
+// ErrClosed is returned by Update after Close.
+var ErrClosed = errors.New("store: closed")
+
+// Options tunes Open. The zero value is the production default.
+type Options struct {
+	// OpenTimeout bounds the wait for the file lock held by another process.
+	OpenTimeout time.Duration
+	// NoSync turns off fsync (tests and benchmarks of non-durable paths only).
+	NoSync bool
+}
+
+// DB is a bbolt file with a group-commit sequencer. It is safe for
+// concurrent use.
+type DB struct {
+	bolt  *bbolt.DB
+	queue chan *request
+
+	mu     sync.RWMutex // guards closed against sends on queue
+	closed bool
+	done   chan struct{}
+}
+
+type request struct {
+	fn   func(*bbolt.Tx) error
+	err  error
+	done chan struct{} // nil for UpdateAsync
+}
+
+type abortError struct{ err error }
+
+func (a *abortError) Error() string { return a.err.Error() }
+func (a *abortError) Unwrap() error { return a.err }
+
+// Abort wraps the error of a function that failed after it had written to
+// the transaction, so that the sequencer discards the whole batch.
+func Abort(err error) error { return &abortError{err} }
+
+// Open opens (creating if needed) the bbolt file at path and starts the
+// sequencer. A file locked by another process fails after opts.OpenTimeout
+// (default 1s) with an error that says so.
+func Open(path string, opts Options) (*DB, error) {
+	timeout := opts.OpenTimeout
+	if timeout == 0 {
+		timeout = time.Second
+	}
+	b, err := bbolt.Open(path, 0o600, &bbolt.Options{
+		Timeout:         timeout,
+		NoFreelistSync:  true,
+		FreelistType:    bbolt.FreelistMapType,
+		InitialMmapSize: 1 << 30,
+		NoSync:          opts.NoSync,
+	})
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return nil, fmt.Errorf("store: %s is locked by another process (is another kernel serving this data dir?)", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), done: make(chan struct{})}
+	go d.sequence()
+	return d, nil
+}
+
+// View runs fn in a read-only transaction.
+func (d *DB) View(fn func(*bbolt.Tx) error) error { return d.bolt.View(fn) }
+
+// Path returns the bbolt file's path.
+func (d *DB) Path() string { return d.bolt.Path() }
+
+// Update runs fn in a group-committed write transaction and returns once that
+// transaction is durable (or fn's own error). The context bounds only the
+// wait to be queued: once queued, fn runs and Update waits for its outcome,
+// so a caller never loses track of a write that may have happened.
+func (d *DB) Update(ctx context.Context, fn func(*bbolt.Tx) error) error {
+	r := &request{fn: fn, done: make(chan struct{})}
+	if err := d.enqueue(ctx, r); err != nil {
+		return err
+	}
+	<-r.done
+	return r.err
+}
+
+// UpdateAsync queues fn without waiting for it. Use it only for writes whose
+// loss in a crash is harmless (for example, marking redo work finished).
+func (d *DB) UpdateAsync(fn func(*bbolt.Tx) error) error {
+	return d.enqueue(context.Background(), &request{fn: fn})
+}
+
+func (d *DB) enqueue(ctx context.Context, r *request) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return ErrClosed
+	}
+	select {
+	case d.queue <- r:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close waits for queued writes to commit, stops the sequencer and closes
+// the file.
+func (d *DB) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	d.closed = true
+	close(d.queue)
+	d.mu.Unlock()
+	<-d.done
+	return d.bolt.Close()
+}
+
+func (d *DB) sequence() {
+	defer close(d.done)
+	batch := make([]*request, 0, MaxBatch)
+	for first := range d.queue {
+		batch = append(batch[:0], first)
+	fill:
+		for len(batch) < MaxBatch {
+			select {
+			case r, ok := <-d.queue:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		d.commit(batch)
+		for _, r := range batch {
+			if r.done != nil {
+				close(r.done)
+			}
+		}
+	}
+}
+
+// commit runs batch in one transaction; if a function aborts, it runs each
+// function again in a transaction of its own.
+func (d *DB) commit(batch []*request) {
+	err := d.bolt.Update(func(tx *bbolt.Tx) error {
+		for _, r := range batch {
+			r.err = run(r.fn, tx)
+			var a *abortError
+			if errors.As(r.err, &a) {
+				return r.err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		return
+	}
+	if len(batch) == 1 {
+		batch[0].err = err
+		return
+	}
+	for _, r := range batch {
+		if e := d.bolt.Update(func(tx *bbolt.Tx) error {
+			r.err = run(r.fn, tx)
+			var a *abortError
+			if errors.As(r.err, &a) {
+				return r.err
+			}
+			return nil
+		}); e != nil {
+			r.err = e
+		}
+	}
+}
+
+// run calls fn, turning a panic into an abort so one bad function cannot
+// take the sequencer (and with it every later write) down.
+func run(fn func(*bbolt.Tx) error, tx *bbolt.Tx) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = Abort(fmt.Errorf("store: panic in transaction function: %v\n%s", p, debug.Stack()))
+		}
+	}()
+	return fn(tx)
+}
