@@ -100,3 +100,5 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	oras.land/oras-go/v2 v2.6.2 // indirect
 )
+
+tool github.com/open-policy-agent/opa
