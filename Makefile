@@ -1,6 +1,8 @@
 # capkernel — build, test, benchmark and demo. Needs only Go (see go.mod);
 # OPA's CLI for the Rego tests is built from the module cache (go tool opa).
 GO      ?= go
+# jwx/v4 is built on encoding/json/v2, still behind an experiment in Go 1.26.
+export GOEXPERIMENT := jsonv2
 PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s

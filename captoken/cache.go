@@ -1,0 +1,72 @@
+package captoken
+
+import (
+	"hash/maphash"
+	"sync"
+)
+
+// cacheShards spreads the cache over independently locked maps so that
+// concurrent calls rarely wait for each other.
+const cacheShards = 16
+
+// sigCache maps the digest of a raw token to its signature-checked,
+// well-formed Claims. Keying by the digest of the whole token means an
+// entry is only ever found for the exact bytes that were verified.
+// Each shard holds a bounded number of entries; when one is full, adding
+// drops an arbitrary entry (Go randomises map iteration order).
+type sigCache struct {
+	seed   maphash.Seed
+	max    int // entries per shard
+	shards [cacheShards]cacheShard
+}
+
+type cacheShard struct {
+	mu sync.RWMutex
+	m  map[string]Claims
+}
+
+// newSigCache returns a cache of about size entries, or nil (no caching)
+// if size < 0.
+func newSigCache(size int) *sigCache {
+	if size < 0 {
+		return nil
+	}
+	c := &sigCache{seed: maphash.MakeSeed(), max: max(1, size/cacheShards)}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]Claims)
+	}
+	return c
+}
+
+func (c *sigCache) shard(key string) *cacheShard {
+	return &c.shards[maphash.String(c.seed, key)%cacheShards]
+}
+
+// get returns the Claims cached under key. A nil cache holds nothing.
+func (c *sigCache) get(key string) (Claims, bool) {
+	if c == nil {
+		return Claims{}, false
+	}
+	s := c.shard(key)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	v, ok := s.m[key]
+	return v, ok
+}
+
+// put caches v under key. A nil cache drops it.
+func (c *sigCache) put(key string, v Claims) {
+	if c == nil {
+		return
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[key]; !ok && len(s.m) >= c.max {
+		for k := range s.m {
+			delete(s.m, k)
+			break
+		}
+	}
+	s.m[key] = v
+}

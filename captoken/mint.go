@@ -1,0 +1,66 @@
+package captoken
+
+import (
+	"crypto"
+	"crypto/ed25519"
+	"encoding/base64"
+	"fmt"
+
+	"github.com/lestrrat-go/jwx/v4/jwa"
+	"github.com/lestrrat-go/jwx/v4/jwk"
+	"github.com/lestrrat-go/jwx/v4/jws"
+)
+
+// headerType is the typ header parameter of every token.
+const headerType = "JWT"
+
+// KeyID returns the kid of an issuer public key: its RFC 7638 JWK
+// thumbprint (SHA-256), base64url without padding. It returns "" if pub is
+// not a 32-byte Ed25519 public key.
+func KeyID(pub ed25519.PublicKey) string {
+	if len(pub) != ed25519.PublicKeySize {
+		return ""
+	}
+	k, err := jwk.Import[jwk.Key](pub)
+	if err != nil {
+		return ""
+	}
+	tp, err := k.Thumbprint(crypto.SHA256)
+	if err != nil {
+		return ""
+	}
+	return base64.RawURLEncoding.EncodeToString(tp)
+}
+
+// Mint validates c and returns it as a token signed with key, with kid
+// KeyID of key's public key. Times lose any fraction of a second. It fails
+// if the token would be longer than MaxTokenSize.
+func Mint(key ed25519.PrivateKey, c Claims) (string, error) {
+	if len(key) != ed25519.PrivateKeySize {
+		return "", fmt.Errorf("captoken: mint: private key is %d bytes, want %d", len(key), ed25519.PrivateKeySize)
+	}
+	if err := c.Validate(); err != nil {
+		return "", err
+	}
+	b, err := marshalClaims(c)
+	if err != nil {
+		return "", fmt.Errorf("captoken: mint: %w", err)
+	}
+	hdr := jws.NewHeaders()
+	for name, v := range map[string]string{
+		jws.KeyIDKey: KeyID(key.Public().(ed25519.PublicKey)),
+		jws.TypeKey:  headerType,
+	} {
+		if err := hdr.Set(name, v); err != nil {
+			return "", fmt.Errorf("captoken: mint: set header %s: %w", name, err)
+		}
+	}
+	tok, err := jws.Sign(b, jws.WithKey(jwa.EdDSA(), key, jws.WithProtectedHeaders(hdr)))
+	if err != nil {
+		return "", fmt.Errorf("captoken: mint: %w", err)
+	}
+	if len(tok) > MaxTokenSize {
+		return "", fmt.Errorf("captoken: mint: token is %d bytes, over the %d-byte limit Verify accepts", len(tok), MaxTokenSize)
+	}
+	return string(tok), nil
+}
