@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+func demoCmd() *cobra.Command {
+	var data string
+	cmd := &cobra.Command{
+		Use:   "demo [--data DIR]",
+		Short: "Run a scripted agent session through the kernel and verify the ledger",
+		Long: `demo initializes a data dir (a temporary one unless --data is given), makes a
+small workspace beside it, mints capability tokens and runs a scripted agent
+session through the kernel: reads, a write, a patch, a denied read of .env, a
+../ escape, a replayed write, a stale precondition and an over-budget call.
+It prints one line per call and ends with the ledger verification.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if data == "" {
+				tmp, err := os.MkdirTemp("", "capkernel-demo-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(tmp)
+				data = filepath.Join(tmp, "data")
+			}
+			return runDemo(cmd.Context(), cmd.OutOrStdout(), data)
+		},
+	}
+	cmd.Flags().StringVar(&data, "data", "", "data dir (created if missing; default: a temporary dir)")
+	return cmd
+}
+
+// session is the demo agent: one identity, one token, one workspace.
+type session struct {
+	k     *kernel.Kernel
+	out   io.Writer
+	agent string
+	token string
+	jti   string
+	n     int
+	fails int
+}
+
+// call sends one envelope and prints its result in one line; want is the
+// expected error class ("" for success), and a surprise counts as a failure.
+func (s *session) call(ctx context.Context, what, tool string, args any, key string, pre []map[string]any, want string) *kernel.Result {
+	s.n++
+	a, _ := json.Marshal(args)
+	env := map[string]any{
+		"tool_id": tool, "args": json.RawMessage(a), "agent_id": s.agent,
+		"capability_token": s.token, "capability_token_id": s.jti,
+		"policy_hash": s.k.PolicyHash(), "task_class": "demo",
+		"provenance": map[string]any{"session_id": "demo-session", "turn_id": fmt.Sprint(s.n)},
+	}
+	if key != "" {
+		env["idempotency_key"] = key
+	}
+	if pre != nil {
+		env["precondition_refs"] = pre
+	}
+	raw, _ := json.Marshal(env)
+	r := s.k.InvokeJSON(ctx, raw)
+	got, detail := "", summary(r)
+	if r.Error != nil {
+		got = r.Error.Class
+	}
+	mark := "ok  "
+	if got != want {
+		mark = "FAIL"
+		s.fails++
+	}
+	fmt.Fprintf(s.out, "%s %2d %-34s %-9s %-5s %-26s %-11s %-9s seq=%-3d %s\n",
+		mark, s.n, what, tool, r.Status, orDash(got), r.TxOutcome, r.AutonomyMode, r.LedgerSeq, detail)
+	return r
+}
+
+func summary(r *kernel.Result) string {
+	if r.Error != nil {
+		msg := r.Error.Message
+		if len(msg) > 70 {
+			msg = msg[:67] + "..."
+		}
+		return msg
+	}
+	var parts []string
+	if r.Replayed {
+		parts = append(parts, "replayed=true")
+	}
+	var res map[string]any
+	json.Unmarshal(r.Result, &res)
+	for _, f := range []string{"text", "size", "truncated", "version"} {
+		if v, ok := res[f]; ok {
+			parts = append(parts, fmt.Sprintf("%s=%v", f, v))
+		}
+	}
+	if e, ok := res["entries"].([]any); ok {
+		parts = append(parts, fmt.Sprintf("entries=%d", len(e)))
+	}
+	return strings.Join(parts, " ")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func runDemo(ctx context.Context, out io.Writer, data string) error {
+	if _, err := os.Stat(filepath.Join(data, kernel.ConfigFile)); err != nil {
+		if _, err := kernel.Init(data); err != nil {
+			return err
+		}
+	}
+	ws := filepath.Join(filepath.Dir(filepath.Clean(data)), "demo-workspace-"+filepath.Base(data))
+	if err := seedWorkspace(ws); err != nil {
+		return err
+	}
+	k, err := kernel.Open(ctx, kernel.Config{DataDir: data})
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	fmt.Fprintf(out, "kernel %s, policy %s\nworkspace %s\n\n", k.ID(), k.PolicyHash(), ws)
+
+	mint := func(agent string, budgets map[string]int64) (*session, error) {
+		tok, cl, err := k.MintToken(captoken.Claims{
+			Subject: agent, Expiry: time.Now().Add(time.Hour),
+			Cap: captoken.Capability{
+				Tools:   []string{"echo", "fs.*", "kv.*"},
+				FS:      []captoken.FSRoot{{Path: ws, Mode: "rw"}},
+				Budgets: budgets,
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &session{k: k, out: out, agent: agent, token: tok, jti: cl.ID}, nil
+	}
+	s, err := mint("demo-agent", map[string]int64{"calls": 100, "disk_write_bytes": 1 << 20})
+	if err != nil {
+		return err
+	}
+	key := func(name string) string { return name + "-" + s.jti[:8] }
+
+	s.call(ctx, "say hello", "echo", map[string]any{"text": "hello, kernel"}, "", nil, "")
+	s.call(ctx, "list the workspace", "fs.list", map[string]any{"path": "."}, "", nil, "")
+	s.call(ctx, "read README.md", "fs.read", map[string]any{"path": "README.md"}, "", nil, "")
+	w := s.call(ctx, "write notes.txt", "fs.write", map[string]any{"path": "notes.txt", "content": "status: draft\n"}, key("w1"), nil, "")
+	fresh := digest.Sum([]byte("status: draft\n"))
+	s.call(ctx, "patch notes.txt (fresh precondition)", "fs.patch", map[string]any{"path": "notes.txt", "old": "draft", "new": "reviewed"}, key("p1"),
+		[]map[string]any{{"ref": "fs:notes.txt", "hash": fresh}}, "")
+	s.call(ctx, "read .env (a secret)", "fs.read", map[string]any{"path": ".env"}, "", nil, kernel.ErrPolicyDenied)
+	s.call(ctx, "read ../outside.txt (escape)", "fs.read", map[string]any{"path": "../outside.txt"}, "", nil, kernel.ErrScopeDenied)
+	r := s.call(ctx, "replay the write of notes.txt", "fs.write", map[string]any{"path": "notes.txt", "content": "status: draft\n"}, key("w1"), nil, "")
+	if !r.Replayed || r.OperationID != w.OperationID {
+		s.fails++
+		fmt.Fprintln(out, "FAIL    the replay did not return the original outcome")
+	}
+	s.call(ctx, "write with a stale precondition", "fs.write", map[string]any{"path": "notes.txt", "content": "overwritten\n"}, key("w2"),
+		[]map[string]any{{"ref": "fs:notes.txt", "hash": fresh}}, kernel.ErrPreconditionFailed)
+	s.call(ctx, "write without idempotency key", "fs.write", map[string]any{"path": "x.txt", "content": "x"}, "", nil, kernel.ErrIdempotencyKeyRequired)
+	s.call(ctx, "put a kv entry", "kv.put", map[string]any{"key": "progress", "value": map[string]any{"step": 1}}, key("kv1"), nil, "")
+	s.call(ctx, "run a tool the kernel lacks", "net.fetch", map[string]any{"url": "https://example.com"}, "", nil, kernel.ErrToolNotFound)
+
+	tight, err := mint("demo-agent-tight", map[string]int64{"calls": 2})
+	if err != nil {
+		return err
+	}
+	tight.n = s.n
+	tight.call(ctx, "tight token: call 1 of 2", "echo", map[string]any{"text": "one"}, "", nil, "")
+	tight.call(ctx, "tight token: call 2 of 2", "echo", map[string]any{"text": "two"}, "", nil, "")
+	tight.call(ctx, "tight token: call 3 (over budget)", "echo", map[string]any{"text": "three"}, "", nil, kernel.ErrBudgetExceeded)
+
+	content, err := os.ReadFile(filepath.Join(ws, "notes.txt"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nnotes.txt now holds %q\n", content)
+	n, err := k.VerifyLedger()
+	var ve *ledger.VerifyError
+	switch {
+	case errors.As(err, &ve):
+		return fmt.Errorf("ledger TAMPERED at seq %d: %s", ve.Seq, ve.Reason)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(out, "ledger intact: %d entries, hash chain verified\n", n)
+	if fails := s.fails + tight.fails; fails > 0 {
+		return fmt.Errorf("demo: %d calls did not behave as expected", fails)
+	}
+	return nil
+}
+
+// seedWorkspace makes the demo's workspace, with a secret in .env and a
+// file just outside it that a ../ escape would reach.
+func seedWorkspace(ws string) error {
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		return err
+	}
+	files := map[string]string{
+		filepath.Join(ws, "README.md"):                  "# demo workspace\nAn agent works here through capkernel.\n",
+		filepath.Join(ws, ".env"):                       "API_KEY=do-not-leak\n",
+		filepath.Join(filepath.Dir(ws), "outside.txt"): "outside the workspace\n",
+	}
+	for p, c := range files {
+		if err := os.WriteFile(p, []byte(c), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestBadInput: garbage gets a result with the right class and an audit
+// record, and changes nothing else.
+func TestBadInput(t *testing.T) {
+	h := newHarness(t)
+	h.write("keep.txt", "keep")
+	valid := func(mod func(map[string]any)) []byte {
+		m := map[string]any{
+			"tool_id": "fs.write", "args": map[string]any{"path": "keep.txt", "content": "changed"},
+			"agent_id": h.agent, "capability_token": h.token, "capability_token_id": h.jti,
+			"policy_hash": h.k.PolicyHash(), "idempotency_key": "bad-input",
+		}
+		mod(m)
+		b, _ := json.Marshal(m)
+		return b
+	}
+	huge := strings.Repeat("x", 2<<20)
+	cases := []struct {
+		name  string
+		raw   []byte
+		class string
+	}{
+		{"empty", []byte{}, ErrInvalidArgs},
+		{"not json", []byte("tool_id=fs.write"), ErrInvalidArgs},
+		{"truncated", []byte(`{"tool_id":"fs.write","args":{`), ErrInvalidArgs},
+		{"array", []byte(`[1,2,3]`), ErrInvalidArgs},
+		{"trailing data", append(valid(func(map[string]any) {}), []byte(" {}")...), ErrInvalidArgs},
+		{"unknown envelope field", valid(func(m map[string]any) { m["sudo"] = true }), ErrInvalidArgs},
+		{"args wrong type", valid(func(m map[string]any) { m["args"] = "keep.txt" }), ErrInvalidArgs},
+		{"args missing", valid(func(m map[string]any) { delete(m, "args") }), ErrInvalidArgs},
+		{"tool_id wrong type", valid(func(m map[string]any) { m["tool_id"] = 7 }), ErrInvalidArgs},
+		{"content wrong type", valid(func(m map[string]any) { m["args"] = map[string]any{"path": "keep.txt", "content": 7} }), ErrInvalidArgs},
+		{"unknown arg", valid(func(m map[string]any) { m["args"] = map[string]any{"path": "keep.txt", "content": "x", "mode_evil": 1} }), ErrInvalidArgs},
+		{"duplicate arg key", []byte(strings.Replace(string(valid(func(map[string]any) {})), `"content":"changed"`, `"content":"changed","content":"twice"`, 1)), ErrInvalidArgs},
+		{"unknown tool", valid(func(m map[string]any) { m["tool_id"] = "fs.nuke" }), ErrToolNotFound},
+		{"NUL in path", valid(func(m map[string]any) { m["args"] = map[string]any{"path": "keep.txt\x00", "content": "x"} }), ErrScopeDenied},
+		{"oversize", valid(func(m map[string]any) { m["args"] = map[string]any{"path": "keep.txt", "content": huge} }), ErrInvalidArgs},
+		{"bad operation id", valid(func(m map[string]any) { m["operation_id"] = "../../etc" }), ErrInvalidArgs},
+		{"bad autonomy mode", valid(func(m map[string]any) { m["autonomy_mode"] = "yolo" }), ErrInvalidArgs},
+		{"risk out of range", valid(func(m map[string]any) { m["risk_score"] = 7 }), ErrInvalidArgs},
+		{"bad precondition", valid(func(m map[string]any) { m["precondition_refs"] = []any{map[string]any{"ref": "fs:keep.txt"}} }), ErrInvalidArgs},
+		{"provenance not object", valid(func(m map[string]any) { m["provenance"] = []int{1} }), ErrInvalidArgs},
+		{"policy hash missing", valid(func(m map[string]any) { delete(m, "policy_hash") }), ErrPolicyMismatch},
+		{"policy hash stale", valid(func(m map[string]any) { m["policy_hash"] = "blake3:" + strings.Repeat("0", 64) }), ErrPolicyMismatch},
+		{"no idempotency key", valid(func(m map[string]any) { delete(m, "idempotency_key") }), ErrIdempotencyKeyRequired},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := h.headSize()
+			r := h.k.InvokeJSON(context.Background(), tc.raw)
+			if errClass(r) != tc.class || r.Status != StatusError || r.TxOutcome != NoOp {
+				t.Fatalf("got %q %s %s, want %q error no_op (%+v)", errClass(r), r.Status, r.TxOutcome, tc.class, r.Error)
+			}
+			if r.Receipt == "" || r.ResultHash == "" {
+				t.Fatal("refusal without receipt or result hash")
+			}
+			if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != tc.class {
+				t.Fatalf("audit records %+v, want one with class %s", a, tc.class)
+			}
+			if got := h.read("keep.txt"); got != "keep" {
+				t.Fatalf("workspace changed: %q", got)
+			}
+		})
+	}
+	entries, _ := os.ReadDir(h.ws)
+	if len(entries) != 1 {
+		t.Fatalf("workspace holds %d entries, want only keep.txt", len(entries))
+	}
+	if _, err := h.k.VerifyLedger(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzDecodeEnvelope: any input is refused or accepted, never a panic, and
+// an accepted envelope has object args.
+func FuzzDecodeEnvelope(f *testing.F) {
+	f.Add([]byte(`{"tool_id":"echo","args":{"text":"hi"},"agent_id":"a","capability_token":"t","capability_token_id":"j","policy_hash":"p"}`))
+	f.Add([]byte(`{"tool_id":"fs.write","args":{"path":"a","content":"b"},"precondition_refs":[{"ref":"fs:a","absent":true}]}`))
+	f.Add([]byte(`{"args":{"a":1,"a":2}}`))
+	f.Add([]byte(`{"args":[]}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		env, err := DecodeEnvelope(data)
+		if err != nil {
+			return
+		}
+		if len(env.Args) == 0 || env.Args[0] != '{' {
+			t.Fatalf("accepted non-object args %q", env.Args)
+		}
+		if _, err := json.Marshal(env); err != nil {
+			t.Fatalf("accepted envelope does not re-encode: %v", err)
+		}
+	})
+}

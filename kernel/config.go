@@ -1,0 +1,196 @@
+package kernel
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// Config configures Open. Only DataDir is required; settings left zero come
+// from the data dir's kernel.json, then from the defaults below.
+type Config struct {
+	DataDir string
+	// PolicyDir, when set, replaces the embedded default policy bundle.
+	PolicyDir string
+	// MaxEnvelopeBytes bounds an encoded call envelope (default 1 MiB).
+	MaxEnvelopeBytes int64
+	// MaxReadBytes bounds the bytes a read returns (default 1 MiB).
+	MaxReadBytes int64
+	// CallTimeout bounds a syscall's execution unless its definition sets
+	// its own (default 60s).
+	CallTimeout time.Duration
+	// TokenLeeway is the clock skew allowed on token exp/nbf (default 30s).
+	TokenLeeway time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// NoSync turns off fsync of the bbolt file. For tests of non-durable
+	// behaviour only; never in production.
+	NoSync bool
+}
+
+// Defaults.
+const (
+	DefaultMaxEnvelopeBytes = 1 << 20
+	DefaultMaxReadBytes     = 1 << 20
+	DefaultCallTimeout      = 60 * time.Second
+	DefaultTokenLeeway      = 30 * time.Second
+)
+
+// Files of a data dir.
+const (
+	ConfigFile     = "kernel.json"
+	DBFile         = "kernel.db"
+	IssuerKeyFile  = "keys/issuer.pem"
+	ReceiptKeyFile = "keys/receipt.pem"
+	AdminFile      = "admin.token"
+)
+
+// settings is the data dir's kernel.json.
+type settings struct {
+	KernelID            string `json:"kernel_id"`
+	Issuer              string `json:"issuer"`
+	AdminCredentialHash string `json:"admin_credential_hash"`
+	PolicyDir           string `json:"policy_dir,omitempty"`
+	MaxEnvelopeBytes    int64  `json:"max_envelope_bytes,omitempty"`
+	MaxReadBytes        int64  `json:"max_read_bytes,omitempty"`
+}
+
+// InitResult describes a data dir made by Init.
+type InitResult struct {
+	KernelID        string
+	Issuer          string
+	AdminCredential string // also in DataDir/admin.token (mode 0600)
+}
+
+// Init makes a new data dir: kernel id, issuer and receipt keys (Ed25519,
+// PKCS #8 PEM), an admin credential and kernel.json. It refuses a dir that
+// already holds a kernel.
+func Init(dir string) (*InitResult, error) {
+	if _, err := os.Stat(filepath.Join(dir, ConfigFile)); err == nil {
+		return nil, fmt.Errorf("init: %s already holds a kernel (%s exists)", dir, ConfigFile)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "keys"), 0o700); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
+	id := "ck-" + uuid.NewString()
+	res := &InitResult{KernelID: id, Issuer: "capkernel:" + id}
+	for _, f := range []string{IssuerKeyFile, ReceiptKeyFile} {
+		if err := writeNewKey(filepath.Join(dir, f)); err != nil {
+			return nil, err
+		}
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
+	res.AdminCredential = "ckadmin_" + base64.RawURLEncoding.EncodeToString(secret)
+	if err := os.WriteFile(filepath.Join(dir, AdminFile), []byte(res.AdminCredential+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
+	s := settings{KernelID: id, Issuer: res.Issuer, AdminCredentialHash: digest.Sum([]byte(res.AdminCredential))}
+	b, _ := json.MarshalIndent(s, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, ConfigFile), append(b, '\n'), 0o600); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
+	return res, nil
+}
+
+func writeNewKey(path string) error {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	defer f.Close()
+	return pem.Encode(f, &pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+// LoadKey reads an Ed25519 private key in PKCS #8 PEM.
+func LoadKey(path string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "PRIVATE KEY" {
+		return nil, fmt.Errorf("%s: not a PEM PRIVATE KEY", path)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("%s: not an Ed25519 key", path)
+	}
+	return priv, nil
+}
+
+func loadSettings(dir string) (settings, error) {
+	var s settings
+	b, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return s, fmt.Errorf("%s is not a kernel data dir (no %s; run kernelctl init --data %s)", dir, ConfigFile, dir)
+	}
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("%s: %w", filepath.Join(dir, ConfigFile), err)
+	}
+	if s.KernelID == "" || s.Issuer == "" {
+		return s, fmt.Errorf("%s: kernel_id and issuer are required", filepath.Join(dir, ConfigFile))
+	}
+	return s, nil
+}
+
+// resolve fills unset fields from s and the defaults.
+func (c Config) resolve(s settings) Config {
+	if c.PolicyDir == "" {
+		c.PolicyDir = s.PolicyDir
+	}
+	if c.PolicyDir != "" && !filepath.IsAbs(c.PolicyDir) {
+		c.PolicyDir = filepath.Join(c.DataDir, c.PolicyDir)
+	}
+	pick := func(v, fromFile, def int64) int64 {
+		switch {
+		case v > 0:
+			return v
+		case fromFile > 0:
+			return fromFile
+		}
+		return def
+	}
+	c.MaxEnvelopeBytes = pick(c.MaxEnvelopeBytes, s.MaxEnvelopeBytes, DefaultMaxEnvelopeBytes)
+	c.MaxReadBytes = pick(c.MaxReadBytes, s.MaxReadBytes, DefaultMaxReadBytes)
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.TokenLeeway <= 0 {
+		c.TokenLeeway = DefaultTokenLeeway
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}

@@ -1,0 +1,141 @@
+package kernel
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// Envelope is a call envelope (TOOL-01 §1). The JSON field names are the
+// wire format.
+type Envelope struct {
+	ToolID            string             `json:"tool_id"`
+	Args              json.RawMessage    `json:"args"`
+	AgentID           string             `json:"agent_id"`
+	CapabilityToken   string             `json:"capability_token"`
+	CapabilityTokenID string             `json:"capability_token_id"`
+	StateSnapshotID   string             `json:"state_snapshot_id,omitempty"`
+	PolicyHash        string             `json:"policy_hash"`
+	Provenance        json.RawMessage    `json:"provenance,omitempty"`
+	OperationID       string             `json:"operation_id,omitempty"`
+	TaskClass         string             `json:"task_class,omitempty"`
+	AutonomyMode      string             `json:"autonomy_mode,omitempty"`
+	RiskScore         *float64           `json:"risk_score,omitempty"`
+	RiskBasis         []string           `json:"risk_basis,omitempty"`
+	IdempotencyKey    string             `json:"idempotency_key,omitempty"`
+	PreconditionRefs  []txn.Precondition `json:"precondition_refs,omitempty"`
+}
+
+// Result is a result envelope (TOOL-01 §2).
+type Result struct {
+	ToolID          string          `json:"tool_id"`
+	AgentID         string          `json:"agent_id"`
+	OperationID     string          `json:"operation_id"`
+	StateSnapshotID string          `json:"state_snapshot_id"`
+	Status          string          `json:"status"`
+	Result          json.RawMessage `json:"result,omitempty"`
+	Error           *Error          `json:"error,omitempty"`
+	ResultHash      string          `json:"result_hash"`
+	Provenance      json.RawMessage `json:"provenance,omitempty"`
+	TaskClass       string          `json:"task_class,omitempty"`
+	AutonomyMode    string          `json:"autonomy_mode"`
+	RiskScore       float64         `json:"risk_score"`
+	RiskBasis       []string        `json:"risk_basis"`
+	TxOutcome       string          `json:"tx_outcome"`
+	CommitDeltaID   string          `json:"commit_delta_id,omitempty"`
+	ReceiptID       string          `json:"receipt_id,omitempty"`
+	Receipt         string          `json:"receipt,omitempty"`
+	LedgerSeq       uint64          `json:"ledger_seq"`
+	Replayed        bool            `json:"replayed"`
+}
+
+// Error is the error of a result envelope.
+type Error struct {
+	Class   string `json:"class"`
+	Message string `json:"message"`
+}
+
+// Statuses and transaction outcomes of a Result.
+const (
+	StatusOK    = "ok"
+	StatusError = "error"
+
+	Committed  = "committed"
+	RolledBack = "rolled_back"
+	NoOp       = "no_op"
+)
+
+// Error classes: a closed enum, one slug per cause.
+const (
+	ErrToolNotFound           = "tool_not_found"
+	ErrInvalidArgs            = "invalid_args"
+	ErrTokenInvalid           = "token_invalid"
+	ErrTokenRevoked           = "token_revoked"
+	ErrPermissionDenied       = "permission_denied"
+	ErrScopeDenied            = "scope_denied"
+	ErrPolicyMismatch         = "policy_mismatch"
+	ErrPolicyDenied           = "policy_denied"
+	ErrApprovalDenied         = "approval_denied"
+	ErrApprovalTimeout        = "approval_timeout"
+	ErrPreconditionFailed     = "precondition_failed"
+	ErrBudgetExceeded         = "budget_exceeded"
+	ErrIdempotencyKeyRequired = "idempotency_key_required"
+	ErrIdempotencyConflict    = "idempotency_conflict"
+	ErrIdempotencyInFlight    = "idempotency_in_flight"
+	ErrOutcomeUnknown         = "outcome_unknown"
+	ErrTimeout                = "timeout"
+	ErrCancelled              = "cancelled"
+	ErrExecution              = "execution_error"
+	ErrInternal               = "internal"
+)
+
+// ErrorClasses lists every error class.
+var ErrorClasses = []string{
+	ErrToolNotFound, ErrInvalidArgs, ErrTokenInvalid, ErrTokenRevoked, ErrPermissionDenied,
+	ErrScopeDenied, ErrPolicyMismatch, ErrPolicyDenied, ErrApprovalDenied, ErrApprovalTimeout,
+	ErrPreconditionFailed, ErrBudgetExceeded, ErrIdempotencyKeyRequired, ErrIdempotencyConflict,
+	ErrIdempotencyInFlight, ErrOutcomeUnknown, ErrTimeout, ErrCancelled, ErrExecution, ErrInternal,
+}
+
+// DecodeEnvelope parses a call envelope strictly: one JSON object, no
+// unknown fields, args a JSON object, provenance (if any) a JSON object, and
+// both valid I-JSON (they are hashed in canonical form).
+func DecodeEnvelope(data []byte) (*Envelope, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var env Envelope
+	if err := dec.Decode(&env); err != nil {
+		return nil, fmt.Errorf("envelope: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("envelope: trailing data after the JSON object")
+	}
+	if err := checkObject("args", env.Args, true); err != nil {
+		return nil, err
+	}
+	if err := checkObject("provenance", env.Provenance, false); err != nil {
+		return nil, err
+	}
+	return &env, nil
+}
+
+// checkObject requires raw to be a JSON object in valid I-JSON.
+func checkObject(field string, raw json.RawMessage, required bool) error {
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		if required {
+			return fmt.Errorf("envelope: %s is required (a JSON object)", field)
+		}
+		return nil
+	}
+	if raw[0] != '{' {
+		return fmt.Errorf("envelope: %s must be a JSON object", field)
+	}
+	if _, err := jcs.Canonicalize(raw); err != nil {
+		return fmt.Errorf("envelope: %s: %v", field, err)
+	}
+	return nil
+}

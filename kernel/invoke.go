@@ -1,0 +1,633 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/policy"
+	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// call is the state of one Invoke as it moves down the pipeline.
+type call struct {
+	env      *Envelope
+	res      Result
+	start    time.Time
+	envHash  string // digest of the raw envelope, when it could not be decoded
+	argsHash string
+	token    *captoken.Token
+	entry    *syscalls.Entry
+	args     map[string]json.RawMessage
+	fs       []*syscalls.Resource // resolved fs resources and fs preconditions
+	pre      map[int]*syscalls.Resource
+	input    *policy.Input
+	decided  string
+	replayOf string
+}
+
+// InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
+// oversize envelopes, unknown fields and wrong types come back as
+// invalid_args results, audited like any other call.
+func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
+	c := &call{start: k.cfg.Now()}
+	if int64(len(data)) > k.cfg.MaxEnvelopeBytes {
+		c.env = &Envelope{}
+		c.envHash = digest.Sum(data)
+		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(data), k.cfg.MaxEnvelopeBytes))
+	}
+	env, err := DecodeEnvelope(data)
+	if err != nil {
+		c.env = salvage(data)
+		c.envHash = digest.Sum(data)
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
+	c.env = env
+	return k.run(ctx, c)
+}
+
+// Invoke runs one call through the pipeline and returns its result
+// envelope. It never panics and never returns nil: every refusal is a
+// result with an error class, and every call — allowed, denied or
+// malformed — leaves an audit record and a receipt in the ledger.
+func (k *Kernel) Invoke(ctx context.Context, env *Envelope) *Result {
+	c := &call{start: k.cfg.Now(), env: env}
+	if env == nil {
+		c.env = &Envelope{}
+		return k.deny(ctx, c, ErrInvalidArgs, "no envelope")
+	}
+	b, err := json.Marshal(env)
+	switch {
+	case err != nil:
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	case int64(len(b)) > k.cfg.MaxEnvelopeBytes:
+		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(b), k.cfg.MaxEnvelopeBytes))
+	}
+	if err := checkObject("args", env.Args, true); err != nil {
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
+	if err := checkObject("provenance", env.Provenance, false); err != nil {
+		env.Provenance = nil
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
+	return k.run(ctx, c)
+}
+
+// run is the pipeline of DESIGN.md, steps 1 to 12.
+func (k *Kernel) run(ctx context.Context, c *call) *Result {
+	env := c.env
+	// 1. The envelope's own fields.
+	if err := k.checkEnvelope(c); err != nil {
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
+	// 2. The capability token, bound to this agent and token id.
+	tok, err := k.verifier.Verify(env.CapabilityToken, captoken.Binding{TokenID: env.CapabilityTokenID, AgentID: env.AgentID}, k.cfg.Now())
+	if err != nil {
+		var te *captoken.Error
+		if errors.As(err, &te) && te.Code == ErrTokenRevoked {
+			return k.deny(ctx, c, ErrTokenRevoked, te.Reason)
+		}
+		return k.deny(ctx, c, ErrTokenInvalid, err.Error())
+	}
+	c.token = tok
+	// 3. The syscall, and the token's grant of it.
+	entry, ok := k.registry.Get(env.ToolID)
+	if !ok {
+		return k.deny(ctx, c, ErrToolNotFound, fmt.Sprintf("no syscall %q", env.ToolID))
+	}
+	c.entry = entry
+	if !tok.AllowsTool(env.ToolID) {
+		return k.deny(ctx, c, ErrPermissionDenied, fmt.Sprintf("capability token %s does not grant %s", tok.Claims.ID, env.ToolID))
+	}
+	// 4. Arguments.
+	if err := entry.Validate(env.Args); err != nil {
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
+	if entry.Def.SideEffect.Mutating() && env.IdempotencyKey == "" {
+		return k.deny(ctx, c, ErrIdempotencyKeyRequired, fmt.Sprintf("%s is a %s syscall: idempotency_key is required", env.ToolID, entry.Def.SideEffect))
+	}
+	// 5. Resources, inside the token's scopes.
+	resources, err := k.resolve(c)
+	if err != nil {
+		var se *syscalls.ScopeError
+		if errors.As(err, &se) {
+			return k.deny(ctx, c, ErrScopeDenied, err.Error())
+		}
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
+	// 6. Policy.
+	if env.PolicyHash != k.policy.Hash() {
+		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %q does not match the active policy %s", env.PolicyHash, k.policy.Hash()))
+	}
+	c.input = k.policyInput(c, resources)
+	d, err := k.policy.Decide(ctx, c.input)
+	if err != nil {
+		d = policy.Decision{AutonomyMode: policy.NoGo, RiskScore: 1, RiskBasis: []string{"policy error: " + err.Error()}}
+	}
+	c.decided = d.AutonomyMode
+	c.res.AutonomyMode = policy.Stricter(policy.Stricter(d.AutonomyMode, env.AutonomyMode), tok.Claims.Cap.Autonomy)
+	c.res.RiskScore, c.res.RiskBasis = d.RiskScore, d.RiskBasis
+	// 7. Idempotency: a finished twin is replayed before any gate (the
+	// prepare transaction checks again, atomically).
+	transactional := entry.Def.SideEffect.Mutating() || env.IdempotencyKey != ""
+	if transactional {
+		if r := k.lookupReplay(ctx, c); r != nil {
+			return r
+		}
+	}
+	// 8. Gate.
+	switch c.res.AutonomyMode {
+	case policy.Autopilot:
+	case policy.NoGo:
+		return k.deny(ctx, c, ErrPolicyDenied, "policy decided no_go: "+strings.Join(c.res.RiskBasis, "; "))
+	default:
+		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("mode %s needs a human approval, and this kernel has no approval channel configured", c.res.AutonomyMode))
+	}
+	// 9-12.
+	if transactional {
+		return k.transact(ctx, c, resources)
+	}
+	return k.direct(ctx, c, resources)
+}
+
+// checkEnvelope validates the envelope fields the later steps rely on.
+func (k *Kernel) checkEnvelope(c *call) error {
+	env := c.env
+	switch {
+	case env.ToolID == "":
+		return errors.New("tool_id is required")
+	case env.AgentID == "":
+		return errors.New("agent_id is required")
+	case env.AutonomyMode != "" && !policy.ValidMode(env.AutonomyMode):
+		return fmt.Errorf("autonomy_mode %q is not one of no_go, soft_gate, autopilot, escalated", env.AutonomyMode)
+	case env.RiskScore != nil && !(*env.RiskScore >= 0 && *env.RiskScore <= 1):
+		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
+	case len(env.IdempotencyKey) > 255:
+		return errors.New("idempotency_key is longer than 255 bytes")
+	}
+	if env.OperationID == "" {
+		env.OperationID = newID()
+	} else if u, err := uuid.Parse(env.OperationID); err != nil || u.String() != env.OperationID {
+		return fmt.Errorf("operation_id %q is not a UUID in canonical form", env.OperationID)
+	}
+	for _, p := range env.PreconditionRefs {
+		if err := p.Validate(); err != nil {
+			return err
+		}
+	}
+	h, err := digest.JSON(env.Args)
+	if err != nil {
+		return fmt.Errorf("args: %v", err)
+	}
+	c.argsHash = h
+	return json.Unmarshal(env.Args, &c.args)
+}
+
+// resolve maps the syscall's resource arguments and the fs preconditions
+// to resources inside the token's scopes.
+func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
+	var ws *syscalls.Workspace
+	workspace := func() (*syscalls.Workspace, error) {
+		if ws != nil {
+			return ws, nil
+		}
+		var err error
+		ws, err = k.workspace(c.token)
+		return ws, err
+	}
+	var out []*syscalls.Resource
+	for _, ra := range c.entry.Def.Resources {
+		var name string
+		if err := json.Unmarshal(c.args[ra.Arg], &name); err != nil {
+			return nil, fmt.Errorf("argument %s: %v", ra.Arg, err)
+		}
+		if ra.Kind != "fs" {
+			out = append(out, &syscalls.Resource{Arg: ra.Arg, Rel: name, Access: ra.Access})
+			continue
+		}
+		w, err := workspace()
+		if err != nil {
+			return nil, err
+		}
+		r, err := w.Resolve(name, ra.Access)
+		if err != nil {
+			return nil, err
+		}
+		r.Arg = ra.Arg
+		out = append(out, r)
+		c.fs = append(c.fs, r)
+	}
+	for i, p := range c.env.PreconditionRefs {
+		kind, name := p.Target()
+		if kind != txn.RefFS {
+			continue
+		}
+		w, err := workspace()
+		if err != nil {
+			return nil, err
+		}
+		r, err := w.Resolve(name, syscalls.AccessStat)
+		if err != nil {
+			return nil, err
+		}
+		if c.pre == nil {
+			c.pre = map[int]*syscalls.Resource{}
+		}
+		c.pre[i] = r
+		c.fs = append(c.fs, r)
+	}
+	return out, nil
+}
+
+// workspace returns the opened roots of tok's fs scopes, shared by every
+// token with the same roots.
+func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
+	roots := make([]syscalls.RootSpec, 0, len(tok.Claims.Cap.FS))
+	var key strings.Builder
+	for _, r := range tok.Claims.Cap.FS {
+		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw"})
+		fmt.Fprintf(&key, "%s\x00%s\x00", r.Mode, r.Path)
+	}
+	if len(roots) == 0 {
+		return nil, &syscalls.ScopeError{Reason: "the capability token grants no file system roots"}
+	}
+	k.mu.RLock()
+	w, ok := k.workspaces[key.String()]
+	k.mu.RUnlock()
+	if ok {
+		return w, nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if w, ok := k.workspaces[key.String()]; ok {
+		return w, nil
+	}
+	w, err := syscalls.OpenWorkspace(roots)
+	if err != nil {
+		return nil, &syscalls.ScopeError{Reason: err.Error()}
+	}
+	k.workspaces[key.String()] = w
+	return w, nil
+}
+
+// policyInput is the document the policy decides on; the audit record keeps
+// it so history can be decided again under another policy.
+func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.Input {
+	env := c.env
+	in := &policy.Input{
+		ToolID:          env.ToolID,
+		SideEffect:      string(c.entry.Def.SideEffect),
+		AgentID:         env.AgentID,
+		TaskClass:       env.TaskClass,
+		RequestedMode:   env.AutonomyMode,
+		CallerRiskScore: env.RiskScore,
+		CallerRiskBasis: env.RiskBasis,
+		Ceiling:         c.token.Claims.Cap.Autonomy,
+		Provenance:      env.Provenance,
+		Resources:       []policy.Resource{},
+	}
+	if len(env.Args) <= maxPolicyArgs {
+		in.Args = env.Args
+	}
+	add := func(r *syscalls.Resource, op string) {
+		if r.Root == nil {
+			in.Resources = append(in.Resources, policy.Resource{Kind: "kv", Op: kvOp(r.Access), Key: r.Rel})
+			return
+		}
+		in.Resources = append(in.Resources, policy.Resource{
+			Kind: "fs", Op: op, Path: r.Rel, RealPath: r.Real, Root: r.RootPath, IsDir: r.IsDir, Exists: r.Exists,
+		})
+	}
+	for _, r := range resources {
+		add(r, string(r.Access))
+	}
+	for _, r := range c.pre {
+		add(r, string(syscalls.AccessStat))
+	}
+	return in
+}
+
+// maxPolicyArgs bounds the args copied into the policy input (and so into
+// every audit record); larger args are decided on their resources alone.
+const maxPolicyArgs = 16 << 10
+
+func kvOp(a syscalls.Access) string {
+	if a == syscalls.AccessRead {
+		return "read"
+	}
+	return "write"
+}
+
+// lookupReplay returns the stored outcome of a finished twin call, or a
+// refusal for a conflicting or running one, or nil.
+func (k *Kernel) lookupReplay(ctx context.Context, c *call) *Result {
+	var stored json.RawMessage
+	err := k.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		stored, err = txn.Lookup(tx, c.idemKey(), c.idemCall())
+		return err
+	})
+	return k.replayOrRefuse(ctx, c, stored, err)
+}
+
+func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMessage, err error) *Result {
+	var te *txn.Error
+	switch {
+	case errors.As(err, &te):
+		return k.deny(ctx, c, te.Class, te.Message)
+	case err != nil:
+		return k.deny(ctx, c, ErrInternal, err.Error())
+	case stored == nil:
+		return nil
+	}
+	var orig Result
+	if err := json.Unmarshal(stored, &orig); err != nil {
+		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
+	}
+	c.replayOf = orig.OperationID
+	c.res.ResultHash, c.res.TxOutcome, c.res.CommitDeltaID = orig.ResultHash, NoOp, ""
+	c.res.Status, c.res.Error = orig.Status, orig.Error
+	if _, err := k.record(context.WithoutCancel(ctx), c, nil); err != nil {
+		return k.internal(c, err)
+	}
+	orig.Replayed = true
+	return &orig
+}
+
+func (c *call) idemKey() txn.IdemKey {
+	return txn.IdemKey{AgentID: c.env.AgentID, Key: c.env.IdempotencyKey}
+}
+
+func (c *call) idemCall() txn.Call {
+	return txn.Call{ToolID: c.env.ToolID, ArgsHash: c.argsHash, TokenID: c.env.CapabilityTokenID}
+}
+
+// direct runs a non-mutating call without an idempotency key: execute, then
+// charge the budget and record in one transaction. A call refused there had
+// no effect to undo.
+func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
+	used := false
+	if err := k.db.View(func(tx *bbolt.Tx) error {
+		used = txn.OperationUsed(tx, c.env.OperationID)
+		return nil
+	}); err != nil {
+		return k.deny(ctx, c, ErrInternal, err.Error())
+	}
+	if used {
+		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+	}
+	out, class, msg := k.execute(ctx, c, resources, nil)
+	limits := txn.Usage(c.token.Claims.Cap.Budgets)
+	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
+		c.setOutcome(out, class, msg, NoOp)
+		if txn.OperationUsed(tx, c.env.OperationID) {
+			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
+			return nil
+		}
+		err := txn.Charge(tx, c.token.Claims.ID, txn.Usage{txn.BudgetCalls: 1}, limits)
+		var te *txn.Error
+		if errors.As(err, &te) {
+			c.setOutcome(nil, te.Class, te.Message, NoOp)
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return k.internal(c, err)
+	}
+	return &c.res
+}
+
+// transact runs a mutating (or keyed) call as prepare, execute, commit or
+// rollback, then apply.
+func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
+	var fsKeys, kvKeys []string
+	var rels = map[string][]string{}
+	for _, r := range c.fs {
+		fsKeys = append(fsKeys, path.Join(r.RootPath, r.Real))
+		rels[r.RootPath] = append(rels[r.RootPath], r.Rel)
+	}
+	for _, r := range resources {
+		if r.Root == nil {
+			kvKeys = append(kvKeys, "kv:"+r.Rel)
+		}
+	}
+	for _, p := range c.env.PreconditionRefs {
+		if kind, name := p.Target(); kind == txn.RefKV {
+			kvKeys = append(kvKeys, "kv:"+name)
+		}
+	}
+	locks := k.locks.plan(fsKeys, kvKeys)
+	k.locks.lock(locks)
+	defer k.locks.unlock(locks)
+
+	if class, msg := c.checkFiles(); class != "" {
+		return k.deny(ctx, c, class, msg)
+	}
+	prep := txn.Prepare{
+		Intent: txn.Intent{
+			OperationID: c.env.OperationID, AgentID: c.env.AgentID, IdemKey: c.env.IdempotencyKey,
+			TokenID: c.token.Claims.ID, Reserved: txn.Usage{txn.BudgetCalls: 1},
+			Audit: c.recoveryContext(),
+		},
+		Call:          c.idemCall(),
+		Limits:        txn.Usage(c.token.Claims.Cap.Budgets),
+		Preconditions: c.env.PreconditionRefs,
+	}
+	for root, rs := range rels {
+		prep.Intent.Dirs = append(prep.Intent.Dirs, txn.Dirs(root, rs...)...)
+	}
+	var replay json.RawMessage
+	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		var err error
+		replay, err = prep.Run(tx)
+		return err
+	})
+	if replay != nil || err != nil {
+		var te *txn.Error
+		if errors.As(err, &te) {
+			return k.deny(ctx, c, te.Class, te.Message)
+		}
+		if err != nil {
+			return k.deny(ctx, c, ErrInternal, "prepare: "+err.Error())
+		}
+		return k.replayOrRefuse(ctx, c, replay, nil)
+	}
+	crashPoint("prepared")
+	// From here on the call owns a durable intent: it ends in commit or
+	// rollback even if the caller goes away.
+	done := context.WithoutCancel(ctx)
+	in := &prep.Intent
+	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View})
+	out, class, msg := k.execute(ctx, c, resources, stage)
+	if class == "" {
+		class, msg = c.checkFiles()
+	}
+	if class != "" {
+		return k.rollback(done, c, in, stage, class, msg)
+	}
+	crashPoint("staged")
+	effects := stage.Effects()
+	deltaID, delta, err := txn.NewDelta(c.env.OperationID, effects)
+	if err != nil {
+		return k.rollback(done, c, in, stage, ErrInternal, err.Error())
+	}
+	committed := false
+	_, err = k.record(done, c, func(tx *bbolt.Tx) error {
+		committed = false
+		err := txn.CanCommit(tx, in, c.env.PreconditionRefs, prep.Limits, effects)
+		var te *txn.Error
+		if errors.As(err, &te) {
+			c.setOutcome(nil, te.Class, te.Message, RolledBack)
+			return txn.Rollback(tx, in)
+		}
+		if err != nil {
+			return err
+		}
+		committed = true
+		c.setOutcome(out, "", "", Committed)
+		c.res.CommitDeltaID = deltaID
+		return nil
+	}, func(tx *bbolt.Tx, envelope []byte) error {
+		if !committed {
+			return nil
+		}
+		return txn.Commit(tx, in, effects, deltaID, delta, envelope)
+	})
+	if err != nil {
+		stage.Discard()
+		return k.internal(c, err)
+	}
+	if !committed {
+		stage.Discard()
+		return &c.res
+	}
+	crashPoint("decided")
+	if err := txn.Apply(effects, func(dir string) (*os.Root, error) { return stage.Root(dir), nil }); err != nil {
+		// The commit is decided and durable; the next Open redoes it.
+		return &c.res
+	}
+	// Queued before the path locks are released, so any later commit on
+	// these paths lands in the same or a later transaction than this mark.
+	k.db.UpdateAsync(func(tx *bbolt.Tx) error { return txn.Finish(tx, in.OperationID) })
+	return &c.res
+}
+
+// checkFiles checks the fs preconditions (under the call's path locks).
+func (c *call) checkFiles() (class, msg string) {
+	for i, r := range c.pre {
+		if err := txn.CheckFile(c.env.PreconditionRefs[i], r); err != nil {
+			var te *txn.Error
+			if errors.As(err, &te) {
+				return te.Class, te.Message
+			}
+			return ErrInternal, err.Error()
+		}
+	}
+	return "", ""
+}
+
+// rollback undoes a prepared call and records the refusal.
+func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, class, msg string) *Result {
+	if err := stage.Discard(); err != nil {
+		msg += "; removing staged files: " + err.Error()
+	}
+	_, err := k.record(ctx, c, func(tx *bbolt.Tx) error {
+		c.setOutcome(nil, class, msg, RolledBack)
+		return txn.Rollback(tx, in)
+	})
+	if err != nil {
+		return k.internal(c, err)
+	}
+	return &c.res
+}
+
+// execute runs the syscall under its timeout, turning panics and errors
+// into error classes. stage is nil for calls without effects.
+func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Resource, stage *txn.Stage) (out json.RawMessage, class, msg string) {
+	timeout := c.entry.Def.Timeout
+	if timeout <= 0 {
+		timeout = k.cfg.CallTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	sc := &syscalls.Call{
+		Args: c.env.Args, Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
+	}
+	if stage != nil {
+		sc.Stage = stage
+	}
+	type outcome struct {
+		out syscalls.Output
+		err error
+	}
+	ch := make(chan outcome, 1)
+	go func() {
+		var o outcome
+		defer func() {
+			if p := recover(); p != nil {
+				o.err = fmt.Errorf("%s panicked: %v\n%s", c.env.ToolID, p, debug.Stack())
+			}
+			ch <- o
+		}()
+		o.out, o.err = c.entry.New().Execute(ctx, sc)
+	}()
+	var o outcome
+	select {
+	case o = <-ch:
+	case <-ctx.Done():
+		if stage != nil {
+			stage.Discard()
+		}
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, ErrTimeout, fmt.Sprintf("%s did not finish within %s", c.env.ToolID, timeout)
+		}
+		return nil, ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, context.Cause(ctx))
+	}
+	var ae *syscalls.ArgsError
+	switch {
+	case errors.As(o.err, &ae):
+		return nil, ErrInvalidArgs, o.err.Error()
+	case o.err != nil:
+		return nil, ErrExecution, o.err.Error()
+	}
+	if _, err := digest.JSON(o.out.Result); err != nil || len(o.out.Result) == 0 || o.out.Result[0] != '{' {
+		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
+	}
+	return o.out.Result, "", ""
+}
+
+// setOutcome sets the status, result or error, and transaction outcome.
+func (c *call) setOutcome(out json.RawMessage, class, msg, tx string) {
+	c.res.TxOutcome = tx
+	c.res.CommitDeltaID = ""
+	if class != "" {
+		c.res.Status, c.res.Result, c.res.Error = StatusError, nil, &Error{Class: class, Message: msg}
+		return
+	}
+	c.res.Status, c.res.Result, c.res.Error = StatusOK, out, nil
+}
+
+// crashHook, when set (by crash-recovery tests only), is called at the
+// named points of a transaction so a test can kill the process there.
+var crashHook func(point string)
+
+func crashPoint(p string) {
+	if crashHook != nil {
+		crashHook(p)
+	}
+}
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }

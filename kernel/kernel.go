@@ -1,0 +1,284 @@
+// Package kernel is capkernel's syscall pipeline: every tool call of an
+// agent enters through Invoke, which verifies the capability token, checks
+// the tool and its resources against the token's scopes, asks the policy for
+// an autonomy mode, runs mutating calls as prepare / commit / rollback
+// transactions and appends an audit record and a signed receipt to the
+// ledger — for every call, allowed or denied. invoke.go holds the pipeline.
+package kernel
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/policy"
+	"github.com/capkernel/capkernel/receipts"
+	"github.com/capkernel/capkernel/store"
+	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// Kernel is an open data dir serving calls. It is safe for concurrent use.
+type Kernel struct {
+	cfg      Config
+	settings settings
+	db       *store.DB
+	registry *syscalls.Registry
+	policy   *policy.Engine
+	issuer   ed25519.PrivateKey
+	signer   *receipts.Signer
+	verifier *captoken.Verifier
+	locks    *pathLocks
+
+	mu         sync.RWMutex
+	revoked    map[string]bool             // jti -> revoked
+	seen       map[string]bool             // jti -> token_first_seen recorded
+	workspaces map[string]*syscalls.Workspace // by root set
+
+	// Recovered reports what Open's crash recovery did.
+	Recovered txn.Recovered
+}
+
+var (
+	bucketRevoked = []byte("revocations") // jti -> revocation record
+	bucketTokens  = []byte("tokens")      // jti -> first-seen claims
+)
+
+// Open opens the data dir of cfg, recovers interrupted transactions, loads
+// the policy bundle (recording it in the ledger) and returns a kernel ready
+// for calls. A data dir is owned by one process at a time.
+func Open(ctx context.Context, cfg Config) (*Kernel, error) {
+	s, err := loadSettings(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.resolve(s)
+	k := &Kernel{
+		cfg: cfg, settings: s, locks: newPathLocks(),
+		revoked: map[string]bool{}, seen: map[string]bool{}, workspaces: map[string]*syscalls.Workspace{},
+	}
+	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
+		return nil, err
+	}
+	receiptKey, err := LoadKey(filepath.Join(cfg.DataDir, ReceiptKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	k.signer = receipts.NewSigner(receiptKey)
+	k.verifier = captoken.NewVerifier(captoken.VerifierConfig{
+		Keys:     map[string]ed25519.PublicKey{captoken.KeyID(k.issuer.Public().(ed25519.PublicKey)): k.issuer.Public().(ed25519.PublicKey)},
+		Issuer:   s.Issuer,
+		Audience: s.KernelID,
+		Leeway:   cfg.TokenLeeway,
+		Revoked:  k.isRevoked,
+	})
+	k.registry = syscalls.NewRegistry()
+	if err := syscalls.RegisterBuiltins(k.registry); err != nil {
+		return nil, err
+	}
+	if k.policy, err = policy.Load(ctx, cfg.PolicyDir); err != nil {
+		return nil, err
+	}
+	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync}); err != nil {
+		return nil, err
+	}
+	if err := k.load(ctx); err != nil {
+		k.db.Close()
+		return nil, err
+	}
+	return k, nil
+}
+
+// load creates buckets, reads revocations, recovers and records the policy.
+func (k *Kernel) load(ctx context.Context) error {
+	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{bucketRevoked, bucketTokens} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return store.Abort(err)
+			}
+		}
+		if err := ledger.Init(tx); err != nil {
+			return store.Abort(err)
+		}
+		return abortIf(txn.Init(tx))
+	})
+	if err != nil {
+		return err
+	}
+	if err := k.db.View(func(tx *bbolt.Tx) error {
+		if err := tx.Bucket(bucketRevoked).ForEach(func(j, _ []byte) error {
+			k.revoked[string(j)] = true
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketTokens).ForEach(func(j, _ []byte) error {
+			k.seen[string(j)] = true
+			return nil
+		})
+	}); err != nil {
+		return err
+	}
+	if k.Recovered, err = txn.Recover(ctx, k.db, k.auditRecovery); err != nil {
+		return err
+	}
+	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
+	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		_, err := ledger.Append(tx, ledger.KindPolicyLoaded, k.cfg.Now(), body)
+		return abortIf(err)
+	})
+}
+
+// Close waits for queued writes, then closes the bbolt file and the
+// workspaces. Calls made after Close fail.
+func (k *Kernel) Close() error {
+	err := k.db.Close()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for key, w := range k.workspaces {
+		w.Close()
+		delete(k.workspaces, key)
+	}
+	return err
+}
+
+// ID returns the kernel id (the audience of its capability tokens).
+func (k *Kernel) ID() string { return k.settings.KernelID }
+
+// PolicyHash returns the active policy bundle's hash.
+func (k *Kernel) PolicyHash() string { return k.policy.Hash() }
+
+// Registry returns the syscall table.
+func (k *Kernel) Registry() *syscalls.Registry { return k.registry }
+
+// ReceiptKey returns the public key that verifies the kernel's receipts.
+func (k *Kernel) ReceiptKey() ed25519.PublicKey { return k.signer.Public() }
+
+// JWKS returns the JWKS document of the kernel's receipt key.
+func (k *Kernel) JWKS() ([]byte, error) { return receipts.JWKS(k.signer.Public()) }
+
+// MintToken signs a capability token with the kernel's issuer key, filling
+// iss, aud, iat and a fresh jti where they are empty.
+func (k *Kernel) MintToken(c captoken.Claims) (string, captoken.Claims, error) {
+	if c.Issuer == "" {
+		c.Issuer = k.settings.Issuer
+	}
+	if c.Audience == "" {
+		c.Audience = k.settings.KernelID
+	}
+	if c.ID == "" {
+		c.ID = newID()
+	}
+	now := k.cfg.Now()
+	if c.IssuedAt.IsZero() {
+		c.IssuedAt = now
+	}
+	if c.NotBefore.IsZero() {
+		c.NotBefore = now
+	}
+	if c.Expiry.IsZero() {
+		c.Expiry = now.Add(time.Hour)
+	}
+	t, err := captoken.Mint(k.issuer, c)
+	return t, c, err
+}
+
+// Revoke revokes the token jti: the revocation is stored and appended to
+// the ledger in one transaction, and every later call with the token is
+// refused with token_revoked.
+func (k *Kernel) Revoke(ctx context.Context, jti, reason string) error {
+	if jti == "" {
+		return errors.New("revoke: empty token id")
+	}
+	now := k.cfg.Now()
+	body, err := json.Marshal(map[string]string{"jti": jti, "reason": reason, "time": now.UTC().Format(time.RFC3339Nano)})
+	if err != nil {
+		return err
+	}
+	err = k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketRevoked).Get([]byte(jti)) != nil {
+			return nil
+		}
+		if err := tx.Bucket(bucketRevoked).Put([]byte(jti), body); err != nil {
+			return store.Abort(err)
+		}
+		_, err := ledger.Append(tx, ledger.KindRevocation, now, body)
+		return abortIf(err)
+	})
+	if err != nil {
+		return fmt.Errorf("revoke %s: %w", jti, err)
+	}
+	k.mu.Lock()
+	k.revoked[jti] = true
+	k.mu.Unlock()
+	return nil
+}
+
+func (k *Kernel) isRevoked(jti string) bool {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.revoked[jti]
+}
+
+// VerifyLedger recomputes the ledger's hash chain. It returns the number of
+// entries, or a *ledger.VerifyError naming the first bad seq.
+func (k *Kernel) VerifyLedger() (n uint64, err error) {
+	err = k.db.View(func(tx *bbolt.Tx) error {
+		n, err = ledger.Verify(tx)
+		return err
+	})
+	return n, err
+}
+
+// Head returns the ledger head.
+func (k *Kernel) Head() (h ledger.Head, err error) {
+	err = k.db.View(func(tx *bbolt.Tx) error {
+		h, err = ledger.HeadOf(tx)
+		return err
+	})
+	return h, err
+}
+
+// View runs fn in a read-only transaction of the kernel's bbolt file, for
+// inspection (ledger entries, stored operations and deltas).
+func (k *Kernel) View(fn func(*bbolt.Tx) error) error { return k.db.View(fn) }
+
+func abortIf(err error) error {
+	if err == nil {
+		return nil
+	}
+	return store.Abort(err)
+}
+
+// VerifyDataDir verifies the ledger of a data dir that no kernel is
+// serving, opening its bbolt file read-only. It returns the number of
+// entries, or a *ledger.VerifyError naming the first bad seq.
+func VerifyDataDir(dir string) (uint64, error) {
+	if _, err := loadSettings(dir); err != nil {
+		return 0, err
+	}
+	p := filepath.Join(dir, DBFile)
+	db, err := bbolt.Open(p, 0o600, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return 0, fmt.Errorf("%s is locked by a running kernel; stop it or verify through its API", p)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer db.Close()
+	var n uint64
+	err = db.View(func(tx *bbolt.Tx) error {
+		n, err = ledger.Verify(tx)
+		return err
+	})
+	return n, err
+}

@@ -1,0 +1,238 @@
+package kernel
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/txn"
+)
+
+func TestIdempotency(t *testing.T) {
+	h := newHarness(t)
+	args := map[string]any{"path": "n.txt", "content": "one\n"}
+	first := h.invoke("fs.write", args, key("k1"))
+	mustOK(t, first)
+	if first.TxOutcome != Committed || first.CommitDeltaID == "" || first.Replayed {
+		t.Fatalf("first write: %+v", first)
+	}
+	// Someone else changes the file; a replay must not write again.
+	h.write("n.txt", "changed by hand\n")
+	again := h.invoke("fs.write", args, key("k1"))
+	mustOK(t, again)
+	if !again.Replayed || again.OperationID != first.OperationID || again.ResultHash != first.ResultHash || again.Receipt != first.Receipt {
+		t.Fatalf("replay did not return the stored outcome: %+v", again)
+	}
+	if got := h.read("n.txt"); got != "changed by hand\n" {
+		t.Fatalf("replay wrote again: %q", got)
+	}
+	other := h.invoke("fs.write", map[string]any{"path": "n.txt", "content": "two\n"}, key("k1"))
+	if errClass(other) != ErrIdempotencyConflict {
+		t.Fatalf("same key, other args: %q, want idempotency_conflict", errClass(other))
+	}
+	otherTool := h.invoke("fs.patch", map[string]any{"path": "n.txt", "old": "x", "new": "y"}, key("k1"))
+	if errClass(otherTool) != ErrIdempotencyConflict {
+		t.Fatalf("same key, other tool: %q, want idempotency_conflict", errClass(otherTool))
+	}
+	// The key is scoped to the agent: another agent's k1 is its own.
+	tok, jti := h.mint("agent-2", captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+	r := h.invoke("fs.write", map[string]any{"path": "m.txt", "content": "m"}, key("k1"), func(e *Envelope) {
+		e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "agent-2", tok, jti
+	})
+	mustOK(t, r)
+	if r.Replayed {
+		t.Fatal("another agent's key was replayed")
+	}
+	// Replays survive a restart.
+	h.k.Close()
+	h.open()
+	again = h.invoke("fs.write", args, key("k1"))
+	if !again.Replayed || again.OperationID != first.OperationID {
+		t.Fatalf("replay after reopen: %+v", again)
+	}
+}
+
+func TestIdempotencyRace(t *testing.T) {
+	h := newHarness(t)
+	const n = 50
+	results := make([]*Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = h.invoke("kv.put", map[string]any{"key": "counter", "value": 1}, key("once"))
+		}()
+	}
+	wg.Wait()
+	executed, replayed := 0, 0
+	for _, r := range results {
+		switch {
+		case r.Status == StatusOK && !r.Replayed:
+			executed++
+		case r.Status == StatusOK && r.Replayed:
+			replayed++
+		case errClass(r) == ErrIdempotencyInFlight:
+		default:
+			t.Fatalf("unexpected result %+v", r.Error)
+		}
+	}
+	if executed != 1 {
+		t.Fatalf("%d executions, want exactly 1 (%d replays)", executed, replayed)
+	}
+	r := h.invoke("kv.get", map[string]any{"key": "counter"})
+	var got struct{ Version uint64 }
+	json.Unmarshal(r.Result, &got)
+	if got.Version != 1 {
+		t.Fatalf("kv version %d, want 1: the put ran more than once", got.Version)
+	}
+}
+
+func TestStalePrecondition(t *testing.T) {
+	h := newHarness(t)
+	h.write("doc.txt", "v1")
+	stale := digest.Sum([]byte("v0"))
+	for _, c := range []struct {
+		name string
+		pre  string
+	}{
+		{"stale hash", fmt.Sprintf(`{"ref":"fs:doc.txt","hash":%q}`, stale)},
+		{"expected absent", `{"ref":"fs:doc.txt","absent":true}`},
+		{"kv version", `{"ref":"kv:cfg","version":3}`},
+		{"ledger head", `{"ref":"ledger:head","seq":0}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := h.invoke("fs.write", map[string]any{"path": "doc.txt", "content": "v2"}, key("stale-"+c.name), func(e *Envelope) {
+				e.PreconditionRefs = []txn.Precondition{mustPre(c.pre)}
+			})
+			if errClass(r) != ErrPreconditionFailed {
+				t.Fatalf("class %q, want precondition_failed (%+v)", errClass(r), r.Error)
+			}
+			if got := h.read("doc.txt"); got != "v1" {
+				t.Fatalf("workspace changed: %q", got)
+			}
+		})
+	}
+	assertNoStaging(t, h.ws)
+	fresh := h.invoke("fs.write", map[string]any{"path": "doc.txt", "content": "v2"}, key("fresh"), func(e *Envelope) {
+		e.PreconditionRefs = []txn.Precondition{mustPre(fmt.Sprintf(`{"ref":"fs:doc.txt","hash":%q}`, digest.Sum([]byte("v1"))))}
+	})
+	mustOK(t, fresh)
+	if h.read("doc.txt") != "v2" {
+		t.Fatal("fresh precondition: write not applied")
+	}
+}
+
+func TestBudgetUnderConcurrency(t *testing.T) {
+	h := newHarness(t)
+	tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, Budgets: map[string]int64{"calls": 10}})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	classes := map[string]int{}
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti })
+			mu.Lock()
+			classes[errClass(r)]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if classes[""] != 10 || classes[ErrBudgetExceeded] != 90 {
+		t.Fatalf("outcomes %v, want exactly 10 ok and 90 budget_exceeded", classes)
+	}
+}
+
+func TestDiskWriteBudget(t *testing.T) {
+	h := newHarness(t)
+	tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}},
+		Budgets: map[string]int64{"disk_write_bytes": 10}})
+	use := func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti }
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": "a", "content": "12345678"}, key("d1"), use))
+	r := h.invoke("fs.write", map[string]any{"path": "b", "content": "123"}, key("d2"), use)
+	if errClass(r) != ErrBudgetExceeded || r.TxOutcome != RolledBack {
+		t.Fatalf("over the disk budget: %q %s", errClass(r), r.TxOutcome)
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, "b")); !os.IsNotExist(err) {
+		t.Fatal("over-budget write is visible")
+	}
+	assertNoStaging(t, h.ws)
+}
+
+// TestParallelDisjointAndOverlapping: disjoint writes all commit; writes
+// racing on one kv key serialize into distinct versions.
+func TestParallelDisjointAndOverlapping(t *testing.T) {
+	h := newHarness(t)
+	var wg sync.WaitGroup
+	versions := make([]uint64, 40)
+	for i := range 40 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			mustOK(t, h.invoke("fs.write", map[string]any{"path": fmt.Sprintf("f%d.txt", i), "content": "x"}, key(fmt.Sprint("w", i))))
+		}()
+		go func() {
+			defer wg.Done()
+			r := h.invoke("kv.put", map[string]any{"key": "shared", "value": i}, key(fmt.Sprint("kv", i)))
+			mustOK(t, r)
+			var out struct{ Version uint64 }
+			json.Unmarshal(r.Result, &out)
+			versions[i] = out.Version
+		}()
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for _, v := range versions {
+		if v < 1 || v > 40 || seen[v] {
+			t.Fatalf("versions %v are not 1..40 each once", versions)
+		}
+		seen[v] = true
+	}
+	if _, err := h.k.VerifyLedger(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPatchAndDelete(t *testing.T) {
+	h := newHarness(t)
+	h.write("p.txt", "a b a")
+	if r := h.invoke("fs.patch", map[string]any{"path": "p.txt", "old": "a", "new": "c"}, key("p0")); errClass(r) != ErrInvalidArgs || r.TxOutcome != RolledBack {
+		t.Fatalf("ambiguous patch: %q %s", errClass(r), r.TxOutcome)
+	}
+	if r := h.invoke("fs.patch", map[string]any{"path": "p.txt", "old": "zzz", "new": "c"}, key("p1")); errClass(r) != ErrInvalidArgs {
+		t.Fatalf("patch without match: %q", errClass(r))
+	}
+	mustOK(t, h.invoke("fs.patch", map[string]any{"path": "p.txt", "old": "b", "new": "B"}, key("p2")))
+	if got := h.read("p.txt"); got != "a B a" {
+		t.Fatalf("after patch: %q", got)
+	}
+	mustOK(t, h.invoke("fs.delete", map[string]any{"path": "p.txt"}, key("d")))
+	if _, err := os.Stat(filepath.Join(h.ws, "p.txt")); !os.IsNotExist(err) {
+		t.Fatal("deleted file still there")
+	}
+	h.write("dir/x", "x")
+	r := h.invoke("fs.delete", map[string]any{"path": "dir"}, key("dd"))
+	if errClass(r) != ErrApprovalDenied || r.AutonomyMode != "escalated" {
+		t.Fatalf("directory delete: %q %s, want approval_denied escalated", errClass(r), r.AutonomyMode)
+	}
+	assertNoStaging(t, h.ws)
+}
+
+func assertNoStaging(t *testing.T, ws string) {
+	t.Helper()
+	filepath.WalkDir(ws, func(p string, d os.DirEntry, err error) error {
+		if err == nil && (strings.HasPrefix(d.Name(), txn.StagePrefix) || strings.HasPrefix(d.Name(), txn.TrashPrefix)) {
+			t.Errorf("staging file left behind: %s", p)
+		}
+		return nil
+	})
+}
+

@@ -1,0 +1,213 @@
+// Package policy asks OPA, embedded, for the autonomy mode and risk score of
+// a call. A bundle (the embedded default in policy/rego, or a directory
+// that replaces it) is compiled and its query prepared once, at Load; Decide
+// only evaluates. The bundle is named by its policy hash (see Hash), which
+// every call envelope must carry.
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+)
+
+// Autonomy modes, from least to most strict.
+const (
+	Autopilot = "autopilot"
+	SoftGate  = "soft_gate"
+	Escalated = "escalated"
+	NoGo      = "no_go"
+)
+
+var strictness = map[string]int{Autopilot: 0, SoftGate: 1, Escalated: 2, NoGo: 3}
+
+// ValidMode reports whether m is one of the four modes.
+func ValidMode(m string) bool {
+	_, ok := strictness[m]
+	return ok
+}
+
+// Stricter returns the stricter of two modes. "" counts as autopilot; an
+// unknown mode counts as no_go (fail closed).
+func Stricter(a, b string) string {
+	norm := func(m string) string {
+		switch {
+		case m == "":
+			return Autopilot
+		case !ValidMode(m):
+			return NoGo
+		}
+		return m
+	}
+	a, b = norm(a), norm(b)
+	if strictness[b] > strictness[a] {
+		return b
+	}
+	return a
+}
+
+// Resource is one thing a call touches, as the policy sees it.
+type Resource struct {
+	Kind     string `json:"kind"`                // "fs" | "kv" | "net"
+	Op       string `json:"op"`                  // fs: read|list|stat|write|delete; kv: read|write; net: connect
+	Path     string `json:"path,omitempty"`      // fs: slash path relative to the root, "." for the root
+	RealPath string `json:"real_path,omitempty"` // fs: Path with symlinks inside the root resolved
+	Root     string `json:"root,omitempty"`      // fs: the root directory
+	IsDir    bool   `json:"is_dir,omitempty"`
+	Exists   bool   `json:"exists,omitempty"`
+	Key      string `json:"key,omitempty"` // kv
+	Host     string `json:"host,omitempty"`
+	Port     int    `json:"port,omitempty"`
+}
+
+// Input is the document a decision is made on (input in Rego). The audit
+// record keeps it, so any stretch of history can be decided again.
+type Input struct {
+	ToolID          string          `json:"tool_id"`
+	SideEffect      string          `json:"side_effect"`
+	Resources       []Resource      `json:"resources"`
+	AgentID         string          `json:"agent_id"`
+	TaskClass       string          `json:"task_class,omitempty"`
+	RequestedMode   string          `json:"requested_mode,omitempty"`
+	CallerRiskScore *float64        `json:"caller_risk_score,omitempty"`
+	CallerRiskBasis []string        `json:"caller_risk_basis,omitempty"`
+	Ceiling         string          `json:"autonomy_ceiling,omitempty"`
+	Args            json.RawMessage `json:"args,omitempty"`
+	Provenance      json.RawMessage `json:"provenance,omitempty"`
+}
+
+// Decision is what the policy decides: data.capkernel.decision.
+type Decision struct {
+	AutonomyMode string   `json:"autonomy_mode"`
+	RiskScore    float64  `json:"risk_score"`
+	RiskBasis    []string `json:"risk_basis"`
+}
+
+// Query is the rule the kernel evaluates.
+const Query = "data.capkernel.decision"
+
+// Engine is a loaded bundle with its prepared query. It is safe for
+// concurrent use.
+type Engine struct {
+	hash  string
+	files []string
+	query rego.PreparedEvalQuery
+}
+
+// Load compiles a bundle: the embedded default when dir is "", otherwise
+// every file under dir, which replaces the default entirely.
+func Load(ctx context.Context, dir string) (*Engine, error) {
+	b, err := readBundle(dir)
+	if err != nil {
+		return nil, err
+	}
+	opts := []func(*rego.Rego){rego.Query(Query), rego.SetRegoVersion(ast.RegoV1)}
+	data := map[string]any{}
+	for _, f := range b.files {
+		switch {
+		case strings.HasSuffix(f.path, "_test.rego"):
+			// Tests are part of the bundle (and its hash) but not of decisions.
+		case strings.HasSuffix(f.path, ".rego"):
+			opts = append(opts, rego.Module(f.path, string(f.content)))
+		default:
+			if err := mergeData(data, f); err != nil {
+				return nil, err
+			}
+		}
+	}
+	opts = append(opts, rego.Store(inmem.NewFromObject(data)))
+	q, err := rego.New(opts...).PrepareForEval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", b.name, err)
+	}
+	e := &Engine{hash: b.hash(), query: q}
+	for _, f := range b.files {
+		e.files = append(e.files, f.path)
+	}
+	return e, nil
+}
+
+// Hash returns the bundle's policy hash.
+func (e *Engine) Hash() string { return e.hash }
+
+// Files returns the bundle's file paths, sorted.
+func (e *Engine) Files() []string { return append([]string(nil), e.files...) }
+
+// Decide evaluates the prepared query on in. It fails closed: an undefined
+// decision, an unknown mode, a risk score that is not a number in [0,1] or
+// a basis that is not a list of strings is an error, which the kernel turns
+// into a no_go.
+func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
+	v, err := inputValue(in)
+	if err != nil {
+		return Decision{}, fmt.Errorf("policy input: %w", err)
+	}
+	rs, err := e.query.Eval(ctx, rego.EvalParsedInput(v))
+	if err != nil {
+		return Decision{}, fmt.Errorf("policy evaluation: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return Decision{}, fmt.Errorf("policy: %s is undefined for this call", Query)
+	}
+	return decode(rs[0].Expressions[0].Value)
+}
+
+func decode(v any) (Decision, error) {
+	var d Decision
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return d, fmt.Errorf("policy: %s is %T, not an object", Query, v)
+	}
+	mode, _ := obj["autonomy_mode"].(string)
+	if !ValidMode(mode) {
+		return d, fmt.Errorf("policy: autonomy_mode %v is not one of autopilot, soft_gate, escalated, no_go", obj["autonomy_mode"])
+	}
+	score, err := number(obj["risk_score"])
+	if err != nil || math.IsNaN(score) || score < 0 || score > 1 {
+		return d, fmt.Errorf("policy: risk_score %v is not a number in [0,1]", obj["risk_score"])
+	}
+	basis, ok := obj["risk_basis"].([]any)
+	if !ok {
+		return d, fmt.Errorf("policy: risk_basis %v is not a list of strings", obj["risk_basis"])
+	}
+	d = Decision{AutonomyMode: mode, RiskScore: score, RiskBasis: make([]string, 0, len(basis))}
+	for _, b := range basis {
+		s, ok := b.(string)
+		if !ok {
+			return Decision{}, fmt.Errorf("policy: risk_basis holds %v, not a string", b)
+		}
+		d.RiskBasis = append(d.RiskBasis, s)
+	}
+	return d, nil
+}
+
+func number(v any) (float64, error) {
+	switch n := v.(type) {
+	case json.Number:
+		return n.Float64()
+	case float64:
+		return n, nil
+	case int:
+		return float64(n), nil
+	case int64:
+		return float64(n), nil
+	}
+	return 0, fmt.Errorf("%T is not a number", v)
+}
+
+// inputValue converts in to an OPA value without a JSON round trip through
+// interface{} maps.
+func inputValue(in *Input) (ast.Value, error) {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	return ast.ValueFromReader(bytes.NewReader(b))
+}

@@ -1,0 +1,104 @@
+package capkernel_test
+
+import data.capkernel
+
+fs(op, path) := {"kind": "fs", "op": op, "path": path, "real_path": path}
+
+call(class, resources) := {"tool_id": "t", "side_effect": class, "resources": resources, "agent_id": "a"}
+
+decide(doc) := d if {
+	d := capkernel.decision with input as doc
+}
+
+test_read_in_scope_is_autopilot if {
+	d := decide(call("READ", [fs("read", "src/main.go")]))
+	d.autonomy_mode == "autopilot"
+	d.risk_score == 0.1
+	d.risk_basis == ["read in scope"]
+}
+
+test_none_is_autopilot if decide(call("NONE", [])).autonomy_mode == "autopilot"
+
+test_write_in_scope_is_autopilot if {
+	d := decide(call("WRITE", [fs("write", "notes.txt")]))
+	d.autonomy_mode == "autopilot"
+	d.risk_score == 0.3
+}
+
+test_write_under_sensitive_dir_is_soft_gate if {
+	d := decide(call("WRITE", [fs("write", ".git/config")]))
+	d.autonomy_mode == "soft_gate"
+	"write under sensitive path: .git/config" in d.risk_basis
+}
+
+test_write_to_sensitive_file_is_soft_gate if decide(call("WRITE", [fs("write", "Makefile")])).autonomy_mode == "soft_gate"
+
+test_sensitive_match_is_anchored if {
+	decide(call("WRITE", [fs("write", "docs/Makefile")])).autonomy_mode == "autopilot"
+	decide(call("WRITE", [fs("write", "x.git/config")])).autonomy_mode == "autopilot"
+	decide(call("WRITE", [fs("write", ".gitignore")])).autonomy_mode == "autopilot"
+}
+
+test_sensitive_dir_itself if decide(call("WRITE", [fs("delete", ".git")])).autonomy_mode == "soft_gate"
+
+test_reading_sensitive_path_is_autopilot if decide(call("READ", [fs("read", ".git/config")])).autonomy_mode == "autopilot"
+
+test_sensitive_via_real_path if {
+	r := {"kind": "fs", "op": "write", "path": "link/config", "real_path": ".git/config"}
+	decide(call("WRITE", [r])).autonomy_mode == "soft_gate"
+}
+
+test_delete_of_directory_is_escalated if {
+	r := object.union(fs("delete", "build"), {"is_dir": true})
+	d := decide(call("WRITE", [r]))
+	d.autonomy_mode == "escalated"
+	d.risk_score == 0.8
+}
+
+test_delete_of_file_is_autopilot if decide(call("WRITE", [fs("delete", "build/out.o")])).autonomy_mode == "autopilot"
+
+test_secrets_are_no_go_for_every_op if {
+	every op in ["read", "list", "stat", "write", "delete"] {
+		every p in [".env", ".env.local", "config/.env", "certs/server.pem", ".ssh/id_rsa", "id_rsa.pub", "home/.aws/credentials", ".gnupg", "keys/id_ed25519"] {
+			d := decide(call("READ", [fs(op, p)]))
+			d.autonomy_mode == "no_go"
+			d.risk_score == 1.0
+		}
+	}
+}
+
+test_secret_via_real_path if {
+	r := {"kind": "fs", "op": "read", "path": "notes.txt", "real_path": ".env"}
+	decide(call("READ", [r])).autonomy_mode == "no_go"
+}
+
+test_secret_lookalikes_are_not_secrets if {
+	every p in ["my.envelope", "environment.txt", "env", ".envrc", "pem", "cert.pem.md", "rsa_id", "ssh/config", "aws.txt", "docs/gnupg.md"] {
+		decide(call("READ", [fs("read", p)])).autonomy_mode == "autopilot"
+	}
+}
+
+test_secret_in_any_resource if {
+	d := decide(call("WRITE", [fs("write", "ok.txt"), fs("stat", ".env")]))
+	d.autonomy_mode == "no_go"
+}
+
+test_execute_and_network_are_soft_gate if {
+	decide(call("EXECUTE", [])).autonomy_mode == "soft_gate"
+	decide(call("NETWORK", [])).autonomy_mode == "soft_gate"
+}
+
+test_unknown_class_is_no_go if {
+	d := decide(call("TELEPORT", []))
+	d.autonomy_mode == "no_go"
+	`unknown side-effect class: "TELEPORT"` in d.risk_basis
+}
+
+test_missing_class_is_no_go if decide({"tool_id": "t", "resources": []}).autonomy_mode == "no_go"
+
+test_basis_lists_every_finding if {
+	r := object.union(fs("delete", ".git"), {"is_dir": true})
+	d := decide(call("WRITE", [r]))
+	d.autonomy_mode == "escalated"
+	count(d.risk_basis) == 3
+}

@@ -1,0 +1,332 @@
+package syscalls
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/zeebo/blake3"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// MaxListEntries caps the entries fs.list returns.
+const MaxListEntries = 10000
+
+type fsRead struct{}
+
+func (*fsRead) Definition() Definition {
+	return Definition{
+		ID:          "fs.read",
+		Description: "Read a file in the workspace. Returns UTF-8 text in content (or content_base64 for binary data), the file's full size, and whether the returned bytes were truncated.",
+		SideEffect:  Read,
+		Resources:   []ResourceArg{{Arg: "path", Kind: KindFS, Access: AccessRead}},
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"path":{"type":"string","description":"File path, relative to the workspace root."},
+			"offset":{"type":"integer","minimum":0,"description":"Byte offset to start reading at (default 0)."},
+			"max_bytes":{"type":"integer","minimum":1,"description":"Most bytes to return (capped by the kernel)."}},
+			"required":["path"],"additionalProperties":false}`),
+	}
+}
+
+func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
+	var a struct {
+		Path     string `json:"path"`
+		Offset   int64  `json:"offset"`
+		MaxBytes int64  `json:"max_bytes"`
+	}
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	r := c.Resources[0]
+	f, err := r.Root.Open(r.Rel)
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+	}
+	if fi.IsDir() {
+		return Output{}, fmt.Errorf("fs.read %s: is a directory (use fs.list)", a.Path)
+	}
+	limit := c.MaxReadBytes
+	if a.MaxBytes > 0 && (limit <= 0 || a.MaxBytes < limit) {
+		limit = a.MaxBytes
+	}
+	if _, err := f.Seek(a.Offset, io.SeekStart); err != nil {
+		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+	}
+	// Read one byte past the limit to learn whether there is more.
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+	}
+	truncated := int64(len(data)) > limit
+	if truncated {
+		data = data[:limit]
+	}
+	res := map[string]any{
+		"path": a.Path, "size": fi.Size(), "offset": a.Offset,
+		"bytes_returned": len(data), "truncated": truncated,
+	}
+	if utf8.Valid(data) {
+		res["content"] = string(data)
+	} else {
+		res["content_base64"] = base64.StdEncoding.EncodeToString(data)
+	}
+	return output(res)
+}
+
+type fsList struct{}
+
+func (*fsList) Definition() Definition {
+	return Definition{
+		ID:          "fs.list",
+		Description: "List a directory in the workspace: each entry's name, type (file, dir, symlink, other) and size, sorted by name.",
+		SideEffect:  Read,
+		Resources:   []ResourceArg{{Arg: "path", Kind: KindFS, Access: AccessList}},
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"path":{"type":"string","description":"Directory path, relative to the workspace root (\".\" for the root)."}},
+			"required":["path"],"additionalProperties":false}`),
+	}
+}
+
+func (*fsList) Execute(_ context.Context, c *Call) (Output, error) {
+	var a struct {
+		Path string `json:"path"`
+	}
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	r := c.Resources[0]
+	f, err := r.Root.Open(r.Rel)
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.list %s: %w", a.Path, err)
+	}
+	defer f.Close()
+	des, err := f.ReadDir(-1)
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.list %s: %w", a.Path, err)
+	}
+	sort.Slice(des, func(i, j int) bool { return des[i].Name() < des[j].Name() })
+	truncated := len(des) > MaxListEntries
+	if truncated {
+		des = des[:MaxListEntries]
+	}
+	type entry struct {
+		Name string `json:"name"`
+		Type string `json:"type"`
+		Size int64  `json:"size"`
+	}
+	entries := make([]entry, 0, len(des))
+	for _, d := range des {
+		e := entry{Name: d.Name(), Type: typeOf(d.Type())}
+		if info, err := d.Info(); err == nil && e.Type == "file" {
+			e.Size = info.Size()
+		}
+		entries = append(entries, e)
+	}
+	return output(map[string]any{"path": a.Path, "entries": entries, "truncated": truncated})
+}
+
+func typeOf(m fs.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "file"
+	case m.IsDir():
+		return "dir"
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	}
+	return "other"
+}
+
+type fsStat struct{}
+
+func (*fsStat) Definition() Definition {
+	return Definition{
+		ID:          "fs.stat",
+		Description: "Describe a path in the workspace: whether it exists, its type, size, mode, modification time and, for a regular file, the blake3 digest of its content (usable in an fs precondition).",
+		SideEffect:  Read,
+		Resources:   []ResourceArg{{Arg: "path", Kind: KindFS, Access: AccessStat}},
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"path":{"type":"string","description":"Path, relative to the workspace root."}},
+			"required":["path"],"additionalProperties":false}`),
+	}
+}
+
+func (*fsStat) Execute(_ context.Context, c *Call) (Output, error) {
+	var a struct {
+		Path string `json:"path"`
+	}
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	r := c.Resources[0]
+	fi, err := r.Root.Stat(r.Rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return output(map[string]any{"path": a.Path, "exists": false})
+	}
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.stat %s: %w", a.Path, err)
+	}
+	res := map[string]any{
+		"path": a.Path, "exists": true, "type": typeOf(fi.Mode()), "size": fi.Size(),
+		"mode": "0" + strconv.FormatUint(uint64(fi.Mode().Perm()), 8), "mtime": fi.ModTime().UTC().Format(time.RFC3339Nano),
+	}
+	if fi.Mode().IsRegular() {
+		h, err := hashFile(r)
+		if err != nil {
+			return Output{}, fmt.Errorf("fs.stat %s: %w", a.Path, err)
+		}
+		res["hash"] = h
+	}
+	return output(res)
+}
+
+func hashFile(r *Resource) (string, error) {
+	f, err := r.Root.Open(r.Rel)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := blake3.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	var sum [digest.Size]byte
+	h.Sum(sum[:0])
+	return digest.Format(sum), nil
+}
+
+type fsWrite struct{}
+
+func (*fsWrite) Definition() Definition {
+	return Definition{
+		ID:          "fs.write",
+		Description: "Create or replace a file in the workspace with the given text. The parent directory must exist. The write is atomic: the old content or the new, never a mix.",
+		SideEffect:  Write,
+		Resources:   []ResourceArg{{Arg: "path", Kind: KindFS, Access: AccessWrite}},
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"path":{"type":"string","description":"File path, relative to the workspace root."},
+			"content":{"type":"string","description":"The file's new content."},
+			"mode":{"type":"string","pattern":"^0?[0-7]{3}$","description":"Permission bits in octal, e.g. \"0644\" (default: keep an existing file's, 0644 for a new one)."}},
+			"required":["path","content"],"additionalProperties":false}`),
+	}
+}
+
+func (*fsWrite) Execute(_ context.Context, c *Call) (Output, error) {
+	var a struct {
+		Path    string `json:"path"`
+		Content string `json:"content"`
+		Mode    string `json:"mode"`
+	}
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	var perm fs.FileMode
+	if a.Mode != "" {
+		m, err := strconv.ParseUint(a.Mode, 8, 32)
+		if err != nil {
+			return Output{}, argsError("mode %q is not octal", a.Mode)
+		}
+		perm = fs.FileMode(m)
+	}
+	return stageWrite(c, a.Path, []byte(a.Content), perm)
+}
+
+func stageWrite(c *Call, name string, content []byte, perm fs.FileMode) (Output, error) {
+	r := c.Resources[0]
+	if r.IsDir {
+		return Output{}, fmt.Errorf("%s is a directory", name)
+	}
+	if err := c.Stage.WriteFile(r, content, perm); err != nil {
+		return Output{}, err
+	}
+	return output(map[string]any{"path": name, "size": len(content), "hash": digest.Sum(content)})
+}
+
+type fsPatch struct{}
+
+func (*fsPatch) Definition() Definition {
+	return Definition{
+		ID:          "fs.patch",
+		Description: "Replace the one occurrence of old with new in a workspace file. Fails (invalid args) when old occurs zero times or more than once: include enough context to make it unique.",
+		SideEffect:  Write,
+		Resources:   []ResourceArg{{Arg: "path", Kind: KindFS, Access: AccessWrite}},
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"path":{"type":"string","description":"File path, relative to the workspace root."},
+			"old":{"type":"string","minLength":1,"description":"Exact text to replace; must occur exactly once."},
+			"new":{"type":"string","description":"Replacement text."}},
+			"required":["path","old","new"],"additionalProperties":false}`),
+	}
+}
+
+func (*fsPatch) Execute(_ context.Context, c *Call) (Output, error) {
+	var a struct {
+		Path string `json:"path"`
+		Old  string `json:"old"`
+		New  string `json:"new"`
+	}
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	r := c.Resources[0]
+	if !r.Exists {
+		return Output{}, fmt.Errorf("fs.patch %s: no such file", a.Path)
+	}
+	data, err := r.Root.ReadFile(r.Rel)
+	if err != nil {
+		return Output{}, fmt.Errorf("fs.patch %s: %w", a.Path, err)
+	}
+	switch n := strings.Count(string(data), a.Old); n {
+	case 1:
+	case 0:
+		return Output{}, argsError("old string not found in %s", a.Path)
+	default:
+		return Output{}, argsError("old string occurs %d times in %s; it must be unique", n, a.Path)
+	}
+	return stageWrite(c, a.Path, []byte(strings.Replace(string(data), a.Old, a.New, 1)), 0)
+}
+
+type fsDelete struct{}
+
+func (*fsDelete) Definition() Definition {
+	return Definition{
+		ID:          "fs.delete",
+		Description: "Delete a file, a symlink (not its target) or a directory tree in the workspace.",
+		SideEffect:  Write,
+		Resources:   []ResourceArg{{Arg: "path", Kind: KindFS, Access: AccessDelete}},
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"path":{"type":"string","description":"Path, relative to the workspace root."}},
+			"required":["path"],"additionalProperties":false}`),
+	}
+}
+
+func (*fsDelete) Execute(_ context.Context, c *Call) (Output, error) {
+	var a struct {
+		Path string `json:"path"`
+	}
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	r := c.Resources[0]
+	if !r.Exists {
+		return Output{}, fmt.Errorf("fs.delete %s: no such file or directory", a.Path)
+	}
+	if err := c.Stage.Delete(r); err != nil {
+		return Output{}, err
+	}
+	return output(map[string]any{"path": a.Path, "was_dir": r.IsDir})
+}

@@ -1,0 +1,123 @@
+package syscalls
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"regexp"
+	"sort"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// idPattern: dot-separated labels of lowercase letters and digits, with
+// single underscores between them ("fs.read", "mcp.git_hub.list_issues").
+var idPattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*(\.[a-z][a-z0-9]*(_[a-z0-9]+)*)*$`)
+
+// Entry is a registered syscall: its definition, its factory and its
+// compiled input schema.
+type Entry struct {
+	Def    Definition
+	New    Factory
+	schema *jsonschema.Schema
+}
+
+// Validate checks args against the input schema; the error is an
+// *ArgsError listing every violation.
+func (e *Entry) Validate(args json.RawMessage) error { return validate(e.schema, args) }
+
+// Registry maps syscall ids to entries. It is safe for concurrent use; Get,
+// on every call's path, only takes a read lock.
+type Registry struct {
+	mu      sync.RWMutex
+	entries map[string]*Entry
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{entries: map[string]*Entry{}} }
+
+// Register adds the syscall f makes. It calls f twice: to read the
+// definition and to check that f makes a fresh instance each time (seed 002
+// §3.1). It refuses a duplicate or malformed id, a missing or unknown
+// side-effect class, a schema outside the allowed subset or that does not
+// compile, and a resource argument that is not a string property of the
+// schema.
+func (r *Registry) Register(f Factory) error {
+	if f == nil {
+		return fmt.Errorf("register: nil factory")
+	}
+	a, b := f(), f()
+	if a == nil || b == nil {
+		return fmt.Errorf("register: factory returned nil")
+	}
+	def := a.Definition()
+	if !idPattern.MatchString(def.ID) {
+		return fmt.Errorf("register %q: id must be dot-separated labels of lowercase letters and digits, with single underscores inside", def.ID)
+	}
+	// Pointers to zero-size values may share an address and hold no state.
+	if ra, rb := reflect.ValueOf(a), reflect.ValueOf(b); ra.Kind() == reflect.Pointer && ra.Type().Elem().Size() > 0 && ra.Pointer() == rb.Pointer() {
+		return fmt.Errorf("register %s: the factory returned the same instance twice; it must make a fresh one per call", def.ID)
+	}
+	if !def.SideEffect.Valid() {
+		return fmt.Errorf("register %s: side-effect class %q is not one of NONE, READ, WRITE, EXECUTE, NETWORK", def.ID, def.SideEffect)
+	}
+	schema, root, err := compileSchema(def.ID, def.InputSchema)
+	if err != nil {
+		return fmt.Errorf("register %s: %v", def.ID, err)
+	}
+	props, _ := root["properties"].(map[string]any)
+	for _, ra := range def.Resources {
+		p, _ := props[ra.Arg].(map[string]any)
+		if p == nil || p["type"] != "string" {
+			return fmt.Errorf("register %s: resource argument %q is not a string property of the input schema", def.ID, ra.Arg)
+		}
+		if ra.Kind != KindFS && ra.Kind != KindKV {
+			return fmt.Errorf("register %s: resource argument %q has unknown kind %q", def.ID, ra.Arg, ra.Kind)
+		}
+		switch ra.Access {
+		case AccessRead, AccessList, AccessStat, AccessWrite, AccessDelete:
+		default:
+			return fmt.Errorf("register %s: resource argument %q has unknown access %q", def.ID, ra.Arg, ra.Access)
+		}
+		if ra.Access.Writes() && !def.SideEffect.Mutating() {
+			return fmt.Errorf("register %s: a %s syscall cannot %s resource %q", def.ID, def.SideEffect, ra.Access, ra.Arg)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.entries[def.ID]; dup {
+		return fmt.Errorf("register %s: already registered", def.ID)
+	}
+	r.entries[def.ID] = &Entry{Def: def, New: f, schema: schema}
+	return nil
+}
+
+// Unregister removes id and reports whether it was registered.
+func (r *Registry) Unregister(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.entries[id]
+	delete(r.entries, id)
+	return ok
+}
+
+// Get returns the entry of id.
+func (r *Registry) Get(id string) (*Entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.entries[id]
+	return e, ok
+}
+
+// List returns every definition, sorted by id.
+func (r *Registry) List() []Definition {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Definition, 0, len(r.entries))
+	for _, e := range r.entries {
+		out = append(out, e.Def)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}

@@ -1,0 +1,295 @@
+package syscalls
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// RootSpec is one file system root a capability token grants.
+type RootSpec struct {
+	Path     string // absolute
+	Writable bool
+}
+
+// Workspace is a set of roots opened with os.Root, through which every
+// file access of a call goes. It is safe for concurrent use.
+type Workspace struct {
+	mounts []mount
+}
+
+type mount struct {
+	RootSpec
+	root *os.Root
+	real string // the root directory's path with symlinks resolved
+}
+
+// OpenWorkspace opens roots. Each must be an absolute path to an existing
+// directory.
+func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
+	w := &Workspace{}
+	for _, r := range roots {
+		if !filepath.IsAbs(r.Path) {
+			w.Close()
+			return nil, fmt.Errorf("workspace root %q is not absolute", r.Path)
+		}
+		root, err := os.OpenRoot(r.Path)
+		if err != nil {
+			w.Close()
+			return nil, fmt.Errorf("workspace root: %w", err)
+		}
+		real, err := realPath(root, ".")
+		if err != nil {
+			root.Close()
+			w.Close()
+			return nil, fmt.Errorf("workspace root %s: %w", r.Path, err)
+		}
+		w.mounts = append(w.mounts, mount{RootSpec: RootSpec{Path: filepath.Clean(r.Path), Writable: r.Writable}, root: root, real: real})
+	}
+	return w, nil
+}
+
+// Close closes the roots.
+func (w *Workspace) Close() error {
+	var errs []error
+	for _, m := range w.mounts {
+		errs = append(errs, m.root.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Resource is a path argument resolved inside a root (or, with a nil Root,
+// a kv key in Rel).
+type Resource struct {
+	Arg      string   // the argument that named it; set by the kernel
+	Root     *os.Root // the opened root; owned by the Workspace
+	RootPath string   // the root directory as the token names it
+	Rel      string   // slash-separated, cleaned, relative to the root; "." is the root
+	Real     string   // Rel with symlinks inside the root resolved (see Resolve)
+	Exists   bool
+	IsDir    bool
+	Size     int64
+	Access   Access
+}
+
+// ScopeError is a path outside the token's scopes; the kernel reports it as
+// scope_denied.
+type ScopeError struct {
+	Path   string
+	Reason string
+}
+
+func (e *ScopeError) Error() string {
+	if e.Path == "" {
+		return e.Reason
+	}
+	return fmt.Sprintf("path %q: %s", e.Path, e.Reason)
+}
+
+// Resolve maps the path argument p to a resource for access a.
+//
+// Relative paths are relative to the first root; an absolute path must lie,
+// lexically, inside a root (the longest match wins). All access then goes
+// through that root's os.Root, which refuses ".." escapes and symlinks
+// leading out in any component. Resolve refuses with a *ScopeError: an
+// empty path, a NUL byte, an absolute path outside every root, any escape
+// (including a symlink, as the last component or a parent directory, that
+// leads outside, even for writes and deletes), a write or delete in a
+// read-only root, and deleting a root itself.
+//
+// Reads, lists and stats follow symlinks inside the root, and Real is the
+// followed path. Writes and deletes act on the named path itself — a
+// symlink there is replaced or removed, never followed, like rename(2) and
+// unlink(2) — so Real is the resolved parent directory plus the last name.
+func (w *Workspace) Resolve(p string, a Access) (*Resource, error) {
+	switch {
+	case p == "":
+		return nil, &ScopeError{Path: p, Reason: "empty path"}
+	case strings.IndexByte(p, 0) >= 0:
+		return nil, &ScopeError{Path: p, Reason: "path contains a NUL byte"}
+	case len(w.mounts) == 0:
+		return nil, &ScopeError{Path: p, Reason: "the capability token grants no file system roots"}
+	}
+	m, rel, err := w.mountFor(p)
+	if err != nil {
+		return nil, err
+	}
+	if a.Writes() && !m.Writable {
+		return nil, &ScopeError{Path: p, Reason: "root " + m.Path + " is read-only for this token"}
+	}
+	if a == AccessDelete && rel == "." {
+		return nil, &ScopeError{Path: p, Reason: "a root cannot be deleted"}
+	}
+	r := &Resource{Root: m.root, RootPath: m.Path, Rel: filepath.ToSlash(rel), Access: a}
+	lfi, err := m.root.Lstat(rel)
+	switch {
+	case isEscape(err):
+		return nil, &ScopeError{Path: p, Reason: "escapes its root"}
+	case errors.Is(err, fs.ErrNotExist):
+		// Nothing there yet; the parent must still resolve inside the root.
+		dir, err := m.realRel(path.Dir(r.Rel))
+		switch {
+		case isEscape(err):
+			return nil, &ScopeError{Path: p, Reason: "escapes its root"}
+		case err == nil:
+			r.Real = joinRel(dir, path.Base(r.Rel))
+		default:
+			r.Real = r.Rel // no parent directory: nothing to resolve
+		}
+		return r, nil
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	r.Exists, r.IsDir, r.Size = true, lfi.IsDir(), lfi.Size()
+	if lfi.Mode()&fs.ModeSymlink == 0 || a.Writes() {
+		// Not a link, or acting on the link itself: resolve the parent.
+		if lfi.Mode()&fs.ModeSymlink != 0 {
+			// A link leading out is refused whatever the access.
+			if _, err := m.realRel(r.Rel); isEscape(err) {
+				return nil, &ScopeError{Path: p, Reason: "is a symlink leading outside its root"}
+			}
+		}
+		if r.Rel == "." {
+			r.Real = "."
+			return r, nil
+		}
+		dir, err := m.realRel(path.Dir(r.Rel))
+		if isEscape(err) {
+			return nil, &ScopeError{Path: p, Reason: "escapes its root"}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		r.Real = joinRel(dir, path.Base(r.Rel))
+		return r, nil
+	}
+	real, err := m.realRel(r.Rel)
+	switch {
+	case isEscape(err):
+		return nil, &ScopeError{Path: p, Reason: "is a symlink leading outside its root"}
+	case errors.Is(err, fs.ErrNotExist):
+		r.Exists, r.IsDir, r.Size = false, false, 0 // a dangling link
+		r.Real = r.Rel
+		return r, nil
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	fi, err := m.root.Stat(r.Rel)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	r.IsDir, r.Size, r.Real = fi.IsDir(), fi.Size(), real
+	return r, nil
+}
+
+// maxLinks bounds the symlinks followed while resolving one path.
+const maxLinks = 40
+
+var errEscapes = errors.New("path escapes from parent")
+
+// realRel returns rel with every symlink resolved, relative to the root.
+// Directories on the way are resolved by the kernel through os.Root (opened
+// with O_PATH, so nothing is read); a symlink as the last component is
+// followed here, by its text, from its directory's real path.
+func (m *mount) realRel(rel string) (string, error) {
+	for range maxLinks {
+		fi, err := m.root.Lstat(rel)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			abs, err := realPath(m.root, rel)
+			if err != nil {
+				return "", err
+			}
+			return relTo(m.real, abs), nil
+		}
+		target, err := m.root.Readlink(rel)
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			return "", &fs.PathError{Op: "readlink", Path: rel, Err: errEscapes}
+		}
+		dir := "."
+		if d := path.Dir(rel); d != "." {
+			if dir, err = m.realRel(d); err != nil {
+				return "", err
+			}
+		}
+		rel = path.Join(dir, filepath.ToSlash(target))
+		if rel == ".." || strings.HasPrefix(rel, "../") {
+			return "", &fs.PathError{Op: "readlink", Path: rel, Err: errEscapes}
+		}
+	}
+	return "", fmt.Errorf("%s: more than %d symlinks", rel, maxLinks)
+}
+
+// mountFor picks the root for p and returns p relative to it.
+func (w *Workspace) mountFor(p string) (*mount, string, error) {
+	if !filepath.IsAbs(p) {
+		rel := filepath.Clean(p)
+		if rel == ".." || strings.HasPrefix(rel, "../") {
+			return nil, "", &ScopeError{Path: p, Reason: "escapes its root"}
+		}
+		return &w.mounts[0], rel, nil
+	}
+	c := filepath.Clean(p)
+	var best *mount
+	for i := range w.mounts {
+		m := &w.mounts[i]
+		if (c == m.Path || strings.HasPrefix(c, m.Path+"/") || m.Path == "/") && (best == nil || len(m.Path) > len(best.Path)) {
+			best = m
+		}
+	}
+	if best == nil {
+		return nil, "", &ScopeError{Path: p, Reason: "is outside every root the capability token grants"}
+	}
+	rel, err := filepath.Rel(best.Path, c)
+	if err != nil {
+		return nil, "", &ScopeError{Path: p, Reason: err.Error()}
+	}
+	return best, rel, nil
+}
+
+// realPath opens rel through root, which resolves its directories, and
+// returns the opened file's absolute path as the kernel sees it. O_PATH
+// does not follow a symlink as the last component; realRel does that.
+func realPath(root *os.Root, rel string) (string, error) {
+	f, err := root.OpenFile(rel, os.O_RDONLY|unix.O_PATH, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return os.Readlink("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+}
+
+// relTo returns the slash path of abs relative to base ("." for base).
+func relTo(base, abs string) string {
+	rel, err := filepath.Rel(base, abs)
+	if err != nil {
+		return ".."
+	}
+	return filepath.ToSlash(rel)
+}
+
+func joinRel(dir, name string) string {
+	if dir == "." {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// isEscape reports whether err is os.Root refusing a path that leaves the
+// root. The os package does not export that error, so match its text.
+func isEscape(err error) bool {
+	var pe *fs.PathError
+	return errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == errEscapes.Error()
+}

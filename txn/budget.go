@@ -1,0 +1,83 @@
+package txn
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"go.etcd.io/bbolt"
+)
+
+// Usage counts budget units by name: calls, cpu_ms, disk_write_bytes,
+// net_bytes.
+type Usage map[string]int64
+
+// Budget names.
+const (
+	BudgetCalls          = "calls"
+	BudgetCPUMillis      = "cpu_ms"
+	BudgetDiskWriteBytes = "disk_write_bytes"
+	BudgetNetBytes       = "net_bytes"
+)
+
+func usageOf(tx *bbolt.Tx, tokenID string) (Usage, error) {
+	u := Usage{}
+	if v := tx.Bucket(bucketBudget).Get([]byte(tokenID)); v != nil {
+		if err := json.Unmarshal(v, &u); err != nil {
+			return nil, fmt.Errorf("txn: budget record of token %s: %w", tokenID, err)
+		}
+	}
+	return u, nil
+}
+
+// Used returns what token tokenID has consumed so far.
+func Used(tx *bbolt.Tx, tokenID string) (Usage, error) { return usageOf(tx, tokenID) }
+
+// checkBudget refuses when used+want exceeds any limit. Names absent from
+// limits are unlimited.
+func checkBudget(used, want, limits Usage) error {
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		limit, ok := limits[n]
+		if !ok {
+			continue
+		}
+		if used[n]+want[n] > limit {
+			return refuse(ClassBudget, "budget %s: %d used + %d needed > limit %d", n, used[n], want[n], limit)
+		}
+	}
+	return nil
+}
+
+// adjust adds delta to the token's usage.
+func adjust(tx *bbolt.Tx, tokenID string, used, delta Usage) error {
+	for n, d := range delta {
+		used[n] += d
+		if used[n] < 0 {
+			used[n] = 0
+		}
+	}
+	v, err := json.Marshal(used)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketBudget).Put([]byte(tokenID), v)
+}
+
+// Charge consumes want from the token's budgets in one step, for calls that
+// need no prepare (non-mutating calls without an idempotency key). It writes
+// nothing when a limit would be exceeded.
+func Charge(tx *bbolt.Tx, tokenID string, want, limits Usage) error {
+	used, err := usageOf(tx, tokenID)
+	if err != nil {
+		return err
+	}
+	if err := checkBudget(used, want, limits); err != nil {
+		return err
+	}
+	return adjust(tx, tokenID, used, want)
+}

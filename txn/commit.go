@@ -1,0 +1,146 @@
+package txn
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/store"
+)
+
+// CanCommit checks in tx everything Commit needs that may have changed since
+// prepare: the stored preconditions, the kv versions the effects were staged
+// against, and the disk-write budget, now that the bytes written are known.
+// It writes nothing.
+func CanCommit(tx *bbolt.Tx, in *Intent, ps []Precondition, limits Usage, effects []Effect) error {
+	if err := checkStored(tx, ps); err != nil {
+		return err
+	}
+	for _, e := range effects {
+		if e.Op != OpKVPut {
+			continue
+		}
+		cur, err := kvGet(tx, e.Key)
+		if err != nil {
+			return err
+		}
+		if cur.Version+1 != e.Version {
+			return refuse(ClassPrecondition, "kv %q changed while the call ran (version %d, staged %d)", e.Key, cur.Version, e.Version)
+		}
+	}
+	used, err := usageOf(tx, in.TokenID)
+	if err != nil {
+		return err
+	}
+	return checkBudget(used, spent(effects), limits)
+}
+
+// Commit records in tx that the call of intent in is decided: kv puts are
+// applied, the delta is stored under deltaID, the intent lists its effects
+// for Apply (and for redo after a crash), the idempotency key takes result
+// (the full result envelope) and the budgets are charged for what the
+// effects used. The caller has run CanCommit in the same tx; any error
+// here comes after a write and is a store.Abort.
+func Commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, result []byte) error {
+	return abortIf(commit(tx, in, effects, deltaID, delta, result))
+}
+
+func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, result []byte) error {
+	for _, e := range effects {
+		if e.Op == OpKVPut {
+			if err := putKV(tx, e.Key, kvValue{Version: e.Version, Value: e.Value}); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tx.Bucket(bucketDelta).Put([]byte(deltaID), clone(delta)); err != nil {
+		return err
+	}
+	in.State = Decided
+	in.Effects = effects
+	in.DeltaID = deltaID
+	if err := putIntent(tx, in); err != nil {
+		return err
+	}
+	if k, ok := in.idemKey(); ok {
+		call, err := idemCall(tx, k)
+		if err != nil {
+			return err
+		}
+		r := idemRecord{Call: call, OperationID: in.OperationID, Done: true, Result: result}
+		if err := putIdem(tx, k, r); err != nil {
+			return err
+		}
+	}
+	used, err := usageOf(tx, in.TokenID)
+	if err != nil {
+		return err
+	}
+	return adjust(tx, in.TokenID, used, spent(effects))
+}
+
+// Rollback undoes a prepared intent in tx: the intent and its idempotency
+// entry go (only committed outcomes are replayed, so the key may be retried),
+// and the reservation is released except the call itself. The caller
+// removes staging files (Stage.Discard).
+func Rollback(tx *bbolt.Tx, in *Intent) error {
+	used, err := usageOf(tx, in.TokenID)
+	if err != nil {
+		return err
+	}
+	release := Usage{}
+	for n, v := range in.Reserved {
+		if n != BudgetCalls {
+			release[n] = -v
+		}
+	}
+	return abortIf(rollback(tx, in, used, release))
+}
+
+func rollback(tx *bbolt.Tx, in *Intent, used, release Usage) error {
+	if k, ok := in.idemKey(); ok {
+		if err := tx.Bucket(bucketIdem).Delete(k.bytes()); err != nil {
+			return err
+		}
+	}
+	if err := tx.Bucket(bucketIntent).Delete([]byte(in.OperationID)); err != nil {
+		return err
+	}
+	return adjust(tx, in.TokenID, used, release)
+}
+
+// Finish removes the intent of an applied call.
+func Finish(tx *bbolt.Tx, operationID string) error {
+	return tx.Bucket(bucketIntent).Delete([]byte(operationID))
+}
+
+// spent is the budget the effects use beyond the call itself.
+func spent(effects []Effect) Usage {
+	var wrote int64
+	for _, e := range effects {
+		if e.Op == OpWrite {
+			wrote += e.Size
+		}
+	}
+	return Usage{BudgetDiskWriteBytes: wrote}
+}
+
+func idemCall(tx *bbolt.Tx, k IdemKey) (Call, error) {
+	v := tx.Bucket(bucketIdem).Get(k.bytes())
+	if v == nil {
+		return Call{}, fmt.Errorf("txn: idempotency key %q lost its in-flight record", k.Key)
+	}
+	var r idemRecord
+	if err := json.Unmarshal(v, &r); err != nil {
+		return Call{}, fmt.Errorf("txn: idempotency record for key %q: %w", k.Key, err)
+	}
+	return r.Call, nil
+}
+
+func abortIf(err error) error {
+	if err == nil {
+		return nil
+	}
+	return store.Abort(err)
+}

@@ -1,0 +1,129 @@
+package txn
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
+)
+
+// Intent states.
+const (
+	Prepared = "prepared"
+	Decided  = "decided"
+)
+
+// StageDir is a directory where a call may leave staging files: Dir is
+// relative to the root directory Root.
+type StageDir struct {
+	Root string `json:"root"`
+	Dir  string `json:"dir"`
+}
+
+// Intent is the durable record of a mutating call between prepare and the
+// end of apply.
+type Intent struct {
+	OperationID string          `json:"operation_id"`
+	State       string          `json:"state"`
+	AgentID     string          `json:"agent_id"`
+	IdemKey     string          `json:"idempotency_key,omitempty"`
+	TokenID     string          `json:"capability_token_id"`
+	Reserved    Usage           `json:"reserved"`
+	Dirs        []StageDir      `json:"dirs,omitempty"`
+	Effects     []Effect        `json:"effects,omitempty"`
+	DeltaID     string          `json:"commit_delta_id,omitempty"`
+	Audit       json.RawMessage `json:"audit,omitempty"` // the kernel's context for a recovery audit record
+}
+
+func (in *Intent) idemKey() (IdemKey, bool) {
+	return IdemKey{AgentID: in.AgentID, Key: in.IdemKey}, in.IdemKey != ""
+}
+
+func putIntent(tx *bbolt.Tx, in *Intent) error {
+	v, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketIntent).Put([]byte(in.OperationID), v)
+}
+
+// Intents returns every intent in tx, in operation id order.
+func Intents(tx *bbolt.Tx) ([]Intent, error) {
+	var out []Intent
+	err := tx.Bucket(bucketIntent).ForEach(func(k, v []byte) error {
+		var in Intent
+		if err := json.Unmarshal(v, &in); err != nil {
+			return fmt.Errorf("txn: intent %s: %w", k, err)
+		}
+		out = append(out, in)
+		return nil
+	})
+	return out, err
+}
+
+// Delta is what a committed call changed; it is stored under its own
+// digest, the commit_delta_id.
+type Delta struct {
+	OperationID string        `json:"operation_id"`
+	Changes     []DeltaChange `json:"changes"`
+}
+
+// DeltaChange is one change of a Delta: a file written or deleted (Path
+// relative to Root, content digests before and after, size after) or a kv
+// key put (versions before and after, digest of the value).
+type DeltaChange struct {
+	Op         string `json:"op"`
+	Root       string `json:"root,omitempty"`
+	Path       string `json:"path,omitempty"`
+	Key        string `json:"key,omitempty"`
+	OldHash    string `json:"old_hash,omitempty"`
+	NewHash    string `json:"new_hash,omitempty"`
+	Size       int64  `json:"size"`
+	OldVersion uint64 `json:"old_version,omitempty"`
+	NewVersion uint64 `json:"new_version,omitempty"`
+}
+
+// NewDelta builds the delta of effects and returns it in canonical JSON with
+// its id: the digest of those bytes.
+func NewDelta(operationID string, effects []Effect) (id string, canonical []byte, err error) {
+	d := Delta{OperationID: operationID, Changes: make([]DeltaChange, 0, len(effects))}
+	for _, e := range effects {
+		d.Changes = append(d.Changes, e.change())
+	}
+	canonical, err = jcs.Marshal(d)
+	if err != nil {
+		return "", nil, err
+	}
+	return digest.Sum(canonical), canonical, nil
+}
+
+// GetDelta returns the stored delta named id, or nil.
+func GetDelta(tx *bbolt.Tx, id string) json.RawMessage {
+	return clone(tx.Bucket(bucketDelta).Get([]byte(id)))
+}
+
+// Dirs lists, without duplicates, the parent directories of paths (relative
+// to root) where staging files for them will go.
+func Dirs(root string, rels ...string) []StageDir {
+	var out []StageDir
+	seen := map[string]bool{}
+	for _, r := range rels {
+		d := path.Dir(r)
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, StageDir{Root: root, Dir: d})
+		}
+	}
+	return out
+}
+
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}

@@ -1,0 +1,72 @@
+package txn
+
+import (
+	"encoding/json"
+
+	"go.etcd.io/bbolt"
+)
+
+// Prepare is the first step of a mutating call (or of any call carrying an
+// idempotency key).
+type Prepare struct {
+	Intent        Intent // State is set by Run
+	Call          Call   // what the idempotency key is bound to
+	Limits        Usage  // the token's budgets
+	Preconditions []Precondition
+}
+
+// Run checks and records p in tx. It returns the stored result envelope of
+// a finished twin call (a replay, with nothing written), an *Error refusal
+// (nothing written), or nil once the intent is durable in tx.
+func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
+	in := &p.Intent
+	if k, ok := in.idemKey(); ok {
+		replay, err := Lookup(tx, k, p.Call)
+		if replay != nil || err != nil {
+			return replay, err
+		}
+	}
+	if OperationUsed(tx, in.OperationID) {
+		return nil, refuse(ClassInvalidArgs, "operation_id %s is already used", in.OperationID)
+	}
+	if err := checkStored(tx, p.Preconditions); err != nil {
+		return nil, err
+	}
+	used, err := usageOf(tx, in.TokenID)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkBudget(used, in.Reserved, p.Limits); err != nil {
+		return nil, err
+	}
+	if k, ok := in.idemKey(); ok {
+		if err := putIdem(tx, k, idemRecord{Call: p.Call, OperationID: in.OperationID}); err != nil {
+			return nil, err
+		}
+	}
+	if err := adjust(tx, in.TokenID, used, in.Reserved); err != nil {
+		return nil, err
+	}
+	in.State = Prepared
+	return nil, putIntent(tx, in)
+}
+
+// CheckStored checks the kv and ledger preconditions of ps in tx; fs ones
+// are the caller's (see CheckFile). It writes nothing.
+func CheckStored(tx *bbolt.Tx, ps []Precondition) error { return checkStored(tx, ps) }
+
+// OperationUsed reports whether operation id is taken by a recorded or
+// running call.
+func OperationUsed(tx *bbolt.Tx, id string) bool {
+	return tx.Bucket(bucketOps).Get([]byte(id)) != nil || tx.Bucket(bucketIntent).Get([]byte(id)) != nil
+}
+
+// PutOperation stores the result envelope of operation id.
+func PutOperation(tx *bbolt.Tx, id string, result []byte) error {
+	return tx.Bucket(bucketOps).Put([]byte(id), clone(result))
+}
+
+// GetOperation returns the stored result envelope of operation id, or nil.
+func GetOperation(tx *bbolt.Tx, id string) json.RawMessage {
+	return clone(tx.Bucket(bucketOps).Get([]byte(id)))
+}

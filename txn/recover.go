@@ -1,0 +1,120 @@
+package txn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/store"
+)
+
+// Recovered reports what Recover did.
+type Recovered struct {
+	Redone     []Intent // decided intents whose effects were applied again
+	RolledBack []Intent // prepared intents that were undone
+}
+
+// Recover finishes what a crash interrupted; run it at open, before any
+// call. Decided intents are applied again (idempotently) and removed;
+// prepared ones lose their staging files and are rolled back, and
+// onRollback is called in the same transaction so the caller can audit
+// each one.
+func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Intent) error) (Recovered, error) {
+	var rec Recovered
+	var intents []Intent
+	if err := db.View(func(tx *bbolt.Tx) error {
+		var err error
+		intents, err = Intents(tx)
+		return err
+	}); err != nil {
+		return rec, err
+	}
+	roots := rootCache{}
+	defer roots.close()
+	for i := range intents {
+		in := &intents[i]
+		switch in.State {
+		case Decided:
+			if err := Apply(in.Effects, roots.open); err != nil {
+				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
+			}
+			if err := db.Update(ctx, func(tx *bbolt.Tx) error { return Finish(tx, in.OperationID) }); err != nil {
+				return rec, err
+			}
+			rec.Redone = append(rec.Redone, *in)
+		case Prepared:
+			if err := removeStaging(in, roots.open); err != nil {
+				return rec, fmt.Errorf("txn: roll back operation %s: %w", in.OperationID, err)
+			}
+			if err := db.Update(ctx, func(tx *bbolt.Tx) error {
+				if err := Rollback(tx, in); err != nil {
+					return err
+				}
+				return abortIf(onRollback(tx, in))
+			}); err != nil {
+				return rec, err
+			}
+			rec.RolledBack = append(rec.RolledBack, *in)
+		default:
+			return rec, fmt.Errorf("txn: intent %s has unknown state %q", in.OperationID, in.State)
+		}
+	}
+	return rec, nil
+}
+
+// removeStaging deletes every staging file of in from its staging dirs.
+func removeStaging(in *Intent, root func(string) (*os.Root, error)) error {
+	for _, d := range in.Dirs {
+		r, err := root(d.Root)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		f, err := r.Open(d.Dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		names, err := f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if isStaging(n, in.OperationID) {
+				if err := r.RemoveAll(d.Dir + "/" + n); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+type rootCache map[string]*os.Root
+
+func (c rootCache) open(dir string) (*os.Root, error) {
+	if r, ok := c[dir]; ok {
+		return r, nil
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	c[dir] = r
+	return r, nil
+}
+
+func (c rootCache) close() {
+	for _, r := range c {
+		r.Close()
+	}
+}

@@ -1,0 +1,248 @@
+package txn
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/zeebo/blake3"
+
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// Effect kinds.
+const (
+	OpWrite  = "write"
+	OpDelete = "delete"
+	OpKVPut  = "kv_put"
+)
+
+// Effect is one staged change. For OpWrite, Stage is the staging file that
+// Apply renames onto Path; for OpDelete, Stage is the name Path is moved to
+// before it is removed. Paths are relative to Root.
+type Effect struct {
+	Op      string          `json:"op"`
+	Root    string          `json:"root,omitempty"`
+	Path    string          `json:"path,omitempty"`
+	Stage   string          `json:"stage,omitempty"`
+	Key     string          `json:"key,omitempty"`
+	Value   json.RawMessage `json:"value,omitempty"`
+	Version uint64          `json:"version,omitempty"`
+	OldHash string          `json:"old_hash,omitempty"`
+	NewHash string          `json:"new_hash,omitempty"`
+	Size    int64           `json:"size"`
+}
+
+func (e Effect) change() DeltaChange {
+	c := DeltaChange{Op: e.Op, Root: e.Root, Path: e.Path, Key: e.Key, OldHash: e.OldHash, NewHash: e.NewHash, Size: e.Size}
+	if e.Op == OpKVPut {
+		c.NewVersion = e.Version
+		c.OldVersion = e.Version - 1
+	}
+	return c
+}
+
+// StagePrefix starts the names of staging files; TrashPrefix the names that
+// deleted targets take just before removal. Both are followed by the
+// operation id, "-" and a sequence number.
+const (
+	StagePrefix = ".capk-stage-"
+	TrashPrefix = ".capk-trash-"
+)
+
+// Stage collects the effects of one call without making them visible. It
+// implements syscalls.Stager. After Discard, staging fails, so a handler
+// that outlives its call's timeout cannot leave files behind.
+type Stage struct {
+	opID string
+	kv   syscalls.KVReader
+
+	mu      sync.Mutex
+	closed  bool
+	effects []Effect
+	roots   map[string]*os.Root
+	kvSeen  map[string]bool
+}
+
+// NewStage starts staging for operation opID; kv reads current versions.
+func NewStage(opID string, kv syscalls.KVReader) *Stage {
+	return &Stage{opID: opID, kv: kv, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}}
+}
+
+var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
+
+func (s *Stage) name(prefix, rel string) string {
+	return path.Join(path.Dir(rel), prefix+s.opID+"-"+strconv.Itoa(len(s.effects)))
+}
+
+// WriteFile stages content for r: a new file beside the target, written and
+// fsynced. perm 0 keeps the mode of an existing file (0644 for a new one).
+func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errStageClosed
+	}
+	old, oldMode, err := hashFile(r.Root, r.Rel)
+	if err != nil {
+		return err
+	}
+	if perm == 0 {
+		perm = 0o644
+		if old != "" {
+			perm = oldMode.Perm()
+		}
+	}
+	name := s.name(StagePrefix, r.Rel)
+	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: parent directory does not exist", r.Rel)
+	}
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	// The entry goes in before the write so Discard removes a partial file.
+	s.effects = append(s.effects, Effect{
+		Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name,
+		OldHash: old, NewHash: digest.Sum(content), Size: int64(len(content)),
+	})
+	s.roots[r.RootPath] = r.Root
+	_, err = f.Write(content)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	return nil
+}
+
+// Delete stages the removal of r (a file, a symlink or a directory tree).
+func (s *Stage) Delete(r *syscalls.Resource) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errStageClosed
+	}
+	fi, err := r.Root.Lstat(r.Rel)
+	if err != nil {
+		return fmt.Errorf("delete %s: %w", r.Rel, err)
+	}
+	var old string
+	if fi.Mode().IsRegular() {
+		if old, _, err = hashFile(r.Root, r.Rel); err != nil {
+			return err
+		}
+	}
+	s.effects = append(s.effects, Effect{
+		Op: OpDelete, Root: r.RootPath, Path: r.Rel, Stage: s.name(TrashPrefix, r.Rel),
+		OldHash: old, Size: fi.Size(),
+	})
+	s.roots[r.RootPath] = r.Root
+	return nil
+}
+
+// PutKV stages value under key and returns the version it will have.
+func (s *Stage) PutKV(key string, value json.RawMessage) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, errStageClosed
+	}
+	if s.kvSeen[key] {
+		return 0, fmt.Errorf("kv %q is already put by this call", key)
+	}
+	_, v, _, err := s.kv.GetKV(key)
+	if err != nil {
+		return 0, err
+	}
+	s.kvSeen[key] = true
+	s.effects = append(s.effects, Effect{
+		Op: OpKVPut, Key: key, Value: append(json.RawMessage(nil), value...), Version: v + 1,
+		NewHash: digest.Sum(value), Size: int64(len(value)),
+	})
+	return v + 1, nil
+}
+
+// Effects closes the stage and returns what it holds, in staging order.
+func (s *Stage) Effects() []Effect {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return s.effects
+}
+
+// Discard closes the stage and removes its staging files.
+func (s *Stage) Discard() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	var errs []error
+	for _, e := range s.effects {
+		if e.Op != OpWrite {
+			continue
+		}
+		if err := s.roots[e.Root].Remove(e.Stage); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Root returns the opened root of a staged effect's Root path, if any.
+func (s *Stage) Root(dir string) *os.Root {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.roots[dir]
+}
+
+// hashFile returns the digest and mode of the regular file rel, or "" when
+// nothing exists there.
+func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
+	f, err := root.Open(rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("read %s: %w", rel, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", 0, fmt.Errorf("stat %s: %w", rel, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return "", fi.Mode(), fmt.Errorf("%s is not a regular file", rel)
+	}
+	h := blake3.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", 0, fmt.Errorf("read %s: %w", rel, err)
+	}
+	var sum [digest.Size]byte
+	h.Sum(sum[:0])
+	return digest.Format(sum), fi.Mode(), nil
+}
+
+// isStaging reports whether name is a staging or trash file of operation op.
+func isStaging(name, op string) bool {
+	for _, p := range []string{StagePrefix, TrashPrefix} {
+		if rest, ok := strings.CutPrefix(name, p+op+"-"); ok && rest != "" {
+			return true
+		}
+	}
+	return false
+}
