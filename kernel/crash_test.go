@@ -24,7 +24,7 @@ func (writeTwo) Definition() syscalls.Definition {
 	return syscalls.Definition{
 		ID: "test.write2", Description: "writes a and b", SideEffect: syscalls.Write,
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"content":{"type":"string"}},"required":["a","b","content"],"additionalProperties":false}`),
-		Resources: []syscalls.ResourceArg{{Arg: "a", Kind: "fs", Access: syscalls.AccessWrite}, {Arg: "b", Kind: "fs", Access: syscalls.AccessWrite}},
+		Resources:   []syscalls.ResourceArg{{Arg: "a", Kind: "fs", Access: syscalls.AccessWrite}, {Arg: "b", Kind: "fs", Access: syscalls.AccessWrite}},
 	}
 }
 

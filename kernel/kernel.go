@@ -40,8 +40,8 @@ type Kernel struct {
 	locks    *pathLocks
 
 	mu         sync.RWMutex
-	revoked    map[string]bool             // jti -> revoked
-	seen       map[string]bool             // jti -> token_first_seen recorded
+	revoked    map[string]bool                // jti -> revoked
+	seen       map[string]bool                // jti -> token_first_seen recorded
 	workspaces map[string]*syscalls.Workspace // by root set
 
 	// Recovered reports what Open's crash recovery did.

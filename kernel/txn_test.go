@@ -235,4 +235,3 @@ func assertNoStaging(t *testing.T, ws string) {
 		return nil
 	})
 }
-

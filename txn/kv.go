@@ -25,7 +25,9 @@ func kvGet(tx *bbolt.Tx, key string) (kvValue, error) {
 }
 
 // KV reads the versioned key-value store. Version 0 means never written.
-type KV struct{ View func(func(*bbolt.Tx) error) error }
+type KV struct {
+	View func(func(*bbolt.Tx) error) error
+}
 
 // GetKV returns the value and version stored under key.
 func (s KV) GetKV(key string) (json.RawMessage, uint64, bool, error) {

@@ -85,7 +85,7 @@ func (s *session) call(ctx context.Context, what, tool string, args any, key str
 		mark = "FAIL"
 		s.fails++
 	}
-	fmt.Fprintf(s.out, "%s %2d %-34s %-9s %-5s %-26s %-11s %-9s seq=%-3d %s\n",
+	fmt.Fprintf(s.out, "%s %2d %-38s %-9s %-5s %-26s %-11s %-9s seq=%-3d %s\n",
 		mark, s.n, what, tool, r.Status, orDash(got), r.TxOutcome, r.AutonomyMode, r.LedgerSeq, detail)
 	return r
 }
@@ -215,8 +215,8 @@ func seedWorkspace(ws string) error {
 		return err
 	}
 	files := map[string]string{
-		filepath.Join(ws, "README.md"):                  "# demo workspace\nAn agent works here through capkernel.\n",
-		filepath.Join(ws, ".env"):                       "API_KEY=do-not-leak\n",
+		filepath.Join(ws, "README.md"):                 "# demo workspace\nAn agent works here through capkernel.\n",
+		filepath.Join(ws, ".env"):                      "API_KEY=do-not-leak\n",
 		filepath.Join(filepath.Dir(ws), "outside.txt"): "outside the workspace\n",
 	}
 	for p, c := range files {
