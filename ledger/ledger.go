@@ -1,0 +1,227 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// Entry kinds written by the kernel.
+const (
+	KindAudit        = "audit"
+	KindReceipt      = "receipt"
+	KindTokenSeen    = "token_first_seen"
+	KindRevocation   = "revocation"
+	KindPolicyLoaded = "policy_loaded"
+)
+
+// Entry is one ledger entry. Its JSON encoding, with keys in this order, is
+// the stored record (see the package comment).
+type Entry struct {
+	Seq      uint64          `json:"seq"`        // 0-based; also the Merkle leaf index
+	Kind     string          `json:"kind"`       // [a-z][a-z0-9_]*, e.g. KindAudit
+	Time     string          `json:"time"`       // TimeLayout, UTC
+	PrevHash string          `json:"prev_hash"`  // entry_hash of entry Seq-1; ZeroHash for entry 0
+	Body     json.RawMessage `json:"body"`       // RFC 8785 canonical JSON object
+	Hash     string          `json:"entry_hash"` // EntryHash of this entry
+}
+
+// Head describes the end of the ledger.
+type Head struct {
+	Size uint64 // number of entries
+	Hash string // entry_hash of the last entry; ZeroHash when Size is 0
+}
+
+// ErrNotFound is returned (wrapped) by Get for a sequence number with no
+// entry.
+var ErrNotFound = errors.New("ledger: no such entry")
+
+var (
+	bucketEntries = []byte("ledger")      // seq (8 bytes BE) -> record
+	bucketMeta    = []byte("ledger_meta") // keyHead -> head
+	keyHead       = []byte("head")        // size (8 bytes BE) || last entry_hash (32 bytes)
+)
+
+const headLen = 8 + digest.Size
+
+// Init creates the ledger's buckets if they are missing. Call it in a write
+// transaction when the database is opened.
+func Init(tx *bbolt.Tx) error {
+	for _, name := range [][]byte{bucketEntries, bucketMeta} {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("ledger: create bucket %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// scratch holds preimage buffers for Append, which runs many times per
+// transaction. Buffers grown past maxScratch by a large body are dropped.
+var scratch = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxScratch = 64 << 10
+
+// Append adds an entry after the current head within tx and returns it.
+// body must be a JSON object; it is canonicalized (RFC 8785) before it is
+// hashed and stored. t is stored in UTC as TimeLayout; the ledger does not
+// require times to increase (clocks step back). The returned Entry shares
+// no memory with what was handed to bbolt.
+//
+// Append checks everything before it writes, so an error means tx is
+// unchanged, except for an error from bbolt's Put itself, after which the
+// transaction must be rolled back.
+func Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Entry, error) {
+	if !tx.Writable() {
+		return Entry{}, errors.New("ledger: append: transaction is read-only")
+	}
+	entries, meta, err := buckets(tx)
+	if err != nil {
+		return Entry{}, err
+	}
+	size, prev, err := readHead(meta)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: append: %w", err)
+	}
+	c, err := canonicalBody(body)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, size, err)
+	}
+	e := Entry{
+		Seq:      size,
+		Kind:     kind,
+		Time:     t.UTC().Format(TimeLayout),
+		PrevHash: digest.Format(prev),
+		Body:     c,
+	}
+	if err := checkFields(&e); err != nil {
+		return Entry{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, size, err)
+	}
+	key := seqKey(e.Seq)
+	if entries.Get(key) != nil {
+		return Entry{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", e.Seq, size)
+	}
+
+	var sum [digest.Size]byte
+	buf := scratch.Get().(*[]byte)
+	hashEntry(&sum, buf, &e)
+	if cap(*buf) <= maxScratch {
+		scratch.Put(buf)
+	}
+	e.Hash = digest.Format(sum)
+
+	rec := appendRecord(make([]byte, 0, recordLen(&e)), &e)
+	if len(rec) > bbolt.MaxValueSize {
+		return Entry{}, fmt.Errorf("ledger: append %q entry %d: record of %d bytes exceeds bbolt's limit", kind, e.Seq, len(rec))
+	}
+	if err := entries.Put(key, rec); err != nil {
+		return Entry{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
+	}
+	if err := meta.Put(keyHead, encodeHead(size+1, sum)); err != nil {
+		return Entry{}, fmt.Errorf("ledger: append entry %d: update head: %w", e.Seq, err)
+	}
+	return e, nil
+}
+
+// HeadOf returns the current head of the ledger.
+func HeadOf(tx *bbolt.Tx) (Head, error) {
+	_, meta, err := buckets(tx)
+	if err != nil {
+		return Head{}, err
+	}
+	size, hash, err := readHead(meta)
+	if err != nil {
+		return Head{}, fmt.Errorf("ledger: %w", err)
+	}
+	return Head{Size: size, Hash: digest.Format(hash)}, nil
+}
+
+// Get returns the entry with sequence number seq, or an error wrapping
+// ErrNotFound. It decodes the record and checks its format, not its hash.
+func Get(tx *bbolt.Tx, seq uint64) (Entry, error) {
+	entries, _, err := buckets(tx)
+	if err != nil {
+		return Entry{}, err
+	}
+	rec := entries.Get(seqKey(seq))
+	if rec == nil {
+		return Entry{}, fmt.Errorf("%w: seq %d", ErrNotFound, seq)
+	}
+	var e Entry
+	var buf []byte
+	if err := decodeRecord(&e, &buf, rec); err != nil {
+		return Entry{}, fmt.Errorf("ledger: entry %d: %w", seq, err)
+	}
+	return e, nil
+}
+
+// Scan calls fn for every stored entry with sequence number from or higher,
+// in sequence order, and stops at the first error, which it returns as is
+// if fn returned it. Like Get, it checks record formats, not hashes.
+func Scan(tx *bbolt.Tx, from uint64, fn func(Entry) error) error {
+	entries, _, err := buckets(tx)
+	if err != nil {
+		return err
+	}
+	var buf []byte
+	c := entries.Cursor()
+	for k, rec := c.Seek(seqKey(from)); k != nil; k, rec = c.Next() {
+		if len(k) != 8 {
+			return fmt.Errorf("ledger: malformed key %x", k)
+		}
+		var e Entry
+		if err := decodeRecord(&e, &buf, rec); err != nil {
+			return fmt.Errorf("ledger: entry %d: %w", binary.BigEndian.Uint64(k), err)
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func buckets(tx *bbolt.Tx) (entries, meta *bbolt.Bucket, err error) {
+	entries, meta = tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
+	if entries == nil || meta == nil {
+		return nil, nil, errors.New("ledger: buckets missing (Init was not run on this database)")
+	}
+	return entries, meta, nil
+}
+
+// readHead returns the entry count and last entry hash stored in meta; an
+// absent head is an empty ledger.
+func readHead(meta *bbolt.Bucket) (size uint64, hash [digest.Size]byte, err error) {
+	v := meta.Get(keyHead)
+	if v == nil {
+		return 0, hash, nil
+	}
+	if len(v) != headLen {
+		return 0, hash, fmt.Errorf("head metadata is %d bytes, want %d", len(v), headLen)
+	}
+	copy(hash[:], v[8:])
+	return binary.BigEndian.Uint64(v), hash, nil
+}
+
+func encodeHead(size uint64, hash [digest.Size]byte) []byte {
+	v := make([]byte, headLen)
+	binary.BigEndian.PutUint64(v, size)
+	copy(v[8:], hash[:])
+	return v
+}
+
+func seqKey(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq)
+}
+
+// recordLen returns an upper bound of the length of appendRecord's output
+// for e (a seq has at most 20 digits).
+func recordLen(e *Entry) int {
+	const fixed = len(`{"body":,"entry_hash":"","kind":"","prev_hash":"","seq":,"time":""}`)
+	return fixed + len(e.Body) + len(e.Hash) + len(e.Kind) + len(e.PrevHash) + len(e.Time) + 20
+}

@@ -1,0 +1,211 @@
+package ledger
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// tamper edits the raw buckets of a 5-entry ledger.
+type tamper func(t *testing.T, entries, meta *bbolt.Bucket)
+
+// edit returns a tamper that rewrites the record of entry seq with f.
+func edit(seq uint64, f func([]byte) []byte) tamper {
+	return func(t *testing.T, entries, _ *bbolt.Bucket) {
+		rec := bytes.Clone(entries.Get(seqKey(seq)))
+		if err := entries.Put(seqKey(seq), f(rec)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// flipAfter flips the lowest bit of the byte that follows the first
+// occurrence of marker.
+func flipAfter(t *testing.T, rec []byte, marker string) []byte {
+	i := bytes.Index(rec, []byte(marker))
+	if i < 0 {
+		t.Fatalf("%q not in %s", marker, rec)
+	}
+	rec[i+len(marker)] ^= 1
+	return rec
+}
+
+func TestVerifyNamesFirstBadEntry(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tamper tamper
+		seq    uint64
+		reason string
+	}{
+		{"body byte flipped", func(t *testing.T, e, _ *bbolt.Bucket) {
+			edit(2, func(r []byte) []byte { return flipAfter(t, r, `"tool_id":"`) })(t, e, nil)
+		}, 2, "entry_hash"},
+		{"body structure byte flipped", func(t *testing.T, e, _ *bbolt.Bucket) {
+			edit(2, func(r []byte) []byte { return flipAfter(t, r, `{"body":{"i"`) })(t, e, nil)
+		}, 2, "undecodable"},
+		{"prev_hash flipped", func(t *testing.T, e, _ *bbolt.Bucket) {
+			edit(2, func(r []byte) []byte { return flipAfter(t, r, `"prev_hash":"blake3:`) })(t, e, nil)
+		}, 2, "prev_hash"},
+		{"entry_hash flipped", func(t *testing.T, e, _ *bbolt.Bucket) {
+			edit(2, func(r []byte) []byte { return flipAfter(t, r, `"entry_hash":"blake3:`) })(t, e, nil)
+		}, 2, "entry_hash"},
+		{"time flipped", func(t *testing.T, e, _ *bbolt.Bucket) {
+			edit(2, func(r []byte) []byte { return flipAfter(t, r, `"time":"2025-01-02T03:04:0`) })(t, e, nil)
+		}, 2, "entry_hash"},
+		{"seq field changed", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`"seq":2`), []byte(`"seq":3`), 1)
+		}), 2, "record says seq 3"},
+		{"entry deleted", func(t *testing.T, e, _ *bbolt.Bucket) {
+			if err := e.Delete(seqKey(2)); err != nil {
+				t.Fatal(err)
+			}
+		}, 2, "missing"},
+		{"last entry deleted", func(t *testing.T, e, _ *bbolt.Bucket) {
+			if err := e.Delete(seqKey(4)); err != nil {
+				t.Fatal(err)
+			}
+		}, 4, "missing"},
+		{"entries swapped", func(t *testing.T, e, _ *bbolt.Bucket) {
+			a, b := bytes.Clone(e.Get(seqKey(1))), bytes.Clone(e.Get(seqKey(3)))
+			if e.Put(seqKey(1), b) != nil || e.Put(seqKey(3), a) != nil {
+				t.Fatal("put failed")
+			}
+		}, 1, "record says seq 3"},
+		{"value truncated", edit(2, func(r []byte) []byte { return r[:len(r)/2] }), 2, "undecodable"},
+		{"value emptied", edit(3, func(r []byte) []byte { return []byte{} }), 3, "undecodable"},
+		{"whitespace between members", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`,"kind"`), []byte(`, "kind"`), 1)
+		}), 2, "not canonical"},
+		{"whitespace inside body", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`{"body":{"i":`), []byte(`{"body":{"i": `), 1)
+		}), 2, "not canonical"},
+		{"body keys reordered", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`{"i":111,"tool_id":"echo"}`), []byte(`{"tool_id":"echo","i":111}`), 1)
+		}), 2, "not canonical"},
+		{"member added", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`,"kind"`), []byte(`,"extra":1,"kind"`), 1)
+		}), 2, "not canonical"},
+		{"duplicate member", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`,"kind":"audit"`), []byte(`,"kind":"receipt","kind":"audit"`), 1)
+		}), 2, "not canonical"},
+		{"kind changed", edit(2, func(r []byte) []byte {
+			return bytes.Replace(r, []byte(`"kind":"audit"`), []byte(`"kind":"receipt"`), 1)
+		}), 2, "entry_hash"},
+		{"entry rewritten with recomputed hash", func(t *testing.T, e, _ *bbolt.Bucket) {
+			var x Entry
+			var buf []byte
+			if err := decodeRecord(&x, &buf, e.Get(seqKey(2))); err != nil {
+				t.Fatal(err)
+			}
+			x.Body = []byte(`{"i":0}`)
+			h, err := EntryHash(x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.Hash = h
+			if err := e.Put(seqKey(2), appendRecord(nil, &x)); err != nil {
+				t.Fatal(err)
+			}
+		}, 3, "prev_hash"},
+		{"head counts too many", func(t *testing.T, _, m *bbolt.Bucket) {
+			setHead(t, m, 6, nil)
+		}, 5, "head metadata counts 6"},
+		{"head counts too few", func(t *testing.T, _, m *bbolt.Bucket) {
+			setHead(t, m, 4, nil)
+		}, 4, "not counted"},
+		{"head hash flipped", func(t *testing.T, _, m *bbolt.Bucket) {
+			setHead(t, m, 5, func(h []byte) { h[0] ^= 1 })
+		}, 4, "head metadata hash"},
+		{"head missing", func(t *testing.T, _, m *bbolt.Bucket) {
+			if err := m.Delete(keyHead); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, "not counted"},
+		{"head malformed", func(t *testing.T, _, m *bbolt.Bucket) {
+			if err := m.Put(keyHead, []byte{0, 5}); err != nil {
+				t.Fatal(err)
+			}
+		}, 4, "head metadata is 2 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := newDB(t)
+			appendN(t, db, 5)
+			if err := db.Update(func(tx *bbolt.Tx) error {
+				tc.tamper(t, tx.Bucket(bucketEntries), tx.Bucket(bucketMeta))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			checkVerifyFails(t, db, tc.seq, tc.reason)
+		})
+	}
+}
+
+// TestVerifyDetectsEveryByteFlip flips each bit of one record in turn.
+func TestVerifyDetectsEveryByteFlip(t *testing.T) {
+	db := newDB(t)
+	appendN(t, db, 5)
+	var orig []byte
+	if err := db.View(func(tx *bbolt.Tx) error {
+		orig = bytes.Clone(tx.Bucket(bucketEntries).Get(seqKey(2)))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range orig {
+		for bit := range 8 {
+			rec := bytes.Clone(orig)
+			rec[i] ^= 1 << bit
+			if err := db.Update(func(tx *bbolt.Tx) error {
+				return tx.Bucket(bucketEntries).Put(seqKey(2), rec)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.View(func(tx *bbolt.Tx) error {
+				_, err := Verify(tx)
+				var ve *VerifyError
+				if !errors.As(err, &ve) || ve.Seq != 2 {
+					t.Errorf("byte %d (%q) bit %d flipped: Verify = %v, want a VerifyError for entry 2", i, orig[i], bit, err)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func setHead(t *testing.T, meta *bbolt.Bucket, size uint64, f func([]byte)) {
+	t.Helper()
+	v := bytes.Clone(meta.Get(keyHead))
+	if f != nil {
+		f(v[8:])
+	}
+	var h [digest.Size]byte
+	copy(h[:], v[8:])
+	if err := meta.Put(keyHead, encodeHead(size, h)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkVerifyFails(t *testing.T, db *bbolt.DB, seq uint64, reason string) {
+	t.Helper()
+	if err := db.View(func(tx *bbolt.Tx) error {
+		n, err := Verify(tx)
+		var ve *VerifyError
+		if !errors.As(err, &ve) {
+			t.Fatalf("Verify = %d, %v; want a *VerifyError", n, err)
+		}
+		if ve.Seq != seq || !strings.Contains(ve.Reason, reason) {
+			t.Errorf("Verify: %v; want entry %d, reason containing %q", err, seq, reason)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,85 @@
+package receipts
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/lestrrat-go/jwx/v4/jwa"
+	"github.com/lestrrat-go/jwx/v4/jws"
+
+	"github.com/capkernel/capkernel/jcs"
+)
+
+// maxJWS bounds the receipts Verify reads; real ones are about 1 KiB.
+const maxJWS = 64 << 10
+
+// Verify checks that jws is a receipt signed by a key in the JWKS document
+// jwks and returns the receipt. It accepts only what a Signer produces: a
+// compact JWS whose protected header is exactly alg EdDSA, typ Type and the
+// kid of an Ed25519 key in jwks (whose thumbprint it must be), with a valid
+// Ed25519 signature by that key, over a payload that is the canonical JSON
+// of a Receipt with no unknown, missing or duplicate fields. The algorithm
+// is pinned to EdDSA and the key chosen by kid from jwks alone; so none,
+// HS*, keys embedded in the header and other tricks are refused.
+func Verify(jws string, jwks []byte) (*Receipt, error) {
+	r, err := verify([]byte(jws), jwks)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: verify: %w", err)
+	}
+	return r, nil
+}
+
+func verify(compact, jwks []byte) (*Receipt, error) {
+	if len(compact) > maxJWS {
+		return nil, fmt.Errorf("receipt of %d bytes exceeds %d", len(compact), maxJWS)
+	}
+	parts := bytes.Split(compact, []byte("."))
+	if len(parts) != 3 {
+		return nil, fmt.Errorf("not a compact JWS (%d parts, want 3)", len(parts))
+	}
+	h, err := parseHeader(parts[0])
+	if err != nil {
+		return nil, err
+	}
+	pub, err := verificationKey(jwks, h.Kid)
+	if err != nil {
+		return nil, err
+	}
+	payload, err := jwsVerify(compact, pub)
+	if err != nil {
+		return nil, err
+	}
+	return decodePayload(payload)
+}
+
+// jwsVerify checks the signature with jwx, the algorithm pinned to EdDSA and
+// the key to pub.
+func jwsVerify(compact []byte, pub any) ([]byte, error) {
+	payload, err := jws.Verify(compact, jws.WithKey(jwa.EdDSA(), pub))
+	if err != nil {
+		return nil, fmt.Errorf("signature: %w", err)
+	}
+	return payload, nil
+}
+
+// decodePayload decodes a receipt and requires payload to be its canonical
+// JSON, which refuses missing, duplicate and differently spelled fields
+// and non-canonical numbers as well as unknown fields.
+func decodePayload(payload []byte) (*Receipt, error) {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	var r Receipt
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("payload: %v", err)
+	}
+	c, err := jcs.Marshal(&r)
+	if err != nil {
+		return nil, fmt.Errorf("payload: %v", err)
+	}
+	if !bytes.Equal(c, payload) {
+		return nil, errors.New("payload is not the canonical JSON of a receipt (missing, duplicate or misspelled fields, or not canonical)")
+	}
+	return &r, nil
+}
