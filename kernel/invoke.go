@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"runtime/debug"
 	"strings"
@@ -475,6 +474,12 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if class == "" {
 		class, msg = c.checkFiles()
 	}
+	if class == "" {
+		// Staged files must be durable before the commit is.
+		if err := k.syncer.Sync(stage.Roots()...); err != nil {
+			class, msg = ErrInternal, "making staged files durable: "+err.Error()
+		}
+	}
 	if class != "" {
 		return k.rollback(done, c, in, stage, class, msg)
 	}
@@ -515,9 +520,12 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return &c.res
 	}
 	crashPoint("decided")
-	if err := txn.Apply(effects, func(dir string) (*os.Root, error) { return stage.Root(dir), nil }); err != nil {
+	if err := txn.Apply(effects, stage.Root); err != nil {
 		// The commit is decided and durable; the next Open redoes it.
 		return &c.res
+	}
+	if err := k.syncer.Sync(stage.Roots()...); err != nil {
+		return &c.res // the intent stays; the next Open redoes the renames
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.

@@ -38,6 +38,7 @@ type Kernel struct {
 	signer   *receipts.Signer
 	verifier *captoken.Verifier
 	locks    *pathLocks
+	syncer   *txn.Syncer
 
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked
@@ -91,8 +92,9 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync}); err != nil {
 		return nil, err
 	}
+	k.syncer = txn.NewSyncer()
 	if err := k.load(ctx); err != nil {
-		k.db.Close()
+		k.Close()
 		return nil, err
 	}
 	return k, nil
@@ -142,6 +144,9 @@ func (k *Kernel) load(ctx context.Context) error {
 // workspaces. Calls made after Close fail.
 func (k *Kernel) Close() error {
 	err := k.db.Close()
+	if err == nil {
+		k.syncer.Close()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for key, w := range k.workspaces {
@@ -200,7 +205,7 @@ func (k *Kernel) Revoke(ctx context.Context, jti, reason string) error {
 		return errors.New("revoke: empty token id")
 	}
 	now := k.cfg.Now()
-	body, err := json.Marshal(map[string]string{"jti": jti, "reason": reason, "time": now.UTC().Format(time.RFC3339Nano)})
+	body, err := json.Marshal(map[string]string{"jti": jti, "reason": reason, "time": now.UTC().Format(ledger.TimeLayout)})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/receipts"
+	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -80,41 +81,45 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // record appends the call's audit record and receipt in one group-committed
 // transaction. before runs first and may set the call's outcome (it must
 // not write when it returns an error); after runs last with the final
-// result envelope, for writes that store it.
+// result envelope, for writes that store it. The receipt is signed in the
+// batch's concurrent step, off the sequencer's serial path.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
 	newToken := false
-	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		if before != nil {
-			if err := before(tx); err != nil {
+	var p *pendingReceipt
+	err := k.db.Do(ctx, store.Op{
+		Prepare: func(tx *bbolt.Tx) error {
+			if before != nil {
+				if err := before(tx); err != nil {
+					return err
+				}
+			}
+			var err error
+			if newToken, err = k.noteToken(tx, c); err != nil {
+				return abortIf(err)
+			}
+			p, err = k.appendAuditEntry(tx, c.audit(k), &c.res)
+			return abortIf(err)
+		},
+		Work: func() error { return p.sign(k.signer) },
+		Finish: func(tx *bbolt.Tx) error {
+			if err := k.appendReceipt(tx, p, &c.res); err != nil {
 				return err
 			}
-		}
-		var err error
-		if newToken, err = k.noteToken(tx, c); err != nil {
-			return abortIf(err)
-		}
-		a := c.audit(k)
-		if err := k.appendAudit(tx, a, &c.res); err != nil {
-			return abortIf(err)
-		}
-		envelope, err := json.Marshal(&c.res)
-		if err != nil {
-			return abortIf(err)
-		}
-		// The first record of an operation id keeps it: a later call reusing
-		// the id is refused and must not overwrite the stored result.
-		if txn.GetOperation(tx, c.res.OperationID) == nil {
-			if err := txn.PutOperation(tx, c.res.OperationID, envelope); err != nil {
-				return abortIf(err)
+			envelope, err := json.Marshal(&c.res)
+			if err != nil {
+				return err
 			}
-		}
-		for _, f := range after {
-			if err := f(tx, envelope); err != nil {
-				return abortIf(err)
+			if err := k.storeOperation(tx, &c.res, envelope); err != nil {
+				return err
 			}
-		}
-		return nil
+			for _, f := range after {
+				if err := f(tx, envelope); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -125,6 +130,25 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		k.mu.Unlock()
 	}
 	return &c.res, nil
+}
+
+// storeOperation keeps the result envelope of an operation id, for lookup
+// and to refuse the id's reuse. The first record of an id keeps it. A
+// no_op call's result is left out (its result_hash stays): reads would
+// otherwise copy every byte they return into the kernel's database.
+func (k *Kernel) storeOperation(tx *bbolt.Tx, r *Result, envelope []byte) error {
+	if txn.GetOperation(tx, r.OperationID) != nil {
+		return nil
+	}
+	if r.TxOutcome == NoOp && r.Result != nil {
+		lean := *r
+		lean.Result = nil
+		var err error
+		if envelope, err = json.Marshal(&lean); err != nil {
+			return err
+		}
+	}
+	return txn.PutOperation(tx, r.OperationID, envelope)
 }
 
 // fill sets the result fields that come from the envelope.
@@ -184,7 +208,7 @@ func (c *call) audit(k *Kernel) *auditRecord {
 		AutonomyMode: r.AutonomyMode, RequestedMode: env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: r.RiskScore, RiskBasis: r.RiskBasis,
 		IdempotencyKey: env.IdempotencyKey, ReplayOf: c.replayOf,
-		StartedAt: c.start.UTC().Format(time.RFC3339Nano), PolicyInput: c.input,
+		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
 	}
 	if c.token != nil {
 		a.TokenHash = c.token.Hash
@@ -201,40 +225,54 @@ func (a *auditRecord) setOutcome(r *Result) {
 	}
 }
 
-// appendAudit appends the audit record a and the receipt that names it, and
-// sets the ledger and receipt fields of r.
-func (k *Kernel) appendAudit(tx *bbolt.Tx, a *auditRecord, r *Result) error {
+// pendingReceipt is a receipt between its audit entry, which it names, and
+// its own ledger entry.
+type pendingReceipt struct {
+	receipt receipts.Receipt
+	at      time.Time
+	jws     string
+}
+
+func (p *pendingReceipt) sign(s *receipts.Signer) (err error) {
+	p.jws, err = s.Sign(&p.receipt)
+	return err
+}
+
+// appendAuditEntry appends the audit record a, with r's result hash, and
+// returns the receipt that will name it.
+func (k *Kernel) appendAuditEntry(tx *bbolt.Tx, a *auditRecord, r *Result) (*pendingReceipt, error) {
 	r.ResultHash = resultHash(r)
 	a.ResultHash = r.ResultHash
 	body, err := json.Marshal(a)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	now := k.cfg.Now()
 	e, err := ledger.Append(tx, ledger.KindAudit, now, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	rc := &receipts.Receipt{
+	return &pendingReceipt{at: now, receipt: receipts.Receipt{
 		ReceiptID: newID(), OperationID: a.OperationID, ToolID: a.ToolID, AgentID: a.AgentID,
 		CapabilityTokenID: a.CapabilityTokenID, ArgsHash: a.ArgsHash, ResultHash: a.ResultHash,
 		TxOutcome: a.TxOutcome, CommitDeltaID: a.CommitDeltaID, PolicyHash: a.PolicyHash,
 		AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, ErrorClass: a.ErrorClass,
-		LedgerSeq: e.Seq, LedgerEntryHash: e.Hash, IssuedAt: now.UTC().Format(time.RFC3339Nano),
-	}
-	jws, err := k.signer.Sign(rc)
+		LedgerSeq: e.Seq, LedgerEntryHash: e.Hash, IssuedAt: now.UTC().Format(ledger.TimeLayout),
+	}}, nil
+}
+
+// appendReceipt appends the signed receipt p and sets the ledger and
+// receipt fields of r.
+func (k *Kernel) appendReceipt(tx *bbolt.Tx, p *pendingReceipt, r *Result) error {
+	rb, err := json.Marshal(receiptBody{ReceiptID: p.receipt.ReceiptID, OperationID: p.receipt.OperationID, JWS: p.jws})
 	if err != nil {
 		return err
 	}
-	rb, err := json.Marshal(receiptBody{ReceiptID: rc.ReceiptID, OperationID: rc.OperationID, JWS: jws})
+	re, err := ledger.Append(tx, ledger.KindReceipt, p.at, rb)
 	if err != nil {
 		return err
 	}
-	re, err := ledger.Append(tx, ledger.KindReceipt, now, rb)
-	if err != nil {
-		return err
-	}
-	r.ReceiptID, r.Receipt, r.LedgerSeq = rc.ReceiptID, jws, e.Seq
+	r.ReceiptID, r.Receipt, r.LedgerSeq = p.receipt.ReceiptID, p.jws, p.receipt.LedgerSeq
 	r.StateSnapshotID = fmt.Sprintf("%d:%s", re.Seq, re.Hash)
 	return nil
 }
@@ -266,7 +304,7 @@ func (c *call) recoveryContext() json.RawMessage {
 		ArgsHash: c.argsHash, Provenance: c.env.Provenance, TaskClass: c.env.TaskClass,
 		AutonomyMode: c.res.AutonomyMode, RequestedMode: c.env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
-		StartedAt: c.start.UTC().Format(time.RFC3339Nano), PolicyInput: c.input,
+		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
 	})
 	return b
 }
@@ -284,14 +322,21 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		TxOutcome: RolledBack, AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, RiskBasis: a.RiskBasis,
 	}
 	a.setOutcome(r)
-	if err := k.appendAudit(tx, &a, r); err != nil {
+	p, err := k.appendAuditEntry(tx, &a, r)
+	if err != nil {
+		return err
+	}
+	if err := p.sign(k.signer); err != nil {
+		return err
+	}
+	if err := k.appendReceipt(tx, p, r); err != nil {
 		return err
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	return txn.PutOperation(tx, r.OperationID, b)
+	return k.storeOperation(tx, r, b)
 }
 
 // salvage reads what it can of an envelope that failed strict decoding, so

@@ -8,6 +8,9 @@
 // timer: under low load a lone request commits at once, under high load
 // batches grow by themselves.
 //
+// Do queues an Op, a write in three steps whose middle step (CPU work such
+// as signing) runs concurrently for all ops of a batch.
+//
 // Unlike bbolt's db.Batch, a function's error is its own result and does not
 // fail its batch: functions must decide before they write, so an error
 // returned by a function means it wrote nothing. A function that fails after
@@ -54,9 +57,25 @@ type DB struct {
 }
 
 type request struct {
-	fn   func(*bbolt.Tx) error
+	op   Op
 	err  error
 	done chan struct{} // nil for UpdateAsync
+}
+
+// Op is a write in three steps. Within one batch, every op's Prepare runs
+// first, in queue order; then every op's Work runs, concurrently; then
+// every op's Finish, in queue order; then the transaction commits. Work is
+// for CPU-heavy steps that need no transaction (signing, hashing), so they
+// use every core instead of holding up the sequencer.
+//
+// Prepare's error is the op's result and ends it (Prepare must decide
+// before it writes, or return Abort). Work and Finish run after Prepare
+// wrote, so any error of theirs aborts the batch. Work and Finish may be
+// nil.
+type Op struct {
+	Prepare func(*bbolt.Tx) error
+	Work    func() error
+	Finish  func(*bbolt.Tx) error
 }
 
 type abortError struct{ err error }
@@ -105,7 +124,12 @@ func (d *DB) Path() string { return d.bolt.Path() }
 // wait to be queued: once queued, fn runs and Update waits for its outcome,
 // so a caller never loses track of a write that may have happened.
 func (d *DB) Update(ctx context.Context, fn func(*bbolt.Tx) error) error {
-	r := &request{fn: fn, done: make(chan struct{})}
+	return d.Do(ctx, Op{Prepare: fn})
+}
+
+// Do runs op in a group-committed write transaction, as Update does fn.
+func (d *DB) Do(ctx context.Context, op Op) error {
+	r := &request{op: op, done: make(chan struct{})}
 	if err := d.enqueue(ctx, r); err != nil {
 		return err
 	}
@@ -116,7 +140,7 @@ func (d *DB) Update(ctx context.Context, fn func(*bbolt.Tx) error) error {
 // UpdateAsync queues fn without waiting for it. Use it only for writes whose
 // loss in a crash is harmless (for example, marking redo work finished).
 func (d *DB) UpdateAsync(fn func(*bbolt.Tx) error) error {
-	return d.enqueue(context.Background(), &request{fn: fn})
+	return d.enqueue(context.Background(), &request{op: Op{Prepare: fn}})
 }
 
 func (d *DB) enqueue(ctx context.Context, r *request) error {
@@ -174,19 +198,10 @@ func (d *DB) sequence() {
 	}
 }
 
-// commit runs batch in one transaction; if a function aborts, it runs each
-// function again in a transaction of its own.
+// commit runs batch in one transaction; if an op aborts, it runs each op
+// again in a transaction of its own.
 func (d *DB) commit(batch []*request) {
-	err := d.bolt.Update(func(tx *bbolt.Tx) error {
-		for _, r := range batch {
-			r.err = run(r.fn, tx)
-			var a *abortError
-			if errors.As(r.err, &a) {
-				return r.err
-			}
-		}
-		return nil
-	})
+	err := d.bolt.Update(func(tx *bbolt.Tx) error { return runBatch(tx, batch) })
 	if err == nil {
 		return
 	}
@@ -195,26 +210,66 @@ func (d *DB) commit(batch []*request) {
 		return
 	}
 	for _, r := range batch {
-		if e := d.bolt.Update(func(tx *bbolt.Tx) error {
-			r.err = run(r.fn, tx)
-			var a *abortError
-			if errors.As(r.err, &a) {
-				return r.err
-			}
-			return nil
-		}); e != nil {
+		if e := d.bolt.Update(func(tx *bbolt.Tx) error { return runBatch(tx, []*request{r}) }); e != nil {
 			r.err = e
 		}
 	}
 }
 
+// runBatch runs the three steps of every op of batch in tx and returns the
+// first abort.
+func runBatch(tx *bbolt.Tx, batch []*request) error {
+	live := batch[:0:0]
+	for _, r := range batch {
+		r.err = run(func() error { return r.op.Prepare(tx) })
+		if isAbort(r.err) {
+			return r.err
+		}
+		if r.err == nil {
+			live = append(live, r)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, r := range live {
+		if r.op.Work == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(r.op.Work); err != nil {
+				r.err = Abort(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, r := range live {
+		if r.err != nil {
+			return r.err
+		}
+		if r.op.Finish == nil {
+			continue
+		}
+		if err := run(func() error { return r.op.Finish(tx) }); err != nil {
+			r.err = Abort(err)
+			return r.err
+		}
+	}
+	return nil
+}
+
+func isAbort(err error) bool {
+	var a *abortError
+	return errors.As(err, &a)
+}
+
 // run calls fn, turning a panic into an abort so one bad function cannot
 // take the sequencer (and with it every later write) down.
-func run(fn func(*bbolt.Tx) error, tx *bbolt.Tx) (err error) {
+func run(fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = Abort(fmt.Errorf("store: panic in transaction function: %v\n%s", p, debug.Stack()))
 		}
 	}()
-	return fn(tx)
+	return fn()
 }

@@ -42,6 +42,9 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 			if err := Apply(in.Effects, roots.open); err != nil {
 				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
 			}
+			if err := roots.sync(); err != nil {
+				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
+			}
 			if err := db.Update(ctx, func(tx *bbolt.Tx) error { return Finish(tx, in.OperationID) }); err != nil {
 				return rec, err
 			}
@@ -111,6 +114,14 @@ func (c rootCache) open(dir string) (*os.Root, error) {
 	}
 	c[dir] = r
 	return r, nil
+}
+
+func (c rootCache) sync() error {
+	var roots []*os.Root
+	for _, r := range c {
+		roots = append(roots, r)
+	}
+	return SyncRoots(roots...)
 }
 
 func (c rootCache) close() {

@@ -83,8 +83,9 @@ func (s *Stage) name(prefix, rel string) string {
 	return path.Join(path.Dir(rel), prefix+s.opID+"-"+strconv.Itoa(len(s.effects)))
 }
 
-// WriteFile stages content for r: a new file beside the target, written and
-// fsynced. perm 0 keeps the mode of an existing file (0644 for a new one).
+// WriteFile stages content for r: a new file beside the target. perm 0
+// keeps the mode of an existing file (0644 for a new one). The caller makes
+// staged files durable (Syncer) before it commits.
 func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -118,9 +119,6 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	_, err = f.Write(content)
 	if err == nil {
 		err = f.Chmod(perm)
-	}
-	if err == nil {
-		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -204,10 +202,24 @@ func (s *Stage) Discard() error {
 }
 
 // Root returns the opened root of a staged effect's Root path, if any.
-func (s *Stage) Root(dir string) *os.Root {
+func (s *Stage) Root(dir string) (*os.Root, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.roots[dir]
+	if r, ok := s.roots[dir]; ok {
+		return r, nil
+	}
+	return nil, fmt.Errorf("no staged effect under %s", dir)
+}
+
+// Roots returns the roots the staged effects touch.
+func (s *Stage) Roots() []*os.Root {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*os.Root, 0, len(s.roots))
+	for _, r := range s.roots {
+		out = append(out, r)
+	}
+	return out
 }
 
 // hashFile returns the digest and mode of the regular file rel, or "" when

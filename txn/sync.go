@@ -1,0 +1,104 @@
+package txn
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Syncer makes workspace changes durable for many calls at once. Sync
+// returns once a syncfs(2) of every file system holding the given roots has
+// run, started after Sync was called: one flush of the file system's
+// journal then covers every call waiting, where an fsync of each file and
+// directory would cost each call several.
+//
+// One goroutine issues the syncs: it takes every request queued, syncs each
+// file system they name once, answers them all, and repeats as soon as the
+// previous round is done (no timer).
+type Syncer struct {
+	reqs chan *syncReq
+}
+
+type syncReq struct {
+	roots []*os.Root
+	done  chan error
+}
+
+// NewSyncer starts a Syncer; Close stops it.
+func NewSyncer() *Syncer {
+	s := &Syncer{reqs: make(chan *syncReq, 1024)}
+	go s.loop()
+	return s
+}
+
+// Sync makes every change made so far under roots durable.
+func (s *Syncer) Sync(roots ...*os.Root) error {
+	if len(roots) == 0 {
+		return nil
+	}
+	r := &syncReq{roots: roots, done: make(chan error, 1)}
+	s.reqs <- r
+	return <-r.done
+}
+
+// Close stops the Syncer once queued requests are answered. No Sync may
+// be called after Close.
+func (s *Syncer) Close() { close(s.reqs) }
+
+func (s *Syncer) loop() {
+	for first := range s.reqs {
+		batch := []*syncReq{first}
+	fill:
+		for {
+			select {
+			case r, ok := <-s.reqs:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		var roots []*os.Root
+		for _, r := range batch {
+			roots = append(roots, r.roots...)
+		}
+		err := SyncRoots(roots...)
+		for _, r := range batch {
+			r.done <- err
+		}
+	}
+}
+
+// SyncRoots runs syncfs(2) once for each file system holding roots.
+func SyncRoots(roots ...*os.Root) error {
+	synced := map[uint64]bool{}
+	seen := map[*os.Root]bool{}
+	var errs []error
+	for _, root := range roots {
+		if seen[root] {
+			continue
+		}
+		seen[root] = true
+		f, err := root.Open(".")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+			errs = append(errs, fmt.Errorf("stat %s: %w", root.Name(), err))
+		} else if !synced[st.Dev] {
+			synced[st.Dev] = true
+			if err := unix.Syncfs(int(f.Fd())); err != nil {
+				errs = append(errs, fmt.Errorf("syncfs %s: %w", root.Name(), err))
+			}
+		}
+		f.Close()
+	}
+	return errors.Join(errs...)
+}
