@@ -415,7 +415,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	var fsKeys, kvKeys []string
 	var rels = map[string][]string{}
 	for _, r := range c.fs {
-		fsKeys = append(fsKeys, path.Join(r.RootPath, r.Real))
+		// Real paths, so that two spellings of one file share a lock.
+		fsKeys = append(fsKeys, path.Join(r.RealRoot, r.Real))
 		rels[r.RootPath] = append(rels[r.RootPath], r.Rel)
 	}
 	for _, r := range resources {

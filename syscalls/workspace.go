@@ -71,6 +71,7 @@ type Resource struct {
 	Arg      string   // the argument that named it; set by the kernel
 	Root     *os.Root // the opened root; owned by the Workspace
 	RootPath string   // the root directory as the token names it
+	RealRoot string   // the root directory with symlinks resolved
 	Rel      string   // slash-separated, cleaned, relative to the root; "." is the root
 	Real     string   // Rel with symlinks inside the root resolved (see Resolve)
 	Exists   bool
@@ -127,7 +128,7 @@ func (w *Workspace) Resolve(p string, a Access) (*Resource, error) {
 	if a == AccessDelete && rel == "." {
 		return nil, &ScopeError{Path: p, Reason: "a root cannot be deleted"}
 	}
-	r := &Resource{Root: m.root, RootPath: m.Path, Rel: filepath.ToSlash(rel), Access: a}
+	r := &Resource{Root: m.root, RootPath: m.Path, RealRoot: m.real, Rel: filepath.ToSlash(rel), Access: a}
 	lfi, err := m.root.Lstat(rel)
 	switch {
 	case isEscape(err):
