@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -100,4 +102,27 @@ func FuzzDecodeEnvelope(f *testing.F) {
 			t.Fatalf("accepted envelope does not re-encode: %v", err)
 		}
 	})
+}
+
+func TestFIFOReadDoesNotHang(t *testing.T) {
+	h := newHarness(t)
+	if err := syscall.Mkfifo(filepath.Join(h.ws, "pipe"), 0o644); err != nil {
+		t.Skip("mkfifo:", err)
+	}
+	r := h.invoke("fs.read", map[string]any{"path": "pipe"})
+	if errClass(r) != ErrExecution || !strings.Contains(r.Error.Message, "not a regular file") {
+		t.Fatalf("read of a FIFO: %+v", r.Error)
+	}
+}
+
+func TestTooManyPreconditions(t *testing.T) {
+	h := newHarness(t)
+	r := h.invoke("fs.write", map[string]any{"path": "a", "content": "x"}, key("many"), func(e *Envelope) {
+		for range MaxPreconditions + 1 {
+			e.PreconditionRefs = append(e.PreconditionRefs, mustPre(`{"ref":"fs:a","absent":true}`))
+		}
+	})
+	if errClass(r) != ErrInvalidArgs {
+		t.Fatalf("class %q, want invalid_args", errClass(r))
+	}
 }

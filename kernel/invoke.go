@@ -175,6 +175,8 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
 	case len(env.IdempotencyKey) > 255:
 		return errors.New("idempotency_key is longer than 255 bytes")
+	case len(env.PreconditionRefs) > MaxPreconditions:
+		return fmt.Errorf("%d precondition refs; the limit is %d", len(env.PreconditionRefs), MaxPreconditions)
 	}
 	if env.OperationID == "" {
 		env.OperationID = newID()
@@ -317,6 +319,9 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 	}
 	return in
 }
+
+// MaxPreconditions bounds the precondition refs of one call.
+const MaxPreconditions = 64
 
 // maxPolicyArgs bounds the args copied into the policy input (and so into
 // every audit record); larger args are decided on their resources alone.

@@ -48,6 +48,13 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 		return Output{}, err
 	}
 	r := c.Resources[0]
+	// Refuse what is not a regular file before opening it: opening a FIFO
+	// would block until someone writes to it.
+	if fi, err := r.Root.Stat(r.Rel); err == nil && fi.IsDir() {
+		return Output{}, fmt.Errorf("fs.read %s: is a directory (use fs.list)", a.Path)
+	} else if err == nil && !fi.Mode().IsRegular() {
+		return Output{}, fmt.Errorf("fs.read %s: not a regular file", a.Path)
+	}
 	f, err := r.Root.Open(r.Rel)
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
@@ -57,8 +64,8 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
 	}
-	if fi.IsDir() {
-		return Output{}, fmt.Errorf("fs.read %s: is a directory (use fs.list)", a.Path)
+	if !fi.Mode().IsRegular() {
+		return Output{}, fmt.Errorf("fs.read %s: not a regular file", a.Path)
 	}
 	limit := c.MaxReadBytes
 	if a.MaxBytes > 0 && (limit <= 0 || a.MaxBytes < limit) {
