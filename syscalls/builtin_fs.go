@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -48,14 +50,9 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 		return Output{}, err
 	}
 	r := c.Resources[0]
-	// Refuse what is not a regular file before opening it: opening a FIFO
-	// would block until someone writes to it.
-	if fi, err := r.Root.Stat(r.Rel); err == nil && fi.IsDir() {
-		return Output{}, fmt.Errorf("fs.read %s: is a directory (use fs.list)", a.Path)
-	} else if err == nil && !fi.Mode().IsRegular() {
-		return Output{}, fmt.Errorf("fs.read %s: not a regular file", a.Path)
-	}
-	f, err := r.Root.Open(r.Rel)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer; what is not a
+	// regular file is refused right after.
+	f, err := r.Root.OpenFile(r.Rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
 	}
@@ -64,7 +61,10 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
 	}
-	if !fi.Mode().IsRegular() {
+	switch {
+	case fi.IsDir():
+		return Output{}, fmt.Errorf("fs.read %s: is a directory (use fs.list)", a.Path)
+	case !fi.Mode().IsRegular():
 		return Output{}, fmt.Errorf("fs.read %s: not a regular file", a.Path)
 	}
 	limit := c.MaxReadBytes

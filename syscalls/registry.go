@@ -15,6 +15,10 @@ import (
 // single underscores between them ("fs.read", "mcp.git_hub.list_issues").
 var idPattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*(\.[a-z][a-z0-9]*(_[a-z0-9]+)*)*$`)
 
+// MaxToolName is the longest tool name LLM providers accept; an id whose
+// tool name (see ToolName) is longer is refused.
+const MaxToolName = 64
+
 // Entry is a registered syscall: its definition, its factory and its
 // compiled input schema.
 type Entry struct {
@@ -54,6 +58,9 @@ func (r *Registry) Register(f Factory) error {
 	def := a.Definition()
 	if !idPattern.MatchString(def.ID) {
 		return fmt.Errorf("register %q: id must be dot-separated labels of lowercase letters and digits, with single underscores inside", def.ID)
+	}
+	if n := len(ToolName(def.ID, FormatOpenAI)); n > MaxToolName {
+		return fmt.Errorf("register %s: its LLM tool name %s is %d characters; providers accept at most %d", def.ID, ToolName(def.ID, FormatOpenAI), n, MaxToolName)
 	}
 	// Pointers to zero-size values may share an address and hold no state.
 	if ra, rb := reflect.ValueOf(a), reflect.ValueOf(b); ra.Kind() == reflect.Pointer && ra.Type().Elem().Size() > 0 && ra.Pointer() == rb.Pointer() {

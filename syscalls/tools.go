@@ -36,6 +36,11 @@ func ParseToolName(name, format string) string {
 // "anthropic" (name, description, input_schema) or "mcp" (name,
 // description, inputSchema).
 func Tools(defs []Definition, format string) (json.RawMessage, error) {
+	switch format {
+	case FormatOpenAI, FormatAnthropic, FormatMCP:
+	default:
+		return nil, fmt.Errorf("tools: unknown format %q (want openai, anthropic or mcp)", format)
+	}
 	out := make([]any, 0, len(defs))
 	for _, d := range defs {
 		name := ToolName(d.ID, format)
@@ -47,8 +52,6 @@ func Tools(defs []Definition, format string) (json.RawMessage, error) {
 			out = append(out, map[string]any{"name": name, "description": d.Description, "input_schema": d.InputSchema})
 		case FormatMCP:
 			out = append(out, map[string]any{"name": name, "description": d.Description, "inputSchema": d.InputSchema})
-		default:
-			return nil, fmt.Errorf("tools: unknown format %q (want openai, anthropic or mcp)", format)
 		}
 	}
 	return json.Marshal(out)

@@ -110,6 +110,40 @@ func (e *ScopeError) Error() string {
 // symlink there is replaced or removed, never followed, like rename(2) and
 // unlink(2) — so Real is the resolved parent directory plus the last name.
 func (w *Workspace) Resolve(p string, a Access) (*Resource, error) {
+	r, err := w.resolve(p, a)
+	if err != nil || !a.Writes() {
+		return r, err
+	}
+	return r, w.checkWritable(p, r)
+}
+
+// checkWritable refuses a write or delete whose physical target lies in a
+// read-only root, or a delete that would take a root with it, however the
+// path was spelled (relative to an outer root, through a symlink).
+func (w *Workspace) checkWritable(p string, r *Resource) error {
+	abs := filepath.Join(r.RealRoot, filepath.FromSlash(r.Real))
+	var inner *mount
+	for i := range w.mounts {
+		m := &w.mounts[i]
+		if within(abs, m.real) && (inner == nil || len(m.real) > len(inner.real)) {
+			inner = m
+		}
+		if r.Access == AccessDelete && within(m.real, abs) {
+			return &ScopeError{Path: p, Reason: "would delete the root " + m.Path}
+		}
+	}
+	if inner != nil && !inner.Writable {
+		return &ScopeError{Path: p, Reason: "lies in root " + inner.Path + ", which is read-only for this token"}
+	}
+	return nil
+}
+
+// within reports whether path p is dir or inside it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+"/") || dir == "/"
+}
+
+func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 	switch {
 	case p == "":
 		return nil, &ScopeError{Path: p, Reason: "empty path"}
