@@ -1,0 +1,3 @@
+package capkernel
+
+decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": ["test bundle"]}
