@@ -394,6 +394,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	limits := txn.Usage(c.token.Claims.Cap.Budgets)
+	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
 		if txn.OperationUsed(tx, c.env.OperationID) {
@@ -496,6 +497,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return k.rollback(done, c, in, stage, ErrInternal, err.Error())
 	}
 	committed := false
+	c.setOutcome(out, "", "", Committed) // the expected outcome; CanCommit decides
+	c.res.CommitDeltaID = deltaID
 	_, err = k.record(done, c, func(tx *bbolt.Tx) error {
 		committed = false
 		err := txn.CanCommit(tx, in, c.env.PreconditionRefs, prep.Limits, effects)
@@ -558,10 +561,8 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 	if err := stage.Discard(); err != nil {
 		msg += "; removing staged files: " + err.Error()
 	}
-	_, err := k.record(ctx, c, func(tx *bbolt.Tx) error {
-		c.setOutcome(nil, class, msg, RolledBack)
-		return txn.Rollback(tx, in)
-	})
+	c.setOutcome(nil, class, msg, RolledBack)
+	_, err := k.record(ctx, c, func(tx *bbolt.Tx) error { return txn.Rollback(tx, in) })
 	if err != nil {
 		return k.internal(c, err)
 	}

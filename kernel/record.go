@@ -85,20 +85,34 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // batch's concurrent step, off the sequencer's serial path.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
+	// The audit body is built for the outcome known now, outside the
+	// sequencer; only when before changes the outcome is it built again.
+	planned, err := newAuditEntry(c.audit(k), &c.res)
+	if err != nil {
+		return nil, err
+	}
 	newToken := false
 	var p *pendingReceipt
-	err := k.db.Do(ctx, store.Op{
+	err = k.db.Do(ctx, store.Op{
 		Prepare: func(tx *bbolt.Tx) error {
+			ae := planned
 			if before != nil {
 				if err := before(tx); err != nil {
 					return err
 				}
+				if resultHash(&c.res) != planned.resultHash || c.res.TxOutcome != planned.a.TxOutcome || c.res.CommitDeltaID != planned.a.CommitDeltaID {
+					var err error
+					if ae, err = newAuditEntry(c.audit(k), &c.res); err != nil {
+						return abortIf(err)
+					}
+				}
 			}
+			c.res.ResultHash = ae.resultHash
 			var err error
 			if newToken, err = k.noteToken(tx, c); err != nil {
 				return abortIf(err)
 			}
-			p, err = k.appendAuditEntry(tx, c.audit(k), &c.res)
+			p, err = k.appendAuditEntry(tx, ae)
 			return abortIf(err)
 		},
 		Work: func() error { return p.sign(k.signer) },
@@ -238,17 +252,33 @@ func (p *pendingReceipt) sign(s *receipts.Signer) (err error) {
 	return err
 }
 
-// appendAuditEntry appends the audit record a, with r's result hash, and
-// returns the receipt that will name it.
-func (k *Kernel) appendAuditEntry(tx *bbolt.Tx, a *auditRecord, r *Result) (*pendingReceipt, error) {
-	r.ResultHash = resultHash(r)
-	a.ResultHash = r.ResultHash
-	body, err := json.Marshal(a)
+// auditEntry is an audit record ready to append: the record, with the
+// result hash of its outcome, and its canonical body.
+type auditEntry struct {
+	a          *auditRecord
+	resultHash string
+	body       ledger.Body
+}
+
+// newAuditEntry completes a with r's result hash and canonicalizes it.
+func newAuditEntry(a *auditRecord, r *Result) (*auditEntry, error) {
+	a.ResultHash = resultHash(r)
+	b, err := json.Marshal(a)
 	if err != nil {
 		return nil, err
 	}
+	body, err := ledger.Canonicalize(b)
+	if err != nil {
+		return nil, err
+	}
+	return &auditEntry{a: a, resultHash: a.ResultHash, body: body}, nil
+}
+
+// appendAuditEntry appends ae and returns the receipt that will name it.
+func (k *Kernel) appendAuditEntry(tx *bbolt.Tx, ae *auditEntry) (*pendingReceipt, error) {
+	a := ae.a
 	now := k.cfg.Now()
-	e, err := ledger.Append(tx, ledger.KindAudit, now, body)
+	e, err := ledger.AppendCanonical(tx, ledger.KindAudit, now, ae.body)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +352,12 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		TxOutcome: RolledBack, AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, RiskBasis: a.RiskBasis,
 	}
 	a.setOutcome(r)
-	p, err := k.appendAuditEntry(tx, &a, r)
+	ae, err := newAuditEntry(&a, r)
+	if err != nil {
+		return err
+	}
+	r.ResultHash = ae.resultHash
+	p, err := k.appendAuditEntry(tx, ae)
 	if err != nil {
 		return err
 	}

@@ -78,6 +78,29 @@ const maxScratch = 64 << 10
 // unchanged, except for an error from bbolt's Put itself, after which the
 // transaction must be rolled back.
 func Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Entry, error) {
+	c, err := Canonicalize(body)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: append %q entry: %w", kind, err)
+	}
+	return AppendCanonical(tx, kind, t, c)
+}
+
+// Body is an entry body in RFC 8785 form, made by Canonicalize.
+type Body struct{ b []byte }
+
+// Canonicalize checks that body is a JSON object and returns its RFC 8785
+// form, ready for AppendCanonical. It needs no transaction, so callers can
+// do this work before they queue for one.
+func Canonicalize(body json.RawMessage) (Body, error) {
+	c, err := canonicalBody(body)
+	return Body{c}, err
+}
+
+// AppendCanonical is Append for a body canonicalized beforehand.
+func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, error) {
+	if body.b == nil {
+		return Entry{}, errors.New("ledger: append: empty body (use Canonicalize)")
+	}
 	if !tx.Writable() {
 		return Entry{}, errors.New("ledger: append: transaction is read-only")
 	}
@@ -89,10 +112,7 @@ func Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Entry
 	if err != nil {
 		return Entry{}, fmt.Errorf("ledger: append: %w", err)
 	}
-	c, err := canonicalBody(body)
-	if err != nil {
-		return Entry{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, size, err)
-	}
+	c := body.b
 	e := Entry{
 		Seq:      size,
 		Kind:     kind,
