@@ -93,14 +93,6 @@ const (
 	ErrInternal               = "internal"
 )
 
-// ErrorClasses lists every error class.
-var ErrorClasses = []string{
-	ErrToolNotFound, ErrInvalidArgs, ErrTokenInvalid, ErrTokenRevoked, ErrPermissionDenied,
-	ErrScopeDenied, ErrPolicyMismatch, ErrPolicyDenied, ErrApprovalDenied, ErrApprovalTimeout,
-	ErrPreconditionFailed, ErrBudgetExceeded, ErrIdempotencyKeyRequired, ErrIdempotencyConflict,
-	ErrIdempotencyInFlight, ErrOutcomeUnknown, ErrTimeout, ErrCancelled, ErrExecution, ErrInternal,
-}
-
 // DecodeEnvelope parses a call envelope strictly: one JSON object, no
 // unknown fields, args a JSON object, provenance (if any) a JSON object, and
 // both valid I-JSON (they are hashed in canonical form).

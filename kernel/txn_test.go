@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/txn"
@@ -234,4 +236,27 @@ func assertNoStaging(t *testing.T, ws string) {
 		}
 		return nil
 	})
+}
+
+// TestCommitDeltaNamesStoredDelta: commit_delta_id is the digest of a
+// stored delta that records path, old and new content hashes and size.
+func TestCommitDeltaNamesStoredDelta(t *testing.T) {
+	h := newHarness(t)
+	h.write("d.txt", "old")
+	r := h.invoke("fs.write", map[string]any{"path": "d.txt", "content": "new!"}, key("delta"))
+	mustOK(t, r)
+	var raw json.RawMessage
+	h.k.View(func(tx *bbolt.Tx) error { raw = txn.GetDelta(tx, r.CommitDeltaID); return nil })
+	if raw == nil || digest.Sum(raw) != r.CommitDeltaID {
+		t.Fatalf("delta %s not stored under its digest: %s", r.CommitDeltaID, raw)
+	}
+	var d txn.Delta
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	c := d.Changes[0]
+	if d.OperationID != r.OperationID || len(d.Changes) != 1 || c.Op != "write" || c.Path != "d.txt" ||
+		c.OldHash != digest.Sum([]byte("old")) || c.NewHash != digest.Sum([]byte("new!")) || c.Size != 4 {
+		t.Fatalf("delta %+v", d)
+	}
 }

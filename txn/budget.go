@@ -30,9 +30,6 @@ func usageOf(tx *bbolt.Tx, tokenID string) (Usage, error) {
 	return u, nil
 }
 
-// Used returns what token tokenID has consumed so far.
-func Used(tx *bbolt.Tx, tokenID string) (Usage, error) { return usageOf(tx, tokenID) }
-
 // checkBudget refuses when used+want exceeds any limit. Names absent from
 // limits are unlimited.
 func checkBudget(used, want, limits Usage) error {
