@@ -127,22 +127,43 @@ type Token struct {
 // against the configured issuer and audience, b, now and the revocation
 // list run on every call.
 func (v *Verifier) Verify(token string, b Binding, now time.Time) (*Token, error) {
+	c, hash, err := v.claims(token)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.checkCall(c, b, now); err != nil {
+		return nil, err
+	}
+	return &Token{Raw: token, Hash: hash, Claims: c.clone()}, nil
+}
+
+// claims returns the verified claims of token and its digest, from the
+// cache when token was verified before.
+func (v *Verifier) claims(token string) (Claims, string, *Error) {
 	if len(token) > MaxTokenSize {
-		return nil, invalid("token is %d bytes, over the %d-byte limit", len(token), MaxTokenSize)
+		return Claims{}, "", invalid("token is %d bytes, over the %d-byte limit", len(token), MaxTokenSize)
 	}
 	hash := digest.Sum([]byte(token))
 	c, ok := v.cache.get(hash)
 	if !ok {
 		var err *Error
 		if c, err = v.verifySignature(token); err != nil {
-			return nil, err
+			return Claims{}, "", err
 		}
 		v.cache.put(hash, c)
 	}
-	if err := v.checkCall(c, b, now); err != nil {
+	return c, hash, nil
+}
+
+// VerifyBearer checks token as Verify does for a call bound to the token's
+// own jti and sub: for a token presented as a bearer credential (listing
+// the syscalls it may call) rather than inside a call envelope.
+func (v *Verifier) VerifyBearer(token string, now time.Time) (*Token, error) {
+	c, _, err := v.claims(token)
+	if err != nil {
 		return nil, err
 	}
-	return &Token{Raw: token, Hash: hash, Claims: c.clone()}, nil
+	return v.Verify(token, Binding{TokenID: c.ID, AgentID: c.Subject}, now)
 }
 
 // verifySignature checks everything about token that depends only on its

@@ -509,3 +509,47 @@ func TestVerifyMalformedTrustedKey(t *testing.T) {
 	_, err := v.Verify(mint(t, key, testClaims()), testBinding, t0)
 	checkErr(t, err, CodeInvalid, "is not a 32-byte Ed25519 public key")
 }
+
+func TestVerifyBearer(t *testing.T) {
+	key := newKey(t)
+	v := NewVerifier(VerifierConfig{
+		Keys:     map[string]ed25519.PublicKey{KeyID(key.Public().(ed25519.PublicKey)): key.Public().(ed25519.PublicKey)},
+		Issuer:   "issuer-1",
+		Audience: "kernel-1",
+		Revoked:  func(jti string) bool { return jti == "tok-revoked" },
+	})
+	revoked := testClaims()
+	revoked.ID = "tok-revoked"
+	otherKernel := testClaims()
+	otherKernel.Audience = "kernel-2"
+	for _, tc := range []struct {
+		name  string
+		token string
+		now   time.Time
+		code  string // "" for success
+	}{
+		{"valid", mint(t, key, testClaims()), t0.Add(time.Minute), ""},
+		{"expired", mint(t, key, testClaims()), t0.Add(2 * time.Hour), CodeInvalid},
+		{"other audience", mint(t, key, otherKernel), t0, CodeInvalid},
+		{"forged", mint(t, newKey(t), testClaims()), t0, CodeInvalid},
+		{"revoked", mint(t, key, revoked), t0, CodeRevoked},
+		{"garbage", "not.a.token", t0, CodeInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tok, err := v.VerifyBearer(tc.token, tc.now)
+			if tc.code == "" {
+				if err != nil {
+					t.Fatalf("VerifyBearer: %v", err)
+				}
+				if tok.Claims.Subject != "agent-1" || tok.Claims.ID != "tok-1" {
+					t.Fatalf("claims = %+v", tok.Claims)
+				}
+				return
+			}
+			var e *Error
+			if !errors.As(err, &e) || e.Code != tc.code {
+				t.Fatalf("VerifyBearer error = %v, want code %s", err, tc.code)
+			}
+		})
+	}
+}

@@ -77,7 +77,7 @@ func TestBadInput(t *testing.T) {
 	if len(entries) != 1 {
 		t.Fatalf("workspace holds %d entries, want only keep.txt", len(entries))
 	}
-	if _, err := h.k.VerifyLedger(); err != nil {
+	if _, err := h.k.Inspector().Verify(); err != nil {
 		t.Fatal(err)
 	}
 }

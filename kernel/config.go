@@ -96,7 +96,7 @@ func Init(dir string) (*InitResult, error) {
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
-	res.AdminCredential = "ckadmin_" + base64.RawURLEncoding.EncodeToString(secret)
+	res.AdminCredential = AdminPrefix + base64.RawURLEncoding.EncodeToString(secret)
 	if err := os.WriteFile(filepath.Join(dir, AdminFile), []byte(res.AdminCredential+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}

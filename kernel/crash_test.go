@@ -121,7 +121,7 @@ func TestCrashRecovery(t *testing.T) {
 			if tc.applied && len(rec.Redone) != 1 || !tc.applied && len(rec.RolledBack) != 1 {
 				t.Fatalf("recovery report %+v", rec)
 			}
-			if n, err := h.k.VerifyLedger(); err != nil {
+			if n, err := h.k.Inspector().Verify(); err != nil {
 				t.Fatalf("ledger after recovery (%d entries): %v", n, err)
 			}
 			if !tc.applied {

@@ -146,7 +146,7 @@ func (h *harness) audits(from uint64) []auditRecord {
 
 func (h *harness) headSize() uint64 {
 	h.t.Helper()
-	hd, err := h.k.Head()
+	hd, err := h.k.Inspector().Head()
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/google/uuid"
 	"go.etcd.io/bbolt"
@@ -92,6 +93,9 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
 	// 2. The capability token, bound to this agent and token id.
+	if strings.HasPrefix(env.CapabilityToken, AdminPrefix) {
+		return k.deny(ctx, c, ErrTokenInvalid, "the admin credential is not a capability token; mint one with kernelctl token mint")
+	}
 	tok, err := k.verifier.Verify(env.CapabilityToken, captoken.Binding{TokenID: env.CapabilityTokenID, AgentID: env.AgentID}, k.cfg.Now())
 	if err != nil {
 		var te *captoken.Error
@@ -173,8 +177,10 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("autonomy_mode %q is not one of no_go, soft_gate, autopilot, escalated", env.AutonomyMode)
 	case env.RiskScore != nil && !(*env.RiskScore >= 0 && *env.RiskScore <= 1):
 		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
-	case len(env.IdempotencyKey) > 255:
-		return errors.New("idempotency_key is longer than 255 bytes")
+	case len(env.AgentID) > 255 || strings.ContainsFunc(env.AgentID, unicode.IsControl):
+		return errors.New("agent_id must be at most 255 bytes with no control characters")
+	case len(env.IdempotencyKey) > 255 || strings.ContainsFunc(env.IdempotencyKey, unicode.IsControl):
+		return errors.New("idempotency_key must be at most 255 bytes with no control characters")
 	case len(env.PreconditionRefs) > MaxPreconditions:
 		return fmt.Errorf("%d precondition refs; the limit is %d", len(env.PreconditionRefs), MaxPreconditions)
 	}

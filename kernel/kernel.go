@@ -111,6 +111,9 @@ func (k *Kernel) load(ctx context.Context) error {
 		if err := ledger.Init(tx); err != nil {
 			return store.Abort(err)
 		}
+		if err := indexReceipts(tx); err != nil {
+			return store.Abort(err)
+		}
 		return abortIf(txn.Init(tx))
 	})
 	if err != nil {
@@ -161,6 +164,9 @@ func (k *Kernel) ID() string { return k.settings.KernelID }
 
 // PolicyHash returns the active policy bundle's hash.
 func (k *Kernel) PolicyHash() string { return k.policy.Hash() }
+
+// MaxEnvelopeBytes returns the size limit of an encoded call envelope.
+func (k *Kernel) MaxEnvelopeBytes() int64 { return k.cfg.MaxEnvelopeBytes }
 
 // Registry returns the syscall table.
 func (k *Kernel) Registry() *syscalls.Registry { return k.registry }
@@ -234,25 +240,6 @@ func (k *Kernel) isRevoked(jti string) bool {
 	return k.revoked[jti]
 }
 
-// VerifyLedger recomputes the ledger's hash chain. It returns the number of
-// entries, or a *ledger.VerifyError naming the first bad seq.
-func (k *Kernel) VerifyLedger() (n uint64, err error) {
-	err = k.db.View(func(tx *bbolt.Tx) error {
-		n, err = ledger.Verify(tx)
-		return err
-	})
-	return n, err
-}
-
-// Head returns the ledger head.
-func (k *Kernel) Head() (h ledger.Head, err error) {
-	err = k.db.View(func(tx *bbolt.Tx) error {
-		h, err = ledger.HeadOf(tx)
-		return err
-	})
-	return h, err
-}
-
 // View runs fn in a read-only transaction of the kernel's bbolt file, for
 // inspection (ledger entries, stored operations and deltas).
 func (k *Kernel) View(fn func(*bbolt.Tx) error) error { return k.db.View(fn) }
@@ -262,28 +249,4 @@ func abortIf(err error) error {
 		return nil
 	}
 	return store.Abort(err)
-}
-
-// VerifyDataDir verifies the ledger of a data dir that no kernel is
-// serving, opening its bbolt file read-only. It returns the number of
-// entries, or a *ledger.VerifyError naming the first bad seq.
-func VerifyDataDir(dir string) (uint64, error) {
-	if _, err := loadSettings(dir); err != nil {
-		return 0, err
-	}
-	p := filepath.Join(dir, DBFile)
-	db, err := bbolt.Open(p, 0o600, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
-	if errors.Is(err, bbolt.ErrTimeout) {
-		return 0, fmt.Errorf("%s is locked by a running kernel; stop it or verify through its API", p)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", p, err)
-	}
-	defer db.Close()
-	var n uint64
-	err = db.View(func(tx *bbolt.Tx) error {
-		n, err = ledger.Verify(tx)
-		return err
-	})
-	return n, err
 }

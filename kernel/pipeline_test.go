@@ -98,7 +98,7 @@ func TestAcceptance(t *testing.T) {
 			}
 		})
 	}
-	if _, err := h.k.VerifyLedger(); err != nil {
+	if _, err := h.k.Inspector().Verify(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -3,6 +3,7 @@ package kernel
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -300,6 +301,9 @@ func (k *Kernel) appendReceipt(tx *bbolt.Tx, p *pendingReceipt, r *Result) error
 	}
 	re, err := ledger.Append(tx, ledger.KindReceipt, p.at, rb)
 	if err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketReceipts).Put([]byte(p.receipt.ReceiptID), binary.BigEndian.AppendUint64(nil, re.Seq)); err != nil {
 		return err
 	}
 	r.ReceiptID, r.Receipt, r.LedgerSeq = p.receipt.ReceiptID, p.jws, p.receipt.LedgerSeq

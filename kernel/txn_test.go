@@ -198,7 +198,7 @@ func TestParallelDisjointAndOverlapping(t *testing.T) {
 		}
 		seen[v] = true
 	}
-	if _, err := h.k.VerifyLedger(); err != nil {
+	if _, err := h.k.Inspector().Verify(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package txn
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 
@@ -65,4 +66,29 @@ func putIdem(tx *bbolt.Tx, k IdemKey, r idemRecord) error {
 		return err
 	}
 	return tx.Bucket(bucketIdem).Put(k.bytes(), v)
+}
+
+// IdemEntry is one row of the idempotency table.
+type IdemEntry struct {
+	Key IdemKey
+	Call
+	OperationID string          // the operation that holds the key
+	Done        bool            // false while that operation runs
+	Result      json.RawMessage // the committed result envelope, when Done
+}
+
+// ForEachIdem calls fn for every row of the idempotency table and stops at
+// fn's first error.
+func ForEachIdem(tx *bbolt.Tx, fn func(IdemEntry) error) error {
+	return tx.Bucket(bucketIdem).ForEach(func(k, v []byte) error {
+		agent, key, ok := bytes.Cut(k, []byte{0})
+		if !ok {
+			return fmt.Errorf("txn: malformed idempotency key %q", k)
+		}
+		var r idemRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("txn: idempotency record for key %q: %w", key, err)
+		}
+		return fn(IdemEntry{Key: IdemKey{AgentID: string(agent), Key: string(key)}, Call: r.Call, OperationID: r.OperationID, Done: r.Done, Result: r.Result})
+	})
 }

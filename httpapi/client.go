@@ -1,0 +1,260 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+// Client calls the API of a running kernel.
+type Client struct {
+	// BaseURL is the server's address, e.g. "http://127.0.0.1:7070".
+	BaseURL string
+	// Credential is sent as the bearer token: the admin credential or a
+	// capability token. It may be empty for public endpoints and calls.
+	Credential string
+	// HTTP is the client used; nil means one with a 15-minute timeout
+	// (calls may run for minutes).
+	HTTP *http.Client
+}
+
+// APIError is an error response of the API.
+type APIError struct {
+	Status  int
+	Class   string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("server: %d %s: %s", e.Status, e.Class, e.Message)
+}
+
+var defaultHTTP = &http.Client{Timeout: 15 * time.Minute}
+
+// do sends a request and decodes a 2xx JSON answer into out (unless nil);
+// any other answer is an *APIError.
+func (c *Client) do(ctx context.Context, method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	resp, err := c.send(ctx, method, path, rd)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var eb ErrorBody
+		if json.Unmarshal(data, &eb) != nil || eb.Error.Class == "" {
+			return &APIError{Status: resp.StatusCode, Class: kernel.ErrInternal, Message: strings.TrimSpace(string(data))}
+		}
+		return &APIError{Status: resp.StatusCode, Class: eb.Error.Class, Message: eb.Error.Message}
+	}
+	if out == nil {
+		return nil
+	}
+	if raw, ok := out.(*[]byte); ok {
+		*raw = data
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decoding the answer: %w", method, path, err)
+	}
+	return nil
+}
+
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Credential != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Credential)
+	}
+	h := c.HTTP
+	if h == nil {
+		h = defaultHTTP
+	}
+	resp, err := h.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return resp, nil
+}
+
+// Call sends a call envelope and returns its result envelope and the HTTP
+// status. Every answer of POST /v1/syscalls is a result envelope.
+func (c *Client) Call(ctx context.Context, envelope []byte) (*kernel.Result, int, error) {
+	resp, err := c.send(ctx, http.MethodPost, "/v1/syscalls", bytes.NewReader(envelope))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	var r kernel.Result
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return nil, resp.StatusCode, fmt.Errorf("POST /v1/syscalls: %d, and the body is not a result envelope: %w", resp.StatusCode, err)
+	}
+	return &r, resp.StatusCode, nil
+}
+
+// Tools returns the definitions the credential (a capability token) may
+// call, in format.
+func (c *Client) Tools(ctx context.Context, format string) (json.RawMessage, error) {
+	var raw []byte
+	err := c.do(ctx, http.MethodGet, "/v1/syscalls?format="+url.QueryEscape(format), nil, &raw)
+	return raw, err
+}
+
+// PolicyHash returns the active policy's hash.
+func (c *Client) PolicyHash(ctx context.Context) (string, error) {
+	var out struct {
+		PolicyHash string `json:"policy_hash"`
+	}
+	err := c.do(ctx, http.MethodGet, "/v1/policy", nil, &out)
+	return out.PolicyHash, err
+}
+
+// JWKS returns the kernel's JWKS document.
+func (c *Client) JWKS(ctx context.Context) ([]byte, error) {
+	var raw []byte
+	err := c.do(ctx, http.MethodGet, "/.well-known/jwks.json", nil, &raw)
+	return raw, err
+}
+
+// Head returns the ledger head.
+func (c *Client) Head(ctx context.Context) (Head, error) {
+	var h Head
+	err := c.do(ctx, http.MethodGet, "/v1/ledger/head", nil, &h)
+	return h, err
+}
+
+// Entries returns up to limit entries from seq from on.
+func (c *Client) Entries(ctx context.Context, from uint64, limit int) (Entries, error) {
+	var e Entries
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/ledger/entries?from=%d&limit=%d", from, limit), nil, &e)
+	return e, err
+}
+
+// Receipt returns a receipt by id.
+func (c *Client) Receipt(ctx context.Context, id string) (*kernel.ReceiptInfo, error) {
+	var r kernel.ReceiptInfo
+	err := c.do(ctx, http.MethodGet, "/v1/receipts/"+url.PathEscape(id), nil, &r)
+	return &r, err
+}
+
+// Receipts lists receipts selected by f.
+func (c *Client) Receipts(ctx context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error) {
+	q := url.Values{}
+	set := func(k, v string) {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	set("agent", f.AgentID)
+	set("tool", f.ToolID)
+	set("outcome", f.TxOutcome)
+	if !f.Since.IsZero() {
+		q.Set("since", f.Since.UTC().Format(time.RFC3339))
+	}
+	if f.After > 0 {
+		q.Set("after", strconv.FormatUint(f.After, 10))
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	var out ReceiptList
+	err := c.do(ctx, http.MethodGet, "/v1/receipts?"+q.Encode(), nil, &out)
+	return out.Receipts, err
+}
+
+// Operation returns the stored result envelope of an operation.
+func (c *Client) Operation(ctx context.Context, id string) (json.RawMessage, error) {
+	var raw []byte
+	err := c.do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id), nil, &raw)
+	return raw, err
+}
+
+// Mint asks for a capability token (admin).
+func (c *Client) Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error) {
+	var t kernel.MintedToken
+	err := c.do(ctx, http.MethodPost, "/v1/tokens", req, &t)
+	return &t, err
+}
+
+// Revoke revokes the token jti (admin).
+func (c *Client) Revoke(ctx context.Context, jti, reason string) error {
+	return c.do(ctx, http.MethodPost, "/v1/tokens/"+url.PathEscape(jti)+"/revoke", RevokeRequest{Reason: reason}, nil)
+}
+
+// InspectToken asks the kernel what token grants, or why it is refused.
+func (c *Client) InspectToken(ctx context.Context, token string) (TokenInspection, error) {
+	var out TokenInspection
+	err := c.do(ctx, http.MethodPost, "/v1/tokens/inspect", InspectRequest{Token: token}, &out)
+	return out, err
+}
+
+// VerifyLedger asks the kernel to recompute its hash chain (admin).
+func (c *Client) VerifyLedger(ctx context.Context) (LedgerVerification, error) {
+	var out LedgerVerification
+	err := c.do(ctx, http.MethodGet, "/v1/admin/ledger/verify", nil, &out)
+	return out, err
+}
+
+// ReplayVerify asks the kernel to prove its replay history (admin).
+func (c *Client) ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error) {
+	var out kernel.ReplayReport
+	err := c.do(ctx, http.MethodGet, "/v1/admin/replay/verify", nil, &out)
+	return &out, err
+}
+
+// ReplayShow returns every call made with an idempotency key (admin).
+func (c *Client) ReplayShow(ctx context.Context, key, agent string) ([]kernel.ReplayHistory, error) {
+	var out []kernel.ReplayHistory
+	q := url.Values{"key": {key}}
+	if agent != "" {
+		q.Set("agent", agent)
+	}
+	err := c.do(ctx, http.MethodGet, "/v1/admin/replay?"+q.Encode(), nil, &out)
+	return out, err
+}
+
+// Scan calls fn for every ledger entry from seq from on, paging through
+// GET /v1/ledger/entries, and stops at fn's first error.
+func (c *Client) Scan(ctx context.Context, from uint64, fn func(ledger.Entry) error) error {
+	for {
+		page, err := c.Entries(ctx, from, MaxEntriesPage)
+		if err != nil {
+			return err
+		}
+		for _, e := range page.Entries {
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+		if len(page.Entries) < MaxEntriesPage {
+			return nil
+		}
+		from = page.Next
+	}
+}

@@ -1,0 +1,552 @@
+// Package httpapi is capkernel's HTTP JSON API: agents send call envelopes
+// to POST /v1/syscalls and get result envelopes back; administrators mint
+// and revoke tokens; anyone holding a credential reads the ledger,
+// receipts and stored operations. docs/http.md is the reference; the
+// status table is StatusOf.
+//
+// Who may call what:
+//
+//   - public: GET /.well-known/jwks.json, /v1/policy, /v1/ledger/head,
+//     POST /v1/tokens/inspect (a token's holder asking what it grants);
+//   - capability endpoints (the capability token in the envelope, or as a
+//     bearer token for GET /v1/syscalls): they refuse the admin credential;
+//   - admin endpoints (the admin credential as a bearer token): /v1/tokens
+//     and /v1/admin/...; they refuse capability tokens;
+//   - reads of history (ledger entries, receipts): either credential;
+//     a stored operation: the admin, or a token of the agent that made it.
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// Limits of the API.
+const (
+	MaxEntriesPage = 1000    // entries one GET /v1/ledger/entries returns
+	maxAdminBody   = 1 << 20 // bytes of a token request or revocation
+)
+
+// Server serves the API of one kernel.
+type Server struct {
+	k   *kernel.Kernel
+	mux *http.ServeMux
+}
+
+// New returns the API of k.
+func New(k *kernel.Kernel) *Server {
+	s := &Server{k: k, mux: http.NewServeMux()}
+	s.mux.HandleFunc("POST /v1/syscalls", s.call)
+	s.mux.HandleFunc("GET /v1/syscalls", s.tools)
+	s.mux.HandleFunc("GET /v1/policy", s.policy)
+	s.mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
+	s.mux.HandleFunc("GET /v1/ledger/head", s.head)
+	s.mux.HandleFunc("GET /v1/ledger/entries", s.reader(s.entries))
+	s.mux.HandleFunc("GET /v1/receipts", s.reader(s.receiptList))
+	s.mux.HandleFunc("GET /v1/receipts/{id}", s.reader(s.receipt))
+	s.mux.HandleFunc("GET /v1/operations/{id}", s.operation)
+	s.mux.HandleFunc("POST /v1/tokens", s.admin(s.mint))
+	s.mux.HandleFunc("POST /v1/tokens/{jti}/revoke", s.admin(s.revoke))
+	s.mux.HandleFunc("POST /v1/tokens/inspect", s.inspectToken)
+	s.mux.HandleFunc("GET /v1/admin/ledger/verify", s.admin(s.verifyLedger))
+	s.mux.HandleFunc("GET /v1/admin/replay/verify", s.admin(s.replayVerify))
+	s.mux.HandleFunc("GET /v1/admin/replay", s.admin(s.replayShow))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	s.mux.ServeHTTP(w, r)
+}
+
+// StatusOf maps an error class to the HTTP status of its response: the
+// codes of the IETF Idempotency-Key draft for the idempotency classes, and
+// the nearest standard code for the others. An ok result is 200.
+func StatusOf(class string) int {
+	switch class {
+	case "":
+		return http.StatusOK
+	case kernel.ErrInvalidArgs, kernel.ErrIdempotencyKeyRequired:
+		return http.StatusBadRequest
+	case kernel.ErrTokenInvalid, kernel.ErrTokenRevoked:
+		return http.StatusUnauthorized
+	case kernel.ErrPermissionDenied, kernel.ErrScopeDenied, kernel.ErrPolicyDenied, kernel.ErrApprovalDenied:
+		return http.StatusForbidden
+	case kernel.ErrToolNotFound:
+		return http.StatusNotFound
+	case kernel.ErrIdempotencyInFlight, kernel.ErrPreconditionFailed, kernel.ErrPolicyMismatch:
+		return http.StatusConflict
+	case kernel.ErrIdempotencyConflict:
+		return http.StatusUnprocessableEntity
+	case kernel.ErrBudgetExceeded:
+		return http.StatusTooManyRequests
+	case kernel.ErrTimeout, kernel.ErrApprovalTimeout:
+		return http.StatusGatewayTimeout
+	case kernel.ErrCancelled:
+		return 499 // client closed request, as nginx reports it
+	case kernel.ErrExecution, kernel.ErrOutcomeUnknown:
+		return http.StatusBadGateway
+	}
+	return http.StatusInternalServerError
+}
+
+// call runs POST /v1/syscalls: the body is a call envelope, the response
+// body its result envelope, whatever happens.
+func (s *Server) call(w http.ResponseWriter, r *http.Request) {
+	limit := s.k.MaxEnvelopeBytes()
+	data, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	ctx := r.Context()
+	var res *kernel.Result
+	status := 0
+	switch {
+	case err != nil:
+		res = s.k.Refuse(ctx, data, kernel.ErrInvalidArgs, "reading the request body: "+err.Error())
+	case int64(len(data)) > limit:
+		res = s.k.Refuse(ctx, data, kernel.ErrInvalidArgs, fmt.Sprintf("request body is over the %d-byte envelope limit", limit))
+		status = http.StatusRequestEntityTooLarge
+	case bearer(r) != "" && strings.HasPrefix(bearer(r), kernel.AdminPrefix):
+		res = s.k.Refuse(ctx, data, kernel.ErrTokenInvalid, "the admin credential cannot make calls; send a capability token in the envelope")
+	default:
+		res = s.k.InvokeJSON(ctx, data)
+	}
+	if status == 0 {
+		status = StatusOf(errClass(res))
+	}
+	writeJSON(w, status, res)
+}
+
+func errClass(r *kernel.Result) string {
+	if r.Error == nil {
+		return ""
+	}
+	return r.Error.Class
+}
+
+// tools answers GET /v1/syscalls: the definitions the bearer token may
+// call, in ?format=openai (default), anthropic or mcp.
+func (s *Server) tools(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.capability(w, r); !ok {
+		return
+	}
+	format := r.URL.Query().Get("format")
+	if format == "" {
+		format = syscalls.FormatOpenAI
+	}
+	out, err := s.k.Tools(bearer(r), format)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) policy(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"policy_hash": s.k.PolicyHash()})
+}
+
+func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
+	b, err := s.k.JWKS()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/jwk-set+json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(b)
+}
+
+// Head is the body of GET /v1/ledger/head.
+type Head struct {
+	Size            uint64 `json:"size"`
+	Hash            string `json:"hash"`              // entry_hash of the last entry
+	StateSnapshotID string `json:"state_snapshot_id"` // "<seq>:<hash>" of the last entry
+}
+
+func (s *Server) head(w http.ResponseWriter, _ *http.Request) {
+	h, err := s.k.Inspector().Head()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, HeadOf(h))
+}
+
+// HeadOf is the wire form of h.
+func HeadOf(h ledger.Head) Head {
+	out := Head{Size: h.Size, Hash: h.Hash}
+	if h.Size > 0 {
+		out.StateSnapshotID = fmt.Sprintf("%d:%s", h.Size-1, h.Hash)
+	}
+	return out
+}
+
+// Entries is the body of GET /v1/ledger/entries.
+type Entries struct {
+	Entries []ledger.Entry `json:"entries"`
+	Next    uint64         `json:"next"` // the from of the next page
+}
+
+func (s *Server) entries(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	from, err1 := uintParam(q.Get("from"), 0)
+	limit, err2 := uintParam(q.Get("limit"), 100)
+	if err := errors.Join(err1, err2); err != nil || limit == 0 {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("from and limit must be integers, limit at least 1: %v", err))
+		return
+	}
+	es, err := s.k.Inspector().Entries(from, int(min(limit, MaxEntriesPage)))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	next := from
+	if len(es) > 0 {
+		next = es[len(es)-1].Seq + 1
+	}
+	writeJSON(w, http.StatusOK, Entries{Entries: append([]ledger.Entry{}, es...), Next: next})
+}
+
+// ReceiptList is the body of GET /v1/receipts.
+type ReceiptList struct {
+	Receipts []kernel.ReceiptInfo `json:"receipts"`
+}
+
+func (s *Server) receiptList(w http.ResponseWriter, r *http.Request) {
+	f, err := ParseReceiptFilter(r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
+	}
+	if f.Limit == 0 || f.Limit > MaxEntriesPage {
+		f.Limit = MaxEntriesPage
+	}
+	list, err := s.k.Inspector().Receipts(f)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, ReceiptList{Receipts: list})
+}
+
+func (s *Server) receipt(w http.ResponseWriter, r *http.Request) {
+	info, err := s.k.Inspector().Receipt(r.PathValue("id"))
+	if err != nil {
+		writeLookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// operation answers GET /v1/operations/{id} with the stored result
+// envelope, to the admin or to a token of the agent that made the call.
+func (s *Server) operation(w http.ResponseWriter, r *http.Request) {
+	cred := bearer(r)
+	var agent string
+	if !s.k.IsAdmin(cred) {
+		tok, ok := s.capability(w, r)
+		if !ok {
+			return
+		}
+		agent = tok.Claims.Subject
+	}
+	env, err := s.k.Inspector().Operation(r.PathValue("id"))
+	if err != nil {
+		writeLookupError(w, err)
+		return
+	}
+	if agent != "" {
+		var owner struct {
+			AgentID string `json:"agent_id"`
+		}
+		if json.Unmarshal(env, &owner) != nil || owner.AgentID != agent {
+			// The same answer as for an unknown id: a token learns
+			// nothing about other agents' operations.
+			writeLookupError(w, fmt.Errorf("operation %q: %w", r.PathValue("id"), kernel.ErrNotFound))
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, env)
+}
+
+func (s *Server) mint(w http.ResponseWriter, r *http.Request) {
+	var req kernel.TokenRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	t, err := s.k.Mint(req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusCreated, t)
+}
+
+// RevokeRequest is the body of POST /v1/tokens/{jti}/revoke.
+type RevokeRequest struct {
+	Reason string `json:"reason"`
+}
+
+func (s *Server) revoke(w http.ResponseWriter, r *http.Request) {
+	var req RevokeRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	jti := r.PathValue("jti")
+	if err := s.k.Revoke(r.Context(), jti, req.Reason); err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jti": jti, "revoked": true})
+}
+
+// TokenInspection is the answer of POST /v1/tokens/inspect.
+type TokenInspection struct {
+	Valid  bool             `json:"valid"`
+	Reason string           `json:"reason,omitempty"` // why not, when not valid
+	Class  string           `json:"class,omitempty"`  // token_invalid or token_revoked
+	Claims *captoken.Claims `json:"claims,omitempty"`
+}
+
+// InspectRequest is the body of POST /v1/tokens/inspect.
+type InspectRequest struct {
+	Token string `json:"token"`
+}
+
+func (s *Server) inspectToken(w http.ResponseWriter, r *http.Request) {
+	var req InspectRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	writeJSON(w, http.StatusOK, Inspect(s.k, req.Token))
+}
+
+// Inspect verifies token as a bearer credential of k and says what it
+// grants, or why it is refused.
+func Inspect(k *kernel.Kernel, token string) TokenInspection {
+	tok, err := k.VerifyBearer(token)
+	if err != nil {
+		class := kernel.ErrTokenInvalid
+		var te *captoken.Error
+		if errors.As(err, &te) {
+			class = te.Code
+		}
+		return TokenInspection{Reason: err.Error(), Class: class}
+	}
+	return TokenInspection{Valid: true, Claims: &tok.Claims}
+}
+
+// LedgerVerification is the answer of GET /v1/admin/ledger/verify.
+type LedgerVerification struct {
+	Entries uint64  `json:"entries"`           // entries that verified
+	BadSeq  *uint64 `json:"bad_seq,omitempty"` // the first bad entry, when tampered
+	Reason  string  `json:"reason,omitempty"`
+}
+
+func (s *Server) verifyLedger(w http.ResponseWriter, _ *http.Request) {
+	n, err := s.k.Inspector().Verify()
+	var ve *ledger.VerifyError
+	switch {
+	case errors.As(err, &ve):
+		writeJSON(w, http.StatusOK, LedgerVerification{Entries: n, BadSeq: &ve.Seq, Reason: ve.Reason})
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, LedgerVerification{Entries: n})
+	}
+}
+
+func (s *Server) replayVerify(w http.ResponseWriter, _ *http.Request) {
+	rep, err := s.k.Inspector().ReplayVerify()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+func (s *Server) replayShow(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Get("key") == "" {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "key (the idempotency key) is required")
+		return
+	}
+	h, err := s.k.Inspector().ReplayShow(q.Get("key"), q.Get("agent"))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
+// admin wraps an admin endpoint: the bearer credential must be the admin
+// credential; capability tokens are refused.
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		cred := bearer(r)
+		switch {
+		case cred == "":
+			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "this endpoint needs the admin credential as a bearer token")
+		case !strings.HasPrefix(cred, kernel.AdminPrefix):
+			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "capability tokens cannot use admin endpoints")
+		case !s.k.IsAdmin(cred):
+			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is wrong")
+		default:
+			h(w, r)
+		}
+	}
+}
+
+// reader wraps a history read: the admin credential or any valid
+// capability token of this kernel.
+func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.k.IsAdmin(bearer(r)) {
+			h(w, r)
+			return
+		}
+		if _, ok := s.capability(w, r); ok {
+			h(w, r)
+		}
+	}
+}
+
+// capability verifies the bearer capability token of r, answering the
+// request itself when there is none or it does not verify.
+func (s *Server) capability(w http.ResponseWriter, r *http.Request) (*captoken.Token, bool) {
+	cred := bearer(r)
+	switch {
+	case cred == "":
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "send a capability token: Authorization: Bearer <token>")
+		return nil, false
+	case strings.HasPrefix(cred, kernel.AdminPrefix):
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is not a capability token")
+		return nil, false
+	}
+	tok, err := s.k.VerifyBearer(cred)
+	if err != nil {
+		class := kernel.ErrTokenInvalid
+		var te *captoken.Error
+		if errors.As(err, &te) {
+			class = te.Code
+		}
+		writeError(w, http.StatusUnauthorized, class, err.Error())
+		return nil, false
+	}
+	return tok, true
+}
+
+// bearer returns the credential of an "Authorization: Bearer" header.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// ErrorBody is the body of every error response other than a result
+// envelope.
+type ErrorBody struct {
+	Error kernel.Error `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, class, msg string) {
+	writeJSON(w, status, ErrorBody{Error: kernel.Error{Class: class, Message: msg}})
+}
+
+func writeLookupError(w http.ResponseWriter, err error) {
+	if errors.Is(err, kernel.ErrNotFound) {
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, err.Error())
+		return
+	}
+	writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(ErrorBody{Error: kernel.Error{Class: kernel.ErrInternal, Message: err.Error()}})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// readJSON decodes a small JSON request body strictly into v, answering
+// the request itself when it cannot.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		status := http.StatusBadRequest
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		writeError(w, status, kernel.ErrInvalidArgs, "request body: "+err.Error())
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "request body: trailing data after the JSON object")
+		return false
+	}
+	return true
+}
+
+func uintParam(s string, def uint64) (uint64, error) {
+	if s == "" {
+		return def, nil
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+// ParseReceiptFilter reads agent, tool, outcome, since (RFC 3339), after
+// and limit from a query.
+func ParseReceiptFilter(q map[string][]string) (kernel.ReceiptFilter, error) {
+	get := func(k string) string {
+		if v := q[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	f := kernel.ReceiptFilter{AgentID: get("agent"), ToolID: get("tool"), TxOutcome: get("outcome")}
+	switch f.TxOutcome {
+	case "", kernel.Committed, kernel.RolledBack, kernel.NoOp, "ok", "error":
+	default:
+		return f, fmt.Errorf("outcome %q is not one of committed, rolled_back, no_op, ok, error", f.TxOutcome)
+	}
+	if v := get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return f, fmt.Errorf("since: %v", err)
+		}
+		f.Since = t
+	}
+	after, err := uintParam(get("after"), 0)
+	if err != nil {
+		return f, fmt.Errorf("after: %v", err)
+	}
+	limit, err := uintParam(get("limit"), 0)
+	if err != nil {
+		return f, fmt.Errorf("limit: %v", err)
+	}
+	f.After, f.Limit = after, int(min(limit, MaxEntriesPage))
+	return f, nil
+}

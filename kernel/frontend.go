@@ -1,0 +1,105 @@
+package kernel
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// AdminPrefix starts every admin credential, so a front end can tell one
+// apart from a capability token (a compact JWS never starts with it).
+const AdminPrefix = "ckadmin_"
+
+// IsAdmin reports whether cred is the data dir's admin credential. The
+// comparison is of digests, in constant time.
+func (k *Kernel) IsAdmin(cred string) bool {
+	if !strings.HasPrefix(cred, AdminPrefix) || k.settings.AdminCredentialHash == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(digest.Sum([]byte(cred))), []byte(k.settings.AdminCredentialHash)) == 1
+}
+
+// VerifyBearer verifies a capability token presented on its own, outside a
+// call envelope: signature, issuer, audience, validity window and
+// revocation. The error is a *captoken.Error.
+func (k *Kernel) VerifyBearer(token string) (*captoken.Token, error) {
+	return k.verifier.VerifyBearer(token, k.cfg.Now())
+}
+
+// Tools returns the definitions of the syscalls the capability token may
+// call, in an LLM tool format (syscalls.Tools). A token that does not
+// verify as a bearer credential is refused with a *captoken.Error.
+func (k *Kernel) Tools(token, format string) (json.RawMessage, error) {
+	tok, err := k.VerifyBearer(token)
+	if err != nil {
+		return nil, err
+	}
+	var defs []syscalls.Definition
+	for _, d := range k.registry.List() {
+		if tok.AllowsTool(d.ID) {
+			defs = append(defs, d)
+		}
+	}
+	return syscalls.Tools(defs, format)
+}
+
+// Refuse records a call a front end refuses before it reaches the pipeline
+// (for example, a request body over the size limit) and returns its
+// result: data is whatever of the envelope was received, class and msg the
+// refusal. Like every call, it leaves an audit record and a receipt.
+func (k *Kernel) Refuse(ctx context.Context, data []byte, class, msg string) *Result {
+	c := &call{start: k.cfg.Now(), env: salvage(data), envHash: digest.Sum(data)}
+	return k.deny(ctx, c, class, msg)
+}
+
+// MaxTokenTTL bounds the lifetime Mint gives a token.
+const MaxTokenTTL = 90 * 24 * time.Hour
+
+// TokenRequest asks for a capability token: what `kernelctl token mint`
+// and POST /v1/tokens send. The JSON field names are the wire format.
+type TokenRequest struct {
+	AgentID    string            `json:"agent_id"`
+	Tools      []string          `json:"tools"`
+	FS         []captoken.FSRoot `json:"fs,omitempty"`
+	Net        []string          `json:"net,omitempty"`
+	Budgets    map[string]int64  `json:"budgets,omitempty"`
+	Autonomy   string            `json:"autonomy,omitempty"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty"` // default 3600; at most MaxTokenTTL
+}
+
+// MintedToken is a token Mint made, with the claims a caller needs.
+type MintedToken struct {
+	Token     string              `json:"token"` // compact JWS
+	ID        string              `json:"jti"`
+	AgentID   string              `json:"agent_id"`
+	ExpiresAt string              `json:"expires_at"` // RFC 3339, UTC
+	Cap       captoken.Capability `json:"cap"`
+}
+
+// Mint signs a capability token for req with the kernel's issuer key. It
+// refuses requests whose claims would not verify (see captoken.Claims.Validate).
+func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
+	ttl := time.Duration(req.TTLSeconds) * time.Second
+	switch {
+	case req.TTLSeconds == 0:
+		ttl = time.Hour
+	case req.TTLSeconds < 0 || ttl > MaxTokenTTL:
+		return nil, fmt.Errorf("mint: ttl_seconds %d is outside 1..%d", req.TTLSeconds, int64(MaxTokenTTL/time.Second))
+	}
+	now := k.cfg.Now()
+	tok, c, err := k.MintToken(captoken.Claims{
+		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: now.Add(ttl),
+		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, Budgets: req.Budgets, Autonomy: req.Autonomy},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mint: %w", err)
+	}
+	return &MintedToken{Token: tok, ID: c.ID, AgentID: c.Subject, ExpiresAt: c.Expiry.UTC().Format(time.RFC3339), Cap: c.Cap}, nil
+}

@@ -1,0 +1,264 @@
+package kernel
+
+import (
+	"crypto/ed25519"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// ErrNotFound is returned (wrapped) by the Inspector's lookups of an id
+// that names nothing.
+var ErrNotFound = errors.New("not found")
+
+// ErrLocked is returned (wrapped) by OpenInspector when a running kernel
+// holds the data dir.
+var ErrLocked = errors.New("data dir is locked by a running kernel")
+
+// bucketReceipts indexes receipts: receipt_id -> seq of its ledger entry
+// (8 bytes big-endian).
+var bucketReceipts = []byte("receipt_index")
+
+// Inspector reads a data dir's history: ledger entries, receipts, stored
+// operations and the idempotency table. It never writes. One comes from a
+// running kernel (Kernel.Inspector) or from a stopped kernel's data dir
+// opened read-only (OpenInspector).
+type Inspector struct {
+	view       func(func(*bbolt.Tx) error) error
+	receiptKey ed25519.PublicKey
+	close      func() error
+}
+
+// Inspector returns an Inspector over k's live database.
+func (k *Kernel) Inspector() *Inspector {
+	return &Inspector{view: k.db.View, receiptKey: k.signer.Public(), close: func() error { return nil }}
+}
+
+// OpenInspector opens the data dir of a kernel that is not running, its
+// bbolt file read-only. When a kernel serves the dir, it fails at once
+// with an error wrapping ErrLocked.
+func OpenInspector(dir string) (*Inspector, error) {
+	if _, err := loadSettings(dir); err != nil {
+		return nil, err
+	}
+	key, err := LoadKey(filepath.Join(dir, ReceiptKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	p := filepath.Join(dir, DBFile)
+	db, err := bbolt.Open(p, 0o600, &bbolt.Options{ReadOnly: true, Timeout: 200 * time.Millisecond})
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return nil, fmt.Errorf("%s: %w (use --server to ask it, or stop it)", dir, ErrLocked)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", p, err)
+	}
+	return &Inspector{view: db.View, receiptKey: key.Public().(ed25519.PublicKey), close: db.Close}, nil
+}
+
+// Close releases the data dir of an Inspector from OpenInspector.
+func (i *Inspector) Close() error { return i.close() }
+
+// JWKS returns the JWKS document of the kernel's receipt key.
+func (i *Inspector) JWKS() ([]byte, error) { return receipts.JWKS(i.receiptKey) }
+
+// Head returns the ledger head.
+func (i *Inspector) Head() (h ledger.Head, err error) {
+	err = i.view(func(tx *bbolt.Tx) error {
+		h, err = ledger.HeadOf(tx)
+		return err
+	})
+	return h, err
+}
+
+// Verify recomputes the ledger's hash chain. It returns the number of
+// entries, or a *ledger.VerifyError naming the first bad seq.
+func (i *Inspector) Verify() (n uint64, err error) {
+	err = i.view(func(tx *bbolt.Tx) error {
+		n, err = ledger.Verify(tx)
+		return err
+	})
+	return n, err
+}
+
+// Entries returns up to limit ledger entries from seq from on.
+func (i *Inspector) Entries(from uint64, limit int) ([]ledger.Entry, error) {
+	var out []ledger.Entry
+	stop := errors.New("stop")
+	err := i.view(func(tx *bbolt.Tx) error {
+		return ledger.Scan(tx, from, func(e ledger.Entry) error {
+			if len(out) >= limit {
+				return stop
+			}
+			out = append(out, e)
+			return nil
+		})
+	})
+	if errors.Is(err, stop) {
+		err = nil
+	}
+	return out, err
+}
+
+// Scan calls fn for every ledger entry from seq from on, in order, inside
+// one read transaction, and stops at fn's first error.
+func (i *Inspector) Scan(from uint64, fn func(ledger.Entry) error) error {
+	return i.view(func(tx *bbolt.Tx) error { return ledger.Scan(tx, from, fn) })
+}
+
+// Operation returns the stored result envelope of an operation id.
+func (i *Inspector) Operation(id string) (json.RawMessage, error) {
+	var out json.RawMessage
+	err := i.view(func(tx *bbolt.Tx) error {
+		out = txn.GetOperation(tx, id)
+		return nil
+	})
+	if err == nil && out == nil {
+		err = fmt.Errorf("operation %q: %w", id, ErrNotFound)
+	}
+	return out, err
+}
+
+// ReceiptInfo is a receipt as the ledger holds it.
+type ReceiptInfo struct {
+	ReceiptID   string            `json:"receipt_id"`
+	OperationID string            `json:"operation_id"`
+	Seq         uint64            `json:"seq"` // of the receipt's own ledger entry
+	JWS         string            `json:"jws"`
+	Receipt     *receipts.Receipt `json:"receipt"` // the decoded payload, not verified
+}
+
+// receiptInfo reads the receipt entry e.
+func receiptInfo(e ledger.Entry) (*ReceiptInfo, error) {
+	var b receiptBody
+	if err := json.Unmarshal(e.Body, &b); err != nil {
+		return nil, fmt.Errorf("receipt entry %d: %w", e.Seq, err)
+	}
+	r, err := receipts.Decode(b.JWS)
+	if err != nil {
+		return nil, fmt.Errorf("receipt entry %d: %w", e.Seq, err)
+	}
+	return &ReceiptInfo{ReceiptID: b.ReceiptID, OperationID: b.OperationID, Seq: e.Seq, JWS: b.JWS, Receipt: r}, nil
+}
+
+// Receipt returns the receipt with id receipt_id.
+func (i *Inspector) Receipt(id string) (*ReceiptInfo, error) {
+	var info *ReceiptInfo
+	err := i.view(func(tx *bbolt.Tx) error {
+		v := tx.Bucket(bucketReceipts).Get([]byte(id))
+		if len(v) != 8 {
+			return fmt.Errorf("receipt %q: %w", id, ErrNotFound)
+		}
+		e, err := ledger.Get(tx, binary.BigEndian.Uint64(v))
+		if err != nil {
+			return err
+		}
+		info, err = receiptInfo(e)
+		return err
+	})
+	return info, err
+}
+
+// ReceiptFilter selects receipts; zero fields match everything.
+type ReceiptFilter struct {
+	AgentID   string
+	ToolID    string
+	TxOutcome string // committed, rolled_back or no_op; or "error" / "ok" for the call's status
+	Since     time.Time
+	After     uint64 // only receipts whose entry seq is greater (for paging); 0 = from the start
+	Limit     int    // at most this many (0 = no limit)
+}
+
+// Match reports whether r passes f.
+func (f ReceiptFilter) Match(r *receipts.Receipt) bool {
+	switch {
+	case f.AgentID != "" && r.AgentID != f.AgentID,
+		f.ToolID != "" && r.ToolID != f.ToolID:
+		return false
+	}
+	switch f.TxOutcome {
+	case "":
+	case "error":
+		if r.ErrorClass == "" {
+			return false
+		}
+	case "ok":
+		if r.ErrorClass != "" {
+			return false
+		}
+	default:
+		if r.TxOutcome != f.TxOutcome {
+			return false
+		}
+	}
+	if !f.Since.IsZero() {
+		t, err := time.Parse(time.RFC3339Nano, r.IssuedAt)
+		if err != nil || t.Before(f.Since) {
+			return false
+		}
+	}
+	return true
+}
+
+// Receipts lists the receipts f selects, in ledger order.
+func (i *Inspector) Receipts(f ReceiptFilter) ([]ReceiptInfo, error) {
+	out := []ReceiptInfo{}
+	stop := errors.New("stop")
+	from := uint64(0)
+	if f.After > 0 {
+		from = f.After + 1
+	}
+	err := i.Scan(from, func(e ledger.Entry) error {
+		if e.Kind != ledger.KindReceipt {
+			return nil
+		}
+		info, err := receiptInfo(e)
+		if err != nil {
+			return err
+		}
+		if !f.Match(info.Receipt) {
+			return nil
+		}
+		out = append(out, *info)
+		if f.Limit > 0 && len(out) >= f.Limit {
+			return stop
+		}
+		return nil
+	})
+	if errors.Is(err, stop) {
+		err = nil
+	}
+	return out, err
+}
+
+// indexReceipts fills the receipt index from the ledger when it is new
+// (data dirs made before the index existed).
+func indexReceipts(tx *bbolt.Tx) error {
+	b, err := tx.CreateBucketIfNotExists(bucketReceipts)
+	if err != nil || b.Sequence() == 1 {
+		return err
+	}
+	if err := ledger.Scan(tx, 0, func(e ledger.Entry) error {
+		if e.Kind != ledger.KindReceipt {
+			return nil
+		}
+		var rb receiptBody
+		if err := json.Unmarshal(e.Body, &rb); err != nil {
+			return fmt.Errorf("receipt entry %d: %w", e.Seq, err)
+		}
+		return b.Put([]byte(rb.ReceiptID), binary.BigEndian.AppendUint64(nil, e.Seq))
+	}); err != nil {
+		return err
+	}
+	// Sequence 1 marks the index as complete.
+	return b.SetSequence(1)
+}
