@@ -368,7 +368,9 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 	}
 	c.replayOf = orig.OperationID
 	c.res.ResultHash, c.res.TxOutcome, c.res.CommitDeltaID = orig.ResultHash, NoOp, ""
-	c.res.Status, c.res.Error = orig.Status, orig.Error
+	// The replay's record carries the original's result, so its
+	// result_hash is the original's (replay verify checks this).
+	c.res.Status, c.res.Result, c.res.Error = orig.Status, orig.Result, orig.Error
 	if _, err := k.record(context.WithoutCancel(ctx), c, nil); err != nil {
 		return k.internal(c, err)
 	}

@@ -184,3 +184,40 @@ func TestHashVector(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestTestRunsBundleTests(t *testing.T) {
+	res, err := Test(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) < 10 {
+		t.Fatalf("ran %d Rego tests of the default bundle, want the whole suite", len(res))
+	}
+	for _, r := range res {
+		if !r.Pass {
+			t.Errorf("%s.%s failed: %s", r.Package, r.Name, r.Error)
+		}
+	}
+	// A bundle whose test fails reports it.
+	dir := t.TempDir()
+	write(t, dir, "p.rego", "package capkernel\nallow := false\n")
+	write(t, dir, "p_test.rego", "package capkernel\ntest_allow if { allow }\n")
+	res, err = Test(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 1 || res[0].Pass {
+		t.Fatalf("results = %+v, want one failing test", res)
+	}
+	h, err := Hash("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Load(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h != e.Hash() {
+		t.Fatalf("Hash() = %s, Load().Hash() = %s", h, e.Hash())
+	}
+}

@@ -193,7 +193,7 @@ func runDemo(ctx context.Context, out io.Writer, data string) error {
 		return err
 	}
 	fmt.Fprintf(out, "\nnotes.txt now holds %q\n", content)
-	n, err := k.VerifyLedger()
+	n, err := k.Inspector().Verify()
 	var ve *ledger.VerifyError
 	switch {
 	case errors.As(err, &ve):

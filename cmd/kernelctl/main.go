@@ -1,6 +1,9 @@
-// Command kernelctl administers a capkernel data dir: init makes one, demo
-// runs a scripted agent session through the kernel, ledger verify checks
-// the hash chain.
+// Command kernelctl serves and administers a capkernel kernel: init makes a
+// data dir, serve runs the HTTP API, token mints and revokes capability
+// tokens, call makes a syscall, receipts / ledger / replay inspect and
+// verify history, policy hashes, evaluates and tests bundles, demo runs a
+// scripted agent session. Verbs that read work on a stopped kernel's data
+// dir (--data, opened read-only) or on a running one (--server).
 //
 // Exit status: 0 success, 1 failure (including a tampered ledger), 2 usage.
 package main
@@ -27,7 +30,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(initCmd(), demoCmd(), ledgerCmd())
+	root.AddCommand(initCmd(), serveCmd(), demoCmd(), tokenCmd(), callCmd(), toolsCmd(), receiptsCmd(), ledgerCmd(), replayCmd(), policyCmd())
 	err := root.Execute()
 	if err == nil {
 		return

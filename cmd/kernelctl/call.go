@@ -1,0 +1,277 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/txn"
+)
+
+func callCmd() *cobra.Command {
+	var t target
+	var argsJSON, tokenFile, key, session string
+	var kv, kvStr, pre []string
+	cmd := &cobra.Command{
+		Use:   "call TOOL --token FILE|- [--args JSON | --arg K=V ...] [--idempotency-key K] [--precondition REF=HASH]... --server URL|--data DIR",
+		Short: "Make one syscall; prints its result, exit 1 on an error result",
+		Long: `call builds a call envelope for TOOL and sends it: agent_id and
+capability_token_id come from the token, policy_hash from the kernel, and a
+fresh operation_id is chosen. Arguments come from --args (a JSON object) or from
+--arg K=V (V is taken as JSON when it parses as JSON, else as a string) and
+--arg-str K=V (always a string).
+
+Mutating syscalls need --idempotency-key: repeat the call with the same key and
+the kernel replays the original outcome instead of acting twice.
+
+--precondition takes REF=EXPECTED:
+  fs:PATH=blake3:HEX   the file's content hash
+  fs:PATH=absent       the file must not exist
+  kv:KEY=N             the key's version (kv:KEY=absent: never written)
+  ledger:head=N        the ledger's last seq
+
+It prints the status, the error or the result, and the receipt id; --json
+prints the whole result envelope.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if err := t.check("call"); err != nil {
+				return err
+			}
+			if tokenFile == "" {
+				return &usageError{errors.New("call: --token FILE (or - for stdin) is required")}
+			}
+			tok, err := readSecret(tokenFile)
+			if err != nil {
+				return err
+			}
+			args, err := buildArgs(argsJSON, kv, kvStr)
+			if err != nil {
+				return &usageError{err}
+			}
+			pcs, err := parsePreconditions(pre)
+			if err != nil {
+				return &usageError{err}
+			}
+			sub, jti, err := peekToken(tok)
+			if err != nil {
+				return err
+			}
+			env := kernel.Envelope{
+				ToolID: a[0], Args: args, AgentID: sub, CapabilityToken: tok, CapabilityTokenID: jti,
+				OperationID: uuid.Must(uuid.NewV7()).String(), IdempotencyKey: key, PreconditionRefs: pcs, TaskClass: "cli",
+			}
+			if session != "" {
+				env.Provenance, _ = json.Marshal(map[string]string{"session_id": session})
+			}
+			var res *kernel.Result
+			if t.server != "" {
+				c := t.client("")
+				if env.PolicyHash, err = c.PolicyHash(cmd.Context()); err != nil {
+					return err
+				}
+				raw, err := json.Marshal(&env)
+				if err != nil {
+					return err
+				}
+				if res, _, err = c.Call(cmd.Context(), raw); err != nil {
+					return err
+				}
+			} else {
+				k, err := t.openKernel(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				env.PolicyHash = k.PolicyHash()
+				res = k.Invoke(cmd.Context(), &env)
+			}
+			if err := printResult(cmd, res, t.json); err != nil {
+				return err
+			}
+			if res.Error != nil {
+				return fmt.Errorf("%s: %s", res.Error.Class, res.Error.Message)
+			}
+			return nil
+		},
+	}
+	t.addTarget(cmd, false)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token (- for stdin)")
+	cmd.Flags().StringVar(&argsJSON, "args", "", "arguments as one JSON object")
+	cmd.Flags().StringArrayVar(&kv, "arg", nil, "argument K=V; V is JSON if it parses, else a string (repeatable)")
+	cmd.Flags().StringArrayVar(&kvStr, "arg-str", nil, "argument K=V with V always a string (repeatable)")
+	cmd.Flags().StringVar(&key, "idempotency-key", "", "idempotency key (required for mutating syscalls)")
+	cmd.Flags().StringArrayVar(&pre, "precondition", nil, "precondition REF=EXPECTED (repeatable)")
+	cmd.Flags().StringVar(&session, "session", "", "session id for the provenance")
+	return cmd
+}
+
+func printResult(cmd *cobra.Command, r *kernel.Result, asJSON bool) error {
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), r)
+	}
+	w := cmd.OutOrStdout()
+	replayed := ""
+	if r.Replayed {
+		replayed = " (replayed)"
+	}
+	fmt.Fprintf(w, "%s %s%s  tx=%s  mode=%s  risk=%.2f  operation=%s\n", r.ToolID, r.Status, replayed, r.TxOutcome, r.AutonomyMode, r.RiskScore, r.OperationID)
+	if r.Error != nil {
+		fmt.Fprintf(w, "error %s: %s\n", r.Error.Class, r.Error.Message)
+	} else if len(r.Result) > 0 {
+		var v any
+		if json.Unmarshal(r.Result, &v) == nil {
+			b, _ := json.MarshalIndent(v, "", "  ")
+			fmt.Fprintf(w, "%s\n", b)
+		}
+	}
+	if r.CommitDeltaID != "" {
+		fmt.Fprintf(w, "commit delta %s\n", r.CommitDeltaID)
+	}
+	if r.ReceiptID != "" {
+		fmt.Fprintf(w, "receipt %s (ledger seq %d)\n", r.ReceiptID, r.LedgerSeq)
+	}
+	return nil
+}
+
+// buildArgs makes the args object from --args or --arg/--arg-str.
+func buildArgs(raw string, kv, kvStr []string) (json.RawMessage, error) {
+	if raw != "" {
+		if len(kv)+len(kvStr) > 0 {
+			return nil, errors.New("give --args or --arg, not both")
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(raw), &m); err != nil || m == nil {
+			return nil, fmt.Errorf("--args: not a JSON object: %v", err)
+		}
+		return json.RawMessage(raw), nil
+	}
+	m := map[string]json.RawMessage{}
+	for _, p := range kv {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--arg %q: want K=V", p)
+		}
+		if json.Valid([]byte(v)) {
+			m[k] = json.RawMessage(v)
+		} else {
+			m[k], _ = json.Marshal(v)
+		}
+	}
+	for _, p := range kvStr {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--arg-str %q: want K=V", p)
+		}
+		m[k], _ = json.Marshal(v)
+	}
+	return json.Marshal(m)
+}
+
+// parsePreconditions reads REF=EXPECTED specs (see callCmd).
+func parsePreconditions(specs []string) ([]txn.Precondition, error) {
+	var out []txn.Precondition
+	for _, s := range specs {
+		i := strings.LastIndex(s, "=")
+		if i <= 0 {
+			return nil, fmt.Errorf("--precondition %q: want REF=EXPECTED", s)
+		}
+		ref, want := s[:i], s[i+1:]
+		p := txn.Precondition{Ref: ref}
+		switch {
+		case (strings.HasPrefix(ref, "fs:") || strings.HasPrefix(ref, "kv:")) && want == "absent":
+			p.Absent = true
+		case strings.HasPrefix(ref, "fs:"):
+			p.Hash = want
+		case strings.HasPrefix(ref, "kv:"), ref == "ledger:head":
+			n, err := strconv.ParseUint(want, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("--precondition %q: %q is not a whole number", s, want)
+			}
+			if ref == "ledger:head" {
+				p.Seq = &n
+			} else {
+				p.Version = &n
+			}
+		default:
+			return nil, fmt.Errorf("--precondition %q: ref must start with fs:, kv: or be ledger:head", s)
+		}
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("--precondition %q: %v", s, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// peekToken reads sub and jti from a token's payload without verifying it:
+// the kernel verifies; the client only fills the envelope.
+func peekToken(tok string) (sub, jti string, err error) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return "", "", errors.New("the token is not a compact JWS")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", "", fmt.Errorf("the token's payload: %v", err)
+	}
+	var c struct {
+		Sub string `json:"sub"`
+		JTI string `json:"jti"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return "", "", fmt.Errorf("the token's payload: %v", err)
+	}
+	return c.Sub, c.JTI, nil
+}
+
+func toolsCmd() *cobra.Command {
+	var t target
+	var tokenFile, format string
+	cmd := &cobra.Command{
+		Use:   "tools --token FILE|- [--format openai|anthropic|mcp] --server URL|--data DIR",
+		Short: "Print the syscall definitions a token may call, in an LLM's tool format",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := t.check("tools"); err != nil {
+				return err
+			}
+			if tokenFile == "" {
+				return &usageError{errors.New("tools: --token FILE is required")}
+			}
+			tok, err := readSecret(tokenFile)
+			if err != nil {
+				return err
+			}
+			var out json.RawMessage
+			if t.server != "" {
+				out, err = t.client(tok).Tools(cmd.Context(), format)
+			} else {
+				k, kerr := t.openKernel(cmd.Context())
+				if kerr != nil {
+					return kerr
+				}
+				defer k.Close()
+				out, err = k.Tools(tok, format)
+			}
+			if err != nil {
+				return err
+			}
+			var v any
+			if err := json.Unmarshal(out, &v); err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), v)
+		},
+	}
+	t.addTarget(cmd, false)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token (- for stdin)")
+	cmd.Flags().StringVar(&format, "format", "openai", "openai, anthropic or mcp")
+	return cmd
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+// target is where a verb acts: a data dir (the kernel opened in this
+// process, or read-only for reads) or a running server.
+type target struct {
+	data      string
+	server    string
+	adminFile string
+	tokenFile string
+	json      bool
+}
+
+// addTarget adds --data and --server (and, for a server, the credential
+// flags) to cmd.
+func (t *target) addTarget(cmd *cobra.Command, credentials bool) {
+	cmd.Flags().StringVar(&t.data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
+	cmd.Flags().StringVar(&t.server, "server", os.Getenv("CAPKERNEL_SERVER"), "URL of a running kernel, e.g. http://127.0.0.1:7070 (env CAPKERNEL_SERVER)")
+	if credentials {
+		cmd.Flags().StringVar(&t.adminFile, "admin-token", "", "file holding the admin credential, for --server (default: env CAPKERNEL_ADMIN_TOKEN, the credential itself)")
+	}
+	cmd.Flags().BoolVar(&t.json, "json", false, "print JSON for machines instead of a table")
+}
+
+// check requires exactly one of --data and --server.
+func (t *target) check(verb string) error {
+	switch {
+	case t.data == "" && t.server == "":
+		return &usageError{fmt.Errorf("%s: give --data DIR or --server URL", verb)}
+	case t.data != "" && t.server != "":
+		return &usageError{fmt.Errorf("%s: give --data DIR or --server URL, not both", verb)}
+	}
+	return nil
+}
+
+// adminCredential returns the admin credential for --server.
+func (t *target) adminCredential() (string, error) {
+	switch {
+	case t.adminFile != "":
+		return readSecret(t.adminFile)
+	case os.Getenv("CAPKERNEL_ADMIN_TOKEN") != "":
+		return strings.TrimSpace(os.Getenv("CAPKERNEL_ADMIN_TOKEN")), nil
+	}
+	return "", &usageError{errors.New("--server needs the admin credential: --admin-token FILE or env CAPKERNEL_ADMIN_TOKEN")}
+}
+
+// client returns an API client for --server carrying cred.
+func (t *target) client(cred string) *httpapi.Client {
+	return &httpapi.Client{BaseURL: t.server, Credential: cred}
+}
+
+// adminClient returns an API client carrying the admin credential.
+func (t *target) adminClient() (*httpapi.Client, error) {
+	cred, err := t.adminCredential()
+	if err != nil {
+		return nil, err
+	}
+	return t.client(cred), nil
+}
+
+// openKernel opens the kernel of --data in this process.
+func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
+	k, err := kernel.Open(ctx, kernel.Config{DataDir: t.data})
+	if err != nil && strings.Contains(err.Error(), "is locked by another process") {
+		return nil, fmt.Errorf("%w\nA kernel is serving %s: run this verb with --server URL instead", err, t.data)
+	}
+	return k, err
+}
+
+// history is what the read verbs need, from a data dir or a server.
+type history interface {
+	Head(ctx context.Context) (ledger.Head, error)
+	Scan(ctx context.Context, from uint64, fn func(ledger.Entry) error) error
+	Entries(ctx context.Context, from uint64, limit int) ([]ledger.Entry, error)
+	Receipt(ctx context.Context, id string) (*kernel.ReceiptInfo, error)
+	Receipts(ctx context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error)
+	JWKS(ctx context.Context) ([]byte, error)
+	Verify(ctx context.Context) (uint64, error) // a *ledger.VerifyError when tampered
+	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
+	ReplayShow(ctx context.Context, key, agent string) ([]kernel.ReplayHistory, error)
+	Close() error
+}
+
+// openHistory opens --data read-only, or a client of --server with the
+// admin credential.
+func (t *target) openHistory(verb string) (history, error) {
+	if err := t.check(verb); err != nil {
+		return nil, err
+	}
+	if t.data != "" {
+		in, err := kernel.OpenInspector(t.data)
+		if err != nil {
+			return nil, err
+		}
+		return localHistory{in}, nil
+	}
+	c, err := t.adminClient()
+	if err != nil {
+		return nil, err
+	}
+	return remoteHistory{c}, nil
+}
+
+type localHistory struct{ in *kernel.Inspector }
+
+func (l localHistory) Head(context.Context) (ledger.Head, error) { return l.in.Head() }
+func (l localHistory) Scan(_ context.Context, from uint64, fn func(ledger.Entry) error) error {
+	return l.in.Scan(from, fn)
+}
+func (l localHistory) Entries(_ context.Context, from uint64, limit int) ([]ledger.Entry, error) {
+	return l.in.Entries(from, limit)
+}
+func (l localHistory) Receipt(_ context.Context, id string) (*kernel.ReceiptInfo, error) {
+	return l.in.Receipt(id)
+}
+func (l localHistory) Receipts(_ context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error) {
+	return l.in.Receipts(f)
+}
+func (l localHistory) JWKS(context.Context) ([]byte, error)   { return l.in.JWKS() }
+func (l localHistory) Verify(context.Context) (uint64, error) { return l.in.Verify() }
+func (l localHistory) Close() error                           { return l.in.Close() }
+func (l localHistory) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
+	return l.in.ReplayVerify()
+}
+func (l localHistory) ReplayShow(_ context.Context, key, agent string) ([]kernel.ReplayHistory, error) {
+	return l.in.ReplayShow(key, agent)
+}
+
+type remoteHistory struct{ c *httpapi.Client }
+
+func (r remoteHistory) Head(ctx context.Context) (ledger.Head, error) {
+	h, err := r.c.Head(ctx)
+	return ledger.Head{Size: h.Size, Hash: h.Hash}, err
+}
+func (r remoteHistory) Scan(ctx context.Context, from uint64, fn func(ledger.Entry) error) error {
+	return r.c.Scan(ctx, from, fn)
+}
+func (r remoteHistory) Entries(ctx context.Context, from uint64, limit int) ([]ledger.Entry, error) {
+	p, err := r.c.Entries(ctx, from, limit)
+	return p.Entries, err
+}
+func (r remoteHistory) Receipt(ctx context.Context, id string) (*kernel.ReceiptInfo, error) {
+	return r.c.Receipt(ctx, id)
+}
+func (r remoteHistory) Receipts(ctx context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error) {
+	return r.c.Receipts(ctx, f)
+}
+func (r remoteHistory) JWKS(ctx context.Context) ([]byte, error) { return r.c.JWKS(ctx) }
+func (r remoteHistory) Verify(ctx context.Context) (uint64, error) {
+	v, err := r.c.VerifyLedger(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if v.BadSeq != nil {
+		return v.Entries, &ledger.VerifyError{Seq: *v.BadSeq, Reason: v.Reason}
+	}
+	return v.Entries, nil
+}
+func (r remoteHistory) ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error) {
+	return r.c.ReplayVerify(ctx)
+}
+func (r remoteHistory) ReplayShow(ctx context.Context, key, agent string) ([]kernel.ReplayHistory, error) {
+	return r.c.ReplayShow(ctx, key, agent)
+}
+func (r remoteHistory) Close() error { return nil }
+
+// readSecret reads a credential or token file ("-" is standard input),
+// trimmed of surrounding white space.
+func readSecret(path string) (string, error) {
+	var b []byte
+	var err error
+	if path == "-" {
+		b, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+	} else {
+		b, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return s, nil
+}
+
+// printJSON writes v as indented JSON.
+func printJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// Server timeouts. A call may run for minutes (proc.exec, approvals), so
+// the write timeout is long; reading a request is not allowed to be slow.
+const (
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 60 * time.Second
+	writeTimeout      = 15 * time.Minute
+	idleTimeout       = 2 * time.Minute
+	maxHeaderBytes    = 64 << 10
+)
+
+func serveCmd() *cobra.Command {
+	var data, listen, cert, key, policyDir string
+	var drain time.Duration
+	cmd := &cobra.Command{
+		Use:   "serve --data DIR [--listen 127.0.0.1:7070]",
+		Short: "Serve the kernel's HTTP API",
+		Long: `serve opens the data dir (one server per data dir: a second one fails at once)
+and serves the HTTP API. It listens on loopback by default; any other address
+needs --tls-cert and --tls-key. It prints "serving <kernel id> on <URL>" when
+ready.
+
+On SIGTERM or SIGINT it stops accepting, lets calls in flight finish (commit or
+roll back) for up to --drain, then closes the database cleanly. A second signal,
+or the end of --drain, exits at once: the next start rolls back or redoes every
+transaction that was interrupted.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if data == "" {
+				return &usageError{errors.New("serve: --data DIR is required")}
+			}
+			if (cert == "") != (key == "") {
+				return &usageError{errors.New("serve: give both --tls-cert and --tls-key, or neither")}
+			}
+			if err := checkListen(listen, cert != ""); err != nil {
+				return &usageError{err}
+			}
+			return serve(cmd, data, listen, cert, key, policyDir, drain)
+		},
+	}
+	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7070", "address to listen on (port 0 picks a free one)")
+	cmd.Flags().StringVar(&cert, "tls-cert", "", "TLS certificate file (PEM); required off loopback")
+	cmd.Flags().StringVar(&key, "tls-key", "", "TLS private key file (PEM)")
+	cmd.Flags().StringVar(&policyDir, "policy", "", "policy bundle dir replacing the data dir's (default: kernel.json's, else the embedded bundle)")
+	cmd.Flags().DurationVar(&drain, "drain", 30*time.Second, "how long to let calls in flight finish on SIGTERM")
+	return cmd
+}
+
+// checkListen refuses a non-loopback address without TLS.
+func checkListen(addr string, tls bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("serve: --listen %q: %v", addr, err)
+	}
+	if tls {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("serve: --listen %s is not a loopback address; serving it needs --tls-cert and --tls-key", addr)
+}
+
+func serve(cmd *cobra.Command, data, listen, cert, key, policyDir string, drain time.Duration) error {
+	// Signals are caught before the kernel opens, so none is lost.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
+	k, err := kernel.Open(cmd.Context(), kernel.Config{DataDir: data, PolicyDir: policyDir})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		k.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           httpapi.New(k),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
+	scheme := "http"
+	if cert != "" {
+		scheme = "https"
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s://%s (policy %s)\n", k.ID(), scheme, ln.Addr(), k.PolicyHash())
+	served := make(chan error, 1)
+	go func() {
+		if cert != "" {
+			served <- srv.ServeTLS(ln, cert, key)
+		} else {
+			served <- srv.Serve(ln)
+		}
+	}()
+	select {
+	case err := <-served:
+		k.Close()
+		return fmt.Errorf("serve: %w", err)
+	case sig := <-sigs:
+		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: %s: draining calls in flight (up to %s)\n", sig, drain)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	go func() {
+		select {
+		case sig := <-sigs:
+			fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: second %s: exiting now; the next start recovers interrupted calls\n", sig)
+			os.Exit(1)
+		case <-ctx.Done():
+		}
+	}()
+	if err := srv.Shutdown(ctx); err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
+		os.Exit(1)
+	}
+	if err := k.Close(); err != nil {
+		return fmt.Errorf("serve: closing the kernel: %w", err)
+	}
+	fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: stopped cleanly")
+	return nil
+}

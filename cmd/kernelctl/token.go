@@ -1,0 +1,319 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+func tokenCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Mint, inspect and revoke capability tokens"}
+	cmd.AddCommand(tokenMintCmd(), tokenInspectCmd(), tokenRevokeCmd())
+	return cmd
+}
+
+func tokenMintCmd() *cobra.Command {
+	var t target
+	var agent, tools, autonomy, budgets string
+	var fsRoots, net []string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "mint --data DIR|--server URL --agent ID --tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] [--ttl 1h]",
+		Short: "Mint a capability token; prints the compact token alone on stdout",
+		Long: `mint signs a capability token with the kernel's issuer key.
+
+  --tools 'fs.*,echo'            tool ids or globs ("*" all, "p.*" a prefix)
+  --fs ./ws:rw --fs /data:r      file trees and their mode; relative paths are
+                                 made absolute from the current directory
+  --net api.example.com:443      host[:port] patterns ("*.example.com")
+  --budget calls=100,disk_write_bytes=1MiB,cpu_ms=5000,net_bytes=10MB
+  --autonomy soft_gate           the most autonomous mode its calls may run in
+  --ttl 1h                       lifetime (at most 90 days)
+
+With --json it prints the token with its id, agent, expiry and grants.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := t.check("token mint"); err != nil {
+				return err
+			}
+			if agent == "" || tools == "" {
+				return &usageError{errors.New("token mint: --agent and --tools are required")}
+			}
+			req := kernel.TokenRequest{AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second)}
+			if ttl%time.Second != 0 || ttl <= 0 {
+				return &usageError{fmt.Errorf("token mint: --ttl %s must be a positive whole number of seconds", ttl)}
+			}
+			var err error
+			if req.FS, err = parseFSRoots(fsRoots); err != nil {
+				return &usageError{err}
+			}
+			if req.Budgets, err = parseBudgets(budgets); err != nil {
+				return &usageError{err}
+			}
+			var minted *kernel.MintedToken
+			if t.server != "" {
+				c, err := t.adminClient()
+				if err != nil {
+					return err
+				}
+				minted, err = c.Mint(cmd.Context(), req)
+				if err != nil {
+					return err
+				}
+			} else {
+				k, err := t.openKernel(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				if minted, err = k.Mint(req); err != nil {
+					return err
+				}
+			}
+			if t.json {
+				return printJSON(cmd.OutOrStdout(), minted)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), minted.Token)
+			return nil
+		},
+	}
+	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&agent, "agent", "", "agent id (the token's sub)")
+	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs")
+	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw (repeatable)")
+	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern (repeatable)")
+	cmd.Flags().StringVar(&budgets, "budget", "", "budgets, e.g. calls=100,disk_write_bytes=1MiB")
+	cmd.Flags().StringVar(&autonomy, "autonomy", "", "autonomy ceiling: autopilot, soft_gate, escalated or no_go")
+	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "lifetime")
+	return cmd
+}
+
+func tokenInspectCmd() *cobra.Command {
+	var t target
+	cmd := &cobra.Command{
+		Use:   "inspect TOKEN|FILE|- --data DIR|--server URL",
+		Short: "Verify a capability token and print its claims, or why it is refused (exit 1)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := t.check("token inspect"); err != nil {
+				return err
+			}
+			tok, err := tokenArg(args[0])
+			if err != nil {
+				return err
+			}
+			var res httpapi.TokenInspection
+			if t.server != "" {
+				if res, err = t.client("").InspectToken(cmd.Context(), tok); err != nil {
+					return err
+				}
+			} else {
+				k, err := t.openKernel(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				res = httpapi.Inspect(k, tok)
+			}
+			if t.json {
+				if err := printJSON(cmd.OutOrStdout(), res); err != nil {
+					return err
+				}
+			} else {
+				printInspection(cmd, res)
+			}
+			if !res.Valid {
+				return fmt.Errorf("token refused (%s): %s", res.Class, res.Reason)
+			}
+			return nil
+		},
+	}
+	t.addTarget(cmd, false)
+	return cmd
+}
+
+func printInspection(cmd *cobra.Command, res httpapi.TokenInspection) {
+	if !res.Valid {
+		return
+	}
+	c := res.Claims
+	tw := newTable(cmd.OutOrStdout())
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("valid", "yes")
+	row("jti", c.ID)
+	row("agent (sub)", c.Subject)
+	row("issuer", c.Issuer)
+	row("audience", c.Audience)
+	row("not before", c.NotBefore.Format(time.RFC3339))
+	row("expires", c.Expiry.Format(time.RFC3339))
+	row("tools", strings.Join(c.Cap.Tools, ", "))
+	for _, r := range c.Cap.FS {
+		row("fs", r.Path+" ("+r.Mode+")")
+	}
+	for _, n := range c.Cap.Net {
+		row("net", n)
+	}
+	keys := make([]string, 0, len(c.Cap.Budgets))
+	for k := range c.Cap.Budgets {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		row("budget "+k, strconv.FormatInt(c.Cap.Budgets[k], 10))
+	}
+	if c.Cap.Autonomy != "" {
+		row("autonomy ceiling", c.Cap.Autonomy)
+	}
+	if c.Cap.Parent != "" {
+		row("parent", c.Cap.Parent)
+	}
+	tw.Flush()
+}
+
+func tokenRevokeCmd() *cobra.Command {
+	var t target
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "revoke JTI --data DIR|--server URL [--reason TEXT]",
+		Short: "Revoke a token (and every token attenuated from it); recorded in the ledger",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := t.check("token revoke"); err != nil {
+				return err
+			}
+			jti := args[0]
+			if t.server != "" {
+				c, err := t.adminClient()
+				if err != nil {
+					return err
+				}
+				if err := c.Revoke(cmd.Context(), jti, reason); err != nil {
+					return err
+				}
+			} else {
+				k, err := t.openKernel(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				if err := k.Revoke(cmd.Context(), jti, reason); err != nil {
+					return err
+				}
+			}
+			if t.json {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"jti": jti, "revoked": true})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", jti)
+			return nil
+		},
+	}
+	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the ledger)")
+	return cmd
+}
+
+// tokenArg reads a token given inline, as a file, or on stdin ("-").
+func tokenArg(arg string) (string, error) {
+	if arg == "-" {
+		return readSecret(arg)
+	}
+	if fi, err := os.Stat(arg); err == nil && fi.Mode().IsRegular() {
+		return readSecret(arg)
+	}
+	if strings.Count(arg, ".") == 2 && !strings.ContainsAny(arg, " \t\n/") {
+		return arg, nil
+	}
+	return "", fmt.Errorf("%q is neither a compact token nor a readable file", arg)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// parseFSRoots reads PATH:r|rw specs; relative paths become absolute.
+func parseFSRoots(specs []string) ([]captoken.FSRoot, error) {
+	var out []captoken.FSRoot
+	for _, s := range specs {
+		i := strings.LastIndex(s, ":")
+		if i <= 0 {
+			return nil, fmt.Errorf("--fs %q: want PATH:r or PATH:rw", s)
+		}
+		path, mode := s[:i], s[i+1:]
+		if mode != "r" && mode != "rw" {
+			return nil, fmt.Errorf("--fs %q: mode %q is not r or rw", s, mode)
+		}
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return nil, fmt.Errorf("--fs %q: %v", s, err)
+		}
+		// Symlinks in the root's own path are resolved here, once, so the
+		// token names the tree it was meant to.
+		if real, err := filepath.EvalSymlinks(abs); err == nil {
+			abs = real
+		}
+		out = append(out, captoken.FSRoot{Path: abs, Mode: mode})
+	}
+	return out, nil
+}
+
+// parseBudgets reads k=v,... with sizes in bytes or KiB/MiB/GiB/KB/MB/GB.
+func parseBudgets(s string) (map[string]int64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]int64{}
+	for _, p := range splitList(s) {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("--budget %q: want KEY=VALUE", p)
+		}
+		n, err := parseSize(v)
+		if err != nil {
+			return nil, fmt.Errorf("--budget %s: %v", k, err)
+		}
+		out[strings.TrimSpace(k)] = n
+	}
+	return out, nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30},
+	{"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000},
+	{"B", 1},
+}
+
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("%q is not a non-negative whole number (with an optional unit KiB, MiB, GiB, KB, MB, GB)", s)
+	}
+	return n * mult, nil
+}
