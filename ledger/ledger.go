@@ -52,12 +52,18 @@ var (
 const headLen = 8 + digest.Size
 
 // Init creates the ledger's buckets if they are missing. Call it in a write
-// transaction when the database is opened.
+// transaction when the database is opened. On a ledger made before the
+// Merkle tree existed, it builds the tree once from the stored entries
+// (their stored entry_hash values; Verify checks them).
 func Init(tx *bbolt.Tx) error {
-	for _, name := range [][]byte{bucketEntries, bucketMeta} {
+	migrate := tx.Bucket(bucketTree) == nil
+	for _, name := range [][]byte{bucketEntries, bucketMeta, bucketTree, bucketCheckpoints} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("ledger: create bucket %q: %w", name, err)
 		}
+	}
+	if migrate {
+		return migrateTree(tx)
 	}
 	return nil
 }
@@ -73,6 +79,9 @@ const maxScratch = 64 << 10
 // hashed and stored. t is stored in UTC as TimeLayout; the ledger does not
 // require times to increase (clocks step back). The returned Entry shares
 // no memory with what was handed to bbolt.
+//
+// Append also stores the leaf and every perfect subtree of the Merkle tree
+// that the entry completes (O(1) amortized), in the same transaction.
 //
 // Append checks everything before it writes, so an error means tx is
 // unchanged, except for an error from bbolt's Put itself, after which the
@@ -112,6 +121,10 @@ func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, 
 	if err != nil {
 		return Entry{}, fmt.Errorf("ledger: append: %w", err)
 	}
+	tree := tx.Bucket(bucketTree)
+	if tree == nil {
+		return Entry{}, errors.New("ledger: append: Merkle tree bucket missing (run Init)")
+	}
 	c := body.b
 	e := Entry{
 		Seq:      size,
@@ -135,6 +148,10 @@ func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, 
 		scratch.Put(buf)
 	}
 	e.Hash = digest.Format(sum)
+	nodes, err := completedNodes(tree, e.Seq, sum)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: append entry %d: Merkle tree: %w (run Verify)", e.Seq, err)
+	}
 
 	rec := appendRecord(make([]byte, 0, recordLen(&e)), &e)
 	if len(rec) > bbolt.MaxValueSize {
@@ -145,6 +162,9 @@ func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, 
 	}
 	if err := meta.Put(keyHead, encodeHead(size+1, sum)); err != nil {
 		return Entry{}, fmt.Errorf("ledger: append entry %d: update head: %w", e.Seq, err)
+	}
+	if err := putNodes(tree, nodes); err != nil {
+		return Entry{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}
 	return e, nil
 }

@@ -111,7 +111,7 @@ func TestVerifyNamesFirstBadEntry(t *testing.T) {
 			if err := e.Put(seqKey(2), appendRecord(nil, &x)); err != nil {
 				t.Fatal(err)
 			}
-		}, 3, "prev_hash"},
+		}, 2, "Merkle tree leaf: stored hash"},
 		{"head counts too many", func(t *testing.T, _, m *bbolt.Bucket) {
 			setHead(t, m, 6, nil)
 		}, 5, "head metadata counts 6"},

@@ -1,0 +1,162 @@
+package ledger
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/jcs"
+)
+
+// checkpointLinePrefix starts the export lines that hold checkpoints.
+const checkpointLinePrefix = `{"checkpoint":`
+
+// checkpointLine is the JSON object of a checkpoint line.
+type checkpointLine struct {
+	Checkpoint string `json:"checkpoint"`
+}
+
+func marshalCheckpointLine(signed []byte) ([]byte, error) {
+	return jcs.Marshal(checkpointLine{string(signed)})
+}
+
+// Export writes the ledger in tx to w as JSON lines, an export that
+// VerifyExport checks offline with nothing but the checkpoint key. Each
+// line ends with "\n" and is one of:
+//
+//   - an entry: its stored record, byte for byte (the RFC 8785 canonical
+//     JSON of the entry, starting with {"body":), in sequence order from 0;
+//   - a checkpoint: {"checkpoint":"<signed note>"} in RFC 8785 canonical
+//     JSON, right after the entry that completes its tree size (a
+//     checkpoint of size 0 comes first), in the order they were stored.
+//
+// Export copies what is stored without verifying it, so that a
+// damaged ledger can still be examined: a checkpoint that cannot be parsed,
+// or whose size is below an earlier one's, is written where the walk
+// stands, and checkpoints for sizes beyond the entries come last.
+func Export(tx *bbolt.Tx, w io.Writer) error {
+	entries, _, err := buckets(tx)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 256<<10)
+	var n uint64
+	var ck, cs []byte
+	var csize uint64
+	var cc *bbolt.Cursor
+	load := func(k, s []byte) {
+		ck, cs, csize = k, s, 0
+		if k != nil {
+			if c, _, err := parseSigned(s); err == nil {
+				csize = c.Size
+			}
+		}
+	}
+	writeCheckpoints := func(all bool) error {
+		for ck != nil && (all || csize <= n) {
+			line, err := marshalCheckpointLine(cs)
+			if err != nil {
+				return fmt.Errorf("ledger: export checkpoint %x: %w", ck, err)
+			}
+			bw.Write(line)
+			bw.WriteByte('\n')
+			load(cc.Next())
+		}
+		return nil
+	}
+	if b := tx.Bucket(bucketCheckpoints); b != nil {
+		cc = b.Cursor()
+		load(cc.First())
+	}
+	c := entries.Cursor()
+	for k, rec := c.First(); k != nil; k, rec = c.Next() {
+		if err := writeCheckpoints(false); err != nil {
+			return err
+		}
+		bw.Write(rec)
+		if err := bw.WriteByte('\n'); err != nil {
+			return fmt.Errorf("ledger: export: %w", err)
+		}
+		n++
+	}
+	if err := writeCheckpoints(true); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("ledger: export: %w", err)
+	}
+	return nil
+}
+
+// VerifyExport verifies an export read from r, with no database: every
+// entry record is canonical, well-formed and in sequence from 0, every
+// prev_hash links to the entry before and every entry_hash recomputes; the
+// Merkle tree is rebuilt as the entries stream by, and every checkpoint
+// must stand right after the entries of its size, parse (and, with
+// opts.Verifier, carry a valid signature; with opts.Origin, that origin)
+// and have the recomputed root at its size; two checkpoints of one size
+// with different roots are a *ForkError. Memory stays O(log n).
+//
+// At the first failure it returns an error naming the line and wrapping a
+// *VerifyError (an entry), a *CheckpointError (Num counts the checkpoint
+// lines from 0) or a *ForkError; other errors are read errors.
+//
+// An export says nothing about entries after its last checkpoint, nor
+// whether entries were cut off at the end: compare Report.Latest, or a
+// checkpoint obtained elsewhere, with what is expected.
+func VerifyExport(r io.Reader, opts VerifyOptions) (Report, error) {
+	v := newChain(opts)
+	v.misplaced = func(size uint64) string {
+		return fmt.Sprintf("is for tree size %d but follows %d entries", size, v.n)
+	}
+	br := bufio.NewReaderSize(r, 256<<10)
+	var (
+		num  uint64 // checkpoints seen
+		long []byte // a line longer than br's buffer
+	)
+	for line := uint64(1); ; line++ {
+		b, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long[:0], b...)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				b, err = br.ReadSlice('\n')
+				long = append(long, b...)
+			}
+			b = long
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return v.report, fmt.Errorf("ledger: read export line %d: %w", line, err)
+		}
+		if len(b) == 0 && errors.Is(err, io.EOF) {
+			break
+		}
+		b = bytes.TrimSuffix(b, []byte("\n"))
+		if bytes.HasPrefix(b, []byte(checkpointLinePrefix)) {
+			err = v.checkpointLine(num, b)
+			num++
+		} else {
+			err = v.entry(b)
+		}
+		if err != nil {
+			return v.report, fmt.Errorf("ledger export line %d: %w", line, err)
+		}
+	}
+	return v.finish()
+}
+
+// checkpointLine verifies an export line that holds a checkpoint.
+func (v *chain) checkpointLine(num uint64, b []byte) error {
+	var cl checkpointLine
+	if err := json.Unmarshal(b, &cl); err != nil {
+		return &CheckpointError{Num: num, Reason: fmt.Sprintf("undecodable line: %v", err)}
+	}
+	if want, err := marshalCheckpointLine([]byte(cl.Checkpoint)); err != nil || !bytes.Equal(want, b) {
+		return &CheckpointError{Num: num, Reason: `line is not exactly {"checkpoint":<string>} in canonical JSON`}
+	}
+	return v.checkpoint(num, []byte(cl.Checkpoint))
+}
