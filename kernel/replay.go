@@ -89,6 +89,7 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 		var replays []*CallRecord
 		receiptsOf := map[uint64]int{}
 		var rcpts []ledger.Entry
+		keys := map[keyOf]bool{}
 		err = ledger.Scan(tx, 0, func(e ledger.Entry) error {
 			switch e.Kind {
 			case ledger.KindAudit:
@@ -99,6 +100,9 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 				}
 				rep.Calls++
 				calls[e.Seq] = c
+				if c.IdempotencyKey != "" {
+					keys[keyOf{c.AgentID, c.IdempotencyKey}] = true
+				}
 				if c.ReplayOf != "" {
 					replays = append(replays, c)
 					return nil
@@ -118,9 +122,7 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 		if err != nil {
 			return err
 		}
-		keys := map[keyOf]bool{}
 		for k, cs := range committed {
-			keys[k] = true
 			rep.Committed++
 			if len(cs) > 1 {
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemDoubleCommit, AgentID: k.agent, Key: k.key, Seq: cs[1].Seq,
@@ -129,7 +131,6 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 		}
 		for _, r := range replays {
 			rep.Replays++
-			keys[keyOf{r.AgentID, r.IdempotencyKey}] = true
 			o, ok := byOp[r.ReplayOf]
 			switch {
 			case !ok || o.TxOutcome != Committed:
@@ -142,9 +143,6 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayMismatch, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
 					Detail: fmt.Sprintf("replay %s (%s %s %s) answers a different call: %s (%s %s %s)", r.OperationID, r.ToolID, r.ArgsHash, r.CapabilityTokenID, o.OperationID, o.ToolID, o.ArgsHash, o.CapabilityTokenID)})
 			}
-		}
-		for k := range committed {
-			keys[k] = true
 		}
 		rep.Keys = len(keys)
 		if err := checkIdemTable(tx, committed, rep); err != nil {

@@ -9,52 +9,134 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
 )
 
 func demoCmd() *cobra.Command {
-	var data string
+	var t target
 	cmd := &cobra.Command{
-		Use:   "demo [--data DIR]",
+		Use:   "demo [--data DIR | --server URL]",
 		Short: "Run a scripted agent session through the kernel and verify the ledger",
-		Long: `demo initializes a data dir (a temporary one unless --data is given), makes a
-small workspace beside it, mints capability tokens and runs a scripted agent
-session through the kernel: reads, a write, a patch, a denied read of .env, a
-../ escape, a replayed write, a stale precondition and an over-budget call.
-It prints one line per call and ends with the ledger verification.`,
+		Long: `demo makes a small workspace, mints capability tokens and runs a scripted
+agent session through the kernel: reads, a write, a patch, a denied read of .env,
+a ../ escape, a replayed write, a stale precondition and an over-budget call.
+It prints one line per call and ends with the ledger and replay verifications.
+
+By default it runs the kernel in this process on a temporary data dir (--data
+keeps one). With --server it drives a running kernel over HTTP instead (the
+admin credential from --admin-token or env CAPKERNEL_ADMIN_TOKEN mints the
+tokens); the workspace is made beside a temporary dir on this machine.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if data == "" {
-				tmp, err := os.MkdirTemp("", "capkernel-demo-")
+			if t.data != "" && t.server != "" {
+				return &usageError{errors.New("demo: give --data or --server, not both")}
+			}
+			tmp, err := os.MkdirTemp("", "capkernel-demo-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			ws := filepath.Join(tmp, "workspace")
+			var b demoKernel
+			if t.server != "" {
+				c, err := t.adminClient()
 				if err != nil {
 					return err
 				}
-				defer os.RemoveAll(tmp)
-				data = filepath.Join(tmp, "data")
+				b = remoteDemo{c}
+			} else {
+				data := t.data
+				if data == "" {
+					data = filepath.Join(tmp, "data")
+				} else {
+					ws = filepath.Join(filepath.Dir(filepath.Clean(data)), "demo-workspace-"+filepath.Base(data))
+				}
+				if _, err := os.Stat(filepath.Join(data, kernel.ConfigFile)); err != nil {
+					if _, err := kernel.Init(data); err != nil {
+						return err
+					}
+				}
+				t.data = data
+				k, err := t.openKernel(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				b = localDemo{k}
 			}
-			return runDemo(cmd.Context(), cmd.OutOrStdout(), data)
+			return runDemo(cmd.Context(), cmd.OutOrStdout(), b, ws)
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "", "data dir (created if missing; default: a temporary dir)")
+	cmd.Flags().StringVar(&t.data, "data", "", "data dir (created if missing; default: a temporary dir)")
+	cmd.Flags().StringVar(&t.server, "server", "", "URL of a running kernel to drive instead")
+	cmd.Flags().StringVar(&t.adminFile, "admin-token", "", "file holding the admin credential, for --server (default: env CAPKERNEL_ADMIN_TOKEN)")
 	return cmd
+}
+
+// demoKernel is what the demo drives: a kernel in this process or a server.
+type demoKernel interface {
+	ID(ctx context.Context) (id, policyHash string, err error)
+	Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error)
+	Call(ctx context.Context, envelope []byte) (*kernel.Result, error)
+	Verify(ctx context.Context) (uint64, error)
+	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
+}
+
+type localDemo struct{ k *kernel.Kernel }
+
+func (l localDemo) ID(context.Context) (string, string, error) {
+	return l.k.ID(), l.k.PolicyHash(), nil
+}
+func (l localDemo) Mint(_ context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error) {
+	return l.k.Mint(req)
+}
+func (l localDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error) {
+	return l.k.InvokeJSON(ctx, env), nil
+}
+func (l localDemo) Verify(context.Context) (uint64, error) { return l.k.Inspector().Verify() }
+func (l localDemo) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
+	return l.k.Inspector().ReplayVerify()
+}
+
+type remoteDemo struct{ c *httpapi.Client }
+
+func (r remoteDemo) ID(ctx context.Context) (string, string, error) {
+	h, err := r.c.PolicyHash(ctx)
+	return r.c.BaseURL, h, err
+}
+func (r remoteDemo) Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error) {
+	return r.c.Mint(ctx, req)
+}
+// Call sends the envelope without the admin credential, which the API
+// refuses on calls: the envelope's capability token is the authority.
+func (r remoteDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error) {
+	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP}).Call(ctx, env)
+	return res, err
+}
+func (r remoteDemo) Verify(ctx context.Context) (uint64, error) {
+	return remoteHistory{r.c}.Verify(ctx)
+}
+func (r remoteDemo) ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error) {
+	return r.c.ReplayVerify(ctx)
 }
 
 // session is the demo agent: one identity, one token, one workspace.
 type session struct {
-	k     *kernel.Kernel
-	out   io.Writer
-	agent string
-	token string
-	jti   string
-	n     int
-	fails int
+	k          demoKernel
+	policyHash string
+	out        io.Writer
+	agent      string
+	token      string
+	jti        string
+	n          int
+	fails      int
 }
 
 // call sends one envelope and prints its result in one line; want is the
@@ -65,7 +147,7 @@ func (s *session) call(ctx context.Context, what, tool string, args any, key str
 	env := map[string]any{
 		"tool_id": tool, "args": json.RawMessage(a), "agent_id": s.agent,
 		"capability_token": s.token, "capability_token_id": s.jti,
-		"policy_hash": s.k.PolicyHash(), "task_class": "demo",
+		"policy_hash": s.policyHash, "task_class": "demo",
 		"provenance": map[string]any{"session_id": "demo-session", "turn_id": fmt.Sprint(s.n)},
 	}
 	if key != "" {
@@ -75,7 +157,10 @@ func (s *session) call(ctx context.Context, what, tool string, args any, key str
 		env["precondition_refs"] = pre
 	}
 	raw, _ := json.Marshal(env)
-	r := s.k.InvokeJSON(ctx, raw)
+	r, err := s.k.Call(ctx, raw)
+	if err != nil {
+		r = &kernel.Result{ToolID: tool, Status: kernel.StatusError, Error: &kernel.Error{Class: "transport", Message: err.Error()}}
+	}
 	got, detail := "", summary(r)
 	if r.Error != nil {
 		got = r.Error.Class
@@ -122,36 +207,25 @@ func orDash(s string) string {
 	return s
 }
 
-func runDemo(ctx context.Context, out io.Writer, data string) error {
-	if _, err := os.Stat(filepath.Join(data, kernel.ConfigFile)); err != nil {
-		if _, err := kernel.Init(data); err != nil {
-			return err
-		}
-	}
-	ws := filepath.Join(filepath.Dir(filepath.Clean(data)), "demo-workspace-"+filepath.Base(data))
+func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error {
 	if err := seedWorkspace(ws); err != nil {
 		return err
 	}
-	k, err := kernel.Open(ctx, kernel.Config{DataDir: data})
+	id, policyHash, err := k.ID(ctx)
 	if err != nil {
 		return err
 	}
-	defer k.Close()
-	fmt.Fprintf(out, "kernel %s, policy %s\nworkspace %s\n\n", k.ID(), k.PolicyHash(), ws)
+	fmt.Fprintf(out, "kernel %s, policy %s\nworkspace %s\n\n", id, policyHash, ws)
 
 	mint := func(agent string, budgets map[string]int64) (*session, error) {
-		tok, cl, err := k.MintToken(captoken.Claims{
-			Subject: agent, Expiry: time.Now().Add(time.Hour),
-			Cap: captoken.Capability{
-				Tools:   []string{"echo", "fs.*", "kv.*"},
-				FS:      []captoken.FSRoot{{Path: ws, Mode: "rw"}},
-				Budgets: budgets,
-			},
+		t, err := k.Mint(ctx, kernel.TokenRequest{
+			AgentID: agent, Tools: []string{"echo", "fs.*", "kv.*"},
+			FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}, Budgets: budgets,
 		})
 		if err != nil {
 			return nil, err
 		}
-		return &session{k: k, out: out, agent: agent, token: tok, jti: cl.ID}, nil
+		return &session{k: k, policyHash: policyHash, out: out, agent: agent, token: t.Token, jti: t.ID}, nil
 	}
 	s, err := mint("demo-agent", map[string]int64{"calls": 100, "disk_write_bytes": 1 << 20})
 	if err != nil {
@@ -193,7 +267,7 @@ func runDemo(ctx context.Context, out io.Writer, data string) error {
 		return err
 	}
 	fmt.Fprintf(out, "\nnotes.txt now holds %q\n", content)
-	n, err := k.Inspector().Verify()
+	n, err := k.Verify(ctx)
 	var ve *ledger.VerifyError
 	switch {
 	case errors.As(err, &ve):
@@ -202,6 +276,14 @@ func runDemo(ctx context.Context, out io.Writer, data string) error {
 		return err
 	}
 	fmt.Fprintf(out, "ledger intact: %d entries, hash chain verified\n", n)
+	rep, err := k.ReplayVerify(ctx)
+	if err != nil {
+		return err
+	}
+	if len(rep.Problems) > 0 {
+		return fmt.Errorf("replay verification found %d problems, the first: %s", len(rep.Problems), rep.Problems[0].Detail)
+	}
+	fmt.Fprintf(out, "replays proven: %d keys, %d committed, %d replays, %d receipts matching their entries\n", rep.Keys, rep.Committed, rep.Replays, rep.Receipts)
 	if fails := s.fails + tight.fails; fails > 0 {
 		return fmt.Errorf("demo: %d calls did not behave as expected", fails)
 	}

@@ -404,3 +404,15 @@ func TestServeRefusesNonLoopbackWithoutTLS(t *testing.T) {
 		}
 	}
 }
+
+func TestDemoAgainstServer(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	run(t, "init", "--data", data)
+	s := startServer(t, data)
+	cmd := exec.Command(kernelctl, "demo", "--server", s.url, "--admin-token", filepath.Join(data, kernel.AdminFile))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ledger intact") || !strings.Contains(string(out), "replays proven") || strings.Contains(string(out), "FAIL") {
+		t.Fatalf("demo --server: %v\n%s", err, out)
+	}
+	s.stop()
+}
