@@ -24,7 +24,7 @@ import (
 
 // server is a `kernelctl serve` child process on a free loopback port.
 type server struct {
-	t    *testing.T
+	t    testing.TB
 	cmd  *exec.Cmd
 	url  string
 	data string
@@ -33,7 +33,7 @@ type server struct {
 }
 
 // startServer runs serve on data and waits for its ready line.
-func startServer(t *testing.T, data string) *server {
+func startServer(t testing.TB, data string) *server {
 	t.Helper()
 	cmd := exec.Command(kernelctl, "serve", "--data", data, "--listen", "127.0.0.1:0", "--drain", "20s")
 	stdout, err := cmd.StdoutPipe()
