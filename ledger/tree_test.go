@@ -490,6 +490,13 @@ func TestCheckTree(t *testing.T) {
 		want   string
 	}{
 		{"intact", func(*testing.T, *bbolt.Tx) {}, ""},
+		{"entries after the latest checkpoint", func(t *testing.T, tx *bbolt.Tx) {
+			for range 3 {
+				if _, err := Append(tx, KindAudit, t0, json.RawMessage(`{}`)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, ""},
 		{"no checkpoint", func(t *testing.T, tx *bbolt.Tx) {
 			if err := tx.DeleteBucket(bucketCheckpoints); err != nil {
 				t.Fatal(err)

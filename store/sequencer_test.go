@@ -154,3 +154,191 @@ func TestCloseAndLock(t *testing.T) {
 		t.Fatalf("Update after Close: %v, want ErrClosed", err)
 	}
 }
+
+// inOneBatch runs fns as concurrent Updates that the sequencer takes as one
+// batch: an op that blocks the sequencer is queued first, and released
+// once all of fns are queued behind it.
+func inOneBatch(t *testing.T, d *DB, fns ...func(*bbolt.Tx) error) []error {
+	t.Helper()
+	release, started := make(chan struct{}), make(chan struct{})
+	blocker := make(chan error, 1)
+	go func() {
+		blocker <- d.Update(context.Background(), func(*bbolt.Tx) error {
+			close(started)
+			<-release
+			return errors.New("blocker writes nothing")
+		})
+	}()
+	<-started
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = d.Update(context.Background(), fn)
+		}()
+	}
+	for len(d.queue) < len(fns) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	<-blocker
+	return errs
+}
+
+// afterBatchLog is an AfterBatch that records, in the transaction, how
+// many "k" keys it sees (as a key of bucket "after"), fails when it sees
+// the key "poison" and panics when it sees "panic".
+type afterBatchLog struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (l *afterBatchLog) hook(tx *bbolt.Tx) error {
+	l.mu.Lock()
+	l.calls++
+	l.mu.Unlock()
+	b := tx.Bucket([]byte("b"))
+	switch {
+	case b.Get([]byte("poison")) != nil:
+		return errors.New("poisoned")
+	case b.Get([]byte("panic")) != nil:
+		panic("after-batch bug")
+	}
+	n := 0
+	b.ForEach(func(k, _ []byte) error {
+		if strings.HasPrefix(string(k), "k") {
+			n++
+		}
+		return nil
+	})
+	return tx.Bucket([]byte("after")).Put(fmt.Appendf(nil, "%03d", n), nil)
+}
+
+func (l *afterBatchLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls
+}
+
+func openWithAfterBatch(t *testing.T) (*DB, *afterBatchLog) {
+	t.Helper()
+	log := &afterBatchLog{}
+	d, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{AfterBatch: log.hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.Update(context.Background(), func(tx *bbolt.Tx) error {
+		if _, err := tx.CreateBucket([]byte("after")); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucket([]byte("b"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return d, log
+}
+
+func afterKeys(t *testing.T, d *DB) []string {
+	t.Helper()
+	var out []string
+	d.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte("after")).ForEach(func(k, _ []byte) error { out = append(out, string(k)); return nil })
+	})
+	return out
+}
+
+// TestAfterBatchRunsOncePerBatchInItsTransaction: one batch of three writes
+// and a refusal runs AfterBatch once, after all writes, and commits what it
+// writes with them.
+func TestAfterBatchRunsOncePerBatchInItsTransaction(t *testing.T) {
+	d, log := openWithAfterBatch(t)
+	before := log.count()
+	errs := inOneBatch(t, d, put("k1"), func(*bbolt.Tx) error { return errors.New("refused") }, put("k2"), put("k3"))
+	if errs[0] != nil || errs[1] == nil || errs[2] != nil || errs[3] != nil {
+		t.Fatalf("results %v", errs)
+	}
+	if n := log.count() - before; n != 1 {
+		t.Errorf("AfterBatch ran %d times for one batch, want 1", n)
+	}
+	// 000 is from the setup transaction.
+	if got := afterKeys(t, d); fmt.Sprint(got) != "[000 003]" {
+		t.Errorf("AfterBatch wrote %v, want [000 003] (it saw all three writes of its batch)", got)
+	}
+}
+
+// TestAfterBatchSkipsBatchesWithoutSuccess: a batch whose ops all fail
+// wrote nothing, so AfterBatch does not run.
+func TestAfterBatchSkipsBatchesWithoutSuccess(t *testing.T) {
+	d, log := openWithAfterBatch(t)
+	before := log.count()
+	refuse := func(*bbolt.Tx) error { return errors.New("refused") }
+	abort := func(tx *bbolt.Tx) error { put("k9")(tx); return Abort(errors.New("aborted")) }
+	errs := inOneBatch(t, d, refuse, abort, refuse)
+	for i, err := range errs {
+		if err == nil {
+			t.Errorf("op %d succeeded", i)
+		}
+	}
+	if n := log.count() - before; n != 0 {
+		t.Errorf("AfterBatch ran %d times for batches without a success", n)
+	}
+	if got := keys(t, d); len(got) != 0 {
+		t.Errorf("writes committed: %v", got)
+	}
+}
+
+// TestAfterBatchErrorAbortsTheBatch: when AfterBatch fails, the batch and
+// AfterBatch's own writes roll back, and each op runs again alone; only the
+// op that makes AfterBatch fail gets its error.
+func TestAfterBatchErrorAbortsTheBatch(t *testing.T) {
+	for _, bad := range []string{"poison", "panic"} {
+		t.Run(bad, func(t *testing.T) {
+			d, log := openWithAfterBatch(t)
+			before := log.count()
+			errs := inOneBatch(t, d, put("k1"), put(bad), put("k2"))
+			if errs[0] != nil || errs[2] != nil {
+				t.Errorf("good ops failed: %v", errs)
+			}
+			want := map[string]string{"poison": "store: after batch: poisoned", "panic": "store: after batch: store: panic in transaction function: after-batch bug"}[bad]
+			if errs[1] == nil || !strings.HasPrefix(errs[1].Error(), want) {
+				t.Errorf("bad op: %v, want %q", errs[1], want)
+			}
+			got := keys(t, d)
+			if !got["k1"] || !got["k2"] || got[bad] {
+				t.Errorf("committed %v", got)
+			}
+			// The batch, then each op alone.
+			if n := log.count() - before; n != 4 {
+				t.Errorf("AfterBatch ran %d times, want 4", n)
+			}
+			if got := afterKeys(t, d); fmt.Sprint(got) != "[000 001 002]" {
+				t.Errorf("committed AfterBatch writes %v, want those of the two good ops' own transactions", got)
+			}
+			if err := d.Update(context.Background(), put("k3")); err != nil {
+				t.Errorf("sequencer after a failing AfterBatch: %v", err)
+			}
+		})
+	}
+}
+
+// TestAfterBatchErrorOfALoneOp: a batch of one op whose AfterBatch fails
+// returns that error to the op and commits nothing.
+func TestAfterBatchErrorOfALoneOp(t *testing.T) {
+	d, log := openWithAfterBatch(t)
+	before := log.count()
+	err := d.Update(context.Background(), put("poison"))
+	if err == nil || err.Error() != "store: after batch: poisoned" {
+		t.Errorf("Update = %v", err)
+	}
+	if n := log.count() - before; n != 1 {
+		t.Errorf("AfterBatch ran %d times, want 1", n)
+	}
+	if got := keys(t, d); got["poison"] {
+		t.Error("the op's write committed")
+	}
+}

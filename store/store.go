@@ -43,13 +43,24 @@ type Options struct {
 	OpenTimeout time.Duration
 	// NoSync turns off fsync (tests and benchmarks of non-durable paths only).
 	NoSync bool
+	// AfterBatch, if set, runs at the end of every batch transaction in
+	// which at least one op succeeded: after every op's Finish, before the
+	// commit, in the same transaction (the kernel signs one ledger
+	// checkpoint per group commit there). It does not run when every op
+	// of the batch failed, since then nothing was written. An error or a
+	// panic from it aborts the batch as an op's Abort does: the batch is
+	// rolled back and each op runs again alone, in a transaction that
+	// again ends with AfterBatch; an op whose transaction still fails gets
+	// AfterBatch's error.
+	AfterBatch func(tx *bbolt.Tx) error
 }
 
 // DB is a bbolt file with a group-commit sequencer. It is safe for
 // concurrent use.
 type DB struct {
-	bolt  *bbolt.DB
-	queue chan *request
+	bolt       *bbolt.DB
+	queue      chan *request
+	afterBatch func(*bbolt.Tx) error
 
 	mu     sync.RWMutex // guards closed against sends on queue
 	closed bool
@@ -108,7 +119,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), done: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, done: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -201,7 +212,7 @@ func (d *DB) sequence() {
 // commit runs batch in one transaction; if an op aborts, it runs each op
 // again in a transaction of its own.
 func (d *DB) commit(batch []*request) {
-	err := d.bolt.Update(func(tx *bbolt.Tx) error { return runBatch(tx, batch) })
+	err := d.bolt.Update(func(tx *bbolt.Tx) error { return d.runBatch(tx, batch) })
 	if err == nil {
 		return
 	}
@@ -210,15 +221,15 @@ func (d *DB) commit(batch []*request) {
 		return
 	}
 	for _, r := range batch {
-		if e := d.bolt.Update(func(tx *bbolt.Tx) error { return runBatch(tx, []*request{r}) }); e != nil {
+		if e := d.bolt.Update(func(tx *bbolt.Tx) error { return d.runBatch(tx, []*request{r}) }); e != nil {
 			r.err = e
 		}
 	}
 }
 
-// runBatch runs the three steps of every op of batch in tx and returns the
-// first abort.
-func runBatch(tx *bbolt.Tx, batch []*request) error {
+// runBatch runs the three steps of every op of batch in tx, then
+// AfterBatch if an op succeeded, and returns the first abort.
+func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 	live := batch[:0:0]
 	for _, r := range batch {
 		r.err = run(func() error { return r.op.Prepare(tx) })
@@ -253,6 +264,12 @@ func runBatch(tx *bbolt.Tx, batch []*request) error {
 		if err := run(func() error { return r.op.Finish(tx) }); err != nil {
 			r.err = Abort(err)
 			return r.err
+		}
+	}
+	// Every op in live has succeeded.
+	if d.afterBatch != nil && len(live) > 0 {
+		if err := run(func() error { return d.afterBatch(tx) }); err != nil {
+			return fmt.Errorf("store: after batch: %w", err)
 		}
 	}
 	return nil
