@@ -33,9 +33,11 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeEnvelope$$' -fuzztime=$(FUZZTIME) ./kernel/
 	$(GO) test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./receipts/
 
-## bench: Invoke throughput against a bare-bbolt baseline measured in the same run
+## bench: Invoke throughput against a bare-bbolt baseline measured in the same run;
+## HTTP load against a real kernelctl serve with a bare net/http baseline
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/
+	$(GO) test -run='^$$' -bench='HTTP' -benchtime=3000x ./cmd/kernelctl/
 
 ## demo: a scripted agent session through the kernel on a temporary data dir
 demo:
