@@ -114,6 +114,7 @@ func (r remoteDemo) ID(ctx context.Context) (string, string, error) {
 func (r remoteDemo) Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error) {
 	return r.c.Mint(ctx, req)
 }
+
 // Call sends the envelope without the admin credential, which the API
 // refuses on calls: the envelope's capability token is the authority.
 func (r remoteDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error) {
