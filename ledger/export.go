@@ -3,7 +3,6 @@ package ledger
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -114,49 +113,50 @@ func VerifyExport(r io.Reader, opts VerifyOptions) (Report, error) {
 	v.misplaced = func(size uint64) string {
 		return fmt.Sprintf("is for tree size %d but follows %d entries", size, v.n)
 	}
-	br := bufio.NewReaderSize(r, 256<<10)
-	var (
-		num  uint64 // checkpoints seen
-		long []byte // a line longer than br's buffer
-	)
-	for line := uint64(1); ; line++ {
-		b, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			long = append(long[:0], b...)
-			for errors.Is(err, bufio.ErrBufferFull) {
-				b, err = br.ReadSlice('\n')
-				long = append(long, b...)
-			}
-			b = long
-		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			return v.report, fmt.Errorf("ledger: read export line %d: %w", line, err)
-		}
-		if len(b) == 0 && errors.Is(err, io.EOF) {
-			break
-		}
-		b = bytes.TrimSuffix(b, []byte("\n"))
-		if bytes.HasPrefix(b, []byte(checkpointLinePrefix)) {
-			err = v.checkpointLine(num, b)
-			num++
-		} else {
-			err = v.entry(b)
-		}
-		if err != nil {
-			return v.report, fmt.Errorf("ledger export line %d: %w", line, err)
-		}
+	if err := v.run(&exportSource{r: bufio.NewReaderSize(r, 256<<10)}); err != nil {
+		return v.report, err
 	}
 	return v.finish()
 }
 
-// checkpointLine verifies an export line that holds a checkpoint.
-func (v *chain) checkpointLine(num uint64, b []byte) error {
-	var cl checkpointLine
-	if err := json.Unmarshal(b, &cl); err != nil {
-		return &CheckpointError{Num: num, Reason: fmt.Sprintf("undecodable line: %v", err)}
+// exportSource reads the lines of an export.
+type exportSource struct {
+	r    *bufio.Reader
+	line uint64 // lines read
+	num  uint64 // checkpoint lines read
+	long []byte // a line longer than r's buffer
+}
+
+func (s *exportSource) fill(b *batch) (bool, error) {
+	for {
+		data, err := s.r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			s.long = append(s.long[:0], data...)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				data, err = s.r.ReadSlice('\n')
+				s.long = append(s.long, data...)
+			}
+			data = s.long
+		}
+		eof := errors.Is(err, io.EOF)
+		if err != nil && !eof {
+			return false, fmt.Errorf("ledger: read export line %d: %w", s.line+1, err)
+		}
+		if eof && len(data) == 0 {
+			return false, nil
+		}
+		s.line++
+		it := item{kind: itemEntry, data: bytes.TrimSuffix(data, []byte("\n")), line: s.line}
+		if bytes.HasPrefix(it.data, []byte(checkpointLinePrefix)) {
+			it.kind, it.num = itemCheckpointLine, s.num
+			s.num++
+		}
+		room := b.add(it)
+		if eof {
+			return false, nil
+		}
+		if !room {
+			return true, nil
+		}
 	}
-	if want, err := marshalCheckpointLine([]byte(cl.Checkpoint)); err != nil || !bytes.Equal(want, b) {
-		return &CheckpointError{Num: num, Reason: `line is not exactly {"checkpoint":<string>} in canonical JSON`}
-	}
-	return v.checkpoint(num, []byte(cl.Checkpoint))
 }

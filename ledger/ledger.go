@@ -136,6 +136,9 @@ func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, 
 	if err := checkFields(&e); err != nil {
 		return Entry{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, size, err)
 	}
+	// Keys only ever grow (on each level of the tree), so pages can be
+	// filled completely before they split.
+	entries.FillPercent, tree.FillPercent = 1, 1
 	key := seqKey(e.Seq)
 	if entries.Get(key) != nil {
 		return Entry{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", e.Seq, size)
@@ -148,7 +151,7 @@ func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, 
 		scratch.Put(buf)
 	}
 	e.Hash = digest.Format(sum)
-	nodes, err := completedNodes(tree, e.Seq, sum)
+	nodes, err := completedNodes(tree, e.Seq, sum, prev)
 	if err != nil {
 		return Entry{}, fmt.Errorf("ledger: append entry %d: Merkle tree: %w (run Verify)", e.Seq, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/transparency-dev/merkle/compact"
 	"go.etcd.io/bbolt"
@@ -21,6 +20,7 @@ type VerifyError struct {
 	Err    error  // the error of VerifyOptions.OnEntry, if that is the reason
 }
 
+// Error names the entry and the reason.
 func (e *VerifyError) Error() string {
 	return fmt.Sprintf("ledger: entry %d: %s", e.Seq, e.Reason)
 }
@@ -38,6 +38,7 @@ type NodeError struct {
 	Reason string
 }
 
+// Error names the node and the reason.
 func (e *NodeError) Error() string {
 	return fmt.Sprintf("ledger: %s: %s", nodeName(compact.NewNodeID(e.Level, e.Index)), e.Reason)
 }
@@ -48,6 +49,7 @@ type CheckpointError struct {
 	Reason string
 }
 
+// Error names the checkpoint and the reason.
 func (e *CheckpointError) Error() string {
 	return fmt.Sprintf("ledger: checkpoint #%d: %s", e.Num, e.Reason)
 }
@@ -60,6 +62,7 @@ type ForkError struct {
 	FirstRoot, SecondRoot [32]byte // their roots
 }
 
+// Error names both checkpoints, their size and their roots.
 func (e *ForkError) Error() string {
 	return fmt.Sprintf("ledger: fork: checkpoints #%d and #%d are both for tree size %d but have roots %s and %s",
 		e.First, e.Second, e.Size, digest.Format(e.FirstRoot), digest.Format(e.SecondRoot))
@@ -140,27 +143,14 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	v.misplaced = func(size uint64) string {
 		return fmt.Sprintf("is for tree size %d, below the size of a checkpoint stored before it", size)
 	}
-	walk := checkpointWalk{v: v}
+	src := &dbSource{entries: entries.Cursor()}
+	src.k, src.rec = src.entries.First()
 	if cps != nil {
-		walk.c = cps.Cursor()
-		walk.load(walk.c.First())
+		src.walk.c = cps.Cursor()
+		src.walk.load(src.walk.c.First())
 	}
-
-	c := entries.Cursor()
-	for k, rec := c.First(); k != nil; k, rec = c.Next() {
-		if err := walk.feed(); err != nil {
-			return v.report, err
-		}
-		n := v.n
-		if len(k) != 8 {
-			return v.report, &VerifyError{Seq: n, Reason: fmt.Sprintf("malformed key %x after entry %d", k, n)}
-		}
-		if seq := binary.BigEndian.Uint64(k); seq != n {
-			return v.report, &VerifyError{Seq: n, Reason: fmt.Sprintf("entry missing (the next stored entry is %d)", seq)}
-		}
-		if err := v.entry(rec); err != nil {
-			return v.report, err
-		}
+	if err := v.run(src); err != nil {
+		return v.report, err
 	}
 
 	n := v.n
@@ -181,24 +171,53 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 			return v.report, err
 		}
 	}
-	if err := walk.feed(); err != nil {
-		return v.report, err
-	}
+	// The checkpoints left are for sizes beyond the entries.
 	v.misplaced = func(size uint64) string {
 		return fmt.Sprintf("is for tree size %d but the ledger has %d entries", size, n)
 	}
-	for walk.k != nil {
-		if err := walk.next(); err != nil {
+	for src.walk.k != nil {
+		it := src.walk.next()
+		it.prepare(&v.opts, &workspace{})
+		if err := v.consume(&it); err != nil {
 			return v.report, err
 		}
 	}
 	return v.finish()
 }
 
-// checkpointWalk feeds stored checkpoints to a chain in step with the
-// entries: each once the entries of its size have been verified.
+// dbSource reads a ledger's entries in key order, with each stored
+// checkpoint placed before the first entry beyond its size.
+type dbSource struct {
+	entries *bbolt.Cursor
+	k, rec  []byte // the next entry; k is nil at the end
+	pos     uint64 // entries read
+	walk    checkpointWalk
+}
+
+func (s *dbSource) fill(b *batch) (bool, error) {
+	for b.room() {
+		if s.walk.k != nil && s.walk.size <= s.pos {
+			b.put(s.walk.next())
+			continue
+		}
+		if s.k == nil {
+			return false, nil
+		}
+		it := item{kind: itemEntry, data: s.rec}
+		if len(s.k) != 8 {
+			it.err = fmt.Errorf("malformed key %x after entry %d", s.k, s.pos)
+		} else if seq := binary.BigEndian.Uint64(s.k); seq != s.pos {
+			it.err = fmt.Errorf("entry missing (the next stored entry is %d)", seq)
+		}
+		b.put(it)
+		s.pos++
+		s.k, s.rec = s.entries.Next()
+	}
+	return true, nil
+}
+
+// checkpointWalk reads the stored checkpoints in order.
 type checkpointWalk struct {
-	v    *chain
 	c    *bbolt.Cursor
 	k, s []byte // the next checkpoint's key and signed note; k nil at the end
 	size uint64 // its size, or 0 if it does not parse (the chain reports it)
@@ -214,26 +233,15 @@ func (w *checkpointWalk) load(k, s []byte) {
 	}
 }
 
-// feed verifies the checkpoints due before the next entry.
-func (w *checkpointWalk) feed() error {
-	for w.k != nil && w.size <= w.v.n {
-		if err := w.next(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (w *checkpointWalk) next() error {
+// next returns the next checkpoint as an item and moves on.
+func (w *checkpointWalk) next() item {
+	it := item{kind: itemCheckpoint, data: w.s, num: w.num}
 	if !bytes.Equal(w.k, seqKey(w.num)) {
-		return &CheckpointError{Num: w.num, Reason: fmt.Sprintf("stored under key %x, want %x", w.k, seqKey(w.num))}
-	}
-	if err := w.v.checkpoint(w.num, w.s); err != nil {
-		return err
+		it.err = fmt.Errorf("stored under key %x, want %x", w.k, seqKey(w.num))
 	}
 	w.num++
 	w.load(w.c.Next())
-	return nil
+	return it
 }
 
 // nodeChecker compares the stored Merkle tree with the nodes of the tree
@@ -307,147 +315,4 @@ func (nc *nodeChecker) rest(n uint64) error {
 		return &NodeError{Level: uint(k[0]), Reason: fmt.Sprintf("malformed key %x in the stored tree", k)}
 	}
 	return nil
-}
-
-// chain verifies a stream of entry records and signed checkpoints, each
-// checkpoint placed after the entries of its size. It is the common core of
-// VerifyWith and VerifyExport.
-type chain struct {
-	opts VerifyOptions
-	n    uint64   // entries verified
-	prev [32]byte // entry_hash of entry n-1
-	rng  *compact.Range
-	// nodes, if set, sees every node of the recomputed tree.
-	nodes *nodeChecker
-	// misplaced explains a checkpoint whose size is not n.
-	misplaced func(size uint64) string
-	// The checkpoints at size n seen so far: the first one's number and
-	// root. Its root is compared with the recomputed one when the next
-	// entry arrives or at the end, so that a fork at this size is reported
-	// as such whichever of the two comes first.
-	pending   bool
-	firstNum  uint64
-	firstRoot [32]byte
-
-	e        Entry
-	rec, pre []byte
-	report   Report
-}
-
-func newChain(opts VerifyOptions) *chain {
-	return &chain{opts: opts, rng: rangeFactory.NewEmptyRange(0)}
-}
-
-// entry verifies the record of entry n.
-func (v *chain) entry(rec []byte) error {
-	if err := v.settle(); err != nil {
-		return err
-	}
-	n := v.n
-	if err := decodeRecord(&v.e, &v.rec, rec); err != nil {
-		return &VerifyError{Seq: n, Reason: err.Error()}
-	}
-	if v.e.Seq != n {
-		return &VerifyError{Seq: n, Reason: fmt.Sprintf("record says seq %d", v.e.Seq)}
-	}
-	if p, _ := digest.Parse(v.e.PrevHash); p != v.prev {
-		return &VerifyError{Seq: n, Reason: fmt.Sprintf("prev_hash %s is not the entry_hash of the entry before (%s)", v.e.PrevHash, digest.Format(v.prev))}
-	}
-	var sum [32]byte
-	hashEntry(&sum, &v.pre, &v.e)
-	if h, _ := digest.Parse(v.e.Hash); h != sum {
-		return &VerifyError{Seq: n, Reason: fmt.Sprintf("entry_hash %s does not match the recomputed %s", v.e.Hash, digest.Format(sum))}
-	}
-	if v.opts.OnEntry != nil {
-		if err := v.opts.OnEntry(v.e); err != nil {
-			return &VerifyError{Seq: n, Reason: err.Error(), Err: err}
-		}
-	}
-	leaf := sum // the range keeps the slice
-	var visit compact.VisitFn
-	if v.nodes != nil {
-		visit = v.nodes.visit
-	}
-	if err := v.rng.Append(leaf[:], visit); err != nil {
-		return fmt.Errorf("ledger: entry %d: %w", n, err)
-	}
-	if v.nodes != nil && v.nodes.err != nil {
-		return v.nodes.err
-	}
-	v.prev = sum
-	v.n++
-	v.report.Entries = v.n
-	return nil
-}
-
-// checkpoint verifies a signed checkpoint numbered num that stands after
-// the n entries verified so far.
-func (v *chain) checkpoint(num uint64, signed []byte) error {
-	var c Checkpoint
-	var err error
-	if v.opts.Verifier != nil {
-		c, err = OpenCheckpoint(signed, v.opts.Verifier)
-	} else {
-		c, _, err = parseSigned(signed)
-	}
-	if err != nil {
-		return &CheckpointError{Num: num, Reason: strings.TrimPrefix(err.Error(), "ledger: ")}
-	}
-	if v.opts.Origin != "" && c.Origin != v.opts.Origin {
-		return &CheckpointError{Num: num, Reason: fmt.Sprintf("origin %q, want %q", c.Origin, v.opts.Origin)}
-	}
-	if c.Size != v.n {
-		return &CheckpointError{Num: num, Reason: v.misplaced(c.Size)}
-	}
-	switch {
-	case !v.pending:
-		v.pending, v.firstNum, v.firstRoot = true, num, c.Root
-	case c.Root != v.firstRoot:
-		return &ForkError{Size: c.Size, First: v.firstNum, Second: num, FirstRoot: v.firstRoot, SecondRoot: c.Root}
-	}
-	v.report.Checkpoints++
-	v.report.Latest = c
-	return nil
-}
-
-// settle compares the root of the checkpoints at size n with the
-// recomputed root.
-func (v *chain) settle() error {
-	if !v.pending {
-		return nil
-	}
-	v.pending = false
-	root, err := v.root()
-	if err != nil {
-		return err
-	}
-	if root != v.firstRoot {
-		return &CheckpointError{Num: v.firstNum, Reason: fmt.Sprintf("root %s for tree size %d differs from the root %s recomputed from the entries",
-			digest.Format(v.firstRoot), v.n, digest.Format(root))}
-	}
-	return nil
-}
-
-func (v *chain) root() ([32]byte, error) {
-	if v.n == 0 {
-		return EmptyRoot, nil
-	}
-	r, err := v.rng.GetRootHash(nil)
-	if err != nil {
-		return [32]byte{}, fmt.Errorf("ledger: root of tree size %d: %w", v.n, err)
-	}
-	return [32]byte(r), nil
-}
-
-// finish settles the last checkpoints and completes the report.
-func (v *chain) finish() (Report, error) {
-	if err := v.settle(); err != nil {
-		return v.report, err
-	}
-	root, err := v.root()
-	if err != nil {
-		return v.report, err
-	}
-	v.report.Root = root
-	return v.report, nil
 }

@@ -1,0 +1,345 @@
+package ledger
+
+import (
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/transparency-dev/merkle/compact"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// chain verifies a stream of entry records and signed checkpoints, each
+// checkpoint placed after the entries of its size: the common core of
+// VerifyWith and VerifyExport.
+//
+// The work that depends on one item only (decoding and hashing a record,
+// parsing a checkpoint and checking its signature) runs on every core; the
+// rest (order, links, the tree, checkpoint roots) runs in order on the
+// calling goroutine, which is also the only one that reads the source.
+type chain struct {
+	opts VerifyOptions
+	n    uint64   // entries verified
+	prev [32]byte // entry_hash of entry n-1
+	rng  *compact.Range
+	// nodes, if set, sees every node of the recomputed tree.
+	nodes *nodeChecker
+	// misplaced explains a checkpoint whose size is not n.
+	misplaced func(size uint64) string
+	// The checkpoints at size n seen so far: the first one's number and
+	// root. Its root is compared with the recomputed one when the next
+	// entry arrives or at the end, so that a fork at this size is reported
+	// as such whichever of the two comes first.
+	pending   bool
+	firstNum  uint64
+	firstRoot [32]byte
+
+	report Report
+}
+
+func newChain(opts VerifyOptions) *chain {
+	return &chain{opts: opts, rng: rangeFactory.NewEmptyRange(0)}
+}
+
+// itemKind tells what an item holds.
+type itemKind uint8
+
+const (
+	itemEntry          itemKind = iota // a stored record
+	itemCheckpoint                     // a signed checkpoint note
+	itemCheckpointLine                 // an export line {"checkpoint":…}
+)
+
+// item is one element of the stream.
+type item struct {
+	// Set by the source.
+	kind itemKind
+	data []byte // the record, note or line
+	line uint64 // export line number, or 0
+	num  uint64 // checkpoint number
+	err  error  // a problem the source found, reported when the item's turn comes
+
+	// Set by prepare.
+	e            Entry
+	stated, sum  [32]byte // entry_hash as stored and recomputed
+	linkedTo     [32]byte // prev_hash
+	c            Checkpoint
+	prepareError error
+}
+
+// batch is a run of items prepared by one worker.
+type batch struct {
+	items []item
+	buf   []byte // storage for the data of items that the source copies
+	done  chan struct{}
+}
+
+const (
+	batchItems = 512
+	batchBytes = 1 << 20
+)
+
+// add appends an item whose data is copied into the batch, and reports
+// whether the batch has room left. A batch always takes its first item,
+// however long.
+func (b *batch) add(it item) bool {
+	if len(b.buf)+len(it.data) <= cap(b.buf) {
+		n := len(b.buf)
+		b.buf = append(b.buf, it.data...)
+		it.data = b.buf[n:len(b.buf):len(b.buf)]
+	} else {
+		it.data = append([]byte(nil), it.data...)
+	}
+	b.items = append(b.items, it)
+	return b.room()
+}
+
+// put appends an item whose data stays valid while the batch is in use,
+// and reports whether the batch has room left.
+func (b *batch) put(it item) bool {
+	b.items = append(b.items, it)
+	return b.room()
+}
+
+func (b *batch) room() bool {
+	return len(b.items) < batchItems && len(b.buf) < cap(b.buf)
+}
+
+// source yields the stream in batches.
+type source interface {
+	// fill adds items to b until it is full or the stream ends, and
+	// reports whether more may follow. An error ends the stream after the
+	// items already added.
+	fill(b *batch) (more bool, err error)
+}
+
+// workspace holds a worker's buffers.
+type workspace struct{ rec, pre []byte }
+
+// prepare does the part of an item's verification that needs no other
+// item.
+func (it *item) prepare(opts *VerifyOptions, s *workspace) {
+	if it.err != nil {
+		return
+	}
+	switch it.kind {
+	case itemEntry:
+		if it.prepareError = decodeRecord(&it.e, &s.rec, it.data); it.prepareError != nil {
+			return
+		}
+		it.stated, _ = digest.Parse(it.e.Hash)
+		it.linkedTo, _ = digest.Parse(it.e.PrevHash)
+		hashEntry(&it.sum, &s.pre, &it.e)
+		return
+	case itemCheckpointLine:
+		if it.prepareError = parseCheckpointLine(it); it.prepareError != nil {
+			return
+		}
+	}
+	if opts.Verifier != nil {
+		it.c, it.prepareError = OpenCheckpoint(it.data, opts.Verifier)
+	} else {
+		it.c, _, it.prepareError = parseSigned(it.data)
+	}
+}
+
+// parseCheckpointLine replaces the data of an export line holding a
+// checkpoint by the signed note.
+func parseCheckpointLine(it *item) error {
+	var cl checkpointLine
+	if err := json.Unmarshal(it.data, &cl); err != nil {
+		return fmt.Errorf("undecodable line: %v", err)
+	}
+	if want, err := marshalCheckpointLine([]byte(cl.Checkpoint)); err != nil || string(want) != string(it.data) {
+		return fmt.Errorf(`line is not exactly {"checkpoint":<string>} in canonical JSON`)
+	}
+	it.data = []byte(cl.Checkpoint)
+	return nil
+}
+
+// run verifies the stream of src: workers prepare batches, in order of
+// arrival, while this goroutine reads src and consumes the prepared
+// batches in order.
+func (v *chain) run(src source) error {
+	workers := runtime.GOMAXPROCS(0)
+	work := make(chan *batch)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var s workspace
+			for b := range work {
+				for i := range b.items {
+					b.items[i].prepare(&v.opts, &s)
+				}
+				close(b.done)
+			}
+		}()
+	}
+	defer func() {
+		close(work)
+		wg.Wait()
+	}()
+
+	var (
+		inflight []*batch
+		free     []*batch
+		srcErr   error
+	)
+	more := true
+	for {
+		for more && srcErr == nil && len(inflight) < 2*workers {
+			var b *batch
+			if n := len(free); n > 0 {
+				b, free = free[n-1], free[:n-1]
+				b.items, b.buf = b.items[:0], b.buf[:0]
+			} else {
+				b = &batch{items: make([]item, 0, batchItems), buf: make([]byte, 0, batchBytes)}
+			}
+			b.done = make(chan struct{})
+			more, srcErr = src.fill(b)
+			if len(b.items) == 0 {
+				free = append(free, b)
+				continue
+			}
+			work <- b
+			inflight = append(inflight, b)
+		}
+		if len(inflight) == 0 {
+			return srcErr
+		}
+		b := inflight[0]
+		inflight = inflight[1:]
+		<-b.done
+		for i := range b.items {
+			if err := v.consume(&b.items[i]); err != nil {
+				return err
+			}
+		}
+		clear(b.items) // drop the entries' memory
+		free = append(free, b)
+	}
+}
+
+// consume verifies a prepared item in its place in the stream.
+func (v *chain) consume(it *item) error {
+	var err error
+	if it.kind == itemEntry {
+		err = v.entry(it)
+	} else {
+		err = v.checkpoint(it)
+	}
+	if err != nil && it.line > 0 {
+		return fmt.Errorf("ledger export line %d: %w", it.line, err)
+	}
+	return err
+}
+
+// entry verifies entry n.
+func (v *chain) entry(it *item) error {
+	if err := v.settle(); err != nil {
+		return err
+	}
+	n := v.n
+	switch {
+	case it.err != nil:
+		return &VerifyError{Seq: n, Reason: it.err.Error()}
+	case it.prepareError != nil:
+		return &VerifyError{Seq: n, Reason: it.prepareError.Error()}
+	case it.e.Seq != n:
+		return &VerifyError{Seq: n, Reason: fmt.Sprintf("record says seq %d", it.e.Seq)}
+	case it.linkedTo != v.prev:
+		return &VerifyError{Seq: n, Reason: fmt.Sprintf("prev_hash %s is not the entry_hash of the entry before (%s)", it.e.PrevHash, digest.Format(v.prev))}
+	case it.stated != it.sum:
+		return &VerifyError{Seq: n, Reason: fmt.Sprintf("entry_hash %s does not match the recomputed %s", it.e.Hash, digest.Format(it.sum))}
+	}
+	if v.opts.OnEntry != nil {
+		if err := v.opts.OnEntry(it.e); err != nil {
+			return &VerifyError{Seq: n, Reason: err.Error(), Err: err}
+		}
+	}
+	leaf := it.sum // the range keeps the slice
+	var visit compact.VisitFn
+	if v.nodes != nil {
+		visit = v.nodes.visit
+	}
+	if err := v.rng.Append(leaf[:], visit); err != nil {
+		return fmt.Errorf("ledger: entry %d: %w", n, err)
+	}
+	if v.nodes != nil && v.nodes.err != nil {
+		return v.nodes.err
+	}
+	v.prev = it.sum
+	v.n++
+	v.report.Entries = v.n
+	return nil
+}
+
+// checkpoint verifies a checkpoint that stands after the n entries
+// verified so far.
+func (v *chain) checkpoint(it *item) error {
+	num, c := it.num, it.c
+	switch {
+	case it.err != nil:
+		return &CheckpointError{Num: num, Reason: it.err.Error()}
+	case it.prepareError != nil:
+		return &CheckpointError{Num: num, Reason: strings.TrimPrefix(it.prepareError.Error(), "ledger: ")}
+	case v.opts.Origin != "" && c.Origin != v.opts.Origin:
+		return &CheckpointError{Num: num, Reason: fmt.Sprintf("origin %q, want %q", c.Origin, v.opts.Origin)}
+	case c.Size != v.n:
+		return &CheckpointError{Num: num, Reason: v.misplaced(c.Size)}
+	case !v.pending:
+		v.pending, v.firstNum, v.firstRoot = true, num, c.Root
+	case c.Root != v.firstRoot:
+		return &ForkError{Size: c.Size, First: v.firstNum, Second: num, FirstRoot: v.firstRoot, SecondRoot: c.Root}
+	}
+	v.report.Checkpoints++
+	v.report.Latest = c
+	return nil
+}
+
+// settle compares the root of the checkpoints at size n with the
+// recomputed root.
+func (v *chain) settle() error {
+	if !v.pending {
+		return nil
+	}
+	v.pending = false
+	root, err := v.root()
+	if err != nil {
+		return err
+	}
+	if root != v.firstRoot {
+		return &CheckpointError{Num: v.firstNum, Reason: fmt.Sprintf("root %s for tree size %d differs from the root %s recomputed from the entries",
+			digest.Format(v.firstRoot), v.n, digest.Format(root))}
+	}
+	return nil
+}
+
+func (v *chain) root() ([32]byte, error) {
+	if v.n == 0 {
+		return EmptyRoot, nil
+	}
+	r, err := v.rng.GetRootHash(nil)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("ledger: root of tree size %d: %w", v.n, err)
+	}
+	return [32]byte(r), nil
+}
+
+// finish settles the last checkpoints and completes the report.
+func (v *chain) finish() (Report, error) {
+	if err := v.settle(); err != nil {
+		return v.report, err
+	}
+	root, err := v.root()
+	if err != nil {
+		return v.report, err
+	}
+	v.report.Root = root
+	return v.report, nil
+}
