@@ -322,7 +322,7 @@ func (v *chain) settle() error {
 
 func (v *chain) root() ([32]byte, error) {
 	if v.n == 0 {
-		return EmptyRoot, nil
+		return emptyRoot, nil
 	}
 	r, err := v.rng.GetRootHash(nil)
 	if err != nil {

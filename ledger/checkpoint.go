@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
@@ -154,8 +155,9 @@ func NewCheckpointSigner(name string, key ed25519.PrivateKey) (note.Signer, erro
 // key pub called name: "<name>+<key ID, 8 hex digits>+<base64 of 0x01 ||
 // pub>", the form note.NewVerifier and other signed-note tools read.
 func CheckpointVerifierKey(name string, pub ed25519.PublicKey) (string, error) {
-	if name == "" || strings.ContainsAny(name, "+ \t\n") {
-		return "", fmt.Errorf("ledger: checkpoint key name %q is empty or contains a space or '+'", name)
+	// The rule of golang.org/x/mod/sumdb/note.
+	if name == "" || !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsSpace) >= 0 || strings.Contains(name, "+") {
+		return "", fmt.Errorf("ledger: checkpoint key name %q is not non-empty UTF-8 without spaces or '+'", name)
 	}
 	vkey, err := note.NewEd25519VerifierKey(name, pub)
 	if err != nil {
@@ -195,8 +197,11 @@ func SignCheckpoint(s note.Signer, c Checkpoint) ([]byte, error) {
 // OpenCheckpoint checks that signed is a signed note carrying a valid
 // signature by v and returns the checkpoint it holds. Signatures by other
 // keys (witness cosignatures, for example) are ignored. The caller must
-// still check that the origin is the one it expects.
+// still check that the origin is the one it expects. v must not be nil.
 func OpenCheckpoint(signed []byte, v note.Verifier) (Checkpoint, error) {
+	if v == nil {
+		return Checkpoint{}, errors.New("ledger: open checkpoint: no verifier")
+	}
 	n, err := note.Open(signed, note.VerifierList(v))
 	var unverified *note.UnverifiedNoteError
 	var invalid *note.InvalidSignatureError

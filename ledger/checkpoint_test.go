@@ -94,7 +94,7 @@ func mustSign(tb testing.TB, s note.Signer, c Checkpoint) []byte {
 func TestCheckpointTextRoundTrip(t *testing.T) {
 	root := [32]byte{0: 0xfb, 31: 0xff}
 	for _, c := range []Checkpoint{
-		{Origin: testOrigin, Size: 0, Root: EmptyRoot},
+		{Origin: testOrigin, Size: 0, Root: emptyRoot},
 		{Origin: "example.com/behind-the-sofa", Size: 20852163, Root: root},
 		{Origin: "a", Size: 1<<64 - 1, Root: root, Extensions: []string{"ext one", "— two"}},
 	} {
@@ -223,7 +223,7 @@ func TestCheckpointSignature(t *testing.T) {
 
 func TestCheckpointKeysRejected(t *testing.T) {
 	key := testKey(t)
-	for _, name := range []string{"", "a+b", "a b", "a\tb"} {
+	for _, name := range []string{"", "a+b", "a b", "a\tb", "a\u00a0b", "a\xffb"} {
 		if _, err := NewCheckpointSigner(name, key); err == nil {
 			t.Errorf("NewCheckpointSigner(%q) accepted", name)
 		}
@@ -233,6 +233,9 @@ func TestCheckpointKeysRejected(t *testing.T) {
 	}
 	if _, err := NewCheckpointSigner("ok", key[:32]); err == nil || !strings.Contains(err.Error(), "private key is 32 bytes") {
 		t.Errorf("NewCheckpointSigner with a short key: %v", err)
+	}
+	if _, err := OpenCheckpoint([]byte("x"), nil); err == nil || !strings.Contains(err.Error(), "no verifier") {
+		t.Errorf("OpenCheckpoint without a verifier: %v", err)
 	}
 	if _, err := NewCheckpointVerifier("ok", make([]byte, 31)); err == nil {
 		t.Error("NewCheckpointVerifier with a short key accepted")

@@ -16,7 +16,7 @@
 // RFC 9162 §2.1: the leaf of entry seq is its entry hash, an interior node
 // is NodeHash (keyed BLAKE3, key = DeriveKey("capkernel ledger v1 node"))
 // over exactly the 64 bytes of its two children, and the empty tree's root
-// is EmptyRoot (keyed BLAKE3 with the node key over no bytes). Hasher is
+// is Hasher.EmptyRoot (keyed BLAKE3 with the node key over no bytes). Hasher is
 // this tree's hasher for github.com/transparency-dev/merkle, whose proof
 // and compact packages compute the proofs (InclusionProof,
 // ConsistencyProof; VerifyInclusion, VerifyConsistency) and roots (Root).

@@ -123,13 +123,13 @@ func reportsEqual(a, b Report) bool {
 
 func TestVerifyExportEmpty(t *testing.T) {
 	r, err := VerifyExport(strings.NewReader(""), VerifyOptions{})
-	if err != nil || r.Entries != 0 || r.Root != EmptyRoot || r.Checkpoints != 0 {
+	if err != nil || r.Entries != 0 || r.Root != emptyRoot || r.Checkpoints != 0 {
 		t.Errorf("VerifyExport of nothing = %+v, %v", r, err)
 	}
 	db := newDB(t)
 	writeCheckpoint(t, db, testSigner(t))
 	lines := exportLines(t, db)
-	if r, err := VerifyExport(strings.NewReader(joinLines(lines)), VerifyOptions{Verifier: testVerifier(t)}); err != nil || r.Checkpoints != 1 || r.Root != EmptyRoot {
+	if r, err := VerifyExport(strings.NewReader(joinLines(lines)), VerifyOptions{Verifier: testVerifier(t)}); err != nil || r.Checkpoints != 1 || r.Root != emptyRoot {
 		t.Errorf("VerifyExport of an empty ledger's checkpoint = %+v, %v", r, err)
 	}
 }

@@ -34,7 +34,7 @@ func init() {
 	blake3.DeriveKey(nodeContext, nil, nodeKey[:])
 	leafHashers.New = keyedHasher(leafKey)
 	nodeHashers.New = keyedHasher(nodeKey)
-	nodeHashers.New().(*blake3.Hasher).Sum(EmptyRoot[:0])
+	nodeHashers.New().(*blake3.Hasher).Sum(emptyRoot[:0])
 }
 
 func keyedHasher(key [32]byte) func() any {

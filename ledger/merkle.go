@@ -18,23 +18,21 @@ import (
 //   - HashChildren(l, r) = keyed BLAKE3 (node key) over l || r, which for
 //     32-byte children is NodeHash;
 //   - EmptyRoot() = keyed BLAKE3 (node key) over no bytes, the root of the
-//     tree of size 0 (see EmptyRoot).
+//     tree of size 0. RFC 9162 uses the hash of the empty string; the node
+//     key keeps this value apart from every leaf hash (other key) and every
+//     node hash (which always covers exactly 64 bytes).
 //
 // The zero value is ready to use.
 type Hasher struct{}
 
 var _ merkle.LogHasher = Hasher{}
 
-// EmptyRoot is the Merkle root of an empty ledger: keyed BLAKE3 with the
-// node key over zero bytes. RFC 9162 uses the hash of the empty string; the
-// node key keeps this value apart from every leaf hash (other key) and every
-// node hash (which always covers exactly 64 bytes).
-// It is set by the package's init, with the keys.
-var EmptyRoot [32]byte
+// emptyRoot is Hasher.EmptyRoot, set by the package's init with the keys.
+var emptyRoot [32]byte
 
-// EmptyRoot returns a copy of the package variable EmptyRoot.
+// EmptyRoot returns the root of the empty tree (a new slice each time).
 func (Hasher) EmptyRoot() []byte {
-	r := EmptyRoot
+	r := emptyRoot
 	return r[:]
 }
 

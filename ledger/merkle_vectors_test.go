@@ -90,7 +90,7 @@ func TestMerkleGoldenVectors(t *testing.T) {
 	v := merkleVectors{
 		Comment: "capkernel ledger v1 Merkle tree (RFC 9162 shape): leaf = entry_hash; node = BLAKE3-keyed(node_key, left||right); " +
 			"empty root = BLAKE3-keyed(node_key, no bytes); checkpoints: C2SP tlog-checkpoint, C2SP signed-note Ed25519; export: JSON lines",
-		EmptyRoot: digest.Format(EmptyRoot),
+		EmptyRoot: digest.Format(emptyRoot),
 	}
 	base := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	for i := range vectorEntries {

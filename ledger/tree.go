@@ -115,7 +115,7 @@ func treeAt(tx *bbolt.Tx) (*bbolt.Bucket, uint64, error) {
 // stored roots of its compact range (at most log2(size)+1 nodes).
 func rootOf(tree *bbolt.Bucket, size uint64) ([32]byte, error) {
 	if size == 0 {
-		return EmptyRoot, nil
+		return emptyRoot, nil
 	}
 	hashes, err := getNodes(tree, compact.RangeNodes(0, size, nil))
 	if err != nil {
@@ -133,7 +133,7 @@ func rootOf(tree *bbolt.Bucket, size uint64) ([32]byte, error) {
 }
 
 // Root returns the Merkle root of the tree of the first size entries
-// (EmptyRoot for size 0). size must not exceed the number of entries. It
+// (Hasher.EmptyRoot for size 0). size must not exceed the number of entries. It
 // reads at most log2(size)+1 stored nodes.
 func Root(tx *bbolt.Tx, size uint64) ([32]byte, error) {
 	tree, n, err := treeAt(tx)

@@ -88,7 +88,7 @@ type VerifyOptions struct {
 // Report is the outcome of a successful verification.
 type Report struct {
 	Entries     uint64     // number of entries: the tree size
-	Root        [32]byte   // Merkle root of all entries (EmptyRoot if none)
+	Root        [32]byte   // Merkle root of all entries (Hasher.EmptyRoot if none)
 	Checkpoints uint64     // number of checkpoints verified
 	Latest      Checkpoint // the last checkpoint, if Checkpoints > 0
 }
