@@ -1,0 +1,603 @@
+// Package netproxy is the kernel-run HTTP proxy behind the "allowlist"
+// network posture of proc.exec.
+//
+// A Proxy listens on a unix socket (which the sandbox binds into the
+// sandboxed command's file system and relays to a loopback TCP port, see
+// package sandbox) and speaks the two forms of the HTTP proxy protocol:
+//
+//   - CONNECT host:port — a TCP tunnel, used by clients for HTTPS (TLS runs
+//     end to end between the client and the origin; the proxy sees only the
+//     host name of the CONNECT line and the tunnelled byte counts);
+//   - absolute-URI requests (GET http://host:port/path HTTP/1.1, any method)
+//     — plain HTTP, forwarded to the origin in origin form with
+//     "Connection: close", one request per client connection.
+//
+// Every request is checked against Options.Allow, a predicate over the host
+// (lower case, without a trailing dot or IPv6 brackets) and port. A denied
+// request gets "403 Forbidden" and nothing is dialed. Every request,
+// allowed or denied, leaves a Record (host, port, method, allowed, bytes up
+// and down, reason) for the call's audit record.
+//
+// Options.ByteBudget bounds the bytes relayed through the proxy as a whole
+// (up + down, payload only: tunnelled bytes, the forwarded request and the
+// origin's response). The byte that would exceed the budget is never
+// relayed: the connection carrying it is cut, every other open connection
+// is closed too, and later requests are refused with 403. BudgetExceeded
+// reports it, so the caller can fail the call with budget_exceeded.
+//
+// Host names are resolved by the proxy (Options.Dial), never by the
+// sandboxed client, so the predicate sees the name the client asked for.
+// An SSRF guard on the dialed address (refusing loopback, private or
+// metadata addresses) belongs in Options.Dial; the default dialer has none.
+package netproxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Proxy.
+type Options struct {
+	// Allow reports whether the proxy may connect to host:port. host is
+	// lower case, without a trailing dot and without IPv6 brackets. A nil
+	// Allow denies everything.
+	Allow func(host string, port int) bool
+
+	// ByteBudget is the total number of payload bytes (both directions,
+	// all connections) the proxy relays; 0 means unlimited.
+	ByteBudget int64
+
+	// Dial connects to the origin; nil uses a net.Dialer with DialTimeout.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// DialTimeout bounds Dial (default 10 s).
+	DialTimeout time.Duration
+
+	// HeaderTimeout bounds reading the client's request head (default 10 s).
+	HeaderTimeout time.Duration
+
+	// MaxRecords bounds the records kept (default 10,000); requests beyond
+	// it are still checked and counted, and Dropped says how many records
+	// were not kept.
+	MaxRecords int
+}
+
+// Record is one proxied request.
+type Record struct {
+	Host      string    `json:"host"`
+	Port      int       `json:"port"`
+	Method    string    `json:"method"` // CONNECT, or the plain-HTTP method
+	Allowed   bool      `json:"allowed"`
+	Reason    string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally
+	BytesUp   int64     `json:"bytes_up"`         // client → origin
+	BytesDown int64     `json:"bytes_down"`       // origin → client
+	Start     time.Time `json:"start"`
+	Duration  int64     `json:"duration_ms"`
+}
+
+// Reasons recorded in Record.Reason.
+const (
+	ReasonDenied         = "host not allowed"
+	ReasonBudget         = "net byte budget exceeded"
+	ReasonBudgetRefused  = "net byte budget exhausted"
+	ReasonBadRequest     = "malformed proxy request"
+	ReasonUnsupported    = "unsupported proxy request"
+	ReasonProxyClosed    = "proxy closed"
+	reasonDialPrefix     = "dial: "
+	reasonUpstreamPrefix = "upstream: "
+)
+
+// ErrBudget is the error a relayed read or write returns once the byte
+// budget is spent.
+var ErrBudget = errors.New("netproxy: " + ReasonBudget)
+
+// Proxy is an allowlisting HTTP/HTTPS proxy. It is safe for concurrent use.
+type Proxy struct {
+	opts Options
+	path string // unix socket path when made by Listen
+
+	used     atomic.Int64
+	exceeded atomic.Bool
+
+	mu        sync.Mutex
+	records   []Record
+	dropped   int
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// New returns a Proxy; serve it with Serve.
+func New(opts Options) *Proxy {
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 10 * time.Second
+	}
+	if opts.HeaderTimeout <= 0 {
+		opts.HeaderTimeout = 10 * time.Second
+	}
+	if opts.MaxRecords <= 0 {
+		opts.MaxRecords = 10000
+	}
+	if opts.Dial == nil {
+		d := &net.Dialer{Timeout: opts.DialTimeout}
+		opts.Dial = d.DialContext
+	}
+	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
+}
+
+// Listen creates a unix socket at path (mode 0600; path must not exist),
+// and serves the proxy on it in the background until Close.
+func Listen(path string, opts Options) (*Proxy, error) {
+	p := New(opts)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("netproxy: %w", err)
+	}
+	l.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("netproxy: %w", err)
+	}
+	p.path = path
+	if err := p.track(l); err != nil {
+		return nil, err
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.serve(l)
+	}()
+	return p, nil
+}
+
+// SocketPath is the unix socket made by Listen ("" for a Proxy from New).
+func (p *Proxy) SocketPath() string { return p.path }
+
+// Serve accepts connections on l until l or the Proxy is closed. It returns
+// nil after Close.
+func (p *Proxy) Serve(l net.Listener) error {
+	if err := p.track(l); err != nil {
+		return err
+	}
+	return p.serve(l)
+}
+
+func (p *Proxy) track(l net.Listener) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		l.Close()
+		return errors.New("netproxy: closed")
+	}
+	p.listeners[l] = struct{}{}
+	return nil
+}
+
+func (p *Proxy) serve(l net.Listener) error {
+	defer func() {
+		p.mu.Lock()
+		delete(p.listeners, l)
+		p.mu.Unlock()
+		l.Close()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("netproxy: accept: %w", err)
+		}
+		cc := &conn{client: c, rec: -1}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		p.conns[cc] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go func() {
+			defer p.wg.Done()
+			defer p.forget(cc)
+			p.handle(cc)
+		}()
+	}
+}
+
+// Close stops the listeners, cuts every open connection and waits for the
+// handlers to finish. Records stay readable.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for l := range p.listeners {
+		l.Close()
+	}
+	for c := range p.conns {
+		c.abort(ReasonProxyClosed)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
+
+// Records returns a copy of the records so far, in arrival order. The byte
+// counts of connections still open are their counts so far.
+func (p *Proxy) Records() []Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := append([]Record(nil), p.records...)
+	for c := range p.conns {
+		if c.rec >= 0 && c.rec < len(out) {
+			out[c.rec].BytesUp = c.up.Load()
+			out[c.rec].BytesDown = c.down.Load()
+		}
+	}
+	return out
+}
+
+// Dropped is the number of requests whose records were not kept because of
+// MaxRecords.
+func (p *Proxy) Dropped() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dropped
+}
+
+// BytesUsed is the number of payload bytes relayed so far (never more than
+// a non-zero ByteBudget).
+func (p *Proxy) BytesUsed() int64 { return p.used.Load() }
+
+// BudgetExceeded reports whether a connection was cut or refused because
+// the byte budget was spent.
+func (p *Proxy) BudgetExceeded() bool { return p.exceeded.Load() }
+
+// take reserves up to n bytes of the budget and returns how many it got.
+func (p *Proxy) take(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	if p.opts.ByteBudget <= 0 {
+		p.used.Add(int64(n))
+		return n
+	}
+	for {
+		u := p.used.Load()
+		rem := p.opts.ByteBudget - u
+		if rem <= 0 {
+			return 0
+		}
+		k := int64(n)
+		if k > rem {
+			k = rem
+		}
+		if p.used.CompareAndSwap(u, u+k) {
+			return int(k)
+		}
+	}
+}
+
+// overBudget marks the budget spent and cuts every open connection.
+func (p *Proxy) overBudget() {
+	p.exceeded.Store(true)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.abort(ReasonBudget)
+	}
+}
+
+func (p *Proxy) forget(c *conn) {
+	c.closeAll()
+	p.mu.Lock()
+	delete(p.conns, c)
+	if c.rec >= 0 && c.rec < len(p.records) {
+		r := &p.records[c.rec]
+		r.BytesUp = c.up.Load()
+		r.BytesDown = c.down.Load()
+		r.Duration = time.Since(r.Start).Milliseconds()
+		if reason := c.reason(); reason != "" && r.Reason == "" {
+			r.Reason = reason
+		}
+	}
+	p.mu.Unlock()
+}
+
+// record appends r as the record of c.
+func (p *Proxy) record(c *conn, r Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.records) >= p.opts.MaxRecords {
+		p.dropped++
+		return
+	}
+	p.records = append(p.records, r)
+	c.rec = len(p.records) - 1
+}
+
+// conn is one client connection and, once dialed, its origin connection.
+type conn struct {
+	client net.Conn
+	rec    int // index in Proxy.records, -1 if none; guarded by Proxy.mu
+	up     atomic.Int64
+	down   atomic.Int64
+
+	mu       sync.Mutex
+	upstream net.Conn
+	why      string
+	done     bool
+}
+
+func (c *conn) setUpstream(u net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		u.Close()
+		return false
+	}
+	c.upstream = u
+	return true
+}
+
+func (c *conn) abort(why string) {
+	c.mu.Lock()
+	if c.why == "" {
+		c.why = why
+	}
+	c.done = true
+	u := c.upstream
+	c.mu.Unlock()
+	c.client.Close()
+	if u != nil {
+		u.Close()
+	}
+}
+
+func (c *conn) closeAll() {
+	c.mu.Lock()
+	c.done = true
+	u := c.upstream
+	c.mu.Unlock()
+	c.client.Close()
+	if u != nil {
+		u.Close()
+	}
+}
+
+func (c *conn) reason() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.why
+}
+
+func (c *conn) setReason(why string) {
+	c.mu.Lock()
+	if c.why == "" {
+		c.why = why
+	}
+	c.mu.Unlock()
+}
+
+func (p *Proxy) handle(c *conn) {
+	c.client.SetReadDeadline(time.Now().Add(p.opts.HeaderTimeout))
+	br := bufio.NewReader(c.client)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			p.record(c, Record{Method: "", Reason: ReasonBadRequest + ": " + err.Error(), Start: time.Now()})
+			reply(c.client, http.StatusBadRequest, ReasonBadRequest)
+		}
+		return
+	}
+	c.client.SetReadDeadline(time.Time{})
+
+	host, port, perr := target(req)
+	rec := Record{Host: host, Port: port, Method: req.Method, Start: time.Now()}
+	switch {
+	case perr != nil:
+		rec.Reason = ReasonUnsupported + ": " + perr.Error()
+		p.record(c, rec)
+		reply(c.client, http.StatusBadRequest, rec.Reason)
+		return
+	case p.opts.Allow == nil || !p.opts.Allow(host, port):
+		rec.Reason = ReasonDenied
+		p.record(c, rec)
+		reply(c.client, http.StatusForbidden, fmt.Sprintf("%s: %s", ReasonDenied, net.JoinHostPort(host, strconv.Itoa(port))))
+		return
+	case p.exceeded.Load() || (p.opts.ByteBudget > 0 && p.used.Load() >= p.opts.ByteBudget):
+		p.exceeded.Store(true)
+		rec.Reason = ReasonBudgetRefused
+		p.record(c, rec)
+		reply(c.client, http.StatusForbidden, ReasonBudgetRefused)
+		return
+	}
+	rec.Allowed = true
+	p.record(c, rec)
+
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DialTimeout)
+	u, err := p.opts.Dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	cancel()
+	if err != nil {
+		c.setReason(reasonDialPrefix + err.Error())
+		reply(c.client, http.StatusBadGateway, "dial failed")
+		return
+	}
+	if !c.setUpstream(u) {
+		return
+	}
+	up := &metered{Conn: u, p: p, c: c}
+
+	if req.Method == http.MethodConnect {
+		if _, err := io.WriteString(c.client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+			return
+		}
+		p.tunnel(c, br, up)
+		return
+	}
+	p.forward(c, req, up)
+}
+
+// target extracts the origin of a proxy request.
+func target(req *http.Request) (string, int, error) {
+	var hostport, defPort string
+	if req.Method == http.MethodConnect {
+		hostport = req.URL.Host
+		if hostport == "" {
+			hostport = req.RequestURI
+		}
+	} else {
+		if !req.URL.IsAbs() {
+			return "", 0, errors.New("not an absolute-URI proxy request")
+		}
+		if !strings.EqualFold(req.URL.Scheme, "http") {
+			return "", 0, fmt.Errorf("scheme %q (use CONNECT for https)", req.URL.Scheme)
+		}
+		hostport, defPort = req.URL.Host, "80"
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		if defPort == "" {
+			return "", 0, fmt.Errorf("target %q: %v", hostport, err)
+		}
+		host, port = hostport, defPort
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "" || strings.ContainsAny(host, " /\\@\x00") {
+		return "", 0, fmt.Errorf("bad host %q", host)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return host, 0, fmt.Errorf("bad port %q", port)
+	}
+	return host, n, nil
+}
+
+// tunnel relays bytes both ways until both directions end.
+func (p *Proxy) tunnel(c *conn, br *bufio.Reader, up *metered) {
+	done := make(chan struct{}, 2)
+	go func() {
+		io.Copy(up, br) // client → origin (buffered bytes first)
+		closeWrite(up.Conn)
+		done <- struct{}{}
+	}()
+	go func() {
+		_, err := io.Copy(c.client, up) // origin → client
+		if err != nil && !errors.Is(err, ErrBudget) && !errors.Is(err, net.ErrClosed) {
+			c.setReason(reasonUpstreamPrefix + err.Error())
+		}
+		closeWrite(c.client)
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}
+
+// hop-by-hop headers, not forwarded (RFC 9110 §7.6.1).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Upgrade"}
+
+// forward sends one plain-HTTP request to the origin and relays the
+// response, then closes the client connection.
+func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
+	for _, h := range req.Header.Values("Connection") {
+		for _, f := range strings.Split(h, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				req.Header.Del(f)
+			}
+		}
+	}
+	for _, h := range hopHeaders {
+		req.Header.Del(h)
+	}
+	req.RequestURI = ""
+	req.Host = req.URL.Host // the checked host, whatever the Host header said
+	req.Close = true
+	if err := req.Write(up); err != nil {
+		if !errors.Is(err, ErrBudget) {
+			c.setReason(reasonUpstreamPrefix + err.Error())
+			reply(c.client, http.StatusBadGateway, "upstream write failed")
+		}
+		return
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(up), req)
+	if err != nil {
+		if !errors.Is(err, ErrBudget) {
+			c.setReason(reasonUpstreamPrefix + err.Error())
+			reply(c.client, http.StatusBadGateway, "bad upstream response")
+		}
+		return
+	}
+	defer resp.Body.Close()
+	resp.Close = true
+	if err := resp.Write(c.client); err != nil && !errors.Is(err, ErrBudget) && !errors.Is(err, net.ErrClosed) {
+		c.setReason(reasonUpstreamPrefix + err.Error())
+	}
+}
+
+// metered is the origin connection: it counts the bytes relayed and
+// enforces the budget.
+type metered struct {
+	net.Conn
+	p *Proxy
+	c *conn
+}
+
+func (m *metered) Read(b []byte) (int, error) {
+	n, err := m.Conn.Read(b)
+	if n > 0 {
+		k := m.p.take(n)
+		m.c.down.Add(int64(k))
+		if k < n {
+			m.c.setReason(ReasonBudget)
+			m.p.overBudget()
+			return k, ErrBudget
+		}
+	}
+	return n, err
+}
+
+func (m *metered) Write(b []byte) (int, error) {
+	k := m.p.take(len(b))
+	n, err := m.Conn.Write(b[:k])
+	m.c.up.Add(int64(n))
+	if err == nil && k < len(b) {
+		m.c.setReason(ReasonBudget)
+		m.p.overBudget()
+		return n, ErrBudget
+	}
+	return n, err
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+func reply(w io.Writer, code int, msg string) {
+	body := "capkernel netproxy: " + msg + "\n"
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+}
