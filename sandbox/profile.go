@@ -1,0 +1,370 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Names hidden inside every bound root: directories (an empty read-only
+// tmpfs over them) and files (/dev/null, unopenable, over them).
+var (
+	denyDirs = []string{".ssh", ".aws", ".gnupg"}
+)
+
+func denyFile(name string) bool { return name == ".env" || strings.HasPrefix(name, ".env.") }
+
+// etcFiles are the only entries of the host's /etc bound (read-only) into
+// the sandbox: name service, dynamic linker, TLS roots, Debian
+// alternatives, time zone. Secrets such as /etc/shadow, /etc/ssh or
+// /etc/sudoers are never visible.
+var etcFiles = []string{
+	"passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
+	"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
+	"ca-certificates.conf", "pki", "crypto-policies", "localtime", "timezone", "protocols", "services",
+	"mime.types", "os-release", "debian_version", "profile", "bash.bashrc", "inputrc", "terminfo",
+	"magic", "magic.mime", "gitconfig", "manpath.config", "environment.d",
+}
+
+// systemDirs are bound read-only when they are directories and recreated
+// as the same symlinks when they are links (merged /usr).
+var systemDirs = []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
+
+type rootPlan struct {
+	Root
+	real   string          // the host directory, symlinks resolved
+	index  int             // position in Profile.Roots
+	skip   map[string]bool // rel paths (slash) not staged nor diffed: nested roots and deny paths
+	lower  string          // overlay: staging symlink to real
+	upper  string          // overlay upper dir, or the copy
+	work   string          // overlay work dir
+	merged string          // the directory bound at Path (overlay mount point or the copy)
+}
+
+type denyPath struct {
+	path string // in the sandbox (and on the host, under a root's Path)
+	dir  bool
+}
+
+type plan struct {
+	roots    []*rootPlan // sorted by depth, then path: outer before inner
+	denies   []denyPath
+	readOnly [][2]string // src (real), dest
+	env      []string    // sorted K=V
+	dir      string
+	limits   Limits
+	net      NetMode
+	proxy    string
+	argv     []string
+	stdin    []byte
+	timeout  time.Duration
+}
+
+func (p *plan) writable() []*rootPlan {
+	var out []*rootPlan
+	for _, r := range p.roots {
+		if r.Writable {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func depth(p string) int { return strings.Count(p, "/") }
+
+// makePlan validates a profile and a command and finds the deny paths.
+func makePlan(pr Profile, c Command) (*plan, error) {
+	p := &plan{limits: pr.Limits.withDefaults(), net: pr.Net, stdin: c.Stdin, timeout: c.Timeout}
+	if len(c.Argv) == 0 || c.Argv[0] == "" {
+		return nil, errors.New("sandbox: empty argv")
+	}
+	for _, a := range c.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, errors.New("sandbox: NUL byte in argv")
+		}
+	}
+	p.argv = c.Argv
+	if len(pr.Roots) == 0 {
+		return nil, errors.New("sandbox: no roots")
+	}
+	seen := map[string]bool{}
+	for i, r := range pr.Roots {
+		if !filepath.IsAbs(r.Path) {
+			return nil, fmt.Errorf("sandbox: root %q is not absolute", r.Path)
+		}
+		path := filepath.Clean(r.Path)
+		if path == "/" {
+			return nil, errors.New(`sandbox: root "/" cannot be bound`)
+		}
+		if seen[path] {
+			return nil, fmt.Errorf("sandbox: root %s named twice", path)
+		}
+		seen[path] = true
+		real, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: root: %w", err)
+		}
+		if fi, err := os.Stat(real); err != nil {
+			return nil, fmt.Errorf("sandbox: root: %w", err)
+		} else if !fi.IsDir() {
+			return nil, fmt.Errorf("sandbox: root %s is not a directory", path)
+		}
+		p.roots = append(p.roots, &rootPlan{Root: Root{Path: path, Writable: r.Writable}, real: real, index: i, skip: map[string]bool{}})
+	}
+	first := p.roots[0]
+	slices.SortFunc(p.roots, func(a, b *rootPlan) int {
+		if d := depth(a.Path) - depth(b.Path); d != 0 {
+			return d
+		}
+		return strings.Compare(a.Path, b.Path)
+	})
+
+	// Nested roots are bound over their outer root: the outer root neither
+	// stages nor diffs them, and its deny walk leaves them to their own.
+	nested := map[*rootPlan][]string{}
+	for _, a := range p.roots {
+		for _, b := range p.roots {
+			if a != b && within(b.Path, a.Path) {
+				rel := filepath.ToSlash(strings.TrimPrefix(b.Path, a.Path+"/"))
+				a.skip[rel] = true
+				nested[a] = append(nested[a], rel)
+			}
+		}
+	}
+	denied := map[string]bool{}
+	for _, r := range p.roots {
+		if err := walkDenies(r, func(rel string, dir bool) {
+			r.skip[rel] = true
+			path := filepath.Join(r.Path, filepath.FromSlash(rel))
+			if !denied[path] {
+				denied[path] = true
+				p.denies = append(p.denies, denyPath{path: path, dir: dir})
+			}
+		}); err != nil {
+			return nil, err
+		}
+	}
+
+	for _, ro := range pr.ReadOnly {
+		if !filepath.IsAbs(ro) {
+			return nil, fmt.Errorf("sandbox: read-only path %q is not absolute", ro)
+		}
+		real, err := filepath.EvalSymlinks(ro)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
+		}
+		p.readOnly = append(p.readOnly, [2]string{real, filepath.Clean(ro)})
+	}
+
+	// Working directory: inside a root, existing, reached without leaving it.
+	p.dir = first.Path
+	if c.Dir != "" {
+		if !filepath.IsAbs(c.Dir) {
+			return nil, fmt.Errorf("sandbox: working directory %q is not absolute", c.Dir)
+		}
+		p.dir = filepath.Clean(c.Dir)
+	}
+	var owner *rootPlan
+	for _, r := range p.roots {
+		if within(p.dir, r.Path) {
+			owner = r // the innermost, as roots are sorted outer first
+		}
+	}
+	if owner == nil {
+		return nil, fmt.Errorf("sandbox: working directory %s is not in a root", p.dir)
+	}
+	if rel := strings.TrimPrefix(strings.TrimPrefix(p.dir, owner.Path), "/"); rel != "" {
+		root, err := os.OpenRoot(owner.real)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		fi, err := root.Stat(rel)
+		root.Close()
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: working directory: %w", err)
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("sandbox: working directory %s is not a directory", p.dir)
+		}
+	}
+
+	env := map[string]string{"PATH": DefaultPath}
+	for k, v := range pr.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return nil, fmt.Errorf("sandbox: bad environment variable %q", k)
+		}
+		env[k] = v
+	}
+	switch pr.Net {
+	case NetOff, NetFull:
+	case NetAllowlist:
+		if pr.ProxySocket == "" {
+			return nil, errors.New("sandbox: network allowlist without a proxy socket")
+		}
+		fi, err := os.Stat(pr.ProxySocket)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: proxy socket: %w", err)
+		}
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("sandbox: proxy socket %s is not a socket", pr.ProxySocket)
+		}
+		p.proxy = pr.ProxySocket
+	default:
+		return nil, fmt.Errorf("sandbox: unknown network posture %d", pr.Net)
+	}
+	for k, v := range env {
+		p.env = append(p.env, k+"="+v)
+	}
+	slices.Sort(p.env)
+	return p, nil
+}
+
+// walkDenies finds .ssh, .aws, .gnupg directories and .env files in a root,
+// without following symbolic links, and without entering nested roots.
+func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
+	return filepath.WalkDir(r.real, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if path == r.real {
+				return fmt.Errorf("sandbox: root %s: %w", r.Path, err)
+			}
+			return nil // unreadable here, unreadable in the sandbox too
+		}
+		if path == r.real {
+			return nil
+		}
+		rel := filepath.ToSlash(strings.TrimPrefix(path, r.real+"/"))
+		if d.IsDir() {
+			if r.skip[rel] {
+				return fs.SkipDir // a nested root, walked on its own
+			}
+			if slices.Contains(denyDirs, d.Name()) {
+				deny(rel, true)
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if d.Type().IsRegular() && denyFile(d.Name()) {
+			deny(rel, false)
+		}
+		return nil
+	})
+}
+
+const (
+	sandboxProxyDir  = "/run/capkernel"
+	sandboxProxySock = sandboxProxyDir + "/proxy.sock"
+)
+
+// bwrapArgs is bwrap's command line for the plan (without the bwrap path).
+func (s *Sandbox) bwrapArgs(p *plan, t *tools) []string {
+	id := "1000"
+	if s.opts.RootInside {
+		id = "0"
+	}
+	a := []string{
+		"--die-with-parent", "--new-session",
+		"--unshare-user", "--uid", id, "--gid", id, "--disable-userns",
+		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--hostname", "sandbox",
+		"--cap-drop", "ALL",
+	}
+	if p.net != NetFull {
+		a = append(a, "--unshare-net")
+	}
+	a = append(a, "--ro-bind", "/usr", "/usr")
+	for _, d := range systemDirs {
+		fi, err := os.Lstat(d)
+		switch {
+		case err != nil:
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if target, err := os.Readlink(d); err == nil {
+				a = append(a, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			a = append(a, "--ro-bind", d, d)
+		}
+	}
+	for _, name := range etcFiles {
+		src, err := filepath.EvalSymlinks(filepath.Join("/etc", name))
+		if err != nil {
+			continue
+		}
+		a = append(a, "--ro-bind", src, filepath.Join("/etc", name))
+	}
+	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
+	for _, ro := range p.readOnly {
+		a = append(a, "--ro-bind", ro[0], ro[1])
+	}
+	for _, r := range p.roots {
+		if r.Writable {
+			a = append(a, "--bind", r.merged, r.Path)
+		} else {
+			a = append(a, "--ro-bind", r.real, r.Path)
+		}
+	}
+	for _, d := range p.denies {
+		if d.dir {
+			a = append(a, "--tmpfs", d.path, "--remount-ro", d.path)
+		} else {
+			a = append(a, "--ro-bind", "/dev/null", d.path)
+		}
+	}
+	env := p.env
+	if p.net == NetAllowlist {
+		a = append(a, "--ro-bind", p.proxy, sandboxProxySock)
+		url := "http://127.0.0.1:" + strconv.Itoa(s.opts.ProxyPort)
+		env = setEnv(env, "HTTP_PROXY", url, "HTTPS_PROXY", url, "http_proxy", url, "https_proxy", url,
+			"ALL_PROXY", url, "all_proxy", url, "NO_PROXY", "", "no_proxy", "")
+	}
+	a = append(a, "--chdir", p.dir, "--clearenv")
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		a = append(a, "--setenv", k, v)
+	}
+	a = append(a, "--info-fd", "3", "--")
+	if p.net == NetAllowlist {
+		a = append(a, relayArgv(t.socat, s.opts.ProxyPort)...)
+	}
+	return append(a, p.argv...)
+}
+
+func setEnv(env []string, kv ...string) []string {
+	m := map[string]string{}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		m[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// relayScript starts socat as a loopback TCP listener relaying to the
+// proxy's unix socket, waits until the port is listening (read from the
+// sandbox's /proc/net/tcp, so no probe connection reaches the proxy), and
+// replaces itself with the command.
+const relayScript = `socat="$1"; port="$2"; hex="$3"; shift 3
+"$socat" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:` + sandboxProxySock + `" 2>/dev/null &
+i=0
+while ! grep -q "^ *[0-9]*: 0100007F:$hex 00000000:0000 0A " /proc/net/tcp; do
+	i=$((i+1))
+	if [ "$i" -gt 5000 ]; then echo "capkernel sandbox: network relay did not start" >&2; exit 125; fi
+	sleep 0.001 2>/dev/null || :
+done
+exec "$@"`
+
+func relayArgv(socat string, port int) []string {
+	return []string{"/bin/sh", "-c", relayScript, "capkernel-relay", socat, strconv.Itoa(port), fmt.Sprintf("%04X", port)}
+}

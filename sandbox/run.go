@@ -1,0 +1,352 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// errOverlayRefused: the kernel refused the overlay mount in the run's
+// namespace (StagingAuto then retries by copy).
+var errOverlayRefused = errors.New("sandbox: overlayfs refused")
+
+// overlayScript mounts the overlays, in the user + mount namespace the
+// run starts in, then replaces itself with the rest of its arguments
+// (prlimit … bwrap …). Arguments: options, count, then count × (lower
+// upper work merged). A refused mount is reported on fd 4.
+const overlayScript = `opts="$1"; n="$2"; shift 2
+while [ "$n" -gt 0 ]; do
+	if ! "$MOUNT" -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3,$opts" "$4" 2>&4; then
+		echo "capkernel-overlay-refused" >&4
+		exit 125
+	fi
+	shift 4
+	n=$((n-1))
+done
+exec 4>&-
+exec "$@"`
+
+// Run runs c under the profile p. It returns an error, and no Result,
+// when the run cannot start or its sandbox cannot be set up (including
+// ErrUnavailable); anything the command does — a non-zero exit, a
+// timeout, a cancellation — is in the Result. Call Result.Close when done
+// with the delta.
+func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error) {
+	pl, err := makePlan(p, c)
+	if err != nil {
+		return nil, err
+	}
+	mode := s.opts.Staging
+	if mode == StagingAuto && s.overlayRefused.Load() {
+		mode = StagingCopy
+	}
+	if len(pl.writable()) == 0 {
+		mode = StagingOverlay // nothing staged
+	}
+	t, err := s.tools(mode != StagingCopy && len(pl.writable()) > 0, pl.net == NetAllowlist)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		res, err := s.run(ctx, pl, t, mode)
+		if errors.Is(err, errOverlayRefused) && s.opts.Staging == StagingAuto {
+			s.overlayRefused.Store(true)
+			s.refusedWhy.Store(err.Error())
+			mode = StagingCopy
+			continue
+		}
+		return res, err
+	}
+}
+
+// Run runs c under p with a Sandbox of default Options.
+func Run(ctx context.Context, p Profile, c Command) (*Result, error) {
+	return New(Options{}).Run(ctx, p, c)
+}
+
+// info is what bwrap writes on --info-fd.
+type info struct {
+	ChildPid int    `json:"child-pid"`
+	PidNS    uint64 `json:"pid-namespace"`
+}
+
+func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode) (res *Result, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var st *stageDir
+	manifests := map[*rootPlan]map[string]stamp{}
+	if rw := pl.writable(); len(rw) > 0 {
+		if st, err = newStageDir(s.opts.StagingDir); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if res == nil {
+				st.remove()
+			}
+		}()
+		if mode != StagingCopy && !overlayPathOK(st.path) {
+			return nil, fmt.Errorf("%w: staging path %q cannot go into overlay options", errOverlayRefused, st.path)
+		}
+		for _, r := range rw {
+			if mode == StagingCopy {
+				m, err := setupCopy(st, r)
+				if err != nil {
+					return nil, err
+				}
+				manifests[r] = m
+			} else if err := setupOverlay(st, r); err != nil {
+				return nil, fmt.Errorf("sandbox: staging: %w", err)
+			}
+		}
+	}
+
+	// The chain: [sh overlayScript …] prlimit … bwrap …
+	var argv []string
+	var status *os.File // read end of fd 4
+	var extra []*os.File
+	infoR, infoW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer infoR.Close()
+	extra = append(extra, infoW)
+	if st != nil && mode != StagingCopy {
+		sr, sw, err := os.Pipe()
+		if err != nil {
+			infoW.Close()
+			return nil, err
+		}
+		status = sr
+		defer sr.Close()
+		extra = append(extra, sw)
+		rw := pl.writable()
+		argv = append(argv, t.sh, "-c", overlayScript, "capkernel-overlay", overlayOptions, strconv.Itoa(len(rw)))
+		for _, r := range rw {
+			argv = append(argv, r.lower, r.upper, r.work, r.merged)
+		}
+	}
+	argv = append(argv, t.prlimit)
+	argv = append(argv, rlimitArgs(pl.limits)...)
+	argv = append(argv, "--", t.bwrap)
+	argv = append(argv, s.bwrapArgs(pl, t)...)
+
+	stdout := &capped{max: pl.limits.Stdout}
+	stderr := &capped{max: pl.limits.Stderr}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "MOUNT=" + t.mount}
+	if pl.stdin != nil {
+		cmd.Stdin = bytes.NewReader(pl.stdin)
+	}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.ExtraFiles = extra
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// The whole chain runs in a user namespace mapping only the
+		// kernel's own ids (to root inside), with its own mount namespace:
+		// the overlay mounts are private to the run and vanish with it.
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
+		Setpgid:     true,
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	cmd.WaitDelay = s.opts.KillGrace + 2*time.Second
+
+	runCtx := ctx
+	var cancelTimeout context.CancelFunc = func() {}
+	if pl.timeout > 0 {
+		runCtx, cancelTimeout = context.WithTimeout(ctx, pl.timeout)
+	}
+	defer cancelTimeout()
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		for _, f := range extra {
+			f.Close()
+		}
+		return nil, fmt.Errorf("sandbox: start: %w", err)
+	}
+	for _, f := range extra {
+		f.Close()
+	}
+	statusText := make(chan string, 1)
+	if status != nil {
+		go func() {
+			b, _ := io.ReadAll(io.LimitReader(status, 64<<10))
+			statusText <- string(b)
+		}()
+	} else {
+		statusText <- ""
+	}
+	infoCh := make(chan info, 1)
+	go func() {
+		var in info
+		if json.NewDecoder(io.LimitReader(infoR, 64<<10)).Decode(&in) == nil && in.ChildPid > 0 {
+			infoCh <- in
+		}
+		close(infoCh)
+	}()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
+	res = &Result{Staging: mode}
+	var limitCh <-chan string
+	watchStop := make(chan struct{})
+	infoC := infoCh
+	var waitErr error
+loop:
+	for {
+		select {
+		case waitErr = <-done:
+			break loop
+		case in, ok := <-infoC:
+			infoC = nil
+			if ok {
+				k.setInfo(in)
+				if pl.limits.Processes > 0 {
+					limitCh = watchProcesses(in, pl.limits.Processes, watchStop)
+				}
+			}
+		case what := <-limitCh:
+			limitCh = nil
+			res.LimitExceeded = what
+			k.kill()
+		case <-runCtx.Done():
+			if ctx.Err() != nil {
+				res.Cancelled = true
+			} else {
+				res.TimedOut = true
+			}
+			k.terminate()
+			runCtx = context.Background() // fire once
+		}
+	}
+	close(watchStop)
+	k.stop()
+	res.Duration = time.Since(start)
+
+	ps := cmd.ProcessState
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
+		res.UserTime = time.Duration(ru.Utime.Nano())
+		res.SystemTime = time.Duration(ru.Stime.Nano())
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		res.ExitCode = 128 + int(ws.Signal())
+		res.Signal = ws.Signal().String()
+	} else {
+		res.ExitCode = ps.ExitCode()
+	}
+	res.Stdout, res.StdoutTruncated = stdout.bytes()
+	res.Stderr, res.StderrTruncated = stderr.bytes()
+	if waitErr != nil && !errors.Is(waitErr, exec.ErrWaitDelay) {
+		var ee *exec.ExitError
+		if !errors.As(waitErr, &ee) {
+			return nil, fmt.Errorf("sandbox: wait: %w", waitErr)
+		}
+	}
+
+	if txt := <-statusText; strings.Contains(txt, "capkernel-overlay-refused") {
+		why := strings.TrimSpace(strings.ReplaceAll(txt, "capkernel-overlay-refused", ""))
+		return nil, fmt.Errorf("%w: %s", errOverlayRefused, why)
+	}
+	_, started := <-infoCh
+	started = started || k.hasInfo()
+	if !res.Killed() && res.ExitCode == 1 {
+		msg := strings.TrimSpace(string(res.Stderr))
+		if strings.HasPrefix(msg, "bwrap: ") && !strings.Contains(msg, "\n") {
+			if strings.HasPrefix(msg, "bwrap: execvp ") {
+				res.ExitCode = 127 // command not found or not executable, as a shell reports it
+			} else {
+				return nil, fmt.Errorf("sandbox: setup failed: %s", msg)
+			}
+		} else if !started {
+			return nil, fmt.Errorf("sandbox: setup failed: %s", msg)
+		}
+	}
+
+	res.stage = st
+	if res.Killed() || st == nil {
+		return res, nil
+	}
+	b := &deltaBuilder{limits: pl.limits, symlinks: s.opts.Symlinks}
+	for _, r := range pl.writable() {
+		var err error
+		if mode == StagingCopy {
+			err = b.copyDelta(r, manifests[r])
+		} else {
+			err = b.overlayDelta(r, "", false, true)
+		}
+		if err != nil {
+			res.DeltaErr = err
+			return res, nil
+		}
+	}
+	res.Delta = b.delta()
+	return res, nil
+}
+
+func rlimitArgs(l Limits) []string {
+	var a []string
+	if l.CPUTime > 0 {
+		sec := int64((l.CPUTime + time.Second - 1) / time.Second)
+		a = append(a, fmt.Sprintf("--cpu=%d:%d", sec, sec+1))
+	}
+	if l.FileSize > 0 {
+		a = append(a, fmt.Sprintf("--fsize=%d", l.FileSize))
+	}
+	if l.Processes > 0 {
+		a = append(a, fmt.Sprintf("--nproc=%d", l.Processes))
+	}
+	if l.OpenFiles > 0 {
+		a = append(a, fmt.Sprintf("--nofile=%d", l.OpenFiles))
+	}
+	if l.Memory > 0 {
+		a = append(a, fmt.Sprintf("--as=%d", l.Memory))
+	}
+	return a
+}
+
+// capped keeps the first max bytes written and drops the rest.
+type capped struct {
+	mu        sync.Mutex
+	buf       []byte
+	max       int64
+	truncated bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.max < 0 {
+		c.buf = append(c.buf, p...)
+		return len(p), nil
+	}
+	if room := c.max - int64(len(c.buf)); room > 0 {
+		if int64(len(p)) > room {
+			c.buf = append(c.buf, p[:room]...)
+			c.truncated = true
+		} else {
+			c.buf = append(c.buf, p...)
+		}
+	} else if len(p) > 0 {
+		c.truncated = true
+	}
+	return len(p), nil
+}
+
+func (c *capped) bytes() ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf, c.truncated
+}

@@ -1,0 +1,350 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Root is a host directory made visible in the sandbox at the same path.
+type Root struct {
+	Path     string // absolute; the sandbox path, and the host path it comes from
+	Writable bool   // rw: writes go to the staging layer; r: read-only bind
+}
+
+// NetMode is the network posture of a run.
+type NetMode int
+
+// Network postures.
+const (
+	NetOff       NetMode = iota // new network namespace with loopback only
+	NetAllowlist                // as NetOff, plus HTTP(S)_PROXY relayed to Profile.ProxySocket
+	NetFull                     // the host's network namespace
+)
+
+func (m NetMode) String() string {
+	switch m {
+	case NetOff:
+		return "off"
+	case NetAllowlist:
+		return "allowlist"
+	case NetFull:
+		return "full"
+	}
+	return fmt.Sprintf("NetMode(%d)", int(m))
+}
+
+// Limits bound a run. A zero field takes the default named in its comment;
+// a negative one means no limit.
+type Limits struct {
+	CPUTime   time.Duration // RLIMIT_CPU of every process, whole seconds rounded up (SIGXCPU, SIGKILL 1 s later); default none
+	FileSize  int64         // RLIMIT_FSIZE in bytes (SIGXFSZ / EFBIG beyond it); default none
+	Processes int           // RLIMIT_NPROC and the supervisor's process watchdog; default 256
+	OpenFiles int           // RLIMIT_NOFILE; default none
+	Memory    int64         // RLIMIT_AS in bytes, per process; default none
+
+	Stdout int64 // bytes of stdout kept; default 1 MiB
+	Stderr int64 // bytes of stderr kept; default 1 MiB
+
+	DeltaFiles int   // entries in the delta (added, modified, deleted); default 10,000
+	DeltaBytes int64 // bytes of added and modified file content in the delta; default 1 GiB
+}
+
+// Limit defaults.
+const (
+	DefaultProcesses  = 256
+	DefaultOutput     = 1 << 20
+	DefaultDeltaFiles = 10000
+	DefaultDeltaBytes = 1 << 30
+)
+
+// Profile is what a run may see and use.
+type Profile struct {
+	Roots       []Root            // bound at their own paths; none may be "/"
+	Net         NetMode           // default NetOff
+	ProxySocket string            // NetAllowlist: the host path of the proxy's unix socket
+	Env         map[string]string // the whole environment; PATH defaults to DefaultPath
+	Limits      Limits
+	ReadOnly    []string // extra host paths bound read-only at the same path (toolchains, …)
+}
+
+// DefaultPath is the PATH of a run whose Env sets none.
+const DefaultPath = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+// Command is what to run.
+type Command struct {
+	Argv    []string      // argv[0] is looked up in the sandbox's PATH; no shell unless argv names one
+	Dir     string        // working directory: an existing directory in a root; default the first root
+	Stdin   []byte        // nil: /dev/null
+	Timeout time.Duration // 0: none besides the context's
+}
+
+// StagingMode is how writes to rw roots are kept from the workspace.
+type StagingMode int
+
+// Staging modes.
+const (
+	StagingAuto    StagingMode = iota // overlay, falling back to copy where overlayfs is refused
+	StagingOverlay                    // overlay only; Run fails where it is refused
+	StagingCopy                       // a private copy of each rw root, diffed after the run
+)
+
+func (m StagingMode) String() string {
+	switch m {
+	case StagingAuto:
+		return "auto"
+	case StagingOverlay:
+		return "overlay"
+	case StagingCopy:
+		return "copy"
+	}
+	return fmt.Sprintf("StagingMode(%d)", int(m))
+}
+
+// SymlinkPolicy says what the delta does with symbolic links the command
+// created or changed in an rw root.
+type SymlinkPolicy int
+
+// Symlink policies.
+const (
+	SymlinksRefuse SymlinkPolicy = iota // the delta fails with ErrSymlink
+	SymlinksRecord                      // the delta records them (Type TypeSymlink, Target), never following them
+)
+
+// Options configure a Sandbox.
+type Options struct {
+	Bwrap      string        // bwrap binary, a name looked up in PATH or a path; default "bwrap"
+	Staging    StagingMode   // default StagingAuto
+	StagingDir string        // where per-run staging directories go; default os.TempDir()
+	KillGrace  time.Duration // SIGTERM → SIGKILL grace on timeout or cancellation; default 3 s
+	Symlinks   SymlinkPolicy // default SymlinksRefuse
+	ProxyPort  int           // loopback TCP port of the in-sandbox proxy relay; default 3128
+	RootInside bool          // run as uid/gid 0 inside the sandbox instead of 1000 (never with capabilities)
+}
+
+// Sandbox runs commands under bubblewrap. It is safe for concurrent use.
+type Sandbox struct {
+	opts           Options
+	overlayRefused atomic.Bool
+	refusedWhy     atomic.Value // string
+}
+
+// New returns a Sandbox with opts.
+func New(opts Options) *Sandbox {
+	if opts.Bwrap == "" {
+		opts.Bwrap = "bwrap"
+	}
+	if opts.StagingDir == "" {
+		opts.StagingDir = os.TempDir()
+	}
+	if opts.KillGrace <= 0 {
+		opts.KillGrace = 3 * time.Second
+	}
+	if opts.ProxyPort <= 0 {
+		opts.ProxyPort = 3128
+	}
+	return &Sandbox{opts: opts}
+}
+
+// ErrUnavailable is returned by Available and Run when bubblewrap is not
+// installed: the sandbox fails closed.
+var ErrUnavailable = errors.New("sandbox unavailable: install bubblewrap")
+
+// Errors of the delta (Result.DeltaErr), wrapped with details.
+var (
+	ErrDeltaTooLarge = errors.New("sandbox: delta too large")
+	ErrSymlink       = errors.New("sandbox: symbolic link in the delta")
+	ErrSpecialFile   = errors.New("sandbox: special file in the delta")
+	ErrOverlay       = errors.New("sandbox: unsupported overlay upper entry")
+)
+
+// Available reports whether Run can work with the default Options.
+func Available() error { return New(Options{}).Available() }
+
+// Available reports whether the tools Run needs are installed: bwrap
+// (ErrUnavailable), and sh, prlimit and mount from the base system.
+func (s *Sandbox) Available() error {
+	_, err := s.tools(false, false)
+	return err
+}
+
+type tools struct {
+	bwrap, sh, prlimit, mount, socat string
+}
+
+func (s *Sandbox) tools(overlay, relay bool) (*tools, error) {
+	var t tools
+	var err error
+	if t.bwrap, err = exec.LookPath(s.opts.Bwrap); err != nil {
+		return nil, ErrUnavailable
+	}
+	if t.prlimit, err = exec.LookPath("prlimit"); err != nil {
+		return nil, fmt.Errorf("sandbox unavailable: prlimit not found (install util-linux)")
+	}
+	if t.sh, err = exec.LookPath("sh"); err != nil {
+		return nil, fmt.Errorf("sandbox unavailable: sh not found")
+	}
+	if t.mount, err = exec.LookPath("mount"); err != nil && overlay {
+		return nil, fmt.Errorf("sandbox unavailable: mount not found (install mount)")
+	}
+	if t.socat, err = exec.LookPath("socat"); err != nil && relay {
+		return nil, fmt.Errorf("sandbox unavailable: socat not found (install socat; needed for the network allowlist relay)")
+	}
+	return &t, nil
+}
+
+// OverlayRefused reports whether a StagingAuto sandbox has found overlayfs
+// refused and now stages by copy, and why.
+func (s *Sandbox) OverlayRefused() (bool, string) {
+	why, _ := s.refusedWhy.Load().(string)
+	return s.overlayRefused.Load(), why
+}
+
+// Result is the outcome of a run that started.
+type Result struct {
+	ExitCode        int    // the command's exit status; 128+n when killed by signal n
+	Signal          string // the killing signal's name, when bwrap itself was killed
+	Stdout, Stderr  []byte
+	StdoutTruncated bool
+	StderrTruncated bool
+	Duration        time.Duration
+	UserTime        time.Duration // CPU time of the whole process tree
+	SystemTime      time.Duration
+
+	TimedOut      bool   // Command.Timeout expired: SIGTERM, then SIGKILL after the grace
+	Cancelled     bool   // the context was cancelled: likewise
+	LimitExceeded string // "processes" when the watchdog killed the run
+
+	Staging  StagingMode // the mode used for rw roots (StagingOverlay or StagingCopy)
+	Delta    *Delta      // the writes to rw roots; nil if the run was killed or DeltaErr is set
+	DeltaErr error       // why the delta could not be made (ErrDeltaTooLarge, ErrSymlink, …)
+
+	stage *stageDir
+}
+
+// CPUTime is UserTime + SystemTime.
+func (r *Result) CPUTime() time.Duration { return r.UserTime + r.SystemTime }
+
+// Killed reports whether the supervisor ended the run (timeout,
+// cancellation or a limit).
+func (r *Result) Killed() bool { return r.TimedOut || r.Cancelled || r.LimitExceeded != "" }
+
+// Close removes the staging directory; the Source files of the delta are
+// gone afterwards. Call it once the delta is staged or discarded.
+func (r *Result) Close() error {
+	if r == nil || r.stage == nil {
+		return nil
+	}
+	err := r.stage.remove()
+	r.stage = nil
+	return err
+}
+
+// ChangeKind is what happened to a path.
+type ChangeKind int
+
+// Change kinds.
+const (
+	Added ChangeKind = iota + 1
+	Modified
+	Deleted
+)
+
+func (k ChangeKind) String() string {
+	switch k {
+	case Added:
+		return "added"
+	case Modified:
+		return "modified"
+	case Deleted:
+		return "deleted"
+	}
+	return fmt.Sprintf("ChangeKind(%d)", int(k))
+}
+
+// MarshalText renders the kind as its name.
+func (k ChangeKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// FileType is the type of a changed path.
+type FileType int
+
+// File types.
+const (
+	TypeFile FileType = iota + 1
+	TypeDir
+	TypeSymlink
+)
+
+func (t FileType) String() string {
+	switch t {
+	case TypeFile:
+		return "file"
+	case TypeDir:
+		return "dir"
+	case TypeSymlink:
+		return "symlink"
+	}
+	return fmt.Sprintf("FileType(%d)", int(t))
+}
+
+// MarshalText renders the type as its name.
+func (t FileType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+// Change is one entry of a delta.
+type Change struct {
+	Root   string      `json:"root"` // the Root.Path it belongs to
+	Rel    string      `json:"rel"`  // slash-separated, relative to Root, never "." and never with ".."
+	Kind   ChangeKind  `json:"kind"`
+	Type   FileType    `json:"type"` // the new type; for Deleted, the old one
+	Mode   fs.FileMode `json:"mode"` // permission bits (0o777) of the new file or directory
+	Size   int64       `json:"size"` // content bytes of a file
+	Source string      `json:"-"`    // host path of the new content (TypeFile, not Deleted); valid until Result.Close
+	Target string      `json:"target,omitempty"`
+}
+
+// Path is the change's absolute path (Root joined with Rel).
+func (c Change) Path() string { return filepath.Join(c.Root, filepath.FromSlash(c.Rel)) }
+
+// Delta is what a run wrote to its rw roots, relative to their state when
+// it started, in an order that can be applied as is: deletions (deepest
+// first), then directories (shallowest first), then files and links.
+type Delta struct {
+	Changes []Change
+	Bytes   int64 // content bytes of added and modified files
+}
+
+// Empty reports whether the run changed nothing.
+func (d *Delta) Empty() bool { return d == nil || len(d.Changes) == 0 }
+
+func (l Limits) withDefaults() Limits {
+	if l.Processes == 0 {
+		l.Processes = DefaultProcesses
+	}
+	if l.Stdout == 0 {
+		l.Stdout = DefaultOutput
+	}
+	if l.Stderr == 0 {
+		l.Stderr = DefaultOutput
+	}
+	if l.DeltaFiles == 0 {
+		l.DeltaFiles = DefaultDeltaFiles
+	}
+	if l.DeltaBytes == 0 {
+		l.DeltaBytes = DefaultDeltaBytes
+	}
+	return l
+}
+
+// within reports whether p is dir or lies under it (both clean, absolute).
+func within(p, dir string) bool {
+	if dir == "/" {
+		return true
+	}
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
