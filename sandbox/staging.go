@@ -303,9 +303,19 @@ type deltaBuilder struct {
 	symlinks SymlinkPolicy
 	changes  []Change
 	bytes    int64
+	deleted  map[string]bool // paths already recorded as deleted
 }
 
 func (b *deltaBuilder) add(c Change) error {
+	if c.Kind == Deleted {
+		if b.deleted == nil {
+			b.deleted = map[string]bool{}
+		}
+		if b.deleted[c.Path()] {
+			return nil
+		}
+		b.deleted[c.Path()] = true
+	}
 	if c.Type == TypeSymlink && c.Kind != Deleted && b.symlinks == SymlinksRefuse {
 		return fmt.Errorf("%w: %s -> %s (the sandbox does not stage links)", ErrSymlink, c.Path(), c.Target)
 	}
@@ -327,8 +337,10 @@ func (b *deltaBuilder) delta() *Delta {
 	return &Delta{Changes: b.changes, Bytes: b.bytes}
 }
 
-// order sorts changes into application order: deletions deepest first,
-// then directories shallowest first, then files and links.
+// order sorts changes into application order: deletions in reverse path
+// order (so everything under a directory comes before it), then
+// directories in path order (parents first), then files and links in path
+// order.
 func order(cs []Change) {
 	group := func(c Change) int {
 		switch {
@@ -344,12 +356,8 @@ func order(cs []Change) {
 		if ga != gb {
 			return ga - gb
 		}
-		da, db := strings.Count(a.Path(), "/"), strings.Count(b.Path(), "/")
-		switch {
-		case ga == 0 && da != db:
-			return db - da
-		case ga == 1 && da != db:
-			return da - db
+		if ga == 0 {
+			return strings.Compare(b.Path(), a.Path())
 		}
 		return strings.Compare(a.Path(), b.Path())
 	})
@@ -436,6 +444,9 @@ func (b *deltaBuilder) newDir(r *rootPlan, rel string, fi, lower fs.FileInfo) er
 // deleteTree records the deletion of rel in the root's real directory and,
 // for a directory, of everything under it.
 func (b *deltaBuilder) deleteTree(r *rootPlan, rel string, lower fs.FileInfo) error {
+	if b.deleted[filepath.Join(r.Path, filepath.FromSlash(rel))] {
+		return nil
+	}
 	if lower.IsDir() {
 		ents, err := os.ReadDir(filepath.Join(r.real, filepath.FromSlash(rel)))
 		if err != nil {

@@ -1,0 +1,293 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/sandbox"
+)
+
+func TestUnavailable(t *testing.T) {
+	s := sandbox.New(sandbox.Options{Bwrap: "/nonexistent/bwrap"})
+	if err := s.Available(); !errors.Is(err, sandbox.ErrUnavailable) || err.Error() != "sandbox unavailable: install bubblewrap" {
+		t.Fatalf("Available = %v", err)
+	}
+	ws := t.TempDir()
+	res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}}, sandbox.Command{Argv: []string{"true"}})
+	if !errors.Is(err, sandbox.ErrUnavailable) || res != nil {
+		t.Fatalf("Run = %v, %v; want ErrUnavailable", res, err)
+	}
+}
+
+func TestBadProfile(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	mkTree(t, ws, map[string]string{"f": "x", "d/": ""})
+	link := filepath.Join(t.TempDir(), "link")
+	must(t, os.Symlink("/etc", filepath.Join(ws, "out")))
+	_ = link
+	tests := []struct {
+		name string
+		p    sandbox.Profile
+		c    sandbox.Command
+		want string
+	}{
+		{"no argv", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{}, "empty argv"},
+		{"no roots", sandbox.Profile{}, sandbox.Command{Argv: []string{"true"}}, "no roots"},
+		{"relative root", sandbox.Profile{Roots: []sandbox.Root{{Path: "ws"}}}, sandbox.Command{Argv: []string{"true"}}, "not absolute"},
+		{"slash root", sandbox.Profile{Roots: []sandbox.Root{{Path: "/"}}}, sandbox.Command{Argv: []string{"true"}}, `"/" cannot be bound`},
+		{"file root", sandbox.Profile{Roots: []sandbox.Root{{Path: filepath.Join(ws, "f")}}}, sandbox.Command{Argv: []string{"true"}}, "not a directory"},
+		{"missing root", sandbox.Profile{Roots: []sandbox.Root{{Path: filepath.Join(ws, "nope")}}}, sandbox.Command{Argv: []string{"true"}}, "no such file"},
+		{"twice", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}, {Path: ws + "/"}}}, sandbox.Command{Argv: []string{"true"}}, "named twice"},
+		{"dir outside", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{Argv: []string{"true"}, Dir: "/etc"}, "not in a root"},
+		{"dir missing", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{Argv: []string{"true"}, Dir: ws + "/nope"}, "working directory"},
+		{"dir escapes by link", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{Argv: []string{"true"}, Dir: ws + "/out"}, "working directory"},
+		{"bad env", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Env: map[string]string{"A=B": "c"}}, sandbox.Command{Argv: []string{"true"}}, "environment"},
+		{"allowlist without socket", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Net: sandbox.NetAllowlist}, sandbox.Command{Argv: []string{"true"}}, "proxy socket"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := sandbox.Run(context.Background(), tc.p, tc.c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run = %v, %v; want an error containing %q", res, err, tc.want)
+			}
+		})
+	}
+}
+
+// The command sees its roots, the system directories read-only, and
+// nothing else of the host.
+func TestVisibility(t *testing.T) {
+	requireSandbox(t)
+	base := t.TempDir()
+	ws, ro, hidden := filepath.Join(base, "ws"), filepath.Join(base, "ro"), filepath.Join(base, "hidden")
+	mkTree(t, ws, map[string]string{"w.txt": "in ws\n"})
+	mkTree(t, ro, map[string]string{"r.txt": "in ro\n"})
+	mkTree(t, hidden, map[string]string{"h.txt": "HIDDEN-CONTENT\n"})
+	repo, _ := os.Getwd()
+	home, _ := os.UserHomeDir()
+	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}, {Path: ro}}}
+	s := sandbox.New(sandbox.Options{})
+	tests := []struct {
+		name   string
+		script string
+		want   string // stdout
+	}{
+		{"rw root readable", "cat " + ws + "/w.txt", "in ws\n"},
+		{"r root readable", "cat " + ro + "/r.txt", "in ro\n"},
+		{"r root not writable", fmt.Sprintf("echo x > %s/new 2>/dev/null && echo wrote || echo refused; rm %s/r.txt 2>/dev/null && echo removed || echo refused", ro, ro), "refused\nrefused\n"},
+		{"rw root writable", fmt.Sprintf("echo x > %s/new && echo wrote", ws), "wrote\n"},
+		{"sibling invisible", fmt.Sprintf("test -e %s && echo visible || echo invisible; ls %s", hidden, base), "invisible\nro\nws\n"},
+		{"repo invisible", fmt.Sprintf("test -e %s && echo visible || echo invisible", repo), "invisible\n"},
+		{"home invisible", fmt.Sprintf("test -e %s/. && echo visible || echo invisible", home), "invisible\n"},
+		{"/root /home invisible", "ls -A /root /home 2>/dev/null | wc -l", "0\n"},
+		{"shadow absent", "cat /etc/shadow 2>/dev/null && echo read || echo refused", "refused\n"},
+		{"etc minimal", "test -e /etc/ssh -o -e /etc/sudoers -o -e /etc/machine-id && echo more || echo minimal", "minimal\n"},
+		{"usr read-only", "touch /usr/x 2>/dev/null && echo wrote || echo refused", "refused\n"},
+		{"tmp private and writable", "echo x > /tmp/x && cat /tmp/x && ls /tmp | grep -v '^" + strings.Split(strings.TrimPrefix(base, "/tmp/"), "/")[0] + "$' | wc -l", "x\n1\n"},
+		{"no capabilities", "grep CapEff /proc/self/status", "CapEff:\t0000000000000000\n"},
+		{"no user namespaces", "unshare -U true 2>/dev/null && echo created || echo refused", "refused\n"},
+		{"uid 1000", "id -u; id -g", "1000\n1000\n"},
+		{"working directory", "pwd", ws + "\n"},
+		{"hostname", "hostname", "sandbox\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, s, p, tc.script)
+			if got := string(res.Stdout); got != tc.want {
+				t.Fatalf("stdout %q, want %q (stderr %q)", got, tc.want, res.Stderr)
+			}
+		})
+	}
+	// Host files are untouched whatever the runs wrote.
+	if _, err := os.Stat(filepath.Join(ws, "new")); err == nil {
+		t.Fatal("a write reached the workspace")
+	}
+}
+
+// .env files and ~/.ssh, ~/.aws, ~/.gnupg inside bound roots are hidden,
+// in r and rw roots, in both staging modes.
+func TestDenyOverlays(t *testing.T) {
+	requireSandbox(t)
+	const secret = "TOPSECRET-7f3a"
+	for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+		for _, writable := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/rw=%v", mode, writable), func(t *testing.T) {
+				home := t.TempDir() // a fake host home bound as a root
+				mkTree(t, home, map[string]string{
+					".ssh/id_rsa":          secret,
+					".ssh/config":          secret,
+					".aws/credentials":     secret,
+					".gnupg/secring.gpg":   secret,
+					".env":                 secret,
+					"proj/.env":            secret,
+					"proj/.env.local":      secret,
+					"proj/deep/.ssh/key":   secret,
+					"proj/ok.txt":          "visible",
+					"proj/.environment.md": "visible too",
+				})
+				before := treeHash(t, home)
+				s := sandbox.New(sandbox.Options{Staging: mode})
+				p := sandbox.Profile{Roots: []sandbox.Root{{Path: home, Writable: writable}}}
+				res := run(t, s, p, `
+for f in .ssh/id_rsa .ssh/config .aws/credentials .gnupg/secring.gpg .env proj/.env proj/.env.local proj/deep/.ssh/key; do
+	cat "$f" 2>/dev/null
+done
+ls -A .ssh .aws .gnupg proj/deep/.ssh
+cat proj/ok.txt proj/.environment.md
+grep -r TOPSECRET . 2>/dev/null
+echo pwned > .ssh/authorized_keys 2>/dev/null && echo wrote-ssh
+echo pwned > .env 2>/dev/null && echo wrote-env
+echo pwned > proj/.env.local 2>/dev/null && echo wrote-env-local
+rm -rf .ssh 2>/dev/null
+true`)
+				out := string(res.Stdout) + string(res.Stderr)
+				if strings.Contains(out, secret) {
+					t.Fatalf("secret leaked: %s", out)
+				}
+				if !strings.Contains(out, "visiblevisible too") {
+					t.Fatalf("ordinary files hidden too: %s", out)
+				}
+				for _, w := range []string{"wrote-ssh", "wrote-env", "wrote-env-local"} {
+					if strings.Contains(out, w) {
+						t.Errorf("%s: a write into a hidden path succeeded", w)
+					}
+				}
+				sameTree(t, "home", before, treeHash(t, home))
+				if writable {
+					if res.DeltaErr != nil {
+						t.Fatal(res.DeltaErr)
+					}
+					for _, c := range res.Delta.Changes {
+						t.Errorf("delta touches %s %s", c.Kind, c.Rel)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	requireSandbox(t)
+	t.Setenv("CAPKERNEL_TEST_LEAK", "leaked-from-host")
+	ws := t.TempDir()
+	s := sandbox.New(sandbox.Options{})
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		// bwrap sets PWD to the working directory.
+		{"default", nil, "PATH=" + sandbox.DefaultPath + "\nPWD=" + ws + "\n"},
+		{"explicit", map[string]string{"FOO": "bar baz", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "FOO=bar baz\nLANG=C.UTF-8\nPATH=/usr/bin:/bin\nPWD=" + ws + "\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Env: tc.env},
+				sandbox.Command{Argv: []string{"/usr/bin/env"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(res.Stdout) != tc.want {
+				t.Fatalf("env inside:\n%s\nwant:\n%s", res.Stdout, tc.want)
+			}
+		})
+	}
+}
+
+func TestPidNamespace(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	hostInit, _ := os.ReadFile("/proc/1/comm")
+	res := run(t, sandbox.New(sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
+		`cat /proc/1/comm; echo $$; ls /proc | grep -c '^[0-9]'`)
+	lines := strings.Fields(string(res.Stdout))
+	if len(lines) != 3 {
+		t.Fatalf("output %q", res.Stdout)
+	}
+	if lines[0] != "bwrap" || lines[0] == strings.TrimSpace(string(hostInit)) {
+		t.Fatalf("pid 1 inside is %q (host init %q)", lines[0], hostInit)
+	}
+	if lines[1] != "2" {
+		t.Fatalf("the command is pid %s, want 2", lines[1])
+	}
+	if lines[2] != "3" { // bwrap, sh, ls (grep runs too, in the pipe: 3 or 4)
+		if lines[2] != "4" {
+			t.Fatalf("%s processes visible", lines[2])
+		}
+	}
+}
+
+func TestStdinAndExit(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	s := sandbox.New(sandbox.Options{})
+	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}
+	tests := []struct {
+		name   string
+		argv   []string
+		stdin  []byte
+		code   int
+		stdout string
+	}{
+		{"stdin", []string{"cat"}, []byte("hello\x00world"), 0, "hello\x00world"},
+		{"no stdin", []string{"cat"}, nil, 0, ""},
+		{"exit code", []string{"sh", "-c", "exit 42"}, nil, 42, ""},
+		{"signal", []string{"sh", "-c", "kill -KILL $$"}, nil, 137, ""},
+		{"not found", []string{"no-such-command-xyz"}, nil, 127, ""},
+		{"argv verbatim", []string{"printf", "%s|", "a b", "$HOME", "'q'"}, nil, 0, "a b|$HOME|'q'|"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := s.Run(context.Background(), p, sandbox.Command{Argv: tc.argv, Stdin: tc.stdin})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ExitCode != tc.code || string(res.Stdout) != tc.stdout {
+				t.Fatalf("exit %d stdout %q (stderr %q), want %d %q", res.ExitCode, res.Stdout, res.Stderr, tc.code, tc.stdout)
+			}
+		})
+	}
+}
+
+// Network postures: off (no route to a host server), full (reachable).
+// The allowlist posture is in net_test.go.
+func TestNetOffAndFull(t *testing.T) {
+	requireSandbox(t)
+	needCommand(t, "curl")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "reached") }))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	ws := t.TempDir()
+	s := sandbox.New(sandbox.Options{})
+	tests := []struct {
+		net  sandbox.NetMode
+		want string
+	}{
+		{sandbox.NetOff, "curl-failed-7\n"},
+		{sandbox.NetFull, "reached\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.net.String(), func(t *testing.T) {
+			res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Net: tc.net},
+				fmt.Sprintf("curl -sS --max-time 5 http://127.0.0.1:%d/ && echo || echo curl-failed-$?", port))
+			if string(res.Stdout) != tc.want {
+				t.Fatalf("stdout %q, want %q (stderr %q)", res.Stdout, tc.want, res.Stderr)
+			}
+		})
+	}
+	t.Run("off has only loopback", func(t *testing.T) {
+		res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
+		if strings.TrimSpace(string(res.Stdout)) != "lo" {
+			t.Fatalf("interfaces: %q", res.Stdout)
+		}
+	})
+}
