@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -192,7 +193,7 @@ func TestEnvironment(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Env: tc.env},
-				sandbox.Command{Argv: []string{"/usr/bin/env"}})
+				sandbox.Command{Argv: []string{"sh", "-c", "env | LC_ALL=C sort"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -206,23 +207,25 @@ func TestEnvironment(t *testing.T) {
 func TestPidNamespace(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
-	hostInit, _ := os.ReadFile("/proc/1/comm")
+	hostInit, _ := os.ReadFile("/proc/1/cmdline")
 	res := run(t, sandbox.New(sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
-		`cat /proc/1/comm; echo $$; ls /proc | grep -c '^[0-9]'`)
-	lines := strings.Fields(string(res.Stdout))
+		`tr '\0\n' '  ' < /proc/1/cmdline | grep -o capkernel-init | head -1; echo $$ $PPID; ls /proc | grep '^[0-9]' | wc -l`)
+	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
 	if len(lines) != 3 {
 		t.Fatalf("output %q", res.Stdout)
 	}
-	if lines[0] != "bwrap" || lines[0] == strings.TrimSpace(string(hostInit)) {
+	// pid 1 is the sandbox's init shell, not the host's init.
+	if lines[0] != "capkernel-init" || strings.Contains(string(hostInit), "capkernel-init") {
 		t.Fatalf("pid 1 inside is %q (host init %q)", lines[0], hostInit)
 	}
-	if lines[1] != "2" {
-		t.Fatalf("the command is pid %s, want 2", lines[1])
+	// The command's parent is the init; before it, only the init's
+	// lifeline watcher was started.
+	if lines[1] != "3 1" {
+		t.Fatalf("the command's pid and parent are %s, want 3 1", lines[1])
 	}
-	if lines[2] != "3" { // bwrap, sh, ls (grep runs too, in the pipe: 3 or 4)
-		if lines[2] != "4" {
-			t.Fatalf("%s processes visible", lines[2])
-		}
+	// init, watcher, sh, and the pipeline (ls, grep, wc): never the host's processes.
+	if n, _ := strconv.Atoi(strings.TrimSpace(lines[2])); n < 4 || n > 6 {
+		t.Fatalf("%s processes visible", lines[2])
 	}
 }
 

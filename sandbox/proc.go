@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -10,31 +9,58 @@ import (
 	"time"
 )
 
-// killer ends a run: on a timeout or cancellation, SIGTERM to every process
-// of the sandbox's pid namespace but its init (this covers the command's
-// process group and anything that left it), then, after the grace period,
-// SIGKILL to the namespace's init — the kernel then kills every process
+// killer ends a run. The chain process (bwrap, after the execs) is our
+// child; its only child is the sandbox's init, pid 1 of the sandbox's pid
+// namespace. Both are found from /proc, never from anything the sandbox
+// can write.
+//
+// On a timeout or cancellation: SIGTERM to every process of the sandbox's
+// pid namespace (the init forwards it to the command too; this covers the
+// command's process group and anything that left it), then, after the
+// grace period, SIGKILL to the init — the kernel then kills every process
 // left in the namespace — and to bwrap.
 type killer struct {
-	proc  *os.Process // the chain's process (bwrap after the execs)
+	proc  *os.Process
 	grace time.Duration
 
-	mu      sync.Mutex
-	in      *info
-	timer   *time.Timer
-	stopped bool
+	mu       sync.Mutex
+	init     int    // host pid of the sandbox's init, once found
+	ns       uint64 // its pid namespace
+	timer    *time.Timer
+	backstop *time.Timer
+	stopped  bool
 }
 
-func (k *killer) setInfo(in info) {
-	k.mu.Lock()
-	k.in = &in
-	k.mu.Unlock()
-}
-
-func (k *killer) hasInfo() bool {
+// sandboxInit finds the sandbox's init (0, 0 before bwrap has made it).
+func (k *killer) sandboxInit() (int, uint64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.in != nil
+	return k.findLocked()
+}
+
+func (k *killer) findLocked() (int, uint64) {
+	if k.init != 0 || k.stopped {
+		return k.init, k.ns
+	}
+	pid := k.proc.Pid
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+	if err != nil {
+		b = []byte(strings.Join(childrenByScan(pid), " "))
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 1 {
+		return 0, 0
+	}
+	child, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0, 0
+	}
+	ns := pidNS(child)
+	if ns == 0 || ns == pidNS(pid) {
+		return 0, 0 // not yet in its own namespace
+	}
+	k.init, k.ns = child, ns
+	return k.init, k.ns
 }
 
 // terminate sends SIGTERM now and SIGKILL after the grace period. Before
@@ -45,14 +71,12 @@ func (k *killer) terminate() {
 	if k.stopped {
 		return
 	}
-	if k.in == nil {
+	if _, ns := k.findLocked(); ns == 0 {
 		k.killLocked()
 		return
 	}
-	for _, pid := range nsPids(k.in.PidNS) {
-		if pid != k.in.ChildPid {
-			syscall.Kill(pid, syscall.SIGTERM)
-		}
+	for _, pid := range nsPids(k.ns) {
+		syscall.Kill(pid, syscall.SIGTERM)
 	}
 	if k.timer == nil {
 		k.timer = time.AfterFunc(k.grace, k.kill)
@@ -66,14 +90,53 @@ func (k *killer) kill() {
 	k.killLocked()
 }
 
+// killLocked kills the sandbox's init, which makes the kernel kill every
+// process in its namespace; bwrap exits once they are all gone. Should
+// bwrap still be there 5 s later, or the init be unknown, bwrap is killed.
 func (k *killer) killLocked() {
 	if k.stopped {
 		return
 	}
-	if k.in != nil && pidNS(k.in.ChildPid) == k.in.PidNS {
-		syscall.Kill(k.in.ChildPid, syscall.SIGKILL)
+	if k.init != 0 && pidNS(k.init) == k.ns {
+		syscall.Kill(k.init, syscall.SIGKILL)
+		if k.backstop == nil {
+			k.backstop = time.AfterFunc(5*time.Second, func() {
+				k.mu.Lock()
+				defer k.mu.Unlock()
+				if !k.stopped {
+					k.proc.Signal(syscall.SIGKILL)
+				}
+			})
+		}
+		return
 	}
 	k.proc.Signal(syscall.SIGKILL) // by pidfd: never a recycled pid
+}
+
+// waitGone waits (up to max) until the sandbox's init has finished
+// exiting — the kernel has then killed and reaped every process of its
+// namespace — so that Run never returns with a sandboxed process alive.
+func (k *killer) waitGone(max time.Duration) {
+	k.mu.Lock()
+	init, ns := k.init, k.ns
+	k.mu.Unlock()
+	if init == 0 {
+		return
+	}
+	deadline := time.Now().Add(max)
+	for time.Now().Before(deadline) {
+		if pidNS(init) != ns {
+			return
+		}
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(init) + "/stat")
+		if err != nil {
+			return
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // stop disarms the killer once the run has been waited for.
@@ -83,6 +146,9 @@ func (k *killer) stop() {
 	k.stopped = true
 	if k.timer != nil {
 		k.timer.Stop()
+	}
+	if k.backstop != nil {
+		k.backstop.Stop()
 	}
 }
 
@@ -97,8 +163,7 @@ func pidNS(pid int) uint64 {
 	return n
 }
 
-// nsPids lists the host pids of the processes in pid namespace ns.
-func nsPids(ns uint64) []int {
+func procPids() []int {
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil
@@ -107,12 +172,42 @@ func nsPids(ns uint64) []int {
 	d.Close()
 	var out []int
 	for _, n := range names {
-		pid, err := strconv.Atoi(n)
+		if pid, err := strconv.Atoi(n); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// nsPids lists the host pids of the processes in pid namespace ns.
+func nsPids(ns uint64) []int {
+	var out []int
+	for _, pid := range procPids() {
+		if pidNS(pid) == ns {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// childrenByScan lists the children of ppid from /proc/*/stat, where the
+// kernel lacks /proc/PID/task/TID/children.
+func childrenByScan(ppid int) []string {
+	var out []string
+	for _, pid := range procPids() {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
 			continue
 		}
-		if pidNS(pid) == ns {
-			out = append(out, pid)
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) {
+			out = append(out, strconv.Itoa(pid))
 		}
 	}
 	return out
@@ -125,30 +220,33 @@ const watchInterval = 20 * time.Millisecond
 // through its init's root) and reports "processes" once there are more
 // than max besides the init. RLIMIT_NPROC does the same job for a kernel
 // running as an ordinary user; for a kernel running as root it is not
-// enforced (processes of uid 0 of the host are exempt), so this watchdog
-// is what contains a fork bomb there.
-func watchProcesses(in info, max int, stop <-chan struct{}) <-chan string {
+// enforced (processes of the host's uid 0 are exempt), so this watchdog is
+// what contains a fork bomb there.
+func watchProcesses(k *killer, max int, stop <-chan struct{}) <-chan string {
 	ch := make(chan string, 1)
-	dir := fmt.Sprintf("/proc/%d/root/proc", in.ChildPid)
 	go func() {
 		t := time.NewTicker(watchInterval)
 		defer t.Stop()
 		for {
-			if pidNS(in.ChildPid) != in.PidNS {
-				return // gone
-			}
-			n, err := countPids(dir)
-			if err != nil {
-				return
-			}
-			if n-1 > max {
-				ch <- "processes"
-				return
-			}
 			select {
 			case <-stop:
 				return
 			case <-t.C:
+			}
+			init, ns := k.sandboxInit()
+			if init == 0 {
+				continue
+			}
+			if pidNS(init) != ns {
+				return // gone
+			}
+			n, err := countPids("/proc/" + strconv.Itoa(init) + "/root/proc")
+			if err != nil {
+				continue // not mounted yet, or gone
+			}
+			if n-1 > max {
+				ch <- "processes"
+				return
 			}
 		}
 	}()

@@ -270,7 +270,7 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools) []string {
 	a := []string{
 		"--die-with-parent", "--new-session",
 		"--unshare-user", "--uid", id, "--gid", id, "--disable-userns",
-		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--hostname", "sandbox",
 		"--cap-drop", "ALL",
 	}
@@ -327,10 +327,11 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools) []string {
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)
 	}
-	a = append(a, "--info-fd", "3", "--")
+	a = append(a, "--", "/bin/sh", "-c", initScript, "capkernel-init")
 	if p.net == NetAllowlist {
-		a = append(a, relayArgv(t.socat, s.opts.ProxyPort)...)
+		a = append(a, "relay", t.socat, strconv.Itoa(s.opts.ProxyPort), fmt.Sprintf("%04X", s.opts.ProxyPort))
 	}
+	a = append(a, "--")
 	return append(a, p.argv...)
 }
 
@@ -351,20 +352,47 @@ func setEnv(env []string, kv ...string) []string {
 	return out
 }
 
-// relayScript starts socat as a loopback TCP listener relaying to the
-// proxy's unix socket, waits until the port is listening (read from the
-// sandbox's /proc/net/tcp, so no probe connection reaches the proxy), and
-// replaces itself with the command.
-const relayScript = `socat="$1"; port="$2"; hex="$3"; shift 3
-"$socat" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:` + sandboxProxySock + `" 2>/dev/null &
-i=0
-while ! grep -q "^ *[0-9]*: 0100007F:$hex 00000000:0000 0A " /proc/net/tcp; do
-	i=$((i+1))
-	if [ "$i" -gt 5000 ]; then echo "capkernel sandbox: network relay did not start" >&2; exit 125; fi
-	sleep 0.001 2>/dev/null || :
+// initScript is pid 1 of the sandbox's pid namespace (bwrap --as-pid-1).
+// With the allowlist posture it first starts socat as a loopback TCP
+// listener relaying to the proxy's unix socket and waits until the port
+// listens (read from the sandbox's /proc/net/tcp, so no probe connection
+// reaches the proxy). Then it runs the command as its child, with the
+// original stdin and stderr, forwards SIGTERM, SIGINT and SIGHUP to it,
+// reaps orphans while it waits, and exits with the command's status
+// (128+n for signal n). Once ready it writes "started" to fd 3, which it
+// closes before the command runs: the command can neither fake nor hide
+// a setup failure. Fd 4 is the lifeline: the read end of a pipe whose
+// write end only the kernel holds; a background watcher kills every
+// process of the sandbox when it reads end-of-file, i.e. when the kernel
+// is gone, however it died (bwrap's --die-with-parent alone proved
+// unreliable for the sandbox's pid 1).
+//
+// Why a shell as init rather than bwrap's own: bwrap's init reports the
+// exit status through an eventfd and is then killed unreaped, so the CPU
+// time of the command would be lost; this init is reaped by bwrap, and
+// bwrap by the kernel, so the rusage of the whole tree reaches Result.
+// And a plain command as pid 1 would ignore SIGTERM sent from outside.
+const initScript = `if [ "$1" = relay ]; then
+	socat="$2"; port="$3"; hex="$4"; shift 4
+	"$socat" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:` + sandboxProxySock + `" 2>/dev/null &
+	i=0
+	while ! grep -q "^ *[0-9]*: 0100007F:$hex 00000000:0000 0A " /proc/net/tcp; do
+		i=$((i+1))
+		if [ "$i" -gt 5000 ]; then echo "capkernel sandbox: network relay did not start" >&2; exit 125; fi
+		sleep 0.001 2>/dev/null || :
+	done
+fi
+shift
+( read -r _ <&4; kill -KILL -1 ) >/dev/null 2>&1 &
+printf started >&3
+exec 3>&- 4<&- 9<&0 8>&2 2>/dev/null
+trap 'kill -TERM "$child"' TERM INT HUP
+"$@" <&9 2>&8 9<&- 8>&- &
+child=$!
+exec 9<&- 8>&-
+while :; do
+	wait "$child"; rc=$?
+	if [ "$rc" -gt 128 ] && kill -0 "$child"; then continue; fi
+	break
 done
-exec "$@"`
-
-func relayArgv(socat string, port int) []string {
-	return []string{"/bin/sh", "-c", relayScript, "capkernel-relay", socat, strconv.Itoa(port), fmt.Sprintf("%04X", port)}
-}
+exit "$rc"`

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,17 +22,18 @@ var errOverlayRefused = errors.New("sandbox: overlayfs refused")
 // overlayScript mounts the overlays, in the user + mount namespace the
 // run starts in, then replaces itself with the rest of its arguments
 // (prlimit … bwrap …). Arguments: options, count, then count × (lower
-// upper work merged). A refused mount is reported on fd 4.
+// upper work merged). A refused mount is reported on fd 5, which is closed
+// before bwrap runs.
 const overlayScript = `opts="$1"; n="$2"; shift 2
 while [ "$n" -gt 0 ]; do
-	if ! "$MOUNT" -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3,$opts" "$4" 2>&4; then
-		echo "capkernel-overlay-refused" >&4
+	if ! "$MOUNT" -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3,$opts" "$4" 2>&5; then
+		echo "capkernel-overlay-refused" >&5
 		exit 125
 	fi
 	shift 4
 	n=$((n-1))
 done
-exec 4>&-
+exec 5>&-
 exec "$@"`
 
 // Run runs c under the profile p. It returns an error, and no Result,
@@ -74,12 +74,6 @@ func Run(ctx context.Context, p Profile, c Command) (*Result, error) {
 	return New(Options{}).Run(ctx, p, c)
 }
 
-// info is what bwrap writes on --info-fd.
-type info struct {
-	ChildPid int    `json:"child-pid"`
-	PidNS    uint64 `json:"pid-namespace"`
-}
-
 func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode) (res *Result, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -111,20 +105,28 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		}
 	}
 
-	// The chain: [sh overlayScript …] prlimit … bwrap …
-	var argv []string
-	var status *os.File // read end of fd 4
-	var extra []*os.File
-	infoR, infoW, err := os.Pipe()
+	// The chain: [sh overlayScript …] prlimit … bwrap … sh initScript … argv.
+	// fd 3: the sandbox init's "started"; fd 4: the lifeline (see
+	// initScript); fd 5: the overlay script's status.
+	startR, startW, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	defer infoR.Close()
-	extra = append(extra, infoW)
+	defer startR.Close()
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		startW.Close()
+		return nil, err
+	}
+	defer lifeW.Close()
+	extra := []*os.File{startW, lifeR}
+	var status *os.File
+	var argv []string
 	if st != nil && mode != StagingCopy {
 		sr, sw, err := os.Pipe()
 		if err != nil {
-			infoW.Close()
+			startW.Close()
+			lifeR.Close()
 			return nil, err
 		}
 		status = sr
@@ -188,36 +190,27 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	} else {
 		statusText <- ""
 	}
-	infoCh := make(chan info, 1)
+	started := make(chan bool, 1)
 	go func() {
-		var in info
-		if json.NewDecoder(io.LimitReader(infoR, 64<<10)).Decode(&in) == nil && in.ChildPid > 0 {
-			infoCh <- in
-		}
-		close(infoCh)
+		b, _ := io.ReadAll(io.LimitReader(startR, 64))
+		started <- string(b) == "started"
 	}()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 
 	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
 	res = &Result{Staging: mode}
-	var limitCh <-chan string
 	watchStop := make(chan struct{})
-	infoC := infoCh
+	var limitCh <-chan string
+	if pl.limits.Processes > 0 {
+		limitCh = watchProcesses(k, pl.limits.Processes, watchStop)
+	}
 	var waitErr error
 loop:
 	for {
 		select {
 		case waitErr = <-done:
 			break loop
-		case in, ok := <-infoC:
-			infoC = nil
-			if ok {
-				k.setInfo(in)
-				if pl.limits.Processes > 0 {
-					limitCh = watchProcesses(in, pl.limits.Processes, watchStop)
-				}
-			}
 		case what := <-limitCh:
 			limitCh = nil
 			res.LimitExceeded = what
@@ -234,6 +227,7 @@ loop:
 	}
 	close(watchStop)
 	k.stop()
+	k.waitGone(5 * time.Second)
 	res.Duration = time.Since(start)
 
 	ps := cmd.ProcessState
@@ -255,24 +249,12 @@ loop:
 			return nil, fmt.Errorf("sandbox: wait: %w", waitErr)
 		}
 	}
-
 	if txt := <-statusText; strings.Contains(txt, "capkernel-overlay-refused") {
 		why := strings.TrimSpace(strings.ReplaceAll(txt, "capkernel-overlay-refused", ""))
 		return nil, fmt.Errorf("%w: %s", errOverlayRefused, why)
 	}
-	_, started := <-infoCh
-	started = started || k.hasInfo()
-	if !res.Killed() && res.ExitCode == 1 {
-		msg := strings.TrimSpace(string(res.Stderr))
-		if strings.HasPrefix(msg, "bwrap: ") && !strings.Contains(msg, "\n") {
-			if strings.HasPrefix(msg, "bwrap: execvp ") {
-				res.ExitCode = 127 // command not found or not executable, as a shell reports it
-			} else {
-				return nil, fmt.Errorf("sandbox: setup failed: %s", msg)
-			}
-		} else if !started {
-			return nil, fmt.Errorf("sandbox: setup failed: %s", msg)
-		}
+	if !<-started && !res.Killed() {
+		return nil, fmt.Errorf("sandbox: setup failed (exit %d): %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
 	}
 
 	res.stage = st

@@ -1,0 +1,308 @@
+package sandbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capkernel/capkernel/sandbox"
+)
+
+// Timeouts: SIGTERM to every process of the sandbox, SIGKILL after the
+// grace period; nothing survives, children in their own sessions
+// included.
+func TestTimeout(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	tests := []struct {
+		name    string
+		script  string
+		timeout time.Duration
+		grace   time.Duration
+		min     time.Duration // the run lasts at least this…
+		max     time.Duration // …and at most this
+		code    int
+		marks   []string // command lines that must be gone afterwards
+	}{
+		{"sleep dies at SIGTERM", "exec sleep 100.25", time.Second, 3 * time.Second, time.Second, 2500 * time.Millisecond, 143, []string{"sleep 100.25"}},
+		{"children and other sessions", "sleep 100.5 & setsid sleep 100.75 & sh -c 'sleep 101.25' & sleep 101.5",
+			time.Second, 3 * time.Second, time.Second, 2500 * time.Millisecond, 143, []string{"sleep 100.5", "sleep 100.75", "sleep 101.25", "sleep 101.5"}},
+		{"SIGTERM ignored: SIGKILL after the grace", "trap '' TERM; sleep 102.5 & sleep 102.75",
+			time.Second, 1500 * time.Millisecond, 2500 * time.Millisecond, 4500 * time.Millisecond, 137, []string{"sleep 102.5", "sleep 102.75"}},
+		{"finishes in time", "sleep 0.1; echo done", 5 * time.Second, time.Second, 100 * time.Millisecond, 3 * time.Second, 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sandbox.New(sandbox.Options{KillGrace: tc.grace})
+			res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
+				sandbox.Command{Argv: []string{"sh", "-c", tc.script}, Timeout: tc.timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Duration < tc.min || res.Duration > tc.max {
+				t.Fatalf("lasted %v, want %v…%v", res.Duration, tc.min, tc.max)
+			}
+			if res.TimedOut != (tc.code != 0) || res.Cancelled || res.ExitCode != tc.code {
+				t.Fatalf("TimedOut %v Cancelled %v exit %d, want exit %d (stderr %q)", res.TimedOut, res.Cancelled, res.ExitCode, tc.code, res.Stderr)
+			}
+			if res.TimedOut && res.Delta != nil {
+				t.Fatal("a killed run has a delta")
+			}
+			for _, m := range tc.marks {
+				if ps := hostProcsWith(m); len(ps) > 0 {
+					t.Errorf("still running: %q", ps)
+				}
+			}
+		})
+	}
+}
+
+func TestCancel(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	s := sandbox.New(sandbox.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(500*time.Millisecond, cancel)
+	res, err := s.Run(ctx, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}},
+		sandbox.Command{Argv: []string{"sh", "-c", "echo x > f; sleep 103.25 & sleep 103.5"}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Close()
+	if !res.Cancelled || res.TimedOut || res.Duration > 2*time.Second || res.Delta != nil {
+		t.Fatalf("Cancelled %v TimedOut %v after %v, delta %v", res.Cancelled, res.TimedOut, res.Duration, res.Delta)
+	}
+	if ps := hostProcsWith("sleep 103."); len(ps) > 0 {
+		t.Fatalf("still running: %q", ps)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "f")); err == nil {
+		t.Fatal("a cancelled run's write reached the workspace")
+	}
+	// A context cancelled before the run: no run.
+	if _, err := s.Run(ctx, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{Argv: []string{"true"}}); err == nil {
+		t.Fatal("Run with a cancelled context started")
+	}
+}
+
+func TestOutputCaps(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	tests := []struct {
+		name           string
+		script         string
+		limits         sandbox.Limits
+		timeout        time.Duration
+		outLen, errLen int
+		outT, errT     bool
+	}{
+		{"under", "printf 12345; printf abc >&2", sandbox.Limits{Stdout: 10, Stderr: 10}, 0, 5, 3, false, false},
+		{"exactly", "printf 1234567890", sandbox.Limits{Stdout: 10}, 0, 10, 0, false, false},
+		{"over", "head -c 5000000 /dev/zero; head -c 20 /dev/zero >&2", sandbox.Limits{Stdout: 1000, Stderr: 10}, 0, 1000, 10, true, true},
+		{"default cap", "head -c 3000000 /dev/zero", sandbox.Limits{}, 0, sandbox.DefaultOutput, 0, true, false},
+		{"runaway", "yes", sandbox.Limits{Stdout: 4096}, time.Second, 4096, 0, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := sandbox.New(sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
+				sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: tc.limits},
+				sandbox.Command{Argv: []string{"sh", "-c", tc.script}, Timeout: tc.timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Stdout) != tc.outLen || len(res.Stderr) != tc.errLen || res.StdoutTruncated != tc.outT || res.StderrTruncated != tc.errT {
+				t.Fatalf("stdout %d (truncated %v), stderr %d (truncated %v); want %d %v, %d %v",
+					len(res.Stdout), res.StdoutTruncated, len(res.Stderr), res.StderrTruncated, tc.outLen, tc.outT, tc.errLen, tc.errT)
+			}
+		})
+	}
+}
+
+// The limits reach every process (prlimit before bwrap), and they bite.
+func TestRlimits(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	s := sandbox.New(sandbox.Options{})
+	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{
+		CPUTime: 1500 * time.Millisecond, FileSize: 12345, Processes: 77, OpenFiles: 99, Memory: 1 << 30,
+	}}, `sh -c 'cat /proc/self/limits' | awk '/^Max (cpu time|file size|processes|open files|address space)/ {print $(NF-2), $(NF-1), $NF}'`)
+	want := "2 3 seconds\n12345 12345 bytes\n77 77 processes\n99 99 files\n1073741824 1073741824 bytes\n"
+	if string(res.Stdout) != want {
+		t.Fatalf("limits inside:\n%s\nwant:\n%s", res.Stdout, want)
+	}
+}
+
+func TestFileSizeLimit(t *testing.T) {
+	requireSandbox(t)
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ws := t.TempDir()
+			s := sandbox.New(sandbox.Options{Staging: mode})
+			res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: sandbox.Limits{FileSize: 10000}},
+				`head -c 100000 /dev/zero > big; echo "head: $?"; head -c 10000 /dev/zero > fits; echo "fits: $?"`)
+			// SIGXFSZ kills head: the shell reports 128+25.
+			if string(res.Stdout) != "head: 153\nfits: 0\n" {
+				t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+			}
+			for _, c := range res.Delta.Changes {
+				if c.Size > 10000 {
+					t.Fatalf("%s has %d bytes", c.Rel, c.Size)
+				}
+			}
+		})
+	}
+}
+
+func TestCPULimit(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	res, err := sandbox.New(sandbox.Options{}).Run(context.Background(),
+		sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{CPUTime: time.Second}},
+		sandbox.Command{Argv: []string{"sh", "-c", "while :; do :; done"}, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// SIGXCPU at the soft limit.
+	if res.TimedOut || res.ExitCode != 128+int(syscall.SIGXCPU) {
+		t.Fatalf("exit %d, timed out %v", res.ExitCode, res.TimedOut)
+	}
+	if cpu := res.CPUTime(); cpu < 900*time.Millisecond || cpu > 3*time.Second {
+		t.Fatalf("CPU time %v", cpu)
+	}
+	if res.Duration > 10*time.Second {
+		t.Fatalf("lasted %v", res.Duration)
+	}
+}
+
+// CPU time is the whole tree's: children count.
+func TestCPUTimeAccounting(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	res := run(t, sandbox.New(sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
+		`sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done' & sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done'; wait`)
+	if res.CPUTime() < 100*time.Millisecond {
+		t.Fatalf("CPU time %v for two busy children", res.CPUTime())
+	}
+	if res.UserTime <= 0 {
+		t.Fatalf("user time %v", res.UserTime)
+	}
+}
+
+// The process limit: more processes than allowed are refused (an ordinary
+// user's kernel: RLIMIT_NPROC) or the run is killed (a root kernel: the
+// watchdog); either way, nothing is left.
+func TestProcessLimit(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	tests := []struct {
+		name, script string
+	}{
+		{"many sleepers", "for i in $(seq 1 200); do sleep 104.25 & done; wait"},
+		{"fork bomb", "b() { b | b & }; b; sleep 104.5"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := sandbox.New(sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
+				sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Processes: 32}},
+				sandbox.Command{Argv: []string{"bash", "-c", tc.script}, Timeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			contained := res.LimitExceeded == "processes" ||
+				strings.Contains(string(res.Stderr), "Resource temporarily unavailable") // fork refused
+			if !contained || res.TimedOut {
+				t.Fatalf("not contained: limit %q, timed out %v after %v, stderr %.300q", res.LimitExceeded, res.TimedOut, res.Duration, res.Stderr)
+			}
+			if os.Geteuid() == 0 && res.LimitExceeded != "processes" {
+				t.Fatalf("root kernel: the watchdog did not fire")
+			}
+			if res.Duration > 10*time.Second {
+				t.Fatalf("lasted %v", res.Duration)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if ps := hostProcsWith("104."); len(ps) > 0 {
+				t.Fatalf("%d processes left: %q", len(ps), ps[0])
+			}
+		})
+	}
+}
+
+// The whole chain dies with the kernel: a kernel killed with SIGKILL
+// mid-run leaves no sandboxed process behind, and CleanupStale then
+// removes its staging.
+func TestKernelKilled(t *testing.T) {
+	requireSandbox(t)
+	if os.Getenv("CAPKERNEL_SANDBOX_HELPER") == "kernel" {
+		return // the helper body runs in TestHelperKernel
+	}
+	stage := t.TempDir()
+	ws := filepath.Join(t.TempDir(), "ws")
+	mkTree(t, ws, map[string]string{"a": "a"})
+	before := treeHash(t, ws)
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			mark := fmt.Sprintf("105.%d", int(mode))
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKernel$", "-test.v")
+			cmd.Env = append(os.Environ(), "CAPKERNEL_SANDBOX_HELPER=kernel", "HELPER_WS="+ws, "HELPER_STAGE="+stage,
+				"HELPER_MARK="+mark, "HELPER_MODE="+strconv.Itoa(int(mode)))
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// Wait until the sandboxed sleep runs.
+			deadline := time.Now().Add(10 * time.Second)
+			for len(hostProcsWith("sleep "+mark)) == 0 {
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					b := make([]byte, 4096)
+					n, _ := out.Read(b)
+					t.Fatalf("the helper's sandbox never started: %s", b[:n])
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			cmd.Process.Signal(syscall.SIGKILL)
+			cmd.Wait()
+			deadline = time.Now().Add(5 * time.Second)
+			for {
+				ps := hostProcsWith(mark)
+				if len(ps) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("orphans after the kernel died: %q", ps)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			sameTree(t, "workspace", before, treeHash(t, ws))
+			n, err := sandbox.CleanupStale(stage)
+			if n != 1 || err != nil {
+				t.Fatalf("CleanupStale = %d, %v", n, err)
+			}
+			if ents, _ := os.ReadDir(stage); len(ents) != 0 {
+				t.Fatalf("staging left: %v", ents)
+			}
+		})
+	}
+}
+
+// TestHelperKernel is the "kernel" TestKernelKilled kills.
+func TestHelperKernel(t *testing.T) {
+	if os.Getenv("CAPKERNEL_SANDBOX_HELPER") != "kernel" {
+		t.Skip("helper process for TestKernelKilled")
+	}
+	mode, _ := strconv.Atoi(os.Getenv("HELPER_MODE"))
+	s := sandbox.New(sandbox.Options{StagingDir: os.Getenv("HELPER_STAGE"), Staging: sandbox.StagingMode(mode)})
+	s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: os.Getenv("HELPER_WS"), Writable: true}}},
+		sandbox.Command{Argv: []string{"sh", "-c", "echo x > a; echo y > b; setsid sleep 1" + os.Getenv("HELPER_MARK") + " & sleep " + os.Getenv("HELPER_MARK")}})
+	t.Fatal("the helper's run returned")
+}
