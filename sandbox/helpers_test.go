@@ -17,6 +17,13 @@ import (
 	"github.com/capkernel/capkernel/sandbox"
 )
 
+// newSandbox returns a Sandbox closed when the test ends.
+func newSandbox(tb testing.TB, opts sandbox.Options) *sandbox.Sandbox {
+	s := sandbox.New(opts)
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
 // requireSandbox skips nothing: the sandbox tests need bubblewrap, and a
 // machine without it fails them (make test installs it).
 func requireSandbox(t *testing.T) {
@@ -157,4 +164,21 @@ func needCommand(t *testing.T, name string) {
 	if _, err := exec.LookPath(name); err != nil {
 		t.Fatalf("%s not installed (apt-get install -y %s)", name, name)
 	}
+}
+
+// runStages lists the per-run staging directories in dir (not the /etc
+// snapshot a Sandbox keeps there).
+func runStages(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "capsandbox-etc-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }

@@ -17,7 +17,7 @@ import (
 )
 
 func TestUnavailable(t *testing.T) {
-	s := sandbox.New(sandbox.Options{Bwrap: "/nonexistent/bwrap"})
+	s := newSandbox(t, sandbox.Options{Bwrap: "/nonexistent/bwrap"})
 	if err := s.Available(); !errors.Is(err, sandbox.ErrUnavailable) || err.Error() != "sandbox unavailable: install bubblewrap" {
 		t.Fatalf("Available = %v", err)
 	}
@@ -32,9 +32,7 @@ func TestBadProfile(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
 	mkTree(t, ws, map[string]string{"f": "x", "d/": ""})
-	link := filepath.Join(t.TempDir(), "link")
 	must(t, os.Symlink("/etc", filepath.Join(ws, "out")))
-	_ = link
 	tests := []struct {
 		name string
 		p    sandbox.Profile
@@ -76,7 +74,7 @@ func TestVisibility(t *testing.T) {
 	repo, _ := os.Getwd()
 	home, _ := os.UserHomeDir()
 	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}, {Path: ro}}}
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 	tests := []struct {
 		name   string
 		script string
@@ -91,7 +89,10 @@ func TestVisibility(t *testing.T) {
 		{"home invisible", fmt.Sprintf("test -e %s/. && echo visible || echo invisible", home), "invisible\n"},
 		{"/root /home invisible", "ls -A /root /home 2>/dev/null | wc -l", "0\n"},
 		{"shadow absent", "cat /etc/shadow 2>/dev/null && echo read || echo refused", "refused\n"},
-		{"etc minimal", "test -e /etc/ssh -o -e /etc/sudoers -o -e /etc/machine-id && echo more || echo minimal", "minimal\n"},
+		{"etc minimal", "test -e /etc/ssh -o -e /etc/sudoers -o -e /etc/machine-id -o -e /etc/ssl/private -o -e /etc/gshadow && echo more || echo minimal", "minimal\n"},
+		{"etc passwd is the sandbox's", "whoami; cut -d: -f1 /etc/passwd | tr '\\n' ' '", "sandbox\nroot sandbox nobody "},
+		{"etc has what tools need", "test -s /etc/ssl/certs/ca-certificates.crt && test -e /etc/resolv.conf && test -e /etc/ld.so.cache && echo ok", "ok\n"},
+		{"etc read-only", "echo x > /etc/hosts 2>/dev/null || touch /etc/new 2>/dev/null || echo refused", "refused\n"},
 		{"usr read-only", "touch /usr/x 2>/dev/null && echo wrote || echo refused", "refused\n"},
 		{"tmp private and writable", "echo x > /tmp/x && cat /tmp/x && ls /tmp | grep -v '^" + strings.Split(strings.TrimPrefix(base, "/tmp/"), "/")[0] + "$' | wc -l", "x\n1\n"},
 		{"no capabilities", "grep CapEff /proc/self/status", "CapEff:\t0000000000000000\n"},
@@ -99,6 +100,7 @@ func TestVisibility(t *testing.T) {
 		{"uid 1000", "id -u; id -g", "1000\n1000\n"},
 		{"working directory", "pwd", ws + "\n"},
 		{"hostname", "hostname", "sandbox\n"},
+		{"niced", "cut -d' ' -f19 /proc/self/stat", "10\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,7 +138,7 @@ func TestDenyOverlays(t *testing.T) {
 					"proj/.environment.md": "visible too",
 				})
 				before := treeHash(t, home)
-				s := sandbox.New(sandbox.Options{Staging: mode})
+				s := newSandbox(t, sandbox.Options{Staging: mode})
 				p := sandbox.Profile{Roots: []sandbox.Root{{Path: home, Writable: writable}}}
 				res := run(t, s, p, `
 for f in .ssh/id_rsa .ssh/config .aws/credentials .gnupg/secring.gpg .env proj/.env proj/.env.local proj/deep/.ssh/key; do
@@ -180,7 +182,7 @@ func TestEnvironment(t *testing.T) {
 	requireSandbox(t)
 	t.Setenv("CAPKERNEL_TEST_LEAK", "leaked-from-host")
 	ws := t.TempDir()
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -208,7 +210,7 @@ func TestPidNamespace(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
 	hostInit, _ := os.ReadFile("/proc/1/cmdline")
-	res := run(t, sandbox.New(sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
+	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
 		`tr '\0\n' '  ' < /proc/1/cmdline | grep -o capkernel-init | head -1; echo $$ $PPID; ls /proc | grep '^[0-9]' | wc -l`)
 	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
 	if len(lines) != 3 {
@@ -232,7 +234,7 @@ func TestPidNamespace(t *testing.T) {
 func TestStdinAndExit(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}
 	tests := []struct {
 		name   string
@@ -270,7 +272,7 @@ func TestNetOffAndFull(t *testing.T) {
 	defer srv.Close()
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	ws := t.TempDir()
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 	tests := []struct {
 		net  sandbox.NetMode
 		want string
@@ -293,4 +295,21 @@ func TestNetOffAndFull(t *testing.T) {
 			t.Fatalf("interfaces: %q", res.Stdout)
 		}
 	})
+}
+
+// A bwrap failure before the command starts is an error, not a result.
+func TestSetupFailure(t *testing.T) {
+	requireSandbox(t)
+	// Bound at /proc/<pid>/fdinfo, which the sandbox's own /proc hides.
+	res, err := newSandbox(t, sandbox.Options{}).Run(context.Background(),
+		sandbox.Profile{Roots: []sandbox.Root{{Path: "/proc/self/fdinfo"}}}, sandbox.Command{Argv: []string{"true"}})
+	if err == nil || !strings.Contains(err.Error(), "setup failed") || !strings.Contains(err.Error(), "bwrap: ") || res != nil {
+		t.Fatalf("Run = %+v, %v", res, err)
+	}
+	// A command that exits 1 printing what bwrap would is still a result.
+	res, err = newSandbox(t, sandbox.Options{}).Run(context.Background(),
+		sandbox.Profile{Roots: []sandbox.Root{{Path: t.TempDir()}}}, sandbox.Command{Argv: []string{"sh", "-c", "echo 'bwrap: fake' >&2; exit 1"}})
+	if err != nil || res.ExitCode != 1 {
+		t.Fatalf("Run = %+v, %v", res, err)
+	}
 }

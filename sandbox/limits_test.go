@@ -40,7 +40,7 @@ func TestTimeout(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := sandbox.New(sandbox.Options{KillGrace: tc.grace})
+			s := newSandbox(t, sandbox.Options{KillGrace: tc.grace})
 			res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
 				sandbox.Command{Argv: []string{"sh", "-c", tc.script}, Timeout: tc.timeout})
 			if err != nil {
@@ -67,7 +67,7 @@ func TestTimeout(t *testing.T) {
 func TestCancel(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(500*time.Millisecond, cancel)
 	res, err := s.Run(ctx, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}},
@@ -110,7 +110,7 @@ func TestOutputCaps(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := sandbox.New(sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
+			res, err := newSandbox(t, sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
 				sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: tc.limits},
 				sandbox.Command{Argv: []string{"sh", "-c", tc.script}, Timeout: tc.timeout})
 			if err != nil {
@@ -128,7 +128,7 @@ func TestOutputCaps(t *testing.T) {
 func TestRlimits(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{
 		CPUTime: 1500 * time.Millisecond, FileSize: 12345, Processes: 77, OpenFiles: 99, Memory: 1 << 30,
 	}}, `sh -c 'cat /proc/self/limits' | awk '/^Max (cpu time|file size|processes|open files|address space)/ {print $(NF-2), $(NF-1), $NF}'`)
@@ -143,7 +143,7 @@ func TestFileSizeLimit(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			ws := t.TempDir()
-			s := sandbox.New(sandbox.Options{Staging: mode})
+			s := newSandbox(t, sandbox.Options{Staging: mode})
 			res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: sandbox.Limits{FileSize: 10000}},
 				`head -c 100000 /dev/zero > big; echo "head: $?"; head -c 10000 /dev/zero > fits; echo "fits: $?"`)
 			// SIGXFSZ kills head: the shell reports 128+25.
@@ -162,7 +162,7 @@ func TestFileSizeLimit(t *testing.T) {
 func TestCPULimit(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
-	res, err := sandbox.New(sandbox.Options{}).Run(context.Background(),
+	res, err := newSandbox(t, sandbox.Options{}).Run(context.Background(),
 		sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{CPUTime: time.Second}},
 		sandbox.Command{Argv: []string{"sh", "-c", "while :; do :; done"}, Timeout: 20 * time.Second})
 	if err != nil {
@@ -184,7 +184,7 @@ func TestCPULimit(t *testing.T) {
 func TestCPUTimeAccounting(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
-	res := run(t, sandbox.New(sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
+	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
 		`sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done' & sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done'; wait`)
 	if res.CPUTime() < 100*time.Millisecond {
 		t.Fatalf("CPU time %v for two busy children", res.CPUTime())
@@ -208,7 +208,7 @@ func TestProcessLimit(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := sandbox.New(sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
+			res, err := newSandbox(t, sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
 				sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Processes: 32}},
 				sandbox.Command{Argv: []string{"bash", "-c", tc.script}, Timeout: 20 * time.Second})
 			if err != nil {
@@ -284,8 +284,9 @@ func TestKernelKilled(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			sameTree(t, "workspace", before, treeHash(t, ws))
+			// The dead kernel's run staging and its /etc snapshot.
 			n, err := sandbox.CleanupStale(stage)
-			if n != 1 || err != nil {
+			if n != 2 || err != nil {
 				t.Fatalf("CleanupStale = %d, %v", n, err)
 			}
 			if ents, _ := os.ReadDir(stage); len(ents) != 0 {

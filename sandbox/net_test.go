@@ -57,7 +57,7 @@ func TestNetAllowlist(t *testing.T) {
 		return p
 	}
 	ws := t.TempDir()
-	s := sandbox.New(sandbox.Options{})
+	s := newSandbox(t, sandbox.Options{})
 
 	t.Run("allowed and denied", func(t *testing.T) {
 		proxy := newProxy(t, 0)

@@ -99,6 +99,20 @@ func (k *killer) killLocked() {
 	}
 	if k.init != 0 && pidNS(k.init) == k.ns {
 		syscall.Kill(k.init, syscall.SIGKILL)
+		// The init's exit kills the whole namespace, but only once the
+		// init gets the CPU, which a fork bomb's thousands of processes
+		// delay; meanwhile they fork on. So kill them from here too, at
+		// the kernel's priority, until none is left: a process with
+		// SIGKILL pending can fork no more.
+		for range 100 {
+			pids := nsPids(k.ns)
+			if len(pids) == 0 {
+				break
+			}
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
 		if k.backstop == nil {
 			k.backstop = time.AfterFunc(5*time.Second, func() {
 				k.mu.Lock()
@@ -214,7 +228,7 @@ func childrenByScan(ppid int) []string {
 }
 
 // watchInterval is how often the process watchdog counts.
-const watchInterval = 20 * time.Millisecond
+const watchInterval = 10 * time.Millisecond
 
 // watchProcesses counts the processes of the sandbox (in its own /proc,
 // through its init's root) and reports "processes" once there are more

@@ -20,18 +20,6 @@ var (
 
 func denyFile(name string) bool { return name == ".env" || strings.HasPrefix(name, ".env.") }
 
-// etcFiles are the only entries of the host's /etc bound (read-only) into
-// the sandbox: name service, dynamic linker, TLS roots, Debian
-// alternatives, time zone. Secrets such as /etc/shadow, /etc/ssh or
-// /etc/sudoers are never visible.
-var etcFiles = []string{
-	"passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
-	"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
-	"ca-certificates.conf", "pki", "crypto-policies", "localtime", "timezone", "protocols", "services",
-	"mime.types", "os-release", "debian_version", "profile", "bash.bashrc", "inputrc", "terminfo",
-	"magic", "magic.mime", "gitconfig", "manpath.config", "environment.d",
-}
-
 // systemDirs are bound read-only when they are directories and recreated
 // as the same symlinks when they are links (merged /usr).
 var systemDirs = []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
@@ -262,11 +250,8 @@ const (
 )
 
 // bwrapArgs is bwrap's command line for the plan (without the bwrap path).
-func (s *Sandbox) bwrapArgs(p *plan, t *tools) []string {
-	id := "1000"
-	if s.opts.RootInside {
-		id = "0"
-	}
+func (s *Sandbox) bwrapArgs(p *plan, t *tools, etcDir string) []string {
+	id := strconv.Itoa(s.uid())
 	a := []string{
 		"--die-with-parent", "--new-session",
 		"--unshare-user", "--uid", id, "--gid", id, "--disable-userns",
@@ -290,13 +275,8 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools) []string {
 			a = append(a, "--ro-bind", d, d)
 		}
 	}
-	for _, name := range etcFiles {
-		src, err := filepath.EvalSymlinks(filepath.Join("/etc", name))
-		if err != nil {
-			continue
-		}
-		a = append(a, "--ro-bind", src, filepath.Join("/etc", name))
-	}
+	a = append(a, "--ro-bind", etcDir, "/etc")
+	a = append(a, etcDirBinds()...)
 	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
 	for _, ro := range p.readOnly {
 		a = append(a, "--ro-bind", ro[0], ro[1])

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // errOverlayRefused: the kernel refused the overlay mount in the run's
@@ -69,9 +72,12 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 	}
 }
 
-// Run runs c under p with a Sandbox of default Options.
+var defaultSandbox = sync.OnceValue(func() *Sandbox { return New(Options{}) })
+
+// Run runs c under p with a Sandbox of default Options, shared by the
+// process and never closed.
 func Run(ctx context.Context, p Profile, c Command) (*Result, error) {
-	return New(Options{}).Run(ctx, p, c)
+	return defaultSandbox().Run(ctx, p, c)
 }
 
 func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode) (res *Result, err error) {
@@ -81,7 +87,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	var st *stageDir
 	manifests := map[*rootPlan]map[string]stamp{}
 	if rw := pl.writable(); len(rw) > 0 {
-		if st, err = newStageDir(s.opts.StagingDir); err != nil {
+		if st, err = newStageDir(s.opts.StagingDir, "run-"); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -104,6 +110,16 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			}
 		}
 	}
+
+	ec, err := s.etcCache()
+	if err != nil {
+		return nil, err
+	}
+	etcDir, releaseEtc, err := ec.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer releaseEtc()
 
 	// The chain: [sh overlayScript …] prlimit … bwrap … sh initScript … argv.
 	// fd 3: the sandbox init's "started"; fd 4: the lifeline (see
@@ -141,7 +157,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	argv = append(argv, t.prlimit)
 	argv = append(argv, rlimitArgs(pl.limits)...)
 	argv = append(argv, "--", t.bwrap)
-	argv = append(argv, s.bwrapArgs(pl, t)...)
+	argv = append(argv, s.bwrapArgs(pl, t, etcDir)...)
 
 	stdout := &capped{max: pl.limits.Stdout}
 	stderr := &capped{max: pl.limits.Stderr}
@@ -172,14 +188,32 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	defer cancelTimeout()
 
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		for _, f := range extra {
-			f.Close()
+	// Start and wait from a goroutine locked to its own OS thread, which
+	// it never unlocks, so the thread ends with the run: the chain's
+	// parent-death signals (Go's Pdeathsig, bwrap's --die-with-parent)
+	// follow the thread that forked, not the process, and the thread's
+	// niceness, which the chain inherits, must not spill over to other
+	// goroutines.
+	startErr := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if s.opts.Nice > 0 {
+			unix.Setpriority(unix.PRIO_PROCESS, 0, s.opts.Nice) // this thread only
 		}
-		return nil, fmt.Errorf("sandbox: start: %w", err)
-	}
+		if err := cmd.Start(); err != nil {
+			startErr <- err
+			return
+		}
+		startErr <- nil
+		done <- cmd.Wait()
+	}()
+	err = <-startErr
 	for _, f := range extra {
 		f.Close()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: start: %w", err)
 	}
 	statusText := make(chan string, 1)
 	if status != nil {
@@ -195,8 +229,6 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		b, _ := io.ReadAll(io.LimitReader(startR, 64))
 		started <- string(b) == "started"
 	}()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
 
 	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
 	res = &Result{Staging: mode}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -126,6 +127,7 @@ type Options struct {
 	Symlinks   SymlinkPolicy // default SymlinksRefuse
 	ProxyPort  int           // loopback TCP port of the in-sandbox proxy relay; default 3128
 	RootInside bool          // run as uid/gid 0 inside the sandbox instead of 1000 (never with capabilities)
+	Nice       int           // scheduling niceness of the sandbox (so the kernel and its watchdog keep the CPU); default 10, negative: unchanged
 }
 
 // Sandbox runs commands under bubblewrap. It is safe for concurrent use.
@@ -133,6 +135,45 @@ type Sandbox struct {
 	opts           Options
 	overlayRefused atomic.Bool
 	refusedWhy     atomic.Value // string
+
+	mu     sync.Mutex
+	etc    *etcCache
+	closed bool
+}
+
+// etcCache opens the Sandbox's /etc snapshot cache on first use.
+func (s *Sandbox) etcCache() (*etcCache, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("sandbox: closed")
+	}
+	if s.etc == nil {
+		s.etc = openEtcCache(s.opts.StagingDir, s.uid())
+	}
+	return s.etc, nil
+}
+
+// Close releases what the Sandbox keeps between runs (its /etc snapshot,
+// once no other Sandbox with the same staging directory uses it; runs in
+// flight finish first). Results already returned stay valid until their
+// own Close. Run fails after Close.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed && s.etc != nil {
+		s.etc.close()
+	}
+	s.closed = true
+	return nil
+}
+
+// uid is the user and group id of the command inside the sandbox.
+func (s *Sandbox) uid() int {
+	if s.opts.RootInside {
+		return 0
+	}
+	return 1000
 }
 
 // New returns a Sandbox with opts.
@@ -148,6 +189,9 @@ func New(opts Options) *Sandbox {
 	}
 	if opts.ProxyPort <= 0 {
 		opts.ProxyPort = 3128
+	}
+	if opts.Nice == 0 {
+		opts.Nice = 10
 	}
 	return &Sandbox{opts: opts}
 }

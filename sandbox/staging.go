@@ -34,8 +34,8 @@ type stageDir struct {
 	lock *os.File
 }
 
-func newStageDir(parent string) (*stageDir, error) {
-	dir, err := os.MkdirTemp(parent, stagePrefix)
+func newStageDir(parent, kind string) (*stageDir, error) {
+	dir, err := os.MkdirTemp(parent, stagePrefix+kind)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: staging: %w", err)
 	}

@@ -118,7 +118,7 @@ func TestStagedWrites(t *testing.T) {
 				ws := filepath.Join(t.TempDir(), "ws")
 				mkTree(t, ws, baseTree)
 				before := treeHash(t, ws)
-				s := sandbox.New(sandbox.Options{Staging: mode})
+				s := newSandbox(t, sandbox.Options{Staging: mode})
 				res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}}, "set -e\n"+tc.script)
 				if res.ExitCode != 0 {
 					t.Fatalf("exit %d: %s", res.ExitCode, res.Stderr)
@@ -159,7 +159,7 @@ func TestDeltaApplies(t *testing.T) {
 			ws := filepath.Join(t.TempDir(), "ws")
 			mkTree(t, ws, baseTree)
 			before := treeHash(t, ws)
-			s := sandbox.New(sandbox.Options{Staging: mode})
+			s := newSandbox(t, sandbox.Options{Staging: mode})
 			p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}}
 			res := run(t, s, p, `set -e
 rm -rf gone re; mkdir re; echo r9 > re/r9; mv sub sub2; echo more >> a.txt; chmod 700 sub2
@@ -173,7 +173,7 @@ done`)
 			}
 			sameTree(t, "workspace", before, treeHash(t, ws))
 			apply(t, res.Delta)
-			res2 := run(t, sandbox.New(sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
+			res2 := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
 find . -path ./.env -prune -o -print | LC_ALL=C sort | while read -r f; do
 	if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; elif [ -d "$f" ]; then echo "$f/ $(stat -c %a "$f")"; else echo "$f $(stat -c %a "$f") $(md5sum < "$f" | cut -c1-32)"; fi
 done`)
@@ -237,7 +237,7 @@ func TestDeltaErrors(t *testing.T) {
 				ws := filepath.Join(t.TempDir(), "ws")
 				mkTree(t, ws, baseTree)
 				before := treeHash(t, ws)
-				s := sandbox.New(sandbox.Options{Staging: mode, Symlinks: tc.links})
+				s := newSandbox(t, sandbox.Options{Staging: mode, Symlinks: tc.links})
 				res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: tc.limits}, tc.script)
 				sameTree(t, "workspace", before, treeHash(t, ws))
 				if tc.err != nil {
@@ -279,7 +279,7 @@ func TestTraversal(t *testing.T) {
 				"d/up->../../outside": "",
 			})
 			beforeWS, beforeOut := treeHash(t, ws), treeHash(t, outside)
-			s := sandbox.New(sandbox.Options{Staging: mode, Symlinks: sandbox.SymlinksRecord})
+			s := newSandbox(t, sandbox.Options{Staging: mode, Symlinks: sandbox.SymlinksRecord})
 			res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}}, fmt.Sprintf(`
 echo pwn > rel/o.txt 2>/dev/null && echo wrote-rel
 echo pwn > abs/new.txt 2>/dev/null && echo wrote-abs
@@ -333,7 +333,7 @@ func TestNestedRoots(t *testing.T) {
 			ws := filepath.Join(t.TempDir(), "ws")
 			mkTree(t, ws, map[string]string{"top.txt": "t\n", "docs/d.txt": "d\n", "out/o.txt": "o\n", "out/.env": "S\n"})
 			before := treeHash(t, ws)
-			s := sandbox.New(sandbox.Options{Staging: mode})
+			s := newSandbox(t, sandbox.Options{Staging: mode})
 			p := sandbox.Profile{Roots: []sandbox.Root{
 				{Path: filepath.Join(ws, "out"), Writable: true},
 				{Path: ws, Writable: true},
@@ -385,7 +385,7 @@ func TestOverlayFallback(t *testing.T) {
 	script := "echo new > n.txt; rm -rf gone; echo more >> a.txt"
 	want := "deleted file gone/y/z\ndeleted dir gone/y\ndeleted file gone/x\ndeleted dir gone\nmodified file a.txt 644 =alpha\nmore\nadded file n.txt 644 =new"
 
-	auto := sandbox.New(sandbox.Options{StagingDir: stage})
+	auto := newSandbox(t, sandbox.Options{StagingDir: stage})
 	res := run(t, auto, p, script)
 	if res.Staging != sandbox.StagingCopy {
 		t.Fatalf("staged by %v", res.Staging)
@@ -402,13 +402,12 @@ func TestOverlayFallback(t *testing.T) {
 	}
 	sameTree(t, "workspace", before, treeHash(t, ws))
 
-	_, err := sandbox.New(sandbox.Options{StagingDir: stage, Staging: sandbox.StagingOverlay}).Run(context.Background(), p, sandbox.Command{Argv: []string{"true"}})
+	_, err := newSandbox(t, sandbox.Options{StagingDir: stage, Staging: sandbox.StagingOverlay}).Run(context.Background(), p, sandbox.Command{Argv: []string{"true"}})
 	if err == nil || !strings.Contains(err.Error(), "overlayfs refused") {
 		t.Fatalf("StagingOverlay with a refused overlay: %v", err)
 	}
-	ents, _ := os.ReadDir(stage)
-	if len(ents) != 1 { // the auto run's, until Close
-		t.Fatalf("staging dir holds %d entries", len(ents))
+	if ents := runStages(t, stage); len(ents) != 1 { // the auto run's, until Close
+		t.Fatalf("staging dir holds %v", ents)
 	}
 }
 
@@ -420,7 +419,7 @@ func TestStagingCleanup(t *testing.T) {
 	ws := filepath.Join(t.TempDir(), "ws")
 	mkTree(t, ws, map[string]string{"a": "a"})
 	for _, mode := range modes {
-		s := sandbox.New(sandbox.Options{StagingDir: stage, Staging: mode})
+		s := newSandbox(t, sandbox.Options{StagingDir: stage, Staging: mode})
 		res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}},
 			sandbox.Command{Argv: []string{"sh", "-c", "mkdir -p locked/in && echo x > locked/in/f && chmod 0 locked/in && chmod 500 locked"}})
 		if err != nil {
@@ -434,8 +433,8 @@ func TestStagingCleanup(t *testing.T) {
 			t.Fatalf("CleanupStale removed %d live staging dirs (%v)", n, err)
 		}
 		must(t, res.Close())
-		if ents, _ := os.ReadDir(stage); len(ents) != 0 {
-			t.Fatalf("%v: %d entries left after Close", mode, len(ents))
+		if ents := runStages(t, stage); len(ents) != 0 {
+			t.Fatalf("%v: %v left after Close", mode, ents)
 		}
 	}
 	// A dead run's leftovers: unlocked, with unwritable directories.
