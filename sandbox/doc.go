@@ -1,3 +1,232 @@
-// Package sandbox runs a command under bubblewrap with writes to its
-// read-write roots staged, for proc.exec. (Full documentation below.)
+// Package sandbox runs one command under bubblewrap for proc.exec: it sees
+// only what a capability token grants, its writes to read-write roots are
+// staged instead of applied, and what it wrote comes back as a delta the
+// caller commits (stages through the transaction) or discards.
+//
+// # Use
+//
+//	s := sandbox.New(sandbox.Options{})
+//	defer s.Close()
+//	res, err := s.Run(ctx, sandbox.Profile{
+//		Roots:  []sandbox.Root{{Path: "/work/repo", Writable: true}, {Path: "/work/docs"}},
+//		Net:    sandbox.NetOff,
+//		Env:    map[string]string{"HOME": "/tmp", "LANG": "C.UTF-8"},
+//		Limits: sandbox.Limits{CPUTime: 10 * time.Second, FileSize: 64 << 20, Processes: 128},
+//	}, sandbox.Command{Argv: []string{"make", "test"}, Dir: "/work/repo", Timeout: time.Minute})
+//	if err != nil { … }          // could not run at all (ErrUnavailable, bad profile, setup failure)
+//	defer res.Close()            // removes the staging (and the delta's Source files)
+//	if res.Killed() || res.DeltaErr != nil { /* roll back: nothing to undo */ }
+//	for _, c := range res.Delta.Changes { /* stage c: WriteFile(c.Source content, c.Mode) or Delete */ }
+//
+// Run never touches a root. Rolling back is dropping the Result; the
+// workspace is byte-identical to before the run, whatever the command did.
+//
+// # The profile
+//
+// The command runs as uid/gid 1000 ("sandbox"; 0 with Options.RootInside)
+// with no capabilities, in new user, mount, pid, ipc, uts and (where the
+// kernel allows) cgroup namespaces, in a new session, in a file system
+// that holds only:
+//
+//   - /usr read-only, and /bin, /sbin, /lib, /lib32, /lib64, /libx32 as the
+//     host has them (the same symlinks on merged-/usr systems, else
+//     read-only binds);
+//   - /etc: a read-only snapshot of a fixed list of harmless entries
+//     (hosts, resolv.conf, nsswitch.conf, ld.so.cache, os-release,
+//     localtime, …) with passwd and group written fresh (root, sandbox,
+//     nobody), plus read-only binds of /etc/alternatives, /etc/ssl/certs,
+//     /etc/ld.so.conf.d, /etc/terminfo and the like. /etc/shadow,
+//     /etc/ssh, /etc/ssl/private, /etc/sudoers are never there. The
+//     snapshot is rebuilt when the host's entries change;
+//   - a fresh /proc (the sandbox's pid namespace only), a minimal /dev
+//     (null, zero, full, random, urandom, tty, pts, shm), and an empty
+//     private tmpfs /tmp;
+//   - Profile.ReadOnly paths, read-only;
+//   - each root at its own path, outer roots before the roots nested in
+//     them: r roots read-only, rw roots through the staging layer;
+//   - deny overlays, last: inside every bound root, each directory named
+//     .ssh, .aws or .gnupg is covered by an empty read-only tmpfs and each
+//     regular file named .env or .env.* by /dev/null (unopenable:
+//     nodev). This covers the host user's ~/.ssh, ~/.aws and ~/.gnupg
+//     whenever their home is, or is under, a root. The roots are walked
+//     for these names at every run, without following links.
+//
+// Nothing else of the host is visible: not /root, /home, /var, /run, the
+// kernel's own files, or any sibling of a root. The working directory is
+// Command.Dir (default the first root); it must be in a root.
+//
+// The environment is cleared, then set to Profile.Env exactly, with PATH
+// defaulting to DefaultPath; bwrap adds PWD. With NetAllowlist, HTTP_PROXY,
+// HTTPS_PROXY, ALL_PROXY (and their lower-case forms) are set to the
+// relay and NO_PROXY is emptied.
+//
+// The network: NetOff unshares the network namespace (loopback only).
+// NetAllowlist does too, and binds Profile.ProxySocket (a netproxy unix
+// socket) at /run/capkernel/proxy.sock; the sandbox's init starts socat
+// listening on 127.0.0.1:Options.ProxyPort (3128) and relaying each
+// connection to that socket, and waits until the port listens before the
+// command starts. socat was chosen for the relay because it is a Debian
+// package that needs nothing from the caller's binary (a re-executed Go
+// helper would have had to be bound into every sandbox). NetFull shares
+// the host's network namespace.
+//
+// # How a run is put together
+//
+// The kernel starts, in a new user namespace that maps only its own uid and
+// gid (to 0) and a new mount namespace:
+//
+//	[sh overlayScript: mount the overlays]  prlimit …  bwrap …  sh initScript … argv
+//
+// The overlays are mounted in that mount namespace, so no mount is ever
+// visible on the host or outlives the run. prlimit sets the rlimits, which
+// every process of the sandbox inherits. bwrap runs with --as-pid-1; the
+// sandbox's pid 1 is a small POSIX sh init that runs the command as its
+// child (stdin and stderr passed through), forwards SIGTERM, SIGINT and
+// SIGHUP to it, reaps orphans and exits with its status. Because bwrap
+// waits for that init, and the kernel for bwrap, Result's CPU time is the
+// whole tree's (bwrap's own init is killed unreaped, which would lose it).
+// The command, as a background job of a non-interactive shell, starts
+// with SIGINT and SIGQUIT ignored (POSIX).
+//
+// The chain is forked from an OS thread locked for the run's lifetime:
+// parent-death signals follow the forking thread, and the thread's
+// niceness (Options.Nice, default 10) is what the sandbox inherits, so
+// the kernel and its watchdog keep the CPU against a runaway command.
+//
+// The chain dies with the kernel: Go's Pdeathsig, bwrap's
+// --die-with-parent, and a lifeline: the read end of a pipe whose write
+// end only the kernel holds; a watcher in the sandbox kills every process
+// of the namespace once it reads end-of-file.
+//
+// # Limits
+//
+// rlimits (prlimit, per process, inherited): CPUTime as RLIMIT_CPU (soft
+// = the limit rounded up to whole seconds: SIGXCPU; hard one second later:
+// SIGKILL), FileSize as RLIMIT_FSIZE (SIGXFSZ), OpenFiles as
+// RLIMIT_NOFILE, Memory as RLIMIT_AS, Processes as RLIMIT_NPROC. Go's
+// os/exec cannot set a child's rlimits, and bwrap has no option for them;
+// prlimit (util-linux) applies them to itself and execs bwrap.
+//
+// RLIMIT_NPROC counts, thanks to the user namespaces, only the sandbox's
+// processes — but the kernel does not enforce it at all for processes of
+// the host's uid 0. When the kernel runs as root the sandbox's processes
+// are uid 0 on the host (the user namespace maps the kernel's own uid; a
+// mapping to another uid would make a root-owned workspace unwritable, and
+// these machines refuse mounts in a user namespace that maps both uid and
+// gid 0 to another id). So a watchdog counts the sandbox's processes every
+// 10 ms (in the sandbox's own /proc, through its init) and, above
+// Processes, kills the whole sandbox: Result.LimitExceeded = "processes".
+// The kill goes to the init (whose exit makes the kernel kill the
+// namespace) and, from the kernel's own priority, to every process of the
+// namespace until none is left. A fork bomb is thus contained within a
+// few hundred milliseconds; with an ordinary-user kernel RLIMIT_NPROC
+// refuses the forks first.
+//
+// RLIMIT_CPU bounds each process, not the tree; the tree's CPU time is
+// reported (UserTime, SystemTime), and Command.Timeout bounds wall time.
+// CPU spent by processes still running when the command exits (killed
+// with the namespace) is not counted.
+//
+// Output: the first Limits.Stdout and Limits.Stderr bytes (1 MiB each by
+// default) are kept, the rest is read and dropped, with the Truncated
+// flags set.
+//
+// # Timeouts and cancellation
+//
+// When Command.Timeout expires or ctx is cancelled: SIGTERM to every
+// process in the sandbox's pid namespace (the command's process group and
+// anything that left it with setsid), then, after Options.KillGrace (3 s
+// by default), SIGKILL as for the process limit. Result.TimedOut or
+// Result.Cancelled is set, ExitCode is 128+signal, and there is no delta.
+// Run returns only once every process of the sandbox is gone.
+//
+// # Staging
+//
+// Writes to an rw root never reach it. Two modes, with the same delta:
+//
+// Overlay (StagingOverlay; the first choice of StagingAuto): the root is
+// the lower layer of an overlayfs whose upper and work directories are in
+// a private staging directory under Options.StagingDir, mounted with
+// userxattr (the only xattrs a user namespace may write),
+// redirect_dir=nofollow (a renamed directory is copied, so every upper
+// directory holds its whole content), metacopy=off (every upper file holds
+// its data) and index=off. The merged directory is bound at the root's
+// path. Cost: independent of the root's size.
+//
+// Copy (StagingCopy, and StagingAuto's fallback once the kernel refuses
+// the overlay mount — Sandbox.OverlayRefused says why): the root is copied
+// (directories, regular files and links, with permissions and modification
+// times; special files left out) into the staging directory, and the copy
+// is bound at the root's path. A manifest records each copied entry's
+// inode and ctime. Cost: proportional to the root (on a slow disk, put
+// StagingDir on a tmpfs).
+//
+// Nested roots and deny paths are neither staged nor diffed in their
+// outer root (they are mount points there; a nested rw root has its own
+// layer and its own part of the delta). Roots are not expected to change
+// while a run is staged; the delta is computed against them as they are
+// after the run.
+//
+// # The delta
+//
+// After a run that was not killed, the delta compares the final state of
+// each rw root, as the command left it, with the root, entry by entry,
+// never following a symbolic link (parents are only ever traversed as
+// real directories, so no comparison reads outside a root):
+//
+//   - Added: a path absent from the root (TypeFile, TypeDir or
+//     TypeSymlink). A type change is a Deleted of the old entry (with
+//     everything under it, if a directory) and an Added.
+//   - Modified: a regular file whose content or permission bits differ
+//     (content compared byte for byte: a copy-up, a touch or a rewrite with
+//     the same bytes is no change); a directory whose permissions differ;
+//     a link with a new target; a link or special file replaced by a
+//     regular file.
+//   - Deleted: a path of the root gone from the final state, and
+//     everything under it: overlay whiteouts (character devices 0:0, or
+//     user.overlay.whiteout files), entries hidden by an opaque directory
+//     (user.overlay.opaque=y: a directory removed and made again, whose
+//     old content not remade is gone), and in copy mode, manifest entries
+//     gone from the copy.
+//
+// Modes are permission bits only (0o777): setuid, setgid and sticky bits
+// are dropped; owners and times are not part of the delta. A file's new
+// content is at Change.Source (in the staging directory, until
+// Result.Close). Changes come in application order: deletions in reverse
+// path order (children first), then directories in path order (parents
+// first), then files and links. Delta.Bytes is the content size of added
+// and modified files, what disk_write_bytes is charged.
+//
+// The delta fails (Result.DeltaErr; Delta nil; roll back) when:
+//   - it would exceed Limits.DeltaFiles entries or Limits.DeltaBytes bytes
+//     (ErrDeltaTooLarge);
+//   - the command made or changed a symbolic link and Options.Symlinks is
+//     SymlinksRefuse, the default (ErrSymlink): the kernel stages files,
+//     not links. With SymlinksRecord a link is a Change with its Target,
+//     read with readlink and never followed: applying it is the caller's
+//     decision (a link pointing out of the root is only a name);
+//   - it holds a fifo, socket or device (ErrSpecialFile);
+//   - the upper layer holds a redirect or metacopy entry (ErrOverlay; not
+//     expected with the mount options above).
+//
+// Writes through a link that leads out of a root land nowhere on the
+// host: outside the roots the sandbox has only its own tmpfs /tmp and
+// read-only system directories, and the delta only ever names paths
+// inside a root.
+//
+// # Failing closed
+//
+// Without bwrap, Run and Available return ErrUnavailable ("sandbox
+// unavailable: install bubblewrap"); without prlimit, sh, mount (overlay)
+// or socat (allowlist) a similar "sandbox unavailable" error. A bwrap
+// failure before the command starts (the init never reported "started")
+// is an error from Run, not a Result. A command that is not found exits
+// 127.
+//
+// # Staging directories
+//
+// Each run's staging directory (capsandbox-run-*) and each Sandbox's /etc
+// snapshot (capsandbox-etc-*) under StagingDir hold a lock while in use.
+// Result.Close and Sandbox.Close remove them; CleanupStale removes those
+// a killed kernel left (call it at start-up). No mount needs undoing.
 package sandbox
