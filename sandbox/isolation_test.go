@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,7 +72,8 @@ func TestVisibility(t *testing.T) {
 	mkTree(t, ws, map[string]string{"w.txt": "in ws\n"})
 	mkTree(t, ro, map[string]string{"r.txt": "in ro\n"})
 	mkTree(t, hidden, map[string]string{"h.txt": "HIDDEN-CONTENT\n"})
-	repo, _ := os.Getwd()
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Dir(filepath.Dir(file)) // the module's directory
 	home, _ := os.UserHomeDir()
 	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}, {Path: ro}}}
 	s := newSandbox(t, sandbox.Options{})

@@ -194,9 +194,10 @@ func TestCPUTimeAccounting(t *testing.T) {
 	}
 }
 
-// The process limit: more processes than allowed are refused (an ordinary
-// user's kernel: RLIMIT_NPROC) or the run is killed (a root kernel: the
-// watchdog); either way, nothing is left.
+// The process limit: a root kernel's watchdog kills the run once it has
+// more processes than allowed; an ordinary user's kernel has RLIMIT_NPROC
+// refuse the forks (the run then goes on until its timeout). Either way
+// the processes stay bounded and nothing is left afterwards.
 func TestProcessLimit(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
@@ -210,22 +211,17 @@ func TestProcessLimit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := newSandbox(t, sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
 				sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Processes: 32}},
-				sandbox.Command{Argv: []string{"bash", "-c", tc.script}, Timeout: 20 * time.Second})
+				sandbox.Command{Argv: []string{"bash", "-c", tc.script}, Timeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			contained := res.LimitExceeded == "processes" ||
-				strings.Contains(string(res.Stderr), "Resource temporarily unavailable") // fork refused
-			if !contained || res.TimedOut {
-				t.Fatalf("not contained: limit %q, timed out %v after %v, stderr %.300q", res.LimitExceeded, res.TimedOut, res.Duration, res.Stderr)
+			if os.Geteuid() == 0 {
+				if res.LimitExceeded != "processes" || res.TimedOut || res.Duration > 4*time.Second {
+					t.Fatalf("not contained: limit %q, timed out %v after %v, stderr %.300q", res.LimitExceeded, res.TimedOut, res.Duration, res.Stderr)
+				}
+			} else if !strings.Contains(string(res.Stderr), "Resource temporarily unavailable") {
+				t.Fatalf("forks not refused: limit %q after %v, stderr %.300q", res.LimitExceeded, res.Duration, res.Stderr)
 			}
-			if os.Geteuid() == 0 && res.LimitExceeded != "processes" {
-				t.Fatalf("root kernel: the watchdog did not fire")
-			}
-			if res.Duration > 10*time.Second {
-				t.Fatalf("lasted %v", res.Duration)
-			}
-			time.Sleep(100 * time.Millisecond)
 			if ps := hostProcsWith("104."); len(ps) > 0 {
 				t.Fatalf("%d processes left: %q", len(ps), ps[0])
 			}

@@ -381,8 +381,29 @@ func (r *rootPlan) lstatLower(rel string) fs.FileInfo {
 	return fi
 }
 
+// ensureAccess gives the kernel's user read access to a staged entry the
+// command left unreadable (a directory without u+rx, a file without u+r),
+// so that the delta can be read. Only staging entries are touched, and
+// the delta records the modes they had.
+func ensureAccess(p string, fi fs.FileInfo) {
+	perm := fi.Mode().Perm()
+	switch {
+	case fi.IsDir() && perm&0o500 != 0o500:
+		os.Chmod(p, perm|0o700)
+	case fi.Mode().IsRegular() && perm&0o400 == 0:
+		os.Chmod(p, perm|0o600)
+	}
+}
+
+func ensureDirAccess(p string) {
+	if fi, err := os.Lstat(p); err == nil {
+		ensureAccess(p, fi)
+	}
+}
+
 // file records a regular file at rel whose new content is at src.
 func (b *deltaBuilder) file(r *rootPlan, rel, src string, fi, lower fs.FileInfo) error {
+	ensureAccess(src, fi)
 	kind := Added
 	if lower != nil {
 		switch {
@@ -538,6 +559,7 @@ func isOpaque(p string) bool {
 // or a parent was removed and made again).
 func (b *deltaBuilder) overlayDelta(r *rootPlan, rel string, opaque, lowerDir bool) error {
 	updir := filepath.Join(r.upper, filepath.FromSlash(rel))
+	ensureDirAccess(updir)
 	ents, err := os.ReadDir(updir)
 	if err != nil {
 		return err
@@ -631,6 +653,7 @@ func (b *deltaBuilder) copyDelta(r *rootPlan, manifest map[string]stamp) error {
 	var walk func(rel string, lowerDir bool) error
 	walk = func(rel string, lowerDir bool) error {
 		cdir := filepath.Join(r.upper, filepath.FromSlash(rel))
+		ensureDirAccess(cdir)
 		ents, err := os.ReadDir(cdir)
 		if err != nil {
 			return err

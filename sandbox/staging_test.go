@@ -425,8 +425,8 @@ func TestStagingCleanup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(res.Delta.Changes) != 3 {
-			t.Fatalf("%v: delta %+v", mode, res.Delta.Changes)
+		if res.DeltaErr != nil || len(res.Delta.Changes) != 3 {
+			t.Fatalf("%v: delta %+v %v", mode, res.Delta, res.DeltaErr)
 		}
 		// A live run's staging survives CleanupStale.
 		if n, err := sandbox.CleanupStale(stage); n != 0 || err != nil {
