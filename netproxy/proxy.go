@@ -75,15 +75,15 @@ type Options struct {
 
 // Record is one proxied request.
 type Record struct {
-	Host      string    `json:"host"`
-	Port      int       `json:"port"`
-	Method    string    `json:"method"` // CONNECT, or the plain-HTTP method
-	Allowed   bool      `json:"allowed"`
-	Reason    string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally
-	BytesUp   int64     `json:"bytes_up"`         // client → origin
-	BytesDown int64     `json:"bytes_down"`       // origin → client
-	Start     time.Time `json:"start"`
-	Duration  int64     `json:"duration_ms"`
+	Host       string    `json:"host"`
+	Port       int       `json:"port"`
+	Method     string    `json:"method"` // CONNECT, or the plain-HTTP method
+	Allowed    bool      `json:"allowed"`
+	Reason     string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally
+	BytesUp    int64     `json:"bytes_up"`         // client → origin
+	BytesDown  int64     `json:"bytes_down"`       // origin → client
+	Start      time.Time `json:"start"`
+	DurationMS int64     `json:"duration_ms"` // set when the connection ends
 }
 
 // Reasons recorded in Record.Reason.
@@ -316,7 +316,7 @@ func (p *Proxy) forget(c *conn) {
 		r := &p.records[c.rec]
 		r.BytesUp = c.up.Load()
 		r.BytesDown = c.down.Load()
-		r.Duration = time.Since(r.Start).Milliseconds()
+		r.DurationMS = time.Since(r.Start).Milliseconds()
 		if reason := c.reason(); reason != "" && r.Reason == "" {
 			r.Reason = reason
 		}

@@ -65,7 +65,8 @@
 // socket) at /run/capkernel/proxy.sock; the sandbox's init starts socat
 // listening on 127.0.0.1:Options.ProxyPort (3128) and relaying each
 // connection to that socket, and waits until the port listens before the
-// command starts. socat was chosen for the relay because it is a Debian
+// command starts (each relayed connection is a socat process, counted
+// in Limits.Processes). socat was chosen for the relay because it is a Debian
 // package that needs nothing from the caller's binary (a re-executed Go
 // helper would have had to be bound into every sandbox). NetFull shares
 // the host's network namespace.

@@ -454,3 +454,40 @@ func TestStagingCleanup(t *testing.T) {
 		t.Fatal("unrelated directory removed")
 	}
 }
+
+// Runs of one Sandbox may overlap, each with its own staging.
+func TestConcurrentRuns(t *testing.T) {
+	requireSandbox(t)
+	s := newSandbox(t, sandbox.Options{})
+	ws := filepath.Join(t.TempDir(), "ws")
+	mkTree(t, ws, baseTree)
+	before := treeHash(t, ws)
+	errs := make(chan error, 8)
+	for i := range 8 {
+		go func() {
+			res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}},
+				sandbox.Command{Argv: []string{"sh", "-c", fmt.Sprintf("echo %d > mine; rm a.txt; sleep 0.2", i)}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer res.Close()
+			if res.DeltaErr != nil || len(res.Delta.Changes) != 2 {
+				errs <- fmt.Errorf("run %d: %+v %v", i, res.Delta, res.DeltaErr)
+				return
+			}
+			b, _ := os.ReadFile(res.Delta.Changes[1].Source)
+			if c := res.Delta.Changes[1]; c.Rel != "mine" || string(b) != fmt.Sprintf("%d\n", i) || res.Delta.Changes[0].Rel != "a.txt" {
+				errs <- fmt.Errorf("run %d: %+v %q", i, res.Delta.Changes, b)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	sameTree(t, "workspace", before, treeHash(t, ws))
+}
