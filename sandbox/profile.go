@@ -363,7 +363,7 @@ const initScript = `if [ "$1" = relay ]; then
 	done
 fi
 shift
-( read -r _ <&4; kill -KILL -1 ) >/dev/null 2>&1 &
+( exec 3>&-; read -r _ <&4; kill -KILL -1 ) </dev/null >/dev/null 2>&1 &
 printf started >&3
 exec 3>&- 4<&- 9<&0 8>&2 2>/dev/null
 trap 'kill -TERM "$child"' TERM INT HUP
