@@ -36,6 +36,9 @@ type Config struct {
 	TokenLeeway time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// StableCheckpointInterval is how often the latest ledger checkpoint
+	// is marked stable, for outside witnesses (default 10s).
+	StableCheckpointInterval time.Duration
 	// NoSync turns off fsync of the bbolt file. For tests of non-durable
 	// behaviour only; never in production.
 	NoSync bool
@@ -47,6 +50,7 @@ const (
 	DefaultMaxReadBytes     = 1 << 20
 	DefaultCallTimeout      = 60 * time.Second
 	DefaultTokenLeeway      = 30 * time.Second
+	DefaultStableCheckpoint = 10 * time.Second
 )
 
 // Files of a data dir.
@@ -55,7 +59,10 @@ const (
 	DBFile         = "kernel.db"
 	IssuerKeyFile  = "keys/issuer.pem"
 	ReceiptKeyFile = "keys/receipt.pem"
-	AdminFile      = "admin.token"
+	// ReceiptPublicKeyFile is the public half of the receipt key (PKIX PEM),
+	// which verifies receipts and ledger checkpoints; safe to hand out.
+	ReceiptPublicKeyFile = "keys/receipt.pub"
+	AdminFile            = "admin.token"
 )
 
 // settings is the data dir's kernel.json.
@@ -92,6 +99,13 @@ func Init(dir string) (*InitResult, error) {
 			return nil, err
 		}
 	}
+	receiptKey, err := LoadKey(filepath.Join(dir, ReceiptKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
+	if err := ensurePublicKey(filepath.Join(dir, ReceiptPublicKeyFile), receiptKey); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
@@ -123,6 +137,49 @@ func writeNewKey(path string) error {
 	}
 	defer f.Close()
 	return pem.Encode(f, &pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+// ensurePublicKey writes the public half of key to path (PKIX PEM) unless
+// the file is there already.
+func ensurePublicKey(path string, key ed25519.PrivateKey) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	der, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644); err != nil {
+		return fmt.Errorf("write the receipt public key: %w", err)
+	}
+	return nil
+}
+
+// LoadPublicKey reads an Ed25519 public key in PKIX PEM, such as
+// ReceiptPublicKeyFile.
+func LoadPublicKey(path string) (ed25519.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublicKey(b)
+}
+
+// ParsePublicKey parses an Ed25519 public key in PKIX PEM.
+func ParsePublicKey(b []byte) (ed25519.PublicKey, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "PUBLIC KEY" {
+		return nil, errors.New("not a PEM PUBLIC KEY")
+	}
+	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	pub, ok := k.(ed25519.PublicKey)
+	if !ok {
+		return nil, errors.New("not an Ed25519 public key")
+	}
+	return pub, nil
 }
 
 // LoadKey reads an Ed25519 private key in PKCS #8 PEM.
@@ -188,6 +245,9 @@ func (c Config) resolve(s settings) Config {
 	}
 	if c.TokenLeeway <= 0 {
 		c.TokenLeeway = DefaultTokenLeeway
+	}
+	if c.StableCheckpointInterval <= 0 {
+		c.StableCheckpointInterval = DefaultStableCheckpoint
 	}
 	if c.Now == nil {
 		c.Now = time.Now

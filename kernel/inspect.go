@@ -35,19 +35,21 @@ var bucketReceipts = []byte("receipt_index")
 type Inspector struct {
 	view       func(func(*bbolt.Tx) error) error
 	receiptKey ed25519.PublicKey
+	origin     string // the kernel id: origin and key name of its checkpoints
 	close      func() error
 }
 
 // Inspector returns an Inspector over k's live database.
 func (k *Kernel) Inspector() *Inspector {
-	return &Inspector{view: k.db.View, receiptKey: k.signer.Public(), close: func() error { return nil }}
+	return &Inspector{view: k.db.View, receiptKey: k.signer.Public(), origin: k.settings.KernelID, close: func() error { return nil }}
 }
 
 // OpenInspector opens the data dir of a kernel that is not running, its
 // bbolt file read-only. When a kernel serves the dir, it fails at once
 // with an error wrapping ErrLocked.
 func OpenInspector(dir string) (*Inspector, error) {
-	if _, err := loadSettings(dir); err != nil {
+	s, err := loadSettings(dir)
+	if err != nil {
 		return nil, err
 	}
 	key, err := LoadKey(filepath.Join(dir, ReceiptKeyFile))
@@ -62,7 +64,7 @@ func OpenInspector(dir string) (*Inspector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", p, err)
 	}
-	return &Inspector{view: db.View, receiptKey: key.Public().(ed25519.PublicKey), close: db.Close}, nil
+	return &Inspector{view: db.View, receiptKey: key.Public().(ed25519.PublicKey), origin: s.KernelID, close: db.Close}, nil
 }
 
 // Close releases the data dir of an Inspector from OpenInspector.
@@ -80,14 +82,27 @@ func (i *Inspector) Head() (h ledger.Head, err error) {
 	return h, err
 }
 
-// Verify recomputes the ledger's hash chain. It returns the number of
-// entries, or a *ledger.VerifyError naming the first bad seq.
+// Verify checks the whole ledger as VerifyLedger does, with the kernel's
+// own origin and receipt key. It returns the number of entries, or the
+// first failure: a *ledger.VerifyError naming the bad seq, a
+// *ledger.NodeError, *ledger.CheckpointError or *ledger.ForkError.
 func (i *Inspector) Verify() (n uint64, err error) {
+	rep, err := i.VerifyReport(nil)
+	return rep.Entries, err
+}
+
+// VerifyReport is Verify with its full report; progress, if set, is called
+// with the seq of each entry verified.
+func (i *Inspector) VerifyReport(progress func(seq uint64)) (rep ledger.Report, err error) {
+	opts, rc, err := verifyOptions(i.origin, i.receiptKey, progress)
+	if err != nil {
+		return rep, err
+	}
 	err = i.view(func(tx *bbolt.Tx) error {
-		n, err = ledger.Verify(tx)
+		rep, err = ledger.VerifyWith(tx, opts)
 		return err
 	})
-	return n, err
+	return rep, rc.finish(err)
 }
 
 // Entries returns up to limit ledger entries from seq from on.

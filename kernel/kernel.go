@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+	"golang.org/x/mod/sumdb/note"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
@@ -39,6 +40,10 @@ type Kernel struct {
 	verifier *captoken.Verifier
 	locks    *pathLocks
 	syncer   *txn.Syncer
+	cpSigner note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
+
+	stopStable chan struct{} // closed by Close to end stableLoop
+	stableDone chan struct{} // closed when stableLoop has returned
 
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked
@@ -75,6 +80,12 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	k.signer = receipts.NewSigner(receiptKey)
+	if k.cpSigner, err = newCheckpointSigner(s.KernelID, receiptKey); err != nil {
+		return nil, err
+	}
+	if err := ensurePublicKey(filepath.Join(cfg.DataDir, ReceiptPublicKeyFile), receiptKey); err != nil {
+		return nil, err
+	}
 	k.verifier = captoken.NewVerifier(captoken.VerifierConfig{
 		Keys:     map[string]ed25519.PublicKey{captoken.KeyID(k.issuer.Public().(ed25519.PublicKey)): k.issuer.Public().(ed25519.PublicKey)},
 		Issuer:   s.Issuer,
@@ -89,7 +100,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if k.policy, err = policy.Load(ctx, cfg.PolicyDir); err != nil {
 		return nil, err
 	}
-	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync}); err != nil {
+	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch}); err != nil {
 		return nil, err
 	}
 	k.syncer = txn.NewSyncer()
@@ -97,19 +108,31 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		k.Close()
 		return nil, err
 	}
+	if err := k.markStable(ctx); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("open: stable checkpoint: %w", err)
+	}
+	k.stopStable, k.stableDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(k.stableDone)
+		k.stableLoop(cfg.StableCheckpointInterval, k.stopStable)
+	}()
 	return k, nil
 }
 
 // load creates buckets, reads revocations, recovers and records the policy.
 func (k *Kernel) load(ctx context.Context) error {
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketRevoked, bucketTokens} {
+		for _, b := range [][]byte{bucketRevoked, bucketTokens, bucketStable} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return store.Abort(err)
 			}
 		}
 		if err := ledger.Init(tx); err != nil {
 			return store.Abort(err)
+		}
+		if err := ledger.CheckTree(tx); err != nil {
+			return store.Abort(fmt.Errorf("open: the ledger does not match its last checkpoint: %w", err))
 		}
 		if err := indexReceipts(tx); err != nil {
 			return store.Abort(err)
@@ -146,6 +169,11 @@ func (k *Kernel) load(ctx context.Context) error {
 // Close waits for queued writes, then closes the bbolt file and the
 // workspaces. Calls made after Close fail.
 func (k *Kernel) Close() error {
+	if k.stopStable != nil {
+		close(k.stopStable)
+		<-k.stableDone
+		k.stopStable = nil
+	}
 	err := k.db.Close()
 	if err == nil {
 		k.syncer.Close()

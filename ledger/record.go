@@ -112,3 +112,24 @@ func decodeRecord(e *Entry, buf *[]byte, rec []byte) error {
 	}
 	return nil
 }
+
+// ParseEntry decodes one stored record (an export's entry line, a receipt
+// bundle's entry) and checks it on its own: it must be exactly the
+// canonical encoding of a well-formed entry, and its entry_hash must
+// recompute. Its place in the chain (seq, prev_hash) is for the caller to
+// check.
+func ParseEntry(rec []byte) (Entry, error) {
+	var e Entry
+	var buf []byte
+	if err := decodeRecord(&e, &buf, rec); err != nil {
+		return Entry{}, fmt.Errorf("ledger: entry record: %w", err)
+	}
+	h, err := EntryHash(e)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: entry record %d: %w", e.Seq, err)
+	}
+	if h != e.Hash {
+		return Entry{}, fmt.Errorf("ledger: entry record %d: entry_hash is %s but the record hashes to %s", e.Seq, e.Hash, h)
+	}
+	return e, nil
+}

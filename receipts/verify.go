@@ -2,6 +2,7 @@ package receipts
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +34,51 @@ func Verify(jws string, jwks []byte) (*Receipt, error) {
 }
 
 func verify(compact, jwks []byte) (*Receipt, error) {
+	r, _, err := verifyJWKS(compact, jwks)
+	return r, err
+}
+
+// VerifyJWKS is Verify that also returns the key of jwks that signed the
+// receipt (it signs the kernel's ledger checkpoints too).
+func VerifyJWKS(jws string, jwks []byte) (*Receipt, ed25519.PublicKey, error) {
+	r, pub, err := verifyJWKS([]byte(jws), jwks)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receipts: verify: %w", err)
+	}
+	return r, pub, nil
+}
+
+func verifyJWKS(compact, jwks []byte) (r *Receipt, pub ed25519.PublicKey, err error) {
+	r, err = verifyWith(compact, func(kid string) (ed25519.PublicKey, error) {
+		pub, err = verificationKey(jwks, kid)
+		return pub, err
+	})
+	return r, pub, err
+}
+
+// VerifyKey is Verify with the kernel's public key given directly instead
+// of in a JWKS document: the header's kid must be pub's thumbprint. It
+// spares a verifier of many receipts (a whole ledger) parsing the JWKS for
+// each.
+func VerifyKey(jws string, pub ed25519.PublicKey) (*Receipt, error) {
+	kid, err := keyID(pub)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: verify: %w", err)
+	}
+	r, err := verifyWith([]byte(jws), func(k string) (ed25519.PublicKey, error) {
+		if k != kid {
+			return nil, fmt.Errorf("kid %q is not the thumbprint %q of the given key", k, kid)
+		}
+		return pub, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("receipts: verify: %w", err)
+	}
+	return r, nil
+}
+
+// verifyWith checks compact with the key that key returns for its kid.
+func verifyWith(compact []byte, key func(kid string) (ed25519.PublicKey, error)) (*Receipt, error) {
 	if len(compact) > maxJWS {
 		return nil, fmt.Errorf("receipt of %d bytes exceeds %d", len(compact), maxJWS)
 	}
@@ -44,7 +90,7 @@ func verify(compact, jwks []byte) (*Receipt, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := verificationKey(jwks, h.Kid)
+	pub, err := key(h.Kid)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,120 @@
+package kernel
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+	"golang.org/x/mod/sumdb/note"
+
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/store"
+)
+
+// Checkpoints. The kernel signs a C2SP checkpoint of the ledger at the end
+// of every group-commit transaction (store.Options.AfterBatch), so every
+// acknowledged call is covered by a signed tree head as soon as it is
+// answered. The signing key is the receipt key; the key name and the
+// checkpoint origin are the kernel id. Every StableCheckpointInterval the
+// latest checkpoint is also marked stable: outside witnesses poll the
+// stable one, so that they all see the same tree heads rather than one per
+// batch. Marks are kept, like the checkpoints they name.
+
+// bucketStable lists the stable checkpoints: counter (8 bytes big-endian,
+// from 0) -> number of the checkpoint marked (8 bytes big-endian).
+var bucketStable = []byte("stable_checkpoints")
+
+// newCheckpointSigner returns the signer of the kernel's checkpoints.
+func newCheckpointSigner(kernelID string, key ed25519.PrivateKey) (note.Signer, error) {
+	s, err := ledger.NewCheckpointSigner(kernelID, key)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint signer for %s: %w", kernelID, err)
+	}
+	return s, nil
+}
+
+// CheckpointVerifier returns the note verifier of the checkpoints of the
+// kernel origin, signed with the receipt key pub.
+func CheckpointVerifier(origin string, pub ed25519.PublicKey) (note.Verifier, error) {
+	return ledger.NewCheckpointVerifier(origin, pub)
+}
+
+// afterBatch signs and stores a checkpoint of the ledger when the batch
+// appended to it.
+func (k *Kernel) afterBatch(tx *bbolt.Tx) error {
+	if tx.Bucket(bucketStable) == nil {
+		return nil // the ledger's buckets are created in the first batch, by load
+	}
+	_, err := ledger.WriteCheckpoint(tx, k.cpSigner, k.settings.KernelID)
+	return err
+}
+
+// markStable marks the latest checkpoint stable unless it already is.
+func (k *Kernel) markStable(ctx context.Context) error {
+	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		cp, err := ledger.LatestCheckpoint(tx)
+		if err != nil {
+			return err
+		}
+		b := tx.Bucket(bucketStable)
+		if _, v := b.Cursor().Last(); len(v) == 8 && binary.BigEndian.Uint64(v) == cp.Num {
+			return nil
+		}
+		n, err := b.NextSequence()
+		if err != nil {
+			return store.Abort(err)
+		}
+		return abortIf(b.Put(binary.BigEndian.AppendUint64(nil, n-1), binary.BigEndian.AppendUint64(nil, cp.Num)))
+	})
+}
+
+// stableLoop marks the latest checkpoint stable every interval until done
+// is closed.
+func (k *Kernel) stableLoop(every time.Duration, done <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			// A failure here (the store closing) is retried at the next tick.
+			_ = k.markStable(context.Background())
+		}
+	}
+}
+
+// latestStable returns the latest stable checkpoint.
+func latestStable(tx *bbolt.Tx) (ledger.StoredCheckpoint, error) {
+	b := tx.Bucket(bucketStable)
+	if b == nil {
+		return ledger.StoredCheckpoint{}, ledger.ErrNoCheckpoint
+	}
+	_, v := b.Cursor().Last()
+	if v == nil {
+		return ledger.StoredCheckpoint{}, ledger.ErrNoCheckpoint
+	}
+	if len(v) != 8 {
+		return ledger.StoredCheckpoint{}, errors.New("stable checkpoint mark is not 8 bytes")
+	}
+	num := binary.BigEndian.Uint64(v)
+	var out ledger.StoredCheckpoint
+	found := false
+	err := ledger.Checkpoints(tx, num, func(c ledger.StoredCheckpoint) error {
+		out, found = c, true
+		return errStop
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return out, err
+	}
+	if !found || out.Num != num {
+		return out, fmt.Errorf("stable checkpoint #%d is not stored", num)
+	}
+	return out, nil
+}
+
+var errStop = errors.New("stop")

@@ -1,0 +1,253 @@
+package kernel
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
+)
+
+// SignedCheckpoint is the wire form of a stored checkpoint (HTTP API,
+// kernelctl).
+type SignedCheckpoint struct {
+	Number uint64 `json:"number"` // position among the stored checkpoints, from 0
+	Origin string `json:"origin"`
+	Size   uint64 `json:"size"`
+	Root   string `json:"root"` // blake3:<hex>
+	// Note is the C2SP signed note; it is what a verifier checks, the
+	// other fields are read from it for convenience.
+	Note string `json:"note"`
+	// VerifierKey is the note verifier key (name+hash+key) of the kernel.
+	VerifierKey string `json:"verifier_key"`
+}
+
+// InclusionResponse is an inclusion proof with, when the tree size was not
+// chosen by the caller, the checkpoint whose root it leads to.
+type InclusionResponse struct {
+	ledger.Inclusion
+	Checkpoint *SignedCheckpoint `json:"checkpoint,omitempty"`
+}
+
+func (i *Inspector) signed(c ledger.StoredCheckpoint) (SignedCheckpoint, error) {
+	vk, err := ledger.CheckpointVerifierKey(i.origin, i.receiptKey)
+	if err != nil {
+		return SignedCheckpoint{}, err
+	}
+	return SignedCheckpoint{
+		Number: c.Num, Origin: c.Origin, Size: c.Size, Root: digest.Format(c.Root),
+		Note: string(c.Signed), VerifierKey: vk,
+	}, nil
+}
+
+// Checkpoint returns the latest checkpoint, or with stable the latest one
+// marked stable.
+func (i *Inspector) Checkpoint(stable bool) (SignedCheckpoint, error) {
+	var c ledger.StoredCheckpoint
+	err := i.view(func(tx *bbolt.Tx) (err error) {
+		if stable {
+			c, err = latestStable(tx)
+		} else {
+			c, err = ledger.LatestCheckpoint(tx)
+		}
+		return err
+	})
+	if errors.Is(err, ledger.ErrNoCheckpoint) {
+		return SignedCheckpoint{}, fmt.Errorf("checkpoint: %w", ErrNotFound)
+	}
+	if err != nil {
+		return SignedCheckpoint{}, err
+	}
+	return i.signed(c)
+}
+
+// ProveInclusion returns the inclusion proof of entry seq in the tree of
+// the first size entries. With size 0 the tree is that of the latest
+// checkpoint, which comes with the proof. Out-of-range sizes and seqs are
+// ErrRange errors.
+func (i *Inspector) ProveInclusion(seq, size uint64) (*InclusionResponse, error) {
+	out := &InclusionResponse{}
+	err := i.view(func(tx *bbolt.Tx) error {
+		if size == 0 {
+			c, err := ledger.LatestCheckpoint(tx)
+			if err != nil {
+				return err
+			}
+			sc, err := i.signed(c)
+			if err != nil {
+				return err
+			}
+			out.Checkpoint, size = &sc, c.Size
+		}
+		h, err := ledger.HeadOf(tx)
+		if err != nil {
+			return err
+		}
+		if seq >= size || size > h.Size {
+			return fmt.Errorf("%w: inclusion of entry %d in a tree of %d entries (the ledger has %d)", ErrRange, seq, size, h.Size)
+		}
+		out.Inclusion, err = ledger.ProveInclusion(tx, seq, size)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ProveConsistency returns the consistency proof from the tree of the first
+// from entries to that of the first to entries.
+func (i *Inspector) ProveConsistency(from, to uint64) (*ledger.Consistency, error) {
+	var out ledger.Consistency
+	err := i.view(func(tx *bbolt.Tx) error {
+		h, err := ledger.HeadOf(tx)
+		if err != nil {
+			return err
+		}
+		if from > to || to > h.Size {
+			return fmt.Errorf("%w: consistency from %d to %d entries (the ledger has %d)", ErrRange, from, to, h.Size)
+		}
+		out, err = ledger.ProveConsistency(tx, from, to)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ErrRange is returned (wrapped) for a proof asked of sizes or entries the
+// ledger does not have.
+var ErrRange = errors.New("out of range")
+
+// Export writes the ledger as ledger.Export does: every entry record and
+// every checkpoint, as JSON lines, in one read transaction.
+func (i *Inspector) Export(w io.Writer) error {
+	return i.view(func(tx *bbolt.Tx) error { return ledger.Export(tx, w) })
+}
+
+// BundleFormat is the format tag of a receipt bundle.
+const BundleFormat = "capkernel-receipt-bundle/v1"
+
+// Bundle is a receipt with everything needed to check it offline with the
+// kernel's public key alone: the audit record it attests (the stored
+// ledger record), a signed checkpoint and the inclusion proof of that
+// record in the checkpoint's tree.
+type Bundle struct {
+	Format     string           `json:"format"`
+	Receipt    string           `json:"receipt"`    // compact JWS
+	Entry      json.RawMessage  `json:"entry"`      // the attested ledger record, canonical JSON
+	Checkpoint string           `json:"checkpoint"` // C2SP signed note
+	Inclusion  ledger.Inclusion `json:"inclusion"`
+}
+
+// Bundle returns the bundle of receipt id, proved against the latest
+// checkpoint.
+func (i *Inspector) Bundle(id string) (*Bundle, error) {
+	info, err := i.Receipt(id)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bundle{Format: BundleFormat, Receipt: info.JWS}
+	err = i.view(func(tx *bbolt.Tx) error {
+		e, err := ledger.Get(tx, info.Receipt.LedgerSeq)
+		if err != nil {
+			return err
+		}
+		if b.Entry, err = jcs.Marshal(e); err != nil {
+			return err
+		}
+		c, err := ledger.LatestCheckpoint(tx)
+		if err != nil {
+			return err
+		}
+		b.Checkpoint = string(c.Signed)
+		b.Inclusion, err = ledger.ProveInclusion(tx, e.Seq, c.Size)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bundle of receipt %s: %w", id, err)
+	}
+	return b, nil
+}
+
+// BundleCheck is what VerifyBundle established.
+type BundleCheck struct {
+	Receipt    *receipts.Receipt
+	Checkpoint ledger.Checkpoint
+}
+
+// VerifyBundle checks a bundle offline against jwks, the kernel's JWKS
+// document: the receipt's signature; that the entry is a well-formed audit
+// record hashing to the receipt's ledger_entry_hash at its ledger_seq and
+// agreeing with every field the receipt attests; the checkpoint's
+// signature by the same key; and the inclusion proof of the entry in the
+// checkpoint's tree.
+func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
+	var b Bundle
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	if b.Format != BundleFormat {
+		return nil, fmt.Errorf("bundle: format %q, want %q", b.Format, BundleFormat)
+	}
+	r, pub, err := receipts.VerifyJWKS(b.Receipt, jwks)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	e, err := ledger.ParseEntry(b.Entry)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	c, err := DecodeCall(e)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	if err := MatchReceipt(r, c); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	unverified, err := ledger.ParseCheckpoint([]byte(noteText(b.Checkpoint)))
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	v, err := CheckpointVerifier(unverified.Origin, pub)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	cp, err := ledger.OpenCheckpoint([]byte(b.Checkpoint), v)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	in := b.Inclusion
+	switch {
+	case in.LeafIndex != e.Seq:
+		return nil, fmt.Errorf("bundle: the proof is for entry %d, the receipt's is %d", in.LeafIndex, e.Seq)
+	case in.LeafHash != e.Hash:
+		return nil, fmt.Errorf("bundle: the proof's leaf is %s, the entry hash is %s", in.LeafHash, e.Hash)
+	case in.TreeSize != cp.Size:
+		return nil, fmt.Errorf("bundle: the proof is for a tree of %d entries, the checkpoint's has %d", in.TreeSize, cp.Size)
+	}
+	if err := in.Verify(cp.Root); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	return &BundleCheck{Receipt: r, Checkpoint: cp}, nil
+}
+
+// noteText returns the text of a signed note: what comes before the blank
+// line that starts the signatures.
+func noteText(signed string) string {
+	if i := strings.Index(signed, "\n\n"); i >= 0 {
+		return signed[:i+1]
+	}
+	return signed
+}

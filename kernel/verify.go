@@ -1,0 +1,142 @@
+package kernel
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
+)
+
+// Ledger verification with the kernel's public key: the ledger package
+// checks entries, links, the Merkle tree and the checkpoint signatures;
+// on top of that every receipt entry must carry a receipt signed by the
+// key that matches, field by field, the audit record it names (which comes
+// before it). Receipt signatures are checked on all cores while the
+// entries stream by; the first failure by seq is reported.
+
+// VerifyLedgerExport checks an export (ledger.Export's JSON lines) offline
+// with only the kernel's origin (its id) and receipt public key: every
+// record rehashed, the chain, the Merkle tree, every checkpoint's root and
+// signature, and every receipt's signature and match with its audit
+// record. progress, if set, is called with each entry's seq once it has
+// verified.
+func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.Report, error) {
+	opts, rc, err := verifyOptions(origin, pub, progress)
+	if err != nil {
+		return ledger.Report{}, err
+	}
+	rep, err := ledger.VerifyExport(r, opts)
+	return rep, rc.finish(err)
+}
+
+func verifyOptions(origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.VerifyOptions, *receiptChecker, error) {
+	v, err := CheckpointVerifier(origin, pub)
+	if err != nil {
+		return ledger.VerifyOptions{}, nil, fmt.Errorf("checkpoint verifier for origin %q: %w", origin, err)
+	}
+	rc := newReceiptChecker(pub)
+	return ledger.VerifyOptions{
+		Verifier: v,
+		Origin:   origin,
+		OnEntry: func(e ledger.Entry) error {
+			err := rc.entry(e)
+			if progress != nil {
+				progress(e.Seq)
+			}
+			return err
+		},
+	}, rc, nil
+}
+
+// receiptChecker checks the receipt entries of a ledger as they stream by
+// in seq order: the match with the audit record at once, the signature on
+// a pool of workers.
+type receiptChecker struct {
+	pub     ed25519.PublicKey
+	pending map[uint64]*CallRecord // audit records whose receipt is still to come
+	jobs    chan sigJob
+	wg      sync.WaitGroup
+
+	mu    sync.Mutex
+	first *ledger.VerifyError // the lowest-seq signature failure
+}
+
+type sigJob struct {
+	seq uint64
+	jws string
+}
+
+func newReceiptChecker(pub ed25519.PublicKey) *receiptChecker {
+	rc := &receiptChecker{pub: pub, pending: map[uint64]*CallRecord{}, jobs: make(chan sigJob, 256)}
+	for range runtime.GOMAXPROCS(0) {
+		rc.wg.Go(func() {
+			for j := range rc.jobs {
+				if _, err := receipts.VerifyKey(j.jws, rc.pub); err != nil {
+					rc.fail(j.seq, err.Error())
+				}
+			}
+		})
+	}
+	return rc
+}
+
+func (rc *receiptChecker) fail(seq uint64, reason string) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.first == nil || seq < rc.first.Seq {
+		rc.first = &ledger.VerifyError{Seq: seq, Reason: reason}
+	}
+}
+
+// entry takes the next verified entry.
+func (rc *receiptChecker) entry(e ledger.Entry) error {
+	switch e.Kind {
+	case ledger.KindAudit:
+		c, err := DecodeCall(e)
+		if err != nil {
+			return err
+		}
+		rc.pending[e.Seq] = c
+	case ledger.KindReceipt:
+		var b receiptBody
+		if err := json.Unmarshal(e.Body, &b); err != nil {
+			return fmt.Errorf("receipt entry: %w", err)
+		}
+		r, err := receipts.Decode(b.JWS)
+		if err != nil {
+			return fmt.Errorf("receipt entry: %w", err)
+		}
+		if r.ReceiptID != b.ReceiptID || r.OperationID != b.OperationID {
+			return fmt.Errorf("entry names receipt %s of %s; the signed receipt is %s of %s", b.ReceiptID, b.OperationID, r.ReceiptID, r.OperationID)
+		}
+		c, ok := rc.pending[r.LedgerSeq]
+		if !ok {
+			return fmt.Errorf("receipt %s names seq %d, which is not an earlier audit record without a receipt", r.ReceiptID, r.LedgerSeq)
+		}
+		if err := MatchReceipt(r, c); err != nil {
+			return err
+		}
+		delete(rc.pending, r.LedgerSeq)
+		rc.jobs <- sigJob{seq: e.Seq, jws: b.JWS}
+	}
+	return nil
+}
+
+// finish waits for the signature checks and returns the earliest failure:
+// err (from the ledger's verification) or a bad signature before it.
+func (rc *receiptChecker) finish(err error) error {
+	close(rc.jobs)
+	rc.wg.Wait()
+	if rc.first == nil {
+		return err
+	}
+	if ve, ok := err.(*ledger.VerifyError); err != nil && (!ok || ve.Seq < rc.first.Seq) {
+		return err
+	}
+	return rc.first
+}
