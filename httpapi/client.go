@@ -214,11 +214,68 @@ func (c *Client) InspectToken(ctx context.Context, token string) (TokenInspectio
 	return out, err
 }
 
-// VerifyLedger asks the kernel to recompute its hash chain (admin).
-func (c *Client) VerifyLedger(ctx context.Context) (LedgerVerification, error) {
-	var out LedgerVerification
+// VerifyLedger asks the kernel to verify its whole ledger (admin).
+func (c *Client) VerifyLedger(ctx context.Context) (kernel.LedgerCheck, error) {
+	var out kernel.LedgerCheck
 	err := c.do(ctx, http.MethodGet, "/v1/admin/ledger/verify", nil, &out)
 	return out, err
+}
+
+// Checkpoint returns the latest signed checkpoint, or the latest stable one.
+func (c *Client) Checkpoint(ctx context.Context, stable bool) (kernel.SignedCheckpoint, error) {
+	var out kernel.SignedCheckpoint
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/ledger/checkpoint?stable=%t", stable), nil, &out)
+	return out, err
+}
+
+// ProveInclusion returns the inclusion proof of entry seq in the tree of
+// size entries (0: the latest checkpoint's, which comes with it).
+func (c *Client) ProveInclusion(ctx context.Context, seq, size uint64) (*kernel.InclusionResponse, error) {
+	var out kernel.InclusionResponse
+	path := fmt.Sprintf("/v1/ledger/proof/inclusion?seq=%d", seq)
+	if size > 0 {
+		path += fmt.Sprintf("&size=%d", size)
+	}
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ProveConsistency returns the consistency proof between two tree sizes.
+func (c *Client) ProveConsistency(ctx context.Context, from, to uint64) (*kernel.ConsistencyResponse, error) {
+	var out kernel.ConsistencyResponse
+	if err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/ledger/proof/consistency?from=%d&to=%d", from, to), nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Export copies the ledger's export (every entry and checkpoint, as JSON
+// lines) to w.
+func (c *Client) Export(ctx context.Context, w io.Writer) error {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/ledger/export", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return &APIError{Status: resp.StatusCode, Class: kernel.ErrInternal, Message: strings.TrimSpace(string(b))}
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("GET /v1/ledger/export: %w", err)
+	}
+	return nil
+}
+
+// Bundle returns the offline-verifiable bundle of receipt id.
+func (c *Client) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
+	var out kernel.Bundle
+	if err := c.do(ctx, http.MethodGet, "/v1/receipts/"+url.PathEscape(id)+"/bundle", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // ReplayVerify asks the kernel to prove its replay history (admin).

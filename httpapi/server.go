@@ -7,6 +7,8 @@
 // Who may call what:
 //
 //   - public: GET /.well-known/jwks.json, /v1/policy, /v1/ledger/head,
+//     /v1/ledger/checkpoint, /v1/ledger/proof/... (hashes only, for
+//     witnesses and verifiers),
 //     POST /v1/tokens/inspect (a token's holder asking what it grants);
 //   - capability endpoints (the capability token in the envelope, or as a
 //     bearer token for GET /v1/syscalls): they refuse the admin credential;
@@ -53,8 +55,13 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
 	s.mux.HandleFunc("GET /v1/ledger/head", s.head)
 	s.mux.HandleFunc("GET /v1/ledger/entries", s.reader(s.entries))
+	s.mux.HandleFunc("GET /v1/ledger/export", s.reader(s.export))
+	s.mux.HandleFunc("GET /v1/ledger/checkpoint", s.checkpoint)
+	s.mux.HandleFunc("GET /v1/ledger/proof/inclusion", s.inclusion)
+	s.mux.HandleFunc("GET /v1/ledger/proof/consistency", s.consistency)
 	s.mux.HandleFunc("GET /v1/receipts", s.reader(s.receiptList))
 	s.mux.HandleFunc("GET /v1/receipts/{id}", s.reader(s.receipt))
+	s.mux.HandleFunc("GET /v1/receipts/{id}/bundle", s.reader(s.bundle))
 	s.mux.HandleFunc("GET /v1/operations/{id}", s.operation)
 	s.mux.HandleFunc("POST /v1/tokens", s.admin(s.mint))
 	s.mux.HandleFunc("POST /v1/tokens/{jti}/revoke", s.admin(s.revoke))
@@ -351,24 +358,84 @@ func Inspect(k *kernel.Kernel, token string) TokenInspection {
 	return TokenInspection{Valid: true, Claims: &tok.Claims}
 }
 
-// LedgerVerification is the answer of GET /v1/admin/ledger/verify.
-type LedgerVerification struct {
-	Entries uint64  `json:"entries"`           // entries that verified
-	BadSeq  *uint64 `json:"bad_seq,omitempty"` // the first bad entry, when tampered
-	Reason  string  `json:"reason,omitempty"`
+func (s *Server) verifyLedger(w http.ResponseWriter, _ *http.Request) {
+	c, err := s.k.Inspector().Verify(nil)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
 }
 
-func (s *Server) verifyLedger(w http.ResponseWriter, _ *http.Request) {
-	n, err := s.k.Inspector().Verify()
-	var ve *ledger.VerifyError
-	switch {
-	case errors.As(err, &ve):
-		writeJSON(w, http.StatusOK, LedgerVerification{Entries: n, BadSeq: &ve.Seq, Reason: ve.Reason})
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
-	default:
-		writeJSON(w, http.StatusOK, LedgerVerification{Entries: n})
+// checkpoint answers GET /v1/ledger/checkpoint[?stable=true] with the
+// latest (stable) signed checkpoint.
+func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
+	stable, err := boolParam(r.URL.Query().Get("stable"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
 	}
+	c, err := s.k.Inspector().Checkpoint(stable)
+	if err != nil {
+		writeLookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
+}
+
+// inclusion answers GET /v1/ledger/proof/inclusion?seq=N[&size=M].
+func (s *Server) inclusion(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	seq, err1 := strconv.ParseUint(q.Get("seq"), 10, 64)
+	size, err2 := uintParam(q.Get("size"), 0)
+	if err := errors.Join(err1, err2); err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("seq (required) and size must be integers: %v", err))
+		return
+	}
+	p, err := s.k.Inspector().ProveInclusion(seq, size)
+	if err != nil {
+		writeLookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// consistency answers GET /v1/ledger/proof/consistency?from=M&to=N.
+func (s *Server) consistency(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	from, err1 := strconv.ParseUint(q.Get("from"), 10, 64)
+	to, err2 := strconv.ParseUint(q.Get("to"), 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("from and to (both required) must be integers: %v", err))
+		return
+	}
+	p, err := s.k.Inspector().ProveConsistency(from, to)
+	if err != nil {
+		writeLookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// export answers GET /v1/ledger/export with ledger.Export's JSON lines:
+// every entry and every checkpoint, from one read transaction.
+func (s *Server) export(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/jsonl")
+	// Once the first line is out the status is sent; a later failure can
+	// only cut the stream short, which the verifier reports.
+	if err := s.k.Inspector().Export(w); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// bundle answers GET /v1/receipts/{id}/bundle.
+func (s *Server) bundle(w http.ResponseWriter, r *http.Request) {
+	b, err := s.k.Inspector().Bundle(r.PathValue("id"))
+	if err != nil {
+		writeLookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
 }
 
 func (s *Server) replayVerify(w http.ResponseWriter, _ *http.Request) {
@@ -471,7 +538,7 @@ func writeError(w http.ResponseWriter, status int, class, msg string) {
 }
 
 func writeLookupError(w http.ResponseWriter, err error) {
-	if errors.Is(err, kernel.ErrNotFound) {
+	if errors.Is(err, kernel.ErrNotFound) || errors.Is(err, kernel.ErrRange) {
 		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, err.Error())
 		return
 	}
@@ -508,6 +575,17 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+func boolParam(s string) (bool, error) {
+	if s == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, fmt.Errorf("%q is not a boolean", s)
+	}
+	return b, nil
 }
 
 func uintParam(s string, def uint64) (uint64, error) {

@@ -77,9 +77,7 @@ func TestBadInput(t *testing.T) {
 	if len(entries) != 1 {
 		t.Fatalf("workspace holds %d entries, want only keep.txt", len(entries))
 	}
-	if _, err := h.k.Inspector().Verify(); err != nil {
-		t.Fatal(err)
-	}
+	mustVerify(t, h.k.Inspector())
 }
 
 // FuzzDecodeEnvelope: any input is refused or accepted, never a panic, and

@@ -121,9 +121,7 @@ func TestCrashRecovery(t *testing.T) {
 			if tc.applied && len(rec.Redone) != 1 || !tc.applied && len(rec.RolledBack) != 1 {
 				t.Fatalf("recovery report %+v", rec)
 			}
-			if n, err := h.k.Inspector().Verify(); err != nil {
-				t.Fatalf("ledger after recovery (%d entries): %v", n, err)
-			}
+			mustVerify(t, h.k.Inspector())
 			if !tc.applied {
 				a := h.audits(0)
 				last := a[len(a)-1]

@@ -166,3 +166,14 @@ func mustOK(t testing.TB, r *Result) {
 		t.Fatalf("%s: status %s, error %+v", r.ToolID, r.Status, r.Error)
 	}
 }
+
+// mustVerify verifies the whole ledger of in (chain, tree, checkpoint and
+// receipt signatures) and fails the test unless it is intact.
+func mustVerify(t testing.TB, in *Inspector) LedgerCheck {
+	t.Helper()
+	c, err := in.Verify(nil)
+	if err != nil || !c.Intact {
+		t.Fatalf("ledger verification: %+v, %v", c, err)
+	}
+	return c
+}

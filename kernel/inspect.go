@@ -82,18 +82,17 @@ func (i *Inspector) Head() (h ledger.Head, err error) {
 	return h, err
 }
 
-// Verify checks the whole ledger as VerifyLedger does, with the kernel's
-// own origin and receipt key. It returns the number of entries, or the
-// first failure: a *ledger.VerifyError naming the bad seq, a
-// *ledger.NodeError, *ledger.CheckpointError or *ledger.ForkError.
-func (i *Inspector) Verify() (n uint64, err error) {
-	rep, err := i.VerifyReport(nil)
-	return rep.Entries, err
+// Verify checks the whole ledger with the kernel's own origin and receipt
+// key: every record rehashed, the chain, the Merkle tree, every
+// checkpoint's root and signature, every receipt's signature and its match
+// with the audit record it attests. progress, if set, is called with each
+// entry's seq once it has verified. A tampered ledger is a LedgerCheck
+// that is not intact, naming the first bad entry, node or checkpoint.
+func (i *Inspector) Verify(progress func(seq uint64)) (LedgerCheck, error) {
+	return CheckOf(i.verifyReport(progress))
 }
 
-// VerifyReport is Verify with its full report; progress, if set, is called
-// with the seq of each entry verified.
-func (i *Inspector) VerifyReport(progress func(seq uint64)) (rep ledger.Report, err error) {
+func (i *Inspector) verifyReport(progress func(seq uint64)) (rep ledger.Report, err error) {
 	opts, rc, err := verifyOptions(i.origin, i.receiptKey, progress)
 	if err != nil {
 		return rep, err

@@ -98,9 +98,7 @@ func TestAcceptance(t *testing.T) {
 			}
 		})
 	}
-	if _, err := h.k.Inspector().Verify(); err != nil {
-		t.Fatal(err)
-	}
+	mustVerify(t, h.k.Inspector())
 }
 
 func TestTokenRefusals(t *testing.T) {

@@ -30,11 +30,22 @@ type SignedCheckpoint struct {
 	VerifierKey string `json:"verifier_key"`
 }
 
-// InclusionResponse is an inclusion proof with, when the tree size was not
-// chosen by the caller, the checkpoint whose root it leads to.
+// InclusionResponse is an inclusion proof with the root of its tree and,
+// when the tree size was not chosen by the caller, the checkpoint that
+// signs that root. A root without a signature proves nothing: a verifier
+// checks it against a checkpoint with a consistency proof.
 type InclusionResponse struct {
 	ledger.Inclusion
+	Root       string            `json:"root"`
 	Checkpoint *SignedCheckpoint `json:"checkpoint,omitempty"`
+}
+
+// ConsistencyResponse is a consistency proof with the roots of its two
+// trees (unsigned; see InclusionResponse).
+type ConsistencyResponse struct {
+	ledger.Consistency
+	Root1 string `json:"root1"`
+	Root2 string `json:"root2"`
 }
 
 func (i *Inspector) signed(c ledger.StoredCheckpoint) (SignedCheckpoint, error) {
@@ -94,7 +105,11 @@ func (i *Inspector) ProveInclusion(seq, size uint64) (*InclusionResponse, error)
 		if seq >= size || size > h.Size {
 			return fmt.Errorf("%w: inclusion of entry %d in a tree of %d entries (the ledger has %d)", ErrRange, seq, size, h.Size)
 		}
-		out.Inclusion, err = ledger.ProveInclusion(tx, seq, size)
+		if out.Inclusion, err = ledger.ProveInclusion(tx, seq, size); err != nil {
+			return err
+		}
+		root, err := ledger.Root(tx, size)
+		out.Root = digest.Format(root)
 		return err
 	})
 	if err != nil {
@@ -105,8 +120,8 @@ func (i *Inspector) ProveInclusion(seq, size uint64) (*InclusionResponse, error)
 
 // ProveConsistency returns the consistency proof from the tree of the first
 // from entries to that of the first to entries.
-func (i *Inspector) ProveConsistency(from, to uint64) (*ledger.Consistency, error) {
-	var out ledger.Consistency
+func (i *Inspector) ProveConsistency(from, to uint64) (*ConsistencyResponse, error) {
+	var out ConsistencyResponse
 	err := i.view(func(tx *bbolt.Tx) error {
 		h, err := ledger.HeadOf(tx)
 		if err != nil {
@@ -115,7 +130,15 @@ func (i *Inspector) ProveConsistency(from, to uint64) (*ledger.Consistency, erro
 		if from > to || to > h.Size {
 			return fmt.Errorf("%w: consistency from %d to %d entries (the ledger has %d)", ErrRange, from, to, h.Size)
 		}
-		out, err = ledger.ProveConsistency(tx, from, to)
+		if out.Consistency, err = ledger.ProveConsistency(tx, from, to); err != nil {
+			return err
+		}
+		r1, err := ledger.Root(tx, from)
+		if err != nil {
+			return err
+		}
+		r2, err := ledger.Root(tx, to)
+		out.Root1, out.Root2 = digest.Format(r1), digest.Format(r2)
 		return err
 	})
 	if err != nil {

@@ -262,8 +262,8 @@ func TestInspector(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	if n, err := ro.Verify(); err != nil || n == 0 {
-		t.Fatalf("read-only verify: %d, %v", n, err)
+	if c := mustVerify(t, ro); c.Entries == 0 {
+		t.Fatalf("read-only verify: %+v", c)
 	}
 }
 

@@ -198,9 +198,7 @@ func TestParallelDisjointAndOverlapping(t *testing.T) {
 		}
 		seen[v] = true
 	}
-	if _, err := h.k.Inspector().Verify(); err != nil {
-		t.Fatal(err)
-	}
+	mustVerify(t, h.k.Inspector())
 }
 
 func TestPatchAndDelete(t *testing.T) {

@@ -3,11 +3,13 @@ package kernel
 import (
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
 	"sync"
 
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
 )
@@ -135,8 +137,41 @@ func (rc *receiptChecker) finish(err error) error {
 	if rc.first == nil {
 		return err
 	}
-	if ve, ok := err.(*ledger.VerifyError); err != nil && (!ok || ve.Seq < rc.first.Seq) {
+	var ve *ledger.VerifyError
+	if err != nil && (!errors.As(err, &ve) || ve.Seq < rc.first.Seq) {
 		return err
 	}
 	return rc.first
+}
+
+// LedgerCheck is the outcome of a ledger verification, as kernelctl prints
+// it and GET /v1/admin/ledger/verify sends it.
+type LedgerCheck struct {
+	Intact      bool    `json:"intact"`
+	Entries     uint64  `json:"entries"`               // entries verified (all of them, when intact)
+	Checkpoints uint64  `json:"checkpoints,omitempty"` // checkpoints verified, when intact
+	Root        string  `json:"root,omitempty"`        // Merkle root of all entries, when intact
+	BadSeq      *uint64 `json:"bad_seq,omitempty"`     // the first bad entry, when one is
+	Reason      string  `json:"reason,omitempty"`      // what is wrong, when not intact
+}
+
+// CheckOf reads a verification's outcome: a finding about the ledger (an
+// entry, tree node, checkpoint or fork) makes a LedgerCheck that is not
+// intact; any other error (reading failed) is returned.
+func CheckOf(rep ledger.Report, err error) (LedgerCheck, error) {
+	var (
+		ve *ledger.VerifyError
+		ne *ledger.NodeError
+		ce *ledger.CheckpointError
+		fe *ledger.ForkError
+	)
+	switch {
+	case err == nil:
+		return LedgerCheck{Intact: true, Entries: rep.Entries, Checkpoints: rep.Checkpoints, Root: digest.Format(rep.Root)}, nil
+	case errors.As(err, &ve):
+		return LedgerCheck{Entries: ve.Seq, BadSeq: &ve.Seq, Reason: err.Error()}, nil
+	case errors.As(err, &ne), errors.As(err, &ce), errors.As(err, &fe):
+		return LedgerCheck{Entries: rep.Entries, Reason: err.Error()}, nil
+	}
+	return LedgerCheck{}, err
 }

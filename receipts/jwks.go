@@ -4,6 +4,7 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/lestrrat-go/jwx/v4/jwa"
@@ -105,4 +106,22 @@ func verificationKey(jwks []byte, kid string) (ed25519.PublicKey, error) {
 		return nil, fmt.Errorf("JWKS key %q is not the key its kid names (thumbprint %s)", kid, tp)
 	}
 	return pub, nil
+}
+
+// PublicKey returns the key of a JWKS document that holds exactly one, as
+// the kernel's does, checked as Verify checks the key it picks.
+func PublicKey(jwks []byte) (ed25519.PublicKey, error) {
+	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
+	if err != nil {
+		return nil, fmt.Errorf("JWKS: %w", err)
+	}
+	if set.Len() != 1 {
+		return nil, fmt.Errorf("JWKS holds %d keys, want exactly one", set.Len())
+	}
+	k, _ := set.Key(0)
+	kid, ok := k.KeyID()
+	if !ok {
+		return nil, errors.New("JWKS key has no kid")
+	}
+	return verificationKey(jwks, kid)
 }

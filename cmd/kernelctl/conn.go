@@ -90,7 +90,12 @@ type history interface {
 	Receipt(ctx context.Context, id string) (*kernel.ReceiptInfo, error)
 	Receipts(ctx context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error)
 	JWKS(ctx context.Context) ([]byte, error)
-	Verify(ctx context.Context) (uint64, error) // a *ledger.VerifyError when tampered
+	Verify(ctx context.Context, progress func(seq uint64)) (kernel.LedgerCheck, error)
+	Checkpoint(ctx context.Context, stable bool) (kernel.SignedCheckpoint, error)
+	ProveInclusion(ctx context.Context, seq, size uint64) (*kernel.InclusionResponse, error)
+	ProveConsistency(ctx context.Context, from, to uint64) (*kernel.ConsistencyResponse, error)
+	Bundle(ctx context.Context, receiptID string) (*kernel.Bundle, error)
+	Export(ctx context.Context, w io.Writer) error
 	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
 	ReplayShow(ctx context.Context, key, agent string) ([]kernel.ReplayHistory, error)
 	Close() error
@@ -131,9 +136,24 @@ func (l localHistory) Receipt(_ context.Context, id string) (*kernel.ReceiptInfo
 func (l localHistory) Receipts(_ context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error) {
 	return l.in.Receipts(f)
 }
-func (l localHistory) JWKS(context.Context) ([]byte, error)   { return l.in.JWKS() }
-func (l localHistory) Verify(context.Context) (uint64, error) { return l.in.Verify() }
-func (l localHistory) Close() error                           { return l.in.Close() }
+func (l localHistory) JWKS(context.Context) ([]byte, error) { return l.in.JWKS() }
+func (l localHistory) Verify(_ context.Context, progress func(uint64)) (kernel.LedgerCheck, error) {
+	return l.in.Verify(progress)
+}
+func (l localHistory) Checkpoint(_ context.Context, stable bool) (kernel.SignedCheckpoint, error) {
+	return l.in.Checkpoint(stable)
+}
+func (l localHistory) ProveInclusion(_ context.Context, seq, size uint64) (*kernel.InclusionResponse, error) {
+	return l.in.ProveInclusion(seq, size)
+}
+func (l localHistory) ProveConsistency(_ context.Context, from, to uint64) (*kernel.ConsistencyResponse, error) {
+	return l.in.ProveConsistency(from, to)
+}
+func (l localHistory) Bundle(_ context.Context, id string) (*kernel.Bundle, error) {
+	return l.in.Bundle(id)
+}
+func (l localHistory) Export(_ context.Context, w io.Writer) error { return l.in.Export(w) }
+func (l localHistory) Close() error                                { return l.in.Close() }
 func (l localHistory) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
 	return l.in.ReplayVerify()
 }
@@ -161,16 +181,23 @@ func (r remoteHistory) Receipts(ctx context.Context, f kernel.ReceiptFilter) ([]
 	return r.c.Receipts(ctx, f)
 }
 func (r remoteHistory) JWKS(ctx context.Context) ([]byte, error) { return r.c.JWKS(ctx) }
-func (r remoteHistory) Verify(ctx context.Context) (uint64, error) {
-	v, err := r.c.VerifyLedger(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if v.BadSeq != nil {
-		return v.Entries, &ledger.VerifyError{Seq: *v.BadSeq, Reason: v.Reason}
-	}
-	return v.Entries, nil
+func (r remoteHistory) Verify(ctx context.Context, _ func(uint64)) (kernel.LedgerCheck, error) {
+	return r.c.VerifyLedger(ctx)
 }
+func (r remoteHistory) Checkpoint(ctx context.Context, stable bool) (kernel.SignedCheckpoint, error) {
+	return r.c.Checkpoint(ctx, stable)
+}
+func (r remoteHistory) ProveInclusion(ctx context.Context, seq, size uint64) (*kernel.InclusionResponse, error) {
+	return r.c.ProveInclusion(ctx, seq, size)
+}
+func (r remoteHistory) ProveConsistency(ctx context.Context, from, to uint64) (*kernel.ConsistencyResponse, error) {
+	return r.c.ProveConsistency(ctx, from, to)
+}
+func (r remoteHistory) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
+	return r.c.Bundle(ctx, id)
+}
+
+func (r remoteHistory) Export(ctx context.Context, w io.Writer) error { return r.c.Export(ctx, w) }
 func (r remoteHistory) ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error) {
 	return r.c.ReplayVerify(ctx)
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
-	"github.com/capkernel/capkernel/ledger"
 )
 
 func demoCmd() *cobra.Command {
@@ -85,8 +84,10 @@ type demoKernel interface {
 	ID(ctx context.Context) (id, policyHash string, err error)
 	Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error)
 	Call(ctx context.Context, envelope []byte) (*kernel.Result, error)
-	Verify(ctx context.Context) (uint64, error)
+	Verify(ctx context.Context) (kernel.LedgerCheck, error)
 	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
+	Bundle(ctx context.Context, receiptID string) (*kernel.Bundle, error)
+	JWKS(ctx context.Context) ([]byte, error)
 }
 
 type localDemo struct{ k *kernel.Kernel }
@@ -100,7 +101,13 @@ func (l localDemo) Mint(_ context.Context, req kernel.TokenRequest) (*kernel.Min
 func (l localDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error) {
 	return l.k.InvokeJSON(ctx, env), nil
 }
-func (l localDemo) Verify(context.Context) (uint64, error) { return l.k.Inspector().Verify() }
+func (l localDemo) Verify(context.Context) (kernel.LedgerCheck, error) {
+	return l.k.Inspector().Verify(nil)
+}
+func (l localDemo) Bundle(_ context.Context, id string) (*kernel.Bundle, error) {
+	return l.k.Inspector().Bundle(id)
+}
+func (l localDemo) JWKS(context.Context) ([]byte, error) { return l.k.JWKS() }
 func (l localDemo) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
 	return l.k.Inspector().ReplayVerify()
 }
@@ -121,8 +128,12 @@ func (r remoteDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error
 	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP}).Call(ctx, env)
 	return res, err
 }
-func (r remoteDemo) Verify(ctx context.Context) (uint64, error) {
-	return remoteHistory{r.c}.Verify(ctx)
+func (r remoteDemo) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
+	return r.c.Bundle(ctx, id)
+}
+func (r remoteDemo) JWKS(ctx context.Context) ([]byte, error) { return r.c.JWKS(ctx) }
+func (r remoteDemo) Verify(ctx context.Context) (kernel.LedgerCheck, error) {
+	return r.c.VerifyLedger(ctx)
 }
 func (r remoteDemo) ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error) {
 	return r.c.ReplayVerify(ctx)
@@ -268,15 +279,17 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 		return err
 	}
 	fmt.Fprintf(out, "\nnotes.txt now holds %q\n", content)
-	n, err := k.Verify(ctx)
-	var ve *ledger.VerifyError
+	check, err := k.Verify(ctx)
 	switch {
-	case errors.As(err, &ve):
-		return fmt.Errorf("ledger TAMPERED at seq %d: %s", ve.Seq, ve.Reason)
 	case err != nil:
 		return err
+	case !check.Intact:
+		return fmt.Errorf("ledger TAMPERED: %s", check.Reason)
 	}
-	fmt.Fprintf(out, "ledger intact: %d entries, hash chain verified\n", n)
+	fmt.Fprintf(out, "ledger intact: %d entries, %d signed checkpoints, root %s\n", check.Entries, check.Checkpoints, clip(check.Root, 23))
+	if err := showBundle(ctx, k, out, w); err != nil {
+		return err
+	}
 	rep, err := k.ReplayVerify(ctx)
 	if err != nil {
 		return err
@@ -307,5 +320,30 @@ func seedWorkspace(ws string) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// showBundle bundles the receipt of r (receipt, audit record, checkpoint,
+// inclusion proof) and verifies it as an outsider would, with the JWKS
+// alone.
+func showBundle(ctx context.Context, k demoKernel, out io.Writer, r *kernel.Result) error {
+	b, err := k.Bundle(ctx, r.ReceiptID)
+	if err != nil {
+		return err
+	}
+	jwks, err := k.JWKS(ctx)
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(b)
+	if err != nil {
+		return err
+	}
+	c, err := kernel.VerifyBundle(raw, jwks)
+	if err != nil {
+		return fmt.Errorf("receipt bundle of the write: %w", err)
+	}
+	fmt.Fprintf(out, "receipt %s of the write: bundle verified offline (signature, audit record seq %d, inclusion proof of %d hashes in the signed checkpoint of %d entries)\n",
+		clip(c.Receipt.ReceiptID, 13), c.Receipt.LedgerSeq, len(b.Inclusion.Proof), c.Checkpoint.Size)
 	return nil
 }

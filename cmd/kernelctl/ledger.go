@@ -2,57 +2,205 @@ package main
 
 import (
 	"bufio"
-	"context"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
 )
 
 func ledgerCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "ledger", Short: "Inspect, export and verify the ledger"}
-	cmd.AddCommand(ledgerVerifyCmd(), ledgerHeadCmd(), ledgerTailCmd(), ledgerExportCmd())
+	cmd.AddCommand(ledgerVerifyCmd(), ledgerHeadCmd(), ledgerTailCmd(), ledgerExportCmd(),
+		ledgerCheckpointCmd(), ledgerProveCmd(), ledgerConsistencyCmd())
 	return cmd
 }
 
 func ledgerVerifyCmd() *cobra.Command {
 	var t target
+	var exportFile, pubkeyFile, origin string
 	cmd := &cobra.Command{
-		Use:   "verify --data DIR|--server URL",
-		Short: "Recompute the ledger's hash chain; exit 1 naming the first bad seq if it was tampered with",
-		Args:  cobra.NoArgs,
+		Use:   "verify --data DIR|--server URL | --export FILE --pubkey FILE",
+		Short: "Verify the whole ledger; exit 1 naming the first bad entry, node or checkpoint",
+		Long: `verify recomputes every entry hash and link of the chain, rebuilds the Merkle
+tree, checks every checkpoint's root and signature and every receipt's signature
+and its match with the audit record it attests.
+
+With --export FILE (an export of ledger export, "-" for standard input) and
+--pubkey FILE (the kernel's keys/receipt.pub, or its JWKS from
+/.well-known/jwks.json) it needs no data dir and no server: anyone holding the
+public key can check the export. The origin (kernel id) is read from the
+export's first checkpoint unless --origin names it; the key must have signed
+every checkpoint either way. An export proves nothing about entries after its
+last checkpoint: compare that checkpoint with one you got independently
+(ledger checkpoint remembers the last it saw).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			h, err := t.openHistory("ledger verify")
-			if err != nil {
-				return err
-			}
-			defer h.Close()
-			n, err := h.Verify(cmd.Context())
-			var ve *ledger.VerifyError
-			if errors.As(err, &ve) {
-				if t.json {
-					printJSON(cmd.OutOrStdout(), httpapi.LedgerVerification{Entries: n, BadSeq: &ve.Seq, Reason: ve.Reason})
+			var check kernel.LedgerCheck
+			var err error
+			if exportFile != "" {
+				if t.data != "" || t.server != "" {
+					return &usageError{errors.New("ledger verify: --export works offline; drop --data/--server")}
 				}
-				return fmt.Errorf("ledger TAMPERED: first bad entry is seq %d: %s", ve.Seq, ve.Reason)
+				if pubkeyFile == "" {
+					return &usageError{errors.New("ledger verify --export: give --pubkey FILE (keys/receipt.pub or the JWKS)")}
+				}
+				check, err = verifyExportFile(cmd, exportFile, pubkeyFile, origin)
+			} else {
+				var h history
+				if h, err = t.openHistory("ledger verify"); err != nil {
+					return err
+				}
+				defer h.Close()
+				var total uint64
+				if hd, err := h.Head(cmd.Context()); err == nil {
+					total = hd.Size
+				}
+				p := newProgress(cmd.ErrOrStderr(), total)
+				check, err = h.Verify(cmd.Context(), p.entry)
+				p.done()
 			}
 			if err != nil {
 				return err
 			}
 			if t.json {
-				return printJSON(cmd.OutOrStdout(), httpapi.LedgerVerification{Entries: n})
+				if err := printJSON(cmd.OutOrStdout(), check); err != nil {
+					return err
+				}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ledger intact: %d entries, hash chain verified\n", n)
+			if !check.Intact {
+				return fmt.Errorf("ledger TAMPERED: %s", check.Reason)
+			}
+			if !t.json {
+				fmt.Fprintf(cmd.OutOrStdout(), "ledger intact: %d entries, %d checkpoints, root %s\nverified: entry hashes, hash chain, Merkle tree, checkpoint signatures, receipt signatures and their audit records\n",
+					check.Entries, check.Checkpoints, check.Root)
+			}
 			return nil
 		},
 	}
 	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&exportFile, "export", "", "verify this export offline (\"-\" = standard input)")
+	cmd.Flags().StringVar(&pubkeyFile, "pubkey", "", "the kernel's receipt public key: PEM (keys/receipt.pub) or JWKS, for --export")
+	cmd.Flags().StringVar(&origin, "origin", "", "the kernel id the checkpoints must name (default: the export's first checkpoint's)")
 	return cmd
+}
+
+// verifyExportFile verifies an export offline.
+func verifyExportFile(cmd *cobra.Command, file, pubkeyFile, origin string) (kernel.LedgerCheck, error) {
+	pub, err := loadPublicKey(pubkeyFile)
+	if err != nil {
+		return kernel.LedgerCheck{}, err
+	}
+	var r io.Reader = cmd.InOrStdin()
+	var size int64
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return kernel.LedgerCheck{}, err
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err == nil {
+			size = st.Size()
+		}
+		r = f
+	}
+	br := bufio.NewReaderSize(r, 1<<20)
+	if origin == "" {
+		if origin, err = exportOrigin(br); err != nil {
+			return kernel.LedgerCheck{}, fmt.Errorf("%s: %w (give --origin)", file, err)
+		}
+	}
+	cr := &countingReader{r: br}
+	p := newProgress(cmd.ErrOrStderr(), 0)
+	p.bytes, p.totalBytes = &cr.n, size
+	check, err := kernel.CheckOf(kernel.VerifyLedgerExport(cr, origin, pub, p.entry))
+	p.done()
+	return check, err
+}
+
+// exportOrigin peeks into an export for the origin of its first checkpoint
+// line (one comes before the first entry's second line in every export
+// kernelctl writes: a checkpoint per group commit).
+func exportOrigin(br *bufio.Reader) (string, error) {
+	for n := 1 << 16; ; n *= 4 {
+		b, err := br.Peek(n)
+		i := bytes.Index(b, []byte("\n"+`{"checkpoint":"`))
+		if bytes.HasPrefix(b, []byte(`{"checkpoint":"`)) {
+			i = -1
+		} else if i < 0 && (err != nil || n >= 1<<26) {
+			return "", errors.New("no checkpoint line found to take the origin from")
+		} else if i < 0 {
+			continue
+		}
+		start := i + 1 + len(`{"checkpoint":"`)
+		end := bytes.Index(b[start:], []byte(`\n`))
+		if end <= 0 {
+			return "", errors.New("malformed checkpoint line")
+		}
+		return string(b[start : start+end]), nil
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// progress draws a progress line on a terminal while a long ledger
+// verifies; elsewhere it prints nothing.
+type progress struct {
+	w          io.Writer
+	on         bool
+	total      uint64 // entries expected, 0 if unknown
+	bytes      *int64 // bytes read so far, with totalBytes, for an export
+	totalBytes int64
+	start      time.Time
+	last       time.Time
+	n          uint64
+}
+
+func newProgress(w io.Writer, total uint64) *progress {
+	f, ok := w.(*os.File)
+	on := ok && term.IsTerminal(int(f.Fd()))
+	return &progress{w: w, on: on, total: total, start: time.Now()}
+}
+
+func (p *progress) entry(seq uint64) {
+	p.n = seq + 1
+	if !p.on || p.n%4096 != 0 || time.Since(p.last) < 200*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	pct := ""
+	switch {
+	case p.total > 0:
+		pct = fmt.Sprintf("%5.1f%% ", 100*float64(p.n)/float64(p.total))
+	case p.bytes != nil && p.totalBytes > 0:
+		pct = fmt.Sprintf("%5.1f%% ", 100*float64(*p.bytes)/float64(p.totalBytes))
+	}
+	rate := float64(p.n) / time.Since(p.start).Seconds()
+	fmt.Fprintf(p.w, "\rverifying: %s%d entries (%.0f/s)   ", pct, p.n, rate)
+}
+
+func (p *progress) done() {
+	if p.on && !p.last.IsZero() {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
 }
 
 func ledgerHeadCmd() *cobra.Command {
@@ -160,7 +308,7 @@ func ledgerExportCmd() *cobra.Command {
 	var t target
 	cmd := &cobra.Command{
 		Use:   "export --data DIR|--server URL > ledger.jsonl",
-		Short: "Write every entry as JSON lines: one canonical record a line, in seq order",
+		Short: "Write every entry and checkpoint as JSON lines, for ledger verify --export",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			h, err := t.openHistory("ledger export")
@@ -168,17 +316,13 @@ func ledgerExportCmd() *cobra.Command {
 				return err
 			}
 			defer h.Close()
-			return exportLedger(cmd.Context(), h, cmd.OutOrStdout())
+			out := bufio.NewWriterSize(cmd.OutOrStdout(), 1<<20)
+			if err := h.Export(cmd.Context(), out); err != nil {
+				return err
+			}
+			return out.Flush()
 		},
 	}
 	t.addTarget(cmd, true)
 	return cmd
-}
-
-func exportLedger(ctx context.Context, h history, w io.Writer) error {
-	out := bufio.NewWriterSize(w, 1<<20)
-	if err := h.Scan(ctx, 0, func(e ledger.Entry) error { return writeRecord(out, e) }); err != nil {
-		return err
-	}
-	return out.Flush()
 }

@@ -104,7 +104,7 @@ func TestDemoThenTamper(t *testing.T) {
 	for _, b := range seqKey {
 		seq = seq<<8 | int(b)
 	}
-	if code != 1 || !strings.Contains(stderr, "seq "+strconv.Itoa(seq)) {
+	if code != 1 || !strings.Contains(stderr, "entry "+strconv.Itoa(seq)+":") {
 		t.Fatalf("verify after tampering seq %d: exit %d, stderr %q", seq, code, stderr)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +21,7 @@ import (
 
 func receiptsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "receipts", Short: "List, show and verify signed receipts"}
-	cmd.AddCommand(receiptsListCmd(), receiptsShowCmd(), receiptsVerifyCmd())
+	cmd.AddCommand(receiptsListCmd(), receiptsShowCmd(), receiptsVerifyCmd(), receiptsBundleCmd(), receiptsJWKSCmd())
 	return cmd
 }
 
@@ -139,22 +140,35 @@ func printReceipt(w io.Writer, r *receipts.Receipt) {
 // ReceiptCheck is what receipts verify found.
 type ReceiptCheck struct {
 	ReceiptID   string `json:"receipt_id"`
-	Signature   string `json:"signature"`    // "ok" or the failure
-	LedgerMatch string `json:"ledger_match"` // "ok", "not checked" or the failure
+	Signature   string `json:"signature"`           // "ok" or the failure
+	LedgerMatch string `json:"ledger_match"`        // "ok", "not checked" or the failure
+	Inclusion   string `json:"inclusion,omitempty"` // with --prove or a bundle: "ok …" or the failure
+}
+
+func (c ReceiptCheck) ok(needLedger, needInclusion bool) bool {
+	return c.Signature == "ok" && (!needLedger || c.LedgerMatch == "ok") &&
+		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok"))
 }
 
 func receiptsVerifyCmd() *cobra.Command {
 	var t target
 	var jwksFile string
+	var prove bool
 	cmd := &cobra.Command{
-		Use:   "verify FILE|RECEIPT_ID [--jwks FILE] [--data DIR|--server URL]",
-		Short: "Verify a receipt's signature and that it matches its ledger entry",
+		Use:   "verify FILE|RECEIPT_ID [--prove] [--jwks FILE] [--data DIR|--server URL]",
+		Short: "Verify a receipt's signature, its match with its ledger entry and (--prove) its inclusion under a signed checkpoint",
 		Long: `verify checks a receipt's Ed25519 signature against the kernel's JWKS
 (--jwks FILE, else fetched from the data dir or server), then fetches the ledger
 entry it names, recomputes that entry's hash and compares every field the
-receipt attests. FILE may hold the compact JWS, a result envelope (its
-"receipt") or the JSON of receipts show --json. With only FILE and --jwks the
-ledger match is not checked (it says so). Exit 1 on any failure.`,
+receipt attests. With --prove it also fetches the kernel's newest signed
+checkpoint, checks its signature with the same key and verifies the inclusion
+proof of the entry in that checkpoint's tree.
+
+FILE may hold the compact JWS, a result envelope (its "receipt"), the JSON of
+receipts show --json, or a bundle from receipts bundle: a bundle verifies
+entirely offline with --jwks alone (signature, audit record, checkpoint,
+inclusion proof). With a plain receipt and only --jwks the ledger match is not
+checked (it says so). Exit 1 on any failure.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -166,11 +180,11 @@ ledger match is not checked (it says so). Exit 1 on any failure.`,
 				}
 				defer h.Close()
 			}
-			jws, err := receiptArg(ctx, args[0], h)
-			if err != nil {
-				return err
+			if prove && h == nil {
+				return &usageError{errors.New("receipts verify --prove: give --data or --server to fetch the checkpoint and proof (or verify a bundle offline)")}
 			}
 			var jwks []byte
+			var err error
 			switch {
 			case jwksFile != "":
 				if jwks, err = os.ReadFile(jwksFile); err != nil {
@@ -183,8 +197,15 @@ ledger match is not checked (it says so). Exit 1 on any failure.`,
 			default:
 				return &usageError{errors.New("receipts verify: give --jwks FILE, or --data/--server to fetch the key")}
 			}
+			if b, ok := readBundle(args[0]); ok {
+				return reportCheck(cmd, t.json, verifyBundleFile(b, jwks), true, true)
+			}
+			jws, err := receiptArg(ctx, args[0], h)
+			if err != nil {
+				return err
+			}
 			check := ReceiptCheck{Signature: "ok", LedgerMatch: "not checked (give --data or --server)"}
-			r, err := receipts.Verify(jws, jwks)
+			r, pub, err := receipts.VerifyJWKS(jws, jwks)
 			if err != nil {
 				check.Signature = err.Error()
 			} else {
@@ -195,22 +216,134 @@ ledger match is not checked (it says so). Exit 1 on any failure.`,
 						check.LedgerMatch = err.Error()
 					}
 				}
-			}
-			if t.json {
-				if err := printJSON(cmd.OutOrStdout(), check); err != nil {
-					return err
+				if prove {
+					check.Inclusion = proveReceipt(ctx, h, r, pub)
 				}
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", check.ReceiptID, check.Signature, check.LedgerMatch)
 			}
-			if check.Signature != "ok" || (h != nil && check.LedgerMatch != "ok") {
-				return errors.New("receipt verification FAILED")
-			}
-			return nil
+			return reportCheck(cmd, t.json, check, h != nil, prove)
 		},
 	}
 	t.addTarget(cmd, true)
 	cmd.Flags().StringVar(&jwksFile, "jwks", "", "JWKS file with the kernel's receipt key (e.g. saved from /.well-known/jwks.json)")
+	cmd.Flags().BoolVar(&prove, "prove", false, "also verify the entry's inclusion proof against the newest signed checkpoint")
+	return cmd
+}
+
+func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger, needInclusion bool) error {
+	if asJSON {
+		if err := printJSON(cmd.OutOrStdout(), check); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", check.ReceiptID, check.Signature, check.LedgerMatch)
+		if check.Inclusion != "" {
+			fmt.Fprintf(cmd.OutOrStdout(), "inclusion:    %s\n", check.Inclusion)
+		}
+	}
+	if !check.ok(needLedger, needInclusion) {
+		return errors.New("receipt verification FAILED")
+	}
+	return nil
+}
+
+// proveReceipt verifies the inclusion of r's audit record under the newest
+// checkpoint, signed by pub, and says how it went.
+func proveReceipt(ctx context.Context, h history, r *receipts.Receipt, pub ed25519.PublicKey) string {
+	p, err := h.ProveInclusion(ctx, r.LedgerSeq, 0)
+	if err != nil {
+		return err.Error()
+	}
+	if p.Checkpoint == nil {
+		return "the kernel sent no checkpoint with the proof"
+	}
+	cp, err := openSigned(*p.Checkpoint, pub)
+	if err != nil {
+		return "checkpoint signature: " + err.Error()
+	}
+	if p.LeafIndex != r.LedgerSeq || p.LeafHash != r.LedgerEntryHash || p.TreeSize != cp.Size {
+		return fmt.Sprintf("the proof is for entry %d (%s) in a tree of %d; the receipt names entry %d (%s), the checkpoint %d entries",
+			p.LeafIndex, p.LeafHash, p.TreeSize, r.LedgerSeq, r.LedgerEntryHash, cp.Size)
+	}
+	if err := p.Inclusion.Verify(cp.Root); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d, %d hashes)", r.LedgerSeq, cp.Origin, cp.Size, len(p.Proof))
+}
+
+// readBundle returns the content of file if it is a receipt bundle.
+func readBundle(file string) ([]byte, bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, false
+	}
+	var probe struct {
+		Format string `json:"format"`
+	}
+	if json.Unmarshal(b, &probe) != nil || probe.Format != kernel.BundleFormat {
+		return nil, false
+	}
+	return b, true
+}
+
+func verifyBundleFile(b, jwks []byte) ReceiptCheck {
+	c, err := kernel.VerifyBundle(b, jwks)
+	if err != nil {
+		return ReceiptCheck{Signature: "not ok: " + err.Error(), LedgerMatch: "not checked", Inclusion: err.Error()}
+	}
+	return ReceiptCheck{
+		ReceiptID: c.Receipt.ReceiptID, Signature: "ok", LedgerMatch: "ok (the bundled audit record)",
+		Inclusion: fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d)", c.Receipt.LedgerSeq, c.Checkpoint.Origin, c.Checkpoint.Size),
+	}
+}
+
+func receiptsBundleCmd() *cobra.Command {
+	var t target
+	cmd := &cobra.Command{
+		Use:   "bundle RECEIPT_ID --data DIR|--server URL > receipt.bundle.json",
+		Short: "Write a self-contained receipt bundle (receipt, audit record, signed checkpoint, inclusion proof)",
+		Long: `bundle writes one JSON file that anyone holding the kernel's public key (its
+JWKS) can verify offline with receipts verify FILE --jwks JWKS: the receipt's
+signature, the audit record it attests, the newest signed checkpoint and the
+record's inclusion proof in that checkpoint's tree. docs/formats.md specifies it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			h, err := t.openHistory("receipts bundle")
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			b, err := h.Bundle(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), b)
+		},
+	}
+	t.addTarget(cmd, true)
+	return cmd
+}
+
+func receiptsJWKSCmd() *cobra.Command {
+	var t target
+	cmd := &cobra.Command{
+		Use:   "jwks --data DIR|--server URL > jwks.json",
+		Short: "Print the JWKS of the kernel's receipt key (it also signs the ledger checkpoints)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := t.openHistory("receipts jwks")
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			b, err := h.JWKS(cmd.Context())
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+			return err
+		},
+	}
+	t.addTarget(cmd, true)
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,17 +98,32 @@ func TestVerbsOnDataDir(t *testing.T) {
 		t.Fatalf("tail -n 3:\n%s", out)
 	}
 	exp := must("ledger", "export", "--data", data)
-	lines := strings.Split(strings.TrimSpace(exp), "\n")
-	if uint64(len(lines)) != head.Size {
-		t.Fatalf("export has %d lines for %d entries", len(lines), head.Size)
-	}
-	for i, l := range lines {
+	var entries, checkpoints uint64
+	for i, l := range strings.Split(strings.TrimSpace(exp), "\n") {
+		if strings.HasPrefix(l, `{"checkpoint":`) {
+			checkpoints++
+			continue
+		}
 		var e ledger.Entry
 		if err := json.Unmarshal([]byte(l), &e); err != nil {
 			t.Fatalf("export line %d: %v", i, err)
 		}
-		if h, err := ledger.EntryHash(e); err != nil || h != e.Hash || e.Seq != uint64(i) {
+		if h, err := ledger.EntryHash(e); err != nil || h != e.Hash || e.Seq != entries {
 			t.Fatalf("export line %d does not re-hash: %v", i, err)
+		}
+		entries++
+	}
+	if entries != head.Size || checkpoints == 0 {
+		t.Fatalf("export has %d entries and %d checkpoints; the ledger has %d entries", entries, checkpoints, head.Size)
+	}
+	// ...and verifies offline with the public key alone, as PEM or JWKS.
+	expFile := filepath.Join(dir, "ledger.jsonl")
+	os.WriteFile(expFile, []byte(exp), 0o644)
+	jwksFile := filepath.Join(dir, "jwks.json")
+	os.WriteFile(jwksFile, []byte(must("receipts", "jwks", "--data", data)), 0o644)
+	for _, key := range []string{filepath.Join(data, "keys", "receipt.pub"), jwksFile} {
+		if out := must("ledger", "verify", "--export", expFile, "--pubkey", key); !strings.Contains(out, fmt.Sprintf("ledger intact: %d entries, %d checkpoints", entries, checkpoints)) {
+			t.Fatalf("verify --export --pubkey %s:\n%s", key, out)
 		}
 	}
 	if _, stderr, code := run(t, "ledger", "tail", "-f", "--data", data); code != 2 {
