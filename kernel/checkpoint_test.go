@@ -1,7 +1,6 @@
 package kernel
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -285,7 +284,7 @@ func TestBundle(t *testing.T) {
 		{"another kernel's JWKS", nil, otherJWKS},
 		{"receipt signature byte", func(b *Bundle) []byte { b.Receipt = flipLast(b.Receipt); return nil }, jwks},
 		{"entry body changed", func(b *Bundle) []byte {
-			b.Entry = bytes.Replace(b.Entry, []byte(`"tool_id":"fs.write"`), []byte(`"tool_id":"fs.read"`), 1)
+			b.Entry = strings.Replace(b.Entry, `"tool_id":"fs.write"`, `"tool_id":"fs.read"`, 1)
 			return nil
 		}, jwks},
 		{"entry of another call", func(b *Bundle) []byte { b.Entry = neighbour.Entry; return nil }, jwks},

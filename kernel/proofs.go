@@ -167,7 +167,7 @@ const BundleFormat = "capkernel-receipt-bundle/v1"
 type Bundle struct {
 	Format     string           `json:"format"`
 	Receipt    string           `json:"receipt"`    // compact JWS
-	Entry      json.RawMessage  `json:"entry"`      // the attested ledger record, canonical JSON
+	Entry      string           `json:"entry"`      // the attested ledger record: its canonical JSON, as a string (exact bytes)
 	Checkpoint string           `json:"checkpoint"` // C2SP signed note
 	Inclusion  ledger.Inclusion `json:"inclusion"`
 }
@@ -185,9 +185,11 @@ func (i *Inspector) Bundle(id string) (*Bundle, error) {
 		if err != nil {
 			return err
 		}
-		if b.Entry, err = jcs.Marshal(e); err != nil {
+		rec, err := jcs.Marshal(e)
+		if err != nil {
 			return err
 		}
+		b.Entry = string(rec)
 		c, err := ledger.LatestCheckpoint(tx)
 		if err != nil {
 			return err
@@ -228,7 +230,7 @@ func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	e, err := ledger.ParseEntry(b.Entry)
+	e, err := ledger.ParseEntry([]byte(b.Entry))
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}

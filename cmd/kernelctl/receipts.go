@@ -146,7 +146,7 @@ type ReceiptCheck struct {
 }
 
 func (c ReceiptCheck) ok(needLedger, needInclusion bool) bool {
-	return c.Signature == "ok" && (!needLedger || c.LedgerMatch == "ok") &&
+	return c.Signature == "ok" && (!needLedger || strings.HasPrefix(c.LedgerMatch, "ok")) &&
 		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok"))
 }
 
