@@ -52,7 +52,18 @@ type Capability struct {
 	// Parent is the jti of the token this one was attenuated from, or
 	// empty for a root token.
 	Parent string `json:"parent,omitempty"`
+	// Role makes the token an approver credential instead of an agent's:
+	// RoleApprover may decide soft_gate calls, RoleEscalation also
+	// escalated ones. An approver token grants nothing else: no tools, fs,
+	// net or budgets, so no credential can both act and approve.
+	Role string `json:"role,omitempty"`
 }
+
+// Roles of approver tokens (Capability.Role).
+const (
+	RoleApprover   = "approver"
+	RoleEscalation = "escalation"
+)
 
 // FSRoot is a file tree a token grants access to.
 type FSRoot struct {
@@ -106,6 +117,16 @@ func (c Claims) validate() error {
 }
 
 func (c Capability) validate() error {
+	switch c.Role {
+	case "":
+	case RoleApprover, RoleEscalation:
+		if len(c.Tools) > 0 || len(c.FS) > 0 || len(c.Net) > 0 || len(c.Budgets) > 0 || c.Parent != "" {
+			return fmt.Errorf("cap.role %q: an approver token may grant no tools, fs, net or budgets and have no parent", c.Role)
+		}
+		return nil
+	default:
+		return fmt.Errorf("cap.role %q is not approver or escalation", c.Role)
+	}
 	if len(c.Tools) == 0 {
 		return errors.New("cap.tools names no tool")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/syscalls"
 )
 
 // Config configures Open. Only DataDir is required; settings left zero come
@@ -29,9 +30,28 @@ type Config struct {
 	MaxEnvelopeBytes int64
 	// MaxReadBytes bounds the bytes a read returns (default 1 MiB).
 	MaxReadBytes int64
-	// CallTimeout bounds a syscall's execution unless its definition sets
-	// its own (default 60s).
+	// CallTimeout, if set, bounds the execution of every syscall whose
+	// definition sets no timeout of its own and whose class Timeouts does
+	// not name. Unset, the bound is by side-effect class: 60s for NONE,
+	// READ and WRITE, 600s for EXECUTE and NETWORK.
 	CallTimeout time.Duration
+	// Timeouts overrides the execution bound of a side-effect class.
+	Timeouts map[syscalls.SideEffect]time.Duration
+	// CancelGrace is how long a cancelled or timed-out syscall may take to
+	// return before the kernel abandons it and rolls back (default 30s).
+	CancelGrace time.Duration
+	// ApprovalTimeout is how long a soft_gate or escalated call waits for
+	// a decision (default 5m).
+	ApprovalTimeout time.Duration
+	// ApprovalValidity is how long an allowed approval stays good for its
+	// call's execution and commit (default 15m).
+	ApprovalValidity time.Duration
+	// SessionConcurrency caps the calls of one session (provenance
+	// session_id) executing at once (default 4); SessionQueue more may
+	// wait in line (default 64), and a call beyond that is refused with
+	// concurrency_exceeded.
+	SessionConcurrency int
+	SessionQueue       int
 	// TokenLeeway is the clock skew allowed on token exp/nbf (default 30s).
 	TokenLeeway time.Duration
 	// Now is the clock (default time.Now).
@@ -51,6 +71,12 @@ const (
 	DefaultCallTimeout      = 60 * time.Second
 	DefaultTokenLeeway      = 30 * time.Second
 	DefaultStableCheckpoint = 10 * time.Second
+	DefaultLongCallTimeout  = 600 * time.Second // EXECUTE and NETWORK
+	DefaultCancelGrace      = 30 * time.Second
+	DefaultApprovalTimeout  = 5 * time.Minute
+	DefaultApprovalValidity = 15 * time.Minute
+	DefaultSessionLimit     = 4
+	DefaultSessionQueue     = 64
 )
 
 // Files of a data dir.
@@ -137,6 +163,20 @@ func writeNewKey(path string) error {
 	}
 	defer f.Close()
 	return pem.Encode(f, &pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+// timeout is the execution bound of a syscall of class se that sets none.
+func (c Config) timeout(se syscalls.SideEffect) time.Duration {
+	if d := c.Timeouts[se]; d > 0 {
+		return d
+	}
+	if c.CallTimeout > 0 {
+		return c.CallTimeout
+	}
+	if se == syscalls.Execute || se == syscalls.Network {
+		return DefaultLongCallTimeout
+	}
+	return DefaultCallTimeout
 }
 
 // ensurePublicKey writes the public half of key to path (PKIX PEM) unless
@@ -240,14 +280,26 @@ func (c Config) resolve(s settings) Config {
 	}
 	c.MaxEnvelopeBytes = pick(c.MaxEnvelopeBytes, s.MaxEnvelopeBytes, DefaultMaxEnvelopeBytes)
 	c.MaxReadBytes = pick(c.MaxReadBytes, s.MaxReadBytes, DefaultMaxReadBytes)
-	if c.CallTimeout <= 0 {
-		c.CallTimeout = DefaultCallTimeout
-	}
 	if c.TokenLeeway <= 0 {
 		c.TokenLeeway = DefaultTokenLeeway
 	}
 	if c.StableCheckpointInterval <= 0 {
 		c.StableCheckpointInterval = DefaultStableCheckpoint
+	}
+	if c.CancelGrace <= 0 {
+		c.CancelGrace = DefaultCancelGrace
+	}
+	if c.ApprovalTimeout <= 0 {
+		c.ApprovalTimeout = DefaultApprovalTimeout
+	}
+	if c.ApprovalValidity <= 0 {
+		c.ApprovalValidity = DefaultApprovalValidity
+	}
+	if c.SessionConcurrency <= 0 {
+		c.SessionConcurrency = DefaultSessionLimit
+	}
+	if c.SessionQueue <= 0 {
+		c.SessionQueue = DefaultSessionQueue
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -36,6 +36,12 @@ type call struct {
 	input    *policy.Input
 	decided  string
 	replayOf string
+	session  string // provenance.session_id
+	called   bool   // the syscall started to execute (tool.called was emitted)
+	running  int    // calls of the session executing, this one included
+
+	approval        *ApprovalRequest // the decided approval of a gated call
+	approvalExpires time.Time
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -46,16 +52,16 @@ func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 	if int64(len(data)) > k.cfg.MaxEnvelopeBytes {
 		c.env = &Envelope{}
 		c.envHash = digest.Sum(data)
-		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(data), k.cfg.MaxEnvelopeBytes))
+		return k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(data), k.cfg.MaxEnvelopeBytes)))
 	}
 	env, err := DecodeEnvelope(data)
 	if err != nil {
 		c.env = salvage(data)
 		c.envHash = digest.Sum(data)
-		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+		return k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, err.Error()))
 	}
 	c.env = env
-	return k.run(ctx, c)
+	return k.publishResult(c, k.run(ctx, c))
 }
 
 // Invoke runs one call through the pipeline and returns its result
@@ -64,6 +70,11 @@ func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 // malformed — leaves an audit record and a receipt in the ledger.
 func (k *Kernel) Invoke(ctx context.Context, env *Envelope) *Result {
 	c := &call{start: k.cfg.Now(), env: env}
+	return k.publishResult(c, k.invoke(ctx, c))
+}
+
+func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
+	env := c.env
 	if env == nil {
 		c.env = &Envelope{}
 		return k.deny(ctx, c, ErrInvalidArgs, "no envelope")
@@ -92,6 +103,11 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	if err := k.checkEnvelope(c); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
+	// From here the call can be cancelled by operation id or session.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := k.inflight.add(env.OperationID, &inflight{agent: env.AgentID, session: c.session, cancel: cancel})
+	defer done()
 	// 2. The capability token, bound to this agent and token id.
 	if strings.HasPrefix(env.CapabilityToken, AdminPrefix) {
 		return k.deny(ctx, c, ErrTokenInvalid, "the admin credential is not a capability token; mint one with kernelctl token mint")
@@ -153,10 +169,23 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	// 8. Gate.
 	switch c.res.AutonomyMode {
 	case policy.Autopilot:
-	case policy.NoGo:
-		return k.deny(ctx, c, ErrPolicyDenied, "policy decided no_go: "+strings.Join(c.res.RiskBasis, "; "))
+	case policy.SoftGate, policy.Escalated:
+		if r := k.awaitApproval(ctx, c); r != nil {
+			return r
+		}
 	default:
-		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("mode %s needs a human approval, and this kernel has no approval channel configured", c.res.AutonomyMode))
+		return k.deny(ctx, c, ErrPolicyDenied, "policy decided no_go: "+strings.Join(c.res.RiskBasis, "; "))
+	}
+	// The session's concurrency cap, then the approval once more: both
+	// may have waited.
+	release, running, class, msg := k.sessions.acquire(ctx, c.session)
+	if class != "" {
+		return k.deny(ctx, c, class, msg)
+	}
+	defer release()
+	c.running = running
+	if why := k.checkApproval(c); why != "" {
+		return k.deny(ctx, c, ErrApprovalDenied, why)
 	}
 	// 9-12.
 	if transactional {
@@ -194,6 +223,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 			return err
 		}
 	}
+	c.session = sessionOf(env.Provenance)
 	h, err := digest.JSON(env.Args)
 	if err != nil {
 		return fmt.Errorf("args: %v", err)
@@ -509,6 +539,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	c.res.CommitDeltaID = deltaID
 	_, err = k.record(done, c, func(tx *bbolt.Tx) error {
 		committed = false
+		if why := k.checkApproval(c); why != "" {
+			c.setOutcome(nil, ErrApprovalDenied, why, RolledBack)
+			return txn.Rollback(tx, in)
+		}
 		err := txn.CanCommit(tx, in, c.env.PreconditionRefs, prep.Limits, effects)
 		var te *txn.Error
 		if errors.As(err, &te) {
@@ -582,10 +616,14 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Resource, stage *txn.Stage) (out json.RawMessage, class, msg string) {
 	timeout := c.entry.Def.Timeout
 	if timeout <= 0 {
-		timeout = k.cfg.CallTimeout
+		timeout = k.cfg.timeout(c.entry.Def.SideEffect)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	c.called = true
+	e := c.event(EventCalled)
+	e.SessionRunning = c.running
+	k.events.publish(e)
 	sc := &syscalls.Call{
 		Args: c.env.Args, Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
 	}
@@ -611,6 +649,15 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	select {
 	case o = <-ch:
 	case <-ctx.Done():
+		// A syscall that heeds its context returns soon; one that does not
+		// is abandoned after the grace period. Either way nothing of it
+		// is committed.
+		grace := time.NewTimer(k.cfg.CancelGrace)
+		select {
+		case <-ch:
+		case <-grace.C:
+		}
+		grace.Stop()
 		if stage != nil {
 			stage.Discard()
 		}

@@ -45,6 +45,11 @@ type Kernel struct {
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
 
+	events    *eventBus
+	sessions  *sessions
+	inflight  registry
+	approvals approvals
+
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked
 	seen       map[string]bool                // jti -> token_first_seen recorded
@@ -71,6 +76,8 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	k := &Kernel{
 		cfg: cfg, settings: s, locks: newPathLocks(),
 		revoked: map[string]bool{}, seen: map[string]bool{}, workspaces: map[string]*syscalls.Workspace{},
+		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
+		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}},
 	}
 	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
 		return nil, err

@@ -49,6 +49,12 @@ type auditRecord struct {
 	ReplayOf          string          `json:"replay_of,omitempty"`
 	StartedAt         string          `json:"started_at"`
 	PolicyInput       *policy.Input   `json:"policy_input,omitempty"`
+	// The approval of a soft_gate or escalated call: its id, state, the
+	// approver's identity (token sub) and reason.
+	ApprovalID     string `json:"approval_id,omitempty"`
+	ApprovalState  string `json:"approval_state,omitempty"`
+	ApprovedBy     string `json:"approved_by,omitempty"`
+	ApprovalReason string `json:"approval_reason,omitempty"`
 }
 
 // receiptBody is the body of a receipt ledger entry.
@@ -228,6 +234,9 @@ func (c *call) audit(k *Kernel) *auditRecord {
 	if c.token != nil {
 		a.TokenHash = c.token.Hash
 	}
+	if ap := c.approval; ap != nil {
+		a.ApprovalID, a.ApprovalState, a.ApprovedBy, a.ApprovalReason = ap.ID, ap.State, ap.DecidedBy, ap.Reason
+	}
 	a.setOutcome(r)
 	return a
 }
@@ -289,6 +298,7 @@ func (k *Kernel) appendAuditEntry(tx *bbolt.Tx, ae *auditEntry) (*pendingReceipt
 		TxOutcome: a.TxOutcome, CommitDeltaID: a.CommitDeltaID, PolicyHash: a.PolicyHash,
 		AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, ErrorClass: a.ErrorClass,
 		LedgerSeq: e.Seq, LedgerEntryHash: e.Hash, IssuedAt: now.UTC().Format(ledger.TimeLayout),
+		ApprovalID: a.ApprovalID, ApprovedBy: a.ApprovedBy, ApprovalReason: a.ApprovalReason,
 	}}, nil
 }
 

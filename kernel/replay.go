@@ -261,6 +261,9 @@ func MatchReceipt(r *receipts.Receipt, c *CallRecord) error {
 		{"policy_hash", r.PolicyHash, c.PolicyHash},
 		{"autonomy_mode", r.AutonomyMode, c.AutonomyMode},
 		{"error_class", r.ErrorClass, c.ErrorClass},
+		{"approval_id", r.ApprovalID, c.ApprovalID},
+		{"approved_by", r.ApprovedBy, c.ApprovedBy},
+		{"approval_reason", r.ApprovalReason, c.ApprovalReason},
 	} {
 		if p.got != p.want {
 			return fmt.Errorf("receipt %s: %s is %q; ledger entry %d has %q", r.ReceiptID, p.name, p.got, c.Seq, p.want)

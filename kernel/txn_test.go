@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -202,7 +203,7 @@ func TestParallelDisjointAndOverlapping(t *testing.T) {
 }
 
 func TestPatchAndDelete(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 50 * time.Millisecond })
 	h.write("p.txt", "a b a")
 	if r := h.invoke("fs.patch", map[string]any{"path": "p.txt", "old": "a", "new": "c"}, key("p0")); errClass(r) != ErrInvalidArgs || r.TxOutcome != RolledBack {
 		t.Fatalf("ambiguous patch: %q %s", errClass(r), r.TxOutcome)
@@ -220,8 +221,11 @@ func TestPatchAndDelete(t *testing.T) {
 	}
 	h.write("dir/x", "x")
 	r := h.invoke("fs.delete", map[string]any{"path": "dir"}, key("dd"))
-	if errClass(r) != ErrApprovalDenied || r.AutonomyMode != "escalated" {
-		t.Fatalf("directory delete: %q %s, want approval_denied escalated", errClass(r), r.AutonomyMode)
+	if errClass(r) != ErrApprovalTimeout || r.AutonomyMode != "escalated" {
+		t.Fatalf("directory delete: %q %s, want approval_timeout escalated (nobody approved)", errClass(r), r.AutonomyMode)
+	}
+	if h.read("dir/x") != "x" {
+		t.Fatal("the unapproved delete took effect")
 	}
 	assertNoStaging(t, h.ws)
 }

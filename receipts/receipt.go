@@ -36,4 +36,9 @@ type Receipt struct {
 	LedgerSeq         uint64  `json:"ledger_seq"`        // seq of the ledger entry attested (the call's audit record)
 	LedgerEntryHash   string  `json:"ledger_entry_hash"` // entry_hash of that entry
 	IssuedAt          string  `json:"issued_at"`         // RFC 3339 with nanoseconds, UTC
+	// For a call that waited for an approval: its id, the approver (the
+	// approver token's subject; empty when nobody decided) and reason.
+	ApprovalID     string `json:"approval_id,omitempty"`
+	ApprovedBy     string `json:"approved_by,omitempty"`
+	ApprovalReason string `json:"approval_reason,omitempty"`
 }

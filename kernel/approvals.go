@@ -1,0 +1,326 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/policy"
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// Approvals. A call the policy puts in soft_gate or escalated waits, before
+// anything of it runs, for a human decision: the kernel records an
+// approval request in the ledger, emits tool.confirmation_requested, and
+// waits up to Config.ApprovalTimeout. An approver — a token minted with
+// role approver, or escalation for escalated calls — allows or denies it;
+// the first decision wins and is recorded in the ledger with the
+// approver's identity and reason, which also go into the call's audit
+// record and receipt. An approval is bound to one action: the tool, the
+// args hash, the capability token, the policy hash and the operation id,
+// and it expires Config.ApprovalValidity after the decision. It is checked
+// again right before the call executes and again at commit: a revoked
+// token, another policy or an expired approval fails closed
+// (approval_denied), and the transaction rolls back.
+
+// Ledger kinds of approval entries.
+const (
+	KindApprovalRequested = "approval_requested"
+	KindApprovalDecided   = "approval_decided"
+	KindApprovalRefused   = "approval_refused" // a decision attempt refused (role, self-approval)
+)
+
+// Approval states.
+const (
+	ApprovalPending   = "pending"
+	ApprovalAllowed   = "allowed"
+	ApprovalDenied    = "denied"
+	ApprovalExpired   = "expired"   // nobody decided in time
+	ApprovalAbandoned = "abandoned" // the call was cancelled while waiting
+)
+
+// Errors of Decide, wrapped with details.
+var (
+	ErrApprovalConflict  = errors.New("approval already decided")
+	ErrApprovalForbidden = errors.New("not allowed to decide this approval")
+)
+
+// ApprovalRequest is what an approver decides on. The JSON field names
+// are the wire format of GET /v1/approvals and of the ledger entries.
+type ApprovalRequest struct {
+	ID                string   `json:"approval_id"`
+	OperationID       string   `json:"operation_id"`
+	ToolID            string   `json:"tool_id"`
+	AgentID           string   `json:"agent_id"`
+	SessionID         string   `json:"session_id,omitempty"`
+	CapabilityTokenID string   `json:"capability_token_id"`
+	ArgsHash          string   `json:"args_hash"`
+	PolicyHash        string   `json:"policy_hash"`
+	SideEffect        string   `json:"side_effect"`
+	Mode              string   `json:"autonomy_mode"` // soft_gate or escalated
+	RequiredRole      string   `json:"required_role"` // approver or escalation
+	InputSummary      string   `json:"input_summary"`
+	ProjectedEffects  []string `json:"projected_effects"` // what would change: "write notes.txt", "kv put k"
+	RiskScore         float64  `json:"risk_score"`
+	RiskBasis         []string `json:"risk_basis"`
+	RequestedAt       string   `json:"requested_at"`
+	DecideBy          string   `json:"decide_by"` // after this, the call fails with approval_timeout
+
+	State     string `json:"state"`
+	DecidedBy string `json:"decided_by,omitempty"` // the approver token's sub
+	TokenID   string `json:"decided_with,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	DecidedAt string `json:"decided_at,omitempty"`
+	ExpiresAt string `json:"expires_at,omitempty"` // an allowed approval's end
+}
+
+type approval struct {
+	req     ApprovalRequest
+	decided chan struct{} // closed on the first decision
+	expires time.Time
+}
+
+type approvals struct {
+	mu      sync.Mutex
+	pending map[string]*approval
+	recent  []ApprovalRequest // decided, newest last, bounded
+}
+
+const keepDecided = 256
+
+// Approvals lists pending approval requests, oldest first, and with all
+// the most recent decided ones too.
+func (k *Kernel) Approvals(all bool) []ApprovalRequest {
+	k.approvals.mu.Lock()
+	defer k.approvals.mu.Unlock()
+	out := []ApprovalRequest{}
+	for _, a := range k.approvals.pending {
+		out = append(out, a.req)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].RequestedAt < out[j].RequestedAt })
+	if all {
+		out = append(out, k.approvals.recent...)
+	}
+	return out
+}
+
+// awaitApproval asks for and waits for the approval of call c. It returns
+// nil with c.approval set when the call may go on, or the call's refusal.
+func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
+	now := k.cfg.Now()
+	a := &approval{decided: make(chan struct{}), req: ApprovalRequest{
+		ID: newID(), OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID,
+		SessionID: c.session, CapabilityTokenID: c.token.Claims.ID, ArgsHash: c.argsHash,
+		PolicyHash: k.policy.Hash(), SideEffect: string(c.entry.Def.SideEffect), Mode: c.res.AutonomyMode,
+		RequiredRole: captoken.RoleApprover, InputSummary: inputSummary(c), ProjectedEffects: projectedEffects(c),
+		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, RequestedAt: now.UTC().Format(ledger.TimeLayout),
+		DecideBy: now.Add(k.cfg.ApprovalTimeout).UTC().Format(ledger.TimeLayout), State: ApprovalPending,
+	}}
+	if c.res.AutonomyMode == policy.Escalated {
+		a.req.RequiredRole = captoken.RoleEscalation
+	}
+	if err := k.appendApproval(KindApprovalRequested, a.req); err != nil {
+		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
+	}
+	k.approvals.mu.Lock()
+	k.approvals.pending[a.req.ID] = a
+	k.approvals.mu.Unlock()
+	e := c.event(EventConfirmationRequested)
+	e.Approval = &a.req
+	k.events.publish(e)
+
+	timer := time.NewTimer(k.cfg.ApprovalTimeout)
+	defer timer.Stop()
+	select {
+	case <-a.decided:
+	case <-timer.C:
+		k.closeApproval(a, ApprovalExpired, "", "", "no decision within "+k.cfg.ApprovalTimeout.String())
+	case <-ctx.Done():
+		k.closeApproval(a, ApprovalAbandoned, "", "", "the call was cancelled while waiting")
+	}
+	<-a.decided
+	c.approval = &a.req
+	e = c.event(EventConfirmationResolved)
+	e.Approval = &a.req
+	k.events.publish(e)
+	switch a.req.State {
+	case ApprovalAllowed:
+		c.approvalExpires = a.expires
+		return nil
+	case ApprovalDenied:
+		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("approval %s denied by %s: %s", a.req.ID, a.req.DecidedBy, a.req.Reason))
+	case ApprovalExpired:
+		return k.deny(ctx, c, ErrApprovalTimeout, fmt.Sprintf("approval %s: no decision within %s", a.req.ID, k.cfg.ApprovalTimeout))
+	}
+	class, msg := ctxClass(ctx, "waiting for approval "+a.req.ID)
+	return k.deny(ctx, c, class, msg)
+}
+
+// closeApproval decides a unless it is decided already, records the
+// decision, and wakes its call. It reports whether this was the first
+// decision.
+func (k *Kernel) closeApproval(a *approval, state, by, tokenID, reason string) bool {
+	k.approvals.mu.Lock()
+	defer k.approvals.mu.Unlock()
+	if a.req.State != ApprovalPending {
+		return false
+	}
+	now := k.cfg.Now()
+	a.req.State, a.req.DecidedBy, a.req.TokenID, a.req.Reason = state, by, tokenID, reason
+	a.req.DecidedAt = now.UTC().Format(ledger.TimeLayout)
+	if state == ApprovalAllowed {
+		a.expires = now.Add(k.cfg.ApprovalValidity)
+		a.req.ExpiresAt = a.expires.UTC().Format(ledger.TimeLayout)
+	}
+	// The decision is durable before the call can act on it; if the
+	// ledger refuses it, the call must not go ahead.
+	if err := k.appendApproval(KindApprovalDecided, a.req); err != nil && state == ApprovalAllowed {
+		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
+	}
+	delete(k.approvals.pending, a.req.ID)
+	k.approvals.recent = append(k.approvals.recent, a.req)
+	if len(k.approvals.recent) > keepDecided {
+		k.approvals.recent = k.approvals.recent[len(k.approvals.recent)-keepDecided:]
+	}
+	close(a.decided)
+	return true
+}
+
+// Decide records an approver's decision ("allow" or "deny") on approval
+// id. approverToken must be an approver token of this kernel; for an
+// escalated call, one with role escalation; and its subject must not be
+// the agent that made the call. Refused attempts are recorded in the
+// ledger too. It returns the request as decided, or an error wrapping
+// ErrNotFound, ErrApprovalForbidden (also for a bad token) or
+// ErrApprovalConflict (someone decided first; the request says how).
+func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalRequest, error) {
+	if decision != "allow" && decision != "deny" {
+		return ApprovalRequest{}, fmt.Errorf("decision %q is not allow or deny", decision)
+	}
+	if len(reason) > 4096 {
+		return ApprovalRequest{}, errors.New("reason is longer than 4096 bytes")
+	}
+	k.approvals.mu.Lock()
+	a := k.approvals.pending[id]
+	var done *ApprovalRequest
+	if a == nil {
+		for i := range k.approvals.recent {
+			if k.approvals.recent[i].ID == id {
+				done = &k.approvals.recent[i]
+			}
+		}
+	}
+	k.approvals.mu.Unlock()
+	tok, err := k.verifier.VerifyBearer(approverToken, k.cfg.Now())
+	refuse := func(why string) (ApprovalRequest, error) {
+		body := map[string]string{"approval_id": id, "decision": decision, "reason": why}
+		if tok != nil {
+			body["approver"], body["token_id"] = tok.Claims.Subject, tok.Claims.ID
+		}
+		_ = k.appendApproval(KindApprovalRefused, body)
+		return ApprovalRequest{}, fmt.Errorf("%w: %s", ErrApprovalForbidden, why)
+	}
+	switch {
+	case err != nil:
+		return refuse("approver token: " + err.Error())
+	case tok.Claims.Cap.Role == "":
+		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
+	case a == nil && done != nil:
+		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
+	case a == nil:
+		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
+	case a.req.RequiredRole == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:
+		return refuse(fmt.Sprintf("approval %s is for an escalated call; %s holds role %s, not escalation", id, tok.Claims.Subject, tok.Claims.Cap.Role))
+	case tok.Claims.Subject == a.req.AgentID:
+		return refuse(fmt.Sprintf("%s may not approve its own call", tok.Claims.Subject))
+	}
+	state := ApprovalDenied
+	if decision == "allow" {
+		state = ApprovalAllowed
+	}
+	if !k.closeApproval(a, state, tok.Claims.Subject, tok.Claims.ID, reason) {
+		k.approvals.mu.Lock()
+		req := a.req
+		k.approvals.mu.Unlock()
+		return req, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, req.State, orNobody(req.DecidedBy))
+	}
+	k.approvals.mu.Lock()
+	defer k.approvals.mu.Unlock()
+	return a.req, nil
+}
+
+func orNobody(s string) string {
+	if s == "" {
+		return "nobody: the kernel"
+	}
+	return s
+}
+
+// checkApproval is the re-check of an allowed approval before execution
+// and at commit: still this action, same policy, token not revoked, not
+// expired. It returns "" or why the approval no longer holds.
+func (k *Kernel) checkApproval(c *call) string {
+	a := c.approval
+	if a == nil || a.State != ApprovalAllowed {
+		return ""
+	}
+	switch {
+	case a.OperationID != c.env.OperationID || a.ToolID != c.env.ToolID || a.ArgsHash != c.argsHash || a.CapabilityTokenID != c.token.Claims.ID:
+		return fmt.Sprintf("approval %s was given for another action", a.ID)
+	case a.PolicyHash != k.policy.Hash():
+		return fmt.Sprintf("approval %s was given under policy %s; the active policy is %s", a.ID, a.PolicyHash, k.policy.Hash())
+	case k.isRevoked(c.token.Claims.ID):
+		return fmt.Sprintf("capability token %s was revoked after approval %s", c.token.Claims.ID, a.ID)
+	case !k.cfg.Now().Before(c.approvalExpires):
+		return fmt.Sprintf("approval %s expired at %s", a.ID, a.ExpiresAt)
+	}
+	return ""
+}
+
+// appendApproval appends an approval entry to the ledger.
+func (k *Kernel) appendApproval(kind string, body any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	return k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		_, err := ledger.Append(tx, kind, k.cfg.Now(), b)
+		return abortIf(err)
+	})
+}
+
+// inputSummary is a short description of the call for an approver.
+func inputSummary(c *call) string {
+	s := string(c.env.Args)
+	if len(s) > 512 {
+		s = s[:509] + "..."
+	}
+	return c.env.ToolID + " " + s
+}
+
+// projectedEffects lists what the call would change, as far as its
+// declared resources tell.
+func projectedEffects(c *call) []string {
+	out := []string{}
+	for _, r := range c.entry.Def.Resources {
+		if !r.Access.Writes() {
+			continue
+		}
+		var name string
+		_ = json.Unmarshal(c.args[r.Arg], &name)
+		out = append(out, fmt.Sprintf("%s %s:%s", r.Access, r.Kind, name))
+	}
+	if len(out) == 0 && c.entry.Def.SideEffect != syscalls.None && c.entry.Def.SideEffect != syscalls.Read {
+		out = append(out, strings.ToLower(string(c.entry.Def.SideEffect))+" (effects not declared in advance)")
+	}
+	return out
+}

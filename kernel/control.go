@@ -1,0 +1,183 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Control of calls in flight: a per-session concurrency cap with a bounded
+// FIFO queue, and cancellation by operation or by session.
+//
+// A session is provenance.session_id. At most Config.SessionConcurrency
+// calls of one session execute at once (from prepare to commit or
+// rollback); up to Config.SessionQueue more wait, in arrival order, and
+// a call beyond that is refused at once with concurrency_exceeded. Calls
+// without a session id are not capped. Waiting for an approval does not
+// hold a slot.
+
+// ErrConcurrencyExceeded is the error class of a call refused because its
+// session's queue is full.
+const ErrConcurrencyExceeded = "concurrency_exceeded"
+
+// sessionID reads provenance.session_id, if it is a string.
+func sessionOf(prov json.RawMessage) string {
+	if len(prov) == 0 {
+		return ""
+	}
+	var p struct {
+		SessionID any `json:"session_id"`
+	}
+	if json.Unmarshal(prov, &p) != nil {
+		return ""
+	}
+	s, _ := p.SessionID.(string)
+	return s
+}
+
+func (c *call) sessionID() string { return c.session }
+
+// sessionGate is one session's slots and queue.
+type sessionGate struct {
+	slots   chan struct{} // a token per running call
+	waiting atomic.Int64
+	users   int // calls holding or waiting for the gate (under sessions.mu)
+	running atomic.Int64
+}
+
+type sessions struct {
+	mu    sync.Mutex
+	gates map[string]*sessionGate
+	limit int
+	queue int
+}
+
+func newSessions(limit, queue int) *sessions {
+	return &sessions{gates: map[string]*sessionGate{}, limit: limit, queue: queue}
+}
+
+// acquire takes a slot of session id, waiting in line while the session is
+// at its cap. It returns the release function and the number of the
+// session's calls running with this one, or an error class and message:
+// concurrency_exceeded when the line is full, cancelled or timeout when
+// ctx ends first.
+func (s *sessions) acquire(ctx context.Context, id string) (release func(), running int, class, msg string) {
+	if id == "" {
+		return func() {}, 0, "", ""
+	}
+	s.mu.Lock()
+	g := s.gates[id]
+	if g == nil {
+		g = &sessionGate{slots: make(chan struct{}, s.limit)}
+		s.gates[id] = g
+	}
+	g.users++
+	s.mu.Unlock()
+	done := func() {
+		s.mu.Lock()
+		if g.users--; g.users == 0 {
+			delete(s.gates, id)
+		}
+		s.mu.Unlock()
+	}
+	select {
+	case g.slots <- struct{}{}:
+	default:
+		if g.waiting.Add(1) > int64(s.queue) {
+			g.waiting.Add(-1)
+			done()
+			return nil, 0, ErrConcurrencyExceeded, fmt.Sprintf("session %q has %d calls running and %d waiting; the limits are %d and %d", id, s.limit, s.queue, s.limit, s.queue)
+		}
+		select {
+		case g.slots <- struct{}{}:
+			g.waiting.Add(-1)
+		case <-ctx.Done():
+			g.waiting.Add(-1)
+			done()
+			class, msg := ctxClass(ctx, "waiting for a session slot")
+			return nil, 0, class, msg
+		}
+	}
+	n := g.running.Add(1)
+	return func() {
+		g.running.Add(-1)
+		<-g.slots
+		done()
+	}, int(n), "", ""
+}
+
+// ctxClass is the error class and message of a call whose ctx ended.
+func ctxClass(ctx context.Context, while string) (class, msg string) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ErrTimeout, "timed out " + while
+	}
+	return ErrCancelled, fmt.Sprintf("cancelled %s: %v", while, context.Cause(ctx))
+}
+
+// ErrCancelledByRequest is the cause of a call cancelled through Cancel or
+// CancelSession.
+var ErrCancelledByRequest = errors.New("cancelled on request")
+
+// inflight is a call that can be cancelled.
+type inflight struct {
+	agent   string
+	session string
+	cancel  context.CancelCauseFunc
+}
+
+type registry struct {
+	mu    sync.Mutex
+	calls map[string]*inflight // by operation id
+}
+
+// add registers f under op unless a call with that operation id is in
+// flight already (the later one is refused anyway: ids are single-use),
+// and returns the function that unregisters it.
+func (r *registry) add(op string, f *inflight) (remove func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.calls[op]; dup {
+		return func() {}
+	}
+	r.calls[op] = f
+	return func() {
+		r.mu.Lock()
+		delete(r.calls, op)
+		r.mu.Unlock()
+	}
+}
+
+// Cancel cancels the call in flight with operation id op, if agent is
+// empty (the admin) or the call's agent. It reports whether there was
+// such a call. A cancelled call stops waiting (for an approval or a
+// session slot) at once; a running syscall gets its context cancelled
+// and is abandoned after Config.CancelGrace if it ignores that; either way
+// its transaction is rolled back and its result is cancelled.
+func (k *Kernel) Cancel(op, agent string) bool {
+	k.inflight.mu.Lock()
+	defer k.inflight.mu.Unlock()
+	f, ok := k.inflight.calls[op]
+	if !ok || (agent != "" && f.agent != agent) {
+		return false
+	}
+	f.cancel(ErrCancelledByRequest)
+	return true
+}
+
+// CancelSession cancels every call in flight of session id (of agent
+// only, unless agent is empty) and returns how many it cancelled.
+func (k *Kernel) CancelSession(id, agent string) int {
+	k.inflight.mu.Lock()
+	defer k.inflight.mu.Unlock()
+	n := 0
+	for _, f := range k.inflight.calls {
+		if f.session == id && (agent == "" || f.agent == agent) {
+			f.cancel(ErrCancelledByRequest)
+			n++
+		}
+	}
+	return n
+}
