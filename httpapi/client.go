@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -62,11 +63,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var eb ErrorBody
-		if json.Unmarshal(data, &eb) != nil || eb.Error.Class == "" {
-			return &APIError{Status: resp.StatusCode, Class: kernel.ErrInternal, Message: strings.TrimSpace(string(data))}
-		}
-		return &APIError{Status: resp.StatusCode, Class: eb.Error.Class, Message: eb.Error.Message}
+		return apiError(resp.StatusCode, data)
 	}
 	if out == nil {
 		return nil
@@ -92,11 +89,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 	if c.Credential != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Credential)
 	}
-	h := c.HTTP
-	if h == nil {
-		h = defaultHTTP
-	}
-	resp, err := h.Do(req)
+	resp, err := c.httpClient().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -314,4 +307,167 @@ func (c *Client) Scan(ctx context.Context, from uint64, fn func(ledger.Entry) er
 		}
 		from = page.Next
 	}
+}
+
+// Start sends a call envelope with Prefer: respond-async and returns the
+// operation id the kernel runs it under.
+func (c *Client) Start(ctx context.Context, envelope []byte) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/syscalls", bytes.NewReader(envelope))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Prefer", "respond-async")
+	resp, err := c.httpClient().Do(req)
+	if err != nil {
+		return "", fmt.Errorf("POST /v1/syscalls: %w", err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusAccepted {
+		return "", apiError(resp.StatusCode, data)
+	}
+	var st kernel.OperationStatus
+	if err := json.Unmarshal(data, &st); err != nil || st.OperationID == "" {
+		return "", fmt.Errorf("POST /v1/syscalls (async): no operation id in %q", data)
+	}
+	return st.OperationID, nil
+}
+
+// OperationStatus returns the state of an operation: running or awaiting
+// approval (with the approval), or done with its result envelope.
+func (c *Client) OperationStatus(ctx context.Context, id string) (kernel.OperationStatus, error) {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id), nil)
+	if err != nil {
+		return kernel.OperationStatus{}, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	switch resp.StatusCode {
+	case http.StatusAccepted:
+		var st kernel.OperationStatus
+		err := json.Unmarshal(data, &st)
+		return st, err
+	case http.StatusOK:
+		var r kernel.Result
+		if err := json.Unmarshal(data, &r); err != nil {
+			return kernel.OperationStatus{}, err
+		}
+		return kernel.OperationStatus{OperationID: id, State: kernel.OpDone, AgentID: r.AgentID, Result: &r}, nil
+	}
+	return kernel.OperationStatus{}, apiError(resp.StatusCode, data)
+}
+
+// Cancel cancels the call in flight with operation id id.
+func (c *Client) Cancel(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/operations/"+url.PathEscape(id), nil, nil)
+}
+
+// CancelSession cancels the calls in flight of a session and returns how
+// many.
+func (c *Client) CancelSession(ctx context.Context, id string) (int, error) {
+	var out struct {
+		Cancelled int `json:"cancelled"`
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/cancel", nil, &out)
+	return out.Cancelled, err
+}
+
+// Approvals lists pending approval requests (all: and recent decisions).
+func (c *Client) Approvals(ctx context.Context, all bool) ([]kernel.ApprovalRequest, error) {
+	var out ApprovalList
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/approvals?all=%t", all), nil, &out)
+	return out.Approvals, err
+}
+
+// Decide allows or denies an approval; the client's credential must be an
+// approver token.
+func (c *Client) Decide(ctx context.Context, id, decision, reason string) (kernel.ApprovalRequest, error) {
+	var out kernel.ApprovalRequest
+	err := c.do(ctx, http.MethodPost, "/v1/approvals/"+url.PathEscape(id), Decision{Decision: decision, Reason: reason}, &out)
+	return out, err
+}
+
+// Events streams the events f selects to fn until ctx ends, the stream
+// ends or fn returns an error. dropped, if set, is told the total of
+// events lost so far whenever the kernel reports a loss.
+func (c *Client) Events(ctx context.Context, f kernel.EventFilter, fn func(kernel.Event) error, dropped func(uint64)) error {
+	q := url.Values{}
+	if f.SessionID != "" {
+		q.Set("session", f.SessionID)
+	}
+	if f.AgentID != "" {
+		q.Set("agent", f.AgentID)
+	}
+	if len(f.Kinds) > 0 {
+		q.Set("kind", strings.Join(f.Kinds, ","))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.BaseURL, "/")+"/v1/events?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	if c.Credential != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Credential)
+	}
+	h := &http.Client{Transport: c.httpClient().Transport} // no overall timeout: a stream lasts
+	resp, err := h.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET /v1/events: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return apiError(resp.StatusCode, data)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var kind, data string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			kind = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			data = strings.TrimPrefix(line, "data: ")
+		case line == "" && data != "":
+			if kind == "dropped" {
+				var d struct {
+					Dropped uint64 `json:"dropped"`
+				}
+				if json.Unmarshal([]byte(data), &d) == nil && dropped != nil {
+					dropped(d.Dropped)
+				}
+			} else {
+				var e kernel.Event
+				if err := json.Unmarshal([]byte(data), &e); err != nil {
+					return fmt.Errorf("GET /v1/events: bad event %q: %w", data, err)
+				}
+				if err := fn(e); err != nil {
+					return err
+				}
+			}
+			kind, data = "", ""
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return sc.Err()
+}
+
+func (c *Client) httpClient() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return defaultHTTP
+}
+
+// apiError reads an error answer.
+func apiError(status int, data []byte) error {
+	var eb ErrorBody
+	if json.Unmarshal(data, &eb) != nil || eb.Error.Class == "" {
+		return &APIError{Status: status, Class: kernel.ErrInternal, Message: strings.TrimSpace(string(data))}
+	}
+	return &APIError{Status: status, Class: eb.Error.Class, Message: eb.Error.Message}
 }

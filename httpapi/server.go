@@ -63,6 +63,11 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("GET /v1/receipts/{id}", s.reader(s.receipt))
 	s.mux.HandleFunc("GET /v1/receipts/{id}/bundle", s.reader(s.bundle))
 	s.mux.HandleFunc("GET /v1/operations/{id}", s.operation)
+	s.mux.HandleFunc("DELETE /v1/operations/{id}", s.cancelOperation)
+	s.mux.HandleFunc("POST /v1/sessions/{id}/cancel", s.cancelSession)
+	s.mux.HandleFunc("GET /v1/approvals", s.approvals)
+	s.mux.HandleFunc("POST /v1/approvals/{id}", s.decide)
+	s.mux.HandleFunc("GET /v1/events", s.eventStream)
 	s.mux.HandleFunc("POST /v1/tokens", s.admin(s.mint))
 	s.mux.HandleFunc("POST /v1/tokens/{jti}/revoke", s.admin(s.revoke))
 	s.mux.HandleFunc("POST /v1/tokens/inspect", s.inspectToken)
@@ -101,7 +106,7 @@ func StatusOf(class string) int {
 		return http.StatusConflict
 	case kernel.ErrIdempotencyConflict:
 		return http.StatusUnprocessableEntity
-	case kernel.ErrBudgetExceeded:
+	case kernel.ErrBudgetExceeded, kernel.ErrConcurrencyExceeded:
 		return http.StatusTooManyRequests
 	case kernel.ErrTimeout, kernel.ErrApprovalTimeout:
 		return http.StatusGatewayTimeout
@@ -129,6 +134,16 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusRequestEntityTooLarge
 	case bearer(r) != "" && strings.HasPrefix(bearer(r), kernel.AdminPrefix):
 		res = s.k.Refuse(ctx, data, kernel.ErrTokenInvalid, "the admin credential cannot make calls; send a capability token in the envelope")
+	case preferAsync(r):
+		id, err := s.k.Start(data)
+		if err != nil {
+			writeError(w, http.StatusConflict, kernel.ErrInvalidArgs, err.Error())
+			return
+		}
+		w.Header().Set("Location", "/v1/operations/"+id)
+		w.Header().Set("Preference-Applied", "respond-async")
+		writeJSON(w, http.StatusAccepted, kernel.OperationStatus{OperationID: id, State: kernel.OpRunning})
+		return
 	default:
 		res = s.k.InvokeJSON(ctx, data)
 	}
@@ -271,6 +286,14 @@ func (s *Server) operation(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		agent = tok.Claims.Subject
+	}
+	if st, ok := s.k.Operation(r.PathValue("id")); ok && (agent == "" || st.AgentID == agent) {
+		if st.State != kernel.OpDone {
+			writeJSON(w, http.StatusAccepted, st)
+			return
+		}
+		writeJSON(w, http.StatusOK, st.Result)
+		return
 	}
 	env, err := s.k.Inspector().Operation(r.PathValue("id"))
 	if err != nil {

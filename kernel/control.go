@@ -19,10 +19,6 @@ import (
 // without a session id are not capped. Waiting for an approval does not
 // hold a slot.
 
-// ErrConcurrencyExceeded is the error class of a call refused because its
-// session's queue is full.
-const ErrConcurrencyExceeded = "concurrency_exceeded"
-
 // sessionID reads provenance.session_id, if it is a string.
 func sessionOf(prov json.RawMessage) string {
 	if len(prov) == 0 {

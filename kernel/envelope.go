@@ -83,6 +83,7 @@ const (
 	ErrApprovalTimeout        = "approval_timeout"
 	ErrPreconditionFailed     = "precondition_failed"
 	ErrBudgetExceeded         = "budget_exceeded"
+	ErrConcurrencyExceeded    = "concurrency_exceeded" // the session's queue of waiting calls is full
 	ErrIdempotencyKeyRequired = "idempotency_key_required"
 	ErrIdempotencyConflict    = "idempotency_conflict"
 	ErrIdempotencyInFlight    = "idempotency_in_flight"

@@ -72,6 +72,10 @@ type TokenRequest struct {
 	Budgets    map[string]int64  `json:"budgets,omitempty"`
 	Autonomy   string            `json:"autonomy,omitempty"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"` // default 3600; at most MaxTokenTTL
+	// Role, "approver" or "escalation", mints an approver token for the
+	// approver AgentID names instead of an agent's token; it grants no
+	// tools or scopes.
+	Role string `json:"role,omitempty"`
 }
 
 // MintedToken is a token Mint made, with the claims a caller needs.
@@ -96,7 +100,7 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	now := k.cfg.Now()
 	tok, c, err := k.MintToken(captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: now.Add(ttl),
-		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, Budgets: req.Budgets, Autonomy: req.Autonomy},
+		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mint: %w", err)

@@ -48,19 +48,10 @@ type call struct {
 // oversize envelopes, unknown fields and wrong types come back as
 // invalid_args results, audited like any other call.
 func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
-	c := &call{start: k.cfg.Now()}
-	if int64(len(data)) > k.cfg.MaxEnvelopeBytes {
-		c.env = &Envelope{}
-		c.envHash = digest.Sum(data)
-		return k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(data), k.cfg.MaxEnvelopeBytes)))
+	c, class, msg := k.decode(data)
+	if class != "" {
+		return k.publishResult(c, k.deny(ctx, c, class, msg))
 	}
-	env, err := DecodeEnvelope(data)
-	if err != nil {
-		c.env = salvage(data)
-		c.envHash = digest.Sum(data)
-		return k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, err.Error()))
-	}
-	c.env = env
 	return k.publishResult(c, k.run(ctx, c))
 }
 

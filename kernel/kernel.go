@@ -49,6 +49,7 @@ type Kernel struct {
 	sessions  *sessions
 	inflight  registry
 	approvals approvals
+	ops       operations
 
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked
@@ -78,6 +79,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		revoked: map[string]bool{}, seen: map[string]bool{}, workspaces: map[string]*syscalls.Workspace{},
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}},
+		ops: operations{byID: map[string]*operation{}},
 	}
 	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 func callCmd() *cobra.Command {
 	var t target
 	var argsJSON, tokenFile, key, session string
+	var async bool
 	var kv, kvStr, pre []string
 	cmd := &cobra.Command{
 		Use:   "call TOOL --token FILE|- [--args JSON | --arg K=V ...] [--idempotency-key K] [--precondition REF=HASH]... --server URL|--data DIR",
@@ -38,7 +39,9 @@ the kernel replays the original outcome instead of acting twice.
   ledger:head=N        the ledger's last seq
 
 It prints the status, the error or the result, and the receipt id; --json
-prints the whole result envelope.`,
+prints the whole result envelope. With --async (and --server) it prints only the
+operation id: the call runs on in the kernel, waits there for an approval if it
+needs one, and kernelctl wait OP prints its result.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if err := t.check("call"); err != nil {
@@ -80,10 +83,21 @@ prints the whole result envelope.`,
 				if err != nil {
 					return err
 				}
+				if async {
+					id, err := c.Start(cmd.Context(), raw)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), id)
+					return nil
+				}
 				if res, _, err = c.Call(cmd.Context(), raw); err != nil {
 					return err
 				}
 			} else {
+				if async {
+					return &usageError{errors.New("call --async needs --server: a background call outlives this process only in a running kernel")}
+				}
 				k, err := t.openKernel(cmd.Context())
 				if err != nil {
 					return err
@@ -109,6 +123,7 @@ prints the whole result envelope.`,
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "idempotency key (required for mutating syscalls)")
 	cmd.Flags().StringArrayVar(&pre, "precondition", nil, "precondition REF=EXPECTED (repeatable)")
 	cmd.Flags().StringVar(&session, "session", "", "session id for the provenance")
+	cmd.Flags().BoolVar(&async, "async", false, "return at once with the operation id (Prefer: respond-async); kernelctl wait OP fetches the result")
 	return cmd
 }
 

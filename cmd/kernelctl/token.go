@@ -28,8 +28,9 @@ func tokenMintCmd() *cobra.Command {
 	var agent, tools, autonomy, budgets string
 	var fsRoots, net []string
 	var ttl time.Duration
+	var approver, escalation bool
 	cmd := &cobra.Command{
-		Use:   "mint --data DIR|--server URL --agent ID --tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] [--ttl 1h]",
+		Use:   "mint --data DIR|--server URL --agent ID (--tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] | --approver [--escalation]) [--ttl 1h]",
 		Short: "Mint a capability token; prints the compact token alone on stdout",
 		Long: `mint signs a capability token with the kernel's issuer key.
 
@@ -40,6 +41,9 @@ func tokenMintCmd() *cobra.Command {
   --budget calls=100,disk_write_bytes=1MiB,cpu_ms=5000,net_bytes=10MB
   --autonomy soft_gate           the most autonomous mode its calls may run in
   --ttl 1h                       lifetime (at most 90 days)
+  --approver [--escalation]      an approver token for the person --agent names:
+                                 it decides soft_gate calls (with --escalation
+                                 escalated ones too) and grants no tools
 
 With --json it prints the token with its id, agent, expiry and grants.`,
 		Args: cobra.NoArgs,
@@ -47,10 +51,22 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 			if err := t.check("token mint"); err != nil {
 				return err
 			}
-			if agent == "" || tools == "" {
-				return &usageError{errors.New("token mint: --agent and --tools are required")}
+			approver = approver || escalation
+			switch {
+			case agent == "":
+				return &usageError{errors.New("token mint: --agent is required")}
+			case approver && (tools != "" || len(fsRoots) > 0 || len(net) > 0 || budgets != "" || autonomy != ""):
+				return &usageError{errors.New("token mint --approver: an approver token grants no --tools, --fs, --net, --budget or --autonomy")}
+			case !approver && tools == "":
+				return &usageError{errors.New("token mint: --tools is required (or --approver)")}
 			}
 			req := kernel.TokenRequest{AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second)}
+			switch {
+			case escalation:
+				req.Role = captoken.RoleEscalation
+			case approver:
+				req.Role = captoken.RoleApprover
+			}
 			if ttl%time.Second != 0 || ttl <= 0 {
 				return &usageError{fmt.Errorf("token mint: --ttl %s must be a positive whole number of seconds", ttl)}
 			}
@@ -96,6 +112,8 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 	cmd.Flags().StringVar(&budgets, "budget", "", "budgets, e.g. calls=100,disk_write_bytes=1MiB")
 	cmd.Flags().StringVar(&autonomy, "autonomy", "", "autonomy ceiling: autopilot, soft_gate, escalated or no_go")
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "lifetime")
+	cmd.Flags().BoolVar(&approver, "approver", false, "mint an approver token (decides soft_gate calls)")
+	cmd.Flags().BoolVar(&escalation, "escalation", false, "mint an approver token with the escalation role (decides escalated calls too)")
 	return cmd
 }
 

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// controlClient is a client of --server carrying --token FILE (an approver
+// or capability token) or else the admin credential.
+func (t *target) controlClient(verb, tokenFile string) (*httpapi.Client, error) {
+	if t.server == "" {
+		return nil, &usageError{fmt.Errorf("%s: give --server URL (approvals, events and cancellation live in a running kernel)", verb)}
+	}
+	if tokenFile != "" {
+		tok, err := readSecret(tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		return t.client(tok), nil
+	}
+	return t.adminClient()
+}
+
+func approvalsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "approvals", Short: "List and decide the approvals soft_gate and escalated calls wait for"}
+	cmd.AddCommand(approvalsListCmd(), decideCmd("approve", "allow"), decideCmd("deny", "deny"))
+	return cmd
+}
+
+func approvalsListCmd() *cobra.Command {
+	var t target
+	var tokenFile string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "list --server URL [--token APPROVER_TOKEN_FILE] [--all]",
+		Short: "List pending approval requests (--all: and recent decisions)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := t.controlClient("approvals list", tokenFile)
+			if err != nil {
+				return err
+			}
+			list, err := c.Approvals(cmd.Context(), all)
+			if err != nil {
+				return err
+			}
+			if t.json {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "APPROVAL\tSTATE\tMODE\tROLE\tAGENT\tTOOL\tEFFECTS\tDECIDE BY\tDECIDED BY")
+			for _, a := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Mode, a.RequiredRole, a.AgentID, a.ToolID,
+					clip(strings.Join(a.ProjectedEffects, ", "), 40), clip(a.DecideBy, 19), orDash(a.DecidedBy))
+			}
+			return tw.Flush()
+		},
+	}
+	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "approver token file (default: the admin credential)")
+	cmd.Flags().BoolVar(&all, "all", false, "include recent decisions")
+	return cmd
+}
+
+func decideCmd(verb, decision string) *cobra.Command {
+	var t target
+	var tokenFile, reason string
+	cmd := &cobra.Command{
+		Use:   verb + " APPROVAL_ID --token APPROVER_TOKEN_FILE --server URL [--reason TEXT]",
+		Short: fmt.Sprintf("Decide %s on an approval request (first decision wins)", decision),
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tokenFile == "" {
+				return &usageError{fmt.Errorf("approvals %s: --token is required: an approver token (token mint --approver)", verb)}
+			}
+			c, err := t.controlClient("approvals "+verb, tokenFile)
+			if err != nil {
+				return err
+			}
+			a, err := c.Decide(cmd.Context(), args[0], decision, reason)
+			if err != nil {
+				return err
+			}
+			if t.json {
+				return printJSON(cmd.OutOrStdout(), a)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "approval %s %s by %s (%s %s of %s)\n", a.ID, a.State, a.DecidedBy, a.ToolID, a.OperationID, a.AgentID)
+			return nil
+		},
+	}
+	t.addTarget(cmd, false)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "approver token file")
+	cmd.Flags().StringVar(&reason, "reason", "", "why; recorded in the ledger and the call's receipt")
+	return cmd
+}
+
+func waitCmd() *cobra.Command {
+	var t target
+	var tokenFile string
+	var timeout, poll time.Duration
+	cmd := &cobra.Command{
+		Use:   "wait OPERATION_ID --server URL [--token FILE] [--timeout 10m]",
+		Short: "Wait for an asynchronous call (call --async) and print its result; exit 1 on an error result",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := t.controlClient("wait", tokenFile)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			for {
+				st, err := c.OperationStatus(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if st.State == kernel.OpDone {
+					if err := printResult(cmd, st.Result, t.json); err != nil {
+						return err
+					}
+					if st.Result.Error != nil {
+						return fmt.Errorf("%s: %s", st.Result.Error.Class, st.Result.Error.Message)
+					}
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("wait %s: still %s after %s", args[0], st.State, timeout)
+				case <-time.After(poll):
+				}
+			}
+		},
+	}
+	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "capability token file of the call's agent (default: the admin credential)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long (exit 1)")
+	cmd.Flags().DurationVar(&poll, "poll", 200*time.Millisecond, "how often to ask")
+	return cmd
+}
+
+func cancelCmd() *cobra.Command {
+	var t target
+	var tokenFile, session string
+	cmd := &cobra.Command{
+		Use:   "cancel (OPERATION_ID | --session ID) --server URL [--token FILE]",
+		Short: "Cancel a call in flight, or every call of a session; they roll back with class cancelled",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if (len(args) == 1) == (session != "") {
+				return &usageError{errors.New("cancel: give an operation id or --session, one of them")}
+			}
+			c, err := t.controlClient("cancel", tokenFile)
+			if err != nil {
+				return err
+			}
+			if session != "" {
+				n, err := c.CancelSession(cmd.Context(), session)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "cancelled %d calls of session %s\n", n, session)
+				return nil
+			}
+			if err := c.Cancel(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "cancelled %s\n", args[0])
+			return nil
+		},
+	}
+	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "capability token file of the calls' agent (default: the admin credential)")
+	cmd.Flags().StringVar(&session, "session", "", "cancel every call in flight of this session")
+	return cmd
+}
+
+func eventsCmd() *cobra.Command {
+	var t target
+	var tokenFile, session, agent, kinds string
+	var follow bool
+	var count int
+	cmd := &cobra.Command{
+		Use:   "events --server URL [--follow] [--session ID] [--agent ID] [--kind K,K] [--token FILE]",
+		Short: "Stream the kernel's tool.* events (calls, completions, failures, denials, confirmations)",
+		Long: `events prints the kernel's events as they happen, one line each (--json: one
+JSON object a line): tool.called, tool.completed, tool.failed, tool.input_invalid,
+tool.denied, tool.confirmation_requested, tool.confirmation_resolved. Events are
+live only: nothing is replayed from before the stream started (the ledger is the
+record). It runs until interrupted (--follow, the default) or until --count
+events have arrived. A line "dropped N" means this client fell behind and lost
+events. The admin credential and approver tokens see every agent; a capability
+token (--token) only its own agent.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := t.controlClient("events", tokenFile)
+			if err != nil {
+				return err
+			}
+			f := kernel.EventFilter{SessionID: session, AgentID: agent}
+			if kinds != "" {
+				f.Kinds = splitList(kinds)
+			}
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			n := 0
+			out := cmd.OutOrStdout()
+			err = c.Events(ctx, f, func(e kernel.Event) error {
+				if t.json {
+					printJSONLine(out, e)
+				} else {
+					detail := e.ErrorClass
+					if e.Approval != nil {
+						detail = strings.TrimSpace(fmt.Sprintf("%s %s %s", e.Approval.ID, e.Approval.State, e.Approval.DecidedBy))
+					}
+					fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", clip(e.Time, 23), e.Kind, e.AgentID, orDash(e.SessionID), e.ToolID, e.OperationID, detail)
+				}
+				if n++; count > 0 && n >= count {
+					cancel()
+				}
+				return nil
+			}, func(d uint64) { fmt.Fprintf(os.Stderr, "dropped %d events so far (this client fell behind)\n", d) })
+			return err
+		},
+	}
+	t.addTarget(cmd, true)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "approver or capability token file (default: the admin credential)")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", true, "keep streaming (the default; events are live only)")
+	cmd.Flags().StringVar(&session, "session", "", "only this session's events")
+	cmd.Flags().StringVar(&agent, "agent", "", "only this agent's events")
+	cmd.Flags().StringVar(&kinds, "kind", "", "only these kinds, comma-separated")
+	cmd.Flags().IntVar(&count, "count", 0, "exit after this many events")
+	return cmd
+}

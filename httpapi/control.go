@@ -1,0 +1,232 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// preferAsync reports whether r asks for an asynchronous answer (RFC 7240
+// Prefer: respond-async).
+func preferAsync(r *http.Request) bool {
+	for _, v := range r.Header.Values("Prefer") {
+		for p := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(strings.SplitN(p, ";", 2)[0]), "respond-async") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// caller is who sent a control request: the admin (agent and role empty),
+// an agent's capability token, or an approver token.
+type caller struct {
+	admin bool
+	tok   *captoken.Token
+}
+
+func (c caller) agent() string {
+	if c.admin || c.tok == nil {
+		return ""
+	}
+	return c.tok.Claims.Subject
+}
+
+func (c caller) role() string {
+	if c.tok == nil {
+		return ""
+	}
+	return c.tok.Claims.Cap.Role
+}
+
+// who identifies the bearer of r, answering the request itself (401) when
+// there is no valid credential.
+func (s *Server) who(w http.ResponseWriter, r *http.Request) (caller, bool) {
+	cred := bearer(r)
+	if strings.HasPrefix(cred, kernel.AdminPrefix) {
+		if s.k.IsAdmin(cred) {
+			return caller{admin: true}, true
+		}
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is wrong")
+		return caller{}, false
+	}
+	tok, ok := s.capability(w, r)
+	return caller{tok: tok}, ok
+}
+
+// cancelOperation answers DELETE /v1/operations/{id}: the admin, or a
+// token of the agent that made the call, cancels it.
+func (s *Server) cancelOperation(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return
+	}
+	if c.role() != "" {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "approver tokens cannot cancel calls")
+		return
+	}
+	id := r.PathValue("id")
+	if !s.k.Cancel(id, c.agent()) {
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no call in flight with operation id %q", id))
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{"operation_id": id, "cancelled": true})
+}
+
+// cancelSession answers POST /v1/sessions/{id}/cancel: every call in
+// flight of the session (of the token's agent, unless the admin asks).
+func (s *Server) cancelSession(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return
+	}
+	if c.role() != "" {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "approver tokens cannot cancel calls")
+		return
+	}
+	id := r.PathValue("id")
+	writeJSON(w, http.StatusOK, map[string]any{"session_id": id, "cancelled": s.k.CancelSession(id, c.agent())})
+}
+
+// ApprovalList is the body of GET /v1/approvals.
+type ApprovalList struct {
+	Approvals []kernel.ApprovalRequest `json:"approvals"`
+}
+
+// approvals answers GET /v1/approvals[?all=true] to the admin and to
+// approver tokens.
+func (s *Server) approvals(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return
+	}
+	if !c.admin && c.role() == "" {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "listing approvals needs the admin credential or an approver token")
+		return
+	}
+	all, err := boolParam(r.URL.Query().Get("all"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, ApprovalList{Approvals: s.k.Approvals(all)})
+}
+
+// Decision is the body of POST /v1/approvals/{id}.
+type Decision struct {
+	Decision string `json:"decision"` // allow or deny
+	Reason   string `json:"reason"`
+}
+
+// decide answers POST /v1/approvals/{id}: an approver token decides.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	var d Decision
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxAdminBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&d); err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "body must be {\"decision\": \"allow\"|\"deny\", \"reason\": \"…\"}: "+err.Error())
+		return
+	}
+	cred := bearer(r)
+	if cred == "" {
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "send an approver token: Authorization: Bearer <token>")
+		return
+	}
+	req, err := s.k.Decide(r.PathValue("id"), cred, d.Decision, d.Reason)
+	switch {
+	case errors.Is(err, kernel.ErrApprovalConflict):
+		writeJSON(w, http.StatusConflict, struct {
+			ErrorBody
+			Approval kernel.ApprovalRequest `json:"approval"`
+		}{ErrorBody{Error: kernel.Error{Class: kernel.ErrInvalidArgs, Message: err.Error()}}, req})
+	case errors.Is(err, kernel.ErrApprovalForbidden):
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, err.Error())
+	case errors.Is(err, kernel.ErrNotFound):
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, err.Error())
+	case err != nil:
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, req)
+	}
+}
+
+// heartbeat is how often an idle event stream sends a comment, so proxies
+// and clients see it is alive.
+const heartbeat = 15 * time.Second
+
+// eventStream answers GET /v1/events?session=&agent=&kind=a,b with
+// Server-Sent Events. The admin and approver tokens see every agent's
+// events; a capability token only its own agent's. Each event is
+// "id: <seq>", "event: <kind>", "data: <json>"; when the client fell
+// behind and events were lost, an "event: dropped" with {"dropped": N}
+// (the total so far) comes before the next event.
+func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	f := kernel.EventFilter{SessionID: q.Get("session"), AgentID: q.Get("agent")}
+	if k := q.Get("kind"); k != "" {
+		f.Kinds = strings.Split(k, ",")
+	}
+	if a := c.agent(); a != "" && c.role() == "" {
+		if f.AgentID != "" && f.AgentID != a {
+			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "a capability token sees only its own agent's events")
+			return
+		}
+		f.AgentID = a
+	}
+	sub := s.k.Subscribe(f, 0)
+	defer sub.Close()
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	tick := time.NewTicker(heartbeat)
+	defer tick.Stop()
+	var reported uint64
+	write := func(format string, args ...any) bool {
+		// Each write gets its own deadline: the stream outlives the
+		// server's write timeout, a stalled reader does not.
+		_ = rc.SetWriteDeadline(time.Now().Add(heartbeat * 2))
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+			if !write(": keep-alive\n\n") {
+				return
+			}
+		case e, ok := <-sub.C:
+			if !ok {
+				return
+			}
+			if d := sub.Dropped(); d != reported {
+				reported = d
+				if !write("event: dropped\ndata: {\"dropped\":%d}\n\n", d) {
+					return
+				}
+			}
+			b, _ := json.Marshal(e)
+			if !write("id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// Asynchronous calls: Start runs an envelope in the background and
+// returns its operation id at once; Operation reports it, running (and
+// whether it waits for an approval) or finished. A background call is not
+// tied to the request that started it: only Cancel, CancelSession or its
+// own timeouts end it early. Finished results stay readable here for
+// asyncRetention (the stored outcome of the operations table outlives
+// that for calls that changed something).
+
+// ErrOperationInUse is returned by Start for an operation id that a call
+// in flight already has.
+var ErrOperationInUse = errors.New("operation_id is in use by a call in flight")
+
+const (
+	asyncRetention = time.Hour
+	asyncKeep      = 10000
+)
+
+// Operation states.
+const (
+	OpRunning          = "running"
+	OpAwaitingApproval = "awaiting_approval"
+	OpDone             = "done"
+)
+
+type operation struct {
+	agent    string
+	done     chan struct{}
+	result   *Result
+	finished time.Time
+}
+
+type operations struct {
+	mu    sync.Mutex
+	byID  map[string]*operation
+	order []string // finished ids, oldest first, for pruning
+}
+
+// Start runs the call envelope data in the background, as InvokeJSON
+// would, and returns the call's operation id (the envelope's, or a new
+// one when it names none).
+func (k *Kernel) Start(data []byte) (string, error) {
+	c, class, msg := k.decode(data)
+	if c.env.OperationID == "" {
+		c.env.OperationID = newID()
+	}
+	id := c.env.OperationID
+	op := &operation{agent: c.env.AgentID, done: make(chan struct{})}
+	k.ops.mu.Lock()
+	if old, ok := k.ops.byID[id]; ok && old.result == nil {
+		k.ops.mu.Unlock()
+		return "", fmt.Errorf("%w: %s", ErrOperationInUse, id)
+	}
+	k.ops.byID[id] = op
+	k.ops.mu.Unlock()
+	go func() {
+		ctx := context.Background()
+		var r *Result
+		if class != "" {
+			r = k.publishResult(c, k.deny(ctx, c, class, msg))
+		} else {
+			r = k.publishResult(c, k.run(ctx, c))
+		}
+		k.ops.mu.Lock()
+		op.result, op.finished = r, time.Now()
+		k.ops.order = append(k.ops.order, id)
+		k.ops.prune()
+		k.ops.mu.Unlock()
+		close(op.done)
+	}()
+	return id, nil
+}
+
+// prune forgets finished operations past their retention (under mu).
+func (o *operations) prune() {
+	n := 0
+	for _, id := range o.order {
+		op := o.byID[id]
+		if op == nil || op.result == nil {
+			n++
+			continue
+		}
+		if len(o.order)-n <= asyncKeep && time.Since(op.finished) < asyncRetention {
+			break
+		}
+		delete(o.byID, id)
+		n++
+	}
+	o.order = o.order[n:]
+}
+
+// OperationStatus is what Operation knows of a background call.
+type OperationStatus struct {
+	OperationID string           `json:"operation_id"`
+	State       string           `json:"state"` // running, awaiting_approval or done
+	AgentID     string           `json:"agent_id"`
+	Approval    *ApprovalRequest `json:"approval,omitempty"` // the pending approval, when awaiting one
+	Result      *Result          `json:"result,omitempty"`   // when done
+}
+
+// Operation reports the background call id, if Start began it within the
+// retention period.
+func (k *Kernel) Operation(id string) (OperationStatus, bool) {
+	k.ops.mu.Lock()
+	op, ok := k.ops.byID[id]
+	var res *Result
+	if ok {
+		res = op.result
+	}
+	k.ops.mu.Unlock()
+	if !ok {
+		return OperationStatus{}, false
+	}
+	st := OperationStatus{OperationID: id, State: OpDone, AgentID: op.agent, Result: res}
+	if res == nil {
+		st.State = OpRunning
+		k.approvals.mu.Lock()
+		for _, a := range k.approvals.pending {
+			if a.req.OperationID == id {
+				req := a.req
+				st.State, st.Approval = OpAwaitingApproval, &req
+			}
+		}
+		k.approvals.mu.Unlock()
+	}
+	return st, true
+}
+
+// Wait waits until the background call id is done or ctx ends.
+func (k *Kernel) Wait(ctx context.Context, id string) (*Result, error) {
+	k.ops.mu.Lock()
+	op, ok := k.ops.byID[id]
+	k.ops.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("operation %q: %w", id, ErrNotFound)
+	}
+	select {
+	case <-op.done:
+		return op.result, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// decode reads a call envelope as InvokeJSON does, returning the call and,
+// for data that is no envelope, the refusal.
+func (k *Kernel) decode(data []byte) (c *call, class, msg string) {
+	c = &call{start: k.cfg.Now()}
+	if int64(len(data)) > k.cfg.MaxEnvelopeBytes {
+		c.env = &Envelope{}
+		c.envHash = digest.Sum(data)
+		return c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(data), k.cfg.MaxEnvelopeBytes)
+	}
+	env, err := DecodeEnvelope(data)
+	if err != nil {
+		c.env = salvage(data)
+		c.envHash = digest.Sum(data)
+		return c, ErrInvalidArgs, err.Error()
+	}
+	c.env = env
+	return c, "", ""
+}
