@@ -161,8 +161,11 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	case ApprovalExpired:
 		return k.deny(ctx, c, ErrApprovalTimeout, fmt.Sprintf("approval %s: no decision within %s", a.req.ID, k.cfg.ApprovalTimeout))
 	}
-	class, msg := ctxClass(ctx, "waiting for approval "+a.req.ID)
-	return k.deny(ctx, c, class, msg)
+	if ctx.Err() != nil {
+		class, msg := ctxClass(ctx, "waiting for approval "+a.req.ID)
+		return k.deny(ctx, c, class, msg)
+	}
+	return k.deny(ctx, c, ErrCancelled, fmt.Sprintf("approval %s abandoned: %s", a.req.ID, a.req.Reason))
 }
 
 // closeApproval decides a unless it is decided already, records the

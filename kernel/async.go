@@ -64,7 +64,9 @@ func (k *Kernel) Start(data []byte) (string, error) {
 	}
 	k.ops.byID[id] = op
 	k.ops.mu.Unlock()
+	k.background.Add(1)
 	go func() {
+		defer k.background.Done()
 		ctx := context.Background()
 		var r *Result
 		if class != "" {
@@ -170,4 +172,37 @@ func (k *Kernel) decode(data []byte) (c *call, class, msg string) {
 	}
 	c.env = env
 	return c, "", ""
+}
+
+// WaitBackground waits until every call begun by Start has finished, or
+// ctx ends (its error is returned then).
+func (k *Kernel) WaitBackground(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		k.background.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Drain prepares a shutdown: event subscriptions end (their channels
+// close, and new ones start closed), and calls waiting for an approval
+// give up with cancelled. Calls already executing are not touched; they
+// commit or roll back as usual.
+func (k *Kernel) Drain() {
+	k.events.close()
+	k.approvals.mu.Lock()
+	pending := make([]*approval, 0, len(k.approvals.pending))
+	for _, a := range k.approvals.pending {
+		pending = append(pending, a)
+	}
+	k.approvals.mu.Unlock()
+	for _, a := range pending {
+		k.closeApproval(a, ApprovalAbandoned, "", "", "the kernel is shutting down")
+	}
 }

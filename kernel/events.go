@@ -84,9 +84,10 @@ func (s *Subscription) Close() { s.bus.unsubscribe(s) }
 // eventBus fans events out to subscribers without ever blocking the
 // publisher.
 type eventBus struct {
-	seq  atomic.Uint64
-	mu   sync.RWMutex
-	subs map[*Subscription]struct{}
+	seq    atomic.Uint64
+	mu     sync.RWMutex
+	subs   map[*Subscription]struct{}
+	closed bool
 }
 
 func newEventBus() *eventBus { return &eventBus{subs: map[*Subscription]struct{}{}} }
@@ -104,8 +105,12 @@ func (k *Kernel) Subscribe(f EventFilter, buffer int) *Subscription {
 	c := make(chan Event, buffer)
 	s := &Subscription{C: c, c: c, filter: f, bus: k.events}
 	k.events.mu.Lock()
+	defer k.events.mu.Unlock()
+	if k.events.closed {
+		close(c)
+		return s
+	}
 	k.events.subs[s] = struct{}{}
-	k.events.mu.Unlock()
 	return s
 }
 
@@ -113,6 +118,17 @@ func (b *eventBus) unsubscribe(s *Subscription) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.subs[s]; ok {
+		delete(b.subs, s)
+		close(s.c)
+	}
+}
+
+// close ends every subscription and refuses new ones.
+func (b *eventBus) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	for s := range b.subs {
 		delete(b.subs, s)
 		close(s.c)
 	}

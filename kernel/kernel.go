@@ -45,11 +45,12 @@ type Kernel struct {
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
 
-	events    *eventBus
-	sessions  *sessions
-	inflight  registry
-	approvals approvals
-	ops       operations
+	events     *eventBus
+	sessions   *sessions
+	inflight   registry
+	approvals  approvals
+	ops        operations
+	background sync.WaitGroup // calls begun by Start
 
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked

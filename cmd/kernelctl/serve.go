@@ -30,6 +30,7 @@ const (
 func serveCmd() *cobra.Command {
 	var data, listen, cert, key, policyDir string
 	var drain time.Duration
+	var cfg kernel.Config
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR [--listen 127.0.0.1:7070]",
 		Short: "Serve the kernel's HTTP API",
@@ -53,7 +54,8 @@ transaction that was interrupted.`,
 			if err := checkListen(listen, cert != ""); err != nil {
 				return &usageError{err}
 			}
-			return serve(cmd, data, listen, cert, key, policyDir, drain)
+			cfg.DataDir, cfg.PolicyDir = data, policyDir
+			return serve(cmd, cfg, listen, cert, key, drain)
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
@@ -62,6 +64,11 @@ transaction that was interrupted.`,
 	cmd.Flags().StringVar(&key, "tls-key", "", "TLS private key file (PEM)")
 	cmd.Flags().StringVar(&policyDir, "policy", "", "policy bundle dir replacing the data dir's (default: kernel.json's, else the embedded bundle)")
 	cmd.Flags().DurationVar(&drain, "drain", 30*time.Second, "how long to let calls in flight finish on SIGTERM")
+	cmd.Flags().DurationVar(&cfg.ApprovalTimeout, "approval-timeout", kernel.DefaultApprovalTimeout, "how long a soft_gate or escalated call waits for a decision")
+	cmd.Flags().DurationVar(&cfg.ApprovalValidity, "approval-validity", kernel.DefaultApprovalValidity, "how long an allowed approval stays good for its call")
+	cmd.Flags().IntVar(&cfg.SessionConcurrency, "session-concurrency", kernel.DefaultSessionLimit, "calls of one session executing at once")
+	cmd.Flags().IntVar(&cfg.SessionQueue, "session-queue", kernel.DefaultSessionQueue, "calls of one session waiting in line before more are refused")
+	cmd.Flags().DurationVar(&cfg.CancelGrace, "cancel-grace", kernel.DefaultCancelGrace, "how long a cancelled syscall may take to stop before it is abandoned")
 	return cmd
 }
 
@@ -83,13 +90,13 @@ func checkListen(addr string, tls bool) error {
 	return fmt.Errorf("serve: --listen %s is not a loopback address; serving it needs --tls-cert and --tls-key", addr)
 }
 
-func serve(cmd *cobra.Command, data, listen, cert, key, policyDir string, drain time.Duration) error {
+func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key string, drain time.Duration) error {
 	// Signals are caught before the kernel opens, so none is lost.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 
-	k, err := kernel.Open(cmd.Context(), kernel.Config{DataDir: data, PolicyDir: policyDir})
+	k, err := kernel.Open(cmd.Context(), cfg)
 	if err != nil {
 		return err
 	}
@@ -106,6 +113,9 @@ func serve(cmd *cobra.Command, data, listen, cert, key, policyDir string, drain 
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 	}
+	// On shutdown, event streams end and calls waiting for an approval
+	// give up, so that only calls doing work hold the drain.
+	srv.RegisterOnShutdown(k.Drain)
 	scheme := "http"
 	if cert != "" {
 		scheme = "https"
@@ -136,7 +146,7 @@ func serve(cmd *cobra.Command, data, listen, cert, key, policyDir string, drain 
 		case <-ctx.Done():
 		}
 	}()
-	if err := srv.Shutdown(ctx); err != nil {
+	if err := errors.Join(srv.Shutdown(ctx), k.WaitBackground(ctx)); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
 		os.Exit(1)
 	}

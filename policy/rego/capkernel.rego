@@ -21,15 +21,58 @@ decision := {
 	"risk_basis": sort([f.basis | some f in findings]),
 }
 
-findings contains {"mode": "autopilot", "risk": 0.05, "basis": "no side effects"} if class == "NONE"
-
-findings contains {"mode": "autopilot", "risk": 0.1, "basis": "read in scope"} if class == "READ"
-
-findings contains {"mode": "autopilot", "risk": 0.3, "basis": "write in scope"} if class == "WRITE"
-
-findings contains {"mode": "soft_gate", "risk": 0.7, "basis": sprintf("%s syscall", [lower(class)])} if {
-	class in {"EXECUTE", "NETWORK"}
+# Every call of a known class gets the class's risk and the mode its
+# confirmation setting asks for (see confirmation below).
+findings contains {"mode": confirm_modes[setting], "risk": class_risk[class], "basis": class_basis[class]} if {
+	known_classes[class]
+	confirm_modes[setting]
 }
+
+findings contains {"mode": "no_go", "risk": 1.0, "basis": sprintf("unknown confirmation setting %q for %s", [setting, input.tool_id])} if {
+	known_classes[class]
+	not confirm_modes[setting]
+}
+
+class_risk := {"NONE": 0.05, "READ": 0.1, "WRITE": 0.3, "EXECUTE": 0.7, "NETWORK": 0.7}
+
+class_basis := {
+	"NONE": "no side effects",
+	"READ": "read in scope",
+	"WRITE": "write in scope",
+	"EXECUTE": "execute syscall",
+	"NETWORK": "network syscall",
+}
+
+# Confirmation settings (seed 002 §5.2) live in data.capkernel.config.
+# confirmation, so the policy hash covers them: auto runs the call, prompt
+# waits for an approver (soft_gate), escalate for an approver with the
+# escalation role, deny refuses it. The setting of a call is its tool's
+# per_tool entry; else, when every file it touches lies in a trusted
+# workspace, the class's trusted_workspace_overrides entry or auto; else
+# the class's default entry, or prompt when the class has none.
+confirm_modes := {"auto": "autopilot", "prompt": "soft_gate", "escalate": "escalated", "deny": "no_go"}
+
+confirmation := object.get(data.capkernel.config, "confirmation", {})
+
+setting := s if {
+	s := confirmation.per_tool[input.tool_id]
+} else := s if {
+	in_trusted_workspace
+	s := object.get(object.get(confirmation, "trusted_workspace_overrides", {}), class, "auto")
+} else := object.get(object.get(confirmation, "default", {}), class, "prompt")
+
+in_trusted_workspace if {
+	files := [r | some r in input.resources; r.kind == "fs"]
+	count(files) > 0
+	every r in files {
+		some w in object.get(confirmation, "trusted_workspaces", [])
+		within(concat("/", [r.root, object.get(r, "real_path", r.path)]), w)
+	}
+}
+
+within(p, w) if p == w
+
+within(p, w) if startswith(p, concat("", [trim_suffix(w, "/"), "/"]))
 
 findings contains {"mode": "no_go", "risk": 1.0, "basis": sprintf("unknown side-effect class: %q", [class])} if {
 	not known_classes[class]

@@ -102,3 +102,51 @@ test_basis_lists_every_finding if {
 	d.autonomy_mode == "escalated"
 	count(d.risk_basis) == 3
 }
+
+# Confirmation settings come from data, so policy_hash covers them.
+
+rooted(op, root, path) := {"kind": "fs", "op": op, "root": root, "path": path, "real_path": path}
+
+conf := {
+	"default": {"NONE": "auto", "READ": "auto", "WRITE": "prompt", "EXECUTE": "prompt"},
+	"per_tool": {"git.status": "auto", "fs.delete": "escalate", "net.post": "deny"},
+	"trusted_workspaces": ["/srv/trusted"],
+	"trusted_workspace_overrides": {"EXECUTE": "prompt"},
+}
+
+mode_with(doc, c) := m if {
+	m := capkernel.decision.autonomy_mode with input as doc with data.capkernel.config.confirmation as c
+}
+
+test_confirmation_defaults_by_class if {
+	mode_with(call("READ", [rooted("read", "/srv/ws", "a")]), conf) == "autopilot"
+	mode_with(call("WRITE", [rooted("write", "/srv/ws", "a")]), conf) == "soft_gate"
+	mode_with(call("EXECUTE", []), conf) == "soft_gate"
+}
+
+test_confirmation_class_without_default_prompts if mode_with(call("NETWORK", []), conf) == "soft_gate"
+
+test_confirmation_per_tool_wins if {
+	mode_with(object.union(call("EXECUTE", []), {"tool_id": "git.status"}), conf) == "autopilot"
+	mode_with(object.union(call("WRITE", [rooted("delete", "/srv/ws", "a")]), {"tool_id": "fs.delete"}), conf) == "escalated"
+	mode_with(object.union(call("NETWORK", []), {"tool_id": "net.post"}), conf) == "no_go"
+}
+
+test_trusted_workspace_lowers_the_bar if {
+	mode_with(call("WRITE", [rooted("write", "/srv/trusted", "src/a.go")]), conf) == "autopilot"
+	mode_with(call("EXECUTE", [rooted("read", "/srv/trusted", "x")]), conf) == "soft_gate"
+}
+
+test_trusted_workspace_needs_every_file_inside if {
+	mode_with(call("WRITE", [rooted("write", "/srv/trusted", "a"), rooted("write", "/srv/ws", "b")]), conf) == "soft_gate"
+	mode_with(call("WRITE", [rooted("write", "/srv/trusted-not", "a")]), conf) == "soft_gate"
+}
+
+test_confirmation_cannot_lower_secrets_or_sensitive_paths if {
+	mode_with(object.union(call("READ", [rooted("read", "/srv/trusted", ".env")]), {"tool_id": "git.status"}), conf) == "no_go"
+	mode_with(call("WRITE", [rooted("write", "/srv/trusted", ".git/config")]), conf) == "soft_gate"
+}
+
+test_unknown_confirmation_setting_is_no_go if {
+	mode_with(call("READ", []), {"default": {"READ": "sometimes"}}) == "no_go"
+}
