@@ -131,11 +131,12 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	if err := k.appendApproval(KindApprovalRequested, a.req); err != nil {
 		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
 	}
+	requested := a.req
 	k.approvals.mu.Lock()
 	k.approvals.pending[a.req.ID] = a
 	k.approvals.mu.Unlock()
 	e := c.event(EventConfirmationRequested)
-	e.Approval = &a.req
+	e.Approval = &requested
 	k.events.publish(e)
 
 	timer := time.NewTimer(k.cfg.ApprovalTimeout)
@@ -148,24 +149,30 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 		k.closeApproval(a, ApprovalAbandoned, "", "", "the call was cancelled while waiting")
 	}
 	<-a.decided
-	c.approval = &a.req
+	// Decided requests no longer change; the call and the event get
+	// their own copies all the same.
+	k.approvals.mu.Lock()
+	decided := a.req
+	k.approvals.mu.Unlock()
+	c.approval = &decided
+	resolved := decided
 	e = c.event(EventConfirmationResolved)
-	e.Approval = &a.req
+	e.Approval = &resolved
 	k.events.publish(e)
-	switch a.req.State {
+	switch decided.State {
 	case ApprovalAllowed:
 		c.approvalExpires = a.expires
 		return nil
 	case ApprovalDenied:
-		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("approval %s denied by %s: %s", a.req.ID, a.req.DecidedBy, a.req.Reason))
+		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("approval %s denied by %s: %s", decided.ID, decided.DecidedBy, decided.Reason))
 	case ApprovalExpired:
-		return k.deny(ctx, c, ErrApprovalTimeout, fmt.Sprintf("approval %s: no decision within %s", a.req.ID, k.cfg.ApprovalTimeout))
+		return k.deny(ctx, c, ErrApprovalTimeout, fmt.Sprintf("approval %s: no decision within %s", decided.ID, k.cfg.ApprovalTimeout))
 	}
 	if ctx.Err() != nil {
-		class, msg := ctxClass(ctx, "waiting for approval "+a.req.ID)
+		class, msg := ctxClass(ctx, "waiting for approval "+decided.ID)
 		return k.deny(ctx, c, class, msg)
 	}
-	return k.deny(ctx, c, ErrCancelled, fmt.Sprintf("approval %s abandoned: %s", a.req.ID, a.req.Reason))
+	return k.deny(ctx, c, ErrCancelled, fmt.Sprintf("approval %s abandoned: %s", decided.ID, decided.Reason))
 }
 
 // closeApproval decides a unless it is decided already, records the

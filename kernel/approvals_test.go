@@ -1,0 +1,239 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
+)
+
+// approver mints an approver token of role for person.
+func (h *harness) approver(person, role string) string {
+	h.t.Helper()
+	m, err := h.k.Mint(TokenRequest{AgentID: person, Role: role})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return m.Token
+}
+
+// gated starts call in the background and returns its pending approval
+// (from the tool.confirmation_requested event) and the channel of its
+// result.
+func (h *harness) gated(tool string, args any, mods ...func(*Envelope)) (ApprovalRequest, <-chan *Result) {
+	h.t.Helper()
+	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 16)
+	defer sub.Close()
+	out := make(chan *Result, 1)
+	env := h.env(tool, args, mods...)
+	if env.OperationID == "" {
+		env.OperationID = newID()
+	}
+	go func() { out <- h.k.Invoke(context.Background(), env) }()
+	select {
+	case e := <-sub.C:
+		if e.Approval == nil || e.OperationID != env.OperationID {
+			h.t.Fatalf("confirmation event %+v", e)
+		}
+		return *e.Approval, out
+	case r := <-out:
+		h.t.Fatalf("the call ended without asking for an approval: %+v", r)
+	case <-time.After(30 * time.Second):
+		h.t.Fatal("no confirmation request")
+	}
+	return ApprovalRequest{}, nil
+}
+
+func (h *harness) ledgerKinds(kind string) []ledger.Entry { return h.entries(kind, 0) }
+
+func TestApprovalAllowDenyTimeout(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	alice := h.approver("alice", captoken.RoleApprover)
+
+	// allow: the write happens, and the approver and reason reach the
+	// ledger, the audit record and the receipt.
+	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "all:\n"}, key("w1"))
+	if a.State != ApprovalPending || a.Mode != "soft_gate" || a.RequiredRole != captoken.RoleApprover || len(a.ProjectedEffects) != 1 {
+		t.Fatalf("request %+v", a)
+	}
+	if _, err := h.k.Decide(a.ID, alice, "allow", "looks right"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	mustOK(t, r)
+	if h.read("Makefile") != "all:\n" || r.TxOutcome != Committed {
+		t.Fatalf("allowed write: %+v", r)
+	}
+	audit := h.audits(r.LedgerSeq)[0]
+	if audit.ApprovalID != a.ID || audit.ApprovedBy != "alice" || audit.ApprovalReason != "looks right" || audit.ApprovalState != ApprovalAllowed {
+		t.Fatalf("audit record: %+v", audit)
+	}
+	jwks, _ := h.k.JWKS()
+	rc, err := receipts.Verify(r.Receipt, jwks)
+	if err != nil || rc.ApprovalID != a.ID || rc.ApprovedBy != "alice" || rc.ApprovalReason != "looks right" {
+		t.Fatalf("receipt %+v, %v", rc, err)
+	}
+
+	// deny: nothing happens.
+	a, res = h.gated("fs.write", map[string]any{"path": "Makefile", "content": "evil\n"}, key("w2"))
+	if _, err := h.k.Decide(a.ID, alice, "deny", "no"); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-res; errClass(r) != ErrApprovalDenied || h.read("Makefile") != "all:\n" {
+		t.Fatalf("denied write: %q, file %q", errClass(r), h.read("Makefile"))
+	}
+
+	// timeout: nobody answers; a late answer is a conflict.
+	a, res = h.gated("fs.write", map[string]any{"path": "Makefile", "content": "late\n"}, key("w3"))
+	if r := <-res; errClass(r) != ErrApprovalTimeout || h.read("Makefile") != "all:\n" {
+		t.Fatalf("unanswered write: %q", errClass(r))
+	}
+	if got, err := h.k.Decide(a.ID, alice, "allow", "too late"); !errors.Is(err, ErrApprovalConflict) || got.State != ApprovalExpired {
+		t.Fatalf("late decision: %+v, %v", got, err)
+	}
+
+	// Every request and decision is in the ledger.
+	if n, m := len(h.ledgerKinds(KindApprovalRequested)), len(h.ledgerKinds(KindApprovalDecided)); n != 3 || m != 3 {
+		t.Fatalf("%d requests and %d decisions in the ledger", n, m)
+	}
+	mustVerify(t, h.k.Inspector())
+}
+
+// Two approvers racing: exactly one decision is recorded and acted on.
+func TestApprovalFirstDecisionWins(t *testing.T) {
+	h := newHarness(t)
+	alice, bob := h.approver("alice", captoken.RoleApprover), h.approver("bob", captoken.RoleApprover)
+	for round := range 10 {
+		a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("k"+string(rune('a'+round))))
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, tok := range []string{alice, bob} {
+			wg.Go(func() { _, errs[i] = h.k.Decide(a.ID, tok, []string{"allow", "deny"}[i], "race") })
+		}
+		wg.Wait()
+		won := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, ErrApprovalConflict):
+				t.Fatal(err)
+			}
+		}
+		r := <-res
+		decided := 0
+		for _, e := range h.ledgerKinds(KindApprovalDecided) {
+			var req ApprovalRequest
+			json.Unmarshal(e.Body, &req)
+			if req.ID == a.ID {
+				decided++
+				if (req.State == ApprovalAllowed) != (r.Status == StatusOK) {
+					t.Fatalf("recorded %s but the call ended %s", req.State, r.Status)
+				}
+			}
+		}
+		if won != 1 || decided != 1 {
+			t.Fatalf("round %d: %d decisions won, %d recorded", round, won, decided)
+		}
+	}
+}
+
+// Who may decide: escalated calls need the escalation role; nobody
+// approves their own calls; agent tokens approve nothing. Each refused
+// attempt is in the ledger.
+func TestApprovalRoles(t *testing.T) {
+	h := newHarness(t)
+	h.write("dir/x", "x")
+	a, res := h.gated("fs.delete", map[string]any{"path": "dir"}, key("d"))
+	if a.Mode != "escalated" || a.RequiredRole != captoken.RoleEscalation {
+		t.Fatalf("request %+v", a)
+	}
+	self, _ := h.k.Mint(TokenRequest{AgentID: h.agent, Role: captoken.RoleEscalation})
+	for name, tok := range map[string]string{
+		"plain approver":        h.approver("alice", captoken.RoleApprover),
+		"the calling agent":     self.Token,
+		"an agent's token":      h.token,
+		"garbage":               "not-a-token",
+		"another kernel's role": forgeApprover(t),
+	} {
+		if _, err := h.k.Decide(a.ID, tok, "allow", "let me"); !errors.Is(err, ErrApprovalForbidden) {
+			t.Fatalf("%s: %v, want forbidden", name, err)
+		}
+	}
+	if n := len(h.ledgerKinds(KindApprovalRefused)); n != 5 {
+		t.Fatalf("%d refused attempts in the ledger, want 5", n)
+	}
+	if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "allow", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, <-res)
+	if _, err := h.k.Decide("no-such-id", h.approver("carol", captoken.RoleEscalation), "allow", ""); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown id: %v", err)
+	}
+	if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "maybe", ""); err == nil {
+		t.Fatal("decision maybe accepted")
+	}
+}
+
+func forgeApprover(t *testing.T) string {
+	t.Helper()
+	other := newHarness(t)
+	m, err := other.k.Mint(TokenRequest{AgentID: "mallory", Role: captoken.RoleEscalation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Token
+}
+
+// An approval is re-checked before the call runs: a token revoked while
+// the call waited, or an approval that expired, fails closed; and it
+// never carries over to another call.
+func TestApprovalRecheck(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	alice := h.approver("alice", captoken.RoleApprover)
+	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r1"))
+	if err := h.k.Revoke(context.Background(), h.jti, "leaked"); err != nil {
+		t.Fatal(err)
+	}
+	h.k.Decide(a.ID, alice, "allow", "ok")
+	if r := <-res; errClass(r) != ErrApprovalDenied {
+		t.Fatalf("revoked while waiting: %q", errClass(r))
+	}
+	if _, err := h.k.Inspector().Receipts(ReceiptFilter{}); err != nil {
+		t.Fatal(err)
+	}
+
+	h2 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond; c.ApprovalValidity = time.Nanosecond })
+	a, res = h2.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r2"))
+	h2.k.Decide(a.ID, h2.approver("alice", captoken.RoleApprover), "allow", "ok")
+	if r := <-res; errClass(r) != ErrApprovalDenied {
+		t.Fatalf("expired approval: %q", errClass(r))
+	}
+	if _, err := h2.k.Decide(a.ID, h2.approver("bob", captoken.RoleApprover), "allow", "again"); !errors.Is(err, ErrApprovalConflict) {
+		t.Fatalf("re-deciding: %v", err)
+	}
+
+	// The same action again asks again: approvals are not reusable.
+	h3 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	alice = h3.approver("alice", captoken.RoleApprover)
+	a1, res := h3.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("same"))
+	h3.k.Decide(a1.ID, alice, "allow", "once")
+	mustOK(t, <-res)
+	a2, res := h3.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("other"))
+	if a2.ID == a1.ID {
+		t.Fatal("a second call reused the first call's approval")
+	}
+	if r := <-res; errClass(r) != ErrApprovalTimeout {
+		t.Fatalf("second call: %q", errClass(r))
+	}
+	// The replay of the approved call needs no approval: it does nothing.
+	if r := h3.invoke("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("same")); !r.Replayed {
+		t.Fatalf("replay: %+v", r)
+	}
+}

@@ -1,0 +1,226 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+)
+
+func session(id string) func(*Envelope) {
+	return func(e *Envelope) { e.Provenance = json.RawMessage(fmt.Sprintf(`{"session_id":%q}`, id)) }
+}
+
+// kindsOf collects the kinds of the events of operation op until its
+// final event.
+func kindsOf(t *testing.T, sub *Subscription, op string) []string {
+	t.Helper()
+	var out []string
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-sub.C:
+			if e.OperationID != op {
+				continue
+			}
+			out = append(out, e.Kind)
+			switch e.Kind {
+			case EventCompleted, EventFailed, EventDenied, EventInputInvalid:
+				return out
+			}
+		case <-deadline:
+			t.Fatalf("events of %s so far: %v", op, out)
+		}
+	}
+}
+
+// Each path emits its documented sequence.
+func TestEventSequences(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 200 * time.Millisecond })
+	alice := h.approver("alice", captoken.RoleApprover)
+	h.write("a.txt", "a")
+	tests := []struct {
+		name string
+		run  func(op string)
+		want []string
+	}{
+		{"completed", func(op string) { h.invoke("fs.read", map[string]any{"path": "a.txt"}, opID(op)) },
+			[]string{EventCalled, EventCompleted}},
+		{"failed", func(op string) { h.invoke("fs.read", map[string]any{"path": "missing.txt"}, opID(op)) },
+			[]string{EventCalled, EventFailed}},
+		{"input invalid", func(op string) { h.invoke("fs.read", map[string]any{"path": 7}, opID(op)) },
+			[]string{EventInputInvalid}},
+		{"denied", func(op string) { h.invoke("fs.read", map[string]any{"path": ".env"}, opID(op)) },
+			[]string{EventDenied}},
+		{"approved", func(op string) {
+			a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("e1"), opID(op))
+			h.k.Decide(a.ID, alice, "allow", "")
+			<-res
+		}, []string{EventConfirmationRequested, EventConfirmationResolved, EventCalled, EventCompleted}},
+		{"approval denied", func(op string) {
+			a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "y"}, key("e2"), opID(op))
+			h.k.Decide(a.ID, alice, "deny", "")
+			<-res
+		}, []string{EventConfirmationRequested, EventConfirmationResolved, EventDenied}},
+		{"approval timeout", func(op string) {
+			_, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "z"}, key("e3"), opID(op))
+			<-res
+		}, []string{EventConfirmationRequested, EventConfirmationResolved, EventDenied}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sub := h.k.Subscribe(EventFilter{AgentID: h.agent}, 64)
+			defer sub.Close()
+			op := newID()
+			go tc.run(op)
+			if got := kindsOf(t, sub, op); !slices.Equal(got, tc.want) {
+				t.Fatalf("events %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func opID(id string) func(*Envelope) { return func(e *Envelope) { e.OperationID = id } }
+
+// Under a burst of 50 calls in one session, at most the cap execute at
+// once, and the cap is reached; a session whose line is full refuses at
+// once; other sessions are not held up.
+func TestSessionConcurrencyCap(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.SessionConcurrency = 4 })
+	sub := h.k.Subscribe(EventFilter{SessionID: "s1", Kinds: []string{EventCalled}}, 256)
+	defer sub.Close()
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			mustOK(t, h.invoke("fs.write", map[string]any{"path": fmt.Sprintf("f%d", i), "content": "x"}, key(fmt.Sprint(i)), session("s1")))
+		})
+	}
+	wg.Wait()
+	peak := 0
+	for range 50 {
+		e := <-sub.C
+		peak = max(peak, e.SessionRunning)
+	}
+	if peak != 4 {
+		t.Fatalf("peak concurrency of the session %d, want the cap 4", peak)
+	}
+
+	// With a cap of 1 and a line of 1, most of 30 simultaneous calls are
+	// refused at once, and the rest run.
+	small := newHarness(t, func(c *Config) { c.SessionConcurrency = 1; c.SessionQueue = 1 })
+	results := make(chan string, 30)
+	for i := range 30 {
+		wg.Go(func() {
+			results <- errClass(small.invoke("fs.write", map[string]any{"path": fmt.Sprintf("g%d", i), "content": "x"}, key(fmt.Sprint(i)), session("s2")))
+		})
+	}
+	wg.Wait()
+	close(results)
+	counts := map[string]int{}
+	for c := range results {
+		counts[c]++
+	}
+	if counts[ErrConcurrencyExceeded] == 0 || counts[""] == 0 || counts[""]+counts[ErrConcurrencyExceeded] != 30 {
+		t.Fatalf("with cap 1 and a line of 1: %v", counts)
+	}
+}
+
+// A subscriber that never reads loses events; calls do not wait for it.
+func TestStalledSubscriberDoesNotBlockCalls(t *testing.T) {
+	h := newHarness(t)
+	stalled := h.k.Subscribe(EventFilter{}, 4)
+	defer stalled.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 40 {
+			mustOK(t, h.invoke("echo", map[string]any{"text": fmt.Sprint(i)}))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("calls are stuck behind a subscriber that does not read")
+	}
+	if d := stalled.Dropped(); d != 80-4 {
+		t.Fatalf("dropped %d events, want %d (80 events, 4 buffered)", d, 80-4)
+	}
+}
+
+// Cancellation by operation id and by session ends calls that wait (for
+// an approval) with cancelled, audited, and nothing applied.
+func TestCancel(t *testing.T) {
+	h := newHarness(t)
+	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("c1"), session("s9"))
+	if h.k.Cancel(a.OperationID, "someone-else") {
+		t.Fatal("another agent cancelled the call")
+	}
+	if !h.k.Cancel(a.OperationID, h.agent) {
+		t.Fatal("Cancel found no call")
+	}
+	r := <-res
+	if errClass(r) != ErrCancelled {
+		t.Fatalf("cancelled call: %q", errClass(r))
+	}
+	if got := h.k.Approvals(true); got[len(got)-1].State != ApprovalAbandoned {
+		t.Fatalf("approval after cancel: %+v", got[len(got)-1])
+	}
+	_, res1 := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "y"}, key("c2"), session("s9"))
+	_, res2 := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "z"}, key("c3"), session("s9"))
+	if n := h.k.CancelSession("s9", ""); n != 2 {
+		t.Fatalf("cancelled %d calls of the session, want 2", n)
+	}
+	for _, ch := range []<-chan *Result{res1, res2} {
+		if r := <-ch; errClass(r) != ErrCancelled {
+			t.Fatalf("session-cancelled call: %q", errClass(r))
+		}
+	}
+	if h.k.Cancel(a.OperationID, "") {
+		t.Fatal("Cancel found a finished call")
+	}
+	if _, err := h.k.Inspector().Receipt(r.ReceiptID); err != nil {
+		t.Fatalf("the cancelled call has no receipt: %v", err)
+	}
+}
+
+// A background call reports awaiting_approval, then done with its result.
+func TestStartAndOperation(t *testing.T) {
+	h := newHarness(t)
+	env := h.env("fs.write", map[string]any{"path": "Makefile", "content": "bg"}, key("bg"), opID(newID()))
+	raw, _ := json.Marshal(env)
+	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 4)
+	defer sub.Close()
+	id, err := h.k.Start(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := <-sub.C
+	st, ok := h.k.Operation(id)
+	if !ok || st.State != OpAwaitingApproval || st.Approval == nil || st.Approval.ID != e.Approval.ID {
+		t.Fatalf("status while waiting: %+v", st)
+	}
+	if _, err := h.k.Start(raw); err == nil {
+		t.Fatal("a second call with the operation id in flight was started")
+	}
+	h.k.Decide(e.Approval.ID, h.approver("alice", captoken.RoleApprover), "allow", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := h.k.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, r)
+	if st, _ := h.k.Operation(id); st.State != OpDone || st.Result.OperationID != id || h.read("Makefile") != "bg" {
+		t.Fatalf("status when done: %+v", st)
+	}
+	if id2, err := h.k.Start([]byte("garbage")); err != nil {
+		t.Fatal(err)
+	} else if r, _ := h.k.Wait(ctx, id2); errClass(r) != ErrInvalidArgs {
+		t.Fatalf("garbage in the background: %+v", r)
+	}
+}
