@@ -35,7 +35,13 @@ type server struct {
 // startServer runs serve on data and waits for its ready line.
 func startServer(t testing.TB, data string) *server {
 	t.Helper()
-	cmd := exec.Command(kernelctl, "serve", "--data", data, "--listen", "127.0.0.1:0", "--drain", "20s")
+	return startServerArgs(t, data)
+}
+
+// startServerArgs is startServer with more serve flags.
+func startServerArgs(t testing.TB, data string, extra ...string) *server {
+	t.Helper()
+	cmd := exec.Command(kernelctl, append([]string{"serve", "--data", data, "--listen", "127.0.0.1:0", "--drain", "20s"}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
