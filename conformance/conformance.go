@@ -97,15 +97,15 @@ type CaseResult struct {
 
 // Report is the result of a run.
 type Report struct {
-	Version   string       `json:"version"`
-	Server    string       `json:"server"`
-	Workspace string       `json:"workspace"`
-	Started   time.Time    `json:"started"`
+	Version   string        `json:"version"`
+	Server    string        `json:"server"`
+	Workspace string        `json:"workspace"`
+	Started   time.Time     `json:"started"`
 	Duration  time.Duration `json:"duration_ns"`
-	Passed    int          `json:"passed"`
-	Failed    int          `json:"failed"`
-	Skipped   int          `json:"skipped"`
-	Cases     []CaseResult `json:"cases"`
+	Passed    int           `json:"passed"`
+	Failed    int           `json:"failed"`
+	Skipped   int           `json:"skipped"`
+	Cases     []CaseResult  `json:"cases"`
 	// Error is set when the run could not start (no endpoint, a wrong
 	// admin credential, no workspace); Cases is then empty.
 	Error string `json:"error,omitempty"`
