@@ -460,8 +460,12 @@ func openCheckpoint(cp Checkpoint, keys map[string]ed25519.PublicKey) (ledger.Ch
 	}
 	// The verifier key is <name>+<hash>+base64(0x01 || pub): its key must
 	// be one the JWKS publishes, or anyone could sign checkpoints.
-	parts := strings.Split(cp.VerifierKey, "+")
-	raw, err := base64.StdEncoding.DecodeString(parts[len(parts)-1])
+	// The name holds no "+", the base64 may.
+	parts := strings.SplitN(cp.VerifierKey, "+", 3)
+	if len(parts) != 3 {
+		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q is not <name>+<hash>+<key>", cp.VerifierKey)
+	}
+	raw, err := base64.StdEncoding.DecodeString(parts[2])
 	if err != nil || len(raw) != 1+ed25519.PublicKeySize || raw[0] != 1 {
 		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q holds no Ed25519 key", cp.VerifierKey)
 	}
