@@ -15,8 +15,6 @@ const (
 	cErrors = "DESIGN.md Error classes; docs/http.md status codes"
 )
 
-func init() { groups = append(groups, errorCases) }
-
 // errorCase triggers one error class and checks class, status, envelope
 // and that the refusal is audited with a verifying receipt.
 func errorCase(id, class, how string, trigger func(t *T) *Resp) Case {

@@ -27,10 +27,6 @@ const (
 	cReplay     = "seed 003 TOOL-01 §6 Replay safety; §2.1 replay rules"
 )
 
-func init() {
-	groups = append(groups, noBypassCases, auditCases, policyCases, delegationCases, txnCases, replayCases)
-}
-
 func mk(id, group, clause, title string, fn func(*T)) Case {
 	return Case{ID: id, Group: group, Clause: clause, Title: title, run: fn}
 }

@@ -29,10 +29,6 @@ const (
 	cLedger   = "DESIGN.md Ledger; docs/formats.md Checkpoints, proofs"
 )
 
-func init() {
-	groups = append(groups, envelopeCases, recordCases, receiptCases, ledgerCases)
-}
-
 // fullEnvelope sets every optional TOOL-01 §1 field a caller may send.
 func fullEnvelope(t *T, snapshot string) func(map[string]any) {
 	return func(m map[string]any) {

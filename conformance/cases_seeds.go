@@ -18,8 +18,6 @@ const (
 	gSeed002 = "seed 002 test list"
 )
 
-func init() { groups = append(groups, seed000Cases, seed002Cases) }
-
 // outside makes a file outside the run's workspace (beside it) and returns
 // its absolute path; tokens never grant it.
 func outside(t *T, content string) string {

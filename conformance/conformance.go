@@ -142,9 +142,12 @@ func Cases() []Case {
 	return all
 }
 
-// groups lists the case tables; each cases_*.go file contributes one or
-// more.
-var groups []func() []Case
+// groups lists the case tables in run order (cases_*.go).
+var groups = []func() []Case{
+	noBypassCases, auditCases, policyCases, delegationCases, txnCases, replayCases,
+	envelopeCases, recordCases, receiptCases, ledgerCases, errorCases,
+	seed000Cases, seed002Cases,
+}
 
 // Run runs the selected cases against cfg.Server, one after another, and
 // returns the report. It returns early (Report.Error set) only when the
