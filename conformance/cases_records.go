@@ -405,7 +405,7 @@ func ledgerCases() []Case {
 		c("DESIGN-LEDGER-005", "the stable checkpoint, when there is one, verifies like the latest", func(t *T) {
 			status, _, _ := t.env.do(t.ctx, http.MethodGet, "/v1/ledger/checkpoint?stable=true", "", nil)
 			if status == http.StatusNotFound {
-				t.Skipf("no stable checkpoint yet (they are marked on a timer): GET /v1/ledger/checkpoint?stable=true is 404")
+				t.Skipf("GET /v1/ledger/checkpoint?stable=true is 404: no stable checkpoint marked yet (they are marked on a timer)")
 			}
 			t.VerifiedCheckpoint("?stable=true")
 		}),

@@ -200,7 +200,6 @@ func runCase(ctx context.Context, env *env, c Case) (res CaseResult) {
 		}()
 		c.run(t)
 	}()
-	t.wg.Wait()
 	if t.status == "" {
 		t.status = Pass
 	}
@@ -220,7 +219,6 @@ type T struct {
 	msg      string
 	notes    []string
 	evidence []Evidence
-	wg       sync.WaitGroup
 }
 
 // Failf fails the case and ends it.
