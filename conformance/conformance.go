@@ -161,6 +161,9 @@ func Run(ctx context.Context, cfg Config) (rep Report) {
 		return rep
 	}
 	rep.Workspace = env.ws
+	if env.tmp != "" {
+		defer os.RemoveAll(env.tmp)
+	}
 	for _, c := range Cases() {
 		if cfg.Run != nil && !cfg.Run.MatchString(c.ID) {
 			continue
@@ -271,6 +274,7 @@ type env struct {
 	admin      string
 	runID      string
 	ws         string // this run's workspace root (absolute)
+	tmp        string // the temporary workspace the suite made, removed after the run
 	policyHash string
 	tools      map[string]bool // syscalls the endpoint lists for a "*" token
 	wsVisible  bool
@@ -280,7 +284,20 @@ type env struct {
 	jwks       map[string]ed25519.PublicKey
 }
 
+// setup checks the endpoint can be used and prepares what the cases
+// share; on error it removes the temporary workspace it made.
 func setup(ctx context.Context, cfg Config) (*env, error) {
+	e, err := prepare(ctx, cfg)
+	if err != nil && e != nil && e.tmp != "" {
+		os.RemoveAll(e.tmp)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func prepare(ctx context.Context, cfg Config) (*env, error) {
 	if cfg.Server == "" {
 		return nil, fmt.Errorf("conformance: no server URL")
 	}
@@ -298,13 +315,13 @@ func setup(ctx context.Context, cfg Config) (*env, error) {
 	if root == "" {
 		d, err := os.MkdirTemp("", "capkernel-conformance-")
 		if err != nil {
-			return nil, fmt.Errorf("conformance: workspace: %w", err)
+			return e, fmt.Errorf("conformance: workspace: %w", err)
 		}
-		root = d
+		root, e.tmp = d, d
 	}
 	root, err := filepath.Abs(root)
 	if err != nil {
-		return nil, fmt.Errorf("conformance: workspace: %w", err)
+		return e, fmt.Errorf("conformance: workspace: %w", err)
 	}
 	// Resolve symlinks: the kernel's roots are real paths.
 	if r, err := filepath.EvalSymlinks(root); err == nil {
@@ -312,29 +329,29 @@ func setup(ctx context.Context, cfg Config) (*env, error) {
 	}
 	e.ws = filepath.Join(root, "run-"+e.runID)
 	if err := os.MkdirAll(e.ws, 0o755); err != nil {
-		return nil, fmt.Errorf("conformance: workspace: %w", err)
+		return e, fmt.Errorf("conformance: workspace: %w", err)
 	}
 	var pol struct {
 		PolicyHash string `json:"policy_hash"`
 	}
 	if _, err := e.getJSON(ctx, "/v1/policy", "", &pol); err != nil {
-		return nil, fmt.Errorf("conformance: GET /v1/policy: %w", err)
+		return e, fmt.Errorf("conformance: GET /v1/policy: %w", err)
 	}
 	if pol.PolicyHash == "" {
-		return nil, fmt.Errorf("conformance: GET /v1/policy answered no policy_hash")
+		return e, fmt.Errorf("conformance: GET /v1/policy answered no policy_hash")
 	}
 	e.policyHash = pol.PolicyHash
 	// The admin credential must mint.
 	full, err := e.mint(ctx, TokenRequest{AgentID: e.agent("probe"), Tools: []string{"*"}, FS: []FSRoot{{Path: e.ws, Mode: "rw"}}})
 	if err != nil {
-		return nil, fmt.Errorf("conformance: minting a token with the admin credential: %w", err)
+		return e, fmt.Errorf("conformance: minting a token with the admin credential: %w", err)
 	}
 	e.tokens["probe"] = full
 	// What the endpoint offers.
 	e.tools = map[string]bool{}
 	var list []map[string]any
 	if status, err := e.getJSON(ctx, "/v1/syscalls?format=mcp", full.Token, &list); err != nil || status != 200 {
-		return nil, fmt.Errorf("conformance: GET /v1/syscalls?format=mcp: %d %v", status, err)
+		return e, fmt.Errorf("conformance: GET /v1/syscalls?format=mcp: %d %v", status, err)
 	}
 	for _, d := range list {
 		if n, ok := d["name"].(string); ok {
@@ -344,12 +361,12 @@ func setup(ctx context.Context, cfg Config) (*env, error) {
 	// Can the kernel see the workspace? Write a file here, read it there.
 	marker := "conformance-" + e.runID
 	if err := os.WriteFile(filepath.Join(e.ws, ".probe"), []byte(marker), 0o644); err != nil {
-		return nil, fmt.Errorf("conformance: workspace: %w", err)
+		return e, fmt.Errorf("conformance: workspace: %w", err)
 	}
 	status, res, err := e.rawCall(ctx, e.envelope(full, "fs.read", map[string]any{"path": ".probe"}, nil))
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("conformance: POST /v1/syscalls: %w", err)
+		return e, fmt.Errorf("conformance: POST /v1/syscalls: %w", err)
 	case status == 200 && strings.Contains(string(res.Result), marker):
 		e.wsVisible = true
 	default:
