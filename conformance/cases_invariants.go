@@ -642,6 +642,7 @@ func replayCases() []Case {
 			t.ExpectOK(t.Call(tok, "fs.write", map[string]any{"path": dir + "/c.txt", "content": "one"}, func(m map[string]any) { m["idempotency_key"] = t.Key("k") }))
 			r := t.Call(tok, "fs.write", map[string]any{"path": dir + "/c.txt", "content": "two"}, func(m map[string]any) { m["idempotency_key"] = t.Key("k") })
 			t.ExpectRefused(r, "idempotency_conflict")
+			t.Audit(r) // a stale replay attempt remains auditable
 			if got, _ := t.ReadFile(dir + "/c.txt"); got != "one" {
 				t.Failf("file holds %q", got)
 			}
@@ -735,6 +736,7 @@ func replayCases() []Case {
 			t.WriteFile(dir+"/t.txt", "changed")
 			r := t.Call(two, "fs.write", args, edit)
 			t.ExpectRefused(r, "idempotency_conflict")
+			t.Audit(r)
 			if got, _ := t.ReadFile(dir + "/t.txt"); got != "changed" {
 				t.Failf("file holds %q", got)
 			}
@@ -750,6 +752,7 @@ func replayCases() []Case {
 			}
 			r := t.Call(tok, "fs.write", args, edit)
 			t.ExpectRefused(r, "token_revoked")
+			t.Audit(r)
 		}),
 		c("TOOL01-INV-REPLAY-010", "an operation_id already used cannot be used again for another call; no effect", func(t *T) {
 			dir := t.Dir()
@@ -777,6 +780,28 @@ func replayCases() []Case {
 			}
 			if b.R.AgentID != t.Full("b").AgentID {
 				t.Failf("agent b's result names agent %q", b.R.AgentID)
+			}
+		}),
+		c("TOOL01-INV-REPLAY-012", "the endpoint's replay proof (GET /v1/admin/replay/verify) finds no key committed twice after a call and its replay", func(t *T) {
+			tok := t.Full("a")
+			dir := t.Dir()
+			args := map[string]any{"path": dir + "/p.txt", "content": "p"}
+			edit := func(m map[string]any) { m["idempotency_key"] = t.Key("k") }
+			t.ExpectOK(t.Call(tok, "fs.write", args, edit))
+			t.ExpectOK(t.Call(tok, "fs.write", args, edit))
+			var rep struct {
+				Committed int               `json:"committed"`
+				Replays   int               `json:"replays"`
+				Problems  []json.RawMessage `json:"problems"`
+			}
+			t.GetJSON("/v1/admin/replay/verify", t.Admin(), &rep)
+			if len(rep.Problems) > 0 || rep.Committed < 1 || rep.Replays < 1 {
+				t.Failf("replay verification: %d committed, %d replays, problems %s", rep.Committed, rep.Replays, rep.Problems)
+			}
+			var hist []json.RawMessage
+			t.GetJSON("/v1/admin/replay?key="+t.Key("k")+"&agent="+tok.AgentID, t.Admin(), &hist)
+			if len(hist) == 0 {
+				t.Failf("GET /v1/admin/replay lists nothing for the key")
 			}
 		}),
 	}

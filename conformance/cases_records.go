@@ -475,5 +475,17 @@ func ledgerCases() []Case {
 			}
 			t.Failf("the export has no line with entry %d (%s)", e.Seq, e.Hash)
 		}),
+		c("DESIGN-LEDGER-009", "the endpoint's own full verification (GET /v1/admin/ledger/verify) reports the ledger intact", func(t *T) {
+			head := t.Head()
+			var chk struct {
+				Intact  bool   `json:"intact"`
+				Entries uint64 `json:"entries"`
+				Reason  string `json:"reason"`
+			}
+			t.GetJSON("/v1/admin/ledger/verify", t.Admin(), &chk)
+			if !chk.Intact || chk.Entries < head {
+				t.Failf("intact %v after %d of at least %d entries: %s", chk.Intact, chk.Entries, head, chk.Reason)
+			}
+		}),
 	}
 }
