@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/conformance"
+)
+
+// conformanceCmd runs the black-box conformance suite against a running
+// kernel endpoint.
+func conformanceCmd() *cobra.Command {
+	var server, adminFile, workspace, pattern string
+	var asJSON, verbose bool
+	cmd := &cobra.Command{
+		Use:   "conformance --server URL --admin-token FILE [--workspace DIR] [--run PATTERN] [--json]",
+		Short: "Run the black-box conformance suite against a kernel endpoint",
+		Long: `Run the conformance suite (docs/conformance.md) against the HTTP API at --server.
+The suite mints its own tokens with the admin credential and checks every answer
+against the ledger, receipts, checkpoints and proofs the endpoint serves.
+
+--workspace is a directory the kernel must see at the same path (the same host, or
+a mount shared at the same path): the suite makes a fresh subdirectory in it per
+run and grants it to the tokens it mints. The default is a new temporary
+directory, which works when the kernel runs on this host.
+
+Prints one line per case and the summary "conformance: N passed, N failed, N
+skipped"; exit status 1 when a case fails.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if server == "" {
+				server = os.Getenv("CAPKERNEL_SERVER")
+			}
+			if server == "" {
+				return &usageError{errors.New("--server URL is required")}
+			}
+			admin := os.Getenv("CAPKERNEL_ADMIN_TOKEN")
+			if adminFile != "" {
+				s, err := readSecret(adminFile)
+				if err != nil {
+					return &usageError{fmt.Errorf("--admin-token: %w", err)}
+				}
+				admin = s
+			}
+			if admin == "" {
+				return &usageError{errors.New("--admin-token FILE (or env CAPKERNEL_ADMIN_TOKEN) is required")}
+			}
+			cfg := conformance.Config{Server: server, AdminToken: admin, Workspace: workspace}
+			if pattern != "" {
+				re, err := regexp.Compile(pattern)
+				if err != nil {
+					return &usageError{fmt.Errorf("--run: %w", err)}
+				}
+				cfg.Run = re
+			}
+			rep := conformance.Run(cmd.Context(), cfg)
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				printReport(out, rep, verbose)
+			}
+			if rep.Error != "" {
+				return errors.New(rep.Error)
+			}
+			if !rep.OK() {
+				return fmt.Errorf("%d conformance case(s) failed", rep.Failed)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&server, "server", "", "URL of the kernel endpoint (default: env CAPKERNEL_SERVER)")
+	f.StringVar(&adminFile, "admin-token", "", "file holding the admin credential (default: env CAPKERNEL_ADMIN_TOKEN)")
+	f.StringVar(&workspace, "workspace", "", "directory the kernel sees at the same path (default: a new temporary dir)")
+	f.StringVar(&pattern, "run", "", "run only the cases whose id matches this regular expression")
+	f.BoolVar(&asJSON, "json", false, "print the report as JSON, with every case's evidence")
+	f.BoolVarP(&verbose, "verbose", "v", false, "print the evidence of every case, not only of failed ones")
+	return cmd
+}
+
+// printReport writes the table of cases, the evidence of failures (of all
+// cases with verbose) and the summary line.
+func printReport(w io.Writer, rep conformance.Report, verbose bool) {
+	fmt.Fprintf(w, "%s against %s (workspace %s)\n", rep.Version, rep.Server, rep.Workspace)
+	if rep.Error != "" {
+		fmt.Fprintf(w, "could not run: %s\n", rep.Error)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESULT\tCASE\tCLAUSE\tCHECKS")
+	for _, c := range rep.Cases {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(c.Status)), c.ID, c.Clause, c.Title)
+	}
+	tw.Flush()
+	for _, c := range rep.Cases {
+		if c.Status == conformance.Pass && !verbose {
+			continue
+		}
+		if c.Status == conformance.Skip && !verbose {
+			fmt.Fprintf(w, "\nSKIP %s: %s\n", c.ID, c.Message)
+			continue
+		}
+		fmt.Fprintf(w, "\n%s %s: %s\n", strings.ToUpper(string(c.Status)), c.ID, c.Message)
+		for _, e := range c.Evidence {
+			switch {
+			case e.Entry != nil:
+				fmt.Fprintf(w, "  %s: %s\n", e.Label, e.Entry)
+			default:
+				fmt.Fprintf(w, "  %s: %s\n    -> %d %s\n", e.Label, e.Request, e.Status, strings.TrimSpace(e.Response))
+			}
+		}
+	}
+	fmt.Fprintf(w, "\n%s (%s)\n", rep.Summary(), rep.Duration.Round(1e6))
+}

@@ -1,0 +1,228 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// The suite's own receipt verification against the receipts package's
+// golden vector: the JWS verifies with the JWKS, and not once altered.
+func TestVerifyJWSGolden(t *testing.T) {
+	jws, err := os.ReadFile("../receipts/testdata/receipt.jws")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks, err := os.ReadFile("../receipts/testdata/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := parseJWKS(jwks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := strings.TrimSpace(string(jws))
+	payload, err := verifyJWS(tok, keys)
+	if err != nil || !bytes.Contains(payload, []byte(`"receipt_id"`)) {
+		t.Fatalf("golden receipt: %v", err)
+	}
+	parts := strings.Split(tok, ".")
+	for name, bad := range map[string]string{
+		"signature flipped": parts[0] + "." + parts[1] + "." + flip(parts[2]),
+		"payload flipped":   parts[0] + "." + flip(parts[1]) + "." + parts[2],
+		"two parts":         parts[0] + "." + parts[1],
+		"alg none":          b64([]byte(`{"alg":"none"}`)) + "." + parts[1] + ".",
+	} {
+		if _, err := verifyJWS(bad, keys); err == nil {
+			t.Errorf("%s: verified", name)
+		}
+	}
+	if _, err := parseJWKS(bytes.Replace(jwks, []byte(`"kid":"k`), []byte(`"kid":"X`), 1)); err == nil {
+		t.Error("a JWKS whose kid is not the thumbprint was accepted")
+	}
+}
+
+func flip(s string) string {
+	b := []byte(s)
+	if b[5] == 'A' {
+		b[5] = 'B'
+	} else {
+		b[5] = 'A'
+	}
+	return string(b)
+}
+
+// Every case has a unique well-formed id, a group, a clause and a title.
+func TestCaseTable(t *testing.T) {
+	seen := map[string]bool{}
+	idRE := regexp.MustCompile(`^(TOOL01|DESIGN|SEED000|SEED002)-[A-Z0-9-]+-[0-9]{3}$`)
+	for _, c := range Cases() {
+		if !idRE.MatchString(c.ID) || seen[c.ID] || c.Group == "" || c.Clause == "" || c.Title == "" || c.run == nil {
+			t.Errorf("case %+v: bad or duplicate id, or missing group/clause/title", c.ID)
+		}
+		seen[c.ID] = true
+	}
+	// docs/conformance.md lists every case.
+	doc, err := os.ReadFile("../docs/conformance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range seen {
+		if !bytes.Contains(doc, []byte("`"+id+"`")) {
+			t.Errorf("docs/conformance.md does not list %s", id)
+		}
+	}
+}
+
+// inProcess serves a real kernel with the real HTTP API through handler
+// wrap (nil: unchanged) and returns the URL and the admin credential.
+func inProcess(t *testing.T, wrap func(http.Handler) http.Handler) (string, string) {
+	t.Helper()
+	data := filepath.Join(t.TempDir(), "data")
+	ir, err := kernel.Init(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h http.Handler = httpapi.New(k)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() { srv.Close(); k.Close() })
+	return srv.URL, ir.AdminCredential
+}
+
+// A conforming endpoint passes; the suite fails endpoints that break the
+// contract in the ways below (so its passes mean something).
+func TestSuiteDetectsViolations(t *testing.T) {
+	url, admin := inProcess(t, nil)
+	rep := Run(context.Background(), Config{Server: url, AdminToken: admin, Workspace: t.TempDir()})
+	if !rep.OK() || rep.Passed == 0 {
+		for _, c := range rep.Cases {
+			if c.Status == Fail {
+				t.Errorf("%s: %s", c.ID, c.Message)
+			}
+		}
+		t.Fatalf("in-process kernel: %s %s", rep.Summary(), rep.Error)
+	}
+
+	for _, tc := range []struct {
+		name string
+		// rewrite edits a POST /v1/syscalls answer (status, body).
+		rewrite func(status int, body []byte) (int, []byte)
+		// entries edits a GET /v1/ledger/entries answer.
+		entries  func(body []byte) []byte
+		run      string
+		mustFail []string
+	}{
+		{
+			name: "scope refusals reported as 200",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				if bytes.Contains(body, []byte(`"class":"scope_denied"`)) {
+					return 200, body
+				}
+				return status, body
+			},
+			run:      "ESCAPE|ERR-007",
+			mustFail: []string{"SEED002-ESCAPE-001", "DESIGN-ERR-007"},
+		},
+		{
+			name: "no receipts",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, regexp.MustCompile(`"receipt":"[^"]*",`).ReplaceAll(body, nil)
+			},
+			run:      "AUDIT-001|RCPT-002|ENV-001",
+			mustFail: []string{"TOOL01-INV-AUDIT-001", "DESIGN-RCPT-002", "TOOL01-ENV-001"},
+		},
+		{
+			name: "a replay answered as a fresh call",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, bytes.Replace(body, []byte(`"replayed":true`), []byte(`"replayed":false`), 1)
+			},
+			run:      "REPLAY-00[23]",
+			mustFail: []string{"TOOL01-INV-REPLAY-002", "TOOL01-INV-REPLAY-003"},
+		},
+		{
+			name: "risk score reported other than recorded",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, regexp.MustCompile(`"risk_score":[0-9.]+`).ReplaceAll(body, []byte(`"risk_score":0`))
+			},
+			run:      "AUDIT-006|RCPT-002",
+			mustFail: []string{"TOOL01-INV-AUDIT-006", "DESIGN-RCPT-002"},
+		},
+		{
+			name: "ledger entries served with a rewritten body",
+			entries: func(body []byte) []byte {
+				return bytes.ReplaceAll(body, []byte(`"task_class":"`), []byte(`"task_class":"x`))
+			},
+			run:      "AUDIT-00[17]|AUDREC-001",
+			mustFail: []string{"TOOL01-INV-AUDIT-001", "TOOL01-AUDREC-001"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, admin := inProcess(t, func(h http.Handler) http.Handler {
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					rec := httptest.NewRecorder()
+					h.ServeHTTP(rec, r)
+					status, body := rec.Code, rec.Body.Bytes()
+					switch {
+					case tc.rewrite != nil && r.Method == "POST" && r.URL.Path == "/v1/syscalls":
+						status, body = tc.rewrite(status, body)
+					case tc.entries != nil && r.URL.Path == "/v1/ledger/entries":
+						body = tc.entries(body)
+					}
+					for k, v := range rec.Header() {
+						w.Header()[k] = v
+					}
+					w.WriteHeader(status)
+					io.Copy(w, bytes.NewReader(body))
+				})
+			})
+			rep := Run(context.Background(), Config{Server: url, AdminToken: admin, Workspace: t.TempDir(), Run: regexp.MustCompile(tc.run)})
+			failed := map[string]string{}
+			for _, c := range rep.Cases {
+				if c.Status == Fail {
+					failed[c.ID] = c.Message
+				}
+			}
+			for _, id := range tc.mustFail {
+				if _, ok := failed[id]; !ok {
+					t.Errorf("%s did not fail (%s)", id, rep.Summary())
+				}
+			}
+			b, _ := json.Marshal(failed)
+			t.Logf("%s: %s", rep.Summary(), b)
+		})
+	}
+}
+
+// Run refuses to start without an endpoint or a working admin credential.
+func TestRunSetupErrors(t *testing.T) {
+	url, _ := inProcess(t, nil)
+	for _, cfg := range []Config{
+		{AdminToken: "x"},
+		{Server: url},
+		{Server: url, AdminToken: "ckadmin_wrong", Workspace: t.TempDir()},
+		{Server: "http://127.0.0.1:1", AdminToken: "x", Workspace: t.TempDir()},
+	} {
+		rep := Run(context.Background(), cfg)
+		if rep.Error == "" || rep.OK() || len(rep.Cases) != 0 {
+			t.Errorf("%+v: ran (%s)", cfg, rep.Summary())
+		}
+	}
+}

@@ -1,0 +1,543 @@
+package conformance
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"golang.org/x/mod/sumdb/note"
+
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+// The closed sets of DESIGN.md.
+var (
+	errorClasses = []string{"tool_not_found", "invalid_args", "token_invalid", "token_revoked",
+		"permission_denied", "scope_denied", "policy_mismatch", "policy_denied", "approval_denied",
+		"approval_timeout", "precondition_failed", "budget_exceeded", "idempotency_key_required",
+		"idempotency_conflict", "idempotency_in_flight", "outcome_unknown", "timeout", "cancelled",
+		"execution_error", "internal"}
+	modes      = []string{"no_go", "soft_gate", "autopilot", "escalated"}
+	txOutcomes = []string{"committed", "rolled_back", "no_op"}
+	// statusOf is the status table of docs/http.md.
+	statusOf = map[string]int{
+		"": 200, "invalid_args": 400, "idempotency_key_required": 400,
+		"token_invalid": 401, "token_revoked": 401,
+		"permission_denied": 403, "scope_denied": 403, "policy_denied": 403, "approval_denied": 403,
+		"tool_not_found": 404, "idempotency_in_flight": 409, "precondition_failed": 409, "policy_mismatch": 409,
+		"idempotency_conflict": 422, "budget_exceeded": 429, "cancelled": 499,
+		"execution_error": 502, "outcome_unknown": 502, "timeout": 504, "approval_timeout": 504, "internal": 500,
+	}
+	hashRE     = regexp.MustCompile(`^blake3:[0-9a-f]{64}$`)
+	snapshotRE = regexp.MustCompile(`^([0-9]+):(blake3:[0-9a-f]{64})$`)
+)
+
+func isUUID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && u.String() == s
+}
+
+// Expect requires the answer's HTTP status and error class ("" for ok) and
+// the fields every result envelope carries whatever happened.
+func (t *T) Expect(r *Resp, status int, class string) {
+	if r.Status != status || r.Class() != class {
+		msg := ""
+		if r.R.Error != nil {
+			msg = ": " + r.R.Error.Message
+		}
+		t.Failf("got %d %q, want %d %q%s", r.Status, r.Class(), status, class, msg)
+	}
+	t.CheckEnvelope(r)
+}
+
+// ExpectOK requires a 200 ok answer.
+func (t *T) ExpectOK(r *Resp) { t.Expect(r, http.StatusOK, "") }
+
+// ExpectClass requires error class and its status of docs/http.md.
+func (t *T) ExpectClass(r *Resp, class string) { t.Expect(r, statusOf[class], class) }
+
+// ExpectRefused requires an error answer of one of classes, with the
+// status docs/http.md gives it, that committed nothing.
+func (t *T) ExpectRefused(r *Resp, classes ...string) {
+	if !slices.Contains(classes, r.Class()) {
+		t.Failf("got %d %q, want one of %v", r.Status, r.Class(), classes)
+	}
+	t.Expect(r, statusOf[r.Class()], r.Class())
+	if r.R.TxOutcome == "committed" || r.R.CommitDeltaID != "" {
+		t.Failf("a refused call reports tx_outcome %q, commit_delta_id %q", r.R.TxOutcome, r.R.CommitDeltaID)
+	}
+}
+
+// CheckEnvelope checks the TOOL-01 §2 fields of any result envelope:
+// present, well-formed and consistent with status.
+func (t *T) CheckEnvelope(r *Resp) {
+	if err := envelopeProblem(r.R); err != nil {
+		t.Failf("result envelope: %v", err)
+	}
+	if want, ok := statusOf[r.Class()]; ok && r.Status != want && !(r.Class() == "invalid_args" && r.Status == http.StatusRequestEntityTooLarge) {
+		t.Failf("status %d for class %q; docs/http.md says %d", r.Status, r.Class(), want)
+	}
+}
+
+// envelopeProblem says what a result envelope lacks.
+func envelopeProblem(r *Result) error {
+	var missing []string
+	for _, f := range []string{"tool_id", "agent_id", "state_snapshot_id", "status", "result_hash", "operation_id", "autonomy_mode", "risk_score", "tx_outcome"} {
+		if _, ok := r.raw[f]; !ok {
+			missing = append(missing, f)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing %s", strings.Join(missing, ", "))
+	}
+	switch {
+	case r.Status != "ok" && r.Status != "error":
+		return fmt.Errorf("status %q is not ok or error", r.Status)
+	case !hashRE.MatchString(r.ResultHash):
+		return fmt.Errorf("result_hash %q is not blake3:<64 hex>", r.ResultHash)
+	case r.OperationID == "":
+		return errors.New("empty operation_id")
+	case !slices.Contains(modes, r.AutonomyMode):
+		return fmt.Errorf("autonomy_mode %q is not one of %v", r.AutonomyMode, modes)
+	case r.RiskScore == nil || *r.RiskScore < 0 || *r.RiskScore > 1 || math.IsNaN(*r.RiskScore):
+		return fmt.Errorf("risk_score %v is not a number in [0,1]", r.RiskScore)
+	case !slices.Contains(txOutcomes, r.TxOutcome):
+		return fmt.Errorf("tx_outcome %q is not one of %v", r.TxOutcome, txOutcomes)
+	case r.TxOutcome == "committed" && !hashRE.MatchString(r.CommitDeltaID):
+		return fmt.Errorf("committed without a commit_delta_id (%q)", r.CommitDeltaID)
+	case r.TxOutcome != "committed" && r.CommitDeltaID != "":
+		return fmt.Errorf("commit_delta_id %q on a %s call", r.CommitDeltaID, r.TxOutcome)
+	case r.Status == "ok" && (r.Error != nil || len(r.Result) == 0 || r.Result[0] != '{'):
+		return errors.New("status ok needs a result object and no error")
+	case r.Status == "error" && (r.Error == nil || r.Error.Class == "" || r.Error.Message == ""):
+		return errors.New("status error needs error {class, message}")
+	case r.Status == "error" && !slices.Contains(errorClasses, r.Error.Class):
+		return fmt.Errorf("error class %q is not in DESIGN.md's closed enum", r.Error.Class)
+	case r.Status == "error" && r.TxOutcome == "committed":
+		return errors.New("an error result reports committed")
+	case r.Receipt == "":
+		return errors.New("no receipt")
+	}
+	if r.StateSnapshotID != "" && !snapshotRE.MatchString(r.StateSnapshotID) {
+		return fmt.Errorf("state_snapshot_id %q is not <seq>:blake3:<hex>", r.StateSnapshotID)
+	}
+	if rr, ok := r.raw["replayed"]; ok && string(rr) != "true" && string(rr) != "false" {
+		return fmt.Errorf("replayed %s is not a boolean", rr)
+	}
+	return nil
+}
+
+// resultHash recomputes result_hash (docs/formats.md "Call hashes").
+func resultHash(r *Result) (string, error) {
+	var v any
+	if r.Status == "ok" {
+		v = map[string]any{"status": "ok", "result": r.Result}
+	} else {
+		v = map[string]any{"status": "error", "error": r.Error}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	return digest.JSON(b)
+}
+
+// argsHash is blake3 of the canonical args.
+func argsHash(args any) string {
+	b, _ := json.Marshal(args)
+	c, err := jcs.Canonicalize(b)
+	if err != nil {
+		return ""
+	}
+	return digest.Sum(c)
+}
+
+// ---- JWKS and receipts (docs/formats.md "Receipts"), verified with
+// crypto/ed25519 alone.
+
+// JWKS fetches the endpoint's JWK Set and returns its Ed25519 keys by kid,
+// checking each kid is the key's RFC 7638 thumbprint.
+func (t *T) JWKS() map[string]ed25519.PublicKey {
+	t.env.mu.Lock()
+	keys := t.env.jwks
+	t.env.mu.Unlock()
+	if keys != nil {
+		return keys
+	}
+	status, b := t.Get("/.well-known/jwks.json", "")
+	if status != http.StatusOK {
+		t.Failf("GET /.well-known/jwks.json: %d", status)
+	}
+	keys, err := parseJWKS(b)
+	if err != nil {
+		t.Failf("JWKS: %v", err)
+	}
+	t.env.mu.Lock()
+	t.env.jwks = keys
+	t.env.mu.Unlock()
+	return keys
+}
+
+func parseJWKS(b []byte) (map[string]ed25519.PublicKey, error) {
+	var set struct {
+		Keys []map[string]any `json:"keys"`
+	}
+	if err := json.Unmarshal(b, &set); err != nil {
+		return nil, err
+	}
+	keys := map[string]ed25519.PublicKey{}
+	for _, k := range set.Keys {
+		kty, _ := k["kty"].(string)
+		crv, _ := k["crv"].(string)
+		x, _ := k["x"].(string)
+		kid, _ := k["kid"].(string)
+		if kty != "OKP" || crv != "Ed25519" {
+			continue
+		}
+		if alg, ok := k["alg"].(string); ok && alg != "EdDSA" {
+			return nil, fmt.Errorf("key %s: alg %q, want EdDSA", kid, alg)
+		}
+		if _, hasD := k["d"]; hasD {
+			return nil, fmt.Errorf("key %s publishes its private part", kid)
+		}
+		pub, err := base64.RawURLEncoding.DecodeString(x)
+		if err != nil || len(pub) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("key %s: x is not a base64url Ed25519 public key", kid)
+		}
+		if want := thumbprint(x); kid != want {
+			return nil, fmt.Errorf("key kid %q is not its RFC 7638 thumbprint %q", kid, want)
+		}
+		keys[kid] = ed25519.PublicKey(pub)
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no OKP/Ed25519 key")
+	}
+	return keys, nil
+}
+
+func thumbprint(x string) string {
+	s := sha256.Sum256([]byte(`{"crv":"Ed25519","kty":"OKP","x":"` + x + `"}`))
+	return base64.RawURLEncoding.EncodeToString(s[:])
+}
+
+// Receipt is a receipt's payload (docs/formats.md).
+type Receipt struct {
+	ReceiptID         string   `json:"receipt_id"`
+	OperationID       string   `json:"operation_id"`
+	ToolID            string   `json:"tool_id"`
+	AgentID           string   `json:"agent_id"`
+	CapabilityTokenID string   `json:"capability_token_id"`
+	ArgsHash          string   `json:"args_hash"`
+	ResultHash        string   `json:"result_hash"`
+	TxOutcome         string   `json:"tx_outcome"`
+	CommitDeltaID     string   `json:"commit_delta_id"`
+	PolicyHash        string   `json:"policy_hash"`
+	AutonomyMode      string   `json:"autonomy_mode"`
+	RiskScore         *float64 `json:"risk_score"`
+	ErrorClass        string   `json:"error_class"`
+	LedgerSeq         *uint64  `json:"ledger_seq"`
+	LedgerEntryHash   string   `json:"ledger_entry_hash"`
+	IssuedAt          string   `json:"issued_at"`
+}
+
+// verifyJWS checks a compact JWS with an EdDSA header whose kid names a
+// key of keys, and returns its payload.
+func verifyJWS(jws string, keys map[string]ed25519.PublicKey) ([]byte, error) {
+	parts := strings.Split(jws, ".")
+	if len(parts) != 3 {
+		return nil, fmt.Errorf("not a compact JWS (%d parts)", len(parts))
+	}
+	hb, err1 := base64.RawURLEncoding.DecodeString(parts[0])
+	pb, err2 := base64.RawURLEncoding.DecodeString(parts[1])
+	sig, err3 := base64.RawURLEncoding.DecodeString(parts[2])
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, fmt.Errorf("not base64url: %v", err)
+	}
+	var h struct {
+		Alg string `json:"alg"`
+		Kid string `json:"kid"`
+		Typ string `json:"typ"`
+	}
+	if err := json.Unmarshal(hb, &h); err != nil {
+		return nil, fmt.Errorf("header: %v", err)
+	}
+	if h.Alg != "EdDSA" {
+		return nil, fmt.Errorf("alg %q, want EdDSA", h.Alg)
+	}
+	key, ok := keys[h.Kid]
+	if !ok {
+		return nil, fmt.Errorf("kid %q is not in the JWKS", h.Kid)
+	}
+	if !ed25519.Verify(key, []byte(parts[0]+"."+parts[1]), sig) {
+		return nil, errors.New("signature does not verify with the JWKS key")
+	}
+	return pb, nil
+}
+
+// VerifyReceipt checks r's receipt against the JWKS and its fields against
+// the result envelope, and returns it.
+func (t *T) VerifyReceipt(r *Resp) *Receipt {
+	payload, err := verifyJWS(r.R.Receipt, t.JWKS())
+	if err != nil {
+		t.Failf("receipt: %v", err)
+	}
+	var rc Receipt
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if err := dec.Decode(&rc); err != nil {
+		t.Failf("receipt payload: %v", err)
+	}
+	res := r.R
+	var diffs []string
+	cmp := func(name, got, want string) {
+		if got != want {
+			diffs = append(diffs, fmt.Sprintf("%s %q ≠ result's %q", name, got, want))
+		}
+	}
+	cmp("operation_id", rc.OperationID, res.OperationID)
+	cmp("tool_id", rc.ToolID, res.ToolID)
+	cmp("agent_id", rc.AgentID, res.AgentID)
+	cmp("result_hash", rc.ResultHash, res.ResultHash)
+	cmp("tx_outcome", rc.TxOutcome, res.TxOutcome)
+	cmp("commit_delta_id", rc.CommitDeltaID, res.CommitDeltaID)
+	cmp("autonomy_mode", rc.AutonomyMode, res.AutonomyMode)
+	cmp("error_class", rc.ErrorClass, res.errClass())
+	if res.ReceiptID != "" {
+		cmp("receipt_id", rc.ReceiptID, res.ReceiptID)
+	}
+	if rc.RiskScore == nil || res.RiskScore == nil || *rc.RiskScore != *res.RiskScore {
+		diffs = append(diffs, "risk_score differs from the result's")
+	}
+	// An envelope that could not be decoded has no args to hash.
+	argsOK := hashRE.MatchString(rc.ArgsHash) || (rc.ArgsHash == "" && res.ToolID == "")
+	if rc.LedgerSeq == nil || !hashRE.MatchString(rc.LedgerEntryHash) || !argsOK || !hashRE.MatchString(rc.PolicyHash) || rc.IssuedAt == "" || rc.ReceiptID == "" {
+		diffs = append(diffs, "ledger_seq, ledger_entry_hash, args_hash, policy_hash, issued_at or receipt_id missing or malformed")
+	}
+	if len(diffs) > 0 {
+		t.Failf("receipt payload disagrees with the result envelope: %s", strings.Join(diffs, "; "))
+	}
+	return &rc
+}
+
+// ---- Ledger.
+
+// Entries fetches up to limit entries from seq from (admin credential).
+func (t *T) Entries(from uint64, limit int) []Entry {
+	var page struct {
+		Entries []Entry `json:"entries"`
+	}
+	status, b, err := t.env.do(t.ctx, http.MethodGet, fmt.Sprintf("/v1/ledger/entries?from=%d&limit=%d", from, limit), t.env.admin, nil)
+	if err != nil || status != http.StatusOK {
+		t.addEvidence(Evidence{Label: "http", Request: fmt.Sprintf("GET /v1/ledger/entries?from=%d&limit=%d", from, limit), Status: status, Response: shorten(string(b))})
+		t.Failf("GET /v1/ledger/entries: %d %v", status, err)
+	}
+	if err := json.Unmarshal(b, &page); err != nil {
+		t.Failf("GET /v1/ledger/entries: %v", err)
+	}
+	return page.Entries
+}
+
+// Entry fetches entry seq and checks its entry_hash recomputes.
+func (t *T) Entry(seq uint64) Entry {
+	es := t.Entries(seq, 1)
+	if len(es) != 1 || es[0].Seq != seq {
+		t.Failf("GET /v1/ledger/entries?from=%d&limit=1 did not answer entry %d", seq, seq)
+	}
+	e := es[0]
+	b, _ := json.Marshal(e)
+	t.addEvidence(Evidence{Label: "ledger entry", Entry: json.RawMessage(t.env.redact(string(b)))})
+	if err := checkEntryHash(e); err != nil {
+		t.Failf("ledger entry %d: %v", seq, err)
+	}
+	return e
+}
+
+func checkEntryHash(e Entry) error {
+	h, err := ledger.EntryHash(ledger.Entry{Seq: e.Seq, Kind: e.Kind, Time: e.Time, PrevHash: e.PrevHash, Body: e.Body})
+	if err != nil {
+		return fmt.Errorf("entry_hash cannot be recomputed: %v", err)
+	}
+	if h != e.Hash {
+		return fmt.Errorf("entry_hash %s does not recompute (%s)", e.Hash, h)
+	}
+	return nil
+}
+
+// Head returns the ledger's size.
+func (t *T) Head() uint64 {
+	var h struct {
+		Size uint64 `json:"size"`
+	}
+	t.GetJSON("/v1/ledger/head", "", &h)
+	return h.Size
+}
+
+// Audit returns the audit record of r's call: the entry its verified
+// receipt names, checked to be an audit record of the same operation.
+func (t *T) Audit(r *Resp) (Entry, map[string]json.RawMessage) {
+	rc := t.VerifyReceipt(r)
+	e := t.Entry(*rc.LedgerSeq)
+	if e.Hash != rc.LedgerEntryHash {
+		t.Failf("receipt names entry %d with hash %s, the ledger has %s", e.Seq, rc.LedgerEntryHash, e.Hash)
+	}
+	if e.Kind != "audit" {
+		t.Failf("the receipt's entry %d is of kind %q, want audit", e.Seq, e.Kind)
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(e.Body, &body); err != nil {
+		t.Failf("audit record body: %v", err)
+	}
+	if str(body["operation_id"]) != r.R.OperationID {
+		t.Failf("audit record %d is of operation %s, the call's is %s", e.Seq, str(body["operation_id"]), r.R.OperationID)
+	}
+	return e, body
+}
+
+// AuditRecords scans the ledger from seq from to its end and returns the
+// audit records (and receipt entries) of operation op.
+func (t *T) AuditRecords(from uint64, op string) (audits, receiptEntries []Entry) {
+	for {
+		page := t.Entries(from, 1000)
+		for _, e := range page {
+			var b struct {
+				OperationID string `json:"operation_id"`
+			}
+			json.Unmarshal(e.Body, &b)
+			if b.OperationID != op {
+				continue
+			}
+			switch e.Kind {
+			case "audit":
+				audits = append(audits, e)
+			case "receipt":
+				receiptEntries = append(receiptEntries, e)
+			}
+		}
+		if len(page) < 1000 {
+			return
+		}
+		from = page[len(page)-1].Seq + 1
+	}
+}
+
+// str decodes a JSON string ("" otherwise).
+func str(raw json.RawMessage) string {
+	var s string
+	json.Unmarshal(raw, &s)
+	return s
+}
+
+// ---- Checkpoints and proofs.
+
+// VerifiedCheckpoint fetches the latest signed checkpoint and verifies its
+// note with the endpoint's verifier key, which must hold a JWKS key.
+func (t *T) VerifiedCheckpoint(query string) (Checkpoint, ledger.Checkpoint) {
+	var cp Checkpoint
+	t.GetJSON("/v1/ledger/checkpoint"+query, "", &cp)
+	c, err := openCheckpoint(cp, t.JWKS())
+	if err != nil {
+		t.Failf("checkpoint: %v", err)
+	}
+	return cp, c
+}
+
+func openCheckpoint(cp Checkpoint, keys map[string]ed25519.PublicKey) (ledger.Checkpoint, error) {
+	v, err := note.NewVerifier(cp.VerifierKey)
+	if err != nil {
+		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q: %v", cp.VerifierKey, err)
+	}
+	// The verifier key is <name>+<hash>+base64(0x01 || pub): its key must
+	// be one the JWKS publishes, or anyone could sign checkpoints.
+	// The name holds no "+", the base64 may.
+	parts := strings.SplitN(cp.VerifierKey, "+", 3)
+	if len(parts) != 3 {
+		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q is not <name>+<hash>+<key>", cp.VerifierKey)
+	}
+	raw, err := base64.StdEncoding.DecodeString(parts[2])
+	if err != nil || len(raw) != 1+ed25519.PublicKeySize || raw[0] != 1 {
+		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q holds no Ed25519 key", cp.VerifierKey)
+	}
+	published := false
+	for _, k := range keys {
+		if bytes.Equal(k, raw[1:]) {
+			published = true
+		}
+	}
+	if !published {
+		return ledger.Checkpoint{}, errors.New("the checkpoint key is not in the JWKS")
+	}
+	n, err := note.Open([]byte(cp.Note), note.VerifierList(v))
+	if err != nil {
+		return ledger.Checkpoint{}, fmt.Errorf("signed note does not verify: %v", err)
+	}
+	c, err := ledger.ParseCheckpoint([]byte(n.Text))
+	if err != nil {
+		return ledger.Checkpoint{}, err
+	}
+	if c.Origin != cp.Origin || c.Size != cp.Size || digest.Format(c.Root) != cp.Root {
+		return ledger.Checkpoint{}, fmt.Errorf("the answer's origin/size/root (%s %d %s) are not the note's (%s %d %s)", cp.Origin, cp.Size, cp.Root, c.Origin, c.Size, digest.Format(c.Root))
+	}
+	if v.Name() != c.Origin {
+		return ledger.Checkpoint{}, fmt.Errorf("key name %q is not the origin %q", v.Name(), c.Origin)
+	}
+	return c, nil
+}
+
+// VerifyInclusion checks that entry e is in the tree of the checkpoint c
+// with the endpoint's proof.
+func (t *T) VerifyInclusion(e Entry, c ledger.Checkpoint) {
+	var p InclusionProof
+	t.GetJSON(fmt.Sprintf("/v1/ledger/proof/inclusion?seq=%d&size=%d", e.Seq, c.Size), "", &p)
+	if err := verifyInclusion(p, e, c); err != nil {
+		t.Failf("inclusion proof of entry %d in the checkpoint of size %d: %v", e.Seq, c.Size, err)
+	}
+}
+
+func verifyInclusion(p InclusionProof, e Entry, c ledger.Checkpoint) error {
+	if p.LeafIndex != e.Seq || p.TreeSize != c.Size || p.LeafHash != e.Hash {
+		return fmt.Errorf("proof is of leaf %d/%d %s, want %d/%d %s", p.LeafIndex, p.TreeSize, p.LeafHash, e.Seq, c.Size, e.Hash)
+	}
+	leaf, err := digest.Parse(e.Hash)
+	if err != nil {
+		return err
+	}
+	path, err := parseHashes(p.Proof)
+	if err != nil {
+		return err
+	}
+	return ledger.VerifyInclusion(e.Seq, c.Size, leaf, path, c.Root)
+}
+
+func parseHashes(ss []string) ([][32]byte, error) {
+	out := make([][32]byte, len(ss))
+	for i, s := range ss {
+		h, err := digest.Parse(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = h
+	}
+	return out, nil
+}
+
+// seqOf parses the seq of a state_snapshot_id.
+func seqOf(snapshot string) (uint64, string, bool) {
+	m := snapshotRE.FindStringSubmatch(snapshot)
+	if m == nil {
+		return 0, "", false
+	}
+	n, err := strconv.ParseUint(m[1], 10, 64)
+	return n, m[2], err == nil
+}
