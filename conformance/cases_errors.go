@@ -109,11 +109,13 @@ func errorCases() []Case {
 			t.WriteFile(dir+"/server.pem", "-----BEGIN PRIVATE KEY-----")
 			return t.Call(t.Full("a"), "fs.read", map[string]any{"path": dir + "/server.pem"}, nil)
 		}),
-		errorCase("DESIGN-ERR-011", "approval_denied", "a soft_gate call with no approval (token ceiling soft_gate)", func(t *T) *Resp {
-			if approvalsAPI(t) {
-				t.Skipf("the endpoint has an approval API, so a gated call waits for a decision instead: see SEED002-CONFIRM-001")
+		errorCase("DESIGN-ERR-011", "approval_denied", "a soft_gate call (token ceiling soft_gate) that an approver denies", func(t *T) *Resp {
+			tok := t.Mint("gated", TokenRequest{Tools: []string{"echo"}, Autonomy: "soft_gate"})
+			if !approvalsAPI(t) {
+				// Without an approval channel a gated call must fail closed.
+				return t.Call(tok, "echo", map[string]any{"text": "x"}, nil)
 			}
-			return t.Call(t.Mint("gated", TokenRequest{Tools: []string{"echo"}, Autonomy: "soft_gate"}), "echo", map[string]any{"text": "x"}, nil)
+			return decideGated(t, tok, "echo", map[string]any{"text": "x"}, nil, "deny")
 		}),
 		mk("DESIGN-ERR-012", gErrors, cErrors, "approval_timeout is reported as HTTP 504 when nobody decides a gated call in time", approvalTimeout),
 		errorCase("DESIGN-ERR-013", "precondition_failed", "a kv version precondition that does not hold", func(t *T) *Resp {
@@ -231,6 +233,63 @@ func errorCases() []Case {
 			}
 		}),
 	}
+}
+
+// pendingApproval is an entry of GET /v1/approvals.
+type pendingApproval struct {
+	ID           string `json:"approval_id"`
+	OperationID  string `json:"operation_id"`
+	RequiredRole string `json:"required_role"`
+	State        string `json:"state"`
+}
+
+// decideGated makes a call that waits for an approval, finds its request in
+// GET /v1/approvals, decides it ("allow" or "deny") with a fresh approver
+// token of the role the request names, and returns the call's answer.
+func decideGated(t *T, tok *Token, tool string, args map[string]any, edit func(map[string]any), decision string) *Resp {
+	op := newUUID()
+	done := make(chan *Resp, 1)
+	go func() {
+		defer func() { recover() }()
+		done <- t.Call(tok, tool, args, func(m map[string]any) {
+			m["operation_id"] = op
+			if edit != nil {
+				edit(m)
+			}
+		})
+	}()
+	var req pendingApproval
+	for deadline := time.Now().Add(20 * time.Second); req.ID == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var list struct {
+			Approvals []pendingApproval `json:"approvals"`
+		}
+		status, b, _ := t.env.do(t.ctx, http.MethodGet, "/v1/approvals", t.Admin(), nil)
+		if status == http.StatusOK && json.Unmarshal(b, &list) == nil {
+			for _, a := range list.Approvals {
+				if a.OperationID == op {
+					req = a
+				}
+			}
+		}
+	}
+	if req.ID == "" {
+		t.Failf("the gated call never appeared in GET /v1/approvals")
+	}
+	approver := t.Mint("approver", TokenRequest{Role: req.RequiredRole})
+	body, _ := json.Marshal(map[string]string{"decision": decision, "reason": "conformance"})
+	if status, _ := t.Do("POST", "/v1/approvals/"+req.ID, approver.Token, body); status != http.StatusOK {
+		t.Failf("POST /v1/approvals/%s (%s): %d", req.ID, decision, status)
+	}
+	if status, _ := t.Do("POST", "/v1/approvals/"+req.ID, approver.Token, body); status != http.StatusConflict {
+		t.Failf("a second decision on %s: %d, want 409", req.ID, status)
+	}
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Failf("the call did not end after its approval was decided")
+	}
+	return nil
 }
 
 // approvalTimeout leaves a gated call undecided until the endpoint gives

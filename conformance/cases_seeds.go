@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -264,43 +263,11 @@ func seed002Cases() []Case {
 		}),
 		c("SEED002-CONFIRM-001", "§5.2 confirmation; test list: user_denied", "a write that needs confirmation, denied by the user, fails (approval_denied) and writes nothing", func(t *T) {
 			if !approvalsAPI(t) {
-				t.Skipf("no approval API (GET /v1/approvals is 404): nobody can deny a pending call; the case runs once the endpoint lists pending approvals and accepts POST /v1/approvals/{id}/deny")
+				t.Skipf("no approval API (GET /v1/approvals is 404): nobody can deny a pending call; the case runs once the endpoint lists pending approvals and accepts POST /v1/approvals/{id}")
 			}
 			dir := t.Dir()
 			tok := t.Mint("confirm", TokenRequest{Tools: []string{"*"}, FS: []FSRoot{{Path: t.env.ws, Mode: "rw"}}, Autonomy: "soft_gate"})
-			op := newUUID()
-			done := make(chan *Resp, 1)
-			go func() {
-				defer func() { recover() }()
-				done <- t.Call(tok, "fs.write", map[string]any{"path": dir + "/c.txt", "content": "x"}, func(m map[string]any) {
-					m["idempotency_key"] = t.Key("c")
-					m["operation_id"] = op
-				})
-			}()
-			id := ""
-			for deadline := time.Now().Add(20 * time.Second); id == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-				var list struct {
-					Approvals []struct {
-						ID          string `json:"id"`
-						OperationID string `json:"operation_id"`
-					} `json:"approvals"`
-				}
-				status, b, _ := t.env.do(t.ctx, http.MethodGet, "/v1/approvals", t.Admin(), nil)
-				if status == 200 && json.Unmarshal(b, &list) == nil {
-					for _, a := range list.Approvals {
-						if a.OperationID == op {
-							id = a.ID
-						}
-					}
-				}
-			}
-			if id == "" {
-				t.Failf("the gated call never appeared in GET /v1/approvals")
-			}
-			if status, _ := t.Do("POST", "/v1/approvals/"+id+"/deny", t.Admin(), []byte(`{"reason":"conformance"}`)); status/100 != 2 {
-				t.Failf("POST /v1/approvals/%s/deny: %d", id, status)
-			}
-			r := <-done
+			r := decideGated(t, tok, "fs.write", map[string]any{"path": dir + "/c.txt", "content": "x"}, func(m map[string]any) { m["idempotency_key"] = t.Key("c") }, "deny")
 			t.ExpectRefused(r, "approval_denied")
 			if _, ok := t.ReadFile(dir + "/c.txt"); ok {
 				t.Failf("the denied write happened")

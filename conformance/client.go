@@ -34,6 +34,7 @@ type TokenRequest struct {
 	Budgets    map[string]int64 `json:"budgets,omitempty"`
 	Autonomy   string           `json:"autonomy,omitempty"`
 	TTLSeconds int64            `json:"ttl_seconds,omitempty"`
+	Role       string           `json:"role,omitempty"` // "approver" or "escalation": an approver token
 }
 
 // Token is a minted capability token.

@@ -29,7 +29,8 @@ func TestConformanceAgainstServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startServer(t, data)
+	// A short approval timeout, so the approval_timeout cases run.
+	s := startServerArgs(t, data, "--approval-timeout", "3s")
 	ws := filepath.Join(dir, "ws")
 	os.MkdirAll(ws, 0o755)
 
