@@ -62,19 +62,29 @@ func (s *Server) who(w http.ResponseWriter, r *http.Request) (caller, bool) {
 	return caller{tok: tok}, ok
 }
 
-// cancelOperation answers DELETE /v1/operations/{id}: the admin, or a
-// token of the agent that made the call, cancels it.
-func (s *Server) cancelOperation(w http.ResponseWriter, r *http.Request) {
+// canceller identifies who cancels: the admin (every agent's calls, "")
+// or an agent's capability token (its own calls); approver tokens cannot.
+func (s *Server) canceller(w http.ResponseWriter, r *http.Request) (agent string, ok bool) {
 	c, ok := s.who(w, r)
 	if !ok {
-		return
+		return "", false
 	}
 	if c.role() != "" {
 		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "approver tokens cannot cancel calls")
+		return "", false
+	}
+	return c.agent(), true
+}
+
+// cancelOperation answers DELETE /v1/operations/{id}: the admin, or a
+// token of the agent that made the call, cancels it.
+func (s *Server) cancelOperation(w http.ResponseWriter, r *http.Request) {
+	agent, ok := s.canceller(w, r)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
-	if !s.k.Cancel(id, c.agent()) {
+	if !s.k.Cancel(id, agent) {
 		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no call in flight with operation id %q", id))
 		return
 	}
@@ -84,16 +94,12 @@ func (s *Server) cancelOperation(w http.ResponseWriter, r *http.Request) {
 // cancelSession answers POST /v1/sessions/{id}/cancel: every call in
 // flight of the session (of the token's agent, unless the admin asks).
 func (s *Server) cancelSession(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.who(w, r)
+	agent, ok := s.canceller(w, r)
 	if !ok {
 		return
 	}
-	if c.role() != "" {
-		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "approver tokens cannot cancel calls")
-		return
-	}
 	id := r.PathValue("id")
-	writeJSON(w, http.StatusOK, map[string]any{"session_id": id, "cancelled": s.k.CancelSession(id, c.agent())})
+	writeJSON(w, http.StatusOK, map[string]any{"session_id": id, "cancelled": s.k.CancelSession(id, agent)})
 }
 
 // ApprovalList is the body of GET /v1/approvals.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,6 +54,29 @@ func trustedKey(ctx context.Context, h history, pubkeyFile string) (ed25519.Publ
 	return receipts.PublicKey(jwks)
 }
 
+// openTrusted opens --data/--server and the key its checkpoints must be
+// signed with.
+func (t *target) openTrusted(ctx context.Context, verb, pubkeyFile string) (history, ed25519.PublicKey, error) {
+	h, err := t.openHistory(verb)
+	if err != nil {
+		return nil, nil, err
+	}
+	pub, err := trustedKey(ctx, h, pubkeyFile)
+	if err != nil {
+		h.Close()
+		return nil, nil, err
+	}
+	return h, pub, nil
+}
+
+// printProof writes a verified proof's summary and its hashes.
+func printProof(w io.Writer, summary string, hashes []string) {
+	fmt.Fprintf(w, "%sproof (%d hashes):\n", summary, len(hashes))
+	for _, h := range hashes {
+		fmt.Fprintf(w, "  %s\n", h)
+	}
+}
+
 // openSigned checks a checkpoint's signature with pub and returns it.
 func openSigned(sc kernel.SignedCheckpoint, pub ed25519.PublicKey) (ledger.Checkpoint, error) {
 	v, err := kernel.CheckpointVerifier(sc.Origin, pub)
@@ -96,15 +120,11 @@ exits 1 without forgetting the old checkpoint.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			h, err := t.openHistory("ledger checkpoint")
+			h, pub, err := t.openTrusted(ctx, "ledger checkpoint", pubkeyFile)
 			if err != nil {
 				return err
 			}
 			defer h.Close()
-			pub, err := trustedKey(ctx, h, pubkeyFile)
-			if err != nil {
-				return err
-			}
 			sc, err := h.Checkpoint(ctx, stable)
 			if err != nil {
 				return err
@@ -247,15 +267,11 @@ consistent with the latest signed checkpoint. Exit 1 if anything fails.`,
 				return &usageError{errors.New("ledger prove: --seq is required")}
 			}
 			ctx := cmd.Context()
-			h, err := t.openHistory("ledger prove")
+			h, pub, err := t.openTrusted(ctx, "ledger prove", pubkeyFile)
 			if err != nil {
 				return err
 			}
 			defer h.Close()
-			pub, err := trustedKey(ctx, h, pubkeyFile)
-			if err != nil {
-				return err
-			}
 			p, err := h.ProveInclusion(ctx, seq, size)
 			if err != nil {
 				return err
@@ -271,11 +287,8 @@ consistent with the latest signed checkpoint. Exit 1 if anything fails.`,
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), p)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "entry %d (%s) is in the tree of %d entries, root %s\nverified against the checkpoint of %s, size %d\nproof (%d hashes):\n",
-				p.LeafIndex, p.LeafHash, p.TreeSize, p.Root, cp.Origin, cp.Size, len(p.Proof))
-			for _, h := range p.Proof {
-				fmt.Fprintf(cmd.OutOrStdout(), "  %s\n", h)
-			}
+			printProof(cmd.OutOrStdout(), fmt.Sprintf("entry %d (%s) is in the tree of %d entries, root %s\nverified against the checkpoint of %s, size %d\n",
+				p.LeafIndex, p.LeafHash, p.TreeSize, p.Root, cp.Origin, cp.Size), p.Proof)
 			return nil
 		},
 	}
@@ -302,15 +315,11 @@ verifies the proof. Exit 1 if anything fails.`,
 				return &usageError{errors.New("ledger consistency: --from and --to are required")}
 			}
 			ctx := cmd.Context()
-			h, err := t.openHistory("ledger consistency")
+			h, pub, err := t.openTrusted(ctx, "ledger consistency", pubkeyFile)
 			if err != nil {
 				return err
 			}
 			defer h.Close()
-			pub, err := trustedKey(ctx, h, pubkeyFile)
-			if err != nil {
-				return err
-			}
 			p, err := h.ProveConsistency(ctx, from, to)
 			if err != nil {
 				return err
@@ -330,11 +339,8 @@ verifies the proof. Exit 1 if anything fails.`,
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), p)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "the tree of %d entries (root %s) is a prefix of the tree of %d (root %s)\nverified against the checkpoint of %s, size %d\nproof (%d hashes):\n",
-				p.Size1, p.Root1, p.Size2, p.Root2, cp.Origin, cp.Size, len(p.Proof))
-			for _, h := range p.Proof {
-				fmt.Fprintf(cmd.OutOrStdout(), "  %s\n", h)
-			}
+			printProof(cmd.OutOrStdout(), fmt.Sprintf("the tree of %d entries (root %s) is a prefix of the tree of %d (root %s)\nverified against the checkpoint of %s, size %d\n",
+				p.Size1, p.Root1, p.Size2, p.Root2, cp.Origin, cp.Size), p.Proof)
 			return nil
 		},
 	}

@@ -12,25 +12,15 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/conformance"
-	"github.com/capkernel/capkernel/kernel"
 )
 
 // The whole conformance suite against a freshly started `kernelctl serve`:
 // every case must pass or skip with its reason, and the history the suite
 // leaves behind must verify.
 func TestConformanceAgainstServe(t *testing.T) {
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	if _, stderr, code := run(t, "init", "--data", data); code != 0 {
-		t.Fatal(stderr)
-	}
-	adminFile := filepath.Join(data, kernel.AdminFile)
-	admin, err := readSecret(adminFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A short approval timeout, so the approval_timeout cases run.
-	s := startServerArgs(t, data, "--approval-timeout", "3s")
+	sv := initServed(t, "--approval-timeout", "3s")
+	s, dir, adminFile, admin := sv.server, sv.dir, sv.adminFile, sv.admin
 	ws := filepath.Join(dir, "ws")
 	os.MkdirAll(ws, 0o755)
 

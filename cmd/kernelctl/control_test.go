@@ -18,25 +18,13 @@ import (
 // Approvals, async calls, events and cancellation against a real server,
 // through kernelctl and raw HTTP.
 func TestApprovalsOverServer(t *testing.T) {
-	dir := t.TempDir()
-	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
+	sv := initServed(t, "--approval-timeout", "3s")
+	s, dir, adminFile, admin := sv.server, sv.dir, sv.adminFile, sv.admin
+	ws := filepath.Join(dir, "ws")
 	os.MkdirAll(filepath.Join(ws, "dir"), 0o755)
 	os.WriteFile(filepath.Join(ws, "dir", "x"), []byte("x"), 0o644)
-	if _, stderr, code := run(t, "init", "--data", data); code != 0 {
-		t.Fatal(stderr)
-	}
-	adminFile := filepath.Join(data, kernel.AdminFile)
-	admin, _ := readSecret(adminFile)
-	s := startServerArgs(t, data, "--approval-timeout", "3s")
 	srv := []string{"--server", s.url, "--admin-token", adminFile}
-	must := func(args ...string) string {
-		t.Helper()
-		out, stderr, code := run(t, args...)
-		if code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, stderr)
-		}
-		return out
-	}
+	must := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	tok := mintCLI(t, s, admin, "--agent", "a1", "--tools", "fs.*", "--fs", ws+":rw")
 	approverFile := func(name string, extra ...string) string {
 		out := must(append([]string{"token", "mint", "--agent", name, "--approver"}, append(extra, srv...)...)...)
@@ -157,6 +145,9 @@ func TestApprovalsOverServer(t *testing.T) {
 	waitPending(t, s, admin, op)
 	if out := must(append([]string{"cancel", "--session", "sess-1"}, srv...)...); !strings.Contains(out, "cancelled 1 calls") {
 		t.Fatal(out)
+	}
+	if _, stderr, code := run(t, append([]string{"wait", op}, srv...)...); code != 1 || !strings.Contains(stderr, "cancelled") {
+		t.Fatalf("session-cancelled call: exit %d %s", code, stderr)
 	}
 	if code, _ := s.do(http.MethodDelete, "/v1/operations/"+op, admin, nil); code != http.StatusNotFound {
 		t.Fatalf("cancel of a finished call: %d", code)

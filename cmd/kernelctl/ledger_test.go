@@ -17,23 +17,10 @@ import (
 // and proven consistent, inclusion and consistency proofs, receipts proven
 // and bundled, the export verified offline with the public key alone.
 func TestLedgerProofsOverServer(t *testing.T) {
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	if _, stderr, code := run(t, "init", "--data", data); code != 0 {
-		t.Fatal(stderr)
-	}
-	adminFile := filepath.Join(data, kernel.AdminFile)
-	admin, _ := readSecret(adminFile)
-	s := startServer(t, data)
+	sv := initServed(t)
+	s, dir, data, adminFile, admin := sv.server, sv.dir, sv.data, sv.adminFile, sv.admin
 	srv := []string{"--server", s.url, "--admin-token", adminFile}
-	must := func(args ...string) string {
-		t.Helper()
-		out, stderr, code := run(t, args...)
-		if code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, stderr)
-		}
-		return out
-	}
+	must := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	fail := func(want string, args ...string) {
 		t.Helper()
 		out, stderr, code := run(t, args...)

@@ -46,6 +46,17 @@ func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	return o.String(), e.String(), code
 }
 
+// mustRun runs kernelctl and fails the test unless it exits 0; it
+// returns the standard output.
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, stderr, code := run(t, args...)
+	if code != 0 {
+		t.Fatalf("%v: exit %d: %s", args, code, stderr)
+	}
+	return out
+}
+
 func TestUsageExitsTwo(t *testing.T) {
 	for _, args := range [][]string{{"init"}, {"nosuchverb"}, {"ledger", "verify", "--bogus"}, {"demo", "extra-arg"}} {
 		if _, stderr, code := run(t, args...); code != 2 {

@@ -38,6 +38,30 @@ func startServer(t testing.TB, data string) *server {
 	return startServerArgs(t, data)
 }
 
+// served is a data dir made by kernelctl init in a temp dir, served by a
+// kernelctl serve given the extra flags.
+type served struct {
+	*server
+	dir       string // the temp dir holding data
+	adminFile string
+	admin     string
+}
+
+func initServed(t *testing.T, extra ...string) served {
+	t.Helper()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if _, stderr, code := run(t, "init", "--data", data); code != 0 {
+		t.Fatal(stderr)
+	}
+	adminFile := filepath.Join(data, kernel.AdminFile)
+	admin, err := readSecret(adminFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return served{server: startServerArgs(t, data, extra...), dir: dir, adminFile: adminFile, admin: admin}
+}
+
 // startServerArgs is startServer with more serve flags.
 func startServerArgs(t testing.TB, data string, extra ...string) *server {
 	t.Helper()
