@@ -259,11 +259,12 @@ func BenchmarkLedger1M(b *testing.B) {
 	})
 	// Last, since it closes the database for the child to open.
 	b.Run("Memory", func(b *testing.B) {
+		path := db.Path() // empty once closed
 		if err := db.Close(); err != nil {
 			b.Fatal(err)
 		}
 		for b.Loop() {
-			m := memoryOfChild(b, db.Path())
+			m := memoryOfChild(b, path)
 			for _, k := range memoryMetrics {
 				b.ReportMetric(m[k], k)
 			}
@@ -276,9 +277,10 @@ const memoryEnv = "CAPK_LEDGER_MEMORY_DB"
 
 // memoryMetrics are the figures TestLedgerMemoryChild reports, in MiB:
 // Go heap in use and resident set size (anonymous memory, and file pages of
-// the bbolt mmap) after open and 10,000 proofs, and the same after a full
-// verification as well.
+// the bbolt mmap) right after store.Open, after Init, CheckTree and 10,000
+// proofs, and after a full verification as well.
 var memoryMetrics = []string{
+	"open-heap-MiB", "open-rss-anon-MiB", "open-rss-file-MiB",
 	"proofs-heap-MiB", "proofs-rss-anon-MiB", "proofs-rss-file-MiB",
 	"verify-heap-MiB", "verify-rss-anon-MiB", "verify-rss-file-MiB",
 }
@@ -309,8 +311,8 @@ func memoryOfChild(b *testing.B, path string) map[string]float64 {
 // TestLedgerMemoryChild is run by BenchmarkLedger1M/Memory: it opens the
 // ledger as the kernel does (store.Open, Init, CheckTree), serves 10,000
 // inclusion and 1,000 consistency proofs, each in a read transaction of
-// its own, and prints its memory figures; then it verifies the whole
-// ledger and prints them again.
+// its own, then verifies the whole ledger, and prints its memory figures
+// at each of these points.
 func TestLedgerMemoryChild(t *testing.T) {
 	path := os.Getenv(memoryEnv)
 	if path == "" {
@@ -321,6 +323,8 @@ func TestLedgerMemoryChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	m := map[string]float64{}
+	measureMemory(t, m, "open")
 	if err := d.Update(context.Background(), Init); err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +353,6 @@ func TestLedgerMemoryChild(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m := map[string]float64{}
 	measureMemory(t, m, "proofs")
 	if err := d.View(func(tx *bbolt.Tx) error {
 		_, err := VerifyWith(tx, VerifyOptions{Verifier: testVerifier(t), Origin: testOrigin})
