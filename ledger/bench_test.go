@@ -394,20 +394,15 @@ func measureMemory(t *testing.T, m map[string]float64, prefix string) {
 	}
 }
 
-// baselineAppends is the number of appends each baseline measurement
-// makes.
+// baselineAppends bounds the number of appends of a baseline measurement.
 const baselineAppends = 500
-
-// baselineRates caches, per parallelism, the baseline of
-// BenchmarkDurableAppend, so that it is measured once per run.
-var baselineRates = map[int]float64{}
 
 // BenchmarkDurableAppend measures durable (fsync'd) appends of 300-byte
 // bodies through store.DB, with a checkpoint signed per group commit as in
-// the kernel, at 1, 32 and 128 concurrent appenders. In the same run it
-// measures the baseline, the same appenders each making one bbolt Update
-// (one transaction and fsync, no checkpoint) per append, and reports the
-// ratio.
+// the kernel, at 1, 32 and 128 concurrent appenders. Right before, it
+// measures the baseline: the same appenders each making one bbolt Update
+// (one transaction and fsync, no checkpoint) per append, up to
+// baselineAppends of them; it reports both rates and their ratio.
 func BenchmarkDurableAppend(b *testing.B) {
 	body, err := Canonicalize(body300)
 	if err != nil {
@@ -419,11 +414,7 @@ func BenchmarkDurableAppend(b *testing.B) {
 	}
 	for _, par := range []int{1, 32, 128} {
 		b.Run(fmt.Sprintf("appenders=%d", par), func(b *testing.B) {
-			base, ok := baselineRates[par]
-			if !ok {
-				base = baselineRate(b, par, appendOne)
-				baselineRates[par] = base
-			}
+			base := baselineRate(b, par, min(b.N, baselineAppends), appendOne)
 			d := openCheckpointed(b, filepath.Join(b.TempDir(), "group.db"), store.Options{})
 			defer d.Close()
 			b.ResetTimer()
@@ -439,10 +430,9 @@ func BenchmarkDurableAppend(b *testing.B) {
 	}
 }
 
-// baselineRate returns the rate of baselineAppends appends by par
-// appenders, each append in a bbolt Update of its own on a file opened as
-// store.Open opens it.
-func baselineRate(b *testing.B, par int, appendOne func(*bbolt.Tx) error) float64 {
+// baselineRate returns the rate of n appends by par appenders, each append
+// in a bbolt Update of its own on a file opened as store.Open opens it.
+func baselineRate(b *testing.B, par, n int, appendOne func(*bbolt.Tx) error) float64 {
 	b.Helper()
 	db, err := bbolt.Open(filepath.Join(b.TempDir(), "baseline.db"), 0o600, &bbolt.Options{
 		NoFreelistSync: true, FreelistType: bbolt.FreelistMapType, InitialMmapSize: 1 << 30,
@@ -455,10 +445,10 @@ func baselineRate(b *testing.B, par int, appendOne func(*bbolt.Tx) error) float6
 		b.Fatal(err)
 	}
 	start := time.Now()
-	if err := inParallel(par, baselineAppends, func() error { return db.Update(appendOne) }); err != nil {
+	if err := inParallel(par, n, func() error { return db.Update(appendOne) }); err != nil {
 		b.Fatal(err)
 	}
-	return baselineAppends / time.Since(start).Seconds()
+	return float64(n) / time.Since(start).Seconds()
 }
 
 // inParallel calls f n times from par goroutines and returns the first
