@@ -97,7 +97,8 @@ func TestGroupCommitCrash(t *testing.T) {
 	for round, killAfter := range []int{100, 1000, 3000} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestGroupCommitCrashChild$")
 		cmd.Env = append(os.Environ(), crashDBEnv+"="+path)
-		var stderr strings.Builder
+		// The child's output other than acknowledgements.
+		var stderr, stdoutRest strings.Builder
 		cmd.Stderr = &stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -112,7 +113,8 @@ func TestGroupCommitCrash(t *testing.T) {
 			seqText, body, ok := strings.Cut(sc.Text(), " ")
 			seq, err := strconv.ParseUint(seqText, 10, 64)
 			if !ok || err != nil || !strings.HasPrefix(body, `{"g":`) {
-				continue // the test binary's own output
+				stdoutRest.WriteString(sc.Text() + "\n") // the test binary's own output
+				continue
 			}
 			if prev, dup := acked[seq]; dup && prev != body {
 				t.Fatalf("round %d: seq %d acknowledged for %s and for %s", round, seq, prev, body)
@@ -128,7 +130,7 @@ func TestGroupCommitCrash(t *testing.T) {
 		err = cmd.Wait()
 		var ee *exec.ExitError
 		if !killed || !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Fatalf("round %d: child not killed after %d acknowledged appends: %v\n%s", round, n, err, stderr.String())
+			t.Fatalf("round %d: child not killed after %d acknowledged appends: %v\n%s%s", round, n, err, stdoutRest.String(), stderr.String())
 		}
 
 		d := openCheckpointed(t, path, store.Options{})
