@@ -38,6 +38,11 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzCanonicalize$$' -fuzztime=$(FUZZTIME) ./jcs/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeEnvelope$$' -fuzztime=$(FUZZTIME) ./kernel/
 	$(GO) test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./receipts/
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeRecord$$' -fuzztime=$(FUZZTIME) ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifyExport$$' -fuzztime=$(FUZZTIME) ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifyInclusion$$' -fuzztime=$(FUZZTIME) ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifyConsistency$$' -fuzztime=$(FUZZTIME) ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzCheckpointNote$$' -fuzztime=$(FUZZTIME) ./ledger/
 
 ## bench: Invoke throughput against a bare-bbolt baseline measured in the same run;
 ## HTTP load against a real kernelctl serve with a bare net/http baseline

@@ -2,15 +2,24 @@ package ledger
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/transparency-dev/merkle/compact"
 	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/store"
 )
 
 // body300 is a 300-byte canonical audit-like body.
@@ -118,8 +127,10 @@ func bigLedger(b *testing.B, n int) *bbolt.DB {
 	return db
 }
 
-// BenchmarkLedger1M measures proofs, checks, verification and export over
-// a ledger of one million entries.
+// BenchmarkLedger1M measures proofs (time, and size as max-proof-bytes),
+// checks, verification and export over a ledger of one million entries,
+// and the memory of a fresh process that opens it, serves proofs and
+// verifies it (Memory).
 func BenchmarkLedger1M(b *testing.B) {
 	const n = 1_000_000
 	db := bigLedger(b, n)
@@ -131,14 +142,53 @@ func BenchmarkLedger1M(b *testing.B) {
 		}
 	}
 	b.Run("InclusionProof", func(b *testing.B) {
+		longest := 0
 		view(b, func(tx *bbolt.Tx) error {
 			for b.Loop() {
-				if _, err := InclusionProof(tx, rng.Uint64N(n), n); err != nil {
+				p, err := InclusionProof(tx, rng.Uint64N(n), n)
+				if err != nil {
 					return err
 				}
+				longest = max(longest, len(p))
 			}
 			return nil
 		})
+		b.ReportMetric(float64(32*longest), "max-proof-bytes")
+	})
+	b.Run("VerifyInclusion", func(b *testing.B) {
+		type claim struct {
+			index uint64
+			leaf  [32]byte
+			proof [][32]byte
+		}
+		claims := make([]claim, 1024)
+		var root [32]byte
+		view(b, func(tx *bbolt.Tx) (err error) {
+			if root, err = Root(tx, n); err != nil {
+				return err
+			}
+			for i := range claims {
+				c := &claims[i]
+				c.index = rng.Uint64N(n)
+				if c.proof, err = InclusionProof(tx, c.index, n); err != nil {
+					return err
+				}
+				node, err := getNode(tx.Bucket(bucketTree), compact.NewNodeID(0, c.index))
+				if err != nil {
+					return err
+				}
+				c.leaf = node
+			}
+			return nil
+		})
+		i := 0
+		for b.Loop() {
+			c := &claims[i%len(claims)]
+			if err := VerifyInclusion(c.index, n, c.leaf, c.proof, root); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
 	})
 	b.Run("ConsistencyProof", func(b *testing.B) {
 		view(b, func(tx *bbolt.Tx) error {
@@ -209,6 +259,223 @@ func BenchmarkLedger1M(b *testing.B) {
 		}
 		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "entries/s")
 	})
+	// Last, since it closes the database for the child to open.
+	b.Run("Memory", func(b *testing.B) {
+		path := db.Path() // empty once closed
+		if err := db.Close(); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			m := memoryOfChild(b, path)
+			for _, k := range memoryMetrics {
+				b.ReportMetric(m[k], k)
+			}
+		}
+	})
+}
+
+// memoryEnv names the ledger file TestLedgerMemoryChild opens.
+const memoryEnv = "CAPK_LEDGER_MEMORY_DB"
+
+// memoryMetrics are the figures TestLedgerMemoryChild reports, in MiB:
+// Go heap in use and resident set size (anonymous memory, and file pages of
+// the bbolt mmap) right after store.Open, after Init, CheckTree and 10,000
+// proofs, and after a full verification as well.
+var memoryMetrics = []string{
+	"open-heap-MiB", "open-rss-anon-MiB", "open-rss-file-MiB",
+	"proofs-heap-MiB", "proofs-rss-anon-MiB", "proofs-rss-file-MiB",
+	"verify-heap-MiB", "verify-rss-anon-MiB", "verify-rss-file-MiB",
+}
+
+// memoryOfChild runs TestLedgerMemoryChild on the ledger at path in a
+// fresh process and returns its figures.
+func memoryOfChild(b *testing.B, path string) map[string]float64 {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLedgerMemoryChild$", "-test.v")
+	cmd.Env = append(os.Environ(), memoryEnv+"="+path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("memory child: %v\n%s", err, out)
+	}
+	for l := range strings.Lines(string(out)) {
+		if js, ok := strings.CutPrefix(l, "MEMORY "); ok {
+			m := map[string]float64{}
+			if err := json.Unmarshal([]byte(js), &m); err != nil {
+				b.Fatal(err)
+			}
+			return m
+		}
+	}
+	b.Fatalf("memory child printed no figures:\n%s", out)
+	return nil
+}
+
+// TestLedgerMemoryChild is run by BenchmarkLedger1M/Memory: it opens the
+// ledger as the kernel does (store.Open, Init, CheckTree), serves 10,000
+// inclusion and 1,000 consistency proofs, each in a read transaction of
+// its own, then verifies the whole ledger, and prints its memory figures
+// at each of these points.
+func TestLedgerMemoryChild(t *testing.T) {
+	path := os.Getenv(memoryEnv)
+	if path == "" {
+		t.Skip("run by BenchmarkLedger1M/Memory")
+	}
+	d, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	m := map[string]float64{}
+	measureMemory(t, m, "open")
+	if err := d.Update(context.Background(), Init); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.View(CheckTree); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	if err := d.View(func(tx *bbolt.Tx) error {
+		h, err := HeadOf(tx)
+		n = h.Size
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 11_000 {
+		if err := d.View(func(tx *bbolt.Tx) error {
+			var err error
+			if i < 10_000 {
+				_, err = InclusionProof(tx, rng.Uint64N(n), n)
+			} else {
+				_, err = ConsistencyProof(tx, 1+rng.Uint64N(n-1), n)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measureMemory(t, m, "proofs")
+	if err := d.View(func(tx *bbolt.Tx) error {
+		_, err := VerifyWith(tx, VerifyOptions{Verifier: testVerifier(t), Origin: testOrigin})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	measureMemory(t, m, "verify")
+	js, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("MEMORY %s\n", js)
+}
+
+// measureMemory records, under prefix, the Go heap in use after a garbage
+// collection and the RssAnon and RssFile lines of /proc/self/status, in
+// MiB.
+func measureMemory(t *testing.T, m map[string]float64, prefix string) {
+	t.Helper()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	m[prefix+"-heap-MiB"] = float64(ms.HeapInuse) / (1 << 20)
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.Lines(string(status)) {
+		for key, name := range map[string]string{"RssAnon:": "-rss-anon-MiB", "RssFile:": "-rss-file-MiB"} {
+			if rest, ok := strings.CutPrefix(l, key); ok {
+				kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+				if err != nil {
+					t.Fatalf("/proc/self/status: %q: %v", l, err)
+				}
+				m[prefix+name] = kb / 1024
+			}
+		}
+	}
+}
+
+// baselineAppends bounds the number of appends of a baseline measurement.
+const baselineAppends = 500
+
+// BenchmarkDurableAppend measures durable (fsync'd) appends of 300-byte
+// bodies through store.DB, with a checkpoint signed per group commit as in
+// the kernel, at 1, 32 and 128 concurrent appenders. Right before, it
+// measures the baseline: the same appenders each making one bbolt Update
+// (one transaction and fsync, no checkpoint) per append, up to
+// baselineAppends of them; it reports both rates and their ratio.
+func BenchmarkDurableAppend(b *testing.B) {
+	body, err := Canonicalize(body300)
+	if err != nil {
+		b.Fatal(err)
+	}
+	appendOne := func(tx *bbolt.Tx) error {
+		_, err := AppendCanonical(tx, KindAudit, time.Now(), body)
+		return err
+	}
+	for _, par := range []int{1, 32, 128} {
+		b.Run(fmt.Sprintf("appenders=%d", par), func(b *testing.B) {
+			base := baselineRate(b, par, min(b.N, baselineAppends), appendOne)
+			d := openCheckpointed(b, filepath.Join(b.TempDir(), "group.db"), store.Options{})
+			defer d.Close()
+			b.ResetTimer()
+			if err := inParallel(par, b.N, func() error { return d.Update(context.Background(), appendOne) }); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			rate := float64(b.N) / b.Elapsed().Seconds()
+			b.ReportMetric(rate, "entries/s")
+			b.ReportMetric(base, "baseline-entries/s")
+			b.ReportMetric(rate/base, "x-baseline")
+		})
+	}
+}
+
+// baselineRate returns the rate of n appends by par appenders, each append
+// in a bbolt Update of its own on a file opened as store.Open opens it.
+func baselineRate(b *testing.B, par, n int, appendOne func(*bbolt.Tx) error) float64 {
+	b.Helper()
+	db, err := bbolt.Open(filepath.Join(b.TempDir(), "baseline.db"), 0o600, &bbolt.Options{
+		NoFreelistSync: true, FreelistType: bbolt.FreelistMapType, InitialMmapSize: 1 << 30,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(Init); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := inParallel(par, n, func() error { return db.Update(appendOne) }); err != nil {
+		b.Fatal(err)
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// inParallel calls f n times from par goroutines and returns the first
+// error.
+func inParallel(par, n int, f func() error) error {
+	var next atomic.Int64
+	errs := make(chan error, par)
+	for range par {
+		go func() {
+			for next.Add(1) <= int64(n) {
+				if err := f(); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range par {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // BenchmarkWriteCheckpoint measures the per-batch cost of a checkpoint

@@ -159,6 +159,14 @@ func TestVerifyExportNamesFirstBadLine(t *testing.T) {
 			l[8] = strings.Replace(l[8], `{"i":5}`, `{"i":6}`, 1)
 			return l
 		}, false, 9, &VerifyError{Seq: 5}, "entry_hash"},
+		{"prev_hash byte flipped", func(_ *bbolt.DB, l []string) []string {
+			l[8] = flipHexAfter(t, l[8], `"prev_hash":"blake3:`)
+			return l
+		}, false, 9, &VerifyError{Seq: 5}, "prev_hash blake3:"},
+		{"entry_hash byte flipped", func(_ *bbolt.DB, l []string) []string {
+			l[8] = flipHexAfter(t, l[8], `"entry_hash":"blake3:`)
+			return l
+		}, false, 9, &VerifyError{Seq: 5}, "does not match the recomputed"},
 		{"entry line deleted", func(_ *bbolt.DB, l []string) []string {
 			return slices.Delete(l, 8, 9)
 		}, false, 9, &VerifyError{Seq: 5}, "record says seq 6"},
@@ -242,6 +250,22 @@ func TestVerifyExportNamesFirstBadLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// flipHexAfter changes the hex digit that follows the first occurrence of
+// marker in s into another hex digit, so the hash stays well-formed.
+func flipHexAfter(t *testing.T, s, marker string) string {
+	t.Helper()
+	i := strings.Index(s, marker)
+	if i < 0 {
+		t.Fatalf("%q not in %s", marker, s)
+	}
+	i += len(marker)
+	d := byte('0')
+	if s[i] == '0' {
+		d = '1'
+	}
+	return s[:i] + string(d) + s[i+1:]
 }
 
 // TestExportOfDamagedLedger: Export copies a damaged ledger as it is, and

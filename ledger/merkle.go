@@ -6,6 +6,8 @@ import (
 	"github.com/transparency-dev/merkle"
 	"github.com/transparency-dev/merkle/proof"
 	"github.com/zeebo/blake3"
+
+	"github.com/capkernel/capkernel/digest"
 )
 
 // Hasher is the ledger's Merkle tree hasher for
@@ -75,9 +77,15 @@ func VerifyInclusion(index, size uint64, leaf [32]byte, p [][32]byte, root [32]b
 
 // VerifyConsistency checks that the tree of size1 entries with root root1
 // is a prefix of the tree of size2 entries with root root2, given the
-// consistency proof made by ConsistencyProof (RFC 9162 §2.1.4.2).
+// consistency proof made by ConsistencyProof (RFC 9162 §2.1.4.2). From size
+// 0 the proof is empty and root1 must be the empty tree's root
+// (transparency-dev/merkle alone accepts any root1 there).
 func VerifyConsistency(size1, size2 uint64, p [][32]byte, root1, root2 [32]byte) error {
-	if err := proof.VerifyConsistency(Hasher{}, size1, size2, slices32(p), root1[:], root2[:]); err != nil {
+	err := proof.VerifyConsistency(Hasher{}, size1, size2, slices32(p), root1[:], root2[:])
+	if err == nil && size1 == 0 && root1 != emptyRoot {
+		err = fmt.Errorf("root %s of tree size 0 is not the empty root %s", digest.Format(root1), digest.Format(emptyRoot))
+	}
+	if err != nil {
 		return fmt.Errorf("ledger: consistency proof from tree size %d to %d: %w", size1, size2, err)
 	}
 	return nil

@@ -2,10 +2,13 @@ package ledger
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/transparency-dev/merkle/compact"
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
@@ -208,4 +211,111 @@ func checkVerifyFails(t *testing.T, db *bbolt.DB, seq uint64, reason string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// truncateTail cuts a ledger back to its first keep entries as an attacker
+// who understands the format would: entries, the tree nodes beyond them and
+// the head all agree afterwards. With dropCheckpoints it also deletes the
+// checkpoints for larger sizes.
+func truncateTail(t *testing.T, db *bbolt.DB, keep uint64, dropCheckpoints bool) {
+	t.Helper()
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		deleteWhere := func(b *bbolt.Bucket, drop func(k, v []byte) bool) {
+			var keys [][]byte
+			b.ForEach(func(k, v []byte) error {
+				if drop(k, v) {
+					keys = append(keys, bytes.Clone(k))
+				}
+				return nil
+			})
+			for _, k := range keys {
+				if err := b.Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		deleteWhere(tx.Bucket(bucketEntries), func(k, _ []byte) bool { return binary.BigEndian.Uint64(k) >= keep })
+		deleteWhere(tx.Bucket(bucketTree), func(k, _ []byte) bool {
+			return (binary.BigEndian.Uint64(k[1:])+1)<<k[0] > keep
+		})
+		if dropCheckpoints {
+			deleteWhere(tx.Bucket(bucketCheckpoints), func(_, v []byte) bool {
+				c, _, err := parseSigned(v)
+				return err != nil || c.Size > keep
+			})
+		}
+		last, err := getNode(tx.Bucket(bucketTree), compact.NewNodeID(0, keep-1))
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keyHead, encodeHead(keep, last))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTailTruncation cuts the last entries off a ledger of 8 entries with
+// checkpoints #0 (size 3), #1 (size 5) and #2 (size 8), keeping 4, and
+// checks that a checkpoint reveals it: one still stored, or #2 held by
+// someone who saw it earlier and checks the ledger's export against it (a
+// checkpoint line appended to the export is checked where it stands, after
+// all the entries, like any other).
+func TestTailTruncation(t *testing.T) {
+	opts := VerifyOptions{Verifier: testVerifier(t), Origin: testOrigin}
+	build := func(t *testing.T) (*bbolt.DB, []string, string) {
+		db := newDB(t)
+		s := testSigner(t)
+		var held StoredCheckpoint
+		for _, n := range []int{3, 2, 3} {
+			appendBatch(t, db, n)
+			held = writeCheckpoint(t, db, s)
+		}
+		line, err := marshalCheckpointLine(held.Signed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return db, exportLines(t, db), string(line)
+	}
+	// The intact export: e0 e1 e2 c3 e3 e4 c5 e5 e6 e7 c8.
+	const keptLines = 5 // e0 e1 e2 c3 e3
+
+	t.Run("stored checkpoints kept", func(t *testing.T) {
+		db, _, _ := build(t)
+		truncateTail(t, db, 4, false)
+		_, err := verifyDBWith(db, opts)
+		checkErr(t, err, &CheckpointError{Num: 1}, "is for tree size 5 but the ledger has 4 entries")
+		if err := db.View(CheckTree); err == nil || !strings.Contains(err.Error(), "latest checkpoint #2 is for 8 entries but the ledger has 4") {
+			t.Errorf("CheckTree = %v", err)
+		}
+		_, err = VerifyExport(strings.NewReader(joinLines(exportLines(t, db))), opts)
+		checkErr(t, err, &CheckpointError{Num: 1}, "line 6: ledger: checkpoint #1: is for tree size 5 but follows 4 entries")
+	})
+	t.Run("stored checkpoints cut too", func(t *testing.T) {
+		db, intact, held := build(t)
+		truncateTail(t, db, 4, true)
+		r, err := verifyDBWith(db, opts)
+		if err != nil || r.Entries != 4 || r.Checkpoints != 1 {
+			t.Fatalf("VerifyWith of the consistently truncated ledger = %+v, %v; want 4 entries, 1 checkpoint", r, err)
+		}
+		lines := exportLines(t, db)
+		if !slices.Equal(lines, intact[:keptLines]) {
+			t.Fatalf("export of the truncated ledger\n%s\nis not the intact export's first %d lines", joinLines(lines), keptLines)
+		}
+		_, err = VerifyExport(strings.NewReader(joinLines(append(lines, held))), opts)
+		checkErr(t, err, &CheckpointError{Num: 1}, "line 6: ledger: checkpoint #1: is for tree size 8 but follows 4 entries")
+	})
+	t.Run("export lines cut", func(t *testing.T) {
+		_, intact, held := build(t)
+		cut := intact[:keptLines]
+		if r, err := VerifyExport(strings.NewReader(joinLines(cut)), opts); err != nil || r.Entries != 4 || r.Latest.Size != 3 {
+			t.Fatalf("VerifyExport of the cut export alone = %+v, %v; want a valid prefix", r, err)
+		}
+		_, err := VerifyExport(strings.NewReader(joinLines(append(slices.Clone(cut), held))), opts)
+		checkErr(t, err, &CheckpointError{Num: 1}, "line 6: ledger: checkpoint #1: is for tree size 8 but follows 4 entries")
+		// The held checkpoint at its place in the intact export verifies.
+		whole := append(slices.Clone(intact), held)
+		if r, err := VerifyExport(strings.NewReader(joinLines(whole)), opts); err != nil || r.Checkpoints != 4 {
+			t.Errorf("VerifyExport of the intact export with the held checkpoint = %+v, %v", r, err)
+		}
+	})
 }
