@@ -35,14 +35,14 @@ rego-test:
 # and a short random search; run longer locally with FUZZTIME=5m.
 FUZZTIME ?= 10s
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzCanonicalize$$' -fuzztime=$(FUZZTIME) ./jcs/
-	$(GO) test -run='^$$' -fuzz='^FuzzDecodeEnvelope$$' -fuzztime=$(FUZZTIME) ./kernel/
-	$(GO) test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./receipts/
-	$(GO) test -run='^$$' -fuzz='^FuzzDecodeRecord$$' -fuzztime=$(FUZZTIME) ./ledger/
-	$(GO) test -run='^$$' -fuzz='^FuzzVerifyExport$$' -fuzztime=$(FUZZTIME) ./ledger/
-	$(GO) test -run='^$$' -fuzz='^FuzzVerifyInclusion$$' -fuzztime=$(FUZZTIME) ./ledger/
-	$(GO) test -run='^$$' -fuzz='^FuzzVerifyConsistency$$' -fuzztime=$(FUZZTIME) ./ledger/
-	$(GO) test -run='^$$' -fuzz='^FuzzCheckpointNote$$' -fuzztime=$(FUZZTIME) ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzCanonicalize$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./jcs/
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeEnvelope$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./kernel/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./receipts/
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeRecord$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifyExport$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifyInclusion$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifyConsistency$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
+	$(GO) test -run='^$$' -fuzz='^FuzzCheckpointNote$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
 
 ## bench: Invoke throughput against a bare-bbolt baseline measured in the same run;
 ## HTTP load against a real kernelctl serve with a bare net/http baseline
