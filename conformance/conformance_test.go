@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
@@ -94,7 +95,7 @@ func inProcess(t *testing.T, wrap func(http.Handler) http.Handler) (string, stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data})
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, ApprovalTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
