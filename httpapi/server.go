@@ -136,7 +136,11 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 		res = s.k.Refuse(ctx, data, kernel.ErrTokenInvalid, "the admin credential cannot make calls; send a capability token in the envelope")
 	case preferAsync(r):
 		id, err := s.k.Start(data)
-		if err != nil {
+		switch {
+		case errors.Is(err, kernel.ErrTooManyBackground):
+			writeError(w, http.StatusTooManyRequests, kernel.ErrConcurrencyExceeded, err.Error())
+			return
+		case err != nil:
 			writeError(w, http.StatusConflict, kernel.ErrInvalidArgs, err.Error())
 			return
 		}

@@ -18,13 +18,20 @@ import (
 // asyncRetention (the stored outcome of the operations table outlives
 // that for calls that changed something).
 
-// ErrOperationInUse is returned by Start for an operation id that a call
-// in flight already has.
-var ErrOperationInUse = errors.New("operation_id is in use by a call in flight")
+// Errors of Start.
+var (
+	// ErrOperationInUse: a call in flight already has the operation id.
+	ErrOperationInUse = errors.New("operation_id is in use by a call in flight")
+	// ErrTooManyBackground: MaxBackground background calls are running.
+	ErrTooManyBackground = errors.New("too many background calls running")
+)
 
 const (
 	asyncRetention = time.Hour
 	asyncKeep      = 10000
+	// MaxBackground bounds the background calls running at once, so that
+	// async requests cannot pile up goroutines and waits without end.
+	MaxBackground = 1024
 )
 
 // Operation states.
@@ -42,9 +49,10 @@ type operation struct {
 }
 
 type operations struct {
-	mu    sync.Mutex
-	byID  map[string]*operation
-	order []string // finished ids, oldest first, for pruning
+	mu      sync.Mutex
+	byID    map[string]*operation
+	order   []string // finished ids, oldest first, for pruning
+	running int
 }
 
 // Start runs the call envelope data in the background, as InvokeJSON
@@ -62,7 +70,12 @@ func (k *Kernel) Start(data []byte) (string, error) {
 		k.ops.mu.Unlock()
 		return "", fmt.Errorf("%w: %s", ErrOperationInUse, id)
 	}
+	if k.ops.running >= MaxBackground {
+		k.ops.mu.Unlock()
+		return "", fmt.Errorf("%w (%d); retry later or call synchronously", ErrTooManyBackground, MaxBackground)
+	}
 	k.ops.byID[id] = op
+	k.ops.running++
 	k.ops.mu.Unlock()
 	k.background.Add(1)
 	go func() {
@@ -75,6 +88,7 @@ func (k *Kernel) Start(data []byte) (string, error) {
 			r = k.publishResult(c, k.run(ctx, c))
 		}
 		k.ops.mu.Lock()
+		k.ops.running--
 		op.result, op.finished = r, time.Now()
 		k.ops.order = append(k.ops.order, id)
 		k.ops.prune()
