@@ -135,13 +135,13 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	case bearer(r) != "" && strings.HasPrefix(bearer(r), kernel.AdminPrefix):
 		res = s.k.Refuse(ctx, data, kernel.ErrTokenInvalid, "the admin credential cannot make calls; send a capability token in the envelope")
 	case preferAsync(r):
-		id, err := s.k.Start(data)
+		id, refused, err := s.k.Start(ctx, data)
 		switch {
 		case errors.Is(err, kernel.ErrTooManyBackground):
-			writeError(w, http.StatusTooManyRequests, kernel.ErrConcurrencyExceeded, err.Error())
+			writeJSON(w, http.StatusTooManyRequests, refused)
 			return
 		case err != nil:
-			writeError(w, http.StatusConflict, kernel.ErrInvalidArgs, err.Error())
+			writeJSON(w, http.StatusConflict, refused)
 			return
 		}
 		w.Header().Set("Location", "/v1/operations/"+id)

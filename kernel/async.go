@@ -57,22 +57,28 @@ type operations struct {
 
 // Start runs the call envelope data in the background, as InvokeJSON
 // would, and returns the call's operation id (the envelope's, or a new
-// one when it names none).
-func (k *Kernel) Start(data []byte) (string, error) {
+// one when it names none). A call it cannot start is refused at once,
+// audited like any other: refused is its result, and err wraps
+// ErrOperationInUse (the refusal gets an operation id of its own, since
+// the one asked for belongs to the call in flight) or ErrTooManyBackground.
+func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
 	if c.env.OperationID == "" {
 		c.env.OperationID = newID()
 	}
-	id := c.env.OperationID
+	id = c.env.OperationID
 	op := &operation{agent: c.env.AgentID, done: make(chan struct{})}
 	k.ops.mu.Lock()
 	if old, ok := k.ops.byID[id]; ok && old.result == nil {
 		k.ops.mu.Unlock()
-		return "", fmt.Errorf("%w: %s", ErrOperationInUse, id)
+		err = fmt.Errorf("%w: %s", ErrOperationInUse, id)
+		c.env.OperationID = ""
+		return "", k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, err.Error())), err
 	}
 	if k.ops.running >= MaxBackground {
 		k.ops.mu.Unlock()
-		return "", fmt.Errorf("%w (%d); retry later or call synchronously", ErrTooManyBackground, MaxBackground)
+		err = fmt.Errorf("%w (%d); retry later or call synchronously", ErrTooManyBackground, MaxBackground)
+		return "", k.publishResult(c, k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
 	}
 	k.ops.byID[id] = op
 	k.ops.running++
@@ -95,7 +101,7 @@ func (k *Kernel) Start(data []byte) (string, error) {
 		k.ops.mu.Unlock()
 		close(op.done)
 	}()
-	return id, nil
+	return id, nil, nil
 }
 
 // prune forgets finished operations past their retention (under mu).

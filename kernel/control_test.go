@@ -3,6 +3,7 @@ package kernel
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -195,7 +196,7 @@ func TestStartAndOperation(t *testing.T) {
 	raw, _ := json.Marshal(env)
 	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 4)
 	defer sub.Close()
-	id, err := h.k.Start(raw)
+	id, _, err := h.k.Start(context.Background(), raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,8 +205,8 @@ func TestStartAndOperation(t *testing.T) {
 	if !ok || st.State != OpAwaitingApproval || st.Approval == nil || st.Approval.ID != e.Approval.ID {
 		t.Fatalf("status while waiting: %+v", st)
 	}
-	if _, err := h.k.Start(raw); err == nil {
-		t.Fatal("a second call with the operation id in flight was started")
+	if _, refused, err := h.k.Start(context.Background(), raw); !errors.Is(err, ErrOperationInUse) || refused == nil || refused.OperationID == id || refused.Receipt == "" {
+		t.Fatalf("a second call with the operation id in flight: %v, %+v", err, refused)
 	}
 	h.k.Decide(e.Approval.ID, h.approver("alice", captoken.RoleApprover), "allow", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -218,7 +219,7 @@ func TestStartAndOperation(t *testing.T) {
 	if st, _ := h.k.Operation(id); st.State != OpDone || st.Result.OperationID != id || h.read("Makefile") != "bg" {
 		t.Fatalf("status when done: %+v", st)
 	}
-	if id2, err := h.k.Start([]byte("garbage")); err != nil {
+	if id2, _, err := h.k.Start(context.Background(), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	} else if r, _ := h.k.Wait(ctx, id2); errClass(r) != ErrInvalidArgs {
 		t.Fatalf("garbage in the background: %+v", r)
