@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 )
 
@@ -203,4 +206,53 @@ func envelopeWith(tok agentToken, s *server, tool string, args map[string]any, k
 		env, _ = json.Marshal(m)
 	}
 	return env
+}
+
+// A burst of 50 calls of one session over HTTP: the kernel runs at most
+// the session's cap at once, and reaches it (as tool.called events report
+// on the SSE stream).
+func TestSessionCapOverServer(t *testing.T) {
+	sv := initServed(t, "--session-concurrency", "3")
+	ws := filepath.Join(sv.dir, "ws")
+	os.MkdirAll(ws, 0o755)
+	tok := mintCLI(t, sv.server, sv.admin, "--agent", "a1", "--tools", "fs.*", "--fs", ws+":rw")
+	c := &httpapi.Client{BaseURL: sv.url, Credential: sv.admin}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	peak, n := 0, 0
+	streamed := make(chan error, 1)
+	subscribed := make(chan struct{})
+	go func() {
+		close(subscribed)
+		streamed <- c.Events(ctx, kernel.EventFilter{SessionID: "burst", Kinds: []string{kernel.EventCalled}}, func(e kernel.Event) error {
+			peak = max(peak, e.SessionRunning)
+			if n++; n == 50 {
+				cancel()
+			}
+			return nil
+		}, nil)
+	}()
+	<-subscribed
+	time.Sleep(300 * time.Millisecond) // the stream is open before the burst
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			env := envelopeWith(tok, sv.server, "fs.write", map[string]any{"path": fmt.Sprintf("f%d", i), "content": "x"}, fmt.Sprint(i), map[string]any{"session_id": "burst"})
+			if code, r := sv.post(env); code != http.StatusOK {
+				t.Errorf("call %d: %d %+v", i, code, r.Error)
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-streamed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("saw %d of 50 tool.called events", n)
+	}
+	if peak != 3 {
+		t.Fatalf("peak concurrency of the session %d, want the cap 3", peak)
+	}
 }
