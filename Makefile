@@ -7,13 +7,19 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet rego-test unit-test fuzz bench demo clean
+.PHONY: build test vet rego-test unit-test fuzz bench demo clean bwrap
 
 build:
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
 ## test: go vet, the race-enabled unit tests, the Rego tests, short fuzz runs
-test: vet unit-test rego-test fuzz
+test: bwrap vet unit-test rego-test fuzz
+
+## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
+## with socat, which the sandbox tests use, so every sandbox test runs
+bwrap:
+	@command -v bwrap >/dev/null && command -v socat >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap socat >/dev/null; }
+	@command -v bwrap >/dev/null || { echo "bubblewrap is required: apt-get install -y bubblewrap"; exit 1; }
 
 vet:
 	$(GO) vet $(PKGS)
@@ -40,7 +46,7 @@ bench:
 	$(GO) test -run='^$$' -bench='HTTP' -benchtime=3000x ./cmd/kernelctl/
 
 ## demo: a scripted agent session through the kernel on a temporary data dir
-demo:
+demo: bwrap
 	$(GO) run ./cmd/kernelctl demo
 
 clean:
