@@ -19,6 +19,28 @@ decision := {
 	"autonomy_mode": modes[max([rank[f.mode] | some f in findings])],
 	"risk_score": max([f.risk | some f in findings]),
 	"risk_basis": sort([f.basis | some f in findings]),
+	"net_full": net_full,
+}
+
+# net_full lets proc.exec use the host's network ("full" posture). The
+# kernel also requires the token's net pattern "*"; this policy requires
+# both that and data.capkernel.config.allow_net_full.
+default net_full := false
+
+net_full if {
+	input.network.posture == "full"
+	"*" in input.network.patterns
+	object.get(data.capkernel.config, "allow_net_full", false) == true
+}
+
+findings contains {"mode": "escalated", "risk": 0.9, "basis": "full network access asked for but not allowed"} if {
+	input.network.posture == "full"
+	not net_full
+}
+
+findings contains {"mode": m, "risk": 0.5, "basis": sprintf("network posture %s", [input.network.posture])} if {
+	input.network.posture == "allowlist"
+	m := class_mode
 }
 
 findings contains {"mode": "autopilot", "risk": 0.05, "basis": "no side effects"} if class == "NONE"
@@ -27,9 +49,13 @@ findings contains {"mode": "autopilot", "risk": 0.1, "basis": "read in scope"} i
 
 findings contains {"mode": "autopilot", "risk": 0.3, "basis": "write in scope"} if class == "WRITE"
 
-findings contains {"mode": "soft_gate", "risk": 0.7, "basis": sprintf("%s syscall", [lower(class)])} if {
+# EXECUTE and NETWORK calls need an approval (soft_gate) unless
+# data.capkernel.config.class_modes names another mode for the class.
+findings contains {"mode": class_mode, "risk": 0.7, "basis": sprintf("%s syscall", [lower(class)])} if {
 	class in {"EXECUTE", "NETWORK"}
 }
+
+class_mode := object.get(object.get(data.capkernel.config, "class_modes", {}), class, "soft_gate")
 
 findings contains {"mode": "no_go", "risk": 1.0, "basis": sprintf("unknown side-effect class: %q", [class])} if {
 	not known_classes[class]

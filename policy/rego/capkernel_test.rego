@@ -102,3 +102,39 @@ test_basis_lists_every_finding if {
 	d.autonomy_mode == "escalated"
 	count(d.risk_basis) == 3
 }
+
+exec_call(posture, patterns) := object.union(call("EXECUTE", []), {"network": {"posture": posture, "patterns": patterns}})
+
+test_execute_and_network_are_soft_gate_by_default if {
+	decide(call("EXECUTE", [])).autonomy_mode == "soft_gate"
+	decide(call("NETWORK", [])).autonomy_mode == "soft_gate"
+	decide(call("EXECUTE", [])).net_full == false
+}
+
+test_class_modes_config if {
+	cfg := object.union(data.capkernel.config, {"class_modes": {"EXECUTE": "autopilot"}})
+	d := capkernel.decision with input as call("EXECUTE", []) with data.capkernel.config as cfg
+	d.autonomy_mode == "autopilot"
+	n := capkernel.decision with input as call("NETWORK", []) with data.capkernel.config as cfg
+	n.autonomy_mode == "soft_gate"
+}
+
+test_net_full_needs_star_and_config if {
+	allow := object.union(data.capkernel.config, {"allow_net_full": true, "class_modes": {"EXECUTE": "autopilot"}})
+	ok := capkernel.decision with input as exec_call("full", ["*"]) with data.capkernel.config as allow
+	ok.net_full == true
+	ok.autonomy_mode == "autopilot"
+	no_star := capkernel.decision with input as exec_call("full", ["api.example.com"]) with data.capkernel.config as allow
+	no_star.net_full == false
+	no_star.autonomy_mode == "escalated"
+	default_cfg := decide(exec_call("full", ["*"]))
+	default_cfg.net_full == false
+	default_cfg.autonomy_mode == "escalated"
+}
+
+test_net_full_only_for_full_posture if {
+	allow := object.union(data.capkernel.config, {"allow_net_full": true})
+	d := capkernel.decision with input as exec_call("allowlist", ["*"]) with data.capkernel.config as allow
+	d.net_full == false
+	"network posture allowlist" in d.risk_basis
+}
