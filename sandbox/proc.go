@@ -254,7 +254,16 @@ func watchProcesses(k *killer, max int, stop <-chan struct{}) <-chan string {
 			if pidNS(init) != ns {
 				return // gone
 			}
-			n, err := countPids("/proc/" + strconv.Itoa(init) + "/root/proc")
+			dir := "/proc/" + strconv.Itoa(init) + "/root/proc"
+			// Until bwrap has pivoted into the new root and mounted the
+			// sandbox's own /proc, that path is the host's /proc, whose
+			// process count is not the sandbox's. In the sandbox's procfs
+			// the kernel's own pid does not exist, so "self" resolves only
+			// in a procfs of the host's (or an outer) pid namespace.
+			if _, err := os.Readlink(dir + "/self"); err == nil {
+				continue
+			}
+			n, err := countPids(dir)
 			if err != nil {
 				continue // not mounted yet, or gone
 			}
