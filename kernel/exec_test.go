@@ -538,3 +538,39 @@ func TestExecWithoutBwrap(t *testing.T) {
 	}
 	sameTree(t, snap, snapshot(t, h.ws))
 }
+
+func TestExecCommitOn(t *testing.T) {
+	tests := []struct {
+		commitOn string
+		exit     int
+		applied  bool
+	}{
+		{"", 0, true},
+		{"", 1, true},
+		{"always", 2, true},
+		{"success", 0, true},
+		{"success", 1, false},
+	}
+	h := newExecHarness(t)
+	for i, tc := range tests {
+		t.Run(fmt.Sprintf("%q exit %d", tc.commitOn, tc.exit), func(t *testing.T) {
+			name := fmt.Sprintf("f%d.txt", i)
+			args := execArgs("sh", "-c", fmt.Sprintf("echo %d > %s; exit %d", i, name, tc.exit))
+			if tc.commitOn != "" {
+				args["commit_on"] = tc.commitOn
+			}
+			r := h.invoke("proc.exec", args, key(name))
+			_, err := os.Stat(filepath.Join(h.ws, name))
+			if applied := err == nil; applied != tc.applied || (r.TxOutcome == Committed) != tc.applied {
+				t.Fatalf("applied %v, outcome %s (%+v)", applied, r.TxOutcome, r.Error)
+			}
+			if tc.applied {
+				if e := decodeExec(t, r); e.ExitCode != tc.exit {
+					t.Fatalf("exit %d", e.ExitCode)
+				}
+			} else if errClass(r) != ErrExecution || !strings.Contains(r.Error.Message, fmt.Sprintf("status %d", tc.exit)) {
+				t.Fatalf("%+v", r.Error)
+			}
+		})
+	}
+}
