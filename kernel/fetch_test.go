@@ -130,6 +130,17 @@ func TestFetch(t *testing.T) {
 	}
 	// GET is READ and POST NETWORK in the policy input.
 	a := h.audits(0)
+	var trail struct {
+		Hops []struct {
+			Host   string
+			Status int
+		}
+		Bytes int64
+	}
+	if err := json.Unmarshal(a[len(a)-2].Notes["net_connections"], &trail); err != nil || len(trail.Hops) != 1 ||
+		trail.Hops[0].Host != "127.0.0.1" || trail.Hops[0].Status != 200 || trail.Bytes == 0 {
+		t.Fatalf("net_connections %s: %v", a[len(a)-2].Notes["net_connections"], err)
+	}
 	if a[len(a)-2].PolicyInput.SideEffect != "NETWORK" {
 		t.Fatalf("PUT decided as %s", a[len(a)-2].PolicyInput.SideEffect)
 	}

@@ -204,6 +204,24 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	}
 	defer tr.CloseIdleConnections()
 	var hops []string
+	// The audit record names every hop: host, port, and how it ended.
+	type hop struct {
+		Host   string `json:"host"`
+		Port   int    `json:"port"`
+		Method string `json:"method"`
+		Status int    `json:"status,omitempty"`
+		Reason string `json:"reason,omitempty"`
+	}
+	var trail []hop
+	first, _ := url.Parse(a.URL)
+	if hp, err := target(first); err == nil {
+		trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: method})
+	}
+	defer func() {
+		if c.Note != nil {
+			c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load()})
+		}
+	}()
 	client := &http.Client{
 		Transport: tr,
 		Timeout:   timeout,
@@ -211,13 +229,18 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			if len(via) > f.o.MaxRedirects {
 				return fail(FailScope, "more than %d redirects", f.o.MaxRedirects)
 			}
+			if req.Response != nil && len(trail) > 0 {
+				trail[len(trail)-1].Status = req.Response.StatusCode
+			}
 			hp, err := target(req.URL)
 			if err != nil {
 				return fail(FailScope, "redirect to %s: %v", req.URL.Redacted(), err)
 			}
 			if !g.AllowsHost(hp.Host, hp.Port) {
+				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "host not allowed"})
 				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", req.URL.Redacted(), hp.Host, hp.Port)
 			}
+			trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method})
 			hops = append(hops, req.URL.Redacted())
 			return nil
 		},
@@ -240,6 +263,9 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		req.Header.Set(k, s)
 	}
 	resp, err := client.Do(req)
+	if err != nil && len(trail) > 0 && trail[len(trail)-1].Reason == "" {
+		trail[len(trail)-1].Reason = err.Error()
+	}
 	if err != nil {
 		var fl *Failure
 		var ae *netproxy.AddrError
@@ -256,6 +282,9 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		return Output{}, fmt.Errorf("net.fetch %s: %w", method, err)
 	}
 	defer resp.Body.Close()
+	if len(trail) > 0 {
+		trail[len(trail)-1].Status = resp.StatusCode
+	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		if mutating {

@@ -173,7 +173,8 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			return Output{}, fail(FailBudget, "budget net_bytes is spent")
 		}
 		dir := e.o.ProxyDir
-		if dir == "" {
+		if dir == "" || len(dir) > 64 {
+			// A unix socket path holds at most 107 bytes.
 			dir = os.TempDir()
 		}
 		sock, err := os.MkdirTemp(dir, "capk-proxy-")
