@@ -574,3 +574,38 @@ func TestExecCommitOn(t *testing.T) {
 		})
 	}
 }
+
+// TestExecCwd: cwd is resolved in the roots and the command runs there,
+// also when the token names its root through a symlink.
+func TestExecCwd(t *testing.T) {
+	h := newExecHarness(t)
+	link := filepath.Join(filepath.Dir(h.ws), "link")
+	if err := os.Symlink(h.ws, link); err != nil {
+		t.Fatal(err)
+	}
+	h.write("sub/keep", "")
+	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: link, Mode: "rw"}}})
+	tests := []struct{ cwd, want string }{
+		{"", link},
+		{".", link},
+		{"sub", filepath.Join(link, "sub")},
+		{filepath.Join(link, "sub"), filepath.Join(link, "sub")},
+	}
+	for i, tc := range tests {
+		args := execArgs("sh", "-c", fmt.Sprintf("pwd; echo %d > out%d", i, i))
+		if tc.cwd != "" {
+			args["cwd"] = tc.cwd
+		}
+		e := decodeExec(t, h.invoke("proc.exec", args, key(fmt.Sprint("cwd", i))))
+		if e.Stdout != tc.want+"\n" {
+			t.Fatalf("cwd %q: pwd %q, want %q", tc.cwd, e.Stdout, tc.want)
+		}
+		rel := strings.TrimPrefix(strings.TrimPrefix(tc.want, link), "/")
+		if got := h.read(filepath.Join(rel, fmt.Sprint("out", i))); got != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("cwd %q: out%d = %q", tc.cwd, i, got)
+		}
+	}
+	if r := h.invoke("proc.exec", with(execArgs("true"), "cwd", "missing"), key("cwd-missing")); errClass(r) != ErrInvalidArgs {
+		t.Fatalf("missing cwd: %+v", r.Error)
+	}
+}

@@ -194,7 +194,8 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	default:
 		return Output{}, argsError("network %q is not off, allowlist or full", g.Network)
 	}
-	cmd := sandbox.Command{Argv: a.Argv, Dir: filepath.Join(g.Dir.RealRoot, filepath.FromSlash(g.Dir.Real)), Timeout: timeout}
+	// The roots are bound at the paths the token names them by.
+	cmd := sandbox.Command{Argv: a.Argv, Dir: filepath.Join(g.Dir.RootPath, filepath.FromSlash(g.Dir.Rel)), Timeout: timeout}
 	if a.Stdin != nil {
 		cmd.Stdin = []byte(*a.Stdin)
 	}
