@@ -609,3 +609,33 @@ func TestExecCwd(t *testing.T) {
 		t.Fatalf("missing cwd: %+v", r.Error)
 	}
 }
+
+// TestExecCPUBudget: RLIMIT_CPU comes from what is left of cpu_ms, and the
+// CPU time used is charged: a busy loop is stopped by the limit, and the
+// call, over budget, is rolled back.
+func TestExecCPUBudget(t *testing.T) {
+	h := newExecHarness(t)
+	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"},
+		FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}, Budgets: map[string]int64{"cpu_ms": 1500}})
+	snap := snapshot(t, h.ws)
+	start := time.Now()
+	r := h.invoke("proc.exec", with(execArgs("sh", "-c", "echo x > spin.txt; while :; do :; done"), "timeout_s", 30), key("spin"))
+	if errClass(r) != ErrBudgetExceeded || r.TxOutcome != RolledBack {
+		t.Fatalf("%+v", r.Error)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("the busy loop ran %s", d)
+	}
+	sameTree(t, snap, snapshot(t, h.ws))
+	var left txn.Usage
+	h.k.View(func(tx *bbolt.Tx) error {
+		left, _ = txn.Remaining(tx, h.jti, txn.Usage{"cpu_ms": 1500})
+		return nil
+	})
+	if left["cpu_ms"] != 0 {
+		t.Fatalf("cpu_ms left %d: the CPU time was not charged", left["cpu_ms"])
+	}
+	if r := h.invoke("proc.exec", execArgs("true"), key("after")); errClass(r) != ErrBudgetExceeded {
+		t.Fatalf("with the budget spent: %+v", r.Error)
+	}
+}
