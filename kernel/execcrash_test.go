@@ -90,15 +90,28 @@ func TestExecCrash(t *testing.T) {
 		Args: json.RawMessage(fmt.Sprintf(`{"argv":["sh","-c","echo new > a.txt; echo x > b.txt; mkdir d; exec sleep %s"]}`, marker))}
 	runCrashChild(t, h, env, marker, nil)
 
-	// The sandbox dies with the kernel: no orphan.
+	h.open(execPolicy(t))
+	// On reopen no process of the sandbox is left: it died with the kernel,
+	// or (killed while bwrap was still setting it up) Open killed it.
 	deadline := time.Now().Add(5 * time.Second)
 	for len(procsWith(marker)) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("orphan sandbox processes: %v", procsWith(marker))
+			var desc []string
+			for _, pid := range procsWith(marker) {
+				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+				var keep []string
+				for _, l := range strings.Split(string(status), "\n") {
+					if strings.HasPrefix(l, "PPid") || strings.HasPrefix(l, "NSpid") || strings.HasPrefix(l, "State") || strings.HasPrefix(l, "Uid") {
+						keep = append(keep, l)
+					}
+				}
+				desc = append(desc, fmt.Sprintf("%d %q %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " "), strings.Join(keep, "; ")))
+			}
+			t.Fatalf("orphan sandbox processes:\n%s", strings.Join(desc, "\n"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	h.open(execPolicy(t))
 	if len(h.k.Recovered.RolledBack) != 1 || h.k.Recovered.RolledBack[0].OperationID != env.OperationID {
 		t.Fatalf("recovery %+v", h.k.Recovered)
 	}
