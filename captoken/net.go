@@ -15,7 +15,9 @@ import (
 //     name itself nor names that merely end in it ("evilexample.com");
 //   - an IPv4 literal, "192.0.2.1", or a bracketed IPv6 literal,
 //     "[2001:db8::1]", matching that address only (no name, wildcard or
-//     IPv4-mapped form of it).
+//     IPv4-mapped form of it);
+//   - "*", matching every host (a valid name or IP literal) on every port:
+//     the grant proc.exec's "full" network posture requires.
 //
 // DNS names are ASCII (IDNs in their xn-- form) and compared
 // case-insensitively; a single trailing dot on host is ignored. A pattern
@@ -49,6 +51,8 @@ func (c Capability) AllowsHost(host string, port int) bool {
 			continue
 		}
 		switch {
+		case p.any:
+			return true
 		case isAddr:
 			if p.addr == addr {
 				return true
@@ -71,11 +75,51 @@ type hostPattern struct {
 	addr     netip.Addr // the IP literal, if the pattern is one
 	name     string     // the lower-case DNS name, without "*." if wildcard
 	wildcard bool       // the pattern was "*." + name
+	any      bool       // the pattern was "*"
 	port     int        // 0 for any port
+}
+
+// NamesHost reports whether a pattern of c that allows host on port names
+// it explicitly: an IP literal equal to host, or a DNS name (not a
+// wildcard) equal to host. The SSRF guards of net.fetch and of the
+// allowlist proxy let a call reach loopback, private, link-local or
+// metadata addresses only for such hosts; "*" and "*.example.com" never
+// grant them.
+func (c Capability) NamesHost(host string, port int) bool {
+	if !c.AllowsHost(host, port) {
+		return false
+	}
+	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	addr, err := netip.ParseAddr(h)
+	name := lowerASCII(strings.TrimSuffix(h, "."))
+	for _, s := range c.Net {
+		p, err2 := parseHostPattern(s)
+		if err2 != nil || p.any || p.wildcard || (p.port != 0 && p.port != port) {
+			continue
+		}
+		if err == nil && p.addr == addr || err != nil && !p.addr.IsValid() && p.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsAnyHost reports whether c holds the pattern "*".
+func (c Capability) AllowsAnyHost() bool {
+	for _, s := range c.Net {
+		if s == "*" {
+			return true
+		}
+	}
+	return false
 }
 
 func parseHostPattern(s string) (hostPattern, error) {
 	var p hostPattern
+	if s == "*" {
+		p.any = true
+		return p, nil
+	}
 	host, port, hasPort := s, "", false
 	if inner, ok := strings.CutPrefix(s, "["); ok {
 		end := strings.IndexByte(inner, ']')

@@ -65,8 +65,13 @@ func TestAllowsHost(t *testing.T) {
 		{[]string{"a.example.com", "b.example.com:80"}, "b.example.com", 80, true},
 		{[]string{"a.example.com", "b.example.com:80"}, "b.example.com", 443, false},
 		{nil, "example.com", 443, false},
+		// "*" matches every valid host on every port, and nothing invalid.
+		{[]string{"*"}, "example.com", 443, true},
+		{[]string{"*"}, "192.0.2.1", 8080, true},
+		{[]string{"*"}, "exa mple.com", 443, false},
+		{[]string{"*"}, "example.com", 0, false},
 		// An invalid pattern (Validate refuses it) matches nothing.
-		{[]string{"*"}, "example.com", 443, false},
+		{[]string{"*:443"}, "example.com", 443, false},
 		{[]string{"example.com:0"}, "example.com", 443, false},
 	}
 	for _, tt := range tests {
@@ -79,17 +84,46 @@ func TestAllowsHost(t *testing.T) {
 
 func TestHostPatternValid(t *testing.T) {
 	for _, p := range []string{"example.com", "api.example.com:443", "*.example.com", "*.example.com:8443", "API.Example.com",
-		"localhost", "_dmarc.example.com", "xn--bcher-kva.example", "192.0.2.1", "192.0.2.1:53", "[::1]", "[2001:db8::1]:8080"} {
+		"localhost", "_dmarc.example.com", "xn--bcher-kva.example", "192.0.2.1", "192.0.2.1:53", "[::1]", "[2001:db8::1]:8080", "*"} {
 		if _, err := parseHostPattern(p); err != nil {
 			t.Errorf("parseHostPattern(%q) = %v, want nil", p, err)
 		}
 	}
-	for _, p := range []string{"", "*", "*.", "*.*.example.com", "a.*.example.com", "example.*", "example.com.", ".example.com",
+	for _, p := range []string{"", "*:443", "**", "*.", "*.*.example.com", "a.*.example.com", "example.*", "example.com.", ".example.com",
 		"example..com", "example.com:", "example.com:0", "example.com:65536", "example.com:+80", "example.com:080",
 		"example.com:http", "example.com:443:1", "::1", "2001:db8::1", "[::1", "[::1]x", "[192.0.2.1]", "[fe80::1%eth0]",
 		"exa mple.com", "bücher.example", "*.2.1", "127.1", "a.0", "https://example.com", "example.com/path", "user@example.com"} {
 		if _, err := parseHostPattern(p); err == nil {
 			t.Errorf("parseHostPattern(%q) = nil, want an error", p)
 		}
+	}
+}
+
+func TestNamesHost(t *testing.T) {
+	tests := []struct {
+		net  []string
+		host string
+		port int
+		want bool
+	}{
+		{[]string{"localhost"}, "localhost", 80, true},
+		{[]string{"LocalHost:8080"}, "localhost.", 8080, true},
+		{[]string{"localhost:8080"}, "localhost", 80, false},
+		{[]string{"127.0.0.1"}, "127.0.0.1", 80, true},
+		{[]string{"[::1]"}, "[::1]", 80, true},
+		{[]string{"*"}, "localhost", 80, false},
+		{[]string{"*"}, "127.0.0.1", 80, false},
+		{[]string{"*.example.com"}, "a.example.com", 80, false},
+		{[]string{"*", "a.example.com"}, "a.example.com", 80, true},
+		{[]string{"example.com"}, "127.0.0.1", 80, false},
+	}
+	for _, tt := range tests {
+		c := Capability{Net: tt.net}
+		if got := c.NamesHost(tt.host, tt.port); got != tt.want {
+			t.Errorf("net %q NamesHost(%q, %d) = %v, want %v", tt.net, tt.host, tt.port, got, tt.want)
+		}
+	}
+	if !(Capability{Net: []string{"a.example.com", "*"}}).AllowsAnyHost() || (Capability{Net: []string{"*.example.com"}}).AllowsAnyHost() {
+		t.Error("AllowsAnyHost")
 	}
 }

@@ -61,7 +61,7 @@ func execArgv(t *T, ctx context.Context, argv []string, timeout int, edit func(m
 	}
 	json.Unmarshal(b, &r.raw)
 	if c := r.errClass(); c == "approval_denied" || c == "policy_denied" || c == "approval_timeout" {
-		t.Skipf("proc.exec is gated by the endpoint's policy (%s) and no approval was given: the case runs once EXECUTE calls may run unattended (policy class_modes) or approvals can be granted", c)
+		t.Skipf("proc.exec is gated by the endpoint's policy (%s) and no approval was given: the case runs once EXECUTE calls may run unattended (policy confirmation settings) or approvals can be granted", c)
 	}
 	return &Resp{Status: status, Body: b, R: &r}, nil
 }

@@ -120,7 +120,7 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	a := &approval{decided: make(chan struct{}), req: ApprovalRequest{
 		ID: newID(), OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID,
 		SessionID: c.session, CapabilityTokenID: c.token.Claims.ID, ArgsHash: c.argsHash,
-		PolicyHash: k.policy.Hash(), SideEffect: string(c.entry.Def.SideEffect), Mode: c.res.AutonomyMode,
+		PolicyHash: k.policy.Hash(), SideEffect: string(c.effect), Mode: c.res.AutonomyMode,
 		RequiredRole: captoken.RoleApprover, InputSummary: inputSummary(c), ProjectedEffects: projectedEffects(c),
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, RequestedAt: now.UTC().Format(ledger.TimeLayout),
 		DecideBy: now.Add(k.cfg.ApprovalTimeout).UTC().Format(ledger.TimeLayout), State: ApprovalPending,
@@ -329,8 +329,19 @@ func projectedEffects(c *call) []string {
 		_ = json.Unmarshal(c.args[r.Arg], &name)
 		out = append(out, fmt.Sprintf("%s %s:%s", r.Access, r.Kind, name))
 	}
-	if len(out) == 0 && c.entry.Def.SideEffect != syscalls.None && c.entry.Def.SideEffect != syscalls.Read {
-		out = append(out, strings.ToLower(string(c.entry.Def.SideEffect))+" (effects not declared in advance)")
+	if r := c.reach; r != nil {
+		if r.Workspace {
+			out = append(out, "run in the token's fs roots; writes to rw roots are staged and applied at commit")
+		}
+		for _, h := range r.Hosts {
+			out = append(out, fmt.Sprintf("connect %s:%d", h.Host, h.Port))
+		}
+		if r.Network != "" {
+			out = append(out, "network posture "+r.Network)
+		}
+	}
+	if len(out) == 0 && c.effect != syscalls.None && c.effect != syscalls.Read {
+		out = append(out, strings.ToLower(string(c.effect))+" (effects not declared in advance)")
 	}
 	return out
 }

@@ -1,8 +1,10 @@
 package kernel
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -62,6 +65,30 @@ type Config struct {
 	// NoSync turns off fsync of the bbolt file. For tests of non-durable
 	// behaviour only; never in production.
 	NoSync bool
+
+	// ExecEnvAllow lists the environment variable names a proc.exec call
+	// may set (kernel.json: exec_env_allow). Default none: the sandbox's
+	// environment is then PATH, HOME=/tmp and LANG=C.UTF-8 only.
+	ExecEnvAllow []string
+	// SandboxDir holds proc.exec's staging directories and proxy sockets
+	// (default DataDir/sandbox). Stale ones are removed at Open.
+	SandboxDir string
+	// Bwrap is the bubblewrap binary (default "bwrap" in PATH); without it
+	// proc.exec fails closed with execution_error "sandbox unavailable:
+	// install bubblewrap".
+	Bwrap string
+	// ExecMaxOutput caps proc.exec's stdout and stderr, each (default 1 MiB).
+	ExecMaxOutput int64
+	// ExecProcesses is proc.exec's process limit (default 256).
+	ExecProcesses int
+	// FetchMaxBytes caps the response body net.fetch returns (default 1 MiB).
+	FetchMaxBytes int64
+	// NetLookup, when set, resolves host names for net.fetch and the
+	// allowlist proxy instead of the system resolver (tests map names to
+	// loopback with it). The SSRF guard applies to what it returns.
+	NetLookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// FetchTLS, when set, is net.fetch's TLS client configuration.
+	FetchTLS *tls.Config
 }
 
 // Defaults.
@@ -93,12 +120,13 @@ const (
 
 // settings is the data dir's kernel.json.
 type settings struct {
-	KernelID            string `json:"kernel_id"`
-	Issuer              string `json:"issuer"`
-	AdminCredentialHash string `json:"admin_credential_hash"`
-	PolicyDir           string `json:"policy_dir,omitempty"`
-	MaxEnvelopeBytes    int64  `json:"max_envelope_bytes,omitempty"`
-	MaxReadBytes        int64  `json:"max_read_bytes,omitempty"`
+	KernelID            string   `json:"kernel_id"`
+	Issuer              string   `json:"issuer"`
+	AdminCredentialHash string   `json:"admin_credential_hash"`
+	PolicyDir           string   `json:"policy_dir,omitempty"`
+	MaxEnvelopeBytes    int64    `json:"max_envelope_bytes,omitempty"`
+	MaxReadBytes        int64    `json:"max_read_bytes,omitempty"`
+	ExecEnvAllow        []string `json:"exec_env_allow,omitempty"`
 }
 
 // InitResult describes a data dir made by Init.
@@ -303,6 +331,12 @@ func (c Config) resolve(s settings) Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.ExecEnvAllow == nil {
+		c.ExecEnvAllow = s.ExecEnvAllow
+	}
+	if c.SandboxDir == "" {
+		c.SandboxDir = filepath.Join(c.DataDir, "sandbox")
 	}
 	return c
 }

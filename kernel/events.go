@@ -157,9 +157,7 @@ func (b *eventBus) publish(e Event) {
 // event returns the event of kind about call c.
 func (c *call) event(kind string) Event {
 	e := Event{Kind: kind, OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID, SessionID: c.sessionID()}
-	if c.entry != nil {
-		e.SideEffect = string(c.entry.Def.SideEffect)
-	}
+	e.SideEffect = string(c.effect)
 	return e
 }
 

@@ -8,6 +8,7 @@ import (
 	"path"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -42,6 +43,13 @@ type call struct {
 
 	approval        *ApprovalRequest // the decided approval of a gated call
 	approvalExpires time.Time
+
+	effect syscalls.SideEffect // the call's class: Definition.SideEffect or Reach.Class
+	reach  *syscalls.Reach     // for syscalls with a Reach
+	grant  *syscalls.Grant     // what the token grants such a call
+	mu     sync.Mutex          // guards used and notes, set by the running syscall
+	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
+	notes  map[string]json.RawMessage
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -125,8 +133,22 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	if err := entry.Validate(env.Args); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
-	if entry.Def.SideEffect.Mutating() && env.IdempotencyKey == "" {
-		return k.deny(ctx, c, ErrIdempotencyKeyRequired, fmt.Sprintf("%s is a %s syscall: idempotency_key is required", env.ToolID, entry.Def.SideEffect))
+	c.effect = entry.Def.SideEffect
+	if entry.Def.Reach != nil {
+		r, err := entry.Def.Reach(env.Args)
+		if err != nil {
+			return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+		}
+		if r.Class != "" {
+			if !r.Class.Valid() {
+				return k.deny(ctx, c, ErrInternal, fmt.Sprintf("%s: side-effect class %q", env.ToolID, r.Class))
+			}
+			c.effect = r.Class
+		}
+		c.reach = &r
+	}
+	if c.effect.Mutating() && env.IdempotencyKey == "" {
+		return k.deny(ctx, c, ErrIdempotencyKeyRequired, fmt.Sprintf("%s is a %s syscall: idempotency_key is required", env.ToolID, c.effect))
 	}
 	// 5. Resources, inside the token's scopes.
 	resources, err := k.resolve(c)
@@ -149,9 +171,13 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	c.decided = d.AutonomyMode
 	c.res.AutonomyMode = policy.Stricter(policy.Stricter(d.AutonomyMode, env.AutonomyMode), tok.Claims.Cap.Autonomy)
 	c.res.RiskScore, c.res.RiskBasis = d.RiskScore, d.RiskBasis
+	if c.grant != nil && c.grant.Network == syscalls.NetFull && !d.NetFull {
+		c.res.AutonomyMode = policy.NoGo
+		c.res.RiskBasis = append(c.res.RiskBasis, "the policy does not allow the full network posture (net_full)")
+	}
 	// 7. Idempotency: a finished twin is replayed before any gate (the
 	// prepare transaction checks again, atomically).
-	transactional := entry.Def.SideEffect.Mutating() || env.IdempotencyKey != ""
+	transactional := c.effect.Mutating() || env.IdempotencyKey != ""
 	if transactional {
 		if r := k.lookupReplay(ctx, c); r != nil {
 			return r
@@ -257,6 +283,9 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 		out = append(out, r)
 		c.fs = append(c.fs, r)
 	}
+	if err := k.resolveReach(c, workspace); err != nil {
+		return nil, err
+	}
 	for i, p := range c.env.PreconditionRefs {
 		kind, name := p.Target()
 		if kind != txn.RefFS {
@@ -277,6 +306,55 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 		c.fs = append(c.fs, r)
 	}
 	return out, nil
+}
+
+// resolveReach checks what a call reaches beyond its resource arguments
+// (Definition.Reach) against the token and builds the call's Grant.
+func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, error)) error {
+	if c.reach == nil {
+		return nil
+	}
+	r, cp := c.reach, c.token.Claims.Cap
+	g := &syscalls.Grant{AllowsHost: cp.AllowsHost, NamesHost: cp.NamesHost, Network: r.Network}
+	for _, h := range r.Hosts {
+		if !cp.AllowsHost(h.Host, h.Port) {
+			return &syscalls.ScopeError{Path: fmt.Sprintf("%s:%d", h.Host, h.Port), Reason: "is outside the capability token's net patterns"}
+		}
+	}
+	switch r.Network {
+	case "", syscalls.NetOff:
+		g.Network = syscalls.NetOff
+	case syscalls.NetAllowlist:
+		if len(cp.Net) == 0 {
+			return &syscalls.ScopeError{Path: "network", Reason: "the allowlist posture needs net patterns, and the capability token has none"}
+		}
+	case syscalls.NetFull:
+		if !cp.AllowsAnyHost() {
+			return &syscalls.ScopeError{Path: "network", Reason: "the full posture needs the net pattern \"*\" in the capability token"}
+		}
+	default:
+		return fmt.Errorf("network posture %q is not off, allowlist or full", r.Network)
+	}
+	if r.Workspace || r.Dir != "" {
+		w, err := workspace()
+		if err != nil {
+			return err
+		}
+		g.Workspace = w
+		for _, fr := range cp.FS {
+			g.Roots = append(g.Roots, syscalls.RootSpec{Path: fr.Path, Writable: fr.Mode == "rw"})
+		}
+		if r.Dir != "" {
+			d, err := w.Resolve(r.Dir, syscalls.AccessList)
+			if err != nil {
+				return err
+			}
+			d.Arg = "cwd"
+			g.Dir = d
+		}
+	}
+	c.grant = g
+	return nil
 }
 
 // workspace returns the opened roots of tok's fs scopes, shared by every
@@ -316,7 +394,7 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 	env := c.env
 	in := &policy.Input{
 		ToolID:          env.ToolID,
-		SideEffect:      string(c.entry.Def.SideEffect),
+		SideEffect:      string(c.effect),
 		AgentID:         env.AgentID,
 		TaskClass:       env.TaskClass,
 		RequestedMode:   env.AutonomyMode,
@@ -343,6 +421,17 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 	}
 	for _, r := range c.pre {
 		add(r, string(syscalls.AccessStat))
+	}
+	if c.reach != nil {
+		for _, h := range c.reach.Hosts {
+			in.Resources = append(in.Resources, policy.Resource{Kind: "net", Op: "connect", Host: h.Host, Port: h.Port})
+		}
+		if c.grant.Dir != nil {
+			add(c.grant.Dir, "exec")
+		}
+		if c.reach.Workspace || c.reach.Network != "" {
+			in.Network = &policy.Network{Posture: c.grant.Network, Patterns: append([]string{}, c.token.Claims.Cap.Net...)}
+		}
 	}
 	return in
 }
@@ -430,7 +519,11 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
 		}
-		err := txn.Charge(tx, c.token.Claims.ID, txn.Usage{txn.BudgetCalls: 1}, limits)
+		want := txn.Usage{txn.BudgetCalls: 1}
+		for n, v := range c.usage() {
+			want[n] += v
+		}
+		err := txn.Charge(tx, c.token.Claims.ID, want, limits)
 		var te *txn.Error
 		if errors.As(err, &te) {
 			c.setOutcome(nil, te.Class, te.Message, NoOp)
@@ -459,6 +552,21 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 			kvKeys = append(kvKeys, "kv:"+r.Rel)
 		}
 	}
+	var wsDirs []txn.StageDir
+	if c.grant != nil && c.reach.Workspace {
+		// The call may write anywhere in its rw roots: each is locked
+		// whole, and its top is where staging pools go.
+		for _, m := range c.grant.Roots {
+			if m.Writable {
+				r, err := c.grant.Workspace.Resolve(m.Path, syscalls.AccessStat)
+				if err != nil {
+					return k.deny(ctx, c, ErrScopeDenied, err.Error())
+				}
+				fsKeys = append(fsKeys, r.RealRoot)
+				wsDirs = append(wsDirs, txn.StageDir{Root: m.Path, Dir: "."})
+			}
+		}
+	}
 	for _, p := range c.env.PreconditionRefs {
 		if kind, name := p.Target(); kind == txn.RefKV {
 			kvKeys = append(kvKeys, "kv:"+name)
@@ -475,7 +583,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		Intent: txn.Intent{
 			OperationID: c.env.OperationID, AgentID: c.env.AgentID, IdemKey: c.env.IdempotencyKey,
 			TokenID: c.token.Claims.ID, Reserved: txn.Usage{txn.BudgetCalls: 1},
-			Audit: c.recoveryContext(),
+			Audit: c.recoveryContext(), External: c.effect == syscalls.Network,
 		},
 		Call:          c.idemCall(),
 		Limits:        txn.Usage(c.token.Claims.Cap.Budgets),
@@ -484,6 +592,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	for root, rs := range rels {
 		prep.Intent.Dirs = append(prep.Intent.Dirs, txn.Dirs(root, rs...)...)
 	}
+	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		var err error
@@ -515,6 +624,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		if err := k.syncer.Sync(stage.Roots()...); err != nil {
 			class, msg = ErrInternal, "making staged files durable: "+err.Error()
 		}
+	}
+	in.Used = c.usage()
+	if class == ErrOutcomeUnknown {
+		return k.unknown(done, c, in, stage, msg)
 	}
 	if class != "" {
 		return k.rollback(done, c, in, stage, class, msg)
@@ -589,6 +702,21 @@ func (c *call) checkFiles() (class, msg string) {
 	return "", ""
 }
 
+// unknown ends a prepared external call whose outcome was lost: nothing
+// staged is applied, and its key keeps the outcome_unknown result so a
+// repeat is answered with it and never executes again.
+func (k *Kernel) unknown(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, msg string) *Result {
+	if err := stage.Discard(); err != nil {
+		msg += "; removing staged files: " + err.Error()
+	}
+	c.setOutcome(nil, ErrOutcomeUnknown, msg, RolledBack)
+	_, err := k.record(ctx, c, nil, func(tx *bbolt.Tx, envelope []byte) error { return txn.Unknown(tx, in, envelope) })
+	if err != nil {
+		return k.internal(c, err)
+	}
+	return &c.res
+}
+
 // rollback undoes a prepared call and records the refusal.
 func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, class, msg string) *Result {
 	if err := stage.Discard(); err != nil {
@@ -607,7 +735,7 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Resource, stage *txn.Stage) (out json.RawMessage, class, msg string) {
 	timeout := c.entry.Def.Timeout
 	if timeout <= 0 {
-		timeout = k.cfg.timeout(c.entry.Def.SideEffect)
+		timeout = k.cfg.timeout(c.effect)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -617,9 +745,21 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	k.events.publish(e)
 	sc := &syscalls.Call{
 		Args: c.env.Args, Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
+		Charge: c.charge, Note: c.note,
 	}
 	if stage != nil {
 		sc.Stage = stage
+	}
+	if c.grant != nil {
+		limits := txn.Usage(c.token.Claims.Cap.Budgets)
+		if err := k.db.View(func(tx *bbolt.Tx) error {
+			left, err := txn.Remaining(tx, c.token.Claims.ID, limits)
+			c.grant.Left = left
+			return err
+		}); err != nil {
+			return nil, ErrInternal, err.Error()
+		}
+		sc.Grant = c.grant
 	}
 	type outcome struct {
 		out syscalls.Output
@@ -637,9 +777,13 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		o.out, o.err = c.entry.New().Execute(ctx, sc)
 	}()
 	var o outcome
+	var done <-chan struct{}
+	if !c.entry.Def.SelfTimed {
+		done = ctx.Done()
+	}
 	select {
 	case o = <-ch:
-	case <-ctx.Done():
+	case <-done:
 		// A syscall that heeds its context returns soon; one that does not
 		// is abandoned after the grace period. Either way nothing of it
 		// is committed.
@@ -658,9 +802,17 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		return nil, ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, context.Cause(ctx))
 	}
 	var ae *syscalls.ArgsError
+	var fl *syscalls.Failure
 	switch {
 	case errors.As(o.err, &ae):
 		return nil, ErrInvalidArgs, o.err.Error()
+	case errors.As(o.err, &fl):
+		return nil, fl.Class, fl.Message
+	case o.err != nil && ctx.Err() != nil && c.entry.Def.SelfTimed:
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, ErrTimeout, fmt.Sprintf("%s did not finish within %s: %v", c.env.ToolID, timeout, o.err)
+		}
+		return nil, ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, o.err)
 	case o.err != nil:
 		return nil, ErrExecution, o.err.Error()
 	}
@@ -668,6 +820,47 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
 	}
 	return o.out.Result, "", ""
+}
+
+// charge records budget units the running syscall consumed.
+func (c *call) charge(budget string, n int64) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.used == nil {
+		c.used = txn.Usage{}
+	}
+	c.used[budget] += n
+}
+
+// note adds a detail to the call's audit record.
+func (c *call) note(key string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(map[string]string{"error": err.Error()})
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.notes == nil {
+		c.notes = map[string]json.RawMessage{}
+	}
+	c.notes[key] = b
+}
+
+// usage returns a copy of what the execution consumed.
+func (c *call) usage() txn.Usage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.used) == 0 {
+		return nil
+	}
+	u := txn.Usage{}
+	for n, v := range c.used {
+		u[n] = v
+	}
+	return u
 }
 
 // setOutcome sets the status, result or error, and transaction outcome.

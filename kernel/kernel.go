@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/receipts"
+	"github.com/capkernel/capkernel/sandbox"
 	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -51,6 +53,7 @@ type Kernel struct {
 	approvals  approvals
 	ops        operations
 	background sync.WaitGroup // calls begun by Start
+	sandbox    *sandbox.Sandbox
 
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked
@@ -105,6 +108,29 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	})
 	k.registry = syscalls.NewRegistry()
 	if err := syscalls.RegisterBuiltins(k.registry); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.SandboxDir, 0o700); err != nil {
+		return nil, err
+	}
+	// A killed kernel's sandbox staging: its processes died with it (see
+	// package sandbox); what they wrote was never applied.
+	if _, err := sandbox.CleanupStale(cfg.SandboxDir); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if stale, _ := filepath.Glob(filepath.Join(cfg.SandboxDir, "capk-proxy-*")); len(stale) > 0 {
+		for _, p := range stale {
+			os.RemoveAll(p)
+		}
+	}
+	k.sandbox = sandbox.New(sandbox.Options{Bwrap: cfg.Bwrap, StagingDir: cfg.SandboxDir})
+	if err := syscalls.RegisterExec(k.registry, syscalls.ExecOptions{
+		Sandbox: k.sandbox, EnvAllow: cfg.ExecEnvAllow, MaxOutput: cfg.ExecMaxOutput, Processes: cfg.ExecProcesses,
+		ProxyDir: cfg.SandboxDir, Lookup: cfg.NetLookup,
+	}); err != nil {
+		return nil, err
+	}
+	if err := syscalls.RegisterFetch(k.registry, syscalls.FetchOptions{MaxBytes: cfg.FetchMaxBytes, Lookup: cfg.NetLookup, TLS: cfg.FetchTLS}); err != nil {
 		return nil, err
 	}
 	if k.policy, err = policy.Load(ctx, cfg.PolicyDir); err != nil {
@@ -187,6 +213,9 @@ func (k *Kernel) Close() error {
 	err := k.db.Close()
 	if err == nil {
 		k.syncer.Close()
+	}
+	if k.sandbox != nil {
+		k.sandbox.Close()
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()

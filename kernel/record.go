@@ -55,6 +55,9 @@ type auditRecord struct {
 	ApprovalState  string `json:"approval_state,omitempty"`
 	ApprovedBy     string `json:"approved_by,omitempty"`
 	ApprovalReason string `json:"approval_reason,omitempty"`
+	// Notes are details a syscall adds to its record: proc.exec's and
+	// net.fetch's network connections (net_connections), for instance.
+	Notes map[string]json.RawMessage `json:"notes,omitempty"`
 }
 
 // receiptBody is the body of a receipt ledger entry.
@@ -237,6 +240,14 @@ func (c *call) audit(k *Kernel) *auditRecord {
 	if ap := c.approval; ap != nil {
 		a.ApprovalID, a.ApprovalState, a.ApprovedBy, a.ApprovalReason = ap.ID, ap.State, ap.DecidedBy, ap.Reason
 	}
+	c.mu.Lock()
+	if len(c.notes) > 0 {
+		a.Notes = make(map[string]json.RawMessage, len(c.notes))
+		for k, v := range c.notes {
+			a.Notes[k] = v
+		}
+	}
+	c.mu.Unlock()
 	a.setOutcome(r)
 	return a
 }
@@ -365,6 +376,12 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		Error:     &Error{Class: ErrInternal, Message: "the kernel stopped before this call committed; rolled back at recovery"},
 		TxOutcome: RolledBack, AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, RiskBasis: a.RiskBasis,
 	}
+	if in.External {
+		// The request may have reached the other side: never say it did
+		// not happen, and never send it again.
+		r.Error = &Error{Class: ErrOutcomeUnknown, Message: "the kernel stopped while this call's external effect was in flight; " +
+			"whether it happened is unknown (reconcile with the other side); a repeat with the same idempotency key returns this outcome and is never sent again"}
+	}
 	a.setOutcome(r)
 	ae, err := newAuditEntry(&a, r)
 	if err != nil {
@@ -384,6 +401,11 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
+	}
+	if in.External {
+		if err := txn.Unknown(tx, in, b); err != nil {
+			return err
+		}
 	}
 	return k.storeOperation(tx, r, b)
 }

@@ -110,7 +110,7 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 				if _, dup := byOp[c.OperationID]; !dup {
 					byOp[c.OperationID] = c
 				}
-				if c.IdempotencyKey != "" && c.TxOutcome == Committed {
+				if c.IdempotencyKey != "" && settled(c) {
 					k := keyOf{c.AgentID, c.IdempotencyKey}
 					committed[k] = append(committed[k], c)
 				}
@@ -133,7 +133,7 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 			rep.Replays++
 			o, ok := byOp[r.ReplayOf]
 			switch {
-			case !ok || o.TxOutcome != Committed:
+			case !ok || !settled(o):
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayOrphan, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
 					Detail: fmt.Sprintf("operation %s replays %s, which has no committed record", r.OperationID, r.ReplayOf)})
 			case o.ResultHash != r.ResultHash:
@@ -414,4 +414,11 @@ func ReplayPolicy(ctx context.Context, eng *policy.Engine, f ReplayFilter, scan 
 		return nil
 	})
 	return out, err
+}
+
+// settled reports whether a call's outcome is what its idempotency key
+// keeps: a commit, or an outcome_unknown (an external effect that may have
+// happened is never executed again, so its key holds that outcome).
+func settled(c *CallRecord) bool {
+	return c.TxOutcome == Committed || c.ErrorClass == ErrOutcomeUnknown
 }

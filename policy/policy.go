@@ -81,6 +81,15 @@ type Input struct {
 	Ceiling         string          `json:"autonomy_ceiling,omitempty"`
 	Args            json.RawMessage `json:"args,omitempty"`
 	Provenance      json.RawMessage `json:"provenance,omitempty"`
+	// Network is the network posture a call asks for (proc.exec), with the
+	// token's net patterns; absent for calls that ask for none.
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is the network part of an Input.
+type Network struct {
+	Posture  string   `json:"posture"`  // off | allowlist | full
+	Patterns []string `json:"patterns"` // the token's net patterns
 }
 
 // Decision is what the policy decides: data.capkernel.decision.
@@ -88,6 +97,9 @@ type Decision struct {
 	AutonomyMode string   `json:"autonomy_mode"`
 	RiskScore    float64  `json:"risk_score"`
 	RiskBasis    []string `json:"risk_basis"`
+	// NetFull is the optional net_full field: true lets a call use the
+	// "full" network posture (the host's network). Absent means false.
+	NetFull bool `json:"net_full,omitempty"`
 }
 
 // Query is the rule the kernel evaluates.
@@ -178,6 +190,13 @@ func decode(v any) (Decision, error) {
 		return d, fmt.Errorf("policy: risk_basis %v is not a list of strings", obj["risk_basis"])
 	}
 	d = Decision{AutonomyMode: mode, RiskScore: score, RiskBasis: make([]string, 0, len(basis))}
+	if nf, ok := obj["net_full"]; ok {
+		b, isBool := nf.(bool)
+		if !isBool {
+			return Decision{}, fmt.Errorf("policy: net_full %v is not a boolean", nf)
+		}
+		d.NetFull = b
+	}
 	for _, b := range basis {
 		s, ok := b.(string)
 		if !ok {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"os"
 	"strconv"
 	"strings"
@@ -254,7 +255,16 @@ func watchProcesses(k *killer, max int, stop <-chan struct{}) <-chan string {
 			if pidNS(init) != ns {
 				return // gone
 			}
-			n, err := countPids("/proc/" + strconv.Itoa(init) + "/root/proc")
+			dir := "/proc/" + strconv.Itoa(init) + "/root/proc"
+			// Until bwrap has pivoted into the new root and mounted the
+			// sandbox's own /proc, that path is the host's /proc, whose
+			// process count is not the sandbox's. In the sandbox's procfs
+			// the kernel's own pid does not exist, so "self" resolves only
+			// in a procfs of the host's (or an outer) pid namespace.
+			if _, err := os.Readlink(dir + "/self"); err == nil {
+				continue
+			}
+			n, err := countPids(dir)
 			if err != nil {
 				continue // not mounted yet, or gone
 			}
@@ -284,4 +294,42 @@ func countPids(dir string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// killStale kills, with SIGKILL, every process whose command line names a
+// path under dir (a stale staging directory) and waits up to a second for
+// them to go. A kernel killed while bwrap was still setting a sandbox up
+// can leave bwrap's child behind: it is pid 1 of its namespace, blocked
+// waiting for its dead parent, before the init (and its lifeline watcher)
+// exists and before bwrap's --die-with-parent is armed. Its command line
+// still holds bwrap's arguments, which name the run's staging directory.
+// Killing a namespace's pid 1 ends every process of the namespace.
+func killStale(dir string) int {
+	needle := []byte(dir + "/")
+	var pids []int
+	for _, pid := range procPids() {
+		if pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err == nil && bytes.Contains(b, needle) {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	deadline := time.Now().Add(time.Second)
+	for _, pid := range pids {
+		for time.Now().Before(deadline) {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+			if err != nil {
+				break
+			}
+			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return len(pids)
 }

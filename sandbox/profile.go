@@ -345,7 +345,11 @@ func setEnv(env []string, kv ...string) []string {
 // write end only the kernel holds; a background watcher kills every
 // process of the sandbox when it reads end-of-file, i.e. when the kernel
 // is gone, however it died (bwrap's --die-with-parent alone proved
-// unreliable for the sandbox's pid 1).
+// unreliable for the sandbox's pid 1). It keeps killing, every 50 ms,
+// until the namespace is gone: a kernel killed while the sandbox was
+// still being set up closes the lifeline before the init has started the
+// command, and one kill would then come too early (the command's death
+// makes the init exit, which ends the namespace and the watcher).
 //
 // Why a shell as init rather than bwrap's own: bwrap's init reports the
 // exit status through an eventfd and is then killed unreaped, so the CPU
@@ -363,7 +367,7 @@ const initScript = `if [ "$1" = relay ]; then
 	done
 fi
 shift
-( exec 3>&-; read -r _ <&4; kill -KILL -1 ) </dev/null >/dev/null 2>&1 &
+( exec 3>&-; read -r _ <&4; while :; do kill -KILL -1; sleep 0.05; done ) </dev/null >/dev/null 2>&1 &
 printf started >&3
 exec 3>&- 4<&- 9<&0 8>&2 2>/dev/null
 trap 'kill -TERM "$child"' TERM INT HUP

@@ -85,8 +85,9 @@ func removeTree(dir string) error {
 // CleanupStale removes the staging directories under dir (os.TempDir() if
 // empty) that no live run holds: what a killed kernel left behind. No
 // mount outlives a run (overlays live in the run's own mount namespace),
-// so removing the files is all there is to do. It returns how many it
-// removed.
+// so removing the files is all there is to do, after killing any process
+// still naming such a directory (a sandbox a kernel was killed while
+// setting up; see killStale). It returns how many it removed.
 func CleanupStale(dir string) (int, error) {
 	if dir == "" {
 		dir = os.TempDir()
@@ -113,6 +114,7 @@ func CleanupStale(dir string) (int, error) {
 		} else if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < time.Minute {
 			continue // being created right now, or gone
 		}
+		killStale(p)
 		if err := removeTree(p); err != nil {
 			errs = append(errs, err)
 		} else {

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/capkernel/capkernel/sandbox"
 )
@@ -490,4 +493,45 @@ func TestConcurrentRuns(t *testing.T) {
 		}
 	}
 	sameTree(t, "workspace", before, treeHash(t, ws))
+}
+
+// TestCleanupStaleKillsOrphans: a process still naming a stale staging
+// directory (bwrap's child, left blocked by a kernel killed mid-setup) is
+// killed before the directory is removed; one naming a live run's is not.
+func TestCleanupStaleKillsOrphans(t *testing.T) {
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "capsandbox-run-stale")
+	live := filepath.Join(dir, "capsandbox-run-live")
+	for _, d := range []string{stale, live} {
+		must(t, os.MkdirAll(d, 0o700))
+		must(t, os.WriteFile(filepath.Join(d, ".lock"), nil, 0o600))
+	}
+	lock, err := os.OpenFile(filepath.Join(live, ".lock"), os.O_RDWR, 0)
+	must(t, err)
+	defer lock.Close()
+	must(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+	start := func(d string) *exec.Cmd {
+		c := exec.Command("sh", "-c", "sleep 1000", filepath.Join(d, "m0"))
+		must(t, c.Start())
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		return c
+	}
+	orphan, running := start(stale), start(live)
+	done := make(chan error, 1)
+	go func() { done <- orphan.Wait() }()
+	n, err := sandbox.CleanupStale(dir)
+	if err != nil || n != 1 {
+		t.Fatalf("CleanupStale = %d, %v", n, err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the orphan naming the stale directory was not killed")
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("stale dir: %v", err)
+	}
+	if err := running.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the live run's process was killed: %v", err)
+	}
 }

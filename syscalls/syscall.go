@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"strings"
 	"time"
@@ -83,6 +84,79 @@ type Definition struct {
 	SideEffect  SideEffect
 	Resources   []ResourceArg
 	Timeout     time.Duration // 0: the kernel's default
+	// Reach, when set, tells the kernel what a call reaches beyond its
+	// resource arguments (hosts, the token's whole fs grant, a network
+	// posture) and, for syscalls whose class depends on the arguments, the
+	// call's class. The kernel checks it against the token before the
+	// policy step and passes what the token grants in Call.Grant.
+	Reach func(args json.RawMessage) (Reach, error)
+	// SelfTimed syscalls enforce their own time limit and honour
+	// cancellation, returning only once everything they started is gone:
+	// the kernel waits for them instead of abandoning them at the
+	// deadline (Timeout is then only a backstop).
+	SelfTimed bool
+}
+
+// Network postures of a call (Reach.Network).
+const (
+	NetOff       = "off"       // no network (a new network namespace)
+	NetAllowlist = "allowlist" // the kernel's proxy, admitting the token's net patterns
+	NetFull      = "full"      // the host's network: a token pattern "*" and the policy's net_full
+)
+
+// Reach is what one call reaches beyond its resource arguments.
+type Reach struct {
+	Class     SideEffect // this call's class; "" means Definition.SideEffect
+	Hosts     []HostPort // hosts the call connects to; each must be allowed by the token
+	Workspace bool       // the call acts on every fs root of the token (proc.exec)
+	Dir       string     // a directory to resolve in the token's roots (list access); "" for none
+	Network   string     // the network posture asked for; "" means NetOff
+}
+
+// HostPort is a host (name or IP literal) and port a call connects to.
+type HostPort struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+}
+
+// Grant is what the capability token grants a call whose Definition has a
+// Reach: the kernel fills it after checking the Reach against the token.
+type Grant struct {
+	Roots     []RootSpec // the token's fs roots
+	Workspace *Workspace // the same, opened (nil without roots)
+	Dir       *Resource  // Reach.Dir resolved, or nil
+	Network   string     // the posture granted (Reach.Network, checked)
+	// AllowsHost reports whether the token's net patterns admit host:port;
+	// NamesHost whether one names it explicitly (an IP literal or an exact
+	// name: only then may a loopback, private, link-local or metadata
+	// address be dialed).
+	AllowsHost func(host string, port int) bool
+	NamesHost  func(host string, port int) bool
+	// Left is what is left of each limited budget (cpu_ms, net_bytes,
+	// disk_write_bytes) when the call starts; a budget absent is unlimited.
+	Left map[string]int64
+}
+
+// Failure is an error a syscall reports with a kernel error class of its
+// own: timeout, cancelled, budget_exceeded, scope_denied, outcome_unknown.
+type Failure struct {
+	Class   string
+	Message string
+}
+
+func (f *Failure) Error() string { return f.Class + ": " + f.Message }
+
+// Failure classes.
+const (
+	FailTimeout   = "timeout"
+	FailCancelled = "cancelled"
+	FailBudget    = "budget_exceeded"
+	FailScope     = "scope_denied"
+	FailUnknown   = "outcome_unknown"
+)
+
+func fail(class, format string, args ...any) *Failure {
+	return &Failure{Class: class, Message: fmt.Sprintf(format, args...)}
 }
 
 // Syscall is one execution instance; a Factory makes a fresh one per call,
@@ -112,6 +186,27 @@ type Call struct {
 	KV    KVReader
 	// MaxReadBytes caps the bytes a read returns.
 	MaxReadBytes int64
+	// Grant is set for syscalls with a Reach.
+	Grant *Grant
+	// Charge records budget units the execution consumed (cpu_ms,
+	// net_bytes); the kernel charges them whether the call commits or not.
+	// Nil when nothing is charged.
+	Charge func(budget string, n int64)
+	// Note adds a detail to the call's audit record under key (the network
+	// connections of a call, for instance). Nil when nothing is recorded.
+	Note func(key string, v any)
+}
+
+// TreeStager is implemented by stagers that can also stage streamed file
+// content and new directories (the kernel's does); proc.exec needs it to
+// stage the delta of a sandboxed command.
+type TreeStager interface {
+	Stager
+	// WriteFrom stages src's content for r with mode perm and returns its
+	// digest; r's parent may be a directory an earlier Mkdir stages.
+	WriteFrom(r *Resource, src io.Reader, perm fs.FileMode) (string, error)
+	// Mkdir stages making directory r.
+	Mkdir(r *Resource, perm fs.FileMode) error
 }
 
 // Stager records side effects without making them visible; the kernel's

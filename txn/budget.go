@@ -78,3 +78,18 @@ func Charge(tx *bbolt.Tx, tokenID string, want, limits Usage) error {
 	}
 	return adjust(tx, tokenID, used, want)
 }
+
+// Remaining returns, for each budget limits names, what is left of it for
+// the token (never below 0). Budgets absent from limits are unlimited and
+// absent from the result.
+func Remaining(tx *bbolt.Tx, tokenID string, limits Usage) (Usage, error) {
+	used, err := usageOf(tx, tokenID)
+	if err != nil {
+		return nil, err
+	}
+	left := Usage{}
+	for n, l := range limits {
+		left[n] = max(l-used[n], 0)
+	}
+	return left, nil
+}

@@ -33,7 +33,7 @@ func CanCommit(tx *bbolt.Tx, in *Intent, ps []Precondition, limits Usage, effect
 	if err != nil {
 		return err
 	}
-	return checkBudget(used, spent(effects), limits)
+	return checkBudget(used, spent(in, effects), limits)
 }
 
 // Commit records in tx that the call of intent in is decided: kv puts are
@@ -77,25 +77,63 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 	if err != nil {
 		return err
 	}
-	return adjust(tx, in.TokenID, used, spent(effects))
+	return adjust(tx, in.TokenID, used, spent(in, effects))
 }
 
 // Rollback undoes a prepared intent in tx: the intent and its idempotency
 // entry go (only committed outcomes are replayed, so the key may be retried),
-// and the reservation is released except the call itself. The caller
-// removes staging files (Stage.Discard).
+// and the reservation is released except the call itself. What the
+// execution consumed (in.Used: CPU time, network bytes) stays charged. The
+// caller removes staging files (Stage.Discard).
 func Rollback(tx *bbolt.Tx, in *Intent) error {
 	used, err := usageOf(tx, in.TokenID)
 	if err != nil {
 		return err
 	}
-	release := Usage{}
+	return abortIf(rollback(tx, in, used, release(in)))
+}
+
+func release(in *Intent) Usage {
+	r := Usage{}
 	for n, v := range in.Reserved {
 		if n != BudgetCalls {
-			release[n] = -v
+			r[n] = -v
 		}
 	}
-	return abortIf(rollback(tx, in, used, release))
+	for n, v := range in.Used {
+		r[n] += v
+	}
+	return r
+}
+
+// Unknown ends in tx a prepared call whose external effect may have
+// happened but whose outcome was never recorded (in.External, after a
+// crash or a failure mid-request): nothing staged is applied, the intent
+// goes, and the idempotency key keeps result — the outcome_unknown result
+// envelope — as its stored outcome, so a repeat is answered with it and
+// never executes again. The caller removes staging files.
+func Unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
+	used, err := usageOf(tx, in.TokenID)
+	if err != nil {
+		return err
+	}
+	return abortIf(unknown(tx, in, used, result))
+}
+
+func unknown(tx *bbolt.Tx, in *Intent, used Usage, result []byte) error {
+	if k, ok := in.idemKey(); ok {
+		call, err := idemCall(tx, k)
+		if err != nil {
+			return err
+		}
+		if err := putIdem(tx, k, idemRecord{Call: call, OperationID: in.OperationID, Done: true, Result: result}); err != nil {
+			return err
+		}
+	}
+	if err := tx.Bucket(bucketIntent).Delete([]byte(in.OperationID)); err != nil {
+		return err
+	}
+	return adjust(tx, in.TokenID, used, release(in))
 }
 
 func rollback(tx *bbolt.Tx, in *Intent, used, release Usage) error {
@@ -115,15 +153,20 @@ func Finish(tx *bbolt.Tx, operationID string) error {
 	return tx.Bucket(bucketIntent).Delete([]byte(operationID))
 }
 
-// spent is the budget the effects use beyond the call itself.
-func spent(effects []Effect) Usage {
+// spent is the budget the call uses beyond the call itself: the bytes its
+// effects write and what its execution consumed (in.Used).
+func spent(in *Intent, effects []Effect) Usage {
 	var wrote int64
 	for _, e := range effects {
 		if e.Op == OpWrite {
 			wrote += e.Size
 		}
 	}
-	return Usage{BudgetDiskWriteBytes: wrote}
+	u := Usage{BudgetDiskWriteBytes: wrote}
+	for n, v := range in.Used {
+		u[n] += v
+	}
+	return u
 }
 
 func idemCall(tx *bbolt.Tx, k IdemKey) (Call, error) {

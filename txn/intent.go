@@ -27,16 +27,24 @@ type StageDir struct {
 // Intent is the durable record of a mutating call between prepare and the
 // end of apply.
 type Intent struct {
-	OperationID string          `json:"operation_id"`
-	State       string          `json:"state"`
-	AgentID     string          `json:"agent_id"`
-	IdemKey     string          `json:"idempotency_key,omitempty"`
-	TokenID     string          `json:"capability_token_id"`
-	Reserved    Usage           `json:"reserved"`
-	Dirs        []StageDir      `json:"dirs,omitempty"`
-	Effects     []Effect        `json:"effects,omitempty"`
-	DeltaID     string          `json:"commit_delta_id,omitempty"`
-	Audit       json.RawMessage `json:"audit,omitempty"` // the kernel's context for a recovery audit record
+	OperationID string     `json:"operation_id"`
+	State       string     `json:"state"`
+	AgentID     string     `json:"agent_id"`
+	IdemKey     string     `json:"idempotency_key,omitempty"`
+	TokenID     string     `json:"capability_token_id"`
+	Reserved    Usage      `json:"reserved"`
+	Dirs        []StageDir `json:"dirs,omitempty"`
+	Effects     []Effect   `json:"effects,omitempty"`
+	DeltaID     string     `json:"commit_delta_id,omitempty"`
+	// External marks a call whose execution may have an effect outside the
+	// kernel's reach (a NETWORK syscall: an HTTP request that is not a
+	// read). Recovery never rolls such a call back as if nothing happened:
+	// it records it as outcome_unknown (see Unknown).
+	External bool `json:"external,omitempty"`
+	// Used is what the execution consumed beyond its staged effects
+	// (cpu_ms, net_bytes); it is charged whether the call commits or not.
+	Used  Usage           `json:"used,omitempty"`
+	Audit json.RawMessage `json:"audit,omitempty"` // the kernel's context for a recovery audit record
 }
 
 func (in *Intent) idemKey() (IdemKey, bool) {
@@ -73,8 +81,9 @@ type Delta struct {
 }
 
 // DeltaChange is one change of a Delta: a file written or deleted (Path
-// relative to Root, content digests before and after, size after) or a kv
-// key put (versions before and after, digest of the value).
+// relative to Root, content digests before and after, size after), a
+// directory made (op mkdir) or a kv key put (versions before and after,
+// digest of the value).
 type DeltaChange struct {
 	Op         string `json:"op"`
 	Root       string `json:"root,omitempty"`
@@ -92,6 +101,9 @@ type DeltaChange struct {
 func NewDelta(operationID string, effects []Effect) (id string, canonical []byte, err error) {
 	d := Delta{OperationID: operationID, Changes: make([]DeltaChange, 0, len(effects))}
 	for _, e := range effects {
+		if e.Op == OpCleanup {
+			continue
+		}
 		d.Changes = append(d.Changes, e.change())
 	}
 	canonical, err = jcs.Marshal(d)

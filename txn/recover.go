@@ -16,13 +16,16 @@ import (
 type Recovered struct {
 	Redone     []Intent // decided intents whose effects were applied again
 	RolledBack []Intent // prepared intents that were undone
+	Unknown    []Intent // prepared external intents: outcome_unknown
 }
 
 // Recover finishes what a crash interrupted; run it at open, before any
 // call. Decided intents are applied again (idempotently) and removed;
 // prepared ones lose their staging files and are rolled back, and
 // onRollback is called in the same transaction so the caller can audit
-// each one.
+// each one. A prepared External intent (an effect elsewhere may have
+// happened) is not rolled back: onRollback alone ends it, and must call
+// Unknown with the outcome_unknown result it records.
 func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Intent) error) (Recovered, error) {
 	var rec Recovered
 	var intents []Intent
@@ -54,14 +57,20 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 				return rec, fmt.Errorf("txn: roll back operation %s: %w", in.OperationID, err)
 			}
 			if err := db.Update(ctx, func(tx *bbolt.Tx) error {
-				if err := Rollback(tx, in); err != nil {
-					return err
+				if !in.External {
+					if err := Rollback(tx, in); err != nil {
+						return err
+					}
 				}
 				return abortIf(onRollback(tx, in))
 			}); err != nil {
 				return rec, err
 			}
-			rec.RolledBack = append(rec.RolledBack, *in)
+			if in.External {
+				rec.Unknown = append(rec.Unknown, *in)
+			} else {
+				rec.RolledBack = append(rec.RolledBack, *in)
+			}
 		default:
 			return rec, fmt.Errorf("txn: intent %s has unknown state %q", in.OperationID, in.State)
 		}

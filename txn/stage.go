@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,12 @@ const (
 	OpWrite  = "write"
 	OpDelete = "delete"
 	OpKVPut  = "kv_put"
+	// OpMkdir makes directory Path (mode Mode); it is not staged, and
+	// applying it again is a no-op.
+	OpMkdir = "mkdir"
+	// OpCleanup removes the staging pool Stage once its files are renamed
+	// into place; it is not part of the delta.
+	OpCleanup = "cleanup"
 )
 
 // Effect is one staged change. For OpWrite, Stage is the staging file that
@@ -39,6 +46,7 @@ type Effect struct {
 	OldHash string          `json:"old_hash,omitempty"`
 	NewHash string          `json:"new_hash,omitempty"`
 	Size    int64           `json:"size"`
+	Mode    uint32          `json:"mode,omitempty"` // OpMkdir: permission bits
 }
 
 func (e Effect) change() DeltaChange {
@@ -70,11 +78,12 @@ type Stage struct {
 	effects []Effect
 	roots   map[string]*os.Root
 	kvSeen  map[string]bool
+	pools   map[string]string // root path -> staging pool dir (WriteFrom)
 }
 
 // NewStage starts staging for operation opID; kv reads current versions.
 func NewStage(opID string, kv syscalls.KVReader) *Stage {
-	return &Stage{opID: opID, kv: kv, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}}
+	return &Stage{opID: opID, kv: kv, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
 }
 
 var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
@@ -129,6 +138,66 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	return nil
 }
 
+// WriteFrom stages the content read from src for r with mode perm and
+// returns its digest. Unlike WriteFile, the staging file goes into a pool
+// directory at the top of r's root (.capk-stage-<op>-pool), so the target's
+// parent may be a directory that an earlier Mkdir of this stage makes; the
+// content is streamed, never held in memory. Apply renames it into place
+// and a cleanup effect, added by Effects, removes the pool.
+func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return "", errStageClosed
+	}
+	old, _, err := hashFile(r.Root, r.Rel)
+	if err != nil && !strings.Contains(err.Error(), "not a regular file") {
+		return "", err
+	}
+	pool, ok := s.pools[r.RootPath]
+	if !ok {
+		pool = StagePrefix + s.opID + "-pool"
+		if err := r.Root.Mkdir(pool, 0o700); err != nil {
+			return "", fmt.Errorf("stage %s: %w", r.Rel, err)
+		}
+		s.pools[r.RootPath] = pool
+		s.roots[r.RootPath] = r.Root
+	}
+	name := pool + "/" + strconv.Itoa(len(s.effects))
+	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	h := blake3.New()
+	n, err := io.Copy(io.MultiWriter(f, h), src)
+	if err == nil {
+		err = f.Chmod(perm.Perm())
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	var sum [digest.Size]byte
+	h.Sum(sum[:0])
+	e := Effect{Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name, OldHash: old, NewHash: digest.Format(sum), Size: n}
+	s.effects = append(s.effects, e)
+	return e.NewHash, nil
+}
+
+// Mkdir stages making directory r (absent now) with mode perm.
+func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errStageClosed
+	}
+	s.effects = append(s.effects, Effect{Op: OpMkdir, Root: r.RootPath, Path: r.Rel, Mode: uint32(perm.Perm())})
+	s.roots[r.RootPath] = r.Root
+	return nil
+}
+
 // Delete stages the removal of r (a file, a symlink or a directory tree).
 func (s *Stage) Delete(r *syscalls.Resource) error {
 	s.mu.Lock()
@@ -176,11 +245,22 @@ func (s *Stage) PutKV(key string, value json.RawMessage) (uint64, error) {
 	return v + 1, nil
 }
 
-// Effects closes the stage and returns what it holds, in staging order.
+// Effects closes the stage and returns what it holds, in staging order,
+// followed by the removal of each staging pool.
 func (s *Stage) Effects() []Effect {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.closed = true
+	if !s.closed {
+		s.closed = true
+		roots := make([]string, 0, len(s.pools))
+		for root := range s.pools {
+			roots = append(roots, root)
+		}
+		sort.Strings(roots)
+		for _, root := range roots {
+			s.effects = append(s.effects, Effect{Op: OpCleanup, Root: root, Stage: s.pools[root]})
+		}
+	}
 	return s.effects
 }
 
@@ -195,6 +275,11 @@ func (s *Stage) Discard() error {
 			continue
 		}
 		if err := s.roots[e.Root].Remove(e.Stage); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	for root, pool := range s.pools {
+		if err := s.roots[root].RemoveAll(pool); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}

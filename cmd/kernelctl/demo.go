@@ -263,7 +263,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 		[]map[string]any{{"ref": "fs:notes.txt", "hash": fresh}}, kernel.ErrPreconditionFailed)
 	s.call(ctx, "write without idempotency key", "fs.write", map[string]any{"path": "x.txt", "content": "x"}, "", nil, kernel.ErrIdempotencyKeyRequired)
 	s.call(ctx, "put a kv entry", "kv.put", map[string]any{"key": "progress", "value": map[string]any{"step": 1}}, key("kv1"), nil, "")
-	s.call(ctx, "run a tool the kernel lacks", "net.fetch", map[string]any{"url": "https://example.com"}, "", nil, kernel.ErrToolNotFound)
+	s.call(ctx, "run a tool the kernel lacks", "web.search", map[string]any{"query": "capkernel"}, "", nil, kernel.ErrToolNotFound)
 
 	tight, err := mint("demo-agent-tight", map[string]int64{"calls": 2})
 	if err != nil {

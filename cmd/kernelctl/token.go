@@ -37,7 +37,7 @@ func tokenMintCmd() *cobra.Command {
   --tools 'fs.*,echo'            tool ids or globs ("*" all, "p.*" a prefix)
   --fs ./ws:rw --fs /data:r      file trees and their mode; relative paths are
                                  made absolute from the current directory
-  --net api.example.com:443      host[:port] patterns ("*.example.com")
+  --net api.example.com:443      host[:port] patterns ("*.example.com"; "*" every host)
   --budget calls=100,disk_write_bytes=1MiB,cpu_ms=5000,net_bytes=10MB
   --autonomy soft_gate           the most autonomous mode its calls may run in
   --ttl 1h                       lifetime (at most 90 days)

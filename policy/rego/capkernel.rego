@@ -19,6 +19,28 @@ decision := {
 	"autonomy_mode": modes[max([rank[f.mode] | some f in findings])],
 	"risk_score": max([f.risk | some f in findings]),
 	"risk_basis": sort([f.basis | some f in findings]),
+	"net_full": net_full,
+}
+
+# net_full lets proc.exec use the host's network ("full" posture). The
+# kernel also requires the token's net pattern "*"; this policy requires
+# both that and data.capkernel.config.allow_net_full.
+default net_full := false
+
+net_full if {
+	input.network.posture == "full"
+	"*" in input.network.patterns
+	object.get(data.capkernel.config, "allow_net_full", false) == true
+}
+
+findings contains {"mode": "escalated", "risk": 0.9, "basis": "full network access asked for but not allowed"} if {
+	input.network.posture == "full"
+	not net_full
+}
+
+findings contains {"mode": m, "risk": 0.5, "basis": sprintf("network posture %s", [input.network.posture])} if {
+	input.network.posture == "allowlist"
+	m := confirm_modes[setting]
 }
 
 # Every call of a known class gets the class's risk and the mode its
@@ -49,7 +71,7 @@ class_basis := {
 # escalation role, deny refuses it. The setting of a call is its tool's
 # per_tool entry; else, when every file it touches lies in a trusted
 # workspace, the class's trusted_workspace_overrides entry or auto; else
-# the class's default entry, or prompt when the class has none.
+# the class's default entry, or builtin_setting's.
 confirm_modes := {"auto": "autopilot", "prompt": "soft_gate", "escalate": "escalated", "deny": "no_go"}
 
 confirmation := object.get(data.capkernel.config, "confirmation", {})
@@ -59,7 +81,10 @@ setting := s if {
 } else := s if {
 	in_trusted_workspace
 	s := object.get(object.get(confirmation, "trusted_workspace_overrides", {}), class, "auto")
-} else := object.get(object.get(confirmation, "default", {}), class, "prompt")
+} else := object.get(object.get(confirmation, "default", {}), class, builtin_setting[class])
+
+# builtin_setting applies to a class the data does not name.
+builtin_setting := {"NONE": "auto", "READ": "auto", "WRITE": "auto", "EXECUTE": "prompt", "NETWORK": "prompt"}
 
 in_trusted_workspace if {
 	files := [r | some r in input.resources; r.kind == "fs"]

@@ -124,7 +124,11 @@ test_confirmation_defaults_by_class if {
 	mode_with(call("EXECUTE", []), conf) == "soft_gate"
 }
 
-test_confirmation_class_without_default_prompts if mode_with(call("NETWORK", []), conf) == "soft_gate"
+test_confirmation_class_without_default_takes_the_builtin if {
+	mode_with(call("NETWORK", []), conf) == "soft_gate"
+	mode_with(call("READ", []), {}) == "autopilot"
+	mode_with(call("EXECUTE", []), {}) == "soft_gate"
+}
 
 test_confirmation_per_tool_wins if {
 	mode_with(object.union(call("EXECUTE", []), {"tool_id": "git.status"}), conf) == "autopilot"
@@ -149,4 +153,40 @@ test_confirmation_cannot_lower_secrets_or_sensitive_paths if {
 
 test_unknown_confirmation_setting_is_no_go if {
 	mode_with(call("READ", []), {"default": {"READ": "sometimes"}}) == "no_go"
+}
+
+exec_call(posture, patterns) := object.union(call("EXECUTE", []), {"network": {"posture": posture, "patterns": patterns}})
+
+test_execute_and_network_are_soft_gate_by_default if {
+	decide(call("EXECUTE", [])).autonomy_mode == "soft_gate"
+	decide(call("NETWORK", [])).autonomy_mode == "soft_gate"
+	decide(call("EXECUTE", [])).net_full == false
+}
+
+test_confirmation_setting_lets_execute_run_unattended if {
+	cfg := object.union(data.capkernel.config, {"confirmation": {"default": {"EXECUTE": "auto"}}})
+	d := capkernel.decision with input as call("EXECUTE", []) with data.capkernel.config as cfg
+	d.autonomy_mode == "autopilot"
+	n := capkernel.decision with input as call("NETWORK", []) with data.capkernel.config as cfg
+	n.autonomy_mode == "soft_gate"
+}
+
+test_net_full_needs_star_and_config if {
+	allow := object.union(data.capkernel.config, {"allow_net_full": true, "confirmation": {"default": {"EXECUTE": "auto"}}})
+	ok := capkernel.decision with input as exec_call("full", ["*"]) with data.capkernel.config as allow
+	ok.net_full == true
+	ok.autonomy_mode == "autopilot"
+	no_star := capkernel.decision with input as exec_call("full", ["api.example.com"]) with data.capkernel.config as allow
+	no_star.net_full == false
+	no_star.autonomy_mode == "escalated"
+	default_cfg := decide(exec_call("full", ["*"]))
+	default_cfg.net_full == false
+	default_cfg.autonomy_mode == "escalated"
+}
+
+test_net_full_only_for_full_posture if {
+	allow := object.union(data.capkernel.config, {"allow_net_full": true})
+	d := capkernel.decision with input as exec_call("allowlist", ["*"]) with data.capkernel.config as allow
+	d.net_full == false
+	"network posture allowlist" in d.risk_basis
 }

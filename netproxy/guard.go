@@ -1,0 +1,155 @@
+package netproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Guard dials TCP connections for the kernel (net.fetch's HTTP client and
+// the allowlist proxy's Options.Dial) and refuses, on the address actually
+// dialed, loopback, private, link-local, metadata and other special-purpose
+// addresses unless Explicit says the host was named explicitly by the
+// capability token. The check runs in the dialer's Control hook, after
+// resolution, on the IP the socket is about to connect to, so a DNS name
+// that resolves (or rebinds) to such an address is refused like the
+// address itself.
+type Guard struct {
+	// Explicit reports whether host:port (the name or literal the caller
+	// asked for) is named explicitly by the token; nil means never.
+	Explicit func(host string, port int) bool
+	// Lookup resolves a host name; nil uses net.DefaultResolver. Tests and
+	// kernels with their own resolver set it.
+	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// Timeout bounds one dial (default 10 s).
+	Timeout time.Duration
+}
+
+// ErrSpecialAddress is the error a Guard returns for a refused address.
+var ErrSpecialAddress = errors.New("address in a loopback, private, link-local, metadata or other special-purpose range")
+
+// AddrError says which address a Guard refused for which host.
+type AddrError struct {
+	Host string
+	Addr netip.Addr
+}
+
+func (e *AddrError) Error() string {
+	return fmt.Sprintf("%s resolves to %s: %v, which only a token pattern naming %s (or the address) explicitly may reach", e.Host, e.Addr, ErrSpecialAddress, e.Host)
+}
+
+func (e *AddrError) Unwrap() error { return ErrSpecialAddress }
+
+// metadata lists cloud metadata addresses outside the link-local range.
+var metadata = []netip.Addr{
+	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
+	netip.MustParseAddr("fd00:ec2::254"),   // AWS IPv6
+}
+
+var specialPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("64:ff9b::/96"), // NAT64 can reach IPv4 specials
+	netip.MustParsePrefix("2002::/16"),    // 6to4 likewise
+}
+
+// Special reports whether a is an address the guard refuses by default:
+// unspecified, loopback, private (RFC 1918, unique local), link-local
+// (169.254/16 holds the cloud metadata endpoint), multicast, broadcast,
+// carrier-grade NAT, benchmarking and reserved ranges, NAT64 and 6to4
+// prefixes, and known metadata addresses. IPv4-mapped IPv6 addresses are
+// judged as IPv4.
+func Special(a netip.Addr) bool {
+	a = a.Unmap()
+	if !a.IsValid() || a.IsUnspecified() || a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() ||
+		a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast() || a.IsMulticast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return true
+	}
+	for _, m := range metadata {
+		if a == m {
+			return true
+		}
+	}
+	for _, p := range specialPrefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// DialContext connects to addr ("host:port") over TCP, refusing special
+// addresses for hosts not named explicitly. Each resolved address is tried
+// in turn; the refusal of one is the error when none connects.
+func (g *Guard) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("port %q: %w", portStr, err)
+	}
+	explicit := g.Explicit != nil && g.Explicit(host, port)
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else {
+		lookup := g.Lookup
+		if lookup == nil {
+			lookup = func(ctx context.Context, h string) ([]netip.Addr, error) {
+				return net.DefaultResolver.LookupNetIP(ctx, "ip", h)
+			}
+		}
+		if addrs, err = lookup(ctx, host); err != nil {
+			return nil, err
+		}
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("%s: no addresses", host)
+		}
+	}
+	timeout := g.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	d := &net.Dialer{
+		Timeout: timeout,
+		// The check on the dialed IP: whatever resolved it, this is the
+		// address the socket connects to.
+		ControlContext: func(_ context.Context, _, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return fmt.Errorf("dialing %q: %w", address, err)
+			}
+			if !explicit && Special(ap.Addr()) {
+				return &AddrError{Host: host, Addr: ap.Addr().Unmap()}
+			}
+			return nil
+		},
+	}
+	if network == "" {
+		network = "tcp"
+	}
+	var first error
+	for _, a := range addrs {
+		c, err := d.DialContext(ctx, network, netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, first
+}

@@ -1,0 +1,73 @@
+package netproxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+)
+
+func TestSpecial(t *testing.T) {
+	tests := []struct {
+		addr    string
+		special bool
+	}{
+		{"127.0.0.1", true}, {"127.9.9.9", true}, {"::1", true}, {"10.1.2.3", true}, {"172.16.0.1", true},
+		{"192.168.1.1", true}, {"169.254.169.254", true}, {"fe80::1", true}, {"fd00::1", true}, {"0.0.0.0", true},
+		{"::", true}, {"100.64.0.1", true}, {"100.100.100.200", true}, {"fd00:ec2::254", true}, {"224.0.0.1", true},
+		{"255.255.255.255", true}, {"::ffff:127.0.0.1", true}, {"::ffff:10.0.0.1", true}, {"64:ff9b::7f00:1", true},
+		{"93.184.215.14", false}, {"2606:2800:21f:cb07:6820:80da:af6b:8b2c", false}, {"8.8.8.8", false}, {"::ffff:8.8.8.8", false},
+	}
+	for _, tt := range tests {
+		if got := Special(netip.MustParseAddr(tt.addr)); got != tt.special {
+			t.Errorf("Special(%s) = %v, want %v", tt.addr, got, tt.special)
+		}
+	}
+}
+
+// TestGuardDial: the check is on the address dialed, whatever name led
+// there, and an explicit grant lifts it.
+func TestGuardDial(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	lookup := func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	tests := []struct {
+		host     string
+		explicit bool
+		ok       bool
+	}{
+		{"innocent.example", false, false},
+		{"127.0.0.1", false, false},
+		{"innocent.example", true, true},
+		{"127.0.0.1", true, true},
+	}
+	for _, tt := range tests {
+		g := &Guard{Lookup: lookup, Explicit: func(string, int) bool { return tt.explicit }}
+		c, err := g.DialContext(context.Background(), "tcp", net.JoinHostPort(tt.host, port))
+		if c != nil {
+			c.Close()
+		}
+		if (err == nil) != tt.ok {
+			t.Errorf("%s explicit=%v: %v", tt.host, tt.explicit, err)
+		}
+		if !tt.ok && !errors.Is(err, ErrSpecialAddress) {
+			t.Errorf("%s: error %v is not ErrSpecialAddress", tt.host, err)
+		}
+	}
+}

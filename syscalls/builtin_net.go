@@ -1,0 +1,334 @@
+package syscalls
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/capkernel/capkernel/netproxy"
+)
+
+// FetchOptions configure net.fetch (see RegisterFetch).
+type FetchOptions struct {
+	// MaxBytes caps the response body returned (default 1 MiB); a call's
+	// max_bytes may only lower it.
+	MaxBytes int64
+	// DefaultTimeout applies when a call gives no timeout_s (default 30 s);
+	// MaxTimeout caps timeout_s (default 2 min).
+	DefaultTimeout, MaxTimeout time.Duration
+	// MaxRedirects bounds the redirects followed (default 10).
+	MaxRedirects int
+	// Lookup resolves host names (nil: the system resolver).
+	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// TLS, when set, is the client's TLS configuration (tests trust their
+	// own CA with it).
+	TLS *tls.Config
+}
+
+// FetchID is net.fetch's syscall id.
+const FetchID = "net.fetch"
+
+type fetchSys struct{ o *FetchOptions }
+
+type fetchArgs struct {
+	URL      string         `json:"url"`
+	Method   string         `json:"method"`
+	Headers  map[string]any `json:"headers"`
+	Body     *string        `json:"body"`
+	MaxBytes int64          `json:"max_bytes"`
+	TimeoutS int64          `json:"timeout_s"`
+}
+
+func (a *fetchArgs) method() string {
+	if a.Method == "" {
+		return http.MethodGet
+	}
+	return strings.ToUpper(a.Method)
+}
+
+// target parses u and returns its host and port (http or https only).
+func target(u *url.URL) (HostPort, error) {
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return HostPort{}, argsError("url scheme %q is not http or https", u.Scheme)
+	}
+	if u.User != nil {
+		return HostPort{}, argsError("url must not carry user information")
+	}
+	host := u.Hostname()
+	if host == "" {
+		return HostPort{}, argsError("url %q has no host", u.String())
+	}
+	port := 80
+	if u.Scheme == "https" {
+		port = 443
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return HostPort{}, argsError("url port %q is not a number from 1 to 65535", p)
+		}
+		port = n
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return HostPort{Host: host, Port: port}, nil
+}
+
+func (f *fetchSys) Definition() Definition {
+	return Definition{
+		ID: FetchID,
+		Description: "Make an HTTP(S) request from the kernel to a host the capability token's net patterns allow. GET and HEAD are reads; other methods change state elsewhere " +
+			"(idempotency_key required, never re-sent: a request whose response was lost is outcome_unknown). Redirects are followed only to allowed hosts. " +
+			"Returns status, headers, body (capped, with a truncated flag), the final URL and the bytes charged to net_bytes.",
+		SideEffect: Network,
+		SelfTimed:  true,
+		Timeout:    f.o.MaxTimeout + time.Minute,
+		InputSchema: json.RawMessage(`{"type":"object","properties":{
+			"url":{"type":"string","minLength":1,"description":"http:// or https:// URL."},
+			"method":{"type":"string","pattern":"^[A-Za-z]{1,16}$","description":"HTTP method (default GET)."},
+			"headers":{"type":"object","additionalProperties":true,"description":"Request headers (string values)."},
+			"body":{"type":"string","description":"Request body (text)."},
+			"max_bytes":{"type":"integer","minimum":1,"description":"Most response body bytes to return (capped by the kernel)."},
+			"timeout_s":{"type":"integer","minimum":1,"description":"Time limit in seconds for the whole exchange (default 30)."}},
+			"required":["url"],"additionalProperties":false}`),
+		Reach: func(args json.RawMessage) (Reach, error) {
+			var a fetchArgs
+			if err := decodeArgs(args, &a); err != nil {
+				return Reach{}, err
+			}
+			u, err := url.Parse(a.URL)
+			if err != nil {
+				return Reach{}, argsError("url: %v", err)
+			}
+			hp, err := target(u)
+			if err != nil {
+				return Reach{}, err
+			}
+			class := Network
+			if m := a.method(); m == http.MethodGet || m == http.MethodHead {
+				class = Read
+			}
+			return Reach{Class: class, Hosts: []HostPort{hp}}, nil
+		},
+	}
+}
+
+// countingConn counts the bytes a connection carries.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
+	var a fetchArgs
+	if err := decodeArgs(c.Args, &a); err != nil {
+		return Output{}, err
+	}
+	g := c.Grant
+	if g == nil || g.AllowsHost == nil {
+		return Output{}, errors.New("net.fetch: no network grant")
+	}
+	method := a.method()
+	mutating := method != http.MethodGet && method != http.MethodHead
+	timeout := f.o.DefaultTimeout
+	if a.TimeoutS > 0 {
+		if a.TimeoutS > int64(f.o.MaxTimeout/time.Second) {
+			return Output{}, argsError("timeout_s %d exceeds the kernel's limit of %d", a.TimeoutS, int64(f.o.MaxTimeout/time.Second))
+		}
+		timeout = time.Duration(a.TimeoutS) * time.Second
+	}
+	limit := f.o.MaxBytes
+	if a.MaxBytes > 0 && a.MaxBytes < limit {
+		limit = a.MaxBytes
+	}
+	var body []byte
+	if a.Body != nil {
+		body = []byte(*a.Body)
+	}
+	left, limited := g.Left[BudgetNetBytes]
+	if limited && left < int64(len(body)) {
+		return Output{}, fail(FailBudget, "budget net_bytes: %d left, the request body alone is %d", left, len(body))
+	}
+	if limited && left-int64(len(body)) < limit {
+		limit = left - int64(len(body))
+	}
+	// Wire bytes (headers included) are counted; net_bytes is charged
+	// with them, whatever the outcome.
+	var wire atomic.Int64
+	defer func() {
+		if c.Charge != nil {
+			c.Charge(BudgetNetBytes, wire.Load())
+		}
+	}()
+	guard := &netproxy.Guard{Explicit: g.NamesHost, Lookup: f.o.Lookup, Timeout: timeout}
+	tr := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := guard.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{Conn: conn, n: &wire}, nil
+		},
+		TLSClientConfig:        f.o.TLS,
+		DisableKeepAlives:      true,
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	defer tr.CloseIdleConnections()
+	var hops []string
+	// The audit record names every hop: host, port, and how it ended.
+	type hop struct {
+		Host   string `json:"host"`
+		Port   int    `json:"port"`
+		Method string `json:"method"`
+		Status int    `json:"status,omitempty"`
+		Reason string `json:"reason,omitempty"`
+	}
+	var trail []hop
+	first, _ := url.Parse(a.URL)
+	if hp, err := target(first); err == nil {
+		trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: method})
+	}
+	defer func() {
+		if c.Note != nil {
+			c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load()})
+		}
+	}()
+	client := &http.Client{
+		Transport: tr,
+		Timeout:   timeout,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if len(via) > f.o.MaxRedirects {
+				return fail(FailScope, "more than %d redirects", f.o.MaxRedirects)
+			}
+			if req.Response != nil && len(trail) > 0 {
+				trail[len(trail)-1].Status = req.Response.StatusCode
+			}
+			hp, err := target(req.URL)
+			if err != nil {
+				return fail(FailScope, "redirect to %s: %v", req.URL.Redacted(), err)
+			}
+			if !g.AllowsHost(hp.Host, hp.Port) {
+				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "host not allowed"})
+				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", req.URL.Redacted(), hp.Host, hp.Port)
+			}
+			trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method})
+			hops = append(hops, req.URL.Redacted())
+			return nil
+		},
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { sent.Store(true) },
+	})
+	req, err := http.NewRequestWithContext(ctx, method, a.URL, bytes.NewReader(body))
+	if err != nil {
+		return Output{}, argsError("request: %v", err)
+	}
+	for k, v := range a.Headers {
+		s, ok := v.(string)
+		if !ok {
+			return Output{}, argsError("header %s: value must be a string", k)
+		}
+		req.Header.Set(k, s)
+	}
+	resp, err := client.Do(req)
+	if err != nil && len(trail) > 0 && trail[len(trail)-1].Reason == "" {
+		trail[len(trail)-1].Reason = err.Error()
+	}
+	if err != nil {
+		var fl *Failure
+		var ae *netproxy.AddrError
+		switch {
+		case errors.As(err, &fl):
+			return Output{}, fl
+		case errors.As(err, &ae):
+			return Output{}, fail(FailScope, "net.fetch %s: %v", method, ae)
+		case mutating && sent.Load():
+			return Output{}, fail(FailUnknown, "net.fetch %s %s: the request was sent but no response was received (%v); it will not be sent again", method, req.URL.Redacted(), err)
+		case ctx.Err() != nil:
+			return Output{}, ctxFailure(ctx, err)
+		}
+		return Output{}, fmt.Errorf("net.fetch %s: %w", method, err)
+	}
+	defer resp.Body.Close()
+	if len(trail) > 0 {
+		trail[len(trail)-1].Status = resp.StatusCode
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		if mutating {
+			return Output{}, fail(FailUnknown, "net.fetch %s %s: reading the response failed (%v) after status %d; it will not be sent again", method, req.URL.Redacted(), err, resp.StatusCode)
+		}
+		if ctx.Err() != nil {
+			return Output{}, ctxFailure(ctx, err)
+		}
+		return Output{}, fmt.Errorf("net.fetch: reading the response: %w", err)
+	}
+	truncated := int64(len(data)) > limit
+	if truncated {
+		data = data[:limit]
+	}
+	headers := map[string]string{}
+	keys := make([]string, 0, len(resp.Header))
+	for k := range resp.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		headers[strings.ToLower(k)] = strings.Join(resp.Header.Values(k), ", ")
+	}
+	out := map[string]any{
+		"status": resp.StatusCode, "headers": headers, "truncated": truncated, "final_url": resp.Request.URL.Redacted(),
+		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": wire.Load(),
+	}
+	putText(out, "body", data)
+	return output(out)
+}
+
+// RegisterFetch registers net.fetch with o (defaults filled in).
+func RegisterFetch(r *Registry, o FetchOptions) error {
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = 1 << 20
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = 30 * time.Second
+	}
+	if o.MaxTimeout <= 0 {
+		o.MaxTimeout = 2 * time.Minute
+	}
+	if o.MaxRedirects <= 0 {
+		o.MaxRedirects = 10
+	}
+	return r.Register(func() Syscall { return &fetchSys{o: &o} })
+}
