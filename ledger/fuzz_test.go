@@ -250,6 +250,20 @@ func hash32(b []byte, def [32]byte) [32]byte {
 	return def
 }
 
+// proofBytes concatenates a vector proof's hashes, the form the proof
+// fuzz targets take.
+func proofBytes(f *testing.F, hashes []string) []byte {
+	var p []byte
+	for _, h := range hashes {
+		sum, err := digest.Parse(h)
+		if err != nil {
+			f.Fatal(err)
+		}
+		p = append(p, sum[:]...)
+	}
+	return p
+}
+
 // FuzzVerifyInclusion checks inclusion proofs against the golden tree of 17
 // entries: VerifyInclusion must never panic, and given the true root of a
 // tree size within the tree it must accept nothing but the true leaf and
@@ -259,14 +273,7 @@ func FuzzVerifyInclusion(f *testing.F) {
 	v := loadMerkleVectors(f)
 	leaves := goldenLeaves(f, v)
 	for _, c := range v.Inclusion {
-		var p []byte
-		for _, h := range c.Proof {
-			sum, err := digest.Parse(h)
-			if err != nil {
-				f.Fatal(err)
-			}
-			p = append(p, sum[:]...)
-		}
+		p := proofBytes(f, c.Proof)
 		f.Add(c.Index, c.Size, []byte(nil), p, []byte(nil))
 		f.Add(c.Index, c.Size+1, []byte(nil), p, []byte(nil))
 		f.Add(c.Index^1, c.Size, []byte(nil), p, []byte(nil))
@@ -308,14 +315,7 @@ func FuzzVerifyConsistency(f *testing.F) {
 	v := loadMerkleVectors(f)
 	leaves := goldenLeaves(f, v)
 	for _, c := range v.Consistency {
-		var p []byte
-		for _, h := range c.Proof {
-			sum, err := digest.Parse(h)
-			if err != nil {
-				f.Fatal(err)
-			}
-			p = append(p, sum[:]...)
-		}
+		p := proofBytes(f, c.Proof)
 		f.Add(c.Size1, c.Size2, p, []byte(nil), []byte(nil))
 		f.Add(c.Size1+1, c.Size2, p, []byte(nil), []byte(nil))
 		f.Add(c.Size1, c.Size2, p, leaves[0][:], []byte(nil))
