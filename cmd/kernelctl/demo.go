@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -88,6 +89,8 @@ type demoKernel interface {
 	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
 	Bundle(ctx context.Context, receiptID string) (*kernel.Bundle, error)
 	JWKS(ctx context.Context) ([]byte, error)
+	Approvals(ctx context.Context) ([]kernel.ApprovalRequest, error)
+	Decide(ctx context.Context, id, approverToken, decision, reason string) error
 }
 
 type localDemo struct{ k *kernel.Kernel }
@@ -108,6 +111,13 @@ func (l localDemo) Bundle(_ context.Context, id string) (*kernel.Bundle, error) 
 	return l.k.Inspector().Bundle(id)
 }
 func (l localDemo) JWKS(context.Context) ([]byte, error) { return l.k.JWKS() }
+func (l localDemo) Approvals(context.Context) ([]kernel.ApprovalRequest, error) {
+	return l.k.Approvals(false), nil
+}
+func (l localDemo) Decide(_ context.Context, id, tok, decision, reason string) error {
+	_, err := l.k.Decide(id, tok, decision, reason)
+	return err
+}
 func (l localDemo) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
 	return l.k.Inspector().ReplayVerify()
 }
@@ -132,6 +142,13 @@ func (r remoteDemo) Bundle(ctx context.Context, id string) (*kernel.Bundle, erro
 	return r.c.Bundle(ctx, id)
 }
 func (r remoteDemo) JWKS(ctx context.Context) ([]byte, error) { return r.c.JWKS(ctx) }
+func (r remoteDemo) Approvals(ctx context.Context) ([]kernel.ApprovalRequest, error) {
+	return r.c.Approvals(ctx, false)
+}
+func (r remoteDemo) Decide(ctx context.Context, id, tok, decision, reason string) error {
+	_, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP, Credential: tok}).Decide(ctx, id, decision, reason)
+	return err
+}
 func (r remoteDemo) Verify(ctx context.Context) (kernel.LedgerCheck, error) {
 	return r.c.VerifyLedger(ctx)
 }
@@ -201,13 +218,16 @@ func summary(r *kernel.Result) string {
 	}
 	var res map[string]any
 	json.Unmarshal(r.Result, &res)
-	for _, f := range []string{"text", "size", "truncated", "version"} {
+	for _, f := range []string{"text", "size", "truncated", "version", "exit_code"} {
 		if v, ok := res[f]; ok {
 			parts = append(parts, fmt.Sprintf("%s=%v", f, v))
 		}
 	}
 	if e, ok := res["entries"].([]any); ok {
 		parts = append(parts, fmt.Sprintf("entries=%d", len(e)))
+	}
+	if d, ok := res["delta"].([]any); ok {
+		parts = append(parts, fmt.Sprintf("files_changed=%d", len(d)))
 	}
 	return strings.Join(parts, " ")
 }
@@ -231,7 +251,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 
 	mint := func(agent string, budgets map[string]int64) (*session, error) {
 		t, err := k.Mint(ctx, kernel.TokenRequest{
-			AgentID: agent, Tools: []string{"echo", "fs.*", "kv.*"},
+			AgentID: agent, Tools: []string{"echo", "fs.*", "kv.*", "proc.exec"},
 			FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}, Budgets: budgets,
 		})
 		if err != nil {
@@ -264,6 +284,18 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 	s.call(ctx, "write without idempotency key", "fs.write", map[string]any{"path": "x.txt", "content": "x"}, "", nil, kernel.ErrIdempotencyKeyRequired)
 	s.call(ctx, "put a kv entry", "kv.put", map[string]any{"key": "progress", "value": map[string]any{"step": 1}}, key("kv1"), nil, "")
 	s.call(ctx, "run a tool the kernel lacks", "web.search", map[string]any{"query": "capkernel"}, "", nil, kernel.ErrToolNotFound)
+	// EXECUTE needs a human by default: a reviewer approves the build
+	// while the call waits; it runs in the sandbox and its write commits.
+	reviewer, err := k.Mint(ctx, kernel.TokenRequest{AgentID: "demo-reviewer", Role: captoken.RoleApprover})
+	if err != nil {
+		return err
+	}
+	approved := make(chan string, 1)
+	go func() { approved <- approveNext(ctx, k, reviewer.Token, "proc.exec") }()
+	s.call(ctx, "build in the sandbox (approved)", "proc.exec", map[string]any{"argv": []string{"sh", "-c", "cat README.md > build.txt"}}, key("x1"), nil, "")
+	if who := <-approved; who != "" {
+		fmt.Fprintf(out, "        %s\n", who)
+	}
 
 	tight, err := mint("demo-agent-tight", map[string]int64{"calls": 2})
 	if err != nil {
@@ -346,4 +378,24 @@ func showBundle(ctx context.Context, k demoKernel, out io.Writer, r *kernel.Resu
 	fmt.Fprintf(out, "receipt %s of the write: bundle verified offline (signature, audit record seq %d, inclusion proof of %d hashes in the signed checkpoint of %d entries)\n",
 		clip(c.Receipt.ReceiptID, 13), c.Receipt.LedgerSeq, len(b.Inclusion.Proof), c.Checkpoint.Size)
 	return nil
+}
+
+// approveNext waits for the next approval request for tool and allows it
+// as the reviewer; it says what it did.
+func approveNext(ctx context.Context, k demoKernel, reviewer, tool string) string {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		list, err := k.Approvals(ctx)
+		if err != nil {
+			return "approvals: " + err.Error()
+		}
+		for _, a := range list {
+			if a.ToolID == tool {
+				if err := k.Decide(ctx, a.ID, reviewer, "allow", "build step reviewed"); err != nil {
+					return "approve: " + err.Error()
+				}
+				return fmt.Sprintf("(demo-reviewer approved %s %s: %s)", a.Mode, a.ID, strings.Join(a.ProjectedEffects, "; "))
+			}
+		}
+	}
+	return "no approval request arrived within a minute"
 }
