@@ -70,8 +70,8 @@ func TestVerbsOnDataDir(t *testing.T) {
 	// Receipts: list filters, show, verify against the data dir.
 	var list []kernel.ReceiptInfo
 	json.Unmarshal([]byte(must("receipts", "list", "--data", data, "--outcome", "committed", "--json")), &list)
-	if len(list) != 3 {
-		t.Fatalf("%d committed receipts after the demo, want 3 (write, patch, kv put)", len(list))
+	if len(list) != 4 {
+		t.Fatalf("%d committed receipts after the demo, want 4 (write, patch, kv put, the approved build)", len(list))
 	}
 	for _, r := range list {
 		if r.Receipt.TxOutcome != kernel.Committed {
