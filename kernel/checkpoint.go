@@ -2,14 +2,12 @@ package kernel
 
 import (
 	"context"
-	"crypto/ed25519"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
 
 	"go.etcd.io/bbolt"
-	"golang.org/x/mod/sumdb/note"
 
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/store"
@@ -27,21 +25,6 @@ import (
 // bucketStable lists the stable checkpoints: counter (8 bytes big-endian,
 // from 0) -> number of the checkpoint marked (8 bytes big-endian).
 var bucketStable = []byte("stable_checkpoints")
-
-// newCheckpointSigner returns the signer of the kernel's checkpoints.
-func newCheckpointSigner(kernelID string, key ed25519.PrivateKey) (note.Signer, error) {
-	s, err := ledger.NewCheckpointSigner(kernelID, key)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint signer for %s: %w", kernelID, err)
-	}
-	return s, nil
-}
-
-// CheckpointVerifier returns the note verifier of the checkpoints of the
-// kernel origin, signed with the receipt key pub.
-func CheckpointVerifier(origin string, pub ed25519.PublicKey) (note.Verifier, error) {
-	return ledger.NewCheckpointVerifier(origin, pub)
-}
 
 // afterBatch signs and stores a checkpoint of the ledger when the batch
 // appended to it.

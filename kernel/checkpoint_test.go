@@ -55,7 +55,7 @@ func TestCheckpointPerGroupCommit(t *testing.T) {
 	if len(cps) < 2 {
 		t.Fatalf("%d checkpoints after a burst", len(cps))
 	}
-	v, err := CheckpointVerifier(h.k.ID(), h.k.ReceiptKey())
+	v, err := ledger.NewCheckpointVerifier(h.k.ID(), h.k.ReceiptKey())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestProofsAgainstCheckpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, _ := CheckpointVerifier(h.k.ID(), h.k.ReceiptKey())
+	v, _ := ledger.NewCheckpointVerifier(h.k.ID(), h.k.ReceiptKey())
 	signed, err := ledger.OpenCheckpoint([]byte(cp.Note), v)
 	if err != nil {
 		t.Fatal(err)

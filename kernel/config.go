@@ -223,16 +223,6 @@ func ensurePublicKey(path string, key ed25519.PrivateKey) error {
 	return nil
 }
 
-// LoadPublicKey reads an Ed25519 public key in PKIX PEM, such as
-// ReceiptPublicKeyFile.
-func LoadPublicKey(path string) (ed25519.PublicKey, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return ParsePublicKey(b)
-}
-
 // ParsePublicKey parses an Ed25519 public key in PKIX PEM.
 func ParsePublicKey(b []byte) (ed25519.PublicKey, error) {
 	blk, _ := pem.Decode(b)

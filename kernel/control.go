@@ -19,7 +19,7 @@ import (
 // without a session id are not capped. Waiting for an approval does not
 // hold a slot.
 
-// sessionID reads provenance.session_id, if it is a string.
+// sessionOf reads provenance.session_id, if it is a string.
 func sessionOf(prov json.RawMessage) string {
 	if len(prov) == 0 {
 		return ""
@@ -33,8 +33,6 @@ func sessionOf(prov json.RawMessage) string {
 	s, _ := p.SessionID.(string)
 	return s
 }
-
-func (c *call) sessionID() string { return c.session }
 
 // sessionGate is one session's slots and queue.
 type sessionGate struct {

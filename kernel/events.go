@@ -26,10 +26,6 @@ const (
 	EventConfirmationResolved  = "tool.confirmation_resolved"
 )
 
-// EventKinds lists every kind, for filters and docs.
-var EventKinds = []string{EventCalled, EventCompleted, EventFailed, EventInputInvalid, EventDenied,
-	EventConfirmationRequested, EventConfirmationResolved}
-
 // Event is one thing that happened to a call. The JSON field names are the
 // wire format of GET /v1/events.
 type Event struct {
@@ -156,7 +152,7 @@ func (b *eventBus) publish(e Event) {
 
 // event returns the event of kind about call c.
 func (c *call) event(kind string) Event {
-	e := Event{Kind: kind, OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID, SessionID: c.sessionID()}
+	e := Event{Kind: kind, OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID, SessionID: c.session}
 	e.SideEffect = string(c.effect)
 	return e
 }

@@ -93,7 +93,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	k.signer = receipts.NewSigner(receiptKey)
-	if k.cpSigner, err = newCheckpointSigner(s.KernelID, receiptKey); err != nil {
+	if k.cpSigner, err = ledger.NewCheckpointSigner(s.KernelID, receiptKey); err != nil {
 		return nil, err
 	}
 	if err := ensurePublicKey(filepath.Join(cfg.DataDir, ReceiptPublicKeyFile), receiptKey); err != nil {

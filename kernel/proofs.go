@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"go.etcd.io/bbolt"
 
@@ -241,11 +240,11 @@ func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
 	if err := MatchReceipt(r, c); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	unverified, err := ledger.ParseCheckpoint([]byte(noteText(b.Checkpoint)))
+	unverified, err := ledger.PeekCheckpoint([]byte(b.Checkpoint))
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	v, err := CheckpointVerifier(unverified.Origin, pub)
+	v, err := ledger.NewCheckpointVerifier(unverified.Origin, pub)
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
@@ -266,13 +265,4 @@ func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
 	return &BundleCheck{Receipt: r, Checkpoint: cp}, nil
-}
-
-// noteText returns the text of a signed note: what comes before the blank
-// line that starts the signatures.
-func noteText(signed string) string {
-	if i := strings.Index(signed, "\n\n"); i >= 0 {
-		return signed[:i+1]
-	}
-	return signed
 }

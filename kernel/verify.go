@@ -37,7 +37,7 @@ func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progr
 }
 
 func verifyOptions(origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.VerifyOptions, *receiptChecker, error) {
-	v, err := CheckpointVerifier(origin, pub)
+	v, err := ledger.NewCheckpointVerifier(origin, pub)
 	if err != nil {
 		return ledger.VerifyOptions{}, nil, fmt.Errorf("checkpoint verifier for origin %q: %w", origin, err)
 	}

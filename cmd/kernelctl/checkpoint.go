@@ -79,7 +79,7 @@ func printProof(w io.Writer, summary string, hashes []string) {
 
 // openSigned checks a checkpoint's signature with pub and returns it.
 func openSigned(sc kernel.SignedCheckpoint, pub ed25519.PublicKey) (ledger.Checkpoint, error) {
-	v, err := kernel.CheckpointVerifier(sc.Origin, pub)
+	v, err := ledger.NewCheckpointVerifier(sc.Origin, pub)
 	if err != nil {
 		return ledger.Checkpoint{}, err
 	}

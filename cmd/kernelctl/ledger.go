@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -127,27 +128,31 @@ func verifyExportFile(cmd *cobra.Command, file, pubkeyFile, origin string) (kern
 	return check, err
 }
 
-// exportOrigin peeks into an export for the origin of its first checkpoint
-// line (one comes before the first entry's second line in every export
-// kernelctl writes: a checkpoint per group commit).
+// exportOrigin reads, without consuming it, the origin of the first
+// checkpoint line within the first MiB of an export (a kernel writes one
+// after its first group commit, so it comes within the first lines).
 func exportOrigin(br *bufio.Reader) (string, error) {
-	for n := 1 << 16; ; n *= 4 {
-		b, err := br.Peek(n)
-		i := bytes.Index(b, []byte("\n"+`{"checkpoint":"`))
-		if bytes.HasPrefix(b, []byte(`{"checkpoint":"`)) {
-			i = -1
-		} else if i < 0 && (err != nil || n >= 1<<26) {
-			return "", errors.New("no checkpoint line found to take the origin from")
-		} else if i < 0 {
+	b, err := br.Peek(br.Size())
+	if err != nil && err != io.EOF && err != bufio.ErrBufferFull {
+		return "", err
+	}
+	for line := range bytes.Lines(b) {
+		if !bytes.HasPrefix(line, []byte(`{"checkpoint":`)) {
 			continue
 		}
-		start := i + 1 + len(`{"checkpoint":"`)
-		end := bytes.Index(b[start:], []byte(`\n`))
-		if end <= 0 {
-			return "", errors.New("malformed checkpoint line")
+		var l struct {
+			Checkpoint string `json:"checkpoint"`
 		}
-		return string(b[start : start+end]), nil
+		if err := json.Unmarshal(line, &l); err != nil {
+			return "", fmt.Errorf("checkpoint line: %w", err)
+		}
+		c, err := ledger.PeekCheckpoint([]byte(l.Checkpoint))
+		if err != nil {
+			return "", err
+		}
+		return c.Origin, nil
 	}
+	return "", errors.New("no checkpoint line in the first MiB to take the origin from")
 }
 
 type countingReader struct {

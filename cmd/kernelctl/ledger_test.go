@@ -81,7 +81,10 @@ func TestLedgerProofsOverServer(t *testing.T) {
 		os.WriteFile(filepath.Join(d, url64(latest.Origin)), b, 0o600)
 		return d
 	}
-	root, _ := ledger.ParseCheckpoint([]byte(latest.Note[:strings.Index(latest.Note, "\n\n")+1]))
+	root, err := ledger.PeekCheckpoint([]byte(latest.Note))
+	if err != nil {
+		t.Fatal(err)
+	}
 	forked := root
 	forked.Root[0] ^= 1
 	fail("FORK", append([]string{"ledger", "checkpoint", "--state", remember(forked)}, srv...)...)
