@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/txn"
 )
 
 type fetchResult struct {
@@ -106,6 +109,18 @@ func TestFetch(t *testing.T) {
 			}
 			if want, ok := reasons[tc.name]; ok && !strings.Contains(r.Error.Message, want) {
 				t.Fatalf("message %q does not say %q", r.Error.Message, want)
+			}
+			if limit, ok := tc.budgets[txn.BudgetNetBytes]; ok {
+				// The bytes went over the wire: they are charged even
+				// though the call was refused for them.
+				var left txn.Usage
+				h.k.View(func(tx *bbolt.Tx) (err error) {
+					left, err = txn.Remaining(tx, h.jti, txn.Usage{txn.BudgetNetBytes: limit})
+					return err
+				})
+				if left[txn.BudgetNetBytes] != 0 {
+					t.Fatalf("%d of %d net_bytes left after an over-budget fetch", left[txn.BudgetNetBytes], limit)
+				}
 			}
 			if tc.class != "" {
 				return

@@ -519,11 +519,10 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
 		}
-		want := txn.Usage{txn.BudgetCalls: 1}
-		for n, v := range c.usage() {
-			want[n] += v
-		}
-		err := txn.Charge(tx, c.token.Claims.ID, want, limits)
+		// The call counts only if its budget allows; what it consumed
+		// running is charged either way.
+		err := errors.Join(txn.Charge(tx, c.token.Claims.ID, txn.Usage{txn.BudgetCalls: 1}, limits),
+			txn.Consume(tx, c.token.Claims.ID, c.usage(), limits))
 		var te *txn.Error
 		if errors.As(err, &te) {
 			c.setOutcome(nil, te.Class, te.Message, NoOp)

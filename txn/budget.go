@@ -79,6 +79,24 @@ func Charge(tx *bbolt.Tx, tokenID string, want, limits Usage) error {
 	return adjust(tx, tokenID, used, want)
 }
 
+// Consume adds used, what a call that already ran consumed, to the token's
+// budgets whatever the limits: the bytes were sent, the CPU was spent. It
+// returns a budget refusal when that takes a budget past its limit.
+func Consume(tx *bbolt.Tx, tokenID string, used, limits Usage) error {
+	if len(used) == 0 {
+		return nil
+	}
+	before, err := usageOf(tx, tokenID)
+	if err != nil {
+		return err
+	}
+	over := checkBudget(before, used, limits)
+	if err := adjust(tx, tokenID, before, used); err != nil {
+		return err
+	}
+	return over
+}
+
 // Remaining returns, for each budget limits names, what is left of it for
 // the token (never below 0). Budgets absent from limits are unlimited and
 // absent from the result.
