@@ -27,23 +27,31 @@ import (
 // ASCII DNS name match nothing. A DNS name may not end in an all-digit
 // label, since resolvers may read such a name ("127.1") as an address.
 func (c Capability) AllowsHost(host string, port int) bool {
+	allowed, _ := c.matchHost(host, port)
+	return allowed
+}
+
+// matchHost reports whether a pattern of c allows host on port, and
+// whether one that does names it explicitly (an IP literal equal to it or
+// a DNS name, not a wildcard, equal to it).
+func (c Capability) matchHost(host string, port int) (allowed, named bool) {
 	if port < 1 || port > 65535 {
-		return false
+		return false, false
 	}
 	inner, bracketed := strings.CutPrefix(host, "[")
 	if bracketed {
 		if host, bracketed = strings.CutSuffix(inner, "]"); !bracketed {
-			return false
+			return false, false
 		}
 	}
 	addr, err := netip.ParseAddr(host)
 	isAddr := err == nil
 	if isAddr && addr.Zone() != "" || bracketed && !(isAddr && addr.Is6()) {
-		return false
+		return false, false
 	}
 	name := lowerASCII(strings.TrimSuffix(host, "."))
 	if !isAddr && validDNSName(name) != nil {
-		return false
+		return false, false
 	}
 	for _, s := range c.Net {
 		p, err := parseHostPattern(s)
@@ -52,22 +60,22 @@ func (c Capability) AllowsHost(host string, port int) bool {
 		}
 		switch {
 		case p.any:
-			return true
+			allowed = true
 		case isAddr:
 			if p.addr == addr {
-				return true
+				return true, true
 			}
 		case p.addr.IsValid():
 			// An IP pattern matches no name.
 		case p.wildcard:
 			if len(name) > len(p.name)+1 && strings.HasSuffix(name, "."+p.name) {
-				return true
+				allowed = true
 			}
 		case name == p.name:
-			return true
+			return true, true
 		}
 	}
-	return false
+	return allowed, false
 }
 
 // hostPattern is a parsed Capability.Net entry.
@@ -86,22 +94,8 @@ type hostPattern struct {
 // metadata addresses only for such hosts; "*" and "*.example.com" never
 // grant them.
 func (c Capability) NamesHost(host string, port int) bool {
-	if !c.AllowsHost(host, port) {
-		return false
-	}
-	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	addr, err := netip.ParseAddr(h)
-	name := lowerASCII(strings.TrimSuffix(h, "."))
-	for _, s := range c.Net {
-		p, err2 := parseHostPattern(s)
-		if err2 != nil || p.any || p.wildcard || (p.port != 0 && p.port != port) {
-			continue
-		}
-		if err == nil && p.addr == addr || err != nil && !p.addr.IsValid() && p.name == name {
-			return true
-		}
-	}
-	return false
+	_, named := c.matchHost(host, port)
+	return named
 }
 
 // AllowsAnyHost reports whether c holds the pattern "*".

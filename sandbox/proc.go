@@ -143,11 +143,7 @@ func (k *killer) waitGone(max time.Duration) {
 		if pidNS(init) != ns {
 			return
 		}
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(init) + "/stat")
-		if err != nil {
-			return
-		}
-		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+		if exited(init) {
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
@@ -321,15 +317,22 @@ func killStale(dir string) int {
 	deadline := time.Now().Add(time.Second)
 	for _, pid := range pids {
 		for time.Now().Before(deadline) {
-			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-			if err != nil {
-				break
-			}
-			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+			if exited(pid) {
 				break
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	return len(pids)
+}
+
+// exited reports whether process pid is gone or a zombie (its state in
+// /proc/pid/stat, after the command name, is Z or X).
+func exited(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }

@@ -151,7 +151,7 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 		return "", errStageClosed
 	}
 	old, _, err := hashFile(r.Root, r.Rel)
-	if err != nil && !strings.Contains(err.Error(), "not a regular file") {
+	if err != nil && !errors.Is(err, errNotRegular) {
 		return "", err
 	}
 	pool, ok := s.pools[r.RootPath]
@@ -307,6 +307,9 @@ func (s *Stage) Roots() []*os.Root {
 	return out
 }
 
+// errNotRegular marks a path that exists but is not a regular file.
+var errNotRegular = errors.New("not a regular file")
+
 // hashFile returns the digest and mode of the regular file rel, or "" when
 // nothing exists there.
 func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
@@ -323,7 +326,7 @@ func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
 		return "", 0, fmt.Errorf("stat %s: %w", rel, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return "", fi.Mode(), fmt.Errorf("%s is not a regular file", rel)
+		return "", fi.Mode(), fmt.Errorf("%s: %w", rel, errNotRegular)
 	}
 	h := blake3.New()
 	if _, err := io.Copy(h, f); err != nil {
