@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -76,20 +77,20 @@ const (
 	ErrTokenInvalid           = "token_invalid"
 	ErrTokenRevoked           = "token_revoked"
 	ErrPermissionDenied       = "permission_denied"
-	ErrScopeDenied            = "scope_denied"
+	ErrScopeDenied            = syscalls.FailScope
 	ErrPolicyMismatch         = "policy_mismatch"
 	ErrPolicyDenied           = "policy_denied"
 	ErrApprovalDenied         = "approval_denied"
 	ErrApprovalTimeout        = "approval_timeout"
 	ErrPreconditionFailed     = "precondition_failed"
-	ErrBudgetExceeded         = "budget_exceeded"
+	ErrBudgetExceeded         = syscalls.FailBudget
 	ErrConcurrencyExceeded    = "concurrency_exceeded" // the session's queue of waiting calls is full
 	ErrIdempotencyKeyRequired = "idempotency_key_required"
 	ErrIdempotencyConflict    = "idempotency_conflict"
 	ErrIdempotencyInFlight    = "idempotency_in_flight"
-	ErrOutcomeUnknown         = "outcome_unknown"
-	ErrTimeout                = "timeout"
-	ErrCancelled              = "cancelled"
+	ErrOutcomeUnknown         = syscalls.FailUnknown // syscalls report these classes themselves
+	ErrTimeout                = syscalls.FailTimeout
+	ErrCancelled              = syscalls.FailCancelled
 	ErrExecution              = "execution_error"
 	ErrInternal               = "internal"
 )

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/netproxy"
 	"github.com/capkernel/capkernel/sandbox"
 )
@@ -343,11 +344,11 @@ func ctxFailure(ctx context.Context, err error) *Failure {
 	return fail(FailCancelled, "%v", err)
 }
 
-// Budget names, as in capability tokens.
+// Budget names, as capability tokens name them.
 const (
-	BudgetCPUMillis      = "cpu_ms"
-	BudgetDiskWriteBytes = "disk_write_bytes"
-	BudgetNetBytes       = "net_bytes"
+	BudgetCPUMillis      = captoken.BudgetCPUMillis
+	BudgetDiskWriteBytes = captoken.BudgetDiskWriteBytes
+	BudgetNetBytes       = captoken.BudgetNetBytes
 )
 
 // RegisterExec registers proc.exec with o (defaults filled in).

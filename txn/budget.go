@@ -6,18 +6,20 @@ import (
 	"sort"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/captoken"
 )
 
 // Usage counts budget units by name: calls, cpu_ms, disk_write_bytes,
 // net_bytes.
 type Usage map[string]int64
 
-// Budget names.
+// Budget names, as capability tokens name them.
 const (
-	BudgetCalls          = "calls"
-	BudgetCPUMillis      = "cpu_ms"
-	BudgetDiskWriteBytes = "disk_write_bytes"
-	BudgetNetBytes       = "net_bytes"
+	BudgetCalls          = captoken.BudgetCalls
+	BudgetCPUMillis      = captoken.BudgetCPUMillis
+	BudgetDiskWriteBytes = captoken.BudgetDiskWriteBytes
+	BudgetNetBytes       = captoken.BudgetNetBytes
 )
 
 func usageOf(tx *bbolt.Tx, tokenID string) (Usage, error) {
