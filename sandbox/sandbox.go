@@ -118,6 +118,10 @@ const (
 	SymlinksRecord                      // the delta records them (Type TypeSymlink, Target), never following them
 )
 
+// DefaultKillGrace is Options.KillGrace unless set: the time between
+// SIGTERM and SIGKILL on a timeout or cancellation.
+const DefaultKillGrace = 3 * time.Second
+
 // Options configure a Sandbox.
 type Options struct {
 	Bwrap      string        // bwrap binary, a name looked up in PATH or a path; default "bwrap"
@@ -185,7 +189,7 @@ func New(opts Options) *Sandbox {
 		opts.StagingDir = os.TempDir()
 	}
 	if opts.KillGrace <= 0 {
-		opts.KillGrace = 3 * time.Second
+		opts.KillGrace = DefaultKillGrace
 	}
 	if opts.ProxyPort <= 0 {
 		opts.ProxyPort = 3128

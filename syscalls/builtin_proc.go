@@ -31,8 +31,6 @@ type ExecOptions struct {
 	// DefaultTimeout applies when a call gives no timeout_s (default 60 s);
 	// MaxTimeout caps timeout_s (default 10 min).
 	DefaultTimeout, MaxTimeout time.Duration
-	// KillGrace is the SIGTERM → SIGKILL grace (the sandbox's; default 3 s).
-	KillGrace time.Duration
 	// MaxOutput caps the bytes of stdout and of stderr kept (default 1 MiB each).
 	MaxOutput int64
 	// FileSize is RLIMIT_FSIZE (default 256 MiB); Processes the process
@@ -65,7 +63,7 @@ func (e *execSys) Definition() Definition {
 			"network is \"off\" (default), \"allowlist\" (HTTP(S)_PROXY admitting the token's net patterns) or \"full\".",
 		SideEffect: Execute,
 		SelfTimed:  true,
-		Timeout:    e.o.MaxTimeout + 2*e.o.KillGrace + time.Minute,
+		Timeout:    e.o.MaxTimeout + 2*sandbox.DefaultKillGrace + time.Minute,
 		InputSchema: json.RawMessage(`{"type":"object","properties":{
 			"argv":{"type":"array","items":{"type":"string"},"minItems":1,"description":"The command and its arguments; argv[0] is looked up in PATH."},
 			"cwd":{"type":"string","description":"Working directory, in a token root (relative paths are relative to the first root; default the first root)."},
@@ -358,9 +356,6 @@ func RegisterExec(r *Registry, o ExecOptions) error {
 	}
 	if o.MaxTimeout <= 0 {
 		o.MaxTimeout = 10 * time.Minute
-	}
-	if o.KillGrace <= 0 {
-		o.KillGrace = 3 * time.Second
 	}
 	if o.MaxOutput <= 0 {
 		o.MaxOutput = 1 << 20
