@@ -361,3 +361,34 @@ func equalEntries(a, b Entry) bool {
 	return a.Seq == b.Seq && a.Kind == b.Kind && a.Time == b.Time && a.PrevHash == b.PrevHash &&
 		string(a.Body) == string(b.Body) && a.Hash == b.Hash
 }
+
+// ParseEntry accepts exactly a canonical record whose entry_hash
+// recomputes.
+func TestParseEntry(t *testing.T) {
+	e := Entry{Seq: 0, Kind: "audit", Time: "2025-01-02T03:04:05.000000000Z", PrevHash: ZeroHash, Body: json.RawMessage(`{"a":1}`)}
+	h, err := EntryHash(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Hash = h
+	good := string(appendRecord(nil, &e))
+	tests := []struct {
+		name, rec string
+		ok        bool
+	}{
+		{"canonical", good, true},
+		{"not canonical", strings.Replace(good, `"a":1`, `"a": 1`, 1), false},
+		{"body changed", strings.Replace(good, `"a":1`, `"a":2`, 1), false},
+		{"entry_hash of another entry", strings.Replace(good, h[len(h)-4:], "0000", 1), false},
+		{"not JSON", "{", false},
+	}
+	for _, tc := range tests {
+		got, err := ParseEntry([]byte(tc.rec))
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if tc.ok && (got.Hash != h || string(got.Body) != `{"a":1}`) {
+			t.Errorf("%s: parsed %+v", tc.name, got)
+		}
+	}
+}
