@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/ledger"
 )
 
 // The suite's own wire types: only the fields of docs/http.md and TOOL-01
@@ -104,21 +105,16 @@ type Checkpoint struct {
 
 // InclusionProof is the answer of GET /v1/ledger/proof/inclusion.
 type InclusionProof struct {
-	LeafIndex  uint64      `json:"leaf_index"`
-	TreeSize   uint64      `json:"tree_size"`
-	LeafHash   string      `json:"leaf_hash"`
-	Proof      []string    `json:"proof"`
+	ledger.Inclusion
 	Root       string      `json:"root"`
 	Checkpoint *Checkpoint `json:"checkpoint"`
 }
 
 // ConsistencyProof is the answer of GET /v1/ledger/proof/consistency.
 type ConsistencyProof struct {
-	Size1 uint64   `json:"size1"`
-	Size2 uint64   `json:"size2"`
-	Proof []string `json:"proof"`
-	Root1 string   `json:"root1"`
-	Root2 string   `json:"root2"`
+	ledger.Consistency
+	Root1 string `json:"root1"`
+	Root2 string `json:"root2"`
 }
 
 const maxShown = 2048

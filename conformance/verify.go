@@ -16,7 +16,6 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"golang.org/x/mod/sumdb/note"
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/jcs"
@@ -453,44 +452,40 @@ func (t *T) VerifiedCheckpoint(query string) (Checkpoint, ledger.Checkpoint) {
 	return cp, c
 }
 
-func openCheckpoint(cp Checkpoint, keys map[string]ed25519.PublicKey) (ledger.Checkpoint, error) {
-	v, err := note.NewVerifier(cp.VerifierKey)
+// openNote opens a signed checkpoint note with whichever JWKS key signed
+// it under the note's own origin as key name; a note no published key
+// signed is refused (anyone could sign one with a key of their own). It
+// returns the checkpoint and the key's note verifier key string.
+func openNote(signed string, keys map[string]ed25519.PublicKey) (ledger.Checkpoint, string, error) {
+	unverified, err := ledger.PeekCheckpoint([]byte(signed))
 	if err != nil {
-		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q: %v", cp.VerifierKey, err)
+		return ledger.Checkpoint{}, "", err
 	}
-	// The verifier key is <name>+<hash>+base64(0x01 || pub): its key must
-	// be one the JWKS publishes, or anyone could sign checkpoints.
-	// The name holds no "+", the base64 may.
-	parts := strings.SplitN(cp.VerifierKey, "+", 3)
-	if len(parts) != 3 {
-		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q is not <name>+<hash>+<key>", cp.VerifierKey)
-	}
-	raw, err := base64.StdEncoding.DecodeString(parts[2])
-	if err != nil || len(raw) != 1+ed25519.PublicKeySize || raw[0] != 1 {
-		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q holds no Ed25519 key", cp.VerifierKey)
-	}
-	published := false
 	for _, k := range keys {
-		if bytes.Equal(k, raw[1:]) {
-			published = true
+		v, err := ledger.NewCheckpointVerifier(unverified.Origin, k)
+		if err != nil {
+			continue
+		}
+		if c, err := ledger.OpenCheckpoint([]byte(signed), v); err == nil {
+			vk, err := ledger.CheckpointVerifierKey(unverified.Origin, k)
+			return c, vk, err
 		}
 	}
-	if !published {
-		return ledger.Checkpoint{}, errors.New("the checkpoint key is not in the JWKS")
-	}
-	n, err := note.Open([]byte(cp.Note), note.VerifierList(v))
-	if err != nil {
-		return ledger.Checkpoint{}, fmt.Errorf("signed note does not verify: %v", err)
-	}
-	c, err := ledger.ParseCheckpoint([]byte(n.Text))
+	return ledger.Checkpoint{}, "", errors.New("the signed note carries no valid signature by a key of the JWKS under its origin")
+}
+
+// openCheckpoint verifies a checkpoint answer: its note signed by a JWKS
+// key, its verifier_key that key's, and its other fields the note's.
+func openCheckpoint(cp Checkpoint, keys map[string]ed25519.PublicKey) (ledger.Checkpoint, error) {
+	c, vk, err := openNote(cp.Note, keys)
 	if err != nil {
 		return ledger.Checkpoint{}, err
 	}
+	if vk != cp.VerifierKey {
+		return ledger.Checkpoint{}, fmt.Errorf("verifier_key %q is not the signing key's %q", cp.VerifierKey, vk)
+	}
 	if c.Origin != cp.Origin || c.Size != cp.Size || digest.Format(c.Root) != cp.Root {
 		return ledger.Checkpoint{}, fmt.Errorf("the answer's origin/size/root (%s %d %s) are not the note's (%s %d %s)", cp.Origin, cp.Size, cp.Root, c.Origin, c.Size, digest.Format(c.Root))
-	}
-	if v.Name() != c.Origin {
-		return ledger.Checkpoint{}, fmt.Errorf("key name %q is not the origin %q", v.Name(), c.Origin)
 	}
 	return c, nil
 }
@@ -509,27 +504,7 @@ func verifyInclusion(p InclusionProof, e Entry, c ledger.Checkpoint) error {
 	if p.LeafIndex != e.Seq || p.TreeSize != c.Size || p.LeafHash != e.Hash {
 		return fmt.Errorf("proof is of leaf %d/%d %s, want %d/%d %s", p.LeafIndex, p.TreeSize, p.LeafHash, e.Seq, c.Size, e.Hash)
 	}
-	leaf, err := digest.Parse(e.Hash)
-	if err != nil {
-		return err
-	}
-	path, err := parseHashes(p.Proof)
-	if err != nil {
-		return err
-	}
-	return ledger.VerifyInclusion(e.Seq, c.Size, leaf, path, c.Root)
-}
-
-func parseHashes(ss []string) ([][32]byte, error) {
-	out := make([][32]byte, len(ss))
-	for i, s := range ss {
-		h, err := digest.Parse(s)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = h
-	}
-	return out, nil
+	return p.Inclusion.Verify(c.Root)
 }
 
 // seqOf parses the seq of a state_snapshot_id.
