@@ -7,7 +7,7 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet rego-test unit-test fuzz bench demo clean bwrap
+.PHONY: build test vet rego-test unit-test fuzz bench bench-report demo clean bwrap
 
 build:
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
@@ -49,6 +49,13 @@ fuzz:
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/
 	$(GO) test -run='^$$' -bench='HTTP' -benchtime=3000x ./cmd/kernelctl/
+
+## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
+## durable writes against bare bbolt, the ledger at 1M entries and proc.exec
+## against bare bwrap, side by side in one run; writes docs/benchmarks.md and
+## docs/benchmarks.svg (about 5 minutes)
+bench-report: bwrap
+	$(GO) run ./cmd/benchreport
 
 ## demo: a scripted agent session through the kernel on a temporary data dir
 demo: bwrap

@@ -20,7 +20,7 @@ import (
 //
 //	make bench BENCH='Invoke|Baseline'
 
-var parallelisms = []int{1, 32}
+var parallelisms = []int{1, 8, 32, 64}
 
 // runParallel runs op b.N times spread over p goroutines and reports calls/s.
 func runParallel(b *testing.B, p int, op func(i int64)) {

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A point is one closed-loop load measurement: c workers, each sending its
+// next request as soon as the previous answer is read, for a fixed time.
+type point struct {
+	Target      string
+	Concurrency int
+	Calls       int
+	Seconds     float64
+	P50, P99    time.Duration
+	// ServerCPU is the server process's user+system CPU time per call;
+	// ClientCPU the load generator's.
+	ServerCPU, ClientCPU time.Duration
+}
+
+// Rate is the throughput in calls per second.
+func (p point) Rate() float64 { return float64(p.Calls) / p.Seconds }
+
+// A target is one server asked one question: body(w) is worker w's request
+// body, so workers can differ (a session each), and every answer must have
+// status 200 and contain want.
+type target struct {
+	name string
+	url  string
+	pid  int
+	body func(w int) []byte
+	want []byte
+}
+
+// measure runs c workers against t for warm then d, and reports the
+// measured part. An unexpected status or body fails the measurement: a
+// benchmark of errors measures nothing.
+func measure(client *http.Client, t target, c int, warm, d time.Duration) (point, error) {
+	var (
+		mu      sync.Mutex
+		lats    []time.Duration
+		failure error
+	)
+	stop := make(chan struct{})
+	measuring := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range c {
+		body := t.body(w)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			on := false
+			for {
+				select {
+				case <-stop:
+					mu.Lock()
+					lats = append(lats, mine...)
+					mu.Unlock()
+					return
+				case <-measuring:
+					on = true
+				default:
+				}
+				t0 := time.Now()
+				err := post(client, t.url, body, t.want)
+				if err != nil {
+					mu.Lock()
+					failure = fmt.Errorf("%s c=%d: %w", t.name, c, err)
+					mu.Unlock()
+					<-stop
+					return
+				}
+				if on {
+					mine = append(mine, time.Since(t0))
+				}
+			}
+		}()
+	}
+	time.Sleep(warm)
+	srv0, err := procCPU(t.pid)
+	if err != nil {
+		return point{}, err
+	}
+	cli0 := selfCPU()
+	start := time.Now()
+	close(measuring)
+	time.Sleep(d)
+	srv1, err := procCPU(t.pid)
+	if err != nil {
+		return point{}, err
+	}
+	cli1 := selfCPU()
+	elapsed := time.Since(start)
+	close(stop)
+	wg.Wait()
+	if failure != nil {
+		return point{}, failure
+	}
+	if len(lats) == 0 {
+		return point{}, fmt.Errorf("%s c=%d: no call completed in %v", t.name, c, d)
+	}
+	slices.Sort(lats)
+	// Calls finishing after the window closed still count in lats; the
+	// rate uses them over the time until the last one was stopped, which
+	// at most adds one call per worker.
+	n := len(lats)
+	return point{
+		Target: t.name, Concurrency: c, Calls: n, Seconds: elapsed.Seconds(),
+		P50: lats[n/2], P99: lats[n*99/100],
+		ServerCPU: (srv1 - srv0) / time.Duration(n), ClientCPU: (cli1 - cli0) / time.Duration(n),
+	}, nil
+}
+
+func post(client *http.Client, url string, body, want []byte) error {
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(b, want) {
+		return fmt.Errorf("status %d, answer %.300s (want it to contain %s)", resp.StatusCode, b, want)
+	}
+	return nil
+}
+
+// clockTick is USER_HZ, the unit of /proc/PID/stat's CPU times: 100 on
+// every Linux architecture Go supports.
+const clockTick = 10 * time.Millisecond
+
+// procCPU reads a process's user+system CPU time from /proc/PID/stat
+// (fields 14 and 15, counted after the parenthesised command name).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad CPU times %q %q", pid, f[11], f[12])
+	}
+	return time.Duration(utime+stime) * clockTick, nil
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -1,0 +1,339 @@
+// Command benchreport answers "what does governance cost?" with numbers
+// measured side by side in one run on one machine, and writes them to
+// docs/benchmarks.md with an SVG chart (docs/benchmarks.svg).
+//
+// It builds kernelctl and OPA (the version go.mod pins), serves each on
+// loopback as its own process, and, itself the load generator, asks both
+// the same question at several concurrencies: the kernel a full audited
+// call (token, policy, ledger, signed receipt), OPA's server the bare
+// policy decision the kernel makes for that call. Then it runs the
+// in-process benchmarks (go test -bench) for Invoke, durable writes
+// against bare bbolt, the ledger at one million entries and proc.exec
+// against bare bwrap.
+//
+// Run it from the module root (make bench-report does).
+//
+//	go run ./cmd/benchreport [-duration 3s] [-out docs/benchmarks.md]
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+var concurrencies = []int{1, 8, 32, 64}
+
+func main() {
+	duration := flag.Duration("duration", 3*time.Second, "measured time of each HTTP load point (after a 1 s warm-up)")
+	out := flag.String("out", "docs/benchmarks.md", "report to write")
+	svg := flag.String("svg", "docs/benchmarks.svg", "chart to write")
+	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
+	flag.Parse()
+	if err := run(*duration, *benchtime, *out, *svg); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(1)
+	}
+}
+
+func run(d time.Duration, benchtime, out, svg string) error {
+	began := time.Now()
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return fmt.Errorf("run from the module root: %w", err)
+	}
+	rep := &report{Began: began, Duration: d, Benchtime: benchtime, Command: "make bench-report"}
+	if err := rep.readMachine(); err != nil {
+		return err
+	}
+	bin := filepath.Join(root, "bin")
+	step("building kernelctl and opa (%s)", rep.OPAVersion)
+	if err := sh(nil, "go", "build", "-o", filepath.Join(bin, "kernelctl"), "./cmd/kernelctl"); err != nil {
+		return err
+	}
+	if err := sh([]string{"GOBIN=" + bin}, "go", "install", "github.com/open-policy-agent/opa"); err != nil {
+		return err
+	}
+
+	tmp, err := os.MkdirTemp("", "benchreport-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := rep.measureHTTP(bin, tmp, d); err != nil {
+		return err
+	}
+	if err := rep.measureInProcess(benchtime); err != nil {
+		return err
+	}
+	rep.Took = time.Since(began)
+	if err := os.WriteFile(out, rep.markdown(), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(svg, rep.chart(), 0o644); err != nil {
+		return err
+	}
+	step("wrote %s and %s in %v", out, svg, rep.Took.Round(time.Second))
+	return nil
+}
+
+func step(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "== "+format+"\n", a...)
+}
+
+func sh(env []string, name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// measureHTTP serves the kernel and OPA and measures both.
+func (r *report) measureHTTP(bin, tmp string, d time.Duration) error {
+	data, ws := filepath.Join(tmp, "data"), filepath.Join(tmp, "ws")
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(ws, "a.txt"), bytes.Repeat([]byte("a"), 1024), 0o644); err != nil {
+		return err
+	}
+	if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
+		return err
+	}
+	ks, err := startKernel(filepath.Join(bin, "kernelctl"), data)
+	if err != nil {
+		return err
+	}
+	defer ks.stop()
+	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
+	tok, err := c.Mint(ctx, kernel.TokenRequest{AgentID: "bench", Tools: []string{"echo", "fs.read"}, FS: []captoken.FSRoot{{Path: ws, Mode: "r"}}})
+	if err != nil {
+		return fmt.Errorf("mint: %w", err)
+	}
+	ph, err := c.PolicyHash(ctx)
+	if err != nil {
+		return err
+	}
+	// Each worker is its own agent session, as concurrent agents are.
+	env := func(tool string, args string) func(w int) []byte {
+		return func(w int) []byte {
+			b, _ := json.Marshal(map[string]any{
+				"tool_id": tool, "args": json.RawMessage(args), "agent_id": tok.AgentID,
+				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
+				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
+			})
+			return b
+		}
+	}
+	readEnv := env("fs.read", `{"path":"a.txt"}`)
+	input, err := policyInput(ctx, &httpapi.Client{BaseURL: ks.url}, c, readEnv(0))
+	if err != nil {
+		return err
+	}
+	r.OPAInput = string(input)
+
+	opa, err := startOPA(filepath.Join(bin, "opa"), tmp)
+	if err != nil {
+		return err
+	}
+	defer opa.stop()
+	opaBody, _ := json.Marshal(map[string]json.RawMessage{"input": input})
+
+	targets := []target{
+		{name: "kernel echo", url: ks.url + "/v1/syscalls", pid: ks.pid, body: env("echo", `{"text":"hello"}`), want: []byte(`"status":"ok"`)},
+		{name: "kernel fs.read 1 KiB", url: ks.url + "/v1/syscalls", pid: ks.pid, body: readEnv, want: []byte(`"status":"ok"`)},
+		{name: "OPA server decision", url: opa.url + "/v1/data/capkernel/decision", pid: opa.pid,
+			body: func(int) []byte { return opaBody }, want: []byte(`"autonomy_mode":"autopilot"`)},
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
+	for _, n := range concurrencies {
+		for _, t := range targets {
+			step("HTTP %s at c=%d", t.name, n)
+			p, err := measure(client, t, n, time.Second, d)
+			if err != nil {
+				return err
+			}
+			r.HTTP = append(r.HTTP, p)
+		}
+	}
+	return nil
+}
+
+// policyInput makes one call and reads the policy input the kernel
+// decided it with back from its receipt bundle's audit record (read with
+// the admin credential), so OPA is asked exactly the kernel's question.
+func policyInput(ctx context.Context, caller, admin *httpapi.Client, envelope []byte) (json.RawMessage, error) {
+	res, _, err := caller.Call(ctx, envelope)
+	if err != nil {
+		return nil, err
+	}
+	if res.Status != kernel.StatusOK {
+		return nil, fmt.Errorf("first fs.read: %+v", res.Error)
+	}
+	b, err := admin.Bundle(ctx, res.ReceiptID)
+	if err != nil {
+		return nil, err
+	}
+	e, err := ledger.ParseEntry([]byte(b.Entry))
+	if err != nil {
+		return nil, err
+	}
+	var rec struct {
+		PolicyInput json.RawMessage `json:"policy_input"`
+	}
+	if err := json.Unmarshal(e.Body, &rec); err != nil || len(rec.PolicyInput) == 0 {
+		return nil, fmt.Errorf("receipt %s: audit record has no policy_input (%v)", res.ReceiptID, err)
+	}
+	return rec.PolicyInput, nil
+}
+
+type proc struct {
+	cmd *exec.Cmd
+	pid int
+	url string
+}
+
+func (p *proc) stop() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// startKernel runs kernelctl serve on a free loopback port and reads the
+// URL from its ready line ("serving <id> on http://127.0.0.1:PORT …").
+func startKernel(kernelctl, data string) (*proc, error) {
+	cmd := exec.Command(kernelctl, "serve", "--data", data, "--listen", "127.0.0.1:0")
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) < 4 || f[0] != "serving" {
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("kernelctl serve: no ready line (%q, %v)", line, err)
+	}
+	return &proc{cmd: cmd, pid: cmd.Process.Pid, url: f[3]}, nil
+}
+
+// startOPA serves the default policy bundle's module and data with OPA's
+// own server, quiet (no decision logs), and waits for its health check.
+func startOPA(opa, tmp string) (*proc, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dir := filepath.Join(tmp, "opa")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, name := range []string{"capkernel.rego", "data.json"} {
+		b, err := os.ReadFile(filepath.Join("policy", "rego", name))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, filepath.Join(dir, name))
+		if err := os.WriteFile(files[len(files)-1], b, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	cmd := exec.Command(opa, append([]string{"run", "--server", "--addr", addr, "--log-level", "error", "--disable-telemetry"}, files...)...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, url: "http://" + addr}
+	for range 100 {
+		if resp, err := http.Get(p.url + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p, nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.stop()
+	return nil, fmt.Errorf("opa run --server on %s: not healthy after 10 s", addr)
+}
+
+// measureInProcess runs the go test benchmarks the report quotes.
+func (r *report) measureInProcess(benchtime string) error {
+	runs := []struct {
+		what, pkg, pattern, benchtime string
+		env                           []string
+	}{
+		{"in-process Invoke", "./kernel/", "^BenchmarkInvoke$/^(echo|fs.read-1KiB)$", benchtime, nil},
+		{"durable writes", "./kernel/", "^BenchmarkInvoke$/^fs.write-1KiB$/^p=(1|32)$", benchtime, nil},
+		{"bare bbolt writes", "./kernel/", "^BenchmarkBaselineBoltPut$/^p=(1|32)$", benchtime, nil},
+		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
+		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^r-root$", "100x", nil},
+	}
+	for _, run := range runs {
+		step("%s (go test -bench)", run.what)
+		rs, err := goBench(run.pkg, run.pattern, run.benchtime, run.env...)
+		if err != nil {
+			return err
+		}
+		r.Go = append(r.Go, rs...)
+	}
+	return nil
+}
+
+// readMachine records what the numbers were measured on.
+func (r *report) readMachine() error {
+	r.GoVersion = runtime.Version()
+	r.CPUs = runtime.NumCPU()
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				r.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := exec.Command("uname", "-sr").Output(); err == nil {
+		r.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		r.Commit = strings.TrimSpace(string(b))
+	}
+	b, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/open-policy-agent/opa").Output()
+	if err != nil {
+		return fmt.Errorf("go list -m github.com/open-policy-agent/opa: %w", err)
+	}
+	r.OPAVersion = strings.TrimSpace(string(b))
+	return nil
+}
