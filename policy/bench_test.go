@@ -2,9 +2,11 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
 
 var benchInput = &Input{
@@ -13,17 +15,37 @@ var benchInput = &Input{
 }
 
 // BenchmarkDecide is the kernel's path: the query prepared once at Load.
+// Cached asks the same question each time (a decision cache hit); Evaluated
+// a new one each time, so the prepared query runs on every call.
+//
+//	GOEXPERIMENT=jsonv2 go test -run='^$' -bench=Decide ./policy/
 func BenchmarkDecide(b *testing.B) {
 	e, err := Load(context.Background(), "")
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := e.Decide(context.Background(), benchInput); err != nil {
-			b.Fatal(err)
+	b.Run("Cached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := e.Decide(context.Background(), benchInput); err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
+	})
+	b.Run("Evaluated", func(b *testing.B) {
+		ins := make([]Input, b.N)
+		for i := range ins {
+			ins[i] = *benchInput
+			ins[i].AgentID = fmt.Sprint("agent-", i)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			if _, err := e.Decide(context.Background(), &ins[i]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkDecideUnprepared is the baseline: the same question asked by
@@ -34,14 +56,20 @@ func BenchmarkDecideUnprepared(b *testing.B) {
 		b.Fatal(err)
 	}
 	opts := []func(*rego.Rego){rego.Query(Query)}
+	data := map[string]any{}
 	for _, f := range bd.files {
-		if f.path == "capkernel.rego" {
+		switch f.path {
+		case "capkernel.rego":
 			opts = append(opts, rego.Module(f.path, string(f.content)))
+		case "data.json":
+			if err := mergeData(data, f); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		rs, err := rego.New(append(opts, rego.Input(benchInput))...).Eval(context.Background())
+		rs, err := rego.New(append(opts, rego.Store(inmem.NewFromObject(data)), rego.Input(benchInput))...).Eval(context.Background())
 		if err != nil || len(rs) != 1 {
 			b.Fatal(err)
 		}

@@ -111,6 +111,9 @@ type Engine struct {
 	hash  string
 	files []string
 	query rego.PreparedEvalQuery
+	// cache remembers decisions by input; nil when a rule calls a
+	// nondeterministic builtin, so that every call is evaluated.
+	cache *decisionCache
 }
 
 // Load compiles a bundle: the embedded default when dir is "", otherwise
@@ -122,24 +125,34 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 	}
 	opts := []func(*rego.Rego){rego.Query(Query), rego.SetRegoVersion(ast.RegoV1)}
 	data := map[string]any{}
+	var modules []*ast.Module
 	for _, f := range b.files {
 		switch {
 		case strings.HasSuffix(f.path, "_test.rego"):
 			// Tests are part of the bundle (and its hash) but not of decisions.
 		case strings.HasSuffix(f.path, ".rego"):
-			opts = append(opts, rego.Module(f.path, string(f.content)))
+			m, err := ast.ParseModuleWithOpts(f.path, string(f.content), ast.ParserOptions{RegoVersion: ast.RegoV1})
+			if err != nil {
+				return nil, fmt.Errorf("policy %s: %w", b.name, err)
+			}
+			modules = append(modules, m)
+			opts = append(opts, rego.ParsedModule(m))
 		default:
 			if err := mergeData(data, f); err != nil {
 				return nil, err
 			}
 		}
 	}
-	opts = append(opts, rego.Store(inmem.NewFromObject(data)))
+	// The store hands out AST values: no conversion of data on every read.
+	opts = append(opts, rego.Store(inmem.NewFromObjectWithOpts(data, inmem.OptReturnASTValuesOnRead(true))))
 	q, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", b.name, err)
 	}
 	e := &Engine{hash: b.hash(), query: q}
+	if nondeterministic(modules) == "" {
+		e.cache = newDecisionCache()
+	}
 	for _, f := range b.files {
 		e.files = append(e.files, f.path)
 	}
@@ -156,8 +169,21 @@ func (e *Engine) Files() []string { return append([]string(nil), e.files...) }
 // decision, an unknown mode, a risk score that is not a number in [0,1] or
 // a basis that is not a list of strings is an error, which the kernel turns
 // into a no_go.
+//
+// A policy whose rules call no nondeterministic builtin decides the same
+// input the same way every time, so its decisions are remembered by input
+// (see decisionCache); errors are not remembered.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
-	v, err := inputValue(in)
+	key, err := json.Marshal(in)
+	if err != nil {
+		return Decision{}, fmt.Errorf("policy input: %w", err)
+	}
+	if e.cache != nil {
+		if d, ok := e.cache.get(key); ok {
+			return d, nil
+		}
+	}
+	v, err := ast.ValueFromReader(bytes.NewReader(key))
 	if err != nil {
 		return Decision{}, fmt.Errorf("policy input: %w", err)
 	}
@@ -168,7 +194,11 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
 		return Decision{}, fmt.Errorf("policy: %s is undefined for this call", Query)
 	}
-	return decode(rs[0].Expressions[0].Value)
+	d, err := decode(rs[0].Expressions[0].Value)
+	if err == nil && e.cache != nil {
+		e.cache.put(key, d)
+	}
+	return d, err
 }
 
 func decode(v any) (Decision, error) {
@@ -219,14 +249,4 @@ func number(v any) (float64, error) {
 		return float64(n), nil
 	}
 	return 0, fmt.Errorf("%T is not a number", v)
-}
-
-// inputValue converts in to an OPA value without a JSON round trip through
-// interface{} maps.
-func inputValue(in *Input) (ast.Value, error) {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return nil, err
-	}
-	return ast.ValueFromReader(bytes.NewReader(b))
 }
