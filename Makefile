@@ -44,11 +44,11 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzVerifyConsistency$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
 	$(GO) test -run='^$$' -fuzz='^FuzzCheckpointNote$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./ledger/
 
-## bench: Invoke throughput against a bare-bbolt baseline measured in the same run;
-## HTTP load against a real kernelctl serve with a bare net/http baseline
+## bench: the Go benchmarks (Invoke against bare bbolt measured in the same
+## run, policy, ledger, receipts, tokens, JCS); make bench-report for the
+## side-by-side report over HTTP
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/
-	$(GO) test -run='^$$' -bench='HTTP' -benchtime=3000x ./cmd/kernelctl/
 
 ## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
 ## durable writes against bare bbolt, the ledger at 1M entries and proc.exec

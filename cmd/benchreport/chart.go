@@ -22,10 +22,11 @@ func (r *report) chart() []byte {
 		colorKernelEcho  = "#1f77b4"
 		colorKernelRead  = "#2ca02c"
 		colorOPAServer   = "#d62728"
+		colorKernelEval  = "#ff7f0e"
 		seriesStrokeSize = 2
 	)
 	series := []struct{ name, color string }{
-		{kernelEcho, colorKernelEcho}, {kernelRead, colorKernelRead}, {opaServer, colorOPAServer},
+		{kernelEcho, colorKernelEcho}, {kernelRead, colorKernelRead}, {kernelEchoEval, colorKernelEval}, {opaServer, colorOPAServer},
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">`+"\n", w, h, w, h)
@@ -64,7 +65,7 @@ func (r *report) chart() []byte {
 	panel(left0, "Throughput", "calls/s", point.Rate)
 	panel(left1, "p99 latency", "ms", func(p point) float64 { return float64(p.P99) / float64(time.Millisecond) })
 	for i, s := range series {
-		x := left0 + i*220
+		x := left0 + i*210
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="14" height="4" fill="%s"/>`+"\n", x, legendY-4, s.color)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" %s>%s</text>`+"\n", x+20, legendY+2, fontAttrs, s.name)
 	}

@@ -30,14 +30,14 @@ type point struct {
 // Rate is the throughput in calls per second.
 func (p point) Rate() float64 { return float64(p.Calls) / p.Seconds }
 
-// A target is one server asked one question: body(w) is worker w's request
-// body, so workers can differ (a session each), and every answer must have
-// status 200 and contain want.
+// A target is one server asked one question: body(w, i) is worker w's i-th
+// request body, so workers (a session each) and calls can differ, and
+// every answer must have status 200 and contain want.
 type target struct {
 	name string
 	url  string
 	pid  int
-	body func(w int) []byte
+	body func(w, i int) []byte
 	want []byte
 }
 
@@ -54,13 +54,12 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 	measuring := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range c {
-		body := t.body(w)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var mine []time.Duration
 			on := false
-			for {
+			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					mu.Lock()
@@ -72,7 +71,7 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 				default:
 				}
 				t0 := time.Now()
-				err := post(client, t.url, body, t.want)
+				err := post(client, t.url, t.body(w, i), t.want)
 				if err != nil {
 					mu.Lock()
 					failure = fmt.Errorf("%s c=%d: %w", t.name, c, err)

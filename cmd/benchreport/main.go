@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -45,14 +46,16 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "report to write")
 	svg := flag.String("svg", "docs/benchmarks.svg", "chart to write")
 	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
+	inProcess := flag.Bool("in-process", true, "run the in-process benchmarks too (false: HTTP only, for a quick look)")
+	profile := flag.String("profile", "", "write a CPU profile of kernelctl serve during fs.read at c=32 to this file (go tool pprof bin/kernelctl FILE)")
 	flag.Parse()
-	if err := run(*duration, *benchtime, *out, *svg); err != nil {
+	if err := run(*duration, *benchtime, *inProcess, *profile, *out, *svg); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
 	}
 }
 
-func run(d time.Duration, benchtime, out, svg string) error {
+func run(d time.Duration, benchtime string, inProcess bool, profile, out, svg string) error {
 	began := time.Now()
 	root, err := os.Getwd()
 	if err != nil {
@@ -79,11 +82,13 @@ func run(d time.Duration, benchtime, out, svg string) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if err := rep.measureHTTP(bin, tmp, d); err != nil {
+	if err := rep.measureHTTP(bin, tmp, profile, d); err != nil {
 		return err
 	}
-	if err := rep.measureInProcess(benchtime); err != nil {
-		return err
+	if inProcess {
+		if err := rep.measureInProcess(benchtime); err != nil {
+			return err
+		}
 	}
 	rep.Took = time.Since(began)
 	if err := os.WriteFile(out, rep.markdown(), 0o644); err != nil {
@@ -111,7 +116,7 @@ func sh(env []string, name string, args ...string) error {
 }
 
 // measureHTTP serves the kernel and OPA and measures both.
-func (r *report) measureHTTP(bin, tmp string, d time.Duration) error {
+func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	data, ws := filepath.Join(tmp, "data"), filepath.Join(tmp, "ws")
 	if err := os.MkdirAll(ws, 0o755); err != nil {
 		return err
@@ -122,7 +127,14 @@ func (r *report) measureHTTP(bin, tmp string, d time.Duration) error {
 	if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
 		return err
 	}
-	ks, err := startKernel(filepath.Join(bin, "kernelctl"), data)
+	var pprofAddr string
+	var err error
+	if profile != "" {
+		if pprofAddr, err = freePort(); err != nil {
+			return err
+		}
+	}
+	ks, err := startKernel(filepath.Join(bin, "kernelctl"), data, pprofAddr)
 	if err != nil {
 		return err
 	}
@@ -141,19 +153,21 @@ func (r *report) measureHTTP(bin, tmp string, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	// Each worker is its own agent session, as concurrent agents are.
-	env := func(tool string, args string) func(w int) []byte {
-		return func(w int) []byte {
+	// Each worker is its own agent session, as concurrent agents are;
+	// args(i) are the arguments of a worker's i-th call.
+	env := func(tool string, args func(i int) string) func(w, i int) []byte {
+		return func(w, i int) []byte {
 			b, _ := json.Marshal(map[string]any{
-				"tool_id": tool, "args": json.RawMessage(args), "agent_id": tok.AgentID,
+				"tool_id": tool, "args": json.RawMessage(args(i)), "agent_id": tok.AgentID,
 				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
 				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
 			})
 			return b
 		}
 	}
-	readEnv := env("fs.read", `{"path":"a.txt"}`)
-	input, err := policyInput(ctx, &httpapi.Client{BaseURL: ks.url}, c, readEnv(0))
+	same := func(args string) func(int) string { return func(int) string { return args } }
+	readEnv := env("fs.read", same(`{"path":"a.txt"}`))
+	input, err := policyInput(ctx, &httpapi.Client{BaseURL: ks.url}, c, readEnv(0, 0))
 	if err != nil {
 		return err
 	}
@@ -167,18 +181,31 @@ func (r *report) measureHTTP(bin, tmp string, d time.Duration) error {
 	opaBody, _ := json.Marshal(map[string]json.RawMessage{"input": input})
 
 	targets := []target{
-		{name: "kernel echo", url: ks.url + "/v1/syscalls", pid: ks.pid, body: env("echo", `{"text":"hello"}`), want: []byte(`"status":"ok"`)},
-		{name: "kernel fs.read 1 KiB", url: ks.url + "/v1/syscalls", pid: ks.pid, body: readEnv, want: []byte(`"status":"ok"`)},
-		{name: "OPA server decision", url: opa.url + "/v1/data/capkernel/decision", pid: opa.pid,
-			body: func(int) []byte { return opaBody }, want: []byte(`"autonomy_mode":"autopilot"`)},
+		{name: kernelEcho, url: ks.url + "/v1/syscalls", pid: ks.pid, body: env("echo", same(`{"text":"hello"}`)), want: []byte(`"status":"ok"`)},
+		{name: kernelRead, url: ks.url + "/v1/syscalls", pid: ks.pid, body: readEnv, want: []byte(`"status":"ok"`)},
+		// New args on every call make every policy input new: the
+		// decision cache never answers, OPA evaluates each call.
+		{name: kernelEchoEval, url: ks.url + "/v1/syscalls", pid: ks.pid, body: env("echo", func(i int) string { return fmt.Sprintf(`{"text":"hello %d"}`, i) }), want: []byte(`"status":"ok"`)},
+		{name: opaServer, url: opa.url + "/v1/data/capkernel/decision", pid: opa.pid,
+			body: func(int, int) []byte { return opaBody }, want: []byte(`"autonomy_mode":"autopilot"`)},
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
 	for _, n := range concurrencies {
 		for _, t := range targets {
 			step("HTTP %s at c=%d", t.name, n)
+			var profiled chan error
+			if profile != "" && t.name == kernelRead && n == 32 {
+				profiled = make(chan error, 1)
+				go func() { profiled <- fetchProfile(pprofAddr, profile, d) }()
+			}
 			p, err := measure(client, t, n, time.Second, d)
 			if err != nil {
 				return err
+			}
+			if profiled != nil {
+				if err := <-profiled; err != nil {
+					return err
+				}
 			}
 			r.HTTP = append(r.HTTP, p)
 		}
@@ -225,10 +252,15 @@ func (p *proc) stop() {
 	p.cmd.Wait()
 }
 
-// startKernel runs kernelctl serve on a free loopback port and reads the
-// URL from its ready line ("serving <id> on http://127.0.0.1:PORT …").
-func startKernel(kernelctl, data string) (*proc, error) {
-	cmd := exec.Command(kernelctl, "serve", "--data", data, "--listen", "127.0.0.1:0")
+// startKernel runs kernelctl serve on a free loopback port (with its
+// profiler on pprofAddr, unless "") and reads the URL from its ready line
+// ("serving <id> on http://127.0.0.1:PORT …").
+func startKernel(kernelctl, data, pprofAddr string) (*proc, error) {
+	args := []string{"serve", "--data", data, "--listen", "127.0.0.1:0"}
+	if pprofAddr != "" {
+		args = append(args, "--pprof", pprofAddr)
+	}
+	cmd := exec.Command(kernelctl, args...)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -249,12 +281,10 @@ func startKernel(kernelctl, data string) (*proc, error) {
 // startOPA serves the default policy bundle's module and data with OPA's
 // own server, quiet (no decision logs), and waits for its health check.
 func startOPA(opa, tmp string) (*proc, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	dir := filepath.Join(tmp, "opa")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -270,7 +300,7 @@ func startOPA(opa, tmp string) (*proc, error) {
 			return nil, err
 		}
 	}
-	cmd := exec.Command(opa, append([]string{"run", "--server", "--addr", addr, "--log-level", "error", "--disable-telemetry"}, files...)...)
+	cmd := exec.Command(opa, append([]string{"run", "--server", "--addr", addr, "--log-level", "error", "--disable-telemetry", "--optimize-store-for-read-speed"}, files...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -287,6 +317,35 @@ func startOPA(opa, tmp string) (*proc, error) {
 	}
 	p.stop()
 	return nil, fmt.Errorf("opa run --server on %s: not healthy after 10 s", addr)
+}
+
+// freePort returns a loopback address with a port free at the time of the
+// call, for servers that take no port 0.
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// fetchProfile saves a CPU profile of d from the profiler at addr to file.
+func fetchProfile(addr, file string, d time.Duration) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()+1)))
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("profile: %w", err)
+	}
+	return f.Close()
 }
 
 // measureInProcess runs the go test benchmarks the report quotes.
