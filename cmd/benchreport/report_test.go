@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseBench(t *testing.T) {
+	out := []byte(`goos: linux
+BenchmarkInvoke/echo/p=32-2         	    4000	    219050 ns/op	      4565 calls/s	   54241 B/op	     398 allocs/op
+BenchmarkLedger1M/InclusionProof-2  	       1	    177359 ns/op	       640.0 max-proof-bytes
+--- FAIL: BenchmarkX
+BenchmarkBroken-2 notanumber 1 ns/op
+PASS
+`)
+	rs := parseBench(out)
+	if len(rs) != 2 {
+		t.Fatalf("parsed %d results, want 2: %+v", len(rs), rs)
+	}
+	cases := []struct {
+		name, unit string
+		want       float64
+	}{
+		{"BenchmarkInvoke/echo/p=32", "calls/s", 4565},
+		{"BenchmarkInvoke/echo/p=32", "allocs/op", 398},
+		{"BenchmarkLedger1M/InclusionProof", "max-proof-bytes", 640},
+	}
+	for _, c := range cases {
+		got, err := find(rs, c.name, c.unit)
+		if err != nil || got != c.want {
+			t.Errorf("%s %s = %v, %v; want %v", c.name, c.unit, got, err, c.want)
+		}
+	}
+	if _, err := find(rs, "BenchmarkInvoke/echo/p=32", "entries/s"); err == nil {
+		t.Error("a unit the benchmark did not report was found")
+	}
+}
+
+func TestNum(t *testing.T) {
+	for v, want := range map[float64]string{1234567: "1,234,567", 999: "999", 12.34: "12.3", 0.5: "0.50", 100000: "100,000"} {
+		if got := num(v); got != want {
+			t.Errorf("num(%v) = %q, want %q", v, got, want)
+		}
+	}
+	for v, want := range map[float64]float64{0: 1, 3: 5, 4327: 5000, 1e4: 1e4, 0.03: 0.05, 101: 200} {
+		if got := niceCeil(v); got != want {
+			t.Errorf("niceCeil(%v) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+// The report and chart are written from a run's figures; the chart must be
+// well-formed XML whatever the machine's CPU name holds.
+func TestReportAndChart(t *testing.T) {
+	r := &report{Began: time.Unix(0, 0), CPU: `Weird <CPU> & "Co"`, CPUs: 2, GoVersion: "go1.26", OPAVersion: "v1.22.2"}
+	for _, c := range concurrencies {
+		for i, name := range []string{kernelEcho, kernelRead, kernelEchoEval, opaServer} {
+			r.HTTP = append(r.HTTP, point{Target: name, Concurrency: c, Calls: 1000 * c * (i + 1), Seconds: 1, P50: time.Millisecond, P99: time.Duration(c) * time.Millisecond, ServerCPU: 300 * time.Microsecond})
+		}
+	}
+	r.Go = parseBench([]byte("BenchmarkInvoke/fs.read-1KiB/p=64-2 10 1 ns/op 21000 calls/s\n"))
+	md := string(r.markdown())
+	for _, want := range []string{"| in-process audited reads ≥ 20,000/s | 21,000 calls/s", "yes", "| 32 | 0.25× | 0.50× | 0.75× | 1.00× |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	d := xml.NewDecoder(bytes.NewReader(r.chart()))
+	for {
+		if _, err := d.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("chart is not well-formed XML: %v", err)
+		}
+	}
+}
+
+func TestProcCPU(t *testing.T) {
+	before, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); time.Since(start) < 50*time.Millisecond; {
+	}
+	after, err := procCPU(os.Getpid())
+	if err != nil || after < before {
+		t.Fatalf("procCPU: %v then %v (%v)", before, after, err)
+	}
+	if _, err := procCPU(-1); err == nil {
+		t.Fatal("procCPU of no process succeeded")
+	}
+}
