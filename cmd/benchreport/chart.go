@@ -12,11 +12,11 @@ import (
 // HTTP target, side by side, as a self-contained SVG.
 func (r *report) chart() []byte {
 	const (
-		w, h             = 960, 400
+		w, h             = 960, 450
 		panelW, panelH   = 380, 280
 		left0, left1     = 80, 560
 		top              = 50
-		legendY          = h - 40
+		legendY          = top + panelH + 66
 		tickCount        = 5
 		fontAttrs        = `font-family="sans-serif" font-size="12"`
 		colorKernelEcho  = "#1f77b4"
@@ -65,7 +65,7 @@ func (r *report) chart() []byte {
 	panel(left0, "Throughput", "calls/s", point.Rate)
 	panel(left1, "p99 latency", "ms", func(p point) float64 { return float64(p.P99) / float64(time.Millisecond) })
 	for i, s := range series {
-		x := left0 + i*210
+		x := left0 + i*230
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="14" height="4" fill="%s"/>`+"\n", x, legendY-4, s.color)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" %s>%s</text>`+"\n", x+20, legendY+2, fontAttrs, s.name)
 	}

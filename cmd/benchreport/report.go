@@ -49,6 +49,8 @@ func (r *report) ratio(name, unit, baseName, baseUnit string) string {
 // num prints a figure with three significant digits, grouping thousands.
 func num(v float64) string {
 	switch {
+	case v == 0:
+		return "0"
 	case v >= 1000:
 		s := fmt.Sprintf("%.0f", v)
 		var out []byte

@@ -42,7 +42,7 @@ PASS
 }
 
 func TestNum(t *testing.T) {
-	for v, want := range map[float64]string{1234567: "1,234,567", 999: "999", 12.34: "12.3", 0.5: "0.50", 100000: "100,000"} {
+	for v, want := range map[float64]string{1234567: "1,234,567", 999: "999", 12.34: "12.3", 0.5: "0.50", 100000: "100,000", 0: "0"} {
 		if got := num(v); got != want {
 			t.Errorf("num(%v) = %q, want %q", v, got, want)
 		}
