@@ -52,6 +52,10 @@ type Capability struct {
 	// Parent is the jti of the token this one was attenuated from, or
 	// empty for a root token.
 	Parent string `json:"parent,omitempty"`
+	// Ancestors are the tokens this one was attenuated from, root first
+	// and Parent last (see Ancestor and Narrows): revoking any of them
+	// revokes this token, and its calls are charged to each one's budgets.
+	Ancestors []Ancestor `json:"ancestors,omitempty"`
 	// Role makes the token an approver credential instead of an agent's:
 	// RoleApprover may decide soft_gate calls, RoleEscalation also
 	// escalated ones. An approver token grants nothing else: no tools, fs,
@@ -156,6 +160,24 @@ func (c Capability) validate() error {
 			return fmt.Errorf("cap.budgets[%q] is negative (%d)", k, v)
 		}
 	}
+	if n := len(c.Ancestors); n > 0 {
+		if n > MaxChainDepth {
+			return fmt.Errorf("cap.ancestors: %d attenuations exceed the limit of %d", n, MaxChainDepth)
+		}
+		if c.Ancestors[n-1].ID != c.Parent {
+			return fmt.Errorf("cap.ancestors ends in %q, not the parent %q", c.Ancestors[n-1].ID, c.Parent)
+		}
+		for i, a := range c.Ancestors {
+			if a.ID == "" {
+				return fmt.Errorf("cap.ancestors[%d] has no jti", i)
+			}
+			for k, v := range a.Budgets {
+				if !slices.Contains(budgetKeys, k) || v < 0 {
+					return fmt.Errorf("cap.ancestors[%d].budgets[%q] = %d is not a known budget >= 0", i, k, v)
+				}
+			}
+		}
+	}
 	if !slices.Contains(autonomyModes, c.Autonomy) {
 		return fmt.Errorf("cap.autonomy %q is not autopilot, soft_gate, escalated or no_go", c.Autonomy)
 	}
@@ -169,6 +191,13 @@ func (c Claims) clone() Claims {
 	c.Cap.FS = slices.Clone(c.Cap.FS)
 	c.Cap.Net = slices.Clone(c.Cap.Net)
 	c.Cap.Budgets = maps.Clone(c.Cap.Budgets)
+	if c.Cap.Ancestors != nil {
+		as := make([]Ancestor, len(c.Cap.Ancestors))
+		for i, a := range c.Cap.Ancestors {
+			as[i] = Ancestor{ID: a.ID, Budgets: maps.Clone(a.Budgets)}
+		}
+		c.Cap.Ancestors = as
+	}
 	return c
 }
 

@@ -250,6 +250,11 @@ func (v *Verifier) checkCall(c Claims, b Binding, now time.Time) *Error {
 	if c.Cap.Parent != "" && v.revoked(c.Cap.Parent) {
 		return &Error{Code: CodeRevoked, Reason: fmt.Sprintf("token %q's parent %q is revoked", short(c.ID), short(c.Cap.Parent))}
 	}
+	for _, a := range c.Cap.Ancestors {
+		if v.revoked(a.ID) {
+			return &Error{Code: CodeRevoked, Reason: fmt.Sprintf("token %q's ancestor %q is revoked", short(c.ID), short(a.ID))}
+		}
+	}
 	return nil
 }
 

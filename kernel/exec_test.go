@@ -463,7 +463,7 @@ func TestExecNetworkAllowlist(t *testing.T) {
 	}
 	var used map[string]int64
 	h.k.View(func(tx *bbolt.Tx) error {
-		used, _ = txn.Remaining(tx, h.jti, txn.Usage{"net_bytes": 1 << 40, "cpu_ms": 1 << 40})
+		used, _ = txn.Remaining(tx, []txn.Account{{TokenID: h.jti, Limits: txn.Usage{"net_bytes": 1 << 40, "cpu_ms": 1 << 40}}})
 		return nil
 	})
 	if used["net_bytes"] == 1<<40 || used["cpu_ms"] == 1<<40 {
@@ -629,7 +629,7 @@ func TestExecCPUBudget(t *testing.T) {
 	sameTree(t, snap, snapshot(t, h.ws))
 	var left txn.Usage
 	h.k.View(func(tx *bbolt.Tx) error {
-		left, _ = txn.Remaining(tx, h.jti, txn.Usage{"cpu_ms": 1500})
+		left, _ = txn.Remaining(tx, []txn.Account{{TokenID: h.jti, Limits: txn.Usage{"cpu_ms": 1500}}})
 		return nil
 	})
 	if left["cpu_ms"] != 0 {

@@ -115,7 +115,7 @@ func TestFetch(t *testing.T) {
 				// though the call was refused for them.
 				var left txn.Usage
 				h.k.View(func(tx *bbolt.Tx) (err error) {
-					left, err = txn.Remaining(tx, h.jti, txn.Usage{txn.BudgetNetBytes: limit})
+					left, err = txn.Remaining(tx, []txn.Account{{TokenID: h.jti, Limits: txn.Usage{txn.BudgetNetBytes: limit}}})
 					return err
 				})
 				if left[txn.BudgetNetBytes] != 0 {

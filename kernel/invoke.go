@@ -511,7 +511,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
 	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
-	limits := txn.Usage(c.token.Claims.Cap.Budgets)
+	accounts := c.accounts()
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
@@ -521,8 +521,8 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		}
 		// The call counts only if its budget allows; what it consumed
 		// running is charged either way.
-		err := errors.Join(txn.Charge(tx, c.token.Claims.ID, txn.Usage{txn.BudgetCalls: 1}, limits),
-			txn.Consume(tx, c.token.Claims.ID, c.usage(), limits))
+		err := errors.Join(txn.Charge(tx, accounts, txn.Usage{txn.BudgetCalls: 1}),
+			txn.Consume(tx, accounts, c.usage()))
 		var te *txn.Error
 		if errors.As(err, &te) {
 			c.setOutcome(nil, te.Class, te.Message, NoOp)
@@ -581,7 +581,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	prep := txn.Prepare{
 		Intent: txn.Intent{
 			OperationID: c.env.OperationID, AgentID: c.env.AgentID, IdemKey: c.env.IdempotencyKey,
-			TokenID: c.token.Claims.ID, Reserved: txn.Usage{txn.BudgetCalls: 1},
+			TokenID: c.token.Claims.ID, Ancestors: c.accounts()[1:], Reserved: txn.Usage{txn.BudgetCalls: 1},
 			Audit: c.recoveryContext(), External: c.effect == syscalls.Network,
 		},
 		Call:          c.idemCall(),
@@ -750,9 +750,8 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		sc.Stage = stage
 	}
 	if c.grant != nil {
-		limits := txn.Usage(c.token.Claims.Cap.Budgets)
 		if err := k.db.View(func(tx *bbolt.Tx) error {
-			left, err := txn.Remaining(tx, c.token.Claims.ID, limits)
+			left, err := txn.Remaining(tx, c.accounts())
 			c.grant.Left = left
 			return err
 		}); err != nil {
@@ -819,6 +818,18 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
 	}
 	return o.out.Result, "", ""
+}
+
+// accounts are the budgets c is charged to: its token's, then those of
+// every token it was attenuated from (see txn.Account).
+func (c *call) accounts() []txn.Account {
+	cp := c.token.Claims.Cap
+	as := make([]txn.Account, 0, 1+len(cp.Ancestors))
+	as = append(as, txn.Account{TokenID: c.token.Claims.ID, Limits: txn.Usage(cp.Budgets)})
+	for _, a := range cp.Ancestors {
+		as = append(as, txn.Account{TokenID: a.ID, Limits: txn.Usage(a.Budgets)})
+	}
+	return as
 }
 
 // charge records budget units the running syscall consumed.

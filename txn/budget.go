@@ -2,6 +2,7 @@ package txn
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -67,49 +68,91 @@ func adjust(tx *bbolt.Tx, tokenID string, used, delta Usage) error {
 	return tx.Bucket(bucketBudget).Put([]byte(tokenID), v)
 }
 
-// Charge consumes want from the token's budgets in one step, for calls that
-// need no prepare (non-mutating calls without an idempotency key). It writes
-// nothing when a limit would be exceeded.
-func Charge(tx *bbolt.Tx, tokenID string, want, limits Usage) error {
-	used, err := usageOf(tx, tokenID)
-	if err != nil {
-		return err
-	}
-	if err := checkBudget(used, want, limits); err != nil {
-		return err
-	}
-	return adjust(tx, tokenID, used, want)
+// Account is a token whose budgets a call is charged to, and their
+// limits (a budget absent from Limits is unlimited). A call is charged to
+// its own token's account and to the account of every token that one was
+// attenuated from, in one transaction, so a parent's budget shared by its
+// children is never overspent.
+type Account struct {
+	TokenID string `json:"jti"`
+	Limits  Usage  `json:"limits,omitempty"`
 }
 
-// Consume adds used, what a call that already ran consumed, to the token's
-// budgets whatever the limits: the bytes were sent, the CPU was spent. It
+// check refuses when want, added to what any account has used, exceeds
+// that account's limits. It writes nothing.
+func check(tx *bbolt.Tx, accounts []Account, want Usage) error {
+	for _, a := range accounts {
+		used, err := usageOf(tx, a.TokenID)
+		if err != nil {
+			return err
+		}
+		if err := checkBudget(used, want, a.Limits); err != nil {
+			if len(accounts) > 1 && a.TokenID != accounts[0].TokenID {
+				var e *Error
+				if errors.As(err, &e) {
+					e.Message = fmt.Sprintf("%s of ancestor token %s", e.Message, a.TokenID)
+				}
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// charge adds delta to every account's usage, whatever the limits.
+func charge(tx *bbolt.Tx, accounts []Account, delta Usage) error {
+	for _, a := range accounts {
+		used, err := usageOf(tx, a.TokenID)
+		if err != nil {
+			return err
+		}
+		if err := adjust(tx, a.TokenID, used, delta); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Charge consumes want from the accounts' budgets in one step, for calls
+// that need no prepare (non-mutating calls without an idempotency key). It
+// writes nothing when a limit of any account would be exceeded.
+func Charge(tx *bbolt.Tx, accounts []Account, want Usage) error {
+	if err := check(tx, accounts, want); err != nil {
+		return err
+	}
+	return charge(tx, accounts, want)
+}
+
+// Consume adds used, what a call that already ran consumed, to every
+// account whatever the limits: the bytes were sent, the CPU was spent. It
 // returns a budget refusal when that takes a budget past its limit.
-func Consume(tx *bbolt.Tx, tokenID string, used, limits Usage) error {
+func Consume(tx *bbolt.Tx, accounts []Account, used Usage) error {
 	if len(used) == 0 {
 		return nil
 	}
-	before, err := usageOf(tx, tokenID)
-	if err != nil {
-		return err
-	}
-	over := checkBudget(before, used, limits)
-	if err := adjust(tx, tokenID, before, used); err != nil {
+	over := check(tx, accounts, used)
+	if err := charge(tx, accounts, used); err != nil {
 		return err
 	}
 	return over
 }
 
-// Remaining returns, for each budget limits names, what is left of it for
-// the token (never below 0). Budgets absent from limits are unlimited and
-// absent from the result.
-func Remaining(tx *bbolt.Tx, tokenID string, limits Usage) (Usage, error) {
-	used, err := usageOf(tx, tokenID)
-	if err != nil {
-		return nil, err
-	}
+// Remaining returns, for each budget an account limits, what is left of it
+// across the accounts: the least any of them has left (never below 0).
+// Budgets no account limits are absent from the result.
+func Remaining(tx *bbolt.Tx, accounts []Account) (Usage, error) {
 	left := Usage{}
-	for n, l := range limits {
-		left[n] = max(l-used[n], 0)
+	for _, a := range accounts {
+		used, err := usageOf(tx, a.TokenID)
+		if err != nil {
+			return nil, err
+		}
+		for n, l := range a.Limits {
+			v := max(l-used[n], 0)
+			if cur, ok := left[n]; !ok || v < cur {
+				left[n] = v
+			}
+		}
 	}
 	return left, nil
 }

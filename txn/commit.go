@@ -29,11 +29,7 @@ func CanCommit(tx *bbolt.Tx, in *Intent, ps []Precondition, limits Usage, effect
 			return refuse(ClassPrecondition, "kv %q changed while the call ran (version %d, staged %d)", e.Key, cur.Version, e.Version)
 		}
 	}
-	used, err := usageOf(tx, in.TokenID)
-	if err != nil {
-		return err
-	}
-	return checkBudget(used, spent(in, effects), limits)
+	return check(tx, in.accounts(limits), spent(in, effects))
 }
 
 // Commit records in tx that the call of intent in is decided: kv puts are
@@ -73,11 +69,7 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 			return err
 		}
 	}
-	used, err := usageOf(tx, in.TokenID)
-	if err != nil {
-		return err
-	}
-	return adjust(tx, in.TokenID, used, spent(in, effects))
+	return charge(tx, in.accounts(nil), spent(in, effects))
 }
 
 // Rollback undoes a prepared intent in tx: the intent and its idempotency
@@ -86,11 +78,7 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 // execution consumed (in.Used: CPU time, network bytes) stays charged. The
 // caller removes staging files (Stage.Discard).
 func Rollback(tx *bbolt.Tx, in *Intent) error {
-	used, err := usageOf(tx, in.TokenID)
-	if err != nil {
-		return err
-	}
-	return abortIf(rollback(tx, in, used, release(in)))
+	return abortIf(rollback(tx, in))
 }
 
 func release(in *Intent) Usage {
@@ -113,14 +101,10 @@ func release(in *Intent) Usage {
 // envelope — as its stored outcome, so a repeat is answered with it and
 // never executes again. The caller removes staging files.
 func Unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
-	used, err := usageOf(tx, in.TokenID)
-	if err != nil {
-		return err
-	}
-	return abortIf(unknown(tx, in, used, result))
+	return abortIf(unknown(tx, in, result))
 }
 
-func unknown(tx *bbolt.Tx, in *Intent, used Usage, result []byte) error {
+func unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
 	if k, ok := in.idemKey(); ok {
 		call, err := idemCall(tx, k)
 		if err != nil {
@@ -133,10 +117,10 @@ func unknown(tx *bbolt.Tx, in *Intent, used Usage, result []byte) error {
 	if err := tx.Bucket(bucketIntent).Delete([]byte(in.OperationID)); err != nil {
 		return err
 	}
-	return adjust(tx, in.TokenID, used, release(in))
+	return charge(tx, in.accounts(nil), release(in))
 }
 
-func rollback(tx *bbolt.Tx, in *Intent, used, release Usage) error {
+func rollback(tx *bbolt.Tx, in *Intent) error {
 	if k, ok := in.idemKey(); ok {
 		if err := tx.Bucket(bucketIdem).Delete(k.bytes()); err != nil {
 			return err
@@ -145,7 +129,7 @@ func rollback(tx *bbolt.Tx, in *Intent, used, release Usage) error {
 	if err := tx.Bucket(bucketIntent).Delete([]byte(in.OperationID)); err != nil {
 		return err
 	}
-	return adjust(tx, in.TokenID, used, release)
+	return charge(tx, in.accounts(nil), release(in))
 }
 
 // Finish removes the intent of an applied call.

@@ -27,15 +27,18 @@ type StageDir struct {
 // Intent is the durable record of a mutating call between prepare and the
 // end of apply.
 type Intent struct {
-	OperationID string     `json:"operation_id"`
-	State       string     `json:"state"`
-	AgentID     string     `json:"agent_id"`
-	IdemKey     string     `json:"idempotency_key,omitempty"`
-	TokenID     string     `json:"capability_token_id"`
-	Reserved    Usage      `json:"reserved"`
-	Dirs        []StageDir `json:"dirs,omitempty"`
-	Effects     []Effect   `json:"effects,omitempty"`
-	DeltaID     string     `json:"commit_delta_id,omitempty"`
+	OperationID string `json:"operation_id"`
+	State       string `json:"state"`
+	AgentID     string `json:"agent_id"`
+	IdemKey     string `json:"idempotency_key,omitempty"`
+	TokenID     string `json:"capability_token_id"`
+	// Ancestors are the tokens TokenID was attenuated from, with their
+	// limits: the call is charged to each of them too.
+	Ancestors []Account  `json:"ancestors,omitempty"`
+	Reserved  Usage      `json:"reserved"`
+	Dirs      []StageDir `json:"dirs,omitempty"`
+	Effects   []Effect   `json:"effects,omitempty"`
+	DeltaID   string     `json:"commit_delta_id,omitempty"`
 	// External marks a call whose execution may have an effect outside the
 	// kernel's reach (a NETWORK syscall: an HTTP request that is not a
 	// read). Recovery never rolls such a call back as if nothing happened:
@@ -45,6 +48,12 @@ type Intent struct {
 	// (cpu_ms, net_bytes); it is charged whether the call commits or not.
 	Used  Usage           `json:"used,omitempty"`
 	Audit json.RawMessage `json:"audit,omitempty"` // the kernel's context for a recovery audit record
+}
+
+// accounts are the budgets the call of in is charged to: its token's,
+// with limits, then its ancestors'.
+func (in *Intent) accounts(limits Usage) []Account {
+	return append([]Account{{TokenID: in.TokenID, Limits: limits}}, in.Ancestors...)
 }
 
 func (in *Intent) idemKey() (IdemKey, bool) {

@@ -32,11 +32,8 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 	if err := checkStored(tx, p.Preconditions); err != nil {
 		return nil, err
 	}
-	used, err := usageOf(tx, in.TokenID)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkBudget(used, in.Reserved, p.Limits); err != nil {
+	accounts := in.accounts(p.Limits)
+	if err := check(tx, accounts, in.Reserved); err != nil {
 		return nil, err
 	}
 	if k, ok := in.idemKey(); ok {
@@ -44,7 +41,7 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 			return nil, err
 		}
 	}
-	if err := adjust(tx, in.TokenID, used, in.Reserved); err != nil {
+	if err := charge(tx, accounts, in.Reserved); err != nil {
 		return nil, err
 	}
 	in.State = Prepared

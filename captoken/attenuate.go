@@ -1,0 +1,200 @@
+package captoken
+
+import (
+	"fmt"
+	"strings"
+)
+
+// MaxChainDepth bounds how many attenuations separate a token from its
+// root token: a root has depth 0, its child 1. Verification cost and
+// token size grow with depth (every ancestor's revocation is checked, and
+// its budgets travel in the token).
+const MaxChainDepth = 8
+
+// Ancestor is a token a token was attenuated from, as the attenuated token
+// carries it: its jti, so that revoking it revokes the descendant, and its
+// budget limits, so that a descendant's use is charged to it too. Both are
+// fixed when the ancestor is minted, so carrying them is exact.
+type Ancestor struct {
+	ID      string           `json:"jti"`
+	Budgets map[string]int64 `json:"budgets,omitempty"`
+}
+
+// A WideningError says how a child capability would grant more than its
+// parent: Field names the claim ("tools", "fs", "net", "budgets",
+// "autonomy", "exp", "nbf", "role", "ancestors").
+type WideningError struct {
+	Field  string
+	Reason string
+}
+
+func (e *WideningError) Error() string {
+	return fmt.Sprintf("captoken: attenuation widens %s: %s", e.Field, e.Reason)
+}
+
+func widens(field, format string, a ...any) error {
+	return &WideningError{Field: field, Reason: fmt.Sprintf(format, a...)}
+}
+
+// Narrows reports whether child grants nothing parent does not: every
+// tool pattern of child is covered by one of parent's; every fs root lies
+// inside a parent root of at least its mode; every net pattern is covered
+// by one of parent's; every budget parent limits is limited in child, no
+// higher; child's autonomy ceiling is at least as strict; child's validity
+// window lies inside parent's; neither is an approver token; and child
+// names parent as its last ancestor, within MaxChainDepth. The error is a
+// *WideningError for the first widening found.
+func Narrows(parent, child Claims) error {
+	p, c := parent.Cap, child.Cap
+	if p.Role != "" || c.Role != "" {
+		return widens("role", "approver tokens cannot be attenuated or be attenuations")
+	}
+	for _, t := range c.Tools {
+		if !coversTool(p.Tools, t) {
+			return widens("tools", "%q is not within the parent's tools %q", t, p.Tools)
+		}
+	}
+	for _, r := range c.FS {
+		if !coversRoot(p.FS, r) {
+			return widens("fs", "%s:%s is not within a parent root of that mode (%v)", r.Path, r.Mode, p.FS)
+		}
+	}
+	for _, n := range c.Net {
+		ok, err := coversHost(p.Net, n)
+		if err != nil {
+			return widens("net", "%v", err)
+		}
+		if !ok {
+			return widens("net", "%q is not within the parent's net patterns %q", n, p.Net)
+		}
+	}
+	for name, limit := range p.Budgets {
+		v, ok := c.Budgets[name]
+		switch {
+		case !ok:
+			return widens("budgets", "%s is limited to %d in the parent and unlimited in the child", name, limit)
+		case v > limit:
+			return widens("budgets", "%s %d is beyond the parent's %d", name, v, limit)
+		}
+	}
+	if strictness(c.Autonomy) < strictness(p.Autonomy) {
+		return widens("autonomy", "%q is more autonomous than the parent's ceiling %q", c.Autonomy, orAutopilot(p.Autonomy))
+	}
+	if child.Expiry.After(parent.Expiry) {
+		return widens("exp", "%s is after the parent's expiry %s", child.Expiry.UTC(), parent.Expiry.UTC())
+	}
+	if child.NotBefore.Before(parent.NotBefore) {
+		return widens("nbf", "%s is before the parent's not-before %s", child.NotBefore.UTC(), parent.NotBefore.UTC())
+	}
+	n := len(c.Ancestors)
+	switch {
+	case n == 0 || c.Ancestors[n-1].ID != parent.ID || c.Parent != parent.ID:
+		return widens("ancestors", "the child does not name %q as its parent", parent.ID)
+	case n > MaxChainDepth:
+		return widens("ancestors", "a chain of %d attenuations exceeds the limit of %d", n, MaxChainDepth)
+	case n != len(p.Ancestors)+1:
+		return widens("ancestors", "the child's chain is not the parent's chain plus the parent")
+	}
+	for i, a := range p.Ancestors {
+		if c.Ancestors[i].ID != a.ID {
+			return widens("ancestors", "the child's ancestor %d is %q, the parent's is %q", i, c.Ancestors[i].ID, a.ID)
+		}
+	}
+	return nil
+}
+
+// coversTool reports whether a pattern of ps matches every id pattern t
+// matches.
+func coversTool(ps []string, t string) bool {
+	tPrefix, tWild := strings.CutSuffix(t, "*")
+	for _, p := range ps {
+		switch {
+		case p == "*" || p == t:
+			return true
+		case t == "*":
+			continue
+		}
+		prefix, wild := strings.CutSuffix(p, "*")
+		if !wild {
+			continue
+		}
+		// p is "x.*": it covers the id "x.y…" and the pattern "x.y.*".
+		if tWild && len(tPrefix) > len(prefix) && strings.HasPrefix(tPrefix, prefix) {
+			return true
+		}
+		if !tWild && len(t) > len(prefix) && strings.HasPrefix(t, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// coversRoot reports whether r lies inside a root of roots whose mode
+// grants at least r's.
+func coversRoot(roots []FSRoot, r FSRoot) bool {
+	for _, p := range roots {
+		if r.Mode == "rw" && p.Mode != "rw" {
+			continue
+		}
+		if r.Path == p.Path || p.Path == "/" || strings.HasPrefix(r.Path, p.Path+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// coversHost reports whether a pattern of ps allows every host and port
+// pattern s allows.
+func coversHost(ps []string, s string) (bool, error) {
+	c, err := parseHostPattern(s)
+	if err != nil {
+		return false, err
+	}
+	for _, ptext := range ps {
+		p, err := parseHostPattern(ptext)
+		if err != nil {
+			return false, err
+		}
+		if p.any {
+			return true, nil
+		}
+		if c.any || (p.port != 0 && p.port != c.port) {
+			continue
+		}
+		switch {
+		case p.addr.IsValid():
+			if c.addr == p.addr {
+				return true, nil
+			}
+		case c.addr.IsValid():
+		case !p.wildcard:
+			if !c.wildcard && c.name == p.name {
+				return true, nil
+			}
+		case strings.HasSuffix(c.name, "."+p.name) || (c.wildcard && c.name == p.name):
+			// "*.d" covers names strictly below d, and "*.d" or "*.x.d".
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func orAutopilot(m string) string {
+	if m == "" {
+		return "autopilot"
+	}
+	return m
+}
+
+// strictness ranks autonomy ceilings, "" being autopilot.
+func strictness(m string) int {
+	switch m {
+	case "", "autopilot":
+		return 0
+	case "soft_gate":
+		return 1
+	case "escalated":
+		return 2
+	}
+	return 3
+}

@@ -1,0 +1,105 @@
+package captoken
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestNarrows(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	parent := Claims{
+		Subject: "a", Audience: "k", ID: "P", IssuedAt: t0, NotBefore: t0, Expiry: t0.Add(time.Hour),
+		Cap: Capability{
+			Tools:     []string{"fs.*", "echo", "mcp.gh.*"},
+			FS:        []FSRoot{{Path: "/srv/work", Mode: "rw"}, {Path: "/srv/ref", Mode: "r"}},
+			Net:       []string{"*.example.com", "api.other.org:443", "192.0.2.1"},
+			Budgets:   map[string]int64{BudgetCalls: 100, BudgetNetBytes: 1 << 20},
+			Autonomy:  "soft_gate",
+			Parent:    "G",
+			Ancestors: []Ancestor{{ID: "G", Budgets: map[string]int64{BudgetCalls: 1000}}},
+		},
+	}
+	ok := func() Claims {
+		c := parent.clone()
+		c.ID, c.Subject = "C", "sub-agent"
+		c.Cap.Budgets = map[string]int64{BudgetCalls: 10, BudgetNetBytes: 1024}
+		c.Cap.Parent = "P"
+		c.Cap.Ancestors = append(c.Cap.Ancestors, Ancestor{ID: "P", Budgets: parent.Cap.Budgets})
+		return c
+	}
+	cases := []struct {
+		name  string
+		edit  func(c *Claims)
+		field string // "" for a narrowing
+	}{
+		{"same scopes, lower budgets", func(c *Claims) {}, ""},
+		{"narrower everything", func(c *Claims) {
+			c.Cap.Tools = []string{"fs.read", "fs.dir.*", "mcp.gh.issues.*"}
+			c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}, {Path: "/srv/ref", Mode: "r"}}
+			c.Cap.Net = []string{"a.example.com:8443", "*.b.example.com", "api.other.org:443", "192.0.2.1:80"}
+			c.Cap.Autonomy = "no_go"
+			c.Expiry = c.Expiry.Add(-time.Minute)
+			c.NotBefore = c.NotBefore.Add(time.Second)
+		}, ""},
+		{"tool outside", func(c *Claims) { c.Cap.Tools = []string{"proc.exec"} }, "tools"},
+		{"tool glob wider", func(c *Claims) { c.Cap.Tools = []string{"mcp.*"} }, "tools"},
+		{"tool star", func(c *Claims) { c.Cap.Tools = []string{"*"} }, "tools"},
+		{"tool prefix trick", func(c *Claims) { c.Cap.Tools = []string{"fsx.read"} }, "tools"},
+		{"exact tool is not its glob", func(c *Claims) { c.Cap.Tools = []string{"echo.*"} }, "tools"},
+		{"path outside", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv", Mode: "r"}} }, "fs"},
+		{"sibling path with shared prefix", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/workshop", Mode: "r"}} }, "fs"},
+		{"mode upgraded", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/ref/x", Mode: "rw"}} }, "fs"},
+		{"host outside", func(c *Claims) { c.Cap.Net = []string{"evil.com"} }, "net"},
+		{"apex of a wildcard", func(c *Claims) { c.Cap.Net = []string{"example.com"} }, "net"},
+		{"suffix trick", func(c *Claims) { c.Cap.Net = []string{"evilexample.com"} }, "net"},
+		{"port dropped", func(c *Claims) { c.Cap.Net = []string{"api.other.org"} }, "net"},
+		{"other port", func(c *Claims) { c.Cap.Net = []string{"api.other.org:80"} }, "net"},
+		{"any host", func(c *Claims) { c.Cap.Net = []string{"*"} }, "net"},
+		{"ip outside", func(c *Claims) { c.Cap.Net = []string{"192.0.2.2"} }, "net"},
+		{"budget beyond", func(c *Claims) { c.Cap.Budgets[BudgetCalls] = 101 }, "budgets"},
+		{"budget dropped", func(c *Claims) { delete(c.Cap.Budgets, BudgetNetBytes) }, "budgets"},
+		{"autonomy raised", func(c *Claims) { c.Cap.Autonomy = "autopilot" }, "autonomy"},
+		{"autonomy emptied", func(c *Claims) { c.Cap.Autonomy = "" }, "autonomy"},
+		{"outlives parent", func(c *Claims) { c.Expiry = c.Expiry.Add(time.Second) }, "exp"},
+		{"valid earlier", func(c *Claims) { c.NotBefore = c.NotBefore.Add(-time.Second) }, "nbf"},
+		{"approver role", func(c *Claims) { c.Cap.Role = RoleApprover }, "role"},
+		{"other parent", func(c *Claims) { c.Cap.Parent = "X"; c.Cap.Ancestors[1].ID = "X" }, "ancestors"},
+		{"chain rewritten", func(c *Claims) { c.Cap.Ancestors[0].ID = "Z" }, "ancestors"},
+		{"chain dropped", func(c *Claims) { c.Cap.Ancestors = c.Cap.Ancestors[1:] }, "ancestors"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			child := ok()
+			c.edit(&child)
+			err := Narrows(parent, child)
+			var we *WideningError
+			switch {
+			case c.field == "" && err != nil:
+				t.Fatalf("Narrows = %v, want nil", err)
+			case c.field != "" && (!errors.As(err, &we) || we.Field != c.field):
+				t.Fatalf("Narrows = %v, want a widening of %s", err, c.field)
+			}
+		})
+	}
+}
+
+func TestNarrowsDepth(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	parent := Claims{Subject: "a", Audience: "k", ID: "P", IssuedAt: t0, NotBefore: t0, Expiry: t0.Add(time.Hour),
+		Cap: Capability{Tools: []string{"*"}}}
+	for i := range MaxChainDepth {
+		parent.Cap.Ancestors = append(parent.Cap.Ancestors, Ancestor{ID: string(rune('A' + i))})
+	}
+	parent.Cap.Parent = parent.Cap.Ancestors[MaxChainDepth-1].ID
+	child := parent.clone()
+	child.ID, child.Cap.Parent = "C", "P"
+	child.Cap.Ancestors = append(child.Cap.Ancestors, Ancestor{ID: "P"})
+	var we *WideningError
+	if err := Narrows(parent, child); !errors.As(err, &we) || we.Field != "ancestors" {
+		t.Fatalf("a chain of %d: Narrows = %v, want the depth refused", MaxChainDepth+1, err)
+	}
+	if err := child.Validate(); err == nil {
+		t.Fatal("Validate accepts a chain beyond MaxChainDepth")
+	}
+}
