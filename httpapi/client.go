@@ -195,6 +195,14 @@ func (c *Client) Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.Min
 	return &t, err
 }
 
+// Attenuate asks for a child of req.Parent that grants no more than it;
+// the parent token is the credential.
+func (c *Client) Attenuate(ctx context.Context, req kernel.AttenuateRequest) (*kernel.MintedToken, error) {
+	var t kernel.MintedToken
+	err := c.do(ctx, http.MethodPost, "/v1/tokens/attenuate", req, &t)
+	return &t, err
+}
+
 // Revoke revokes the token jti (admin).
 func (c *Client) Revoke(ctx context.Context, jti, reason string) error {
 	return c.do(ctx, http.MethodPost, "/v1/tokens/"+url.PathEscape(jti)+"/revoke", RevokeRequest{Reason: reason}, nil)

@@ -71,6 +71,7 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("POST /v1/tokens", s.admin(s.mint))
 	s.mux.HandleFunc("POST /v1/tokens/{jti}/revoke", s.admin(s.revoke))
 	s.mux.HandleFunc("POST /v1/tokens/inspect", s.inspectToken)
+	s.mux.HandleFunc("POST /v1/tokens/attenuate", s.attenuate)
 	s.mux.HandleFunc("GET /v1/admin/ledger/verify", s.admin(s.verifyLedger))
 	s.mux.HandleFunc("GET /v1/admin/replay/verify", s.admin(s.replayVerify))
 	s.mux.HandleFunc("GET /v1/admin/replay", s.admin(s.replayShow))
@@ -329,6 +330,32 @@ func (s *Server) mint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, t)
+}
+
+// attenuate signs a narrower child of the parent token in the body; the
+// parent is the credential (see kernel.Attenuate).
+func (s *Server) attenuate(w http.ResponseWriter, r *http.Request) {
+	var req kernel.AttenuateRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	t, err := s.k.Attenuate(r.Context(), req)
+	var ae *kernel.AttenuateError
+	switch {
+	case errors.As(err, &ae):
+		status := http.StatusForbidden
+		switch ae.Class {
+		case kernel.ErrTokenInvalid, kernel.ErrTokenRevoked:
+			status = http.StatusUnauthorized
+		case kernel.ErrInvalidArgs:
+			status = http.StatusBadRequest
+		}
+		writeError(w, status, ae.Class, ae.Message)
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+	default:
+		writeJSON(w, http.StatusCreated, t)
+	}
 }
 
 // RevokeRequest is the body of POST /v1/tokens/{jti}/revoke.

@@ -19,7 +19,7 @@ import (
 
 func tokenCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Mint, inspect and revoke capability tokens"}
-	cmd.AddCommand(tokenMintCmd(), tokenInspectCmd(), tokenRevokeCmd())
+	cmd.AddCommand(tokenMintCmd(), tokenAttenuateCmd(), tokenInspectCmd(), tokenRevokeCmd())
 	return cmd
 }
 
@@ -114,6 +114,81 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "lifetime")
 	cmd.Flags().BoolVar(&approver, "approver", false, "mint an approver token (decides soft_gate calls)")
 	cmd.Flags().BoolVar(&escalation, "escalation", false, "mint an approver token with the escalation role (decides escalated calls too)")
+	return cmd
+}
+
+func tokenAttenuateCmd() *cobra.Command {
+	var t target
+	var parentFile, agent, tools, autonomy, budgets string
+	var fsRoots, net []string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "attenuate --data DIR|--server URL --parent FILE [--agent ID] [--tools GLOBS] [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] [--autonomy MODE] [--ttl D]",
+		Short: "Sign a narrower child of a capability token, for a sub-agent; prints the child token on stdout",
+		Long: `attenuate asks the kernel for a child of the token in --parent ("-" reads
+stdin) that grants no more than it. Holding the parent is the authority: no
+admin credential is needed. Each flag narrows one grant; a flag left out keeps
+the parent's (a budget left out keeps the parent's limit). The lifetime is
+--ttl, by default the parent's remaining lifetime up to an hour.
+
+The kernel refuses any widening: a tool outside the parent's globs, a path
+outside its roots or with a mode it lacks, a host outside its patterns, a
+budget above its limit, a more autonomous ceiling, a lifetime past its
+expiry, more than 8 attenuations from the root. The child's calls count
+against its own budgets and every ancestor's; revoking any ancestor revokes
+it. The ledger records the child with its chain (kind token_attenuated).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := t.check("token attenuate"); err != nil {
+				return err
+			}
+			if parentFile == "" {
+				return &usageError{errors.New("token attenuate: --parent FILE is required")}
+			}
+			if ttl < 0 || ttl%time.Second != 0 {
+				return &usageError{fmt.Errorf("token attenuate: --ttl %s must be a positive whole number of seconds", ttl)}
+			}
+			parent, err := readSecret(parentFile)
+			if err != nil {
+				return err
+			}
+			req := kernel.AttenuateRequest{Parent: parent, AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second)}
+			if req.FS, err = parseFSRoots(fsRoots); err != nil {
+				return &usageError{err}
+			}
+			if req.Budgets, err = parseBudgets(budgets); err != nil {
+				return &usageError{err}
+			}
+			var child *kernel.MintedToken
+			if t.server != "" {
+				child, err = t.client("").Attenuate(cmd.Context(), req)
+			} else {
+				var k *kernel.Kernel
+				if k, err = t.openKernel(cmd.Context()); err != nil {
+					return err
+				}
+				defer k.Close()
+				child, err = k.Attenuate(cmd.Context(), req)
+			}
+			if err != nil {
+				return err
+			}
+			if t.json {
+				return printJSON(cmd.OutOrStdout(), child)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), child.Token)
+			return nil
+		},
+	}
+	t.addTarget(cmd, false)
+	cmd.Flags().StringVar(&parentFile, "parent", "", `file holding the parent token ("-": stdin)`)
+	cmd.Flags().StringVar(&agent, "agent", "", "the sub-agent's id (default: the parent's agent)")
+	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs, within the parent's")
+	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw inside a parent root (repeatable)")
+	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern within the parent's (repeatable)")
+	cmd.Flags().StringVar(&budgets, "budget", "", "budgets at most the parent's, e.g. calls=10")
+	cmd.Flags().StringVar(&autonomy, "autonomy", "", "autonomy ceiling, at least as strict as the parent's")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, within the parent's (default: the parent's remaining lifetime, at most 1h)")
 	return cmd
 }
 

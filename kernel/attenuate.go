@@ -1,0 +1,140 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+// KindTokenAttenuated is the ledger kind of the record of an attenuated
+// token: its jti, agent, grants and chain of ancestors.
+const KindTokenAttenuated = "token_attenuated"
+
+// AttenuateRequest asks for a token narrower than Parent, for a sub-agent:
+// what `kernelctl token attenuate` and POST /v1/tokens/attenuate send. An
+// empty field keeps the parent's grant (tools, fs, net, autonomy); a
+// budget the request leaves out keeps the parent's limit; the lifetime is
+// TTLSeconds, by default the parent's remaining lifetime up to an hour.
+type AttenuateRequest struct {
+	Parent     string            `json:"parent"` // the parent token, compact JWS
+	AgentID    string            `json:"agent_id,omitempty"`
+	Tools      []string          `json:"tools,omitempty"`
+	FS         []captoken.FSRoot `json:"fs,omitempty"`
+	Net        []string          `json:"net,omitempty"`
+	Budgets    map[string]int64  `json:"budgets,omitempty"`
+	Autonomy   string            `json:"autonomy,omitempty"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
+}
+
+// An AttenuateError is a refused attenuation: Class is token_invalid or
+// token_revoked when the parent does not verify, scope_denied when the
+// child would grant more than the parent, invalid_args for a malformed
+// request.
+type AttenuateError struct {
+	Class   string
+	Message string
+}
+
+func (e *AttenuateError) Error() string { return "attenuate: " + e.Message }
+
+// Attenuate signs a child of req.Parent that grants no more than it (see
+// captoken.Narrows) and records it in the ledger with its chain. Holding
+// the parent is the authority to attenuate it: an agent delegates to a
+// sub-agent without the admin credential. The child's calls are charged to
+// its own budgets and to every ancestor's; revoking any ancestor refuses
+// the child.
+func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedToken, error) {
+	parent, err := k.VerifyBearer(req.Parent)
+	if err != nil {
+		class := ErrTokenInvalid
+		var te *captoken.Error
+		if errors.As(err, &te) {
+			class = te.Code
+		}
+		return nil, &AttenuateError{Class: class, Message: "parent token: " + err.Error()}
+	}
+	p := parent.Claims
+	now := k.cfg.Now().Truncate(time.Second)
+	exp := p.Expiry
+	switch ttl := time.Duration(req.TTLSeconds) * time.Second; {
+	case req.TTLSeconds < 0 || ttl > MaxTokenTTL:
+		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: fmt.Sprintf("ttl_seconds %d is outside 1..%d", req.TTLSeconds, int64(MaxTokenTTL/time.Second))}
+	case req.TTLSeconds > 0:
+		exp = now.Add(ttl)
+	case now.Add(time.Hour).Before(exp):
+		exp = now.Add(time.Hour)
+	}
+	child := captoken.Claims{
+		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: exp,
+		Cap: captoken.Capability{
+			Tools: req.Tools, FS: req.FS, Net: req.Net, Autonomy: req.Autonomy,
+			Budgets: map[string]int64{}, Parent: p.ID,
+			Ancestors: append(append([]captoken.Ancestor(nil), p.Cap.Ancestors...), captoken.Ancestor{ID: p.ID, Budgets: p.Cap.Budgets}),
+		},
+	}
+	if child.Subject == "" {
+		child.Subject = p.Subject
+	}
+	if child.Cap.Tools == nil {
+		child.Cap.Tools = p.Cap.Tools
+	}
+	if child.Cap.FS == nil {
+		child.Cap.FS = p.Cap.FS
+	}
+	if child.Cap.Net == nil {
+		child.Cap.Net = p.Cap.Net
+	}
+	if child.Cap.Autonomy == "" {
+		child.Cap.Autonomy = p.Cap.Autonomy
+	}
+	for name, v := range p.Cap.Budgets {
+		child.Cap.Budgets[name] = v
+	}
+	for name, v := range req.Budgets {
+		child.Cap.Budgets[name] = v
+	}
+	if p.NotBefore.After(now) {
+		child.NotBefore = p.NotBefore
+	}
+	if err := captoken.Narrows(p, child); err != nil {
+		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error()}
+	}
+	tok, c, err := k.MintToken(child)
+	if err != nil {
+		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: err.Error()}
+	}
+	if err := k.recordAttenuation(ctx, c, tok); err != nil {
+		return nil, err
+	}
+	return &MintedToken{Token: tok, ID: c.ID, AgentID: c.Subject, ExpiresAt: c.Expiry.UTC().Format(time.RFC3339), Cap: c.Cap}, nil
+}
+
+// recordAttenuation appends the child's record to the ledger: who it is
+// for, what it grants and its chain, so that the audit trail shows which
+// token every later call of it descends from.
+func (k *Kernel) recordAttenuation(ctx context.Context, c captoken.Claims, tok string) error {
+	chain := make([]string, len(c.Cap.Ancestors))
+	for i, a := range c.Cap.Ancestors {
+		chain[i] = a.ID
+	}
+	body, err := json.Marshal(map[string]any{
+		"jti": c.ID, "sub": c.Subject, "parent": c.Cap.Parent, "ancestors": chain,
+		"iat": c.IssuedAt.Unix(), "nbf": c.NotBefore.Unix(), "exp": c.Expiry.Unix(),
+		"cap": c.Cap, "token_hash": digest.Sum([]byte(tok)),
+	})
+	if err != nil {
+		return err
+	}
+	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		_, err := ledger.Append(tx, KindTokenAttenuated, k.cfg.Now(), body)
+		return abortIf(err)
+	})
+}

@@ -1,0 +1,193 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+)
+
+// as makes an envelope use the minted token t.
+func as(t *MintedToken) func(*Envelope) {
+	return func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = t.AgentID, t.Token, t.ID }
+}
+
+func (h *harness) attenuate(req AttenuateRequest) *MintedToken {
+	h.t.Helper()
+	m, err := h.k.Attenuate(context.Background(), req)
+	if err != nil {
+		h.t.Fatalf("Attenuate: %v", err)
+	}
+	return m
+}
+
+func TestAttenuateRefuses(t *testing.T) {
+	h := newHarness(t)
+	parent, _ := h.mint(h.agent, captoken.Capability{
+		Tools: []string{"fs.*", "echo"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "r"}},
+		Net: []string{"api.example.com:443"}, Budgets: map[string]int64{"calls": 10}, Autonomy: "soft_gate",
+	})
+	approver, _ := h.mint("alice", captoken.Capability{Role: captoken.RoleApprover})
+	revoked, revokedID := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}})
+	if err := h.k.Revoke(context.Background(), revokedID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		req   AttenuateRequest
+		class string
+	}{
+		{"tool outside", AttenuateRequest{Parent: parent, Tools: []string{"proc.exec"}}, ErrScopeDenied},
+		{"all tools", AttenuateRequest{Parent: parent, Tools: []string{"*"}}, ErrScopeDenied},
+		{"path outside", AttenuateRequest{Parent: parent, FS: []captoken.FSRoot{{Path: filepath.Dir(h.ws), Mode: "r"}}}, ErrScopeDenied},
+		{"mode upgraded", AttenuateRequest{Parent: parent, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}, ErrScopeDenied},
+		{"host added", AttenuateRequest{Parent: parent, Net: []string{"evil.example.com"}}, ErrScopeDenied},
+		{"budget beyond", AttenuateRequest{Parent: parent, Budgets: map[string]int64{"calls": 11}}, ErrScopeDenied},
+		{"autonomy raised", AttenuateRequest{Parent: parent, Autonomy: "autopilot"}, ErrScopeDenied},
+		{"outlives parent", AttenuateRequest{Parent: parent, TTLSeconds: 7200}, ErrScopeDenied},
+		{"approver parent", AttenuateRequest{Parent: approver}, ErrScopeDenied},
+		{"forged parent", AttenuateRequest{Parent: tamper(parent)}, ErrTokenInvalid},
+		{"no parent", AttenuateRequest{}, ErrTokenInvalid},
+		{"revoked parent", AttenuateRequest{Parent: revoked}, ErrTokenRevoked},
+		{"negative ttl", AttenuateRequest{Parent: parent, TTLSeconds: -1}, ErrInvalidArgs},
+	}
+	before := h.headSize()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := h.k.Attenuate(context.Background(), c.req)
+			var ae *AttenuateError
+			if !errors.As(err, &ae) || ae.Class != c.class {
+				t.Fatalf("Attenuate = %v, want class %s", err, c.class)
+			}
+		})
+	}
+	if after := h.headSize(); after != before {
+		t.Fatalf("refused attenuations appended %d ledger entries", after-before)
+	}
+	// Narrowing every dimension is allowed, and inherits what it leaves out.
+	child := h.attenuate(AttenuateRequest{Parent: parent, AgentID: "sub", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 3}, TTLSeconds: 60})
+	if child.Cap.Autonomy != "soft_gate" || !slices.Equal(child.Cap.Net, []string{"api.example.com:443"}) || child.Cap.Budgets["calls"] != 3 || child.AgentID != "sub" {
+		t.Fatalf("child grants %+v", child.Cap)
+	}
+}
+
+// Two children of one parent, calling at once through both the direct
+// (echo) and the transactional (fs.write) path, never spend more than the
+// parent's budget between them, though each child's own budget would allow
+// it.
+func TestAttenuatedChildrenShareParentBudget(t *testing.T) {
+	h := newHarness(t)
+	const limit = 10
+	parent, parentID := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}, Budgets: map[string]int64{"calls": limit}})
+	a := h.attenuate(AttenuateRequest{Parent: parent, AgentID: "sub-a"})
+	b := h.attenuate(AttenuateRequest{Parent: parent, AgentID: "sub-b"})
+	var mu sync.Mutex
+	ok, refused := 0, 0
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 4 {
+				var r *Result
+				if w%2 == 0 {
+					r = h.k.Invoke(context.Background(), h.env("echo", map[string]any{"text": "x"}, as(a)))
+				} else {
+					r = h.k.Invoke(context.Background(), h.env("fs.write", map[string]any{"path": fmt.Sprintf("f%d-%d.txt", w, i), "content": "x"}, as(b), key(fmt.Sprint(w, "-", i))))
+				}
+				mu.Lock()
+				switch {
+				case r.Status == StatusOK:
+					ok++
+				case errClass(r) == ErrBudgetExceeded:
+					refused++
+				default:
+					t.Errorf("call: %+v", r.Error)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if ok != limit || refused != 32-limit {
+		t.Fatalf("%d calls ran and %d were refused; the parent allows %d", ok, refused, limit)
+	}
+	// And the parent itself has nothing left either.
+	r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = parent, parentID })
+	if errClass(r) != ErrBudgetExceeded {
+		t.Fatalf("parent's own call after its children spent its budget: %+v", r.Error)
+	}
+}
+
+// Revoking an ancestor refuses every descendant, even one whose token
+// the kernel has verified (and cached) before.
+func TestAttenuationCascadeRevocation(t *testing.T) {
+	h := newHarness(t)
+	root, rootID := h.mint(h.agent, captoken.Capability{Tools: []string{"echo"}})
+	child := h.attenuate(AttenuateRequest{Parent: root, AgentID: "child"})
+	grandchild := h.attenuate(AttenuateRequest{Parent: child.Token, AgentID: "grandchild"})
+	if got := grandchild.Cap.Ancestors; len(got) != 2 || got[0].ID != rootID || got[1].ID != child.ID || grandchild.Cap.Parent != child.ID {
+		t.Fatalf("grandchild's chain = %+v, parent %q", got, grandchild.Cap.Parent)
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "before"}, as(grandchild)))
+	if err := h.k.Revoke(context.Background(), rootID, "compromised"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []*MintedToken{child, grandchild} {
+		if r := h.invoke("echo", map[string]any{"text": "after"}, as(tok)); errClass(r) != ErrTokenRevoked {
+			t.Fatalf("%s after its root's revocation: %+v", tok.AgentID, r.Error)
+		}
+	}
+	var ae *AttenuateError
+	if _, err := h.k.Attenuate(context.Background(), AttenuateRequest{Parent: grandchild.Token}); !errors.As(err, &ae) || ae.Class != ErrTokenRevoked {
+		t.Fatalf("attenuating a revoked descendant: %v", err)
+	}
+}
+
+// The ledger records every attenuation with its chain, and the depth is
+// bounded.
+func TestAttenuationLedgerAndDepth(t *testing.T) {
+	h := newHarness(t)
+	tok, rootID := h.mint(h.agent, captoken.Capability{Tools: []string{"echo"}})
+	chain := []string{rootID}
+	from := h.headSize()
+	for range captoken.MaxChainDepth {
+		m := h.attenuate(AttenuateRequest{Parent: tok})
+		tok = m.Token
+		chain = append(chain, m.ID)
+	}
+	_, err := h.k.Attenuate(context.Background(), AttenuateRequest{Parent: tok})
+	var ae *AttenuateError
+	if !errors.As(err, &ae) || ae.Class != ErrScopeDenied {
+		t.Fatalf("attenuation %d: %v, want refused", captoken.MaxChainDepth+1, err)
+	}
+	es := h.entries(KindTokenAttenuated, from)
+	if len(es) != captoken.MaxChainDepth {
+		t.Fatalf("%d %s entries, want %d", len(es), KindTokenAttenuated, captoken.MaxChainDepth)
+	}
+	for i, e := range es {
+		var rec struct {
+			JTI       string   `json:"jti"`
+			Parent    string   `json:"parent"`
+			Ancestors []string `json:"ancestors"`
+			Exp       int64    `json:"exp"`
+		}
+		if err := json.Unmarshal(e.Body, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.JTI != chain[i+1] || rec.Parent != chain[i] || !slices.Equal(rec.Ancestors, chain[:i+1]) {
+			t.Fatalf("entry %d = %+v, want jti %s under %v", i, rec, chain[i+1], chain[:i+1])
+		}
+		if time.Unix(rec.Exp, 0).After(time.Now().Add(time.Hour + time.Minute)) {
+			t.Fatalf("entry %d expires %v, after its root", i, time.Unix(rec.Exp, 0))
+		}
+	}
+	mustVerify(t, h.k.Inspector())
+}
