@@ -52,6 +52,7 @@ type plan struct {
 	argv     []string
 	stdin    []byte
 	timeout  time.Duration
+	cmd      Command
 }
 
 func (p *plan) writable() []*rootPlan {
@@ -68,7 +69,7 @@ func depth(p string) int { return strings.Count(p, "/") }
 
 // makePlan validates a profile and a command and finds the deny paths.
 func makePlan(pr Profile, c Command) (*plan, error) {
-	p := &plan{limits: pr.Limits.withDefaults(), net: pr.Net, stdin: c.Stdin, timeout: c.Timeout}
+	p := &plan{limits: pr.Limits.withDefaults(), net: pr.Net, stdin: c.Stdin, timeout: c.Timeout, cmd: c}
 	if len(c.Argv) == 0 || c.Argv[0] == "" {
 		return nil, errors.New("sandbox: empty argv")
 	}

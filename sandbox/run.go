@@ -154,6 +154,14 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			argv = append(argv, r.lower, r.upper, r.work, r.merged)
 		}
 	}
+	if ch := pl.cmd.Channel; ch != nil {
+		// fds 3–5 are the chain's own (5 may be unused): the channel
+		// always lands on ChannelFD.
+		for len(extra) < ChannelFD-3 {
+			extra = append(extra, nil)
+		}
+		extra = append(extra, ch)
+	}
 	argv = append(argv, t.prlimit)
 	argv = append(argv, rlimitArgs(pl.limits)...)
 	argv = append(argv, "--", t.bwrap)
@@ -167,6 +175,12 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		cmd.Stdin = bytes.NewReader(pl.stdin)
 	}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if w := pl.cmd.Stdout; w != nil {
+		cmd.Stdout = io.MultiWriter(stdout, w)
+	}
+	if w := pl.cmd.Stderr; w != nil {
+		cmd.Stderr = io.MultiWriter(stderr, w)
+	}
 	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// The whole chain runs in a user namespace mapping only the

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -84,7 +85,16 @@ type Command struct {
 	Dir     string        // working directory: an existing directory in a root; default the first root
 	Stdin   []byte        // nil: /dev/null
 	Timeout time.Duration // 0: none besides the context's
+	// Channel, if set, is inherited by the command as file descriptor
+	// ChannelFD: a supervisor's channel to a sandboxed agent.
+	Channel *os.File
+	// Stdout and Stderr, if set, also receive the command's output as it
+	// comes (Result keeps its capped copy either way).
+	Stdout, Stderr io.Writer
 }
+
+// ChannelFD is the file descriptor a command finds Command.Channel on.
+const ChannelFD = 6
 
 // StagingMode is how writes to rw roots are kept from the workspace.
 type StagingMode int

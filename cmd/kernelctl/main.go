@@ -31,10 +31,14 @@ func main() {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.AddCommand(initCmd(), serveCmd(), demoCmd(), tokenCmd(), callCmd(), toolsCmd(), receiptsCmd(), ledgerCmd(), replayCmd(), policyCmd(),
-		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd())
+		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd(), runCmd())
 	err := root.Execute()
 	if err == nil {
 		return
+	}
+	var ae agentExit
+	if errors.As(err, &ae) {
+		os.Exit(int(ae))
 	}
 	fmt.Fprintln(os.Stderr, "kernelctl:", err)
 	var ue *usageError

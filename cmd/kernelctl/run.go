@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/runner"
+	"github.com/capkernel/capkernel/sandbox"
+)
+
+// agentExit is the exit status of an agent that ended unsuccessfully:
+// kernelctl run exits with it.
+type agentExit int
+
+func (e agentExit) Error() string { return fmt.Sprintf("the agent exited with status %d", int(e)) }
+
+// kernelInvoker runs envelopes in an embedded kernel.
+type kernelInvoker struct{ k *kernel.Kernel }
+
+func (i kernelInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) {
+	return i.k.InvokeJSON(ctx, env), nil
+}
+
+// clientInvoker runs envelopes in a served kernel.
+type clientInvoker struct{ c *httpapi.Client }
+
+func (i clientInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) {
+	r, _, err := i.c.Call(ctx, env)
+	return r, err
+}
+
+func runCmd() *cobra.Command {
+	var t target
+	var tokenFile string
+	var readOnly []string
+	var noSandbox bool
+	cmd := &cobra.Command{
+		Use:   "run --data DIR|--server URL --token FILE [--ro PATH]... [--no-sandbox] -- CMD [ARG]...",
+		Short: "Run an agent process whose only way to act is tool calls through the kernel",
+		Long: `run starts CMD as an agent: in a bubblewrap sandbox with no network, a
+private empty working directory, read-only system directories, CMD itself and
+the --ro paths, and nothing of the token's file trees. Its one way to act is
+the runner channel: JSON lines on the inherited file descriptor named by
+CAPKERNEL_IPC_FD (6 in the sandbox, 3 with --no-sandbox):
+
+  → {"op":"tool_call","tool_call_id":"c1","tool":"fs.read","args":{"path":"a.txt"}}
+  ← {"op":"tool_response","tool_call_id":"c1","ok":true,"result":{…},"receipt_id":"…"}
+
+Every tool_call is a call envelope under --token, governed, audited and
+receipted by the kernel; several may be in flight, matched by tool_call_id.
+A malformed line is answered invalid_args (and still audited); a crashing or
+garbage-writing agent cannot hurt the kernel. run exits with the agent's
+status once every call it made has been answered. See docs/runner.md.
+
+--no-sandbox runs CMD as a plain child process with the channel, for
+machines without bubblewrap; the agent then has the user's ambient authority.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if err := t.check("run"); err != nil {
+				return err
+			}
+			if tokenFile == "" {
+				return &usageError{errors.New("run: --token FILE (or - for stdin) is required")}
+			}
+			tok, err := readSecret(tokenFile)
+			if err != nil {
+				return err
+			}
+			sub, jti, err := peekToken(tok)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			s := &runner.Session{Token: tok, TokenID: jti, AgentID: sub, ID: uuid.Must(uuid.NewV7()).String()}
+			if t.server != "" {
+				c := t.client("")
+				if s.PolicyHash, err = c.PolicyHash(ctx); err != nil {
+					return err
+				}
+				if in, err := c.InspectToken(ctx, tok); err != nil {
+					return err
+				} else if !in.Valid {
+					return fmt.Errorf("run: %s: %s", in.Class, in.Reason)
+				}
+				s.Invoker = clientInvoker{c}
+			} else {
+				k, err := t.openKernel(ctx)
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				if _, err := k.VerifyBearer(tok); err != nil {
+					return fmt.Errorf("run: %w", err)
+				}
+				s.PolicyHash, s.Invoker = k.PolicyHash(), kernelInvoker{k}
+			}
+			return runAgent(ctx, cmd, s, argv, readOnly, noSandbox)
+		},
+	}
+	t.addTarget(cmd, false)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the agent's capability token (- for stdin)")
+	cmd.Flags().StringArrayVar(&readOnly, "ro", nil, "host path the agent may read, bound read-only at the same path (repeatable)")
+	cmd.Flags().BoolVar(&noSandbox, "no-sandbox", false, "run the agent as a plain child process (it keeps the user's authority)")
+	return cmd
+}
+
+// runAgent starts the agent with its end of a socketpair, serves the
+// other end until the agent is gone and its calls are answered, and
+// returns the agent's status.
+func runAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, argv, readOnly []string, noSandbox bool) error {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("run: channel: %w", err)
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "runner"), os.NewFile(uintptr(fds[1]), "agent")
+	defer ours.Close()
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(context.WithoutCancel(ctx), ours, ours) }()
+
+	code, err := startAgent(ctx, cmd, s, theirs, argv, readOnly, noSandbox)
+	// Every holder of the agent's end is gone once the agent (and, in
+	// the sandbox, everything it started) has ended: closing ours makes
+	// the channel end after the lines already written are read.
+	theirs.Close()
+	if serr := <-served; serr != nil && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return agentExit(code)
+	}
+	return nil
+}
+
+func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, channel *os.File, argv, readOnly []string, noSandbox bool) (int, error) {
+	if noSandbox {
+		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		c.Env = append(os.Environ(), "CAPKERNEL_IPC_FD=3", "CAPKERNEL_SESSION_ID="+s.ID)
+		c.ExtraFiles = []*os.File{channel}
+		c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+		err := c.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), nil
+		}
+		return 0, err
+	}
+	bin, err := exec.LookPath(argv[0])
+	if err != nil {
+		return 0, fmt.Errorf("run: %w", err)
+	}
+	if bin, err = filepath.Abs(bin); err != nil {
+		return 0, err
+	}
+	scratch, err := os.MkdirTemp("", "capkernel-agent-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(scratch)
+	sb := sandbox.New(sandbox.Options{})
+	defer sb.Close()
+	p := sandbox.Profile{
+		Roots: []sandbox.Root{{Path: scratch, Writable: true}},
+		Env: map[string]string{
+			"CAPKERNEL_IPC_FD": strconv.Itoa(sandbox.ChannelFD), "CAPKERNEL_SESSION_ID": s.ID,
+			"HOME": scratch, "PATH": sandbox.DefaultPath,
+		},
+		ReadOnly: append([]string{bin}, readOnly...),
+	}
+	res, err := sb.Run(ctx, p, sandbox.Command{
+		Argv: append([]string{bin}, argv[1:]...), Dir: scratch, Channel: channel,
+		Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr(),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("run: %w", err)
+	}
+	return res.ExitCode, nil
+}

@@ -1,0 +1,262 @@
+// Package runner is the supervisor side of the runner IPC protocol (seed
+// 000 §2): an agent process, started by `kernelctl run` in a sandbox
+// with no authority of its own, writes tool_call lines on an inherited
+// channel and reads tool_response lines back. Every call becomes a call
+// envelope under the session's capability token and is governed, audited
+// and receipted by the kernel like any other; the protocol adds nothing
+// the kernel would not decide.
+//
+// The wire format is JSON lines (docs/runner.md):
+//
+//	→ {"op":"tool_call","tool_call_id":"c1","tool":"fs.read","args":{"path":"a.txt"}}
+//	← {"op":"tool_response","tool_call_id":"c1","ok":true,"result":{…},"receipt_id":"…"}
+//	← {"op":"tool_response","tool_call_id":"c2","ok":false,"error":"scope_denied","message":"…","receipt_id":"…"}
+package runner
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"unicode"
+
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// Protocol limits.
+const (
+	// DefaultMaxLine bounds a tool_call line, newline excluded. A longer
+	// line is answered invalid_args and skipped to its end.
+	DefaultMaxLine = 1 << 20
+	// DefaultMaxInFlight bounds the calls of one session running at once;
+	// further lines wait to be read, so a flooding agent is slowed, not
+	// buffered without end.
+	DefaultMaxInFlight = 16
+	// MaxToolCallID bounds tool_call_id, so that the idempotency key made
+	// from it fits the kernel's 255 bytes.
+	MaxToolCallID = 200
+)
+
+// ToolCall is a line from the agent.
+type ToolCall struct {
+	Op         string          `json:"op"` // "tool_call"
+	ToolCallID string          `json:"tool_call_id"`
+	Tool       string          `json:"tool"`
+	Args       json.RawMessage `json:"args,omitempty"`
+}
+
+// ToolResponse is a line to the agent: Result when OK, else Error (the
+// kernel's error class, see docs/runner.md) and Message. ReceiptID names
+// the call's signed receipt, for every call the kernel saw.
+type ToolResponse struct {
+	Op          string          `json:"op"` // "tool_response"
+	ToolCallID  string          `json:"tool_call_id"`
+	OK          bool            `json:"ok"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	Message     string          `json:"message,omitempty"`
+	ReceiptID   string          `json:"receipt_id,omitempty"`
+	OperationID string          `json:"operation_id,omitempty"`
+}
+
+// Invoker runs one call envelope through a kernel and returns its result
+// envelope: kernel.Kernel.InvokeJSON in process, httpapi.Client.Call
+// against a served kernel.
+type Invoker interface {
+	Invoke(ctx context.Context, envelope []byte) (*kernel.Result, error)
+}
+
+// Session serves one agent's channel under one capability token.
+type Session struct {
+	Invoker    Invoker
+	Token      string // the capability token every call carries
+	TokenID    string // its jti
+	AgentID    string // its sub
+	PolicyHash string // the kernel's policy hash
+	// ID is the session id: provenance.session_id of every call, and part
+	// of its idempotency key, "runner:<ID>:<tool_call_id>", so a repeated
+	// tool_call_id is answered from the first call's outcome (or refused
+	// while that call runs) instead of running twice.
+	ID          string
+	MaxLine     int // default DefaultMaxLine
+	MaxInFlight int // default DefaultMaxInFlight
+}
+
+// Serve reads tool_call lines from r until it ends (the agent exited or
+// closed the channel) or ctx is done, runs them at most MaxInFlight at
+// once, and writes one tool_response line per non-blank line to w, in
+// the order calls finish. It returns once every call it started has been
+// answered. No input makes it panic or stop early: a line that is not a
+// well-formed tool_call is answered invalid_args, and is still sent to
+// the kernel as it came so that the refusal is audited. Errors writing to
+// w (the agent is gone) drop the responses; the calls are in the ledger.
+func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
+	maxLine, maxInFlight := s.MaxLine, s.MaxInFlight
+	if maxLine <= 0 {
+		maxLine = DefaultMaxLine
+	}
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	out := &responder{w: w}
+	slots := make(chan struct{}, maxInFlight)
+	var wg sync.WaitGroup
+	br := bufio.NewReaderSize(r, 64<<10)
+	var readErr error
+	for n := 1; ; n++ {
+		line, tooLong, err := readLine(br, maxLine)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				readErr = fmt.Errorf("runner: reading the agent's channel: %w", err)
+			}
+			break
+		}
+		if tooLong {
+			out.send(ToolResponse{Error: kernel.ErrInvalidArgs, Message: fmt.Sprintf("line %d is over %d bytes; it was skipped", n, maxLine)})
+			continue
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			out.send(s.handle(ctx, n, line))
+		}()
+	}
+	wg.Wait()
+	return readErr
+}
+
+// handle runs one line and returns its response.
+func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
+	var tc ToolCall
+	problem := ""
+	if err := json.Unmarshal(line, &tc); err != nil {
+		problem = fmt.Sprintf("line %d is not a tool_call object: %v", n, err)
+	} else if problem = check(&tc); problem != "" {
+		problem = fmt.Sprintf("line %d: %s", n, problem)
+	}
+	env := line // refused as it came: the kernel audits what the agent sent
+	if problem == "" {
+		var err error
+		if env, err = s.envelope(&tc); err != nil {
+			env, problem = line, fmt.Sprintf("line %d: %v", n, err)
+		}
+	}
+	res, err := s.Invoker.Invoke(ctx, env)
+	resp := ToolResponse{ToolCallID: tc.ToolCallID}
+	switch {
+	case err != nil:
+		resp.Error, resp.Message = kernel.ErrInternal, "the kernel did not answer: "+err.Error()
+	case problem != "":
+		resp.Error, resp.Message, resp.ReceiptID = kernel.ErrInvalidArgs, problem, res.ReceiptID
+	default:
+		resp.ReceiptID, resp.OperationID = res.ReceiptID, res.OperationID
+		if res.Status == kernel.StatusOK {
+			resp.OK, resp.Result = true, res.Result
+		} else if res.Error != nil {
+			resp.Error, resp.Message = res.Error.Class, res.Error.Message
+		} else {
+			resp.Error, resp.Message = kernel.ErrInternal, "result envelope without status ok or an error"
+		}
+	}
+	return resp
+}
+
+// check reports what makes tc not a well-formed tool_call, or "".
+func check(tc *ToolCall) string {
+	switch {
+	case tc.Op != "tool_call":
+		return fmt.Sprintf(`op is %q, not "tool_call"`, tc.Op)
+	case tc.ToolCallID == "":
+		return "tool_call_id is missing or empty"
+	case len(tc.ToolCallID) > MaxToolCallID:
+		return fmt.Sprintf("tool_call_id is %d bytes; at most %d", len(tc.ToolCallID), MaxToolCallID)
+	case strings.ContainsFunc(tc.ToolCallID, unicode.IsControl):
+		return "tool_call_id holds a control character"
+	case tc.Tool == "":
+		return "tool is missing or empty"
+	}
+	return ""
+}
+
+func (s *Session) envelope(tc *ToolCall) ([]byte, error) {
+	args := tc.Args
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	prov, err := json.Marshal(map[string]string{"session_id": s.ID, "tool_call_id": tc.ToolCallID, "source": "runner"})
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(kernel.Envelope{
+		ToolID: tc.Tool, Args: args, AgentID: s.AgentID,
+		CapabilityToken: s.Token, CapabilityTokenID: s.TokenID, PolicyHash: s.PolicyHash,
+		IdempotencyKey: "runner:" + s.ID + ":" + tc.ToolCallID, Provenance: prov,
+	})
+}
+
+// readLine returns the next line without its newline; a line over max
+// bytes is consumed to its end and reported as tooLong. A last line
+// without a newline counts.
+func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(buf)+len(chunk) > max+1 {
+				tooLong, buf = true, nil
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		switch {
+		case err == nil:
+			return bytes.TrimSuffix(buf, []byte("\n")), tooLong, nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF) && (len(buf) > 0 || tooLong):
+			return buf, tooLong, nil
+		default:
+			return nil, false, err
+		}
+	}
+}
+
+// responder writes whole lines, one at a time, and stops writing after
+// the first error (the agent is gone).
+type responder struct {
+	mu     sync.Mutex
+	w      io.Writer
+	broken bool
+}
+
+func (r *responder) send(resp ToolResponse) {
+	resp.Op = "tool_response"
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b, _ = json.Marshal(ToolResponse{Op: "tool_response", ToolCallID: resp.ToolCallID, Error: kernel.ErrInternal, Message: "the result could not be encoded"})
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.broken {
+		return
+	}
+	if _, err := r.w.Write(append(b, '\n')); err != nil {
+		r.broken = true
+	}
+}
