@@ -1,0 +1,117 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runFixture is a data dir, a workspace with notes.txt, and a token
+// granting fs.* on it.
+type runFixture struct {
+	dir, data, ws, token string
+}
+
+func newRunFixture(t *testing.T) runFixture {
+	t.Helper()
+	dir := t.TempDir()
+	f := runFixture{dir: dir, data: filepath.Join(dir, "data"), ws: filepath.Join(dir, "ws"), token: filepath.Join(dir, "agent.token")}
+	if _, stderr, code := run(t, "init", "--data", f.data); code != 0 {
+		t.Fatal(stderr)
+	}
+	os.MkdirAll(f.ws, 0o755)
+	os.WriteFile(filepath.Join(f.ws, "notes.txt"), []byte("the notes\n"), 0o644)
+	out, stderr, code := run(t, "token", "mint", "--data", f.data, "--agent", "agent-1", "--tools", "fs.*", "--fs", f.ws+":rw")
+	if code != 0 {
+		t.Fatal(stderr)
+	}
+	os.WriteFile(f.token, []byte(out), 0o600)
+	return f
+}
+
+func requireBwrap(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		t.Fatal("bubblewrap is required (make test installs it)")
+	}
+}
+
+// The example agent, sandboxed, reads and writes through the kernel and
+// is refused what its token does not grant; every call is in the ledger.
+func TestRunExampleAgent(t *testing.T) {
+	requireBwrap(t)
+	f := newRunFixture(t)
+	agent := filepath.Join(f.dir, "agent")
+	if out, err := exec.Command("go", "build", "-o", agent, "../../examples/agent").CombinedOutput(); err != nil {
+		t.Fatalf("building the example agent: %v\n%s", err, out)
+	}
+	out, stderr, code := run(t, "run", "--data", f.data, "--token", f.token, "--", agent)
+	if code != 0 {
+		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
+	}
+	for _, want := range []string{"fs.read: ok", `the notes\n`, "fs.write: ok", "proc.exec: refused permission_denied"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("agent output lacks %q:\n%s", want, out)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(f.ws, "agent-summary.txt")); err != nil || !strings.Contains(string(b), "notes.txt") {
+		t.Fatalf("the agent's write did not land: %q, %v", b, err)
+	}
+	if out, stderr, code := run(t, "ledger", "verify", "--data", f.data); code != 0 {
+		t.Fatalf("ledger verify after the run: %s %s", out, stderr)
+	}
+	// Three calls, three receipts.
+	out, _, _ = run(t, "receipts", "list", "--data", f.data, "--agent", "agent-1")
+	if n := strings.Count(out, "fs.read") + strings.Count(out, "fs.write") + strings.Count(out, "proc.exec"); n != 3 {
+		t.Fatalf("receipts of the run:\n%s", out)
+	}
+}
+
+// The sandboxed agent sees neither the token's files nor the network:
+// its only way to reach them is the channel.
+func TestRunAgentHasNoAmbientAuthority(t *testing.T) {
+	requireBwrap(t)
+	f := newRunFixture(t)
+	script := `cat "$1"/notes.txt && echo READ-DIRECTLY; ls "$1" >/dev/null 2>&1 && echo LISTED; echo fd=$CAPKERNEL_IPC_FD`
+	out, stderr, code := run(t, "run", "--data", f.data, "--token", f.token, "--", "/bin/sh", "-c", script, "agent", f.ws)
+	if code != 0 || strings.Contains(out, "READ-DIRECTLY") || strings.Contains(out, "LISTED") || !strings.Contains(out, "fd=6") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
+	}
+}
+
+// An agent writing garbage, then a good call, then dying by a signal with
+// a call in flight: run answers what it can, exits with the agent's
+// status, and the kernel's ledger verifies.
+func TestRunGarbageAndCrashingAgent(t *testing.T) {
+	requireBwrap(t)
+	f := newRunFixture(t)
+	script := `fd=$CAPKERNEL_IPC_FD
+head -c 5000 /dev/urandom >&$fd; printf '\n' >&$fd
+printf '%s\n' '{"op":"tool_call","tool_call_id":"good","tool":"fs.read","args":{"path":"notes.txt"}}' >&$fd
+while IFS= read -r line <&$fd; do case "$line" in *'"good"'*) echo "$line"; break;; esac; done
+printf '%s\n' '{"op":"tool_call","tool_call_id":"last","tool":"fs.list","args":{"path":"."}}' >&$fd
+kill -KILL $$`
+	out, stderr, code := run(t, "run", "--data", f.data, "--token", f.token, "--", "/bin/sh", "-c", script)
+	if code == 0 {
+		t.Fatalf("a killed agent: run exited 0\n%s\n%s", out, stderr)
+	}
+	if !strings.Contains(out, `"ok":true`) || !strings.Contains(out, "the notes") {
+		t.Fatalf("the good call after the garbage:\nstdout:\n%s\nstderr:\n%s", out, stderr)
+	}
+	if out, stderr, code := run(t, "ledger", "verify", "--data", f.data); code != 0 {
+		t.Fatalf("ledger verify after the crash: %s %s", out, stderr)
+	}
+}
+
+// Without bubblewrap, --no-sandbox runs the agent as a plain child with
+// the channel on fd 3.
+func TestRunNoSandbox(t *testing.T) {
+	f := newRunFixture(t)
+	script := `printf '%s\n' '{"op":"tool_call","tool_call_id":"n1","tool":"fs.read","args":{"path":"notes.txt"}}' >&$CAPKERNEL_IPC_FD; head -n 1 <&$CAPKERNEL_IPC_FD; echo fd=$CAPKERNEL_IPC_FD; exit 3`
+	out, stderr, code := run(t, "run", "--data", f.data, "--token", f.token, "--no-sandbox", "--", "/bin/sh", "-c", script)
+	if code != 3 || !strings.Contains(out, `"tool_call_id":"n1","ok":true`) || !strings.Contains(out, "fd=3") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
+	}
+}
