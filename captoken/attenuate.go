@@ -77,6 +77,9 @@ func Narrows(parent, child Claims) error {
 			return widens("budgets", "%s %d is beyond the parent's %d", name, v, limit)
 		}
 	}
+	if p.Handles && !c.Handles {
+		return widens("handles", "the parent calls tools only by handle; the child must too")
+	}
 	if strictness(c.Autonomy) < strictness(p.Autonomy) {
 		return widens("autonomy", "%q is more autonomous than the parent's ceiling %q", c.Autonomy, orAutopilot(p.Autonomy))
 	}

@@ -64,6 +64,7 @@ func TestNarrows(t *testing.T) {
 		{"outlives parent", func(c *Claims) { c.Expiry = c.Expiry.Add(time.Second) }, "exp"},
 		{"valid earlier", func(c *Claims) { c.NotBefore = c.NotBefore.Add(-time.Second) }, "nbf"},
 		{"approver role", func(c *Claims) { c.Cap.Role = RoleApprover }, "role"},
+		{"handles added", func(c *Claims) { c.Cap.Handles = true }, ""},
 		{"other parent", func(c *Claims) { c.Cap.Parent = "X"; c.Cap.Ancestors[1].ID = "X" }, "ancestors"},
 		{"chain rewritten", func(c *Claims) { c.Cap.Ancestors[0].ID = "Z" }, "ancestors"},
 		{"chain dropped", func(c *Claims) { c.Cap.Ancestors = c.Cap.Ancestors[1:] }, "ancestors"},
@@ -81,6 +82,18 @@ func TestNarrows(t *testing.T) {
 				t.Fatalf("Narrows = %v, want a widening of %s", err, c.field)
 			}
 		})
+	}
+}
+
+func TestNarrowsHandleMode(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	parent := Claims{Subject: "a", Audience: "k", ID: "P", IssuedAt: t0, NotBefore: t0, Expiry: t0.Add(time.Hour),
+		Cap: Capability{Tools: []string{"*"}, Handles: true}}
+	child := parent.clone()
+	child.ID, child.Cap.Parent, child.Cap.Ancestors, child.Cap.Handles = "C", "P", []Ancestor{{ID: "P"}}, false
+	var we *WideningError
+	if err := Narrows(parent, child); !errors.As(err, &we) || we.Field != "handles" {
+		t.Fatalf("leaving handle mode: Narrows = %v", err)
 	}
 }
 

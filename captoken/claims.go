@@ -61,6 +61,10 @@ type Capability struct {
 	// escalated ones. An approver token grants nothing else: no tools, fs,
 	// net or budgets, so no credential can both act and approve.
 	Role string `json:"role,omitempty"`
+	// Handles puts the token's sessions in handle mode (seed 004): its
+	// calls address tools only by the per-session handles the kernel hands
+	// out, never by name.
+	Handles bool `json:"handles,omitempty"`
 }
 
 // Roles of approver tokens (Capability.Role).

@@ -102,6 +102,44 @@ func (s *Server) cancelSession(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"session_id": id, "cancelled": s.k.CancelSession(id, agent)})
 }
 
+// HandleList is the body of POST /v1/sessions/{id}/handles.
+type HandleList struct {
+	SessionID string          `json:"session_id"`
+	Handles   []kernel.Handle `json:"handles"`
+}
+
+// sessionHandles answers POST /v1/sessions/{id}/handles: the session's
+// handles for the tools the bearer capability token may call.
+func (s *Server) sessionHandles(w http.ResponseWriter, r *http.Request) {
+	tok, ok := s.capability(w, r)
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	hs, err := s.k.Handles(tok.Raw, id)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, HandleList{SessionID: id, Handles: hs})
+}
+
+// endSession answers POST /v1/sessions/{id}/end: the handles of the
+// session die (the bearer token's own, or with the admin credential every
+// token's).
+func (s *Server) endSession(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return
+	}
+	jti := ""
+	if !c.admin {
+		jti = c.tok.Claims.ID
+	}
+	id := r.PathValue("id")
+	writeJSON(w, http.StatusOK, map[string]any{"session_id": id, "ended": s.k.EndSession(id, jti)})
+}
+
 // ApprovalList is the body of GET /v1/approvals.
 type ApprovalList struct {
 	Approvals []kernel.ApprovalRequest `json:"approvals"`

@@ -65,6 +65,8 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("GET /v1/operations/{id}", s.operation)
 	s.mux.HandleFunc("DELETE /v1/operations/{id}", s.cancelOperation)
 	s.mux.HandleFunc("POST /v1/sessions/{id}/cancel", s.cancelSession)
+	s.mux.HandleFunc("POST /v1/sessions/{id}/handles", s.sessionHandles)
+	s.mux.HandleFunc("POST /v1/sessions/{id}/end", s.endSession)
 	s.mux.HandleFunc("GET /v1/approvals", s.approvals)
 	s.mux.HandleFunc("POST /v1/approvals/{id}", s.decide)
 	s.mux.HandleFunc("GET /v1/events", s.eventStream)

@@ -32,6 +32,7 @@ type AttenuateRequest struct {
 	Budgets    map[string]int64  `json:"budgets,omitempty"`
 	Autonomy   string            `json:"autonomy,omitempty"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
+	Handles    bool              `json:"handles,omitempty"` // handle mode; inherited from a parent in it
 }
 
 // An AttenuateError is a refused attenuation: Class is token_invalid or
@@ -75,7 +76,7 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	child := captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: exp,
 		Cap: captoken.Capability{
-			Tools: req.Tools, FS: req.FS, Net: req.Net, Autonomy: req.Autonomy,
+			Tools: req.Tools, FS: req.FS, Net: req.Net, Autonomy: req.Autonomy, Handles: req.Handles || p.Cap.Handles,
 			Budgets: map[string]int64{}, Parent: p.ID,
 			Ancestors: append(append([]captoken.Ancestor(nil), p.Cap.Ancestors...), captoken.Ancestor{ID: p.ID, Budgets: p.Cap.Budgets}),
 		},

@@ -76,6 +76,8 @@ type TokenRequest struct {
 	// approver AgentID names instead of an agent's token; it grants no
 	// tools or scopes.
 	Role string `json:"role,omitempty"`
+	// Handles puts the token's sessions in handle mode (see Kernel.Handles).
+	Handles bool `json:"handles,omitempty"`
 }
 
 // MintedToken is a token Mint made, with the claims a caller needs.
@@ -100,7 +102,7 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	now := k.cfg.Now()
 	tok, c, err := k.MintToken(captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: now.Add(ttl),
-		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role},
+		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role, Handles: req.Handles},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mint: %w", err)

@@ -120,10 +120,16 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, ErrTokenInvalid, err.Error())
 	}
 	c.token = tok
-	// 3. The syscall, and the token's grant of it.
-	entry, ok := k.registry.Get(env.ToolID)
-	if !ok {
+	// 3. The syscall, by name or by the session's handle, and the token's
+	// grant of it.
+	tool, ok := k.resolveTool(c)
+	entry, found := k.registry.Get(tool)
+	if !ok || !found {
 		return k.deny(ctx, c, ErrToolNotFound, fmt.Sprintf("no syscall %q", env.ToolID))
+	}
+	if tool != env.ToolID {
+		c.note("handle", env.ToolID)
+		env.ToolID = tool
 	}
 	c.entry = entry
 	if !tok.AllowsTool(env.ToolID) {

@@ -57,6 +57,7 @@ type Kernel struct {
 
 	mu         sync.RWMutex
 	revoked    map[string]bool                // jti -> revoked
+	handles    *handles                       // per-session tool handles (handles.go)
 	seen       map[string]bool                // jti -> token_first_seen recorded
 	workspaces map[string]*syscalls.Workspace // by root set
 
@@ -80,7 +81,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	cfg = cfg.resolve(s)
 	k := &Kernel{
 		cfg: cfg, settings: s, locks: newPathLocks(),
-		revoked: map[string]bool{}, seen: map[string]bool{}, workspaces: map[string]*syscalls.Workspace{},
+		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: map[string]*syscalls.Workspace{},
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}},
 		ops: operations{byID: map[string]*operation{}},
@@ -298,6 +299,7 @@ func (k *Kernel) Revoke(ctx context.Context, jti, reason string) error {
 	k.mu.Lock()
 	k.revoked[jti] = true
 	k.mu.Unlock()
+	k.handles.dropToken(jti)
 	return nil
 }
 

@@ -28,7 +28,7 @@ func tokenMintCmd() *cobra.Command {
 	var agent, tools, autonomy, budgets string
 	var fsRoots, net []string
 	var ttl time.Duration
-	var approver, escalation bool
+	var approver, escalation, handles bool
 	cmd := &cobra.Command{
 		Use:   "mint --data DIR|--server URL --agent ID (--tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] | --approver [--escalation]) [--ttl 1h]",
 		Short: "Mint a capability token; prints the compact token alone on stdout",
@@ -41,6 +41,8 @@ func tokenMintCmd() *cobra.Command {
   --budget calls=100,disk_write_bytes=1MiB,cpu_ms=5000,net_bytes=10MB
   --autonomy soft_gate           the most autonomous mode its calls may run in
   --ttl 1h                       lifetime (at most 90 days)
+  --handles                      its sessions call tools only by per-session handles
+                                 (POST /v1/sessions/{id}/handles), never by name
   --approver [--escalation]      an approver token for the person --agent names:
                                  it decides soft_gate calls (with --escalation
                                  escalated ones too) and grants no tools
@@ -60,7 +62,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 			case !approver && tools == "":
 				return &usageError{errors.New("token mint: --tools is required (or --approver)")}
 			}
-			req := kernel.TokenRequest{AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second)}
+			req := kernel.TokenRequest{AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second), Handles: handles}
 			switch {
 			case escalation:
 				req.Role = captoken.RoleEscalation
@@ -112,6 +114,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 	cmd.Flags().StringVar(&budgets, "budget", "", "budgets, e.g. calls=100,disk_write_bytes=1MiB")
 	cmd.Flags().StringVar(&autonomy, "autonomy", "", "autonomy ceiling: autopilot, soft_gate, escalated or no_go")
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "lifetime")
+	cmd.Flags().BoolVar(&handles, "handles", false, "handle mode: the token's calls address tools by per-session handles only")
 	cmd.Flags().BoolVar(&approver, "approver", false, "mint an approver token (decides soft_gate calls)")
 	cmd.Flags().BoolVar(&escalation, "escalation", false, "mint an approver token with the escalation role (decides escalated calls too)")
 	return cmd

@@ -1,0 +1,159 @@
+package kernel
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// HandlePrefix starts every tool handle: "/object/" and 26 characters of
+// unpadded lower-case base32 encoding 128 random bits (seed 004).
+const HandlePrefix = "/object/"
+
+// DefaultHandleTTL is how long a handle lives unless its token expires or
+// is revoked, or its session ends, first.
+const DefaultHandleTTL = time.Hour
+
+var handleEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// Handle is a per-session name of a tool a token may call: what a session
+// in handle mode sees instead of the tool's id.
+type Handle struct {
+	Handle      string              `json:"handle"` // "/object/<base32>"
+	Tool        string              `json:"tool"`
+	Description string              `json:"description"`
+	InputSchema json.RawMessage     `json:"input_schema"`
+	SideEffect  syscalls.SideEffect `json:"side_effect"`
+	ExpiresAt   string              `json:"expires_at"` // RFC 3339, UTC
+}
+
+// binding is what a handle stands for: one tool, for one token, in one
+// session, until expires.
+type binding struct {
+	session, jti, tool string
+	expires            time.Time
+}
+
+// handles is the kernel's handle table. It lives in memory: a kernel
+// restart ends every session, and with it every handle.
+type handles struct {
+	mu    sync.Mutex
+	by    map[string]binding              // handle → binding
+	owner map[[2]string]map[string]string // (session, jti) → tool → handle
+}
+
+func newHandles() *handles {
+	return &handles{by: map[string]binding{}, owner: map[[2]string]map[string]string{}}
+}
+
+// ErrNoSession refuses handles outside a session: a handle is bound to one.
+var ErrNoSession = errors.New("handles: a session id is required")
+
+// Handles returns the handles the session sees for the tools token may
+// call, minting those it lacks: the same handle for a tool while it
+// lives. A token that does not verify as a bearer credential is refused
+// with a *captoken.Error.
+func (k *Kernel) Handles(token, session string) ([]Handle, error) {
+	tok, err := k.VerifyBearer(token)
+	if err != nil {
+		return nil, err
+	}
+	if session == "" {
+		return nil, ErrNoSession
+	}
+	now := k.cfg.Now()
+	exp := now.Add(DefaultHandleTTL)
+	if tok.Claims.Expiry.Before(exp) {
+		exp = tok.Claims.Expiry
+	}
+	key := [2]string{session, tok.Claims.ID}
+	t := k.handles
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mine := t.owner[key]
+	if mine == nil {
+		mine = map[string]string{}
+		t.owner[key] = mine
+	}
+	var out []Handle
+	for _, d := range k.registry.List() {
+		if !tok.AllowsTool(d.ID) {
+			continue
+		}
+		h, ok := mine[d.ID]
+		if b, live := t.by[h]; !ok || !live || !now.Before(b.expires) {
+			delete(t.by, h)
+			var raw [16]byte
+			rand.Read(raw[:])
+			h = HandlePrefix + handleEncoding.EncodeToString(raw[:])
+			t.by[h] = binding{session: session, jti: tok.Claims.ID, tool: d.ID, expires: exp}
+			mine[d.ID] = h
+		}
+		out = append(out, Handle{Handle: h, Tool: d.ID, Description: d.Description, InputSchema: d.InputSchema,
+			SideEffect: d.SideEffect, ExpiresAt: t.by[h].expires.UTC().Format(time.RFC3339)})
+	}
+	return out, nil
+}
+
+// EndSession ends a session's handles: those of every token when jti is
+// "", else those of the token jti. It returns how many ended.
+func (k *Kernel) EndSession(session, jti string) int {
+	t := k.handles
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for key, mine := range t.owner {
+		if key[0] != session || (jti != "" && key[1] != jti) {
+			continue
+		}
+		for _, h := range mine {
+			if _, ok := t.by[h]; ok {
+				delete(t.by, h)
+				n++
+			}
+		}
+		delete(t.owner, key)
+	}
+	return n
+}
+
+// dropToken ends every handle of the token jti (on its revocation).
+func (h *handles) dropToken(jti string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for key, mine := range h.owner {
+		if key[1] != jti {
+			continue
+		}
+		for _, hd := range mine {
+			delete(h.by, hd)
+		}
+		delete(h.owner, key)
+	}
+}
+
+// resolveTool returns the tool c addresses: the handle's tool for a
+// handle bound to c's session and token and not expired; the name itself
+// for a token not in handle mode; else false, which the pipeline answers
+// exactly as it answers a tool that does not exist, so a guessed, stale or
+// foreign handle reveals nothing.
+func (k *Kernel) resolveTool(c *call) (string, bool) {
+	id := c.env.ToolID
+	if !strings.HasPrefix(id, HandlePrefix) {
+		return id, !c.token.Claims.Cap.Handles
+	}
+	t := k.handles
+	t.mu.Lock()
+	b, ok := t.by[id]
+	t.mu.Unlock()
+	if !ok || c.session == "" || b.session != c.session || b.jti != c.token.Claims.ID || !k.cfg.Now().Before(b.expires) {
+		return "", false
+	}
+	return b.tool, true
+}

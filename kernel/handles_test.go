@@ -1,0 +1,162 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+)
+
+var handleForm = regexp.MustCompile(`^/object/[a-z2-7]{26}$`)
+
+func inSession(s string) func(*Envelope) {
+	return func(e *Envelope) { e.Provenance = json.RawMessage(`{"session_id":"` + s + `"}`) }
+}
+
+func withToken(tok, jti string) func(*Envelope) {
+	return func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti }
+}
+
+// handlesOf lists the session's handles by tool.
+func (h *harness) handlesOf(tok, session string) map[string]string {
+	h.t.Helper()
+	hs, err := h.k.Handles(tok, session)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, x := range hs {
+		if !handleForm.MatchString(x.Handle) {
+			h.t.Fatalf("handle %q is not /object/ and 26 base32 characters", x.Handle)
+		}
+		m[x.Tool] = x.Handle
+	}
+	return m
+}
+
+func TestHandles(t *testing.T) {
+	now := time.Now()
+	clock := &now
+	var mu sync.Mutex
+	h := newHarness(t, func(c *Config) {
+		c.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return *clock }
+	})
+	h.write("a.txt", "hello")
+	// Tokens outliving the handle TTL, so that the TTL is what ends handles.
+	mint := func() (string, string) {
+		tok, c, err := h.k.MintToken(captoken.Claims{Subject: h.agent, Expiry: now.Add(3 * DefaultHandleTTL),
+			Cap: captoken.Capability{Tools: []string{"fs.read", "echo"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "r"}}, Handles: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok, c.ID
+	}
+	tok, jti := mint()
+	other, otherJTI := mint()
+	mine := h.handlesOf(tok, "s1")
+	if len(mine) != 2 || mine["echo"] == "" || mine["fs.read"] == "" || mine["echo"] == mine["fs.read"] {
+		t.Fatalf("handles = %v", mine)
+	}
+	if again := h.handlesOf(tok, "s1"); again["echo"] != mine["echo"] {
+		t.Fatal("listing again changed a live handle")
+	}
+	if h.handlesOf(tok, "s2")["echo"] == mine["echo"] {
+		t.Fatal("two sessions share a handle")
+	}
+	theirs := h.handlesOf(other, "s1")
+
+	// A call by handle runs the tool; the audit names the tool and notes the handle.
+	r := h.invoke(mine["fs.read"], map[string]any{"path": "a.txt"}, withToken(tok, jti), inSession("s1"))
+	mustOK(t, r)
+	if r.ToolID != "fs.read" {
+		t.Fatalf("result tool_id = %q", r.ToolID)
+	}
+	as := h.audits(0)
+	if last := as[len(as)-1]; last.ToolID != "fs.read" || string(last.Notes["handle"]) != `"`+mine["fs.read"]+`"` {
+		t.Fatalf("audit record: tool %q, notes %s", last.ToolID, last.Notes)
+	}
+
+	// Every way of not holding the handle gets the answer an unknown tool gets.
+	unknown := h.invoke("/object/aaaaaaaaaaaaaaaaaaaaaaaaaa", map[string]any{"text": "x"}, withToken(tok, jti), inSession("s1"))
+	if errClass(unknown) != ErrToolNotFound {
+		t.Fatalf("unknown handle: %+v", unknown.Error)
+	}
+	nothingRevealed := func(name string, r *Result, sent string) {
+		t.Helper()
+		if errClass(r) != ErrToolNotFound || r.Error.Message != `no syscall "`+sent+`"` {
+			t.Fatalf("%s: %+v", name, r.Error)
+		}
+	}
+	nothingRevealed("by name in handle mode", h.invoke("echo", map[string]any{"text": "x"}, withToken(tok, jti), inSession("s1")), "echo")
+	nothingRevealed("another session's handle", h.invoke(mine["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s2")), mine["echo"])
+	nothingRevealed("no session", h.invoke(mine["echo"], map[string]any{"text": "x"}, withToken(tok, jti)), mine["echo"])
+	nothingRevealed("another token's handle", h.invoke(theirs["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s1")), theirs["echo"])
+	nothingRevealed("a handle used with another token", h.invoke(mine["echo"], map[string]any{"text": "x"}, withToken(other, otherJTI), inSession("s1")), mine["echo"])
+
+	// A session's end kills its handles, and only its own.
+	s3 := h.handlesOf(tok, "s3")
+	if n := h.k.EndSession("s1", ""); n != 4 {
+		t.Fatalf("EndSession ended %d handles, want 4", n)
+	}
+	nothingRevealed("after the session ended", h.invoke(mine["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s1")), mine["echo"])
+	mustOK(t, h.invoke(s3["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s3")))
+
+	// The TTL.
+	mu.Lock()
+	*clock = clock.Add(DefaultHandleTTL + time.Second)
+	mu.Unlock()
+	nothingRevealed("expired", h.invoke(s3["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s3")), s3["echo"])
+	fresh := h.handlesOf(tok, "s3")
+	if fresh["echo"] == s3["echo"] {
+		t.Fatal("an expired handle was handed out again")
+	}
+	mustOK(t, h.invoke(fresh["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s3")))
+
+	// Revocation.
+	if err := h.k.Revoke(context.Background(), jti, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.invoke(fresh["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s3")); errClass(r) != ErrTokenRevoked {
+		t.Fatalf("revoked token's handle: %+v", r.Error)
+	}
+	if _, err := h.k.Handles(tok, "s4"); err == nil {
+		t.Fatal("a revoked token got handles")
+	}
+	if _, err := h.k.Handles(other, ""); err == nil {
+		t.Fatal("handles without a session")
+	}
+}
+
+// Tokens not in handle mode keep calling by name, and may use handles too.
+func TestHandlesOptional(t *testing.T) {
+	h := newHarness(t)
+	mustOK(t, h.invoke("echo", map[string]any{"text": "by name"}))
+	hs := h.handlesOf(h.token, "s")
+	mustOK(t, h.invoke(hs["echo"], map[string]any{"text": "by handle"}, inSession("s")))
+}
+
+// Concurrent listing, calling and ending of sessions (run with -race).
+func TestHandlesConcurrent(t *testing.T) {
+	h := newHarness(t)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := string(rune('a' + w))
+			for range 5 {
+				hs := h.handlesOf(h.token, s)
+				r := h.invoke(hs["echo"], map[string]any{"text": "x"}, inSession(s))
+				if r.Status != StatusOK && errClass(r) != ErrToolNotFound {
+					t.Errorf("%+v", r.Error)
+				}
+				h.k.EndSession(s, "")
+			}
+		}()
+	}
+	wg.Wait()
+}
