@@ -213,17 +213,7 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	c.mu.Lock()
 	c.sess, c.dead = sess, nil
 	c.mu.Unlock()
-	go func() {
-		err := sess.Wait()
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.sess == sess {
-			c.dead = errors.New("the session ended")
-			if err != nil {
-				c.dead = fmt.Errorf("the session ended: %v", err)
-			}
-		}
-	}()
+	go func() { c.markDead(sess, sess.Wait()) }()
 	if err := c.load(ctx, sess); err != nil {
 		c.mu.Lock()
 		c.sess = nil
@@ -326,6 +316,18 @@ func (c *conn) session(ctx context.Context) (*mcp.ClientSession, error) {
 	return sess, nil
 }
 
+// markDead records that sess ended, if it is still the server's session.
+func (c *conn) markDead(sess *mcp.ClientSession, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == sess && c.dead == nil {
+		c.dead = errors.New("the session ended")
+		if err != nil {
+			c.dead = fmt.Errorf("the session ended: %v", err)
+		}
+	}
+}
+
 func (c *conn) close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -358,6 +360,11 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 			Message: fmt.Sprintf("mcp server %s: %v", t.conn.name, err)}
 	}
 	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
+	if errors.Is(err, mcp.ErrConnectionClosed) {
+		// Marked now, not when the session's reader notices: the next
+		// call must reconnect, not fail on the dead session too.
+		t.conn.markDead(sess, err)
+	}
 	var werr *jsonrpc.Error
 	switch {
 	case errors.As(err, &werr):
