@@ -105,7 +105,7 @@ func TestMCPUpstreamTools(t *testing.T) {
 			r := h.invoke("mcp."+srv+".add", map[string]int{"a": 2, "b": 40}, key("add-"+srv))
 			mustOK(t, r)
 			var out struct {
-				Content []struct{ Type, Text string }
+				Content    []struct{ Type, Text string }
 				Structured struct{ Sum int } `json:"structured_content"`
 			}
 			if err := json.Unmarshal(r.Result, &out); err != nil || len(out.Content) != 1 || out.Content[0].Text != "42" || out.Structured.Sum != 42 {

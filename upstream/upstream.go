@@ -248,6 +248,10 @@ func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
 			c.log.Warn("tool left out: its syscall id is shared", "tool", t.Name, "id", id, "upstream_names", ids[id])
 			continue
 		}
+		if name := strings.TrimPrefix(id, Prefix(c.name)); !label.MatchString(name) {
+			c.log.Warn("tool left out: its name is not lowercase letters and digits with single dashes or underscores inside", "tool", t.Name)
+			continue
+		}
 		def, err := c.definition(id, t)
 		if err != nil {
 			c.log.Warn("tool left out", "tool", t.Name, "err", err)
