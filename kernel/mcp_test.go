@@ -367,3 +367,37 @@ func TestMCPUpstreamConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestMCPUpstreamTimeout: a mutating upstream call that runs past its
+// bound was sent, so its outcome is unknown; a READ one is a timeout.
+func TestMCPUpstreamTimeout(t *testing.T) {
+	up, url := httpServer(t)
+	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
+		"web":  {URL: url, Timeout: upstream.Duration(300 * time.Millisecond)},
+		"webr": {URL: url, SideEffect: syscalls.Read, Timeout: upstream.Duration(300 * time.Millisecond)},
+	}))
+	tests := []struct {
+		tool, class, tx string
+	}{
+		{"mcp.web.slow", ErrOutcomeUnknown, RolledBack},
+		{"mcp.webr.slow", ErrTimeout, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.tool, func(t *testing.T) {
+			sent := up.Calls("slow")
+			r := h.invoke(tc.tool, map[string]string{"id": "never-" + tc.tool}, key("t-"+tc.tool))
+			if errClass(r) != tc.class {
+				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
+			}
+			if up.Calls("slow") != sent+1 {
+				t.Fatal("the call did not reach the upstream")
+			}
+			if tc.class == ErrOutcomeUnknown {
+				again := h.invoke(tc.tool, map[string]string{"id": "never-" + tc.tool}, key("t-"+tc.tool))
+				if errClass(again) != ErrOutcomeUnknown || !again.Replayed || up.Calls("slow") != sent+1 {
+					t.Fatalf("repeat %+v replayed %v, upstream calls %d", again.Error, again.Replayed, up.Calls("slow")-sent)
+				}
+			}
+		})
+	}
+}

@@ -298,6 +298,11 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 		SideEffect:  se,
 		Timeout:     time.Duration(c.cfg.Timeout),
 		External:    se.Mutating(),
+		// CallTool returns as soon as its context ends (telling the
+		// upstream with notifications/cancelled); the kernel waits for
+		// it, so a mutating call that timed out after it was sent ends
+		// as outcome_unknown, not as a rollback.
+		SelfTimed: true,
 	}, nil
 }
 
