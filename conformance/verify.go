@@ -28,7 +28,7 @@ var (
 		"permission_denied", "scope_denied", "policy_mismatch", "policy_denied", "approval_denied",
 		"approval_timeout", "precondition_failed", "budget_exceeded", "idempotency_key_required",
 		"idempotency_conflict", "idempotency_in_flight", "outcome_unknown", "timeout", "cancelled",
-		"execution_error", "internal"}
+		"execution_error", "upstream_unavailable", "upstream_error", "internal"}
 	modes      = []string{"no_go", "soft_gate", "autopilot", "escalated"}
 	txOutcomes = []string{"committed", "rolled_back", "no_op"}
 	// statusOf is the status table of docs/http.md.
@@ -38,7 +38,7 @@ var (
 		"permission_denied": 403, "scope_denied": 403, "policy_denied": 403, "approval_denied": 403,
 		"tool_not_found": 404, "idempotency_in_flight": 409, "precondition_failed": 409, "policy_mismatch": 409,
 		"idempotency_conflict": 422, "budget_exceeded": 429, "cancelled": 499,
-		"execution_error": 502, "outcome_unknown": 502, "timeout": 504, "approval_timeout": 504, "internal": 500,
+		"execution_error": 502, "upstream_unavailable": 502, "upstream_error": 502, "outcome_unknown": 502, "timeout": 504, "approval_timeout": 504, "internal": 500,
 	}
 	hashRE     = regexp.MustCompile(`^blake3:[0-9a-f]{64}$`)
 	snapshotRE = regexp.MustCompile(`^([0-9]+):(blake3:[0-9a-f]{64})$`)

@@ -115,7 +115,7 @@ func StatusOf(class string) int {
 		return http.StatusGatewayTimeout
 	case kernel.ErrCancelled:
 		return 499 // client closed request, as nginx reports it
-	case kernel.ErrExecution, kernel.ErrOutcomeUnknown:
+	case kernel.ErrExecution, kernel.ErrOutcomeUnknown, kernel.ErrUpstreamUnavailable, kernel.ErrUpstreamError:
 		return http.StatusBadGateway
 	}
 	return http.StatusInternalServerError

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/upstream"
 )
 
 // Config configures Open. Only DataDir is required; settings left zero come
@@ -89,6 +91,14 @@ type Config struct {
 	NetLookup func(ctx context.Context, host string) ([]netip.Addr, error)
 	// FetchTLS, when set, is net.fetch's TLS client configuration.
 	FetchTLS *tls.Config
+
+	// MCPServers are the upstream MCP servers whose tools become the
+	// syscalls mcp.<server>.<tool> (kernel.json: mcp_servers; see
+	// docs/mcp.md). Nil takes kernel.json's.
+	MCPServers map[string]upstream.Server
+	// Logger receives warnings the kernel cannot put in a result (an
+	// upstream tool left out of the table); default slog.Default().
+	Logger *slog.Logger
 }
 
 // Defaults.
@@ -120,13 +130,14 @@ const (
 
 // settings is the data dir's kernel.json.
 type settings struct {
-	KernelID            string   `json:"kernel_id"`
-	Issuer              string   `json:"issuer"`
-	AdminCredentialHash string   `json:"admin_credential_hash"`
-	PolicyDir           string   `json:"policy_dir,omitempty"`
-	MaxEnvelopeBytes    int64    `json:"max_envelope_bytes,omitempty"`
-	MaxReadBytes        int64    `json:"max_read_bytes,omitempty"`
-	ExecEnvAllow        []string `json:"exec_env_allow,omitempty"`
+	KernelID            string                     `json:"kernel_id"`
+	Issuer              string                     `json:"issuer"`
+	AdminCredentialHash string                     `json:"admin_credential_hash"`
+	PolicyDir           string                     `json:"policy_dir,omitempty"`
+	MaxEnvelopeBytes    int64                      `json:"max_envelope_bytes,omitempty"`
+	MaxReadBytes        int64                      `json:"max_read_bytes,omitempty"`
+	ExecEnvAllow        []string                   `json:"exec_env_allow,omitempty"`
+	MCPServers          map[string]upstream.Server `json:"mcp_servers,omitempty"`
 }
 
 // InitResult describes a data dir made by Init.
@@ -327,6 +338,12 @@ func (c Config) resolve(s settings) Config {
 	}
 	if c.SandboxDir == "" {
 		c.SandboxDir = filepath.Join(c.DataDir, "sandbox")
+	}
+	if c.MCPServers == nil {
+		c.MCPServers = s.MCPServers
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c
 }

@@ -92,6 +92,8 @@ const (
 	ErrTimeout                = syscalls.FailTimeout
 	ErrCancelled              = syscalls.FailCancelled
 	ErrExecution              = "execution_error"
+	ErrUpstreamUnavailable    = syscalls.FailUpstreamUnavailable
+	ErrUpstreamError          = syscalls.FailUpstreamError
 	ErrInternal               = "internal"
 )
 

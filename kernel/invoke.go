@@ -588,7 +588,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		Intent: txn.Intent{
 			OperationID: c.env.OperationID, AgentID: c.env.AgentID, IdemKey: c.env.IdempotencyKey,
 			TokenID: c.token.Claims.ID, Ancestors: c.accounts()[1:], Reserved: txn.Usage{txn.BudgetCalls: 1},
-			Audit: c.recoveryContext(), External: c.effect == syscalls.Network,
+			Audit: c.recoveryContext(), External: c.effect == syscalls.Network || c.entry.Def.External,
 		},
 		Call:          c.idemCall(),
 		Limits:        txn.Usage(c.token.Claims.Cap.Budgets),

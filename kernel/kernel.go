@@ -28,6 +28,7 @@ import (
 	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
+	"github.com/capkernel/capkernel/upstream"
 )
 
 // Kernel is an open data dir serving calls. It is safe for concurrent use.
@@ -36,13 +37,16 @@ type Kernel struct {
 	settings settings
 	db       *store.DB
 	registry *syscalls.Registry
-	policy   *policy.Engine
-	issuer   ed25519.PrivateKey
-	signer   *receipts.Signer
-	verifier *captoken.Verifier
-	locks    *pathLocks
-	syncer   *txn.Syncer
-	cpSigner note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
+	// upstreams are the connected upstream MCP servers (nil before Open
+	// reaches them and after Close).
+	upstreams *upstream.Set
+	policy    *policy.Engine
+	issuer    ed25519.PrivateKey
+	signer    *receipts.Signer
+	verifier  *captoken.Verifier
+	locks     *pathLocks
+	syncer    *txn.Syncer
+	cpSigner  note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
@@ -149,6 +153,12 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		k.Close()
 		return nil, fmt.Errorf("open: stable checkpoint: %w", err)
 	}
+	// Upstream servers last: their tools join a table that is complete
+	// otherwise, and a failure here has nothing else to undo but Close.
+	if k.upstreams, err = upstream.Start(ctx, k.registry, cfg.MCPServers, cfg.Logger); err != nil {
+		k.Close()
+		return nil, err
+	}
 	k.stopStable, k.stableDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(k.stableDone)
@@ -206,6 +216,10 @@ func (k *Kernel) load(ctx context.Context) error {
 // Close waits for queued writes, then closes the bbolt file and the
 // workspaces. Calls made after Close fail.
 func (k *Kernel) Close() error {
+	if k.upstreams != nil {
+		k.upstreams.Close()
+		k.upstreams = nil
+	}
 	if k.stopStable != nil {
 		close(k.stopStable)
 		<-k.stableDone

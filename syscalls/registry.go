@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -48,56 +49,104 @@ func NewRegistry() *Registry { return &Registry{entries: map[string]*Entry{}} }
 // compile, and a resource argument that is not a string property of the
 // schema.
 func (r *Registry) Register(f Factory) error {
+	e, err := build(f)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.entries[e.Def.ID]; dup {
+		return fmt.Errorf("register %s: already registered", e.Def.ID)
+	}
+	r.entries[e.Def.ID] = e
+	return nil
+}
+
+// ReplacePrefix makes fs the whole set of syscalls whose id starts with
+// prefix (which must end in "."), in one step under the write lock: a Get
+// sees either every old entry of the prefix or every new one. A call that
+// resolved its *Entry before keeps it and runs against the old definition.
+// A factory refused by Register's checks, or whose id lacks the prefix, is
+// left out; its error is returned with the others, and the rest still
+// replace the old set.
+func (r *Registry) ReplacePrefix(prefix string, fs []Factory) []error {
+	if prefix == "" || prefix[len(prefix)-1] != '.' {
+		return []error{fmt.Errorf("replace %q: the prefix must end in a dot", prefix)}
+	}
+	var errs []error
+	next := map[string]*Entry{}
+	for _, f := range fs {
+		e, err := build(f)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !strings.HasPrefix(e.Def.ID, prefix):
+			errs = append(errs, fmt.Errorf("replace %s: the id lacks the prefix %s", e.Def.ID, prefix))
+		case next[e.Def.ID] != nil:
+			errs = append(errs, fmt.Errorf("replace %s: listed twice", e.Def.ID))
+		default:
+			next[e.Def.ID] = e
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id := range r.entries {
+		if strings.HasPrefix(id, prefix) {
+			delete(r.entries, id)
+		}
+	}
+	for id, e := range next {
+		r.entries[id] = e
+	}
+	return errs
+}
+
+// build checks the syscall f makes and compiles its entry (see Register).
+func build(f Factory) (*Entry, error) {
 	if f == nil {
-		return fmt.Errorf("register: nil factory")
+		return nil, fmt.Errorf("register: nil factory")
 	}
 	a, b := f(), f()
 	if a == nil || b == nil {
-		return fmt.Errorf("register: factory returned nil")
+		return nil, fmt.Errorf("register: factory returned nil")
 	}
 	def := a.Definition()
 	if !idPattern.MatchString(def.ID) {
-		return fmt.Errorf("register %q: id must be dot-separated labels of lowercase letters and digits, with single underscores inside", def.ID)
+		return nil, fmt.Errorf("register %q: id must be dot-separated labels of lowercase letters and digits, with single underscores inside", def.ID)
 	}
 	if n := len(ToolName(def.ID, FormatOpenAI)); n > MaxToolName {
-		return fmt.Errorf("register %s: its LLM tool name %s is %d characters; providers accept at most %d", def.ID, ToolName(def.ID, FormatOpenAI), n, MaxToolName)
+		return nil, fmt.Errorf("register %s: its LLM tool name %s is %d characters; providers accept at most %d", def.ID, ToolName(def.ID, FormatOpenAI), n, MaxToolName)
 	}
 	// Pointers to zero-size values may share an address and hold no state.
 	if ra, rb := reflect.ValueOf(a), reflect.ValueOf(b); ra.Kind() == reflect.Pointer && ra.Type().Elem().Size() > 0 && ra.Pointer() == rb.Pointer() {
-		return fmt.Errorf("register %s: the factory returned the same instance twice; it must make a fresh one per call", def.ID)
+		return nil, fmt.Errorf("register %s: the factory returned the same instance twice; it must make a fresh one per call", def.ID)
 	}
 	if !def.SideEffect.Valid() {
-		return fmt.Errorf("register %s: side-effect class %q is not one of NONE, READ, WRITE, EXECUTE, NETWORK", def.ID, def.SideEffect)
+		return nil, fmt.Errorf("register %s: side-effect class %q is not one of NONE, READ, WRITE, EXECUTE, NETWORK", def.ID, def.SideEffect)
 	}
 	schema, root, err := compileSchema(def.ID, def.InputSchema)
 	if err != nil {
-		return fmt.Errorf("register %s: %v", def.ID, err)
+		return nil, fmt.Errorf("register %s: %v", def.ID, err)
 	}
 	props, _ := root["properties"].(map[string]any)
 	for _, ra := range def.Resources {
 		p, _ := props[ra.Arg].(map[string]any)
 		if p == nil || p["type"] != "string" {
-			return fmt.Errorf("register %s: resource argument %q is not a string property of the input schema", def.ID, ra.Arg)
+			return nil, fmt.Errorf("register %s: resource argument %q is not a string property of the input schema", def.ID, ra.Arg)
 		}
 		if ra.Kind != KindFS && ra.Kind != KindKV {
-			return fmt.Errorf("register %s: resource argument %q has unknown kind %q", def.ID, ra.Arg, ra.Kind)
+			return nil, fmt.Errorf("register %s: resource argument %q has unknown kind %q", def.ID, ra.Arg, ra.Kind)
 		}
 		switch ra.Access {
 		case AccessRead, AccessList, AccessStat, AccessWrite, AccessDelete:
 		default:
-			return fmt.Errorf("register %s: resource argument %q has unknown access %q", def.ID, ra.Arg, ra.Access)
+			return nil, fmt.Errorf("register %s: resource argument %q has unknown access %q", def.ID, ra.Arg, ra.Access)
 		}
 		if ra.Access.Writes() && !def.SideEffect.Mutating() {
-			return fmt.Errorf("register %s: a %s syscall cannot %s resource %q", def.ID, def.SideEffect, ra.Access, ra.Arg)
+			return nil, fmt.Errorf("register %s: a %s syscall cannot %s resource %q", def.ID, def.SideEffect, ra.Access, ra.Arg)
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.entries[def.ID]; dup {
-		return fmt.Errorf("register %s: already registered", def.ID)
-	}
-	r.entries[def.ID] = &Entry{Def: def, New: f, schema: schema}
-	return nil
+	return &Entry{Def: def, New: f, schema: schema}, nil
 }
 
 // Unregister removes id and reports whether it was registered.

@@ -410,3 +410,111 @@ func TestRegisterBuiltins(t *testing.T) {
 		t.Errorf("second RegisterBuiltins = %v, want an already-registered error", err)
 	}
 }
+
+func TestReplacePrefix(t *testing.T) {
+	r := syscalls.NewRegistry()
+	v1 := func(id string) syscalls.Definition { d := def(id, ""); d.Description = "v1"; return d }
+	v2 := func(id string) syscalls.Definition { d := def(id, ""); d.Description = "v2"; return d }
+	for _, d := range []syscalls.Definition{v1("mcp.s.a"), v1("mcp.s.b"), v1("mcp.other.a"), v1("fs.x")} {
+		if err := r.Register(fresh(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inflight, _ := r.Get("mcp.s.a") // a call resolved its entry before the swap
+	errs := r.ReplacePrefix("mcp.s.", []syscalls.Factory{
+		fresh(v2("mcp.s.a")),
+		fresh(v2("mcp.s.c")),
+		fresh(v2("mcp.t.a")),                    // outside the prefix
+		fresh(def("mcp.s.bad", `{"anyOf":[]}`)), // outside the schema subset
+		fresh(v2("mcp.s.c")),                    // twice
+	})
+	if len(errs) != 3 {
+		t.Fatalf("errors %v, want 3", errs)
+	}
+	for i, want := range []string{"lacks the prefix", "outside the allowed subset", "listed twice"} {
+		if !strings.Contains(errs[i].Error(), want) {
+			t.Errorf("error %d %q, want it to say %q", i, errs[i], want)
+		}
+	}
+	var ids []string
+	for _, d := range r.List() {
+		ids = append(ids, d.ID+"="+d.Description)
+	}
+	if want := []string{"fs.x=v1", "mcp.other.a=v1", "mcp.s.a=v2", "mcp.s.c=v2"}; !slices.Equal(ids, want) {
+		t.Fatalf("table %v, want %v", ids, want)
+	}
+	// The in-flight call keeps the entry it resolved, and its factory.
+	if inflight.Def.Description != "v1" || inflight.New().Definition().Description != "v1" {
+		t.Fatalf("in-flight entry %+v", inflight.Def)
+	}
+	if e, _ := r.Get("mcp.s.a"); e.Def.Description != "v2" || e == inflight {
+		t.Fatalf("new lookup %+v", e.Def)
+	}
+	if errs := r.ReplacePrefix("mcp.s", nil); len(errs) != 1 {
+		t.Fatalf("a prefix without its dot: %v", errs)
+	}
+	if errs := r.ReplacePrefix("mcp.s.", nil); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if _, ok := r.Get("mcp.s.a"); ok {
+		t.Fatal("an empty replacement left mcp.s.a")
+	}
+	if _, ok := r.Get("mcp.other.a"); !ok {
+		t.Fatal("mcp.other.a went missing")
+	}
+}
+
+// TestReplacePrefixAtomic: a reader never sees a mix of two sets. Each
+// set's entries all carry the same description; List under the read lock
+// must find one description across the prefix, whichever set it is.
+func TestReplacePrefixAtomic(t *testing.T) {
+	r := syscalls.NewRegistry()
+	set := func(v int) []syscalls.Factory {
+		var fs []syscalls.Factory
+		for _, n := range []string{"a", "b", "c", "d"} {
+			d := def("mcp.s."+n, "")
+			d.Description = fmt.Sprint(v)
+			fs = append(fs, fresh(d))
+		}
+		return fs
+	}
+	r.ReplacePrefix("mcp.s.", set(0))
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	mixed := make(chan string, 1)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				seen := map[string]bool{}
+				for _, d := range r.List() {
+					seen[d.Description] = true
+				}
+				if len(seen) != 1 {
+					select {
+					case mixed <- fmt.Sprint(seen):
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for v := 1; v <= 200; v++ {
+		if errs := r.ReplacePrefix("mcp.s.", set(v)); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case m := <-mixed:
+		t.Fatalf("a reader saw a mix of sets: %s", m)
+	default:
+	}
+}

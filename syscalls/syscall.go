@@ -95,6 +95,11 @@ type Definition struct {
 	// the kernel waits for them instead of abandoning them at the
 	// deadline (Timeout is then only a backstop).
 	SelfTimed bool
+	// External marks a mutating syscall whose effect happens outside the
+	// kernel (an upstream MCP server's tool): a crash or lost answer while
+	// it runs leaves its outcome unknown, never rolled back and re-run,
+	// as for class NETWORK.
+	External bool
 }
 
 // Network postures of a call (Reach.Network).
@@ -153,6 +158,12 @@ const (
 	FailBudget    = "budget_exceeded"
 	FailScope     = "scope_denied"
 	FailUnknown   = "outcome_unknown"
+	// FailUpstreamUnavailable: the upstream MCP server of the syscall
+	// could not be reached; nothing was sent.
+	FailUpstreamUnavailable = "upstream_unavailable"
+	// FailUpstreamError: the upstream MCP server answered the call with
+	// an error (isError, or a JSON-RPC error).
+	FailUpstreamError = "upstream_error"
 )
 
 func fail(class, format string, args ...any) *Failure {

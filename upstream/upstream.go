@@ -1,0 +1,421 @@
+// Package upstream connects the kernel to upstream MCP servers and keeps
+// their tools in the syscall table as mcp.<server>.<tool>, so they are
+// governed like any built-in syscall (token globs, policy, approvals,
+// transactions, audit, receipts).
+//
+// Each configured server is started (a stdio command) or connected (a
+// streamable HTTP URL) by Start; its tools are listed and registered with
+// one Registry.ReplacePrefix, and again whenever the server sends
+// notifications/tools/list_changed, so the table changes atomically: a
+// call that resolved its entry before the change runs against it, a later
+// call sees the new set.
+package upstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// Server configures one upstream MCP server (kernel.json mcp_servers,
+// keyed by the server's name). Exactly one of Command and URL is set.
+type Server struct {
+	// Command is the argv of a server speaking MCP over stdin/stdout.
+	Command []string `json:"command,omitempty"`
+	// Env is added to the command's environment (the kernel's own
+	// environment is not passed on; PATH and HOME are).
+	Env map[string]string `json:"env,omitempty"`
+	// URL is a streamable HTTP MCP endpoint.
+	URL string `json:"url,omitempty"`
+	// SideEffect is the class of the server's tools (default EXECUTE).
+	SideEffect syscalls.SideEffect `json:"side_effect,omitempty"`
+	// Tools overrides the class of single tools, by upstream tool name.
+	Tools map[string]syscalls.SideEffect `json:"tools,omitempty"`
+	// Timeout bounds a call of the server's tools (default: the kernel's
+	// bound for the tool's class).
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s").
+type Duration time.Duration
+
+// UnmarshalJSON parses a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration is a string such as \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// label is one label of a syscall id (see syscalls.Registry.Register).
+var label = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+
+// Prefix is the id prefix of server name's syscalls.
+func Prefix(name string) string { return "mcp." + name + "." }
+
+// check refuses a server configuration that cannot work.
+func (s Server) check(name string) error {
+	if !label.MatchString(name) {
+		return fmt.Errorf("mcp server %q: the name must be lowercase letters and digits with single underscores inside", name)
+	}
+	if (len(s.Command) == 0) == (s.URL == "") {
+		return fmt.Errorf("mcp server %s: set exactly one of command and url", name)
+	}
+	if s.SideEffect != "" && !s.SideEffect.Valid() {
+		return fmt.Errorf("mcp server %s: side_effect %q is not one of NONE, READ, WRITE, EXECUTE, NETWORK", name, s.SideEffect)
+	}
+	for t, se := range s.Tools {
+		if !se.Valid() {
+			return fmt.Errorf("mcp server %s: tool %s: side_effect %q is not one of NONE, READ, WRITE, EXECUTE, NETWORK", name, t, se)
+		}
+	}
+	return nil
+}
+
+// class is the side-effect class of the server's tool.
+func (s Server) class(tool string) syscalls.SideEffect {
+	if se, ok := s.Tools[tool]; ok {
+		return se
+	}
+	if s.SideEffect != "" {
+		return s.SideEffect
+	}
+	return syscalls.Execute
+}
+
+// Set is the connected upstream servers of a kernel.
+type Set struct {
+	conns []*conn
+}
+
+// Start connects to every server of cfg and registers its tools in reg.
+// A server that cannot be started or connected, or whose tools cannot be
+// listed, fails Start (fail closed: a configured server is never silently
+// missing); what was connected is closed again. Tools that cannot be made
+// syscalls (see docs/mcp.md) are left out with a warning on log.
+func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, log *slog.Logger) (*Set, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	names := make([]string, 0, len(cfg))
+	for n := range cfg {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	set := &Set{}
+	for _, n := range names {
+		if err := cfg[n].check(n); err != nil {
+			set.Close()
+			return nil, err
+		}
+		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n)}
+		if _, err := c.connect(ctx); err != nil {
+			set.Close()
+			return nil, err
+		}
+		set.conns = append(set.conns, c)
+	}
+	return set, nil
+}
+
+// Close disconnects every server (stopping stdio commands) and removes
+// their tools from the table.
+func (s *Set) Close() error {
+	var errs []error
+	for _, c := range s.conns {
+		errs = append(errs, c.close())
+	}
+	return errors.Join(errs...)
+}
+
+// conn is one upstream server: its current session, reconnected when it
+// has died, and the tools it registered.
+type conn struct {
+	name string
+	cfg  Server
+	reg  *syscalls.Registry
+	log  *slog.Logger
+
+	dial    sync.Mutex // serializes connects
+	refresh sync.Mutex // serializes tool-table refreshes
+	mu      sync.Mutex // guards sess, dead, closed
+	sess    *mcp.ClientSession
+	dead    error // why sess ended (nil while it lives)
+	closed  bool
+}
+
+// connect starts a new session, unless a live one exists, and loads the
+// tool table from it.
+func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
+	c.dial.Lock()
+	defer c.dial.Unlock()
+	c.mu.Lock()
+	closed, live := c.closed, c.sess != nil && c.dead == nil
+	sess := c.sess
+	c.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("mcp server %s: the kernel is closing", c.name)
+	}
+	if live {
+		return sess, nil
+	}
+	var t mcp.Transport
+	if c.cfg.URL != "" {
+		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1}
+	} else {
+		cmd := exec.Command(c.cfg.Command[0], c.cfg.Command[1:]...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+		for k, v := range c.cfg.Env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		cmd.Stderr = os.Stderr
+		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel", Version: "1"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{},
+		ToolListChangedHandler: func(ctx context.Context, req *mcp.ToolListChangedRequest) {
+			// Not on the session's reading goroutine: listing waits
+			// for a response that goroutine must read.
+			go func() {
+				if err := c.load(context.WithoutCancel(ctx), req.Session); err != nil {
+					c.log.Warn("refreshing the tools after tools/list_changed failed", "err", err)
+				}
+			}()
+		},
+	})
+	sess, err := client.Connect(ctx, t, nil)
+	if err != nil {
+		return nil, fmt.Errorf("mcp server %s: connect: %w", c.name, err)
+	}
+	c.mu.Lock()
+	c.sess, c.dead = sess, nil
+	c.mu.Unlock()
+	go func() { c.markDead(sess, sess.Wait()) }()
+	if err := c.load(ctx, sess); err != nil {
+		c.mu.Lock()
+		c.sess = nil
+		c.mu.Unlock()
+		sess.Close()
+		return nil, err
+	}
+	return sess, nil
+}
+
+// load lists the session's tools and makes them the server's syscalls in
+// one step.
+func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
+	c.refresh.Lock()
+	defer c.refresh.Unlock()
+	var tools []*mcp.Tool
+	for t, err := range sess.Tools(ctx, nil) {
+		if err != nil {
+			return fmt.Errorf("mcp server %s: tools/list: %w", c.name, err)
+		}
+		tools = append(tools, t)
+	}
+	ids := map[string][]string{}
+	for _, t := range tools {
+		id := Prefix(c.name) + strings.ReplaceAll(t.Name, "-", "_")
+		ids[id] = append(ids[id], t.Name)
+	}
+	var fs []syscalls.Factory
+	for _, t := range tools {
+		id := Prefix(c.name) + strings.ReplaceAll(t.Name, "-", "_")
+		if len(ids[id]) > 1 {
+			c.log.Warn("tool left out: its syscall id is shared", "tool", t.Name, "id", id, "upstream_names", ids[id])
+			continue
+		}
+		if name := strings.TrimPrefix(id, Prefix(c.name)); !label.MatchString(name) {
+			c.log.Warn("tool left out: its name is not lowercase letters and digits with single dashes or underscores inside", "tool", t.Name)
+			continue
+		}
+		def, err := c.definition(id, t)
+		if err != nil {
+			c.log.Warn("tool left out", "tool", t.Name, "err", err)
+			continue
+		}
+		fs = append(fs, func() syscalls.Syscall { return &tool{conn: c, name: t.Name, def: def} })
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.sess != sess {
+		return nil // a list from a session that is no longer the server's
+	}
+	for _, err := range c.reg.ReplacePrefix(Prefix(c.name), fs) {
+		c.log.Warn("tool left out", "err", err)
+	}
+	return nil
+}
+
+// definition makes the syscall definition of upstream tool t.
+func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
+	var schema map[string]any
+	b, err := json.Marshal(t.InputSchema)
+	if err == nil {
+		err = json.Unmarshal(b, &schema)
+	}
+	if err != nil || schema == nil {
+		return syscalls.Definition{}, fmt.Errorf("input schema is not a JSON object")
+	}
+	// $schema only names the dialect; the registry's subset is the same
+	// in every draft that MCP servers use.
+	delete(schema, "$schema")
+	if b, err = json.Marshal(schema); err != nil {
+		return syscalls.Definition{}, err
+	}
+	desc := t.Description
+	if desc == "" {
+		desc = t.Title
+	}
+	se := c.cfg.class(t.Name)
+	return syscalls.Definition{
+		ID:          id,
+		Description: desc,
+		InputSchema: b,
+		SideEffect:  se,
+		Timeout:     time.Duration(c.cfg.Timeout),
+		External:    se.Mutating(),
+		// CallTool returns as soon as its context ends (telling the
+		// upstream with notifications/cancelled); the kernel waits for
+		// it, so a mutating call that timed out after it was sent ends
+		// as outcome_unknown, not as a rollback.
+		SelfTimed: true,
+	}, nil
+}
+
+// session returns a live session, reconnecting once if the last one died.
+func (c *conn) session(ctx context.Context) (*mcp.ClientSession, error) {
+	c.mu.Lock()
+	sess, dead := c.sess, c.dead
+	c.mu.Unlock()
+	if sess != nil && dead == nil {
+		return sess, nil
+	}
+	sess, err := c.connect(ctx)
+	if err != nil {
+		why := "not connected"
+		if dead != nil {
+			why = dead.Error()
+		}
+		return nil, fmt.Errorf("%s; reconnecting failed: %v", why, err)
+	}
+	return sess, nil
+}
+
+// markDead records that sess ended, if it is still the server's session.
+func (c *conn) markDead(sess *mcp.ClientSession, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == sess && c.dead == nil {
+		c.dead = errors.New("the session ended")
+		if err != nil {
+			c.dead = fmt.Errorf("the session ended: %v", err)
+		}
+	}
+}
+
+func (c *conn) close() error {
+	c.mu.Lock()
+	c.closed = true
+	sess := c.sess
+	c.sess = nil
+	c.reg.ReplacePrefix(Prefix(c.name), nil)
+	c.mu.Unlock()
+	if sess == nil {
+		return nil
+	}
+	return sess.Close()
+}
+
+// tool is one call of an upstream tool.
+type tool struct {
+	conn *conn
+	name string // the upstream name
+	def  syscalls.Definition
+}
+
+func (t *tool) Definition() syscalls.Definition { return t.def }
+
+// Execute sends tools/call upstream. Once the request may have left, a
+// lost answer is outcome_unknown for a mutating tool: the server may have
+// acted, so the kernel never sends it again.
+func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, error) {
+	sess, err := t.conn.session(ctx)
+	if err != nil {
+		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
+			Message: fmt.Sprintf("mcp server %s: %v", t.conn.name, err)}
+	}
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
+	if errors.Is(err, mcp.ErrConnectionClosed) {
+		// Marked now, not when the session's reader notices: the next
+		// call must reconnect, not fail on the dead session too.
+		t.conn.markDead(sess, err)
+	}
+	var werr *jsonrpc.Error
+	switch {
+	case errors.As(err, &werr):
+		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
+			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, werr.Message, werr.Code)}
+	case err != nil && t.def.SideEffect.Mutating():
+		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUnknown,
+			Message: fmt.Sprintf("mcp server %s, tool %s: the call was sent but no answer came (%v); it may have acted", t.conn.name, t.name, err)}
+	case err != nil && ctx.Err() != nil:
+		return syscalls.Output{}, err // the kernel reports timeout or cancelled
+	case err != nil:
+		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
+			Message: fmt.Sprintf("mcp server %s, tool %s: %v", t.conn.name, t.name, err)}
+	}
+	if res.IsError {
+		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
+			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, text(res.Content))}
+	}
+	out := map[string]any{"content": res.Content}
+	if res.Content == nil {
+		out["content"] = []mcp.Content{}
+	}
+	if res.StructuredContent != nil {
+		out["structured_content"] = res.StructuredContent
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return syscalls.Output{}, fmt.Errorf("mcp server %s, tool %s: encoding the result: %w", t.conn.name, t.name, err)
+	}
+	return syscalls.Output{Result: b}, nil
+}
+
+// text joins the text parts of content.
+func text(content []mcp.Content) string {
+	var parts []string
+	for _, c := range content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	if len(parts) == 0 {
+		return "(no text)"
+	}
+	return strings.Join(parts, "\n")
+}
