@@ -3,10 +3,13 @@ package upstream_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -52,6 +55,23 @@ func TestToolNames(t *testing.T) {
 		if e, _ := reg.Get(d.ID); e.Def.External != d.SideEffect.Mutating() {
 			t.Errorf("%s: External %v for class %s", d.ID, e.Def.External, d.SideEffect)
 		}
+	}
+	// An entry resolved before the upstream dropped its tool: the
+	// upstream refuses the call, and the refusal is upstream_error.
+	held, _ := reg.Get("mcp.up.get_item")
+	s.RemoveTools("get-item")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, ok := reg.Get("mcp.up.get_item"); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the table never dropped mcp.up.get_item")
+		}
+	}
+	_, err = held.New().Execute(context.Background(), &syscalls.Call{Args: json.RawMessage(`{}`)})
+	var f *syscalls.Failure
+	if !errors.As(err, &f) || f.Class != syscalls.FailUpstreamError || !strings.Contains(f.Message, "get-item") {
+		t.Fatalf("call of a tool the upstream dropped: %v", err)
 	}
 	if err := set.Close(); err != nil {
 		t.Fatal(err)
