@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/capkernel/capkernel/mcpgateway"
+	"github.com/capkernel/capkernel/runner"
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// drainMCP is how long calls in flight may finish when the HTTP gateway stops.
+const drainMCP = 30 * time.Second
+
+func mcpCmd() *cobra.Command {
+	var t target
+	var tokenFile, httpAddr string
+	cmd := &cobra.Command{
+		Use:   "mcp --data DIR|--server URL --token FILE [--http 127.0.0.1:PORT]",
+		Short: "Serve the syscalls a token may call as an MCP server (stdio, or streamable HTTP)",
+		Long: `mcp serves, to one MCP client on stdin/stdout (or, with --http, to MCP
+clients over streamable HTTP on a loopback address), the syscalls the token
+may call as MCP tools. Each tools/call is a call envelope under the token:
+the kernel checks, decides, audits and receipts it, and the MCP result holds
+the syscall's result (text and structuredContent) or, with isError, its error
+class and message; _meta holds capkernel/receipt_id, capkernel/operation_id
+and capkernel/ledger_seq.
+
+The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
+if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := t.check("mcp"); err != nil {
+				return err
+			}
+			if tokenFile == "" {
+				return &usageError{errors.New("mcp: --token FILE (or - for stdin) is required")}
+			}
+			if httpAddr != "" {
+				if err := checkListen(httpAddr, false); err != nil {
+					return &usageError{fmt.Errorf("mcp --http: %w", err)}
+				}
+			}
+			tok, err := readSecret(tokenFile)
+			if err != nil {
+				return err
+			}
+			sub, jti, err := peekToken(tok)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			cfg := mcpgateway.Config{Token: tok, TokenID: jti, AgentID: sub, StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1"}
+			var defs json.RawMessage
+			if t.server != "" {
+				c := t.client(tok)
+				if cfg.PolicyHash, err = c.PolicyHash(ctx); err != nil {
+					return err
+				}
+				if defs, err = c.Tools(ctx, syscalls.FormatMCP); err != nil {
+					return fmt.Errorf("mcp: %w", err)
+				}
+				cfg.Invoker = clientInvoker{t.client("")}
+			} else {
+				k, err := t.openKernel(ctx)
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				if defs, err = k.Tools(tok, syscalls.FormatMCP); err != nil {
+					return fmt.Errorf("mcp: %w", err)
+				}
+				cfg.PolicyHash, cfg.Invoker = k.PolicyHash(), runner.Invoker(kernelInvoker{k})
+			}
+			if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
+				return fmt.Errorf("mcp: tool definitions: %w", err)
+			}
+			g := mcpgateway.New(cfg)
+			if httpAddr == "" {
+				return g.ServeStdio(ctx)
+			}
+			return serveMCPHTTP(ctx, cmd, g, httpAddr)
+		},
+	}
+	t.addTarget(cmd, false)
+	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token whose syscalls are served (- for stdin)")
+	cmd.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this loopback address instead of stdio (port 0 picks one)")
+	return cmd
+}
+
+// serveMCPHTTP serves g until ctx ends, printing
+// "mcp gateway on http://ADDR/" on stdout when it accepts clients.
+func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, g *mcpgateway.Gateway, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("mcp: %w", err)
+	}
+	srv := &http.Server{Handler: g.HTTPHandler(), ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	fmt.Fprintf(cmd.OutOrStdout(), "mcp gateway on http://%s/\n", ln.Addr())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("mcp: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drainMCP)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/mcpgateway"
+)
+
+// mcpSession connects a real SDK client to `kernelctl mcp` over stdio
+// (kernelctl's own process) or, with httpMode, over streamable HTTP.
+func mcpSession(t *testing.T, httpMode bool, args ...string) *mcp.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel-test", Version: "1"}, nil)
+	var tr mcp.Transport
+	if !httpMode {
+		tr = &mcp.CommandTransport{Command: exec.Command(kernelctl, append([]string{"mcp"}, args...)...)}
+	} else {
+		cmd := exec.Command(kernelctl, append([]string{"mcp", "--http", "127.0.0.1:0"}, args...)...)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		url, ok := strings.CutPrefix(strings.TrimSpace(line), "mcp gateway on ")
+		if err != nil || !ok {
+			t.Fatalf("ready line %q: %v", line, err)
+		}
+		tr = &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}
+	}
+	cs, err := client.Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+func resultMeta(r *mcp.CallToolResult, key string) string {
+	v, _ := r.Meta[key].(string)
+	return v
+}
+
+func text(r *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// A real MCP client over stdio (against the data dir) and over HTTP
+// (against a served kernel) sees only the token's tools, and every call is
+// a governed, receipted kernel call.
+func TestMCPGateway(t *testing.T) {
+	for _, mode := range []string{"stdio", "http"} {
+		t.Run(mode, func(t *testing.T) {
+			sv := initServed(t)
+			ws := filepath.Join(sv.dir, "ws")
+			os.MkdirAll(ws, 0o755)
+			os.WriteFile(filepath.Join(ws, "a.txt"), []byte("hello mcp"), 0o644)
+			tok := mintCLI(t, sv.server, sv.admin, "--agent", "mcp-agent", "--tools", "echo,fs.read,fs.write", "--fs", ws+":rw")
+			cs := mcpSession(t, mode == "http", "--server", sv.url, "--token", tok.file)
+			ctx := context.Background()
+
+			tools, err := cs.ListTools(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, tl := range tools.Tools {
+				names = append(names, tl.Name)
+			}
+			slices.Sort(names)
+			if !slices.Equal(names, []string{"echo", "fs.read", "fs.write"}) {
+				t.Fatalf("tools = %v", names)
+			}
+
+			r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.read", Arguments: map[string]any{"path": "a.txt"}})
+			if err != nil || r.IsError || !strings.Contains(text(r), "hello mcp") {
+				t.Fatalf("fs.read: %+v %v", r, err)
+			}
+			rid := resultMeta(r, mcpgateway.MetaReceiptID)
+			if rid == "" {
+				t.Fatalf("no receipt id in _meta: %v", r.Meta)
+			}
+			if out, stderr, code := run(t, "receipts", "verify", rid, "--server", sv.url, "--admin-token", sv.adminFile); code != 0 {
+				t.Fatalf("receipts verify %s: %s %s", rid, out, stderr)
+			}
+
+			cases := []struct {
+				name  string
+				tool  string
+				args  map[string]any
+				class string
+			}{
+				{"not granted", "proc.exec", map[string]any{"argv": []string{"true"}}, "permission_denied"},
+				{"no such tool", "teleport", map[string]any{}, "tool_not_found"},
+				{"bad args", "fs.read", map[string]any{"path": 7}, "invalid_args"},
+				{"outside the roots", "fs.read", map[string]any{"path": "/etc/passwd"}, "scope_denied"},
+			}
+			for _, c := range cases {
+				r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: c.tool, Arguments: c.args})
+				if err != nil || !r.IsError || !strings.HasPrefix(text(r), c.class+": ") || resultMeta(r, mcpgateway.MetaReceiptID) == "" {
+					t.Fatalf("%s: %+v %v (text %q)", c.name, r, err, text(r))
+				}
+			}
+
+			// A write with the client's own idempotency key, sent twice,
+			// runs once: the second answer is the first call's.
+			params := &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "out.txt", "content": "once"},
+				Meta: mcp.Meta{mcpgateway.MetaIdempotencyKey: "write-1"}}
+			first, err := cs.CallTool(ctx, params)
+			if err != nil || first.IsError {
+				t.Fatalf("fs.write: %+v %v", first, err)
+			}
+			second, err := cs.CallTool(ctx, params)
+			if err != nil || second.IsError || resultMeta(second, mcpgateway.MetaOperationID) != resultMeta(first, mcpgateway.MetaOperationID) {
+				t.Fatalf("repeat: %+v %v, first operation %s", second, err, resultMeta(first, mcpgateway.MetaOperationID))
+			}
+			// Without a key, each request id is its own call: a mutating
+			// call still gets one (derived), so it is not refused for lack
+			// of a key.
+			for range 2 {
+				r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "derived.txt", "content": "x"}})
+				if err != nil || r.IsError {
+					t.Fatalf("fs.write with a derived key: %+v %v", r, err)
+				}
+			}
+			var sc map[string]any
+			b, _ := json.Marshal(first.StructuredContent)
+			json.Unmarshal(b, &sc)
+			if sc["path"] != "out.txt" {
+				t.Fatalf("structured content = %s", b)
+			}
+		})
+	}
+}
+
+// A token that does not verify stops kernelctl mcp before it serves.
+func TestMCPGatewayBadToken(t *testing.T) {
+	sv := initServed(t)
+	bad := filepath.Join(t.TempDir(), "bad.token")
+	os.WriteFile(bad, []byte("e30.e30.c2ln\n"), 0o600)
+	_, stderr, code := run(t, "mcp", "--server", sv.url, "--token", bad)
+	if code == 0 || !strings.Contains(stderr, "token") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}
+
+// Over stdio against an embedded kernel (--data): the gateway holds the
+// data dir while it serves, and the calls are in its ledger afterwards.
+func TestMCPGatewayEmbedded(t *testing.T) {
+	f := newRunFixture(t)
+	cs := mcpSession(t, false, "--data", f.data, "--token", f.token)
+	r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "fs.read", Arguments: map[string]any{"path": "notes.txt"}})
+	if err != nil || r.IsError || !strings.Contains(text(r), "the notes") {
+		t.Fatalf("fs.read: %+v %v", r, err)
+	}
+	rid := resultMeta(r, mcpgateway.MetaReceiptID)
+	cs.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, stderr, code := run(t, "receipts", "verify", rid, "--data", f.data)
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("receipts verify after the gateway ended: %s %s", out, stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
