@@ -91,6 +91,7 @@ type demoKernel interface {
 	JWKS(ctx context.Context) ([]byte, error)
 	Approvals(ctx context.Context) ([]kernel.ApprovalRequest, error)
 	Decide(ctx context.Context, id, approverToken, decision, reason string) error
+	Attenuate(ctx context.Context, req kernel.AttenuateRequest) (*kernel.MintedToken, error)
 }
 
 type localDemo struct{ k *kernel.Kernel }
@@ -117,6 +118,9 @@ func (l localDemo) Approvals(context.Context) ([]kernel.ApprovalRequest, error) 
 func (l localDemo) Decide(_ context.Context, id, tok, decision, reason string) error {
 	_, err := l.k.Decide(id, tok, decision, reason)
 	return err
+}
+func (l localDemo) Attenuate(ctx context.Context, req kernel.AttenuateRequest) (*kernel.MintedToken, error) {
+	return l.k.Attenuate(ctx, req)
 }
 func (l localDemo) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
 	return l.k.Inspector().ReplayVerify()
@@ -151,6 +155,10 @@ func (r remoteDemo) Decide(ctx context.Context, id, tok, decision, reason string
 }
 func (r remoteDemo) Verify(ctx context.Context) (kernel.LedgerCheck, error) {
 	return r.c.VerifyLedger(ctx)
+}
+// Attenuate sends the parent token as the only credential.
+func (r remoteDemo) Attenuate(ctx context.Context, req kernel.AttenuateRequest) (*kernel.MintedToken, error) {
+	return (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP}).Attenuate(ctx, req)
 }
 func (r remoteDemo) ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error) {
 	return r.c.ReplayVerify(ctx)
@@ -306,6 +314,23 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 	tight.call(ctx, "tight token: call 2 of 2", "echo", map[string]any{"text": "two"}, "", nil, "")
 	tight.call(ctx, "tight token: call 3 (over budget)", "echo", map[string]any{"text": "three"}, "", nil, kernel.ErrBudgetExceeded)
 
+	// Delegation: the agent hands a sub-agent a narrower token (its own
+	// token is the authority); the kernel refuses to let it widen.
+	if _, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-subagent", Tools: []string{"*"}}); err == nil {
+		s.fails++
+		fmt.Fprintln(out, "FAIL    a delegation granting every tool was signed")
+	} else {
+		fmt.Fprintf(out, "ok      delegation asking for every tool refused: %s\n", clip(err.Error(), 90))
+	}
+	child, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-subagent", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 5}, TTLSeconds: 600})
+	if err != nil {
+		return err
+	}
+	sub := &session{k: k, policyHash: policyHash, out: out, agent: child.AgentID, token: child.Token, jti: child.ID, n: tight.n}
+	fmt.Fprintf(out, "ok      delegated to %s: fs.read only, 5 calls, 10 min, parent %s\n", child.AgentID, child.Cap.Parent[:8])
+	sub.call(ctx, "sub-agent reads notes.txt", "fs.read", map[string]any{"path": "notes.txt"}, "", nil, "")
+	sub.call(ctx, "sub-agent writes (not delegated)", "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, key("sub1"), nil, kernel.ErrPermissionDenied)
+
 	content, err := os.ReadFile(filepath.Join(ws, "notes.txt"))
 	if err != nil {
 		return err
@@ -330,7 +355,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 		return fmt.Errorf("replay verification found %d problems, the first: %s", len(rep.Problems), rep.Problems[0].Detail)
 	}
 	fmt.Fprintf(out, "replays proven: %d keys, %d committed, %d replays, %d receipts matching their entries\n", rep.Keys, rep.Committed, rep.Replays, rep.Receipts)
-	if fails := s.fails + tight.fails; fails > 0 {
+	if fails := s.fails + tight.fails + sub.fails; fails > 0 {
 		return fmt.Errorf("demo: %d calls did not behave as expected", fails)
 	}
 	return nil
