@@ -156,6 +156,7 @@ func (r remoteDemo) Decide(ctx context.Context, id, tok, decision, reason string
 func (r remoteDemo) Verify(ctx context.Context) (kernel.LedgerCheck, error) {
 	return r.c.VerifyLedger(ctx)
 }
+
 // Attenuate sends the parent token as the only credential.
 func (r remoteDemo) Attenuate(ctx context.Context, req kernel.AttenuateRequest) (*kernel.MintedToken, error) {
 	return (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP}).Attenuate(ctx, req)
