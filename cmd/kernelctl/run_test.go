@@ -1,11 +1,19 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // runFixture is a data dir, a workspace with notes.txt, and a token
@@ -114,4 +122,112 @@ func TestRunNoSandbox(t *testing.T) {
 	if code != 3 || !strings.Contains(out, `"tool_call_id":"n1","ok":true`) || !strings.Contains(out, "fd=3") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
 	}
+}
+
+// Seed 000 §9 end to end: a shell agent in bubblewrap, through
+// `kernelctl run --server`, makes the acceptance list's calls; each
+// answer is as listed, the runner survives the failing one, and the
+// kernel's event stream shows the calls dispatched and denied.
+func TestRunAcceptanceOverServer(t *testing.T) {
+	requireBwrap(t)
+	sv := initServed(t)
+	ws := filepath.Join(sv.dir, "ws")
+	os.MkdirAll(ws, 0o755)
+	os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("the notes\n"), 0o644)
+	tok := mintCLI(t, sv.server, sv.admin, "--agent", "acceptance", "--tools", "fs.read,echo", "--fs", ws+":r")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	kinds := map[string]int{}
+	// Wait for the subscription: a first event of the agent's own proves it.
+	go (&httpapi.Client{BaseURL: sv.url, Credential: sv.admin}).Events(ctx, kernel.EventFilter{AgentID: "acceptance"}, func(e kernel.Event) error {
+		mu.Lock()
+		kinds[e.Kind+" "+e.ToolID]++
+		mu.Unlock()
+		return nil
+	}, nil)
+	_, pb := sv.get("/v1/policy", "")
+	var pol struct {
+		PolicyHash string `json:"policy_hash"`
+	}
+	json.Unmarshal(pb, &pol)
+	probes := 0
+	for subscribed := false; !subscribed; {
+		if probes++; probes > 200 {
+			t.Fatal("the event stream never delivered a probe call's event")
+		}
+		sv.post(envelope(tok, pol.PolicyHash, "echo", map[string]any{"text": "probe"}, ""))
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		subscribed = kinds["tool.called echo"] > 0
+		mu.Unlock()
+	}
+	mu.Lock()
+	echoes := kinds["tool.called echo"]
+	mu.Unlock()
+
+	calls := []string{
+		`{"op":"tool_call","tool_call_id":"granted","tool":"fs.read","args":{"path":"notes.txt"}}`,
+		`{"op":"tool_call","tool_call_id":"denied","tool":"fs.write","args":{"path":"x","content":"x"}}`,
+		`{"op":"tool_call","tool_call_id":"unknown","tool":"teleport","args":{}}`,
+		`{"op":"tool_call","tool_call_id":"fs","tool":"fs.read","args":{"path":"/etc/hostname"}}`,
+		`{"op":"tool_call","tool_call_id":"fails","tool":"fs.read","args":{"path":"missing.txt"}}`,
+		`{"op":"tool_call","tool_call_id":"after","tool":"echo","args":{"text":"still serving"}}`,
+	}
+	script := `fd=$CAPKERNEL_IPC_FD; for c in "$@"; do printf '%s\n' "$c" >&$fd; done; head -n $# <&$fd`
+	out, stderr, code := run(t, append([]string{"run", "--server", sv.url, "--token", tok.file, "--", "/bin/sh", "-c", script, "agent"}, calls...)...)
+	if code != 0 {
+		t.Fatalf("run: exit %d\n%s\n%s", code, out, stderr)
+	}
+	want := map[string]string{"granted": "", "denied": "permission_denied", "unknown": "tool_not_found", "fs": "scope_denied", "fails": "execution_error", "after": ""}
+	got := map[string]runnerResponse{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r runnerResponse
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("agent output line %q: %v", line, err)
+		}
+		got[r.ToolCallID] = r
+	}
+	for id, class := range want {
+		r, ok := got[id]
+		if !ok || r.OK != (class == "") || r.Error != class || r.ReceiptID == "" {
+			t.Errorf("%s: %+v, want error %q with a receipt", id, r, class)
+		}
+	}
+	if !strings.Contains(got["granted"].Result, "the notes") {
+		t.Errorf("granted read returned %s", got["granted"].Result)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		ok := kinds["tool.called fs.read"] >= 1 && kinds["tool.denied fs.write"] >= 1 && kinds["tool.called echo"] > echoes
+		snapshot := fmt.Sprint(kinds)
+		mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events seen: %s", snapshot)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type runnerResponse struct {
+	ToolCallID string          `json:"tool_call_id"`
+	OK         bool            `json:"ok"`
+	RawResult  json.RawMessage `json:"result"`
+	Result     string          `json:"-"`
+	Error      string          `json:"error"`
+	ReceiptID  string          `json:"receipt_id"`
+}
+
+func (r *runnerResponse) UnmarshalJSON(b []byte) error {
+	type plain runnerResponse
+	if err := json.Unmarshal(b, (*plain)(r)); err != nil {
+		return err
+	}
+	r.Result = string(r.RawResult)
+	return nil
 }
