@@ -56,7 +56,7 @@ func Narrows(parent, child Claims) error {
 	}
 	for _, r := range c.FS {
 		if !coversRoot(p.FS, r) {
-			return widens("fs", "%s:%s is not within a parent root of that mode (%v)", r.Path, r.Mode, p.FS)
+			return widens("fs", "%s:%s (base %q) is not within a parent root of that mode and base (%v)", r.Path, r.Mode, r.Base, p.FS)
 		}
 	}
 	for _, n := range c.Net {
@@ -133,17 +133,38 @@ func coversTool(ps []string, t string) bool {
 }
 
 // coversRoot reports whether r lies inside a root of roots whose mode
-// grants at least r's.
+// grants at least r's, and names that root's base as its own.
 func coversRoot(roots []FSRoot, r FSRoot) bool {
 	for _, p := range roots {
 		if r.Mode == "rw" && p.Mode != "rw" {
 			continue
 		}
-		if r.Path == p.Path || p.Path == "/" || strings.HasPrefix(r.Path, p.Path+"/") {
+		if within(r.Path, p.Path) && r.Base == p.BaseOrPath() {
 			return true
 		}
 	}
 	return false
+}
+
+// CoveringRoot returns the deepest root of roots that r lies inside with
+// at least r's mode, or false.
+func CoveringRoot(roots []FSRoot, r FSRoot) (FSRoot, bool) {
+	var best FSRoot
+	found := false
+	for _, p := range roots {
+		if (r.Mode == "rw" && p.Mode != "rw") || !within(r.Path, p.Path) {
+			continue
+		}
+		if !found || len(p.Path) > len(best.Path) {
+			best, found = p, true
+		}
+	}
+	return best, found
+}
+
+// within reports whether the clean absolute path p is dir or lies below it.
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
 // coversHost reports whether a pattern of ps allows every host and port

@@ -26,6 +26,9 @@ func TestNarrows(t *testing.T) {
 		c.Cap.Budgets = map[string]int64{BudgetCalls: 10, BudgetNetBytes: 1024}
 		c.Cap.Parent = "P"
 		c.Cap.Ancestors = append(c.Cap.Ancestors, Ancestor{ID: "P", Budgets: parent.Cap.Budgets})
+		for i := range c.Cap.FS {
+			c.Cap.FS[i].Base = c.Cap.FS[i].Path
+		}
 		return c
 	}
 	cases := []struct {
@@ -36,7 +39,7 @@ func TestNarrows(t *testing.T) {
 		{"same scopes, lower budgets", func(c *Claims) {}, ""},
 		{"narrower everything", func(c *Claims) {
 			c.Cap.Tools = []string{"fs.read", "fs.dir.*", "mcp.gh.issues.*"}
-			c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}, {Path: "/srv/ref", Mode: "r"}}
+			c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv/work"}, {Path: "/srv/ref", Mode: "r", Base: "/srv/ref"}}
 			c.Cap.Net = []string{"a.example.com:8443", "*.b.example.com", "api.other.org:443", "192.0.2.1:80"}
 			c.Cap.Autonomy = "no_go"
 			c.Expiry = c.Expiry.Add(-time.Minute)
@@ -47,9 +50,11 @@ func TestNarrows(t *testing.T) {
 		{"tool star", func(c *Claims) { c.Cap.Tools = []string{"*"} }, "tools"},
 		{"tool prefix trick", func(c *Claims) { c.Cap.Tools = []string{"fsx.read"} }, "tools"},
 		{"exact tool is not its glob", func(c *Claims) { c.Cap.Tools = []string{"echo.*"} }, "tools"},
-		{"path outside", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv", Mode: "r"}} }, "fs"},
-		{"sibling path with shared prefix", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/workshop", Mode: "r"}} }, "fs"},
-		{"mode upgraded", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/ref/x", Mode: "rw"}} }, "fs"},
+		{"path outside", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv", Mode: "r", Base: "/srv"}} }, "fs"},
+		{"sibling path with shared prefix", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/workshop", Mode: "r", Base: "/srv/work"}} }, "fs"},
+		{"mode upgraded", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/ref/x", Mode: "rw", Base: "/srv/ref"}} }, "fs"},
+		{"base dropped", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}} }, "fs"},
+		{"base moved up", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv"}} }, "fs"},
 		{"host outside", func(c *Claims) { c.Cap.Net = []string{"evil.com"} }, "net"},
 		{"apex of a wildcard", func(c *Claims) { c.Cap.Net = []string{"example.com"} }, "net"},
 		{"suffix trick", func(c *Claims) { c.Cap.Net = []string{"evilexample.com"} }, "net"},

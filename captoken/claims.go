@@ -77,6 +77,20 @@ const (
 type FSRoot struct {
 	Path string `json:"path"` // absolute and clean, e.g. "/srv/work"
 	Mode string `json:"mode"` // "r" (read) or "rw" (read and write)
+	// Base, set on the roots of an attenuated token, is the root of the
+	// root token that Path lies in. The kernel opens Path from Base and
+	// refuses it when the way there passes a symbolic link, so that a
+	// delegator who can write below Base cannot point a child's root
+	// outside what it holds itself.
+	Base string `json:"base,omitempty"`
+}
+
+// BaseOrPath is r's Base, or its Path for a root token's root.
+func (r FSRoot) BaseOrPath() string {
+	if r.Base != "" {
+		return r.Base
+	}
+	return r.Path
 }
 
 // Budget keys of Capability.Budgets.
@@ -149,6 +163,9 @@ func (c Capability) validate() error {
 		}
 		if r.Mode != "r" && r.Mode != "rw" {
 			return fmt.Errorf("cap.fs[%d].mode %q is not r or rw", i, r.Mode)
+		}
+		if r.Base != "" && (!filepath.IsAbs(r.Base) || filepath.Clean(r.Base) != r.Base || !within(r.Path, r.Base)) {
+			return fmt.Errorf("cap.fs[%d].base %q is not an absolute, clean path containing %q", i, r.Base, r.Path)
 		}
 	}
 	for i, p := range c.Net {

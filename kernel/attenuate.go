@@ -90,6 +90,17 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	if child.Cap.FS == nil {
 		child.Cap.FS = p.Cap.FS
 	}
+	// Each root names the root token's root it lies in, which the kernel
+	// opens it from (see captoken.FSRoot.Base).
+	fs := make([]captoken.FSRoot, len(child.Cap.FS))
+	for i, r := range child.Cap.FS {
+		r.Base = ""
+		if cover, ok := captoken.CoveringRoot(p.Cap.FS, r); ok {
+			r.Base = cover.BaseOrPath()
+		}
+		fs[i] = r
+	}
+	child.Cap.FS = fs
 	if child.Cap.Net == nil {
 		child.Cap.Net = p.Cap.Net
 	}

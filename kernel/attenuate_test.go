@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -190,4 +191,50 @@ func TestAttenuationLedgerAndDepth(t *testing.T) {
 		}
 	}
 	mustVerify(t, h.k.Inspector())
+}
+
+// A delegator who can write in its root cannot point a child's root
+// outside it with a symbolic link: not one in place at attenuation, and
+// not one swapped in afterwards. Commands run only in whole roots.
+func TestAttenuatedRootSymlinks(t *testing.T) {
+	h := newHarness(t)
+	outside := filepath.Join(filepath.Dir(h.ws), "outside")
+	os.MkdirAll(outside, 0o755)
+	os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("not yours"), 0o644)
+	h.write("sub/own.txt", "mine")
+	if err := os.Symlink(outside, filepath.Join(h.ws, "link")); err != nil {
+		t.Fatal(err)
+	}
+	parent, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"fs.*", "proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+	read := func(m *MintedToken, path string) *Result {
+		return h.invoke("fs.read", map[string]any{"path": path}, as(m))
+	}
+
+	viaLink := h.attenuate(AttenuateRequest{Parent: parent, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "link"), Mode: "r"}}})
+	if viaLink.Cap.FS[0].Base != h.ws {
+		t.Fatalf("child root base = %q, want %q", viaLink.Cap.FS[0].Base, h.ws)
+	}
+	if r := read(viaLink, "secret.txt"); errClass(r) != ErrScopeDenied {
+		t.Fatalf("child rooted at a link out of the parent's root: %+v", r)
+	}
+
+	sub := h.attenuate(AttenuateRequest{Parent: parent, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "sub"), Mode: "r"}}})
+	grand := h.attenuate(AttenuateRequest{Parent: sub.Token, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "sub", "deeper"), Mode: "r"}}})
+	if grand.Cap.FS[0].Base != h.ws {
+		t.Fatalf("grandchild's base = %q, want the root token's root %q", grand.Cap.FS[0].Base, h.ws)
+	}
+	// The delegator swaps its delegated directory for a link to elsewhere.
+	os.RemoveAll(filepath.Join(h.ws, "sub"))
+	if err := os.Symlink(outside, filepath.Join(h.ws, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if r := read(sub, "secret.txt"); errClass(r) != ErrScopeDenied {
+		t.Fatalf("child after its root was swapped for a link: %+v", r)
+	}
+
+	narrow := h.attenuate(AttenuateRequest{Parent: parent, Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "other"), Mode: "rw"}}})
+	os.MkdirAll(filepath.Join(h.ws, "other"), 0o755)
+	if r := h.invoke("proc.exec", execArgs("true"), as(narrow), key("narrow-exec")); errClass(r) != ErrScopeDenied {
+		t.Fatalf("proc.exec in a narrowed root: %+v", r)
+	}
 }

@@ -348,6 +348,11 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 		}
 		g.Workspace = w
 		for _, fr := range cp.FS {
+			// The sandbox binds a root by its path, after the check:
+			// below a base, a link swapped in between could widen it.
+			if fr.Base != "" && fr.Base != fr.Path {
+				return &syscalls.ScopeError{Path: fr.Path, Reason: "is a root narrowed below its base " + fr.Base + " by attenuation; commands run only in whole roots (delegate " + fr.Base + ")"}
+			}
 			g.Roots = append(g.Roots, syscalls.RootSpec{Path: fr.Path, Writable: fr.Mode == "rw"})
 		}
 		if r.Dir != "" {
@@ -369,8 +374,8 @@ func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
 	roots := make([]syscalls.RootSpec, 0, len(tok.Claims.Cap.FS))
 	var key strings.Builder
 	for _, r := range tok.Claims.Cap.FS {
-		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw"})
-		fmt.Fprintf(&key, "%s\x00%s\x00", r.Mode, r.Path)
+		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
+		fmt.Fprintf(&key, "%s\x00%s\x00%s\x00", r.Mode, r.Path, r.Base)
 	}
 	if len(roots) == 0 {
 		return nil, &syscalls.ScopeError{Reason: "the capability token grants no file system roots"}

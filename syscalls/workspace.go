@@ -17,6 +17,10 @@ import (
 type RootSpec struct {
 	Path     string // absolute
 	Writable bool
+	// Base, when set, is a directory Path lies in: Path is opened from it
+	// and refused when the way from Base to Path passes a symbolic link
+	// (an attenuated token's root; see captoken.FSRoot.Base).
+	Base string
 }
 
 // Workspace is a set of roots opened with os.Root, through which every
@@ -40,7 +44,7 @@ func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
 			w.Close()
 			return nil, fmt.Errorf("workspace root %q is not absolute", r.Path)
 		}
-		root, err := os.OpenRoot(r.Path)
+		root, err := openRoot(r)
 		if err != nil {
 			w.Close()
 			return nil, fmt.Errorf("workspace root: %w", err)
@@ -54,6 +58,38 @@ func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
 		w.mounts = append(w.mounts, mount{RootSpec: RootSpec{Path: filepath.Clean(r.Path), Writable: r.Writable}, root: root, real: real})
 	}
 	return w, nil
+}
+
+// openRoot opens r.Path, from r.Base when set: an os.Root of Base opens
+// the relative path without leaving Base, and the directory it reached
+// must be the one Path names, with no symbolic link on the way. The open
+// root is then fixed: a link put in later changes nothing.
+func openRoot(r RootSpec) (*os.Root, error) {
+	if r.Base == "" || r.Base == r.Path {
+		return os.OpenRoot(r.Path)
+	}
+	rel, err := filepath.Rel(r.Base, r.Path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, fmt.Errorf("%s is not inside its base %s", r.Path, r.Base)
+	}
+	base, err := os.OpenRoot(r.Base)
+	if err != nil {
+		return nil, err
+	}
+	defer base.Close()
+	baseReal, err := realPath(base, ".")
+	if err != nil {
+		return nil, err
+	}
+	root, err := base.OpenRoot(rel)
+	if err != nil {
+		return nil, fmt.Errorf("%s from its base %s: %w", r.Path, r.Base, err)
+	}
+	if real, err := realPath(root, "."); err != nil || real != filepath.Join(baseReal, rel) {
+		root.Close()
+		return nil, fmt.Errorf("%s: the way from its base %s passes a symbolic link", r.Path, r.Base)
+	}
+	return root, nil
 }
 
 // Close closes the roots.
