@@ -488,3 +488,35 @@ func TestResolveSymlinkLoop(t *testing.T) {
 		}
 	}
 }
+
+// A root opened from a base must be reached without a symbolic link and
+// without leaving the base.
+func TestOpenWorkspaceBase(t *testing.T) {
+	base := t.TempDir()
+	outside := t.TempDir()
+	os.MkdirAll(filepath.Join(base, "a", "b"), 0o755)
+	os.Symlink(outside, filepath.Join(base, "out"))
+	os.Symlink(filepath.Join(base, "a"), filepath.Join(base, "alias"))
+	cases := []struct {
+		name, path string
+		ok         bool
+	}{
+		{"the base itself", base, true},
+		{"a directory below", filepath.Join(base, "a", "b"), true},
+		{"a link out", filepath.Join(base, "out"), false},
+		{"a link that stays inside", filepath.Join(base, "alias", "b"), false},
+		{"outside the base", outside, false},
+		{"missing", filepath.Join(base, "nope"), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w, err := syscalls.OpenWorkspace([]syscalls.RootSpec{{Path: c.path, Base: base}})
+			if (err == nil) != c.ok {
+				t.Fatalf("OpenWorkspace(%s from %s) = %v, want ok=%v", c.path, base, err, c.ok)
+			}
+			if w != nil {
+				w.Close()
+			}
+		})
+	}
+}
