@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/mcpgateway"
 )
 
@@ -188,5 +190,48 @@ func TestMCPGatewayEmbedded(t *testing.T) {
 			t.Fatalf("receipts verify after the gateway ended: %s %s", out, stderr)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A call the policy gates (soft_gate) holds its MCP request until an
+// approver decides: allowed, it runs and answers; undecided, it ends as
+// approval_timeout. Both are receipted.
+func TestMCPGatewayApproval(t *testing.T) {
+	sv := initServed(t, "--approval-timeout", "5s")
+	ws := filepath.Join(sv.dir, "ws")
+	os.MkdirAll(ws, 0o755)
+	tok := mintCLI(t, sv.server, sv.admin, "--agent", "mcp-agent", "--tools", "fs.write", "--fs", ws+":rw")
+	approver := mintCLI(t, sv.server, sv.admin, "--agent", "alice", "--approver")
+	cs := mcpSession(t, false, "--server", sv.url, "--token", tok.file)
+	ctx := context.Background()
+	c := &httpapi.Client{BaseURL: sv.url, Credential: approver.Token}
+
+	decided := make(chan error, 1)
+	go func() {
+		for range 250 {
+			pending, err := c.Approvals(ctx, false)
+			if err != nil {
+				decided <- err
+				return
+			}
+			if len(pending) > 0 {
+				_, err := c.Decide(ctx, pending[0].ID, "allow", "looks fine")
+				decided <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		decided <- fmt.Errorf("no approval request appeared")
+	}()
+	r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "all:\n"}})
+	if derr := <-decided; derr != nil {
+		t.Fatal(derr)
+	}
+	if err != nil || r.IsError || resultMeta(r, mcpgateway.MetaReceiptID) == "" {
+		t.Fatalf("approved gated write: %+v %v (%s)", r, err, text(r))
+	}
+	r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "again:\n"}})
+	if err != nil || !r.IsError || !strings.HasPrefix(text(r), "approval_timeout: ") || resultMeta(r, mcpgateway.MetaReceiptID) == "" {
+		t.Fatalf("undecided gated write: %+v %v (%s)", r, err, text(r))
 	}
 }
