@@ -95,11 +95,6 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 	return g.server.Run(ctx, idTransport{&mcp.StdioTransport{}})
 }
 
-// Serve serves one client over t (for tests and embedding).
-func (g *Gateway) Serve(ctx context.Context, t mcp.Transport) error {
-	return g.server.Run(ctx, idTransport{t})
-}
-
 // HTTPHandler serves streamable HTTP clients, each in its own MCP session.
 func (g *Gateway) HTTPHandler() http.Handler {
 	return tagHTTP(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, nil))
