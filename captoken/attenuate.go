@@ -168,18 +168,26 @@ func within(p, dir string) bool {
 }
 
 // coversHost reports whether a pattern of ps allows every host and port
-// pattern s allows.
+// pattern s allows, and names explicitly every host s names explicitly:
+// the SSRF guards let an explicitly named host (an IP literal or a DNS
+// name, not a wildcard) reach loopback and private addresses, so a child
+// naming "a.example.com" under a parent's "*.example.com" or "*" would
+// gain what the parent does not have.
 func coversHost(ps []string, s string) (bool, error) {
 	c, err := parseHostPattern(s)
 	if err != nil {
 		return false, err
 	}
+	named := c.addr.IsValid() || (!c.any && !c.wildcard)
 	for _, ptext := range ps {
 		p, err := parseHostPattern(ptext)
 		if err != nil {
 			return false, err
 		}
 		if p.any {
+			if named {
+				continue
+			}
 			return true, nil
 		}
 		if c.any || (p.port != 0 && p.port != c.port) {
@@ -195,8 +203,8 @@ func coversHost(ps []string, s string) (bool, error) {
 			if !c.wildcard && c.name == p.name {
 				return true, nil
 			}
-		case strings.HasSuffix(c.name, "."+p.name) || (c.wildcard && c.name == p.name):
-			// "*.d" covers names strictly below d, and "*.d" or "*.x.d".
+		case !named && (c.name == p.name || strings.HasSuffix(c.name, "."+p.name)):
+			// "*.d" covers "*.d" and "*.x.d".
 			return true, nil
 		}
 	}

@@ -40,7 +40,7 @@ func TestNarrows(t *testing.T) {
 		{"narrower everything", func(c *Claims) {
 			c.Cap.Tools = []string{"fs.read", "fs.dir.*", "mcp.gh.issues.*"}
 			c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv/work"}, {Path: "/srv/ref", Mode: "r", Base: "/srv/ref"}}
-			c.Cap.Net = []string{"a.example.com:8443", "*.b.example.com", "api.other.org:443", "192.0.2.1:80"}
+			c.Cap.Net = []string{"*.b.example.com", "*.example.com:8443", "api.other.org:443", "192.0.2.1:80"}
 			c.Cap.Autonomy = "no_go"
 			c.Expiry = c.Expiry.Add(-time.Minute)
 			c.NotBefore = c.NotBefore.Add(time.Second)
@@ -56,6 +56,7 @@ func TestNarrows(t *testing.T) {
 		{"base dropped", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}} }, "fs"},
 		{"base moved up", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv"}} }, "fs"},
 		{"host outside", func(c *Claims) { c.Cap.Net = []string{"evil.com"} }, "net"},
+		{"name made explicit under a wildcard", func(c *Claims) { c.Cap.Net = []string{"a.example.com"} }, "net"},
 		{"apex of a wildcard", func(c *Claims) { c.Cap.Net = []string{"example.com"} }, "net"},
 		{"suffix trick", func(c *Claims) { c.Cap.Net = []string{"evilexample.com"} }, "net"},
 		{"port dropped", func(c *Claims) { c.Cap.Net = []string{"api.other.org"} }, "net"},
@@ -119,5 +120,23 @@ func TestNarrowsDepth(t *testing.T) {
 	}
 	if err := child.Validate(); err == nil {
 		t.Fatal("Validate accepts a chain beyond MaxChainDepth")
+	}
+}
+
+// Under "*", only wildcard patterns may be delegated: an explicitly named
+// host would let the SSRF guards admit private addresses for it.
+func TestCoversHostNamedUnderAny(t *testing.T) {
+	cases := []struct {
+		child string
+		ok    bool
+	}{
+		{"*", true}, {"*.example.com", true}, {"*.example.com:443", true},
+		{"api.example.com", false}, {"10.0.0.1", false}, {"[::1]:80", false},
+	}
+	for _, c := range cases {
+		got, err := coversHost([]string{"*"}, c.child)
+		if err != nil || got != c.ok {
+			t.Errorf("coversHost([*], %q) = %v, %v; want %v", c.child, got, err, c.ok)
+		}
 	}
 }
