@@ -183,6 +183,9 @@ func cancelCmd() *cobra.Command {
 	return cmd
 }
 
+// errEnoughEvents ends an event stream after --count events.
+var errEnoughEvents = errors.New("enough events")
+
 func eventsCmd() *cobra.Command {
 	var t target
 	var tokenFile, session, agent, kinds string
@@ -223,11 +226,16 @@ token (--token) only its own agent.`,
 					}
 					fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", clip(e.Time, 23), e.Kind, e.AgentID, orDash(e.SessionID), e.ToolID, e.OperationID, detail)
 				}
+				// Stop at once: events already read from the stream must
+				// not be printed past --count.
 				if n++; count > 0 && n >= count {
-					cancel()
+					return errEnoughEvents
 				}
 				return nil
 			}, func(d uint64) { fmt.Fprintf(os.Stderr, "dropped %d events so far (this client fell behind)\n", d) })
+			if errors.Is(err, errEnoughEvents) {
+				return nil
+			}
 			return err
 		},
 	}
