@@ -23,6 +23,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"syscall"
 	"unicode"
 
 	"github.com/capkernel/capkernel/kernel"
@@ -88,7 +89,7 @@ type Session struct {
 }
 
 // Serve reads tool_call lines from r until it ends (the agent exited or
-// closed the channel) or ctx is done, runs them at most MaxInFlight at
+// closed the channel, with answers unread or not) or ctx is done, runs them at most MaxInFlight at
 // once, and writes one tool_response line per non-blank line to w, in
 // the order calls finish. It returns once every call it started has been
 // answered. No input makes it panic or stop early: a line that is not a
@@ -111,7 +112,9 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 	for n := 1; ; n++ {
 		line, tooLong, err := readLine(br, maxLine)
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
+			// An agent that leaves with answers unread resets the
+			// channel: that is its end too, not a failure of the run.
+			if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
 				readErr = fmt.Errorf("runner: reading the agent's channel: %w", err)
 			}
 			break

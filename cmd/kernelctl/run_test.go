@@ -113,6 +113,26 @@ kill -KILL $$`
 	}
 }
 
+// An agent that sends a call and exits without reading the answer leaves
+// the channel reset, not closed: run still ends with the agent's status,
+// and the call is answered in the ledger.
+func TestRunAgentLeavesAnswersUnread(t *testing.T) {
+	f := newRunFixture(t)
+	script := `printf '%s\n' '{"op":"tool_call","tool_call_id":"u1","tool":"fs.read","args":{"path":"notes.txt"}}' >&$CAPKERNEL_IPC_FD; sleep 1; exit 4`
+	for _, mode := range [][]string{{"--no-sandbox"}, nil} {
+		if mode == nil {
+			requireBwrap(t)
+		}
+		args := append(append([]string{"run", "--data", f.data, "--token", f.token}, mode...), "--", "/bin/sh", "-c", script)
+		if _, stderr, code := run(t, args...); code != 4 {
+			t.Fatalf("%v: exit %d, want the agent's 4: %s", mode, code, stderr)
+		}
+	}
+	if out, _, _ := run(t, "receipts", "list", "--data", f.data, "--agent", "agent-1"); strings.Count(out, "fs.read") != 2 {
+		t.Fatalf("receipts:\n%s", out)
+	}
+}
+
 // Without bubblewrap, --no-sandbox runs the agent as a plain child with
 // the channel on fd 3.
 func TestRunNoSandbox(t *testing.T) {
