@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/capkernel/capkernel/mcpgateway"
-	"github.com/capkernel/capkernel/runner"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -43,46 +41,24 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			if err := t.check("mcp"); err != nil {
 				return err
 			}
-			if tokenFile == "" {
-				return &usageError{errors.New("mcp: --token FILE (or - for stdin) is required")}
-			}
 			if httpAddr != "" {
 				if err := checkListen(httpAddr, false); err != nil {
 					return &usageError{fmt.Errorf("mcp --http: %w", err)}
 				}
 			}
-			tok, err := readSecret(tokenFile)
-			if err != nil {
-				return err
-			}
-			sub, jti, err := peekToken(tok)
-			if err != nil {
-				return err
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			cfg := mcpgateway.Config{Token: tok, TokenID: jti, AgentID: sub, StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1"}
-			var defs json.RawMessage
-			if t.server != "" {
-				c := t.client(tok)
-				if cfg.PolicyHash, err = c.PolicyHash(ctx); err != nil {
-					return err
-				}
-				if defs, err = c.Tools(ctx, syscalls.FormatMCP); err != nil {
-					return fmt.Errorf("mcp: %w", err)
-				}
-				cfg.Invoker = clientInvoker{t.client("")}
-			} else {
-				k, err := t.openKernel(ctx)
-				if err != nil {
-					return err
-				}
-				defer k.Close()
-				if defs, err = k.Tools(tok, syscalls.FormatMCP); err != nil {
-					return fmt.Errorf("mcp: %w", err)
-				}
-				cfg.PolicyHash, cfg.Invoker = k.PolicyHash(), runner.Invoker(kernelInvoker{k})
+			ak, err := t.agentKernel(ctx, "mcp", tokenFile)
+			if err != nil {
+				return err
 			}
+			defer ak.close()
+			defs, err := ak.tools(ctx, syscalls.FormatMCP)
+			if err != nil {
+				return fmt.Errorf("mcp: %w", err)
+			}
+			cfg := mcpgateway.Config{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash,
+				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1"}
 			if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
 				return fmt.Errorf("mcp: tool definitions: %w", err)
 			}

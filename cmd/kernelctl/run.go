@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -41,6 +42,59 @@ func (i clientInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, 
 	return r, err
 }
 
+// agentKernel is a capability token's way into a kernel, embedded (--data)
+// or served (--server): what kernelctl run and kernelctl mcp act through.
+type agentKernel struct {
+	token, sub, jti string
+	policyHash      string
+	invoker         runner.Invoker
+	// tools returns the definitions of the syscalls the token may call.
+	tools func(ctx context.Context, format string) (json.RawMessage, error)
+	close func()
+}
+
+// agentKernel reads the token in tokenFile, opens t's kernel and verifies
+// the token there, so a verb fails at once, with the reason, on a token
+// that would only have its calls refused.
+func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agentKernel, error) {
+	if tokenFile == "" {
+		return nil, &usageError{fmt.Errorf("%s: --token FILE (or - for stdin) is required", verb)}
+	}
+	tok, err := readSecret(tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	ak := &agentKernel{token: tok, close: func() {}}
+	if ak.sub, ak.jti, err = peekToken(tok); err != nil {
+		return nil, err
+	}
+	if t.server != "" {
+		c := t.client("")
+		if ak.policyHash, err = c.PolicyHash(ctx); err != nil {
+			return nil, err
+		}
+		if in, err := c.InspectToken(ctx, tok); err != nil {
+			return nil, err
+		} else if !in.Valid {
+			return nil, fmt.Errorf("%s: %s: %s", verb, in.Class, in.Reason)
+		}
+		bearer := t.client(tok)
+		ak.invoker, ak.tools = clientInvoker{c}, bearer.Tools
+		return ak, nil
+	}
+	k, err := t.openKernel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := k.VerifyBearer(tok); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	ak.policyHash, ak.invoker, ak.close = k.PolicyHash(), kernelInvoker{k}, func() { k.Close() }
+	ak.tools = func(_ context.Context, format string) (json.RawMessage, error) { return k.Tools(tok, format) }
+	return ak, nil
+}
+
 func runCmd() *cobra.Command {
 	var t target
 	var tokenFile string
@@ -71,42 +125,14 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 			if err := t.check("run"); err != nil {
 				return err
 			}
-			if tokenFile == "" {
-				return &usageError{errors.New("run: --token FILE (or - for stdin) is required")}
-			}
-			tok, err := readSecret(tokenFile)
-			if err != nil {
-				return err
-			}
-			sub, jti, err := peekToken(tok)
-			if err != nil {
-				return err
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			s := &runner.Session{Token: tok, TokenID: jti, AgentID: sub, ID: uuid.Must(uuid.NewV7()).String()}
-			if t.server != "" {
-				c := t.client("")
-				if s.PolicyHash, err = c.PolicyHash(ctx); err != nil {
-					return err
-				}
-				if in, err := c.InspectToken(ctx, tok); err != nil {
-					return err
-				} else if !in.Valid {
-					return fmt.Errorf("run: %s: %s", in.Class, in.Reason)
-				}
-				s.Invoker = clientInvoker{c}
-			} else {
-				k, err := t.openKernel(ctx)
-				if err != nil {
-					return err
-				}
-				defer k.Close()
-				if _, err := k.VerifyBearer(tok); err != nil {
-					return fmt.Errorf("run: %w", err)
-				}
-				s.PolicyHash, s.Invoker = k.PolicyHash(), kernelInvoker{k}
+			ak, err := t.agentKernel(ctx, "run", tokenFile)
+			if err != nil {
+				return err
 			}
+			defer ak.close()
+			s := &runner.Session{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash, ID: uuid.Must(uuid.NewV7()).String()}
 			return runAgent(ctx, cmd, s, argv, readOnly, noSandbox)
 		},
 	}
