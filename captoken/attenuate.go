@@ -2,6 +2,7 @@ package captoken
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -218,15 +219,8 @@ func orAutopilot(m string) string {
 	return m
 }
 
-// strictness ranks autonomy ceilings, "" being autopilot.
+// strictness ranks autonomy ceilings by autonomyModes' order, "" being
+// autopilot.
 func strictness(m string) int {
-	switch m {
-	case "", "autopilot":
-		return 0
-	case "soft_gate":
-		return 1
-	case "escalated":
-		return 2
-	}
-	return 3
+	return slices.Index(autonomyModes[1:], orAutopilot(m))
 }

@@ -81,17 +81,15 @@ type Account struct {
 // check refuses when want, added to what any account has used, exceeds
 // that account's limits. It writes nothing.
 func check(tx *bbolt.Tx, accounts []Account, want Usage) error {
-	for _, a := range accounts {
+	for i, a := range accounts {
 		used, err := usageOf(tx, a.TokenID)
 		if err != nil {
 			return err
 		}
 		if err := checkBudget(used, want, a.Limits); err != nil {
-			if len(accounts) > 1 && a.TokenID != accounts[0].TokenID {
-				var e *Error
-				if errors.As(err, &e) {
-					e.Message = fmt.Sprintf("%s of ancestor token %s", e.Message, a.TokenID)
-				}
+			var e *Error
+			if i > 0 && errors.As(err, &e) {
+				e.Message = fmt.Sprintf("%s of ancestor token %s", e.Message, a.TokenID)
 			}
 			return err
 		}
