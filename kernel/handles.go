@@ -76,6 +76,7 @@ func (k *Kernel) Handles(token, session string) ([]Handle, error) {
 	t := k.handles
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.sweepLocked(now)
 	mine := t.owner[key]
 	if mine == nil {
 		mine = map[string]string{}
@@ -121,6 +122,22 @@ func (k *Kernel) EndSession(session, jti string) int {
 		delete(t.owner, key)
 	}
 	return n
+}
+
+// sweepLocked forgets expired handles, so that sessions nobody ends do
+// not grow the table without bound. The caller holds h.mu.
+func (h *handles) sweepLocked(now time.Time) {
+	for hd, b := range h.by {
+		if now.Before(b.expires) {
+			continue
+		}
+		delete(h.by, hd)
+		key := [2]string{b.session, b.jti}
+		delete(h.owner[key], b.tool)
+		if len(h.owner[key]) == 0 {
+			delete(h.owner, key)
+		}
+	}
 }
 
 // dropToken ends every handle of the token jti (on its revocation).

@@ -114,6 +114,13 @@ func TestHandles(t *testing.T) {
 	if fresh["echo"] == s3["echo"] {
 		t.Fatal("an expired handle was handed out again")
 	}
+	// Expired handles are forgotten, not kept: only s3's fresh two remain.
+	h.k.handles.mu.Lock()
+	live := len(h.k.handles.by)
+	h.k.handles.mu.Unlock()
+	if live != 2 {
+		t.Fatalf("%d handles in the table after the TTL, want the 2 just listed", live)
+	}
 	mustOK(t, h.invoke(fresh["echo"], map[string]any{"text": "x"}, withToken(tok, jti), inSession("s3")))
 
 	// Revocation.
