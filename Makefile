@@ -7,13 +7,14 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet rego-test unit-test fuzz bench bench-report demo clean bwrap
+.PHONY: build test vet hygiene rego-test unit-test fuzz bench bench-report demo clean bwrap
 
 build:
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
-## test: go vet, the race-enabled unit tests, the Rego tests, short fuzz runs
-test: bwrap vet unit-test rego-test fuzz
+## test: go vet, repository hygiene, the race-enabled unit tests, the Rego
+## tests, short fuzz runs
+test: bwrap vet hygiene unit-test rego-test fuzz
 
 ## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
 ## with socat, which the sandbox tests use, so every sandbox test runs
@@ -27,6 +28,15 @@ vet:
 
 unit-test:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## hygiene: go.mod and go.sum are tidy (go mod tidy would change nothing), and
+## no build output is tracked: no ELF binary, *.test, node_modules/ or bin/
+hygiene:
+	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy; run go mod tidy:"; $(GO) mod tidy -diff; exit 1; }
+	@bad=$$(git ls-files -z | xargs -0 -r sh -c 'for f; do \
+		case "$$f" in *.test|bin/*|*/bin/*|node_modules/*|*/node_modules/*) echo "$$f"; continue;; esac; \
+		[ -f "$$f" ] && [ "$$(head -c 4 "$$f" | od -An -tx1 | tr -d " ")" = 7f454c46 ] && echo "$$f"; \
+	done' sh); test -z "$$bad" || { echo "build outputs are tracked (git rm --cached them):"; echo "$$bad"; exit 1; }
 
 rego-test:
 	$(GO) tool opa test -v --v1-compatible policy/rego

@@ -243,15 +243,21 @@ func (p *Proxy) Close() error {
 }
 
 // Records returns a copy of the records so far, in arrival order. The byte
-// counts of connections still open are their counts so far.
+// counts of connections still open are their counts so far, and their
+// reason is the one already known: a connection cut (for the budget, say)
+// shows why at once, not only once its handler has finished.
 func (p *Proxy) Records() []Record {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := append([]Record(nil), p.records...)
 	for c := range p.conns {
 		if c.rec >= 0 && c.rec < len(out) {
-			out[c.rec].BytesUp = c.up.Load()
-			out[c.rec].BytesDown = c.down.Load()
+			r := &out[c.rec]
+			r.BytesUp = c.up.Load()
+			r.BytesDown = c.down.Load()
+			if why := c.reason(); why != "" && r.Reason == "" {
+				r.Reason = why
+			}
 		}
 	}
 	return out
