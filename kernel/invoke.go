@@ -507,9 +507,10 @@ func (c *call) idemCall() txn.Call {
 	return txn.Call{ToolID: c.env.ToolID, ArgsHash: c.argsHash, TokenID: c.env.CapabilityTokenID}
 }
 
-// direct runs a non-mutating call without an idempotency key: execute, then
-// charge the budget and record in one transaction. A call refused there had
-// no effect to undo.
+// direct runs a non-mutating call without an idempotency key: check its
+// preconditions under its locks (preconditions.go), execute, then check the
+// stored ones again, charge the budget and record in one transaction. A
+// call refused there had no effect to undo.
 func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
 	used := false
 	if err := k.db.View(func(tx *bbolt.Tx) error {
@@ -521,6 +522,11 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	if used {
 		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
 	}
+	unlock, class, msg := k.holdPreconditions(c, resources)
+	defer unlock()
+	if class != "" {
+		return k.deny(ctx, c, class, msg)
+	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	accounts := c.accounts()
 	c.setOutcome(out, class, msg, NoOp)
@@ -529,6 +535,9 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		if txn.OperationUsed(tx, c.env.OperationID) {
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
+		}
+		if class, msg := c.storedRefs(tx); class != "" {
+			c.setOutcome(nil, class, msg, NoOp)
 		}
 		// The call counts only if its budget allows; what it consumed
 		// running is charged either way.
