@@ -1,15 +1,15 @@
 package captoken
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 // Claims are the contents of a token.
@@ -249,17 +249,13 @@ func marshalClaims(c Claims) ([]byte, error) {
 	})
 }
 
-// unmarshalClaims decodes a token payload, refusing unknown fields at any
-// depth, absent time or cap claims, and trailing data. It does not validate.
+// unmarshalClaims decodes a token payload by the strictjson rules (unknown
+// fields, duplicate names and invalid UTF-8 refused at any depth, no
+// trailing data), refusing absent time or cap claims. It does not validate.
 func unmarshalClaims(b []byte) (Claims, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var p payload
-	if err := dec.Decode(&p); err != nil {
+	if err := strictjson.Unmarshal(b, &p); err != nil {
 		return Claims{}, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Claims{}, errors.New("data after the claims object")
 	}
 	for _, f := range []struct {
 		name string

@@ -13,6 +13,7 @@ import (
 	"github.com/lestrrat-go/jwx/v4/jws"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 // MaxTokenSize is the length in bytes of the longest token Verify accepts.
@@ -177,10 +178,20 @@ func (v *Verifier) verifySignature(token string) (Claims, *Error) {
 	// trailing bits zero). Otherwise the last character of the signature
 	// could be changed in bits that decoding drops, giving one token many
 	// spellings, and so many hashes.
-	for _, p := range parts {
-		if _, err := base64.RawURLEncoding.Strict().DecodeString(p); err != nil {
+	var header []byte
+	for i, p := range parts {
+		b, err := base64.RawURLEncoding.Strict().DecodeString(p)
+		if err != nil {
 			return Claims{}, invalid("token is not a compact JWS: a part is not canonical base64url")
 		}
+		if i == 0 {
+			header = b
+		}
+	}
+	// The header is read by jwx; it must be a document every reader reads
+	// the same way (no duplicate parameter, valid UTF-8).
+	if err := strictjson.Check(header); err != nil {
+		return Claims{}, invalid("token header: %v", err)
 	}
 	msg, err := jws.Parse([]byte(token), jws.WithCompact())
 	if err != nil {
