@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/upstream"
 )
@@ -281,7 +282,7 @@ func loadSettings(dir string) (settings, error) {
 	if err != nil {
 		return s, err
 	}
-	if err := json.Unmarshal(b, &s); err != nil {
+	if err := strictjson.Unmarshal(b, &s); err != nil {
 		return s, fmt.Errorf("%s: %w", filepath.Join(dir, ConfigFile), err)
 	}
 	if s.KernelID == "" || s.Issuer == "" {

@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 
 	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
@@ -97,18 +97,16 @@ const (
 	ErrInternal               = "internal"
 )
 
-// DecodeEnvelope parses a call envelope strictly: one JSON object, no
-// unknown fields, args a JSON object, provenance (if any) a JSON object, and
-// both valid I-JSON (they are hashed in canonical form).
+// DecodeEnvelope parses a call envelope by the strictjson rules: one JSON
+// object; no unknown fields, field names exactly as written above; no
+// duplicate member names and no invalid UTF-8 or lone surrogate anywhere,
+// args and provenance included at every depth. args must be a JSON object,
+// provenance (if any) a JSON object, both valid I-JSON (they are hashed in
+// canonical form).
 func DecodeEnvelope(data []byte) (*Envelope, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var env Envelope
-	if err := dec.Decode(&env); err != nil {
+	if err := strictjson.Unmarshal(data, &env); err != nil {
 		return nil, fmt.Errorf("envelope: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("envelope: trailing data after the JSON object")
 	}
 	if err := checkObject("args", env.Args, true); err != nil {
 		return nil, err
