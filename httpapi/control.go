@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -173,9 +172,7 @@ type Decision struct {
 // decide answers POST /v1/approvals/{id}: an approver token decides.
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	var d Decision
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxAdminBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&d); err != nil {
+	if err := decodeBody(w, r, &d); err != nil {
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "body must be {\"decision\": \"allow\"|\"deny\", \"reason\": \"…\"}: "+err.Error())
 		return
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -42,8 +43,9 @@ const (
 
 // Server serves the API of one kernel.
 type Server struct {
-	k   *kernel.Kernel
-	mux *http.ServeMux
+	k       *kernel.Kernel
+	mux     *http.ServeMux
+	origins http.CrossOriginProtection // see crosssite.go
 }
 
 // New returns the API of k.
@@ -87,6 +89,9 @@ func New(k *kernel.Kernel) *Server {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !s.guard(w, r) {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
@@ -612,12 +617,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// readJSON decodes a small JSON request body strictly into v, answering
-// the request itself when it cannot.
+// readJSON decodes a small JSON request body into v by the strictjson
+// rules, answering the request itself when it cannot.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := decodeBody(w, r, v); err != nil {
 		status := http.StatusBadRequest
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -626,11 +629,18 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 		writeError(w, status, kernel.ErrInvalidArgs, "request body: "+err.Error())
 		return false
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "request body: trailing data after the JSON object")
-		return false
-	}
 	return true
+}
+
+// decodeBody reads a request body of at most maxAdminBody bytes and
+// decodes it into v by the strictjson rules (one JSON value; no duplicate
+// names, invalid UTF-8 or unknown fields at any depth).
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	if err != nil {
+		return err
+	}
+	return strictjson.Unmarshal(data, v)
 }
 
 func boolParam(s string) (bool, error) {
