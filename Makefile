@@ -58,10 +58,10 @@ fuzz:
 	$(call fuzz_one,FuzzCheckpointNote,ledger,100000x)
 
 ## bench: the Go benchmarks (Invoke against bare bbolt measured in the same
-## run, policy, ledger, receipts, tokens, JCS); make bench-report for the
-## side-by-side report over HTTP
+## run, policy, ledger, receipts, tokens, JCS, strict JSON against
+## encoding/json); make bench-report for the side-by-side report over HTTP
 bench:
-	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/
 
 ## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
 ## durable writes against bare bbolt, the ledger at 1M entries and proc.exec

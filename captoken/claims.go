@@ -61,7 +61,7 @@ type Capability struct {
 	// escalated ones. An approver token grants nothing else: no tools, fs,
 	// net or budgets, so no credential can both act and approve.
 	Role string `json:"role,omitempty"`
-	// Handles puts the token's sessions in handle mode (seed 004): its
+	// Handles puts the token's sessions in handle mode: its
 	// calls address tools only by the per-session handles the kernel hands
 	// out, never by name.
 	Handles bool `json:"handles,omitempty"`

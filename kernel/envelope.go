@@ -11,7 +11,7 @@ import (
 	"github.com/capkernel/capkernel/txn"
 )
 
-// Envelope is a call envelope (TOOL-01 §1). The JSON field names are the
+// Envelope is a call envelope (docs/http.md). The JSON field names are the
 // wire format.
 type Envelope struct {
 	ToolID            string             `json:"tool_id"`
@@ -31,7 +31,7 @@ type Envelope struct {
 	PreconditionRefs  []txn.Precondition `json:"precondition_refs,omitempty"`
 }
 
-// Result is a result envelope (TOOL-01 §2).
+// Result is a result envelope (docs/http.md).
 type Result struct {
 	ToolID          string          `json:"tool_id"`
 	AgentID         string          `json:"agent_id"`

@@ -13,7 +13,8 @@ import (
 )
 
 // HandlePrefix starts every tool handle: "/object/" and 26 characters of
-// unpadded lower-case base32 encoding 128 random bits (seed 004).
+// unpadded lower-case base32 encoding 128 random bits (docs/kernel.md,
+// Handles).
 const HandlePrefix = "/object/"
 
 // DefaultHandleTTL is how long a handle lives unless its token expires or

@@ -95,7 +95,7 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 	return k.run(ctx, c)
 }
 
-// run is the pipeline of DESIGN.md, steps 1 to 12.
+// run is the pipeline of docs/kernel.md, steps 1 to 12.
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	env := c.env
 	// 1. The envelope's own fields.

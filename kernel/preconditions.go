@@ -10,8 +10,8 @@ import (
 	"github.com/capkernel/capkernel/txn"
 )
 
-// Preconditions on calls outside a transaction (TOOL-01: the refs must hold
-// on every call that carries them, read or write, keyed or not). A call
+// Preconditions on calls outside a transaction: the refs must hold on every
+// call that carries them, read or write, keyed or not. A call
 // with an idempotency key or a mutating class is checked by txn at prepare
 // and again at commit; a direct call (a read without a key) is checked
 // here, with the same locks the transactional path takes:

@@ -43,8 +43,8 @@ type Registry struct {
 func NewRegistry() *Registry { return &Registry{entries: map[string]*Entry{}} }
 
 // Register adds the syscall f makes. It calls f twice: to read the
-// definition and to check that f makes a fresh instance each time (seed 002
-// §3.1). It refuses a duplicate or malformed id, a missing or unknown
+// definition and to check that f makes a fresh instance each time (no
+// state shared between calls). It refuses a duplicate or malformed id, a missing or unknown
 // side-effect class, a schema outside the allowed subset or that does not
 // compile, and a resource argument that is not a string property of the
 // schema.

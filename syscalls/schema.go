@@ -11,8 +11,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// allowedKeywords is the JSON Schema subset of seed 002 §5.4 (what every
-// LLM provider accepts) plus simple validation keywords. Anything else —
+// allowedKeywords is the JSON Schema subset every LLM provider's tool
+// format accepts, plus simple validation keywords. Anything else —
 // $ref, oneOf, anyOf, allOf, not, if/then/else, patternProperties,
 // additionalProperties as a schema, unknown keywords — is refused at
 // registration (fail closed).

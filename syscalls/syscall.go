@@ -22,7 +22,7 @@ import (
 )
 
 // SideEffect is a syscall's highest class of effect, by capability rather
-// than typical use (seed 002 §5.3).
+// than typical use: what the syscall can do, whatever a given call does.
 type SideEffect string
 
 // Side-effect classes.
@@ -80,7 +80,7 @@ type ResourceArg struct {
 type Definition struct {
 	ID          string          // e.g. "fs.read"; see Registry.Register for the form
 	Description string          // for people and for LLMs
-	InputSchema json.RawMessage // a JSON Schema object in the subset of seed 002 §5.4
+	InputSchema json.RawMessage // a JSON Schema object in the subset schema.go allows
 	SideEffect  SideEffect
 	Resources   []ResourceArg
 	Timeout     time.Duration // 0: the kernel's default
