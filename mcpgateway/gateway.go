@@ -9,14 +9,17 @@ package mcpgateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/runner"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 // Keys of the gateway in MCP _meta objects.
@@ -33,6 +36,10 @@ const (
 	MetaReceiptID   = "capkernel/receipt_id"
 	MetaOperationID = "capkernel/operation_id"
 	MetaLedgerSeq   = "capkernel/ledger_seq"
+	// MetaInvalid is set by the gateway's transports, in place of a
+	// client's _meta that breaks the strictjson rules (duplicate names,
+	// invalid UTF-8), to the refusal's message; the call is refused.
+	MetaInvalid = "capkernel/invalid_meta"
 )
 
 // Tool is a syscall as the gateway serves it: the MCP tool definition the
@@ -103,6 +110,9 @@ func (g *Gateway) HTTPHandler() http.Handler {
 // handle runs one tools/call through the kernel.
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
+	if msg, ok := p.Meta[MetaInvalid].(string); ok {
+		return errorResult(kernel.ErrInvalidArgs, msg, nil), nil
+	}
 	session := g.session
 	if req.Session != nil && req.Session.ID() != "" {
 		session = req.Session.ID()
@@ -199,14 +209,17 @@ func (c idConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 }
 
 // tagParams returns tools/call params with _meta[MetaRequestID] = id;
-// params that are not an object are left for the SDK to refuse.
+// params that are not an object are left for the SDK to refuse. A _meta
+// that breaks the strictjson rules becomes {MetaInvalid: why}.
 func tagParams(params json.RawMessage, id any) json.RawMessage {
 	var p map[string]json.RawMessage
 	if err := json.Unmarshal(params, &p); err != nil || p == nil {
 		return params
 	}
 	var m map[string]any
-	if raw, ok := p["_meta"]; ok {
+	if why := invalidMeta(params); why != "" {
+		m = map[string]any{MetaInvalid: why}
+	} else if raw, ok := p["_meta"]; ok {
 		if err := json.Unmarshal(raw, &m); err != nil {
 			return params
 		}
@@ -225,4 +238,19 @@ func tagParams(params json.RawMessage, id any) json.RawMessage {
 		return params
 	}
 	return out
+}
+
+// invalidMeta says why the _meta of params breaks the strictjson rules (a
+// duplicate or non-UTF-8 name or value in it, or two _meta members), or ""
+// when it does not. Other faults of params are left to the SDK and the
+// kernel, which audits the call.
+func invalidMeta(params json.RawMessage) string {
+	var e *strictjson.Error
+	if !errors.As(strictjson.Check(params), &e) {
+		return ""
+	}
+	if e.Path == "/_meta" || strings.HasPrefix(e.Path, "/_meta/") || (e.Path == "" && e.Name == "_meta") {
+		return "_meta: " + e.Error()
+	}
+	return ""
 }

@@ -139,6 +139,13 @@ func run(t *testing.T, s *sandbox.Sandbox, p sandbox.Profile, script string) *sa
 	return res
 }
 
+// unique replaces each "@" in s with this test process's id, zero-padded
+// to a fixed width. Tests that look for leftover processes by command line
+// (hostProcsWith) put it in the sleep durations they run and look for, so
+// they never see the sandboxes of another copy of the tests running on the
+// machine at the same time.
+func unique(s string) string { return strings.ReplaceAll(s, "@", fmt.Sprintf("%07d", os.Getpid())) }
+
 // hostProcsWith lists host processes whose command line contains s.
 func hostProcsWith(s string) []string {
 	var out []string

@@ -31,18 +31,18 @@ func TestTimeout(t *testing.T) {
 		code    int
 		marks   []string // command lines that must be gone afterwards
 	}{
-		{"sleep dies at SIGTERM", "exec sleep 100.25", time.Second, 3 * time.Second, time.Second, 2500 * time.Millisecond, 143, []string{"sleep 100.25"}},
-		{"children and other sessions", "sleep 100.5 & setsid sleep 100.75 & sh -c 'sleep 101.25' & sleep 101.5",
-			time.Second, 3 * time.Second, time.Second, 2500 * time.Millisecond, 143, []string{"sleep 100.5", "sleep 100.75", "sleep 101.25", "sleep 101.5"}},
-		{"SIGTERM ignored: SIGKILL after the grace", "trap '' TERM; sleep 102.5 & sleep 102.75",
-			time.Second, 1500 * time.Millisecond, 2500 * time.Millisecond, 4500 * time.Millisecond, 137, []string{"sleep 102.5", "sleep 102.75"}},
+		{"sleep dies at SIGTERM", "exec sleep 100.25@", time.Second, 3 * time.Second, time.Second, 2500 * time.Millisecond, 143, []string{"sleep 100.25@"}},
+		{"children and other sessions", "sleep 100.5@ & setsid sleep 100.75@ & sh -c 'sleep 101.25@' & sleep 101.5@",
+			time.Second, 3 * time.Second, time.Second, 2500 * time.Millisecond, 143, []string{"sleep 100.5@", "sleep 100.75@", "sleep 101.25@", "sleep 101.5@"}},
+		{"SIGTERM ignored: SIGKILL after the grace", "trap '' TERM; sleep 102.5@ & sleep 102.75@",
+			time.Second, 1500 * time.Millisecond, 2500 * time.Millisecond, 4500 * time.Millisecond, 137, []string{"sleep 102.5@", "sleep 102.75@"}},
 		{"finishes in time", "sleep 0.1; echo done", 5 * time.Second, time.Second, 100 * time.Millisecond, 3 * time.Second, 0, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSandbox(t, sandbox.Options{KillGrace: tc.grace})
 			res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}},
-				sandbox.Command{Argv: []string{"sh", "-c", tc.script}, Timeout: tc.timeout})
+				sandbox.Command{Argv: []string{"sh", "-c", unique(tc.script)}, Timeout: tc.timeout})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +56,7 @@ func TestTimeout(t *testing.T) {
 				t.Fatal("a killed run has a delta")
 			}
 			for _, m := range tc.marks {
-				if ps := hostProcsWith(m); len(ps) > 0 {
+				if ps := hostProcsWith(unique(m)); len(ps) > 0 {
 					t.Errorf("still running: %q", ps)
 				}
 			}
@@ -71,7 +71,7 @@ func TestCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(500*time.Millisecond, cancel)
 	res, err := s.Run(ctx, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}},
-		sandbox.Command{Argv: []string{"sh", "-c", "echo x > f; sleep 103.25 & sleep 103.5"}, Timeout: time.Minute})
+		sandbox.Command{Argv: []string{"sh", "-c", unique("echo x > f; sleep 103.25@ & sleep 103.5@")}, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +79,10 @@ func TestCancel(t *testing.T) {
 	if !res.Cancelled || res.TimedOut || res.Duration > 2*time.Second || res.Delta != nil {
 		t.Fatalf("Cancelled %v TimedOut %v after %v, delta %v", res.Cancelled, res.TimedOut, res.Duration, res.Delta)
 	}
-	if ps := hostProcsWith("sleep 103."); len(ps) > 0 {
-		t.Fatalf("still running: %q", ps)
+	for _, m := range []string{"sleep 103.25@", "sleep 103.5@"} {
+		if ps := hostProcsWith(unique(m)); len(ps) > 0 {
+			t.Fatalf("still running: %q", ps)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(ws, "f")); err == nil {
 		t.Fatal("a cancelled run's write reached the workspace")
@@ -202,16 +204,16 @@ func TestProcessLimit(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()
 	tests := []struct {
-		name, script string
+		name, script, mark string
 	}{
-		{"many sleepers", "for i in $(seq 1 200); do sleep 104.25 & done; wait"},
-		{"fork bomb", "b() { b | b & }; b; sleep 104.5"},
+		{"many sleepers", "for i in $(seq 1 200); do sleep 104.25@ & done; wait", "104.25@"},
+		{"fork bomb", "b() { b | b & }; b; sleep 104.5@", "104.5@"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := newSandbox(t, sandbox.Options{KillGrace: time.Second}).Run(context.Background(),
 				sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Processes: 32}},
-				sandbox.Command{Argv: []string{"bash", "-c", tc.script}, Timeout: 5 * time.Second})
+				sandbox.Command{Argv: []string{"bash", "-c", unique(tc.script)}, Timeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -222,7 +224,7 @@ func TestProcessLimit(t *testing.T) {
 			} else if !strings.Contains(string(res.Stderr), "Resource temporarily unavailable") {
 				t.Fatalf("forks not refused: limit %q after %v, stderr %.300q", res.LimitExceeded, res.Duration, res.Stderr)
 			}
-			if ps := hostProcsWith("104."); len(ps) > 0 {
+			if ps := hostProcsWith(unique(tc.mark)); len(ps) > 0 {
 				t.Fatalf("%d processes left: %q", len(ps), ps[0])
 			}
 		})
@@ -243,7 +245,7 @@ func TestKernelKilled(t *testing.T) {
 	before := treeHash(t, ws)
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			mark := fmt.Sprintf("105.%d", int(mode))
+			mark := unique(fmt.Sprintf("105.%d@", int(mode)))
 			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKernel$", "-test.v")
 			cmd.Env = append(os.Environ(), "CAPKERNEL_SANDBOX_HELPER=kernel", "HELPER_WS="+ws, "HELPER_STAGE="+stage,
 				"HELPER_MARK="+mark, "HELPER_MODE="+strconv.Itoa(int(mode)))

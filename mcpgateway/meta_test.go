@@ -1,0 +1,86 @@
+package mcpgateway
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// kernelInvoker runs envelopes through a real kernel.
+type kernelInvoker struct{ k *kernel.Kernel }
+
+func (i kernelInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) {
+	return i.k.InvokeJSON(ctx, env), nil
+}
+
+// A tools/call whose _meta another reader could read differently (two
+// idempotency keys, bytes that are not UTF-8) is refused with invalid_args
+// naming the member, and never reaches the kernel; a well-formed one runs.
+func TestMetaStrictJSON(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if _, err := kernel.Init(dir); err != nil {
+		t.Fatal(err)
+	}
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour), Cap: captoken.Capability{Tools: []string{"echo"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Config{Invoker: kernelInvoker{k}, Token: tok, TokenID: cl.ID, AgentID: "agent-1", PolicyHash: k.PolicyHash(), StdioSession: "s1"})
+	tests := []struct {
+		name   string
+		params string
+		want   string // in the refusal; "" for a call that runs
+	}{
+		{"no _meta", `{"name":"echo","arguments":{"text":"hi"}}`, ""},
+		{"a key", `{"name":"echo","arguments":{"text":"hi"},"_meta":{"capkernel/idempotency_key":"k1"}}`, ""},
+		{"two keys", `{"name":"echo","arguments":{"text":"hi"},"_meta":{"capkernel/idempotency_key":"k1","capkernel/idempotency_key":"k2"}}`,
+			`_meta: duplicate member name "capkernel/idempotency_key" in /_meta`},
+		{"two keys, one escaped", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k1","capkernel\/idempotency_key":"k2"}}`,
+			`duplicate member name "capkernel/idempotency_key"`},
+		{"deep duplicate", `{"name":"echo","_meta":{"trace":{"a":[{"b":1,"b":2}]}}}`, `duplicate member name "b" in /_meta/trace/a/0`},
+		{"two _meta", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k1"},"_meta":{}}`, `duplicate member name "_meta"`},
+		{"invalid UTF-8", "{\"name\":\"echo\",\"_meta\":{\"capkernel/idempotency_key\":\"k\xff\"}}", `invalid UTF-8 in /_meta/capkernel~1idempotency_key`},
+		{"lone surrogate", `{"name":"echo","_meta":{"note":"\ud800"}}`, `surrogate`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tagged := tagParams(json.RawMessage(tc.params), "r-"+tc.name)
+			var p mcp.CallToolParamsRaw
+			if err := json.Unmarshal(tagged, &p); err != nil {
+				t.Fatalf("tagged params %s: %v", tagged, err)
+			}
+			before, err := k.Inspector().Head()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := g.handle(context.Background(), &mcp.CallToolRequest{Params: &p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := r.Content[0].(*mcp.TextContent).Text
+			after, _ := k.Inspector().Head()
+			if tc.want == "" {
+				if r.IsError || after.Size == before.Size {
+					t.Fatalf("call refused or not recorded: %s", text)
+				}
+				return
+			}
+			if !r.IsError || !strings.HasPrefix(text, kernel.ErrInvalidArgs+": ") || !strings.Contains(text, tc.want) {
+				t.Fatalf("answer %q, want invalid_args naming %s", text, tc.want)
+			}
+		})
+	}
+}
