@@ -174,8 +174,13 @@ func TestCPULimit(t *testing.T) {
 	if res.TimedOut || res.ExitCode != 128+int(syscall.SIGXCPU) {
 		t.Fatalf("exit %d, timed out %v", res.ExitCode, res.TimedOut)
 	}
-	if cpu := res.CPUTime(); cpu < 900*time.Millisecond || cpu > 3*time.Second {
-		t.Fatalf("CPU time %v", cpu)
+	// The CPU time reported is the tree's precise run time, while Linux
+	// enforces RLIMIT_CPU on tick-sampled time, which a process preempted
+	// often on a busy machine reaches early (seen: 0.80 s of run time at a
+	// 1 s limit). So the report is bounded by the limit's order of
+	// magnitude, not by the limit itself.
+	if cpu := res.CPUTime(); cpu < 500*time.Millisecond || cpu > 3*time.Second {
+		t.Fatalf("CPU time %v at a limit of 1 s", cpu)
 	}
 	if res.Duration > 10*time.Second {
 		t.Fatalf("lasted %v", res.Duration)
