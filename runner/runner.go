@@ -27,6 +27,7 @@ import (
 	"unicode"
 
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 // Protocol limits.
@@ -148,7 +149,7 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
 	var tc ToolCall
 	problem := ""
-	if err := json.Unmarshal(line, &tc); err != nil {
+	if err := strictjson.Unmarshal(line, &tc); err != nil {
 		problem = fmt.Sprintf("line %d is not a tool_call object: %v", n, err)
 	} else if problem = check(&tc); problem != "" {
 		problem = fmt.Sprintf("line %d: %s", n, problem)

@@ -139,6 +139,11 @@ func TestMalformedLines(t *testing.T) {
 		`{"op":"tool_call","tool_call_id":"x3","args":{}}`,
 		`{"op":"tool_call","tool_call_id":"` + strings.Repeat("i", MaxToolCallID+1) + `","tool":"echo"}`,
 		`{"op":"tool_call","tool_call_id":"x4","tool":"echo","args":{"text":"` + strings.Repeat("x", 300) + `"}}`,
+		`{"op":"tool_call","tool_call_id":"x5","tool":"fs.delete","tool":"echo","args":{"text":"two tools"}}`,
+		`{"op":"tool_call","tool_call_id":"x6","TOOL":"echo","tool":"echo","args":{"text":"case"}}`,
+		`{"op":"tool_call","tool_call_id":"x7","tool":"echo","args":{"text":"extra"},"sudo":true}`,
+		"{\"op\":\"tool_call\",\"tool_call_id\":\"x8\",\"tool\":\"echo\",\"args\":{\"text\":\"\xff\"}}",
+		`{"op":"tool_call","tool_call_id":"x9","tool":"echo","args":{"text":"a","text":"b"}}`,
 		"",
 		"   ",
 		call("after", "echo", `{"text":"still here"}`),
@@ -163,8 +168,8 @@ func TestMalformedLines(t *testing.T) {
 			}
 		}
 	}
-	if bad != 8 {
-		t.Fatalf("%d malformed lines answered, want 8 (blank lines are skipped): %v", bad, got)
+	if bad != 13 {
+		t.Fatalf("%d malformed lines answered, want 13 (blank lines are skipped): %v", bad, got)
 	}
 }
 
