@@ -14,10 +14,18 @@
 // Unlike bbolt's db.Batch, a function's error is its own result and does not
 // fail its batch: functions must decide before they write, so an error
 // returned by a function means it wrote nothing. A function that fails after
-// writing must return Abort(err); the sequencer then rolls the batch back and
-// runs each of its functions again, alone, in a transaction of its own.
-// Functions must therefore depend only on the transaction's state and their
-// own arguments, never on memory they changed in an earlier run.
+// writing must return Abort(err); the sequencer then rolls the batch back
+// (in memory: nothing reached the file) and runs each of its functions
+// again, alone, in a transaction of its own. Functions must therefore depend
+// only on the transaction's state and their own arguments, never on memory
+// they changed in an earlier run.
+//
+// A failed commit is different: once bbolt's Commit has failed, its writes
+// or its fdatasync may have reached the disk in part, and neither the file
+// nor bbolt's view of it can be trusted. The DB then fails stop: every op of
+// the batch gets a *FatalError, nothing is retried, and every later write
+// is refused with the same error (Err, Failed). Only a new process that
+// opens the file again can tell from what is durable what happened.
 package store
 
 import (
@@ -36,6 +44,28 @@ const MaxBatch = 1024
 
 // ErrClosed is returned by Update after Close.
 var ErrClosed = errors.New("store: closed")
+
+// FatalError is a failure after which the durable state is unknown: a
+// failed commit of the bbolt file, or (reported through Fail) a failed
+// sync of files the kernel made durable beside it. Op names the failed
+// operation and Path the file.
+type FatalError struct {
+	Op   string
+	Path string
+	Err  error
+}
+
+func (e *FatalError) Error() string {
+	return fmt.Sprintf("%s %s failed: %v (whether it reached the disk is unknown: this process accepts no more writes; the next start recovers from what is durable)", e.Op, e.Path, e.Err)
+}
+
+func (e *FatalError) Unwrap() error { return e.Err }
+
+// IsFatal reports whether err is, or wraps, a *FatalError.
+func IsFatal(err error) bool {
+	var f *FatalError
+	return errors.As(err, &f)
+}
 
 // Options tunes Open. The zero value is the production default.
 type Options struct {
@@ -65,6 +95,10 @@ type DB struct {
 	mu     sync.RWMutex // guards closed against sends on queue
 	closed bool
 	done   chan struct{}
+
+	failMu sync.Mutex
+	fatal  error         // the first fatal error, sticky
+	failed chan struct{} // closed when fatal is set
 }
 
 type request struct {
@@ -119,7 +153,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, done: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -131,7 +165,9 @@ func (d *DB) View(fn func(*bbolt.Tx) error) error { return d.bolt.View(fn) }
 func (d *DB) Path() string { return d.bolt.Path() }
 
 // Update runs fn in a group-committed write transaction and returns once that
-// transaction is durable (or fn's own error). The context bounds only the
+// transaction is durable, with fn's own error, or with a *FatalError when
+// the DB failed stop (then fn may or may not have run, and its writes may
+// or may not be durable: only a reopen tells). The context bounds only the
 // wait to be queued: once queued, fn runs and Update waits for its outcome,
 // so a caller never loses track of a write that may have happened.
 func (d *DB) Update(ctx context.Context, fn func(*bbolt.Tx) error) error {
@@ -154,11 +190,39 @@ func (d *DB) UpdateAsync(fn func(*bbolt.Tx) error) error {
 	return d.enqueue(context.Background(), &request{op: Op{Prepare: fn}})
 }
 
+// Fail makes the DB fail stop with err (wrapped in a *FatalError unless it
+// is one): every later write is refused with it. Only the first error is
+// kept. The kernel calls it when a sync of the workspace fails.
+func (d *DB) Fail(err error) {
+	if !IsFatal(err) {
+		err = &FatalError{Op: "write", Path: d.Path(), Err: err}
+	}
+	d.failMu.Lock()
+	defer d.failMu.Unlock()
+	if d.fatal == nil {
+		d.fatal = err
+		close(d.failed)
+	}
+}
+
+// Err returns the error the DB failed stop with, or nil.
+func (d *DB) Err() error {
+	d.failMu.Lock()
+	defer d.failMu.Unlock()
+	return d.fatal
+}
+
+// Failed returns a channel closed when the DB fails stop (see Err).
+func (d *DB) Failed() <-chan struct{} { return d.failed }
+
 func (d *DB) enqueue(ctx context.Context, r *request) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closed {
 		return ErrClosed
+	}
+	if err := d.Err(); err != nil {
+		return err
 	}
 	select {
 	case d.queue <- r:
@@ -210,21 +274,64 @@ func (d *DB) sequence() {
 }
 
 // commit runs batch in one transaction; if an op aborts, it runs each op
-// again in a transaction of its own.
+// again in a transaction of its own. After a fatal error it runs nothing:
+// every op left gets the error.
 func (d *DB) commit(batch []*request) {
-	err := d.bolt.Update(func(tx *bbolt.Tx) error { return d.runBatch(tx, batch) })
-	if err == nil {
+	if err := d.Err(); err != nil {
+		for _, r := range batch {
+			r.err = err
+		}
+		return
+	}
+	err := d.try(batch)
+	if err == nil || d.Err() != nil {
 		return
 	}
 	if len(batch) == 1 {
 		batch[0].err = err
 		return
 	}
-	for _, r := range batch {
-		if e := d.bolt.Update(func(tx *bbolt.Tx) error { return d.runBatch(tx, []*request{r}) }); e != nil {
+	for i, r := range batch {
+		if e := d.try([]*request{r}); e != nil {
 			r.err = e
 		}
+		if err := d.Err(); err != nil {
+			for _, r := range batch[i:] {
+				r.err = err
+			}
+			return
+		}
 	}
+}
+
+// try runs batch in one write transaction and commits it. An op's abort
+// rolls the transaction back, in memory, and is returned. A failure to
+// begin or to commit the transaction is fatal: the DB fails stop and
+// every op of batch gets the error.
+func (d *DB) try(batch []*request) error {
+	tx, err := d.bolt.Begin(true)
+	if err != nil {
+		return d.failBatch(batch, &FatalError{Op: "begin a write transaction on", Path: d.Path(), Err: err})
+	}
+	if err := d.runBatch(tx, batch); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return d.failBatch(batch, &FatalError{Op: "commit (write and fdatasync) of", Path: d.Path(), Err: err})
+	}
+	return nil
+}
+
+// failBatch fails the DB stop with err and gives every op of batch the
+// sticky error.
+func (d *DB) failBatch(batch []*request, err error) error {
+	d.Fail(err)
+	err = d.Err()
+	for _, r := range batch {
+		r.err = err
+	}
+	return err
 }
 
 // runBatch runs the three steps of every op of batch in tx, then
