@@ -51,7 +51,7 @@ func (c caller) role() string {
 func (s *Server) who(w http.ResponseWriter, r *http.Request) (caller, bool) {
 	cred := bearer(r)
 	if strings.HasPrefix(cred, kernel.AdminPrefix) {
-		if s.k.IsAdmin(cred) {
+		if s.isAdmin(cred) {
 			return caller{admin: true}, true
 		}
 		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is wrong")

@@ -46,6 +46,9 @@ type Server struct {
 	k       *kernel.Kernel
 	mux     *http.ServeMux
 	origins http.CrossOriginProtection // see crosssite.go
+	// local is the control socket's admin credential (socket.go); empty
+	// for a server on TCP.
+	local string
 }
 
 // New returns the API of k.
@@ -292,7 +295,7 @@ func (s *Server) receipt(w http.ResponseWriter, r *http.Request) {
 func (s *Server) operation(w http.ResponseWriter, r *http.Request) {
 	cred := bearer(r)
 	var agent string
-	if !s.k.IsAdmin(cred) {
+	if !s.isAdmin(cred) {
 		tok, ok := s.capability(w, r)
 		if !ok {
 			return
@@ -532,7 +535,7 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "this endpoint needs the admin credential as a bearer token")
 		case !strings.HasPrefix(cred, kernel.AdminPrefix):
 			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "capability tokens cannot use admin endpoints")
-		case !s.k.IsAdmin(cred):
+		case !s.isAdmin(cred):
 			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is wrong")
 		default:
 			h(w, r)
@@ -544,7 +547,7 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 // capability token of this kernel.
 func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.k.IsAdmin(bearer(r)) {
+		if s.isAdmin(bearer(r)) {
 			h(w, r)
 			return
 		}

@@ -74,7 +74,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				env.Provenance, _ = json.Marshal(map[string]string{"session_id": session})
 			}
 			var res *kernel.Result
-			if t.server != "" {
+			if t.remote() {
 				c := t.client("")
 				if env.PolicyHash, err = c.PolicyHash(cmd.Context()); err != nil {
 					return err
@@ -265,7 +265,7 @@ func toolsCmd() *cobra.Command {
 				return err
 			}
 			var out json.RawMessage
-			if t.server != "" {
+			if t.remote() {
 				out, err = t.client(tok).Tools(cmd.Context(), format)
 			} else {
 				k, kerr := t.openKernel(cmd.Context())

@@ -17,50 +17,129 @@ import (
 )
 
 // target is where a verb acts: a data dir (the kernel opened in this
-// process, or read-only for reads) or a running server.
+// process, read-only for reads, or, when a kernel is running on it, that
+// kernel through its control socket) or a running server.
 type target struct {
 	data      string
 	server    string
 	adminFile string
-	tokenFile string
 	json      bool
+	cmd       *cobra.Command
+	// socket is the control socket client of the kernel running on data,
+	// set by check.
+	socket *httpapi.Client
+	// serverFrom and credFrom name where --server and the admin
+	// credential came from (a flag or an environment variable), for errors.
+	serverFrom, credFrom string
 }
+
+// Environment variables the target flags fall back on.
+const (
+	envData   = "CAPKERNEL_DATA"
+	envServer = "CAPKERNEL_SERVER"
+	envAdmin  = "CAPKERNEL_ADMIN_TOKEN"
+)
 
 // addTarget adds --data and --server (and, for a server, the credential
 // flags) to cmd.
 func (t *target) addTarget(cmd *cobra.Command, credentials bool) {
-	cmd.Flags().StringVar(&t.data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
-	cmd.Flags().StringVar(&t.server, "server", os.Getenv("CAPKERNEL_SERVER"), "URL of a running kernel, e.g. http://127.0.0.1:7070 (env CAPKERNEL_SERVER)")
+	t.cmd = cmd
+	cmd.Flags().StringVar(&t.data, "data", "", "kernel data dir; a running kernel's is reached through its control socket (default: env "+envData+")")
+	cmd.Flags().StringVar(&t.server, "server", "", "URL of a running kernel, e.g. http://127.0.0.1:7070 (default: env "+envServer+")")
 	if credentials {
-		cmd.Flags().StringVar(&t.adminFile, "admin-token", "", "file holding the admin credential, for --server (default: env CAPKERNEL_ADMIN_TOKEN, the credential itself)")
+		cmd.Flags().StringVar(&t.adminFile, "admin-token", "", "file holding the admin credential, for --server (default: env "+envAdmin+", the credential itself)")
 	}
-	cmd.Flags().BoolVar(&t.json, "json", false, "print JSON for machines instead of a table")
+	addJSON(cmd, &t.json)
 }
 
-// check requires exactly one of --data and --server.
+// given reports whether --data or --server was given on the command line.
+func (t *target) given() bool {
+	return t.cmd != nil && (t.cmd.Flags().Changed("data") || t.cmd.Flags().Changed("server"))
+}
+
+// check requires exactly one of --data and --server, each from its flag
+// or else its environment variable (a flag beats the environment: with
+// --data, CAPKERNEL_SERVER is ignored), and finds the control socket of
+// a kernel running on --data.
 func (t *target) check(verb string) error {
+	t.serverFrom = "--server"
+	if !t.given() {
+		d, s := os.Getenv(envData), os.Getenv(envServer)
+		if d != "" && s != "" {
+			return &usageError{fmt.Errorf("%s: %s and %s are both set: give --data DIR or --server URL to choose", verb, envData, envServer)}
+		}
+		t.data, t.server = d, s
+		t.serverFrom = envServer
+	}
 	switch {
 	case t.data == "" && t.server == "":
-		return &usageError{fmt.Errorf("%s: give --data DIR or --server URL", verb)}
+		return &usageError{fmt.Errorf("%s: give --data DIR or --server URL (or set %s or %s)", verb, envData, envServer)}
 	case t.data != "" && t.server != "":
 		return &usageError{fmt.Errorf("%s: give --data DIR or --server URL, not both", verb)}
+	}
+	if t.data != "" {
+		if c, ok := httpapi.ControlClient(t.data); ok {
+			t.socket = c
+		}
 	}
 	return nil
 }
 
-// adminCredential returns the admin credential for --server.
+// remote reports whether the verb acts through the API: on --server, or
+// on the kernel running on --data through its control socket.
+func (t *target) remote() bool { return t.server != "" || t.socket != nil }
+
+// adminCredential returns the admin credential for --server; over the
+// control socket none is needed (the socket's permission is the
+// credential) and it returns "".
 func (t *target) adminCredential() (string, error) {
+	if t.socket != nil {
+		return "", nil
+	}
+	var cred string
 	switch {
 	case t.adminFile != "":
-		return readSecret(t.adminFile)
-	case os.Getenv("CAPKERNEL_ADMIN_TOKEN") != "":
-		return strings.TrimSpace(os.Getenv("CAPKERNEL_ADMIN_TOKEN")), nil
+		t.credFrom = "--admin-token " + t.adminFile
+		if looksLikeAdmin(t.adminFile) {
+			return "", &usageError{errors.New("--admin-token takes the path of a file holding the admin credential, not the credential itself (that goes in env " + envAdmin + ")")}
+		}
+		c, err := readSecret(t.adminFile)
+		if err != nil {
+			return "", fmt.Errorf("--admin-token: %w", err)
+		}
+		cred = c
+	case os.Getenv(envAdmin) != "":
+		t.credFrom = "env " + envAdmin
+		cred = strings.TrimSpace(os.Getenv(envAdmin))
+		if !looksLikeAdmin(cred) {
+			if fi, err := os.Stat(cred); err == nil && fi.Mode().IsRegular() {
+				return "", &usageError{fmt.Errorf("%s holds a path (%s); it takes the credential itself: export %s=$(cat %s), or give --admin-token %s", envAdmin, cred, envAdmin, cred, cred)}
+			}
+		}
+	default:
+		return "", &usageError{fmt.Errorf("%s needs the admin credential: --admin-token FILE or env %s (or --data DIR of the running kernel: its control socket needs none)", t.server, envAdmin)}
 	}
-	return "", &usageError{errors.New("--server needs the admin credential: --admin-token FILE or env CAPKERNEL_ADMIN_TOKEN")}
+	if !looksLikeAdmin(cred) {
+		what := "it does not start with " + kernel.AdminPrefix
+		if strings.Count(cred, ".") == 2 {
+			what = "it is a capability token (a JWS), not the admin credential"
+		}
+		return "", &usageError{fmt.Errorf("%s is not an admin credential: %s (the admin credential is in DATA/%s)", t.credFrom, what, kernel.AdminFile)}
+	}
+	return cred, nil
 }
 
-// client returns an API client for --server carrying cred.
+// looksLikeAdmin reports whether s has the form of an admin credential.
+func looksLikeAdmin(s string) bool { return strings.HasPrefix(s, kernel.AdminPrefix) }
+
+// client returns an API client carrying cred: of --server, or of the
+// control socket.
 func (t *target) client(cred string) *httpapi.Client {
+	if t.socket != nil {
+		c := *t.socket
+		c.Credential = cred
+		return &c
+	}
 	return &httpapi.Client{BaseURL: t.server, Credential: cred}
 }
 
@@ -77,7 +156,7 @@ func (t *target) adminClient() (*httpapi.Client, error) {
 func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
 	k, err := kernel.Open(ctx, kernel.Config{DataDir: t.data})
 	if err != nil && strings.Contains(err.Error(), "is locked by another process") {
-		return nil, fmt.Errorf("%w\nA kernel is serving %s: run this verb with --server URL instead", err, t.data)
+		return nil, fmt.Errorf("%w\nA kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
 	}
 	return k, err
 }
@@ -107,6 +186,9 @@ func (t *target) openHistory(verb string) (history, error) {
 	if err := t.check(verb); err != nil {
 		return nil, err
 	}
+	if t.socket != nil {
+		return remoteHistory{t.client("")}, nil
+	}
 	if t.data != "" {
 		in, err := kernel.OpenInspector(t.data)
 		if err != nil {
@@ -114,11 +196,17 @@ func (t *target) openHistory(verb string) (history, error) {
 		}
 		return localHistory{in}, nil
 	}
-	c, err := t.adminClient()
+	// Public reads (head, checkpoint, proofs, JWKS) need no credential:
+	// without one, the endpoints that do need it say so.
+	cred, err := t.adminCredential()
+	var ue *usageError
+	if errors.As(err, &ue) && t.adminFile == "" && os.Getenv(envAdmin) == "" {
+		err = nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	return remoteHistory{c}, nil
+	return remoteHistory{t.client(cred)}, nil
 }
 
 type localHistory struct{ in *kernel.Inspector }

@@ -14,11 +14,15 @@ import (
 	"github.com/capkernel/capkernel/kernel"
 )
 
-// controlClient is a client of --server carrying --token FILE (an approver
-// or capability token) or else the admin credential.
+// controlClient is a client of the running kernel (--server, or --data's
+// control socket) carrying --token FILE (an approver or capability token)
+// or else the admin credential.
 func (t *target) controlClient(verb, tokenFile string) (*httpapi.Client, error) {
-	if t.server == "" {
-		return nil, &usageError{fmt.Errorf("%s: give --server URL (approvals, events and cancellation live in a running kernel)", verb)}
+	if err := t.check(verb); err != nil {
+		return nil, err
+	}
+	if !t.remote() {
+		return nil, fmt.Errorf("%s: no kernel is running on %s (approvals, events and cancellation live in a running kernel: kernelctl serve, mcp or run on that data dir, or give --server URL)", verb, t.data)
 	}
 	if tokenFile != "" {
 		tok, err := readSecret(tokenFile)
@@ -41,7 +45,7 @@ func approvalsListCmd() *cobra.Command {
 	var tokenFile string
 	var all bool
 	cmd := &cobra.Command{
-		Use:   "list --server URL [--token APPROVER_TOKEN_FILE] [--all]",
+		Use:   "list --data DIR|--server URL [--token APPROVER_TOKEN_FILE] [--all]",
 		Short: "List pending approval requests (--all: and recent decisions)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -75,7 +79,7 @@ func decideCmd(verb, decision string) *cobra.Command {
 	var t target
 	var tokenFile, reason string
 	cmd := &cobra.Command{
-		Use:   verb + " APPROVAL_ID --token APPROVER_TOKEN_FILE --server URL [--reason TEXT]",
+		Use:   verb + " APPROVAL_ID --token APPROVER_TOKEN_FILE --data DIR|--server URL [--reason TEXT]",
 		Short: fmt.Sprintf("Decide %s on an approval request (first decision wins)", decision),
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -108,7 +112,7 @@ func waitCmd() *cobra.Command {
 	var tokenFile string
 	var timeout, poll time.Duration
 	cmd := &cobra.Command{
-		Use:   "wait OPERATION_ID --server URL [--token FILE] [--timeout 10m]",
+		Use:   "wait OPERATION_ID --data DIR|--server URL [--token FILE] [--timeout 10m]",
 		Short: "Wait for an asynchronous call (call --async) and print its result; exit 1 on an error result",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -151,7 +155,7 @@ func cancelCmd() *cobra.Command {
 	var t target
 	var tokenFile, session string
 	cmd := &cobra.Command{
-		Use:   "cancel (OPERATION_ID | --session ID) --server URL [--token FILE]",
+		Use:   "cancel (OPERATION_ID | --session ID) --data DIR|--server URL [--token FILE]",
 		Short: "Cancel a call in flight, or every call of a session; they roll back with class cancelled",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -192,7 +196,7 @@ func eventsCmd() *cobra.Command {
 	var follow bool
 	var count int
 	cmd := &cobra.Command{
-		Use:   "events --server URL [--follow] [--session ID] [--agent ID] [--kind K,K] [--token FILE]",
+		Use:   "events --data DIR|--server URL [--follow] [--session ID] [--agent ID] [--kind K,K] [--token FILE]",
 		Short: "Stream the kernel's tool.* events (calls, completions, failures, denials, confirmations)",
 		Long: `events prints the kernel's events as they happen, one line each (--json: one
 JSON object a line): tool.called, tool.completed, tool.failed, tool.input_invalid,

@@ -45,7 +45,7 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 			defer os.RemoveAll(tmp)
 			ws := filepath.Join(tmp, "workspace")
 			var b demoKernel
-			if t.server != "" {
+			if t.remote() {
 				c, err := t.adminClient()
 				if err != nil {
 					return err

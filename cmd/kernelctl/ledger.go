@@ -245,12 +245,13 @@ func ledgerTailCmd() *cobra.Command {
 		Short: "Print the last entries; -f keeps printing new ones",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if follow && t.data != "" {
-				return &usageError{errors.New("ledger tail -f: follow a running kernel with --server")}
-			}
 			h, err := t.openHistory("ledger tail")
 			if err != nil {
 				return err
+			}
+			if follow && !t.remote() {
+				h.Close()
+				return fmt.Errorf("ledger tail -f: no kernel is running on %s: there is nothing to follow", t.data)
 			}
 			defer h.Close()
 			ctx := cmd.Context()

@@ -68,7 +68,7 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 	if ak.sub, ak.jti, err = peekToken(tok); err != nil {
 		return nil, err
 	}
-	if t.server != "" {
+	if t.remote() {
 		c := t.client("")
 		if ak.policyHash, err = c.PolicyHash(ctx); err != nil {
 			return nil, err
@@ -90,7 +90,20 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 		k.Close()
 		return nil, fmt.Errorf("%s: %w", verb, err)
 	}
-	ak.policyHash, ak.invoker, ak.close = k.PolicyHash(), kernelInvoker{k}, func() { k.Close() }
+	// The kernel lives in this process for as long as the agent or the
+	// MCP client: its control socket lets kernelctl verbs given --data
+	// (approvals above all) reach it meanwhile.
+	ctl, err := httpapi.ServeControl(k, t.data)
+	if err != nil {
+		k.Close()
+		return nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	ak.policyHash, ak.invoker = k.PolicyHash(), kernelInvoker{k}
+	ak.close = func() {
+		k.Drain()
+		ctl.Close()
+		k.Close()
+	}
 	ak.tools = func(_ context.Context, format string) (json.RawMessage, error) { return k.Tools(tok, format) }
 	return ak, nil
 }

@@ -122,6 +122,12 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 		k.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
+	ctl, err := httpapi.ServeControl(k, cfg.DataDir)
+	if err != nil {
+		ln.Close()
+		k.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
 	srv := &http.Server{
 		Handler:           httpapi.New(k),
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -141,6 +147,7 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 		pln, err := net.Listen("tcp", pprofAddr)
 		if err != nil {
 			ln.Close()
+			ctl.Close()
 			k.Close()
 			return fmt.Errorf("serve: --pprof: %w", err)
 		}
@@ -153,6 +160,7 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: profiler on http://%s/debug/pprof/\n", pln.Addr())
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s://%s (policy %s)\n", k.ID(), scheme, ln.Addr(), k.PolicyHash())
+	fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: control socket %s: kernelctl verbs given --data %s reach this kernel through it\n", ctl.Path(), cfg.DataDir)
 	served := make(chan error, 1)
 	go func() {
 		if cert != "" {
@@ -163,6 +171,7 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 	}()
 	select {
 	case err := <-served:
+		ctl.Close()
 		k.Close()
 		return fmt.Errorf("serve: %w", err)
 	case sig := <-sigs:
@@ -178,7 +187,7 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 		case <-ctx.Done():
 		}
 	}()
-	if err := errors.Join(srv.Shutdown(ctx), k.WaitBackground(ctx)); err != nil {
+	if err := errors.Join(srv.Shutdown(ctx), ctl.Shutdown(ctx), k.WaitBackground(ctx)); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
 		os.Exit(1)
 	}

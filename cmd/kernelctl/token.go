@@ -80,7 +80,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 				return &usageError{err}
 			}
 			var minted *kernel.MintedToken
-			if t.server != "" {
+			if t.remote() {
 				c, err := t.adminClient()
 				if err != nil {
 					return err
@@ -163,7 +163,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 				return &usageError{err}
 			}
 			var child *kernel.MintedToken
-			if t.server != "" {
+			if t.remote() {
 				child, err = t.client("").Attenuate(cmd.Context(), req)
 			} else {
 				var k *kernel.Kernel
@@ -210,7 +210,7 @@ func tokenInspectCmd() *cobra.Command {
 				return err
 			}
 			var res httpapi.TokenInspection
-			if t.server != "" {
+			if t.remote() {
 				if res, err = t.client("").InspectToken(cmd.Context(), tok); err != nil {
 					return err
 				}
@@ -289,7 +289,7 @@ func tokenRevokeCmd() *cobra.Command {
 				return err
 			}
 			jti := args[0]
-			if t.server != "" {
+			if t.remote() {
 				c, err := t.adminClient()
 				if err != nil {
 					return err

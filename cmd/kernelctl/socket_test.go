@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/mcpgateway"
+)
+
+// A soft_gate call through `kernelctl mcp --data DIR` (an in-process
+// kernel, a real MCP client) waits for an approval, and kernelctl verbs
+// given the same --data reach that kernel through its control socket:
+// they list the approval, approve it with an approver token, read the
+// receipt. The socket is 0600 while the kernel runs and gone after.
+func TestControlSocketApprovesMCPCall(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	mustRun(t, "init", "--data", data)
+	ws := filepath.Join(dir, "ws")
+	os.MkdirAll(ws, 0o755)
+	// CAPKERNEL_SERVER in the environment must not pull --data verbs
+	// elsewhere (the flag wins).
+	t.Setenv("CAPKERNEL_SERVER", "http://127.0.0.1:1")
+	tokFile, aliceFile := filepath.Join(dir, "agent.token"), filepath.Join(dir, "alice.token")
+	os.WriteFile(tokFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "a1", "--tools", "fs.*", "--fs", ws+":rw")), 0o600)
+	os.WriteFile(aliceFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "alice", "--approver")), 0o600)
+
+	// No kernel running: the control verbs say so (exit 1), not "use --server".
+	if _, stderr, code := run(t, "approvals", "list", "--data", data); code != 1 || !strings.Contains(stderr, "no kernel is running") {
+		t.Fatalf("approvals list with no kernel: exit %d %s", code, stderr)
+	}
+
+	cs := mcpSession(t, false, "--data", data, "--token", tokFile)
+	sock := filepath.Join(data, httpapi.ControlSocket)
+	fi, err := os.Lstat(sock)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Getuid()) {
+		t.Fatalf("control socket %s: %v %v", sock, fi.Mode(), err)
+	}
+
+	type answer struct {
+		r   *mcp.CallToolResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "approved"}})
+		done <- answer{r, err}
+	}()
+
+	// The pending approval, listed through the socket (no credential).
+	var pending []kernel.ApprovalRequest
+	for deadline := time.Now().Add(30 * time.Second); len(pending) == 0; {
+		if err := json.Unmarshal([]byte(mustRun(t, "approvals", "list", "--data", data, "--json")), &pending); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no pending approval for the gated write")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if pending[0].AgentID != "a1" || pending[0].ToolID != "fs.write" {
+		t.Fatalf("pending approval %+v", pending[0])
+	}
+	// Deciding still needs an approver token: the socket's admin
+	// authority does not decide calls.
+	if _, stderr, code := run(t, "approvals", "approve", pending[0].ID, "--data", data); code != 2 || !strings.Contains(stderr, "--token") {
+		t.Fatalf("approve without a token: exit %d %s", code, stderr)
+	}
+	out := mustRun(t, "approvals", "approve", pending[0].ID, "--token", aliceFile, "--data", data, "--reason", "looks fine")
+	if !strings.Contains(out, "allowed by alice") {
+		t.Fatalf("approve: %s", out)
+	}
+	a := <-done
+	if a.err != nil || a.r.IsError {
+		t.Fatalf("the approved call: %+v %v", a.r, a.err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "Makefile")); string(b) != "approved" {
+		t.Fatalf("Makefile %q after approval", b)
+	}
+	rid := resultMeta(a.r, mcpgateway.MetaReceiptID)
+	if out := mustRun(t, "receipts", "show", rid, "--data", data); !strings.Contains(out, "alice") || !strings.Contains(out, "looks fine") {
+		t.Fatalf("receipt through the socket lacks the approver:\n%s", out)
+	}
+	mustRun(t, "ledger", "verify", "--data", data)
+	mustRun(t, "token", "revoke", tokenID(t, aliceFile), "--data", data, "--reason", "done")
+
+	// The gateway stops: the socket goes, --data verbs open the dir again.
+	cs.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Lstat(sock); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the control socket outlived kernelctl mcp")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The dir is free once the process has exited; ledger verify then
+	// opens it read-only.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, stderr, code := run(t, "ledger", "verify", "--data", data)
+		if code == 0 {
+			break
+		}
+		if !strings.Contains(stderr, "locked") || time.Now().After(deadline) {
+			t.Fatalf("ledger verify after the gateway stopped: exit %d %s", code, stderr)
+		}
+	}
+}
+
+// A stale socket file left by a kernel that died is replaced by the next
+// kernel, and a --data verb ignores it while no kernel runs.
+func TestControlSocketStale(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	mustRun(t, "init", "--data", data)
+	mustRun(t, "token", "mint", "--data", data, "--agent", "a", "--tools", "echo")
+	os.WriteFile(filepath.Join(data, httpapi.ControlSocket), nil, 0o600)
+	if out := mustRun(t, "ledger", "head", "--data", data); !strings.Contains(out, "size") {
+		t.Fatalf("ledger head beside a stale socket: %s", out)
+	}
+	s := startServerArgs(t, data)
+	out := mustRun(t, "ledger", "head", "--data", data, "--json")
+	var h httpapi.Head
+	if err := json.Unmarshal([]byte(out), &h); err != nil || h.Size == 0 {
+		t.Fatalf("ledger head through the socket: %s %v", out, err)
+	}
+	_ = s
+}
+
+// tokenID reads the jti of the token in file.
+func tokenID(t *testing.T, file string) string {
+	t.Helper()
+	out, err := exec.Command(kernelctl, "token", "inspect", file, "--data", filepath.Join(filepath.Dir(file), "data"), "--json").Output()
+	if err != nil {
+		t.Fatalf("token inspect %s: %v", file, err)
+	}
+	var in httpapi.TokenInspection
+	if err := json.Unmarshal(out, &in); err != nil {
+		t.Fatal(err)
+	}
+	return in.Claims.ID
+}
