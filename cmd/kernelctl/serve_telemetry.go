@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/console"
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/telemetry"
@@ -62,12 +63,15 @@ func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) *serverTe
 	return t
 }
 
-// attach serves the metrics (and the console) of k on api and logs the
-// start.
+// attach serves the metrics and the console of k on api, as the flags
+// say, and logs what recovery did.
 func (t *serverTelemetry) attach(k *kernel.Kernel, api *httpapi.Server) {
 	if t.metrics != nil {
 		t.metrics.Watch(k)
 		api.ServeMetrics(t.reg, t.flags.metrics)
+	}
+	if t.flags.console {
+		api.ServeConsole(console.New(k))
 	}
 	r := k.Recovered
 	if n := len(r.Redone) + len(r.RolledBack) + len(r.Unknown); n > 0 {
