@@ -7,20 +7,48 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet hygiene rego-test unit-test fuzz bench bench-report demo clean bwrap
+.PHONY: build test vet hygiene rego-test unit-test fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium
 
-build:
+build: console
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
-## test: go vet, repository hygiene, the race-enabled unit tests, the Rego
-## tests, short fuzz runs
-test: bwrap vet hygiene unit-test rego-test fuzz
+## test: go vet, repository hygiene, the race-enabled unit tests, the
+## console's build check and browser tests, the Rego tests, short fuzz runs
+test: bwrap vet hygiene console-check console-test unit-test rego-test fuzz
 
 ## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
 ## with socat, which the sandbox tests use, so every sandbox test runs
 bwrap:
 	@command -v bwrap >/dev/null && command -v socat >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap socat >/dev/null; }
 	@command -v bwrap >/dev/null || { echo "bubblewrap is required: apt-get install -y bubblewrap"; exit 1; }
+
+## console: the web console's embedded assets (console/assets), built from
+## console/web by esbuild; the built files are committed so that a plain
+## `go build` embeds them, and console-check proves they match the sources
+console: console-deps
+	cd console/web && node build.mjs
+
+## console-deps: Node.js and the console's pinned npm packages (package-lock.json)
+console-deps:
+	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
+	@cd console/web && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
+
+## console-check: the committed assets are exactly what the sources build to
+console-check: console-deps
+	@tmp=$$(mktemp -d) && cd console/web && node build.mjs $$tmp && diff -r $$tmp ../assets >/dev/null \
+	  || { echo "console/assets do not match console/web: run make console and commit"; diff -r $$tmp ../assets | head -20; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
+
+## chromium: Debian's Chromium and ChromeDriver for the console's browser tests
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+## console-test: the browser verifier against the golden vectors (node --test);
+## the browser tests themselves run in unit-test (console/browser_test.go),
+## which CAPKERNEL_BROWSER_TESTS=1 makes fail instead of skip without Chromium
+console-test: console-deps chromium
+	cd console/web && node --test test/
+
+export CAPKERNEL_BROWSER_TESTS := 1
 
 vet:
 	$(GO) vet $(PKGS)

@@ -87,6 +87,7 @@ type approval struct {
 	req     ApprovalRequest
 	decided chan struct{} // closed on the first decision
 	expires time.Time
+	view    approvalView // what a console shows of the call (approvalview.go)
 }
 
 type approvals struct {
@@ -125,6 +126,7 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, RequestedAt: now.UTC().Format(ledger.TimeLayout),
 		DecideBy: now.Add(k.cfg.ApprovalTimeout).UTC().Format(ledger.TimeLayout), State: ApprovalPending,
 	}}
+	a.view = viewOf(c)
 	if c.res.AutonomyMode == policy.Escalated {
 		a.req.RequiredRole = captoken.RoleEscalation
 	}

@@ -68,6 +68,9 @@ type Config struct {
 	// NoSync turns off fsync of the bbolt file. For tests of non-durable
 	// behaviour only; never in production.
 	NoSync bool
+	// Observer, if set, is told of every finished call and every group
+	// commit, for metrics and traces (observe.go).
+	Observer Observer
 
 	// ExecEnvAllow lists the environment variable names a proc.exec call
 	// may set (kernel.json: exec_env_allow). Default none: the sandbox's

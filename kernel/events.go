@@ -175,5 +175,6 @@ func (k *Kernel) publishResult(c *call, r *Result) *Result {
 	}
 	e.TxOutcome, e.Replayed = r.TxOutcome, r.Replayed
 	k.events.publish(e)
+	k.observed(c, r)
 	return r
 }

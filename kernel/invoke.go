@@ -50,6 +50,7 @@ type call struct {
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
+	obs    *observation // stage clock, when the kernel has an Observer (observe.go)
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -98,6 +99,7 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 // run is the pipeline of docs/kernel.md, steps 1 to 12.
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	env := c.env
+	k.observe(c)
 	// 1. The envelope's own fields.
 	if err := k.checkEnvelope(c); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
@@ -165,6 +167,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		}
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
+	c.lap(StageVerify)
 	// 6. Policy.
 	if env.PolicyHash != k.policy.Hash() {
 		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %q does not match the active policy %s", env.PolicyHash, k.policy.Hash()))
@@ -175,6 +178,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		d = policy.Decision{AutonomyMode: policy.NoGo, RiskScore: 1, RiskBasis: []string{"policy error: " + err.Error()}}
 	}
 	c.decided = d.AutonomyMode
+	c.lap(StagePolicy)
 	c.res.AutonomyMode = policy.Stricter(policy.Stricter(d.AutonomyMode, env.AutonomyMode), tok.Claims.Cap.Autonomy)
 	c.res.RiskScore, c.res.RiskBasis = d.RiskScore, d.RiskBasis
 	if c.grant != nil && c.grant.Network == syscalls.NetFull && !d.NetFull {
@@ -210,6 +214,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	if why := k.checkApproval(c); why != "" {
 		return k.deny(ctx, c, ErrApprovalDenied, why)
 	}
+	c.lap(StageGate)
 	// 9-12.
 	if transactional {
 		return k.transact(ctx, c, resources)
@@ -528,6 +533,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		return k.deny(ctx, c, class, msg)
 	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
+	c.lap(StageExecute)
 	accounts := c.accounts()
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
@@ -629,6 +635,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return k.replayOrRefuse(ctx, c, replay, nil)
 	}
 	crashPoint("prepared")
+	c.lap(StagePrepare)
 	// From here on the call owns a durable intent: it ends in commit or
 	// rollback even if the caller goes away.
 	done := context.WithoutCancel(ctx)
@@ -645,6 +652,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		}
 	}
 	in.Used = c.usage()
+	c.lap(StageExecute)
 	if class == ErrOutcomeUnknown {
 		return k.unknown(done, c, in, stage, msg)
 	}
@@ -685,6 +693,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		}
 		return txn.Commit(tx, in, effects, deltaID, delta, envelope)
 	})
+	c.lap(StageLedger)
 	if err != nil {
 		stage.Discard()
 		return k.internal(c, err)

@@ -141,7 +141,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if k.policy, err = policy.Load(ctx, cfg.PolicyDir); err != nil {
 		return nil, err
 	}
-	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch}); err != nil {
+	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch, Observe: k.groupCommit}); err != nil {
 		return nil, err
 	}
 	k.syncer = txn.NewSyncer()

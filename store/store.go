@@ -83,6 +83,10 @@ type Options struct {
 	// again ends with AfterBatch; an op whose transaction still fails gets
 	// AfterBatch's error.
 	AfterBatch func(tx *bbolt.Tx) error
+	// Observe, if set, is told of each batch transaction: its number of
+	// writes and how long it took, commit and fsync included. It runs on
+	// the sequencer, so it must be quick.
+	Observe func(batch int, took time.Duration)
 }
 
 // DB is a bbolt file with a group-commit sequencer. It is safe for
@@ -91,6 +95,7 @@ type DB struct {
 	bolt       *bbolt.DB
 	queue      chan *request
 	afterBatch func(*bbolt.Tx) error
+	observe    func(int, time.Duration)
 
 	mu     sync.RWMutex // guards closed against sends on queue
 	closed bool
@@ -153,7 +158,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, done: make(chan struct{}), failed: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -283,7 +288,11 @@ func (d *DB) commit(batch []*request) {
 		}
 		return
 	}
+	start := time.Now()
 	err := d.try(batch)
+	if d.observe != nil {
+		d.observe(len(batch), time.Since(start))
+	}
 	if err == nil || d.Err() != nil {
 		return
 	}

@@ -33,6 +33,7 @@ func serveCmd() *cobra.Command {
 	var data, listen, cert, key, policyDir, pprofAddr string
 	var drain time.Duration
 	var cfg kernel.Config
+	var tf telemetryFlags
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR [--listen 127.0.0.1:7070]",
 		Short: "Serve the kernel's HTTP API",
@@ -61,8 +62,11 @@ transaction that was interrupted.`,
 					return &usageError{fmt.Errorf("--pprof: %w", err)}
 				}
 			}
+			if err := tf.check(); err != nil {
+				return &usageError{err}
+			}
 			cfg.DataDir, cfg.PolicyDir = data, policyDir
-			return serve(cmd, cfg, listen, cert, key, pprofAddr, drain)
+			return serve(cmd, cfg, tf.setup(cmd, &cfg), listen, cert, key, pprofAddr, drain)
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
@@ -77,6 +81,7 @@ transaction that was interrupted.`,
 	cmd.Flags().IntVar(&cfg.SessionConcurrency, "session-concurrency", kernel.DefaultSessionLimit, "calls of one session executing at once")
 	cmd.Flags().IntVar(&cfg.SessionQueue, "session-queue", kernel.DefaultSessionQueue, "calls of one session waiting in line before more are refused")
 	cmd.Flags().DurationVar(&cfg.CancelGrace, "cancel-grace", kernel.DefaultCancelGrace, "how long a cancelled syscall may take to stop before it is abandoned")
+	tf.register(cmd)
 	return cmd
 }
 
@@ -104,7 +109,7 @@ func checkListen(addr string, tls bool) error {
 // few MiB for a tenth or so of the CPU a call costs (docs/benchmarks.md).
 const serverGCPercent = 400
 
-func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr string, drain time.Duration) error {
+func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, cert, key, pprofAddr string, drain time.Duration) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(serverGCPercent)
 	}
@@ -128,8 +133,10 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 		k.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
+	api := httpapi.New(k)
+	tel.attach(k, api)
 	srv := &http.Server{
-		Handler:           httpapi.New(k),
+		Handler:           api,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
@@ -161,6 +168,7 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s://%s (policy %s)\n", k.ID(), scheme, ln.Addr(), k.PolicyHash())
 	fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: control socket %s: kernelctl verbs given --data %s reach this kernel through it\n", ctl.Path(), cfg.DataDir)
+	tel.log.Info("serving", "kernel_id", k.ID(), "url", scheme+"://"+ln.Addr().String(), "policy_hash", k.PolicyHash())
 	served := make(chan error, 1)
 	go func() {
 		if cert != "" {
@@ -172,10 +180,12 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 	select {
 	case err := <-served:
 		ctl.Close()
+		tel.log.Error("serving failed", "error", err)
 		k.Close()
 		return fmt.Errorf("serve: %w", err)
 	case sig := <-sigs:
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: %s: draining calls in flight (up to %s)\n", sig, drain)
+		tel.log.Info("draining", "signal", sig.String(), "drain", drain.String())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
@@ -192,8 +202,10 @@ func serve(cmd *cobra.Command, cfg kernel.Config, listen, cert, key, pprofAddr s
 		os.Exit(1)
 	}
 	if err := k.Close(); err != nil {
+		tel.log.Error("closing the kernel", "error", err)
 		return fmt.Errorf("serve: closing the kernel: %w", err)
 	}
+	tel.log.Info("stopped")
 	fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: stopped cleanly")
 	return nil
 }

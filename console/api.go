@@ -1,0 +1,297 @@
+package console
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// sees reports whether a session of role may see an approval request that
+// requires required: escalated calls are shown only to escalation
+// approvers (and to the admin and auditors, who cannot decide).
+func sees(role, required string) bool {
+	return role != RoleApprover || required != captoken.RoleEscalation
+}
+
+// Approvals is the body of GET /console/api/approvals.
+type Approvals struct {
+	Approvals []kernel.ApprovalRequest `json:"approvals"`
+	CanDecide bool                     `json:"can_decide"`
+}
+
+func (c *Console) approvals(w http.ResponseWriter, r *http.Request, s *session) {
+	all := r.URL.Query().Get("all") == "true"
+	out := Approvals{Approvals: []kernel.ApprovalRequest{}, CanDecide: s.role == RoleApprover || s.role == RoleEscalation}
+	for _, a := range c.k.Approvals(all) {
+		if sees(s.role, a.RequiredRole) {
+			out.Approvals = append(out.Approvals, a)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (c *Console) approval(w http.ResponseWriter, r *http.Request, s *session) {
+	d, err := c.k.ApprovalDetail(r.PathValue("id"))
+	if err != nil || !sees(s.role, d.RequiredRole) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("approval %q is not pending", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// DecisionRequest is the body of POST /console/api/approvals/{id}.
+type DecisionRequest struct {
+	Decision string `json:"decision"` // allow or deny
+	Reason   string `json:"reason"`
+}
+
+// decide records the session's decision with its credential; the kernel
+// checks the role and that the approver is not the calling agent. 409
+// with the request as decided when someone decided first.
+func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
+	var req DecisionRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if s.role == RoleAdmin || s.role == RoleAuditor {
+		writeError(w, http.StatusForbidden, "only an approver credential may decide approvals")
+		return
+	}
+	a, err := c.k.Decide(r.PathValue("id"), s.cred, req.Decision, req.Reason)
+	switch {
+	case errors.Is(err, kernel.ErrApprovalConflict):
+		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "approval": a})
+	case errors.Is(err, kernel.ErrApprovalForbidden):
+		writeError(w, http.StatusForbidden, err.Error())
+	case errors.Is(err, kernel.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case err != nil:
+		writeError(w, http.StatusBadRequest, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, a)
+	}
+}
+
+// heartbeat is how often an idle event stream gets a comment, so proxies
+// and the browser keep it open.
+const heartbeat = 15 * time.Second
+
+// events streams the kernel's tool.* events as Server-Sent Events, without
+// the escalated approvals the session may not see. The stream ends when
+// the session does.
+func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		writeError(w, http.StatusInternalServerError, "streaming is not supported here")
+		return
+	}
+	sub := c.k.Subscribe(kernel.EventFilter{}, 0)
+	defer sub.Close()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprint(w, ": capkernel console events\n\n")
+	flusher.Flush()
+	tick := time.NewTicker(heartbeat)
+	defer tick.Stop()
+	var dropped uint64
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+			if !c.alive(s) {
+				return
+			}
+			fmt.Fprint(w, ": keep-alive\n\n")
+		case e, ok := <-sub.C:
+			if !ok {
+				return
+			}
+			if e.Approval != nil && !sees(s.role, e.Approval.RequiredRole) {
+				continue
+			}
+			b, err := json.Marshal(e)
+			if err != nil {
+				continue
+			}
+			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b)
+		}
+		if n := sub.Dropped(); n != dropped {
+			dropped = n
+			fmt.Fprintf(w, "event: dropped\ndata: {\"dropped\":%d}\n\n", n)
+		}
+		flusher.Flush()
+	}
+}
+
+// alive reports whether session s still exists and has not expired.
+func (c *Console) alive(s *session) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sessions[s.id] == s && c.now().Before(s.expires)
+}
+
+// Receipts is the body of GET /console/api/receipts.
+type Receipts struct {
+	Receipts []ReceiptRow `json:"receipts"`
+	Next     uint64       `json:"next,omitempty"` // the after of the next page, when there may be one
+}
+
+// ReceiptRow is a receipt with its syscall's side-effect class.
+type ReceiptRow struct {
+	kernel.ReceiptInfo
+	SideEffect string `json:"side_effect,omitempty"` // the tool's declared class (a call's own class may be narrower)
+}
+
+// pageSize is the receipts one page of the history holds.
+const pageSize = 200
+
+// receipts answers the history search: agent, tool, outcome (committed,
+// rolled_back, no_op, ok, error), class (a side-effect class), since and
+// until (RFC 3339), after (a receipt seq, for paging).
+func (c *Console) receipts(w http.ResponseWriter, r *http.Request, _ *session) {
+	q := r.URL.Query()
+	f := kernel.ReceiptFilter{AgentID: q.Get("agent"), ToolID: q.Get("tool"), TxOutcome: q.Get("outcome")}
+	switch f.TxOutcome {
+	case "", kernel.Committed, kernel.RolledBack, kernel.NoOp, "ok", "error":
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("outcome %q is not one of committed, rolled_back, no_op, ok, error", f.TxOutcome))
+		return
+	}
+	var until time.Time
+	for name, t := range map[string]*time.Time{"since": &f.Since, "until": &until} {
+		if v := q.Get(name); v != "" {
+			var err error
+			if *t, err = time.Parse(time.RFC3339, v); err != nil {
+				writeError(w, http.StatusBadRequest, name+": "+err.Error())
+				return
+			}
+		}
+	}
+	if v := q.Get("after"); v != "" {
+		var err error
+		if f.After, err = strconv.ParseUint(v, 10, 64); err != nil {
+			writeError(w, http.StatusBadRequest, "after: "+err.Error())
+			return
+		}
+	}
+	class := q.Get("class")
+	out := Receipts{Receipts: []ReceiptRow{}}
+	// Pages of the kernel's filter, then the console's own (class, until).
+	for len(out.Receipts) < pageSize {
+		f.Limit = pageSize
+		list, err := c.k.Inspector().Receipts(f)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		for _, ri := range list {
+			f.After = ri.Seq
+			row := ReceiptRow{ReceiptInfo: ri}
+			if e, ok := c.k.Registry().Get(ri.Receipt.ToolID); ok {
+				row.SideEffect = string(e.Def.SideEffect)
+			}
+			if class != "" && row.SideEffect != class {
+				continue
+			}
+			if !until.IsZero() {
+				if t, err := time.Parse(time.RFC3339Nano, ri.Receipt.IssuedAt); err != nil || t.After(until) {
+					continue
+				}
+			}
+			out.Receipts = append(out.Receipts, row)
+		}
+		if len(list) < pageSize {
+			break
+		}
+		out.Next = f.After
+	}
+	if len(out.Receipts) < pageSize {
+		out.Next = 0
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (c *Console) receipt(w http.ResponseWriter, r *http.Request, _ *session) {
+	info, err := c.k.Inspector().Receipt(r.PathValue("id"))
+	if err != nil {
+		lookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (c *Console) bundle(w http.ResponseWriter, r *http.Request, _ *session) {
+	b, err := c.k.Inspector().Bundle(r.PathValue("id"))
+	if err != nil {
+		lookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
+func (c *Console) operation(w http.ResponseWriter, r *http.Request, _ *session) {
+	if st, ok := c.k.Operation(r.PathValue("id")); ok {
+		writeJSON(w, http.StatusOK, st)
+		return
+	}
+	env, err := c.k.Inspector().Operation(r.PathValue("id"))
+	if err != nil {
+		lookupError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"operation_id": r.PathValue("id"), "state": kernel.OpDone, "result": env})
+}
+
+// Tokens is the body of GET /console/api/tokens.
+type Tokens struct {
+	Tokens []kernel.TokenInfo `json:"tokens"`
+}
+
+func (c *Console) tokens(w http.ResponseWriter, _ *http.Request, _ *session) {
+	list, err := c.k.Tokens()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if list == nil {
+		list = []kernel.TokenInfo{}
+	}
+	writeJSON(w, http.StatusOK, Tokens{Tokens: list})
+}
+
+// RevokeRequest is the body of POST /console/api/tokens/{jti}/revoke.
+type RevokeRequest struct {
+	Reason string `json:"reason"`
+}
+
+func (c *Console) revoke(w http.ResponseWriter, r *http.Request, _ *session) {
+	var req RevokeRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.Reason == "" {
+		writeError(w, http.StatusBadRequest, "a reason is required")
+		return
+	}
+	jti := r.PathValue("jti")
+	if err := c.k.Revoke(r.Context(), jti, req.Reason); err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jti": jti, "revoked": true})
+}
+
+func lookupError(w http.ResponseWriter, err error) {
+	if errors.Is(err, kernel.ErrNotFound) || errors.Is(err, kernel.ErrRange) {
+		writeError(w, http.StatusNotFound, err.Error())
+		return
+	}
+	writeError(w, http.StatusInternalServerError, err.Error())
+}

@@ -1,0 +1,1538 @@
+// node_modules/diff/libesm/diff/base.js
+var Diff = class {
+  diff(oldStr, newStr, options = {}) {
+    let callback;
+    if (typeof options === "function") {
+      callback = options;
+      options = {};
+    } else if ("callback" in options) {
+      callback = options.callback;
+    }
+    const oldString = this.castInput(oldStr, options);
+    const newString = this.castInput(newStr, options);
+    const oldTokens = this.removeEmpty(this.tokenize(oldString, options));
+    const newTokens = this.removeEmpty(this.tokenize(newString, options));
+    return this.diffWithOptionsObj(oldTokens, newTokens, options, callback);
+  }
+  diffWithOptionsObj(oldTokens, newTokens, options, callback) {
+    var _a;
+    const done = (value) => {
+      value = this.postProcess(value, options);
+      if (callback) {
+        setTimeout(function() {
+          callback(value);
+        }, 0);
+        return void 0;
+      } else {
+        return value;
+      }
+    };
+    const newLen = newTokens.length, oldLen = oldTokens.length;
+    let editLength = 1;
+    let maxEditLength = newLen + oldLen;
+    if (options.maxEditLength != null) {
+      maxEditLength = Math.min(maxEditLength, options.maxEditLength);
+    }
+    const maxExecutionTime = (_a = options.timeout) !== null && _a !== void 0 ? _a : Infinity;
+    const abortAfterTimestamp = Date.now() + maxExecutionTime;
+    const bestPath = [{ oldPos: -1, lastComponent: void 0 }];
+    let newPos = this.extractCommon(bestPath[0], newTokens, oldTokens, 0, options);
+    if (bestPath[0].oldPos + 1 >= oldLen && newPos + 1 >= newLen) {
+      return done(this.buildValues(bestPath[0].lastComponent, newTokens, oldTokens));
+    }
+    let minDiagonalToConsider = -Infinity, maxDiagonalToConsider = Infinity;
+    const execEditLength = () => {
+      for (let diagonalPath = Math.max(minDiagonalToConsider, -editLength); diagonalPath <= Math.min(maxDiagonalToConsider, editLength); diagonalPath += 2) {
+        let basePath;
+        const removePath = bestPath[diagonalPath - 1], addPath = bestPath[diagonalPath + 1];
+        if (removePath) {
+          bestPath[diagonalPath - 1] = void 0;
+        }
+        let canAdd = false;
+        if (addPath) {
+          const addPathNewPos = addPath.oldPos - diagonalPath;
+          canAdd = addPath && 0 <= addPathNewPos && addPathNewPos < newLen;
+        }
+        const canRemove = removePath && removePath.oldPos + 1 < oldLen;
+        if (!canAdd && !canRemove) {
+          bestPath[diagonalPath] = void 0;
+          continue;
+        }
+        if (!canRemove || canAdd && removePath.oldPos < addPath.oldPos) {
+          basePath = this.addToPath(addPath, true, false, 0, options);
+        } else {
+          basePath = this.addToPath(removePath, false, true, 1, options);
+        }
+        newPos = this.extractCommon(basePath, newTokens, oldTokens, diagonalPath, options);
+        if (basePath.oldPos + 1 >= oldLen && newPos + 1 >= newLen) {
+          return done(this.buildValues(basePath.lastComponent, newTokens, oldTokens)) || true;
+        } else {
+          bestPath[diagonalPath] = basePath;
+          if (basePath.oldPos + 1 >= oldLen) {
+            maxDiagonalToConsider = Math.min(maxDiagonalToConsider, diagonalPath - 1);
+          }
+          if (newPos + 1 >= newLen) {
+            minDiagonalToConsider = Math.max(minDiagonalToConsider, diagonalPath + 1);
+          }
+        }
+      }
+      editLength++;
+    };
+    if (callback) {
+      (function exec() {
+        setTimeout(function() {
+          if (editLength > maxEditLength || Date.now() > abortAfterTimestamp) {
+            return callback(void 0);
+          }
+          if (!execEditLength()) {
+            exec();
+          }
+        }, 0);
+      })();
+    } else {
+      while (editLength <= maxEditLength && Date.now() <= abortAfterTimestamp) {
+        const ret = execEditLength();
+        if (ret) {
+          return ret;
+        }
+      }
+    }
+  }
+  addToPath(path, added, removed, oldPosInc, options) {
+    const last = path.lastComponent;
+    if (last && !options.oneChangePerToken && last.added === added && last.removed === removed) {
+      return {
+        oldPos: path.oldPos + oldPosInc,
+        lastComponent: { count: last.count + 1, added, removed, previousComponent: last.previousComponent }
+      };
+    } else {
+      return {
+        oldPos: path.oldPos + oldPosInc,
+        lastComponent: { count: 1, added, removed, previousComponent: last }
+      };
+    }
+  }
+  extractCommon(basePath, newTokens, oldTokens, diagonalPath, options) {
+    const newLen = newTokens.length, oldLen = oldTokens.length;
+    let oldPos = basePath.oldPos, newPos = oldPos - diagonalPath, commonCount = 0;
+    while (newPos + 1 < newLen && oldPos + 1 < oldLen && this.equals(oldTokens[oldPos + 1], newTokens[newPos + 1], options)) {
+      newPos++;
+      oldPos++;
+      commonCount++;
+      if (options.oneChangePerToken) {
+        basePath.lastComponent = { count: 1, previousComponent: basePath.lastComponent, added: false, removed: false };
+      }
+    }
+    if (commonCount && !options.oneChangePerToken) {
+      basePath.lastComponent = { count: commonCount, previousComponent: basePath.lastComponent, added: false, removed: false };
+    }
+    basePath.oldPos = oldPos;
+    return newPos;
+  }
+  equals(left, right, options) {
+    if (options.comparator) {
+      return options.comparator(left, right);
+    } else {
+      return left === right || !!options.ignoreCase && left.toLowerCase() === right.toLowerCase();
+    }
+  }
+  removeEmpty(array) {
+    const ret = [];
+    for (let i = 0; i < array.length; i++) {
+      if (array[i]) {
+        ret.push(array[i]);
+      }
+    }
+    return ret;
+  }
+  // eslint-disable-next-line @typescript-eslint/no-unused-vars
+  castInput(value, options) {
+    return value;
+  }
+  // eslint-disable-next-line @typescript-eslint/no-unused-vars
+  tokenize(value, options) {
+    return Array.from(value);
+  }
+  join(chars) {
+    return chars.join("");
+  }
+  postProcess(changeObjects, options) {
+    return changeObjects;
+  }
+  get useLongestToken() {
+    return false;
+  }
+  buildValues(lastComponent, newTokens, oldTokens) {
+    const components = [];
+    let nextComponent;
+    while (lastComponent) {
+      components.push(lastComponent);
+      nextComponent = lastComponent.previousComponent;
+      delete lastComponent.previousComponent;
+      lastComponent = nextComponent;
+    }
+    components.reverse();
+    const componentLen = components.length;
+    let componentPos = 0, newPos = 0, oldPos = 0;
+    for (; componentPos < componentLen; componentPos++) {
+      const component = components[componentPos];
+      if (!component.removed) {
+        if (!component.added && this.useLongestToken) {
+          let value = newTokens.slice(newPos, newPos + component.count);
+          value = value.map(function(value2, i) {
+            const oldValue = oldTokens[oldPos + i];
+            return oldValue.length > value2.length ? oldValue : value2;
+          });
+          component.value = this.join(value);
+        } else {
+          component.value = this.join(newTokens.slice(newPos, newPos + component.count));
+        }
+        newPos += component.count;
+        if (!component.added) {
+          oldPos += component.count;
+        }
+      } else {
+        component.value = this.join(oldTokens.slice(oldPos, oldPos + component.count));
+        oldPos += component.count;
+      }
+    }
+    return components;
+  }
+};
+
+// node_modules/diff/libesm/diff/line.js
+var LineDiff = class extends Diff {
+  constructor() {
+    super(...arguments);
+    this.tokenize = tokenize;
+  }
+  equals(left, right, options) {
+    if (options.ignoreWhitespace) {
+      if (!options.newlineIsToken || !left.includes("\n")) {
+        left = left.trim();
+      }
+      if (!options.newlineIsToken || !right.includes("\n")) {
+        right = right.trim();
+      }
+    } else if (options.ignoreNewlineAtEof && !options.newlineIsToken) {
+      if (left.endsWith("\n")) {
+        left = left.slice(0, -1);
+      }
+      if (right.endsWith("\n")) {
+        right = right.slice(0, -1);
+      }
+    }
+    return super.equals(left, right, options);
+  }
+};
+var lineDiff = new LineDiff();
+function diffLines(oldStr, newStr, options) {
+  return lineDiff.diff(oldStr, newStr, options);
+}
+function tokenize(value, options) {
+  if (options.stripTrailingCr) {
+    value = value.replace(/\r\n/g, "\n");
+  }
+  const retLines = [], linesAndNewlines = value.split(/(\n|\r\n)/);
+  if (!linesAndNewlines[linesAndNewlines.length - 1]) {
+    linesAndNewlines.pop();
+  }
+  for (let i = 0; i < linesAndNewlines.length; i++) {
+    const line = linesAndNewlines[i];
+    if (i % 2 && !options.newlineIsToken) {
+      retLines[retLines.length - 1] += line;
+    } else {
+      retLines.push(line);
+    }
+  }
+  return retLines;
+}
+
+// node_modules/@noble/hashes/_u64.js
+var fromNumH = (n) => n / 2 ** 32 | 0;
+var fromNumL = (n) => n >>> 0;
+
+// node_modules/@noble/hashes/utils.js
+function isBytes(a) {
+  return a instanceof Uint8Array || ArrayBuffer.isView(a) && a.constructor.name === "Uint8Array" && "BYTES_PER_ELEMENT" in a && a.BYTES_PER_ELEMENT === 1;
+}
+var atitle = (title) => title ? `"${title}" ` : "";
+function anumber(n, title = "") {
+  if (typeof n !== "number")
+    throw new TypeError(atitle(title) + "expected number, got " + typeof n);
+  if (!Number.isSafeInteger(n) || n < 0)
+    throw new RangeError(atitle(title) + "expected integer >= 0, got " + n);
+  return n;
+}
+function abytes(value, length, title = "") {
+  if (isBytes(value) && (length === void 0 || value.length === length))
+    return value;
+  if (length !== void 0)
+    anumber(length, "length");
+  const bytes = isBytes(value);
+  const ofLen = length !== void 0 ? ` of length ${length}` : "";
+  const got = bytes ? `length=${value.length}` : `type=${typeof value}`;
+  const message = atitle(title) + "expected Uint8Array" + ofLen + ", got " + got;
+  if (!bytes)
+    throw new TypeError(message);
+  throw new RangeError(message);
+}
+function copyBytes(bytes) {
+  return Uint8Array.from(abytes(bytes));
+}
+var aobject = (value, label) => {
+  if (value === null || typeof value !== "object" || Array.isArray(value))
+    throw new TypeError((label === "object" ? "" : `"${label}" `) + "expected object, got type=" + typeof value);
+};
+var aopts = (value, label) => {
+  aobject(value, label);
+  const proto = Object.getPrototypeOf(value);
+  if (proto !== Object.prototype && proto !== null)
+    throw new TypeError(`"${label}" expected plain object`);
+  if (Object.hasOwn(value, "__proto__"))
+    throw new TypeError(`"${label}.__proto__" is not allowed`);
+};
+function aexists(instance, checkFinished = true) {
+  if (instance.destroyed)
+    throw new Error("hash was destroyed");
+  if (checkFinished && instance.finished)
+    throw new Error("digest() was already called");
+}
+function aoutput(out, instance) {
+  abytes(out, void 0, "output");
+  const min = instance.outputLen;
+  if (!(out.length >= min)) {
+    throw new RangeError('"output" expected length >= ' + min);
+  }
+}
+function u8(arr) {
+  return new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength);
+}
+function u32(arr) {
+  return new Uint32Array(arr.buffer, arr.byteOffset, Math.floor(arr.byteLength / 4));
+}
+function clean(...arrays) {
+  for (let i = 0; i < arrays.length; i++) {
+    arrays[i].fill(0);
+  }
+}
+function rotr(word, shift) {
+  return word << 32 - shift | word >>> shift;
+}
+var isLE = /* @__PURE__ */ (() => new Uint8Array(new Uint32Array([287454020]).buffer)[0] === 68)();
+function byteSwap(word) {
+  return word << 24 & 4278190080 | word << 8 & 16711680 | word >>> 8 & 65280 | word >>> 24 & 255;
+}
+var swap8IfBE = isLE ? (n) => n : (n) => byteSwap(n) >>> 0;
+function byteSwap32(arr) {
+  for (let i = 0; i < arr.length; i++) {
+    arr[i] = byteSwap(arr[i]);
+  }
+  return arr;
+}
+var swap32IfBE = isLE ? (u) => u : byteSwap32;
+function checkOpts(defaults, opts, title = "opts") {
+  aopts(defaults, "defaults");
+  if (opts !== void 0)
+    aopts(opts, title);
+  const merged = Object.assign(/* @__PURE__ */ Object.create(null), defaults, opts);
+  return merged;
+}
+function createHasher(hashCons, info = {}) {
+  if (typeof hashCons !== "function")
+    throw new TypeError('"hashCons" expected function, got type=' + typeof hashCons);
+  info = checkOpts({}, info, "info");
+  const hashC = (msg, opts) => hashCons(opts).update(msg).digest();
+  const tmp = hashCons(void 0);
+  hashC.outputLen = tmp.outputLen;
+  hashC.blockLen = tmp.blockLen;
+  hashC.canXOF = tmp.canXOF;
+  hashC.create = (opts) => hashCons(opts);
+  Object.assign(hashC, info);
+  return Object.freeze(hashC);
+}
+
+// node_modules/@noble/hashes/_md.js
+var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
+  1779033703,
+  3144134277,
+  1013904242,
+  2773480762,
+  1359893119,
+  2600822924,
+  528734635,
+  1541459225
+]);
+
+// node_modules/@noble/hashes/_blake.js
+function G1s(a, b, c, d, x) {
+  a = a + b + x | 0;
+  d = rotr(d ^ a, 16);
+  c = c + d | 0;
+  b = rotr(b ^ c, 12);
+  return { a, b, c, d };
+}
+function G2s(a, b, c, d, x) {
+  a = a + b + x | 0;
+  d = rotr(d ^ a, 8);
+  c = c + d | 0;
+  b = rotr(b ^ c, 7);
+  return { a, b, c, d };
+}
+
+// node_modules/@noble/hashes/blake2.js
+var _BLAKE2 = class {
+  buffer;
+  buffer32;
+  finished = false;
+  destroyed = false;
+  length = 0;
+  pos = 0;
+  blockLen;
+  outputLen;
+  canXOF = false;
+  constructor(blockLen, outputLen) {
+    anumber(blockLen);
+    anumber(outputLen);
+    this.blockLen = blockLen;
+    this.outputLen = outputLen;
+    this.buffer = new Uint8Array(blockLen);
+    this.buffer32 = u32(this.buffer);
+  }
+  update(data) {
+    aexists(this);
+    abytes(data);
+    const { blockLen, buffer, buffer32 } = this;
+    const len = data.length;
+    const offset = data.byteOffset;
+    const buf = data.buffer;
+    for (let pos = 0; pos < len; ) {
+      if (this.pos === blockLen) {
+        swap32IfBE(buffer32);
+        this.compress(buffer32, 0, false);
+        swap32IfBE(buffer32);
+        this.pos = 0;
+      }
+      const take = Math.min(blockLen - this.pos, len - pos);
+      const dataOffset = offset + pos;
+      if (take === blockLen && !(dataOffset % 4) && pos + take < len) {
+        const data32 = new Uint32Array(buf, dataOffset, Math.floor((len - pos) / 4));
+        swap32IfBE(data32);
+        for (let pos32 = 0; pos + blockLen < len; pos32 += buffer32.length, pos += blockLen) {
+          this.length += blockLen;
+          this.compress(data32, pos32, false);
+        }
+        swap32IfBE(data32);
+        continue;
+      }
+      buffer.set(pos === 0 && take === len ? data : data.subarray(pos, pos + take), this.pos);
+      this.pos += take;
+      this.length += take;
+      pos += take;
+    }
+    return this;
+  }
+  digestInto(out) {
+    aexists(this);
+    aoutput(out, this);
+    if (out.byteOffset & 3)
+      throw new RangeError('"output" expected 4-byte aligned byteOffset, got ' + out.byteOffset);
+    const { pos, buffer32 } = this;
+    this.finished = true;
+    this.buffer.fill(0, pos);
+    swap32IfBE(buffer32);
+    this.compress(buffer32, 0, true);
+    swap32IfBE(buffer32);
+    const state = this.get();
+    const out32 = out === this.buffer ? buffer32 : u32(out);
+    const full = Math.floor(this.outputLen / 4);
+    for (let i = 0; i < full; i++)
+      out32[i] = swap8IfBE(state[i]);
+    const tail = this.outputLen % 4;
+    if (!tail)
+      return;
+    const off = full * 4;
+    const word = state[full];
+    for (let i = 0; i < tail; i++)
+      out[off + i] = word >>> 8 * i;
+  }
+  digest() {
+    const { buffer, outputLen } = this;
+    this.digestInto(buffer);
+    const res = buffer.slice(0, outputLen);
+    this.destroy();
+    return res;
+  }
+  _cloneInto(to) {
+    const { buffer, length, finished, destroyed, outputLen, pos } = this;
+    to ||= new this.constructor({ dkLen: outputLen });
+    to.set(...this.get());
+    to.buffer.set(buffer);
+    to.destroyed = destroyed;
+    to.finished = finished;
+    to.length = length;
+    to.pos = pos;
+    to.outputLen = outputLen;
+    return to;
+  }
+  clone() {
+    return this._cloneInto();
+  }
+};
+function _compress(s, offset, msg, rounds, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15) {
+  let j = 0;
+  for (let i = 0; i < rounds; i++) {
+    ({ a: v0, b: v4, c: v8, d: v12 } = G1s(v0, v4, v8, v12, msg[offset + s[j++]]));
+    ({ a: v0, b: v4, c: v8, d: v12 } = G2s(v0, v4, v8, v12, msg[offset + s[j++]]));
+    ({ a: v1, b: v5, c: v9, d: v13 } = G1s(v1, v5, v9, v13, msg[offset + s[j++]]));
+    ({ a: v1, b: v5, c: v9, d: v13 } = G2s(v1, v5, v9, v13, msg[offset + s[j++]]));
+    ({ a: v2, b: v6, c: v10, d: v14 } = G1s(v2, v6, v10, v14, msg[offset + s[j++]]));
+    ({ a: v2, b: v6, c: v10, d: v14 } = G2s(v2, v6, v10, v14, msg[offset + s[j++]]));
+    ({ a: v3, b: v7, c: v11, d: v15 } = G1s(v3, v7, v11, v15, msg[offset + s[j++]]));
+    ({ a: v3, b: v7, c: v11, d: v15 } = G2s(v3, v7, v11, v15, msg[offset + s[j++]]));
+    ({ a: v0, b: v5, c: v10, d: v15 } = G1s(v0, v5, v10, v15, msg[offset + s[j++]]));
+    ({ a: v0, b: v5, c: v10, d: v15 } = G2s(v0, v5, v10, v15, msg[offset + s[j++]]));
+    ({ a: v1, b: v6, c: v11, d: v12 } = G1s(v1, v6, v11, v12, msg[offset + s[j++]]));
+    ({ a: v1, b: v6, c: v11, d: v12 } = G2s(v1, v6, v11, v12, msg[offset + s[j++]]));
+    ({ a: v2, b: v7, c: v8, d: v13 } = G1s(v2, v7, v8, v13, msg[offset + s[j++]]));
+    ({ a: v2, b: v7, c: v8, d: v13 } = G2s(v2, v7, v8, v13, msg[offset + s[j++]]));
+    ({ a: v3, b: v4, c: v9, d: v14 } = G1s(v3, v4, v9, v14, msg[offset + s[j++]]));
+    ({ a: v3, b: v4, c: v9, d: v14 } = G2s(v3, v4, v9, v14, msg[offset + s[j++]]));
+  }
+  return { v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 };
+}
+
+// node_modules/@noble/hashes/blake3.js
+var B3_Flags = {
+  CHUNK_START: 1,
+  CHUNK_END: 2,
+  PARENT: 4,
+  ROOT: 8,
+  KEYED_HASH: 16,
+  DERIVE_KEY_CONTEXT: 32,
+  DERIVE_KEY_MATERIAL: 64
+};
+var B3_IV = /* @__PURE__ */ SHA256_IV.slice();
+var B3_SIGMA = /* @__PURE__ */ (() => {
+  const Id = Array.from({ length: 16 }, (_, i) => i);
+  const permute = (arr) => [2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8].map((i) => arr[i]);
+  const res = [];
+  for (let i = 0, v = Id; i < 7; i++, v = permute(v))
+    res.push(...v);
+  return Uint8Array.from(res);
+})();
+var _BLAKE3 = class __BLAKE3 extends _BLAKE2 {
+  canXOF = true;
+  chunkPos = 0;
+  // Position of current block in chunk
+  // How many chunks we already have; exact while this stays within
+  // JS's safe-integer range.
+  chunksDone = 0;
+  flags = 0 | 0;
+  IV;
+  state;
+  stack = [];
+  // Output
+  posOut = 0;
+  bufferOut32 = new Uint32Array(16);
+  bufferOut;
+  // Index of output chunk; exact while this stays within JS's
+  // safe-integer range.
+  chunkOut = 0;
+  enableXOF = true;
+  constructor(opts = {}, flags = 0) {
+    opts = checkOpts({}, opts);
+    super(64, opts.dkLen === void 0 ? 32 : opts.dkLen);
+    const { key, context } = opts;
+    const hasContext = context !== void 0;
+    if (key !== void 0) {
+      if (hasContext)
+        throw new Error('cannot use both "key" and "context"');
+      abytes(key, 32, "key");
+      const k = copyBytes(key);
+      this.IV = u32(k);
+      swap32IfBE(this.IV);
+      this.flags = flags | B3_Flags.KEYED_HASH;
+    } else if (hasContext) {
+      abytes(context, void 0, "context");
+      const ctx = context;
+      const contextKey = new __BLAKE3({ dkLen: 32 }, B3_Flags.DERIVE_KEY_CONTEXT).update(ctx).digest();
+      this.IV = u32(contextKey);
+      swap32IfBE(this.IV);
+      this.flags = flags | B3_Flags.DERIVE_KEY_MATERIAL;
+    } else {
+      this.IV = B3_IV;
+      this.flags = flags;
+    }
+    this.state = this.IV.slice();
+    this.bufferOut = u8(this.bufferOut32);
+  }
+  // _BLAKE2's scalar-state hooks are unused here: BLAKE3 keeps its tree/XOF state in arrays and
+  // copies it directly in _cloneInto().
+  get() {
+    return [];
+  }
+  set() {
+  }
+  // Truncated chunk/parent compression: seed v8..v15 as IV[0..3], t0, t1,
+  // block length, and flags, then keep only the first 8 output words.
+  b2Compress(counter, flags, buf, bufPos = 0) {
+    const { state: s, pos } = this;
+    const t0 = fromNumL(counter);
+    const t1 = fromNumH(counter);
+    const { v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 } = _compress(B3_SIGMA, bufPos, buf, 7, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], B3_IV[0], B3_IV[1], B3_IV[2], B3_IV[3], t0, t1, pos, flags);
+    s[0] = v0 ^ v8;
+    s[1] = v1 ^ v9;
+    s[2] = v2 ^ v10;
+    s[3] = v3 ^ v11;
+    s[4] = v4 ^ v12;
+    s[5] = v5 ^ v13;
+    s[6] = v6 ^ v14;
+    s[7] = v7 ^ v15;
+  }
+  compress(buf, bufPos = 0, isLast = false) {
+    let flags = this.flags;
+    if (!this.chunkPos)
+      flags |= B3_Flags.CHUNK_START;
+    if (this.chunkPos === 15 || isLast)
+      flags |= B3_Flags.CHUNK_END;
+    if (!isLast)
+      this.pos = this.blockLen;
+    this.b2Compress(this.chunksDone, flags, buf, bufPos);
+    this.chunkPos += 1;
+    if (this.chunkPos === 16 || isLast) {
+      let chunk = this.state;
+      this.state = this.IV.slice();
+      for (let last, chunks = this.chunksDone + 1; isLast || !(chunks & 1); chunks = Math.floor(chunks / 2)) {
+        if (!(last = this.stack.pop()))
+          break;
+        this.buffer32.set(last, 0);
+        this.buffer32.set(chunk, 8);
+        this.pos = this.blockLen;
+        this.b2Compress(0, this.flags | B3_Flags.PARENT, this.buffer32, 0);
+        chunk = this.state;
+        this.state = this.IV.slice();
+      }
+      this.chunksDone++;
+      this.chunkPos = 0;
+      this.stack.push(chunk);
+    }
+    this.pos = 0;
+  }
+  // Overriding hides _BLAKE2's flat implementation, which would otherwise be inherited
+  // and silently miss the tree state (CV stack, chunk counters; get()/set() are stubs here).
+  _cloneInto(to) {
+    const staleOutput = !!to && to.finished && !to.destroyed;
+    to = super._cloneInto(to);
+    const { IV, flags, state, chunkPos, posOut, chunkOut, stack, chunksDone } = this;
+    to.state.set(state);
+    to.stack = stack.map((i) => Uint32Array.from(i));
+    if (IV === B3_IV) {
+      if (to.IV !== B3_IV)
+        clean(to.IV);
+      to.IV = B3_IV;
+    } else if (to.IV === B3_IV) {
+      to.IV = IV.slice();
+    } else {
+      to.IV.set(IV);
+    }
+    to.flags = flags;
+    to.chunkPos = chunkPos;
+    to.chunksDone = chunksDone;
+    to.posOut = posOut;
+    to.chunkOut = chunkOut;
+    to.enableXOF = this.enableXOF;
+    if (this.finished) {
+      to.bufferOut32.set(this.bufferOut32);
+    } else if (staleOutput) {
+      clean(to.bufferOut32);
+    }
+    return to;
+  }
+  destroy() {
+    this.destroyed = true;
+    clean(this.state, this.buffer32, this.bufferOut32);
+    if (this.IV !== B3_IV)
+      clean(this.IV);
+    clean(...this.stack);
+  }
+  // Root/XOF compression: rerun the same ROOT inputs with incrementing output
+  // counter `t` and materialize all 16 output words.
+  // Same as b2Compress, but doesn't modify state and returns 16 u32 array (instead of 8)
+  b2CompressOut() {
+    const { state: s, pos, flags, buffer32, bufferOut32: out32 } = this;
+    const outCounter = this.chunkOut++;
+    const t0 = fromNumL(outCounter);
+    const t1 = fromNumH(outCounter);
+    swap32IfBE(buffer32);
+    const { v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 } = _compress(B3_SIGMA, 0, buffer32, 7, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], B3_IV[0], B3_IV[1], B3_IV[2], B3_IV[3], t0, t1, pos, flags);
+    out32[0] = v0 ^ v8;
+    out32[1] = v1 ^ v9;
+    out32[2] = v2 ^ v10;
+    out32[3] = v3 ^ v11;
+    out32[4] = v4 ^ v12;
+    out32[5] = v5 ^ v13;
+    out32[6] = v6 ^ v14;
+    out32[7] = v7 ^ v15;
+    out32[8] = s[0] ^ v8;
+    out32[9] = s[1] ^ v9;
+    out32[10] = s[2] ^ v10;
+    out32[11] = s[3] ^ v11;
+    out32[12] = s[4] ^ v12;
+    out32[13] = s[5] ^ v13;
+    out32[14] = s[6] ^ v14;
+    out32[15] = s[7] ^ v15;
+    swap32IfBE(buffer32);
+    swap32IfBE(out32);
+    this.posOut = 0;
+  }
+  finish() {
+    if (this.finished)
+      return;
+    this.finished = true;
+    this.buffer.fill(0, this.pos);
+    let flags = this.flags | B3_Flags.ROOT;
+    if (this.stack.length) {
+      flags |= B3_Flags.PARENT;
+      swap32IfBE(this.buffer32);
+      this.compress(this.buffer32, 0, true);
+      swap32IfBE(this.buffer32);
+      this.chunksDone = 0;
+      this.pos = this.blockLen;
+    } else {
+      flags |= (!this.chunkPos ? B3_Flags.CHUNK_START : 0) | B3_Flags.CHUNK_END;
+    }
+    this.flags = flags;
+    this.b2CompressOut();
+  }
+  writeInto(out) {
+    aexists(this, false);
+    abytes(out);
+    this.finish();
+    const { blockLen, bufferOut } = this;
+    for (let pos = 0, len = out.length; pos < len; ) {
+      if (this.posOut >= blockLen)
+        this.b2CompressOut();
+      const take = Math.min(blockLen - this.posOut, len - pos);
+      out.set(bufferOut.subarray(this.posOut, this.posOut + take), pos);
+      this.posOut += take;
+      pos += take;
+    }
+    return out;
+  }
+  xofInto(out) {
+    if (!this.enableXOF)
+      throw new Error("no XOF after digest()");
+    return this.writeInto(out);
+  }
+  xof(bytes) {
+    anumber(bytes);
+    return this.xofInto(new Uint8Array(bytes));
+  }
+  digestInto(out) {
+    aoutput(out, this);
+    if (this.finished)
+      throw new Error("digest() was already called");
+    this.enableXOF = false;
+    this.writeInto(out.length === this.outputLen ? out : out.subarray(0, this.outputLen));
+    this.destroy();
+  }
+  digest() {
+    const out = new Uint8Array(this.outputLen);
+    this.digestInto(out);
+    return out;
+  }
+};
+var blake3 = /* @__PURE__ */ createHasher((opts = {}) => new _BLAKE3(opts));
+
+// src/verify.js
+var BUNDLE_FORMAT = "capkernel-receipt-bundle/v1";
+var enc = new TextEncoder();
+function canonicalize(v) {
+  if (v === null || typeof v === "boolean") return JSON.stringify(v);
+  if (typeof v === "number") {
+    if (!Number.isFinite(v)) throw new Error("JCS: a number that is not finite");
+    return JSON.stringify(v);
+  }
+  if (typeof v === "string") return JSON.stringify(v);
+  if (Array.isArray(v)) return "[" + v.map(canonicalize).join(",") + "]";
+  if (typeof v === "object") {
+    const keys2 = Object.keys(v).sort();
+    return "{" + keys2.map((k) => JSON.stringify(k) + ":" + canonicalize(v[k])).join(",") + "}";
+  }
+  throw new Error("JCS: cannot serialize a " + typeof v);
+}
+function hex(b) {
+  return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+function unhex(s) {
+  if (!/^([0-9a-f]{2})*$/.test(s)) throw new Error("not lowercase hex: " + s.slice(0, 20));
+  const out = new Uint8Array(s.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = parseInt(s.slice(2 * i, 2 * i + 2), 16);
+  return out;
+}
+function b64decode(s) {
+  const bin = atob(s);
+  return Uint8Array.from(bin, (c) => c.charCodeAt(0));
+}
+function b64encode(b) {
+  return btoa(String.fromCharCode(...b));
+}
+function b64urlDecode(s) {
+  if (!/^[A-Za-z0-9_-]*$/.test(s)) throw new Error("not base64url without padding");
+  const t = s.replace(/-/g, "+").replace(/_/g, "/");
+  return b64decode(t + "===".slice((t.length + 3) % 4));
+}
+function b64urlEncode(b) {
+  return b64encode(b).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+function concat(...parts) {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}
+function equalBytes(a, b) {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+var LEAF_KEY = blake3(new Uint8Array(0), { context: enc.encode("capkernel ledger v1 leaf") });
+var NODE_KEY = blake3(new Uint8Array(0), { context: enc.encode("capkernel ledger v1 node") });
+var keys = { leaf: hex(LEAF_KEY), node: hex(NODE_KEY) };
+function nodeHash(left, right) {
+  return blake3(concat(left, right), { key: NODE_KEY });
+}
+function emptyRoot() {
+  return blake3(new Uint8Array(0), { key: NODE_KEY });
+}
+function parseHash(s, what) {
+  if (typeof s !== "string" || !/^blake3:[0-9a-f]{64}$/.test(s)) throw new Error(what + " is not blake3:<64 hex>");
+  return unhex(s.slice(7));
+}
+function parseEntry(record) {
+  const e = JSON.parse(record);
+  if (canonicalize(e) !== record) throw new Error("the record is not canonical JSON");
+  const fields = ["body", "entry_hash", "kind", "prev_hash", "seq", "time"];
+  const got = Object.keys(e).sort();
+  if (got.join() !== fields.join()) throw new Error("record fields are " + got.join(",") + ", want " + fields.join(","));
+  if (!Number.isSafeInteger(e.seq) || e.seq < 0) throw new Error("seq is not a non-negative integer below 2^53");
+  if (typeof e.kind !== "string" || !/^[a-z][a-z0-9_]*$/.test(e.kind) || e.kind.length > 64) throw new Error("kind is malformed");
+  if (typeof e.time !== "string" || !/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$/.test(e.time)) throw new Error("time is not RFC 3339 UTC with nine fractional digits");
+  parseHash(e.prev_hash, "prev_hash");
+  if (e.body === null || typeof e.body !== "object" || Array.isArray(e.body)) throw new Error("body is not an object");
+  const pre = canonicalize({ body: e.body, kind: e.kind, prev_hash: e.prev_hash, seq: e.seq, time: e.time });
+  const h = "blake3:" + hex(blake3(enc.encode(pre), { key: LEAF_KEY }));
+  if (h !== e.entry_hash) throw new Error("entry_hash " + e.entry_hash + " does not recompute (" + h + ")");
+  return e;
+}
+function rootFromInclusion(index, size, leaf, proof) {
+  if (!(index < size)) throw new Error("leaf index " + index + " is not below tree size " + size);
+  let fn = index, sn = size - 1, r = leaf;
+  for (const p of proof) {
+    if (sn === 0) throw new Error("the proof is longer than the path");
+    if (fn % 2 === 1 || fn === sn) {
+      r = nodeHash(p, r);
+      if (fn % 2 === 0) {
+        while (fn % 2 === 0 && fn !== 0) {
+          fn = Math.floor(fn / 2);
+          sn = Math.floor(sn / 2);
+        }
+      }
+    } else {
+      r = nodeHash(r, p);
+    }
+    fn = Math.floor(fn / 2);
+    sn = Math.floor(sn / 2);
+  }
+  if (sn !== 0) throw new Error("the proof is shorter than the path");
+  return r;
+}
+function verifyConsistency(size1, size2, root1, root2, proof) {
+  if (size1 > size2) throw new Error("size1 is above size2");
+  if (size1 === size2) {
+    if (proof.length !== 0 || !equalBytes(root1, root2)) throw new Error("equal sizes need an empty proof and equal roots");
+    return;
+  }
+  if (size1 === 0) {
+    if (proof.length !== 0 || !equalBytes(root1, emptyRoot())) throw new Error("from size 0 the proof is empty and the old root the empty root");
+    return;
+  }
+  let p = proof;
+  if ((size1 & size1 - 1) === 0) p = [root1, ...proof];
+  if (p.length === 0) throw new Error("empty consistency proof");
+  let fn = size1 - 1, sn = size2 - 1;
+  while (fn % 2 === 1) {
+    fn = Math.floor(fn / 2);
+    sn = Math.floor(sn / 2);
+  }
+  let fr = p[0], sr = p[0];
+  for (const c of p.slice(1)) {
+    if (sn === 0) throw new Error("the consistency proof is too long");
+    if (fn % 2 === 1 || fn === sn) {
+      fr = nodeHash(c, fr);
+      sr = nodeHash(c, sr);
+      if (fn % 2 === 0) {
+        while (fn % 2 === 0 && fn !== 0) {
+          fn = Math.floor(fn / 2);
+          sn = Math.floor(sn / 2);
+        }
+      }
+    } else {
+      sr = nodeHash(sr, c);
+    }
+    fn = Math.floor(fn / 2);
+    sn = Math.floor(sn / 2);
+  }
+  if (sn !== 0) throw new Error("the consistency proof is too short");
+  if (!equalBytes(fr, root1)) throw new Error("the proof does not lead to the old root");
+  if (!equalBytes(sr, root2)) throw new Error("the proof does not lead to the new root");
+}
+function parseCheckpoint(note) {
+  const sep = note.indexOf("\n\n");
+  if (sep < 0) throw new Error("the note has no signature block");
+  const text = note.slice(0, sep + 1);
+  const lines = text.slice(0, -1).split("\n");
+  if (lines.length < 3) throw new Error("the checkpoint has fewer than three lines");
+  const [origin, sizeLine, rootLine] = lines;
+  if (!origin || /[\x00-\x1f]/.test(origin)) throw new Error("bad origin line");
+  if (!/^(0|[1-9][0-9]*)$/.test(sizeLine)) throw new Error("bad size line " + JSON.stringify(sizeLine));
+  const size = Number(sizeLine);
+  if (!Number.isSafeInteger(size)) throw new Error("size is too large");
+  const root = b64decode(rootLine);
+  if (root.length !== 32 || b64encode(root) !== rootLine) throw new Error("bad root line");
+  if (lines.slice(3).some((l) => l === "")) throw new Error("empty extension line");
+  const sigs = [];
+  for (const l of note.slice(sep + 2).split("\n")) {
+    if (l === "") continue;
+    const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(l);
+    if (!m) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
+    const raw = b64decode(m[2]);
+    if (raw.length < 5) throw new Error("short signature");
+    sigs.push({ name: m[1], keyID: raw.slice(0, 4), sig: raw.slice(4) });
+  }
+  return { text, origin, size, root, sigs };
+}
+async function noteKeyID(name, pub) {
+  const h = new Uint8Array(await crypto.subtle.digest("SHA-256", concat(enc.encode(name + "\n"), new Uint8Array([1]), pub)));
+  return h.slice(0, 4);
+}
+async function verifyCheckpoint(note, pub) {
+  const cp = parseCheckpoint(note);
+  const id = await noteKeyID(cp.origin, pub);
+  const key = await importEd25519(pub);
+  for (const s of cp.sigs) {
+    if (s.name !== cp.origin || !equalBytes(s.keyID, id)) continue;
+    if (s.sig.length === 64 && await crypto.subtle.verify("Ed25519", key, s.sig, enc.encode(cp.text))) return cp;
+    throw new Error("the signature of " + s.name + " does not verify");
+  }
+  throw new Error("no signature by the kernel's key under the origin " + cp.origin);
+}
+var RECEIPT_REQUIRED = [
+  "receipt_id",
+  "operation_id",
+  "tool_id",
+  "agent_id",
+  "capability_token_id",
+  "args_hash",
+  "result_hash",
+  "tx_outcome",
+  "policy_hash",
+  "autonomy_mode",
+  "risk_score",
+  "ledger_seq",
+  "ledger_entry_hash",
+  "issued_at"
+];
+var RECEIPT_OPTIONAL = ["commit_delta_id", "error_class", "approval_id", "approved_by", "approval_reason"];
+function importEd25519(pub) {
+  return crypto.subtle.importKey("raw", pub, { name: "Ed25519" }, false, ["verify"]);
+}
+async function thumbprint(pub) {
+  const j = canonicalize({ crv: "Ed25519", kty: "OKP", x: b64urlEncode(pub) });
+  return b64urlEncode(new Uint8Array(await crypto.subtle.digest("SHA-256", enc.encode(j))));
+}
+async function verifyReceipt(jws, jwks2) {
+  if (typeof jws !== "string") throw new Error("the receipt is not a string");
+  const parts = jws.split(".");
+  if (parts.length !== 3) throw new Error("not a compact JWS (three parts)");
+  const header = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[0]));
+  const h = JSON.parse(header);
+  if (typeof h.kid !== "string") throw new Error("the header has no kid");
+  const want = canonicalize({ alg: "EdDSA", kid: h.kid, typ: "capkernel-receipt+jws" });
+  if (header !== want) throw new Error("the header is not exactly " + want);
+  const jwk = (jwks2.keys || []).find((k) => k.kid === h.kid);
+  if (!jwk) throw new Error("no key " + h.kid + " in the JWKS");
+  if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") {
+    throw new Error("key " + h.kid + " is not an Ed25519 signature key");
+  }
+  const pub = b64urlDecode(jwk.x);
+  if (pub.length !== 32) throw new Error("the key is not 32 bytes");
+  if (await thumbprint(pub) !== h.kid) throw new Error("the kid is not the key's thumbprint");
+  const sig = b64urlDecode(parts[2]);
+  const ok = sig.length === 64 && await crypto.subtle.verify("Ed25519", await importEd25519(pub), sig, enc.encode(parts[0] + "." + parts[1]));
+  if (!ok) throw new Error("the Ed25519 signature does not verify");
+  const payload = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[1]));
+  const r = JSON.parse(payload);
+  if (canonicalize(r) !== payload) throw new Error("the payload is not canonical JSON");
+  for (const f of RECEIPT_REQUIRED) if (!(f in r)) throw new Error("the receipt has no " + f);
+  for (const f of Object.keys(r)) {
+    if (!RECEIPT_REQUIRED.includes(f) && !RECEIPT_OPTIONAL.includes(f)) throw new Error("unknown receipt field " + f);
+  }
+  return { receipt: r, pub };
+}
+var AGREEING = [
+  "operation_id",
+  "tool_id",
+  "agent_id",
+  "capability_token_id",
+  "args_hash",
+  "result_hash",
+  "tx_outcome",
+  "commit_delta_id",
+  "policy_hash",
+  "autonomy_mode",
+  "risk_score",
+  "error_class"
+];
+var CHECKS = [
+  ["jws", "Receipt signature (Ed25519, JWKS key, exact header and payload)"],
+  ["entry", "Ledger entry well formed, canonical, entry_hash recomputes (BLAKE3)"],
+  ["agreement", "Entry agrees with the receipt"],
+  ["checkpoint", "Checkpoint signed by the kernel's key"],
+  ["inclusion", "Inclusion proof leads to the checkpoint's root"]
+];
+async function verifyBundle(bundle, jwks2) {
+  const checks = CHECKS.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+  const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });
+  const run = async (id, fn) => {
+    try {
+      set(id, true, await fn() || "ok");
+      return true;
+    } catch (e) {
+      set(id, false, e.message || String(e));
+      return false;
+    }
+  };
+  let receipt, pub, entry, cp;
+  if (!bundle || bundle.format !== BUNDLE_FORMAT) {
+    set("jws", false, "not a " + BUNDLE_FORMAT + " bundle");
+    return { ok: false, checks };
+  }
+  const jwsOK = await run("jws", async () => {
+    ({ receipt, pub } = await verifyReceipt(bundle.receipt, jwks2));
+    return "receipt " + receipt.receipt_id + " signed by " + await thumbprint(pub);
+  });
+  const entryOK = await run("entry", async () => {
+    if (typeof bundle.entry !== "string") throw new Error("entry is not a string");
+    entry = parseEntry(bundle.entry);
+    if (entry.kind !== "audit") throw new Error("the entry is of kind " + entry.kind + ", not audit");
+    return "seq " + entry.seq + ", " + entry.entry_hash;
+  });
+  if (jwsOK && entryOK) {
+    await run("agreement", async () => {
+      if (receipt.ledger_seq !== entry.seq) throw new Error("ledger_seq " + receipt.ledger_seq + " is not the entry's seq " + entry.seq);
+      if (receipt.ledger_entry_hash !== entry.entry_hash) throw new Error("ledger_entry_hash is not the entry's hash");
+      for (const f of AGREEING) {
+        if (canonicalize(receipt[f] ?? null) !== canonicalize(entry.body[f] ?? null)) {
+          throw new Error(f + ": receipt " + JSON.stringify(receipt[f]) + ", entry " + JSON.stringify(entry.body[f]));
+        }
+      }
+      return AGREEING.length + 2 + " fields agree";
+    });
+  }
+  const cpOK = jwsOK && await run("checkpoint", async () => {
+    cp = await verifyCheckpoint(bundle.checkpoint, pub);
+    return cp.origin + " size " + cp.size;
+  });
+  if (cpOK && entryOK) {
+    await run("inclusion", async () => {
+      const inc = bundle.inclusion || {};
+      if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
+      if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
+      if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
+      if (!Array.isArray(inc.proof)) throw new Error("proof is not a list");
+      const root = rootFromInclusion(inc.leaf_index, inc.tree_size, parseHash(inc.leaf_hash, "leaf_hash"), inc.proof.map((p) => parseHash(p, "a proof hash")));
+      if (!equalBytes(root, cp.root)) throw new Error("the proof leads to " + hex(root) + ", not the checkpoint's root " + hex(cp.root));
+      return "leaf " + inc.leaf_index + " of " + inc.tree_size + ", " + inc.proof.length + " hashes";
+    });
+  }
+  return { ok: checks.every((c) => c.ok === true), checks };
+}
+
+// src/app.js
+var $ = (sel) => document.querySelector(sel);
+var session = null;
+var events = null;
+var pending = /* @__PURE__ */ new Map();
+var decided = /* @__PURE__ */ new Map();
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === void 0 || v === null || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c !== void 0 && c !== null) e.append(c instanceof Node ? c : String(c));
+  }
+  return e;
+}
+function say(msg, error = false) {
+  const s = $("#status");
+  s.textContent = msg;
+  s.classList.toggle("error", error);
+}
+var APIError = class extends Error {
+  constructor(status, body) {
+    super(body && body.error || "HTTP " + status);
+    this.status = status;
+    this.body = body;
+  }
+};
+async function api(method, path, body) {
+  const opts = { method, credentials: "same-origin", headers: {} };
+  if (method !== "GET") {
+    opts.headers["Content-Type"] = "application/json";
+    if (session) opts.headers["X-CSRF-Token"] = session.csrf;
+    opts.body = JSON.stringify(body ?? {});
+  }
+  const resp = await fetch(path, opts);
+  let data = null;
+  try {
+    data = await resp.json();
+  } catch {
+    data = null;
+  }
+  if (resp.status === 401 && path !== "/console/api/login" && path !== "/console/api/session") {
+    signedOut("The session has ended; sign in again.");
+  }
+  if (!resp.ok) throw new APIError(resp.status, data);
+  return data;
+}
+function kv(pairs) {
+  const dl = el("dl", { class: "kv" });
+  for (const [k, v] of pairs) {
+    if (v === void 0 || v === null || v === "") continue;
+    dl.append(el("dt", {}, k), el("dd", {}, v));
+  }
+  return dl;
+}
+function fmtTime(s) {
+  if (!s) return "";
+  const d = new Date(s);
+  return isNaN(d) ? s : d.toLocaleString();
+}
+var views = ["login", "approvals", "history", "verify", "ledger", "tokens"];
+function show(view) {
+  for (const v of views) $("#view-" + v).hidden = v !== view;
+  for (const b of document.querySelectorAll("#nav button")) {
+    if (b.dataset.view === view) b.setAttribute("aria-current", "page");
+    else b.removeAttribute("aria-current");
+  }
+  if (view === "tokens") loadTokens();
+  if (view === "ledger") refreshCheckpoint();
+  if (view === "history" && !$("#history-table tbody").children.length) searchHistory();
+}
+function signedIn(s) {
+  session = s;
+  $("#view-login").hidden = true;
+  $("#nav").hidden = false;
+  $("#who").hidden = false;
+  $("#who-text").textContent = `${s.subject} (${s.role})`;
+  for (const b of document.querySelectorAll("#nav [data-admin]")) b.hidden = s.role !== "admin";
+  show("approvals");
+  loadApprovals();
+  connectEvents();
+  $("#main").focus();
+}
+function signedOut(msg) {
+  session = null;
+  if (events) events.close();
+  events = null;
+  pending.clear();
+  decided.clear();
+  $("#nav").hidden = true;
+  $("#who").hidden = true;
+  show("login");
+  if (msg) say(msg, true);
+  $("#credential").focus();
+}
+async function loadApprovals() {
+  try {
+    const out = await api("GET", "/console/api/approvals?all=true");
+    session.canDecide = out.can_decide;
+    pending.clear();
+    decided.clear();
+    for (const a of out.approvals) (a.state === "pending" ? pending : decided).set(a.approval_id, a);
+    renderApprovals();
+  } catch (e) {
+    say("Loading approvals failed: " + e.message, true);
+  }
+}
+function renderApprovals() {
+  const list = $("#approvals-list");
+  const keep = new Set(pending.keys());
+  for (const li of [...list.children]) if (!keep.has(li.dataset.id)) li.remove();
+  for (const a of pending.values()) {
+    if (!list.querySelector(`[data-id="${CSS.escape(a.approval_id)}"]`)) list.append(approvalCard(a));
+  }
+  $("#approvals-empty").hidden = pending.size > 0;
+  $("#pending-count").textContent = String(pending.size);
+  const dl = $("#decided-list");
+  dl.replaceChildren(...[...decided.values()].reverse().slice(0, 50).map(decidedCard));
+}
+function approvalCard(a) {
+  const id = a.approval_id;
+  const reasonID = "reason-" + id;
+  const li = el("li", { class: "card" + (a.autonomy_mode === "escalated" ? " escalated" : ""), "data-id": id, "aria-labelledby": "h-" + id });
+  const detail = el("div", { class: "detail" }, "Loading the arguments…");
+  li.append(
+    el("h3", { id: "h-" + id }, `${a.tool_id} by ${a.agent_id}`),
+    kv([
+      ["Session", a.session_id],
+      ["Class", a.side_effect],
+      ["Mode", a.autonomy_mode + (a.required_role === "escalation" ? " (escalation approvers only)" : "")],
+      ["Risk", `${a.risk_score}${a.risk_basis && a.risk_basis.length ? " — " + a.risk_basis.join("; ") : ""}`],
+      ["Effects", (a.projected_effects || []).join(", ")],
+      ["Policy", a.policy_hash],
+      ["Operation", a.operation_id],
+      ["Requested", fmtTime(a.requested_at)],
+      ["Expires", fmtTime(a.decide_by)]
+    ]),
+    detail
+  );
+  if (session.canDecide) {
+    const reason = el("textarea", { id: reasonID, rows: 2 });
+    const allow = el("button", { type: "button", class: "allow" }, "Approve");
+    const deny = el("button", { type: "button", class: "deny" }, "Deny");
+    const decide = async (decision) => {
+      allow.disabled = deny.disabled = true;
+      try {
+        const out = await api("POST", "/console/api/approvals/" + encodeURIComponent(id), { decision, reason: reason.value });
+        resolved(out);
+        say(`${decision === "allow" ? "Approved" : "Denied"} ${a.tool_id} by ${a.agent_id}.`);
+      } catch (e) {
+        if (e.status === 409 && e.body && e.body.approval) {
+          resolved(e.body.approval);
+          say(`Someone decided first: ${e.body.approval.state} by ${e.body.approval.decided_by || "nobody"}.`, true);
+        } else {
+          allow.disabled = deny.disabled = false;
+          say("The decision failed: " + e.message, true);
+        }
+      }
+    };
+    allow.addEventListener("click", () => decide("allow"));
+    deny.addEventListener("click", () => decide("deny"));
+    li.append(el("label", { for: reasonID }, "Reason"), reason, el("div", { class: "buttons" }, allow, deny));
+  } else {
+    li.append(el("p", {}, "Your credential cannot decide approvals."));
+  }
+  loadDetail(id, detail);
+  return li;
+}
+async function loadDetail(id, box) {
+  try {
+    const d = await api("GET", "/console/api/approvals/" + encodeURIComponent(id));
+    box.replaceChildren(el("h4", {}, "Arguments"), el("pre", {}, JSON.stringify(d.args, null, 2)));
+    for (const f of d.files || []) box.append(fileDiff(d.tool_id, d.args, f));
+  } catch (e) {
+    box.textContent = e.status === 404 ? "Decided already." : "Loading the arguments failed: " + e.message;
+  }
+}
+function fileDiff(tool, args, f) {
+  const title = el("h4", {}, `${f.path} (${f.exists ? "now " + f.size + " bytes" : "new file"})`);
+  if (f.binary || f.truncated) return el("div", {}, title, el("p", {}, f.truncated ? "Too large to show." : "Not text: no diff."));
+  const before = f.exists ? f.content || "" : "";
+  let after;
+  if (tool === "fs.write" && typeof args.content === "string") after = args.content;
+  else if (tool === "fs.patch" && typeof args.old === "string" && typeof args.new === "string") {
+    const i = before.indexOf(args.old);
+    if (i < 0) return el("div", {}, title, el("p", {}, "The text to replace is not in the current file: the call will fail."));
+    after = before.slice(0, i) + args.new + before.slice(i + args.old.length);
+  } else {
+    return el("div", {}, title, el("pre", {}, before));
+  }
+  const box = el("div", { class: "diff", role: "region", "aria-label": "Diff of " + f.path });
+  for (const part of diffLines(before, after)) {
+    const cls = part.added ? "add" : part.removed ? "del" : "ctx";
+    const sign = part.added ? "+" : part.removed ? "-" : " ";
+    for (const line of part.value.replace(/\n$/, "").split("\n")) {
+      box.append(el("div", { class: cls }, el("span", { class: "sr-only" }, part.added ? "added: " : part.removed ? "removed: " : ""), sign + " " + line));
+    }
+  }
+  return el("div", {}, title, box);
+}
+function decidedCard(a) {
+  return el(
+    "li",
+    { class: "card", "data-id": a.approval_id },
+    el("h3", {}, `${a.tool_id} by ${a.agent_id}`),
+    el("p", {}, el("span", { class: "state " + a.state }, a.state), a.decided_by ? ` by ${a.decided_by}` : "", a.reason ? ` — ${a.reason}` : ""),
+    kv([["Decided", fmtTime(a.decided_at)], ["Approval valid until", fmtTime(a.expires_at)], ["Operation", a.operation_id]])
+  );
+}
+function resolved(a) {
+  pending.delete(a.approval_id);
+  decided.set(a.approval_id, a);
+  renderApprovals();
+}
+function connectEvents() {
+  if (events) events.close();
+  events = new EventSource("/console/api/events");
+  const onEvent = (ev) => {
+    const e = JSON.parse(ev.data);
+    logEvent(e);
+    if (e.kind === "tool.confirmation_requested" && e.approval) {
+      pending.set(e.approval.approval_id, e.approval);
+      renderApprovals();
+    } else if (e.kind === "tool.confirmation_resolved" && e.approval) {
+      resolved(e.approval);
+    }
+  };
+  for (const k of ["tool.called", "tool.completed", "tool.failed", "tool.input_invalid", "tool.denied", "tool.confirmation_requested", "tool.confirmation_resolved"]) {
+    events.addEventListener(k, onEvent);
+  }
+  events.addEventListener("dropped", () => loadApprovals());
+  events.addEventListener("open", () => {
+    if (session) loadApprovals();
+  });
+}
+function logEvent(e) {
+  const ol = $("#events");
+  ol.prepend(el("li", {}, `${e.time} ${e.kind} ${e.tool_id} ${e.agent_id}${e.error_class ? " " + e.error_class : ""}${e.tx_outcome ? " " + e.tx_outcome : ""}`));
+  while (ol.children.length > 200) ol.lastChild.remove();
+}
+var historyQuery = null;
+function isoOf(local) {
+  return local ? new Date(local).toISOString().replace(/\.\d+Z$/, "Z") : "";
+}
+async function searchHistory(more = false) {
+  const f = new FormData($("#history-form"));
+  if (!more) {
+    historyQuery = new URLSearchParams();
+    for (const k of ["agent", "tool", "outcome", "class"]) if (f.get(k)) historyQuery.set(k, f.get(k));
+    for (const k of ["since", "until"]) if (f.get(k)) historyQuery.set(k, isoOf(f.get(k)));
+    historyQuery.delete("after");
+    $("#history-table tbody").replaceChildren();
+  }
+  try {
+    const out = await api("GET", "/console/api/receipts?" + historyQuery);
+    const tb = $("#history-table tbody");
+    for (const r of out.receipts) {
+      const rc = r.receipt;
+      const outcome = rc.error_class ? `${rc.error_class} (${rc.tx_outcome})` : rc.tx_outcome;
+      const tr = el(
+        "tr",
+        { class: "selectable", tabindex: 0, "data-receipt": r.receipt_id },
+        el("td", {}, fmtTime(rc.issued_at)),
+        el("td", {}, rc.tool_id),
+        el("td", {}, rc.agent_id),
+        el("td", {}, outcome),
+        el("td", {}, rc.autonomy_mode),
+        el("td", {}, el("code", {}, r.receipt_id.slice(0, 13)))
+      );
+      const open = () => showRecord(r, tr);
+      tr.addEventListener("click", open);
+      tr.addEventListener("keydown", (ev) => {
+        if (ev.key === "Enter" || ev.key === " ") {
+          ev.preventDefault();
+          open();
+        }
+      });
+      tb.append(tr);
+    }
+    $("#history-more").hidden = !out.next;
+    if (out.next) historyQuery.set("after", out.next);
+    say(`${tb.children.length} receipts.`);
+  } catch (e) {
+    say("Search failed: " + e.message, true);
+  }
+}
+var current = null;
+async function showRecord(r, tr) {
+  for (const x of document.querySelectorAll("#history-table tr[aria-selected]")) x.removeAttribute("aria-selected");
+  tr.setAttribute("aria-selected", "true");
+  current = r;
+  $("#history-detail").hidden = false;
+  $("#detail-id").textContent = r.receipt_id;
+  $("#detail-checks").replaceChildren();
+  $("#detail-receipt").textContent = JSON.stringify({ jws: r.jws, payload: r.receipt }, null, 2);
+  $("#detail-operation").textContent = "Loading…";
+  try {
+    const op = await api("GET", "/console/api/operations/" + encodeURIComponent(r.operation_id));
+    $("#detail-operation").textContent = JSON.stringify(op, null, 2);
+  } catch (e) {
+    $("#detail-operation").textContent = e.status === 404 ? "No stored result (the call was refused before it was recorded as an operation)." : e.message;
+  }
+}
+async function jwks() {
+  const resp = await fetch("/.well-known/jwks.json", { credentials: "omit" });
+  if (!resp.ok) throw new Error("fetching the JWKS: HTTP " + resp.status);
+  return resp.json();
+}
+function renderChecks(box, result) {
+  const verdict = el("p", { class: "verdict " + (result.ok ? "pass" : "fail") }, result.ok ? "Verified: every check passed." : "Not verified: " + (result.checks.find((c) => c.ok === false) || {}).label + " failed.");
+  const ul = el("ul", { class: "checks" });
+  for (const c of result.checks) {
+    const state = c.ok === true ? "pass" : c.ok === false ? "fail" : "skip";
+    ul.append(el("li", { class: state, "data-check": c.id, "data-state": state }, el("strong", {}, `${state === "pass" ? "✓" : state === "fail" ? "✗" : "–"} ${c.label}`), el("br"), c.detail));
+  }
+  box.replaceChildren(verdict, ul);
+  box.setAttribute("data-verdict", result.ok ? "pass" : "fail");
+}
+async function verifyCurrent() {
+  const box = $("#detail-checks");
+  box.textContent = "Verifying…";
+  try {
+    const bundle = await api("GET", `/console/api/receipts/${encodeURIComponent(current.receipt_id)}/bundle`);
+    renderChecks(box, await verifyBundle(bundle, await jwks()));
+  } catch (e) {
+    box.textContent = "Could not fetch the bundle: " + e.message;
+  }
+}
+async function readFile(input) {
+  const f = input.files && input.files[0];
+  return f ? f.text() : null;
+}
+async function verifyUpload(ev) {
+  ev.preventDefault();
+  const box = $("#verify-checks");
+  try {
+    const text = await readFile($("#bundle-file")) ?? $("#bundle-text").value;
+    if (!text.trim()) throw new Error("give a bundle file or paste one");
+    const bundle = JSON.parse(text);
+    const keysText = await readFile($("#jwks-file"));
+    renderChecks(box, await verifyBundle(bundle, keysText ? JSON.parse(keysText) : await jwks()));
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "verdict fail", "data-verdict": "fail" }, "Not verified: " + e.message));
+    box.setAttribute("data-verdict", "fail");
+  }
+}
+var LAST_SEEN = "capkernel.console.checkpoint";
+async function refreshCheckpoint() {
+  const box = $("#ledger-checks");
+  try {
+    const resp = await fetch("/v1/ledger/checkpoint", { credentials: "omit" });
+    if (!resp.ok) throw new Error("HTTP " + resp.status);
+    const cp = await resp.json();
+    const keys2 = await jwks();
+    const pub = b64urlDecode(keys2.keys[0].x);
+    const checks = [];
+    const parsed = await verifyCheckpoint(cp.note, pub);
+    checks.push(["Signature by the kernel's key", true, parsed.origin]);
+    const last = localStorage.getItem(LAST_SEEN);
+    if (last) {
+      try {
+        const prev = parseCheckpoint(last);
+        if (prev.origin !== parsed.origin) {
+          checks.push(["Consistent with the last one seen", null, "another kernel's checkpoint was seen last"]);
+        } else {
+          const pr = await fetch(`/v1/ledger/proof/consistency?from=${prev.size}&to=${parsed.size}`, { credentials: "omit" });
+          if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
+          const p = await pr.json();
+          verifyConsistency(prev.size, parsed.size, prev.root, parsed.root, p.proof.map((h) => Uint8Array.from(h.slice(7).match(/../g), (x) => parseInt(x, 16))));
+          checks.push(["Consistent with the last one seen", true, `size ${prev.size} → ${parsed.size}`]);
+        }
+      } catch (e) {
+        checks.push(["Consistent with the last one seen", false, e.message]);
+      }
+    } else {
+      checks.push(["Consistent with the last one seen", null, "first checkpoint this browser has seen"]);
+    }
+    if (!checks.some((c) => c[1] === false)) localStorage.setItem(LAST_SEEN, cp.note);
+    $("#checkpoint").replaceChildren(...kv([["Number", cp.number], ["Origin", cp.origin], ["Size", cp.size], ["Root", cp.root], ["Verifier key", cp.verifier_key]]).children);
+    box.replaceChildren(el("ul", { class: "checks" }, checks.map(([label, ok, detail]) => el("li", { class: ok === true ? "pass" : ok === false ? "fail" : "skip" }, el("strong", {}, label), el("br"), detail))));
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "verdict fail" }, "Checkpoint not verified: " + e.message));
+  }
+}
+async function loadTokens() {
+  if (!session || session.role !== "admin") return;
+  try {
+    const out = await api("GET", "/console/api/tokens");
+    const tb = $("#tokens-table tbody");
+    tb.replaceChildren(...out.tokens.map((t) => {
+      const budgets = Object.keys(t.limits || {}).sort().map((b) => `${b}: ${t.used[b]} / ${t.limits[b]}, ${t.left[b]} left`).join("; ") || "unlimited";
+      const expired = t.exp * 1e3 < Date.now();
+      const state = t.revoked ? "revoked" : expired ? "expired" : "live";
+      const revoke = el("button", { type: "button", class: "danger", "aria-label": `Revoke token ${t.jti} of ${t.agent_id}` }, "Revoke");
+      revoke.disabled = t.revoked;
+      revoke.addEventListener("click", () => askRevoke(t.jti));
+      return el(
+        "tr",
+        { "data-jti": t.jti },
+        el("td", {}, el("code", {}, t.jti), t.parent ? el("div", {}, "from ", el("code", {}, t.parent)) : "", t.role ? el("div", {}, "role " + t.role) : ""),
+        el("td", {}, t.agent_id),
+        el("td", {}, new Date(t.exp * 1e3).toLocaleString()),
+        el("td", {}, budgets),
+        el("td", {}, state),
+        el("td", {}, revoke)
+      );
+    }));
+  } catch (e) {
+    say("Loading tokens failed: " + e.message, true);
+  }
+}
+var revoking = null;
+function askRevoke(jti) {
+  revoking = jti;
+  $("#revoke-jti").textContent = jti;
+  $("#revoke-reason").value = "";
+  $("#revoke-dialog").showModal();
+  $("#revoke-reason").focus();
+}
+async function confirmRevoke(ev) {
+  ev.preventDefault();
+  const reason = $("#revoke-reason").value.trim();
+  if (!reason) return;
+  $("#revoke-dialog").close();
+  try {
+    await api("POST", `/console/api/tokens/${encodeURIComponent(revoking)}/revoke`, { reason });
+    say(`Token ${revoking} revoked.`);
+    loadTokens();
+  } catch (e) {
+    say("Revoking failed: " + e.message, true);
+  }
+}
+async function login(ev) {
+  ev.preventDefault();
+  const input = $("#credential");
+  const credential = input.value;
+  input.value = "";
+  try {
+    signedIn(await api("POST", "/console/api/login", { credential }));
+    say("Signed in.");
+  } catch (e) {
+    say("Sign-in failed: " + e.message, true);
+    input.focus();
+  }
+}
+async function logout() {
+  try {
+    await api("POST", "/console/api/logout", {});
+  } catch {
+  }
+  signedOut();
+  say("Signed out.");
+}
+function start() {
+  $("#login-form").addEventListener("submit", login);
+  $("#logout").addEventListener("click", logout);
+  for (const b of document.querySelectorAll("#nav button")) b.addEventListener("click", () => show(b.dataset.view));
+  $("#history-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    searchHistory();
+  });
+  $("#history-more").addEventListener("click", () => searchHistory(true));
+  $("#detail-verify").addEventListener("click", verifyCurrent);
+  $("#verify-form").addEventListener("submit", verifyUpload);
+  $("#ledger-refresh").addEventListener("click", refreshCheckpoint);
+  $("#tokens-refresh").addEventListener("click", loadTokens);
+  $("#revoke-form").addEventListener("submit", confirmRevoke);
+  $("#revoke-cancel").addEventListener("click", () => $("#revoke-dialog").close());
+  api("GET", "/console/api/session").then(signedIn, () => signedOut());
+}
+start();

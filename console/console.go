@@ -1,0 +1,362 @@
+// Package console is the operator's web console of a kernel: approvals
+// decided live, history of receipts and operations, receipts verified in
+// the browser, ledger checkpoints, tokens and their budgets. Its page and
+// scripts are embedded (assets/, built from web/ by `make console`) and
+// load nothing from any other origin.
+//
+// Access: an operator signs in with an approver, escalation, auditor or
+// admin credential (POST /console/api/login), which the server keeps; the
+// browser gets only an HttpOnly, SameSite=Strict session cookie (Secure
+// over TLS) and a CSRF token held in the page's memory. Every
+// state-changing request must come from the console's own origin, carry a
+// JSON body and the session's CSRF token. docs/console.md is the
+// reference.
+package console
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capkernel/capkernel/kernel"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Prefix is the path the console is served under.
+const Prefix = "/console/"
+
+// Limits of the console's sessions.
+const (
+	SessionTTL  = 8 * time.Hour // at most; never past the credential's own expiry
+	MaxSessions = 1024          // the oldest is dropped beyond this
+	cookieName  = "capk_console"
+	csrfHeader  = "X-CSRF-Token"
+	maxBody     = 64 << 10
+)
+
+// Roles a console session can have.
+const (
+	RoleAdmin      = "admin"
+	RoleApprover   = "approver"
+	RoleEscalation = "escalation"
+	RoleAuditor    = "auditor" // any other approver-kind role: reads only
+)
+
+// ContentSecurityPolicy is sent with every console response: scripts,
+// styles and connections from the console's own origin only, no inline
+// script or style, no framing.
+const ContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
+	"connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// Console serves the console of one kernel.
+type Console struct {
+	k      *kernel.Kernel
+	mux    *http.ServeMux
+	static http.Handler
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	now      func() time.Time
+}
+
+type session struct {
+	id, csrf string
+	cred     string // the credential signed in with; never sent back
+	role     string
+	subject  string
+	jti      string // of a token credential
+	created  time.Time
+	expires  time.Time
+}
+
+// New returns the console of k.
+func New(k *kernel.Kernel) *Console {
+	sub, err := fs.Sub(assets, "assets")
+	if err != nil {
+		panic(err) // the embedded tree is fixed at build time
+	}
+	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, now: time.Now,
+		static: http.StripPrefix(strings.TrimSuffix(Prefix, "/"), http.FileServerFS(sub))}
+	c.routes()
+	return c
+}
+
+// ServeHTTP implements http.Handler for paths under Prefix.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", ContentSecurityPolicy)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	c.mux.ServeHTTP(w, r)
+}
+
+func (c *Console) routes() {
+	m := c.mux
+	m.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, Prefix, http.StatusMovedPermanently)
+	})
+	m.Handle("GET /console/", c.static)
+	m.HandleFunc("POST /console/api/login", c.login)
+	m.HandleFunc("POST /console/api/logout", c.mutate(c.logout))
+	m.HandleFunc("GET /console/api/session", c.read(c.whoami))
+	m.HandleFunc("GET /console/api/approvals", c.read(c.approvals))
+	m.HandleFunc("GET /console/api/approvals/{id}", c.read(c.approval))
+	m.HandleFunc("POST /console/api/approvals/{id}", c.mutate(c.decide))
+	m.HandleFunc("GET /console/api/events", c.read(c.events))
+	m.HandleFunc("GET /console/api/receipts", c.read(c.receipts))
+	m.HandleFunc("GET /console/api/receipts/{id}", c.read(c.receipt))
+	m.HandleFunc("GET /console/api/receipts/{id}/bundle", c.read(c.bundle))
+	m.HandleFunc("GET /console/api/operations/{id}", c.read(c.operation))
+	m.HandleFunc("GET /console/api/tokens", c.read(c.adminOnly(c.tokens)))
+	m.HandleFunc("POST /console/api/tokens/{jti}/revoke", c.mutate(c.adminOnly(c.revoke)))
+	unknown := func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no console endpoint "+r.Method+" "+r.URL.Path)
+	}
+	m.HandleFunc("GET /console/api/", unknown)
+	m.HandleFunc("POST /console/api/", unknown)
+}
+
+type handler func(w http.ResponseWriter, r *http.Request, s *session)
+
+// read wraps a GET endpoint: it needs a live session.
+func (c *Console) read(h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s, ok := c.session(w, r)
+		if ok {
+			h(w, r, s)
+		}
+	}
+}
+
+// mutate wraps a state-changing endpoint: same origin, a JSON body, a live
+// session and its CSRF token.
+func (c *Console) mutate(h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !checkRequest(w, r) {
+			return
+		}
+		s, ok := c.session(w, r)
+		if !ok {
+			return
+		}
+		if got := r.Header.Get(csrfHeader); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
+			writeError(w, http.StatusForbidden, "missing or wrong "+csrfHeader)
+			return
+		}
+		h(w, r, s)
+	}
+}
+
+func (c *Console) adminOnly(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, s *session) {
+		if s.role != RoleAdmin {
+			writeError(w, http.StatusForbidden, "only the admin credential may do this")
+			return
+		}
+		h(w, r, s)
+	}
+}
+
+// checkRequest refuses a state-changing request that does not come from
+// the console's own origin or whose body is not JSON: a form posted from
+// another site can do neither.
+func checkRequest(w http.ResponseWriter, r *http.Request) bool {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	origin := r.Header.Get("Origin")
+	switch {
+	case origin == "" && r.Header.Get("Sec-Fetch-Site") != "same-origin":
+		writeError(w, http.StatusForbidden, "cross-origin request refused: no Origin header")
+		return false
+	case origin != "" && origin != scheme+"://"+r.Host:
+		writeError(w, http.StatusForbidden, "cross-origin request refused: origin "+origin)
+		return false
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		writeError(w, http.StatusUnsupportedMediaType, "the body must be application/json")
+		return false
+	}
+	return true
+}
+
+// session returns the live session of r's cookie, re-checking its
+// credential (a revoked or expired token ends the session).
+func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, bool) {
+	ck, err := r.Cookie(cookieName)
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, "sign in first")
+		return nil, false
+	}
+	c.mu.Lock()
+	s := c.sessions[ck.Value]
+	if s != nil && !c.now().Before(s.expires) {
+		delete(c.sessions, s.id)
+		s = nil
+	}
+	c.mu.Unlock()
+	if s == nil {
+		writeError(w, http.StatusUnauthorized, "the session has ended; sign in again")
+		return nil, false
+	}
+	if s.role != RoleAdmin {
+		if _, err := c.k.VerifyBearer(s.cred); err != nil {
+			c.drop(s.id)
+			writeError(w, http.StatusUnauthorized, "the credential no longer verifies: "+err.Error())
+			return nil, false
+		}
+	}
+	return s, true
+}
+
+func (c *Console) drop(id string) {
+	c.mu.Lock()
+	delete(c.sessions, id)
+	c.mu.Unlock()
+}
+
+// LoginRequest is the body of POST /console/api/login.
+type LoginRequest struct {
+	Credential string `json:"credential"`
+}
+
+// SessionInfo is what the page learns of its session.
+type SessionInfo struct {
+	Role      string `json:"role"`
+	Subject   string `json:"subject"`
+	CSRF      string `json:"csrf"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if !checkRequest(w, r) {
+		return
+	}
+	var req LoginRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	now := c.now()
+	s := &session{cred: strings.TrimSpace(req.Credential), created: now, expires: now.Add(SessionTTL)}
+	switch {
+	case s.cred == "":
+		writeError(w, http.StatusBadRequest, "credential is required")
+		return
+	case c.k.IsAdmin(s.cred):
+		s.role, s.subject = RoleAdmin, "admin"
+	case strings.HasPrefix(s.cred, kernel.AdminPrefix):
+		writeError(w, http.StatusUnauthorized, "the admin credential is wrong")
+		return
+	default:
+		tok, err := c.k.VerifyBearer(s.cred)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, "the credential does not verify: "+err.Error())
+			return
+		}
+		switch tok.Claims.Cap.Role {
+		case "":
+			writeError(w, http.StatusForbidden, "an agent's capability token cannot sign in; use an approver, auditor or admin credential")
+			return
+		case RoleApprover, RoleEscalation:
+			s.role = tok.Claims.Cap.Role
+		default:
+			s.role = RoleAuditor
+		}
+		s.subject, s.jti = tok.Claims.Subject, tok.Claims.ID
+		if tok.Claims.Expiry.Before(s.expires) {
+			s.expires = tok.Claims.Expiry
+		}
+	}
+	s.id, s.csrf = randomID(), randomID()
+	c.mu.Lock()
+	if len(c.sessions) >= MaxSessions {
+		var oldest *session
+		for _, o := range c.sessions {
+			if oldest == nil || o.created.Before(oldest.created) {
+				oldest = o
+			}
+		}
+		delete(c.sessions, oldest.id)
+	}
+	c.sessions[s.id] = s
+	c.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{
+		Name: cookieName, Value: s.id, Path: Prefix, Expires: s.expires,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+	})
+	writeJSON(w, http.StatusOK, info(s))
+}
+
+func info(s *session) SessionInfo {
+	return SessionInfo{Role: s.role, Subject: s.subject, CSRF: s.csrf, ExpiresAt: s.expires.UTC().Format(time.RFC3339)}
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
+	c.drop(s.id)
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	writeJSON(w, http.StatusOK, map[string]bool{"signed_out": true})
+}
+
+// whoami answers the page after a reload: the session's role and its
+// CSRF token (readable only by the console's own origin: no CORS).
+func (c *Console) whoami(w http.ResponseWriter, _ *http.Request, s *session) {
+	writeJSON(w, http.StatusOK, info(s))
+}
+
+func randomID() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// ErrorBody is the body of every console error.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorBody{Error: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// readJSON decodes a small JSON body strictly into v.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		status := http.StatusBadRequest
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		writeError(w, status, "request body: "+err.Error())
+		return false
+	}
+	return true
+}

@@ -1,0 +1,323 @@
+package console
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/capkernel/capkernel/kernel"
+)
+
+func TestLogin(t *testing.T) {
+	w := newWorld(t)
+	tests := []struct {
+		name   string
+		cred   string
+		status int
+		role   string
+	}{
+		{"admin", w.admin, 200, RoleAdmin},
+		{"approver", w.alice.Token, 200, RoleApprover},
+		{"escalation approver", w.carol.Token, 200, RoleEscalation},
+		{"agent token", w.agent.Token, 403, ""},
+		{"wrong admin credential", kernel.AdminPrefix + "nope", 401, ""},
+		{"garbage", "not-a-token", 401, ""},
+		{"empty", "", 400, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := w.client()
+			if got := c.login(tt.cred); got != tt.status {
+				t.Fatalf("login status %d, want %d", got, tt.status)
+			}
+			status, out := c.do("GET", "/console/api/session", nil)
+			if tt.status != 200 {
+				if status != 401 {
+					t.Fatalf("session after a refused login: %d", status)
+				}
+				return
+			}
+			if status != 200 || out["role"] != tt.role {
+				t.Fatalf("session: %d %v, want role %s", status, out, tt.role)
+			}
+		})
+	}
+}
+
+func TestSessionCookie(t *testing.T) {
+	w := newWorld(t)
+	c := w.client()
+	req, _ := http.NewRequest("POST", w.srv.URL+"/console/api/login", strings.NewReader(`{"credential":"`+w.alice.Token+`"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Origin", w.srv.URL)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	ck := resp.Cookies()
+	if len(ck) != 1 || !ck[0].HttpOnly || ck[0].SameSite != http.SameSiteStrictMode || ck[0].Path != Prefix || ck[0].Secure {
+		t.Fatalf("cookie %+v: want HttpOnly, SameSite=Strict, Path=%s, not Secure over plain HTTP", ck, Prefix)
+	}
+	if strings.Contains(string(body), w.alice.Token) || strings.Contains(ck[0].Value, w.alice.Token) {
+		t.Fatal("the credential came back to the browser")
+	}
+	// Signing out ends the session server-side: the old cookie is dead.
+	c.csrf = regexp.MustCompile(`"csrf":"([^"]+)"`).FindStringSubmatch(string(body))[1]
+	if status, _ := c.do("POST", "/console/api/logout", map[string]any{}); status != 200 {
+		t.Fatalf("logout: %d", status)
+	}
+	req, _ = http.NewRequest("GET", w.srv.URL+"/console/api/session", nil)
+	req.AddCookie(ck[0])
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("a signed-out cookie still works: %d", resp.StatusCode)
+	}
+}
+
+// TestStateChangingRequestsAreGuarded: a decision without the CSRF
+// token, from another origin, or not as JSON, is refused and decides
+// nothing.
+func TestStateChangingRequestsAreGuarded(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, "k1")
+	c := w.client()
+	if c.login(w.alice.Token) != 200 {
+		t.Fatal("login")
+	}
+	path := w.srv.URL + "/console/api/approvals/" + a.ID
+	body := `{"decision":"allow","reason":"ok"}`
+	tests := []struct {
+		name    string
+		header  map[string]string
+		status  int
+		message string
+	}{
+		{"no CSRF token", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/json"}, 403, "X-CSRF-Token"},
+		{"wrong CSRF token", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/json", csrfHeader: "x" + c.csrf}, 403, "X-CSRF-Token"},
+		{"foreign origin", map[string]string{"Origin": "http://evil.example", "Content-Type": "application/json", csrfHeader: c.csrf}, 403, "cross-origin"},
+		{"no origin", map[string]string{"Content-Type": "application/json", csrfHeader: c.csrf}, 403, "cross-origin"},
+		{"form post", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/x-www-form-urlencoded", csrfHeader: c.csrf}, 415, "application/json"},
+		{"text/plain", map[string]string{"Origin": w.srv.URL, "Content-Type": "text/plain", csrfHeader: c.csrf}, 415, "application/json"},
+	}
+	for _, tt := range tests {
+		req, _ := http.NewRequest("POST", path, strings.NewReader(body))
+		for k, v := range tt.header {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.message) {
+			t.Errorf("%s: %d %s, want %d mentioning %q", tt.name, resp.StatusCode, b, tt.status, tt.message)
+		}
+	}
+	if st, _ := w.k.Operation(op); st.State != kernel.OpAwaitingApproval {
+		t.Fatalf("after refused decisions the call is %s, want still awaiting approval", st.State)
+	}
+	if status, out := c.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow", Reason: "looks right"}); status != 200 || out["state"] != kernel.ApprovalAllowed {
+		t.Fatalf("a proper decision: %d %v", status, out)
+	}
+	r, err := w.k.Wait(context.Background(), op)
+	if err != nil || r.Status != kernel.StatusOK || r.TxOutcome != kernel.Committed {
+		t.Fatalf("the approved call: %+v %v", r, err)
+	}
+}
+
+// TestFirstDecisionWins: two approvers decide one request at once; one
+// wins, the other gets 409 with the winning decision.
+func TestFirstDecisionWins(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "notes.txt", "content": "raced\n"}, "k1")
+	alice, bob := w.client(), w.client()
+	alice.login(w.alice.Token)
+	bob.login(w.bob.Token)
+	type answer struct {
+		status int
+		out    map[string]any
+	}
+	var got [2]answer
+	var wg sync.WaitGroup
+	for i, c := range []*client{alice, bob} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := []string{"allow", "deny"}[i]
+			s, out := c.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: d, Reason: "race"})
+			got[i] = answer{s, out}
+		}()
+	}
+	wg.Wait()
+	var winner, loser answer
+	switch {
+	case got[0].status == 200 && got[1].status == 409:
+		winner, loser = got[0], got[1]
+	case got[1].status == 200 && got[0].status == 409:
+		winner, loser = got[1], got[0]
+	default:
+		t.Fatalf("want one 200 and one 409, got %d and %d", got[0].status, got[1].status)
+	}
+	seen := loser.out["approval"].(map[string]any)
+	if seen["state"] != winner.out["state"] || seen["decided_by"] != winner.out["decided_by"] {
+		t.Fatalf("the loser saw %v, the winner decided %v", seen, winner.out)
+	}
+	r, _ := w.k.Wait(context.Background(), op)
+	if (winner.out["state"] == kernel.ApprovalAllowed) != (r.Status == kernel.StatusOK) {
+		t.Fatalf("decision %v, call result %+v", winner.out["state"], r)
+	}
+}
+
+func TestEscalatedOnlyForEscalationApprovers(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.escalated, "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, "k1")
+	alice, carol, admin := w.client(), w.client(), w.client()
+	alice.login(w.alice.Token)
+	carol.login(w.carol.Token)
+	admin.login(w.admin)
+	count := func(c *client) int {
+		_, out := c.do("GET", "/console/api/approvals", nil)
+		return len(out["approvals"].([]any))
+	}
+	if n := count(alice); n != 0 {
+		t.Errorf("an approver without the escalation role sees %d escalated requests", n)
+	}
+	if s, _ := alice.do("GET", "/console/api/approvals/"+a.ID, nil); s != 404 {
+		t.Errorf("an approver reads an escalated request's detail: %d", s)
+	}
+	if s, _ := alice.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow"}); s != 403 {
+		t.Errorf("an approver decides an escalated request: %d", s)
+	}
+	if count(carol) != 1 || count(admin) != 1 {
+		t.Errorf("escalation approver sees %d, admin %d; want 1 each", count(carol), count(admin))
+	}
+	if s, _ := admin.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow"}); s != 403 {
+		t.Errorf("the admin credential decides: %d", s)
+	}
+	if s, out := carol.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "deny", Reason: "no"}); s != 200 {
+		t.Fatalf("escalation approver: %d %v", s, out)
+	}
+	if r, _ := w.k.Wait(context.Background(), op); r.Error == nil || r.Error.Class != kernel.ErrApprovalDenied {
+		t.Fatalf("denied escalated call: %+v", r)
+	}
+}
+
+func TestApprovalDetailShowsCurrentFile(t *testing.T) {
+	w := newWorld(t)
+	_, a := w.gated(w.agent, "fs.patch", map[string]any{"path": "notes.txt", "old": "draft", "new": "final"}, "k1")
+	c := w.client()
+	c.login(w.bob.Token)
+	s, out := c.do("GET", "/console/api/approvals/"+a.ID, nil)
+	if s != 200 {
+		t.Fatalf("detail: %d %v", s, out)
+	}
+	args := out["args"].(map[string]any)
+	files := out["files"].([]any)
+	if args["new"] != "final" || len(files) != 1 {
+		t.Fatalf("detail args %v files %v", args, files)
+	}
+	f := files[0].(map[string]any)
+	if f["path"] != "notes.txt" || f["content"] != "status: draft\nowner: ops\n" || f["exists"] != true {
+		t.Fatalf("file state %v", f)
+	}
+}
+
+func TestTokensAreAdminOnly(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "n2.txt", "content": "x"}, "k1")
+	alice, admin := w.client(), w.client()
+	alice.login(w.alice.Token)
+	admin.login(w.admin)
+	alice.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow"})
+	w.k.Wait(context.Background(), op)
+	if s, _ := alice.do("GET", "/console/api/tokens", nil); s != 403 {
+		t.Errorf("an approver lists tokens: %d", s)
+	}
+	if s, _ := alice.do("POST", "/console/api/tokens/"+w.agent.ID+"/revoke", RevokeRequest{Reason: "x"}); s != 403 {
+		t.Errorf("an approver revokes: %d", s)
+	}
+	s, out := admin.do("GET", "/console/api/tokens", nil)
+	if s != 200 {
+		t.Fatalf("tokens: %d", s)
+	}
+	var found map[string]any
+	for _, x := range out["tokens"].([]any) {
+		if x.(map[string]any)["jti"] == w.agent.ID {
+			found = x.(map[string]any)
+		}
+	}
+	if found == nil || found["used"].(map[string]any)["calls"] != float64(1) || found["left"].(map[string]any)["calls"] != float64(49) {
+		t.Fatalf("agent token with 1 of 50 calls used: %v", found)
+	}
+	if s, _ := admin.do("POST", "/console/api/tokens/"+w.agent.ID+"/revoke", RevokeRequest{}); s != 400 {
+		t.Errorf("revoke without a reason: %d", s)
+	}
+	if s, _ := admin.do("POST", "/console/api/tokens/"+w.agent.ID+"/revoke", RevokeRequest{Reason: "leaked"}); s != 200 {
+		t.Fatalf("revoke: %d", s)
+	}
+	if _, err := w.k.VerifyBearer(w.agent.Token); err == nil {
+		t.Fatal("the revoked token still verifies")
+	}
+}
+
+// TestPageLoadsNothingFromElsewhere: the page has no inline script or
+// style and names no other origin; every response carries the CSP.
+func TestPageLoadsNothingFromElsewhere(t *testing.T) {
+	w := newWorld(t)
+	for _, p := range []string{"/console/", "/console/app.js", "/console/style.css"} {
+		resp, err := http.Get(w.srv.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Security-Policy") != ContentSecurityPolicy {
+			t.Fatalf("%s: %d, CSP %q", p, resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
+		}
+		if p != "/console/" {
+			continue
+		}
+		page := string(b)
+		for _, bad := range []*regexp.Regexp{
+			regexp.MustCompile(`<script(?:\s+type="module")?>`),   // inline script
+			regexp.MustCompile(`(?i)(src|href)="(https?:)?//`),    // another origin
+			regexp.MustCompile(`(?i)\sstyle=|<style|\son[a-z]+=`), // inline style or handler
+		} {
+			if m := bad.FindString(page); m != "" {
+				t.Errorf("index.html has %q", m)
+			}
+		}
+	}
+}
+
+// TestAssetsMatchSources guards against editing console/assets by hand:
+// the copied files must equal their sources (make console-check also
+// rebuilds app.js).
+func TestAssetsMatchSources(t *testing.T) {
+	for _, f := range []string{"index.html", "style.css"} {
+		src, err := os.ReadFile(filepath.Join("web", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		built, err := assets.ReadFile("assets/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(src) != string(built) {
+			t.Errorf("assets/%s differs from web/%s: run make console", f, f)
+		}
+	}
+}

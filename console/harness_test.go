@@ -1,0 +1,164 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/telemetry"
+)
+
+// world is a kernel served over HTTP on loopback with the console and
+// metrics, a workspace, and credentials of every kind.
+type world struct {
+	t         *testing.T
+	k         *kernel.Kernel
+	srv       *httptest.Server
+	ws        string
+	admin     string
+	alice     *kernel.MintedToken // approver
+	bob       *kernel.MintedToken // approver
+	carol     *kernel.MintedToken // escalation approver
+	agent     *kernel.MintedToken // a1: fs.*, every call soft_gate
+	escalated *kernel.MintedToken // a2: fs.*, every call escalated
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	dir := t.TempDir()
+	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("status: draft\nowner: ops\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ini, err := kernel.Init(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := telemetry.NewMetrics(reg)
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Watch(k)
+	api := httpapi.New(k)
+	api.ServeMetrics(reg, httpapi.MetricsAdmin)
+	api.ServeConsole(New(k))
+	w := &world{t: t, k: k, srv: httptest.NewServer(api), ws: ws, admin: ini.AdminCredential}
+	t.Cleanup(func() {
+		w.srv.CloseClientConnections()
+		w.srv.Close()
+		k.Drain()
+		k.WaitBackground(context.Background())
+		k.Close()
+	})
+	mint := func(req kernel.TokenRequest) *kernel.MintedToken {
+		tok, err := k.Mint(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	w.alice = mint(kernel.TokenRequest{AgentID: "alice", Role: captoken.RoleApprover})
+	w.bob = mint(kernel.TokenRequest{AgentID: "bob", Role: captoken.RoleApprover})
+	w.carol = mint(kernel.TokenRequest{AgentID: "carol", Role: captoken.RoleEscalation})
+	fs := []captoken.FSRoot{{Path: ws, Mode: "rw"}}
+	w.agent = mint(kernel.TokenRequest{AgentID: "a1", Tools: []string{"fs.*"}, FS: fs, Autonomy: "soft_gate", Budgets: map[string]int64{"calls": 50}})
+	w.escalated = mint(kernel.TokenRequest{AgentID: "a2", Tools: []string{"fs.*"}, FS: fs, Autonomy: "escalated"})
+	return w
+}
+
+// envelope is a call envelope of tok.
+func (w *world) envelope(tok *kernel.MintedToken, tool string, args map[string]any, key string) []byte {
+	a, _ := json.Marshal(args)
+	b, _ := json.Marshal(kernel.Envelope{ToolID: tool, Args: a, AgentID: tok.AgentID, CapabilityToken: tok.Token,
+		CapabilityTokenID: tok.ID, PolicyHash: w.k.PolicyHash(), IdempotencyKey: key})
+	return b
+}
+
+// gated starts a call of tok in the background and returns its operation
+// id and approval request once the call waits for a decision.
+func (w *world) gated(tok *kernel.MintedToken, tool string, args map[string]any, key string) (string, kernel.ApprovalRequest) {
+	w.t.Helper()
+	sub := w.k.Subscribe(kernel.EventFilter{AgentID: tok.AgentID, Kinds: []string{kernel.EventConfirmationRequested}}, 0)
+	defer sub.Close()
+	id, refused, err := w.k.Start(context.Background(), w.envelope(tok, tool, args, key))
+	if err != nil {
+		w.t.Fatalf("start: %v (%+v)", err, refused)
+	}
+	for e := range sub.C {
+		if e.OperationID == id {
+			return id, *e.Approval
+		}
+	}
+	w.t.Fatal("the event stream ended before the approval request")
+	return "", kernel.ApprovalRequest{}
+}
+
+// client is a browser-like HTTP client with a cookie jar, sending the
+// console's own Origin unless told otherwise.
+type client struct {
+	w      *world
+	hc     *http.Client
+	csrf   string
+	origin string
+}
+
+func (w *world) client() *client {
+	jar, _ := cookiejar.New(nil)
+	return &client{w: w, hc: &http.Client{Jar: jar}, origin: w.srv.URL}
+}
+
+// do sends a request; for POST the body is JSON with the client's
+// Origin and CSRF token.
+func (c *client) do(method, path string, body any) (int, map[string]any) {
+	c.w.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, c.w.srv.URL+path, rd)
+	if method != http.MethodGet {
+		req.Header.Set("Content-Type", "application/json")
+		if c.origin != "" {
+			req.Header.Set("Origin", c.origin)
+		}
+		if c.csrf != "" {
+			req.Header.Set(csrfHeader, c.csrf)
+		}
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.w.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+// login signs c in with cred and keeps the CSRF token.
+func (c *client) login(cred string) int {
+	c.w.t.Helper()
+	status, out := c.do(http.MethodPost, "/console/api/login", LoginRequest{Credential: cred})
+	if status == http.StatusOK {
+		c.csrf, _ = out["csrf"].(string)
+	}
+	return status
+}

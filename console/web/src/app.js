@@ -1,0 +1,525 @@
+// The operator's console page. Everything it shows comes from the
+// console API (/console/api/...) and the kernel's public ledger
+// endpoints, all on this origin. The session lives in an HttpOnly
+// cookie; the CSRF token is kept in this module's memory only.
+import { diffLines } from "diff";
+import { verifyBundle, verifyCheckpoint, verifyConsistency, b64urlDecode, parseCheckpoint } from "./verify.js";
+
+const $ = (sel) => document.querySelector(sel);
+let session = null; // {role, subject, csrf}
+let events = null; // EventSource
+const pending = new Map(); // approval_id -> request
+const decided = new Map();
+
+// ---- helpers ----
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c !== undefined && c !== null) e.append(c instanceof Node ? c : String(c));
+  }
+  return e;
+}
+
+function say(msg, error = false) {
+  const s = $("#status");
+  s.textContent = msg;
+  s.classList.toggle("error", error);
+}
+
+class APIError extends Error {
+  constructor(status, body) {
+    super((body && body.error) || "HTTP " + status);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+async function api(method, path, body) {
+  const opts = { method, credentials: "same-origin", headers: {} };
+  if (method !== "GET") {
+    opts.headers["Content-Type"] = "application/json";
+    if (session) opts.headers["X-CSRF-Token"] = session.csrf;
+    opts.body = JSON.stringify(body ?? {});
+  }
+  const resp = await fetch(path, opts);
+  let data = null;
+  try {
+    data = await resp.json();
+  } catch {
+    data = null;
+  }
+  if (resp.status === 401 && path !== "/console/api/login" && path !== "/console/api/session") {
+    signedOut("The session has ended; sign in again.");
+  }
+  if (!resp.ok) throw new APIError(resp.status, data);
+  return data;
+}
+
+function kv(pairs) {
+  const dl = el("dl", { class: "kv" });
+  for (const [k, v] of pairs) {
+    if (v === undefined || v === null || v === "") continue;
+    dl.append(el("dt", {}, k), el("dd", {}, v));
+  }
+  return dl;
+}
+
+function fmtTime(s) {
+  if (!s) return "";
+  const d = new Date(s);
+  return isNaN(d) ? s : d.toLocaleString();
+}
+
+// ---- views ----
+
+const views = ["login", "approvals", "history", "verify", "ledger", "tokens"];
+
+function show(view) {
+  for (const v of views) $("#view-" + v).hidden = v !== view;
+  for (const b of document.querySelectorAll("#nav button")) {
+    if (b.dataset.view === view) b.setAttribute("aria-current", "page");
+    else b.removeAttribute("aria-current");
+  }
+  if (view === "tokens") loadTokens();
+  if (view === "ledger") refreshCheckpoint();
+  if (view === "history" && !$("#history-table tbody").children.length) searchHistory();
+}
+
+function signedIn(s) {
+  session = s;
+  $("#view-login").hidden = true;
+  $("#nav").hidden = false;
+  $("#who").hidden = false;
+  $("#who-text").textContent = `${s.subject} (${s.role})`;
+  for (const b of document.querySelectorAll("#nav [data-admin]")) b.hidden = s.role !== "admin";
+  show("approvals");
+  loadApprovals();
+  connectEvents();
+  $("#main").focus();
+}
+
+function signedOut(msg) {
+  session = null;
+  if (events) events.close();
+  events = null;
+  pending.clear();
+  decided.clear();
+  $("#nav").hidden = true;
+  $("#who").hidden = true;
+  show("login");
+  if (msg) say(msg, true);
+  $("#credential").focus();
+}
+
+// ---- approvals ----
+
+async function loadApprovals() {
+  try {
+    const out = await api("GET", "/console/api/approvals?all=true");
+    session.canDecide = out.can_decide;
+    pending.clear();
+    decided.clear();
+    for (const a of out.approvals) (a.state === "pending" ? pending : decided).set(a.approval_id, a);
+    renderApprovals();
+  } catch (e) {
+    say("Loading approvals failed: " + e.message, true);
+  }
+}
+
+function renderApprovals() {
+  const list = $("#approvals-list");
+  const keep = new Set(pending.keys());
+  for (const li of [...list.children]) if (!keep.has(li.dataset.id)) li.remove();
+  for (const a of pending.values()) {
+    if (!list.querySelector(`[data-id="${CSS.escape(a.approval_id)}"]`)) list.append(approvalCard(a));
+  }
+  $("#approvals-empty").hidden = pending.size > 0;
+  $("#pending-count").textContent = String(pending.size);
+  const dl = $("#decided-list");
+  dl.replaceChildren(...[...decided.values()].reverse().slice(0, 50).map(decidedCard));
+}
+
+function approvalCard(a) {
+  const id = a.approval_id;
+  const reasonID = "reason-" + id;
+  const li = el("li", { class: "card" + (a.autonomy_mode === "escalated" ? " escalated" : ""), "data-id": id, "aria-labelledby": "h-" + id });
+  const detail = el("div", { class: "detail" }, "Loading the arguments…");
+  li.append(
+    el("h3", { id: "h-" + id }, `${a.tool_id} by ${a.agent_id}`),
+    kv([
+      ["Session", a.session_id],
+      ["Class", a.side_effect],
+      ["Mode", a.autonomy_mode + (a.required_role === "escalation" ? " (escalation approvers only)" : "")],
+      ["Risk", `${a.risk_score}${a.risk_basis && a.risk_basis.length ? " — " + a.risk_basis.join("; ") : ""}`],
+      ["Effects", (a.projected_effects || []).join(", ")],
+      ["Policy", a.policy_hash],
+      ["Operation", a.operation_id],
+      ["Requested", fmtTime(a.requested_at)],
+      ["Expires", fmtTime(a.decide_by)],
+    ]),
+    detail,
+  );
+  if (session.canDecide) {
+    const reason = el("textarea", { id: reasonID, rows: 2 });
+    const allow = el("button", { type: "button", class: "allow" }, "Approve");
+    const deny = el("button", { type: "button", class: "deny" }, "Deny");
+    const decide = async (decision) => {
+      allow.disabled = deny.disabled = true;
+      try {
+        const out = await api("POST", "/console/api/approvals/" + encodeURIComponent(id), { decision, reason: reason.value });
+        resolved(out);
+        say(`${decision === "allow" ? "Approved" : "Denied"} ${a.tool_id} by ${a.agent_id}.`);
+      } catch (e) {
+        if (e.status === 409 && e.body && e.body.approval) {
+          resolved(e.body.approval);
+          say(`Someone decided first: ${e.body.approval.state} by ${e.body.approval.decided_by || "nobody"}.`, true);
+        } else {
+          allow.disabled = deny.disabled = false;
+          say("The decision failed: " + e.message, true);
+        }
+      }
+    };
+    allow.addEventListener("click", () => decide("allow"));
+    deny.addEventListener("click", () => decide("deny"));
+    li.append(el("label", { for: reasonID }, "Reason"), reason, el("div", { class: "buttons" }, allow, deny));
+  } else {
+    li.append(el("p", {}, "Your credential cannot decide approvals."));
+  }
+  loadDetail(id, detail);
+  return li;
+}
+
+async function loadDetail(id, box) {
+  try {
+    const d = await api("GET", "/console/api/approvals/" + encodeURIComponent(id));
+    box.replaceChildren(el("h4", {}, "Arguments"), el("pre", {}, JSON.stringify(d.args, null, 2)));
+    for (const f of d.files || []) box.append(fileDiff(d.tool_id, d.args, f));
+  } catch (e) {
+    box.textContent = e.status === 404 ? "Decided already." : "Loading the arguments failed: " + e.message;
+  }
+}
+
+// fileDiff shows the change fs.write or fs.patch would make to f.
+function fileDiff(tool, args, f) {
+  const title = el("h4", {}, `${f.path} (${f.exists ? "now " + f.size + " bytes" : "new file"})`);
+  if (f.binary || f.truncated) return el("div", {}, title, el("p", {}, f.truncated ? "Too large to show." : "Not text: no diff."));
+  const before = f.exists ? f.content || "" : "";
+  let after;
+  if (tool === "fs.write" && typeof args.content === "string") after = args.content;
+  else if (tool === "fs.patch" && typeof args.old === "string" && typeof args.new === "string") {
+    const i = before.indexOf(args.old);
+    if (i < 0) return el("div", {}, title, el("p", {}, "The text to replace is not in the current file: the call will fail."));
+    after = before.slice(0, i) + args.new + before.slice(i + args.old.length);
+  } else {
+    return el("div", {}, title, el("pre", {}, before));
+  }
+  const box = el("div", { class: "diff", role: "region", "aria-label": "Diff of " + f.path });
+  for (const part of diffLines(before, after)) {
+    const cls = part.added ? "add" : part.removed ? "del" : "ctx";
+    const sign = part.added ? "+" : part.removed ? "-" : " ";
+    for (const line of part.value.replace(/\n$/, "").split("\n")) {
+      box.append(el("div", { class: cls }, el("span", { class: "sr-only" }, part.added ? "added: " : part.removed ? "removed: " : ""), sign + " " + line));
+    }
+  }
+  return el("div", {}, title, box);
+}
+
+function decidedCard(a) {
+  return el("li", { class: "card", "data-id": a.approval_id },
+    el("h3", {}, `${a.tool_id} by ${a.agent_id}`),
+    el("p", {}, el("span", { class: "state " + a.state }, a.state), a.decided_by ? ` by ${a.decided_by}` : "", a.reason ? ` — ${a.reason}` : ""),
+    kv([["Decided", fmtTime(a.decided_at)], ["Approval valid until", fmtTime(a.expires_at)], ["Operation", a.operation_id]]));
+}
+
+function resolved(a) {
+  pending.delete(a.approval_id);
+  decided.set(a.approval_id, a);
+  renderApprovals();
+}
+
+// ---- live events ----
+
+function connectEvents() {
+  if (events) events.close();
+  events = new EventSource("/console/api/events");
+  const onEvent = (ev) => {
+    const e = JSON.parse(ev.data);
+    logEvent(e);
+    if (e.kind === "tool.confirmation_requested" && e.approval) {
+      pending.set(e.approval.approval_id, e.approval);
+      renderApprovals();
+    } else if (e.kind === "tool.confirmation_resolved" && e.approval) {
+      resolved(e.approval);
+    }
+  };
+  for (const k of ["tool.called", "tool.completed", "tool.failed", "tool.input_invalid", "tool.denied", "tool.confirmation_requested", "tool.confirmation_resolved"]) {
+    events.addEventListener(k, onEvent);
+  }
+  events.addEventListener("dropped", () => loadApprovals());
+  // After a reconnection, events may have been missed: reload the list.
+  events.addEventListener("open", () => {
+    if (session) loadApprovals();
+  });
+}
+
+function logEvent(e) {
+  const ol = $("#events");
+  ol.prepend(el("li", {}, `${e.time} ${e.kind} ${e.tool_id} ${e.agent_id}${e.error_class ? " " + e.error_class : ""}${e.tx_outcome ? " " + e.tx_outcome : ""}`));
+  while (ol.children.length > 200) ol.lastChild.remove();
+}
+
+// ---- history ----
+
+let historyQuery = null;
+
+function isoOf(local) {
+  return local ? new Date(local).toISOString().replace(/\.\d+Z$/, "Z") : "";
+}
+
+async function searchHistory(more = false) {
+  const f = new FormData($("#history-form"));
+  if (!more) {
+    historyQuery = new URLSearchParams();
+    for (const k of ["agent", "tool", "outcome", "class"]) if (f.get(k)) historyQuery.set(k, f.get(k));
+    for (const k of ["since", "until"]) if (f.get(k)) historyQuery.set(k, isoOf(f.get(k)));
+    historyQuery.delete("after");
+    $("#history-table tbody").replaceChildren();
+  }
+  try {
+    const out = await api("GET", "/console/api/receipts?" + historyQuery);
+    const tb = $("#history-table tbody");
+    for (const r of out.receipts) {
+      const rc = r.receipt;
+      const outcome = rc.error_class ? `${rc.error_class} (${rc.tx_outcome})` : rc.tx_outcome;
+      const tr = el("tr", { class: "selectable", tabindex: 0, "data-receipt": r.receipt_id },
+        el("td", {}, fmtTime(rc.issued_at)), el("td", {}, rc.tool_id), el("td", {}, rc.agent_id), el("td", {}, outcome),
+        el("td", {}, rc.autonomy_mode), el("td", {}, el("code", {}, r.receipt_id.slice(0, 13))));
+      const open = () => showRecord(r, tr);
+      tr.addEventListener("click", open);
+      tr.addEventListener("keydown", (ev) => {
+        if (ev.key === "Enter" || ev.key === " ") {
+          ev.preventDefault();
+          open();
+        }
+      });
+      tb.append(tr);
+    }
+    $("#history-more").hidden = !out.next;
+    if (out.next) historyQuery.set("after", out.next);
+    say(`${tb.children.length} receipts.`);
+  } catch (e) {
+    say("Search failed: " + e.message, true);
+  }
+}
+
+let current = null;
+
+async function showRecord(r, tr) {
+  for (const x of document.querySelectorAll("#history-table tr[aria-selected]")) x.removeAttribute("aria-selected");
+  tr.setAttribute("aria-selected", "true");
+  current = r;
+  $("#history-detail").hidden = false;
+  $("#detail-id").textContent = r.receipt_id;
+  $("#detail-checks").replaceChildren();
+  $("#detail-receipt").textContent = JSON.stringify({ jws: r.jws, payload: r.receipt }, null, 2);
+  $("#detail-operation").textContent = "Loading…";
+  try {
+    const op = await api("GET", "/console/api/operations/" + encodeURIComponent(r.operation_id));
+    $("#detail-operation").textContent = JSON.stringify(op, null, 2);
+  } catch (e) {
+    $("#detail-operation").textContent = e.status === 404 ? "No stored result (the call was refused before it was recorded as an operation)." : e.message;
+  }
+}
+
+async function jwks() {
+  const resp = await fetch("/.well-known/jwks.json", { credentials: "omit" });
+  if (!resp.ok) throw new Error("fetching the JWKS: HTTP " + resp.status);
+  return resp.json();
+}
+
+function renderChecks(box, result) {
+  const verdict = el("p", { class: "verdict " + (result.ok ? "pass" : "fail") }, result.ok ? "Verified: every check passed." : "Not verified: " + (result.checks.find((c) => c.ok === false) || {}).label + " failed.");
+  const ul = el("ul", { class: "checks" });
+  for (const c of result.checks) {
+    const state = c.ok === true ? "pass" : c.ok === false ? "fail" : "skip";
+    ul.append(el("li", { class: state, "data-check": c.id, "data-state": state }, el("strong", {}, `${state === "pass" ? "✓" : state === "fail" ? "✗" : "–"} ${c.label}`), el("br"), c.detail));
+  }
+  box.replaceChildren(verdict, ul);
+  box.setAttribute("data-verdict", result.ok ? "pass" : "fail");
+}
+
+async function verifyCurrent() {
+  const box = $("#detail-checks");
+  box.textContent = "Verifying…";
+  try {
+    const bundle = await api("GET", `/console/api/receipts/${encodeURIComponent(current.receipt_id)}/bundle`);
+    renderChecks(box, await verifyBundle(bundle, await jwks()));
+  } catch (e) {
+    box.textContent = "Could not fetch the bundle: " + e.message;
+  }
+}
+
+// ---- verify an uploaded bundle ----
+
+async function readFile(input) {
+  const f = input.files && input.files[0];
+  return f ? f.text() : null;
+}
+
+async function verifyUpload(ev) {
+  ev.preventDefault();
+  const box = $("#verify-checks");
+  try {
+    const text = (await readFile($("#bundle-file"))) ?? $("#bundle-text").value;
+    if (!text.trim()) throw new Error("give a bundle file or paste one");
+    const bundle = JSON.parse(text);
+    const keysText = await readFile($("#jwks-file"));
+    renderChecks(box, await verifyBundle(bundle, keysText ? JSON.parse(keysText) : await jwks()));
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "verdict fail", "data-verdict": "fail" }, "Not verified: " + e.message));
+    box.setAttribute("data-verdict", "fail");
+  }
+}
+
+// ---- ledger ----
+
+const LAST_SEEN = "capkernel.console.checkpoint"; // the last verified checkpoint note (public data)
+
+async function refreshCheckpoint() {
+  const box = $("#ledger-checks");
+  try {
+    const resp = await fetch("/v1/ledger/checkpoint", { credentials: "omit" });
+    if (!resp.ok) throw new Error("HTTP " + resp.status);
+    const cp = await resp.json();
+    const keys = await jwks();
+    const pub = b64urlDecode(keys.keys[0].x);
+    const checks = [];
+    const parsed = await verifyCheckpoint(cp.note, pub);
+    checks.push(["Signature by the kernel's key", true, parsed.origin]);
+    const last = localStorage.getItem(LAST_SEEN);
+    if (last) {
+      try {
+        const prev = parseCheckpoint(last);
+        if (prev.origin !== parsed.origin) {
+          checks.push(["Consistent with the last one seen", null, "another kernel's checkpoint was seen last"]);
+        } else {
+          const pr = await fetch(`/v1/ledger/proof/consistency?from=${prev.size}&to=${parsed.size}`, { credentials: "omit" });
+          if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
+          const p = await pr.json();
+          verifyConsistency(prev.size, parsed.size, prev.root, parsed.root, p.proof.map((h) => Uint8Array.from(h.slice(7).match(/../g), (x) => parseInt(x, 16))));
+          checks.push(["Consistent with the last one seen", true, `size ${prev.size} → ${parsed.size}`]);
+        }
+      } catch (e) {
+        checks.push(["Consistent with the last one seen", false, e.message]);
+      }
+    } else {
+      checks.push(["Consistent with the last one seen", null, "first checkpoint this browser has seen"]);
+    }
+    if (!checks.some((c) => c[1] === false)) localStorage.setItem(LAST_SEEN, cp.note);
+    $("#checkpoint").replaceChildren(...kv([["Number", cp.number], ["Origin", cp.origin], ["Size", cp.size], ["Root", cp.root], ["Verifier key", cp.verifier_key]]).children);
+    box.replaceChildren(el("ul", { class: "checks" }, checks.map(([label, ok, detail]) =>
+      el("li", { class: ok === true ? "pass" : ok === false ? "fail" : "skip" }, el("strong", {}, label), el("br"), detail))));
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "verdict fail" }, "Checkpoint not verified: " + e.message));
+  }
+}
+
+// ---- tokens ----
+
+async function loadTokens() {
+  if (!session || session.role !== "admin") return;
+  try {
+    const out = await api("GET", "/console/api/tokens");
+    const tb = $("#tokens-table tbody");
+    tb.replaceChildren(...out.tokens.map((t) => {
+      const budgets = Object.keys(t.limits || {}).sort().map((b) => `${b}: ${t.used[b]} / ${t.limits[b]}, ${t.left[b]} left`).join("; ") || "unlimited";
+      const expired = t.exp * 1000 < Date.now();
+      const state = t.revoked ? "revoked" : expired ? "expired" : "live";
+      const revoke = el("button", { type: "button", class: "danger", "aria-label": `Revoke token ${t.jti} of ${t.agent_id}` }, "Revoke");
+      revoke.disabled = t.revoked;
+      revoke.addEventListener("click", () => askRevoke(t.jti));
+      return el("tr", { "data-jti": t.jti },
+        el("td", {}, el("code", {}, t.jti), t.parent ? el("div", {}, "from ", el("code", {}, t.parent)) : "", t.role ? el("div", {}, "role " + t.role) : ""),
+        el("td", {}, t.agent_id), el("td", {}, new Date(t.exp * 1000).toLocaleString()), el("td", {}, budgets), el("td", {}, state), el("td", {}, revoke));
+    }));
+  } catch (e) {
+    say("Loading tokens failed: " + e.message, true);
+  }
+}
+
+let revoking = null;
+
+function askRevoke(jti) {
+  revoking = jti;
+  $("#revoke-jti").textContent = jti;
+  $("#revoke-reason").value = "";
+  $("#revoke-dialog").showModal();
+  $("#revoke-reason").focus();
+}
+
+async function confirmRevoke(ev) {
+  ev.preventDefault();
+  const reason = $("#revoke-reason").value.trim();
+  if (!reason) return;
+  $("#revoke-dialog").close();
+  try {
+    await api("POST", `/console/api/tokens/${encodeURIComponent(revoking)}/revoke`, { reason });
+    say(`Token ${revoking} revoked.`);
+    loadTokens();
+  } catch (e) {
+    say("Revoking failed: " + e.message, true);
+  }
+}
+
+// ---- start ----
+
+async function login(ev) {
+  ev.preventDefault();
+  const input = $("#credential");
+  const credential = input.value;
+  input.value = ""; // the page keeps no copy of the credential
+  try {
+    signedIn(await api("POST", "/console/api/login", { credential }));
+    say("Signed in.");
+  } catch (e) {
+    say("Sign-in failed: " + e.message, true);
+    input.focus();
+  }
+}
+
+async function logout() {
+  try {
+    await api("POST", "/console/api/logout", {});
+  } catch {
+    // signed out either way
+  }
+  signedOut();
+  say("Signed out.");
+}
+
+function start() {
+  $("#login-form").addEventListener("submit", login);
+  $("#logout").addEventListener("click", logout);
+  for (const b of document.querySelectorAll("#nav button")) b.addEventListener("click", () => show(b.dataset.view));
+  $("#history-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    searchHistory();
+  });
+  $("#history-more").addEventListener("click", () => searchHistory(true));
+  $("#detail-verify").addEventListener("click", verifyCurrent);
+  $("#verify-form").addEventListener("submit", verifyUpload);
+  $("#ledger-refresh").addEventListener("click", refreshCheckpoint);
+  $("#tokens-refresh").addEventListener("click", loadTokens);
+  $("#revoke-form").addEventListener("submit", confirmRevoke);
+  $("#revoke-cancel").addEventListener("click", () => $("#revoke-dialog").close());
+  api("GET", "/console/api/session").then(signedIn, () => signedOut());
+}
+
+start();

@@ -1,0 +1,379 @@
+// The console's receipt verifier: an independent implementation of
+// docs/formats.md ("Receipt bundle"), written from the spec, not from the
+// Go code. It checks, in order, and reports each check by name so a page
+// can show which one failed:
+//
+//   jws        the receipt's compact JWS: exact header, kid chosen from the
+//              JWKS (and equal to the key's RFC 7638 thumbprint), EdDSA
+//              signature by WebCrypto, payload exactly the canonical JSON
+//              of a receipt with the known fields;
+//   entry      the bundled ledger record is canonical, well formed, of kind
+//              audit, and its entry_hash recomputes (keyed BLAKE3);
+//   agreement  the entry's body agrees with the receipt field by field;
+//   checkpoint the C2SP signed note carries a valid Ed25519 signature by
+//              the same key under a key name equal to its origin;
+//   inclusion  the RFC 9162 inclusion proof of the entry leads to the
+//              checkpoint's root.
+//
+// This module is the one place that knows the receipt format: swap it
+// when the format changes.
+
+import { blake3 } from "@noble/hashes/blake3.js";
+
+export const BUNDLE_FORMAT = "capkernel-receipt-bundle/v1";
+
+const enc = new TextEncoder();
+
+// ---- RFC 8785 (JCS) ----
+
+// canonicalize returns the RFC 8785 canonical JSON of a value parsed by
+// JSON.parse (so numbers are IEEE doubles, as RFC 8785 requires).
+export function canonicalize(v) {
+  if (v === null || typeof v === "boolean") return JSON.stringify(v);
+  if (typeof v === "number") {
+    if (!Number.isFinite(v)) throw new Error("JCS: a number that is not finite");
+    return JSON.stringify(v); // ECMAScript Number serialization, as RFC 8785 §3.2.2.3 specifies
+  }
+  if (typeof v === "string") return JSON.stringify(v); // RFC 8785 §3.2.2.2 is JSON.stringify's escaping
+  if (Array.isArray(v)) return "[" + v.map(canonicalize).join(",") + "]";
+  if (typeof v === "object") {
+    // Keys sorted by UTF-16 code units: JavaScript's default sort order.
+    const keys = Object.keys(v).sort();
+    return "{" + keys.map((k) => JSON.stringify(k) + ":" + canonicalize(v[k])).join(",") + "}";
+  }
+  throw new Error("JCS: cannot serialize a " + typeof v);
+}
+
+// ---- encodings ----
+
+export function hex(b) {
+  return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+export function unhex(s) {
+  if (!/^([0-9a-f]{2})*$/.test(s)) throw new Error("not lowercase hex: " + s.slice(0, 20));
+  const out = new Uint8Array(s.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = parseInt(s.slice(2 * i, 2 * i + 2), 16);
+  return out;
+}
+
+function b64decode(s) {
+  const bin = atob(s);
+  return Uint8Array.from(bin, (c) => c.charCodeAt(0));
+}
+
+function b64encode(b) {
+  return btoa(String.fromCharCode(...b));
+}
+
+export function b64urlDecode(s) {
+  if (!/^[A-Za-z0-9_-]*$/.test(s)) throw new Error("not base64url without padding");
+  const t = s.replace(/-/g, "+").replace(/_/g, "/");
+  return b64decode(t + "===".slice((t.length + 3) % 4));
+}
+
+export function b64urlEncode(b) {
+  return b64encode(b).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+function concat(...parts) {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}
+
+function equalBytes(a, b) {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
+// ---- hashes ----
+
+const LEAF_KEY = blake3(new Uint8Array(0), { context: enc.encode("capkernel ledger v1 leaf") });
+const NODE_KEY = blake3(new Uint8Array(0), { context: enc.encode("capkernel ledger v1 node") });
+
+export const keys = { leaf: hex(LEAF_KEY), node: hex(NODE_KEY) };
+
+// digest is plain BLAKE3-256 as "blake3:<hex>" (args_hash, result_hash).
+export function digest(bytes) {
+  return "blake3:" + hex(blake3(bytes));
+}
+
+export function nodeHash(left, right) {
+  return blake3(concat(left, right), { key: NODE_KEY });
+}
+
+export function emptyRoot() {
+  return blake3(new Uint8Array(0), { key: NODE_KEY });
+}
+
+function parseHash(s, what) {
+  if (typeof s !== "string" || !/^blake3:[0-9a-f]{64}$/.test(s)) throw new Error(what + " is not blake3:<64 hex>");
+  return unhex(s.slice(7));
+}
+
+// ---- ledger entries ----
+
+// parseEntry checks a ledger record (its exact canonical bytes) and
+// returns the entry with its recomputed hash.
+export function parseEntry(record) {
+  const e = JSON.parse(record);
+  if (canonicalize(e) !== record) throw new Error("the record is not canonical JSON");
+  const fields = ["body", "entry_hash", "kind", "prev_hash", "seq", "time"];
+  const got = Object.keys(e).sort();
+  if (got.join() !== fields.join()) throw new Error("record fields are " + got.join(",") + ", want " + fields.join(","));
+  if (!Number.isSafeInteger(e.seq) || e.seq < 0) throw new Error("seq is not a non-negative integer below 2^53");
+  if (typeof e.kind !== "string" || !/^[a-z][a-z0-9_]*$/.test(e.kind) || e.kind.length > 64) throw new Error("kind is malformed");
+  if (typeof e.time !== "string" || !/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$/.test(e.time)) throw new Error("time is not RFC 3339 UTC with nine fractional digits");
+  parseHash(e.prev_hash, "prev_hash");
+  if (e.body === null || typeof e.body !== "object" || Array.isArray(e.body)) throw new Error("body is not an object");
+  const pre = canonicalize({ body: e.body, kind: e.kind, prev_hash: e.prev_hash, seq: e.seq, time: e.time });
+  const h = "blake3:" + hex(blake3(enc.encode(pre), { key: LEAF_KEY }));
+  if (h !== e.entry_hash) throw new Error("entry_hash " + e.entry_hash + " does not recompute (" + h + ")");
+  return e;
+}
+
+// ---- Merkle proofs (RFC 9162 §2.1.3.2) ----
+
+// rootFromInclusion computes the root an inclusion proof leads to.
+export function rootFromInclusion(index, size, leaf, proof) {
+  if (!(index < size)) throw new Error("leaf index " + index + " is not below tree size " + size);
+  let fn = index, sn = size - 1, r = leaf;
+  for (const p of proof) {
+    if (sn === 0) throw new Error("the proof is longer than the path");
+    if (fn % 2 === 1 || fn === sn) {
+      r = nodeHash(p, r);
+      if (fn % 2 === 0) {
+        while (fn % 2 === 0 && fn !== 0) {
+          fn = Math.floor(fn / 2);
+          sn = Math.floor(sn / 2);
+        }
+      }
+    } else {
+      r = nodeHash(r, p);
+    }
+    fn = Math.floor(fn / 2);
+    sn = Math.floor(sn / 2);
+  }
+  if (sn !== 0) throw new Error("the proof is shorter than the path");
+  return r;
+}
+
+// verifyConsistency checks an RFC 9162 §2.1.4.2 consistency proof from
+// (size1, root1) to (size2, root2); it throws when it does not hold.
+export function verifyConsistency(size1, size2, root1, root2, proof) {
+  if (size1 > size2) throw new Error("size1 is above size2");
+  if (size1 === size2) {
+    if (proof.length !== 0 || !equalBytes(root1, root2)) throw new Error("equal sizes need an empty proof and equal roots");
+    return;
+  }
+  if (size1 === 0) {
+    if (proof.length !== 0 || !equalBytes(root1, emptyRoot())) throw new Error("from size 0 the proof is empty and the old root the empty root");
+    return;
+  }
+  let p = proof;
+  if ((size1 & (size1 - 1)) === 0) p = [root1, ...proof];
+  if (p.length === 0) throw new Error("empty consistency proof");
+  let fn = size1 - 1, sn = size2 - 1;
+  while (fn % 2 === 1) {
+    fn = Math.floor(fn / 2);
+    sn = Math.floor(sn / 2);
+  }
+  let fr = p[0], sr = p[0];
+  for (const c of p.slice(1)) {
+    if (sn === 0) throw new Error("the consistency proof is too long");
+    if (fn % 2 === 1 || fn === sn) {
+      fr = nodeHash(c, fr);
+      sr = nodeHash(c, sr);
+      if (fn % 2 === 0) {
+        while (fn % 2 === 0 && fn !== 0) {
+          fn = Math.floor(fn / 2);
+          sn = Math.floor(sn / 2);
+        }
+      }
+    } else {
+      sr = nodeHash(sr, c);
+    }
+    fn = Math.floor(fn / 2);
+    sn = Math.floor(sn / 2);
+  }
+  if (sn !== 0) throw new Error("the consistency proof is too short");
+  if (!equalBytes(fr, root1)) throw new Error("the proof does not lead to the old root");
+  if (!equalBytes(sr, root2)) throw new Error("the proof does not lead to the new root");
+}
+
+// ---- checkpoints (C2SP tlog-checkpoint in a signed note) ----
+
+// parseCheckpoint splits a signed note into its checkpoint and signatures.
+export function parseCheckpoint(note) {
+  const sep = note.indexOf("\n\n");
+  if (sep < 0) throw new Error("the note has no signature block");
+  const text = note.slice(0, sep + 1);
+  const lines = text.slice(0, -1).split("\n");
+  if (lines.length < 3) throw new Error("the checkpoint has fewer than three lines");
+  const [origin, sizeLine, rootLine] = lines;
+  if (!origin || /[\x00-\x1f]/.test(origin)) throw new Error("bad origin line");
+  if (!/^(0|[1-9][0-9]*)$/.test(sizeLine)) throw new Error("bad size line " + JSON.stringify(sizeLine));
+  const size = Number(sizeLine);
+  if (!Number.isSafeInteger(size)) throw new Error("size is too large");
+  const root = b64decode(rootLine);
+  if (root.length !== 32 || b64encode(root) !== rootLine) throw new Error("bad root line");
+  if (lines.slice(3).some((l) => l === "")) throw new Error("empty extension line");
+  const sigs = [];
+  for (const l of note.slice(sep + 2).split("\n")) {
+    if (l === "") continue;
+    const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(l);
+    if (!m) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
+    const raw = b64decode(m[2]);
+    if (raw.length < 5) throw new Error("short signature");
+    sigs.push({ name: m[1], keyID: raw.slice(0, 4), sig: raw.slice(4) });
+  }
+  return { text, origin, size, root, sigs };
+}
+
+async function noteKeyID(name, pub) {
+  const h = new Uint8Array(await crypto.subtle.digest("SHA-256", concat(enc.encode(name + "\n"), new Uint8Array([1]), pub)));
+  return h.slice(0, 4);
+}
+
+// verifyCheckpoint checks that the note is signed by pub under a key name
+// equal to its origin, ignoring other signers' lines (witnesses).
+export async function verifyCheckpoint(note, pub) {
+  const cp = parseCheckpoint(note);
+  const id = await noteKeyID(cp.origin, pub);
+  const key = await importEd25519(pub);
+  for (const s of cp.sigs) {
+    if (s.name !== cp.origin || !equalBytes(s.keyID, id)) continue;
+    if (s.sig.length === 64 && (await crypto.subtle.verify("Ed25519", key, s.sig, enc.encode(cp.text)))) return cp;
+    throw new Error("the signature of " + s.name + " does not verify");
+  }
+  throw new Error("no signature by the kernel's key under the origin " + cp.origin);
+}
+
+// ---- JWS receipts ----
+
+const RECEIPT_REQUIRED = ["receipt_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "args_hash",
+  "result_hash", "tx_outcome", "policy_hash", "autonomy_mode", "risk_score", "ledger_seq", "ledger_entry_hash", "issued_at"];
+const RECEIPT_OPTIONAL = ["commit_delta_id", "error_class", "approval_id", "approved_by", "approval_reason"];
+
+function importEd25519(pub) {
+  return crypto.subtle.importKey("raw", pub, { name: "Ed25519" }, false, ["verify"]);
+}
+
+// thumbprint is the RFC 7638 thumbprint of an Ed25519 public key.
+export async function thumbprint(pub) {
+  const j = canonicalize({ crv: "Ed25519", kty: "OKP", x: b64urlEncode(pub) });
+  return b64urlEncode(new Uint8Array(await crypto.subtle.digest("SHA-256", enc.encode(j))));
+}
+
+// verifyReceipt checks a compact JWS receipt against a JWKS and returns
+// its payload and the public key that verified it.
+export async function verifyReceipt(jws, jwks) {
+  if (typeof jws !== "string") throw new Error("the receipt is not a string");
+  const parts = jws.split(".");
+  if (parts.length !== 3) throw new Error("not a compact JWS (three parts)");
+  const header = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[0]));
+  const h = JSON.parse(header);
+  if (typeof h.kid !== "string") throw new Error("the header has no kid");
+  const want = canonicalize({ alg: "EdDSA", kid: h.kid, typ: "capkernel-receipt+jws" });
+  if (header !== want) throw new Error("the header is not exactly " + want);
+  const jwk = (jwks.keys || []).find((k) => k.kid === h.kid);
+  if (!jwk) throw new Error("no key " + h.kid + " in the JWKS");
+  if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || (jwk.use && jwk.use !== "sig") || (jwk.alg && jwk.alg !== "EdDSA")) {
+    throw new Error("key " + h.kid + " is not an Ed25519 signature key");
+  }
+  const pub = b64urlDecode(jwk.x);
+  if (pub.length !== 32) throw new Error("the key is not 32 bytes");
+  if ((await thumbprint(pub)) !== h.kid) throw new Error("the kid is not the key's thumbprint");
+  const sig = b64urlDecode(parts[2]);
+  const ok = sig.length === 64 && (await crypto.subtle.verify("Ed25519", await importEd25519(pub), sig, enc.encode(parts[0] + "." + parts[1])));
+  if (!ok) throw new Error("the Ed25519 signature does not verify");
+  const payload = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[1]));
+  const r = JSON.parse(payload);
+  if (canonicalize(r) !== payload) throw new Error("the payload is not canonical JSON");
+  for (const f of RECEIPT_REQUIRED) if (!(f in r)) throw new Error("the receipt has no " + f);
+  for (const f of Object.keys(r)) {
+    if (!RECEIPT_REQUIRED.includes(f) && !RECEIPT_OPTIONAL.includes(f)) throw new Error("unknown receipt field " + f);
+  }
+  return { receipt: r, pub };
+}
+
+// The fields of a receipt its audit entry's body must agree with.
+const AGREEING = ["operation_id", "tool_id", "agent_id", "capability_token_id", "args_hash", "result_hash",
+  "tx_outcome", "commit_delta_id", "policy_hash", "autonomy_mode", "risk_score", "error_class"];
+
+// ---- the bundle ----
+
+// CHECKS names the checks of verifyBundle, in order, with what each means.
+export const CHECKS = [
+  ["jws", "Receipt signature (Ed25519, JWKS key, exact header and payload)"],
+  ["entry", "Ledger entry well formed, canonical, entry_hash recomputes (BLAKE3)"],
+  ["agreement", "Entry agrees with the receipt"],
+  ["checkpoint", "Checkpoint signed by the kernel's key"],
+  ["inclusion", "Inclusion proof leads to the checkpoint's root"],
+];
+
+// verifyBundle runs every check on a receipt bundle (an object, as
+// parsed from JSON) with the kernel's JWKS. It never throws: the result
+// is {ok, checks: [{id, label, ok, detail}]}, and a check after a failed
+// one it depends on is reported as skipped (ok null).
+export async function verifyBundle(bundle, jwks) {
+  const checks = CHECKS.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+  const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });
+  const run = async (id, fn) => {
+    try {
+      set(id, true, (await fn()) || "ok");
+      return true;
+    } catch (e) {
+      set(id, false, e.message || String(e));
+      return false;
+    }
+  };
+  let receipt, pub, entry, cp;
+  if (!bundle || bundle.format !== BUNDLE_FORMAT) {
+    set("jws", false, "not a " + BUNDLE_FORMAT + " bundle");
+    return { ok: false, checks };
+  }
+  const jwsOK = await run("jws", async () => {
+    ({ receipt, pub } = await verifyReceipt(bundle.receipt, jwks));
+    return "receipt " + receipt.receipt_id + " signed by " + (await thumbprint(pub));
+  });
+  const entryOK = await run("entry", async () => {
+    if (typeof bundle.entry !== "string") throw new Error("entry is not a string");
+    entry = parseEntry(bundle.entry);
+    if (entry.kind !== "audit") throw new Error("the entry is of kind " + entry.kind + ", not audit");
+    return "seq " + entry.seq + ", " + entry.entry_hash;
+  });
+  if (jwsOK && entryOK) {
+    await run("agreement", async () => {
+      if (receipt.ledger_seq !== entry.seq) throw new Error("ledger_seq " + receipt.ledger_seq + " is not the entry's seq " + entry.seq);
+      if (receipt.ledger_entry_hash !== entry.entry_hash) throw new Error("ledger_entry_hash is not the entry's hash");
+      for (const f of AGREEING) {
+        if (canonicalize(receipt[f] ?? null) !== canonicalize(entry.body[f] ?? null)) {
+          throw new Error(f + ": receipt " + JSON.stringify(receipt[f]) + ", entry " + JSON.stringify(entry.body[f]));
+        }
+      }
+      return AGREEING.length + 2 + " fields agree";
+    });
+  }
+  const cpOK = jwsOK && (await run("checkpoint", async () => {
+    cp = await verifyCheckpoint(bundle.checkpoint, pub);
+    return cp.origin + " size " + cp.size;
+  }));
+  if (cpOK && entryOK) {
+    await run("inclusion", async () => {
+      const inc = bundle.inclusion || {};
+      if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
+      if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
+      if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
+      if (!Array.isArray(inc.proof)) throw new Error("proof is not a list");
+      const root = rootFromInclusion(inc.leaf_index, inc.tree_size, parseHash(inc.leaf_hash, "leaf_hash"), inc.proof.map((p) => parseHash(p, "a proof hash")));
+      if (!equalBytes(root, cp.root)) throw new Error("the proof leads to " + hex(root) + ", not the checkpoint's root " + hex(cp.root));
+      return "leaf " + inc.leaf_index + " of " + inc.tree_size + ", " + inc.proof.length + " hashes";
+    });
+  }
+  return { ok: checks.every((c) => c.ok === true), checks };
+}

@@ -1,0 +1,110 @@
+// The console's verifier (src/verify.js) against the repository's golden
+// vectors: RFC 8785 (jcs/testdata), call hashes (kernel/testdata), ledger
+// entries and the Merkle tree, proofs and checkpoint (ledger/testdata),
+// and the receipt JWS (receipts/testdata). Run: node --test test/
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import * as v from "../src/verify.js";
+
+const root = new URL("../../../", import.meta.url);
+const read = (p) => readFileSync(new URL(p, root), "utf8");
+const json = (p) => JSON.parse(read(p));
+
+test("RFC 8785 objects", () => {
+  const lines = read("jcs/testdata/objects.txt").split("\n").filter((l) => l && !l.startsWith("#"));
+  assert.ok(lines.length >= 2 && lines.length % 2 === 0);
+  for (let i = 0; i < lines.length; i += 2) {
+    assert.equal(v.canonicalize(JSON.parse(lines[i])), lines[i + 1], lines[i]);
+  }
+});
+
+test("RFC 8785 numbers", () => {
+  let n = 0;
+  for (const l of read("jcs/testdata/numbers.txt").split("\n")) {
+    if (!l || l.startsWith("#")) continue;
+    const [bits, want] = l.split(/\s+/);
+    const x = new DataView(new ArrayBuffer(8));
+    x.setBigUint64(0, BigInt("0x" + bits));
+    const f = x.getFloat64(0);
+    if (want === "error") assert.throws(() => v.canonicalize(f), bits);
+    else assert.equal(v.canonicalize(f), want, bits);
+    n++;
+  }
+  assert.ok(n > 10);
+});
+
+test("call hashes", () => {
+  for (const c of json("kernel/testdata/hashes.json")) {
+    const obj = c.hashed === "args" ? c.args : JSON.parse(c.canonical);
+    assert.equal(v.canonicalize(obj), c.canonical, c.name);
+    assert.equal(v.digest(new TextEncoder().encode(c.canonical)), c.hash, c.name);
+  }
+});
+
+test("ledger keys and entries", () => {
+  const d = json("ledger/testdata/vectors.json");
+  assert.equal(v.keys.leaf, d.leaf_key);
+  assert.equal(v.keys.node, d.node_key);
+  for (const e of d.entries) {
+    const got = v.parseEntry(e.record);
+    assert.equal(got.entry_hash, e.entry_hash, "entry " + e.seq);
+  }
+});
+
+test("Merkle roots, inclusion and consistency proofs", () => {
+  const d = json("ledger/testdata/merkle_vectors.json");
+  assert.equal("blake3:" + v.hex(v.emptyRoot()), d.empty_root);
+  const leaves = d.entries.map((e) => v.unhex(v.parseEntry(e.record).entry_hash.slice(7)));
+  const mth = (ls) => {
+    if (ls.length === 0) return v.emptyRoot();
+    if (ls.length === 1) return ls[0];
+    let k = 1;
+    while (k * 2 < ls.length) k *= 2;
+    return v.nodeHash(mth(ls.slice(0, k)), mth(ls.slice(k)));
+  };
+  const roots = {};
+  for (const r of d.roots) {
+    assert.equal("blake3:" + v.hex(mth(leaves.slice(0, r.size))), r.root, "root of size " + r.size);
+    roots[r.size] = v.unhex(r.root.slice(7));
+  }
+  const h = (s) => v.unhex(s.slice(7));
+  for (const p of d.inclusion_proofs) {
+    const got = v.rootFromInclusion(p.index, p.size, leaves[p.index], p.proof.map(h));
+    assert.deepEqual(got, roots[p.size], `inclusion ${p.index} in ${p.size}`);
+    if (p.proof.length > 0) {
+      const bad = p.proof.map(h);
+      bad[0] = bad[0].map((x, i) => (i === 0 ? x ^ 1 : x));
+      assert.notDeepEqual(v.rootFromInclusion(p.index, p.size, leaves[p.index], bad), roots[p.size]);
+    }
+  }
+  for (const p of d.consistency_proofs) {
+    v.verifyConsistency(p.size1, p.size2, roots[p.size1], roots[p.size2], p.proof.map(h));
+    if (p.size1 > 0 && p.size1 < p.size2) {
+      assert.throws(() => v.verifyConsistency(p.size1, p.size2, roots[p.size1 - 1] ?? roots[p.size1], roots[p.size2].map((x) => x ^ 1), p.proof.map(h)));
+    }
+  }
+});
+
+test("checkpoint signature", async () => {
+  const c = json("ledger/testdata/merkle_vectors.json").checkpoint;
+  const cp = await v.verifyCheckpoint(c.signed, v.unhex(c.public_key));
+  assert.equal(cp.origin, c.key_name);
+  assert.equal(cp.size, 17);
+  assert.equal(cp.text, c.text);
+  const tampered = c.signed.replace("\n17\n", "\n16\n");
+  await assert.rejects(v.verifyCheckpoint(tampered, v.unhex(c.public_key)), /does not verify/);
+});
+
+test("receipt JWS", async () => {
+  const jws = read("receipts/testdata/receipt.jws").trim();
+  const jwks = json("receipts/testdata/jwks.json");
+  const { receipt } = await v.verifyReceipt(jws, jwks);
+  assert.deepEqual(receipt, json("receipts/testdata/receipt.json"));
+  const [h, p, s] = jws.split(".");
+  const sig = v.b64urlDecode(s);
+  sig[0] ^= 1;
+  await assert.rejects(v.verifyReceipt([h, p, v.b64urlEncode(sig)].join("."), jwks), /signature does not verify/);
+  const other = { keys: [{ ...jwks.keys[0], kid: "x" }] };
+  await assert.rejects(v.verifyReceipt(jws, other), /no key/);
+});
