@@ -306,7 +306,7 @@ func (c *Client) Scan(ctx context.Context, from uint64, fn func(ledger.Entry) er
 			return err
 		}
 		for _, e := range page.Entries {
-			if err := fn(e); err != nil {
+			if err := fn(e.Entry); err != nil {
 				return err
 			}
 		}

@@ -244,7 +244,7 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 	switch {
 	case err != nil:
 		return refuse("approver token: " + err.Error())
-	case tok.Claims.Cap.Role == "":
+	case tok.Claims.Cap.Role == "" || tok.Claims.Cap.Role == captoken.RoleAuditor:
 		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
 	case a == nil && done != nil:
 		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))

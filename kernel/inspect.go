@@ -149,6 +149,9 @@ type ReceiptInfo struct {
 	Seq         uint64            `json:"seq"` // of the receipt's own ledger entry
 	JWS         string            `json:"jws"`
 	Receipt     *receipts.Receipt `json:"receipt"` // the decoded payload, not verified
+	// Withheld names what was left out of another agent's receipt (see
+	// Access.Receipt).
+	Withheld []string `json:"withheld,omitempty"`
 }
 
 // receiptInfo reads the receipt entry e.

@@ -260,7 +260,11 @@ func (r remoteHistory) Scan(ctx context.Context, from uint64, fn func(ledger.Ent
 }
 func (r remoteHistory) Entries(ctx context.Context, from uint64, limit int) ([]ledger.Entry, error) {
 	p, err := r.c.Entries(ctx, from, limit)
-	return p.Entries, err
+	out := make([]ledger.Entry, len(p.Entries))
+	for i, v := range p.Entries {
+		out[i] = v.Entry
+	}
+	return out, err
 }
 func (r remoteHistory) Receipt(ctx context.Context, id string) (*kernel.ReceiptInfo, error) {
 	return r.c.Receipt(ctx, id)

@@ -1,0 +1,174 @@
+package kernel
+
+import (
+	"encoding/json"
+	"slices"
+	"sort"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/ledger"
+)
+
+// Access is what one credential may read of the history. The admin and
+// auditor tokens read every record in full; a capability token reads its
+// own agent's records in full and every other record only as its public
+// part (PublicFields); approver tokens, which act for no agent, read the
+// public parts. Checkpoints and proofs are public to everyone.
+type Access struct {
+	// All is set for the admin credential and auditor tokens.
+	All bool
+	// Agent is the agent whose records are read in full ("" for none).
+	Agent string
+}
+
+// AccessAll is the access of the admin credential and of auditor tokens.
+var AccessAll = Access{All: true}
+
+// AccessOf is the access of a verified bearer token.
+func AccessOf(tok *captoken.Token) Access {
+	switch tok.Claims.Cap.Role {
+	case captoken.RoleAuditor:
+		return AccessAll
+	case "":
+		return Access{Agent: tok.Claims.Subject}
+	}
+	return Access{}
+}
+
+// Full reports whether a record of agent is read in full.
+func (a Access) Full(agent string) bool { return a.All || (agent != "" && agent == a.Agent) }
+
+// EntryView is a ledger entry as one reader sees it. When Withheld is
+// set the body is the entry's public part: the listed members were left
+// out, so its entry_hash does not recompute from it; the entry_hash is
+// still the Merkle leaf, so an inclusion proof of the entry verifies.
+type EntryView struct {
+	ledger.Entry
+	Withheld []string `json:"withheld,omitempty"`
+}
+
+// PublicFields lists, per ledger kind, the body members every reader may
+// see of a record that concerns another agent: the identity of the call
+// and its outcome, never its arguments, results, messages or provenance.
+// A kind not listed whose body names no agent_id is public whole.
+var PublicFields = map[string][]string{
+	ledger.KindAudit: {"operation_id", "agent_id", "policy_hash", "capability_token_id", "tool_id",
+		"args_commitment", "result_commitment", "policy_input_commitment",
+		"autonomy_mode", "requested_mode", "decided_mode", "risk_score", "status", "error_class",
+		"tx_outcome", "commit_delta_id", "replay_of", "started_at", "approval_id", "approval_state", "approved_by"},
+	ledger.KindReceipt:    {"receipt_id", "operation_id"},
+	KindApprovalRequested: {"approval_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "required_role", "state", "requested_at", "decide_by"},
+	KindApprovalDecided:   {"approval_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "required_role", "state", "decided_by", "decided_at"},
+}
+
+// publicDefault is the public part of a kind not in PublicFields whose
+// body names an agent.
+var publicDefault = []string{"operation_id", "agent_id", "tool_id"}
+
+// Entry returns e as a sees it.
+func (a Access) Entry(e ledger.Entry) EntryView {
+	if a.All {
+		return EntryView{Entry: e}
+	}
+	var body map[string]json.RawMessage
+	if json.Unmarshal(e.Body, &body) != nil {
+		// Not an object the kernel wrote: nothing of it is shown.
+		return EntryView{Entry: withBody(e, json.RawMessage(`{}`)), Withheld: []string{"body"}}
+	}
+	owner, ok := a.owner(e, body)
+	if ok && a.Full(owner) {
+		return EntryView{Entry: e}
+	}
+	keep, listed := PublicFields[e.Kind]
+	if !listed {
+		if !ok {
+			return EntryView{Entry: e}
+		}
+		keep = publicDefault
+	}
+	var withheld []string
+	for name := range body {
+		if !slices.Contains(keep, name) {
+			withheld = append(withheld, name)
+			delete(body, name)
+		}
+	}
+	if len(withheld) == 0 {
+		return EntryView{Entry: e}
+	}
+	sort.Strings(withheld)
+	b, err := json.Marshal(body)
+	if err != nil {
+		return EntryView{Entry: withBody(e, json.RawMessage(`{}`)), Withheld: []string{"body"}}
+	}
+	return EntryView{Entry: withBody(e, b), Withheld: withheld}
+}
+
+// owner returns the agent a record concerns: its body's agent_id, or for
+// a receipt entry the agent of the receipt. ok is false for records that
+// concern no agent (grants, revocations, policy loads).
+func (a Access) owner(e ledger.Entry, body map[string]json.RawMessage) (string, bool) {
+	if e.Kind == ledger.KindReceipt {
+		if r, err := receiptInfo(e); err == nil {
+			return r.Receipt.AgentID, true
+		}
+		return "", true
+	}
+	raw, ok := body["agent_id"]
+	if !ok {
+		return "", false
+	}
+	var agent string
+	json.Unmarshal(raw, &agent)
+	return agent, true
+}
+
+func withBody(e ledger.Entry, b json.RawMessage) ledger.Entry {
+	e.Body = b
+	return e
+}
+
+// Receipt returns r as a sees it: for another agent's receipt the JWS and
+// the hashes of the call's arguments and result are left out (they would
+// let a reader confirm a guess of them), and Withheld says so.
+func (a Access) Receipt(r ReceiptInfo) ReceiptInfo {
+	if r.Receipt == nil || a.Full(r.Receipt.AgentID) {
+		return r
+	}
+	pub := *r.Receipt
+	pub.ArgsHash, pub.ResultHash, pub.ApprovalReason = "", "", ""
+	r.Receipt, r.JWS = &pub, ""
+	r.Withheld = []string{"approval_reason", "args_hash", "jws", "result_hash"}
+	return r
+}
+
+// Event returns e as a sees it, and whether a may see it at all: a
+// capability token sees only its own agent's events; approver tokens see
+// every agent's, without messages (which may quote arguments) except on
+// the approval requests they decide; the admin and auditors see all.
+func (a Access) Event(e Event) (Event, bool) {
+	switch {
+	case a.Full(e.AgentID):
+		return e, true
+	case a.Agent != "":
+		return e, false
+	}
+	if e.Approval == nil {
+		e.Message = ""
+	}
+	return e, true
+}
+
+// FullBundle reports whether a may have bundle b, which holds a whole
+// audit record: whether it reads that record in full.
+func (a Access) FullBundle(b *Bundle) bool {
+	if a.All {
+		return true
+	}
+	var rec struct {
+		Body struct {
+			AgentID string `json:"agent_id"`
+		} `json:"body"`
+	}
+	return json.Unmarshal([]byte(b.Entry), &rec) == nil && a.Full(rec.Body.AgentID)
+}
