@@ -91,6 +91,9 @@ type Entry struct {
 	PrevHash string          `json:"prev_hash"`
 	Body     json.RawMessage `json:"body"`
 	Hash     string          `json:"entry_hash"`
+	// Payload is what an audit record with commitments commits to, for a
+	// reader of it in full (salt and parts; see OpenBody).
+	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
 // Checkpoint is the answer of GET /v1/ledger/checkpoint.

@@ -394,10 +394,7 @@ func (t *T) Audit(r *Resp) (Entry, map[string]json.RawMessage) {
 	if e.Kind != "audit" {
 		t.Failf("the receipt's entry %d is of kind %q, want audit", e.Seq, e.Kind)
 	}
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(e.Body, &body); err != nil {
-		t.Failf("audit record body: %v", err)
-	}
+	body := t.OpenBody(e)
 	if str(body["operation_id"]) != r.R.OperationID {
 		t.Failf("audit record %d is of operation %s, the call's is %s", e.Seq, str(body["operation_id"]), r.R.OperationID)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
 )
 
 // party is one credential of the access fixture.
@@ -290,8 +291,13 @@ func TestScopedReads(t *testing.T) {
 	for _, e := range page.Entries {
 		if e.Kind == "audit" && strings.Contains(string(e.Body), w.OperationID) {
 			seq, hash, found = e.Seq, e.Hash, true
-			if e.Withheld == nil && !bytes.Contains(e.Body, []byte("commitment")) {
-				t.Errorf("A's audit record reached B whole: %s", e.Body)
+			// The record is public whole: its hash recomputes from B's
+			// view, and it holds commitments, not the payload.
+			if h, err := ledger.EntryHash(e.Entry); err != nil || h != e.Hash || e.Withheld != nil || e.Payload != nil {
+				t.Errorf("B's view of A's record: hash %s (%v), withheld %v, payload %v", h, err, e.Withheld, e.Payload)
+			}
+			if !bytes.Contains(e.Body, []byte(`"args_commitment"`)) {
+				t.Errorf("A's record commits to no args: %s", e.Body)
 			}
 		}
 	}
@@ -351,4 +357,66 @@ func TestAuditorRole(t *testing.T) {
 	if _, err := c.Mint(context.Background(), kernel.TokenRequest{AgentID: "x", Role: captoken.RoleAuditor, Tools: []string{"echo"}}); err == nil {
 		t.Fatal("minted an auditor token with tools")
 	}
+}
+
+// TestEraseOverHTTP: the admin erases one call's payload; the auditor and
+// the call's agent no longer read it; the ledger verifies intact and
+// reports the erasure; nobody else may erase; the agent still proves its
+// record commits to what it sent.
+func TestEraseOverHTTP(t *testing.T) {
+	f := newAccessFixture(t)
+	ctx := context.Background()
+	const secret = "medical-note-77"
+	args := fmt.Sprintf(`{"path":"n.txt","content":%q}`, secret)
+	w := f.call(t, f.a, "fs.write", args, "k1", "")
+	if w.Status != kernel.StatusOK {
+		t.Fatalf("write: %+v", w.Error)
+	}
+	_, before := f.get(t, f.a.token, "/v1/ledger/entries?limit=1000")
+	if !bytes.Contains(before, []byte(secret)) || !bytes.Contains(before, []byte(w.AuditSalt)) {
+		t.Fatal("agent A does not read its own payload and salt")
+	}
+	for _, cred := range []string{f.a.token, f.auditor, f.approver} {
+		c := &httpapi.Client{BaseURL: f.srv.URL, Credential: cred}
+		if _, err := c.Erase(ctx, w.OperationID, "x"); err == nil {
+			t.Fatal("a token erased a payload")
+		}
+	}
+	admin := &httpapi.Client{BaseURL: f.srv.URL, Credential: f.admin}
+	if _, err := admin.Erase(ctx, w.OperationID, ""); err == nil {
+		t.Fatal("an erasure without a reason")
+	}
+	e, err := admin.Erase(ctx, w.OperationID, "data subject request")
+	if err != nil || len(e.Seqs) != 1 {
+		t.Fatalf("erase: %+v %v", e, err)
+	}
+	if _, err := admin.Erase(ctx, w.OperationID, "again"); err == nil {
+		t.Fatal("erased twice")
+	}
+	for _, cred := range []string{f.a.token, f.auditor, f.admin} {
+		for _, p := range []string{"/v1/ledger/entries?limit=1000", "/v1/operations/" + w.OperationID} {
+			if _, body := f.get(t, cred, p); bytes.Contains(body, []byte(secret)) || bytes.Contains(body, []byte(w.AuditSalt)) {
+				t.Errorf("GET %s still holds the erased payload", p)
+			}
+		}
+	}
+	check, err := admin.VerifyLedger(ctx)
+	if err != nil || !check.Intact || check.Payloads == nil || check.Payloads.Erased != 1 {
+		t.Fatalf("verify after erasure: %+v %v", check, err)
+	}
+	// The agent kept its args and salt: the record still commits to them.
+	var page httpapi.Entries
+	_, body := f.get(t, f.b.token, "/v1/ledger/entries?limit=1000")
+	if err := json.Unmarshal(body, &page); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range page.Entries {
+		if v.Seq == w.LedgerSeq {
+			if err := kernel.CheckPayload(v.Entry, kernel.Payload{Salt: w.AuditSalt, Args: json.RawMessage(args)}); err != nil {
+				t.Fatalf("the erased record no longer opens with the agent's own payload: %v", err)
+			}
+			return
+		}
+	}
+	t.Fatal("the erased record is not in the ledger")
 }

@@ -82,6 +82,7 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("POST /v1/tokens/inspect", s.inspectToken)
 	s.mux.HandleFunc("POST /v1/tokens/attenuate", s.attenuate)
 	s.mux.HandleFunc("GET /v1/admin/ledger/verify", s.admin(s.verifyLedger))
+	s.mux.HandleFunc("POST /v1/admin/ledger/erase", s.admin(s.erase))
 	s.mux.HandleFunc("GET /v1/admin/replay/verify", s.admin(s.replayVerify))
 	s.mux.HandleFunc("GET /v1/admin/replay", s.admin(s.replayShow))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -250,18 +251,14 @@ func (s *Server) entries(w http.ResponseWriter, r *http.Request, acc kernel.Acce
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("from and limit must be integers, limit at least 1: %v", err))
 		return
 	}
-	es, err := s.k.Inspector().Entries(from, int(min(limit, MaxEntriesPage)))
+	views, err := s.k.Inspector().EntryViews(from, int(min(limit, MaxEntriesPage)), acc)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
 	next := from
-	if len(es) > 0 {
-		next = es[len(es)-1].Seq + 1
-	}
-	views := make([]kernel.EntryView, len(es))
-	for i, e := range es {
-		views[i] = acc.Entry(e)
+	if len(views) > 0 {
+		next = views[len(views)-1].Seq + 1
 	}
 	writeJSON(w, http.StatusOK, Entries{Entries: views, Next: next})
 }
@@ -725,4 +722,34 @@ func ParseReceiptFilter(q map[string][]string) (kernel.ReceiptFilter, error) {
 	}
 	f.After, f.Limit = after, int(min(limit, MaxEntriesPage))
 	return f, nil
+}
+
+// EraseRequest is the body of POST /v1/admin/ledger/erase.
+type EraseRequest struct {
+	OperationID string `json:"operation_id"`
+	Reason      string `json:"reason"`
+}
+
+// erase answers POST /v1/admin/ledger/erase: the payload of the
+// operation's audit record is removed and an erasure record appended.
+func (s *Server) erase(w http.ResponseWriter, r *http.Request) {
+	var req EraseRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.OperationID == "" || req.Reason == "" {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "operation_id and reason are required")
+		return
+	}
+	e, err := s.k.Erase(r.Context(), req.OperationID, req.Reason)
+	switch {
+	case errors.Is(err, kernel.ErrNotFound):
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, err.Error())
+	case errors.Is(err, kernel.ErrNothingToErase):
+		writeError(w, http.StatusConflict, kernel.ErrInvalidArgs, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, e)
+	}
 }

@@ -2,8 +2,11 @@ package kernel
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"sort"
+
+	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
@@ -38,13 +41,18 @@ func AccessOf(tok *captoken.Token) Access {
 // Full reports whether a record of agent is read in full.
 func (a Access) Full(agent string) bool { return a.All || (agent != "" && agent == a.Agent) }
 
-// EntryView is a ledger entry as one reader sees it. When Withheld is
-// set the body is the entry's public part: the listed members were left
-// out, so its entry_hash does not recompute from it; the entry_hash is
-// still the Merkle leaf, so an inclusion proof of the entry verifies.
+// EntryView is a ledger entry as one reader sees it. An audit record with
+// commitments is public whole; its Payload (the parts kept beside the
+// chain, and the salt that opens their commitments) comes with it only
+// for a reader of the record in full. When Withheld is set the body is
+// the public part of a record written before commitments: the listed
+// members were left out, so its entry_hash does not recompute from it;
+// the entry_hash is still the Merkle leaf, so an inclusion proof of the
+// entry verifies.
 type EntryView struct {
 	ledger.Entry
 	Withheld []string `json:"withheld,omitempty"`
+	Payload  *Payload `json:"payload,omitempty"`
 }
 
 // PublicFields lists, per ledger kind, the body members every reader may
@@ -57,9 +65,16 @@ var PublicFields = map[string][]string{
 		"autonomy_mode", "requested_mode", "decided_mode", "risk_score", "status", "error_class",
 		"tx_outcome", "commit_delta_id", "replay_of", "started_at", "approval_id", "approval_state", "approved_by"},
 	ledger.KindReceipt:    {"receipt_id", "operation_id"},
-	KindApprovalRequested: {"approval_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "required_role", "state", "requested_at", "decide_by"},
-	KindApprovalDecided:   {"approval_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "required_role", "state", "decided_by", "decided_at"},
+	KindApprovalRequested: approvalPublic,
+	KindApprovalDecided:   approvalPublic,
 }
+
+// approvalPublic are the members of an approval entry's body
+// (ApprovalRequest.ledgerBody): entries written before commitments held
+// more, which is withheld.
+var approvalPublic = []string{"approval_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "policy_hash",
+	"side_effect", "autonomy_mode", "required_role", "risk_score", "requested_at", "decide_by", "state",
+	"session_id", "decided_by", "decided_with", "decided_at", "expires_at"}
 
 // publicDefault is the public part of a kind not in PublicFields whose
 // body names an agent.
@@ -77,6 +92,10 @@ func (a Access) Entry(e ledger.Entry) EntryView {
 	}
 	owner, ok := a.owner(e, body)
 	if ok && a.Full(owner) {
+		return EntryView{Entry: e}
+	}
+	if _, sealed := body["payload_depth"]; sealed && e.Kind == ledger.KindAudit {
+		// Its private parts are beside the chain: the body is public.
 		return EntryView{Entry: e}
 	}
 	keep, listed := PublicFields[e.Kind]
@@ -171,4 +190,80 @@ func (a Access) FullBundle(b *Bundle) bool {
 		} `json:"body"`
 	}
 	return json.Unmarshal([]byte(b.Entry), &rec) == nil && a.Full(rec.Body.AgentID)
+}
+
+// ScanViews calls fn for every ledger entry from seq from on, as a sees
+// it, with the payload of each audit record a reads in full, inside one
+// read transaction; it stops at fn's first error.
+func (i *Inspector) ScanViews(from uint64, a Access, fn func(EntryView) error) error {
+	return i.view(func(tx *bbolt.Tx) error {
+		return ledger.Scan(tx, from, func(e ledger.Entry) error {
+			v, err := a.view(tx, e)
+			if err != nil {
+				return err
+			}
+			return fn(v)
+		})
+	})
+}
+
+// EntryViews returns up to limit ledger entries from seq from on, as a
+// sees them (see ScanViews).
+func (i *Inspector) EntryViews(from uint64, limit int, a Access) ([]EntryView, error) {
+	out := []EntryView{}
+	stop := errors.New("stop")
+	err := i.ScanViews(from, a, func(v EntryView) error {
+		if len(out) >= limit {
+			return stop
+		}
+		out = append(out, v)
+		return nil
+	})
+	if errors.Is(err, stop) {
+		err = nil
+	}
+	return out, err
+}
+
+// view is e as a sees it, with its payload when a reads it in full.
+func (a Access) view(tx *bbolt.Tx, e ledger.Entry) (EntryView, error) {
+	v := a.Entry(e)
+	if e.Kind != ledger.KindAudit || v.Withheld != nil {
+		return v, nil
+	}
+	if !a.All {
+		var who struct {
+			AgentID string `json:"agent_id"`
+		}
+		if json.Unmarshal(e.Body, &who) != nil || !a.Full(who.AgentID) {
+			return v, nil
+		}
+	}
+	p, err := getPayload(tx, e.Seq)
+	if err != nil {
+		return v, err
+	}
+	v.Payload = p
+	return v, nil
+}
+
+// ledgerBody is the body of r's ledger entries: the request without what
+// the call carried (input summary, projected effects, args hash, risk
+// basis) or the approver's reason, which the call's audit record commits
+// to (its context) instead, so the chain holds nothing that cannot be
+// erased.
+func (r ApprovalRequest) ledgerBody() map[string]any {
+	m := map[string]any{
+		"approval_id": r.ID, "operation_id": r.OperationID, "tool_id": r.ToolID, "agent_id": r.AgentID,
+		"capability_token_id": r.CapabilityTokenID, "policy_hash": r.PolicyHash, "side_effect": r.SideEffect,
+		"autonomy_mode": r.Mode, "required_role": r.RequiredRole, "risk_score": r.RiskScore,
+		"requested_at": r.RequestedAt, "decide_by": r.DecideBy, "state": r.State,
+	}
+	for k, v := range map[string]string{"session_id": r.SessionID, "decided_by": r.DecidedBy, "decided_with": r.TokenID,
+		"decided_at": r.DecidedAt, "expires_at": r.ExpiresAt} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	return m
 }

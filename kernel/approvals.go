@@ -130,7 +130,7 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	if c.res.AutonomyMode == policy.Escalated {
 		a.req.RequiredRole = captoken.RoleEscalation
 	}
-	if err := k.appendApproval(KindApprovalRequested, a.req); err != nil {
+	if err := k.appendApproval(KindApprovalRequested, a.req.ledgerBody()); err != nil {
 		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
 	}
 	requested := a.req
@@ -195,7 +195,7 @@ func (k *Kernel) closeApproval(a *approval, state, by, tokenID, reason string) b
 	}
 	// The decision is durable before the call can act on it; if the
 	// ledger refuses it, the call must not go ahead.
-	if err := k.appendApproval(KindApprovalDecided, a.req); err != nil && state == ApprovalAllowed {
+	if err := k.appendApproval(KindApprovalDecided, a.req.ledgerBody()); err != nil && state == ApprovalAllowed {
 		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
 	}
 	delete(k.approvals.pending, a.req.ID)

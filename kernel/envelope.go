@@ -52,6 +52,10 @@ type Result struct {
 	Receipt         string          `json:"receipt,omitempty"`
 	LedgerSeq       uint64          `json:"ledger_seq"`
 	Replayed        bool            `json:"replayed"`
+	// AuditSalt is the salt of the call's audit record (64 hex digits):
+	// with it the caller checks that the record commits to exactly its
+	// args, result, policy input and context (docs/formats.md).
+	AuditSalt string `json:"audit_salt,omitempty"`
 }
 
 // Error is the error of a result envelope.

@@ -130,16 +130,24 @@ func (h *harness) entries(kind string, from uint64) []ledger.Entry {
 	return out
 }
 
-// audits returns the audit records from seq on.
+// audits returns the audit records from seq on, whole: each with the
+// private fields its payload holds.
 func (h *harness) audits(from uint64) []auditRecord {
 	h.t.Helper()
 	var out []auditRecord
 	for _, e := range h.entries(ledger.KindAudit, from) {
-		var a auditRecord
-		if err := json.Unmarshal(e.Body, &a); err != nil {
+		var p *Payload
+		if err := h.k.View(func(tx *bbolt.Tx) (err error) {
+			p, err = getPayload(tx, e.Seq)
+			return err
+		}); err != nil {
 			h.t.Fatal(err)
 		}
-		out = append(out, a)
+		a, err := openRecord(e, p)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		out = append(out, *a)
 	}
 	return out
 }

@@ -89,7 +89,11 @@ func (i *Inspector) Head() (h ledger.Head, err error) {
 // entry's seq once it has verified. A tampered ledger is a LedgerCheck
 // that is not intact, naming the first bad entry, node or checkpoint.
 func (i *Inspector) Verify(progress func(seq uint64)) (LedgerCheck, error) {
-	return CheckOf(i.verifyReport(progress))
+	check, err := CheckOf(i.verifyReport(progress))
+	if err != nil || !check.Intact {
+		return check, err
+	}
+	return check, i.verifyPayloads(&check)
 }
 
 func (i *Inspector) verifyReport(progress func(seq uint64)) (rep ledger.Report, err error) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -40,6 +41,12 @@ type call struct {
 	session  string // provenance.session_id
 	called   bool   // the syscall started to execute (tool.called was emitted)
 	running  int    // calls of the session executing, this one included
+
+	// argsCanon is the canonical args (what args_hash hashes and the
+	// audit record's args commitment commits to); salt the record's salt
+	// (payloads.go), the original's for a replay.
+	argsCanon []byte
+	salt      string
 
 	approval        *ApprovalRequest // the decided approval of a gated call
 	approvalExpires time.Time
@@ -252,11 +259,11 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.session = sessionOf(env.Provenance)
-	h, err := digest.JSON(env.Args)
+	canon, err := jcs.Canonicalize(env.Args)
 	if err != nil {
 		return fmt.Errorf("args: %v", err)
 	}
-	c.argsHash = h
+	c.argsCanon, c.argsHash = canon, digest.Sum(canon)
 	return json.Unmarshal(env.Args, &c.args)
 }
 
@@ -493,6 +500,9 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
 	}
 	c.replayOf = orig.OperationID
+	// The replay commits with the original's salt, so the two records'
+	// commitments are equal exactly when they answer the same call.
+	c.salt = orig.AuditSalt
 	c.res.ResultHash, c.res.TxOutcome, c.res.CommitDeltaID = orig.ResultHash, NoOp, ""
 	// The replay's record carries the original's result, so its
 	// result_hash is the original's (replay verify checks this).

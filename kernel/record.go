@@ -19,9 +19,11 @@ import (
 	"github.com/capkernel/capkernel/txn"
 )
 
-// auditRecord is the body of an audit ledger entry: every field of TOOL-01
-// §3, the call's outcome, and the policy input document the decision was
-// made on (absent for calls refused before the policy step).
+// auditRecord is an audit record: every field of TOOL-01 §3, the call's
+// outcome, and the policy input document the decision was made on (absent
+// for calls refused before the policy step). Its ledger body is its public
+// part (publicBody): the fields marked private are replaced there by
+// commitments, and kept beside the chain (payloads.go).
 type auditRecord struct {
 	OperationID       string          `json:"operation_id"`
 	AgentID           string          `json:"agent_id"`
@@ -30,34 +32,43 @@ type auditRecord struct {
 	CapabilityTokenID string          `json:"capability_token_id"`
 	TokenHash         string          `json:"token_hash,omitempty"`
 	ToolID            string          `json:"tool_id"`
-	ArgsHash          string          `json:"args_hash"`
+	ArgsHash          string          `json:"args_hash,omitempty"` // private
 	EnvelopeHash      string          `json:"envelope_hash,omitempty"`
-	ResultHash        string          `json:"result_hash"`
-	Provenance        json.RawMessage `json:"provenance,omitempty"`
+	ResultHash        string          `json:"result_hash,omitempty"` // private
+	Provenance        json.RawMessage `json:"provenance,omitempty"`  // private
 	TaskClass         string          `json:"task_class"`
 	AutonomyMode      string          `json:"autonomy_mode"`
 	RequestedMode     string          `json:"requested_mode,omitempty"`
 	DecidedMode       string          `json:"decided_mode,omitempty"`
 	RiskScore         float64         `json:"risk_score"`
-	RiskBasis         []string        `json:"risk_basis"`
+	RiskBasis         []string        `json:"risk_basis,omitempty"` // private: it may quote args
 	Status            string          `json:"status"`
 	ErrorClass        string          `json:"error_class,omitempty"`
-	ErrorMessage      string          `json:"error_message,omitempty"`
+	ErrorMessage      string          `json:"error_message,omitempty"` // private
 	TxOutcome         string          `json:"tx_outcome"`
 	CommitDeltaID     string          `json:"commit_delta_id,omitempty"`
 	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
 	ReplayOf          string          `json:"replay_of,omitempty"`
 	StartedAt         string          `json:"started_at"`
-	PolicyInput       *policy.Input   `json:"policy_input,omitempty"`
+	PolicyInput       *policy.Input   `json:"policy_input,omitempty"` // private
 	// The approval of a soft_gate or escalated call: its id, state, the
 	// approver's identity (token sub) and reason.
 	ApprovalID     string `json:"approval_id,omitempty"`
 	ApprovalState  string `json:"approval_state,omitempty"`
 	ApprovedBy     string `json:"approved_by,omitempty"`
-	ApprovalReason string `json:"approval_reason,omitempty"`
+	ApprovalReason string `json:"approval_reason,omitempty"` // private
 	// Notes are details a syscall adds to its record: proc.exec's and
 	// net.fetch's network connections (net_connections), for instance.
-	Notes map[string]json.RawMessage `json:"notes,omitempty"`
+	Notes map[string]json.RawMessage `json:"notes,omitempty"` // private
+
+	// The commitments to the private parts, and how much of them is kept.
+	Commitments
+	PayloadDepth string `json:"payload_depth,omitempty"`
+	// RecoverySalt and RecoveryArgs carry the salt and canonical args in a
+	// recovery context (never in a ledger body), so a call audited by
+	// crash recovery commits to its args like any other.
+	RecoverySalt string          `json:"recovery_salt,omitempty"`
+	RecoveryArgs json.RawMessage `json:"recovery_args,omitempty"`
 }
 
 // receiptBody is the body of a receipt ledger entry.
@@ -97,7 +108,11 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 	c.fill(k)
 	// The audit body is built for the outcome known now, outside the
 	// sequencer; only when before changes the outcome is it built again.
-	planned, err := newAuditEntry(c.audit(k), &c.res)
+	if c.salt == "" {
+		c.salt = NewSalt()
+	}
+	depth := k.depthOf(c.env.ToolID)
+	planned, err := newAuditEntry(c.audit(k), &c.res, c.salt, depth, c.argsCanon)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +128,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 				}
 				if !sameOutcome(&c.res, &plannedRes) {
 					var err error
-					if ae, err = newAuditEntry(c.audit(k), &c.res); err != nil {
+					if ae, err = newAuditEntry(c.audit(k), &c.res, c.salt, depth, c.argsCanon); err != nil {
 						return abortIf(err)
 					}
 				}
@@ -124,7 +139,10 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 				return abortIf(err)
 			}
 			p, err = k.appendAuditEntry(tx, ae)
-			return abortIf(err)
+			if err != nil {
+				return abortIf(err)
+			}
+			return abortIf(putPayload(tx, p.receipt.LedgerSeq, ae.payload))
 		},
 		Work: func() error { return p.sign(k.signer) },
 		Finish: func(tx *bbolt.Tx) error {
@@ -183,6 +201,10 @@ func (c *call) fill(k *Kernel) {
 		env.OperationID = newID()
 	}
 	c.res.ToolID, c.res.AgentID, c.res.OperationID = env.ToolID, env.AgentID, env.OperationID
+	if c.salt == "" {
+		c.salt = NewSalt()
+	}
+	c.res.AuditSalt = c.salt
 	c.res.Provenance, c.res.TaskClass = env.Provenance, env.TaskClass
 	if c.res.AutonomyMode == "" {
 		// Refused before the policy step: nothing was allowed.
@@ -285,17 +307,26 @@ func (p *pendingReceipt) sign(s *receipts.Signer) (err error) {
 }
 
 // auditEntry is an audit record ready to append: the record, with the
-// result hash of its outcome, and its canonical body.
+// result hash of its outcome, its canonical body and the payload to keep
+// beside it.
 type auditEntry struct {
 	a          *auditRecord
 	resultHash string
 	body       ledger.Body
+	payload    []byte
 }
 
-// newAuditEntry completes a with r's result hash and canonicalizes it.
-func newAuditEntry(a *auditRecord, r *Result) (*auditEntry, error) {
-	a.ResultHash = resultHash(r)
-	b, err := json.Marshal(a)
+// newAuditEntry completes a with r's result hash and a's commitments
+// under salt to args (canonical) and its private parts, and
+// canonicalizes its public part; depth says what of the payload to keep.
+func newAuditEntry(a *auditRecord, r *Result, salt, depth string, args []byte) (*auditEntry, error) {
+	res := resultCanonical(r)
+	a.ResultHash = digest.Sum(res)
+	s, err := a.seal(salt, depth, args, res)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(a.publicBody())
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +334,7 @@ func newAuditEntry(a *auditRecord, r *Result) (*auditEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &auditEntry{a: a, resultHash: a.ResultHash, body: body}, nil
+	return &auditEntry{a: a, resultHash: a.ResultHash, body: body, payload: s.payload}, nil
 }
 
 // appendAuditEntry appends ae and returns the receipt that will name it.
@@ -355,7 +386,12 @@ func sameOutcome(a, b *Result) bool {
 
 // resultHash is the digest of the canonical {"status","result"} or
 // {"status","error"} object of r (see docs/formats.md).
-func resultHash(r *Result) string {
+func resultHash(r *Result) string { return digest.Sum(resultCanonical(r)) }
+
+// resultCanonical is the canonical {"status","result"} or
+// {"status","error"} object of r: what result_hash hashes and the audit
+// record's result commitment commits to.
+func resultCanonical(r *Result) []byte {
 	v := map[string]any{"status": r.Status}
 	if r.Error != nil {
 		v["error"] = r.Error
@@ -368,7 +404,7 @@ func resultHash(r *Result) string {
 		// the result is unhashable, which the hash of the failure records.
 		b = []byte(err.Error())
 	}
-	return digest.Sum(b)
+	return b
 }
 
 // recoveryContext is what recovery needs to audit the call should the
@@ -381,6 +417,7 @@ func (c *call) recoveryContext() json.RawMessage {
 		AutonomyMode: c.res.AutonomyMode, RequestedMode: c.env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
 		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
+		RecoverySalt: c.recoverySalt(), RecoveryArgs: c.argsCanon,
 	})
 	return b
 }
@@ -404,13 +441,21 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 			"whether it happened is unknown (reconcile with the other side); a repeat with the same idempotency key returns this outcome and is never sent again"}
 	}
 	a.setOutcome(r)
-	ae, err := newAuditEntry(&a, r)
+	salt, args := a.RecoverySalt, a.RecoveryArgs
+	if salt == "" {
+		salt = NewSalt() // an intent written before commitments
+	}
+	r.AuditSalt = salt
+	ae, err := newAuditEntry(&a, r, salt, k.depthOf(a.ToolID), args)
 	if err != nil {
 		return err
 	}
 	r.ResultHash = ae.resultHash
 	p, err := k.appendAuditEntry(tx, ae)
 	if err != nil {
+		return err
+	}
+	if err := putPayload(tx, p.receipt.LedgerSeq, ae.payload); err != nil {
 		return err
 	}
 	if err := p.sign(k.signer); err != nil {

@@ -102,7 +102,7 @@ func TestReplayVerifyRefutes(t *testing.T) {
 		{"a replay with another result", func(t *testing.T, h *harness, tx *bbolt.Tx) {
 			c := firstCommitted(t, tx, "k1")
 			c.ReplayOf, c.TxOutcome, c.OperationID = c.OperationID, NoOp, "01900000-0000-7000-8000-000000000001"
-			c.ResultHash = "blake3:" + strings.Repeat("1", 64)
+			c.Commitments.Result = "blake3:" + strings.Repeat("1", 64)
 			b, _ := json.Marshal(c.auditRecord)
 			if _, err := ledger.Append(tx, ledger.KindAudit, time.Now(), b); err != nil {
 				t.Fatal(err)
@@ -283,7 +283,7 @@ decision := {"autonomy_mode": mode, "risk_score": 0.9, "risk_basis": ["writes ar
 		t.Fatal(err)
 	}
 	in := h.k.Inspector()
-	out, err := ReplayPolicy(context.Background(), eng, ReplayFilter{}, func(fn func(ledger.Entry) error) error { return in.Scan(0, fn) })
+	out, err := ReplayPolicy(context.Background(), eng, ReplayFilter{}, func(fn func(EntryView) error) error { return in.ScanViews(0, AccessAll, fn) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ decision := {"autonomy_mode": mode, "risk_score": 0.9, "risk_basis": ["writes ar
 	if len(out.Changes) == 0 {
 		t.Fatal("no write would change under a policy that freezes writes")
 	}
-	none, err := ReplayPolicy(context.Background(), h.k.policy, ReplayFilter{}, func(fn func(ledger.Entry) error) error { return in.Scan(0, fn) })
+	none, err := ReplayPolicy(context.Background(), h.k.policy, ReplayFilter{}, func(fn func(EntryView) error) error { return in.ScanViews(0, AccessAll, fn) })
 	if err != nil || len(none.Changes) != 0 {
 		t.Fatalf("replaying under the active policy changes %+v, %v", none, err)
 	}

@@ -165,6 +165,7 @@ func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
 type history interface {
 	Head(ctx context.Context) (ledger.Head, error)
 	Scan(ctx context.Context, from uint64, fn func(ledger.Entry) error) error
+	ScanViews(ctx context.Context, from uint64, fn func(kernel.EntryView) error) error
 	Entries(ctx context.Context, from uint64, limit int) ([]ledger.Entry, error)
 	Receipt(ctx context.Context, id string) (*kernel.ReceiptInfo, error)
 	Receipts(ctx context.Context, f kernel.ReceiptFilter) ([]kernel.ReceiptInfo, error)
@@ -215,6 +216,9 @@ func (l localHistory) Head(context.Context) (ledger.Head, error) { return l.in.H
 func (l localHistory) Scan(_ context.Context, from uint64, fn func(ledger.Entry) error) error {
 	return l.in.Scan(from, fn)
 }
+func (l localHistory) ScanViews(_ context.Context, from uint64, fn func(kernel.EntryView) error) error {
+	return l.in.ScanViews(from, kernel.AccessAll, fn)
+}
 func (l localHistory) Entries(_ context.Context, from uint64, limit int) ([]ledger.Entry, error) {
 	return l.in.Entries(from, limit)
 }
@@ -257,6 +261,9 @@ func (r remoteHistory) Head(ctx context.Context) (ledger.Head, error) {
 }
 func (r remoteHistory) Scan(ctx context.Context, from uint64, fn func(ledger.Entry) error) error {
 	return r.c.Scan(ctx, from, fn)
+}
+func (r remoteHistory) ScanViews(ctx context.Context, from uint64, fn func(kernel.EntryView) error) error {
+	return r.c.ScanViews(ctx, from, fn)
 }
 func (r remoteHistory) Entries(ctx context.Context, from uint64, limit int) ([]ledger.Entry, error) {
 	p, err := r.c.Entries(ctx, from, limit)
