@@ -203,9 +203,13 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
 		os.Exit(1)
 	}
+	ferr := k.Err() // a durability failure while draining
 	if err := k.Close(); err != nil {
 		tel.log.Error("closing the kernel", "error", err)
 		return fmt.Errorf("serve: closing the kernel: %w", err)
+	}
+	if ferr != nil {
+		return fmt.Errorf("serve: durability failure while draining: %w", ferr)
 	}
 	tel.log.Info("stopped")
 	fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: stopped cleanly")

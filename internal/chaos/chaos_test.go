@@ -178,7 +178,7 @@ func runCase(t *testing.T, bin string, f fault, workers, perWorker int, tl *tall
 			tl.toExit = append(tl.toExit, exitedAt.Sub(injected))
 		}
 	}
-	if f.durable && !injected.IsZero() && !srv.selfExit {
+	if f.durable && !injected.IsZero() && !srv.selfExit && injected.Before(srv.termAt) {
 		tl.noExit++
 		t.Errorf("a %s fault was injected at %s and the kernel kept serving (it must fail stop and exit non-zero)", f, injected.Format(time.StampMicro))
 	}
@@ -363,7 +363,8 @@ type server struct {
 	exited    chan struct{}
 	exitedAt  time.Time
 	code      int
-	selfExit  bool // it exited before stop asked it to
+	selfExit  bool      // it exited before stop asked it to
+	termAt    time.Time // when stop sent SIGTERM
 }
 
 // startServe starts kernelctl serve on data, under wrap (strace …) when
@@ -425,6 +426,7 @@ func (s *server) stop(t *testing.T, grace time.Duration) (time.Time, int) {
 	case <-time.After(grace):
 		// The signal goes to kernelctl itself: strace, on SIGTERM,
 		// would detach and leave it running.
+		s.termAt = time.Now()
 		syscall.Kill(s.kernelPid(), syscall.SIGTERM)
 		select {
 		case <-s.exited:
