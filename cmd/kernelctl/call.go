@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -88,10 +89,17 @@ needs one, and kernelctl wait OP prints its result.`,
 					if err != nil {
 						return err
 					}
+					if t.json {
+						return printJSON(cmd.OutOrStdout(), map[string]string{"operation_id": id, "state": "running"})
+					}
 					fmt.Fprintln(cmd.OutOrStdout(), id)
 					return nil
 				}
-				if res, _, err = c.Call(cmd.Context(), raw); err != nil {
+				// A call held for an approval says so on stderr at once.
+				stop := announceApproval(cmd.Context(), t.client(tok), sub, env.OperationID, cmd.ErrOrStderr())
+				res, _, err = c.Call(cmd.Context(), raw)
+				stop()
+				if err != nil {
 					return err
 				}
 			} else {
@@ -259,6 +267,11 @@ func toolsCmd() *cobra.Command {
 			}
 			if tokenFile == "" {
 				return &usageError{errors.New("tools: --token FILE is required")}
+			}
+			switch format {
+			case syscalls.FormatOpenAI, syscalls.FormatAnthropic, syscalls.FormatMCP:
+			default:
+				return usagef("--format %q is not openai, anthropic or mcp", format)
 			}
 			tok, err := readSecret(tokenFile)
 			if err != nil {

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestExitCodes runs the real binary over the command lines README.md
+// promises exit statuses for: 2 for every usage error, including a value
+// the kernel refuses as malformed (on a stopped data dir, through a
+// running kernel's control socket and over --server alike) and an unknown
+// or missing subcommand; 1 for a failure. Each error is one line that
+// says nothing twice.
+func TestExitCodes(t *testing.T) {
+	sv := initServed(t)
+	dir := t.TempDir()
+	stopped := filepath.Join(dir, "data")
+	mustRun(t, "init", "--data", stopped)
+	tokFile := filepath.Join(dir, "tok")
+	os.WriteFile(tokFile, []byte(mustRun(t, "token", "mint", "--data", stopped, "--agent", "a", "--tools", "echo")), 0o600)
+	garbage := filepath.Join(dir, "garbage")
+	os.WriteFile(garbage, []byte("garbage.x.y\n"), 0o600)
+	// The three ways to reach a kernel.
+	targets := map[string][]string{
+		"data":   {"--data", stopped},
+		"socket": {"--data", sv.server.data},
+		"server": {"--server", sv.url},
+	}
+	t.Setenv("CAPKERNEL_ADMIN_TOKEN", sv.admin)
+	mint := []string{"token", "mint", "--agent", "a", "--tools", "echo"}
+	rows := []struct {
+		name   string
+		args   []string
+		target bool // run once per target, the target's flags appended
+		code   int
+		stderr string // a part of the error line
+	}{
+		{"no verb", nil, false, 2, "give a command"},
+		{"unknown verb", []string{"nosuchverb"}, false, 2, `unknown command "nosuchverb"`},
+		{"unknown subcommand", []string{"token", "bogus"}, false, 2, `kernelctl token: unknown command "bogus": want one of attenuate, inspect, mint, revoke`},
+		{"missing subcommand", []string{"ledger"}, false, 2, "give a command"},
+		{"unknown flag", []string{"ledger", "verify", "--bogus"}, false, 2, "unknown flag: --bogus"},
+		{"extra argument", []string{"demo", "extra-arg"}, false, 2, `"extra-arg"`},
+		{"version", []string{"--version"}, false, 0, ""},
+		{"autonomy yolo", append(mint, "--autonomy", "yolo"), true, 2, `cap.autonomy "yolo" is not autopilot`},
+		{"ttl too long", append(mint, "--ttl", "2400h"), true, 2, "--ttl 2400h0m0s is longer than a token may live"},
+		{"unknown budget", append(mint, "--budget", "foo=1"), true, 2, `cap.budgets has unknown key "foo"`},
+		{"outcome bogus", []string{"receipts", "list", "--outcome", "bogus"}, true, 2, `outcome "bogus" is not one of committed`},
+		{"format foo", []string{"tools", "--token", tokFile, "--format", "foo"}, true, 2, `--format "foo" is not openai, anthropic or mcp`},
+		{"revoke not a jti", []string{"token", "revoke", "not-a-jti"}, true, 1, `"not-a-jti" is not a token id`},
+		{"inspect garbage", []string{"token", "inspect", garbage}, true, 1, "the kernel refuses this token (token_invalid): token is not a compact JWS"},
+		{"no such receipt", []string{"receipts", "show", "01a2173e-0000-7000-8000-000000000000"}, true, 1, ""},
+		{"no target", []string{"ledger", "head"}, false, 2, "give --data DIR or --server URL"},
+	}
+	for _, r := range rows {
+		runs := map[string][]string{"": r.args}
+		if r.target {
+			runs = map[string][]string{}
+			for name, flags := range targets {
+				runs[name] = append(append([]string{}, r.args...), flags...)
+			}
+		}
+		for target, args := range runs {
+			t.Run(strings.TrimSpace(r.name+" "+target), func(t *testing.T) {
+				out, stderr, code := run(t, args...)
+				if code != r.code {
+					t.Fatalf("kernelctl %s: exit %d, want %d\n%s%s", strings.Join(args, " "), code, r.code, out, stderr)
+				}
+				if !strings.Contains(stderr, r.stderr) {
+					t.Errorf("stderr %q does not say %q", stderr, r.stderr)
+				}
+				if code == 0 {
+					return
+				}
+				// One line, saying nothing twice, with no Go value dumped.
+				if n := strings.Count(strings.TrimSpace(stderr), "\n"); n > 0 {
+					t.Errorf("a %d-line error: %q", n+1, stderr)
+				}
+				for _, stutter := range []string{"captoken:", "token_invalid: token_invalid", "mint: mint", "server: 400", "&{", "map["} {
+					if strings.Contains(stderr, stutter) {
+						t.Errorf("stderr %q contains %q", stderr, stutter)
+					}
+				}
+			})
+		}
+	}
+	if out, _, _ := run(t, "--version"); !strings.HasPrefix(out, "kernelctl ") || !strings.Contains(out, "go1.") {
+		t.Errorf("--version printed %q", out)
+	}
+}
