@@ -7,6 +7,15 @@ import (
 	"testing"
 )
 
+// cwdAbs is rel resolved against the test's working directory.
+func cwdAbs(t *testing.T, rel string) string {
+	abs, err := filepath.Abs(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
 // TestExitCodes runs the real binary over the command lines README.md
 // promises exit statuses for: 2 for every usage error, including a value
 // the kernel refuses as malformed (on a stopped data dir, through a
@@ -53,6 +62,10 @@ func TestExitCodes(t *testing.T) {
 		{"inspect garbage", []string{"token", "inspect", garbage}, true, 1, "the kernel refuses this token (token_invalid): token is not a compact JWS"},
 		{"no such receipt", []string{"receipts", "show", "01a2173e-0000-7000-8000-000000000000"}, true, 1, ""},
 		{"no target", []string{"ledger", "head"}, false, 2, "give --data DIR or --server URL"},
+		// Relative paths are relative to the working directory, and the
+		// error names the path as given and as resolved.
+		{"relative policy", []string{"serve", "--data", stopped, "--listen", "127.0.0.1:0", "--policy", "./no-such-bundle"}, false, 2, "--policy ./no-such-bundle (" + cwdAbs(t, "no-such-bundle") + ", from the working directory)"},
+		{"mcp off loopback", []string{"mcp", "--data", stopped, "--token", tokFile, "--http", "0.0.0.0:0"}, false, 2, "mcp serves streamable HTTP on loopback only"},
 	}
 	for _, r := range rows {
 		runs := map[string][]string{"": r.args}
