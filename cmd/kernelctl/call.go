@@ -76,7 +76,9 @@ needs one, and kernelctl wait OP prints its result.`,
 			}
 			var res *kernel.Result
 			if t.remote() {
-				c := t.client("")
+				// The capability token is the bearer: over the control socket
+				// a request without one acts as the admin, whom calls refuse.
+				c := t.client(tok)
 				if env.PolicyHash, err = c.PolicyHash(cmd.Context()); err != nil {
 					return err
 				}
@@ -96,7 +98,7 @@ needs one, and kernelctl wait OP prints its result.`,
 					return nil
 				}
 				// A call held for an approval says so on stderr at once.
-				stop := announceApproval(cmd.Context(), t.client(tok), sub, env.OperationID, cmd.ErrOrStderr())
+				stop := announceApproval(cmd.Context(), c, sub, env.OperationID, cmd.ErrOrStderr())
 				res, _, err = c.Call(cmd.Context(), raw)
 				stop()
 				if err != nil {

@@ -46,7 +46,17 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 			ws := filepath.Join(tmp, "workspace")
 			var b demoKernel
 			var where string
-			if t.remote() {
+			if t.data != "" {
+				// A kernel running on --data is driven through its
+				// control socket.
+				if c, ok := httpapi.ControlClient(t.data); ok {
+					t.socket = c
+				}
+			}
+			if t.socket != nil {
+				b = remoteDemo{t.socket}
+				where = fmt.Sprintf("data dir  %s, of the kernel running on it (driven through its control socket; kept)\nworkspace %s (temporary: removed when the demo ends)", t.data, ws)
+			} else if t.remote() {
 				c, err := t.adminClient()
 				if err != nil {
 					return err
@@ -135,18 +145,29 @@ func (l localDemo) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
 
 type remoteDemo struct{ c *httpapi.Client }
 
+// ID names the kernel by the origin of its checkpoints (its kernel id),
+// else by its address (a fresh kernel has signed none yet).
 func (r remoteDemo) ID(ctx context.Context) (string, string, error) {
 	h, err := r.c.PolicyHash(ctx)
-	return r.c.BaseURL, h, err
+	id := r.c.BaseURL
+	if cp, err := r.c.Checkpoint(ctx, false); err == nil && cp.Origin != "" {
+		id = cp.Origin
+	}
+	return id, h, err
 }
 func (r remoteDemo) Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error) {
 	return r.c.Mint(ctx, req)
 }
 
-// Call sends the envelope without the admin credential, which the API
-// refuses on calls: the envelope's capability token is the authority.
+// Call sends the envelope with its capability token as the bearer, never
+// the admin credential, which the API refuses on calls (and which the
+// control socket lends a request that carries no credential).
 func (r remoteDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error) {
-	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP}).Call(ctx, env)
+	var e struct {
+		Token string `json:"capability_token"`
+	}
+	json.Unmarshal(env, &e)
+	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP, Credential: e.Token}).Call(ctx, env)
 	return res, err
 }
 func (r remoteDemo) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
