@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // cwdAbs is rel resolved against the test's working directory.
@@ -101,5 +106,71 @@ func TestExitCodes(t *testing.T) {
 	}
 	if out, _, _ := run(t, "--version"); !strings.HasPrefix(out, "kernelctl ") || !strings.Contains(out, "go1.") {
 		t.Errorf("--version printed %q", out)
+	}
+}
+
+// runEnv runs kernelctl with env added to the environment, without
+// CAPKERNEL_ADMIN_TOKEN unless env sets it.
+func runEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(kernelctl, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, envAdmin+"=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+// TestCredentialErrors: a credential error says what is wrong with what
+// was given (not an admin credential, a wrong one, a path where the value
+// belongs, the value where a path belongs, none at all), and the public
+// reads need no credential.
+func TestCredentialErrors(t *testing.T) {
+	sv := initServed(t)
+	dir := t.TempDir()
+	jws := filepath.Join(dir, "a.token")
+	os.WriteFile(jws, []byte(mustRun(t, "token", "mint", "--data", sv.server.data, "--agent", "a", "--tools", "echo")), 0o600)
+	tok, _ := readSecret(jws)
+	mint := []string{"token", "mint", "--server", sv.url, "--agent", "x", "--tools", "echo"}
+	for _, c := range []struct {
+		name   string
+		env    []string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"wrong admin credential", []string{envAdmin + "=" + kernel.AdminPrefix + "wrong"}, mint, 1,
+			"refused (token_invalid, HTTP 401): the admin credential is wrong: it has the form of one but is not this kernel's (the kernel's is the content of admin.token in its data dir) (the credential in env CAPKERNEL_ADMIN_TOKEN)"},
+		{"a path in the env", []string{envAdmin + "=" + sv.adminFile}, mint, 2,
+			"CAPKERNEL_ADMIN_TOKEN holds a path (" + sv.adminFile + "); it takes the credential itself"},
+		{"the value in the flag", nil, append(mint, "--admin-token", sv.admin), 2,
+			"--admin-token takes the path of a file holding the admin credential, not the credential itself"},
+		{"a capability token as admin", []string{envAdmin + "=" + tok}, mint, 2,
+			"is not an admin credential: it is a capability token"},
+		{"no credential", nil, mint, 2, "needs the admin credential: --admin-token FILE or env CAPKERNEL_ADMIN_TOKEN"},
+		{"no credential for a private read", nil, []string{"receipts", "list", "--server", sv.url}, 1,
+			"this endpoint needs a bearer credential: the admin credential or a capability token of this kernel (give the admin credential: --admin-token FILE or env CAPKERNEL_ADMIN_TOKEN)"},
+		{"public head", nil, []string{"ledger", "head", "--server", sv.url}, 0, ""},
+		{"public checkpoint", nil, []string{"ledger", "checkpoint", "--server", sv.url}, 0, ""},
+		{"public jwks", nil, []string{"receipts", "jwks", "--server", sv.url}, 0, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, stderr, code := runEnv(t, c.env, c.args...)
+			if code != c.code || !strings.Contains(stderr, c.stderr) {
+				t.Fatalf("kernelctl %s: exit %d (want %d)\n%s%s\nwant stderr with %q", strings.Join(c.args, " "), code, c.code, out, stderr, c.stderr)
+			}
+		})
 	}
 }
