@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -113,8 +114,20 @@ needs one, and kernelctl wait OP prints its result.`,
 					return err
 				}
 				defer k.Close()
+				// The kernel lives in this process while the call runs: its
+				// control socket lets an approver decide a held call with
+				// kernelctl approvals approve --data, and tells this call.
+				stop := func() {}
+				if ctl, err := httpapi.ServeControl(k, t.data); err == nil {
+					defer ctl.Close()
+					if c, ok := httpapi.ControlClient(t.data); ok {
+						c.Credential = tok
+						stop = announceApproval(cmd.Context(), c, sub, env.OperationID, cmd.ErrOrStderr())
+					}
+				}
 				env.PolicyHash = k.PolicyHash()
 				res = k.Invoke(cmd.Context(), &env)
+				stop()
 			}
 			if err := printResult(cmd, res, t.json); err != nil {
 				return err

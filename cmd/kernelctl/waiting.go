@@ -73,7 +73,7 @@ func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, 
 					held, since = a.ID, time.Now()
 					fmt.Fprintf(w, "operation %s waits for approval %s (%s, needs an approver with role %s; decide by %s)\n"+
 						"  decide: kernelctl approvals approve %s --token APPROVER_TOKEN_FILE (or deny), with --server or --data of this kernel\n",
-						op, a.ID, a.Mode, a.RequiredRole, a.DecideBy, a.ID)
+						op, a.ID, a.Mode, a.RequiredRole, seconds(a.DecideBy), a.ID)
 					ticker = time.NewTicker(waitLineEvery)
 					continue
 				}
@@ -91,4 +91,13 @@ func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, 
 	case <-time.After(followTimeout):
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// seconds shortens an RFC 3339 time to whole seconds, for people.
+func seconds(ts string) string {
+	t, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return ts
+	}
+	return t.UTC().Format(time.RFC3339)
 }
