@@ -41,7 +41,11 @@ the kernel replays the original outcome instead of acting twice.
   ledger:head=N        the ledger's last seq
 
 It prints the status, the error or the result, and the receipt id; --json
-prints the whole result envelope. With --async (and --server) it prints only the
+prints the whole result envelope. A call the kernel holds for an approval says
+so on stderr at once (its operation and approval ids, and how to decide it),
+then every 15 s while it waits; with --data of a stopped kernel, the kernel runs
+in this process and serves its control socket meanwhile, so approvals approve
+--data DIR decides it from another terminal. With --async (and --server) it prints only the
 operation id: the call runs on in the kernel, waits there for an approval if it
 needs one, and kernelctl wait OP prints its result.`,
 		Args: cobra.ExactArgs(1),

@@ -32,8 +32,17 @@ a mount shared at the same path): the suite makes a fresh subdirectory in it per
 run and grants it to the tokens it mints. The default is a new temporary
 directory, which works when the kernel runs on this host.
 
-Prints one line per case and the summary "conformance: N passed, N failed, N
-skipped"; exit status 1 when a case fails.`,
+It needs nothing else from the server: against a default kernelctl serve every
+case passes or skips saying why. The suite acts as the approver (with tokens it
+mints): a call held for an approval that a case expects refused it denies at
+once, proc.exec calls it allows. It first says how many cases will run, about
+how long that takes (the whole suite: about 15 s) and what the endpoint lacks,
+e.g. an approval timeout too long for the two approval_timeout cases (serve
+--approval-timeout 3s runs them).
+
+Prints one line per case as it ends, then the evidence of failures and the
+summary "conformance: N passed, N failed, N skipped"; exit status 1 when a case
+fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if server == "" {
