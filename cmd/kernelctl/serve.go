@@ -54,18 +54,24 @@ transaction that was interrupted.`,
 			if (cert == "") != (key == "") {
 				return &usageError{errors.New("serve: give both --tls-cert and --tls-key, or neither")}
 			}
-			if err := checkListen(listen, cert != ""); err != nil {
+			if err := checkListen("--listen", listen, cert != "", "serving it needs --tls-cert and --tls-key"); err != nil {
 				return &usageError{err}
 			}
 			if pprofAddr != "" {
-				if err := checkListen(pprofAddr, false); err != nil {
-					return &usageError{fmt.Errorf("--pprof: %w", err)}
+				if err := checkListen("--pprof", pprofAddr, false, "the profiler is served on loopback only"); err != nil {
+					return &usageError{err}
 				}
 			}
 			if err := tf.check(); err != nil {
 				return &usageError{err}
 			}
-			cfg.DataDir, cfg.PolicyDir = data, policyDir
+			// --policy is relative to the working directory (kernel.json's
+			// policy_dir is relative to the data dir).
+			pd, err := bundleDir("--policy", policyDir)
+			if err != nil {
+				return err
+			}
+			cfg.DataDir, cfg.PolicyDir = data, pd
 			return serve(cmd, cfg, tf.setup(cmd, &cfg), listen, cert, key, pprofAddr, drain)
 		},
 	}
@@ -85,22 +91,20 @@ transaction that was interrupted.`,
 	return cmd
 }
 
-// checkListen refuses a non-loopback address without TLS.
-func checkListen(addr string, tls bool) error {
+// checkListen refuses for flag a non-loopback address (unless tls); the
+// error says what flag supports, in offLoopback.
+func checkListen(flag, addr string, tls bool, offLoopback string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("serve: --listen %q: %v", addr, err)
+		return fmt.Errorf("%s %q: want HOST:PORT, e.g. 127.0.0.1:7070: %v", flag, addr, err)
 	}
-	if tls {
-		return nil
-	}
-	if host == "localhost" {
+	if tls || host == "localhost" {
 		return nil
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return fmt.Errorf("serve: --listen %s is not a loopback address; serving it needs --tls-cert and --tls-key", addr)
+	return fmt.Errorf("%s %s is not a loopback address: %s", flag, addr, offLoopback)
 }
 
 // serverGCPercent is the GC target of kernelctl serve unless GOGC is set.
