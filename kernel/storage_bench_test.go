@@ -78,6 +78,7 @@ func BenchmarkAuditStorage(b *testing.B) {
 				size1, free1 := dbUse(b, h.k)
 				b.ReportMetric(float64(size1-size0)/float64(b.N), "db-bytes/call")
 				b.ReportMetric(float64((size1-free1)-(size0-free0))/float64(b.N), "live-bytes/call")
+				b.Logf("%s %s: bytes per call by bucket (allocated pages over all %d calls): %s", tool, depth, b.N+1000, bucketBytes(b, h.k, b.N+1000))
 			})
 		}
 	}
@@ -121,4 +122,24 @@ func TestErasedSpaceIsReused(t *testing.T) {
 	if s3-s2 >= grew/2 {
 		t.Fatalf("after erasure %d calls grew the file by %d bytes, before by %d: freed pages not reused", n, s3-s2, grew)
 	}
+}
+
+// bucketBytes lists, per top-level bucket, its allocated page bytes
+// divided by calls.
+func bucketBytes(t testing.TB, k *Kernel, calls int) string {
+	t.Helper()
+	var out []string
+	err := k.View(func(tx *bbolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
+			st := b.Stats()
+			if n := st.LeafAlloc + st.BranchAlloc; n > 0 {
+				out = append(out, fmt.Sprintf("%s=%d", name, n/calls))
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(out, " ")
 }
