@@ -3,12 +3,10 @@ package kernel
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -258,6 +256,7 @@ type PayloadReport struct {
 	NotKept        int `json:"not_kept"`        // parts never kept (depth commitments_only)
 	Erased         int `json:"erased"`          // records whose payloads an erasure record removed
 	ErasureRecords int `json:"erasure_records"` // erasure records
+	Absent         int `json:"absent,omitempty"` // export verification: records kept in full whose payload the export does not carry
 }
 
 // payloadTally counts, as verified entries stream by in seq order, the
@@ -293,18 +292,6 @@ func (t *payloadTally) entry(e ledger.Entry) error {
 		}
 	}
 	return nil
-}
-
-// VerifyExport checks an export offline as VerifyLedgerExport does and
-// reports its audit payloads: the records with commitments and those an
-// erasure record says were erased (an export carries no payloads).
-func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (LedgerCheck, error) {
-	t := &payloadTally{}
-	check, err := CheckOf(VerifyLedgerExport(r, origin, pub, progress, t.entry))
-	if err == nil && check.Intact {
-		check.Payloads = &t.rep
-	}
-	return check, err
 }
 
 // checkPayloads verifies every stored payload against the commitments of

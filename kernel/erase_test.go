@@ -122,9 +122,28 @@ func TestCommitmentsAndErasure(t *testing.T) {
 	if err := h.k.Inspector().Export(&export); err != nil {
 		t.Fatal(err)
 	}
-	off, err := VerifyExport(&export, h.k.ID(), h.k.ReceiptKey(), nil)
-	if err != nil || !off.Intact || off.Payloads == nil || off.Payloads.Erased != 1 {
+	exported := export.Bytes()
+	off, err := VerifyExport(bytes.NewReader(exported), h.k.ID(), h.k.ReceiptKey(), nil)
+	if err != nil || !off.Intact || off.Payloads == nil || off.Payloads.Erased != 1 || off.Payloads.Opened < 4 {
 		t.Fatalf("offline export verification: %+v %v", off, err)
+	}
+	// The export carries the kept payloads; tampering with one is found
+	// offline; without payload lines it is the public export, intact.
+	if !bytes.Contains(exported, []byte(`{"payload":`)) || bytes.Contains(exported, []byte(`"args":{"content":"pin 4711"`)) {
+		t.Fatalf("export payload lines: %s", exported)
+	}
+	bad := bytes.Replace(exported, []byte(`"bytes_returned"`), []byte(`"bytes_Returned"`), 1)
+	if off, err := VerifyExport(bytes.NewReader(bad), h.k.ID(), h.k.ReceiptKey(), nil); err != nil || off.Intact || off.BadSeq == nil || *off.BadSeq != r.LedgerSeq {
+		t.Fatalf("a tampered payload line in the export: %+v %v", off, err)
+	}
+	var public bytes.Buffer
+	for line := range bytes.Lines(exported) {
+		if !bytes.HasPrefix(line, []byte(`{"payload":`)) {
+			public.Write(line)
+		}
+	}
+	if off, err := VerifyExport(&public, h.k.ID(), h.k.ReceiptKey(), nil); err != nil || !off.Intact || off.Payloads.Absent == 0 {
+		t.Fatalf("the public export: %+v %v", off, err)
 	}
 	b, err := h.k.Inspector().Bundle(w.ReceiptID)
 	if err != nil {

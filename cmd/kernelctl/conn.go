@@ -31,6 +31,16 @@ type target struct {
 	// serverFrom and credFrom name where --server and the admin
 	// credential came from (a flag or an environment variable), for errors.
 	serverFrom, credFrom string
+	// readToken is --token of the history verbs: a token file to read
+	// with instead of the admin credential (addReadToken).
+	readToken string
+}
+
+// addReadToken adds --token to a history verb: read as an auditor (every
+// record in full) or as an agent (its own records in full, the public
+// part of the others') instead of as the admin.
+func (t *target) addReadToken(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&t.readToken, "token", "", "with --server: read with this token file (an auditor token reads everything; an agent's token its own records in full, others' public parts) instead of the admin credential")
 }
 
 // Environment variables the target flags fall back on.
@@ -199,6 +209,13 @@ func (t *target) openHistory(verb string) (history, error) {
 			return nil, err
 		}
 		return localHistory{in}, nil
+	}
+	if t.readToken != "" {
+		tok, err := readSecret(t.readToken)
+		if err != nil {
+			return nil, fmt.Errorf("--token: %w", err)
+		}
+		return remoteHistory{t.client(tok)}, nil
 	}
 	// Public reads (head, checkpoint, proofs, JWKS) need no credential:
 	// without one, the endpoints that do need it say so.

@@ -178,6 +178,7 @@ each counted apart. Nothing is written.`,
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	cmd.Flags().StringVar(&dir, "policy", "", "the policy bundle dir to replay under")
 	cmd.Flags().StringVar(&since, "since", "", "only calls since TIME (RFC 3339, or a duration ago such as 24h)")
 	cmd.Flags().StringVar(&agent, "agent", "", "only this agent's calls")
