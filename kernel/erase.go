@@ -251,11 +251,11 @@ func (k *Kernel) stopRetention() {
 
 // PayloadReport is what a verification found of the audit payloads.
 type PayloadReport struct {
-	Records        int `json:"records"`         // audit records with commitments
-	Opened         int `json:"opened"`          // parts kept that open their commitments (checked with the payloads at hand)
-	NotKept        int `json:"not_kept"`        // parts never kept (depth commitments_only)
-	Erased         int `json:"erased"`          // records whose payloads an erasure record removed
-	ErasureRecords int `json:"erasure_records"` // erasure records
+	Records        int `json:"records"`          // audit records with commitments
+	Opened         int `json:"opened"`           // parts kept that open their commitments (checked with the payloads at hand)
+	NotKept        int `json:"not_kept"`         // parts never kept (depth commitments_only)
+	Erased         int `json:"erased"`           // records whose payloads an erasure record removed
+	ErasureRecords int `json:"erasure_records"`  // erasure records
 	Absent         int `json:"absent,omitempty"` // export verification: records kept in full whose payload the export does not carry
 }
 
