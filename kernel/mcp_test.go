@@ -63,7 +63,16 @@ func httpServer(t *testing.T) (*upstreamtest.Server, string) {
 	return s, srv.URL
 }
 
+// withServers configures servers; one without declarations gets one that
+// declares every tool to touch nothing the kernel governs (the test
+// server's tools only compute), so the policy decides them by class.
 func withServers(servers map[string]upstream.Server) func(*Config) {
+	for n, s := range servers {
+		if s.Resources == nil && s.Declare == "" {
+			s.Resources = []upstream.Declaration{{Tools: "*"}}
+			servers[n] = s
+		}
+	}
 	return func(c *Config) { c.MCPServers = servers }
 }
 
@@ -106,7 +115,7 @@ func TestMCPUpstreamTools(t *testing.T) {
 			mustOK(t, r)
 			var out struct {
 				Content    []struct{ Type, Text string }
-				Structured struct{ Sum int } `json:"structured_content"`
+				Structured struct{ Sum int } `json:"structuredContent"`
 			}
 			if err := json.Unmarshal(r.Result, &out); err != nil || len(out.Content) != 1 || out.Content[0].Text != "42" || out.Structured.Sum != 42 {
 				t.Fatalf("result %s (%v)", r.Result, err)
@@ -290,7 +299,7 @@ func TestMCPUpstreamCrash(t *testing.T) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)
 	}
-	s["mcp_servers"] = map[string]any{"web": map[string]any{"url": url}} // EXECUTE, the default
+	s["mcp_servers"] = map[string]any{"web": map[string]any{"url": url, "resources": []any{map[string]any{"tools": "*"}}}} // EXECUTE, the default
 	if b, err = json.Marshal(s); err != nil {
 		t.Fatal(err)
 	}
