@@ -278,11 +278,14 @@ func TestMCPUpstreamDies(t *testing.T) {
 	if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != ErrUpstreamUnavailable {
 		t.Fatalf("audit %+v", a)
 	}
-	// Once it can start again, the next call reconnects.
+	// Once it can start again, the next call reconnects; the refused
+	// call's key was not consumed (nothing was sent), so it runs now.
 	if err := os.Remove(once); err != nil {
 		t.Fatal(err)
 	}
-	mustOK(t, h.invoke("mcp.std.add", map[string]int{"a": 1, "b": 1}, key("reconnected")))
+	if r := h.invoke("mcp.std.add", map[string]int{"a": 1, "b": 1}, key("after")); r.Status != StatusOK || r.Replayed {
+		t.Fatalf("the refused call again: %+v replayed %v", r.Error, r.Replayed)
+	}
 	mustVerify(t, h.k.Inspector())
 }
 

@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// TestFramer: frames up to the limit pass unchanged; (sizes count the
-// newline) a longer response is
+// TestFramer: frames up to the limit pass unchanged (sizes count the
+// newline); a longer response is
 // replaced by an error response to its request, found by the top-level id
 // wherever it stands; a longer frame that is no response is dropped; the
 // frames after it come through.
