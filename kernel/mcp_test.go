@@ -354,6 +354,15 @@ func TestMCPUpstreamConfig(t *testing.T) {
 		{"both", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Command: []string{"x"}}}, "exactly one of command and url"},
 		{"bad class", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", SideEffect: "LOUD"}}, `side_effect "LOUD"`},
 		{"unreachable", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/"}}, "mcp server web: connect"},
+		{"declaration: a pointer that is no pointer", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{
+			{Tools: "read_*", Args: []upstream.Arg{{Pointer: "path", Kind: "fs"}}}}}}, `mcp server web: resources[0] (tools "read_*"), args[0]: pointer "path" is not a JSON pointer`},
+		{"declaration: an unknown kind", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{
+			{Tools: "*"}, {Tools: "x", Args: []upstream.Arg{{Pointer: "/p", Kind: "disk"}}}}}}, `mcp server web: resources[1] (tools "x"), args[0]: kind "disk"`},
+		{"declaration: a bad mode", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{
+			{Tools: "x", Args: []upstream.Arg{{Pointer: "/p", Kind: "fs", Mode: "w"}}}}}}, `args[0]: mode "w" is not r or rw`},
+		{"declaration: a bad glob", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{{Tools: "[x"}}}}, `resources[0]: tools "[x"`},
+		{"declare: unknown", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Declare: "github"}}, `declare "github" is not one of the shipped declarations (everything, fetch, filesystem, git, memory)`},
+		{"paths: relative", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Paths: []upstream.PathMap{{Root: "ws", Upstream: "/data"}}}}, `paths[0]: root "ws"`},
 		{"command missing", map[string]upstream.Server{"std": {Command: []string{filepath.Join(t.TempDir(), "none")}}}, "mcp server std: connect"},
 	}
 	for _, tc := range tests {

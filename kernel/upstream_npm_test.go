@@ -214,3 +214,44 @@ func TestUpstreamFaithfulResults(t *testing.T) {
 		t.Fatalf("get-env: %+v %s", r.Error, r.AutonomyMode)
 	}
 }
+
+// TestUpstreamDeclaredNet: a declared URL is checked against the token's
+// net patterns and net.fetch's SSRF rules before server-everything
+// fetches it; a declared kv key reaches the policy input.
+func TestUpstreamDeclaredNet(t *testing.T) {
+	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
+		"ev": {Command: npmServer(t, "server-everything", "stdio"), Declare: "everything", Resources: []upstream.Declaration{
+			{Tools: "echo", SideEffect: "NONE", Args: []upstream.Arg{{Pointer: "/message", Kind: "kv"}}}}},
+	}), func(c *Config) { c.NetLookup = testLookup })
+	tests := []struct {
+		name  string
+		net   []string
+		data  string
+		class string
+	}{
+		{"outside the patterns", []string{"api.example.com"}, "https://evil.example.com/x", ErrScopeDenied},
+		{"loopback under a wildcard", []string{"*"}, "http://127.0.0.1:1/x", ErrScopeDenied},
+		{"a name resolving to loopback", []string{"*.test"}, "http://internal.test:1/x", ErrScopeDenied},
+		{"loopback named explicitly: the upstream fetches", []string{"127.0.0.1:1"}, "http://127.0.0.1:1/x", ErrUpstreamError},
+		{"a data URL reaches no host", nil, "data:text/plain;base64,aGVsbG8=", ""},
+		{"not a URL", []string{"*"}, "ftp://x/y", ErrInvalidArgs},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"mcp.*"}, Net: tc.net})
+			before := h.headSize()
+			r := h.invoke("mcp.ev.gzip_file_as_resource", map[string]any{"name": "x.gz", "data": tc.data})
+			if errClass(r) != tc.class {
+				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
+			}
+			if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != tc.class {
+				t.Fatalf("audit %+v", a)
+			}
+		})
+	}
+	before := h.headSize()
+	mustOK(t, h.invoke("mcp.ev.echo", map[string]any{"message": "progress"}))
+	if a := h.audits(before); len(a) != 1 || fmt.Sprint(a[0].PolicyInput.Resources) != "[{kv read    false false progress  0}]" {
+		t.Fatalf("audit %+v", a[0].PolicyInput)
+	}
+}

@@ -336,7 +336,8 @@ func within(p, dir string) bool {
 	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
-// Target is a net argument's host and port.
+// Target is a net argument's host and port; for a data: URL, which
+// reaches no host, the zero HostPort.
 func (a *Arg) Target(v string) (syscalls.HostPort, error) {
 	if a.Form == "host" {
 		host, port := v, 443
@@ -353,6 +354,9 @@ func (a *Arg) Target(v string) (syscalls.HostPort, error) {
 		return syscalls.HostPort{Host: strings.ToLower(host), Port: port}, nil
 	}
 	u, err := url.Parse(v)
+	if err == nil && u.Scheme == "data" {
+		return syscalls.HostPort{}, nil // inline content: no host is reached
+	}
 	bad := func(why string) (syscalls.HostPort, error) {
 		return syscalls.HostPort{}, &syscalls.ArgsError{Violations: []string{fmt.Sprintf("url %q: %s", v, why)}}
 	}
@@ -360,7 +364,7 @@ func (a *Arg) Target(v string) (syscalls.HostPort, error) {
 	case err != nil:
 		return bad(err.Error())
 	case u.Scheme != "http" && u.Scheme != "https":
-		return bad("the scheme is not http or https")
+		return bad("the scheme is not http, https or data")
 	case u.User != nil:
 		return bad("a URL must not carry user information")
 	case u.Hostname() == "":
