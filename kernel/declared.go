@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -21,6 +22,10 @@ import (
 type upstreamCall struct {
 	undeclared bool
 	resources  []policy.Resource
+	// locks are the real paths of the declared files, locked for a
+	// transactional call as a built-in's are, so that an upstream write
+	// and a kernel write of one file never overlap.
+	locks []string
 	// args are the arguments sent upstream: the call's, with every
 	// declared path replaced by the path the kernel resolved, in the
 	// upstream's path space; nil sends the call's own.
@@ -49,12 +54,13 @@ func (k *Kernel) resolveDeclared(ctx context.Context, c *call) error {
 		repl[i] = r.Value
 		switch r.Arg.Kind {
 		case syscalls.KindFS:
-			p, res, err := k.resolveUpstreamPath(c, t, r)
+			p, res, lock, err := k.resolveUpstreamPath(c, t, r)
 			if err != nil {
 				return err
 			}
 			repl[i], rewrite = p, rewrite || p != r.Value
 			c.up.resources = append(c.up.resources, res)
+			c.up.locks = append(c.up.locks, lock)
 		case syscalls.KindKV:
 			op := "read"
 			if r.Arg.Mode == "rw" {
@@ -84,28 +90,29 @@ func (k *Kernel) resolveDeclared(ctx context.Context, c *call) error {
 }
 
 // resolveUpstreamPath resolves one declared fs argument in the token's
-// roots and returns the path to send upstream with its policy resource.
-func (k *Kernel) resolveUpstreamPath(c *call, t *upstream.Tool, r upstream.Ref) (string, policy.Resource, error) {
+// roots and returns the path to send upstream, its policy resource and its
+// lock key.
+func (k *Kernel) resolveUpstreamPath(c *call, t *upstream.Tool, r upstream.Ref) (string, policy.Resource, string, error) {
 	w, err := k.workspace(c.token)
 	if err != nil {
-		return "", policy.Resource{}, err
+		return "", policy.Resource{}, "", err
 	}
 	access, err := r.Arg.Access()
 	if err != nil {
-		return "", policy.Resource{}, err
+		return "", policy.Resource{}, "", err
 	}
 	res, err := w.Resolve(t.ToKernel(r.Value), access)
 	if err != nil {
-		return "", policy.Resource{}, fmt.Errorf("argument %s: %w", r.Where, err)
+		return "", policy.Resource{}, "", fmt.Errorf("argument %s: %w", r.Where, err)
 	}
 	abs := filepath.Join(res.RootPath, filepath.FromSlash(res.Real))
 	up, ok := t.ToUpstream(abs)
 	if !ok {
-		return "", policy.Resource{}, &syscalls.ScopeError{Path: r.Value,
+		return "", policy.Resource{}, "", &syscalls.ScopeError{Path: r.Value,
 			Reason: fmt.Sprintf("lies outside every directory mcp server %s sees (its paths)", t.Server)}
 	}
 	return up, policy.Resource{Kind: "fs", Op: string(access), Path: res.Rel, RealPath: res.Real, Root: res.RootPath,
-		IsDir: res.IsDir, Exists: res.Exists}, nil
+		IsDir: res.IsDir, Exists: res.Exists}, path.Join(res.RealRoot, res.Real), nil
 }
 
 // checkUpstreamHost admits a host an upstream tool will connect to: the
@@ -156,6 +163,14 @@ func (u *upstreamCall) addTo(in *policy.Input) {
 	}
 	in.Resources = append(in.Resources, u.resources...)
 	in.ResourcesUndeclared = u.undeclared
+}
+
+// lockKeys are the fs lock keys of the call's declared files.
+func (u *upstreamCall) lockKeys() []string {
+	if u == nil {
+		return nil
+	}
+	return u.locks
 }
 
 // sendArgs are the arguments Execute gets: the rewritten ones of an

@@ -582,6 +582,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 			kvKeys = append(kvKeys, "kv:"+r.Rel)
 		}
 	}
+	fsKeys = append(fsKeys, c.up.lockKeys()...)
 	var wsDirs []txn.StageDir
 	if c.grant != nil && c.reach.Workspace {
 		// The call may write anywhere in its rw roots: each is locked
