@@ -96,7 +96,7 @@ func TestMCPUpstreamTools(t *testing.T) {
 	}))
 	for _, srv := range []string{"std", "web"} {
 		t.Run(srv, func(t *testing.T) {
-			want := map[string]string{"add": "EXECUTE", "fail": "EXECUTE", "slow": "EXECUTE", "list_items": "EXECUTE", "exit": "EXECUTE"}
+			want := map[string]string{"add": "EXECUTE", "fail": "EXECUTE", "slow": "EXECUTE", "list_items": "EXECUTE", "exit": "EXECUTE", "big": "EXECUTE"}
 			if srv == "web" {
 				want["add"] = "NONE"
 			}
@@ -420,5 +420,42 @@ func TestMCPUpstreamTimeout(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMCPUpstreamResultCap: a result over max_result_bytes, over stdio
+// (under the framer's limit: checked once decoded; over it: replaced by
+// the framer) and over HTTP, is an audited error naming its size and the
+// cap — upstream_error for a READ tool, outcome_unknown for a mutating
+// one, which answered and so may have acted — and the next call on the
+// same server works.
+func TestMCPUpstreamResultCap(t *testing.T) {
+	const max = 64 << 10
+	_, url := httpServer(t)
+	read := map[string]syscalls.SideEffect{"big": syscalls.Read}
+	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
+		"stdr": func() upstream.Server { s := stdioServer(nil); s.MaxResultBytes, s.Tools = max, read; return s }(),
+		"stdw": func() upstream.Server { s := stdioServer(nil); s.MaxResultBytes = max; return s }(),
+		"webr": {URL: url, MaxResultBytes: max, Tools: read},
+		"webw": {URL: url, MaxResultBytes: max},
+	}))
+	for _, srv := range []string{"stdr", "stdw", "webr", "webw"} {
+		for _, n := range []int{max + 10<<10, 4 * max} {
+			t.Run(fmt.Sprint(srv, "/", n), func(t *testing.T) {
+				class := ErrUpstreamError
+				if strings.HasSuffix(srv, "w") {
+					class = ErrOutcomeUnknown
+				}
+				before := h.headSize()
+				r := h.invoke("mcp."+srv+".big", map[string]int{"n": n}, key(fmt.Sprint(srv, n)))
+				if errClass(r) != class || !strings.Contains(r.Error.Message, "bytes; the limit is") || !strings.Contains(r.Error.Message, fmt.Sprint("max_result_bytes ", max)) {
+					t.Fatalf("class %q, want %q: %+v", errClass(r), class, r.Error)
+				}
+				if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != class {
+					t.Fatalf("audit %+v", a)
+				}
+				mustOK(t, h.invoke("mcp."+srv+".big", map[string]int{"n": max - 1<<10}, key(fmt.Sprint(srv, n, "-fits"))))
+			})
+		}
 	}
 }
