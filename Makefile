@@ -96,7 +96,7 @@ fuzz:
 ## bench: the Go benchmarks (Invoke against bare bbolt measured in the same
 ## run, policy, ledger, receipts, tokens, JCS, strict JSON against
 ## encoding/json); make bench-report for the side-by-side report over HTTP
-bench:
+bench: upstream-deps
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/
 
 ## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
