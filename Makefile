@@ -103,7 +103,7 @@ bench: upstream-deps
 ## durable writes against bare bbolt, the ledger at 1M entries and proc.exec
 ## against bare bwrap, side by side in one run; writes docs/benchmarks.md and
 ## docs/benchmarks.svg (about 5 minutes)
-bench-report: bwrap
+bench-report: bwrap upstream-deps
 	$(GO) run ./cmd/benchreport
 
 ## demo: a scripted agent session through the kernel on a temporary data dir
