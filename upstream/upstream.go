@@ -245,6 +245,11 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	if live {
 		return sess, nil
 	}
+	if sess != nil {
+		// The dead session's process (or HTTP session) may linger: end
+		// it, without holding up the reconnection.
+		go sess.Close()
+	}
 	var t mcp.Transport
 	if c.cfg.URL != "" {
 		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1,
@@ -461,9 +466,11 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		var cctx context.Context
 		cctx, sent = withSent(ctx)
 		res, err = sess.CallTool(cctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
-		if errors.Is(err, mcp.ErrConnectionClosed) || err != nil && !sent.Load() {
+		if errors.Is(err, mcp.ErrConnectionClosed) || err != nil && !sent.Load() && ctx.Err() == nil {
 			// Marked now, not when the session's reader notices: the next
-			// call must reconnect, not fail on the dead session too.
+			// call must reconnect, not fail on the dead session too. A
+			// write that failed for no reason of the call's own means the
+			// session is broken, whatever its reader has seen so far.
 			t.conn.markDead(sess, err)
 		}
 		if err == nil || sent.Load() || ctx.Err() != nil || attempt > 0 {
