@@ -50,7 +50,8 @@ type call struct {
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
-	obs    *observation // stage clock, when the kernel has an Observer (observe.go)
+	obs    *observation  // stage clock, when the kernel has an Observer (observe.go)
+	up     *upstreamCall // an upstream MCP tool's declared resources (declared.go)
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -163,6 +164,9 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	}
 	// 5. Resources, inside the token's scopes.
 	resources, err := k.resolve(c)
+	if err == nil {
+		err = k.resolveDeclared(ctx, c)
+	}
 	if err != nil {
 		var se *syscalls.ScopeError
 		if errors.As(err, &se) {
@@ -452,6 +456,7 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 			in.Network = &policy.Network{Posture: c.grant.Network, Patterns: append([]string{}, c.token.Claims.Cap.Net...)}
 		}
 	}
+	c.up.addTo(in)
 	return in
 }
 
@@ -580,6 +585,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 			kvKeys = append(kvKeys, "kv:"+r.Rel)
 		}
 	}
+	fsKeys = append(fsKeys, c.up.lockKeys()...)
 	var wsDirs []txn.StageDir
 	if c.grant != nil && c.reach.Workspace {
 		// The call may write anywhere in its rw roots: each is locked
@@ -771,7 +777,7 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	e.SessionRunning = c.running
 	k.events.publish(e)
 	sc := &syscalls.Call{
-		Args: c.env.Args, Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
+		Args: c.sendArgs(), Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
 		Charge: c.charge, Note: c.note,
 	}
 	if stage != nil {
