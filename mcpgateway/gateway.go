@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -58,6 +59,7 @@ type Gateway struct {
 	session                 string // the session of a stdio server, which has one client
 	server                  *mcp.Server
 	served                  map[string]bool
+	progressEvery           time.Duration
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -70,14 +72,27 @@ type Config struct {
 	Tools                   []Tool
 	StdioSession            string
 	Version                 string
+	// ProgressInterval is how often a call that is still waiting (for an
+	// approval, or running long) sends notifications/progress to a client
+	// that gave a progress token; 0 means DefaultProgressInterval.
+	ProgressInterval time.Duration
 }
+
+// DefaultProgressInterval keeps well inside the official SDKs' default
+// request timeout (60 s), which a client resets on each progress
+// notification when it asks to (resetTimeoutOnProgress in the TypeScript
+// SDK), even if a few notifications are late.
+const DefaultProgressInterval = 10 * time.Second
 
 // New makes the gateway's MCP server.
 func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: c.Invoker, token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
-		session: c.StdioSession, served: map[string]bool{},
+		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval,
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version}, nil),
+	}
+	if g.progressEvery <= 0 {
+		g.progressEvery = DefaultProgressInterval
 	}
 	for _, t := range c.Tools {
 		g.served[t.Name] = true
@@ -145,7 +160,9 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	if err != nil {
 		return errorResult(kernel.ErrInvalidArgs, "the call's arguments are not JSON: "+err.Error(), nil), nil
 	}
+	stop := g.progress(ctx, req)
 	res, err := g.invoker.Invoke(ctx, env)
+	stop()
 	if err != nil {
 		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil), nil
 	}
@@ -162,6 +179,45 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		Meta:              meta(res),
 	}
 	return r, nil
+}
+
+// progress sends notifications/progress for req every g.progressEvery
+// until the returned stop is called, when the client gave a progress
+// token: a call waiting for an approval, or running long, would otherwise
+// look dead to a client whose request timeout runs. progress is the
+// seconds waited so far, so it grows with every notification as the
+// protocol requires.
+func (g *Gateway) progress(ctx context.Context, req *mcp.CallToolRequest) (stop func()) {
+	token := req.Params.GetProgressToken()
+	if token == nil || req.Session == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		start := time.Now()
+		tick := time.NewTicker(g.progressEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				waited := now.Sub(start).Round(time.Second)
+				// A failed notification (the client is gone) is not the
+				// call's failure: the call goes on and is audited.
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+					ProgressToken: token, Progress: now.Sub(start).Seconds(),
+					Message: fmt.Sprintf("%s: still running or waiting for an approval after %s", req.Params.Name, waited),
+				})
+			}
+		}
+	}()
+	// stop waits for the sender, so no notification follows the result.
+	return func() { close(done); <-exited }
 }
 
 // errorResult is a tool error (isError), which a model can read: the

@@ -23,6 +23,7 @@ const drainMCP = 30 * time.Second
 func mcpCmd() *cobra.Command {
 	var t target
 	var tokenFile, httpAddr string
+	var progressEvery time.Duration
 	cmd := &cobra.Command{
 		Use:   "mcp --data DIR|--server URL --token FILE [--http 127.0.0.1:PORT]",
 		Short: "Serve the syscalls a token may call as an MCP server (stdio, or streamable HTTP)",
@@ -34,12 +35,19 @@ the syscall's result (text and structuredContent) or, with isError, its error
 class and message; _meta holds capkernel/receipt_id, capkernel/operation_id
 and capkernel/ledger_seq.
 
+A call that waits (for an approval, or runs long) sends notifications/progress
+every --progress-interval when the client gave a progressToken, so a client that
+resets its request timeout on progress never times out while a human decides.
+
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := t.check("mcp"); err != nil {
 				return err
+			}
+			if progressEvery < 0 {
+				return &usageError{fmt.Errorf("mcp --progress-interval %s: give a positive duration", progressEvery)}
 			}
 			if httpAddr != "" {
 				if err := checkListen(httpAddr, false); err != nil {
@@ -58,7 +66,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 				return fmt.Errorf("mcp: %w", err)
 			}
 			cfg := mcpgateway.Config{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash,
-				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1"}
+				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1", ProgressInterval: progressEvery}
 			if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
 				return fmt.Errorf("mcp: tool definitions: %w", err)
 			}
@@ -71,6 +79,8 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 	}
 	t.addTarget(cmd, false)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token whose syscalls are served (- for stdin)")
+	cmd.Flags().DurationVar(&progressEvery, "progress-interval", mcpgateway.DefaultProgressInterval,
+		"how often a waiting call sends notifications/progress to a client that gave a progressToken")
 	cmd.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this loopback address instead of stdio (port 0 picks one)")
 	return cmd
 }
