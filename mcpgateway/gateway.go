@@ -8,10 +8,10 @@ package mcpgateway
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
@@ -41,6 +41,15 @@ const (
 	// client's _meta that breaks the strictjson rules (duplicate names,
 	// invalid UTF-8), to the refusal's message; the call is refused.
 	MetaInvalid = "capkernel/invalid_meta"
+	// MetaRawParams goes with MetaInvalid: the tools/call params exactly
+	// as the client sent them (base64), which the gateway hands to the
+	// kernel to refuse and audit. Both are the transports' alone: the
+	// gateway drops them from a client's _meta.
+	MetaRawParams = "capkernel/raw_params"
+	// MetaReplayed, in a result's _meta, is true when the result is the
+	// recorded outcome of an earlier call with the same idempotency key,
+	// answered without running the call again.
+	MetaReplayed = "capkernel/replayed"
 )
 
 // Tool is a syscall as the gateway serves it: the MCP tool definition the
@@ -117,17 +126,11 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 	return g.server.Run(ctx, idTransport{&mcp.StdioTransport{}})
 }
 
-// HTTPHandler serves streamable HTTP clients, each in its own MCP session.
-func (g *Gateway) HTTPHandler() http.Handler {
-	return tagHTTP(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, nil))
-}
-
-// handle runs one tools/call through the kernel.
+// handle runs one tools/call through the kernel. Every call, a malformed
+// one included, goes to the kernel, which refuses what it must and audits
+// it: the gateway refuses nothing on its own, so no call goes unrecorded.
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
-	if msg, ok := p.Meta[MetaInvalid].(string); ok {
-		return errorResult(kernel.ErrInvalidArgs, msg, nil), nil
-	}
 	session := g.session
 	if req.Session != nil && req.Session.ID() != "" {
 		session = req.Session.ID()
@@ -137,26 +140,50 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		b, _ := json.Marshal(v)
 		reqID = string(b)
 	}
-	key := ""
-	switch v := p.Meta[MetaIdempotencyKey].(type) {
-	case string:
-		key = v
-	case nil:
-		if reqID != "" {
-			key = "mcp:" + session + ":" + reqID
-		}
-	default:
-		return errorResult(kernel.ErrInvalidArgs, fmt.Sprintf("_meta[%q] must be a string", MetaIdempotencyKey), nil), nil
-	}
+	prov := map[string]any{"session_id": session, "mcp_request_id": reqID, "source": "mcp"}
 	args := json.RawMessage(p.Arguments)
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
-	prov, _ := json.Marshal(map[string]string{"session_id": session, "mcp_request_id": reqID, "source": "mcp"})
-	env, err := json.Marshal(kernel.Envelope{
+	e := kernel.Envelope{
 		ToolID: p.Name, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
-		PolicyHash: g.policyHash, IdempotencyKey: key, Provenance: prov,
-	})
+		PolicyHash: g.policyHash,
+	}
+	var env []byte
+	var err error
+	switch key := p.Meta[MetaIdempotencyKey].(type) {
+	case string:
+		e.IdempotencyKey = key
+	case nil:
+		if reqID != "" {
+			e.IdempotencyKey = "mcp:" + session + ":" + reqID
+		}
+	default:
+		// Not a string: the envelope carries the client's value as it
+		// is, which the kernel refuses (invalid_args naming
+		// /idempotency_key) and audits.
+		e.Provenance = mustMarshal(prov)
+		env, err = withMember(e, "idempotency_key", mustMarshal(key))
+	}
+	if why, ok := p.Meta[MetaInvalid].(string); ok && env == nil {
+		// The client's _meta breaks the strictjson rules: the envelope
+		// carries its params byte for byte in provenance.mcp_params, where
+		// the kernel finds the same fault, refuses and audits the call.
+		// Params that cannot be had (never from the transports) are sent
+		// as the reason, which is no JSON: refused all the same.
+		raw, _ := p.Meta[MetaRawParams].(string)
+		params, derr := base64.StdEncoding.DecodeString(raw)
+		if derr != nil || raw == "" {
+			params = []byte(why)
+		}
+		pb := mustMarshal(prov)
+		pb = append(append(append(pb[:len(pb)-1:len(pb)-1], `,"mcp_params":`...), params...), '}')
+		env, err = withMember(e, "provenance", pb)
+	}
+	if env == nil {
+		e.Provenance = mustMarshal(prov)
+		env, err = json.Marshal(e)
+	}
 	if err != nil {
 		return errorResult(kernel.ErrInvalidArgs, "the call's arguments are not JSON: "+err.Error(), nil), nil
 	}
@@ -173,12 +200,28 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		}
 		return errorResult(class, msg, res), nil
 	}
-	r := &mcp.CallToolResult{
-		Content:           []mcp.Content{&mcp.TextContent{Text: string(res.Result)}},
-		StructuredContent: res.Result,
-		Meta:              meta(res),
+	return okResult(res), nil
+}
+
+// withMember encodes e with one more top-level member, name, whose value
+// is raw bytes that no encoder may normalize (the kernel must see the
+// client's fault as the client sent it). e must not set that member.
+func withMember(e kernel.Envelope, name string, raw []byte) ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, err
 	}
-	return r, nil
+	out := append(b[:len(b)-1:len(b)-1], `,"`...)
+	out = append(append(append(out, name...), `":`...), raw...)
+	return append(out, '}'), nil
+}
+
+func mustMarshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return []byte("null")
+	}
+	return b
 }
 
 // progress sends notifications/progress for req every g.progressEvery
@@ -220,8 +263,45 @@ func (g *Gateway) progress(ctx context.Context, req *mcp.CallToolRequest) (stop 
 	return func() { close(done); <-exited }
 }
 
+// okResult is the MCP result of a call with status ok, its result encoded
+// once on the wire. An upstream tool's result ({"content", "structured_content"}
+// as the upstream gave them) passes through: its content items as they
+// came, its structured content as structuredContent. Any other result
+// object is one text item holding its JSON, which every client shows its
+// model; it is not repeated as structuredContent (the kernel's syscalls
+// declare no output schema), so a large result is not sent twice.
+func okResult(res *kernel.Result) *mcp.CallToolResult {
+	r := &mcp.CallToolResult{}
+	if strings.HasPrefix(res.ToolID, "mcp.") && upstreamResult(res.Result, r) {
+		r.Meta = meta(res)
+		return r
+	}
+	r.Content = []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}
+	r.Meta = meta(res)
+	return r
+}
+
+// upstreamResult decodes an upstream tool's result into r and reports
+// whether it was one.
+func upstreamResult(raw json.RawMessage, r *mcp.CallToolResult) bool {
+	var up struct {
+		Content           json.RawMessage `json:"content"`
+		StructuredContent json.RawMessage `json:"structured_content"`
+	}
+	if json.Unmarshal(raw, &up) != nil || len(up.Content) == 0 || up.Content[0] != '[' {
+		return false
+	}
+	wire := []byte(`{"content":`)
+	wire = append(wire, up.Content...)
+	if len(up.StructuredContent) > 0 && string(up.StructuredContent) != "null" {
+		wire = append(append(wire, `,"structuredContent":`...), up.StructuredContent...)
+	}
+	return json.Unmarshal(append(wire, '}'), r) == nil
+}
+
 // errorResult is a tool error (isError), which a model can read: the
-// class and message as text and as structured content.
+// class and message as text and, for programs, as structured content
+// (small, so the repetition costs nothing).
 func errorResult(class, msg string, res *kernel.Result) *mcp.CallToolResult {
 	sc := map[string]any{"error": map[string]string{"class": class, "message": msg}}
 	if res != nil && res.ReceiptID != "" {
@@ -239,7 +319,7 @@ func meta(res *kernel.Result) mcp.Meta {
 	if res == nil || res.ReceiptID == "" {
 		return nil
 	}
-	return mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq}
+	return mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
 }
 
 // idTransport copies each tools/call's JSON-RPC id into its _meta (see
@@ -274,11 +354,13 @@ func tagParams(params json.RawMessage, id any) json.RawMessage {
 	}
 	var m map[string]any
 	if why := invalidMeta(params); why != "" {
-		m = map[string]any{MetaInvalid: why}
+		m = map[string]any{MetaInvalid: why, MetaRawParams: base64.StdEncoding.EncodeToString(params)}
 	} else if raw, ok := p["_meta"]; ok {
 		if err := json.Unmarshal(raw, &m); err != nil {
 			return params
 		}
+		delete(m, MetaInvalid)
+		delete(m, MetaRawParams)
 	}
 	if m == nil {
 		m = map[string]any{}

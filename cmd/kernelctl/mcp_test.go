@@ -155,11 +155,14 @@ func TestMCPGateway(t *testing.T) {
 					t.Fatalf("fs.write with a derived key: %+v %v", r, err)
 				}
 			}
+			if first.Meta[mcpgateway.MetaReplayed] != false || second.Meta[mcpgateway.MetaReplayed] != true {
+				t.Fatalf("_meta replayed: first %v, repeat %v", first.Meta, second.Meta)
+			}
+			// The result is on the wire once: its JSON as the one text
+			// item, not repeated as structuredContent.
 			var sc map[string]any
-			b, _ := json.Marshal(first.StructuredContent)
-			json.Unmarshal(b, &sc)
-			if sc["path"] != "out.txt" {
-				t.Fatalf("structured content = %s", b)
+			if err := json.Unmarshal([]byte(text(first)), &sc); err != nil || sc["path"] != "out.txt" || len(first.Content) != 1 || first.StructuredContent != nil {
+				t.Fatalf("result: content %q, structuredContent %v", text(first), first.StructuredContent)
 			}
 		})
 	}
