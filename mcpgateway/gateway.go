@@ -69,6 +69,7 @@ type Gateway struct {
 	server                  *mcp.Server
 	served                  map[string]bool
 	progressEvery           time.Duration
+	confirmer               Confirmer
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -85,6 +86,10 @@ type Config struct {
 	// approval, or running long) sends notifications/progress to a client
 	// that gave a progress token; 0 means DefaultProgressInterval.
 	ProgressInterval time.Duration
+	// Confirmer, when set, lets the gateway ask the user of a client that
+	// declares elicitation to decide a call the policy lets the session
+	// confirm (see Confirmer); nil leaves every approval to approvers.
+	Confirmer Confirmer
 }
 
 // DefaultProgressInterval keeps well inside the official SDKs' default
@@ -97,7 +102,7 @@ const DefaultProgressInterval = 10 * time.Second
 func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: c.Invoker, token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
-		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval,
+		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version}, nil),
 	}
 	if g.progressEvery <= 0 {
@@ -181,6 +186,9 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		env, err = withMember(e, "provenance", pb)
 	}
 	if env == nil {
+		if g.confirmable(req) {
+			e.OperationID = newOperationID()
+		}
 		e.Provenance = mustMarshal(prov)
 		env, err = json.Marshal(e)
 	}
@@ -188,6 +196,10 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		return errorResult(kernel.ErrInvalidArgs, "the call's arguments are not JSON: "+err.Error(), nil), nil
 	}
 	stop := g.progress(ctx, req)
+	if g.confirmable(req) && e.OperationID != "" {
+		unconfirm := g.confirmInSession(ctx, req, session, e.OperationID)
+		defer unconfirm()
+	}
 	res, err := g.invoker.Invoke(ctx, env)
 	stop()
 	if err != nil {

@@ -76,6 +76,12 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			}
 			cfg := mcpgateway.Config{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash,
 				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1", ProgressInterval: progressEvery}
+			// The kernel in this process can put a call waiting for
+			// approval to the client's user (elicitation), when the policy
+			// lets the session confirm it; a remote one leaves it to approvers.
+			if ki, ok := ak.invoker.(kernelInvoker); ok {
+				cfg.Confirmer = mcpgateway.ConfirmerOf(ki.k)
+			}
 			if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
 				return fmt.Errorf("mcp: tool definitions: %w", err)
 			}
