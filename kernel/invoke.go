@@ -43,6 +43,7 @@ type call struct {
 
 	approval        *ApprovalRequest // the decided approval of a gated call
 	approvalExpires time.Time
+	sessionConfirm  bool // the policy lets the session's user decide a soft_gate (session.go)
 
 	effect syscalls.SideEffect // the call's class: Definition.SideEffect or Reach.Class
 	reach  *syscalls.Reach     // for syscalls with a Reach
@@ -188,6 +189,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	c.lap(StagePolicy)
 	c.res.AutonomyMode = policy.Stricter(policy.Stricter(d.AutonomyMode, env.AutonomyMode), tok.Claims.Cap.Autonomy)
 	c.res.RiskScore, c.res.RiskBasis = d.RiskScore, d.RiskBasis
+	c.sessionConfirm = d.SessionConfirm
 	if c.grant != nil && c.grant.Network == syscalls.NetFull && !d.NetFull {
 		c.res.AutonomyMode = policy.NoGo
 		c.res.RiskBasis = append(c.res.RiskBasis, "the policy does not allow the full network posture (net_full)")
