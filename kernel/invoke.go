@@ -489,7 +489,7 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return nil
 	}
 	var orig Result
-	if err := json.Unmarshal(stored, &orig); err != nil {
+	if err := decodeStored(stored, &orig); err != nil {
 		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
 	}
 	c.replayOf = orig.OperationID
@@ -501,6 +501,14 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return k.internal(c, err)
 	}
 	orig.Replayed = true
+	// The original's receipt: its audit entry, proven under the latest
+	// checkpoint.
+	if err := k.db.View(func(tx *bbolt.Tx) (err error) {
+		orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq)
+		return err
+	}); err != nil {
+		return k.internal(c, err)
+	}
 	return &orig
 }
 
