@@ -30,6 +30,7 @@ var bucketStable = []byte("stable_checkpoints")
 // appended to it; the audit entries the batch appended are proven under
 // it (ledger.Batch), which makes their receipts.
 func (k *Kernel) afterBatch(tx *bbolt.Tx) error {
+	defer k.onSequencer(time.Now())
 	if tx.Bucket(bucketStable) == nil {
 		return nil // the ledger's buckets are created in the first batch, by load
 	}

@@ -628,6 +628,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
 		var err error
 		replay, err = prep.Run(tx)
 		return err
@@ -720,7 +721,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.
-	k.db.UpdateAsync(func(tx *bbolt.Tx) error { return txn.Finish(tx, in.OperationID) })
+	k.db.UpdateAsync(func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
+		return txn.Finish(tx, in.OperationID)
+	})
 	return &c.res
 }
 

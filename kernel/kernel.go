@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -69,6 +70,13 @@ type Kernel struct {
 
 	// Recovered reports what Open's crash recovery did.
 	Recovered txn.Recovered
+
+	// Sequencer accounting, which the benchmarks report per call: group
+	// commits, and the time the kernel's functions ran on the store's
+	// sequencer (serial.go).
+	commits atomic.Int64
+	serial  atomic.Int64 // nanoseconds
+
 }
 
 var (

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -115,6 +116,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 	)
 	err = k.db.Do(ctx, store.Op{
 		Prepare: func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
 			ae := planned
 			if before != nil {
 				if err := before(tx); err != nil {
@@ -146,6 +148,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 			return err
 		},
 		Finish: func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
 			if err := k.storeOperation(tx, c.res.OperationID, stored); err != nil {
 				return err
 			}

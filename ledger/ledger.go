@@ -198,8 +198,7 @@ func Get(tx *bbolt.Tx, seq uint64) (Entry, error) {
 		return Entry{}, fmt.Errorf("%w: seq %d", ErrNotFound, seq)
 	}
 	var e Entry
-	var buf []byte
-	if err := decodeRecord(&e, &buf, rec); err != nil {
+	if err := decodeRecord(&e, rec); err != nil {
 		return Entry{}, fmt.Errorf("ledger: entry %d: %w", seq, err)
 	}
 	return e, nil
@@ -213,14 +212,13 @@ func Scan(tx *bbolt.Tx, from uint64, fn func(Entry) error) error {
 	if err != nil {
 		return err
 	}
-	var buf []byte
 	c := entries.Cursor()
 	for k, rec := c.Seek(seqKey(from)); k != nil; k, rec = c.Next() {
 		if len(k) != 8 {
 			return fmt.Errorf("ledger: malformed key %x", k)
 		}
 		var e Entry
-		if err := decodeRecord(&e, &buf, rec); err != nil {
+		if err := decodeRecord(&e, rec); err != nil {
 			return fmt.Errorf("ledger: entry %d: %w", binary.BigEndian.Uint64(k), err)
 		}
 		if err := fn(e); err != nil {
