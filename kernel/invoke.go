@@ -499,7 +499,7 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return nil
 	}
 	var orig Result
-	if err := json.Unmarshal(stored, &orig); err != nil {
+	if err := decodeStored(stored, &orig); err != nil {
 		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
 	}
 	c.replayOf = orig.OperationID
@@ -511,6 +511,14 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return k.internal(c, err)
 	}
 	orig.Replayed = true
+	// The original's receipt: its audit entry, proven under the latest
+	// checkpoint.
+	if err := k.db.View(func(tx *bbolt.Tx) (err error) {
+		orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq)
+		return err
+	}); err != nil {
+		return k.internal(c, err)
+	}
 	return &orig
 }
 
@@ -631,6 +639,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
 		var err error
 		replay, err = prep.Run(tx)
 		return err
@@ -719,7 +728,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.
-	k.db.UpdateAsync(func(tx *bbolt.Tx) error { return txn.Finish(tx, in.OperationID) })
+	k.db.UpdateAsync(func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
+		return txn.Finish(tx, in.OperationID)
+	})
 	return &c.res
 }
 

@@ -37,6 +37,10 @@ const (
 	MetaReceiptID   = "capkernel/receipt_id"
 	MetaOperationID = "capkernel/operation_id"
 	MetaLedgerSeq   = "capkernel/ledger_seq"
+	// MetaReceipt is the call's receipt itself (docs/formats.md,
+	// capkernel-receipt/v2): its audit entry proven under a signed
+	// checkpoint, verifiable offline with the kernel's JWKS.
+	MetaReceipt = "capkernel/receipt"
 	// MetaInvalid is set by the gateway's transports, in place of a
 	// client's _meta that breaks the strictjson rules (duplicate names,
 	// invalid UTF-8), to the refusal's message; the call is refused.
@@ -310,7 +314,11 @@ func meta(res *kernel.Result) mcp.Meta {
 	if res == nil || res.ReceiptID == "" {
 		return nil
 	}
-	return mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
+	m := mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
+	if res.Receipt != nil {
+		m[MetaReceipt] = res.Receipt
+	}
+	return m
 }
 
 // idTransport copies each tools/call's JSON-RPC id into its _meta (see
