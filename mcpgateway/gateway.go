@@ -137,7 +137,15 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
-	prov, _ := json.Marshal(map[string]string{"session_id": session, "mcp_request_id": reqID, "source": "mcp"})
+	pm := map[string]string{"session_id": session, "mcp_request_id": reqID, "source": "mcp"}
+	// W3C trace context in _meta (as MCP clients send it) goes into the
+	// provenance, where the kernel's trace of the call continues it.
+	for _, k := range []string{"traceparent", "tracestate"} {
+		if v, ok := p.Meta[k].(string); ok {
+			pm[k] = v
+		}
+	}
+	prov, _ := json.Marshal(pm)
 	env, err := json.Marshal(kernel.Envelope{
 		ToolID: p.Name, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
 		PolicyHash: g.policyHash, IdempotencyKey: key, Provenance: prov,

@@ -66,7 +66,12 @@ transaction that was interrupted.`,
 				return &usageError{err}
 			}
 			cfg.DataDir, cfg.PolicyDir = data, policyDir
-			return serve(cmd, cfg, tf.setup(cmd, &cfg), listen, cert, key, pprofAddr, drain)
+			tel, err := tf.setup(cmd, &cfg)
+			if err != nil {
+				return err
+			}
+			defer tel.close()
+			return serve(cmd, cfg, tel, listen, cert, key, pprofAddr, drain)
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
