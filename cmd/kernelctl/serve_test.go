@@ -115,6 +115,7 @@ func (s *server) stop() {
 func (s *server) post(body []byte, header ...string) (int, *kernel.Result) {
 	s.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/syscalls", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
@@ -142,6 +143,9 @@ func (s *server) get(path, cred string) (int, []byte) {
 func (s *server) do(method, path, cred string, body []byte) (int, []byte) {
 	s.t.Helper()
 	req, _ := http.NewRequest(method, s.url+path, bytes.NewReader(body))
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if cred != "" {
 		req.Header.Set("Authorization", "Bearer "+cred)
 	}
@@ -363,6 +367,7 @@ func TestServeEndToEnd(t *testing.T) {
 				name := fmt.Sprintf("burst-%d-%d.txt", w, i)
 				content := strings.Repeat(name, 50)
 				req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/syscalls", bytes.NewReader(envelope(tok, pol.PolicyHash, "fs.write", map[string]any{"path": name, "content": content}, name)))
+				req.Header.Set("Content-Type", "application/json")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					return // the server stopped accepting
