@@ -50,6 +50,7 @@ type CallReport struct {
 	AutonomyMode string // the effective mode; empty when refused before step 6
 	Status       string // ok or error
 	ErrorClass   string
+	ErrorMessage string // the error's message, when Status is error
 	TxOutcome    string
 	LedgerSeq    uint64 // the sequence number of the call's audit record; 0 if none
 	Replayed     bool
@@ -133,7 +134,7 @@ func (k *Kernel) observed(c *call, r *Result) {
 		rep.TokenID = c.token.Claims.ID
 	}
 	if r.Error != nil {
-		rep.ErrorClass = r.Error.Class
+		rep.ErrorClass, rep.ErrorMessage = r.Error.Class, r.Error.Message
 	}
 	rep.Start, rep.End = c.obs.stages[0].Start, c.obs.last
 	o.CallDone(rep)
@@ -145,3 +146,13 @@ func (k *Kernel) groupCommit(batch int, took time.Duration) {
 		o.GroupCommit(batch, took)
 	}
 }
+
+// Failed returns a channel that is closed when the kernel's store fails
+// stop: a write, commit or fsync failed, so what reached the disk is
+// unknown, and every later call is refused as internal until a restart
+// recovers from what is durable. Err then says what failed.
+func (k *Kernel) Failed() <-chan struct{} { return k.db.Failed() }
+
+// Err returns the durability failure the kernel's store failed stop
+// with, or nil.
+func (k *Kernel) Err() error { return k.db.Err() }

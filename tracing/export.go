@@ -3,8 +3,11 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
+
+	"go.opentelemetry.io/otel"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -87,4 +90,14 @@ func NewProvider(ctx context.Context, endpoint string) (*sdktrace.TracerProvider
 		return nil, fmt.Errorf("trace resource: %w", err)
 	}
 	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
+
+// LogErrors sends the OpenTelemetry SDK's errors (an export the collector
+// refused or that could not reach it, spans dropped) to log at warning
+// level, as "trace export failed", instead of the SDK's default of
+// Go's standard logger. It sets the process-wide handler.
+func LogErrors(log *slog.Logger) {
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("trace export failed", "error", err)
+	}))
 }

@@ -198,12 +198,14 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		select {
 		case sig := <-sigs:
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: second %s: exiting now; the next start recovers interrupted calls\n", sig)
+			tel.log.Warn("exiting without draining", "signal", sig.String())
 			os.Exit(1)
 		case <-ctx.Done():
 		}
 	}()
 	if err := errors.Join(srv.Shutdown(ctx), ctl.Shutdown(ctx), k.WaitBackground(ctx)); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
+		tel.log.Warn("exiting with calls still running", "drain", drain.String(), "error", err)
 		os.Exit(1)
 	}
 	if err := k.Close(); err != nil {

@@ -61,6 +61,7 @@ type serverTelemetry struct {
 	reg     *prometheus.Registry
 	metrics *telemetry.Metrics
 	traces  *sdktrace.TracerProvider // nil when traces are off
+	unwatch context.CancelFunc       // ends the store watch of attach
 }
 
 // setup makes the logger, the metrics and the trace exporter and sets
@@ -68,7 +69,7 @@ type serverTelemetry struct {
 func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) (*serverTelemetry, error) {
 	log, _ := telemetry.NewLogger(cmd.ErrOrStderr(), f.logFormat, slog.LevelInfo) // checked by check
 	t := &serverTelemetry{flags: *f, log: log}
-	obs := telemetry.Observers{telemetry.CallLog{Log: log}}
+	obs := telemetry.Observers{telemetry.CallLog{Log: log}, &telemetry.UpstreamLog{Log: log}}
 	if f.metrics != "off" {
 		t.reg = prometheus.NewRegistry()
 		t.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -81,6 +82,7 @@ func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) (*serverT
 			return nil, fmt.Errorf("serve: traces: %w", err)
 		}
 		t.traces = tp
+		tracing.LogErrors(log)
 		obs = append(obs, tracing.New(tp))
 		log.Info("exporting traces", "otlp_endpoint", cmp.Or(f.otlp, "(from OTEL_EXPORTER_OTLP_* variables)"))
 	}
@@ -92,8 +94,12 @@ func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) (*serverT
 // reach the collector.
 const traceFlushTimeout = 5 * time.Second
 
-// close flushes the spans still queued for export.
+// close ends the store watch and flushes the spans still queued for
+// export.
 func (t *serverTelemetry) close() {
+	if t.unwatch != nil {
+		t.unwatch()
+	}
 	if t.traces == nil {
 		return
 	}
@@ -105,8 +111,12 @@ func (t *serverTelemetry) close() {
 }
 
 // attach serves the metrics and the console of k on api, as the flags
-// say, and logs what recovery did.
+// say, logs what recovery did, and watches k's store for a durability
+// failure to log.
 func (t *serverTelemetry) attach(k *kernel.Kernel, api *httpapi.Server) {
+	var ctx context.Context
+	ctx, t.unwatch = context.WithCancel(context.Background())
+	telemetry.WatchStore(ctx, t.log, k)
 	if t.metrics != nil {
 		t.metrics.Watch(k)
 		api.ServeMetrics(t.reg, t.flags.metrics)

@@ -68,3 +68,30 @@ func TestServeOTLPEndpointFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestServeJSONLogs: with --log-format json, the server's start and stop
+// are JSON log records on stderr.
+func TestServeJSONLogs(t *testing.T) {
+	s := initServed(t, "--log-format", "json")
+	s.stop()
+	var msgs []string
+	for _, line := range strings.Split(s.out.String(), "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue // the human lines of kernelctl itself
+		}
+		var r struct {
+			Level, Msg string
+			KernelID   string `json:"kernel_id"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if r.Msg == "serving" && r.KernelID == "" {
+			t.Errorf("serving without kernel_id: %s", line)
+		}
+		msgs = append(msgs, r.Msg)
+	}
+	if want := []string{"serving", "draining", "stopped"}; strings.Join(msgs, ",") != strings.Join(want, ",") {
+		t.Fatalf("JSON log messages %v, want %v (stderr: %s)", msgs, want, s.out)
+	}
+}
