@@ -9,6 +9,7 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -70,7 +71,8 @@ func (t *Tracer) CallDone(r *kernel.CallReport) {
 	if callID == "" {
 		callID = r.OperationID
 	}
-	attrs := []attribute.KeyValue{
+	attrs := make([]attribute.KeyValue, 0, 16)
+	attrs = append(attrs,
 		semconv.GenAIOperationNameExecuteTool,
 		semconv.GenAIToolName(r.ToolID),
 		semconv.GenAIToolCallID(callID),
@@ -78,7 +80,7 @@ func (t *Tracer) CallDone(r *kernel.CallReport) {
 		AttrOperationID.String(r.OperationID),
 		AttrOutcome.String(outcome),
 		AttrReplayed.Bool(r.Replayed),
-	}
+	)
 	if r.SessionID != "" {
 		attrs = append(attrs, semconv.GenAIConversationID(r.SessionID))
 	}
@@ -140,8 +142,11 @@ type provenance struct {
 }
 
 // provenanceOf reads p, an envelope's provenance object (or nothing).
+// Most provenance carries none of the members read here; it is then not
+// parsed at all, which keeps tracing cheap for such calls. (A member
+// name written with JSON escapes is therefore not seen.)
 func provenanceOf(p []byte) provenance {
-	if len(p) == 0 {
+	if !bytes.Contains(p, []byte(`"traceparent"`)) && !bytes.Contains(p, []byte(`"tool_call_id"`)) {
 		return provenance{}
 	}
 	var m map[string]any

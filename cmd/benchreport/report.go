@@ -17,6 +17,7 @@ type report struct {
 	CPUs                  int
 	OPAInput              string
 	HTTP                  []point
+	Telemetry             []point // measureTelemetry's rounds
 	Go                    []result
 }
 
@@ -147,6 +148,7 @@ func (r *report) markdown() []byte {
 	w("%s", r.OPAInput)
 	w("```")
 	w("")
+	r.telemetryMarkdown(w)
 	w("## 3. In-process Invoke")
 	w("")
 	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`).")
