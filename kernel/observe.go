@@ -146,13 +146,3 @@ func (k *Kernel) groupCommit(batch int, took time.Duration) {
 		o.GroupCommit(batch, took)
 	}
 }
-
-// Failed returns a channel that is closed when the kernel's store fails
-// stop: a write, commit or fsync failed, so what reached the disk is
-// unknown, and every later call is refused as internal until a restart
-// recovers from what is durable. Err then says what failed.
-func (k *Kernel) Failed() <-chan struct{} { return k.db.Failed() }
-
-// Err returns the durability failure the kernel's store failed stop
-// with, or nil.
-func (k *Kernel) Err() error { return k.db.Err() }

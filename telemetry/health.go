@@ -1,7 +1,6 @@
 package telemetry
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -52,24 +51,3 @@ func (l *UpstreamLog) CallDone(r *kernel.CallReport) {
 
 // GroupCommit implements kernel.Observer.
 func (*UpstreamLog) GroupCommit(int, time.Duration) {}
-
-// Durability is what WatchStore watches: kernel.Kernel's store health.
-type Durability interface {
-	// Failed is closed when the store fails stop.
-	Failed() <-chan struct{}
-	// Err is the error it failed stop with.
-	Err() error
-}
-
-// WatchStore logs, at error level and once, the durability failure that
-// makes s fail stop, until ctx is done. It returns at once; the watch
-// runs on its own goroutine.
-func WatchStore(ctx context.Context, log *slog.Logger, s Durability) {
-	go func() {
-		select {
-		case <-s.Failed():
-			log.Error("durability failure: the store accepts no more writes; restart the server to recover from what is durable", "error", s.Err())
-		case <-ctx.Done():
-		}
-	}()
-}

@@ -2,18 +2,13 @@ package telemetry
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/capkernel/capkernel/kernel"
-	"github.com/capkernel/capkernel/store"
 )
 
 // lockedBuffer is a buffer that a logging goroutine and the test share.
@@ -112,32 +107,5 @@ func TestUpstreamLog(t *testing.T) {
 		case s.want != "" && got[0]["mcp_server"] != strings.Split(s.tool, ".")[1]:
 			t.Errorf("step %d: mcp_server %v", i, got[0]["mcp_server"])
 		}
-	}
-}
-
-func TestWatchStore(t *testing.T) {
-	open := func() *store.DB {
-		db, err := store.Open(filepath.Join(t.TempDir(), "kernel.db"), store.Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		return db
-	}
-	log, records := jsonLog(t)
-	db := open()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	WatchStore(ctx, log, db)
-	db.Fail(errors.New("fsync: input/output error"))
-	deadline := time.Now().Add(10 * time.Second)
-	var got []map[string]any
-	for len(got) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		got = records()
-	}
-	if len(got) != 1 || got[0]["level"] != "ERROR" || !strings.HasPrefix(got[0]["msg"].(string), "durability failure") ||
-		!strings.Contains(got[0]["error"].(string), "input/output error") {
-		t.Fatalf("log after the store failed: %v", got)
 	}
 }

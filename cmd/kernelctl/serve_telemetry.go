@@ -61,7 +61,6 @@ type serverTelemetry struct {
 	reg     *prometheus.Registry
 	metrics *telemetry.Metrics
 	traces  *sdktrace.TracerProvider // nil when traces are off
-	unwatch context.CancelFunc       // ends the store watch of attach
 }
 
 // setup makes the logger, the metrics and the trace exporter and sets
@@ -94,12 +93,8 @@ func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) (*serverT
 // reach the collector.
 const traceFlushTimeout = 5 * time.Second
 
-// close ends the store watch and flushes the spans still queued for
-// export.
+// close flushes the spans still queued for export.
 func (t *serverTelemetry) close() {
-	if t.unwatch != nil {
-		t.unwatch()
-	}
 	if t.traces == nil {
 		return
 	}
@@ -111,12 +106,8 @@ func (t *serverTelemetry) close() {
 }
 
 // attach serves the metrics and the console of k on api, as the flags
-// say, logs what recovery did, and watches k's store for a durability
-// failure to log.
+// say, and logs what recovery did.
 func (t *serverTelemetry) attach(k *kernel.Kernel, api *httpapi.Server) {
-	var ctx context.Context
-	ctx, t.unwatch = context.WithCancel(context.Background())
-	telemetry.WatchStore(ctx, t.log, k)
 	if t.metrics != nil {
 		t.metrics.Watch(k)
 		api.ServeMetrics(t.reg, t.flags.metrics)
