@@ -51,8 +51,9 @@ type call struct {
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
-	obs    *observation  // stage clock, when the kernel has an Observer (observe.go)
-	up     *upstreamCall // an upstream MCP tool's declared resources (declared.go)
+	obs    *observation    // stage clock, when the kernel has an Observer (observe.go)
+	up     *upstreamCall   // an upstream MCP tool's declared resources (declared.go)
+	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -60,6 +61,7 @@ type call struct {
 // invalid_args results, audited like any other call.
 func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 	c, class, msg := k.decode(data)
+	c.caller = ctx
 	if class != "" {
 		return k.publishResult(c, k.deny(ctx, c, class, msg))
 	}
@@ -71,7 +73,7 @@ func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 // result with an error class, and every call — allowed, denied or
 // malformed — leaves an audit record and a receipt in the ledger.
 func (k *Kernel) Invoke(ctx context.Context, env *Envelope) *Result {
-	c := &call{start: k.cfg.Now(), env: env}
+	c := &call{start: k.cfg.Now(), env: env, caller: ctx}
 	return k.publishResult(c, k.invoke(ctx, c))
 }
 

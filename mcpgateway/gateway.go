@@ -156,6 +156,13 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
+	// W3C trace context in _meta (as MCP clients send it) goes into the
+	// provenance, where the kernel's trace of the call continues it.
+	for _, k := range []string{"traceparent", "tracestate"} {
+		if v, ok := p.Meta[k].(string); ok {
+			prov[k] = v
+		}
+	}
 	e := kernel.Envelope{
 		ToolID: p.Name, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
 		PolicyHash: g.policyHash,

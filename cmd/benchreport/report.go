@@ -17,6 +17,7 @@ type report struct {
 	CPUs                  int
 	OPAInput              string
 	HTTP                  []point
+	Telemetry             []point // measureTelemetry's rounds
 	Go                    []result
 }
 
@@ -137,6 +138,7 @@ func (r *report) markdown() []byte {
 	w("%s", r.OPAInput)
 	w("```")
 	w("")
+	r.telemetryMarkdown(w)
 	w("## 3. In-process Invoke")
 	w("")
 	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`). CPU is the process's user+system time per call (every goroutine, GC included); serial is the time per call the store's sequencer goroutine spent in the kernel's functions and in bbolt's commit work (spill, rebalance), which bounds throughput at 1/serial however many cores there are; pages are bbolt page writes and fsyncs the fdatasyncs (two per group commit) per call.")
