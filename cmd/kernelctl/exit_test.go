@@ -58,6 +58,8 @@ func TestExitCodes(t *testing.T) {
 		{"unknown flag", []string{"ledger", "verify", "--bogus"}, false, 2, "unknown flag: --bogus"},
 		{"extra argument", []string{"demo", "extra-arg"}, false, 2, `"extra-arg"`},
 		{"version", []string{"--version"}, false, 0, ""},
+		{"help of a verb", []string{"help", "token", "mint"}, false, 0, ""},
+		{"help of no verb", []string{"help", "nosuchverb"}, false, 2, `no command "nosuchverb"`},
 		{"autonomy yolo", append(mint, "--autonomy", "yolo"), true, 2, `cap.autonomy "yolo" is not autopilot`},
 		{"ttl too long", append(mint, "--ttl", "2400h"), true, 2, "--ttl 2400h0m0s is longer than a token may live"},
 		{"unknown budget", append(mint, "--budget", "foo=1"), true, 2, `cap.budgets has unknown key "foo"`},
