@@ -48,6 +48,8 @@ type Tool struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description"`
 	InputSchema json.RawMessage `json:"inputSchema"`
+	// OutputSchema is an upstream MCP tool's outputSchema, when it has one.
+	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
 }
 
 // Gateway is one token's MCP server.
@@ -81,7 +83,7 @@ func New(c Config) *Gateway {
 	}
 	for _, t := range c.Tools {
 		g.served[t.Name] = true
-		g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, g.handle)
+		g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, OutputSchema: outputSchema(t.OutputSchema)}, g.handle)
 	}
 	// A call of a tool the gateway does not serve still reaches the
 	// kernel, which refuses and audits it: no call goes unrecorded.
@@ -155,6 +157,9 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 			class, msg = res.Error.Class, res.Error.Message
 		}
 		return errorResult(class, msg, res), nil
+	}
+	if r, ok := upstreamResult(res); ok {
+		return r, nil
 	}
 	r := &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: string(res.Result)}},

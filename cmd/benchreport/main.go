@@ -359,6 +359,7 @@ func (r *report) measureInProcess(benchtime string) error {
 		{"bare bbolt writes", "./kernel/", "^BenchmarkBaselineBoltPut$/^p=(1|32)$", benchtime, nil},
 		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
 		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^r-root$", "100x", nil},
+		{"upstream MCP call vs direct", "./kernel/", "^BenchmarkUpstreamEcho$", benchtime, []string{"CAPKERNEL_NPM_TESTS=1"}},
 	}
 	for _, run := range runs {
 		step("%s (go test -bench)", run.what)

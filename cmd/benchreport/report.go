@@ -191,6 +191,7 @@ func (r *report) markdown() []byte {
 	w("|---:|---:|---:|")
 	n := "BenchmarkExecVsBareBwrap/r-root"
 	w("| %s | %s | %s× |", r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
+	r.upstreamSection(w)
 	return b.Bytes()
 }
 
@@ -199,4 +200,29 @@ func yes(ok bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// upstreamSection reports BenchmarkUpstreamEcho: an upstream MCP tool
+// called through the kernel against the same call made directly, with
+// the kernel's own audited-call latency (built-in echo) beside them.
+func (r *report) upstreamSection(w func(string, ...any)) {
+	w("")
+	w("## 7. Upstream MCP call: through the kernel against direct")
+	w("")
+	w("`BenchmarkUpstreamEcho`: `echo` of `@modelcontextprotocol/server-everything` (stdio) called through `kernel.Invoke` (declared resources, policy, audit record, receipt) and, on another process of the same server, directly with the Go SDK's client; the kernel's built-in `echo` is its audited-call latency. Overhead = kernel − direct − built-in: what the upstream path adds beyond an audited call (goal ≤ 1 ms at p50, c=1).")
+	w("")
+	w("| c | direct p50 ms | kernel p50 ms | built-in echo p50 ms | overhead p50 ms | direct calls/s | kernel calls/s |")
+	w("|---:|---:|---:|---:|---:|---:|---:|")
+	for _, c := range []int{1, 8} {
+		n := func(what string) string { return fmt.Sprintf("BenchmarkUpstreamEcho/%s/c=%d", what, c) }
+		over := "n/a"
+		d, e1 := find(r.Go, n("direct"), "p50-ms")
+		k, e2 := find(r.Go, n("kernel"), "p50-ms")
+		b, e3 := find(r.Go, n("builtin"), "p50-ms")
+		if e1 == nil && e2 == nil && e3 == nil {
+			over = num(k - d - b)
+		}
+		w("| %d | %s | %s | %s | %s | %s | %s |", c, r.metric(n("direct"), "p50-ms"), r.metric(n("kernel"), "p50-ms"), r.metric(n("builtin"), "p50-ms"), over,
+			r.metric(n("direct"), "calls/s"), r.metric(n("kernel"), "calls/s"))
+	}
 }

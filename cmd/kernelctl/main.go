@@ -26,7 +26,7 @@ func main() {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.AddCommand(initCmd(), serveCmd(), demoCmd(), tokenCmd(), callCmd(), toolsCmd(), receiptsCmd(), ledgerCmd(), replayCmd(), policyCmd(),
-		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd(), runCmd(), mcpCmd())
+		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd(), runCmd(), mcpCmd(), workspaceCmd())
 	root.Version = version()
 	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 	root.SetHelpCommand(helpCmd())

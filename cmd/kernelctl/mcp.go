@@ -72,6 +72,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 	t.addTarget(cmd, false)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token whose syscalls are served (- for stdin)")
 	cmd.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this loopback address instead of stdio (port 0 picks one)")
+	cmd.AddCommand(mcpDeclarationsCmd())
 	return cmd
 }
 

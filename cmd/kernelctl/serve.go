@@ -187,6 +187,8 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		tel.log.Error("serving failed", "error", err)
 		k.Close()
 		return fmt.Errorf("serve: %w", err)
+	case <-k.Failed():
+		return failStopped(cmd, tel, k, srv, ctl)
 	case sig := <-sigs:
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: %s: draining calls in flight (up to %s)\n", sig, drain)
 		tel.log.Info("draining", "signal", sig.String(), "drain", drain.String())
@@ -205,11 +207,37 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
 		os.Exit(1)
 	}
+	ferr := k.Err() // a durability failure while draining
 	if err := k.Close(); err != nil {
 		tel.log.Error("closing the kernel", "error", err)
 		return fmt.Errorf("serve: closing the kernel: %w", err)
 	}
+	if ferr != nil {
+		return fmt.Errorf("serve: durability failure while draining: %w", ferr)
+	}
 	tel.log.Info("stopped")
 	fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: stopped cleanly")
 	return nil
+}
+
+// failAnswerTime bounds how long a fail-stopped server keeps its
+// connections to answer the calls caught in the failure (internal, outcome
+// unknown) before it exits.
+const failAnswerTime = 2 * time.Second
+
+// failStopped ends a server whose kernel failed stop (a durability
+// failure: see kernel.Kernel.Failed): it stops accepting, gives the calls in
+// flight a moment to get their internal answers, closes the kernel without
+// writing and returns the failure, so that kernelctl exits non-zero and
+// its supervisor restarts it; the next start recovers from what is durable.
+func failStopped(cmd *cobra.Command, tel *serverTelemetry, k *kernel.Kernel, srv *http.Server, ctl interface{ Shutdown(context.Context) error }) error {
+	ferr := k.Err()
+	fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: durability failure: %v\nkernelctl: exiting; restart to recover\n", ferr)
+	tel.log.Error("exiting on a durability failure", "error", ferr.Error())
+	ctx, cancel := context.WithTimeout(context.Background(), failAnswerTime)
+	defer cancel()
+	srv.Shutdown(ctx)
+	ctl.Shutdown(ctx)
+	k.Close()
+	return fmt.Errorf("serve: durability failure: %w", ferr)
 }
