@@ -72,6 +72,7 @@ func TestExitCodes(t *testing.T) {
 		// Relative paths are relative to the working directory, and the
 		// error names the path as given and as resolved.
 		{"relative policy", []string{"serve", "--data", stopped, "--listen", "127.0.0.1:0", "--policy", "./no-such-bundle"}, false, 2, "--policy ./no-such-bundle (" + cwdAbs(t, "no-such-bundle") + ", from the working directory)"},
+		{"policy hash of no dir", []string{"policy", "hash", "no-such-bundle"}, false, 2, "policy hash: no-such-bundle (" + cwdAbs(t, "no-such-bundle") + ", from the working directory): no such file or directory"},
 		{"mcp off loopback", []string{"mcp", "--data", stopped, "--token", tokFile, "--http", "0.0.0.0:0"}, false, 2, "mcp serves streamable HTTP on loopback only"},
 	}
 	for _, r := range rows {
