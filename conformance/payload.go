@@ -89,3 +89,17 @@ func (t *T) OpenBody(e Entry) map[string]json.RawMessage {
 	}
 	return body
 }
+
+// resultCanonical is the canonical {"status","result"} or
+// {"status","error"} object of a result envelope: what result_hash hashes
+// and the record's result commitment commits to.
+func resultCanonical(r *Result) []byte {
+	v := map[string]any{"status": r.Status}
+	if r.Error != nil {
+		v["error"] = r.Error
+	} else {
+		v["result"] = r.Result
+	}
+	b, _ := jcs.Marshal(v)
+	return b
+}

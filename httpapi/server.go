@@ -35,6 +35,7 @@ import (
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/tracing"
 )
 
 // Limits of the API.
@@ -137,7 +138,7 @@ func StatusOf(class string) int {
 func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	limit := s.k.MaxEnvelopeBytes()
 	data, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	ctx := r.Context()
+	ctx := tracing.FromHTTP(r) // a traceparent header parents the call's span
 	var res *kernel.Result
 	status := 0
 	switch {
@@ -518,8 +519,9 @@ func (s *Server) export(w http.ResponseWriter, r *http.Request, acc kernel.Acces
 }
 
 // bundle answers GET /v1/receipts/{id}/bundle. A bundle holds the whole
-// audit record, so another agent's receipt has none: its record is proven
-// in the log by its public part and GET /v1/ledger/proof/inclusion.
+// audit entry: public for a record with commitments; a record written
+// before them, of another agent, is proven in the log by its public part
+// and GET /v1/ledger/proof/inclusion instead.
 func (s *Server) bundle(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
 	b, err := s.k.Inspector().Bundle(r.PathValue("id"))
 	if err != nil {
@@ -527,7 +529,7 @@ func (s *Server) bundle(w http.ResponseWriter, r *http.Request, acc kernel.Acces
 		return
 	}
 	if !acc.All {
-		if !acc.FullBundle(b) {
+		if !acc.MayHave(b.Entry) {
 			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "a receipt bundle holds the whole audit record: only the call's agent, an auditor or the admin may have it; anyone may prove the record's inclusion (GET /v1/ledger/proof/inclusion?seq=N)")
 			return
 		}

@@ -63,7 +63,7 @@ var PublicFields = map[string][]string{
 	ledger.KindAudit: {"operation_id", "agent_id", "policy_hash", "capability_token_id", "tool_id",
 		"args_commitment", "result_commitment", "policy_input_commitment",
 		"autonomy_mode", "requested_mode", "decided_mode", "risk_score", "status", "error_class",
-		"tx_outcome", "commit_delta_id", "replay_of", "started_at", "approval_id", "approval_state", "approved_by"},
+		"tx_outcome", "commit_delta_id", "replay_of", "started_at", "approval_id", "approval_state", "approved_by", "approval_reason"},
 	ledger.KindReceipt:    {"receipt_id", "operation_id"},
 	KindApprovalRequested: approvalPublic,
 	KindApprovalDecided:   approvalPublic,
@@ -74,7 +74,7 @@ var PublicFields = map[string][]string{
 // more, which is withheld.
 var approvalPublic = []string{"approval_id", "operation_id", "tool_id", "agent_id", "capability_token_id", "policy_hash",
 	"side_effect", "autonomy_mode", "required_role", "risk_score", "requested_at", "decide_by", "state",
-	"session_id", "decided_by", "decided_with", "decided_at", "expires_at"}
+	"session_id", "decided_by", "decided_with", "decided_at", "expires_at", "reason", "channel", "session_confirm"}
 
 // publicDefault is the public part of a kind not in PublicFields whose
 // body names an agent.
@@ -155,9 +155,9 @@ func (a Access) Receipt(r ReceiptInfo) ReceiptInfo {
 		return r
 	}
 	pub := *r.Receipt
-	pub.ArgsHash, pub.ResultHash, pub.ApprovalReason = "", "", ""
+	pub.ArgsHash, pub.ResultHash = "", ""
 	r.Receipt, r.JWS = &pub, ""
-	r.Withheld = []string{"approval_reason", "args_hash", "jws", "result_hash"}
+	r.Withheld = []string{"args_hash", "jws", "result_hash"}
 	return r
 }
 
@@ -178,18 +178,21 @@ func (a Access) Event(e Event) (Event, bool) {
 	return e, true
 }
 
-// FullBundle reports whether a may have bundle b, which holds a whole
-// audit record: whether it reads that record in full.
-func (a Access) FullBundle(b *Bundle) bool {
+// MayHave reports whether a may have the whole ledger record rec (the
+// exact JSON of an entry, as a receipt or bundle holds it): a record with
+// commitments is public; one written before them only to a reader of it
+// in full.
+func (a Access) MayHave(rec string) bool {
 	if a.All {
 		return true
 	}
-	var rec struct {
+	var e struct {
 		Body struct {
-			AgentID string `json:"agent_id"`
+			AgentID      string `json:"agent_id"`
+			PayloadDepth string `json:"payload_depth"`
 		} `json:"body"`
 	}
-	return json.Unmarshal([]byte(b.Entry), &rec) == nil && a.Full(rec.Body.AgentID)
+	return json.Unmarshal([]byte(rec), &e) == nil && (e.Body.PayloadDepth != "" || a.Full(e.Body.AgentID))
 }
 
 // ScanViews calls fn for every ledger entry from seq from on, as a sees
@@ -249,9 +252,9 @@ func (a Access) view(tx *bbolt.Tx, e ledger.Entry) (EntryView, error) {
 
 // ledgerBody is the body of r's ledger entries: the request without what
 // the call carried (input summary, projected effects, args hash, risk
-// basis) or the approver's reason, which the call's audit record commits
-// to (its context) instead, so the chain holds nothing that cannot be
-// erased.
+// basis), which the call's audit record commits to instead, so the chain
+// holds nothing of the call that cannot be erased. The decision — who,
+// through which channel, why — stays.
 func (r ApprovalRequest) ledgerBody() map[string]any {
 	m := map[string]any{
 		"approval_id": r.ID, "operation_id": r.OperationID, "tool_id": r.ToolID, "agent_id": r.AgentID,
@@ -260,10 +263,13 @@ func (r ApprovalRequest) ledgerBody() map[string]any {
 		"requested_at": r.RequestedAt, "decide_by": r.DecideBy, "state": r.State,
 	}
 	for k, v := range map[string]string{"session_id": r.SessionID, "decided_by": r.DecidedBy, "decided_with": r.TokenID,
-		"decided_at": r.DecidedAt, "expires_at": r.ExpiresAt} {
+		"decided_at": r.DecidedAt, "expires_at": r.ExpiresAt, "reason": r.Reason, "channel": r.Channel} {
 		if v != "" {
 			m[k] = v
 		}
+	}
+	if r.SessionConfirm {
+		m["session_confirm"] = true
 	}
 	return m
 }

@@ -168,7 +168,7 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 		}
 		return nil
 	}
-	check, err := CheckOf(VerifyLedgerExport(pr, origin, pub, progress, t.entry, open))
+	check, err := CheckOf(verifyLedgerExport(pr, origin, pub, progress, t.entry, open))
 	pr.Close()
 	if err != nil || !check.Intact {
 		return check, err
@@ -184,4 +184,24 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 	t.rep.Absent = absent
 	check.Payloads = &t.rep
 	return check, nil
+}
+
+// publicLines reads r without its payload lines: the public export, which
+// ledger.VerifyExport checks (VerifyExport checks the payload lines).
+func publicLines(r io.Reader) *io.PipeReader {
+	pr, pw := io.Pipe()
+	go func() {
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+		for sc.Scan() {
+			if bytes.HasPrefix(sc.Bytes(), payloadLinePrefix) {
+				continue
+			}
+			if _, err := pw.Write(append(sc.Bytes(), '\n')); err != nil {
+				return
+			}
+		}
+		pw.CloseWithError(sc.Err())
+	}()
+	return pr
 }

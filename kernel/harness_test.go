@@ -12,6 +12,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // harness is a real kernel on a real data dir in t.TempDir(), with a
@@ -184,4 +185,44 @@ func mustVerify(t testing.TB, in *Inspector) LedgerCheck {
 		t.Fatalf("ledger verification: %+v, %v", c, err)
 	}
 	return c
+}
+
+// verifyReceipt checks r's receipt offline, as a third party would (the
+// JSON of the result envelope's receipt and the kernel's JWKS), and
+// returns what it attests.
+func verifyReceipt(t testing.TB, k *Kernel, r *Result) *receipts.Receipt {
+	t.Helper()
+	jwks, err := k.JWKS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(r.Receipt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := receipts.VerifyLogged(raw, jwks)
+	if err != nil {
+		t.Fatalf("receipt of %s does not verify: %v", r.OperationID, err)
+	}
+	// The record commits to the result under the salt the caller got, and
+	// to args and a context the kept payload gives: the receipt states
+	// their hashes and the approver's reason once they open.
+	if err := CheckPayload(p.Entry, Payload{Salt: r.AuditSalt, Result: resultCanonical(r)}); err != nil {
+		t.Fatalf("receipt of %s: %v", r.OperationID, err)
+	}
+	p.Receipt.ResultHash = resultHash(r)
+	if err := k.View(func(tx *bbolt.Tx) error {
+		pl, err := getPayload(tx, p.Entry.Seq)
+		if err != nil {
+			return err
+		}
+		a, err := openRecord(p.Entry, pl)
+		if err == nil {
+			p.Receipt.ArgsHash, p.Receipt.ApprovalReason = a.ArgsHash, a.ApprovalReason
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return p.Receipt
 }

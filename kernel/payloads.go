@@ -344,10 +344,9 @@ func CheckPayload(e ledger.Entry, p Payload) error {
 
 // auditContext is the context part of an audit payload.
 type auditContext struct {
-	Provenance     json.RawMessage            `json:"provenance,omitempty"`
-	Notes          map[string]json.RawMessage `json:"notes,omitempty"`
-	ApprovalReason string                     `json:"approval_reason,omitempty"`
-	RiskBasis      []string                   `json:"risk_basis"`
+	Provenance json.RawMessage            `json:"provenance,omitempty"`
+	Notes      map[string]json.RawMessage `json:"notes,omitempty"`
+	RiskBasis  []string                   `json:"risk_basis"`
 }
 
 // seal sets a's commitments under salt to args (canonical JSON, nil for
@@ -361,7 +360,7 @@ func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error
 			return nil, err
 		}
 	}
-	ctx := auditContext{Provenance: a.Provenance, Notes: a.Notes, ApprovalReason: a.ApprovalReason, RiskBasis: a.RiskBasis}
+	ctx := auditContext{Provenance: a.Provenance, Notes: a.Notes, RiskBasis: a.RiskBasis}
 	if ctx.RiskBasis == nil {
 		ctx.RiskBasis = []string{}
 	}
@@ -379,10 +378,12 @@ func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error
 // publicBody is a's ledger body: a without its private fields, which its
 // commitments stand for. The error message is part of the result (the
 // result commitment covers it); the plain args_hash and result_hash would
-// confirm a guess of a short argument or result, so they stay out.
+// confirm a guess of a short argument or result, so they stay out. The
+// approver's identity and reason are the approval's, not the call's
+// data, and stay public with the decision.
 func (a *auditRecord) publicBody() *auditRecord {
 	p := *a
-	p.ArgsHash, p.ResultHash, p.Provenance, p.ErrorMessage, p.PolicyInput, p.ApprovalReason, p.Notes = "", "", nil, "", nil, "", nil
+	p.ArgsHash, p.ResultHash, p.Provenance, p.ErrorMessage, p.PolicyInput, p.Notes = "", "", nil, "", nil, nil
 	p.RecoverySalt, p.RecoveryArgs, p.RiskBasis = "", nil, nil
 	return &p
 }
@@ -460,7 +461,7 @@ func openRecord(e ledger.Entry, p *Payload) (*auditRecord, error) {
 		if err := json.Unmarshal(p.Context, &c); err != nil {
 			return nil, fmt.Errorf("audit record %d: context: %w", e.Seq, err)
 		}
-		a.Provenance, a.Notes, a.ApprovalReason, a.RiskBasis = c.Provenance, c.Notes, c.ApprovalReason, c.RiskBasis
+		a.Provenance, a.Notes, a.RiskBasis = c.Provenance, c.Notes, c.RiskBasis
 	}
 	return &a, nil
 }

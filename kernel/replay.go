@@ -62,9 +62,11 @@ type keyOf struct{ agent, key string }
 // (agent_id, idempotency_key) has at most one committed effect, that the
 // idempotency table holds exactly the committed outcome of each key, that
 // every replay returned its original's result_hash for the same call
-// (tool_id, args_hash, capability token), that every audit record has
-// exactly one receipt, and that every receipt verifies with the kernel's
-// receipt key and matches its ledger entry field by field. The ledger's
+// (tool_id, args_hash, capability token), and, in ledgers written before
+// receipts were proven by the log, that no audit record has more than one
+// JWS receipt and every JWS receipt verifies with the kernel's receipt key
+// and matches its ledger entry field by field. (Since then an audit entry
+// is its own receipt.) The ledger's
 // hash chain is verified first; a broken chain is the only problem
 // reported then.
 func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
@@ -171,9 +173,9 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 			receiptsOf[seq]++
 		}
 		for seq, c := range calls {
-			if n := receiptsOf[seq]; n != 1 {
+			if n := receiptsOf[seq]; n > 1 {
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReceipt, AgentID: c.AgentID, Key: c.IdempotencyKey, Seq: seq,
-					Detail: fmt.Sprintf("audit record of operation %s has %d receipts, want 1", c.OperationID, n)})
+					Detail: fmt.Sprintf("audit record of operation %s has %d JWS receipts, want at most 1", c.OperationID, n)})
 			}
 		}
 		return nil
@@ -207,7 +209,7 @@ func checkIdemTable(tx *bbolt.Tx, committed map[keyOf][]*CallRecord, rep *Replay
 		}
 		c := cs[0]
 		var stored Result
-		if err := json.Unmarshal(ie.Result, &stored); err != nil {
+		if err := decodeStored(ie.Result, &stored); err != nil {
 			bad("stored outcome: %v", err)
 			return nil
 		}
@@ -275,7 +277,6 @@ func MatchReceipt(r *receipts.Receipt, c *CallRecord) error {
 		{"capability_token_id", r.CapabilityTokenID, c.CapabilityTokenID},
 		{"args_hash", r.ArgsHash, c.ArgsHash},
 		{"result_hash", r.ResultHash, c.ResultHash},
-		{"approval_reason", r.ApprovalReason, c.ApprovalReason},
 		{"tx_outcome", r.TxOutcome, c.TxOutcome},
 		{"commit_delta_id", r.CommitDeltaID, c.CommitDeltaID},
 		{"policy_hash", r.PolicyHash, c.PolicyHash},
@@ -283,8 +284,9 @@ func MatchReceipt(r *receipts.Receipt, c *CallRecord) error {
 		{"error_class", r.ErrorClass, c.ErrorClass},
 		{"approval_id", r.ApprovalID, c.ApprovalID},
 		{"approved_by", r.ApprovedBy, c.ApprovedBy},
+		{"approval_reason", r.ApprovalReason, c.ApprovalReason},
 	} {
-		if c.PayloadDepth != "" && (p.name == "args_hash" || p.name == "result_hash" || p.name == "approval_reason") {
+		if c.PayloadDepth != "" && (p.name == "args_hash" || p.name == "result_hash") {
 			// A record with commitments keeps these beside the chain; the
 			// receipt states them for its holder, who checks them against
 			// the payload and the commitments (CheckPayload).
