@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/capkernel/capkernel/ledger"
@@ -93,5 +94,29 @@ func TestCommitmentVectors(t *testing.T) {
 	p.Salt = want[6].Salt
 	if err := CheckPayload(e, p); err == nil {
 		t.Fatal("another salt opens the record")
+	}
+}
+
+// TestStoredPayloadRoundTrip: the stored form leaves out the policy
+// input's copy of the args and gives back the exact canonical parts.
+func TestStoredPayloadRoundTrip(t *testing.T) {
+	args := `{"content":"x","path":"a.txt"}`
+	for _, in := range []string{
+		`{"agent_id":"a1","args":{"content":"x","path":"a.txt"},"tool_id":"fs.write"}`,
+		`{"agent_id":"a1","tool_id":"fs.write"}`, // args over the policy's limit: not copied
+		`{"agent_id":"a1","args":{"path":"b.txt"},"tool_id":"fs.write"}`,
+	} {
+		p := &Payload{Salt: NewSalt(), Args: json.RawMessage(args), PolicyInput: json.RawMessage(in)}
+		b, err := marshalPayload(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(string(b), `"content":"x"`); got != 1 {
+			t.Errorf("%s: the args' content is stored %d times: %s", in, got, b)
+		}
+		back, err := unmarshalPayload(b)
+		if err != nil || string(back.PolicyInput) != in || string(back.Args) != args {
+			t.Fatalf("%s: read back %s / %s, %v", in, back.PolicyInput, back.Args, err)
+		}
 	}
 }

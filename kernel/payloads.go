@@ -195,13 +195,61 @@ func seal(salt, depth string, parts map[string][]byte) (*sealed, error) {
 	return s, nil
 }
 
-// marshalPayload is the stored form of p: canonical JSON.
+// storedPayload is a Payload as bucketPayloads holds it. The policy
+// input copies the call's args; when its "args" member is exactly the args
+// part it is stored without it and SharesArgs is set, which halves the
+// payload of a write.
+type storedPayload struct {
+	Payload
+	SharesArgs bool `json:"policy_input_shares_args,omitempty"`
+}
+
+// marshalPayload is the stored form of p: the canonical JSON of its
+// storedPayload.
 func marshalPayload(p *Payload) ([]byte, error) {
-	b, err := json.Marshal(p)
+	sp := storedPayload{Payload: *p}
+	if p.Args != nil && p.PolicyInput != nil {
+		var in map[string]json.RawMessage
+		if err := json.Unmarshal(p.PolicyInput, &in); err != nil {
+			return nil, fmt.Errorf("policy input: %w", err)
+		}
+		if bytes.Equal(in["args"], p.Args) {
+			delete(in, "args")
+			b, err := json.Marshal(in)
+			if err != nil {
+				return nil, err
+			}
+			sp.PolicyInput, sp.SharesArgs = b, true
+		}
+	}
+	b, err := json.Marshal(&sp)
 	if err != nil {
 		return nil, err
 	}
 	return jcs.Canonicalize(b)
+}
+
+// unmarshalPayload reads a stored payload back into its parts.
+func unmarshalPayload(v []byte) (*Payload, error) {
+	var sp storedPayload
+	if err := json.Unmarshal(v, &sp); err != nil {
+		return nil, err
+	}
+	if sp.SharesArgs {
+		var in map[string]json.RawMessage
+		if err := json.Unmarshal(sp.PolicyInput, &in); err != nil {
+			return nil, fmt.Errorf("policy input: %w", err)
+		}
+		in["args"] = sp.Args
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		if sp.PolicyInput, err = jcs.Canonicalize(b); err != nil {
+			return nil, err
+		}
+	}
+	return &sp.Payload, nil
 }
 
 // canonicalPart returns the canonical JSON of v, or nil for nil or an
@@ -240,11 +288,11 @@ func getPayload(tx *bbolt.Tx, seq uint64) (*Payload, error) {
 	if v == nil {
 		return nil, nil
 	}
-	var p Payload
-	if err := json.Unmarshal(v, &p); err != nil {
+	p, err := unmarshalPayload(v)
+	if err != nil {
 		return nil, fmt.Errorf("payload of entry %d: %w", seq, err)
 	}
-	return &p, nil
+	return p, nil
 }
 
 // PartState is what a verifier found for one part of one record.
