@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -86,14 +87,7 @@ func TestChaos(t *testing.T) {
 	if out, err := exec.Command("strace", "-f", "-o", "/dev/null", "-e", "inject=getpid:error=EIO", "true").CombinedOutput(); err != nil {
 		t.Skipf("strace cannot trace here (ptrace refused?): %v %s", err, out)
 	}
-	bin := filepath.Join(t.TempDir(), "kernelctl")
-	// Not race-built even when the suite is: a race-built kernel under
-	// strace is ten times slower, too slow for make test's budget.
-	build := exec.Command("go", "build", "-o", bin, "github.com/capkernel/capkernel/cmd/kernelctl")
-	build.Env = append(os.Environ(), "GOEXPERIMENT=jsonv2") // the module needs it (see the Makefile)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build kernelctl: %v\n%s", err, out)
-	}
+	bin := buildKernelctl(t)
 	faults, workers, perWorker := shortFaults, 3, 40
 	if *long {
 		faults, workers, perWorker = longFaults(), 6, 120
@@ -107,6 +101,79 @@ func TestChaos(t *testing.T) {
 		tl.cases, tl.calls, tl.acked, tl.failStops, tl.crashes, tl.lost, tl.duplicated, tl.contradicted, tl.stuck, tl.staging, tl.verifyFailed, tl.doubly, tl.noExit)
 	t.Logf("durability error to exit: %s; restart (recovery included) to serving: %s; campaign %s",
 		spread(tl.toExit), spread(tl.restart), time.Since(start).Round(time.Millisecond))
+}
+
+// buildKernelctl builds kernelctl into a temporary dir.
+func buildKernelctl(t *testing.T) string {
+	bin := filepath.Join(t.TempDir(), "kernelctl")
+	// Not race-built even when the suite is: a race-built kernel under
+	// strace is ten times slower, too slow for make test's budget.
+	build := exec.Command("go", "build", "-o", bin, "github.com/capkernel/capkernel/cmd/kernelctl")
+	build.Env = append(os.Environ(), "GOEXPERIMENT=jsonv2") // the module needs it (see the Makefile)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build kernelctl: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestWorkspaceVerifyCatchesLoss: the loss the old kernel produced (an
+// acknowledged write gone, an older version back, a staging file left)
+// passes ledger verify and replay verify, and kernelctl workspace verify
+// names each path and exits 1.
+func TestWorkspaceVerifyCatchesLoss(t *testing.T) {
+	bin := buildKernelctl(t)
+	dir := t.TempDir()
+	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
+	if _, err := kernel.Init(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tok, jti, policyHash := mint(t, data, ws)
+	srv := startServe(t, bin, data, nil)
+	if srv.url == "" {
+		t.Fatalf("serve: %s", srv.stderr.String())
+	}
+	calls := workload(srv.url, tok, jti, policyHash, 1, 6)
+	srv.stop(t, 0)
+	for _, c := range calls {
+		if c.first == nil || c.first.Status != kernel.StatusOK {
+			t.Fatalf("call %s: %+v", c.key, c.first)
+		}
+	}
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(bin, append(args, "--data", data)...)
+		cmd.Env = append(os.Environ(), "CAPKERNEL_SERVER=", "CAPKERNEL_DATA=")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("workspace", "verify"); err != nil {
+		t.Fatalf("workspace verify on an intact workspace: %v\n%s", err, out)
+	}
+	// w0-0.txt and w0-3.txt are new files, w0-latest.txt was written
+	// twice (calls 1 and 4).
+	os.Remove(filepath.Join(ws, "w0-3.txt"))
+	os.WriteFile(filepath.Join(ws, "w0-latest.txt"), []byte("worker 0 call 1\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, ".capk-stage-lost-0"), []byte("x"), 0o644)
+	for _, v := range [][]string{{"ledger", "verify"}, {"replay", "verify"}} {
+		if out, err := run(v...); err != nil {
+			t.Fatalf("%s fails on a workspace loss (it cannot see it, it need not fail): %v\n%s", v, err, out)
+		}
+	}
+	out, err := run("workspace", "verify")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("workspace verify on a planted loss: %v, want exit 1\n%s", err, out)
+	}
+	for _, p := range []string{"w0-3.txt", "w0-latest.txt", ".capk-stage-lost-0"} {
+		if !strings.Contains(out, p) {
+			t.Errorf("workspace verify does not name %s:\n%s", p, out)
+		}
+	}
+	if strings.Contains(out, "w0-0.txt") {
+		t.Errorf("workspace verify names the intact w0-0.txt:\n%s", out)
+	}
 }
 
 // spread formats min / median / max of ds.
