@@ -150,7 +150,7 @@ func TestUpstreamBigResult(t *testing.T) {
 	for _, f := range []string{"big.txt", "mid.txt"} {
 		before := h.headSize()
 		r := h.invoke("mcp.fs.read_text_file", map[string]any{"path": f})
-		if errClass(r) != ErrUpstreamError || !strings.Contains(r.Error.Message, "bytes; the limit is") || !strings.Contains(r.Error.Message, fmt.Sprint(upstream.DefaultMaxResultBytes)) {
+		if errClass(r) != ErrUpstreamError || !strings.Contains(r.Error.Message, fmt.Sprintf("bytes; the limit is %d bytes", upstream.DefaultMaxResultBytes)) {
 			t.Fatalf("%s: %+v", f, r.Error)
 		}
 		if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != ErrUpstreamError {
