@@ -7,20 +7,32 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium
+.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium strace chaos
 
 build: console
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
 ## test: go vet, repository hygiene, the race-enabled unit tests, the
 ## console's build check and browser tests, the Rego tests, short fuzz runs
-test: bwrap vet hygiene console-check console-test upstream-deps unit-test rego-test fuzz
+test: bwrap strace vet hygiene console-check console-test upstream-deps unit-test rego-test fuzz
 
 ## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
 ## with socat, which the sandbox tests use, so every sandbox test runs
 bwrap:
 	@command -v bwrap >/dev/null && command -v socat >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap socat >/dev/null; }
 	@command -v bwrap >/dev/null || { echo "bubblewrap is required: apt-get install -y bubblewrap"; exit 1; }
+
+## strace: the fault-injection suite (internal/chaos) runs kernelctl serve
+## under strace -e inject=…; install it (Debian) when missing
+strace:
+	@command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace >/dev/null; }
+
+## chaos: the long fault-injection campaign (EIO/ENOSPC on fdatasync,
+## pwrite64, syncfs, renameat and write at varying points; make test runs
+## a short one); prints the fault cases, acknowledged calls, lost /
+## duplicated / contradicted counts and the exit and restart times
+chaos: strace
+	$(GO) test -count=1 -timeout 60m -v -run '^TestChaos$$' ./internal/chaos/ -args -chaos.long
 
 ## console: the web console's embedded assets (console/assets), built from
 ## console/web by esbuild; the built files are committed so that a plain

@@ -101,6 +101,9 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	env := c.env
 	k.observe(c)
+	if err := k.db.Err(); err != nil {
+		return k.stopped(c, err) // failstop.go: nothing runs once durability failed
+	}
 	// 1. The envelope's own fields.
 	if err := k.checkEnvelope(c); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
@@ -654,7 +657,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if class == "" {
 		// Staged files must be durable before the commit is.
 		if err := k.syncer.Sync(stage.Roots()...); err != nil {
-			class, msg = ErrInternal, "making staged files durable: "+err.Error()
+			// The intent stays prepared: the next start rolls it back.
+			return k.stopped(c, k.failStop("syncfs (making staged files durable) of", rootNames(stage), err))
 		}
 	}
 	in.Used = c.usage()
@@ -701,20 +705,15 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	})
 	c.lap(StageLedger)
 	if err != nil {
-		stage.Discard()
-		return k.internal(c, err)
+		return k.recordFailed(done, c, in, stage, err)
 	}
 	if !committed {
 		stage.Discard()
 		return &c.res
 	}
 	crashPoint("decided")
-	if err := txn.Apply(effects, stage.Root); err != nil {
-		// The commit is decided and durable; the next Open redoes it.
-		return &c.res
-	}
-	if err := k.syncer.Sync(stage.Roots()...); err != nil {
-		return &c.res // the intent stays; the next Open redoes the renames
+	if r := k.apply(c, effects, stage); r != nil {
+		return r
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.
@@ -746,7 +745,7 @@ func (k *Kernel) unknown(ctx context.Context, c *call, in *txn.Intent, stage *tx
 	c.setOutcome(nil, ErrOutcomeUnknown, msg, RolledBack)
 	_, err := k.record(ctx, c, nil, func(tx *bbolt.Tx, envelope []byte) error { return txn.Unknown(tx, in, envelope) })
 	if err != nil {
-		return k.internal(c, err)
+		return k.unresolved(c, in, err)
 	}
 	return &c.res
 }
@@ -759,7 +758,7 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 	c.setOutcome(nil, class, msg, RolledBack)
 	_, err := k.record(ctx, c, func(tx *bbolt.Tx) error { return txn.Rollback(tx, in) })
 	if err != nil {
-		return k.internal(c, err)
+		return k.unresolved(c, in, err)
 	}
 	return &c.res
 }

@@ -42,8 +42,8 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 				return err
 			}
 			if httpAddr != "" {
-				if err := checkListen(httpAddr, false); err != nil {
-					return &usageError{fmt.Errorf("mcp --http: %w", err)}
+				if err := checkListen("--http", httpAddr, false, mcpOffLoopback); err != nil {
+					return &usageError{err}
 				}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -75,6 +75,12 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 	cmd.AddCommand(mcpDeclarationsCmd())
 	return cmd
 }
+
+// mcpOffLoopback says what mcp supports when --http names another address.
+const mcpOffLoopback = "mcp serves streamable HTTP on loopback only (127.0.0.1:PORT, [::1]:PORT or localhost:PORT), " +
+	"for MCP clients on this host, because it has no TLS and any client reaching it acts with its token; " +
+	"for a client elsewhere run kernelctl mcp on that host over stdio (--server URL reaches this kernel), " +
+	"or put an authenticating TLS proxy in front of a loopback --http"
 
 // serveMCPHTTP serves g until ctx ends, printing
 // "mcp gateway on http://ADDR/" on stdout when it accepts clients.

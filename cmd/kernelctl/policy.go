@@ -18,7 +18,8 @@ func policyCmd() *cobra.Command {
 }
 
 func policyHashCmd() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "hash [DIR]",
 		Short: "Print the policy_hash of a bundle (the embedded default without DIR)",
 		Args:  cobra.MaximumNArgs(1),
@@ -27,10 +28,15 @@ func policyHashCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), map[string]string{"policy_hash": h})
+			}
 			fmt.Fprintln(cmd.OutOrStdout(), h)
 			return nil
 		},
 	}
+	addJSON(cmd, &asJSON)
+	return cmd
 }
 
 func policyEvalCmd() *cobra.Command {
@@ -57,6 +63,10 @@ func policyEvalCmd() *cobra.Command {
 			if err := dec.Decode(&in); err != nil {
 				return fmt.Errorf("policy eval: %s is not a policy input document: %v", input, err)
 			}
+			dir, err := bundleDir("--policy", dir)
+			if err != nil {
+				return err
+			}
 			eng, err := policy.Load(cmd.Context(), dir)
 			if err != nil {
 				return err
@@ -70,6 +80,8 @@ func policyEvalCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&input, "input", "", "policy input document (JSON; - for stdin)")
 	cmd.Flags().StringVar(&dir, "policy", "", "bundle dir (default: the embedded bundle)")
+	// The decision is JSON already; --json is accepted as on every verb.
+	cmd.Flags().Bool("json", true, "print JSON (always)")
 	return cmd
 }
 
@@ -112,7 +124,7 @@ func policyTestCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addJSON(cmd, &asJSON)
 	return cmd
 }
 
