@@ -403,7 +403,7 @@ func (c *conn) session(ctx context.Context) (*mcp.ClientSession, error) {
 		if dead != nil {
 			why = dead.Error()
 		}
-		return nil, fmt.Errorf("%s; reconnecting failed: %v", why, err)
+		return nil, fmt.Errorf("%s; reconnecting failed: %w", why, err)
 	}
 	return sess, nil
 }
