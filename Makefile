@@ -7,7 +7,7 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium strace chaos
+.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium strace chaos browser-test
 
 build: console
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
@@ -61,6 +61,14 @@ console-test: console-deps chromium
 	cd console/web && node --test test/
 
 export CAPKERNEL_BROWSER_TESTS := 1
+# Test artifacts (the console's screenshots) go here, outside the tree.
+export CAPKERNEL_TEST_ARTIFACTS ?= $(or $(TMPDIR),/tmp)/capkernel-test-artifacts
+
+## browser-test: only the console's browser tests (Playwright driving
+## Chromium, console/web/browser/console.mjs); screenshots in
+## $(CAPKERNEL_TEST_ARTIFACTS)/console
+browser-test: console-deps chromium
+	$(GO) test -count=1 -run '^TestBrowser$$' -v ./console/
 
 vet:
 	$(GO) vet $(PKGS)

@@ -33,6 +33,7 @@ import (
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/tracing"
 )
 
 // Limits of the API.
@@ -134,7 +135,7 @@ func StatusOf(class string) int {
 func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	limit := s.k.MaxEnvelopeBytes()
 	data, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	ctx := r.Context()
+	ctx := tracing.FromHTTP(r) // a traceparent header parents the call's span
 	var res *kernel.Result
 	status := 0
 	switch {

@@ -72,7 +72,12 @@ transaction that was interrupted.`,
 				return err
 			}
 			cfg.DataDir, cfg.PolicyDir = data, pd
-			return serve(cmd, cfg, tf.setup(cmd, &cfg), listen, cert, key, pprofAddr, drain)
+			tel, err := tf.setup(cmd, &cfg)
+			if err != nil {
+				return err
+			}
+			defer tel.close()
+			return serve(cmd, cfg, tel, listen, cert, key, pprofAddr, drain)
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
@@ -199,12 +204,14 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		select {
 		case sig := <-sigs:
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: second %s: exiting now; the next start recovers interrupted calls\n", sig)
+			tel.log.Warn("exiting without draining", "signal", sig.String())
 			os.Exit(1)
 		case <-ctx.Done():
 		}
 	}()
 	if err := errors.Join(srv.Shutdown(ctx), ctl.Shutdown(ctx), k.WaitBackground(ctx)); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
+		tel.log.Warn("exiting with calls still running", "drain", drain.String(), "error", err)
 		os.Exit(1)
 	}
 	ferr := k.Err() // a durability failure while draining
