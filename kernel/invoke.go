@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -51,6 +53,17 @@ type call struct {
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
 	obs    *observation // stage clock, when the kernel has an Observer (observe.go)
+
+	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
+}
+
+// canonResult returns the canonical form of the call's result, when it is
+// the one execute checked.
+func (c *call) canonResult() []byte {
+	if c.canon != nil && c.res.Error == nil && bytes.Equal(c.res.Result, c.result) {
+		return c.canon
+	}
+	return nil
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -855,9 +868,11 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	case o.err != nil:
 		return nil, ErrExecution, o.err.Error()
 	}
-	if _, err := digest.JSON(o.out.Result); err != nil || len(o.out.Result) == 0 || o.out.Result[0] != '{' {
+	canon, err := jcs.Canonicalize(o.out.Result)
+	if err != nil || len(canon) == 0 || canon[0] != '{' {
 		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
 	}
+	c.result, c.canon = o.out.Result, canon // the result hash reuses canon
 	return o.out.Result, "", ""
 }
 
