@@ -401,6 +401,12 @@ func (c *Client) Decide(ctx context.Context, id, decision, reason string) (kerne
 // ends or fn returns an error. dropped, if set, is told the total of
 // events lost so far whenever the kernel reports a loss.
 func (c *Client) Events(ctx context.Context, f kernel.EventFilter, fn func(kernel.Event) error, dropped func(uint64)) error {
+	return c.Follow(ctx, f, nil, fn, dropped)
+}
+
+// Follow is Events that calls ready, if not nil, once the stream is open:
+// every event the kernel emits from then on reaches fn.
+func (c *Client) Follow(ctx context.Context, f kernel.EventFilter, ready func(), fn func(kernel.Event) error, dropped func(uint64)) error {
 	q := url.Values{}
 	if f.SessionID != "" {
 		q.Set("session", f.SessionID)
@@ -428,6 +434,10 @@ func (c *Client) Events(ctx context.Context, f kernel.EventFilter, fn func(kerne
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return apiError(resp.StatusCode, data)
+	}
+	// The server subscribes before it sends the header.
+	if ready != nil {
+		ready()
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)

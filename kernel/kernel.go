@@ -53,6 +53,7 @@ type Kernel struct {
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
+	stopWatch  chan struct{} // closed by Close to end watchFailure
 
 	events     *eventBus
 	sessions   *sessions
@@ -156,6 +157,8 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	k.syncer = txn.NewSyncer()
+	k.stopWatch = make(chan struct{})
+	go k.watchFailure(k.stopWatch)
 	if err := k.load(ctx); err != nil {
 		k.Close()
 		return nil, err
@@ -217,6 +220,10 @@ func (k *Kernel) load(ctx context.Context) error {
 	if k.Recovered, err = txn.Recover(ctx, k.db, k.auditRecovery); err != nil {
 		return err
 	}
+	for _, c := range k.Recovered.Conflicts {
+		k.cfg.Logger.Warn("recovery did not apply a committed effect: its target no longer holds the content it was staged against (kernelctl workspace verify names it)",
+			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "want", c.Want, "found", c.Found)
+	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		_, err := ledger.Append(tx, ledger.KindPolicyLoaded, k.cfg.Now(), body)
@@ -235,6 +242,10 @@ func (k *Kernel) Close() error {
 		close(k.stopStable)
 		<-k.stableDone
 		k.stopStable = nil
+	}
+	if k.stopWatch != nil {
+		close(k.stopWatch)
+		k.stopWatch = nil
 	}
 	err := k.db.Close()
 	if err == nil {

@@ -79,12 +79,16 @@ func (k *Kernel) deny(ctx context.Context, c *call, class, msg string) *Result {
 	return &c.res
 }
 
-// internal is the result of a call whose recording failed: the store is
-// unusable, so the error is returned without an audit record.
+// internal is the result of a call whose recording failed, returned
+// without an audit record. After a fail stop the outcome is unknown
+// (failstop.go); otherwise nothing was written, so nothing was committed.
 func (k *Kernel) internal(c *call, err error) *Result {
+	if store.IsFatal(err) {
+		return k.stopped(c, err)
+	}
 	c.fill(k)
 	c.setOutcome(nil, ErrInternal, "recording the call failed: "+err.Error(), c.res.TxOutcome)
-	if c.res.TxOutcome == "" {
+	if c.res.TxOutcome == "" || c.res.TxOutcome == Committed {
 		c.res.TxOutcome = NoOp
 	}
 	c.res.ResultHash = resultHash(&c.res, nil)

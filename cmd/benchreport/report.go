@@ -17,6 +17,7 @@ type report struct {
 	CPUs                  int
 	OPAInput              string
 	HTTP                  []point
+	Telemetry             []point // measureTelemetry's rounds
 	Go                    []result
 }
 
@@ -137,6 +138,7 @@ func (r *report) markdown() []byte {
 	w("%s", r.OPAInput)
 	w("```")
 	w("")
+	r.telemetryMarkdown(w)
 	w("## 3. In-process Invoke")
 	w("")
 	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`). CPU is the process's user+system time per call (every goroutine, GC included); serial is the time per call the store's sequencer goroutine spent in the kernel's functions and in bbolt's commit work (spill, rebalance), which bounds throughput at 1/serial however many cores there are; pages are bbolt page writes and fsyncs the fdatasyncs (two per group commit) per call.")
@@ -187,6 +189,7 @@ func (r *report) markdown() []byte {
 		n := "BenchmarkExecVsBareBwrap/" + root
 		w("| %s | %s | %s | %s× |", root, r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
 	}
+	r.upstreamSection(w)
 	return b.Bytes()
 }
 
@@ -262,4 +265,29 @@ func yes(ok bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// upstreamSection reports BenchmarkUpstreamEcho: an upstream MCP tool
+// called through the kernel against the same call made directly, with
+// the kernel's own audited-call latency (built-in echo) beside them.
+func (r *report) upstreamSection(w func(string, ...any)) {
+	w("")
+	w("## 7. Upstream MCP call: through the kernel against direct")
+	w("")
+	w("`BenchmarkUpstreamEcho`: `echo` of `@modelcontextprotocol/server-everything` (stdio) called through `kernel.Invoke` (declared resources, policy, audit record, receipt) and, on another process of the same server, directly with the Go SDK's client; the kernel's built-in `echo` is its audited-call latency. Overhead = kernel − direct − built-in: what the upstream path adds beyond an audited call (goal ≤ 1 ms at p50, c=1).")
+	w("")
+	w("| c | direct p50 ms | kernel p50 ms | built-in echo p50 ms | overhead p50 ms | direct calls/s | kernel calls/s |")
+	w("|---:|---:|---:|---:|---:|---:|---:|")
+	for _, c := range []int{1, 8} {
+		n := func(what string) string { return fmt.Sprintf("BenchmarkUpstreamEcho/%s/c=%d", what, c) }
+		over := "n/a"
+		d, e1 := find(r.Go, n("direct"), "p50-ms")
+		k, e2 := find(r.Go, n("kernel"), "p50-ms")
+		b, e3 := find(r.Go, n("builtin"), "p50-ms")
+		if e1 == nil && e2 == nil && e3 == nil {
+			over = num(k - d - b)
+		}
+		w("| %d | %s | %s | %s | %s | %s | %s |", c, r.metric(n("direct"), "p50-ms"), r.metric(n("kernel"), "p50-ms"), r.metric(n("builtin"), "p50-ms"), over,
+			r.metric(n("direct"), "calls/s"), r.metric(n("kernel"), "calls/s"))
+	}
 }

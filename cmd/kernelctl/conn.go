@@ -159,6 +159,9 @@ func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
 	if err != nil && strings.Contains(err.Error(), "is locked by another process") {
 		return nil, fmt.Errorf("%w\nA kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
 	}
+	if err == nil {
+		go exitOnFailStop(k)
+	}
 	return k, err
 }
 
@@ -333,4 +336,13 @@ func printJSONLine(w io.Writer, v any) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// exitOnFailStop ends the process with status 1 when k fails stop (a
+// durability failure), as kernelctl serve does: no call is answered after
+// it, and the next start recovers from what is durable.
+func exitOnFailStop(k *kernel.Kernel) {
+	<-k.Failed()
+	fmt.Fprintf(os.Stderr, "kernelctl: durability failure: %v\nkernelctl: exiting; the next start recovers\n", k.Err())
+	os.Exit(1)
 }

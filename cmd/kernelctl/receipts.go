@@ -11,9 +11,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
@@ -36,6 +38,11 @@ func receiptsListCmd() *cobra.Command {
 		Short: "List receipts in ledger order",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The API's own rule for the filter, so that --data and
+			// --server refuse the same values.
+			if _, err := httpapi.ParseReceiptFilter(map[string][]string{"outcome": {f.TxOutcome}}); err != nil {
+				return usagef("--%v", err)
+			}
 			if since != "" {
 				ts, err := parseSince(since)
 				if err != nil {
@@ -73,12 +80,28 @@ func receiptsListCmd() *cobra.Command {
 	return cmd
 }
 
-// clip returns at most the first n bytes of s.
+// clip returns at most the first n bytes of s, for fields cut to a
+// precision (a time to the millisecond); text is cut with ellipsize.
 func clip(s string, n int) string {
 	if len(s) > n {
 		return s[:n]
 	}
 	return s
+}
+
+// ellipsize returns s if it has at most n runes, else its start up to a
+// word boundary (or, for a long word such as a hash, at n-1 runes) and
+// "…", so that a cut is never silent: at most n runes in all.
+func ellipsize(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	cut := n - 1
+	if i := strings.LastIndexAny(string(r[:cut+1]), " \t"); i > 0 && utf8.RuneCountInString(s[:i]) > n/2 {
+		cut = utf8.RuneCountInString(s[:i])
+	}
+	return strings.TrimRight(string(r[:cut]), " \t,;:") + "…"
 }
 
 // parseSince reads an RFC 3339 time or a duration before now.
