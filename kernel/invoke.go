@@ -57,6 +57,7 @@ type call struct {
 	up     *upstreamCall   // an upstream MCP tool's declared resources (declared.go)
 	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
 
+	canonArgs     []byte          // the canonical form of env.Args, once checked
 	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
 }
 
@@ -96,17 +97,23 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 		c.env = &Envelope{}
 		return k.deny(ctx, c, ErrInvalidArgs, "no envelope")
 	}
-	b, err := json.Marshal(env)
-	switch {
-	case err != nil:
-		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
-	case int64(len(b)) > k.cfg.MaxEnvelopeBytes:
-		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(b), k.cfg.MaxEnvelopeBytes))
+	// The envelope is encoded to measure it only when its size could
+	// exceed the limit.
+	if n := maxEncodedSize(env); n < 0 || n > k.cfg.MaxEnvelopeBytes {
+		b, err := json.Marshal(env)
+		switch {
+		case err != nil:
+			return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+		case int64(len(b)) > k.cfg.MaxEnvelopeBytes:
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(b), k.cfg.MaxEnvelopeBytes))
+		}
 	}
-	if err := checkObject("args", env.Args, true); err != nil {
+	args, err := checkObject("args", env.Args, true)
+	if err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
-	if err := checkObject("provenance", env.Provenance, false); err != nil {
+	c.canonArgs = args
+	if _, err := checkObject("provenance", env.Provenance, false); err != nil {
 		env.Provenance = nil
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
@@ -276,11 +283,14 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.session = sessionOf(env.Provenance)
-	h, err := digest.JSON(env.Args)
-	if err != nil {
-		return fmt.Errorf("args: %v", err)
+	if c.canonArgs == nil {
+		// A call that came through neither decode nor invoke.
+		var err error
+		if c.canonArgs, err = jcs.Canonicalize(env.Args); err != nil {
+			return fmt.Errorf("args: %v", err)
+		}
 	}
-	c.argsHash = h
+	c.argsHash = digest.Sum(c.canonArgs)
 	return json.Unmarshal(env.Args, &c.args)
 }
 
