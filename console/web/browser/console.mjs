@@ -210,14 +210,12 @@ test("a receipt is verified in the page, and a tampered one refused", async () =
   };
   await verify(bundle);
   await page.locator('#verify-checks[data-verdict="pass"]').waitFor();
-  // Tampered: the receipt's payload says another tool; its signature no
-  // longer matches, and the page says which check failed.
-  const [h, p, s] = bundle.receipt.split(".");
-  const payload = JSON.parse(Buffer.from(p, "base64url").toString());
-  payload.tool_id = "fs.delete";
-  await verify({ ...bundle, receipt: [h, Buffer.from(JSON.stringify(payload)).toString("base64url"), s].join(".") });
+  // Tampered: the receipt's audit entry says another tool; its hash no
+  // longer recomputes, and the page says which check failed.
+  assert.equal(bundle.format, "capkernel-receipt/v2");
+  await verify({ ...bundle, entry: bundle.entry.replace('"tool_id":"fs.write"', '"tool_id":"fs.delete"') });
   await page.locator('#verify-checks[data-verdict="fail"]').waitFor();
-  await page.locator('#verify-checks li[data-check="jws"][data-state="fail"]').waitFor();
+  await page.locator('#verify-checks li[data-check="entry"][data-state="fail"]').waitFor();
   assert.match(await page.locator("#verify-checks .verdict").textContent(), /^Not verified: .+ failed\.$/);
   await shot(page, "verify");
   await page.close();
