@@ -15,6 +15,7 @@ import (
 
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // Client calls the API of a running kernel.
@@ -271,8 +272,8 @@ func (c *Client) Export(ctx context.Context, w io.Writer) error {
 }
 
 // Bundle returns the offline-verifiable bundle of receipt id.
-func (c *Client) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
-	var out kernel.Bundle
+func (c *Client) Bundle(ctx context.Context, id string) (*receipts.Logged, error) {
+	var out receipts.Logged
 	if err := c.do(ctx, http.MethodGet, "/v1/receipts/"+url.PathEscape(id)+"/bundle", nil, &out); err != nil {
 		return nil, err
 	}

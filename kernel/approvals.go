@@ -57,26 +57,33 @@ var (
 // ApprovalRequest is what an approver decides on. The JSON field names
 // are the wire format of GET /v1/approvals and of the ledger entries.
 type ApprovalRequest struct {
-	ID                string   `json:"approval_id"`
-	OperationID       string   `json:"operation_id"`
-	ToolID            string   `json:"tool_id"`
-	AgentID           string   `json:"agent_id"`
-	SessionID         string   `json:"session_id,omitempty"`
-	CapabilityTokenID string   `json:"capability_token_id"`
-	ArgsHash          string   `json:"args_hash"`
-	PolicyHash        string   `json:"policy_hash"`
-	SideEffect        string   `json:"side_effect"`
-	Mode              string   `json:"autonomy_mode"` // soft_gate or escalated
-	RequiredRole      string   `json:"required_role"` // approver or escalation
-	InputSummary      string   `json:"input_summary"`
-	ProjectedEffects  []string `json:"projected_effects"` // what would change: "write notes.txt", "kv put k"
-	RiskScore         float64  `json:"risk_score"`
-	RiskBasis         []string `json:"risk_basis"`
-	RequestedAt       string   `json:"requested_at"`
-	DecideBy          string   `json:"decide_by"` // after this, the call fails with approval_timeout
+	ID                string `json:"approval_id"`
+	OperationID       string `json:"operation_id"`
+	ToolID            string `json:"tool_id"`
+	AgentID           string `json:"agent_id"`
+	SessionID         string `json:"session_id,omitempty"`
+	CapabilityTokenID string `json:"capability_token_id"`
+	ArgsHash          string `json:"args_hash"`
+	PolicyHash        string `json:"policy_hash"`
+	SideEffect        string `json:"side_effect"`
+	Mode              string `json:"autonomy_mode"` // soft_gate or escalated
+	RequiredRole      string `json:"required_role"` // approver or escalation
+	// SessionConfirm: the policy lets the user of session SessionID
+	// decide this soft_gate call through the agent's client (see
+	// Kernel.ConfirmInSession); approvers may decide it all the same.
+	SessionConfirm   bool     `json:"session_confirm,omitempty"`
+	InputSummary     string   `json:"input_summary"`
+	ProjectedEffects []string `json:"projected_effects"` // what would change: "write notes.txt", "kv put k"
+	RiskScore        float64  `json:"risk_score"`
+	RiskBasis        []string `json:"risk_basis"`
+	RequestedAt      string   `json:"requested_at"`
+	DecideBy         string   `json:"decide_by"` // after this, the call fails with approval_timeout
 
 	State     string `json:"state"`
-	DecidedBy string `json:"decided_by,omitempty"` // the approver token's sub
+	DecidedBy string `json:"decided_by,omitempty"` // the approver token's sub, or "session:<id>"
+	// Channel is how the decision came: "approver", or "session" for the
+	// session's user answering through the agent's client.
+	Channel   string `json:"channel,omitempty"`
 	TokenID   string `json:"decided_with,omitempty"`
 	Reason    string `json:"reason,omitempty"`
 	DecidedAt string `json:"decided_at,omitempty"`
@@ -130,6 +137,9 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	if c.res.AutonomyMode == policy.Escalated {
 		a.req.RequiredRole = captoken.RoleEscalation
 	}
+	// Only a soft_gate may be confirmed in the session, never an
+	// escalated call, whatever the policy says; and only in a session.
+	a.req.SessionConfirm = c.sessionConfirm && c.res.AutonomyMode == policy.SoftGate && c.session != ""
 	if err := k.appendApproval(KindApprovalRequested, a.req); err != nil {
 		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
 	}
@@ -181,13 +191,18 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 // decision, and wakes its call. It reports whether this was the first
 // decision.
 func (k *Kernel) closeApproval(a *approval, state, by, tokenID, reason string) bool {
+	return k.closeApprovalVia(a, state, by, tokenID, reason, "")
+}
+
+// closeApprovalVia is closeApproval with the decision's channel.
+func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, channel string) bool {
 	k.approvals.mu.Lock()
 	defer k.approvals.mu.Unlock()
 	if a.req.State != ApprovalPending {
 		return false
 	}
 	now := k.cfg.Now()
-	a.req.State, a.req.DecidedBy, a.req.TokenID, a.req.Reason = state, by, tokenID, reason
+	a.req.State, a.req.DecidedBy, a.req.TokenID, a.req.Reason, a.req.Channel = state, by, tokenID, reason, channel
 	a.req.DecidedAt = now.UTC().Format(ledger.TimeLayout)
 	if state == ApprovalAllowed {
 		a.expires = now.Add(k.cfg.ApprovalValidity)
@@ -259,7 +274,7 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 	if decision == "allow" {
 		state = ApprovalAllowed
 	}
-	if !k.closeApproval(a, state, tok.Claims.Subject, tok.Claims.ID, reason) {
+	if !k.closeApprovalVia(a, state, tok.Claims.Subject, tok.Claims.ID, reason, ChannelApprover) {
 		k.approvals.mu.Lock()
 		req := a.req
 		k.approvals.mu.Unlock()

@@ -45,7 +45,7 @@ func TestApplyFailureFailsStop(t *testing.T) {
 			defer func() { crashHook = nil }()
 			r := h.invoke("fs.write", map[string]any{"path": "f.txt", "content": "new\n"}, key("k"))
 			crashHook = nil
-			if r.Status != StatusError || errClass(r) != ErrInternal || r.TxOutcome != TxUnknown || r.Receipt != "" ||
+			if r.Status != StatusError || errClass(r) != ErrInternal || r.TxOutcome != TxUnknown || r.Receipt != nil ||
 				!strings.Contains(r.Error.Message, "apply of committed operation") || !strings.Contains(r.Error.Message, h.ws) {
 				t.Fatalf("answer to a call whose apply failed: %+v %+v, want internal, tx_outcome unknown, naming the apply and the root", r, r.Error)
 			}

@@ -43,6 +43,7 @@ type call struct {
 
 	approval        *ApprovalRequest // the decided approval of a gated call
 	approvalExpires time.Time
+	sessionConfirm  bool // the policy lets the session's user decide a soft_gate (session.go)
 
 	effect syscalls.SideEffect // the call's class: Definition.SideEffect or Reach.Class
 	reach  *syscalls.Reach     // for syscalls with a Reach
@@ -190,6 +191,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	c.lap(StagePolicy)
 	c.res.AutonomyMode = policy.Stricter(policy.Stricter(d.AutonomyMode, env.AutonomyMode), tok.Claims.Cap.Autonomy)
 	c.res.RiskScore, c.res.RiskBasis = d.RiskScore, d.RiskBasis
+	c.sessionConfirm = d.SessionConfirm
 	if c.grant != nil && c.grant.Network == syscalls.NetFull && !d.NetFull {
 		c.res.AutonomyMode = policy.NoGo
 		c.res.RiskBasis = append(c.res.RiskBasis, "the policy does not allow the full network posture (net_full)")
@@ -499,7 +501,7 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return nil
 	}
 	var orig Result
-	if err := json.Unmarshal(stored, &orig); err != nil {
+	if err := decodeStored(stored, &orig); err != nil {
 		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
 	}
 	c.replayOf = orig.OperationID
@@ -511,6 +513,14 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return k.internal(c, err)
 	}
 	orig.Replayed = true
+	// The original's receipt: its audit entry, proven under the latest
+	// checkpoint.
+	if err := k.db.View(func(tx *bbolt.Tx) (err error) {
+		orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq)
+		return err
+	}); err != nil {
+		return k.internal(c, err)
+	}
 	return &orig
 }
 
@@ -631,6 +641,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
 		var err error
 		replay, err = prep.Run(tx)
 		return err
@@ -719,7 +730,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.
-	k.db.UpdateAsync(func(tx *bbolt.Tx) error { return txn.Finish(tx, in.OperationID) })
+	k.db.UpdateAsync(func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
+		return txn.Finish(tx, in.OperationID)
+	})
 	return &c.res
 }
 

@@ -7,6 +7,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -39,14 +41,15 @@ type Kernel struct {
 	registry *syscalls.Registry
 	// upstreams are the connected upstream MCP servers (nil before Open
 	// reaches them and after Close).
-	upstreams *upstream.Set
-	policy    *policy.Engine
-	issuer    ed25519.PrivateKey
-	signer    *receipts.Signer
-	verifier  *captoken.Verifier
-	locks     *pathLocks
-	syncer    *txn.Syncer
-	cpSigner  note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
+	upstreams  *upstream.Set
+	policy     *policy.Engine
+	issuer     ed25519.PrivateKey
+	receiptPub ed25519.PublicKey // verifies the checkpoints, and so the receipts
+	lw         *ledger.Writer    // every audit entry is appended through it (receipts.Logged)
+	verifier   *captoken.Verifier
+	locks      *pathLocks
+	syncer     *txn.Syncer
+	cpSigner   note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
@@ -68,6 +71,13 @@ type Kernel struct {
 
 	// Recovered reports what Open's crash recovery did.
 	Recovered txn.Recovered
+
+	// Sequencer accounting, which the benchmarks report per call: group
+	// commits, and the time the kernel's functions ran on the store's
+	// sequencer (serial.go).
+	commits atomic.Int64
+	serial  atomic.Int64 // nanoseconds
+
 }
 
 var (
@@ -98,7 +108,8 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.signer = receipts.NewSigner(receiptKey)
+	k.receiptPub = receiptKey.Public().(ed25519.PublicKey)
+	k.lw = ledger.NewWriter()
 	if k.cpSigner, err = ledger.NewCheckpointSigner(s.KernelID, receiptKey); err != nil {
 		return nil, err
 	}
@@ -265,10 +276,10 @@ func (k *Kernel) MaxEnvelopeBytes() int64 { return k.cfg.MaxEnvelopeBytes }
 func (k *Kernel) Registry() *syscalls.Registry { return k.registry }
 
 // ReceiptKey returns the public key that verifies the kernel's receipts.
-func (k *Kernel) ReceiptKey() ed25519.PublicKey { return k.signer.Public() }
+func (k *Kernel) ReceiptKey() ed25519.PublicKey { return bytes.Clone(k.receiptPub) }
 
 // JWKS returns the JWKS document of the kernel's receipt key.
-func (k *Kernel) JWKS() ([]byte, error) { return receipts.JWKS(k.signer.Public()) }
+func (k *Kernel) JWKS() ([]byte, error) { return receipts.JWKS(k.receiptPub) }
 
 // MintToken signs a capability token with the kernel's issuer key, filling
 // iss, aud, iat and a fresh jti where they are empty.

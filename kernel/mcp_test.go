@@ -16,7 +16,6 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
-	"github.com/capkernel/capkernel/receipts"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/upstream"
 	"github.com/capkernel/capkernel/upstream/upstreamtest"
@@ -124,13 +123,8 @@ func TestMCPUpstreamTools(t *testing.T) {
 			if len(a) != 1 || a[0].ToolID != "mcp."+srv+".add" || a[0].ResultHash != r.ResultHash || a[0].Status != StatusOK {
 				t.Fatalf("audit %+v", a)
 			}
-			jwks, err := h.k.JWKS()
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := receipts.Verify(r.Receipt, jwks)
-			if err != nil || rc.ToolID != "mcp."+srv+".add" || rc.ResultHash != r.ResultHash {
-				t.Fatalf("receipt %+v: %v", rc, err)
+			if rc := verifyReceipt(t, h.k, r); rc.ToolID != "mcp."+srv+".add" || rc.ResultHash != r.ResultHash {
+				t.Fatalf("receipt %+v", rc)
 			}
 			if r := h.invoke("mcp."+srv+".list_items", map[string]any{}, key("list-"+srv)); r.Status != StatusOK || !strings.Contains(string(r.Result), `a\nb`) {
 				t.Fatalf("list_items %+v", r)
@@ -181,7 +175,7 @@ func TestMCPUpstreamGoverned(t *testing.T) {
 				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
 			}
 			a := h.audits(before)
-			if len(a) != 1 || a[0].ToolID != tc.tool || a[0].ErrorClass != tc.class || r.Receipt == "" {
+			if len(a) != 1 || a[0].ToolID != tc.tool || a[0].ErrorClass != tc.class || r.Receipt == nil {
 				t.Fatalf("audit %+v", a)
 			}
 			reached := up.Calls("add") + up.Calls("fail") - sent

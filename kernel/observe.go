@@ -142,6 +142,7 @@ func (k *Kernel) observed(c *call, r *Result) {
 
 // groupCommit passes the store's group-commit report to the Observer.
 func (k *Kernel) groupCommit(batch int, took time.Duration) {
+	k.commits.Add(1)
 	if o := k.cfg.Observer; o != nil {
 		o.GroupCommit(batch, took)
 	}

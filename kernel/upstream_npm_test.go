@@ -98,7 +98,7 @@ func TestUpstreamDeclaredFilesystem(t *testing.T) {
 				t.Fatalf("result %s, want it to hold %q", r.Result, tc.want)
 			}
 			a := h.audits(before)
-			if len(a) != 1 || a[0].ErrorClass != tc.class || r.Receipt == "" {
+			if len(a) != 1 || a[0].ErrorClass != tc.class || r.Receipt == nil {
 				t.Fatalf("audit %+v", a)
 			}
 			in := a[0].PolicyInput

@@ -8,11 +8,12 @@ package mcpgateway
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -36,10 +37,23 @@ const (
 	MetaReceiptID   = "capkernel/receipt_id"
 	MetaOperationID = "capkernel/operation_id"
 	MetaLedgerSeq   = "capkernel/ledger_seq"
+	// MetaReceipt is the call's receipt itself (docs/formats.md,
+	// capkernel-receipt/v2): its audit entry proven under a signed
+	// checkpoint, verifiable offline with the kernel's JWKS.
+	MetaReceipt = "capkernel/receipt"
 	// MetaInvalid is set by the gateway's transports, in place of a
 	// client's _meta that breaks the strictjson rules (duplicate names,
 	// invalid UTF-8), to the refusal's message; the call is refused.
 	MetaInvalid = "capkernel/invalid_meta"
+	// MetaRawParams goes with MetaInvalid: the tools/call params exactly
+	// as the client sent them (base64), which the gateway hands to the
+	// kernel to refuse and audit. Both are the transports' alone: the
+	// gateway drops them from a client's _meta.
+	MetaRawParams = "capkernel/raw_params"
+	// MetaReplayed, in a result's _meta, is true when the result is the
+	// recorded outcome of an earlier call with the same idempotency key,
+	// answered without running the call again.
+	MetaReplayed = "capkernel/replayed"
 )
 
 // Tool is a syscall as the gateway serves it: the MCP tool definition the
@@ -60,6 +74,8 @@ type Gateway struct {
 	session                 string // the session of a stdio server, which has one client
 	server                  *mcp.Server
 	served                  map[string]bool
+	progressEvery           time.Duration
+	confirmer               Confirmer
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -72,14 +88,31 @@ type Config struct {
 	Tools                   []Tool
 	StdioSession            string
 	Version                 string
+	// ProgressInterval is how often a call that is still waiting (for an
+	// approval, or running long) sends notifications/progress to a client
+	// that gave a progress token; 0 means DefaultProgressInterval.
+	ProgressInterval time.Duration
+	// Confirmer, when set, lets the gateway ask the user of a client that
+	// declares elicitation to decide a call the policy lets the session
+	// confirm (see Confirmer); nil leaves every approval to approvers.
+	Confirmer Confirmer
 }
+
+// DefaultProgressInterval keeps well inside the official SDKs' default
+// request timeout (60 s), which a client resets on each progress
+// notification when it asks to (resetTimeoutOnProgress in the TypeScript
+// SDK), even if a few notifications are late.
+const DefaultProgressInterval = 10 * time.Second
 
 // New makes the gateway's MCP server.
 func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: c.Invoker, token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
-		session: c.StdioSession, served: map[string]bool{},
+		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version}, nil),
+	}
+	if g.progressEvery <= 0 {
+		g.progressEvery = DefaultProgressInterval
 	}
 	for _, t := range c.Tools {
 		g.served[t.Name] = true
@@ -104,17 +137,11 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 	return g.server.Run(ctx, idTransport{&mcp.StdioTransport{}})
 }
 
-// HTTPHandler serves streamable HTTP clients, each in its own MCP session.
-func (g *Gateway) HTTPHandler() http.Handler {
-	return tagHTTP(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, nil))
-}
-
-// handle runs one tools/call through the kernel.
+// handle runs one tools/call through the kernel. Every call, a malformed
+// one included, goes to the kernel, which refuses what it must and audits
+// it: the gateway refuses nothing on its own, so no call goes unrecorded.
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
-	if msg, ok := p.Meta[MetaInvalid].(string); ok {
-		return errorResult(kernel.ErrInvalidArgs, msg, nil), nil
-	}
 	session := g.session
 	if req.Session != nil && req.Session.ID() != "" {
 		session = req.Session.ID()
@@ -124,38 +151,70 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		b, _ := json.Marshal(v)
 		reqID = string(b)
 	}
-	key := ""
-	switch v := p.Meta[MetaIdempotencyKey].(type) {
-	case string:
-		key = v
-	case nil:
-		if reqID != "" {
-			key = "mcp:" + session + ":" + reqID
-		}
-	default:
-		return errorResult(kernel.ErrInvalidArgs, fmt.Sprintf("_meta[%q] must be a string", MetaIdempotencyKey), nil), nil
-	}
+	prov := map[string]any{"session_id": session, "mcp_request_id": reqID, "source": "mcp"}
 	args := json.RawMessage(p.Arguments)
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
-	pm := map[string]string{"session_id": session, "mcp_request_id": reqID, "source": "mcp"}
 	// W3C trace context in _meta (as MCP clients send it) goes into the
 	// provenance, where the kernel's trace of the call continues it.
 	for _, k := range []string{"traceparent", "tracestate"} {
 		if v, ok := p.Meta[k].(string); ok {
-			pm[k] = v
+			prov[k] = v
 		}
 	}
-	prov, _ := json.Marshal(pm)
-	env, err := json.Marshal(kernel.Envelope{
+	e := kernel.Envelope{
 		ToolID: p.Name, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
-		PolicyHash: g.policyHash, IdempotencyKey: key, Provenance: prov,
-	})
+		PolicyHash: g.policyHash,
+	}
+	var env []byte
+	var err error
+	switch key := p.Meta[MetaIdempotencyKey].(type) {
+	case string:
+		e.IdempotencyKey = key
+	case nil:
+		if reqID != "" {
+			e.IdempotencyKey = "mcp:" + session + ":" + reqID
+		}
+	default:
+		// Not a string: the envelope carries the client's value as it
+		// is, which the kernel refuses (invalid_args naming
+		// /idempotency_key) and audits.
+		e.Provenance = mustMarshal(prov)
+		env, err = withMember(e, "idempotency_key", mustMarshal(key))
+	}
+	if why, ok := p.Meta[MetaInvalid].(string); ok && env == nil {
+		// The client's _meta breaks the strictjson rules: the envelope
+		// carries its params byte for byte in provenance.mcp_params, where
+		// the kernel finds the same fault, refuses and audits the call.
+		// Params that cannot be had (never from the transports) are sent
+		// as the reason, which is no JSON: refused all the same.
+		raw, _ := p.Meta[MetaRawParams].(string)
+		params, derr := base64.StdEncoding.DecodeString(raw)
+		if derr != nil || raw == "" {
+			params = []byte(why)
+		}
+		pb := mustMarshal(prov)
+		pb = append(append(append(pb[:len(pb)-1:len(pb)-1], `,"mcp_params":`...), params...), '}')
+		env, err = withMember(e, "provenance", pb)
+	}
+	if env == nil {
+		if g.confirmable(req) {
+			e.OperationID = newOperationID()
+		}
+		e.Provenance = mustMarshal(prov)
+		env, err = json.Marshal(e)
+	}
 	if err != nil {
 		return errorResult(kernel.ErrInvalidArgs, "the call's arguments are not JSON: "+err.Error(), nil), nil
 	}
+	stop := g.progress(ctx, req)
+	if g.confirmable(req) && e.OperationID != "" {
+		unconfirm := g.confirmInSession(ctx, req, session, e.OperationID)
+		defer unconfirm()
+	}
 	res, err := g.invoker.Invoke(ctx, env)
+	stop()
 	if err != nil {
 		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil), nil
 	}
@@ -166,19 +225,85 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		}
 		return errorResult(class, msg, res), nil
 	}
+	return okResult(res), nil
+}
+
+// withMember encodes e with one more top-level member, name, whose value
+// is raw bytes that no encoder may normalize (the kernel must see the
+// client's fault as the client sent it). e must not set that member.
+func withMember(e kernel.Envelope, name string, raw []byte) ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, err
+	}
+	out := append(b[:len(b)-1:len(b)-1], `,"`...)
+	out = append(append(append(out, name...), `":`...), raw...)
+	return append(out, '}'), nil
+}
+
+func mustMarshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return []byte("null")
+	}
+	return b
+}
+
+// progress sends notifications/progress for req every g.progressEvery
+// until the returned stop is called, when the client gave a progress
+// token: a call waiting for an approval, or running long, would otherwise
+// look dead to a client whose request timeout runs. progress is the
+// seconds waited so far, so it grows with every notification as the
+// protocol requires.
+func (g *Gateway) progress(ctx context.Context, req *mcp.CallToolRequest) (stop func()) {
+	token := req.Params.GetProgressToken()
+	if token == nil || req.Session == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		start := time.Now()
+		tick := time.NewTicker(g.progressEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				waited := now.Sub(start).Round(time.Second)
+				// A failed notification (the client is gone) is not the
+				// call's failure: the call goes on and is audited.
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+					ProgressToken: token, Progress: now.Sub(start).Seconds(),
+					Message: fmt.Sprintf("%s: still running or waiting for an approval after %s", req.Params.Name, waited),
+				})
+			}
+		}
+	}()
+	// stop waits for the sender, so no notification follows the result.
+	return func() { close(done); <-exited }
+}
+
+// okResult is the MCP result of a call with status ok, its result encoded
+// once on the wire. An upstream tool's result passes through
+// (upstreamResult). Any other result object is one text item holding its
+// JSON, which every client shows its model; it is not repeated as
+// structuredContent (the kernel's syscalls declare no output schema), so a
+// large result is not sent twice.
+func okResult(res *kernel.Result) *mcp.CallToolResult {
 	if r, ok := upstreamResult(res); ok {
-		return r, nil
+		return r
 	}
-	r := &mcp.CallToolResult{
-		Content:           []mcp.Content{&mcp.TextContent{Text: string(res.Result)}},
-		StructuredContent: res.Result,
-		Meta:              meta(res),
-	}
-	return r, nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}, Meta: meta(res)}
 }
 
 // errorResult is a tool error (isError), which a model can read: the
-// class and message as text and as structured content.
+// class and message as text and, for programs, as structured content
+// (small, so the repetition costs nothing).
 func errorResult(class, msg string, res *kernel.Result) *mcp.CallToolResult {
 	sc := map[string]any{"error": map[string]string{"class": class, "message": msg}}
 	if res != nil && res.ReceiptID != "" {
@@ -196,7 +321,11 @@ func meta(res *kernel.Result) mcp.Meta {
 	if res == nil || res.ReceiptID == "" {
 		return nil
 	}
-	return mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq}
+	m := mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
+	if res.Receipt != nil {
+		m[MetaReceipt] = res.Receipt
+	}
+	return m
 }
 
 // idTransport copies each tools/call's JSON-RPC id into its _meta (see
@@ -231,11 +360,13 @@ func tagParams(params json.RawMessage, id any) json.RawMessage {
 	}
 	var m map[string]any
 	if why := invalidMeta(params); why != "" {
-		m = map[string]any{MetaInvalid: why}
+		m = map[string]any{MetaInvalid: why, MetaRawParams: base64.StdEncoding.EncodeToString(params)}
 	} else if raw, ok := p["_meta"]; ok {
 		if err := json.Unmarshal(raw, &m); err != nil {
 			return params
 		}
+		delete(m, MetaInvalid)
+		delete(m, MetaRawParams)
 	}
 	if m == nil {
 		m = map[string]any{}

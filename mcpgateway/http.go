@@ -2,15 +2,89 @@ package mcpgateway
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// MaxHTTPBody bounds the body of a request to the HTTP server.
+// MaxHTTPBody bounds the body of a request to the HTTP server: a longer
+// one is answered 413 before it is read further. It is the limit of both
+// the gateway's own reading and the SDK's handler behind it.
 const MaxHTTPBody = 8 << 20
+
+// HTTPOptions configure the streamable HTTP handler.
+type HTTPOptions struct {
+	// AllowedOrigins are the browser origins ("https://app.example.com",
+	// scheme://host[:port], compared case-insensitively) allowed besides
+	// the loopback ones. A request with any other Origin header is
+	// answered 403, as the MCP transport specification requires, so that
+	// no web page a user visits can drive the gateway.
+	AllowedOrigins []string
+}
+
+// CheckOrigin reports whether an Origin header value is allowed: absent
+// (not a browser), a loopback origin (http or https on localhost,
+// 127.0.0.0/8 or ::1, any port), or one of allowed. "null" (an opaque
+// origin: a sandboxed frame, a file: page) is not.
+func CheckOrigin(origin string, allowed []string) bool {
+	if origin == "" {
+		return true
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(strings.TrimSuffix(a, "/"), origin) {
+			return true
+		}
+	}
+	u, err := url.Parse(origin)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Path != "" || u.User != nil {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ValidOrigin checks an --allow-origin value: scheme://host[:port] of
+// http or https, nothing more.
+func ValidOrigin(o string) error {
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("origin %q is not scheme://host[:port] with scheme http or https", o)
+	}
+	return nil
+}
+
+// HTTPHandler serves streamable HTTP clients, each in its own MCP session.
+func (g *Gateway) HTTPHandler(o HTTPOptions) http.Handler {
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server },
+		// tagHTTP bounds the client's body at MaxHTTPBody; the body it
+		// passes on may be larger by the tags (the raw params of a
+		// refused _meta, in base64), which the SDK must not refuse.
+		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: 3 * MaxHTTPBody})
+	return checkOrigins(o.AllowedOrigins, tagHTTP(h))
+}
+
+// checkOrigins answers 403 to a request whose Origin is not allowed (see
+// CheckOrigin), before anything of it is read.
+func checkOrigins(allowed []string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if o := r.Header.Get("Origin"); !CheckOrigin(o, allowed) {
+			http.Error(w, "origin "+strconv.Quote(o)+" is not allowed: only loopback origins and those given by --allow-origin may use this gateway", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // tagHTTP copies the JSON-RPC id of each tools/call POSTed to h into its
 // _meta, as idTransport does for stdio: the SDK's HTTP handler makes its

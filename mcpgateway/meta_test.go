@@ -21,10 +21,11 @@ func (i kernelInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, 
 	return i.k.InvokeJSON(ctx, env), nil
 }
 
-// A tools/call whose _meta another reader could read differently (two
-// idempotency keys, bytes that are not UTF-8) is refused with invalid_args
-// naming the member, and never reaches the kernel; a well-formed one runs.
-func TestMetaStrictJSON(t *testing.T) {
+// newTestGateway opens a kernel in a fresh data dir and makes a gateway
+// for a token of agent-1 with capability c, serving the token's tools; c
+// is the rest of the gateway's configuration.
+func newTestGateway(t *testing.T, cp captoken.Capability, c Config) (*kernel.Kernel, *Gateway) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	if _, err := kernel.Init(dir); err != nil {
 		t.Fatal(err)
@@ -33,12 +34,28 @@ func TestMetaStrictJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer k.Close()
-	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour), Cap: captoken.Capability{Tools: []string{"echo"}}})
+	t.Cleanup(func() { k.Close() })
+	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour), Cap: cp})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := New(Config{Invoker: kernelInvoker{k}, Token: tok, TokenID: cl.ID, AgentID: "agent-1", PolicyHash: k.PolicyHash(), StdioSession: "s1"})
+	defs, err := k.Tools(tok, "mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(defs, &c.Tools); err != nil {
+		t.Fatal(err)
+	}
+	c.Invoker, c.Token, c.TokenID, c.AgentID, c.PolicyHash, c.StdioSession = kernelInvoker{k}, tok, cl.ID, "agent-1", k.PolicyHash(), "s1"
+	return k, New(c)
+}
+
+// A tools/call whose _meta another reader could read differently (two
+// idempotency keys, bytes that are not UTF-8), or whose idempotency key is
+// not a string, is refused with invalid_args naming the member, by the
+// kernel, which audits it with a receipt; a well-formed one runs.
+func TestMetaStrictJSON(t *testing.T) {
+	k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
 	tests := []struct {
 		name   string
 		params string
@@ -47,12 +64,14 @@ func TestMetaStrictJSON(t *testing.T) {
 		{"no _meta", `{"name":"echo","arguments":{"text":"hi"}}`, ""},
 		{"a key", `{"name":"echo","arguments":{"text":"hi"},"_meta":{"capkernel/idempotency_key":"k1"}}`, ""},
 		{"two keys", `{"name":"echo","arguments":{"text":"hi"},"_meta":{"capkernel/idempotency_key":"k1","capkernel/idempotency_key":"k2"}}`,
-			`_meta: duplicate member name "capkernel/idempotency_key" in /_meta`},
+			`duplicate member name "capkernel/idempotency_key" in /provenance/mcp_params/_meta`},
 		{"two keys, one escaped", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k1","capkernel\/idempotency_key":"k2"}}`,
 			`duplicate member name "capkernel/idempotency_key"`},
-		{"deep duplicate", `{"name":"echo","_meta":{"trace":{"a":[{"b":1,"b":2}]}}}`, `duplicate member name "b" in /_meta/trace/a/0`},
+		{"deep duplicate", `{"name":"echo","_meta":{"trace":{"a":[{"b":1,"b":2}]}}}`, `duplicate member name "b" in /provenance/mcp_params/_meta/trace/a/0`},
 		{"two _meta", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k1"},"_meta":{}}`, `duplicate member name "_meta"`},
-		{"invalid UTF-8", "{\"name\":\"echo\",\"_meta\":{\"capkernel/idempotency_key\":\"k\xff\"}}", `invalid UTF-8 in /_meta/capkernel~1idempotency_key`},
+		{"invalid UTF-8", "{\"name\":\"echo\",\"_meta\":{\"capkernel/idempotency_key\":\"k\xff\"}}", `invalid UTF-8 in /provenance/mcp_params/_meta/capkernel~1idempotency_key`},
+		{"key not a string", `{"name":"echo","_meta":{"capkernel/idempotency_key":7}}`, `/idempotency_key`},
+		{"key an object", `{"name":"echo","_meta":{"capkernel/idempotency_key":{"k":"v"}}}`, `/idempotency_key`},
 		{"lone surrogate", `{"name":"echo","_meta":{"note":"\ud800"}}`, `surrogate`},
 	}
 	for _, tc := range tests {
@@ -80,6 +99,10 @@ func TestMetaStrictJSON(t *testing.T) {
 			}
 			if !r.IsError || !strings.HasPrefix(text, kernel.ErrInvalidArgs+": ") || !strings.Contains(text, tc.want) {
 				t.Fatalf("answer %q, want invalid_args naming %s", text, tc.want)
+			}
+			// Refused by the kernel: audited, with a receipt.
+			if r.Meta[MetaReceiptID] == nil || after.Size == before.Size {
+				t.Fatalf("refusal not audited: _meta %v, ledger %d → %d", r.Meta, before.Size, after.Size)
 			}
 		})
 	}

@@ -18,7 +18,7 @@ func TestUpstreamResult(t *testing.T) {
 		t.Fatal("not taken as an upstream result")
 	}
 	b, _ := json.Marshal(r)
-	want := `{"_meta":{"capkernel/ledger_seq":9,"capkernel/operation_id":"op","capkernel/receipt_id":"rc","x":1},"content":[{"type":"image","mimeType":"image/png","data":"iVBORw=="},{"type":"resource_link","uri":"demo://r/1","name":"r1"}],"structuredContent":{"t":22}}`
+	want := `{"_meta":{"capkernel/ledger_seq":9,"capkernel/operation_id":"op","capkernel/receipt_id":"rc","capkernel/replayed":false,"x":1},"content":[{"type":"image","mimeType":"image/png","data":"iVBORw=="},{"type":"resource_link","uri":"demo://r/1","name":"r1"}],"structuredContent":{"t":22}}`
 	if string(b) != want {
 		t.Fatalf("got  %s\nwant %s", b, want)
 	}

@@ -103,6 +103,11 @@ type Decision struct {
 	// NetFull is the optional net_full field: true lets a call use the
 	// "full" network posture (the host's network). Absent means false.
 	NetFull bool `json:"net_full,omitempty"`
+	// SessionConfirm is the optional session_confirm field: true lets the
+	// user of the session that made a soft_gate call decide it through
+	// the agent's own client (MCP elicitation) instead of an approver.
+	// The kernel ignores it for any other mode. Absent means false.
+	SessionConfirm bool `json:"session_confirm,omitempty"`
 }
 
 // Query is the rule the kernel evaluates.
@@ -229,6 +234,13 @@ func decode(v any) (Decision, error) {
 			return Decision{}, fmt.Errorf("policy: net_full %v is not a boolean", nf)
 		}
 		d.NetFull = b
+	}
+	if sc, ok := obj["session_confirm"]; ok {
+		b, isBool := sc.(bool)
+		if !isBool {
+			return Decision{}, fmt.Errorf("policy: session_confirm %v is not a boolean", sc)
+		}
+		d.SessionConfirm = b
 	}
 	for _, b := range basis {
 		s, ok := b.(string)

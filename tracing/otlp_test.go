@@ -169,7 +169,7 @@ func TestOTLPExport(t *testing.T) {
 	// MCP: a client's tools/call with trace context in _meta, through the
 	// gateway's streamable HTTP server.
 	gw := mcpgateway.New(mcpgateway.Config{Invoker: invoker{k}, Token: tok.Token, TokenID: tok.ID, AgentID: "a1", PolicyHash: k.PolicyHash()})
-	msrv := httptest.NewServer(gw.HTTPHandler())
+	msrv := httptest.NewServer(gw.HTTPHandler(mcpgateway.HTTPOptions{}))
 	defer msrv.Close()
 	ctx := context.Background()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: msrv.URL}, nil)

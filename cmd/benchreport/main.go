@@ -5,7 +5,7 @@
 // It builds kernelctl and OPA (the version go.mod pins), serves each on
 // loopback as its own process, and, itself the load generator, asks both
 // the same question at several concurrencies: the kernel a full audited
-// call (token, policy, ledger, signed receipt), OPA's server the bare
+// call (token, policy, ledger, receipt), OPA's server the bare
 // policy decision the kernel makes for that call. Then it runs the
 // in-process benchmarks (go test -bench) for Invoke, durable writes
 // against bare bbolt, the ledger at one million entries and proc.exec
@@ -391,7 +391,7 @@ func (r *report) measureInProcess(benchtime string) error {
 		{"durable writes", "./kernel/", "^BenchmarkInvoke$/^fs.write-1KiB$/^p=(1|32)$", benchtime, nil},
 		{"bare bbolt writes", "./kernel/", "^BenchmarkBaselineBoltPut$/^p=(1|32)$", benchtime, nil},
 		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
-		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^r-root$", "100x", nil},
+		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^(r-root|rw-empty)$", "100x", nil},
 		{"upstream MCP call vs direct", "./kernel/", "^BenchmarkUpstreamEcho$", benchtime, []string{"CAPKERNEL_NPM_TESTS=1"}},
 	}
 	for _, run := range runs {

@@ -17,6 +17,7 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 func demoCmd() *cobra.Command {
@@ -104,7 +105,7 @@ type demoKernel interface {
 	Call(ctx context.Context, envelope []byte) (*kernel.Result, error)
 	Verify(ctx context.Context) (kernel.LedgerCheck, error)
 	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
-	Bundle(ctx context.Context, receiptID string) (*kernel.Bundle, error)
+	Bundle(ctx context.Context, receiptID string) (*receipts.Logged, error)
 	JWKS(ctx context.Context) ([]byte, error)
 	Approvals(ctx context.Context) ([]kernel.ApprovalRequest, error)
 	Decide(ctx context.Context, id, approverToken, decision, reason string) error
@@ -125,7 +126,7 @@ func (l localDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error)
 func (l localDemo) Verify(context.Context) (kernel.LedgerCheck, error) {
 	return l.k.Inspector().Verify(nil)
 }
-func (l localDemo) Bundle(_ context.Context, id string) (*kernel.Bundle, error) {
+func (l localDemo) Bundle(_ context.Context, id string) (*receipts.Logged, error) {
 	return l.k.Inspector().Bundle(id)
 }
 func (l localDemo) JWKS(context.Context) ([]byte, error) { return l.k.JWKS() }
@@ -170,7 +171,7 @@ func (r remoteDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error
 	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP, Credential: e.Token}).Call(ctx, env)
 	return res, err
 }
-func (r remoteDemo) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
+func (r remoteDemo) Bundle(ctx context.Context, id string) (*receipts.Logged, error) {
 	return r.c.Bundle(ctx, id)
 }
 func (r remoteDemo) JWKS(ctx context.Context) ([]byte, error) { return r.c.JWKS(ctx) }
@@ -399,7 +400,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws, where string)
 	if len(rep.Problems) > 0 {
 		return fmt.Errorf("replay verification found %d problems, the first: %s", len(rep.Problems), rep.Problems[0].Detail)
 	}
-	fmt.Fprintf(out, "replays proven: %d keys, %d committed, %d replays, %d receipts matching their entries\n", rep.Keys, rep.Committed, rep.Replays, rep.Receipts)
+	fmt.Fprintf(out, "replays proven: %d keys, %d committed, %d replays, %d calls audited\n", rep.Keys, rep.Committed, rep.Replays, rep.Calls)
 	if fails := s.fails + tight.fails + sub.fails; fails > 0 {
 		return fmt.Errorf("demo: %d calls did not behave as expected", fails)
 	}
@@ -425,28 +426,33 @@ func seedWorkspace(ws string) error {
 	return nil
 }
 
-// showBundle bundles the receipt of r (receipt, audit record, checkpoint,
-// inclusion proof) and verifies it as an outsider would, with the JWKS
-// alone.
+// showBundle verifies the receipt r came with (its audit entry, inclusion
+// proof and the checkpoint of its group commit) as an outsider would, with
+// the JWKS alone, then the same receipt proven under the latest checkpoint.
 func showBundle(ctx context.Context, k demoKernel, out io.Writer, r *kernel.Result) error {
-	b, err := k.Bundle(ctx, r.ReceiptID)
-	if err != nil {
-		return err
-	}
 	jwks, err := k.JWKS(ctx)
 	if err != nil {
 		return err
 	}
-	raw, err := json.Marshal(b)
+	b, err := k.Bundle(ctx, r.ReceiptID)
 	if err != nil {
 		return err
 	}
-	c, err := kernel.VerifyBundle(raw, jwks)
-	if err != nil {
-		return fmt.Errorf("receipt bundle of the write: %w", err)
+	for _, rc := range []struct {
+		what string
+		r    *receipts.Logged
+	}{{"as answered", r.Receipt}, {"proven under the latest checkpoint", b}} {
+		raw, err := json.Marshal(rc.r)
+		if err != nil {
+			return err
+		}
+		c, err := kernel.VerifyBundle(raw, jwks)
+		if err != nil {
+			return fmt.Errorf("receipt of the write (%s): %w", rc.what, err)
+		}
+		fmt.Fprintf(out, "receipt %s of the write, %s: verified offline (audit entry seq %d, inclusion proof of %d hashes, checkpoint of %d entries signed by the kernel's key)\n",
+			c.Receipt.ReceiptID, rc.what, c.Receipt.LedgerSeq, len(rc.r.Inclusion.Proof), c.Checkpoint.Size)
 	}
-	fmt.Fprintf(out, "receipt %s of the write: bundle verified offline (signature, audit record seq %d, inclusion proof of %d hashes in the signed checkpoint of %d entries)\n",
-		c.Receipt.ReceiptID, c.Receipt.LedgerSeq, len(b.Inclusion.Proof), c.Checkpoint.Size)
 	return nil
 }
 

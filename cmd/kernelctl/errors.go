@@ -67,7 +67,7 @@ func errorLine(cmd *cobra.Command, err error) string {
 		msg = unstutter(msg, verb, "")
 	}
 	var ue *usageError
-	if errors.As(err, &ue) && cmd != nil {
+	if errors.As(err, &ue) && cmd != nil && cmd.Name() != "help" {
 		msg += " (see " + cmd.CommandPath() + " --help)"
 	}
 	if verb == "" {
@@ -112,6 +112,22 @@ func unstutter(msg, verb, class string) string {
 		}
 	}
 	return msg
+}
+
+// helpCmd is "kernelctl help [VERB...]": a verb's help, or a usage error
+// for a verb that does not exist (cobra's own prints the usage and exits 0).
+func helpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, rest, err := cmd.Root().Find(args)
+			if err != nil || target == nil || len(rest) > 0 {
+				return usagef("no command %q: kernelctl --help lists them", strings.Join(args, " "))
+			}
+			return target.Help()
+		},
+	}
 }
 
 // requireSubcommand makes every command of the tree under c that only

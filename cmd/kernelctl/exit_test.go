@@ -58,6 +58,8 @@ func TestExitCodes(t *testing.T) {
 		{"unknown flag", []string{"ledger", "verify", "--bogus"}, false, 2, "unknown flag: --bogus"},
 		{"extra argument", []string{"demo", "extra-arg"}, false, 2, `"extra-arg"`},
 		{"version", []string{"--version"}, false, 0, ""},
+		{"help of a verb", []string{"help", "token", "mint"}, false, 0, ""},
+		{"help of no verb", []string{"help", "nosuchverb"}, false, 2, `no command "nosuchverb"`},
 		{"autonomy yolo", append(mint, "--autonomy", "yolo"), true, 2, `cap.autonomy "yolo" is not autopilot`},
 		{"ttl too long", append(mint, "--ttl", "2400h"), true, 2, "--ttl 2400h0m0s is longer than a token may live"},
 		{"unknown budget", append(mint, "--budget", "foo=1"), true, 2, `cap.budgets has unknown key "foo"`},
@@ -70,6 +72,7 @@ func TestExitCodes(t *testing.T) {
 		// Relative paths are relative to the working directory, and the
 		// error names the path as given and as resolved.
 		{"relative policy", []string{"serve", "--data", stopped, "--listen", "127.0.0.1:0", "--policy", "./no-such-bundle"}, false, 2, "--policy ./no-such-bundle (" + cwdAbs(t, "no-such-bundle") + ", from the working directory)"},
+		{"policy hash of no dir", []string{"policy", "hash", "no-such-bundle"}, false, 2, "policy hash: no-such-bundle (" + cwdAbs(t, "no-such-bundle") + ", from the working directory): no such file or directory"},
 		{"mcp off loopback", []string{"mcp", "--data", stopped, "--token", tokFile, "--http", "0.0.0.0:0"}, false, 2, "mcp serves streamable HTTP on loopback only"},
 	}
 	for _, r := range rows {

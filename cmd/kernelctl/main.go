@@ -29,6 +29,7 @@ func main() {
 		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd(), runCmd(), mcpCmd(), workspaceCmd())
 	root.Version = version()
 	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
+	root.SetHelpCommand(helpCmd())
 	requireSubcommand(root)
 	cmd, err := root.ExecuteC()
 	if err == nil {

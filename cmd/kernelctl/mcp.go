@@ -23,6 +23,8 @@ const drainMCP = 30 * time.Second
 func mcpCmd() *cobra.Command {
 	var t target
 	var tokenFile, httpAddr string
+	var progressEvery time.Duration
+	var origins []string
 	cmd := &cobra.Command{
 		Use:   "mcp --data DIR|--server URL --token FILE [--http 127.0.0.1:PORT]",
 		Short: "Serve the syscalls a token may call as an MCP server (stdio, or streamable HTTP)",
@@ -30,9 +32,16 @@ func mcpCmd() *cobra.Command {
 clients over streamable HTTP on a loopback address), the syscalls the token
 may call as MCP tools. Each tools/call is a call envelope under the token:
 the kernel checks, decides, audits and receipts it, and the MCP result holds
-the syscall's result (text and structuredContent) or, with isError, its error
+the syscall's result (its JSON as text, once) or, with isError, its error
 class and message; _meta holds capkernel/receipt_id, capkernel/operation_id
 and capkernel/ledger_seq.
+
+A call that waits (for an approval, or runs long) sends notifications/progress
+every --progress-interval when the client gave a progressToken, so a client that
+resets its request timeout on progress never times out while a human decides.
+
+Over HTTP, a request with an Origin header that is not a loopback origin or
+one given by --allow-origin is answered 403; request bodies are limited to 8 MiB.
 
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
@@ -40,6 +49,14 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := t.check("mcp"); err != nil {
 				return err
+			}
+			if progressEvery < 0 {
+				return &usageError{fmt.Errorf("mcp --progress-interval %s: give a positive duration", progressEvery)}
+			}
+			for _, o := range origins {
+				if err := mcpgateway.ValidOrigin(o); err != nil {
+					return &usageError{fmt.Errorf("mcp --allow-origin: %w", err)}
+				}
 			}
 			if httpAddr != "" {
 				if err := checkListen("--http", httpAddr, false, mcpOffLoopback); err != nil {
@@ -58,7 +75,13 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 				return fmt.Errorf("mcp: %w", err)
 			}
 			cfg := mcpgateway.Config{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash,
-				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1"}
+				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1", ProgressInterval: progressEvery}
+			// The kernel in this process can put a call waiting for
+			// approval to the client's user (elicitation), when the policy
+			// lets the session confirm it; a remote one leaves it to approvers.
+			if ki, ok := ak.invoker.(kernelInvoker); ok {
+				cfg.Confirmer = mcpgateway.ConfirmerOf(ki.k)
+			}
 			if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
 				return fmt.Errorf("mcp: tool definitions: %w", err)
 			}
@@ -66,11 +89,15 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			if httpAddr == "" {
 				return g.ServeStdio(ctx)
 			}
-			return serveMCPHTTP(ctx, cmd, g, httpAddr)
+			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins}), httpAddr)
 		},
 	}
 	t.addTarget(cmd, false)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token whose syscalls are served (- for stdin)")
+	cmd.Flags().DurationVar(&progressEvery, "progress-interval", mcpgateway.DefaultProgressInterval,
+		"how often a waiting call sends notifications/progress to a client that gave a progressToken")
+	cmd.Flags().StringArrayVar(&origins, "allow-origin", nil,
+		"with --http, a browser origin (scheme://host[:port]) allowed besides loopback ones; repeatable")
 	cmd.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this loopback address instead of stdio (port 0 picks one)")
 	cmd.AddCommand(mcpDeclarationsCmd())
 	return cmd
@@ -84,12 +111,12 @@ const mcpOffLoopback = "mcp serves streamable HTTP on loopback only (127.0.0.1:P
 
 // serveMCPHTTP serves g until ctx ends, printing
 // "mcp gateway on http://ADDR/" on stdout when it accepts clients.
-func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, g *mcpgateway.Gateway, addr string) error {
+func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, h http.Handler, addr string) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("mcp: %w", err)
 	}
-	srv := &http.Server{Handler: g.HTTPHandler(), ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
 	fmt.Fprintf(cmd.OutOrStdout(), "mcp gateway on http://%s/\n", ln.Addr())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

@@ -16,16 +16,24 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/mcpgateway"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // mcpSession connects a real SDK client to `kernelctl mcp` over stdio
 // (kernelctl's own process) or, with httpMode, over streamable HTTP.
 func mcpSession(t *testing.T, httpMode bool, args ...string) *mcp.ClientSession {
 	t.Helper()
+	return mcpSessionWith(t, nil, httpMode, args...)
+}
+
+// mcpSessionWith is mcpSession with the client's options.
+func mcpSessionWith(t *testing.T, opts *mcp.ClientOptions, httpMode bool, args ...string) *mcp.ClientSession {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel-test", Version: "1"}, nil)
+	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel-test", Version: "1"}, opts)
 	var tr mcp.Transport
 	if !httpMode {
 		tr = &mcp.CommandTransport{Command: exec.Command(kernelctl, append([]string{"mcp"}, args...)...)}
@@ -108,6 +116,12 @@ func TestMCPGateway(t *testing.T) {
 			if out, stderr, code := run(t, "receipts", "verify", rid, "--server", sv.url, "--admin-token", sv.adminFile); code != 0 {
 				t.Fatalf("receipts verify %s: %s %s", rid, out, stderr)
 			}
+			// The receipt itself rides in _meta and verifies offline.
+			rcpt, _ := json.Marshal(r.Meta[mcpgateway.MetaReceipt])
+			jwksOut, _, _ := run(t, "receipts", "jwks", "--server", sv.url, "--admin-token", sv.adminFile)
+			if p, err := receipts.VerifyLogged(rcpt, []byte(jwksOut)); err != nil || p.Receipt.ReceiptID != rid {
+				t.Fatalf("the receipt in _meta: %v (%s)", err, rcpt)
+			}
 
 			cases := []struct {
 				name  string
@@ -148,11 +162,14 @@ func TestMCPGateway(t *testing.T) {
 					t.Fatalf("fs.write with a derived key: %+v %v", r, err)
 				}
 			}
+			if first.Meta[mcpgateway.MetaReplayed] != false || second.Meta[mcpgateway.MetaReplayed] != true {
+				t.Fatalf("_meta replayed: first %v, repeat %v", first.Meta, second.Meta)
+			}
+			// The result is on the wire once: its JSON as the one text
+			// item, not repeated as structuredContent.
 			var sc map[string]any
-			b, _ := json.Marshal(first.StructuredContent)
-			json.Unmarshal(b, &sc)
-			if sc["path"] != "out.txt" {
-				t.Fatalf("structured content = %s", b)
+			if err := json.Unmarshal([]byte(text(first)), &sc); err != nil || sc["path"] != "out.txt" || len(first.Content) != 1 || first.StructuredContent != nil {
+				t.Fatalf("result: content %q, structuredContent %v", text(first), first.StructuredContent)
 			}
 		})
 	}
@@ -233,5 +250,63 @@ func TestMCPGatewayApproval(t *testing.T) {
 	r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "again:\n"}})
 	if err != nil || !r.IsError || !strings.HasPrefix(text(r), "approval_timeout: ") || resultMeta(r, mcpgateway.MetaReceiptID) == "" {
 		t.Fatalf("undecided gated write: %+v %v (%s)", r, err, text(r))
+	}
+}
+
+// A gated call through `kernelctl mcp --data` sends notifications/progress
+// while it waits for the approver, at --progress-interval, to a client
+// that gave a progress token: rising progress, the client's token, none
+// after the result. The approval comes through the control socket.
+func TestMCPGatewayProgress(t *testing.T) {
+	for _, mode := range []string{"stdio", "http"} {
+		t.Run(mode, func(t *testing.T) {
+			f := newRunFixture(t)
+			aliceFile := filepath.Join(f.dir, "alice.token")
+			os.WriteFile(aliceFile, []byte(mustRun(t, "token", "mint", "--data", f.data, "--agent", "alice", "--approver")), 0o600)
+			progress := make(chan *mcp.ProgressNotificationParams, 100)
+			opts := &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+				progress <- r.Params
+			}}
+			cs := mcpSessionWith(t, opts, mode == "http", "--data", f.data, "--token", f.token, "--progress-interval", "100ms")
+			type answer struct {
+				r   *mcp.CallToolResult
+				err error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "fs.write",
+					Arguments: map[string]any{"path": "Makefile", "content": "approved"}, Meta: mcp.Meta{"progressToken": "tok-1"}})
+				done <- answer{r, err}
+			}()
+			last := 0.0
+			for i := range 3 {
+				select {
+				case p := <-progress:
+					if p.ProgressToken != "tok-1" || p.Progress <= last || !strings.Contains(p.Message, "fs.write") {
+						t.Fatalf("progress %d: %+v after %v", i, p, last)
+					}
+					last = p.Progress
+				case <-time.After(30 * time.Second):
+					t.Fatalf("no progress notification %d while the call waits", i)
+				}
+			}
+			var pending []kernel.ApprovalRequest
+			if err := json.Unmarshal([]byte(mustRun(t, "approvals", "list", "--data", f.data, "--json")), &pending); err != nil || len(pending) != 1 {
+				t.Fatalf("pending approvals %v %v", pending, err)
+			}
+			mustRun(t, "approvals", "approve", pending[0].ID, "--token", aliceFile, "--data", f.data)
+			a := <-done
+			if a.err != nil || a.r.IsError {
+				t.Fatalf("the approved call: %+v %v", a.r, a.err)
+			}
+			// The stop of the sender is waited for: nothing after the result.
+			for len(progress) > 0 {
+				<-progress
+			}
+			time.Sleep(300 * time.Millisecond)
+			if len(progress) != 0 {
+				t.Fatalf("progress after the result: %+v", <-progress)
+			}
+		})
 	}
 }

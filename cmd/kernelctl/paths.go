@@ -5,24 +5,28 @@ import (
 	"path/filepath"
 )
 
-// bundleDir resolves the policy bundle dir given to flag against the
-// working directory, as every relative path on kernelctl's command line
-// is, and checks it is a directory. Its errors name the path as given and
-// as resolved. An empty dir (the default bundle) is returned as it is.
+// bundleDir resolves the policy bundle dir given to flag (a flag name, or
+// "" for an argument) against the working directory, as every relative
+// path on kernelctl's command line is, and checks it is a directory. Its
+// errors name the path as given and as resolved. An empty dir (the default
+// bundle) is returned as it is.
 func bundleDir(flag, dir string) (string, error) {
 	if dir == "" {
 		return "", nil
 	}
+	if flag != "" {
+		flag += " "
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return "", usagef("%s %s: %v", flag, dir, err)
+		return "", usagef("%s%s: %v", flag, dir, err)
 	}
 	fi, err := os.Stat(abs)
 	switch {
 	case err != nil:
-		return "", usagef("%s %s (%s, from the working directory): %v", flag, dir, abs, unwrapPath(err))
+		return "", usagef("%s%s (%s, from the working directory): %v", flag, dir, abs, unwrapPath(err))
 	case !fi.IsDir():
-		return "", usagef("%s %s (%s): not a directory; give the bundle's directory", flag, dir, abs)
+		return "", usagef("%s%s (%s): not a directory; give the bundle's directory", flag, dir, abs)
 	}
 	return abs, nil
 }

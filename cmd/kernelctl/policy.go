@@ -24,7 +24,11 @@ func policyHashCmd() *cobra.Command {
 		Short: "Print the policy_hash of a bundle (the embedded default without DIR)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			h, err := policy.Hash(optArg(args))
+			dir, err := bundleDir("", optArg(args))
+			if err != nil {
+				return err
+			}
+			h, err := policy.Hash(dir)
 			if err != nil {
 				return err
 			}
@@ -92,7 +96,11 @@ func policyTestCmd() *cobra.Command {
 		Short: "Run a bundle's Rego tests (the embedded default without DIR); exit 1 if any fails",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res, err := policy.Test(cmd.Context(), optArg(args))
+			dir, err := bundleDir("", optArg(args))
+			if err != nil {
+				return err
+			}
+			res, err := policy.Test(cmd.Context(), dir)
 			if err != nil {
 				return err
 			}

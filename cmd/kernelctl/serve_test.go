@@ -128,7 +128,7 @@ func (s *server) post(body []byte, header ...string) (int, *kernel.Result) {
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
 		s.t.Fatalf("status %d without a result envelope: %v", resp.StatusCode, err)
 	}
-	if r.Receipt == "" || r.ResultHash == "" || r.OperationID == "" {
+	if r.Receipt == nil || r.ResultHash == "" || r.OperationID == "" {
 		s.t.Fatalf("result envelope without receipt, result_hash or operation_id: %+v", r)
 	}
 	return resp.StatusCode, &r

@@ -16,10 +16,37 @@ class := object.get(input, "side_effect", "")
 # and every finding's reason. No finding means no decision, which the
 # kernel treats as no_go.
 decision := {
-	"autonomy_mode": modes[max([rank[f.mode] | some f in findings])],
+	"autonomy_mode": mode,
 	"risk_score": max([f.risk | some f in findings]),
 	"risk_basis": sort([f.basis | some f in findings]),
 	"net_full": net_full,
+	"session_confirm": session_confirm,
+}
+
+mode := modes[max([rank[f.mode] | some f in findings])]
+
+# session_confirm lets the human at the agent's own client decide a
+# soft_gate call (MCP elicitation: `kernelctl mcp` asks the user through
+# the client) instead of an approver. It is off unless the class is named
+# in data.capkernel.config.confirmation.session (an operator who trusts
+# the client to put the question to a person, not to the agent, opts in),
+# and never for a call any finding escalates or forbids, nor for a write
+# under a sensitive path or a secret, which keep their approver. The
+# kernel also refuses it for anything but a final soft_gate.
+default session_confirm := false
+
+session_confirm if {
+	mode == "soft_gate"
+	object.get(object.get(confirmation, "session", {}), class, false) == true
+	not touches_sensitive
+}
+
+touches_sensitive if {
+	some r in input.resources
+	r.kind == "fs"
+	r.op in {"write", "delete"}
+	some p in fs_paths(r)
+	sensitive_path(p)
 }
 
 # net_full lets proc.exec use the host's network ("full" posture). The

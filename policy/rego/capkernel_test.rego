@@ -221,3 +221,35 @@ test_undeclared_setting_and_per_tool if {
 	mode_with(upstream_call("READ", true), {"per_tool": {"mcp.fs.read_text_file": "auto"}}) == "autopilot"
 	mode_with(upstream_call("READ", true), {"per_tool": {"mcp.fs.other": "auto"}}) == "soft_gate"
 }
+
+session_cfg := object.union(data.capkernel.config, {"confirmation": {"session": {"EXECUTE": true, "WRITE": true}}})
+
+test_session_confirm_off_by_default if {
+	d := decide(call("EXECUTE", []))
+	d.autonomy_mode == "soft_gate"
+	d.session_confirm == false
+}
+
+test_session_confirm_for_opted_in_soft_gate_class if {
+	d := capkernel.decision with input as call("EXECUTE", []) with data.capkernel.config as session_cfg
+	d.autonomy_mode == "soft_gate"
+	d.session_confirm == true
+	n := capkernel.decision with input as call("NETWORK", []) with data.capkernel.config as session_cfg
+	n.autonomy_mode == "soft_gate"
+	n.session_confirm == false
+}
+
+test_session_confirm_never_for_autopilot_escalated_or_sensitive if {
+	auto := capkernel.decision with input as call("WRITE", [fs("write", "notes.txt")]) with data.capkernel.config as session_cfg
+	auto.autonomy_mode == "autopilot"
+	auto.session_confirm == false
+	sens := capkernel.decision with input as call("WRITE", [fs("write", "Makefile")]) with data.capkernel.config as session_cfg
+	sens.autonomy_mode == "soft_gate"
+	sens.session_confirm == false
+	esc := capkernel.decision with input as call("EXECUTE", [{"kind": "fs", "op": "delete", "path": "d", "is_dir": true}]) with data.capkernel.config as session_cfg
+	esc.autonomy_mode == "escalated"
+	esc.session_confirm == false
+	sec := capkernel.decision with input as call("EXECUTE", [fs("read", ".env")]) with data.capkernel.config as session_cfg
+	sec.autonomy_mode == "no_go"
+	sec.session_confirm == false
+}

@@ -1,0 +1,195 @@
+package mcpgateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// sessionPolicy is the default bundle with WRITE calls prompted and
+// confirmable in the session.
+func sessionPolicy(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := "../policy/rego"
+	for _, f := range []string{"capkernel.rego"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), b, 0o644)
+	}
+	var data map[string]any
+	b, _ := os.ReadFile(filepath.Join(src, "data.json"))
+	if err := json.Unmarshal(b, &data); err != nil {
+		t.Fatal(err)
+	}
+	conf := data["capkernel"].(map[string]any)["config"].(map[string]any)["confirmation"].(map[string]any)
+	conf["default"].(map[string]any)["WRITE"] = "prompt"
+	conf["session"] = map[string]any{"WRITE": true}
+	b, _ = json.Marshal(data)
+	os.WriteFile(filepath.Join(dir, "data.json"), b, 0o644)
+	return dir
+}
+
+// A soft_gate call the policy lets the session confirm is put to the
+// user of a client that declares elicitation: the tool, the arguments and
+// the risk basis; "allow" runs it, recorded as the session user's
+// decision (bound to the call, in the events and the audit record);
+// "decline" refuses it. A write under a sensitive path, which the policy
+// keeps for approvers, is never put to the user; nor is any call of a
+// client without the capability.
+func TestElicitationConfirms(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "data")
+	if _, err := kernel.Init(dir); err != nil {
+		t.Fatal(err)
+	}
+	k, err := kernel.Open(ctx, kernel.Config{DataDir: dir, PolicyDir: sessionPolicy(t), ApprovalTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	ws := t.TempDir()
+	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour),
+		Cap: captoken.Capability{Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs, _ := k.Tools(tok, "mcp")
+	cfg := Config{Invoker: kernelInvoker{k}, Token: tok, TokenID: cl.ID, AgentID: "agent-1", PolicyHash: k.PolicyHash(),
+		StdioSession: "sess-1", Confirmer: ConfirmerOf(k)}
+	json.Unmarshal(defs, &cfg.Tools)
+	g := New(cfg)
+
+	var mu sync.Mutex
+	var asked []string
+	answer := "allow"
+	connect := func(elicit bool) *mcp.ClientSession {
+		opts := &mcp.ClientOptions{}
+		if elicit {
+			opts.ElicitationHandler = func(_ context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				asked = append(asked, r.Params.Message)
+				if answer == "decline" {
+					return &mcp.ElicitResult{Action: "decline"}, nil
+				}
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": answer, "reason": "I asked for it"}}, nil
+			}
+		}
+		st, ct := mcp.NewInMemoryTransports()
+		if _, err := g.server.Connect(ctx, idTransport{st}, nil); err != nil {
+			t.Fatal(err)
+		}
+		// The TypeScript SDK's protocol (1.32.2): in-request elicitation.
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	events := k.Subscribe(kernel.EventFilter{Kinds: []string{kernel.EventConfirmationResolved}}, 16)
+	defer events.Close()
+
+	cs := connect(true)
+	r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "notes.txt", "content": "hi"}})
+	if err != nil || r.IsError {
+		t.Fatalf("confirmed write: %v %v", r, err)
+	}
+	if len(asked) != 1 || !strings.Contains(asked[0], "fs.write") || !strings.Contains(asked[0], `"path":"notes.txt"`) || !strings.Contains(asked[0], "write in scope") {
+		t.Fatalf("the question: %q", asked)
+	}
+	e := <-events.C
+	if e.Approval == nil || e.Approval.State != kernel.ApprovalAllowed || e.Approval.Channel != kernel.ChannelSession ||
+		e.Approval.DecidedBy != "session:sess-1" || e.Approval.TokenID != cl.ID || e.Approval.ExpiresAt == "" || e.Approval.PolicyHash != k.PolicyHash() {
+		t.Fatalf("resolved event: %+v", e.Approval)
+	}
+	info, err := k.Inspector().Receipt(r.Meta[MetaReceiptID].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(info); !strings.Contains(string(b), "session:sess-1") || !strings.Contains(string(b), "I asked for it") {
+		t.Fatalf("the audit record lacks the session user's decision: %s", b)
+	}
+
+	answer = "decline"
+	r, _ = cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "other.txt", "content": "x"}})
+	if !r.IsError || !strings.HasPrefix(r.Content[0].(*mcp.TextContent).Text, "approval_denied: ") {
+		t.Fatalf("declined write: %v", r.Content[0])
+	}
+	<-events.C
+
+	// pending waits for the one pending approval.
+	pending := func() kernel.ApprovalRequest {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if p := k.Approvals(false); len(p) == 1 {
+				return p[0]
+			}
+		}
+		t.Fatal("no pending approval")
+		return kernel.ApprovalRequest{}
+	}
+	other, _, err := k.MintToken(captoken.Claims{Subject: "agent-2", Expiry: time.Now().Add(time.Hour), Cap: captoken.Capability{Tools: []string{"fs.write"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Sensitive: the policy keeps it for approvers. The user is never
+	// asked, and the kernel refuses a session decision on it.
+	mu.Lock()
+	n := len(asked)
+	mu.Unlock()
+	done := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, _ := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "x"}})
+		done <- r
+	}()
+	ar := pending()
+	if ar.SessionConfirm {
+		t.Fatalf("a sensitive write is session-confirmable: %+v", ar)
+	}
+	if _, err := k.ConfirmInSession(ar.ID, tok, "sess-1", "allow", ""); !errors.Is(err, kernel.ErrApprovalForbidden) {
+		t.Fatalf("session decision on a sensitive write: %v", err)
+	}
+	r = <-done
+	if !r.IsError || !strings.HasPrefix(r.Content[0].(*mcp.TextContent).Text, "approval_timeout: ") || len(asked) != n {
+		t.Fatalf("sensitive write: %v, asked %d times", r.Content[0], len(asked)-n)
+	}
+	<-events.C
+
+	// A client without elicitation is not asked; the kernel takes a
+	// session decision only from the call's own token and session.
+	plain := connect(false)
+	go func() {
+		// (Both clients are in the one session of a stdio gateway: a key
+		// of its own keeps the call apart from the first client's.)
+		r, _ := plain.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "third.txt", "content": "x"},
+			Meta: mcp.Meta{MetaIdempotencyKey: "plain-1"}})
+		done <- r
+	}()
+	ar = pending()
+	for _, c := range []struct{ token, session string }{{tok, "sess-2"}, {other, "sess-1"}, {tok, ""}} {
+		if _, err := k.ConfirmInSession(ar.ID, c.token, c.session, "allow", ""); !errors.Is(err, kernel.ErrApprovalForbidden) {
+			t.Fatalf("session decision by session %q: %v", c.session, err)
+		}
+	}
+	if _, err := k.ConfirmInSession(ar.ID, tok, "sess-1", "allow", "fine"); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.IsError || len(asked) != n {
+		t.Fatalf("write confirmed by the session: %v, asked %d times", r.Content[0], len(asked)-n)
+	}
+}
