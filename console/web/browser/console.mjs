@@ -91,6 +91,14 @@ async function result(id) {
   }
 }
 
+// expectSoon waits up to 20 s for cond to hold.
+async function expectSoon(cond, what) {
+  for (const end = Date.now() + 20000; !cond(); ) {
+    assert.ok(Date.now() < end, "timed out waiting: " + what);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 // card is the pending approval card of operation id on page: it must
 // appear without a reload, from the live event stream.
 function card(page, id) {
@@ -137,6 +145,34 @@ test("a denied call is refused and writes nothing", async () => {
   assert.equal(r.status, "error");
   assert.equal(r.error.class, "approval_denied");
   assert.notEqual(r.tx_outcome, "committed");
+  await page.close();
+});
+
+test("a list fetched before a live request arrives does not hide it", async () => {
+  const page = await signIn(alice, cfg.alice);
+  // Hold every approvals list the page fetches: each is answered by the
+  // server at once, but delivered only after the call below was shown
+  // live, as a slow network would.
+  let release;
+  const gate = new Promise((r) => (release = r));
+  const held = [];
+  await page.route("**/console/api/approvals?all=true", async (route) => {
+    const resp = await route.fetch();
+    held.push(resp);
+    await gate;
+    await route.fulfill({ response: resp });
+  });
+  await page.reload(); // signs in from the cookie: one list fetch, and one when the event stream opens
+  await expectSoon(() => held.length >= 2, "the page fetched the approvals list twice");
+  const id = await startCall("fs.write", { path: join(cfg.ws, "stale.txt"), content: "stale\n" });
+  await card(page, id).waitFor();
+  const delivered = Promise.all(held.map(() => page.waitForResponse((r) => r.url().endsWith("/console/api/approvals?all=true"))));
+  release();
+  await delivered;
+  await page.evaluate(() => new Promise((r) => setTimeout(r, 200))); // let the page apply them
+  assert.equal(await card(page, id).count(), 1, "the stale list removed the live request");
+  await card(page, id).getByRole("button", { name: "Deny" }).click();
+  await decidedCard(page, id).locator(".state.denied").waitFor();
   await page.close();
 });
 
