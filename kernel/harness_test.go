@@ -207,10 +207,10 @@ func verifyReceipt(t testing.TB, k *Kernel, r *Result) *receipts.Receipt {
 	// The record commits to the result under the salt the caller got, and
 	// to args and a context the kept payload gives: the receipt states
 	// their hashes and the approver's reason once they open.
-	if err := CheckPayload(p.Entry, Payload{Salt: r.AuditSalt, Result: resultCanonical(r)}); err != nil {
+	if err := CheckPayload(p.Entry, Payload{Salt: r.AuditSalt, Result: resultCanonical(r, nil)}); err != nil {
 		t.Fatalf("receipt of %s: %v", r.OperationID, err)
 	}
-	p.Receipt.ResultHash = resultHash(r)
+	p.Receipt.ResultHash = resultHash(r, nil)
 	if err := k.View(func(tx *bbolt.Tx) error {
 		pl, err := getPayload(tx, p.Entry.Seq)
 		if err != nil {

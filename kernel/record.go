@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
 
@@ -101,7 +102,7 @@ func (k *Kernel) internal(c *call, err error) *Result {
 	if c.res.TxOutcome == "" || c.res.TxOutcome == Committed {
 		c.res.TxOutcome = NoOp
 	}
-	c.res.ResultHash = resultHash(&c.res)
+	c.res.ResultHash = resultHash(&c.res, nil)
 	return &c.res
 }
 
@@ -123,7 +124,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		c.salt = NewSalt()
 	}
 	depth := k.depthOf(c.env.ToolID)
-	planned, err := newAuditEntry(c.audit(k), &c.res, c.salt, depth, c.argsCanon)
+	planned, err := newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +144,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 				}
 				if !sameOutcome(&c.res, &plannedRes) {
 					var err error
-					if ae, err = newAuditEntry(c.audit(k), &c.res, c.salt, depth, c.argsCanon); err != nil {
+					if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs); err != nil {
 						return abortIf(err)
 					}
 				}
@@ -328,11 +329,12 @@ type auditEntry struct {
 	payload    []byte
 }
 
-// newAuditEntry completes a with r's result hash and a's commitments
-// under salt to args (canonical) and its private parts, and
-// canonicalizes its public part; depth says what of the payload to keep.
-func newAuditEntry(a *auditRecord, r *Result, salt, depth string, args []byte) (*auditEntry, error) {
-	res := resultCanonical(r)
+// newAuditEntry completes a with r's result hash (canon: see
+// resultCanonical) and a's commitments under salt to args (canonical) and
+// its private parts, and canonicalizes its public part; depth says what of
+// the payload to keep.
+func newAuditEntry(a *auditRecord, r *Result, canon []byte, salt, depth string, args []byte) (*auditEntry, error) {
+	res := resultCanonical(r, canon)
 	a.ResultHash = digest.Sum(res)
 	s, err := a.seal(salt, depth, args, res)
 	if err != nil {
@@ -377,13 +379,50 @@ func sameOutcome(a, b *Result) bool {
 }
 
 // resultHash is the digest of the canonical {"status","result"} or
-// {"status","error"} object of r (see docs/formats.md).
-func resultHash(r *Result) string { return digest.Sum(resultCanonical(r)) }
+// {"status","error"} object of r (see docs/formats.md); canon, if not
+// nil, is the canonical form of r.Result, which execute made when it
+// checked the result.
+func resultHash(r *Result, canon []byte) string { return digest.Sum(resultCanonical(r, canon)) }
 
 // resultCanonical is the canonical {"status","result"} or
-// {"status","error"} object of r: what result_hash hashes and the audit
-// record's result commitment commits to.
-func resultCanonical(r *Result) []byte {
+// {"status","error"} object of r — what result_hash hashes and the audit
+// record's result commitment commits to — written in canonical form
+// directly (canon as for resultHash).
+func resultCanonical(r *Result, canon []byte) []byte {
+	if r.Error != nil && (!utf8.ValidString(r.Error.Class) || !utf8.ValidString(r.Error.Message)) {
+		// encoding/json's replacement of invalid UTF-8 decides the bytes.
+		return resultMarshalled(r)
+	}
+	b := make([]byte, 0, 96+len(canon))
+	if r.Error != nil {
+		b = append(b, `{"error":{"class":`...)
+		b = jcs.AppendString(b, r.Error.Class)
+		b = append(b, `,"message":`...)
+		b = jcs.AppendString(b, r.Error.Message)
+		b = append(b, `},"status":`...)
+	} else {
+		switch {
+		case canon != nil:
+		case r.Result == nil:
+			canon = []byte("null")
+		default:
+			var err error
+			if canon, err = jcs.Canonicalize(r.Result); err != nil {
+				return resultMarshalled(r)
+			}
+		}
+		b = append(b, `{"result":`...)
+		b = append(b, canon...)
+		b = append(b, `,"status":`...)
+	}
+	b = jcs.AppendString(b, r.Status)
+	return append(b, '}')
+}
+
+// resultMarshalled is resultCanonical by encoding/json and RFC 8785
+// canonicalization, for the results resultCanonical does not write
+// itself.
+func resultMarshalled(r *Result) []byte {
 	v := map[string]any{"status": r.Status}
 	if r.Error != nil {
 		v["error"] = r.Error
@@ -409,7 +448,7 @@ func (c *call) recoveryContext() json.RawMessage {
 		AutonomyMode: c.res.AutonomyMode, RequestedMode: c.env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
 		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
-		RecoverySalt: c.recoverySalt(), RecoveryArgs: c.argsCanon,
+		RecoverySalt: c.recoverySalt(), RecoveryArgs: c.canonArgs,
 	})
 	return b
 }
@@ -438,7 +477,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		salt = NewSalt() // an intent written before commitments
 	}
 	r.AuditSalt = salt
-	ae, err := newAuditEntry(&a, r, salt, k.depthOf(a.ToolID), args)
+	ae, err := newAuditEntry(&a, r, nil, salt, k.depthOf(a.ToolID), args)
 	if err != nil {
 		return err
 	}
