@@ -7,14 +7,14 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet hygiene rego-test unit-test fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium
+.PHONY: build test vet hygiene rego-test unit-test fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium mcp-ts-deps
 
 build: console
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
 ## test: go vet, repository hygiene, the race-enabled unit tests, the
 ## console's build check and browser tests, the Rego tests, short fuzz runs
-test: bwrap vet hygiene console-check console-test unit-test rego-test fuzz
+test: bwrap vet hygiene console-check console-test mcp-ts-deps unit-test rego-test fuzz
 
 ## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
 ## with socat, which the sandbox tests use, so every sandbox test runs
@@ -49,6 +49,15 @@ console-test: console-deps chromium
 	cd console/web && node --test test/
 
 export CAPKERNEL_BROWSER_TESTS := 1
+
+## mcp-ts-deps: the official MCP TypeScript SDK (pinned in
+## mcpgateway/testdata/tsclient/package-lock.json), a second real client of
+## kernelctl mcp beside the Go SDK; CAPKERNEL_MCP_TS_TESTS=1 makes its tests
+## fail instead of skip when it is missing
+mcp-ts-deps: console-deps
+	@cd mcpgateway/testdata/tsclient && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
+
+export CAPKERNEL_MCP_TS_TESTS := 1
 
 vet:
 	$(GO) vet $(PKGS)
