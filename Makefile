@@ -96,9 +96,10 @@ fuzz:
 
 ## bench: the Go benchmarks (Invoke against bare bbolt measured in the same
 ## run, policy, ledger, receipts, tokens, JCS, strict JSON against
-## encoding/json); make bench-report for the side-by-side report over HTTP
+## encoding/json, echo through the MCP gateway against the HTTP API);
+## make bench-report for the side-by-side report over HTTP
 bench:
-	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/ ./mcpgateway/
 
 ## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
 ## durable writes against bare bbolt, the ledger at 1M entries and proc.exec
