@@ -7,20 +7,32 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet hygiene rego-test unit-test fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium mcp-ts-deps
+.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium strace chaos browser-test mcp-ts-deps
 
 build: console
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
 ## test: go vet, repository hygiene, the race-enabled unit tests, the
 ## console's build check and browser tests, the Rego tests, short fuzz runs
-test: bwrap vet hygiene console-check console-test mcp-ts-deps unit-test rego-test fuzz
+test: bwrap strace vet hygiene console-check console-test upstream-deps mcp-ts-deps unit-test rego-test fuzz
 
 ## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
 ## with socat, which the sandbox tests use, so every sandbox test runs
 bwrap:
 	@command -v bwrap >/dev/null && command -v socat >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap socat >/dev/null; }
 	@command -v bwrap >/dev/null || { echo "bubblewrap is required: apt-get install -y bubblewrap"; exit 1; }
+
+## strace: the fault-injection suite (internal/chaos) runs kernelctl serve
+## under strace -e inject=…; install it (Debian) when missing
+strace:
+	@command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace >/dev/null; }
+
+## chaos: the long fault-injection campaign (EIO/ENOSPC on fdatasync,
+## pwrite64, syncfs, renameat and write at varying points; make test runs
+## a short one); prints the fault cases, acknowledged calls, lost /
+## duplicated / contradicted counts and the exit and restart times
+chaos: strace
+	$(GO) test -count=1 -timeout 60m -v -run '^TestChaos$$' ./internal/chaos/ -args -chaos.long
 
 ## console: the web console's embedded assets (console/assets), built from
 ## console/web by esbuild; the built files are committed so that a plain
@@ -49,12 +61,21 @@ console-test: console-deps chromium
 	cd console/web && node --test test/
 
 export CAPKERNEL_BROWSER_TESTS := 1
+# Test artifacts (the console's screenshots) go here, outside the tree.
+export CAPKERNEL_TEST_ARTIFACTS ?= $(or $(TMPDIR),/tmp)/capkernel-test-artifacts
+
+## browser-test: only the console's browser tests (Playwright driving
+## Chromium, console/web/browser/console.mjs); screenshots in
+## $(CAPKERNEL_TEST_ARTIFACTS)/console
+browser-test: console-deps chromium
+	$(GO) test -count=1 -run '^TestBrowser$$' -v ./console/
 
 ## mcp-ts-deps: the official MCP TypeScript SDK (pinned in
 ## mcpgateway/testdata/tsclient/package-lock.json), a second real client of
 ## kernelctl mcp beside the Go SDK; CAPKERNEL_MCP_TS_TESTS=1 makes its tests
 ## fail instead of skip when it is missing
-mcp-ts-deps: console-deps
+mcp-ts-deps:
+	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
 	@cd mcpgateway/testdata/tsclient && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
 
 export CAPKERNEL_MCP_TS_TESTS := 1
@@ -62,6 +83,14 @@ export CAPKERNEL_MCP_TS_TESTS := 1
 vet:
 	$(GO) vet $(PKGS)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+## upstream-deps: the official MCP reference servers the upstream tests run
+## as real upstreams (pinned in upstream/testdata/npm/package-lock.json)
+upstream-deps:
+	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
+	@cd upstream/testdata/npm && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
+
+export CAPKERNEL_NPM_TESTS := 1
 
 unit-test:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
@@ -98,14 +127,14 @@ fuzz:
 ## run, policy, ledger, receipts, tokens, JCS, strict JSON against
 ## encoding/json, echo through the MCP gateway against the HTTP API);
 ## make bench-report for the side-by-side report over HTTP
-bench:
+bench: upstream-deps
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/ ./mcpgateway/
 
 ## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
 ## durable writes against bare bbolt, the ledger at 1M entries and proc.exec
 ## against bare bwrap, side by side in one run; writes docs/benchmarks.md and
 ## docs/benchmarks.svg (about 5 minutes)
-bench-report: bwrap
+bench-report: bwrap upstream-deps
 	$(GO) run ./cmd/benchreport
 
 ## demo: a scripted agent session through the kernel on a temporary data dir

@@ -49,8 +49,20 @@ func execArgv(t *T, ctx context.Context, argv []string, timeout int, edit func(m
 	if timeout > 0 {
 		args["timeout_s"] = timeout
 	}
-	body := t.env.envelope(t.Full("a"), "proc.exec", args, edit)
+	op := newUUID()
+	body := t.env.envelope(t.Full("a"), "proc.exec", args, func(m map[string]any) {
+		m["operation_id"] = op
+		if edit != nil {
+			edit(m)
+		}
+		if id, ok := m["operation_id"].(string); ok {
+			op = id // the case's own
+		}
+	})
+	// The default policy holds proc.exec for an approval: allow it.
+	stop := t.autoDecide(op, "allow")
 	status, b, err := t.env.do(ctx, http.MethodPost, "/v1/syscalls", "", body)
+	stop()
 	t.addEvidence(Evidence{Label: "call", Request: "POST /v1/syscalls " + shorten(t.env.redact(string(body))), Status: status, Response: shorten(t.env.redact(string(b)))})
 	if err != nil {
 		return nil, err
@@ -233,77 +245,4 @@ func errorCases() []Case {
 			}
 		}),
 	}
-}
-
-// pendingApproval is an entry of GET /v1/approvals.
-type pendingApproval struct {
-	ID           string `json:"approval_id"`
-	OperationID  string `json:"operation_id"`
-	RequiredRole string `json:"required_role"`
-	State        string `json:"state"`
-}
-
-// decideGated makes a call that waits for an approval, finds its request in
-// GET /v1/approvals, decides it ("allow" or "deny") with a fresh approver
-// token of the role the request names, and returns the call's answer.
-func decideGated(t *T, tok *Token, tool string, args map[string]any, edit func(map[string]any), decision string) *Resp {
-	op := newUUID()
-	done := make(chan *Resp, 1)
-	go func() {
-		defer func() { recover() }()
-		done <- t.Call(tok, tool, args, func(m map[string]any) {
-			m["operation_id"] = op
-			if edit != nil {
-				edit(m)
-			}
-		})
-	}()
-	var req pendingApproval
-	for deadline := time.Now().Add(20 * time.Second); req.ID == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		var list struct {
-			Approvals []pendingApproval `json:"approvals"`
-		}
-		status, b, _ := t.env.do(t.ctx, http.MethodGet, "/v1/approvals", t.Admin(), nil)
-		if status == http.StatusOK && json.Unmarshal(b, &list) == nil {
-			for _, a := range list.Approvals {
-				if a.OperationID == op {
-					req = a
-				}
-			}
-		}
-	}
-	if req.ID == "" {
-		t.Failf("the gated call never appeared in GET /v1/approvals")
-	}
-	approver := t.Mint("approver", TokenRequest{Role: req.RequiredRole})
-	body, _ := json.Marshal(map[string]string{"decision": decision, "reason": "conformance"})
-	if status, _ := t.Do("POST", "/v1/approvals/"+req.ID, approver.Token, body); status != http.StatusOK {
-		t.Failf("POST /v1/approvals/%s (%s): %d", req.ID, decision, status)
-	}
-	if status, _ := t.Do("POST", "/v1/approvals/"+req.ID, approver.Token, body); status != http.StatusConflict {
-		t.Failf("a second decision on %s: %d, want 409", req.ID, status)
-	}
-	select {
-	case r := <-done:
-		return r
-	case <-time.After(30 * time.Second):
-		t.Failf("the call did not end after its approval was decided")
-	}
-	return nil
-}
-
-// approvalTimeout leaves a gated call undecided until the endpoint gives
-// up on it.
-func approvalTimeout(t *T) {
-	if !approvalsAPI(t) {
-		t.Skipf("no approval API (GET /v1/approvals is 404): a gated call is refused at once (approval_denied), it never waits, so it cannot time out")
-	}
-	ctx, cancel := context.WithTimeout(t.ctx, 55*time.Second)
-	defer cancel()
-	tok := t.Mint("gated-timeout", TokenRequest{Tools: []string{"echo"}, Autonomy: "soft_gate"})
-	status, r, err := t.env.rawCall(ctx, t.env.envelope(tok, "echo", map[string]any{"text": "x"}, nil))
-	if err != nil {
-		t.Skipf("the endpoint's approval timeout is longer than this case's 55 s budget: %v", err)
-	}
-	t.ExpectClass(&Resp{Status: status, R: r}, "approval_timeout")
 }

@@ -36,7 +36,7 @@ func mk(id, group, clause, title string, fn func(*T)) Case {
 func writeRefused(t *T, tok *Token, edit func(map[string]any), classes ...string) *Resp {
 	dir := t.Dir()
 	path := dir + "/refused.txt"
-	r := t.Call(tok, "fs.write", map[string]any{"path": path, "content": "must not exist"}, func(m map[string]any) {
+	r := heldCall(t, tok, "fs.write", map[string]any{"path": path, "content": "must not exist"}, func(m map[string]any) {
 		m["idempotency_key"] = t.Key("w")
 		if edit != nil {
 			edit(m)
@@ -352,7 +352,7 @@ func delegationCases() []Case {
 		}),
 		c("TOOL01-INV-DELEGATION-004", "requesting autopilot does not loosen a soft_gate decision (default policy: writing Makefile)", func(t *T) {
 			t.NeedWorkspace()
-			r := t.Call(t.Full("a"), "fs.write", map[string]any{"path": "Makefile", "content": "all:\n"}, func(m map[string]any) {
+			r := heldCall(t, t.Full("a"), "fs.write", map[string]any{"path": "Makefile", "content": "all:\n"}, func(m map[string]any) {
 				m["idempotency_key"] = t.Key("w")
 				m["autonomy_mode"] = "autopilot"
 			})
@@ -367,7 +367,7 @@ func delegationCases() []Case {
 		c("TOOL01-INV-DELEGATION-005", "an escalated decision (default policy: deleting a directory) is refused without an approval; the directory stays", func(t *T) {
 			dir := t.Dir()
 			t.WriteFile(dir+"/tree/leaf.txt", "leaf")
-			r := t.Call(t.Full("a"), "fs.delete", map[string]any{"path": dir + "/tree"}, func(m map[string]any) { m["idempotency_key"] = t.Key("d") })
+			r := heldCall(t, t.Full("a"), "fs.delete", map[string]any{"path": dir + "/tree"}, func(m map[string]any) { m["idempotency_key"] = t.Key("d") })
 			t.ExpectRefused(r, gated...)
 			if r.R.AutonomyMode != "escalated" && r.R.AutonomyMode != "no_go" {
 				t.Failf("autonomy_mode %q, want escalated", r.R.AutonomyMode)
@@ -397,7 +397,7 @@ func delegationCases() []Case {
 			dir := t.Dir()
 			t.WriteFile(dir+"/private.txt", "held-back-content")
 			tok := t.Mint("ceiling-r", TokenRequest{Tools: []string{"*"}, FS: []FSRoot{{Path: t.env.ws, Mode: "r"}}, Autonomy: "soft_gate"})
-			r := t.Call(tok, "fs.read", map[string]any{"path": dir + "/private.txt"}, nil)
+			r := heldCall(t, tok, "fs.read", map[string]any{"path": dir + "/private.txt"}, nil)
 			t.ExpectRefused(r, gated...)
 			if strings.Contains(string(r.Body), "held-back-content") {
 				t.Failf("the gated read returned the content")

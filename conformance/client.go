@@ -63,7 +63,7 @@ type Result struct {
 	TxOutcome       string          `json:"tx_outcome"`
 	CommitDeltaID   string          `json:"commit_delta_id"`
 	ReceiptID       string          `json:"receipt_id"`
-	Receipt         string          `json:"receipt"`
+	Receipt         json.RawMessage `json:"receipt"` // a receipt proven by the log (docs/formats.md)
 	Replayed        *bool           `json:"replayed"`
 
 	raw map[string]json.RawMessage

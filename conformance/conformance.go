@@ -57,7 +57,33 @@ type Config struct {
 	Run *regexp.Regexp
 	// HTTP is the client used; nil means one with a 2-minute timeout.
 	HTTP *http.Client
+	// Started, if not nil, is called once setup found the endpoint usable,
+	// before the first case, with what the run will do.
+	Started func(Plan)
+	// Done, if not nil, is called with each case's result as it ends.
+	Done func(CaseResult)
 }
+
+// Plan is what a run will do, known once setup has probed the endpoint.
+type Plan struct {
+	// Cases is how many cases will run.
+	Cases int `json:"cases"`
+	// Estimate is about how long they take against a kernel on this host.
+	Estimate time.Duration `json:"estimate_ns"`
+	// Workspace is the run's directory, which the kernel must see.
+	Workspace string `json:"workspace"`
+	// ApprovalTimeout is how long the endpoint holds a gated call for a
+	// decision (0: it has no approval API).
+	ApprovalTimeout time.Duration `json:"approval_timeout_ns"`
+	// Notes say what the endpoint lacks and which cases will skip for it.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// perCase is about how long an ordinary case takes against a kernel on
+// this host (a few calls, each audited and signed, and the ledger reads
+// that check them): 153 cases took 12.5 s on a loaded 2-core machine,
+// with margin.
+const perCase = 150 * time.Millisecond
 
 // Status is the outcome of one case.
 type Status string
@@ -164,14 +190,23 @@ func Run(ctx context.Context, cfg Config) (rep Report) {
 	if env.tmp != "" {
 		defer os.RemoveAll(env.tmp)
 	}
+	var cases []Case
 	for _, c := range Cases() {
-		if cfg.Run != nil && !cfg.Run.MatchString(c.ID) {
-			continue
+		if cfg.Run == nil || cfg.Run.MatchString(c.ID) {
+			cases = append(cases, c)
 		}
+	}
+	if cfg.Started != nil {
+		cfg.Started(env.plan(cases))
+	}
+	for _, c := range cases {
 		if ctx.Err() != nil {
 			break
 		}
 		res := runCase(ctx, env, c)
+		if cfg.Done != nil {
+			cfg.Done(res)
+		}
 		switch res.Status {
 		case Pass:
 			rep.Passed++
@@ -279,9 +314,12 @@ type env struct {
 	tools      map[string]bool // syscalls the endpoint lists for a "*" token
 	wsVisible  bool
 	wsProblem  string
-	mu         sync.Mutex
-	tokens     map[string]*Token
-	jwks       map[string]ed25519.PublicKey
+	// approvalTimeout is how long the endpoint holds a gated call for a
+	// decision (0: no approval API, or not measured).
+	approvalTimeout time.Duration
+	mu              sync.Mutex
+	tokens          map[string]*Token
+	jwks            map[string]ed25519.PublicKey
 }
 
 // setup checks the endpoint can be used and prepares what the cases
@@ -372,7 +410,39 @@ func prepare(ctx context.Context, cfg Config) (*env, error) {
 	default:
 		e.wsProblem = fmt.Sprintf("the kernel cannot read the workspace %s (fs.read answered %d %s): run the kernel on this host or pass a directory it sees at the same path", e.ws, status, res.errClass())
 	}
+	if e.approvalTimeout, err = e.probeApprovalTimeout(ctx); err != nil {
+		return e, fmt.Errorf("conformance: measuring the approval timeout: %w", err)
+	}
 	return e, nil
+}
+
+// timeoutCases are the cases that wait out the endpoint's approval
+// timeout (see approvalTimeout).
+var timeoutCases = map[string]bool{"DESIGN-ERR-012": true, "SEED002-CONFIRM-002": true}
+
+// plan says what running cases against e will do.
+func (e *env) plan(cases []Case) Plan {
+	p := Plan{Cases: len(cases), Workspace: e.ws, ApprovalTimeout: e.approvalTimeout}
+	waits := 0
+	for _, c := range cases {
+		p.Estimate += perCase
+		if timeoutCases[c.ID] {
+			waits++
+		}
+	}
+	switch {
+	case waits == 0:
+	case e.approvalTimeout == 0:
+		p.Notes = append(p.Notes, "the endpoint has no approval API: the approval cases check that gated calls fail closed")
+	case e.approvalTimeout > maxApprovalWait:
+		p.Notes = append(p.Notes, fmt.Sprintf("the endpoint's approval timeout is %s: the %d approval_timeout case(s) skip (they wait at most %s; kernelctl serve --approval-timeout 3s runs them)", e.approvalTimeout, waits, maxApprovalWait))
+	default:
+		p.Estimate += time.Duration(waits) * e.approvalTimeout
+	}
+	if !e.wsVisible {
+		p.Notes = append(p.Notes, "the file cases skip: "+e.wsProblem)
+	}
+	return p
 }
 
 // agent returns a run-unique agent id.

@@ -19,9 +19,10 @@ import (
 )
 
 // The suite's own receipt verification against the receipts package's
-// golden vector: the JWS verifies with the JWKS, and not once altered.
-func TestVerifyJWSGolden(t *testing.T) {
-	jws, err := os.ReadFile("../receipts/testdata/receipt.jws")
+// golden vector: the receipt proven by the log verifies with the JWKS
+// alone, and not once altered.
+func TestVerifyReceiptGolden(t *testing.T) {
+	raw, err := os.ReadFile("../receipts/testdata/logged.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,19 +34,28 @@ func TestVerifyJWSGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := strings.TrimSpace(string(jws))
-	payload, err := verifyJWS(tok, keys)
-	if err != nil || !bytes.Contains(payload, []byte(`"receipt_id"`)) {
+	if e, err := verifyLogged(raw, keys); err != nil || e.Kind != "audit" {
 		t.Fatalf("golden receipt: %v", err)
 	}
-	parts := strings.Split(tok, ".")
-	for name, bad := range map[string]string{
-		"signature flipped": parts[0] + "." + parts[1] + "." + flip(parts[2]),
-		"payload flipped":   parts[0] + "." + flip(parts[1]) + "." + parts[2],
-		"two parts":         parts[0] + "." + parts[1],
-		"alg none":          b64([]byte(`{"alg":"none"}`)) + "." + parts[1] + ".",
+	var l LoggedReceipt
+	if err := json.Unmarshal(raw, &l); err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(l *LoggedReceipt){
+		"entry changed":      func(l *LoggedReceipt) { l.Entry = strings.Replace(l.Entry, `"echo"`, `"fs.read"`, 1) },
+		"checkpoint changed": func(l *LoggedReceipt) { l.Checkpoint = strings.Replace(l.Checkpoint, "\n5\n", "\n4\n", 1) },
+		"signature flipped": func(l *LoggedReceipt) {
+			n := len(l.Checkpoint) - 30
+			l.Checkpoint = l.Checkpoint[:n] + flip(l.Checkpoint[n:])
+		},
+		"proof hash changed": func(l *LoggedReceipt) { l.Inclusion.Proof[0] = l.Inclusion.LeafHash },
+		"other leaf":         func(l *LoggedReceipt) { l.Inclusion.LeafIndex++ },
 	} {
-		if _, err := verifyJWS(bad, keys); err == nil {
+		m := l
+		m.Inclusion.Proof = append([]string(nil), l.Inclusion.Proof...)
+		edit(&m)
+		b, _ := json.Marshal(m)
+		if _, err := verifyLogged(b, keys); err == nil {
 			t.Errorf("%s: verified", name)
 		}
 	}
@@ -145,7 +155,7 @@ func TestSuiteDetectsViolations(t *testing.T) {
 		{
 			name: "no receipts",
 			rewrite: func(status int, body []byte) (int, []byte) {
-				return status, regexp.MustCompile(`"receipt":"[^"]*",`).ReplaceAll(body, nil)
+				return status, regexp.MustCompile(`"receipt":\{"format":"[^"]*","entry":"(?:[^"\\]|\\.)*","inclusion":\{[^}]*\},"checkpoint":"(?:[^"\\]|\\.)*"\},`).ReplaceAll(body, nil)
 			},
 			run:      "AUDIT-001|RCPT-002|ENV-001",
 			mustFail: []string{"TOOL01-INV-AUDIT-001", "DESIGN-RCPT-002", "TOOL01-ENV-001"},

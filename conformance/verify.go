@@ -127,8 +127,8 @@ func envelopeProblem(r *Result) error {
 		return fmt.Errorf("error class %q is not in DESIGN.md's closed enum", r.Error.Class)
 	case r.Status == "error" && r.TxOutcome == "committed":
 		return errors.New("an error result reports committed")
-	case r.Receipt == "":
-		return errors.New("no receipt")
+	case len(r.Receipt) == 0 || r.Receipt[0] != '{':
+		return errors.New("no receipt object")
 	}
 	if r.StateSnapshotID != "" && !snapshotRE.MatchString(r.StateSnapshotID) {
 		return fmt.Errorf("state_snapshot_id %q is not <seq>:blake3:<hex>", r.StateSnapshotID)
@@ -232,9 +232,10 @@ func thumbprint(x string) string {
 	return base64.RawURLEncoding.EncodeToString(s[:])
 }
 
-// Receipt is a receipt's payload (docs/formats.md).
+// Receipt is what a receipt attests (docs/formats.md): the fields of the
+// audit entry it proves, and the entry's place in the ledger.
 type Receipt struct {
-	ReceiptID         string   `json:"receipt_id"`
+	ReceiptID         string   `json:"-"`
 	OperationID       string   `json:"operation_id"`
 	ToolID            string   `json:"tool_id"`
 	AgentID           string   `json:"agent_id"`
@@ -247,57 +248,63 @@ type Receipt struct {
 	AutonomyMode      string   `json:"autonomy_mode"`
 	RiskScore         *float64 `json:"risk_score"`
 	ErrorClass        string   `json:"error_class"`
-	LedgerSeq         *uint64  `json:"ledger_seq"`
-	LedgerEntryHash   string   `json:"ledger_entry_hash"`
-	IssuedAt          string   `json:"issued_at"`
+	LedgerSeq         *uint64  `json:"-"`
+	LedgerEntryHash   string   `json:"-"`
+	IssuedAt          string   `json:"-"`
 }
 
-// verifyJWS checks a compact JWS with an EdDSA header whose kid names a
-// key of keys, and returns its payload.
-func verifyJWS(jws string, keys map[string]ed25519.PublicKey) ([]byte, error) {
-	parts := strings.Split(jws, ".")
-	if len(parts) != 3 {
-		return nil, fmt.Errorf("not a compact JWS (%d parts)", len(parts))
+// LoggedReceipt is a receipt proven by the log (capkernel-receipt/v2).
+type LoggedReceipt struct {
+	Format     string         `json:"format"`
+	Entry      string         `json:"entry"`
+	Inclusion  InclusionProof `json:"inclusion"`
+	Checkpoint string         `json:"checkpoint"`
+}
+
+// verifyLogged checks a receipt proven by the log with the JWKS keys
+// alone: the exact members, the entry's canonical bytes and hash, the
+// checkpoint's signature by a published key, and the inclusion proof.
+func verifyLogged(raw []byte, keys map[string]ed25519.PublicKey) (ledger.Entry, error) {
+	var l LoggedReceipt
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil {
+		return ledger.Entry{}, err
 	}
-	hb, err1 := base64.RawURLEncoding.DecodeString(parts[0])
-	pb, err2 := base64.RawURLEncoding.DecodeString(parts[1])
-	sig, err3 := base64.RawURLEncoding.DecodeString(parts[2])
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return nil, fmt.Errorf("not base64url: %v", err)
+	if l.Format != "capkernel-receipt/v2" {
+		return ledger.Entry{}, fmt.Errorf("format %q, want capkernel-receipt/v2", l.Format)
 	}
-	var h struct {
-		Alg string `json:"alg"`
-		Kid string `json:"kid"`
-		Typ string `json:"typ"`
+	e, err := ledger.ParseEntry([]byte(l.Entry))
+	if err != nil {
+		return e, err
 	}
-	if err := json.Unmarshal(hb, &h); err != nil {
-		return nil, fmt.Errorf("header: %v", err)
+	if e.Kind != "audit" {
+		return e, fmt.Errorf("the receipt's entry %d is of kind %q, want audit", e.Seq, e.Kind)
 	}
-	if h.Alg != "EdDSA" {
-		return nil, fmt.Errorf("alg %q, want EdDSA", h.Alg)
+	c, _, err := openNote(l.Checkpoint, keys)
+	if err != nil {
+		return e, fmt.Errorf("checkpoint: %v", err)
 	}
-	key, ok := keys[h.Kid]
-	if !ok {
-		return nil, fmt.Errorf("kid %q is not in the JWKS", h.Kid)
+	if err := verifyInclusion(l.Inclusion, Entry{Seq: e.Seq, Hash: e.Hash}, c); err != nil {
+		return e, fmt.Errorf("inclusion: %v", err)
 	}
-	if !ed25519.Verify(key, []byte(parts[0]+"."+parts[1]), sig) {
-		return nil, errors.New("signature does not verify with the JWKS key")
-	}
-	return pb, nil
+	return e, nil
 }
 
 // VerifyReceipt checks r's receipt against the JWKS and its fields against
-// the result envelope, and returns it.
+// the result envelope, and returns what it attests.
 func (t *T) VerifyReceipt(r *Resp) *Receipt {
-	payload, err := verifyJWS(r.R.Receipt, t.JWKS())
+	e, err := verifyLogged(r.R.Receipt, t.JWKS())
 	if err != nil {
 		t.Failf("receipt: %v", err)
 	}
 	var rc Receipt
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	if err := dec.Decode(&rc); err != nil {
-		t.Failf("receipt payload: %v", err)
+	if err := json.Unmarshal(e.Body, &rc); err != nil {
+		t.Failf("receipt's audit entry: %v", err)
 	}
+	seq := e.Seq
+	rc.ReceiptID = fmt.Sprintf("r%d-%s", e.Seq, strings.TrimPrefix(e.Hash, "blake3:")[:16])
+	rc.LedgerSeq, rc.LedgerEntryHash, rc.IssuedAt = &seq, e.Hash, e.Time
 	res := r.R
 	var diffs []string
 	cmp := func(name, got, want string) {
@@ -321,11 +328,11 @@ func (t *T) VerifyReceipt(r *Resp) *Receipt {
 	}
 	// An envelope that could not be decoded has no args to hash.
 	argsOK := hashRE.MatchString(rc.ArgsHash) || (rc.ArgsHash == "" && res.ToolID == "")
-	if rc.LedgerSeq == nil || !hashRE.MatchString(rc.LedgerEntryHash) || !argsOK || !hashRE.MatchString(rc.PolicyHash) || rc.IssuedAt == "" || rc.ReceiptID == "" {
-		diffs = append(diffs, "ledger_seq, ledger_entry_hash, args_hash, policy_hash, issued_at or receipt_id missing or malformed")
+	if !argsOK || !hashRE.MatchString(rc.PolicyHash) {
+		diffs = append(diffs, "args_hash or policy_hash missing or malformed")
 	}
 	if len(diffs) > 0 {
-		t.Failf("receipt payload disagrees with the result envelope: %s", strings.Join(diffs, "; "))
+		t.Failf("receipt disagrees with the result envelope: %s", strings.Join(diffs, "; "))
 	}
 	return &rc
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // Client calls the API of a running kernel.
@@ -271,8 +272,8 @@ func (c *Client) Export(ctx context.Context, w io.Writer) error {
 }
 
 // Bundle returns the offline-verifiable bundle of receipt id.
-func (c *Client) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
-	var out kernel.Bundle
+func (c *Client) Bundle(ctx context.Context, id string) (*receipts.Logged, error) {
+	var out receipts.Logged
 	if err := c.do(ctx, http.MethodGet, "/v1/receipts/"+url.PathEscape(id)+"/bundle", nil, &out); err != nil {
 		return nil, err
 	}
@@ -418,6 +419,12 @@ func (c *Client) Decide(ctx context.Context, id, decision, reason string) (kerne
 // ends or fn returns an error. dropped, if set, is told the total of
 // events lost so far whenever the kernel reports a loss.
 func (c *Client) Events(ctx context.Context, f kernel.EventFilter, fn func(kernel.Event) error, dropped func(uint64)) error {
+	return c.Follow(ctx, f, nil, fn, dropped)
+}
+
+// Follow is Events that calls ready, if not nil, once the stream is open:
+// every event the kernel emits from then on reaches fn.
+func (c *Client) Follow(ctx context.Context, f kernel.EventFilter, ready func(), fn func(kernel.Event) error, dropped func(uint64)) error {
 	q := url.Values{}
 	if f.SessionID != "" {
 		q.Set("session", f.SessionID)
@@ -445,6 +452,10 @@ func (c *Client) Events(ctx context.Context, f kernel.EventFilter, fn func(kerne
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return apiError(resp.StatusCode, data)
+	}
+	// The server subscribes before it sends the header.
+	if ready != nil {
+		ready()
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)

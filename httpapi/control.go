@@ -54,7 +54,7 @@ func (s *Server) who(w http.ResponseWriter, r *http.Request) (caller, bool) {
 		if s.isAdmin(cred) {
 			return caller{admin: true}, true
 		}
-		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is wrong")
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, msgWrongAdmin)
 		return caller{}, false
 	}
 	tok, ok := s.capability(w, r)

@@ -33,6 +33,7 @@ import (
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/tracing"
 )
 
 // Limits of the API.
@@ -134,7 +135,7 @@ func StatusOf(class string) int {
 func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	limit := s.k.MaxEnvelopeBytes()
 	data, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	ctx := r.Context()
+	ctx := tracing.FromHTTP(r) // a traceparent header parents the call's span
 	var res *kernel.Result
 	status := 0
 	switch {
@@ -388,10 +389,30 @@ func (s *Server) revoke(w http.ResponseWriter, r *http.Request) {
 
 // TokenInspection is the answer of POST /v1/tokens/inspect.
 type TokenInspection struct {
-	Valid  bool             `json:"valid"`
-	Reason string           `json:"reason,omitempty"` // why not, when not valid
-	Class  string           `json:"class,omitempty"`  // token_invalid or token_revoked
-	Claims *captoken.Claims `json:"claims,omitempty"`
+	Valid  bool        `json:"valid"`
+	Reason string      `json:"reason,omitempty"` // why not, when not valid
+	Class  string      `json:"class,omitempty"`  // token_invalid or token_revoked
+	Claims *WireClaims `json:"claims,omitempty"`
+}
+
+// WireClaims are a token's claims under the names the token itself
+// carries (RFC 7519 iss, sub, aud, jti, iat, nbf, exp in Unix seconds, and
+// cap), so that an inspection reads like the token's payload.
+type WireClaims struct {
+	Issuer    string              `json:"iss"`
+	Subject   string              `json:"sub"`
+	Audience  string              `json:"aud"`
+	ID        string              `json:"jti"`
+	IssuedAt  int64               `json:"iat"`
+	NotBefore int64               `json:"nbf"`
+	Expiry    int64               `json:"exp"`
+	Cap       captoken.Capability `json:"cap"`
+}
+
+// WireClaimsOf returns c under its wire names.
+func WireClaimsOf(c captoken.Claims) *WireClaims {
+	return &WireClaims{Issuer: c.Issuer, Subject: c.Subject, Audience: c.Audience, ID: c.ID,
+		IssuedAt: c.IssuedAt.Unix(), NotBefore: c.NotBefore.Unix(), Expiry: c.Expiry.Unix(), Cap: c.Cap}
 }
 
 // InspectRequest is the body of POST /v1/tokens/inspect.
@@ -412,14 +433,10 @@ func (s *Server) inspectToken(w http.ResponseWriter, r *http.Request) {
 func Inspect(k *kernel.Kernel, token string) TokenInspection {
 	tok, err := k.VerifyBearer(token)
 	if err != nil {
-		class := kernel.ErrTokenInvalid
-		var te *captoken.Error
-		if errors.As(err, &te) {
-			class = te.Code
-		}
-		return TokenInspection{Reason: err.Error(), Class: class}
+		class, reason := tokenRefusal(err)
+		return TokenInspection{Reason: reason, Class: class}
 	}
-	return TokenInspection{Valid: true, Claims: &tok.Claims}
+	return TokenInspection{Valid: true, Claims: WireClaimsOf(tok.Claims)}
 }
 
 func (s *Server) verifyLedger(w http.ResponseWriter, _ *http.Request) {
@@ -529,16 +546,10 @@ func (s *Server) replayShow(w http.ResponseWriter, r *http.Request) {
 // credential; capability tokens are refused.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		cred := bearer(r)
-		switch {
-		case cred == "":
-			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "this endpoint needs the admin credential as a bearer token")
-		case !strings.HasPrefix(cred, kernel.AdminPrefix):
-			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "capability tokens cannot use admin endpoints")
-		case !s.isAdmin(cred):
-			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is wrong")
-		default:
+		if cred := bearer(r); s.isAdmin(cred) {
 			h(w, r)
+		} else {
+			writeAdminRefusal(w, cred)
 		}
 	}
 }
@@ -547,8 +558,16 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 // capability token of this kernel.
 func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.isAdmin(bearer(r)) {
+		cred := bearer(r)
+		switch {
+		case s.isAdmin(cred):
 			h(w, r)
+			return
+		case cred == "":
+			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "this endpoint needs a bearer credential: the admin credential or a capability token of this kernel")
+			return
+		case strings.HasPrefix(cred, kernel.AdminPrefix):
+			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, msgWrongAdmin)
 			return
 		}
 		if _, ok := s.capability(w, r); ok {
@@ -566,20 +585,26 @@ func (s *Server) capability(w http.ResponseWriter, r *http.Request) (*captoken.T
 		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "send a capability token: Authorization: Bearer <token>")
 		return nil, false
 	case strings.HasPrefix(cred, kernel.AdminPrefix):
-		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is not a capability token")
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "the admin credential is not a capability token: send the agent's capability token")
 		return nil, false
 	}
 	tok, err := s.k.VerifyBearer(cred)
 	if err != nil {
-		class := kernel.ErrTokenInvalid
-		var te *captoken.Error
-		if errors.As(err, &te) {
-			class = te.Code
-		}
-		writeError(w, http.StatusUnauthorized, class, err.Error())
+		class, reason := tokenRefusal(err)
+		writeError(w, http.StatusUnauthorized, class, "the bearer capability token: "+reason)
 		return nil, false
 	}
 	return tok, true
+}
+
+// tokenRefusal returns the error class of a token that does not verify
+// and the reason alone, without the class repeated in front of it.
+func tokenRefusal(err error) (class, reason string) {
+	var te *captoken.Error
+	if errors.As(err, &te) {
+		return te.Code, te.Reason
+	}
+	return kernel.ErrTokenInvalid, err.Error()
 }
 
 // bearer returns the credential of an "Authorization: Bearer" header.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
-	"github.com/capkernel/capkernel/receipts"
 )
 
 // approver mints an approver token of role for person.
@@ -74,10 +73,9 @@ func TestApprovalAllowDenyTimeout(t *testing.T) {
 	if audit.ApprovalID != a.ID || audit.ApprovedBy != "alice" || audit.ApprovalReason != "looks right" || audit.ApprovalState != ApprovalAllowed {
 		t.Fatalf("audit record: %+v", audit)
 	}
-	jwks, _ := h.k.JWKS()
-	rc, err := receipts.Verify(r.Receipt, jwks)
-	if err != nil || rc.ApprovalID != a.ID || rc.ApprovedBy != "alice" || rc.ApprovalReason != "looks right" {
-		t.Fatalf("receipt %+v, %v", rc, err)
+	rc := verifyReceipt(t, h.k, r)
+	if rc.ApprovalID != a.ID || rc.ApprovedBy != "alice" || rc.ApprovalReason != "looks right" {
+		t.Fatalf("receipt %+v", rc)
 	}
 
 	// deny: nothing happens.

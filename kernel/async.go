@@ -63,6 +63,7 @@ type operations struct {
 // the one asked for belongs to the call in flight) or ErrTooManyBackground.
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
+	c.caller = ctx // the call runs on its own context; the caller's values still identify it
 	if c.env.OperationID == "" {
 		c.env.OperationID = newID()
 	}

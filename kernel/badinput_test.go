@@ -62,7 +62,7 @@ func TestBadInput(t *testing.T) {
 			if errClass(r) != tc.class || r.Status != StatusError || r.TxOutcome != NoOp {
 				t.Fatalf("got %q %s %s, want %q error no_op (%+v)", errClass(r), r.Status, r.TxOutcome, tc.class, r.Error)
 			}
-			if r.Receipt == "" || r.ResultHash == "" {
+			if r.Receipt == nil || r.ResultHash == "" {
 				t.Fatal("refusal without receipt or result hash")
 			}
 			if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != tc.class {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +44,50 @@ func runParallel(b *testing.B, p int, op func(i int64)) {
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
+}
+
+// sequencerStats is what the process and the store have done so far.
+type sequencerStats struct {
+	cpu        time.Duration // user + system CPU of the process
+	serial     time.Duration // the kernel's functions on the sequencer (onSequencer)
+	bolt       time.Duration // bbolt's commit work on the sequencer: spill and rebalance
+	pageWrites int64         // page writes of bbolt commits
+	commits    int64         // group commits
+}
+
+func (h *harness) sequencerStats(b *testing.B) sequencerStats {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	s := sequencerStats{
+		cpu:    time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		serial: time.Duration(h.k.serial.Load()), commits: h.k.commits.Load(),
+	}
+	h.k.db.View(func(tx *bbolt.Tx) error {
+		st := tx.DB().Stats().TxStats
+		s.bolt = st.GetSpillTime() + st.GetRebalanceTime()
+		s.pageWrites = st.GetWrite()
+		return nil
+	})
+	return s
+}
+
+func (s sequencerStats) since(o sequencerStats) sequencerStats {
+	return sequencerStats{s.cpu - o.cpu, s.serial - o.serial, s.bolt - o.bolt, s.pageWrites - o.pageWrites, s.commits - o.commits}
+}
+
+// report adds per-call metrics: CPU (all goroutines: what a call costs the
+// machine, whatever else runs on it), serial time on the sequencer (which
+// caps throughput at 1/serial on any number of cores), bbolt page writes,
+// and fdatasyncs (bbolt syncs twice per commit: the pages, then the meta
+// page).
+func (s sequencerStats) report(b *testing.B) {
+	n := float64(b.N)
+	b.ReportMetric(float64(s.cpu.Microseconds())/n, "cpu-µs/call")
+	b.ReportMetric(float64((s.serial+s.bolt).Nanoseconds())/1e3/n, "serial-µs/call")
+	b.ReportMetric(float64(s.pageWrites)/n, "pages/call")
+	b.ReportMetric(2*float64(s.commits)/n, "fsyncs/call")
 }
 
 func BenchmarkBaselineBoltPut(b *testing.B) {
@@ -90,11 +135,13 @@ func BenchmarkInvoke(b *testing.B) {
 					envs[i] = c.env(h, int64(i))
 				}
 				b.ReportAllocs()
+				before := h.sequencerStats(b)
 				runParallel(b, p, func(i int64) {
 					if r := h.k.Invoke(context.Background(), envs[i]); r.Status != StatusOK {
 						b.Errorf("%s: %+v", c.name, r.Error)
 					}
 				})
+				h.sequencerStats(b).since(before).report(b)
 			})
 		}
 	}

@@ -27,12 +27,14 @@ import (
 var bucketStable = []byte("stable_checkpoints")
 
 // afterBatch signs and stores a checkpoint of the ledger when the batch
-// appended to it.
+// appended to it; the audit entries the batch appended are proven under
+// it (ledger.Batch), which makes their receipts.
 func (k *Kernel) afterBatch(tx *bbolt.Tx) error {
+	defer k.onSequencer(time.Now())
 	if tx.Bucket(bucketStable) == nil {
 		return nil // the ledger's buckets are created in the first batch, by load
 	}
-	_, err := ledger.WriteCheckpoint(tx, k.cpSigner, k.settings.KernelID)
+	_, err := k.lw.Checkpoint(tx, k.cpSigner, k.settings.KernelID)
 	return err
 }
 

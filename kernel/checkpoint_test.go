@@ -257,16 +257,19 @@ func TestProofsAgainstCheckpoints(t *testing.T) {
 	}
 }
 
-// A bundle verifies with the JWKS alone, and every part of it is bound: a
-// change anywhere is refused.
+// A receipt verifies with the JWKS alone, and every part of it is bound:
+// a change anywhere is refused.
 func TestBundle(t *testing.T) {
 	h := newHarness(t)
 	r := h.invoke("fs.write", map[string]any{"path": "a.txt", "content": "hello"}, key("b1"))
 	mustOK(t, r)
-	h.burst(9)
+	h.burst(20)
 	b, err := h.k.Inspector().Bundle(r.ReceiptID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b.Entry != r.Receipt.Entry || b.Inclusion.LeafIndex != r.LedgerSeq || b.Inclusion.TreeSize <= r.Receipt.Inclusion.TreeSize {
+		t.Fatalf("bundle %+v is not the call's receipt %+v under a later checkpoint", b, r.Receipt)
 	}
 	jwks, _ := h.k.JWKS()
 	raw, _ := json.Marshal(b)
@@ -281,50 +284,51 @@ func TestBundle(t *testing.T) {
 	_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
 	otherJWKS, _ := receipts.JWKS(otherKey.Public().(ed25519.PublicKey))
 	otherSigner, _ := ledger.NewCheckpointSigner(h.k.ID(), otherKey)
-	var other Bundle
-	mustJSON(t, raw, &other)
 	otherSigned, _ := ledger.SignCheckpoint(otherSigner, c.Checkpoint)
 	neighbour, _ := h.k.Inspector().Bundle(h.k.Inspector().mustReceiptAt(t, r.LedgerSeq+10))
 
 	tests := []struct {
 		name   string
-		mutate func(b *Bundle) []byte
+		mutate func(b *receipts.Logged) []byte
 		jwks   []byte
 	}{
 		{"another kernel's JWKS", nil, otherJWKS},
-		{"receipt signature byte", func(b *Bundle) []byte { b.Receipt = flipLast(b.Receipt); return nil }, jwks},
-		{"entry body changed", func(b *Bundle) []byte {
+		{"entry body changed", func(b *receipts.Logged) []byte {
 			b.Entry = strings.Replace(b.Entry, `"tool_id":"fs.write"`, `"tool_id":"fs.read"`, 1)
 			return nil
 		}, jwks},
-		{"entry of another call", func(b *Bundle) []byte { b.Entry = neighbour.Entry; return nil }, jwks},
-		{"checkpoint signed by another key", func(b *Bundle) []byte { b.Checkpoint = string(otherSigned); return nil }, jwks},
-		{"checkpoint root changed", func(b *Bundle) []byte {
+		{"entry of another call", func(b *receipts.Logged) []byte { b.Entry = neighbour.Entry; return nil }, jwks},
+		{"checkpoint signed by another key", func(b *receipts.Logged) []byte { b.Checkpoint = string(otherSigned); return nil }, jwks},
+		{"checkpoint root changed", func(b *receipts.Logged) []byte {
 			cp := c.Checkpoint
 			cp.Root[3] ^= 1
 			b.Checkpoint = strings.Replace(b.Checkpoint, base64.StdEncoding.EncodeToString(c.Checkpoint.Root[:]), base64.StdEncoding.EncodeToString(cp.Root[:]), 1)
 			return nil
 		}, jwks},
-		{"proof hash changed", func(b *Bundle) []byte {
+		{"proof hash changed", func(b *receipts.Logged) []byte {
 			b.Inclusion.Proof[0] = digest.Sum([]byte("x"))
 			return nil
 		}, jwks},
-		{"proof of another entry", func(b *Bundle) []byte { b.Inclusion = neighbour.Inclusion; return nil }, jwks},
-		{"proof for another tree size", func(b *Bundle) []byte { b.Inclusion.TreeSize--; return nil }, jwks},
-		{"proof with a hash too many", func(b *Bundle) []byte {
+		{"proof of another entry", func(b *receipts.Logged) []byte { b.Inclusion = neighbour.Inclusion; return nil }, jwks},
+		{"proof for another tree size", func(b *receipts.Logged) []byte { b.Inclusion.TreeSize--; return nil }, jwks},
+		{"proof with a hash too many", func(b *receipts.Logged) []byte {
 			b.Inclusion.Proof = append(b.Inclusion.Proof, b.Inclusion.Proof[0])
 			return nil
 		}, jwks},
-		{"unknown format", func(b *Bundle) []byte { b.Format = "capkernel-receipt-bundle/v0"; return nil }, jwks},
-		{"unknown field", func(b *Bundle) []byte {
+		{"unknown format", func(b *receipts.Logged) []byte { b.Format = "capkernel-receipt/v0"; return nil }, jwks},
+		{"unknown field", func(b *receipts.Logged) []byte {
 			out, _ := json.Marshal(b)
 			return append(out[:len(out)-1], []byte(`,"extra":1}`)...)
 		}, jwks},
-		{"not JSON", func(*Bundle) []byte { return []byte("receipt") }, jwks},
+		{"duplicate field", func(b *receipts.Logged) []byte {
+			out, _ := json.Marshal(b)
+			return append([]byte(`{"entry":"{}",`), out[1:]...)
+		}, jwks},
+		{"not JSON", func(*receipts.Logged) []byte { return []byte("receipt") }, jwks},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var m Bundle
+			var m receipts.Logged
 			mustJSON(t, raw, &m)
 			in := raw
 			if tc.mutate != nil {
@@ -335,9 +339,39 @@ func TestBundle(t *testing.T) {
 				}
 			}
 			if _, err := VerifyBundle(in, tc.jwks); err == nil {
-				t.Fatal("a damaged bundle verified")
+				t.Fatal("a damaged receipt verified")
 			}
 		})
+	}
+}
+
+// A bundle of format v1 (a JWS receipt with its entry, checkpoint and
+// proof), as kernels that signed every receipt made them, still verifies;
+// a changed JWS does not.
+func TestBundleV1(t *testing.T) {
+	h := newHarness(t)
+	r := h.invoke("echo", map[string]any{"text": "hi"})
+	mustOK(t, r)
+	key, err := LoadKey(filepath.Join(h.data, ReceiptKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := verifyReceipt(t, h.k, r)
+	rc.ReceiptID = "0194a0a4-7c00-7000-8000-000000000003"
+	jws, err := receipts.NewSigner(key).Sign(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := Bundle{Format: BundleFormat, Receipt: jws, Entry: r.Receipt.Entry, Checkpoint: r.Receipt.Checkpoint, Inclusion: r.Receipt.Inclusion}
+	raw, _ := json.Marshal(b)
+	jwks, _ := h.k.JWKS()
+	if c, err := VerifyBundle(raw, jwks); err != nil || c.Receipt.ReceiptID != rc.ReceiptID {
+		t.Fatalf("VerifyBundle(v1) = %+v, %v", c, err)
+	}
+	b.Receipt = flipLast(b.Receipt)
+	raw, _ = json.Marshal(b)
+	if _, err := VerifyBundle(raw, jwks); err == nil {
+		t.Fatal("a v1 bundle with a damaged JWS verified")
 	}
 }
 

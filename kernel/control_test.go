@@ -205,7 +205,7 @@ func TestStartAndOperation(t *testing.T) {
 	if !ok || st.State != OpAwaitingApproval || st.Approval == nil || st.Approval.ID != e.Approval.ID {
 		t.Fatalf("status while waiting: %+v", st)
 	}
-	if _, refused, err := h.k.Start(context.Background(), raw); !errors.Is(err, ErrOperationInUse) || refused == nil || refused.OperationID == id || refused.Receipt == "" {
+	if _, refused, err := h.k.Start(context.Background(), raw); !errors.Is(err, ErrOperationInUse) || refused == nil || refused.OperationID == id || refused.Receipt == nil {
 		t.Fatalf("a second call with the operation id in flight: %v, %+v", err, refused)
 	}
 	h.k.Decide(e.Approval.ID, h.approver("alice", captoken.RoleApprover), "allow", "")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/capkernel/capkernel/jcs"
+	"github.com/capkernel/capkernel/receipts"
 	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -33,25 +34,36 @@ type Envelope struct {
 
 // Result is a result envelope (docs/http.md).
 type Result struct {
-	ToolID          string          `json:"tool_id"`
-	AgentID         string          `json:"agent_id"`
-	OperationID     string          `json:"operation_id"`
-	StateSnapshotID string          `json:"state_snapshot_id"`
-	Status          string          `json:"status"`
-	Result          json.RawMessage `json:"result,omitempty"`
-	Error           *Error          `json:"error,omitempty"`
-	ResultHash      string          `json:"result_hash"`
-	Provenance      json.RawMessage `json:"provenance,omitempty"`
-	TaskClass       string          `json:"task_class,omitempty"`
-	AutonomyMode    string          `json:"autonomy_mode"`
-	RiskScore       float64         `json:"risk_score"`
-	RiskBasis       []string        `json:"risk_basis"`
-	TxOutcome       string          `json:"tx_outcome"`
-	CommitDeltaID   string          `json:"commit_delta_id,omitempty"`
-	ReceiptID       string          `json:"receipt_id,omitempty"`
-	Receipt         string          `json:"receipt,omitempty"`
-	LedgerSeq       uint64          `json:"ledger_seq"`
-	Replayed        bool            `json:"replayed"`
+	ToolID          string           `json:"tool_id"`
+	AgentID         string           `json:"agent_id"`
+	OperationID     string           `json:"operation_id"`
+	StateSnapshotID string           `json:"state_snapshot_id"`
+	Status          string           `json:"status"`
+	Result          json.RawMessage  `json:"result,omitempty"`
+	Error           *Error           `json:"error,omitempty"`
+	ResultHash      string           `json:"result_hash"`
+	Provenance      json.RawMessage  `json:"provenance,omitempty"`
+	TaskClass       string           `json:"task_class,omitempty"`
+	AutonomyMode    string           `json:"autonomy_mode"`
+	RiskScore       float64          `json:"risk_score"`
+	RiskBasis       []string         `json:"risk_basis"`
+	TxOutcome       string           `json:"tx_outcome"`
+	CommitDeltaID   string           `json:"commit_delta_id,omitempty"`
+	ReceiptID       string           `json:"receipt_id,omitempty"`
+	Receipt         *receipts.Logged `json:"receipt,omitempty"` // the call's audit entry proven by the log; absent from stored envelopes
+	LedgerSeq       uint64           `json:"ledger_seq"`
+	Replayed        bool             `json:"replayed"`
+}
+
+// decodeStored decodes a stored result envelope into r. Envelopes stored
+// by kernels that signed a JWS receipt per call carry it as a string; it
+// is dropped (the receipt of the call is its audit entry, provenReceipt).
+func decodeStored(b []byte, r *Result) error {
+	aux := struct {
+		*Result
+		Receipt json.RawMessage `json:"receipt,omitempty"`
+	}{Result: r}
+	return json.Unmarshal(b, &aux)
 }
 
 // Error is the error of a result envelope.

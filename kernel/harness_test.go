@@ -12,6 +12,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // harness is a real kernel on a real data dir in t.TempDir(), with a
@@ -176,4 +177,24 @@ func mustVerify(t testing.TB, in *Inspector) LedgerCheck {
 		t.Fatalf("ledger verification: %+v, %v", c, err)
 	}
 	return c
+}
+
+// verifyReceipt checks r's receipt offline, as a third party would (the
+// JSON of the result envelope's receipt and the kernel's JWKS), and
+// returns what it attests.
+func verifyReceipt(t testing.TB, k *Kernel, r *Result) *receipts.Receipt {
+	t.Helper()
+	jwks, err := k.JWKS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(r.Receipt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := receipts.VerifyLogged(raw, jwks)
+	if err != nil {
+		t.Fatalf("receipt of %s does not verify: %v", r.OperationID, err)
+	}
+	return p.Receipt
 }

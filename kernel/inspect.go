@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -41,7 +42,7 @@ type Inspector struct {
 
 // Inspector returns an Inspector over k's live database.
 func (k *Kernel) Inspector() *Inspector {
-	return &Inspector{view: k.db.View, receiptKey: k.signer.Public(), origin: k.settings.KernelID, close: func() error { return nil }}
+	return &Inspector{view: k.db.View, receiptKey: k.receiptPub, origin: k.settings.KernelID, close: func() error { return nil }}
 }
 
 // OpenInspector opens the data dir of a kernel that is not running, its
@@ -144,14 +145,20 @@ func (i *Inspector) Operation(id string) (json.RawMessage, error) {
 
 // ReceiptInfo is a receipt as the ledger holds it.
 type ReceiptInfo struct {
-	ReceiptID   string            `json:"receipt_id"`
-	OperationID string            `json:"operation_id"`
-	Seq         uint64            `json:"seq"` // of the receipt's own ledger entry
-	JWS         string            `json:"jws"`
-	Receipt     *receipts.Receipt `json:"receipt"` // the decoded payload, not verified
+	ReceiptID   string `json:"receipt_id"`
+	OperationID string `json:"operation_id"`
+	// Seq is the seq of the audit entry, which is the receipt (format v2);
+	// for a JWS receipt (format v1, older ledgers) it is the seq of the
+	// receipt's own entry.
+	Seq uint64 `json:"seq"`
+	// JWS is the signed receipt, for format v1 only.
+	JWS string `json:"jws,omitempty"`
+	// Receipt is what the receipt says: for v2, read from the audit entry
+	// (receipts.Summarize); for v1, the JWS payload, not verified.
+	Receipt *receipts.Receipt `json:"receipt"`
 }
 
-// receiptInfo reads the receipt entry e.
+// receiptInfo reads the JWS receipt entry e (format v1).
 func receiptInfo(e ledger.Entry) (*ReceiptInfo, error) {
 	var b receiptBody
 	if err := json.Unmarshal(e.Body, &b); err != nil {
@@ -164,22 +171,58 @@ func receiptInfo(e ledger.Entry) (*ReceiptInfo, error) {
 	return &ReceiptInfo{ReceiptID: b.ReceiptID, OperationID: b.OperationID, Seq: e.Seq, JWS: b.JWS, Receipt: r}, nil
 }
 
-// Receipt returns the receipt with id receipt_id.
+// auditInfo reads the audit entry e as its receipt (format v2).
+func auditInfo(e ledger.Entry) (*ReceiptInfo, error) {
+	r, err := receipts.Summarize(e)
+	if err != nil {
+		return nil, err
+	}
+	return &ReceiptInfo{ReceiptID: r.ReceiptID, OperationID: r.OperationID, Seq: e.Seq, Receipt: r}, nil
+}
+
+// Receipt returns the receipt with id receipt_id: an audit entry's
+// (receipts.ID), or a JWS receipt of an older ledger by its UUID.
 func (i *Inspector) Receipt(id string) (*ReceiptInfo, error) {
 	var info *ReceiptInfo
 	err := i.view(func(tx *bbolt.Tx) error {
-		v := tx.Bucket(bucketReceipts).Get([]byte(id))
-		if len(v) != 8 {
-			return fmt.Errorf("receipt %q: %w", id, ErrNotFound)
-		}
-		e, err := ledger.Get(tx, binary.BigEndian.Uint64(v))
+		e, err := receiptEntry(tx, id)
 		if err != nil {
 			return err
 		}
-		info, err = receiptInfo(e)
+		if e.Kind == ledger.KindAudit {
+			info, err = auditInfo(e)
+		} else {
+			info, err = receiptInfo(e)
+		}
 		return err
 	})
 	return info, err
+}
+
+// receiptEntry returns the entry of receipt id: the audit entry it names,
+// or a JWS receipt's own entry.
+func receiptEntry(tx *bbolt.Tx, id string) (ledger.Entry, error) {
+	notFound := fmt.Errorf("receipt %q: %w", id, ErrNotFound)
+	if seq, prefix, ok := receipts.ParseID(id); ok {
+		e, err := ledger.Get(tx, seq)
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+			return e, notFound
+		case err != nil:
+			return e, err
+		case e.Kind != ledger.KindAudit || !strings.HasPrefix(e.Hash, prefix):
+			return e, notFound
+		}
+		return e, nil
+	}
+	var v []byte
+	if b := tx.Bucket(bucketReceipts); b != nil {
+		v = b.Get([]byte(id))
+	}
+	if len(v) != 8 {
+		return ledger.Entry{}, notFound
+	}
+	return ledger.Get(tx, binary.BigEndian.Uint64(v))
 }
 
 // ReceiptFilter selects receipts; zero fields match everything.
@@ -231,11 +274,14 @@ func (i *Inspector) Receipts(f ReceiptFilter) ([]ReceiptInfo, error) {
 	if f.After > 0 {
 		from = f.After + 1
 	}
+	// Every audit entry is its call's receipt; the JWS receipt entries of
+	// older ledgers repeat what their audit entries say, so they are not
+	// listed again.
 	err := i.Scan(from, func(e ledger.Entry) error {
-		if e.Kind != ledger.KindReceipt {
+		if e.Kind != ledger.KindAudit {
 			return nil
 		}
-		info, err := receiptInfo(e)
+		info, err := auditInfo(e)
 		if err != nil {
 			return err
 		}

@@ -51,7 +51,9 @@ type call struct {
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
-	obs    *observation // stage clock, when the kernel has an Observer (observe.go)
+	obs    *observation    // stage clock, when the kernel has an Observer (observe.go)
+	up     *upstreamCall   // an upstream MCP tool's declared resources (declared.go)
+	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -59,6 +61,7 @@ type call struct {
 // invalid_args results, audited like any other call.
 func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 	c, class, msg := k.decode(data)
+	c.caller = ctx
 	if class != "" {
 		return k.publishResult(c, k.deny(ctx, c, class, msg))
 	}
@@ -70,7 +73,7 @@ func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 // result with an error class, and every call — allowed, denied or
 // malformed — leaves an audit record and a receipt in the ledger.
 func (k *Kernel) Invoke(ctx context.Context, env *Envelope) *Result {
-	c := &call{start: k.cfg.Now(), env: env}
+	c := &call{start: k.cfg.Now(), env: env, caller: ctx}
 	return k.publishResult(c, k.invoke(ctx, c))
 }
 
@@ -101,6 +104,9 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	env := c.env
 	k.observe(c)
+	if err := k.db.Err(); err != nil {
+		return k.stopped(c, err) // failstop.go: nothing runs once durability failed
+	}
 	// 1. The envelope's own fields.
 	if err := k.checkEnvelope(c); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
@@ -161,6 +167,9 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	}
 	// 5. Resources, inside the token's scopes.
 	resources, err := k.resolve(c)
+	if err == nil {
+		err = k.resolveDeclared(ctx, c)
+	}
 	if err != nil {
 		var se *syscalls.ScopeError
 		if errors.As(err, &se) {
@@ -451,6 +460,7 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 			in.Network = &policy.Network{Posture: c.grant.Network, Patterns: append([]string{}, c.token.Claims.Cap.Net...)}
 		}
 	}
+	c.up.addTo(in)
 	return in
 }
 
@@ -491,7 +501,7 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return nil
 	}
 	var orig Result
-	if err := json.Unmarshal(stored, &orig); err != nil {
+	if err := decodeStored(stored, &orig); err != nil {
 		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
 	}
 	c.replayOf = orig.OperationID
@@ -503,6 +513,14 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return k.internal(c, err)
 	}
 	orig.Replayed = true
+	// The original's receipt: its audit entry, proven under the latest
+	// checkpoint.
+	if err := k.db.View(func(tx *bbolt.Tx) (err error) {
+		orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq)
+		return err
+	}); err != nil {
+		return k.internal(c, err)
+	}
 	return &orig
 }
 
@@ -579,6 +597,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 			kvKeys = append(kvKeys, "kv:"+r.Rel)
 		}
 	}
+	fsKeys = append(fsKeys, c.up.lockKeys()...)
 	var wsDirs []txn.StageDir
 	if c.grant != nil && c.reach.Workspace {
 		// The call may write anywhere in its rw roots: each is locked
@@ -622,6 +641,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
 		var err error
 		replay, err = prep.Run(tx)
 		return err
@@ -650,7 +670,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if class == "" {
 		// Staged files must be durable before the commit is.
 		if err := k.syncer.Sync(stage.Roots()...); err != nil {
-			class, msg = ErrInternal, "making staged files durable: "+err.Error()
+			// The intent stays prepared: the next start rolls it back.
+			return k.stopped(c, k.failStop("syncfs (making staged files durable) of", rootNames(stage), err))
 		}
 	}
 	in.Used = c.usage()
@@ -697,24 +718,22 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	})
 	c.lap(StageLedger)
 	if err != nil {
-		stage.Discard()
-		return k.internal(c, err)
+		return k.recordFailed(done, c, in, stage, err)
 	}
 	if !committed {
 		stage.Discard()
 		return &c.res
 	}
 	crashPoint("decided")
-	if err := txn.Apply(effects, stage.Root); err != nil {
-		// The commit is decided and durable; the next Open redoes it.
-		return &c.res
-	}
-	if err := k.syncer.Sync(stage.Roots()...); err != nil {
-		return &c.res // the intent stays; the next Open redoes the renames
+	if r := k.apply(c, effects, stage); r != nil {
+		return r
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.
-	k.db.UpdateAsync(func(tx *bbolt.Tx) error { return txn.Finish(tx, in.OperationID) })
+	k.db.UpdateAsync(func(tx *bbolt.Tx) error {
+		defer k.onSequencer(time.Now())
+		return txn.Finish(tx, in.OperationID)
+	})
 	return &c.res
 }
 
@@ -742,7 +761,7 @@ func (k *Kernel) unknown(ctx context.Context, c *call, in *txn.Intent, stage *tx
 	c.setOutcome(nil, ErrOutcomeUnknown, msg, RolledBack)
 	_, err := k.record(ctx, c, nil, func(tx *bbolt.Tx, envelope []byte) error { return txn.Unknown(tx, in, envelope) })
 	if err != nil {
-		return k.internal(c, err)
+		return k.unresolved(c, in, err)
 	}
 	return &c.res
 }
@@ -755,7 +774,7 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 	c.setOutcome(nil, class, msg, RolledBack)
 	_, err := k.record(ctx, c, func(tx *bbolt.Tx) error { return txn.Rollback(tx, in) })
 	if err != nil {
-		return k.internal(c, err)
+		return k.unresolved(c, in, err)
 	}
 	return &c.res
 }
@@ -774,7 +793,7 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	e.SessionRunning = c.running
 	k.events.publish(e)
 	sc := &syscalls.Call{
-		Args: c.env.Args, Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
+		Args: c.sendArgs(), Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
 		Charge: c.charge, Note: c.note,
 	}
 	if stage != nil {

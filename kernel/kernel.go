@@ -7,6 +7,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -39,17 +41,19 @@ type Kernel struct {
 	registry *syscalls.Registry
 	// upstreams are the connected upstream MCP servers (nil before Open
 	// reaches them and after Close).
-	upstreams *upstream.Set
-	policy    *policy.Engine
-	issuer    ed25519.PrivateKey
-	signer    *receipts.Signer
-	verifier  *captoken.Verifier
-	locks     *pathLocks
-	syncer    *txn.Syncer
-	cpSigner  note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
+	upstreams  *upstream.Set
+	policy     *policy.Engine
+	issuer     ed25519.PrivateKey
+	receiptPub ed25519.PublicKey // verifies the checkpoints, and so the receipts
+	lw         *ledger.Writer    // every audit entry is appended through it (receipts.Logged)
+	verifier   *captoken.Verifier
+	locks      *pathLocks
+	syncer     *txn.Syncer
+	cpSigner   note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
+	stopWatch  chan struct{} // closed by Close to end watchFailure
 
 	events     *eventBus
 	sessions   *sessions
@@ -67,6 +71,13 @@ type Kernel struct {
 
 	// Recovered reports what Open's crash recovery did.
 	Recovered txn.Recovered
+
+	// Sequencer accounting, which the benchmarks report per call: group
+	// commits, and the time the kernel's functions ran on the store's
+	// sequencer (serial.go).
+	commits atomic.Int64
+	serial  atomic.Int64 // nanoseconds
+
 }
 
 var (
@@ -97,7 +108,8 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.signer = receipts.NewSigner(receiptKey)
+	k.receiptPub = receiptKey.Public().(ed25519.PublicKey)
+	k.lw = ledger.NewWriter()
 	if k.cpSigner, err = ledger.NewCheckpointSigner(s.KernelID, receiptKey); err != nil {
 		return nil, err
 	}
@@ -145,6 +157,8 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	k.syncer = txn.NewSyncer()
+	k.stopWatch = make(chan struct{})
+	go k.watchFailure(k.stopWatch)
 	if err := k.load(ctx); err != nil {
 		k.Close()
 		return nil, err
@@ -206,6 +220,10 @@ func (k *Kernel) load(ctx context.Context) error {
 	if k.Recovered, err = txn.Recover(ctx, k.db, k.auditRecovery); err != nil {
 		return err
 	}
+	for _, c := range k.Recovered.Conflicts {
+		k.cfg.Logger.Warn("recovery did not apply a committed effect: its target no longer holds the content it was staged against (kernelctl workspace verify names it)",
+			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "want", c.Want, "found", c.Found)
+	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		_, err := ledger.Append(tx, ledger.KindPolicyLoaded, k.cfg.Now(), body)
@@ -224,6 +242,10 @@ func (k *Kernel) Close() error {
 		close(k.stopStable)
 		<-k.stableDone
 		k.stopStable = nil
+	}
+	if k.stopWatch != nil {
+		close(k.stopWatch)
+		k.stopWatch = nil
 	}
 	err := k.db.Close()
 	if err == nil {
@@ -254,10 +276,10 @@ func (k *Kernel) MaxEnvelopeBytes() int64 { return k.cfg.MaxEnvelopeBytes }
 func (k *Kernel) Registry() *syscalls.Registry { return k.registry }
 
 // ReceiptKey returns the public key that verifies the kernel's receipts.
-func (k *Kernel) ReceiptKey() ed25519.PublicKey { return k.signer.Public() }
+func (k *Kernel) ReceiptKey() ed25519.PublicKey { return bytes.Clone(k.receiptPub) }
 
 // JWKS returns the JWKS document of the kernel's receipt key.
-func (k *Kernel) JWKS() ([]byte, error) { return receipts.JWKS(k.signer.Public()) }
+func (k *Kernel) JWKS() ([]byte, error) { return receipts.JWKS(k.receiptPub) }
 
 // MintToken signs a capability token with the kernel's issuer key, filling
 // iss, aud, iat and a fresh jti where they are empty.

@@ -16,7 +16,6 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/ledger"
-	"github.com/capkernel/capkernel/receipts"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/upstream"
 	"github.com/capkernel/capkernel/upstream/upstreamtest"
@@ -63,7 +62,16 @@ func httpServer(t *testing.T) (*upstreamtest.Server, string) {
 	return s, srv.URL
 }
 
+// withServers configures servers; one without declarations gets one that
+// declares every tool to touch nothing the kernel governs (the test
+// server's tools only compute), so the policy decides them by class.
 func withServers(servers map[string]upstream.Server) func(*Config) {
+	for n, s := range servers {
+		if s.Resources == nil && s.Declare == "" {
+			s.Resources = []upstream.Declaration{{Tools: "*"}}
+			servers[n] = s
+		}
+	}
 	return func(c *Config) { c.MCPServers = servers }
 }
 
@@ -87,7 +95,7 @@ func TestMCPUpstreamTools(t *testing.T) {
 	}))
 	for _, srv := range []string{"std", "web"} {
 		t.Run(srv, func(t *testing.T) {
-			want := map[string]string{"add": "EXECUTE", "fail": "EXECUTE", "slow": "EXECUTE", "list_items": "EXECUTE", "exit": "EXECUTE"}
+			want := map[string]string{"add": "EXECUTE", "fail": "EXECUTE", "slow": "EXECUTE", "list_items": "EXECUTE", "exit": "EXECUTE", "big": "EXECUTE"}
 			if srv == "web" {
 				want["add"] = "NONE"
 			}
@@ -106,7 +114,7 @@ func TestMCPUpstreamTools(t *testing.T) {
 			mustOK(t, r)
 			var out struct {
 				Content    []struct{ Type, Text string }
-				Structured struct{ Sum int } `json:"structured_content"`
+				Structured struct{ Sum int } `json:"structuredContent"`
 			}
 			if err := json.Unmarshal(r.Result, &out); err != nil || len(out.Content) != 1 || out.Content[0].Text != "42" || out.Structured.Sum != 42 {
 				t.Fatalf("result %s (%v)", r.Result, err)
@@ -115,13 +123,8 @@ func TestMCPUpstreamTools(t *testing.T) {
 			if len(a) != 1 || a[0].ToolID != "mcp."+srv+".add" || a[0].ResultHash != r.ResultHash || a[0].Status != StatusOK {
 				t.Fatalf("audit %+v", a)
 			}
-			jwks, err := h.k.JWKS()
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := receipts.Verify(r.Receipt, jwks)
-			if err != nil || rc.ToolID != "mcp."+srv+".add" || rc.ResultHash != r.ResultHash {
-				t.Fatalf("receipt %+v: %v", rc, err)
+			if rc := verifyReceipt(t, h.k, r); rc.ToolID != "mcp."+srv+".add" || rc.ResultHash != r.ResultHash {
+				t.Fatalf("receipt %+v", rc)
 			}
 			if r := h.invoke("mcp."+srv+".list_items", map[string]any{}, key("list-"+srv)); r.Status != StatusOK || !strings.Contains(string(r.Result), `a\nb`) {
 				t.Fatalf("list_items %+v", r)
@@ -172,7 +175,7 @@ func TestMCPUpstreamGoverned(t *testing.T) {
 				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
 			}
 			a := h.audits(before)
-			if len(a) != 1 || a[0].ToolID != tc.tool || a[0].ErrorClass != tc.class || r.Receipt == "" {
+			if len(a) != 1 || a[0].ToolID != tc.tool || a[0].ErrorClass != tc.class || r.Receipt == nil {
 				t.Fatalf("audit %+v", a)
 			}
 			reached := up.Calls("add") + up.Calls("fail") - sent
@@ -269,11 +272,14 @@ func TestMCPUpstreamDies(t *testing.T) {
 	if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != ErrUpstreamUnavailable {
 		t.Fatalf("audit %+v", a)
 	}
-	// Once it can start again, the next call reconnects.
+	// Once it can start again, the next call reconnects; the refused
+	// call's key was not consumed (nothing was sent), so it runs now.
 	if err := os.Remove(once); err != nil {
 		t.Fatal(err)
 	}
-	mustOK(t, h.invoke("mcp.std.add", map[string]int{"a": 1, "b": 1}, key("reconnected")))
+	if r := h.invoke("mcp.std.add", map[string]int{"a": 1, "b": 1}, key("after")); r.Status != StatusOK || r.Replayed {
+		t.Fatalf("the refused call again: %+v replayed %v", r.Error, r.Replayed)
+	}
 	mustVerify(t, h.k.Inspector())
 }
 
@@ -290,7 +296,7 @@ func TestMCPUpstreamCrash(t *testing.T) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)
 	}
-	s["mcp_servers"] = map[string]any{"web": map[string]any{"url": url}} // EXECUTE, the default
+	s["mcp_servers"] = map[string]any{"web": map[string]any{"url": url, "resources": []any{map[string]any{"tools": "*"}}}} // EXECUTE, the default
 	if b, err = json.Marshal(s); err != nil {
 		t.Fatal(err)
 	}
@@ -342,6 +348,15 @@ func TestMCPUpstreamConfig(t *testing.T) {
 		{"both", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Command: []string{"x"}}}, "exactly one of command and url"},
 		{"bad class", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", SideEffect: "LOUD"}}, `side_effect "LOUD"`},
 		{"unreachable", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/"}}, "mcp server web: connect"},
+		{"declaration: a pointer that is no pointer", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{
+			{Tools: "read_*", Args: []upstream.Arg{{Pointer: "path", Kind: "fs"}}}}}}, `mcp server web: resources[0] (tools "read_*"), args[0]: pointer "path" is not a JSON pointer`},
+		{"declaration: an unknown kind", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{
+			{Tools: "*"}, {Tools: "x", Args: []upstream.Arg{{Pointer: "/p", Kind: "disk"}}}}}}, `mcp server web: resources[1] (tools "x"), args[0]: kind "disk"`},
+		{"declaration: a bad mode", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{
+			{Tools: "x", Args: []upstream.Arg{{Pointer: "/p", Kind: "fs", Mode: "w"}}}}}}, `args[0]: mode "w" is not r or rw`},
+		{"declaration: a bad glob", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Resources: []upstream.Declaration{{Tools: "[x"}}}}, `resources[0]: tools "[x"`},
+		{"declare: unknown", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Declare: "github"}}, `declare "github" is not one of the shipped declarations (everything, fetch, filesystem, git, memory)`},
+		{"paths: relative", map[string]upstream.Server{"web": {URL: "http://127.0.0.1:1/", Paths: []upstream.PathMap{{Root: "ws", Upstream: "/data"}}}}, `paths[0]: root "ws"`},
 		{"command missing", map[string]upstream.Server{"std": {Command: []string{filepath.Join(t.TempDir(), "none")}}}, "mcp server std: connect"},
 	}
 	for _, tc := range tests {
@@ -399,5 +414,42 @@ func TestMCPUpstreamTimeout(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMCPUpstreamResultCap: a result over max_result_bytes, over stdio
+// (under the framer's limit: checked once decoded; over it: replaced by
+// the framer) and over HTTP, is an audited error naming its size and the
+// cap — upstream_error for a READ tool, outcome_unknown for a mutating
+// one, which answered and so may have acted — and the next call on the
+// same server works.
+func TestMCPUpstreamResultCap(t *testing.T) {
+	const max = 64 << 10
+	_, url := httpServer(t)
+	read := map[string]syscalls.SideEffect{"big": syscalls.Read}
+	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
+		"stdr": func() upstream.Server { s := stdioServer(nil); s.MaxResultBytes, s.Tools = max, read; return s }(),
+		"stdw": func() upstream.Server { s := stdioServer(nil); s.MaxResultBytes = max; return s }(),
+		"webr": {URL: url, MaxResultBytes: max, Tools: read},
+		"webw": {URL: url, MaxResultBytes: max},
+	}))
+	for _, srv := range []string{"stdr", "stdw", "webr", "webw"} {
+		for _, n := range []int{max + 10<<10, 4 * max} {
+			t.Run(fmt.Sprint(srv, "/", n), func(t *testing.T) {
+				class := ErrUpstreamError
+				if strings.HasSuffix(srv, "w") {
+					class = ErrOutcomeUnknown
+				}
+				before := h.headSize()
+				r := h.invoke("mcp."+srv+".big", map[string]int{"n": n}, key(fmt.Sprint(srv, n)))
+				if errClass(r) != class || !strings.Contains(r.Error.Message, fmt.Sprintf("bytes; the limit is %d bytes (max_result_bytes)", max)) {
+					t.Fatalf("class %q, want %q: %+v", errClass(r), class, r.Error)
+				}
+				if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != class {
+					t.Fatalf("audit %+v", a)
+				}
+				mustOK(t, h.invoke("mcp."+srv+".big", map[string]int{"n": max - 1<<10}, key(fmt.Sprint(srv, n, "-fits"))))
+			})
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"context"
 	"time"
 )
 
@@ -49,13 +50,20 @@ type CallReport struct {
 	AutonomyMode string // the effective mode; empty when refused before step 6
 	Status       string // ok or error
 	ErrorClass   string
+	ErrorMessage string // the error's message, when Status is error
 	TxOutcome    string
+	LedgerSeq    uint64 // the sequence number of the call's audit record; 0 if none
 	Replayed     bool
 	Start, End   time.Time
 	Stages       []StageSpan // in pipeline order; only stages the call reached
 	// Provenance is the envelope's provenance object (W3C trace context
 	// travels there as "traceparent" and "tracestate").
 	Provenance []byte
+	// Context is the context the call was made with (for Start, the
+	// starting request's), never nil: an Observer reads values from it,
+	// such as a transport's trace context, and must not wait on it, since
+	// it may be cancelled by the time the call is reported.
+	Context context.Context
 }
 
 // An Observer is told about each finished call and each group commit, for
@@ -116,13 +124,17 @@ func (k *Kernel) observed(c *call, r *Result) {
 	rep := &CallReport{
 		OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID, SessionID: c.session,
 		SideEffect: string(c.effect), AutonomyMode: r.AutonomyMode, Status: r.Status,
-		TxOutcome: r.TxOutcome, Replayed: r.Replayed, Stages: c.obs.stages, Provenance: c.env.Provenance,
+		TxOutcome: r.TxOutcome, LedgerSeq: r.LedgerSeq, Replayed: r.Replayed, Stages: c.obs.stages, Provenance: c.env.Provenance,
+		Context: c.caller,
+	}
+	if rep.Context == nil {
+		rep.Context = context.Background()
 	}
 	if c.token != nil {
 		rep.TokenID = c.token.Claims.ID
 	}
 	if r.Error != nil {
-		rep.ErrorClass = r.Error.Class
+		rep.ErrorClass, rep.ErrorMessage = r.Error.Class, r.Error.Message
 	}
 	rep.Start, rep.End = c.obs.stages[0].Start, c.obs.last
 	o.CallDone(rep)
@@ -130,6 +142,7 @@ func (k *Kernel) observed(c *call, r *Result) {
 
 // groupCommit passes the store's group-commit report to the Observer.
 func (k *Kernel) groupCommit(batch int, took time.Duration) {
+	k.commits.Add(1)
 	if o := k.cfg.Observer; o != nil {
 		o.GroupCommit(batch, took)
 	}

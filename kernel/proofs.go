@@ -10,7 +10,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
-	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
 )
@@ -156,13 +155,13 @@ func (i *Inspector) Export(w io.Writer) error {
 	return i.view(func(tx *bbolt.Tx) error { return ledger.Export(tx, w) })
 }
 
-// BundleFormat is the format tag of a receipt bundle.
+// BundleFormat is the format tag of the receipt bundles of JWS receipts
+// (format v1): VerifyBundle still reads them.
 const BundleFormat = "capkernel-receipt-bundle/v1"
 
-// Bundle is a receipt with everything needed to check it offline with the
-// kernel's public key alone: the audit record it attests (the stored
-// ledger record), a signed checkpoint and the inclusion proof of that
-// record in the checkpoint's tree.
+// Bundle is a receipt bundle of format v1: a JWS receipt with the audit
+// record it attests (the stored ledger record), a signed checkpoint and
+// the inclusion proof of that record in the checkpoint's tree.
 type Bundle struct {
 	Format     string           `json:"format"`
 	Receipt    string           `json:"receipt"`    // compact JWS
@@ -171,51 +170,81 @@ type Bundle struct {
 	Inclusion  ledger.Inclusion `json:"inclusion"`
 }
 
-// Bundle returns the bundle of receipt id, proved against the latest
-// checkpoint.
-func (i *Inspector) Bundle(id string) (*Bundle, error) {
-	info, err := i.Receipt(id)
-	if err != nil {
-		return nil, err
-	}
-	b := &Bundle{Format: BundleFormat, Receipt: info.JWS}
-	err = i.view(func(tx *bbolt.Tx) error {
-		e, err := ledger.Get(tx, info.Receipt.LedgerSeq)
+// Bundle returns receipt id proven by the log against the latest
+// checkpoint: its audit entry, the inclusion proof and the checkpoint
+// (receipts.Logged). A JWS receipt of an older ledger gets the same for
+// the audit entry it attests.
+func (i *Inspector) Bundle(id string) (*receipts.Logged, error) {
+	var out *receipts.Logged
+	err := i.view(func(tx *bbolt.Tx) error {
+		e, err := receiptEntry(tx, id)
 		if err != nil {
 			return err
 		}
-		rec, err := jcs.Marshal(e)
-		if err != nil {
-			return err
+		seq := e.Seq
+		if e.Kind != ledger.KindAudit {
+			info, err := receiptInfo(e)
+			if err != nil {
+				return err
+			}
+			seq = info.Receipt.LedgerSeq
 		}
-		b.Entry = string(rec)
-		c, err := ledger.LatestCheckpoint(tx)
-		if err != nil {
-			return err
-		}
-		b.Checkpoint = string(c.Signed)
-		b.Inclusion, err = ledger.ProveInclusion(tx, e.Seq, c.Size)
+		out, err = provenReceipt(tx, seq)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bundle of receipt %s: %w", id, err)
 	}
-	return b, nil
+	return out, nil
+}
+
+// provenReceipt proves the audit entry seq under the latest stored
+// checkpoint.
+func provenReceipt(tx *bbolt.Tx, seq uint64) (*receipts.Logged, error) {
+	rec, err := ledger.Record(tx, seq)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ledger.LatestCheckpoint(tx)
+	if err != nil {
+		return nil, err
+	}
+	in, err := ledger.ProveInclusion(tx, seq, c.Size)
+	if err != nil {
+		return nil, err
+	}
+	return &receipts.Logged{Format: receipts.Format, Entry: string(rec), Inclusion: in, Checkpoint: string(c.Signed)}, nil
 }
 
 // BundleCheck is what VerifyBundle established.
 type BundleCheck struct {
+	Format     string // receipts.Format or BundleFormat
 	Receipt    *receipts.Receipt
 	Checkpoint ledger.Checkpoint
 }
 
-// VerifyBundle checks a bundle offline against jwks, the kernel's JWKS
-// document: the receipt's signature; that the entry is a well-formed audit
-// record hashing to the receipt's ledger_entry_hash at its ledger_seq and
-// agreeing with every field the receipt attests; the checkpoint's
-// signature by the same key; and the inclusion proof of the entry in the
-// checkpoint's tree.
+// VerifyBundle checks a receipt offline against jwks, the kernel's JWKS
+// document: a receipt proven by the log (receipts.Format, checked by
+// receipts.VerifyLogged) or a bundle of format v1 (BundleFormat). For v1
+// it checks the JWS receipt's signature; that the entry is a well-formed
+// audit record hashing to the receipt's ledger_entry_hash at its
+// ledger_seq and agreeing with every field the receipt attests; the
+// checkpoint's signature by the same key; and the inclusion proof of the
+// entry in the checkpoint's tree.
 func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
+	var tag struct {
+		Format string `json:"format"`
+	}
+	if err := json.Unmarshal(raw, &tag); err != nil {
+		return nil, fmt.Errorf("receipt: %w", err)
+	}
+	if tag.Format == receipts.Format {
+		p, err := receipts.VerifyLogged(raw, jwks)
+		if err != nil {
+			return nil, err
+		}
+		return &BundleCheck{Format: receipts.Format, Receipt: p.Receipt, Checkpoint: p.Checkpoint}, nil
+	}
 	var b Bundle
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -223,7 +252,7 @@ func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
 	if b.Format != BundleFormat {
-		return nil, fmt.Errorf("bundle: format %q, want %q", b.Format, BundleFormat)
+		return nil, fmt.Errorf("bundle: format %q, want %q or %q", b.Format, receipts.Format, BundleFormat)
 	}
 	r, pub, err := receipts.VerifyJWKS(b.Receipt, jwks)
 	if err != nil {
@@ -264,5 +293,5 @@ func VerifyBundle(raw []byte, jwks []byte) (*BundleCheck, error) {
 	if err := in.Verify(cp.Root); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	return &BundleCheck{Receipt: r, Checkpoint: cp}, nil
+	return &BundleCheck{Format: BundleFormat, Receipt: r, Checkpoint: cp}, nil
 }

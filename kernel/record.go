@@ -3,9 +3,9 @@ package kernel
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -60,7 +60,9 @@ type auditRecord struct {
 	Notes map[string]json.RawMessage `json:"notes,omitempty"`
 }
 
-// receiptBody is the body of a receipt ledger entry.
+// receiptBody is the body of a receipt ledger entry: one per call in
+// ledgers written before receipts were proven by the log (a JWS receipt,
+// format v1). They are still verified where they occur.
 type receiptBody struct {
 	ReceiptID   string `json:"receipt_id"`
 	OperationID string `json:"operation_id"`
@@ -76,36 +78,49 @@ func (k *Kernel) deny(ctx context.Context, c *call, class, msg string) *Result {
 	return &c.res
 }
 
-// internal is the result of a call whose recording failed: the store is
-// unusable, so the error is returned without an audit record.
+// internal is the result of a call whose recording failed, returned
+// without an audit record. After a fail stop the outcome is unknown
+// (failstop.go); otherwise nothing was written, so nothing was committed.
 func (k *Kernel) internal(c *call, err error) *Result {
+	if store.IsFatal(err) {
+		return k.stopped(c, err)
+	}
 	c.fill(k)
 	c.setOutcome(nil, ErrInternal, "recording the call failed: "+err.Error(), c.res.TxOutcome)
-	if c.res.TxOutcome == "" {
+	if c.res.TxOutcome == "" || c.res.TxOutcome == Committed {
 		c.res.TxOutcome = NoOp
 	}
 	c.res.ResultHash = resultHash(&c.res)
 	return &c.res
 }
 
-// record appends the call's audit record and receipt in one group-committed
-// transaction. before runs first and may set the call's outcome (it must
-// not write when it returns an error); after runs last with the final
-// result envelope, for writes that store it. The receipt is signed in the
-// batch's concurrent step, off the sequencer's serial path.
+// record appends the call's audit record in one group-committed
+// transaction and gives the result its receipt: the record, proven by the
+// log under the checkpoint that ends the transaction (receipts.Logged).
+// before runs first and may set the call's outcome (it must not write when
+// it returns an error); after runs last with the whole result envelope
+// (its receipt aside), for writes that store it.
+//
+// The sequencer's serial share is small: the audit body is built and
+// canonicalized before the transaction (again only when before changes the
+// outcome), the stored envelope is marshalled in the batch's concurrent
+// step, and the inclusion proof is computed after the commit, from the
+// batch's tree edge in memory.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
-	// The audit body is built for the outcome known now, outside the
-	// sequencer; only when before changes the outcome is it built again.
 	planned, err := newAuditEntry(c.audit(k), &c.res)
 	if err != nil {
 		return nil, err
 	}
 	plannedRes := c.res
 	newToken := false
-	var p *pendingReceipt
+	var (
+		a                ledger.Appended
+		stored, envelope []byte
+	)
 	err = k.db.Do(ctx, store.Op{
 		Prepare: func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
 			ae := planned
 			if before != nil {
 				if err := before(tx); err != nil {
@@ -123,19 +138,22 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 			if newToken, err = k.noteToken(tx, c); err != nil {
 				return abortIf(err)
 			}
-			p, err = k.appendAuditEntry(tx, ae)
+			a, err = k.appendAudit(tx, ae, &c.res)
 			return abortIf(err)
 		},
-		Work: func() error { return p.sign(k.signer) },
+		Work: func() (err error) {
+			if stored, err = storedEnvelope(&c.res); err != nil || len(after) == 0 {
+				return err
+			}
+			envelope = stored
+			if leanStored(&c.res) {
+				envelope, err = json.Marshal(&c.res)
+			}
+			return err
+		},
 		Finish: func(tx *bbolt.Tx) error {
-			if err := k.appendReceipt(tx, p, &c.res); err != nil {
-				return err
-			}
-			envelope, err := json.Marshal(&c.res)
-			if err != nil {
-				return err
-			}
-			if err := k.storeOperation(tx, &c.res, envelope); err != nil {
+			defer k.onSequencer(time.Now())
+			if err := k.storeOperation(tx, c.res.OperationID, stored); err != nil {
 				return err
 			}
 			for _, f := range after {
@@ -154,26 +172,43 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		k.seen[c.token.Claims.ID] = true
 		k.mu.Unlock()
 	}
+	if c.res.Receipt, err = logged(a); err != nil {
+		return nil, err
+	}
 	return &c.res, nil
 }
 
-// storeOperation keeps the result envelope of an operation id, for lookup
-// and to refuse the id's reuse. The first record of an id keeps it. A
+// logged is the receipt of the committed audit entry a.
+func logged(a ledger.Appended) (*receipts.Logged, error) {
+	in, err := a.Batch.Prove(a.Seq)
+	if err != nil {
+		return nil, fmt.Errorf("receipt of entry %d: %w", a.Seq, err)
+	}
+	return &receipts.Logged{Format: receipts.Format, Entry: string(a.Record), Inclusion: in, Checkpoint: string(a.Batch.Signed)}, nil
+}
+
+// storedEnvelope is the result envelope kept for r's operation id. A
 // no_op call's result is left out (its result_hash stays): reads would
 // otherwise copy every byte they return into the kernel's database.
-func (k *Kernel) storeOperation(tx *bbolt.Tx, r *Result, envelope []byte) error {
-	if txn.GetOperation(tx, r.OperationID) != nil {
-		return nil
-	}
-	if r.TxOutcome == NoOp && r.Result != nil {
+func storedEnvelope(r *Result) ([]byte, error) {
+	if leanStored(r) {
 		lean := *r
 		lean.Result = nil
-		var err error
-		if envelope, err = json.Marshal(&lean); err != nil {
-			return err
-		}
+		return json.Marshal(&lean)
 	}
-	return txn.PutOperation(tx, r.OperationID, envelope)
+	return json.Marshal(r)
+}
+
+func leanStored(r *Result) bool { return r.TxOutcome == NoOp && r.Result != nil }
+
+// storeOperation keeps the stored result envelope of an operation id, for
+// lookup and to refuse the id's reuse. The first record of an id keeps
+// it.
+func (k *Kernel) storeOperation(tx *bbolt.Tx, id string, stored []byte) error {
+	if txn.GetOperation(tx, id) != nil {
+		return nil
+	}
+	return txn.PutOperation(tx, id, stored)
 }
 
 // fill sets the result fields that come from the envelope.
@@ -261,29 +296,6 @@ func (a *auditRecord) setOutcome(r *Result) {
 	}
 }
 
-// pendingReceipt is a receipt between its audit entry, which it names, and
-// its own ledger entry.
-type pendingReceipt struct {
-	receipt receipts.Receipt
-	at      time.Time
-	jws     string
-	body    ledger.Body // the receipt entry's canonical body
-}
-
-// sign signs the receipt and makes its ledger entry's body. It runs in the
-// batch's concurrent step, so neither costs the sequencer's serial path.
-func (p *pendingReceipt) sign(s *receipts.Signer) (err error) {
-	if p.jws, err = s.Sign(&p.receipt); err != nil {
-		return err
-	}
-	rb, err := json.Marshal(receiptBody{ReceiptID: p.receipt.ReceiptID, OperationID: p.receipt.OperationID, JWS: p.jws})
-	if err != nil {
-		return err
-	}
-	p.body, err = ledger.Canonicalize(rb)
-	return err
-}
-
 // auditEntry is an audit record ready to append: the record, with the
 // result hash of its outcome, and its canonical body.
 type auditEntry struct {
@@ -306,37 +318,17 @@ func newAuditEntry(a *auditRecord, r *Result) (*auditEntry, error) {
 	return &auditEntry{a: a, resultHash: a.ResultHash, body: body}, nil
 }
 
-// appendAuditEntry appends ae and returns the receipt that will name it.
-func (k *Kernel) appendAuditEntry(tx *bbolt.Tx, ae *auditEntry) (*pendingReceipt, error) {
-	a := ae.a
-	now := k.cfg.Now()
-	e, err := ledger.AppendCanonical(tx, ledger.KindAudit, now, ae.body)
+// appendAudit appends the audit entry ae through the kernel's ledger
+// writer and sets the ledger fields of r: its receipt id, ledger seq and
+// state snapshot (the entry itself).
+func (k *Kernel) appendAudit(tx *bbolt.Tx, ae *auditEntry, r *Result) (ledger.Appended, error) {
+	a, err := k.lw.AppendCanonical(tx, ledger.KindAudit, k.cfg.Now(), ae.body)
 	if err != nil {
-		return nil, err
+		return a, err
 	}
-	return &pendingReceipt{at: now, receipt: receipts.Receipt{
-		ReceiptID: newID(), OperationID: a.OperationID, ToolID: a.ToolID, AgentID: a.AgentID,
-		CapabilityTokenID: a.CapabilityTokenID, ArgsHash: a.ArgsHash, ResultHash: a.ResultHash,
-		TxOutcome: a.TxOutcome, CommitDeltaID: a.CommitDeltaID, PolicyHash: a.PolicyHash,
-		AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, ErrorClass: a.ErrorClass,
-		LedgerSeq: e.Seq, LedgerEntryHash: e.Hash, IssuedAt: now.UTC().Format(ledger.TimeLayout),
-		ApprovalID: a.ApprovalID, ApprovedBy: a.ApprovedBy, ApprovalReason: a.ApprovalReason,
-	}}, nil
-}
-
-// appendReceipt appends the signed receipt p and sets the ledger and
-// receipt fields of r.
-func (k *Kernel) appendReceipt(tx *bbolt.Tx, p *pendingReceipt, r *Result) error {
-	re, err := ledger.AppendCanonical(tx, ledger.KindReceipt, p.at, p.body)
-	if err != nil {
-		return err
-	}
-	if err := tx.Bucket(bucketReceipts).Put([]byte(p.receipt.ReceiptID), binary.BigEndian.AppendUint64(nil, re.Seq)); err != nil {
-		return err
-	}
-	r.ReceiptID, r.Receipt, r.LedgerSeq = p.receipt.ReceiptID, p.jws, p.receipt.LedgerSeq
-	r.StateSnapshotID = fmt.Sprintf("%d:%s", re.Seq, re.Hash)
-	return nil
+	r.ReceiptID, r.LedgerSeq = receipts.ID(a.Seq, a.Hash), a.Seq
+	r.StateSnapshotID = strconv.FormatUint(a.Seq, 10) + ":" + a.Hash
+	return a, nil
 }
 
 // sameOutcome reports whether a and b have the same status, result or
@@ -409,14 +401,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		return err
 	}
 	r.ResultHash = ae.resultHash
-	p, err := k.appendAuditEntry(tx, ae)
-	if err != nil {
-		return err
-	}
-	if err := p.sign(k.signer); err != nil {
-		return err
-	}
-	if err := k.appendReceipt(tx, p, r); err != nil {
+	if _, err := k.appendAudit(tx, ae, r); err != nil {
 		return err
 	}
 	b, err := json.Marshal(r)
@@ -428,7 +413,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 			return err
 		}
 	}
-	return k.storeOperation(tx, r, b)
+	return k.storeOperation(tx, r.OperationID, b)
 }
 
 // salvage reads what it can of an envelope that failed strict decoding, so

@@ -12,8 +12,10 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/policy"
+	"github.com/capkernel/capkernel/receipts"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -55,8 +57,8 @@ func TestReplayVerifyProvesHistory(t *testing.T) {
 	if len(rep.Problems) != 0 {
 		t.Fatalf("problems in a clean history: %+v", rep.Problems)
 	}
-	if rep.Committed != 2 || rep.Replays != 1 || rep.Keys != 2 || rep.Calls != 7 || rep.Receipts != 7 {
-		t.Fatalf("report = %+v, want 2 committed keys, 1 replay, 7 calls with 7 receipts", rep)
+	if rep.Committed != 2 || rep.Replays != 1 || rep.Keys != 2 || rep.Calls != 7 || rep.Receipts != 0 {
+		t.Fatalf("report = %+v, want 2 committed keys, 1 replay, 7 calls and no JWS receipts", rep)
 	}
 	hs, err := h.k.Inspector().ReplayShow("k1", "")
 	if err != nil {
@@ -173,21 +175,30 @@ func firstCommitted(t *testing.T, tx *bbolt.Tx, k string) *CallRecord {
 	return out
 }
 
+// A JWS receipt entry (as kernels that signed every receipt wrote them)
+// that is signed by the kernel's key but does not attest the record it
+// names is a receipt problem.
 func TestReplayVerifyForgedReceipt(t *testing.T) {
 	h := history(t)
-	// A receipt entry whose JWS is another receipt's, re-labelled: the
-	// signature holds, but it does not attest the record it names.
+	key, err := LoadKey(filepath.Join(h.data, ReceiptKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
-		var body receiptBody
+		var r *receipts.Receipt
 		ledger.Scan(tx, 0, func(e ledger.Entry) error {
-			if e.Kind == ledger.KindReceipt && body.JWS == "" {
-				json.Unmarshal(e.Body, &body)
+			if e.Kind == ledger.KindAudit && r == nil {
+				r, _ = receipts.Summarize(e)
 			}
 			return nil
 		})
-		body.JWS = body.JWS[:len(body.JWS)-4] + "AAAA"
-		b, _ := json.Marshal(body)
-		_, err := ledger.Append(tx, ledger.KindReceipt, time.Now(), b)
+		r.ReceiptID, r.ResultHash = "0194a0a4-7c00-7000-8000-000000000003", digest.Sum([]byte("another result"))
+		jws, err := receipts.NewSigner(key).Sign(r)
+		if err != nil {
+			return err
+		}
+		b, _ := json.Marshal(receiptBody{ReceiptID: r.ReceiptID, OperationID: r.OperationID, JWS: jws})
+		_, err = ledger.Append(tx, ledger.KindReceipt, time.Now(), b)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -196,8 +207,8 @@ func TestReplayVerifyForgedReceipt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Problems) != 1 || rep.Problems[0].Kind != ProblemReceipt {
-		t.Fatalf("problems = %+v, want one receipt problem", rep.Problems)
+	if len(rep.Problems) != 1 || rep.Problems[0].Kind != ProblemReceipt || !strings.Contains(rep.Problems[0].Detail, "result_hash") {
+		t.Fatalf("problems = %+v, want one receipt problem about result_hash", rep.Problems)
 	}
 }
 

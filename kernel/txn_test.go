@@ -29,7 +29,7 @@ func TestIdempotency(t *testing.T) {
 	h.write("n.txt", "changed by hand\n")
 	again := h.invoke("fs.write", args, key("k1"))
 	mustOK(t, again)
-	if !again.Replayed || again.OperationID != first.OperationID || again.ResultHash != first.ResultHash || again.Receipt != first.Receipt {
+	if !again.Replayed || again.OperationID != first.OperationID || again.ResultHash != first.ResultHash || again.ReceiptID != first.ReceiptID || again.Receipt.Entry != first.Receipt.Entry {
 		t.Fatalf("replay did not return the stored outcome: %+v", again)
 	}
 	if got := h.read("n.txt"); got != "changed by hand\n" {

@@ -59,13 +59,26 @@ func verifyOptions(origin string, pub ed25519.PublicKey, progress func(seq uint6
 // in seq order: the match with the audit record at once, the signature on
 // a pool of workers.
 type receiptChecker struct {
-	pub     ed25519.PublicKey
-	pending map[uint64]*CallRecord // audit records whose receipt is still to come
-	jobs    chan sigJob
-	wg      sync.WaitGroup
+	pub ed25519.PublicKey
+	// recent holds the latest audit entries (slot seq % len), copied, so
+	// that a JWS receipt can be matched with the record it names. A v1
+	// kernel appended a call's receipt in the same group commit as its
+	// audit record (at most store.MaxBatch calls, each with at most a few
+	// entries), well within the window. Since receipts are proven by the
+	// log there are no receipt entries, and nothing is decoded here.
+	recent [1 << 14]recentAudit
+	jobs   chan sigJob
+	wg     sync.WaitGroup
 
 	mu    sync.Mutex
 	first *ledger.VerifyError // the lowest-seq signature failure
+}
+
+// recentAudit is a slot of receiptChecker.recent.
+type recentAudit struct {
+	e        ledger.Entry
+	valid    bool // e is an audit entry whose receipt has not come yet
+	bodyData []byte
 }
 
 type sigJob struct {
@@ -74,7 +87,7 @@ type sigJob struct {
 }
 
 func newReceiptChecker(pub ed25519.PublicKey) *receiptChecker {
-	rc := &receiptChecker{pub: pub, pending: map[uint64]*CallRecord{}, jobs: make(chan sigJob, 256)}
+	rc := &receiptChecker{pub: pub, jobs: make(chan sigJob, 256)}
 	for range runtime.GOMAXPROCS(0) {
 		rc.wg.Go(func() {
 			for j := range rc.jobs {
@@ -99,11 +112,11 @@ func (rc *receiptChecker) fail(seq uint64, reason string) {
 func (rc *receiptChecker) entry(e ledger.Entry) error {
 	switch e.Kind {
 	case ledger.KindAudit:
-		c, err := DecodeCall(e)
-		if err != nil {
-			return err
-		}
-		rc.pending[e.Seq] = c
+		// The body belongs to the verifier's buffers: keep a copy.
+		slot := &rc.recent[e.Seq%uint64(len(rc.recent))]
+		slot.bodyData = append(slot.bodyData[:0], e.Body...)
+		slot.e, slot.valid = e, true
+		slot.e.Body = slot.bodyData
 	case ledger.KindReceipt:
 		var b receiptBody
 		if err := json.Unmarshal(e.Body, &b); err != nil {
@@ -116,14 +129,18 @@ func (rc *receiptChecker) entry(e ledger.Entry) error {
 		if r.ReceiptID != b.ReceiptID || r.OperationID != b.OperationID {
 			return fmt.Errorf("entry names receipt %s of %s; the signed receipt is %s of %s", b.ReceiptID, b.OperationID, r.ReceiptID, r.OperationID)
 		}
-		c, ok := rc.pending[r.LedgerSeq]
-		if !ok {
-			return fmt.Errorf("receipt %s names seq %d, which is not an earlier audit record without a receipt", r.ReceiptID, r.LedgerSeq)
+		slot := &rc.recent[r.LedgerSeq%uint64(len(rc.recent))]
+		if !slot.valid || slot.e.Seq != r.LedgerSeq || r.LedgerSeq >= e.Seq {
+			return fmt.Errorf("receipt %s names seq %d, which is not a recent earlier audit record without a receipt", r.ReceiptID, r.LedgerSeq)
+		}
+		c, err := DecodeCall(slot.e)
+		if err != nil {
+			return err
 		}
 		if err := MatchReceipt(r, c); err != nil {
 			return err
 		}
-		delete(rc.pending, r.LedgerSeq)
+		slot.valid = false
 		rc.jobs <- sigJob{seq: e.Seq, jws: b.JWS}
 	}
 	return nil

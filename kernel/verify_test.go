@@ -79,7 +79,7 @@ func TestVerifyChecksReceipts(t *testing.T) {
 		{"intact", receipts.NewSigner(key), nil, ""},
 		{"signed by another key", receipts.NewSigner(other), nil, "kid"},
 		{"args_hash differs from the audit record", receipts.NewSigner(key), func(r *receipts.Receipt, _ *receiptBody) { r.ArgsHash = "blake3:" + strings.Repeat("9", 64) }, "args_hash"},
-		{"names an entry that is not an audit record", receipts.NewSigner(key), func(r *receipts.Receipt, _ *receiptBody) { r.LedgerSeq = 7 }, "not an earlier audit record"},
+		{"names an entry that is not an audit record", receipts.NewSigner(key), func(r *receipts.Receipt, _ *receiptBody) { r.LedgerSeq = 7 }, "not a recent earlier audit record"},
 		{"entry names another receipt", receipts.NewSigner(key), func(_ *receipts.Receipt, b *receiptBody) { b.ReceiptID = "r-2" }, "entry names receipt r-2"},
 	}
 	for _, tc := range tests {

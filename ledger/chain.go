@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/transparency-dev/merkle/compact"
 
@@ -116,23 +117,25 @@ type source interface {
 	fill(b *batch) (more bool, err error)
 }
 
-// workspace holds a worker's buffers.
-type workspace struct{ rec, pre []byte }
-
 // prepare does the part of an item's verification that needs no other
 // item.
-func (it *item) prepare(opts *VerifyOptions, s *workspace) {
+//
+// An entry is read in place (parseRecord) and hashed without a copy; its
+// Entry aliases the item's data, which stays valid until the item has been
+// consumed (OnEntry's Entry is valid only during the call).
+func (it *item) prepare(opts *VerifyOptions) {
 	if it.err != nil {
 		return
 	}
 	switch it.kind {
 	case itemEntry:
-		if it.prepareError = decodeRecord(&it.e, &s.rec, it.data); it.prepareError != nil {
+		var r record
+		if it.prepareError = parseRecord(&r, it.data); it.prepareError != nil {
 			return
 		}
-		it.stated, _ = digest.Parse(it.e.Hash)
-		it.linkedTo, _ = digest.Parse(it.e.PrevHash)
-		hashEntry(&it.sum, &s.pre, &it.e)
+		it.stated, it.linkedTo = r.hash, r.prev
+		it.e = Entry{Seq: r.seq, Kind: alias(r.kind), Time: alias(r.time), PrevHash: alias(r.prevHex), Body: r.body, Hash: alias(r.hashHex)}
+		hashRecord(&it.sum, &r, it.data)
 		return
 	case itemCheckpointLine:
 		if it.prepareError = parseCheckpointLine(it); it.prepareError != nil {
@@ -145,6 +148,9 @@ func (it *item) prepare(opts *VerifyOptions, s *workspace) {
 		it.c, _, it.prepareError = parseSigned(it.data)
 	}
 }
+
+// alias returns b as a string sharing its memory.
+func alias(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // parseCheckpointLine replaces the data of an export line holding a
 // checkpoint by the signed note.
@@ -171,10 +177,9 @@ func (v *chain) run(src source) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var s workspace
 			for b := range work {
 				for i := range b.items {
-					b.items[i].prepare(&v.opts, &s)
+					b.items[i].prepare(&v.opts)
 				}
 				close(b.done)
 			}

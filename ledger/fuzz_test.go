@@ -90,8 +90,11 @@ func FuzzDecodeRecord(f *testing.F) {
 	db := newDB(f)
 	f.Fuzz(func(t *testing.T, rec []byte) {
 		var e Entry
-		var buf []byte
-		err := decodeRecord(&e, &buf, rec)
+		err := decodeRecord(&e, rec)
+		ref, refErr := referenceDecode(rec)
+		if (err == nil) != (refErr == nil) || err == nil && !entriesEqual(ref, e) {
+			t.Fatalf("decodeRecord(%q) = %+v, %v; the generic JSON decoder says %+v, %v", rec, e, err, ref, refErr)
+		}
 
 		var got Entry
 		var getErr error
@@ -133,6 +136,30 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("VerifyExport error %v does not name line 1", err)
 		}
 	})
+}
+
+// referenceDecode is the decoder parseRecord replaced, kept as the
+// reference it must agree with: generic JSON decoding, then a canonical
+// re-encoding compared with the record.
+func referenceDecode(rec []byte) (Entry, error) {
+	var e Entry
+	if err := json.Unmarshal(rec, &e); err != nil {
+		return Entry{}, err
+	}
+	if err := checkFields(&e); err != nil {
+		return Entry{}, err
+	}
+	if _, err := digest.Parse(e.Hash); err != nil {
+		return Entry{}, err
+	}
+	body, err := canonicalBody(e.Body)
+	if err != nil {
+		return Entry{}, err
+	}
+	if !bytes.Equal(body, e.Body) || !bytes.Equal(appendRecord(nil, &e), rec) {
+		return Entry{}, errNotCanonical
+	}
+	return e, nil
 }
 
 func entriesEqual(a, b Entry) bool {

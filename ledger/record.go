@@ -7,8 +7,12 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
+
+	"github.com/zeebo/blake3"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // TimeLayout is the format of Entry.Time: RFC 3339 in UTC with exactly nine
@@ -87,29 +91,227 @@ func appendTail(dst []byte, e *Entry) []byte {
 // canonical encoding of what it decodes to.
 var errNotCanonical = errors.New("record is not canonical JSON")
 
-// decodeRecord decodes a stored record into e and checks that rec is exactly
-// the canonical encoding of e (so no byte of it can change unnoticed short
-// of a hash mismatch). buf is scratch space kept between calls. It does not
-// check entry_hash.
-func decodeRecord(e *Entry, buf *[]byte, rec []byte) error {
-	*e = Entry{}
-	if err := json.Unmarshal(rec, e); err != nil {
+// The fixed parts of a stored record, around the body and the fields.
+const (
+	recHead      = `{"body":`
+	recHash      = `,"entry_hash":"blake3:`
+	recKind      = `","kind":"`
+	recPrev      = `","prev_hash":"blake3:`
+	recSeq       = `","seq":`
+	recTime      = `,"time":"`
+	recEnd       = `"}`
+	timeLen      = len(TimeLayout)
+	hexDigestLen = 2 * digest.Size
+)
+
+// record is a stored record parsed in place: its slices alias the record.
+type record struct {
+	body       []byte
+	hash, prev [32]byte
+	hashHex    []byte // "blake3:<hex>" of entry_hash, in the record
+	prevHex    []byte // same for prev_hash
+	kind, time []byte
+	seq        uint64
+	// hashAt is the offset of recHash: the preimage of entry_hash is the
+	// record without [hashAt, hashEnd).
+	hashAt, hashEnd int
+}
+
+// parseRecord reads a stored record by its fixed canonical layout (see
+// appendRecord) and checks that it is exactly the canonical encoding of a
+// well-formed entry: the body a canonical JSON object, every field in its
+// format. It allocates nothing and does not check entry_hash.
+func parseRecord(r *record, rec []byte) error {
+	if !bytes.HasPrefix(rec, []byte(recHead)) || !bytes.HasSuffix(rec, []byte(recEnd)) {
+		return notRecord(rec)
+	}
+	at := bytes.LastIndex(rec, []byte(recHash))
+	if at < len(recHead) {
+		return notRecord(rec)
+	}
+	r.body, r.hashAt = rec[len(recHead):at], at
+	rest := rec[at+len(recHash):]
+	var ok bool
+	if rest, ok = hexDigest(&r.hash, rest); !ok {
+		return errors.New("entry_hash is not blake3:<64 lowercase hex>")
+	}
+	r.hashHex = rec[at+len(recHash)-len(digest.Prefix) : at+len(recHash)+hexDigestLen]
+	if !bytes.HasPrefix(rest, []byte(recKind)) {
+		return notRecord(rec)
+	}
+	rest = rest[len(recKind):]
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return notRecord(rec)
+	}
+	r.kind, rest = rest[:end], rest[end:]
+	if err := checkKind(unsafe.String(unsafe.SliceData(r.kind), len(r.kind))); err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(rest, []byte(recPrev)) {
+		return notRecord(rec)
+	}
+	rest = rest[len(recPrev):]
+	if rest, ok = hexDigest(&r.prev, rest); !ok {
+		return errors.New("prev_hash: not blake3:<64 lowercase hex>")
+	}
+	r.prevHex = rec[len(rec)-len(rest)-hexDigestLen-len(digest.Prefix) : len(rec)-len(rest)]
+	r.hashEnd = at + len(recHash) + hexDigestLen + 1 // up to the comma before "kind"
+	if !bytes.HasPrefix(rest, []byte(recSeq)) {
+		return notRecord(rec)
+	}
+	rest = rest[len(recSeq):]
+	n := 0
+	for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+		n++
+	}
+	if n == 0 || n > 16 || n > 1 && rest[0] == '0' {
+		return notRecord(rec)
+	}
+	r.seq = 0
+	for _, d := range rest[:n] {
+		r.seq = r.seq*10 + uint64(d-'0')
+	}
+	if r.seq > maxSeq {
+		return fmt.Errorf("seq %d exceeds %d", r.seq, uint64(maxSeq))
+	}
+	rest = rest[n:]
+	if !bytes.HasPrefix(rest, []byte(recTime)) || len(rest) != len(recTime)+timeLen+len(recEnd) {
+		return notRecord(rec)
+	}
+	r.time = rest[len(recTime) : len(recTime)+timeLen]
+	if !checkTime(r.time) {
+		return fmt.Errorf("time %q is not of the form %s", r.time, TimeLayout)
+	}
+	if err := jcs.CheckCanonical(r.body); err != nil {
+		if nr := notRecord(rec); !errors.Is(nr, errNotCanonical) {
+			return nr
+		}
+		return fmt.Errorf("%w (body: %v)", errNotCanonical, err)
+	}
+	if r.body[0] != '{' {
+		return errors.New("body is not a JSON object")
+	}
+	return nil
+}
+
+// notRecord is the error for bytes that are not laid out as a record at
+// all.
+func notRecord(rec []byte) error {
+	var v map[string]json.RawMessage
+	if err := json.Unmarshal(rec, &v); err != nil {
 		return fmt.Errorf("undecodable record: %v", err)
 	}
-	if err := checkFields(e); err != nil {
+	return errNotCanonical
+}
+
+// hexDigest parses the 64 lowercase hex digits at the start of s (the
+// "blake3:" before them already consumed) into d, and returns the rest of
+// s.
+func hexDigest(d *[32]byte, s []byte) ([]byte, bool) {
+	if len(s) < hexDigestLen {
+		return s, false
+	}
+	for i := range d {
+		hi, ok1 := unhex(s[2*i])
+		lo, ok2 := unhex(s[2*i+1])
+		if !ok1 || !ok2 {
+			return s, false
+		}
+		d[i] = hi<<4 | lo
+	}
+	return s[hexDigestLen:], true
+}
+
+func unhex(c byte) (byte, bool) {
+	v := unhexTable[c]
+	return v & 0x0f, v != 0xff
+}
+
+// unhexTable maps lowercase hex digits to their value and every other
+// byte to 0xff.
+var unhexTable = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i, c := range "0123456789abcdef" {
+		t[c] = byte(i)
+	}
+	return t
+}()
+
+// checkTime reports whether t has the form of TimeLayout and is a valid
+// time, as time.Parse would, parsing only the rare days it cannot rule on
+// by ranges alone.
+func checkTime(t []byte) bool {
+	if len(t) != timeLen {
+		return false
+	}
+	for i, c := range t {
+		switch i {
+		case 4, 7:
+			if c != '-' {
+				return false
+			}
+		case 10:
+			if c != 'T' {
+				return false
+			}
+		case 13, 16:
+			if c != ':' {
+				return false
+			}
+		case 19:
+			if c != '.' {
+				return false
+			}
+		case 29:
+			if c != 'Z' {
+				return false
+			}
+		default:
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+	}
+	two := func(i int) int { return int(t[i]-'0')*10 + int(t[i+1]-'0') }
+	month, day, hour, minute, sec := two(5), two(8), two(11), two(14), two(17)
+	if month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || sec > 59 {
+		return false
+	}
+	if day > 28 {
+		s := unsafe.String(unsafe.SliceData(t), len(t))
+		if _, err := time.Parse(TimeLayout, s); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// hashRecord sets sum to the entry hash of the parsed record r of rec: the
+// keyed hash of rec without its entry_hash member, which is exactly the
+// preimage appendPreimage writes.
+func hashRecord(sum *[32]byte, r *record, rec []byte) {
+	h := leafHashers.Get().(*blake3.Hasher)
+	h.Reset()
+	h.Write(rec[:r.hashAt])
+	h.Write(rec[r.hashEnd:])
+	h.Sum(sum[:0])
+	leafHashers.Put(h)
+}
+
+// decodeRecord decodes a stored record into e, which shares no memory with
+// rec, checking that rec is exactly the canonical encoding of e (so no
+// byte of it can change unnoticed short of a hash mismatch). It does not
+// check entry_hash.
+func decodeRecord(e *Entry, rec []byte) error {
+	var r record
+	if err := parseRecord(&r, rec); err != nil {
+		*e = Entry{}
 		return err
 	}
-	if _, err := digest.Parse(e.Hash); err != nil {
-		return fmt.Errorf("entry_hash: %v", err)
-	}
-	body, err := canonicalBody(e.Body)
-	if err != nil {
-		return err
-	}
-	*buf = appendRecord((*buf)[:0], e)
-	if !bytes.Equal(body, e.Body) || !bytes.Equal(*buf, rec) {
-		return errNotCanonical
-	}
+	*e = Entry{Seq: r.seq, Kind: string(r.kind), Time: string(r.time), PrevHash: string(r.prevHex), Body: bytes.Clone(r.body), Hash: string(r.hashHex)}
 	return nil
 }
 
@@ -120,8 +322,7 @@ func decodeRecord(e *Entry, buf *[]byte, rec []byte) error {
 // check.
 func ParseEntry(rec []byte) (Entry, error) {
 	var e Entry
-	var buf []byte
-	if err := decodeRecord(&e, &buf, rec); err != nil {
+	if err := decodeRecord(&e, rec); err != nil {
 		return Entry{}, fmt.Errorf("ledger: entry record: %w", err)
 	}
 	h, err := EntryHash(e)

@@ -101,8 +101,7 @@ func TestVerifyNamesFirstBadEntry(t *testing.T) {
 		}), 2, "entry_hash"},
 		{"entry rewritten with recomputed hash", func(t *testing.T, e, _ *bbolt.Bucket) {
 			var x Entry
-			var buf []byte
-			if err := decodeRecord(&x, &buf, e.Get(seqKey(2))); err != nil {
+			if err := decodeRecord(&x, e.Get(seqKey(2))); err != nil {
 				t.Fatal(err)
 			}
 			x.Body = []byte(`{"i":0}`)

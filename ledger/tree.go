@@ -276,7 +276,6 @@ func migrateTree(tx *bbolt.Tx) error {
 	var (
 		n    uint64
 		e    Entry
-		buf  []byte
 		prev [32]byte // the leaf before
 	)
 	c := entries.Cursor()
@@ -284,7 +283,7 @@ func migrateTree(tx *bbolt.Tx) error {
 		if len(k) != 8 || binary.BigEndian.Uint64(k) != n {
 			return fmt.Errorf("ledger: build Merkle tree: entry %d missing (found key %x; run Verify)", n, k)
 		}
-		if err := decodeRecord(&e, &buf, v); err != nil {
+		if err := decodeRecord(&e, v); err != nil {
 			return fmt.Errorf("ledger: build Merkle tree: entry %d: %w", n, err)
 		}
 		leaf, _ := digest.Parse(e.Hash)

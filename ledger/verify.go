@@ -78,7 +78,9 @@ type VerifyOptions struct {
 	// Origin, if set, is the origin every checkpoint must carry.
 	Origin string
 	// OnEntry, if set, is called with each entry once its hashes and links
-	// have verified, in sequence order. An error from it stops verification
+	// have verified, in sequence order. The Entry shares memory with the
+	// verifier's buffers: it is valid only during the call (copy what is
+	// kept). An error from it stops verification
 	// and is returned in a *VerifyError for that entry (errors.Is and
 	// errors.As reach it). Use it for checks of entry bodies, such as the
 	// signatures of receipts.
@@ -177,7 +179,7 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	}
 	for src.walk.k != nil {
 		it := src.walk.next()
-		it.prepare(&v.opts, &workspace{})
+		it.prepare(&v.opts)
 		if err := v.consume(&it); err != nil {
 			return v.report, err
 		}

@@ -38,6 +38,10 @@ const (
 	MetaReceiptID   = "capkernel/receipt_id"
 	MetaOperationID = "capkernel/operation_id"
 	MetaLedgerSeq   = "capkernel/ledger_seq"
+	// MetaReceipt is the call's receipt itself (docs/formats.md,
+	// capkernel-receipt/v2): its audit entry proven under a signed
+	// checkpoint, verifiable offline with the kernel's JWKS.
+	MetaReceipt = "capkernel/receipt"
 	// MetaInvalid is set by the gateway's transports, in place of a
 	// client's _meta that breaks the strictjson rules (duplicate names,
 	// invalid UTF-8), to the refusal's message; the call is refused.
@@ -59,6 +63,8 @@ type Tool struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description"`
 	InputSchema json.RawMessage `json:"inputSchema"`
+	// OutputSchema is an upstream MCP tool's outputSchema, when it has one.
+	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
 }
 
 // Gateway is one token's MCP server.
@@ -122,7 +128,7 @@ func New(c Config) *Gateway {
 	} else {
 		for _, t := range c.Tools {
 			g.served[t.Name] = true
-			g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}, g.handle)
+			g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, OutputSchema: outputSchema(t.OutputSchema)}, g.handle)
 		}
 	}
 	// A call of a tool the gateway does not serve still reaches the
@@ -181,6 +187,13 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	args := json.RawMessage(p.Arguments)
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
+	}
+	// W3C trace context in _meta (as MCP clients send it) goes into the
+	// provenance, where the kernel's trace of the call continues it.
+	for _, k := range []string{"traceparent", "tracestate"} {
+		if v, ok := p.Meta[k].(string); ok {
+			prov[k] = v
+		}
 	}
 	e := kernel.Envelope{
 		ToolID: tool, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
@@ -313,39 +326,16 @@ func (g *Gateway) progress(ctx context.Context, req *mcp.CallToolRequest) (stop 
 }
 
 // okResult is the MCP result of a call with status ok, its result encoded
-// once on the wire. An upstream tool's result ({"content", "structured_content"}
-// as the upstream gave them) passes through: its content items as they
-// came, its structured content as structuredContent. Any other result
-// object is one text item holding its JSON, which every client shows its
-// model; it is not repeated as structuredContent (the kernel's syscalls
-// declare no output schema), so a large result is not sent twice.
+// once on the wire. An upstream tool's result passes through
+// (upstreamResult). Any other result object is one text item holding its
+// JSON, which every client shows its model; it is not repeated as
+// structuredContent (the kernel's syscalls declare no output schema), so a
+// large result is not sent twice.
 func okResult(res *kernel.Result) *mcp.CallToolResult {
-	r := &mcp.CallToolResult{}
-	if strings.HasPrefix(res.ToolID, "mcp.") && upstreamResult(res.Result, r) {
-		r.Meta = meta(res)
+	if r, ok := upstreamResult(res); ok {
 		return r
 	}
-	r.Content = []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}
-	r.Meta = meta(res)
-	return r
-}
-
-// upstreamResult decodes an upstream tool's result into r and reports
-// whether it was one.
-func upstreamResult(raw json.RawMessage, r *mcp.CallToolResult) bool {
-	var up struct {
-		Content           json.RawMessage `json:"content"`
-		StructuredContent json.RawMessage `json:"structured_content"`
-	}
-	if json.Unmarshal(raw, &up) != nil || len(up.Content) == 0 || up.Content[0] != '[' {
-		return false
-	}
-	wire := []byte(`{"content":`)
-	wire = append(wire, up.Content...)
-	if len(up.StructuredContent) > 0 && string(up.StructuredContent) != "null" {
-		wire = append(append(wire, `,"structuredContent":`...), up.StructuredContent...)
-	}
-	return json.Unmarshal(append(wire, '}'), r) == nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}, Meta: meta(res)}
 }
 
 // errorResult is a tool error (isError), which a model can read: the
@@ -368,7 +358,11 @@ func meta(res *kernel.Result) mcp.Meta {
 	if res == nil || res.ReceiptID == "" {
 		return nil
 	}
-	return mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
+	m := mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
+	if res.Receipt != nil {
+		m[MetaReceipt] = res.Receipt
+	}
+	return m
 }
 
 // idTransport copies each tools/call's JSON-RPC id into its _meta (see

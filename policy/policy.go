@@ -84,6 +84,9 @@ type Input struct {
 	// Network is the network posture a call asks for (proc.exec), with the
 	// token's net patterns; absent for calls that ask for none.
 	Network *Network `json:"network,omitempty"`
+	// ResourcesUndeclared marks a call of an upstream MCP tool that no
+	// declaration covers: its resources are unknown (an opaque effect).
+	ResourcesUndeclared bool `json:"resources_undeclared,omitempty"`
 }
 
 // Network is the network part of an Input.

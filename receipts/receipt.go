@@ -1,24 +1,31 @@
-// Package receipts signs and verifies capkernel's receipts: one per kernel
-// call, allowed or denied, saying what was called, by whom, under which
-// token and policy, with what outcome, and where in the ledger the call's
-// records sit.
+// Package receipts holds capkernel's receipts: one per kernel call,
+// allowed or denied, saying what was called, by whom, under which token and
+// policy, with what outcome, and where in the ledger the call's record
+// sits.
 //
-// A receipt is a compact JWS (RFC 7515) signed with the kernel's Ed25519
-// key. Its protected header is exactly
+// Since format v2 (Logged, VerifyLogged) a receipt is proven by the log:
+// the call's audit entry, its inclusion proof and the checkpoint, signed
+// once per group commit, whose tree it is proven to be in. Anyone holding
+// the kernel's JWKS can verify one offline.
+//
+// Format v1 receipts, which older ledgers hold one per call, are compact
+// JWS (RFC 7515) signed with the kernel's Ed25519 key. Their protected
+// header is exactly
 //
 //	{"alg":"EdDSA","kid":"<kid>","typ":"capkernel-receipt+jws"}
 //
 // where kid is the RFC 7638 JWK thumbprint (SHA-256, base64url) of the
-// public key, and its payload is the RFC 8785 canonical JSON of a Receipt,
-// so the same receipt always signs to the same bytes (Ed25519 signatures
-// are deterministic). Anyone holding the kernel's JWKS can verify a receipt
-// offline with Verify or any JOSE library.
+// public key, and their payload is the RFC 8785 canonical JSON of a
+// Receipt, so the same receipt always signs to the same bytes (Ed25519
+// signatures are deterministic). Verify checks them.
 package receipts
 
 // Type is the typ header parameter of every receipt.
 const Type = "capkernel-receipt+jws"
 
-// Receipt is the signed payload. The JSON field names are the wire format.
+// Receipt is what a receipt attests: the payload of a v1 JWS receipt (the
+// JSON field names are its wire format), or what Summarize reads from the
+// audit entry of a v2 one.
 type Receipt struct {
 	ReceiptID         string  `json:"receipt_id"`
 	OperationID       string  `json:"operation_id"`

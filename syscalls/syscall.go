@@ -81,9 +81,16 @@ type Definition struct {
 	ID          string          // e.g. "fs.read"; see Registry.Register for the form
 	Description string          // for people and for LLMs
 	InputSchema json.RawMessage // a JSON Schema object in the subset schema.go allows
-	SideEffect  SideEffect
-	Resources   []ResourceArg
-	Timeout     time.Duration // 0: the kernel's default
+	// OutputSchema, when set, is the JSON Schema of the result's
+	// structured content (an upstream MCP tool's outputSchema, as it came).
+	OutputSchema json.RawMessage
+	// MCPResult marks a syscall whose result is an MCP CallToolResult
+	// (content, structuredContent, _meta) to be handed to MCP clients as
+	// it is, not wrapped (an upstream MCP server's tool).
+	MCPResult  bool
+	SideEffect SideEffect
+	Resources  []ResourceArg
+	Timeout    time.Duration // 0: the kernel's default
 	// Reach, when set, tells the kernel what a call reaches beyond its
 	// resource arguments (hosts, the token's whole fs grant, a network
 	// posture) and, for syscalls whose class depends on the arguments, the

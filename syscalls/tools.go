@@ -34,7 +34,7 @@ func ParseToolName(name, format string) string {
 
 // Tools renders defs as an LLM's tool list: "openai" (function tools),
 // "anthropic" (name, description, input_schema) or "mcp" (name,
-// description, inputSchema).
+// description, inputSchema, and outputSchema when the syscall has one).
 func Tools(defs []Definition, format string) (json.RawMessage, error) {
 	switch format {
 	case FormatOpenAI, FormatAnthropic, FormatMCP:
@@ -51,7 +51,11 @@ func Tools(defs []Definition, format string) (json.RawMessage, error) {
 		case FormatAnthropic:
 			out = append(out, map[string]any{"name": name, "description": d.Description, "input_schema": d.InputSchema})
 		case FormatMCP:
-			out = append(out, map[string]any{"name": name, "description": d.Description, "inputSchema": d.InputSchema})
+			t := map[string]any{"name": name, "description": d.Description, "inputSchema": d.InputSchema}
+			if d.OutputSchema != nil {
+				t["outputSchema"] = d.OutputSchema
+			}
+			out = append(out, t)
 		}
 	}
 	return json.Marshal(out)

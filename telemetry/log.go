@@ -41,7 +41,8 @@ func (l CallLog) CallDone(r *kernel.CallReport) {
 		return
 	}
 	l.Log.LogAttrs(context.Background(), level, "call failed", slog.String("error_class", r.ErrorClass),
-		slog.String("operation_id", r.OperationID), slog.String("tool_id", r.ToolID), slog.String("agent_id", r.AgentID))
+		slog.String("error", r.ErrorMessage), slog.String("operation_id", r.OperationID),
+		slog.String("tool_id", r.ToolID), slog.String("agent_id", r.AgentID))
 }
 
 // GroupCommit implements kernel.Observer.

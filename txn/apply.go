@@ -47,3 +47,80 @@ func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 	}
 	return nil
 }
+
+// Redo applies decided effects again after a crash or a fail stop, like
+// Apply, but checks each target first, since the process that committed
+// them may have stopped at any point of Apply: a staged write is renamed
+// onto its target only while the target still holds the content it was
+// staged against (OldHash; absent for a new file), and a deleted file is
+// removed only while it holds OldHash. A target that holds the effect's
+// new content already is left as it is; one that holds anything else is
+// never overwritten: the staging file goes and the effect is reported as
+// a Conflict. Staging and trash files of the effects are gone afterwards.
+func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root, error)) ([]Conflict, error) {
+	var conflicts []Conflict
+	for _, e := range effects {
+		if e.Op != OpWrite && e.Op != OpDelete {
+			if err := Apply([]Effect{e}, root); err != nil {
+				return conflicts, err
+			}
+			continue
+		}
+		r, err := root(e.Root)
+		if err != nil {
+			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
+		}
+		cur, present, err := currentHash(r, e.Path)
+		if err != nil {
+			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
+		}
+		conflict := func(want string) {
+			conflicts = append(conflicts, Conflict{OperationID: operationID, Op: e.Op, Root: e.Root, Path: e.Path, Want: want, Found: cur})
+		}
+		switch e.Op {
+		case OpWrite:
+			if _, serr := r.Lstat(e.Stage); errors.Is(serr, fs.ErrNotExist) {
+				continue // renamed already
+			}
+			switch {
+			case e.OldHash == "" && !present, e.OldHash != "" && cur == e.OldHash:
+				err = r.Rename(e.Stage, e.Path)
+			case cur == e.NewHash && present:
+				err = r.Remove(e.Stage)
+			default:
+				conflict(e.OldHash)
+				err = r.Remove(e.Stage)
+			}
+		case OpDelete:
+			switch {
+			case !present:
+			case e.OldHash == "" || cur == e.OldHash:
+				err = r.Rename(e.Path, e.Stage)
+			default:
+				conflict(e.OldHash)
+			}
+			if err == nil || errors.Is(err, fs.ErrNotExist) {
+				err = r.RemoveAll(e.Stage)
+			}
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
+		}
+	}
+	return conflicts, nil
+}
+
+// currentHash returns the digest of the regular file rel ("" for anything
+// else) and whether anything exists at rel.
+func currentHash(r *os.Root, rel string) (string, bool, error) {
+	if _, err := r.Lstat(rel); errors.Is(err, fs.ErrNotExist) {
+		return "", false, nil
+	} else if err != nil {
+		return "", false, err
+	}
+	h, _, err := hashFile(r, rel)
+	if errors.Is(err, errNotRegular) {
+		return "", true, nil
+	}
+	return h, true, err
+}

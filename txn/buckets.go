@@ -14,11 +14,14 @@ var (
 	bucketBudget = []byte("budgets")     // capability_token_id -> Usage
 	bucketKV     = []byte("kv")          // key -> kvValue
 	bucketOps    = []byte("operations")  // operation_id -> result envelope
+	// bucketOrder lists the commit_delta_ids in commit order: big-endian
+	// commit sequence number -> commit_delta_id.
+	bucketOrder = []byte("delta_order")
 )
 
 // Init creates the package's buckets if they are missing.
 func Init(tx *bbolt.Tx) error {
-	for _, b := range [][]byte{bucketIdem, bucketIntent, bucketDelta, bucketBudget, bucketKV, bucketOps} {
+	for _, b := range [][]byte{bucketIdem, bucketIntent, bucketDelta, bucketBudget, bucketKV, bucketOps, bucketOrder} {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 			return fmt.Errorf("txn: create bucket %s: %w", b, err)
 		}

@@ -1,6 +1,7 @@
 package txn
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 
@@ -53,6 +54,15 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 	if err := tx.Bucket(bucketDelta).Put([]byte(deltaID), clone(delta)); err != nil {
 		return err
 	}
+	order := tx.Bucket(bucketOrder)
+	seq, err := order.NextSequence()
+	if err != nil {
+		return err
+	}
+	if err := order.Put(binary.BigEndian.AppendUint64(nil, seq), []byte(deltaID)); err != nil {
+		return err
+	}
+	in.CommitSeq = seq
 	in.State = Decided
 	in.Effects = effects
 	in.DeltaID = deltaID

@@ -39,6 +39,9 @@ type Intent struct {
 	Dirs      []StageDir `json:"dirs,omitempty"`
 	Effects   []Effect   `json:"effects,omitempty"`
 	DeltaID   string     `json:"commit_delta_id,omitempty"`
+	// CommitSeq numbers decided intents in commit order (from 1), so that
+	// recovery applies them in that order (0: decided before it existed).
+	CommitSeq uint64 `json:"commit_seq,omitempty"`
 	// External marks a call whose execution may have an effect outside the
 	// kernel's reach (a NETWORK syscall: an HTTP request that is not a
 	// read). Recovery never rolls such a call back as if nothing happened:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"sort"
 
 	"go.etcd.io/bbolt"
 
@@ -17,10 +18,29 @@ type Recovered struct {
 	Redone     []Intent // decided intents whose effects were applied again
 	RolledBack []Intent // prepared intents that were undone
 	Unknown    []Intent // prepared external intents: outcome_unknown
+	// Conflicts are effects of decided intents that recovery did not
+	// apply because their target no longer held the content they were
+	// staged against (see Redo).
+	Conflicts []Conflict
 }
 
-// Recover finishes what a crash interrupted; run it at open, before any
-// call. Decided intents are applied again (idempotently) and removed;
+// Conflict is a decided effect left unapplied by recovery: the target
+// Path (under Root) holds content of digest Found ("" when absent), while
+// the effect was staged against Want.
+type Conflict struct {
+	OperationID string `json:"operation_id"`
+	Op          string `json:"op"`
+	Root        string `json:"root"`
+	Path        string `json:"path"`
+	Want        string `json:"want"`
+	Found       string `json:"found"`
+}
+
+// Recover finishes what a crash or a fail stop interrupted; run it at
+// open, before any call. Decided intents are applied again in commit
+// order (Redo: each file's pre-image is checked, so an older staged
+// version never replaces newer content), their leftover staging files
+// are removed, and they are removed;
 // prepared ones lose their staging files and are rolled back, and
 // onRollback is called in the same transaction so the caller can audit
 // each one. A prepared External intent (an effect elsewhere may have
@@ -38,13 +58,27 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 	}
 	roots := rootCache{}
 	defer roots.close()
+	// Decided intents first, in commit order: a later commit of a path
+	// was staged on the content an earlier one left.
+	sort.SliceStable(intents, func(i, j int) bool {
+		a, b := &intents[i], &intents[j]
+		if (a.State == Decided) != (b.State == Decided) {
+			return a.State == Decided
+		}
+		return a.CommitSeq < b.CommitSeq
+	})
 	for i := range intents {
 		in := &intents[i]
 		switch in.State {
 		case Decided:
-			if err := Apply(in.Effects, roots.open); err != nil {
+			conflicts, err := Redo(in.OperationID, in.Effects, roots.open)
+			if err == nil {
+				err = removeStaging(in, roots.open)
+			}
+			if err != nil {
 				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
 			}
+			rec.Conflicts = append(rec.Conflicts, conflicts...)
 			if err := roots.sync(); err != nil {
 				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
 			}

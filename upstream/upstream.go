@@ -17,12 +17,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -48,6 +52,41 @@ type Server struct {
 	// Timeout bounds a call of the server's tools (default: the kernel's
 	// bound for the tool's class).
 	Timeout Duration `json:"timeout,omitempty"`
+	// Declare names shipped declarations to apply (References:
+	// "filesystem", "git", "fetch", "memory", "everything").
+	Declare string `json:"declare,omitempty"`
+	// Resources declares what the arguments of the server's tools are;
+	// the first entry whose glob matches a tool applies, before any of
+	// Declare's.
+	Resources []Declaration `json:"resources,omitempty"`
+	// Paths maps the kernel's directories onto the upstream's path space
+	// (default: one space).
+	Paths []PathMap `json:"paths,omitempty"`
+	// MaxResultBytes caps the size of a tool's result (default
+	// DefaultMaxResultBytes); a larger one is an error result.
+	MaxResultBytes int `json:"max_result_bytes,omitempty"`
+}
+
+// DefaultMaxResultBytes is the default cap on an upstream tool's result:
+// well under the 10 MiB an MCP TypeScript client takes in one message and
+// the 16 MiB of one stdio frame of the SDKs.
+const DefaultMaxResultBytes = 4 << 20
+
+// maxResult is the server's result cap.
+func (s Server) maxResult() int {
+	if s.MaxResultBytes > 0 {
+		return s.MaxResultBytes
+	}
+	return DefaultMaxResultBytes
+}
+
+// declarations are the server's declarations in the order they apply.
+func (s Server) declarations() []Declaration {
+	ds := slices.Clone(s.Resources)
+	if r, ok := references[s.Declare]; ok {
+		ds = append(ds, r.Resources...)
+	}
+	return ds
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s").
@@ -92,13 +131,33 @@ func (s Server) check(name string) error {
 			return fmt.Errorf("mcp server %s: tool %s: side_effect %q is not one of NONE, READ, WRITE, EXECUTE, NETWORK", name, t, se)
 		}
 	}
+	if _, ok := references[s.Declare]; s.Declare != "" && !ok {
+		return fmt.Errorf("mcp server %s: declare %q is not one of the shipped declarations (%s)", name, s.Declare, referenceNames())
+	}
+	for i, d := range s.Resources {
+		if err := d.check(fmt.Sprintf("mcp server %s: resources[%d]", name, i)); err != nil {
+			return err
+		}
+	}
+	for i, m := range s.Paths {
+		if !filepath.IsAbs(m.Root) || !filepath.IsAbs(m.Upstream) {
+			return fmt.Errorf("mcp server %s: paths[%d]: root %q and upstream %q must both be absolute", name, i, m.Root, m.Upstream)
+		}
+	}
+	if s.MaxResultBytes < 0 {
+		return fmt.Errorf("mcp server %s: max_result_bytes %d is negative", name, s.MaxResultBytes)
+	}
 	return nil
 }
 
-// class is the side-effect class of the server's tool.
+// class is the side-effect class of the server's tool: its tools entry,
+// else its declaration's, else the server's, else EXECUTE.
 func (s Server) class(tool string) syscalls.SideEffect {
 	if se, ok := s.Tools[tool]; ok {
 		return se
+	}
+	if d, ok := declarationFor(s.declarations(), tool); ok && d.SideEffect != "" {
+		return d.SideEffect
 	}
 	if s.SideEffect != "" {
 		return s.SideEffect
@@ -131,7 +190,7 @@ func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, l
 			set.Close()
 			return nil, err
 		}
-		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n)}
+		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n), dial: make(chan struct{}, 1)}
 		if _, err := c.connect(ctx); err != nil {
 			set.Close()
 			return nil, err
@@ -159,9 +218,9 @@ type conn struct {
 	reg  *syscalls.Registry
 	log  *slog.Logger
 
-	dial    sync.Mutex // serializes connects
-	refresh sync.Mutex // serializes tool-table refreshes
-	mu      sync.Mutex // guards sess, dead, closed
+	dial    chan struct{} // a token: serializes connects, waited for within a call's time
+	refresh sync.Mutex    // serializes tool-table refreshes
+	mu      sync.Mutex    // guards sess, dead, closed
 	sess    *mcp.ClientSession
 	dead    error // why sess ended (nil while it lives)
 	closed  bool
@@ -170,8 +229,12 @@ type conn struct {
 // connect starts a new session, unless a live one exists, and loads the
 // tool table from it.
 func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
-	c.dial.Lock()
-	defer c.dial.Unlock()
+	select {
+	case c.dial <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("mcp server %s: waiting for the reconnection: %w", c.name, ctx.Err())
+	}
+	defer func() { <-c.dial }()
 	c.mu.Lock()
 	closed, live := c.closed, c.sess != nil && c.dead == nil
 	sess := c.sess
@@ -182,9 +245,15 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	if live {
 		return sess, nil
 	}
+	if sess != nil {
+		// The dead session's process (or HTTP session) may linger: end
+		// it, without holding up the reconnection.
+		go sess.Close()
+	}
 	var t mcp.Transport
 	if c.cfg.URL != "" {
-		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1}
+		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1,
+			HTTPClient: &http.Client{Transport: sentTransport{http.DefaultTransport}}}
 	} else {
 		cmd := exec.Command(c.cfg.Command[0], c.cfg.Command[1:]...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
@@ -192,7 +261,9 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 		cmd.Stderr = os.Stderr
-		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+		// The frame limit leaves room for the JSON-RPC envelope around
+		// a result at the cap.
+		t = &stdioTransport{cmd: cmd, limit: c.cfg.maxResult() + 64<<10, log: c.log}
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel", Version: "1"}, &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
@@ -257,7 +328,11 @@ func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
 			c.log.Warn("tool left out", "tool", t.Name, "err", err)
 			continue
 		}
-		fs = append(fs, func() syscalls.Syscall { return &tool{conn: c, name: t.Name, def: def} })
+		decl := &Tool{Server: c.name, Name: t.Name, Paths: c.cfg.Paths}
+		if d, ok := declarationFor(c.cfg.declarations(), t.Name); ok {
+			decl.Declared, decl.Args = true, d.Args
+		}
+		fs = append(fs, func() syscalls.Syscall { return &tool{conn: c, name: t.Name, def: def, decl: decl} })
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -290,14 +365,22 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 	if desc == "" {
 		desc = t.Title
 	}
+	var out json.RawMessage
+	if t.OutputSchema != nil {
+		if out, err = json.Marshal(t.OutputSchema); err != nil {
+			return syscalls.Definition{}, fmt.Errorf("output schema: %w", err)
+		}
+	}
 	se := c.cfg.class(t.Name)
 	return syscalls.Definition{
-		ID:          id,
-		Description: desc,
-		InputSchema: b,
-		SideEffect:  se,
-		Timeout:     time.Duration(c.cfg.Timeout),
-		External:    se.Mutating(),
+		ID:           id,
+		Description:  desc,
+		InputSchema:  b,
+		OutputSchema: out,
+		MCPResult:    true,
+		SideEffect:   se,
+		Timeout:      time.Duration(c.cfg.Timeout),
+		External:     se.Mutating(),
 		// CallTool returns as soon as its context ends (telling the
 		// upstream with notifications/cancelled); the kernel waits for
 		// it, so a mutating call that timed out after it was sent ends
@@ -320,7 +403,7 @@ func (c *conn) session(ctx context.Context) (*mcp.ClientSession, error) {
 		if dead != nil {
 			why = dead.Error()
 		}
-		return nil, fmt.Errorf("%s; reconnecting failed: %v", why, err)
+		return nil, fmt.Errorf("%s; reconnecting failed: %w", why, err)
 	}
 	return sess, nil
 }
@@ -355,30 +438,59 @@ type tool struct {
 	conn *conn
 	name string // the upstream name
 	def  syscalls.Definition
+	decl *Tool
 }
 
 func (t *tool) Definition() syscalls.Definition { return t.def }
 
-// Execute sends tools/call upstream. Once the request may have left, a
-// lost answer is outcome_unknown for a mutating tool: the server may have
-// acted, so the kernel never sends it again.
+// Execute sends tools/call upstream. A call that was never written to a
+// live connection (the session was broken or is being reconnected) is
+// sent once more on a new session, within the call's time; if none can be
+// had, it is upstream_unavailable and nothing was sent. Once the request
+// has been written, a lost answer is outcome_unknown for a mutating tool:
+// the server may have acted, so the kernel never sends it again.
 func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, error) {
-	sess, err := t.conn.session(ctx)
-	if err != nil {
-		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
-			Message: fmt.Sprintf("mcp server %s: %v", t.conn.name, err)}
-	}
-	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
-	if errors.Is(err, mcp.ErrConnectionClosed) {
-		// Marked now, not when the session's reader notices: the next
-		// call must reconnect, not fail on the dead session too.
-		t.conn.markDead(sess, err)
+	var res *mcp.CallToolResult
+	var err error
+	var sent *atomic.Bool
+	for attempt := 0; ; attempt++ {
+		var sess *mcp.ClientSession
+		sess, err = t.conn.session(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return syscalls.Output{}, err // the kernel reports timeout or cancelled
+			}
+			return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
+				Message: fmt.Sprintf("mcp server %s: %v; nothing was sent", t.conn.name, err)}
+		}
+		var cctx context.Context
+		cctx, sent = withSent(ctx)
+		res, err = sess.CallTool(cctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
+		if errors.Is(err, mcp.ErrConnectionClosed) || err != nil && !sent.Load() && ctx.Err() == nil {
+			// Marked now, not when the session's reader notices: the next
+			// call must reconnect, not fail on the dead session too. A
+			// write that failed for no reason of the call's own means the
+			// session is broken, whatever its reader has seen so far.
+			t.conn.markDead(sess, err)
+		}
+		if err == nil || sent.Load() || ctx.Err() != nil || attempt > 0 {
+			break
+		}
 	}
 	var werr *jsonrpc.Error
 	switch {
+	case errors.As(err, &werr) && werr.Code == codeTooLarge:
+		var d struct{ Bytes int }
+		json.Unmarshal(werr.Data, &d)
+		return syscalls.Output{}, t.tooLarge(d.Bytes)
 	case errors.As(err, &werr):
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, werr.Message, werr.Code)}
+	case err != nil && !sent.Load() && ctx.Err() != nil:
+		return syscalls.Output{}, err // never sent: timeout or cancelled
+	case err != nil && !sent.Load():
+		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
+			Message: fmt.Sprintf("mcp server %s, tool %s: %v; nothing was sent", t.conn.name, t.name, err)}
 	case err != nil && t.def.SideEffect.Mutating():
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUnknown,
 			Message: fmt.Sprintf("mcp server %s, tool %s: the call was sent but no answer came (%v); it may have acted", t.conn.name, t.name, err)}
@@ -392,18 +504,29 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, text(res.Content))}
 	}
-	out := map[string]any{"content": res.Content}
 	if res.Content == nil {
-		out["content"] = []mcp.Content{}
+		res.Content = []mcp.Content{}
 	}
-	if res.StructuredContent != nil {
-		out["structured_content"] = res.StructuredContent
-	}
-	b, err := json.Marshal(out)
+	b, err := json.Marshal(res)
 	if err != nil {
 		return syscalls.Output{}, fmt.Errorf("mcp server %s, tool %s: encoding the result: %w", t.conn.name, t.name, err)
 	}
+	if max := t.conn.cfg.maxResult(); len(b) > max {
+		return syscalls.Output{}, t.tooLarge(len(b))
+	}
 	return syscalls.Output{Result: b}, nil
+}
+
+// tooLarge is the failure of a call whose result is over the server's
+// cap. The upstream answered, so a mutating tool has acted (or failed):
+// its outcome is unknown to the caller, and the call is never sent again.
+func (t *tool) tooLarge(size int) error {
+	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %d bytes; the limit is %d bytes (max_result_bytes): the result is withheld; both connections stay open",
+		t.conn.name, t.name, size, t.conn.cfg.maxResult())
+	if t.def.SideEffect.Mutating() {
+		return &syscalls.Failure{Class: syscalls.FailUnknown, Message: msg + "; the tool answered, so it may have acted"}
+	}
+	return &syscalls.Failure{Class: syscalls.FailUpstreamError, Message: msg}
 }
 
 // text joins the text parts of content.

@@ -5,7 +5,7 @@
 // It builds kernelctl and OPA (the version go.mod pins), serves each on
 // loopback as its own process, and, itself the load generator, asks both
 // the same question at several concurrencies: the kernel a full audited
-// call (token, policy, ledger, signed receipt), OPA's server the bare
+// call (token, policy, ledger, receipt), OPA's server the bare
 // policy decision the kernel makes for that call. Then it runs the
 // in-process benchmarks (go test -bench) for Invoke, durable writes
 // against bare bbolt, the ledger at one million entries and proc.exec
@@ -47,8 +47,16 @@ func main() {
 	svg := flag.String("svg", "docs/benchmarks.svg", "chart to write")
 	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
 	inProcess := flag.Bool("in-process", true, "run the in-process benchmarks too (false: HTTP only, for a quick look)")
+	telemetryOnly := flag.Bool("telemetry-only", false, "only compare the audited HTTP call with metrics and traces on and off; print that section, write nothing")
 	profile := flag.String("profile", "", "write a CPU profile of kernelctl serve during fs.read at c=32 to this file (go tool pprof bin/kernelctl FILE)")
 	flag.Parse()
+	if *telemetryOnly {
+		if err := runTelemetry(*duration); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*duration, *benchtime, *inProcess, *profile, *out, *svg); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
@@ -85,6 +93,9 @@ func run(d time.Duration, benchtime string, inProcess bool, profile, out, svg st
 	if err := rep.measureHTTP(bin, tmp, profile, d); err != nil {
 		return err
 	}
+	if err := rep.measureTelemetry(bin, tmp, d); err != nil {
+		return err
+	}
 	if inProcess {
 		if err := rep.measureInProcess(benchtime); err != nil {
 			return err
@@ -98,6 +109,28 @@ func run(d time.Duration, benchtime string, inProcess bool, profile, out, svg st
 		return err
 	}
 	step("wrote %s and %s in %v", out, svg, rep.Took.Round(time.Second))
+	return nil
+}
+
+// runTelemetry builds kernelctl and prints the telemetry comparison alone.
+func runTelemetry(d time.Duration) error {
+	bin, err := filepath.Abs("bin")
+	if err != nil {
+		return err
+	}
+	if err := sh(nil, "go", "build", "-o", filepath.Join(bin, "kernelctl"), "./cmd/kernelctl"); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "benchreport-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	rep := &report{Duration: d}
+	if err := rep.measureTelemetry(bin, tmp, d); err != nil {
+		return err
+	}
+	rep.telemetryMarkdown(func(format string, a ...any) { fmt.Printf(format+"\n", a...) })
 	return nil
 }
 
@@ -253,10 +286,10 @@ func (p *proc) stop() {
 }
 
 // startKernel runs kernelctl serve on a free loopback port (with its
-// profiler on pprofAddr, unless "") and reads the URL from its ready line
+// profiler on pprofAddr, unless "", and more serve flags) and reads the URL from its ready line
 // ("serving <id> on http://127.0.0.1:PORT …").
-func startKernel(kernelctl, data, pprofAddr string) (*proc, error) {
-	args := []string{"serve", "--data", data, "--listen", "127.0.0.1:0"}
+func startKernel(kernelctl, data, pprofAddr string, flags ...string) (*proc, error) {
+	args := append([]string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, flags...)
 	if pprofAddr != "" {
 		args = append(args, "--pprof", pprofAddr)
 	}
@@ -358,7 +391,8 @@ func (r *report) measureInProcess(benchtime string) error {
 		{"durable writes", "./kernel/", "^BenchmarkInvoke$/^fs.write-1KiB$/^p=(1|32)$", benchtime, nil},
 		{"bare bbolt writes", "./kernel/", "^BenchmarkBaselineBoltPut$/^p=(1|32)$", benchtime, nil},
 		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
-		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^r-root$", "100x", nil},
+		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^(r-root|rw-empty)$", "100x", nil},
+		{"upstream MCP call vs direct", "./kernel/", "^BenchmarkUpstreamEcho$", benchtime, []string{"CAPKERNEL_NPM_TESTS=1"}},
 	}
 	for _, run := range runs {
 		step("%s (go test -bench)", run.what)

@@ -17,6 +17,7 @@ type report struct {
 	CPUs                  int
 	OPAInput              string
 	HTTP                  []point
+	Telemetry             []point // measureTelemetry's rounds
 	Go                    []result
 }
 
@@ -102,23 +103,13 @@ func (r *report) markdown() []byte {
 	w("")
 	w("| goal | measured | met |")
 	w("|---|---|---|")
-	best := 0.0
-	for _, p := range []int{1, 8, 32, 64} {
-		if v, err := find(r.Go, fmt.Sprintf("BenchmarkInvoke/fs.read-1KiB/p=%d", p), "calls/s"); err == nil {
-			best = math.Max(best, v)
-		}
-	}
-	w("| in-process audited reads ≥ 20,000/s | %s calls/s (fs.read 1 KiB, best concurrency) | %s |", num(best), yes(best >= 20000))
-	k, ok1 := r.point(kernelRead, 32)
-	o, ok2 := r.point(opaServer, 32)
-	if ok1 && ok2 {
-		q := k.Rate() / o.Rate()
-		w("| full audited call at c=32 ≥ 1.0× the bare OPA server decision | %.2f× (%s vs %s calls/s) | %s |", q, num(k.Rate()), num(o.Rate()), yes(q >= 1))
+	for _, g := range r.goals() {
+		w("| %s | %s | %s |", g.goal, g.measured, g.met)
 	}
 	w("")
 	w("## 1–2. HTTP: kernel against OPA's own server")
 	w("")
-	w("A separate load-generating process (this program) on loopback, closed loop: each of c workers sends its next request when the previous answer is in. The kernel answers `POST /v1/syscalls` with a full audited call: token verification, scope checks, the policy decision, an audit record in the hash-chained ledger (group-committed, fsync'd) and a signed receipt. Each worker is its own agent session. OPA's server (`opa run --server`, decision logs off) is asked `POST /v1/data/capkernel/decision` with the very input the kernel decided fs.read with (read back from that call's audit record): the cost of a bare policy check with no token, no audit and no receipt. CPU per call is the server process's user+system time (from /proc) over the calls it answered.")
+	w("A separate load-generating process (this program) on loopback, closed loop: each of c workers sends its next request when the previous answer is in. The kernel answers `POST /v1/syscalls` with a full audited call: token verification, scope checks, the policy decision, an audit record in the hash-chained ledger (group-committed, fsync'd) and its receipt (the record proven under the checkpoint signed once per group commit). Each worker is its own agent session. OPA's server (`opa run --server`, decision logs off) is asked `POST /v1/data/capkernel/decision` with the very input the kernel decided fs.read with (read back from that call's audit record): the cost of a bare policy check with no token, no audit and no receipt. CPU per call is the server process's user+system time (from /proc) over the calls it answered.")
 	w("")
 	w("| target | c | calls/s | p50 µs | p99 µs | server CPU µs/call | load-generator CPU µs/call |")
 	w("|---|---:|---:|---:|---:|---:|---:|")
@@ -147,22 +138,27 @@ func (r *report) markdown() []byte {
 	w("%s", r.OPAInput)
 	w("```")
 	w("")
+	r.telemetryMarkdown(w)
 	w("## 3. In-process Invoke")
 	w("")
-	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`).")
+	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`). CPU is the process's user+system time per call (every goroutine, GC included); serial is the time per call the store's sequencer goroutine spent in the kernel's functions and in bbolt's commit work (spill, rebalance), which bounds throughput at 1/serial however many cores there are; pages are bbolt page writes and fsyncs the fdatasyncs (two per group commit) per call.")
 	w("")
-	w("| call | p | calls/s | ns/op | B/op | allocs/op |")
-	w("|---|---:|---:|---:|---:|---:|")
-	for _, name := range []string{"echo", "fs.read-1KiB"} {
+	w("| call | p | calls/s | ns/op | CPU µs/call | serial µs/call | pages/call | fsyncs/call | B/op | allocs/op |")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, name := range []string{"echo", "fs.read-1KiB", "fs.write-1KiB"} {
 		for _, p := range concurrencies {
 			n := fmt.Sprintf("BenchmarkInvoke/%s/p=%d", name, p)
-			w("| %s | %d | %s | %s | %s | %s |", name, p, r.metric(n, "calls/s"), r.metric(n, "ns/op"), r.metric(n, "B/op"), r.metric(n, "allocs/op"))
+			if _, err := find(r.Go, n, "ns/op"); err != nil {
+				continue
+			}
+			w("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |", name, p, r.metric(n, "calls/s"), r.metric(n, "ns/op"), r.metric(n, "cpu-µs/call"),
+				r.metric(n, "serial-µs/call"), r.metric(n, "pages/call"), r.metric(n, "fsyncs/call"), r.metric(n, "B/op"), r.metric(n, "allocs/op"))
 		}
 	}
 	w("")
 	w("## 4. Durable writes: fs.write 1 KiB against bare bbolt")
 	w("")
-	w("fs.write runs as a transaction (intent, staged content, commit, audit record, receipt), all durable. The baseline is one bbolt `Update` with one 1 KiB `Put` per operation, fsync each (`BenchmarkBaselineBoltPut`).")
+	w("fs.write runs as a transaction (intent, staged content, commit, audit record), all durable. The baseline is one bbolt `Update` with one 1 KiB `Put` per operation, fsync each (`BenchmarkBaselineBoltPut`).")
 	w("")
 	w("| p | fs.write calls/s | bare bbolt puts/s | ratio |")
 	w("|---:|---:|---:|---:|")
@@ -185,13 +181,83 @@ func (r *report) markdown() []byte {
 	w("")
 	w("## 6. proc.exec `true` against bare bwrap")
 	w("")
-	w("`BenchmarkExecVsBareBwrap/r-root`: `true` through Invoke (token, policy, prepare, sandbox, commit, audit, receipt) interleaved in one loop with bare `bwrap … true` with comparable namespaces and binds.")
+	w("`BenchmarkExecVsBareBwrap`: `true` through Invoke (token, policy, prepare, sandbox, commit, audit) interleaved in one loop with bare `bwrap … true` with comparable namespaces and binds, in a read-only root and in a staged rw root.")
 	w("")
-	w("| bare bwrap ms | proc.exec ms | ratio |")
-	w("|---:|---:|---:|")
-	n := "BenchmarkExecVsBareBwrap/r-root"
-	w("| %s | %s | %s× |", r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
+	w("| root | bare bwrap ms | proc.exec ms | ratio |")
+	w("|---|---:|---:|---:|")
+	for _, root := range []string{"r-root", "rw-empty"} {
+		n := "BenchmarkExecVsBareBwrap/" + root
+		w("| %s | %s | %s | %s× |", root, r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
+	}
+	r.upstreamSection(w)
 	return b.Bytes()
+}
+
+// goal is one line of the report's goals table (issue 17's figures).
+type goal struct{ goal, measured, met string }
+
+// goals checks the figures of the run against the goals.
+func (r *report) goals() []goal {
+	var out []goal
+	add := func(text string, v float64, ok bool, unit string, met bool) {
+		if !ok {
+			out = append(out, goal{text, "not measured", "n/a"})
+			return
+		}
+		out = append(out, goal{text, num(v) + unit, yes(met)})
+	}
+	best := func(call string) (float64, bool) {
+		v, ok := 0.0, false
+		for _, p := range concurrencies {
+			if x, err := find(r.Go, fmt.Sprintf("BenchmarkInvoke/%s/p=%d", call, p), "calls/s"); err == nil {
+				v, ok = math.Max(v, x), true
+			}
+		}
+		return v, ok
+	}
+	get := func(name, unit string) (float64, bool) {
+		v, err := find(r.Go, name, unit)
+		return v, err == nil
+	}
+	v, ok := best("fs.read-1KiB")
+	add("in-process audited fs.read 1 KiB ≥ 20,000/s (best concurrency)", v, ok, " calls/s", v >= 20000)
+	v, ok = best("echo")
+	add("in-process audited echo ≥ 25,000/s (best concurrency)", v, ok, " calls/s", v >= 25000)
+	for _, c := range []struct {
+		conc int
+		min  float64
+	}{{32, 1.5}, {1, 0.5}} {
+		k, ok1 := r.point(kernelRead, c.conc)
+		o, ok2 := r.point(opaServer, c.conc)
+		q, ok := 0.0, ok1 && ok2 && o.Rate() > 0
+		if ok {
+			q = k.Rate() / o.Rate()
+		}
+		add(fmt.Sprintf("HTTP fs.read at c=%d ≥ %.1f× OPA's server deciding the same input", c.conc, c.min), q, ok, "×", q >= c.min)
+	}
+	v, ok = get("BenchmarkInvoke/fs.read-1KiB/p=32", "cpu-µs/call")
+	add("CPU per audited fs.read ≤ 80 µs (in-process, p=32, GC included)", v, ok, " µs", v <= 80)
+	if k, ok := r.point(kernelRead, 32); ok {
+		add("CPU per audited fs.read over HTTP ≤ 80 µs (server process, c=32)", float64(k.ServerCPU.Nanoseconds())/1e3, true, " µs", k.ServerCPU <= 80*time.Microsecond)
+	}
+	v, ok = get("BenchmarkInvoke/fs.read-1KiB/p=32", "serial-µs/call")
+	add("serial work on the sequencer per call ≤ 15 µs (fs.read, p=32)", v, ok, " µs", v <= 15)
+	v, ok = get("BenchmarkInvoke/fs.read-1KiB/p=32", "allocs/op")
+	add("allocations per fs.read ≤ 150 (p=32)", v, ok, "", v <= 150)
+	w, ok1 := get("BenchmarkInvoke/fs.write-1KiB/p=32", "calls/s")
+	bb, ok2 := get("BenchmarkBaselineBoltPut/p=32", "calls/s")
+	q, ok := 0.0, ok1 && ok2 && bb > 0
+	if ok {
+		q = w / bb
+	}
+	add("durable fs.write 1 KiB at p=32 ≥ 1.5× bare bbolt Update+fsync", q, ok, "×", q >= 1.5)
+	v, ok = get("BenchmarkLedger1M/VerifyWith", "entries/s")
+	add("ledger verification (chain, tree, every signature) ≥ 1 M entries/s", v, ok, " entries/s", v >= 1e6)
+	v, ok = get("BenchmarkExecVsBareBwrap/r-root", "ratio")
+	add("proc.exec `true` ≤ 1.3× bare bwrap", v, ok, "×", v <= 1.3)
+	v, ok = get("BenchmarkExecVsBareBwrap/rw-empty", "ratio")
+	add("proc.exec in a staged rw root ≤ 1.6× bare bwrap", v, ok, "×", v <= 1.6)
+	return out
 }
 
 func yes(ok bool) string {
@@ -199,4 +265,29 @@ func yes(ok bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// upstreamSection reports BenchmarkUpstreamEcho: an upstream MCP tool
+// called through the kernel against the same call made directly, with
+// the kernel's own audited-call latency (built-in echo) beside them.
+func (r *report) upstreamSection(w func(string, ...any)) {
+	w("")
+	w("## 7. Upstream MCP call: through the kernel against direct")
+	w("")
+	w("`BenchmarkUpstreamEcho`: `echo` of `@modelcontextprotocol/server-everything` (stdio) called through `kernel.Invoke` (declared resources, policy, audit record, receipt) and, on another process of the same server, directly with the Go SDK's client; the kernel's built-in `echo` is its audited-call latency. Overhead = kernel − direct − built-in: what the upstream path adds beyond an audited call (goal ≤ 1 ms at p50, c=1).")
+	w("")
+	w("| c | direct p50 ms | kernel p50 ms | built-in echo p50 ms | overhead p50 ms | direct calls/s | kernel calls/s |")
+	w("|---:|---:|---:|---:|---:|---:|---:|")
+	for _, c := range []int{1, 8} {
+		n := func(what string) string { return fmt.Sprintf("BenchmarkUpstreamEcho/%s/c=%d", what, c) }
+		over := "n/a"
+		d, e1 := find(r.Go, n("direct"), "p50-ms")
+		k, e2 := find(r.Go, n("kernel"), "p50-ms")
+		b, e3 := find(r.Go, n("builtin"), "p50-ms")
+		if e1 == nil && e2 == nil && e3 == nil {
+			over = num(k - d - b)
+		}
+		w("| %d | %s | %s | %s | %s | %s | %s |", c, r.metric(n("direct"), "p50-ms"), r.metric(n("kernel"), "p50-ms"), r.metric(n("builtin"), "p50-ms"), over,
+			r.metric(n("direct"), "calls/s"), r.metric(n("kernel"), "calls/s"))
+	}
 }

@@ -11,7 +11,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -39,7 +41,11 @@ the kernel replays the original outcome instead of acting twice.
   ledger:head=N        the ledger's last seq
 
 It prints the status, the error or the result, and the receipt id; --json
-prints the whole result envelope. With --async (and --server) it prints only the
+prints the whole result envelope. A call the kernel holds for an approval says
+so on stderr at once (its operation and approval ids, and how to decide it),
+then every 15 s while it waits; with --data of a stopped kernel, the kernel runs
+in this process and serves its control socket meanwhile, so approvals approve
+--data DIR decides it from another terminal. With --async (and --server) it prints only the
 operation id: the call runs on in the kernel, waits there for an approval if it
 needs one, and kernelctl wait OP prints its result.`,
 		Args: cobra.ExactArgs(1),
@@ -75,7 +81,9 @@ needs one, and kernelctl wait OP prints its result.`,
 			}
 			var res *kernel.Result
 			if t.remote() {
-				c := t.client("")
+				// The capability token is the bearer: over the control socket
+				// a request without one acts as the admin, whom calls refuse.
+				c := t.client(tok)
 				if env.PolicyHash, err = c.PolicyHash(cmd.Context()); err != nil {
 					return err
 				}
@@ -88,10 +96,17 @@ needs one, and kernelctl wait OP prints its result.`,
 					if err != nil {
 						return err
 					}
+					if t.json {
+						return printJSON(cmd.OutOrStdout(), map[string]string{"operation_id": id, "state": "running"})
+					}
 					fmt.Fprintln(cmd.OutOrStdout(), id)
 					return nil
 				}
-				if res, _, err = c.Call(cmd.Context(), raw); err != nil {
+				// A call held for an approval says so on stderr at once.
+				stop := announceApproval(cmd.Context(), c, sub, env.OperationID, cmd.ErrOrStderr())
+				res, _, err = c.Call(cmd.Context(), raw)
+				stop()
+				if err != nil {
 					return err
 				}
 			} else {
@@ -103,8 +118,20 @@ needs one, and kernelctl wait OP prints its result.`,
 					return err
 				}
 				defer k.Close()
+				// The kernel lives in this process while the call runs: its
+				// control socket lets an approver decide a held call with
+				// kernelctl approvals approve --data, and tells this call.
+				stop := func() {}
+				if ctl, err := httpapi.ServeControl(k, t.data); err == nil {
+					defer ctl.Close()
+					if c, ok := httpapi.ControlClient(t.data); ok {
+						c.Credential = tok
+						stop = announceApproval(cmd.Context(), c, sub, env.OperationID, cmd.ErrOrStderr())
+					}
+				}
 				env.PolicyHash = k.PolicyHash()
 				res = k.Invoke(cmd.Context(), &env)
+				stop()
 			}
 			if err := printResult(cmd, res, t.json); err != nil {
 				return err
@@ -259,6 +286,11 @@ func toolsCmd() *cobra.Command {
 			}
 			if tokenFile == "" {
 				return &usageError{errors.New("tools: --token FILE is required")}
+			}
+			switch format {
+			case syscalls.FormatOpenAI, syscalls.FormatAnthropic, syscalls.FormatMCP:
+			default:
+				return usagef("--format %q is not openai, anthropic or mcp", format)
 			}
 			tok, err := readSecret(tokenFile)
 			if err != nil {

@@ -8,7 +8,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -32,8 +32,17 @@ a mount shared at the same path): the suite makes a fresh subdirectory in it per
 run and grants it to the tokens it mints. The default is a new temporary
 directory, which works when the kernel runs on this host.
 
-Prints one line per case and the summary "conformance: N passed, N failed, N
-skipped"; exit status 1 when a case fails.`,
+It needs nothing else from the server: against a default kernelctl serve every
+case passes or skips saying why. The suite acts as the approver (with tokens it
+mints): a call held for an approval that a case expects refused it denies at
+once, proc.exec calls it allows. It first says how many cases will run, about
+how long that takes (the whole suite: about 15 s) and what the endpoint lacks,
+e.g. an approval timeout too long for the two approval_timeout cases (serve
+--approval-timeout 3s runs them).
+
+Prints one line per case as it ends, then the evidence of failures and the
+summary "conformance: N passed, N failed, N skipped"; exit status 1 when a case
+fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if server == "" {
@@ -61,8 +70,25 @@ skipped"; exit status 1 when a case fails.`,
 				}
 				cfg.Run = re
 			}
-			rep := conformance.Run(cmd.Context(), cfg)
 			out := cmd.OutOrStdout()
+			// The plan goes to stderr with --json, so stdout stays one
+			// document; the case lines stream as the cases end.
+			planOut := out
+			if asJSON {
+				planOut = cmd.ErrOrStderr()
+			}
+			cfg.Started = func(p conformance.Plan) {
+				printPlan(planOut, server, p)
+				if !asJSON {
+					fmt.Fprintln(out, "RESULT  CASE")
+				}
+			}
+			if !asJSON {
+				cfg.Done = func(c conformance.CaseResult) {
+					fmt.Fprintf(out, "%-6s  %s  %s\n", strings.ToUpper(string(c.Status)), c.ID, c.Title)
+				}
+			}
+			rep := conformance.Run(cmd.Context(), cfg)
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
@@ -73,7 +99,7 @@ skipped"; exit status 1 when a case fails.`,
 				printReport(out, rep, verbose)
 			}
 			if rep.Error != "" {
-				return errors.New(rep.Error)
+				return errors.New(strings.TrimPrefix(rep.Error, "conformance: "))
 			}
 			if !rep.OK() {
 				return fmt.Errorf("%d conformance case(s) failed", rep.Failed)
@@ -91,19 +117,18 @@ skipped"; exit status 1 when a case fails.`,
 	return cmd
 }
 
-// printReport writes the table of cases, the evidence of failures (of all
-// cases with verbose) and the summary line.
+// printPlan says, before the first case, what the run will do and about
+// how long it takes.
+func printPlan(w io.Writer, server string, p conformance.Plan) {
+	fmt.Fprintf(w, "%s against %s: %d cases, about %s (workspace %s)\n", conformance.Version, server, p.Cases, p.Estimate.Round(time.Second), p.Workspace)
+	for _, n := range p.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+// printReport writes, after the case lines, the evidence of failures (of
+// all cases with verbose), the reasons of skips and the summary line.
 func printReport(w io.Writer, rep conformance.Report, verbose bool) {
-	fmt.Fprintf(w, "%s against %s (workspace %s)\n", rep.Version, rep.Server, rep.Workspace)
-	if rep.Error != "" {
-		fmt.Fprintf(w, "could not run: %s\n", rep.Error)
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RESULT\tCASE\tCLAUSE\tCHECKS")
-	for _, c := range rep.Cases {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(c.Status)), c.ID, c.Clause, c.Title)
-	}
-	tw.Flush()
 	for _, c := range rep.Cases {
 		if c.Status == conformance.Pass && !verbose {
 			continue
@@ -112,7 +137,7 @@ func printReport(w io.Writer, rep conformance.Report, verbose bool) {
 			fmt.Fprintf(w, "\nSKIP %s: %s\n", c.ID, c.Message)
 			continue
 		}
-		fmt.Fprintf(w, "\n%s %s: %s\n", strings.ToUpper(string(c.Status)), c.ID, c.Message)
+		fmt.Fprintf(w, "\n%s %s (%s): %s\n", strings.ToUpper(string(c.Status)), c.ID, c.Clause, c.Message)
 		for _, e := range c.Evidence {
 			switch {
 			case e.Entry != nil:
@@ -122,5 +147,8 @@ func printReport(w io.Writer, rep conformance.Report, verbose bool) {
 			}
 		}
 	}
-	fmt.Fprintf(w, "\n%s (%s)\n", rep.Summary(), rep.Duration.Round(1e6))
+	if rep.Error != "" {
+		return // the error line says why it could not run
+	}
+	fmt.Fprintf(w, "\n%s (%s)\n", rep.Summary(), rep.Duration.Round(time.Millisecond))
 }

@@ -83,3 +83,36 @@ func TestConformanceAgainstServe(t *testing.T) {
 	}
 	s.stop()
 }
+
+// TestConformanceAgainstDefaultServe runs, against a kernelctl serve with
+// no flags beyond --data and --listen, the cases that meet its approval
+// gates (held calls, proc.exec, the approval timeout): the suite sets up
+// what they need through the admin API (it denies the held calls, allows
+// proc.exec) and says at start how long the run takes and that the
+// approval_timeout cases skip under a 5-minute approval timeout.
+func TestConformanceAgainstDefaultServe(t *testing.T) {
+	requireBwrap(t) // proc.exec runs in it
+	sv := initServed(t)
+	start := time.Now()
+	out, stderr, code := run(t, "conformance", "--server", sv.url, "--admin-token", sv.adminFile,
+		"--run", "DELEGATION|DESIGN-ERR-01[1-9]|DESIGN-ERR-020|CONFIRM|TIMEOUT|CANCEL")
+	took := time.Since(start)
+	if code != 0 {
+		t.Fatalf("exit %d after %s\n%s%s", code, took, out, stderr)
+	}
+	lines := strings.Split(out, "\n")
+	if !regexp.MustCompile(`^capkernel-conformance/\S+ against \S+: \d+ cases, about \d+s \(workspace `).MatchString(lines[0]) ||
+		!strings.Contains(lines[1], "approval timeout is 5m0s: the 2 approval_timeout case(s) skip") {
+		t.Fatalf("the start does not say what the run takes:\n%s", out)
+	}
+	for _, want := range []string{"PASS    TOOL01-INV-DELEGATION-004", "PASS    DESIGN-ERR-017", "PASS    DESIGN-ERR-019", "PASS    SEED002-TIMEOUT-001", "SKIP    DESIGN-ERR-012", "0 failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	// Each held call ends at once, not after the approval timeout (5 min)
+	// or the case's own (60 s).
+	if took > 50*time.Second {
+		t.Errorf("the run took %s", took)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // target is where a verb acts: a data dir (the kernel opened in this
@@ -158,6 +159,9 @@ func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
 	if err != nil && strings.Contains(err.Error(), "is locked by another process") {
 		return nil, fmt.Errorf("%w\nA kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
 	}
+	if err == nil {
+		go exitOnFailStop(k)
+	}
 	return k, err
 }
 
@@ -173,7 +177,7 @@ type history interface {
 	Checkpoint(ctx context.Context, stable bool) (kernel.SignedCheckpoint, error)
 	ProveInclusion(ctx context.Context, seq, size uint64) (*kernel.InclusionResponse, error)
 	ProveConsistency(ctx context.Context, from, to uint64) (*kernel.ConsistencyResponse, error)
-	Bundle(ctx context.Context, receiptID string) (*kernel.Bundle, error)
+	Bundle(ctx context.Context, receiptID string) (*receipts.Logged, error)
 	Export(ctx context.Context, w io.Writer) error
 	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
 	ReplayShow(ctx context.Context, key, agent string) ([]kernel.ReplayHistory, error)
@@ -237,7 +241,7 @@ func (l localHistory) ProveInclusion(_ context.Context, seq, size uint64) (*kern
 func (l localHistory) ProveConsistency(_ context.Context, from, to uint64) (*kernel.ConsistencyResponse, error) {
 	return l.in.ProveConsistency(from, to)
 }
-func (l localHistory) Bundle(_ context.Context, id string) (*kernel.Bundle, error) {
+func (l localHistory) Bundle(_ context.Context, id string) (*receipts.Logged, error) {
 	return l.in.Bundle(id)
 }
 func (l localHistory) Export(_ context.Context, w io.Writer) error { return l.in.Export(w) }
@@ -281,7 +285,7 @@ func (r remoteHistory) ProveInclusion(ctx context.Context, seq, size uint64) (*k
 func (r remoteHistory) ProveConsistency(ctx context.Context, from, to uint64) (*kernel.ConsistencyResponse, error) {
 	return r.c.ProveConsistency(ctx, from, to)
 }
-func (r remoteHistory) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
+func (r remoteHistory) Bundle(ctx context.Context, id string) (*receipts.Logged, error) {
 	return r.c.Bundle(ctx, id)
 }
 
@@ -332,4 +336,13 @@ func printJSONLine(w io.Writer, v any) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// exitOnFailStop ends the process with status 1 when k fails stop (a
+// durability failure), as kernelctl serve does: no call is answered after
+// it, and the next start recovers from what is durable.
+func exitOnFailStop(k *kernel.Kernel) {
+	<-k.Failed()
+	fmt.Fprintf(os.Stderr, "kernelctl: durability failure: %v\nkernelctl: exiting; the next start recovers\n", k.Err())
+	os.Exit(1)
 }

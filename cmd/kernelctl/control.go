@@ -64,7 +64,7 @@ func approvalsListCmd() *cobra.Command {
 			fmt.Fprintln(tw, "APPROVAL\tSTATE\tMODE\tROLE\tAGENT\tTOOL\tEFFECTS\tDECIDE BY\tDECIDED BY")
 			for _, a := range list {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Mode, a.RequiredRole, a.AgentID, a.ToolID,
-					clip(strings.Join(a.ProjectedEffects, ", "), 40), clip(a.DecideBy, 19), orDash(a.DecidedBy))
+					ellipsize(strings.Join(a.ProjectedEffects, ", "), 40), clip(a.DecideBy, 19), orDash(a.DecidedBy))
 			}
 			return tw.Flush()
 		},
@@ -171,11 +171,17 @@ func cancelCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if t.json {
+					return printJSON(cmd.OutOrStdout(), map[string]any{"session_id": session, "cancelled": n})
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "cancelled %d calls of session %s\n", n, session)
 				return nil
 			}
 			if err := c.Cancel(cmd.Context(), args[0]); err != nil {
 				return err
+			}
+			if t.json {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"operation_id": args[0], "cancelled": true})
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "cancelled %s\n", args[0])
 			return nil
@@ -220,6 +226,9 @@ token (--token) only its own agent.`,
 			defer cancel()
 			n := 0
 			out := cmd.OutOrStdout()
+			if !t.json {
+				fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", "TIME", "KIND", "AGENT", "SESSION", "TOOL", "OPERATION", "DETAIL")
+			}
 			err = c.Events(ctx, f, func(e kernel.Event) error {
 				if t.json {
 					printJSONLine(out, e)

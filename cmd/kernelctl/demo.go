@@ -17,6 +17,7 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 func demoCmd() *cobra.Command {
@@ -45,18 +46,35 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 			defer os.RemoveAll(tmp)
 			ws := filepath.Join(tmp, "workspace")
 			var b demoKernel
-			if t.remote() {
+			var where string
+			if t.data != "" {
+				// A kernel running on --data is driven through its
+				// control socket.
+				if c, ok := httpapi.ControlClient(t.data); ok {
+					t.socket = c
+				}
+			}
+			if t.socket != nil {
+				b = remoteDemo{t.socket}
+				where = fmt.Sprintf("data dir  %s, of the kernel running on it (driven through its control socket; kept)\nworkspace %s (temporary: removed when the demo ends)", t.data, ws)
+			} else if t.remote() {
 				c, err := t.adminClient()
 				if err != nil {
 					return err
 				}
 				b = remoteDemo{c}
+				where = fmt.Sprintf("history   in the data dir of the kernel at %s (kernelctl receipts list --server %s)\nworkspace %s (temporary: removed when the demo ends)", t.server, t.server, ws)
 			} else {
 				data := t.data
 				if data == "" {
 					data = filepath.Join(tmp, "data")
+					where = fmt.Sprintf("data dir  %s (temporary: removed when the demo ends;\n          kernelctl demo --data DIR keeps it, to inspect afterwards with kernelctl receipts list --data DIR)\nworkspace %s (temporary too)", data, ws)
 				} else {
-					ws = filepath.Join(filepath.Dir(filepath.Clean(data)), "demo-workspace-"+filepath.Base(data))
+					if data, err = filepath.Abs(data); err != nil {
+						return err
+					}
+					ws = filepath.Join(filepath.Dir(data), "demo-workspace-"+filepath.Base(data))
+					where = fmt.Sprintf("data dir  %s (kept: kernelctl receipts list --data %s, ledger verify --data %s)\nworkspace %s (kept)", data, data, data, ws)
 				}
 				if _, err := os.Stat(filepath.Join(data, kernel.ConfigFile)); err != nil {
 					if _, err := kernel.Init(data); err != nil {
@@ -71,7 +89,7 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 				defer k.Close()
 				b = localDemo{k}
 			}
-			return runDemo(cmd.Context(), cmd.OutOrStdout(), b, ws)
+			return runDemo(cmd.Context(), cmd.OutOrStdout(), b, ws, where)
 		},
 	}
 	cmd.Flags().StringVar(&t.data, "data", "", "data dir (created if missing; default: a temporary dir)")
@@ -87,7 +105,7 @@ type demoKernel interface {
 	Call(ctx context.Context, envelope []byte) (*kernel.Result, error)
 	Verify(ctx context.Context) (kernel.LedgerCheck, error)
 	ReplayVerify(ctx context.Context) (*kernel.ReplayReport, error)
-	Bundle(ctx context.Context, receiptID string) (*kernel.Bundle, error)
+	Bundle(ctx context.Context, receiptID string) (*receipts.Logged, error)
 	JWKS(ctx context.Context) ([]byte, error)
 	Approvals(ctx context.Context) ([]kernel.ApprovalRequest, error)
 	Decide(ctx context.Context, id, approverToken, decision, reason string) error
@@ -108,7 +126,7 @@ func (l localDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error)
 func (l localDemo) Verify(context.Context) (kernel.LedgerCheck, error) {
 	return l.k.Inspector().Verify(nil)
 }
-func (l localDemo) Bundle(_ context.Context, id string) (*kernel.Bundle, error) {
+func (l localDemo) Bundle(_ context.Context, id string) (*receipts.Logged, error) {
 	return l.k.Inspector().Bundle(id)
 }
 func (l localDemo) JWKS(context.Context) ([]byte, error) { return l.k.JWKS() }
@@ -128,21 +146,32 @@ func (l localDemo) ReplayVerify(context.Context) (*kernel.ReplayReport, error) {
 
 type remoteDemo struct{ c *httpapi.Client }
 
+// ID names the kernel by the origin of its checkpoints (its kernel id),
+// else by its address (a fresh kernel has signed none yet).
 func (r remoteDemo) ID(ctx context.Context) (string, string, error) {
 	h, err := r.c.PolicyHash(ctx)
-	return r.c.BaseURL, h, err
+	id := r.c.BaseURL
+	if cp, err := r.c.Checkpoint(ctx, false); err == nil && cp.Origin != "" {
+		id = cp.Origin
+	}
+	return id, h, err
 }
 func (r remoteDemo) Mint(ctx context.Context, req kernel.TokenRequest) (*kernel.MintedToken, error) {
 	return r.c.Mint(ctx, req)
 }
 
-// Call sends the envelope without the admin credential, which the API
-// refuses on calls: the envelope's capability token is the authority.
+// Call sends the envelope with its capability token as the bearer, never
+// the admin credential, which the API refuses on calls (and which the
+// control socket lends a request that carries no credential).
 func (r remoteDemo) Call(ctx context.Context, env []byte) (*kernel.Result, error) {
-	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP}).Call(ctx, env)
+	var e struct {
+		Token string `json:"capability_token"`
+	}
+	json.Unmarshal(env, &e)
+	res, _, err := (&httpapi.Client{BaseURL: r.c.BaseURL, HTTP: r.c.HTTP, Credential: e.Token}).Call(ctx, env)
 	return res, err
 }
-func (r remoteDemo) Bundle(ctx context.Context, id string) (*kernel.Bundle, error) {
+func (r remoteDemo) Bundle(ctx context.Context, id string) (*receipts.Logged, error) {
 	return r.c.Bundle(ctx, id)
 }
 func (r remoteDemo) JWKS(ctx context.Context) ([]byte, error) { return r.c.JWKS(ctx) }
@@ -208,18 +237,31 @@ func (s *session) call(ctx context.Context, what, tool string, args any, key str
 		mark = "FAIL"
 		s.fails++
 	}
-	fmt.Fprintf(s.out, "%s %2d %-38s %-9s %-5s %-26s %-11s %-9s seq=%-3d %s\n",
-		mark, s.n, what, tool, r.Status, orDash(got), r.TxOutcome, r.AutonomyMode, r.LedgerSeq, detail)
+	fmt.Fprintf(s.out, demoRow, mark, fmt.Sprint(s.n), what, tool, r.Status, orDash(got), r.TxOutcome, r.AutonomyMode, fmt.Sprint(r.LedgerSeq), detail)
 	return r
 }
 
+// demoRow is the format of a call's line and of the header.
+const demoRow = "%-5s %2s %-38s %-10s %-6s %-25s %-11s %-9s %4s  %s\n"
+
+// demoLegend explains the columns to someone who has never seen the
+// kernel.
+const demoLegend = `Each line is one call the scripted agent sends through the kernel. Columns:
+  CHECK   ok when the kernel did what the script expects (a refusal can be ok), else FAIL
+  #       the call's number; WHAT the agent tries; TOOL the syscall it names
+  STATUS  ok or error; ERROR the error class (- for none)
+  TX      the transaction's outcome: committed (its effect was applied), no_op (nothing
+          to apply: a read, or a refusal before anything ran), rolled_back
+  MODE    the autonomy mode the policy decided: autopilot runs unattended, soft_gate
+          waits for an approver, escalated for a senior one, no_go is refused
+  SEQ     the ledger entry holding the call's signed receipt
+  RESULT  what came back, or why not (cut with … where long)
+
+`
+
 func summary(r *kernel.Result) string {
 	if r.Error != nil {
-		msg := r.Error.Message
-		if len(msg) > 70 {
-			msg = msg[:67] + "..."
-		}
-		return msg
+		return ellipsize(r.Error.Message, 70)
 	}
 	var parts []string
 	if r.Replayed {
@@ -248,7 +290,9 @@ func orDash(s string) string {
 	return s
 }
 
-func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error {
+// runDemo runs the scripted session on k in workspace ws; where says
+// where the session's history and workspace are kept, if at all.
+func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws, where string) error {
 	if err := seedWorkspace(ws); err != nil {
 		return err
 	}
@@ -256,7 +300,8 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "kernel %s, policy %s\nworkspace %s\n\n", id, policyHash, ws)
+	fmt.Fprintf(out, "kernel    %s\npolicy    %s\n%s\n\n%s", id, policyHash, where, demoLegend)
+	fmt.Fprintf(out, demoRow, "CHECK", "#", "WHAT", "TOOL", "STATUS", "ERROR", "TX", "MODE", "SEQ", "RESULT")
 
 	mint := func(agent string, budgets map[string]int64) (*session, error) {
 		t, err := k.Mint(ctx, kernel.TokenRequest{
@@ -303,7 +348,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 	go func() { approved <- approveNext(ctx, k, reviewer.Token, "proc.exec") }()
 	s.call(ctx, "build in the sandbox (approved)", "proc.exec", map[string]any{"argv": []string{"sh", "-c", "cat README.md > build.txt"}}, key("x1"), nil, "")
 	if who := <-approved; who != "" {
-		fmt.Fprintf(out, "        %s\n", who)
+		fmt.Fprintf(out, "         %s\n", who)
 	}
 
 	tight, err := mint("demo-agent-tight", map[string]int64{"calls": 2})
@@ -321,14 +366,14 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 		s.fails++
 		fmt.Fprintln(out, "FAIL    a delegation granting every tool was signed")
 	} else {
-		fmt.Fprintf(out, "ok      delegation asking for every tool refused: %s\n", clip(err.Error(), 90))
+		fmt.Fprintf(out, "ok       delegation asking for every tool refused: %s\n", ellipsize(unstutter(err.Error(), "attenuate", ""), 90))
 	}
 	child, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-subagent", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 5}, TTLSeconds: 600})
 	if err != nil {
 		return err
 	}
 	sub := &session{k: k, policyHash: policyHash, out: out, agent: child.AgentID, token: child.Token, jti: child.ID, n: tight.n}
-	fmt.Fprintf(out, "ok      delegated to %s: fs.read only, 5 calls, 10 min, parent %s\n", child.AgentID, child.Cap.Parent[:8])
+	fmt.Fprintf(out, "ok       delegated to %s: fs.read only, 5 calls, 10 min, parent %s\n", child.AgentID, ellipsize(child.Cap.Parent, 9))
 	sub.call(ctx, "sub-agent reads notes.txt", "fs.read", map[string]any{"path": "notes.txt"}, "", nil, "")
 	sub.call(ctx, "sub-agent writes (not delegated)", "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, key("sub1"), nil, kernel.ErrPermissionDenied)
 
@@ -344,7 +389,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 	case !check.Intact:
 		return fmt.Errorf("ledger TAMPERED: %s", check.Reason)
 	}
-	fmt.Fprintf(out, "ledger intact: %d entries, %d signed checkpoints, root %s\n", check.Entries, check.Checkpoints, clip(check.Root, 23))
+	fmt.Fprintf(out, "ledger intact: %d entries, %d signed checkpoints, root %s\n", check.Entries, check.Checkpoints, ellipsize(check.Root, 24))
 	if err := showBundle(ctx, k, out, w); err != nil {
 		return err
 	}
@@ -355,7 +400,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws string) error 
 	if len(rep.Problems) > 0 {
 		return fmt.Errorf("replay verification found %d problems, the first: %s", len(rep.Problems), rep.Problems[0].Detail)
 	}
-	fmt.Fprintf(out, "replays proven: %d keys, %d committed, %d replays, %d receipts matching their entries\n", rep.Keys, rep.Committed, rep.Replays, rep.Receipts)
+	fmt.Fprintf(out, "replays proven: %d keys, %d committed, %d replays, %d calls audited\n", rep.Keys, rep.Committed, rep.Replays, rep.Calls)
 	if fails := s.fails + tight.fails + sub.fails; fails > 0 {
 		return fmt.Errorf("demo: %d calls did not behave as expected", fails)
 	}
@@ -381,28 +426,33 @@ func seedWorkspace(ws string) error {
 	return nil
 }
 
-// showBundle bundles the receipt of r (receipt, audit record, checkpoint,
-// inclusion proof) and verifies it as an outsider would, with the JWKS
-// alone.
+// showBundle verifies the receipt r came with (its audit entry, inclusion
+// proof and the checkpoint of its group commit) as an outsider would, with
+// the JWKS alone, then the same receipt proven under the latest checkpoint.
 func showBundle(ctx context.Context, k demoKernel, out io.Writer, r *kernel.Result) error {
-	b, err := k.Bundle(ctx, r.ReceiptID)
-	if err != nil {
-		return err
-	}
 	jwks, err := k.JWKS(ctx)
 	if err != nil {
 		return err
 	}
-	raw, err := json.Marshal(b)
+	b, err := k.Bundle(ctx, r.ReceiptID)
 	if err != nil {
 		return err
 	}
-	c, err := kernel.VerifyBundle(raw, jwks)
-	if err != nil {
-		return fmt.Errorf("receipt bundle of the write: %w", err)
+	for _, rc := range []struct {
+		what string
+		r    *receipts.Logged
+	}{{"as answered", r.Receipt}, {"proven under the latest checkpoint", b}} {
+		raw, err := json.Marshal(rc.r)
+		if err != nil {
+			return err
+		}
+		c, err := kernel.VerifyBundle(raw, jwks)
+		if err != nil {
+			return fmt.Errorf("receipt of the write (%s): %w", rc.what, err)
+		}
+		fmt.Fprintf(out, "receipt %s of the write, %s: verified offline (audit entry seq %d, inclusion proof of %d hashes, checkpoint of %d entries signed by the kernel's key)\n",
+			c.Receipt.ReceiptID, rc.what, c.Receipt.LedgerSeq, len(rc.r.Inclusion.Proof), c.Checkpoint.Size)
 	}
-	fmt.Fprintf(out, "receipt %s of the write: bundle verified offline (signature, audit record seq %d, inclusion proof of %d hashes in the signed checkpoint of %d entries)\n",
-		clip(c.Receipt.ReceiptID, 13), c.Receipt.LedgerSeq, len(b.Inclusion.Proof), c.Checkpoint.Size)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 func initCmd() *cobra.Command {
 	var data string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "init --data DIR",
 		Short: "Make a new kernel data dir: kernel id, issuer and receipt keys, admin credential",
@@ -25,6 +26,10 @@ func initCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
+			admin := filepath.Join(data, kernel.AdminFile)
+			if asJSON {
+				return printJSON(out, map[string]string{"kernel_id": res.KernelID, "issuer": res.Issuer, "admin_token_file": admin})
+			}
 			fmt.Fprintf(out, "kernel id:        %s\n", res.KernelID)
 			fmt.Fprintf(out, "issuer:           %s\n", res.Issuer)
 			fmt.Fprintf(out, "admin credential: %s (keep it secret)\n", filepath.Join(data, kernel.AdminFile))
@@ -32,5 +37,6 @@ func initCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", "", "data dir to create")
+	addJSON(cmd, &asJSON)
 	return cmd
 }

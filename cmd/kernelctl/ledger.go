@@ -264,6 +264,9 @@ func ledgerTailCmd() *cobra.Command {
 				from = hd.Size - n
 			}
 			out := bufio.NewWriter(cmd.OutOrStdout())
+			if !t.json {
+				fmt.Fprintln(out, "SEQ\tTIME\tKIND\tHASH\tBODY")
+			}
 			for {
 				err := h.Scan(ctx, from, func(e ledger.Entry) error {
 					from = e.Seq + 1
@@ -295,7 +298,7 @@ func printEntry(w io.Writer, e ledger.Entry, asJSON bool) error {
 	if asJSON {
 		return writeRecord(w, e)
 	}
-	_, err := fmt.Fprintf(w, "%d\t%s\t%-16s\t%s\t%s\n", e.Seq, clip(e.Time, 23), e.Kind, clip(e.Hash, 19), clip(string(e.Body), 120))
+	_, err := fmt.Fprintf(w, "%d\t%s\t%-16s\t%s\t%s\n", e.Seq, clip(e.Time, 23), e.Kind, ellipsize(e.Hash, 20), ellipsize(string(e.Body), 120))
 	return err
 }
 

@@ -12,15 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
 )
-
-// usageError marks a command line the command cannot run (exit status 2).
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
 
 func main() {
 	root := &cobra.Command{
@@ -31,20 +26,46 @@ func main() {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.AddCommand(initCmd(), serveCmd(), demoCmd(), tokenCmd(), callCmd(), toolsCmd(), receiptsCmd(), ledgerCmd(), replayCmd(), policyCmd(),
-		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd(), runCmd(), mcpCmd())
-	err := root.Execute()
+		approvalsCmd(), waitCmd(), cancelCmd(), eventsCmd(), conformanceCmd(), runCmd(), mcpCmd(), workspaceCmd())
+	root.Version = version()
+	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
+	root.SetHelpCommand(helpCmd())
+	requireSubcommand(root)
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return
 	}
 	var ae agentExit
-	if errors.As(err, &ae) {
-		os.Exit(int(ae))
+	if !errors.As(err, &ae) {
+		fmt.Fprintln(os.Stderr, errorLine(cmd, err))
 	}
-	fmt.Fprintln(os.Stderr, "kernelctl:", err)
-	var ue *usageError
-	// Cobra reports unknown commands and bad argument counts as plain errors.
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), " arg(s)") {
-		os.Exit(2)
+	os.Exit(exitCode(err))
+}
+
+// version is this build's version: the module version and VCS revision
+// the Go toolchain recorded, and the Go version.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
 	}
-	os.Exit(1)
+	v := bi.Main.Version
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = ", modified"
+			}
+		}
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" {
+		v += " (" + rev + modified + ")"
+	}
+	return v + " " + bi.GoVersion
 }

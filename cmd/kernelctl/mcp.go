@@ -59,8 +59,8 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 				}
 			}
 			if httpAddr != "" {
-				if err := checkListen(httpAddr, false); err != nil {
-					return &usageError{fmt.Errorf("mcp --http: %w", err)}
+				if err := checkListen("--http", httpAddr, false, mcpOffLoopback); err != nil {
+					return &usageError{err}
 				}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -99,8 +99,15 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 	cmd.Flags().StringArrayVar(&origins, "allow-origin", nil,
 		"with --http, a browser origin (scheme://host[:port]) allowed besides loopback ones; repeatable")
 	cmd.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this loopback address instead of stdio (port 0 picks one)")
+	cmd.AddCommand(mcpDeclarationsCmd())
 	return cmd
 }
+
+// mcpOffLoopback says what mcp supports when --http names another address.
+const mcpOffLoopback = "mcp serves streamable HTTP on loopback only (127.0.0.1:PORT, [::1]:PORT or localhost:PORT), " +
+	"for MCP clients on this host, because it has no TLS and any client reaching it acts with its token; " +
+	"for a client elsewhere run kernelctl mcp on that host over stdio (--server URL reaches this kernel), " +
+	"or put an authenticating TLS proxy in front of a loopback --http"
 
 // serveMCPHTTP serves g until ctx ends, printing
 // "mcp gateway on http://ADDR/" on stdout when it accepts clients.

@@ -18,6 +18,7 @@ import (
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/mcpgateway"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // mcpSession connects a real SDK client to `kernelctl mcp` over stdio
@@ -114,6 +115,12 @@ func TestMCPGateway(t *testing.T) {
 			}
 			if out, stderr, code := run(t, "receipts", "verify", rid, "--server", sv.url, "--admin-token", sv.adminFile); code != 0 {
 				t.Fatalf("receipts verify %s: %s %s", rid, out, stderr)
+			}
+			// The receipt itself rides in _meta and verifies offline.
+			rcpt, _ := json.Marshal(r.Meta[mcpgateway.MetaReceipt])
+			jwksOut, _, _ := run(t, "receipts", "jwks", "--server", sv.url, "--admin-token", sv.adminFile)
+			if p, err := receipts.VerifyLogged(rcpt, []byte(jwksOut)); err != nil || p.Receipt.ReceiptID != rid {
+				t.Fatalf("the receipt in _meta: %v (%s)", err, rcpt)
 			}
 
 			cases := []struct {

@@ -18,19 +18,29 @@ func policyCmd() *cobra.Command {
 }
 
 func policyHashCmd() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "hash [DIR]",
 		Short: "Print the policy_hash of a bundle (the embedded default without DIR)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			h, err := policy.Hash(optArg(args))
+			dir, err := bundleDir("", optArg(args))
 			if err != nil {
 				return err
+			}
+			h, err := policy.Hash(dir)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), map[string]string{"policy_hash": h})
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), h)
 			return nil
 		},
 	}
+	addJSON(cmd, &asJSON)
+	return cmd
 }
 
 func policyEvalCmd() *cobra.Command {
@@ -57,6 +67,10 @@ func policyEvalCmd() *cobra.Command {
 			if err := dec.Decode(&in); err != nil {
 				return fmt.Errorf("policy eval: %s is not a policy input document: %v", input, err)
 			}
+			dir, err := bundleDir("--policy", dir)
+			if err != nil {
+				return err
+			}
 			eng, err := policy.Load(cmd.Context(), dir)
 			if err != nil {
 				return err
@@ -70,6 +84,8 @@ func policyEvalCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&input, "input", "", "policy input document (JSON; - for stdin)")
 	cmd.Flags().StringVar(&dir, "policy", "", "bundle dir (default: the embedded bundle)")
+	// The decision is JSON already; --json is accepted as on every verb.
+	cmd.Flags().Bool("json", true, "print JSON (always)")
 	return cmd
 }
 
@@ -80,7 +96,11 @@ func policyTestCmd() *cobra.Command {
 		Short: "Run a bundle's Rego tests (the embedded default without DIR); exit 1 if any fails",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res, err := policy.Test(cmd.Context(), optArg(args))
+			dir, err := bundleDir("", optArg(args))
+			if err != nil {
+				return err
+			}
+			res, err := policy.Test(cmd.Context(), dir)
 			if err != nil {
 				return err
 			}
@@ -112,7 +132,7 @@ func policyTestCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addJSON(cmd, &asJSON)
 	return cmd
 }
 

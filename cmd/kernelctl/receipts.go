@@ -11,9 +11,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
@@ -36,6 +38,11 @@ func receiptsListCmd() *cobra.Command {
 		Short: "List receipts in ledger order",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The API's own rule for the filter, so that --data and
+			// --server refuse the same values.
+			if _, err := httpapi.ParseReceiptFilter(map[string][]string{"outcome": {f.TxOutcome}}); err != nil {
+				return usagef("--%v", err)
+			}
 			if since != "" {
 				ts, err := parseSince(since)
 				if err != nil {
@@ -73,12 +80,28 @@ func receiptsListCmd() *cobra.Command {
 	return cmd
 }
 
-// clip returns at most the first n bytes of s.
+// clip returns at most the first n bytes of s, for fields cut to a
+// precision (a time to the millisecond); text is cut with ellipsize.
 func clip(s string, n int) string {
 	if len(s) > n {
 		return s[:n]
 	}
 	return s
+}
+
+// ellipsize returns s if it has at most n runes, else its start up to a
+// word boundary (or, for a long word such as a hash, at n-1 runes) and
+// "…", so that a cut is never silent: at most n runes in all.
+func ellipsize(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	cut := n - 1
+	if i := strings.LastIndexAny(string(r[:cut+1]), " \t"); i > 0 && utf8.RuneCountInString(s[:i]) > n/2 {
+		cut = utf8.RuneCountInString(s[:i])
+	}
+	return strings.TrimRight(string(r[:cut]), " \t,;:") + "…"
 }
 
 // parseSince reads an RFC 3339 time or a duration before now.
@@ -141,13 +164,13 @@ func printReceipt(w io.Writer, r *receipts.Receipt) {
 // ReceiptCheck is what receipts verify found.
 type ReceiptCheck struct {
 	ReceiptID   string `json:"receipt_id"`
-	Signature   string `json:"signature"`           // "ok" or the failure
+	Signature   string `json:"signature"`           // "ok …" or the failure
 	LedgerMatch string `json:"ledger_match"`        // "ok", "not checked" or the failure
 	Inclusion   string `json:"inclusion,omitempty"` // with --prove or a bundle: "ok …" or the failure
 }
 
 func (c ReceiptCheck) ok(needLedger, needInclusion bool) bool {
-	return c.Signature == "ok" && (!needLedger || strings.HasPrefix(c.LedgerMatch, "ok")) &&
+	return strings.HasPrefix(c.Signature, "ok") && (!needLedger || strings.HasPrefix(c.LedgerMatch, "ok")) &&
 		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok"))
 }
 
@@ -157,19 +180,23 @@ func receiptsVerifyCmd() *cobra.Command {
 	var prove bool
 	cmd := &cobra.Command{
 		Use:   "verify FILE|RECEIPT_ID [--prove] [--jwks FILE] [--data DIR|--server URL]",
-		Short: "Verify a receipt's signature, its match with its ledger entry and (--prove) its inclusion under a signed checkpoint",
-		Long: `verify checks a receipt's Ed25519 signature against the kernel's JWKS
-(--jwks FILE, else fetched from the data dir or server), then fetches the ledger
-entry it names, recomputes that entry's hash and compares every field the
-receipt attests. With --prove it also fetches the kernel's newest signed
-checkpoint, checks its signature with the same key and verifies the inclusion
-proof of the entry in that checkpoint's tree.
+		Short: "Verify a receipt: its audit entry, the checkpoint's signature and the inclusion proof",
+		Long: `verify checks a receipt proven by the log (docs/formats.md, capkernel-receipt/v2)
+with the kernel's JWKS alone (--jwks FILE, else fetched from the data dir or
+server): its audit entry is canonical and its hash recomputes, the checkpoint
+carries the Ed25519 signature of a JWKS key, and the inclusion proof leads from
+the entry to the checkpoint's root.
 
-FILE may hold the compact JWS, a result envelope (its "receipt"), the JSON of
-receipts show --json, or a bundle from receipts bundle: a bundle verifies
-entirely offline with --jwks alone (signature, audit record, checkpoint,
-inclusion proof). With a plain receipt and only --jwks the ledger match is not
-checked (it says so). Exit 1 on any failure.`,
+FILE may hold the receipt (receipts bundle, GET /v1/receipts/{id}/bundle) or a
+result envelope (its "receipt"): it verifies entirely offline. A receipt id
+(r<seq>-<hex>) is fetched from the data dir or server, proven under the newest
+checkpoint, and verified the same way.
+
+Receipts of format v1 (older ledgers) are still checked: a compact JWS (a file
+or its UUID) has its signature checked, then the ledger entry it names is
+fetched, re-hashed and compared field by field; --prove also verifies its
+inclusion under the newest signed checkpoint. A v1 bundle verifies offline.
+Exit 1 on any failure.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -200,6 +227,19 @@ checked (it says so). Exit 1 on any failure.`,
 			}
 			if b, ok := readBundle(args[0]); ok {
 				return reportCheck(cmd, t.json, verifyBundleFile(b, jwks), true, true)
+			}
+			if _, _, ok := receipts.ParseID(args[0]); ok && h != nil {
+				// A receipt proven by the log: fetch it under the newest
+				// checkpoint and verify it as a file would be.
+				b, err := h.Bundle(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				raw, err := json.Marshal(b)
+				if err != nil {
+					return err
+				}
+				return reportCheck(cmd, t.json, verifyBundleFile(raw, jwks), true, true)
 			}
 			jws, err := receiptArg(ctx, args[0], h)
 			if err != nil {
@@ -271,16 +311,37 @@ func proveReceipt(ctx context.Context, h history, r *receipts.Receipt, pub ed255
 	return fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d, %d hashes)", r.LedgerSeq, cp.Origin, cp.Size, len(p.Proof))
 }
 
-// readBundle returns the content of file if it is a receipt bundle.
+// readBundle returns the receipt file holds if it is one that verifies on
+// its own: a receipt proven by the log (receipts bundle, or the "receipt"
+// of a result envelope), or a receipt bundle of format v1.
 func readBundle(file string) ([]byte, bool) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, false
 	}
 	var probe struct {
+		Format  string          `json:"format"`
+		Receipt json.RawMessage `json:"receipt"`
+	}
+	if json.Unmarshal(b, &probe) != nil {
+		return nil, false
+	}
+	switch {
+	case probe.Format == receipts.Format || probe.Format == kernel.BundleFormat:
+		return b, true
+	case probe.Format == "" && len(probe.Receipt) > 0 && probe.Receipt[0] == '{':
+		return readReceiptObject(probe.Receipt)
+	}
+	return nil, false
+}
+
+// readReceiptObject returns the "receipt" member of a result envelope if
+// it is a receipt proven by the log.
+func readReceiptObject(b []byte) ([]byte, bool) {
+	var probe struct {
 		Format string `json:"format"`
 	}
-	if json.Unmarshal(b, &probe) != nil || probe.Format != kernel.BundleFormat {
+	if json.Unmarshal(b, &probe) != nil || probe.Format != receipts.Format {
 		return nil, false
 	}
 	return b, true
@@ -291,8 +352,12 @@ func verifyBundleFile(b, jwks []byte) ReceiptCheck {
 	if err != nil {
 		return ReceiptCheck{Signature: "not ok: " + err.Error(), LedgerMatch: "not checked", Inclusion: err.Error()}
 	}
+	sig := "ok"
+	if c.Format == receipts.Format {
+		sig = "ok (the checkpoint's: the receipt is proven by the log)"
+	}
 	return ReceiptCheck{
-		ReceiptID: c.Receipt.ReceiptID, Signature: "ok", LedgerMatch: "ok (the bundled audit record)",
+		ReceiptID: c.Receipt.ReceiptID, Signature: sig, LedgerMatch: "ok (the receipt's audit record)",
 		Inclusion: fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d)", c.Receipt.LedgerSeq, c.Checkpoint.Origin, c.Checkpoint.Size),
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -139,6 +140,10 @@ have no input and are counted as skipped. Nothing is written.`,
 				}
 				f.Since = ts
 			}
+			dir, err := bundleDir("--policy", dir)
+			if err != nil {
+				return err
+			}
 			eng, err := policy.Load(cmd.Context(), dir)
 			if err != nil {
 				return err
@@ -163,7 +168,7 @@ have no input and are counted as skipped. Nothing is written.`,
 				tw := newTable(w)
 				fmt.Fprintln(tw, "SEQ\tOPERATION\tAGENT\tTOOL\tMODE\tRISK\tBASIS")
 				for _, c := range out.Changes {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s -> %s\t%.2f -> %.2f\t%v\n", c.Seq, c.OperationID, c.AgentID, c.ToolID, c.OldMode, c.NewMode, c.OldRisk, c.NewRisk, c.NewBasis)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s -> %s\t%.2f -> %.2f\t%s\n", c.Seq, c.OperationID, c.AgentID, c.ToolID, c.OldMode, c.NewMode, c.OldRisk, c.NewRisk, strings.Join(c.NewBasis, "; "))
 				}
 				return tw.Flush()
 			}

@@ -54,19 +54,30 @@ transaction that was interrupted.`,
 			if (cert == "") != (key == "") {
 				return &usageError{errors.New("serve: give both --tls-cert and --tls-key, or neither")}
 			}
-			if err := checkListen(listen, cert != ""); err != nil {
+			if err := checkListen("--listen", listen, cert != "", "serving it needs --tls-cert and --tls-key"); err != nil {
 				return &usageError{err}
 			}
 			if pprofAddr != "" {
-				if err := checkListen(pprofAddr, false); err != nil {
-					return &usageError{fmt.Errorf("--pprof: %w", err)}
+				if err := checkListen("--pprof", pprofAddr, false, "the profiler is served on loopback only"); err != nil {
+					return &usageError{err}
 				}
 			}
 			if err := tf.check(); err != nil {
 				return &usageError{err}
 			}
-			cfg.DataDir, cfg.PolicyDir = data, policyDir
-			return serve(cmd, cfg, tf.setup(cmd, &cfg), listen, cert, key, pprofAddr, drain)
+			// --policy is relative to the working directory (kernel.json's
+			// policy_dir is relative to the data dir).
+			pd, err := bundleDir("--policy", policyDir)
+			if err != nil {
+				return err
+			}
+			cfg.DataDir, cfg.PolicyDir = data, pd
+			tel, err := tf.setup(cmd, &cfg)
+			if err != nil {
+				return err
+			}
+			defer tel.close()
+			return serve(cmd, cfg, tel, listen, cert, key, pprofAddr, drain)
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
@@ -85,22 +96,20 @@ transaction that was interrupted.`,
 	return cmd
 }
 
-// checkListen refuses a non-loopback address without TLS.
-func checkListen(addr string, tls bool) error {
+// checkListen refuses for flag a non-loopback address (unless tls); the
+// error says what flag supports, in offLoopback.
+func checkListen(flag, addr string, tls bool, offLoopback string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("serve: --listen %q: %v", addr, err)
+		return fmt.Errorf("%s %q: want HOST:PORT, e.g. 127.0.0.1:7070: %v", flag, addr, err)
 	}
-	if tls {
-		return nil
-	}
-	if host == "localhost" {
+	if tls || host == "localhost" {
 		return nil
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return fmt.Errorf("serve: --listen %s is not a loopback address; serving it needs --tls-cert and --tls-key", addr)
+	return fmt.Errorf("%s %s is not a loopback address: %s", flag, addr, offLoopback)
 }
 
 // serverGCPercent is the GC target of kernelctl serve unless GOGC is set.
@@ -183,6 +192,8 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		tel.log.Error("serving failed", "error", err)
 		k.Close()
 		return fmt.Errorf("serve: %w", err)
+	case <-k.Failed():
+		return failStopped(cmd, tel, k, srv, ctl)
 	case sig := <-sigs:
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: %s: draining calls in flight (up to %s)\n", sig, drain)
 		tel.log.Info("draining", "signal", sig.String(), "drain", drain.String())
@@ -193,19 +204,47 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 		select {
 		case sig := <-sigs:
 			fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: second %s: exiting now; the next start recovers interrupted calls\n", sig)
+			tel.log.Warn("exiting without draining", "signal", sig.String())
 			os.Exit(1)
 		case <-ctx.Done():
 		}
 	}()
 	if err := errors.Join(srv.Shutdown(ctx), ctl.Shutdown(ctx), k.WaitBackground(ctx)); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: calls still running after %s: exiting; the next start recovers them\n", drain)
+		tel.log.Warn("exiting with calls still running", "drain", drain.String(), "error", err)
 		os.Exit(1)
 	}
+	ferr := k.Err() // a durability failure while draining
 	if err := k.Close(); err != nil {
 		tel.log.Error("closing the kernel", "error", err)
 		return fmt.Errorf("serve: closing the kernel: %w", err)
 	}
+	if ferr != nil {
+		return fmt.Errorf("serve: durability failure while draining: %w", ferr)
+	}
 	tel.log.Info("stopped")
 	fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: stopped cleanly")
 	return nil
+}
+
+// failAnswerTime bounds how long a fail-stopped server keeps its
+// connections to answer the calls caught in the failure (internal, outcome
+// unknown) before it exits.
+const failAnswerTime = 2 * time.Second
+
+// failStopped ends a server whose kernel failed stop (a durability
+// failure: see kernel.Kernel.Failed): it stops accepting, gives the calls in
+// flight a moment to get their internal answers, closes the kernel without
+// writing and returns the failure, so that kernelctl exits non-zero and
+// its supervisor restarts it; the next start recovers from what is durable.
+func failStopped(cmd *cobra.Command, tel *serverTelemetry, k *kernel.Kernel, srv *http.Server, ctl interface{ Shutdown(context.Context) error }) error {
+	ferr := k.Err()
+	fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: durability failure: %v\nkernelctl: exiting; restart to recover\n", ferr)
+	tel.log.Error("exiting on a durability failure", "error", ferr.Error())
+	ctx, cancel := context.WithTimeout(context.Background(), failAnswerTime)
+	defer cancel()
+	srv.Shutdown(ctx)
+	ctl.Shutdown(ctx)
+	k.Close()
+	return fmt.Errorf("serve: durability failure: %w", ferr)
 }

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -151,4 +154,92 @@ func tokenID(t *testing.T, file string) string {
 		t.Fatal(err)
 	}
 	return in.Claims.ID
+}
+
+// kernelctl call --data DIR of a running kernel goes through the control
+// socket with the capability token as the bearer (a request without one
+// would act as the admin, whom calls refuse). A call the kernel holds for
+// an approval says so on stderr at once, with its operation and approval
+// ids, and ends once an approver decides. The demo runs there too.
+func TestCallThroughControlSocket(t *testing.T) {
+	sv := initServed(t)
+	data := sv.server.data
+	dir := t.TempDir()
+	tokFile, gatedFile, aliceFile := filepath.Join(dir, "a.token"), filepath.Join(dir, "g.token"), filepath.Join(dir, "alice.token")
+	os.WriteFile(tokFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "a1", "--tools", "echo")), 0o600)
+	os.WriteFile(gatedFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "a2", "--tools", "echo", "--autonomy", "soft_gate")), 0o600)
+	os.WriteFile(aliceFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "alice", "--approver")), 0o600)
+
+	if out := mustRun(t, "call", "echo", "--token", tokFile, "--arg", "text=hi", "--data", data); !strings.HasPrefix(out, "echo ok") {
+		t.Fatalf("call over the control socket: %s", out)
+	}
+
+	cmd := exec.Command(kernelctl, "call", "echo", "--token", gatedFile, "--arg", "text=held", "--data", data)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 4096)
+	n, _ := stderr.Read(line) // the announcement, before anyone decides
+	m := regexp.MustCompile(`^operation (\S+) waits for approval (\S+) \(soft_gate, needs an approver with role approver; decide by `).FindStringSubmatch(string(line[:n]))
+	if m == nil {
+		cmd.Process.Kill()
+		t.Fatalf("a held call said %q", line[:n])
+	}
+	mustRun(t, "approvals", "approve", m[2], "--token", aliceFile, "--data", data)
+	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "echo ok") || !strings.Contains(out.String(), "operation="+m[1]) {
+		t.Fatalf("the approved call: %v\n%s", err, out.String())
+	}
+
+	// The demo drives the running kernel the same way.
+	if demo := mustRun(t, "demo", "--data", data); demoFailed.MatchString(demo) || !strings.Contains(demo, "ledger intact") ||
+		!strings.Contains(demo, "through its control socket") {
+		t.Fatalf("demo --data of a running kernel:\n%s", demo)
+	}
+}
+
+// kernelctl call --data DIR of a stopped kernel runs the kernel in its own
+// process and serves its control socket while the call runs, so a call held
+// for an approval is announced and can be decided from another terminal.
+func TestCallHeldOnStoppedDataDir(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	mustRun(t, "init", "--data", data)
+	gatedFile, aliceFile := filepath.Join(dir, "g.token"), filepath.Join(dir, "alice.token")
+	os.WriteFile(gatedFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "a2", "--tools", "echo", "--autonomy", "soft_gate")), 0o600)
+	os.WriteFile(aliceFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "alice", "--approver")), 0o600)
+
+	cmd := exec.Command(kernelctl, "call", "echo", "--token", gatedFile, "--arg", "text=held", "--data", data)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 4096)
+	n, _ := stderr.Read(line)
+	m := regexp.MustCompile(`^operation (\S+) waits for approval (\S+) `).FindStringSubmatch(string(line[:n]))
+	if m == nil {
+		cmd.Process.Kill()
+		t.Fatalf("a held call said %q", line[:n])
+	}
+	mustRun(t, "approvals", "deny", m[2], "--token", aliceFile, "--data", data, "--reason", "not now")
+	rest, _ := io.ReadAll(stderr)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out.String(), "error approval_denied") ||
+		!strings.Contains(string(rest), "approval "+m[2]+": denied by alice") {
+		t.Fatalf("the denied call: %v\n%s%s", err, out.String(), rest)
+	}
+	if _, err := os.Lstat(filepath.Join(data, httpapi.ControlSocket)); !os.IsNotExist(err) {
+		t.Errorf("the control socket outlived the call: %v", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/capkernel/capkernel/captoken"
@@ -72,6 +73,9 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 			if ttl%time.Second != 0 || ttl <= 0 {
 				return &usageError{fmt.Errorf("token mint: --ttl %s must be a positive whole number of seconds", ttl)}
 			}
+			if ttl > kernel.MaxTokenTTL {
+				return usagef("--ttl %s is longer than a token may live (%s, 90 days)", ttl, kernel.MaxTokenTTL)
+			}
 			var err error
 			if req.FS, err = parseFSRoots(fsRoots); err != nil {
 				return &usageError{err}
@@ -95,8 +99,10 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 					return err
 				}
 				defer k.Close()
+				// The kernel refuses only requests whose claims would not
+				// verify: a usage error, as the API's 400 is.
 				if minted, err = k.Mint(req); err != nil {
-					return err
+					return &usageError{err}
 				}
 			}
 			if t.json {
@@ -172,6 +178,10 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 				}
 				defer k.Close()
 				child, err = k.Attenuate(cmd.Context(), req)
+				var ae *kernel.AttenuateError
+				if errors.As(err, &ae) && ae.Class == kernel.ErrInvalidArgs {
+					err = &usageError{err}
+				}
 			}
 			if err != nil {
 				return err
@@ -230,7 +240,7 @@ func tokenInspectCmd() *cobra.Command {
 				printInspection(cmd, res)
 			}
 			if !res.Valid {
-				return fmt.Errorf("token refused (%s): %s", res.Class, res.Reason)
+				return fmt.Errorf("the kernel refuses this token (%s): %s", res.Class, res.Reason)
 			}
 			return nil
 		},
@@ -238,6 +248,9 @@ func tokenInspectCmd() *cobra.Command {
 	t.addTarget(cmd, false)
 	return cmd
 }
+
+// unix formats Unix seconds as an RFC 3339 time in UTC.
+func unix(sec int64) string { return time.Unix(sec, 0).UTC().Format(time.RFC3339) }
 
 func printInspection(cmd *cobra.Command, res httpapi.TokenInspection) {
 	if !res.Valid {
@@ -248,11 +261,12 @@ func printInspection(cmd *cobra.Command, res httpapi.TokenInspection) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("valid", "yes")
 	row("jti", c.ID)
-	row("agent (sub)", c.Subject)
-	row("issuer", c.Issuer)
-	row("audience", c.Audience)
-	row("not before", c.NotBefore.Format(time.RFC3339))
-	row("expires", c.Expiry.Format(time.RFC3339))
+	row("sub (agent)", c.Subject)
+	row("iss (issuer)", c.Issuer)
+	row("aud (kernel)", c.Audience)
+	row("issued", unix(c.IssuedAt))
+	row("not before", unix(c.NotBefore))
+	row("expires", unix(c.Expiry))
 	row("tools", strings.Join(c.Cap.Tools, ", "))
 	for _, r := range c.Cap.FS {
 		row("fs", r.Path+" ("+r.Mode+")")
@@ -281,14 +295,24 @@ func tokenRevokeCmd() *cobra.Command {
 	var t target
 	var reason string
 	cmd := &cobra.Command{
-		Use:   "revoke JTI --data DIR|--server URL [--reason TEXT]",
+		Use:   "revoke JTI|TOKEN|FILE --data DIR|--server URL [--reason TEXT]",
 		Short: "Revoke a token (and every token attenuated from it); recorded in the ledger",
-		Args:  cobra.ExactArgs(1),
+		Long: `revoke records the revocation of a token in the ledger; every later call
+with it, or with a token attenuated from it, is refused with token_revoked.
+Name the token by its jti (printed by token mint --json and token inspect), or
+give the token itself, inline or as a file. A token nobody has used yet is
+unknown to the kernel until then, so revoke cannot check that a jti was
+issued; it refuses (exit 1) anything that is not a jti of the form the kernel
+issues (a UUID).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := t.check("token revoke"); err != nil {
 				return err
 			}
-			jti := args[0]
+			jti, err := revokeTarget(args[0])
+			if err != nil {
+				return err
+			}
 			if t.remote() {
 				c, err := t.adminClient()
 				if err != nil {
@@ -317,6 +341,26 @@ func tokenRevokeCmd() *cobra.Command {
 	t.addTarget(cmd, true)
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the ledger)")
 	return cmd
+}
+
+// revokeTarget returns the jti arg names: arg itself when it is a jti of
+// the kernel's form (a UUID), else the jti of the token arg is or holds.
+func revokeTarget(arg string) (string, error) {
+	if _, err := uuid.Parse(arg); err == nil && len(arg) == 36 {
+		return arg, nil
+	}
+	tok, err := tokenArg(arg)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a token id: the kernel's are UUIDs (token mint --json and token inspect print them); give the jti, the token or a file holding it", arg)
+	}
+	_, jti, err := peekToken(tok)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", arg, err)
+	}
+	if jti == "" {
+		return "", fmt.Errorf("%s: the token has no jti", arg)
+	}
+	return jti, nil
 }
 
 // tokenArg reads a token given inline, as a file, or on stdin ("-").

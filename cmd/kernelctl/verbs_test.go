@@ -35,17 +35,20 @@ func TestVerbsOnDataDir(t *testing.T) {
 	os.MkdirAll(ws, 0o755)
 	tok := strings.TrimSpace(must("token", "mint", "--data", data, "--agent", "ops", "--tools", "echo,fs.read", "--fs", ws+":r", "--budget", "calls=10,disk_write_bytes=1KiB", "--ttl", "30m"))
 	out := must("token", "inspect", tok, "--data", data, "--json")
+	// The claims carry the token's own (wire) names, as the API's do.
 	var ins struct {
-		Valid  bool
+		Valid  bool `json:"valid"`
 		Claims struct {
-			ID  string
+			ID  string `json:"jti"`
+			Sub string `json:"sub"`
+			Exp int64  `json:"exp"`
 			Cap struct {
 				Budgets map[string]int64 `json:"budgets"`
 				FS      []struct{ Path, Mode string }
 			}
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &ins); err != nil || !ins.Valid || ins.Claims.Cap.Budgets["disk_write_bytes"] != 1024 ||
+	if err := json.Unmarshal([]byte(out), &ins); err != nil || !ins.Valid || ins.Claims.Sub != "ops" || ins.Claims.Exp == 0 || ins.Claims.Cap.Budgets["disk_write_bytes"] != 1024 ||
 		len(ins.Claims.Cap.FS) != 1 || ins.Claims.Cap.FS[0].Mode != "r" {
 		t.Fatalf("token inspect: %s (%v)", out, err)
 	}
@@ -94,7 +97,7 @@ func TestVerbsOnDataDir(t *testing.T) {
 	if head.Size < 30 {
 		t.Fatalf("head size %d", head.Size)
 	}
-	if out := must("ledger", "tail", "-n", "3", "--data", data); strings.Count(out, "\n") != 3 {
+	if out := must("ledger", "tail", "-n", "3", "--data", data); strings.Count(out, "\n") != 4 || !strings.HasPrefix(out, "SEQ\tTIME\tKIND") {
 		t.Fatalf("tail -n 3:\n%s", out)
 	}
 	exp := must("ledger", "export", "--data", data)

@@ -746,6 +746,7 @@ var _BLAKE3 = class __BLAKE3 extends _BLAKE2 {
 var blake3 = /* @__PURE__ */ createHasher((opts = {}) => new _BLAKE3(opts));
 
 // src/verify.js
+var RECEIPT_FORMAT = "capkernel-receipt/v2";
 var BUNDLE_FORMAT = "capkernel-receipt-bundle/v1";
 var enc = new TextEncoder();
 function canonicalize(v) {
@@ -996,6 +997,62 @@ var AGREEING = [
   "risk_score",
   "error_class"
 ];
+async function jwksKeys(jwks2) {
+  const out = [];
+  for (const jwk of jwks2 && jwks2.keys || []) {
+    if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") continue;
+    const pub = b64urlDecode(jwk.x);
+    if (pub.length !== 32) throw new Error("key " + jwk.kid + " is not 32 bytes");
+    if (await thumbprint(pub) !== jwk.kid) throw new Error("the kid " + jwk.kid + " is not the key's thumbprint");
+    out.push(pub);
+  }
+  if (out.length === 0) throw new Error("the JWKS has no Ed25519 signature key");
+  return out;
+}
+function receiptID(seq, h) {
+  return "r" + seq + "-" + h.slice(7, 23);
+}
+function checkInclusion(inc, entry, cp) {
+  inc = inc || {};
+  if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
+  if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
+  if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
+  if (!Array.isArray(inc.proof)) throw new Error("proof is not a list");
+  const root = rootFromInclusion(inc.leaf_index, inc.tree_size, parseHash(inc.leaf_hash, "leaf_hash"), inc.proof.map((p) => parseHash(p, "a proof hash")));
+  if (!equalBytes(root, cp.root)) throw new Error("the proof leads to " + hex(root) + ", not the checkpoint's root " + hex(cp.root));
+  return "leaf " + inc.leaf_index + " of " + inc.tree_size + ", " + inc.proof.length + " hashes";
+}
+var CHECKS_V2 = [
+  ["entry", "Audit entry well formed, canonical, entry_hash recomputes (BLAKE3)"],
+  ["checkpoint", "Checkpoint signed by a key of the kernel's JWKS (Ed25519)"],
+  ["inclusion", "Inclusion proof leads to the checkpoint's root"]
+];
+var V2_FIELDS = ["checkpoint", "entry", "format", "inclusion"];
+async function verifyLogged(receipt, jwks2, run) {
+  let entry, cp;
+  const entryOK = await run("entry", async () => {
+    const got = Object.keys(receipt).sort();
+    if (got.join() !== V2_FIELDS.join()) throw new Error("receipt members are " + got.join(",") + ", want " + V2_FIELDS.join(","));
+    if (typeof receipt.entry !== "string") throw new Error("entry is not a string");
+    entry = parseEntry(receipt.entry);
+    if (entry.kind !== "audit") throw new Error("the entry is of kind " + entry.kind + ", not audit");
+    return "receipt " + receiptID(entry.seq, entry.entry_hash) + ": " + entry.body.tool_id + " by " + entry.body.agent_id + ", seq " + entry.seq;
+  });
+  const cpOK = await run("checkpoint", async () => {
+    if (typeof receipt.checkpoint !== "string") throw new Error("checkpoint is not a string");
+    let last;
+    for (const pub of await jwksKeys(jwks2)) {
+      try {
+        cp = await verifyCheckpoint(receipt.checkpoint, pub);
+        return cp.origin + " size " + cp.size + ", signed by " + await thumbprint(pub);
+      } catch (e) {
+        last = e;
+      }
+    }
+    throw last;
+  });
+  if (entryOK && cpOK) await run("inclusion", async () => checkInclusion(receipt.inclusion, entry, cp));
+}
 var CHECKS = [
   ["jws", "Receipt signature (Ed25519, JWKS key, exact header and payload)"],
   ["entry", "Ledger entry well formed, canonical, entry_hash recomputes (BLAKE3)"],
@@ -1004,7 +1061,8 @@ var CHECKS = [
   ["inclusion", "Inclusion proof leads to the checkpoint's root"]
 ];
 async function verifyBundle(bundle, jwks2) {
-  const checks = CHECKS.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+  const v2 = bundle && bundle.format === RECEIPT_FORMAT;
+  const checks = (v2 ? CHECKS_V2 : CHECKS).map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
   const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });
   const run = async (id, fn) => {
     try {
@@ -1015,10 +1073,14 @@ async function verifyBundle(bundle, jwks2) {
       return false;
     }
   };
+  if (v2) {
+    await verifyLogged(bundle, jwks2, run);
+    return { ok: checks.every((c) => c.ok === true), format: RECEIPT_FORMAT, checks };
+  }
   let receipt, pub, entry, cp;
   if (!bundle || bundle.format !== BUNDLE_FORMAT) {
-    set("jws", false, "not a " + BUNDLE_FORMAT + " bundle");
-    return { ok: false, checks };
+    set("jws", false, "not a " + RECEIPT_FORMAT + " receipt nor a " + BUNDLE_FORMAT + " bundle");
+    return { ok: false, format: bundle && bundle.format, checks };
   }
   const jwsOK = await run("jws", async () => {
     ({ receipt, pub } = await verifyReceipt(bundle.receipt, jwks2));
@@ -1047,18 +1109,9 @@ async function verifyBundle(bundle, jwks2) {
     return cp.origin + " size " + cp.size;
   });
   if (cpOK && entryOK) {
-    await run("inclusion", async () => {
-      const inc = bundle.inclusion || {};
-      if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
-      if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
-      if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
-      if (!Array.isArray(inc.proof)) throw new Error("proof is not a list");
-      const root = rootFromInclusion(inc.leaf_index, inc.tree_size, parseHash(inc.leaf_hash, "leaf_hash"), inc.proof.map((p) => parseHash(p, "a proof hash")));
-      if (!equalBytes(root, cp.root)) throw new Error("the proof leads to " + hex(root) + ", not the checkpoint's root " + hex(cp.root));
-      return "leaf " + inc.leaf_index + " of " + inc.tree_size + ", " + inc.proof.length + " hashes";
-    });
+    await run("inclusion", async () => checkInclusion(bundle.inclusion, entry, cp));
   }
-  return { ok: checks.every((c) => c.ok === true), checks };
+  return { ok: checks.every((c) => c.ok === true), format: BUNDLE_FORMAT, checks };
 }
 
 // src/app.js

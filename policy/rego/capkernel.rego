@@ -186,3 +186,22 @@ sensitive_path(p) if {
 	not endswith(s, "/")
 	p == s
 }
+
+# An upstream MCP tool that no declaration covers (docs/mcp.md): the
+# kernel cannot see which files, hosts or keys it touches, so whatever its
+# class claims it is an opaque effect. It takes confirmation.undeclared
+# (default prompt: an approver decides), unless per_tool names the tool,
+# which is the operator's explicit word for it.
+undeclared_setting := object.get(confirmation, "undeclared", "prompt")
+
+findings contains {"mode": confirm_modes[undeclared_setting], "risk": 0.6, "basis": "upstream tool with undeclared resources: an opaque effect"} if {
+	input.resources_undeclared == true
+	not confirmation.per_tool[input.tool_id]
+	confirm_modes[undeclared_setting]
+}
+
+findings contains {"mode": "no_go", "risk": 1.0, "basis": sprintf("unknown confirmation setting %q for undeclared upstream tools", [undeclared_setting])} if {
+	input.resources_undeclared == true
+	not confirmation.per_tool[input.tool_id]
+	not confirm_modes[undeclared_setting]
+}

@@ -191,6 +191,37 @@ test_net_full_only_for_full_posture if {
 	"network posture allowlist" in d.risk_basis
 }
 
+# Upstream MCP tools without a declaration are opaque effects.
+
+upstream_call(class, undeclared) := object.union(call(class, []), {"tool_id": "mcp.fs.read_text_file", "resources_undeclared": undeclared})
+
+test_undeclared_upstream_tool_is_soft_gate_whatever_its_class if {
+	every class in ["NONE", "READ", "WRITE"] {
+		d := decide(upstream_call(class, true))
+		d.autonomy_mode == "soft_gate"
+		"upstream tool with undeclared resources: an opaque effect" in d.risk_basis
+	}
+}
+
+test_declared_upstream_tool_follows_its_class if {
+	decide(upstream_call("READ", false)).autonomy_mode == "autopilot"
+	decide(object.union(call("READ", [fs("read", "a.txt")]), {"tool_id": "mcp.fs.read_text_file"})).autonomy_mode == "autopilot"
+}
+
+test_declared_upstream_secret_is_no_go if {
+	d := decide(object.union(call("READ", [fs("read", ".env")]), {"tool_id": "mcp.fs.read_text_file"}))
+	d.autonomy_mode == "no_go"
+	"secret path: .env" in d.risk_basis
+}
+
+test_undeclared_setting_and_per_tool if {
+	mode_with(upstream_call("READ", true), {"undeclared": "auto"}) == "autopilot"
+	mode_with(upstream_call("READ", true), {"undeclared": "deny"}) == "no_go"
+	mode_with(upstream_call("READ", true), {"undeclared": "maybe"}) == "no_go"
+	mode_with(upstream_call("READ", true), {"per_tool": {"mcp.fs.read_text_file": "auto"}}) == "autopilot"
+	mode_with(upstream_call("READ", true), {"per_tool": {"mcp.fs.other": "auto"}}) == "soft_gate"
+}
+
 session_cfg := object.union(data.capkernel.config, {"confirmation": {"session": {"EXECUTE": true, "WRITE": true}}})
 
 test_session_confirm_off_by_default if {

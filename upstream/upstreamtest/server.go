@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -31,6 +32,7 @@ type Server struct {
 //   - slow {id string}: blocks until Release(id) or the call is cancelled
 //   - list-items {}: a name with a dash (the syscall is list_items)
 //   - exit {}: ends the process (for a server over stdio)
+//   - big {n integer}: a text of n bytes
 //   - wide {}: a schema outside the kernel's subset (anyOf)
 func New() *Server {
 	s := &Server{
@@ -68,6 +70,16 @@ func New() *Server {
 			os.Exit(3)
 			return nil, nil
 		})
+	s.MCP.AddTool(&mcp.Tool{Name: "big",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer","minimum":0}},"required":["n"]}`),
+	}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		s.count("big")
+		var in struct{ N int }
+		if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+			return nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", in.N)}}}, nil
+	})
 	s.MCP.AddTool(&mcp.Tool{Name: "wide",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"v":{"anyOf":[{"type":"string"},{"type":"integer"}]}}}`),
 	}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {

@@ -1,25 +1,27 @@
 // The console's receipt verifier: an independent implementation of
-// docs/formats.md ("Receipt bundle"), written from the spec, not from the
-// Go code. It checks, in order, and reports each check by name so a page
-// can show which one failed:
+// docs/formats.md ("Receipts"), written from the spec, not from the Go
+// code. A receipt proven by the log (capkernel-receipt/v2, what every call
+// gets) is checked in order, each check reported by name so a page can
+// show which one failed:
 //
-//   jws        the receipt's compact JWS: exact header, kid chosen from the
-//              JWKS (and equal to the key's RFC 7638 thumbprint), EdDSA
-//              signature by WebCrypto, payload exactly the canonical JSON
-//              of a receipt with the known fields;
-//   entry      the bundled ledger record is canonical, well formed, of kind
-//              audit, and its entry_hash recomputes (keyed BLAKE3);
-//   agreement  the entry's body agrees with the receipt field by field;
-//   checkpoint the C2SP signed note carries a valid Ed25519 signature by
-//              the same key under a key name equal to its origin;
+//   entry      the audit entry is canonical, well formed, of kind audit,
+//              and its entry_hash recomputes (keyed BLAKE3);
+//   checkpoint the C2SP signed note carries a valid Ed25519 signature, under
+//              a key name equal to its origin, by a key of the JWKS (whose
+//              kid is its RFC 7638 thumbprint);
 //   inclusion  the RFC 9162 inclusion proof of the entry leads to the
 //              checkpoint's root.
+//
+// Bundles of format v1 (capkernel-receipt-bundle/v1: a JWS receipt, its
+// entry, a checkpoint and a proof) from kernels that signed every receipt
+// are still checked: jws, entry, agreement, checkpoint, inclusion.
 //
 // This module is the one place that knows the receipt format: swap it
 // when the format changes.
 
 import { blake3 } from "@noble/hashes/blake3.js";
 
+export const RECEIPT_FORMAT = "capkernel-receipt/v2";
 export const BUNDLE_FORMAT = "capkernel-receipt-bundle/v1";
 
 const enc = new TextEncoder();
@@ -305,7 +307,77 @@ export async function verifyReceipt(jws, jwks) {
 const AGREEING = ["operation_id", "tool_id", "agent_id", "capability_token_id", "args_hash", "result_hash",
   "tx_outcome", "commit_delta_id", "policy_hash", "autonomy_mode", "risk_score", "error_class"];
 
-// ---- the bundle ----
+// jwksKeys returns the Ed25519 signature keys of a JWKS, each checked to
+// be the key its kid names.
+export async function jwksKeys(jwks) {
+  const out = [];
+  for (const jwk of (jwks && jwks.keys) || []) {
+    if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || (jwk.use && jwk.use !== "sig") || (jwk.alg && jwk.alg !== "EdDSA")) continue;
+    const pub = b64urlDecode(jwk.x);
+    if (pub.length !== 32) throw new Error("key " + jwk.kid + " is not 32 bytes");
+    if ((await thumbprint(pub)) !== jwk.kid) throw new Error("the kid " + jwk.kid + " is not the key's thumbprint");
+    out.push(pub);
+  }
+  if (out.length === 0) throw new Error("the JWKS has no Ed25519 signature key");
+  return out;
+}
+
+// receiptID is the receipt id of the audit entry seq with hash h
+// ("blake3:<hex>"): "r<seq>-<first 16 hex digits>".
+export function receiptID(seq, h) {
+  return "r" + seq + "-" + h.slice(7, 23);
+}
+
+// checkInclusion checks an inclusion proof of entry in the checkpoint cp.
+function checkInclusion(inc, entry, cp) {
+  inc = inc || {};
+  if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
+  if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
+  if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
+  if (!Array.isArray(inc.proof)) throw new Error("proof is not a list");
+  const root = rootFromInclusion(inc.leaf_index, inc.tree_size, parseHash(inc.leaf_hash, "leaf_hash"), inc.proof.map((p) => parseHash(p, "a proof hash")));
+  if (!equalBytes(root, cp.root)) throw new Error("the proof leads to " + hex(root) + ", not the checkpoint's root " + hex(cp.root));
+  return "leaf " + inc.leaf_index + " of " + inc.tree_size + ", " + inc.proof.length + " hashes";
+}
+
+// ---- receipts proven by the log (v2) ----
+
+// CHECKS_V2 names the checks of a receipt proven by the log, in order.
+export const CHECKS_V2 = [
+  ["entry", "Audit entry well formed, canonical, entry_hash recomputes (BLAKE3)"],
+  ["checkpoint", "Checkpoint signed by a key of the kernel's JWKS (Ed25519)"],
+  ["inclusion", "Inclusion proof leads to the checkpoint's root"],
+];
+
+const V2_FIELDS = ["checkpoint", "entry", "format", "inclusion"];
+
+async function verifyLogged(receipt, jwks, run) {
+  let entry, cp;
+  const entryOK = await run("entry", async () => {
+    const got = Object.keys(receipt).sort();
+    if (got.join() !== V2_FIELDS.join()) throw new Error("receipt members are " + got.join(",") + ", want " + V2_FIELDS.join(","));
+    if (typeof receipt.entry !== "string") throw new Error("entry is not a string");
+    entry = parseEntry(receipt.entry);
+    if (entry.kind !== "audit") throw new Error("the entry is of kind " + entry.kind + ", not audit");
+    return "receipt " + receiptID(entry.seq, entry.entry_hash) + ": " + entry.body.tool_id + " by " + entry.body.agent_id + ", seq " + entry.seq;
+  });
+  const cpOK = await run("checkpoint", async () => {
+    if (typeof receipt.checkpoint !== "string") throw new Error("checkpoint is not a string");
+    let last;
+    for (const pub of await jwksKeys(jwks)) {
+      try {
+        cp = await verifyCheckpoint(receipt.checkpoint, pub);
+        return cp.origin + " size " + cp.size + ", signed by " + (await thumbprint(pub));
+      } catch (e) {
+        last = e;
+      }
+    }
+    throw last;
+  });
+  if (entryOK && cpOK) await run("inclusion", async () => checkInclusion(receipt.inclusion, entry, cp));
+}
+
+// ---- the bundle (v1) ----
 
 // CHECKS names the checks of verifyBundle, in order, with what each means.
 export const CHECKS = [
@@ -316,12 +388,14 @@ export const CHECKS = [
   ["inclusion", "Inclusion proof leads to the checkpoint's root"],
 ];
 
-// verifyBundle runs every check on a receipt bundle (an object, as
-// parsed from JSON) with the kernel's JWKS. It never throws: the result
-// is {ok, checks: [{id, label, ok, detail}]}, and a check after a failed
-// one it depends on is reported as skipped (ok null).
+// verifyBundle runs every check on a receipt (an object, as parsed from
+// JSON): one proven by the log (RECEIPT_FORMAT) or a v1 bundle
+// (BUNDLE_FORMAT), with the kernel's JWKS. It never throws: the result is
+// {ok, format, checks: [{id, label, ok, detail}]}, and a check after a
+// failed one it depends on is reported as skipped (ok null).
 export async function verifyBundle(bundle, jwks) {
-  const checks = CHECKS.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+  const v2 = bundle && bundle.format === RECEIPT_FORMAT;
+  const checks = (v2 ? CHECKS_V2 : CHECKS).map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
   const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });
   const run = async (id, fn) => {
     try {
@@ -332,10 +406,14 @@ export async function verifyBundle(bundle, jwks) {
       return false;
     }
   };
+  if (v2) {
+    await verifyLogged(bundle, jwks, run);
+    return { ok: checks.every((c) => c.ok === true), format: RECEIPT_FORMAT, checks };
+  }
   let receipt, pub, entry, cp;
   if (!bundle || bundle.format !== BUNDLE_FORMAT) {
-    set("jws", false, "not a " + BUNDLE_FORMAT + " bundle");
-    return { ok: false, checks };
+    set("jws", false, "not a " + RECEIPT_FORMAT + " receipt nor a " + BUNDLE_FORMAT + " bundle");
+    return { ok: false, format: bundle && bundle.format, checks };
   }
   const jwsOK = await run("jws", async () => {
     ({ receipt, pub } = await verifyReceipt(bundle.receipt, jwks));
@@ -364,16 +442,7 @@ export async function verifyBundle(bundle, jwks) {
     return cp.origin + " size " + cp.size;
   }));
   if (cpOK && entryOK) {
-    await run("inclusion", async () => {
-      const inc = bundle.inclusion || {};
-      if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
-      if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
-      if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
-      if (!Array.isArray(inc.proof)) throw new Error("proof is not a list");
-      const root = rootFromInclusion(inc.leaf_index, inc.tree_size, parseHash(inc.leaf_hash, "leaf_hash"), inc.proof.map((p) => parseHash(p, "a proof hash")));
-      if (!equalBytes(root, cp.root)) throw new Error("the proof leads to " + hex(root) + ", not the checkpoint's root " + hex(cp.root));
-      return "leaf " + inc.leaf_index + " of " + inc.tree_size + ", " + inc.proof.length + " hashes";
-    });
+    await run("inclusion", async () => checkInclusion(bundle.inclusion, entry, cp));
   }
-  return { ok: checks.every((c) => c.ok === true), checks };
+  return { ok: checks.every((c) => c.ok === true), format: BUNDLE_FORMAT, checks };
 }

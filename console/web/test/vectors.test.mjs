@@ -108,3 +108,29 @@ test("receipt JWS", async () => {
   const other = { keys: [{ ...jwks.keys[0], kid: "x" }] };
   await assert.rejects(v.verifyReceipt(jws, other), /no key/);
 });
+
+test("receipt proven by the log (v2)", async () => {
+  const receipt = json("receipts/testdata/logged.json");
+  const jwks = json("receipts/testdata/jwks.json");
+  const ok = await v.verifyBundle(receipt, jwks);
+  assert.equal(ok.ok, true, JSON.stringify(ok.checks));
+  assert.equal(ok.format, v.RECEIPT_FORMAT);
+  assert.deepEqual(ok.checks.map((c) => c.id), ["entry", "checkpoint", "inclusion"]);
+  const e = v.parseEntry(receipt.entry);
+  assert.match(ok.checks[0].detail, new RegExp(v.receiptID(e.seq, e.entry_hash)));
+  const failing = async (edit, id) => {
+    const r = structuredClone(receipt);
+    edit(r);
+    const out = await v.verifyBundle(r, jwks);
+    assert.equal(out.ok, false);
+    assert.equal(out.checks.find((c) => c.ok === false).id, id);
+  };
+  await failing((r) => (r.entry = r.entry.replace('"echo"', '"fs.rm"')), "entry");
+  await failing((r) => (r.extra = 1), "entry");
+  await failing((r) => (r.checkpoint = r.checkpoint.replace("\n5\n", "\n6\n")), "checkpoint");
+  await failing((r) => (r.inclusion.proof[0] = r.inclusion.leaf_hash), "inclusion");
+  await failing((r) => (r.inclusion.tree_size = 4), "inclusion");
+  const other = { keys: [{ ...jwks.keys[0], x: v.b64urlEncode(new Uint8Array(32).fill(7)) }] };
+  const out = await v.verifyBundle(receipt, other);
+  assert.equal(out.checks.find((c) => c.id === "checkpoint").ok, false);
+});

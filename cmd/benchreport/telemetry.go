@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// Targets of the telemetry comparison: the same audited echo call on a
+// kernel with metrics and traces off, and on one with both on.
+const (
+	telemetryOff = "kernel echo, telemetry off"
+	telemetryOn  = "kernel echo, metrics + traces"
+)
+
+// telemetryRounds alternate the two kernels so that both see the same
+// machine: a shared machine's load drifts over seconds.
+const telemetryRounds = 3
+
+// telemetryConcurrencies are the concurrencies compared.
+var telemetryConcurrencies = []int{8, 32}
+
+// measureTelemetry serves two kernels side by side, one with
+// `--metrics off` and no traces, one with `--metrics public` and
+// `--otlp-endpoint` pointing at an OTLP/HTTP receiver in this process,
+// and measures the audited echo call on each, in alternating rounds.
+// The receiver reads and drops what it is sent; it must have been sent
+// something, or the traces were not on.
+func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
+	var received atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	rcv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		n, _ := io.Copy(io.Discard, req.Body)
+		received.Add(n)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	})}
+	go rcv.Serve(ln)
+	defer rcv.Close()
+
+	targets := map[string]target{}
+	for _, v := range []struct {
+		name  string
+		flags []string
+	}{
+		{telemetryOff, []string{"--metrics", "off"}},
+		{telemetryOn, []string{"--metrics", "public", "--otlp-endpoint", "http://" + ln.Addr().String()}},
+	} {
+		data := filepath.Join(tmp, "telemetry-"+strings.Fields(v.name)[2])
+		if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
+			return err
+		}
+		ks, err := startKernel(filepath.Join(bin, "kernelctl"), data, "", v.flags...)
+		if err != nil {
+			return err
+		}
+		defer ks.stop()
+		t, err := echoTarget(v.name, ks, data)
+		if err != nil {
+			return err
+		}
+		targets[v.name] = t
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
+	for _, c := range telemetryConcurrencies {
+		for round := range telemetryRounds {
+			order := []string{telemetryOff, telemetryOn}
+			if round%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, name := range order {
+				step("HTTP %s at c=%d, round %d", name, c, round+1)
+				p, err := measure(client, targets[name], c, time.Second, d)
+				if err != nil {
+					return err
+				}
+				r.Telemetry = append(r.Telemetry, p)
+			}
+		}
+	}
+	if received.Load() == 0 {
+		return fmt.Errorf("the OTLP receiver got no spans from the kernel with traces on")
+	}
+	return nil
+}
+
+// echoTarget mints a token on the served kernel ks (data dir data) and
+// returns the audited echo call as a load target, a session per worker.
+func echoTarget(name string, ks *proc, data string) (target, error) {
+	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
+	if err != nil {
+		return target{}, err
+	}
+	ctx := context.Background()
+	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
+	tok, err := c.Mint(ctx, kernel.TokenRequest{AgentID: "bench", Tools: []string{"echo"}})
+	if err != nil {
+		return target{}, fmt.Errorf("mint: %w", err)
+	}
+	ph, err := c.PolicyHash(ctx)
+	if err != nil {
+		return target{}, err
+	}
+	return target{name: name, url: ks.url + "/v1/syscalls", pid: ks.pid, want: []byte(`"status":"ok"`),
+		body: func(w, _ int) []byte {
+			b, _ := json.Marshal(map[string]any{
+				"tool_id": "echo", "args": map[string]string{"text": "hello"}, "agent_id": tok.AgentID,
+				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
+				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
+			})
+			return b
+		}}, nil
+}
+
+// telemetrySum is one target's rounds at one concurrency taken together:
+// the throughput over all of them, CPU per call over all of them, and
+// the median of the rounds' p50 and p99.
+func (r *report) telemetrySum(name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
+	var calls int
+	var secs float64
+	var cpuTotal time.Duration
+	var p50s, p99s []time.Duration
+	for _, p := range r.Telemetry {
+		if p.Target != name || p.Concurrency != c {
+			continue
+		}
+		calls += p.Calls
+		secs += p.Seconds
+		cpuTotal += p.ServerCPU * time.Duration(p.Calls)
+		p50s, p99s = append(p50s, p.P50), append(p99s, p.P99)
+	}
+	if calls == 0 {
+		return 0, 0, 0, 0, false
+	}
+	slices.Sort(p50s)
+	slices.Sort(p99s)
+	return float64(calls) / secs, p50s[len(p50s)/2], p99s[len(p99s)/2], cpuTotal / time.Duration(calls), true
+}
+
+// telemetryMarkdown is the report's section on what metrics and traces
+// cost.
+func (r *report) telemetryMarkdown(w func(string, ...any)) {
+	w("## Telemetry: metrics and traces on against off")
+	w("")
+	w("The audited echo call over HTTP, as in section 1–2, on two kernels served side by side: one with `--metrics off` and no traces, one with `--metrics public` and `--otlp-endpoint` exporting every call's spans (the call and its stages) to an OTLP/HTTP receiver in the load generator. %d alternating rounds per concurrency, taken together (throughput and CPU over all rounds, latency the median round's). Goal: within 5%%.", telemetryRounds)
+	w("")
+	w("| c | calls/s off | calls/s on | on / off | p50 µs off / on | p99 µs off / on | server CPU µs/call off / on | within 5%% |")
+	w("|---:|---:|---:|---:|---:|---:|---:|---|")
+	for _, c := range telemetryConcurrencies {
+		ro, p50o, p99o, cpuo, ok1 := r.telemetrySum(telemetryOff, c)
+		rn, p50n, p99n, cpun, ok2 := r.telemetrySum(telemetryOn, c)
+		if !ok1 || !ok2 {
+			continue
+		}
+		q := rn / ro
+		w("| %d | %s | %s | %.3f | %s / %s | %s / %s | %s / %s | %s |", c, num(ro), num(rn), q, µs(p50o), µs(p50n), µs(p99o), µs(p99n), µs(cpuo), µs(cpun), yes(q >= 0.95))
+	}
+	w("")
+}

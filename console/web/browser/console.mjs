@@ -1,0 +1,283 @@
+// Browser tests of the operator's console: playwright-core driving
+// Debian's Chromium against a kernel served on loopback. console/
+// browser_test.go starts the kernel, writes the config file named by the
+// first argument, runs this file with node, and checks the kernel's side
+// afterwards (files committed or not). Run: node browser/console.mjs CONFIG.
+//
+// The config: {url, admin, alice, bob (approver credentials), agent
+// {token, id, agent_id}, policy_hash, ws (the agent's workspace),
+// artifacts (where screenshots go), chromium (the executable)}.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const cfg = JSON.parse(readFileSync(process.argv[2], "utf8"));
+
+// Chromium as a test harness: no network of its own, no first-run UI, a
+// fresh profile per browser (launchPersistentContext takes the
+// --user-data-dir).
+const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+const profiles = [];
+
+async function browser() {
+  const dir = mkdtempSync(join(tmpdir(), "capkernel-chromium-"));
+  profiles.push(dir);
+  const ctx = await chromium.launchPersistentContext(dir, {
+    executablePath: cfg.chromium, headless: true, args: ARGS, viewport: { width: 1366, height: 768 },
+  });
+  ctx.setDefaultTimeout(20000);
+  return ctx;
+}
+
+let alice, bob; // two people's browsers (separate profiles, separate cookies)
+
+before(async () => {
+  alice = await browser();
+  bob = await browser();
+});
+
+after(async () => {
+  await alice?.close();
+  await bob?.close();
+  for (const d of profiles) rmSync(d, { recursive: true, force: true });
+});
+
+// signIn opens the console in a new page of ctx, signed out, and signs
+// in through the form.
+async function signIn(ctx, credential) {
+  await ctx.clearCookies();
+  const page = await ctx.newPage();
+  await page.goto(cfg.url + "/console");
+  await page.getByLabel("Credential").fill(credential);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.locator("#who-text").waitFor({ state: "visible" });
+  return page;
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: join(cfg.artifacts, name + ".png"), fullPage: true });
+}
+
+// ---- the agent's side, over the kernel's HTTP API ----
+
+let nextKey = 0;
+
+// startCall starts a call of the agent in the background (Prefer:
+// respond-async) and returns its operation id.
+async function startCall(tool, args) {
+  const env = {
+    tool_id: tool, args, agent_id: cfg.agent.agent_id, capability_token: cfg.agent.token,
+    capability_token_id: cfg.agent.id, policy_hash: cfg.policy_hash, idempotency_key: "browser-" + nextKey++,
+  };
+  const resp = await fetch(cfg.url + "/v1/syscalls", {
+    method: "POST", headers: { "Content-Type": "application/json", Prefer: "respond-async" }, body: JSON.stringify(env),
+  });
+  const body = await resp.text();
+  assert.equal(resp.status, 202, "starting " + tool + ": " + body);
+  return JSON.parse(body).operation_id;
+}
+
+// result waits for the operation's result envelope.
+async function result(id) {
+  for (;;) {
+    const resp = await fetch(cfg.url + "/v1/operations/" + id, { headers: { Authorization: "Bearer " + cfg.agent.token } });
+    if (resp.status === 200) return resp.json();
+    assert.equal(resp.status, 202, "operation " + id);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+// card is the pending approval card of operation id on page: it must
+// appear without a reload, from the live event stream.
+function card(page, id) {
+  return page.locator("#approvals-list li").filter({ hasText: id });
+}
+
+function decidedCard(page, id) {
+  return page.locator("#decided-list li").filter({ hasText: id });
+}
+
+// ---- the tests ----
+
+let approved; // the result of the approved fs.write
+
+test("a gated fs.write is approved end to end and committed", async () => {
+  const page = await signIn(alice, cfg.alice);
+  const id = await startCall("fs.write", { path: join(cfg.ws, "notes.txt"), content: "status: final\nowner: ops\n" });
+  const c = card(page, id);
+  await c.waitFor();
+  // The card shows what the call would do: a diff against the file.
+  const diff = c.getByRole("region", { name: "Diff of notes.txt" });
+  await diff.locator(".del", { hasText: "status: draft" }).waitFor();
+  await diff.locator(".add", { hasText: "status: final" }).waitFor();
+  assert.match(await c.textContent(), /soft_gate/);
+  await shot(page, "approvals");
+  await c.getByLabel("Reason").fill("reviewed the diff");
+  await c.getByRole("button", { name: "Approve" }).click();
+  await decidedCard(page, id).locator(".state.allowed").waitFor();
+  assert.equal(await card(page, id).count(), 0);
+  approved = await result(id);
+  assert.equal(approved.status, "ok", JSON.stringify(approved.error));
+  assert.equal(approved.tx_outcome, "committed");
+  await page.close();
+});
+
+test("a denied call is refused and writes nothing", async () => {
+  const page = await signIn(alice, cfg.alice);
+  const id = await startCall("fs.write", { path: join(cfg.ws, "denied.txt"), content: "must not exist\n" });
+  const c = card(page, id);
+  await c.getByLabel("Reason").fill("not today");
+  await c.getByRole("button", { name: "Deny" }).click();
+  await decidedCard(page, id).locator(".state.denied").waitFor();
+  const r = await result(id);
+  assert.equal(r.status, "error");
+  assert.equal(r.error.class, "approval_denied");
+  assert.notEqual(r.tx_outcome, "committed");
+  await page.close();
+});
+
+test("two consoles race on one decision: the first wins, both show it", async () => {
+  const pa = await signIn(alice, cfg.alice);
+  const pb = await signIn(bob, cfg.bob);
+  // The state a console shows for operation id once it is decided.
+  const state = async (p, id) => {
+    const d = decidedCard(p, id).locator(".state");
+    await d.waitFor();
+    return d.textContent();
+  };
+
+  // Both click at once. Exactly one decision is taken; the other console
+  // is told someone decided first, or its card went away under it, live.
+  let id = await startCall("fs.write", { path: join(cfg.ws, "race.txt"), content: "raced\n" });
+  await Promise.all([card(pa, id).waitFor(), card(pb, id).waitFor()]);
+  const click = (p, name) => p.evaluate(([id, name]) => {
+    const li = [...document.querySelectorAll("#approvals-list li")].find((li) => li.textContent.includes(id));
+    const b = li && [...li.querySelectorAll("button")].find((b) => b.textContent === name);
+    if (!b) return "gone";
+    b.click();
+    return "clicked";
+  }, [id, name]);
+  const clicked = await Promise.all([click(pa, "Approve"), click(pb, "Deny")]);
+  const [sa, sb] = await Promise.all([state(pa, id), state(pb, id)]);
+  assert.equal(sa, sb, "the two consoles show different decisions");
+  const r = await result(id);
+  assert.equal(r.status === "ok", sa === "allowed", `result ${r.status} after ${sa}`);
+  let won = 0;
+  for (const [i, p] of [pa, pb].entries()) {
+    const s = await p.locator("#status").textContent();
+    if (/^(Approved|Denied) fs.write by/.test(s)) won++;
+    else if (clicked[i] === "clicked") assert.match(s, /Someone decided first/);
+  }
+  assert.equal(won, 1, "consoles whose decision was taken");
+
+  // A console that missed the decision (its event stream is cut) and
+  // decides late gets the first decision back, and shows it.
+  await pb.route("**/console/api/events", (route) => route.abort());
+  id = await startCall("fs.write", { path: join(cfg.ws, "late.txt"), content: "late\n" });
+  await card(pa, id).waitFor();
+  await pb.reload();
+  await card(pb, id).waitFor();
+  await card(pa, id).getByRole("button", { name: "Deny" }).click();
+  await decidedCard(pa, id).locator(".state.denied").waitFor();
+  await card(pb, id).getByRole("button", { name: "Approve" }).click();
+  await decidedCard(pb, id).locator(".state.denied").waitFor();
+  assert.match(await pb.locator("#status").textContent(), /Someone decided first: denied by alice/);
+  assert.equal((await result(id)).error.class, "approval_denied");
+  await pa.close();
+  await pb.close();
+});
+
+test("a receipt is verified in the page, and a tampered one refused", async () => {
+  assert.ok(approved, "needs the approved call's receipt");
+  const page = await signIn(alice, cfg.alice);
+  await page.getByRole("button", { name: "History" }).click();
+  const row = page.locator(`#history-table tr[data-receipt="${approved.receipt_id}"]`);
+  await row.click();
+  await page.getByRole("button", { name: "Verify this receipt in the browser" }).click();
+  await page.locator('#detail-checks[data-verdict="pass"]').waitFor();
+  assert.equal(await page.locator('#detail-checks li[data-state="fail"]').count(), 0);
+  await shot(page, "history");
+
+  const bundle = await page.evaluate(async (id) => (await fetch(`/console/api/receipts/${id}/bundle`)).json(), approved.receipt_id);
+  const verify = async (b) => {
+    await page.getByRole("button", { name: "Verify", exact: true }).first().click();
+    await page.getByLabel("or paste the bundle JSON").fill(JSON.stringify(b));
+    await page.locator("#verify-form").getByRole("button", { name: "Verify" }).click();
+  };
+  await verify(bundle);
+  await page.locator('#verify-checks[data-verdict="pass"]').waitFor();
+  // Tampered: the receipt's payload says another tool; its signature no
+  // longer matches, and the page says which check failed.
+  const [h, p, s] = bundle.receipt.split(".");
+  const payload = JSON.parse(Buffer.from(p, "base64url").toString());
+  payload.tool_id = "fs.delete";
+  await verify({ ...bundle, receipt: [h, Buffer.from(JSON.stringify(payload)).toString("base64url"), s].join(".") });
+  await page.locator('#verify-checks[data-verdict="fail"]').waitFor();
+  await page.locator('#verify-checks li[data-check="jws"][data-state="fail"]').waitFor();
+  assert.match(await page.locator("#verify-checks .verdict").textContent(), /^Not verified: .+ failed\.$/);
+  await shot(page, "verify");
+  await page.close();
+});
+
+test("CSRF: a request without the token, and one from a foreign origin, are refused", async () => {
+  const page = await signIn(alice, cfg.alice);
+  const id = await startCall("fs.write", { path: join(cfg.ws, "csrf.txt"), content: "forged\n" });
+  await card(page, id).waitFor();
+  const approval = await card(page, id).getAttribute("data-id");
+  const path = "/console/api/approvals/" + encodeURIComponent(approval);
+
+  // Same origin, signed in, but no X-CSRF-Token.
+  const noToken = await page.evaluate(async (path) => {
+    const r = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: '{"decision":"allow"}' });
+    return r.status;
+  }, path);
+  assert.equal(noToken, 403);
+
+  // Another origin of the same site (another port of 127.0.0.1): the
+  // browser sends the SameSite=Strict cookie along, so only the origin
+  // check stands between a forged form and the decision.
+  const foreign = "http://127.0.0.1:1";
+  await page.route(foreign + "/**", (route) => route.fulfill({
+    contentType: "text/html",
+    body: `<form method="post" enctype="text/plain" action="${cfg.url}${path}"><input name='{"decision":"allow","x":"' value='"}'></form>`,
+  }));
+  await page.goto(foreign + "/evil.html");
+  const [resp] = await Promise.all([
+    page.waitForResponse((r) => r.url() === cfg.url + path),
+    page.locator("form").evaluate((f) => f.submit()),
+  ]);
+  assert.equal(resp.status(), 403);
+  assert.match(await resp.text(), /cross-origin|Content-Type|CSRF/i);
+
+  // The call is still waiting: nothing decided it. Deny it properly.
+  await page.goto(cfg.url + "/console");
+  const c = card(page, id);
+  await c.waitFor();
+  await c.getByRole("button", { name: "Deny" }).click();
+  await decidedCard(page, id).locator(".state.denied").waitFor();
+  assert.equal((await result(id)).error.class, "approval_denied");
+  await page.close();
+});
+
+test("screenshots of the sign-in, ledger and tokens views", async () => {
+  await alice.clearCookies();
+  const login = await alice.newPage();
+  await login.goto(cfg.url + "/console");
+  await login.getByLabel("Credential").waitFor();
+  await shot(login, "login");
+  await login.close();
+
+  const page = await signIn(alice, cfg.admin);
+  await page.getByRole("button", { name: "Ledger" }).click();
+  await page.locator("#ledger-checks li.pass").first().waitFor();
+  assert.equal(await page.locator("#ledger-checks li.fail").count(), 0);
+  await shot(page, "ledger");
+  await page.getByRole("button", { name: "Tokens" }).click();
+  await page.locator(`#tokens-table tr[data-jti="${cfg.agent.id}"]`).waitFor();
+  await shot(page, "tokens");
+  await page.close();
+});

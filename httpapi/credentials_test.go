@@ -1,0 +1,83 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/httpapi"
+)
+
+// Each credential an endpoint refuses is answered with what is wrong with
+// it and what to send instead; a token that does not verify is refused
+// with its reason once, without the class repeated in front; the public
+// reads take no credential, and ignore a wrong one.
+func TestCredentialErrors(t *testing.T) {
+	f := newFixture(t)
+	mint := []byte(`{"agent_id":"x","tools":["echo"]}`)
+	for _, c := range []struct {
+		name, method, path string
+		body               []byte
+		bearer             string
+		status             int
+		class, message     string
+	}{
+		{"admin endpoint, none", "POST", "/v1/tokens", mint, "", 401, "token_invalid", "needs the admin credential as a bearer token (Authorization: Bearer ckadmin_…"},
+		{"admin endpoint, a capability token", "POST", "/v1/tokens", mint, f.token, 403, "permission_denied", "a capability token cannot use admin endpoints: send the admin credential"},
+		{"admin endpoint, a file path", "POST", "/v1/tokens", mint, "/var/lib/capkernel/admin.token", 403, "permission_denied", "looks like a file path; send the credential itself"},
+		{"admin endpoint, garbage", "POST", "/v1/tokens", mint, "hunter2", 403, "permission_denied", "is not an admin credential (one starts with ckadmin_"},
+		{"admin endpoint, a wrong admin credential", "POST", "/v1/tokens", mint, "ckadmin_wrong", 401, "token_invalid", "the admin credential is wrong: it has the form of one but is not this kernel's"},
+		{"history read, none", "GET", "/v1/receipts", nil, "", 401, "token_invalid", "needs a bearer credential: the admin credential or a capability token of this kernel"},
+		{"history read, a wrong admin credential", "GET", "/v1/receipts", nil, "ckadmin_wrong", 401, "token_invalid", "the admin credential is wrong"},
+		{"history read, a token that does not verify", "GET", "/v1/receipts", nil, "a.b.c", 401, "token_invalid", "the bearer capability token: token is not a compact JWS"},
+		{"public head, none", "GET", "/v1/ledger/head", nil, "", 200, "", ""},
+		{"public head, a wrong one", "GET", "/v1/ledger/head", nil, "ckadmin_wrong", 200, "", ""},
+		{"public checkpoint", "GET", "/v1/ledger/checkpoint", nil, "", 200, "", ""},
+		{"public jwks", "GET", "/.well-known/jwks.json", nil, "", 200, "", ""},
+		{"public policy", "GET", "/v1/policy", nil, "", 200, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var h []string
+			if c.body != nil {
+				h = append(h, "Content-Type: application/json")
+			}
+			if c.bearer != "" {
+				h = append(h, "Authorization: Bearer "+c.bearer)
+			}
+			status, body := f.send(t, c.method, c.path, c.body, h...)
+			if status != c.status {
+				t.Fatalf("%d %s, want %d", status, body, c.status)
+			}
+			if c.status == http.StatusOK {
+				return
+			}
+			var e httpapi.ErrorBody
+			if err := json.Unmarshal(body, &e); err != nil || e.Error.Class != c.class || !strings.Contains(e.Error.Message, c.message) {
+				t.Fatalf("%s, want class %s and a message with %q", body, c.class, c.message)
+			}
+			if strings.Contains(e.Error.Message, "captoken:") || strings.Contains(e.Error.Message, c.class+": ") {
+				t.Errorf("the message repeats what the class says: %q", e.Error.Message)
+			}
+		})
+	}
+
+	// An inspection names the reason alone, and the claims by the token's
+	// own names.
+	status, body := f.send(t, "POST", "/v1/tokens/inspect", []byte(`{"token":"a.b.c"}`), "Content-Type: application/json")
+	var in httpapi.TokenInspection
+	if err := json.Unmarshal(body, &in); status != 200 || err != nil || in.Valid || in.Class != "token_invalid" || strings.HasPrefix(in.Reason, "captoken:") {
+		t.Fatalf("inspect a.b.c: %d %s", status, body)
+	}
+	tokJSON, _ := json.Marshal(map[string]string{"token": f.token})
+	status, body = f.send(t, "POST", "/v1/tokens/inspect", tokJSON, "Content-Type: application/json")
+	var wire struct {
+		Claims map[string]json.RawMessage `json:"claims"`
+	}
+	json.Unmarshal(body, &wire)
+	for _, k := range []string{"iss", "sub", "aud", "jti", "iat", "nbf", "exp", "cap"} {
+		if _, ok := wire.Claims[k]; status != 200 || !ok {
+			t.Errorf("inspect: no claim %q in %s", k, body)
+		}
+	}
+}

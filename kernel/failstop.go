@@ -1,0 +1,128 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/capkernel/capkernel/store"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// Fail stop. A failed commit of the bbolt file, a failed syncfs of the
+// workspace or an apply that cannot be completed leaves the durable state
+// unknown to this process (after a failed fsync, neither the file nor the
+// page cache can be trusted). The kernel then accepts no more calls: the
+// calls caught in the failure are answered internal with tx_outcome
+// unknown, every later call is refused the same way without running, the
+// failure is logged once, and the process that serves the kernel (kernelctl
+// serve, mcp, run) exits non-zero so that its supervisor restarts it. The
+// next Open decides every interrupted operation from what is durable
+// (txn.Recover) and writes its one audit record.
+
+// TxUnknown is the tx_outcome of an answer given when the kernel failed
+// stop before it could learn or record the call's outcome: only the next
+// start decides it. A repeat with the same idempotency key after the
+// restart returns the decided outcome.
+const TxUnknown = "unknown"
+
+// Failed returns a channel closed when the kernel fails stop (see Err).
+func (k *Kernel) Failed() <-chan struct{} { return k.db.Failed() }
+
+// Err returns the durability failure the kernel stopped on, or nil: a
+// *store.FatalError naming the failed operation and file.
+func (k *Kernel) Err() error { return k.db.Err() }
+
+// failStop makes the kernel fail stop with a failure of op on path.
+func (k *Kernel) failStop(op, path string, err error) error {
+	k.db.Fail(&store.FatalError{Op: op, Path: path, Err: err})
+	return k.db.Err()
+}
+
+// watchFailure logs the failure the kernel stops on, once; it returns
+// when the kernel fails or stop is closed.
+func (k *Kernel) watchFailure(stop <-chan struct{}) {
+	select {
+	case <-k.db.Failed():
+		err := k.db.Err()
+		var f *store.FatalError
+		if errors.As(err, &f) {
+			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls; restart it to recover from what is durable",
+				"op", f.Op, "path", f.Path, "error", f.Err.Error())
+		} else {
+			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls", "error", err.Error())
+		}
+	case <-stop:
+	}
+}
+
+// stopped is the answer to a call caught in, or made after, a fail stop:
+// internal, naming the failed operation and file, with tx_outcome unknown
+// and no receipt (nothing about the call could be recorded).
+func (k *Kernel) stopped(c *call, err error) *Result {
+	c.fill(k)
+	c.setOutcome(nil, ErrInternal, fmt.Sprintf("the kernel failed stop: %v; this call's outcome is decided when the kernel restarts: "+
+		"repeat it with the same idempotency_key then to learn it", err), TxUnknown)
+	c.res.ReceiptID, c.res.Receipt, c.res.LedgerSeq, c.res.StateSnapshotID = "", nil, 0, ""
+	c.res.ResultHash = resultHash(&c.res)
+	return &c.res
+}
+
+// applyAttempts bounds the tries at applying a committed call's staged
+// effects (Apply is idempotent) before the kernel fails stop.
+const applyAttempts = 3
+
+// apply makes a committed call's effects visible and durable. When it
+// cannot, the call is not answered ok while its effect is missing: the
+// kernel fails stop and the next start redoes the apply from the durable
+// intent. It returns nil on success, else the answer.
+func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result {
+	var err error
+	for range applyAttempts {
+		if err = txn.Apply(effects, stage.Root); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return k.stopped(c, k.failStop("apply of committed operation "+c.env.OperationID+" to", rootNames(stage), err))
+	}
+	if err := k.syncer.Sync(stage.Roots()...); err != nil {
+		return k.stopped(c, k.failStop("syncfs (making applied files durable) of", rootNames(stage), err))
+	}
+	return nil
+}
+
+// recordFailed answers a call whose commit could not be recorded. After a
+// fail stop the commit may have reached the disk, so the staged files stay
+// for recovery to apply or remove. Any other failure wrote nothing (the
+// store rolled the transaction back), so the call is provably not
+// committed and is rolled back now: its key is free again at once.
+func (k *Kernel) recordFailed(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, err error) *Result {
+	if store.IsFatal(err) {
+		return k.stopped(c, err)
+	}
+	return k.rollback(ctx, c, in, stage, ErrInternal, "recording the commit failed: "+err.Error())
+}
+
+// unresolved answers a prepared call whose rollback (or outcome_unknown
+// end) could not be recorded either. Its intent, and so its idempotency
+// key, would stay in flight; the kernel fails stop instead, so that the
+// next start ends the intent and writes its one audit record.
+func (k *Kernel) unresolved(c *call, in *txn.Intent, err error) *Result {
+	if !store.IsFatal(err) {
+		err = k.failStop("recording the end of operation "+in.OperationID+" in", k.db.Path(), err)
+	}
+	return k.stopped(c, err)
+}
+
+// rootNames names the workspace roots of stage's effects.
+func rootNames(stage *txn.Stage) string {
+	var names []string
+	for _, r := range stage.Roots() {
+		names = append(names, r.Name())
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,109 @@
+package kernel
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// TestApplyFailureFailsStop: when a committed call's staged file cannot be
+// renamed into place (its target turned into a directory between commit
+// and apply: a real EISDIR from rename(2), every retry), the call is not
+// answered ok, the kernel fails stop (every later call refused without
+// running), and the next Open applies the decided delta only where the
+// target still holds the pre-image; newer content is never overwritten.
+// Either way no staging file is left and the operation has exactly one
+// audit record.
+func TestApplyFailureFailsStop(t *testing.T) {
+	cases := []struct {
+		name string
+		// repair is what the operator finds on disk at restart, after
+		// the directory is removed: the old content back, or newer.
+		repair   string
+		want     string
+		conflict bool
+	}{
+		{name: "pre-image back: recovery applies", repair: "old\n", want: "new\n"},
+		{name: "newer content: recovery leaves it", repair: "newer\n", want: "newer\n", conflict: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.write("f.txt", "old\n")
+			target := filepath.Join(h.ws, "f.txt")
+			crashHook = func(point string) {
+				if point != "decided" {
+					return
+				}
+				os.Remove(target)
+				os.MkdirAll(filepath.Join(target, "sub"), 0o755)
+			}
+			defer func() { crashHook = nil }()
+			r := h.invoke("fs.write", map[string]any{"path": "f.txt", "content": "new\n"}, key("k"))
+			crashHook = nil
+			if r.Status != StatusError || errClass(r) != ErrInternal || r.TxOutcome != TxUnknown || r.Receipt != nil ||
+				!strings.Contains(r.Error.Message, "apply of committed operation") || !strings.Contains(r.Error.Message, h.ws) {
+				t.Fatalf("answer to a call whose apply failed: %+v %+v, want internal, tx_outcome unknown, naming the apply and the root", r, r.Error)
+			}
+			select {
+			case <-h.k.Failed():
+			default:
+				t.Fatal("the kernel did not fail stop")
+			}
+			later := h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "g"}, key("k2"))
+			if errClass(later) != ErrInternal || later.TxOutcome != TxUnknown {
+				t.Fatalf("a call after the fail stop: %+v", later)
+			}
+			if _, err := os.Stat(filepath.Join(h.ws, "g.txt")); !os.IsNotExist(err) {
+				t.Fatalf("a call after the fail stop ran: %v", err)
+			}
+			h.k.Close()
+			os.RemoveAll(target)
+			h.write("f.txt", tc.repair)
+			h.open()
+			if got := h.read("f.txt"); got != tc.want {
+				t.Fatalf("after recovery f.txt = %q, want %q", got, tc.want)
+			}
+			if n := len(h.k.Recovered.Redone); n != 1 {
+				t.Fatalf("recovery redid %d intents, want 1", n)
+			}
+			conflicts := h.k.Recovered.Conflicts
+			if tc.conflict != (len(conflicts) == 1) {
+				t.Fatalf("conflicts %+v, want conflict=%v", conflicts, tc.conflict)
+			}
+			if tc.conflict && (conflicts[0].Path != "f.txt" || conflicts[0].Found != digest.Sum([]byte(tc.repair))) {
+				t.Fatalf("conflict %+v", conflicts[0])
+			}
+			names, _ := os.ReadDir(h.ws)
+			for _, n := range names {
+				if strings.HasPrefix(n.Name(), txn.StagePrefix) || strings.HasPrefix(n.Name(), txn.TrashPrefix) {
+					t.Errorf("staging file %s left after recovery", n.Name())
+				}
+			}
+			records := 0
+			for _, a := range h.audits(0) {
+				if a.OperationID == r.OperationID {
+					records++
+					if a.TxOutcome != Committed {
+						t.Errorf("the call's record says %s, want committed", a.TxOutcome)
+					}
+				}
+			}
+			if records != 1 {
+				t.Fatalf("%d audit records for the operation, want 1", records)
+			}
+			// The same key now has its definitive answer: the commit.
+			again := h.invoke("fs.write", map[string]any{"path": "f.txt", "content": "new\n"}, key("k"))
+			mustOK(t, again)
+			if !again.Replayed || again.OperationID != r.OperationID || again.TxOutcome != Committed {
+				t.Fatalf("same-key retry after restart: %+v", again)
+			}
+			// And the key of the refused call is free.
+			mustOK(t, h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "g"}, key("k2")))
+		})
+	}
+}

@@ -1,0 +1,198 @@
+package receipts
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/lestrrat-go/jwx/v4/jwk"
+
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/strictjson"
+)
+
+// Format is the format tag of a receipt proven by the log, the receipt of
+// every call since the kernel stopped signing one JWS per call.
+const Format = "capkernel-receipt/v2"
+
+// Logged is a receipt proven by the log: the call's audit entry, its
+// inclusion proof, and the signed checkpoint of the tree the proof leads
+// to. The kernel signs one checkpoint per group commit instead of one
+// receipt per call; the checkpoint's Ed25519 signature, over the Merkle
+// root that the entry is proven to be under, is the receipt's signature.
+// It shows more than a signed statement would: that the call is in the
+// history the kernel signed. VerifyLogged checks it with the kernel's
+// public key alone.
+type Logged struct {
+	Format     string           `json:"format"`     // Format
+	Entry      string           `json:"entry"`      // the audit entry's stored record: its exact canonical JSON, as a string
+	Inclusion  ledger.Inclusion `json:"inclusion"`  // of the entry in the checkpoint's tree
+	Checkpoint string           `json:"checkpoint"` // C2SP signed note
+}
+
+// ID returns the receipt id of the audit entry seq whose entry hash is
+// hash ("blake3:<hex>"): "r<seq>-<the first 16 hex digits of the hash>".
+// It names the entry and checks it, so a lookup needs no index.
+func ID(seq uint64, hash string) string {
+	h := strings.TrimPrefix(hash, "blake3:")
+	if len(h) > 16 {
+		h = h[:16]
+	}
+	return "r" + strconv.FormatUint(seq, 10) + "-" + h
+}
+
+// ParseID reads a receipt id made by ID: the entry's seq and the hash
+// prefix it must have. ok is false for anything else (such as the UUID
+// ids of JWS receipts).
+func ParseID(id string) (seq uint64, hashPrefix string, ok bool) {
+	rest, found := strings.CutPrefix(id, "r")
+	if !found {
+		return 0, "", false
+	}
+	n, h, found := strings.Cut(rest, "-")
+	if !found || len(h) != 16 || strings.Trim(h, "0123456789abcdef") != "" {
+		return 0, "", false
+	}
+	seq, err := strconv.ParseUint(n, 10, 64)
+	if err != nil || strconv.FormatUint(seq, 10) != n {
+		return 0, "", false
+	}
+	return seq, "blake3:" + h, true
+}
+
+// Summarize returns what the audit entry e says about its call, in the
+// fields of a JWS receipt: ReceiptID is ID(e.Seq, e.Hash), IssuedAt the
+// entry's time, LedgerSeq and LedgerEntryHash the entry's. It checks
+// neither the entry's hash nor its place in the ledger.
+func Summarize(e ledger.Entry) (*Receipt, error) {
+	if e.Kind != ledger.KindAudit {
+		return nil, fmt.Errorf("receipts: entry %d is a %s entry, not an audit record", e.Seq, e.Kind)
+	}
+	var r Receipt
+	if err := json.Unmarshal(e.Body, &r); err != nil {
+		return nil, fmt.Errorf("receipts: audit record %d: %w", e.Seq, err)
+	}
+	r.ReceiptID, r.LedgerSeq, r.LedgerEntryHash, r.IssuedAt = ID(e.Seq, e.Hash), e.Seq, e.Hash, e.Time
+	return &r, nil
+}
+
+// Proven is what VerifyLogged established.
+type Proven struct {
+	Entry      ledger.Entry      // the audit entry, its hash recomputed
+	Receipt    *Receipt          // Summarize(Entry)
+	Checkpoint ledger.Checkpoint // signed by Key
+	Key        ed25519.PublicKey // the JWKS key that signed the checkpoint
+}
+
+// VerifyLogged checks a receipt proven by the log (the JSON of a Logged)
+// with nothing but jwks, the kernel's JWKS document:
+//
+//  1. it is exactly a Logged object (no unknown or duplicate members) of
+//     format Format;
+//  2. entry is exactly the canonical record of a well-formed ledger entry
+//     whose entry_hash recomputes (ledger.ParseEntry), of kind audit;
+//  3. checkpoint is a C2SP signed note with a valid Ed25519 signature, under
+//     the key name equal to its origin, by an Ed25519 key of jwks;
+//  4. the inclusion proof is for the entry (leaf_index = seq, leaf_hash =
+//     entry_hash) in the checkpoint's tree (tree_size = its size) and
+//     leads to its root (RFC 9162 §2.1.3.2).
+func VerifyLogged(raw, jwks []byte) (*Proven, error) {
+	p, err := verifyLogged(raw, jwks)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: verify: %w", err)
+	}
+	return p, nil
+}
+
+func verifyLogged(raw, jwks []byte) (*Proven, error) {
+	var l Logged
+	if err := strictjson.Unmarshal(raw, &l); err != nil {
+		return nil, fmt.Errorf("receipt: %v", err)
+	}
+	if l.Format != Format {
+		return nil, fmt.Errorf("receipt format %q, want %q", l.Format, Format)
+	}
+	e, err := ledger.ParseEntry([]byte(l.Entry))
+	if err != nil {
+		return nil, err
+	}
+	r, err := Summarize(e)
+	if err != nil {
+		return nil, err
+	}
+	cp, pub, err := openCheckpoint([]byte(l.Checkpoint), jwks)
+	if err != nil {
+		return nil, err
+	}
+	in := l.Inclusion
+	switch {
+	case in.LeafIndex != e.Seq:
+		return nil, fmt.Errorf("the proof is for entry %d, the receipt's entry is %d", in.LeafIndex, e.Seq)
+	case in.LeafHash != e.Hash:
+		return nil, fmt.Errorf("the proof's leaf is %s, the entry hash is %s", in.LeafHash, e.Hash)
+	case in.TreeSize != cp.Size:
+		return nil, fmt.Errorf("the proof is for a tree of %d entries, the checkpoint's has %d", in.TreeSize, cp.Size)
+	}
+	if err := in.Verify(cp.Root); err != nil {
+		return nil, err
+	}
+	return &Proven{Entry: e, Receipt: r, Checkpoint: cp, Key: pub}, nil
+}
+
+// openCheckpoint checks the signed note against the Ed25519 keys of jwks
+// under the key name equal to its origin.
+func openCheckpoint(signed, jwks []byte) (ledger.Checkpoint, ed25519.PublicKey, error) {
+	unverified, err := ledger.PeekCheckpoint(signed)
+	if err != nil {
+		return ledger.Checkpoint{}, nil, err
+	}
+	keys, err := publicKeys(jwks)
+	if err != nil {
+		return ledger.Checkpoint{}, nil, err
+	}
+	var first error
+	for _, pub := range keys {
+		v, err := ledger.NewCheckpointVerifier(unverified.Origin, pub)
+		if err != nil {
+			return ledger.Checkpoint{}, nil, err
+		}
+		cp, err := ledger.OpenCheckpoint(signed, v)
+		if err == nil {
+			return cp, pub, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = errors.New("the JWKS holds no key")
+	}
+	return ledger.Checkpoint{}, nil, first
+}
+
+// publicKeys returns the Ed25519 signature keys of a JWKS document, each
+// checked as Verify checks the key it picks (kid = thumbprint, alg EdDSA,
+// use sig).
+func publicKeys(jwks []byte) ([]ed25519.PublicKey, error) {
+	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
+	if err != nil {
+		return nil, fmt.Errorf("JWKS: %w", err)
+	}
+	var out []ed25519.PublicKey
+	for i := range set.Len() {
+		k, _ := set.Key(i)
+		kid, ok := k.KeyID()
+		if !ok {
+			return nil, fmt.Errorf("JWKS key %d has no kid", i)
+		}
+		pub, err := verificationKey(jwks, kid)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pub)
+	}
+	return out, nil
+}

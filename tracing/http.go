@@ -1,0 +1,18 @@
+package tracing
+
+import (
+	"context"
+	"net/http"
+
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// FromHTTP is r's context, carrying the remote span context of r's W3C
+// traceparent (and tracestate) headers when they are valid. Without a
+// traceparent header it is r.Context() itself, at no cost.
+func FromHTTP(r *http.Request) context.Context {
+	if r.Header.Get("traceparent") == "" {
+		return r.Context()
+	}
+	return traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+}

@@ -1,0 +1,188 @@
+// Package tracing turns the calls the kernel reports (kernel.Observer)
+// into OpenTelemetry traces: one span per call, named and attributed
+// after the GenAI semantic conventions for tool execution
+// ("execute_tool {gen_ai.tool.name}"), with a child span per pipeline
+// stage. A call continues the W3C trace context its caller sent, in the
+// HTTP headers or in the envelope's provenance (where the MCP gateway
+// puts a tools/call's _meta trace context). docs/console.md, section
+// "Traces", is the reference.
+package tracing
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// ScopeName is the instrumentation scope of the kernel's spans.
+const ScopeName = "github.com/capkernel/capkernel/tracing"
+
+// Attributes of capkernel's own on a call's span, next to the GenAI ones.
+const (
+	AttrOperationID = attribute.Key("capkernel.operation.id")
+	AttrMode        = attribute.Key("capkernel.autonomy_mode")
+	AttrOutcome     = attribute.Key("capkernel.outcome") // ok or the error class
+	AttrTxOutcome   = attribute.Key("capkernel.tx_outcome")
+	AttrLedgerSeq   = attribute.Key("capkernel.ledger.seq")
+	AttrSideEffect  = attribute.Key("capkernel.side_effect")
+	AttrTokenID     = attribute.Key("capkernel.token.id")
+	AttrReplayed    = attribute.Key("capkernel.replayed")
+)
+
+// maxToolName bounds the tool id that goes into a span's name: a span
+// name is meant to be low-cardinality, and a refused call's tool id is
+// whatever the caller sent.
+const maxToolName = 128
+
+// Tracer is a kernel.Observer that records each call as a span of its
+// TracerProvider. The spans are made when the call is reported, with
+// the times the kernel measured, so a call costs no tracing work while
+// it runs.
+type Tracer struct {
+	tracer trace.Tracer
+}
+
+// New returns a Tracer recording to tp.
+func New(tp trace.TracerProvider) *Tracer {
+	return &Tracer{tracer: tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL))}
+}
+
+// CallDone implements kernel.Observer: it records the call's span,
+// child of the trace context the caller sent (see Parent), and a child
+// span per stage the call reached, named after the stage.
+func (t *Tracer) CallDone(r *kernel.CallReport) {
+	prov := provenanceOf(r.Provenance)
+	parent := Parent(r.Context, prov.carrier())
+	outcome := "ok"
+	if r.Status != kernel.StatusOK {
+		outcome = r.ErrorClass
+	}
+	callID := prov.ToolCallID
+	if callID == "" {
+		callID = r.OperationID
+	}
+	attrs := make([]attribute.KeyValue, 0, 16)
+	attrs = append(attrs,
+		semconv.GenAIOperationNameExecuteTool,
+		semconv.GenAIToolName(r.ToolID),
+		semconv.GenAIToolCallID(callID),
+		semconv.GenAIAgentID(r.AgentID),
+		AttrOperationID.String(r.OperationID),
+		AttrOutcome.String(outcome),
+		AttrReplayed.Bool(r.Replayed),
+	)
+	if r.SessionID != "" {
+		attrs = append(attrs, semconv.GenAIConversationID(r.SessionID))
+	}
+	for _, a := range []struct {
+		k attribute.Key
+		v string
+	}{{AttrMode, r.AutonomyMode}, {AttrTxOutcome, r.TxOutcome}, {AttrSideEffect, r.SideEffect}, {AttrTokenID, r.TokenID}} {
+		if a.v != "" {
+			attrs = append(attrs, a.k.String(a.v))
+		}
+	}
+	if r.LedgerSeq != 0 {
+		attrs = append(attrs, AttrLedgerSeq.Int64(int64(r.LedgerSeq)))
+	}
+	if outcome != "ok" {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(outcome))
+	}
+	ctx, span := t.tracer.Start(parent, spanName(r.ToolID), trace.WithTimestamp(r.Start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	if !span.IsRecording() {
+		return // not sampled: its stages would not be either
+	}
+	for _, s := range r.Stages {
+		_, child := t.tracer.Start(ctx, s.Stage, trace.WithTimestamp(s.Start))
+		child.End(trace.WithTimestamp(s.End))
+	}
+	if outcome != "ok" {
+		span.SetStatus(codes.Error, outcome)
+	}
+	span.End(trace.WithTimestamp(r.End))
+}
+
+// GroupCommit implements kernel.Observer; group commits are metrics, not
+// spans (one commit serves many calls' traces).
+func (*Tracer) GroupCommit(int, time.Duration) {}
+
+// spanName is "execute_tool {tool}", or "execute_tool" alone when the
+// tool id is not a plausible tool name (too long, or characters other
+// than letters, digits, '.', '_', '-' and '/').
+func spanName(tool string) string {
+	if tool == "" || len(tool) > maxToolName {
+		return "execute_tool"
+	}
+	for _, r := range tool {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-/", r)) {
+			return "execute_tool"
+		}
+	}
+	return "execute_tool " + tool
+}
+
+// provenance is what the tracer reads of an envelope's provenance: the
+// W3C trace context and the agent framework's tool call id. Members of
+// another type than string are ignored.
+type provenance struct {
+	Traceparent string
+	Tracestate  string
+	ToolCallID  string
+}
+
+// provenanceOf reads p, an envelope's provenance object (or nothing).
+// Most provenance carries none of the members read here; it is then not
+// parsed at all, which keeps tracing cheap for such calls. (A member
+// name written with JSON escapes is therefore not seen.)
+func provenanceOf(p []byte) provenance {
+	if !bytes.Contains(p, []byte(`"traceparent"`)) && !bytes.Contains(p, []byte(`"tool_call_id"`)) {
+		return provenance{}
+	}
+	var m map[string]any
+	if json.Unmarshal(p, &m) != nil {
+		return provenance{}
+	}
+	str := func(k string) string { s, _ := m[k].(string); return s }
+	return provenance{Traceparent: str("traceparent"), Tracestate: str("tracestate"), ToolCallID: str("tool_call_id")}
+}
+
+// carrier is the trace context of p as a propagation carrier.
+func (p provenance) carrier() propagation.MapCarrier {
+	if p.Traceparent == "" {
+		return nil
+	}
+	c := propagation.MapCarrier{"traceparent": p.Traceparent}
+	if p.Tracestate != "" {
+		c["tracestate"] = p.Tracestate
+	}
+	return c
+}
+
+// traceContext is W3C Trace Context, the only propagation format the
+// kernel accepts.
+var traceContext propagation.TraceContext
+
+// Parent is the context a call's span is a child of: ctx when it holds a
+// valid span context (the transport's: an HTTP request's traceparent
+// header, see FromHTTP, or an in-process caller's span), else the trace
+// context in prov (the envelope's provenance "traceparent" and
+// "tracestate"), else ctx with no span, which starts a new trace. The
+// transport's context wins because it is the nearer parent: an agent's
+// instrumented HTTP client span is itself a child of the agent's span.
+func Parent(ctx context.Context, prov propagation.MapCarrier) context.Context {
+	if trace.SpanContextFromContext(ctx).IsValid() || prov == nil {
+		return ctx
+	}
+	return traceContext.Extract(ctx, prov)
+}

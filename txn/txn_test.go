@@ -1,0 +1,418 @@
+package txn
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/store"
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// env is a real store (bbolt) with the package's buckets and a workspace.
+type env struct {
+	t  *testing.T
+	db *store.DB
+	ws string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.Open(filepath.Join(dir, "k.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.Update(context.Background(), func(tx *bbolt.Tx) error { return Init(tx) }); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(dir, "ws")
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, db: db, ws: ws}
+}
+
+func (e *env) update(fn func(*bbolt.Tx) error) error {
+	return e.db.Update(context.Background(), fn)
+}
+
+func (e *env) view(fn func(*bbolt.Tx) error) {
+	e.t.Helper()
+	if err := e.db.View(fn); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) write(rel, content string) {
+	e.t.Helper()
+	if err := os.WriteFile(filepath.Join(e.ws, rel), []byte(content), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// read returns the content of rel, or "<absent>".
+func (e *env) read(rel string) string {
+	b, err := os.ReadFile(filepath.Join(e.ws, rel))
+	if errors.Is(err, os.ErrNotExist) {
+		return "<absent>"
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return string(b)
+}
+
+func (e *env) prepare(p *Prepare) (json.RawMessage, error) {
+	var replay json.RawMessage
+	err := e.update(func(tx *bbolt.Tx) error {
+		var err error
+		replay, err = p.Run(tx)
+		return err
+	})
+	return replay, err
+}
+
+func newPrepare(op, key string) *Prepare {
+	return &Prepare{
+		Intent: Intent{OperationID: op, AgentID: "agent", IdemKey: key, TokenID: "tok", Reserved: Usage{BudgetCalls: 1}},
+		Call:   Call{ToolID: "fs.write", ArgsHash: "h1", TokenID: "tok"},
+	}
+}
+
+func (e *env) commit(in *Intent, effects []Effect, result string) string {
+	e.t.Helper()
+	id, delta, err := NewDelta(in.OperationID, effects)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.update(func(tx *bbolt.Tx) error {
+		if err := CanCommit(tx, in, nil, nil, effects); err != nil {
+			return err
+		}
+		return Commit(tx, in, effects, id, delta, []byte(result))
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+func classOf(err error) string {
+	var te *Error
+	if errors.As(err, &te) {
+		return te.Class
+	}
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return ""
+}
+
+func ptr(v uint64) *uint64 { return &v }
+
+// TestPrepare: what Prepare refuses, replays or records, and that a
+// refusal writes nothing.
+func TestPrepare(t *testing.T) {
+	cases := []struct {
+		name   string
+		setup  func(e *env) // run before the Prepare under test
+		mod    func(p *Prepare)
+		class  string
+		replay string
+	}{
+		{name: "fresh key: intent recorded"},
+		{name: "finished twin replays", setup: func(e *env) {
+			p := newPrepare("op-0", "k")
+			e.prepare(p)
+			e.commit(&p.Intent, nil, `{"stored":true}`)
+		}, replay: `{"stored":true}`},
+		{name: "running twin is in flight", setup: func(e *env) { e.prepare(newPrepare("op-0", "k")) }, class: ClassInFlight},
+		{name: "same key, other args", setup: func(e *env) { e.prepare(newPrepare("op-0", "k")) },
+			mod: func(p *Prepare) { p.Call.ArgsHash = "h2" }, class: ClassConflict},
+		{name: "operation id reused", setup: func(e *env) { e.prepare(newPrepare("op-1", "other")) }, class: ClassInvalidArgs},
+		{name: "calls budget spent", setup: func(e *env) {
+			e.update(func(tx *bbolt.Tx) error { return Charge(tx, []Account{{TokenID: "tok"}}, Usage{BudgetCalls: 1}) })
+		}, mod: func(p *Prepare) { p.Limits = Usage{BudgetCalls: 1} }, class: ClassBudget},
+		{name: "kv precondition stale", mod: func(p *Prepare) {
+			p.Preconditions = []Precondition{{Ref: "kv:cfg", Version: ptr(3)}}
+		}, class: ClassPrecondition},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
+			var before []Intent
+			e.view(func(tx *bbolt.Tx) (err error) { before, err = Intents(tx); return })
+			p := newPrepare("op-1", "k")
+			if tc.mod != nil {
+				tc.mod(p)
+			}
+			replay, err := e.prepare(p)
+			if got := classOf(err); got != tc.class {
+				t.Fatalf("class %q, want %q", got, tc.class)
+			}
+			if string(replay) != tc.replay {
+				t.Fatalf("replay %s, want %s", replay, tc.replay)
+			}
+			var after []Intent
+			e.view(func(tx *bbolt.Tx) (err error) { after, err = Intents(tx); return })
+			if tc.class != "" || tc.replay != "" {
+				if len(after) != len(before) {
+					t.Fatalf("a refusal or replay wrote an intent: %d before, %d after", len(before), len(after))
+				}
+				return
+			}
+			if len(after) != 1 || after[0].OperationID != "op-1" || after[0].State != Prepared {
+				t.Fatalf("intents after prepare: %+v", after)
+			}
+			e.view(func(tx *bbolt.Tx) error {
+				if _, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "k"}, p.Call); classOf(err) != ClassInFlight {
+					t.Errorf("the key is not in flight after prepare: %v", err)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestCommitAndRollback: a commit applies kv puts, stores the delta,
+// numbers the commit, and makes the key replay its result; a rollback
+// frees the key and releases the reservation except the call itself.
+func TestCommitAndRollback(t *testing.T) {
+	e := newEnv(t)
+	var ids []string
+	for i, op := range []string{"op-a", "op-b"} {
+		p := newPrepare(op, "key-"+op)
+		if _, err := e.prepare(p); err != nil {
+			t.Fatal(err)
+		}
+		val := json.RawMessage(`{"n":` + string(rune('1'+i)) + `}`)
+		effects := []Effect{{Op: OpKVPut, Key: "cfg", Value: val, Version: uint64(i + 1), NewHash: digest.Sum(val), Size: int64(len(val))}}
+		ids = append(ids, e.commit(&p.Intent, effects, `{"op":"`+op+`"}`))
+		if p.Intent.State != Decided || p.Intent.CommitSeq != uint64(i+1) {
+			t.Fatalf("%s: state %s, commit seq %d; want decided, %d", op, p.Intent.State, p.Intent.CommitSeq, i+1)
+		}
+	}
+	e.view(func(tx *bbolt.Tx) error {
+		v, err := kvGet(tx, "cfg")
+		if err != nil || v.Version != 2 || string(v.Value) != `{"n":2}` {
+			t.Errorf("kv after two commits: %+v %v", v, err)
+		}
+		for _, id := range ids {
+			if GetDelta(tx, id) == nil {
+				t.Errorf("delta %s not stored", id)
+			}
+		}
+		r, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "key-op-a"}, Call{ToolID: "fs.write", ArgsHash: "h1", TokenID: "tok"})
+		if err != nil || string(r) != `{"op":"op-a"}` {
+			t.Errorf("replay of a committed key: %s %v", r, err)
+		}
+		return nil
+	})
+	// A commit whose kv version moved since staging is refused.
+	p := newPrepare("op-c", "key-c")
+	p.Intent.Reserved = Usage{BudgetCalls: 1, BudgetDiskWriteBytes: 100}
+	if _, err := e.prepare(p); err != nil {
+		t.Fatal(err)
+	}
+	stale := []Effect{{Op: OpKVPut, Key: "cfg", Value: json.RawMessage(`1`), Version: 2}}
+	e.view(func(tx *bbolt.Tx) error {
+		if err := CanCommit(tx, &p.Intent, nil, nil, stale); classOf(err) != ClassPrecondition {
+			t.Errorf("CanCommit on a moved kv version: %v", err)
+		}
+		return nil
+	})
+	if err := e.update(func(tx *bbolt.Tx) error { return Rollback(tx, &p.Intent) }); err != nil {
+		t.Fatal(err)
+	}
+	e.view(func(tx *bbolt.Tx) error {
+		if r, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "key-c"}, p.Call); r != nil || err != nil {
+			t.Errorf("key after rollback: %s %v, want free", r, err)
+		}
+		ins, _ := Intents(tx)
+		for _, in := range ins {
+			if in.OperationID == "op-c" {
+				t.Error("intent left after rollback")
+			}
+		}
+		u, err := usageOf(tx, "tok")
+		if err != nil || u[BudgetCalls] != 3 || u[BudgetDiskWriteBytes] != 0 {
+			t.Errorf("usage after two commits and a rollback: %v %v, want 3 calls and no disk bytes", u, err)
+		}
+		return nil
+	})
+}
+
+// stageFile writes a staging file for rel by hand and returns its write
+// effect, staged against the content old ("" for a new file).
+func (e *env) stageFile(op, rel, old, content string) Effect {
+	e.t.Helper()
+	stage := StagePrefix + op + "-0"
+	e.write(stage, content)
+	oldHash := ""
+	if old != "" {
+		oldHash = digest.Sum([]byte(old))
+	}
+	return Effect{Op: OpWrite, Root: e.ws, Path: rel, Stage: stage, OldHash: oldHash, NewHash: digest.Sum([]byte(content)), Size: int64(len(content))}
+}
+
+// TestRedo: recovery's apply renames a staged file only over its
+// pre-image, deletes only the content it was staged against, and never
+// leaves a staging file.
+func TestRedo(t *testing.T) {
+	cases := []struct {
+		name     string
+		target   string // content before Redo; "" for absent
+		effect   func(e *env) Effect
+		want     string
+		conflict bool
+	}{
+		{name: "new file", effect: func(e *env) Effect { return e.stageFile("o", "f", "", "new") }, want: "new"},
+		{name: "target holds the pre-image", target: "old", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "new"},
+		{name: "already applied", target: "new", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "new"},
+		{name: "newer content is kept", target: "newer", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "newer", conflict: true},
+		{name: "new file, but one appeared", target: "other", effect: func(e *env) Effect { return e.stageFile("o", "f", "", "new") }, want: "other", conflict: true},
+		{name: "staging file gone: renamed before", target: "new", effect: func(e *env) Effect {
+			ef := e.stageFile("o", "f", "old", "new")
+			os.Remove(filepath.Join(e.ws, ef.Stage))
+			return ef
+		}, want: "new"},
+		{name: "delete of the pre-image", target: "old", effect: func(e *env) Effect {
+			return Effect{Op: OpDelete, Root: e.ws, Path: "f", Stage: TrashPrefix + "o-0", OldHash: digest.Sum([]byte("old"))}
+		}, want: "<absent>"},
+		{name: "delete of changed content is not done", target: "changed", effect: func(e *env) Effect {
+			return Effect{Op: OpDelete, Root: e.ws, Path: "f", Stage: TrashPrefix + "o-0", OldHash: digest.Sum([]byte("old"))}
+		}, want: "changed", conflict: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.target != "" {
+				e.write("f", tc.target)
+			}
+			ef := tc.effect(e)
+			open, closeAll := OpenRoots()
+			defer closeAll()
+			conflicts, err := Redo("o", []Effect{ef}, open)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := e.read("f"); got != tc.want {
+				t.Errorf("f = %q, want %q", got, tc.want)
+			}
+			if tc.conflict != (len(conflicts) == 1) {
+				t.Errorf("conflicts %+v, want conflict=%v", conflicts, tc.conflict)
+			}
+			if left, _ := stagingLeft(open, e.ws); len(left) != 0 {
+				t.Errorf("staging left: %v", left)
+			}
+		})
+	}
+}
+
+// TestRecover: decided intents are redone in commit order (the second
+// commit of a path was staged on the first one's content, and its
+// operation id sorts first), prepared ones are rolled back with their
+// staging files removed, external ones are ended by the callback alone.
+func TestRecover(t *testing.T) {
+	e := newEnv(t)
+	e.write("f", "v0")
+	decide := func(op, old, content string) {
+		p := newPrepare(op, "key-"+op)
+		p.Intent.Dirs = []StageDir{{Root: e.ws, Dir: "."}}
+		if _, err := e.prepare(p); err != nil {
+			t.Fatal(err)
+		}
+		ef := e.stageFile(op, "f", old, content)
+		e.commit(&p.Intent, []Effect{ef}, `{}`)
+	}
+	decide("op-z", "v0", "v1") // committed first
+	decide("op-a", "v1", "v2") // committed second
+	rolled := newPrepare("op-m", "key-m")
+	rolled.Intent.Dirs = []StageDir{{Root: e.ws, Dir: "."}}
+	ext := newPrepare("op-x", "key-x")
+	ext.Intent.External = true
+	for _, p := range []*Prepare{rolled, ext} {
+		if _, err := e.prepare(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.write(StagePrefix+"op-m-0", "never")
+	var ended []string
+	rec, err := Recover(context.Background(), e.db, func(tx *bbolt.Tx, in *Intent) error {
+		ended = append(ended, in.OperationID)
+		if in.External {
+			return Unknown(tx, in, []byte(`{"unknown":true}`))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.read("f"); got != "v2" {
+		t.Errorf("f = %q after recovery, want v2 (the commits applied in commit order)", got)
+	}
+	if len(rec.Redone) != 2 || rec.Redone[0].OperationID != "op-z" || len(rec.RolledBack) != 1 || len(rec.Unknown) != 1 || len(rec.Conflicts) != 0 {
+		t.Errorf("recovered %+v", rec)
+	}
+	if strings.Join(ended, ",") != "op-m,op-x" {
+		t.Errorf("callback for %v, want op-m and op-x", ended)
+	}
+	open, closeAll := OpenRoots()
+	defer closeAll()
+	if left, _ := stagingLeft(open, e.ws); len(left) != 0 {
+		t.Errorf("staging left: %v", left)
+	}
+	e.view(func(tx *bbolt.Tx) error {
+		if ins, _ := Intents(tx); len(ins) != 0 {
+			t.Errorf("intents left: %+v", ins)
+		}
+		if r, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "key-m"}, rolled.Call); r != nil || err != nil {
+			t.Errorf("rolled-back key: %s %v, want free", r, err)
+		}
+		if r, _ := Lookup(tx, IdemKey{AgentID: "agent", Key: "key-x"}, ext.Call); string(r) != `{"unknown":true}` {
+			t.Errorf("external key keeps %s, want its outcome_unknown result", r)
+		}
+		rep, err := VerifyWorkspace(tx, open)
+		if err != nil || len(rep.Problems) != 0 || rep.Deltas != 2 {
+			t.Errorf("workspace after recovery: %+v %v", rep, err)
+		}
+		return nil
+	})
+}
+
+// TestStageDiscard: a discarded stage leaves no file and refuses more.
+func TestStageDiscard(t *testing.T) {
+	e := newEnv(t)
+	root, err := os.OpenRoot(e.ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	s := NewStage("op", KV{View: e.db.View})
+	r := &syscalls.Resource{Root: root, RootPath: e.ws, Rel: "f"}
+	if err := s.WriteFile(r, []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteFile(r, []byte("y"), 0); err == nil {
+		t.Error("staging after Discard succeeded")
+	}
+	open, closeAll := OpenRoots()
+	defer closeAll()
+	if left, _ := stagingLeft(open, e.ws); len(left) != 0 || e.read("f") != "<absent>" {
+		t.Errorf("after Discard: staging %v, f %q", left, e.read("f"))
+	}
+}

@@ -1,0 +1,299 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// codeTooLarge is the JSON-RPC error code of the response the framer puts
+// in place of a stdio frame over its limit; its data is {"bytes": size}.
+const codeTooLarge = -32099
+
+// sentKey marks a call's context; the transports set the flag once the
+// tools/call request has been written to a live connection, which is the
+// point after which the upstream may act on it.
+type sentKey struct{}
+
+// withSent returns ctx carrying a flag the transports set when the call's
+// request is written.
+func withSent(ctx context.Context) (context.Context, *atomic.Bool) {
+	f := new(atomic.Bool)
+	return context.WithValue(ctx, sentKey{}, f), f
+}
+
+func markSent(ctx context.Context) {
+	if f, ok := ctx.Value(sentKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
+}
+
+// sentConn marks tools/call requests written by a stdio connection.
+type sentConn struct{ mcp.Connection }
+
+func (c sentConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	err := c.Connection.Write(ctx, msg)
+	if err == nil {
+		markSent(ctx)
+	}
+	return err
+}
+
+// sentTransport marks requests whose bytes an HTTP connection took.
+type sentTransport struct{ base http.RoundTripper }
+
+func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if f, ok := req.Context().Value(sentKey{}).(*atomic.Bool); ok && req.Method == http.MethodPost {
+		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+			// A request whose write failed part way may still have
+			// reached the server: only an error before any byte left
+			// would be safe to count as unsent, and the trace cannot
+			// tell, so any attempt to write counts.
+			f.Store(true)
+		}}
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+	}
+	return t.base.RoundTrip(req)
+}
+
+// stdioTransport runs a command and speaks MCP over its stdin/stdout, with
+// a framer between its stdout and the SDK: a frame over the limit is
+// replaced by an error response and never breaks the connection.
+type stdioTransport struct {
+	cmd   *exec.Cmd
+	limit int
+	log   *slog.Logger
+}
+
+func (t *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	stdout, err := t.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdin, err := t.cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := t.cmd.Start(); err != nil {
+		return nil, err
+	}
+	r := &framer{r: bufio.NewReaderSize(stdout, 64<<10), limit: t.limit, log: t.log}
+	w := &procWriter{cmd: t.cmd, stdin: stdin}
+	// The framer bounds every frame it passes on, so the SDK's own line
+	// limit (which would end the connection) can never trip first.
+	c, err := (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: w, MaxLineLength: t.limit + 1<<20}).Connect(ctx)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	return sentConn{c}, nil
+}
+
+// procWriter is the command's stdin; closing it ends the command: stdin
+// closed, SIGTERM after 2 s, SIGKILL 2 s later (as the SDK's
+// CommandTransport does).
+type procWriter struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	once  sync.Once
+	err   error
+}
+
+func (w *procWriter) Write(p []byte) (int, error) { return w.stdin.Write(p) }
+
+func (w *procWriter) Close() error {
+	w.once.Do(func() {
+		w.stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- w.cmd.Wait() }()
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+			select {
+			case err := <-done:
+				var ee *exec.ExitError
+				if err != nil && !errors.As(err, &ee) {
+					w.err = err
+				}
+				return
+			case <-time.After(2 * time.Second):
+				w.cmd.Process.Signal(sig)
+			}
+		}
+		<-done
+	})
+	return w.err
+}
+
+// framer passes newline-delimited JSON-RPC frames through unchanged, up to
+// limit bytes each. A longer frame is read to its end without being kept,
+// and in its place comes an error response to the request it answered
+// (found by its top-level "id"), naming the frame's size and the limit; a
+// longer frame that is not a response (it has a "method") is dropped with
+// a warning.
+type framer struct {
+	r     *bufio.Reader
+	limit int
+	log   *slog.Logger
+	out   []byte
+}
+
+func (f *framer) Read(p []byte) (int, error) {
+	for len(f.out) == 0 {
+		line, err := f.next()
+		if len(line) > 0 {
+			f.out = line
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, f.out)
+	f.out = f.out[n:]
+	return n, nil
+}
+
+// next returns the next frame (with its newline), or its replacement.
+func (f *framer) next() ([]byte, error) {
+	var buf []byte
+	for {
+		chunk, err := f.r.ReadSlice('\n')
+		if len(buf)+len(chunk) > f.limit {
+			return f.oversize(append(buf, chunk...), err)
+		}
+		buf = append(buf, chunk...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		return buf, err
+	}
+}
+
+// oversize consumes the rest of a frame that began with head and answers
+// for it.
+func (f *framer) oversize(head []byte, err error) ([]byte, error) {
+	var s idScanner
+	s.feed(head)
+	size := len(head)
+	for err == bufio.ErrBufferFull {
+		var chunk []byte
+		chunk, err = f.r.ReadSlice('\n')
+		s.feed(chunk)
+		size += len(chunk)
+	}
+	if err != nil && err != io.EOF {
+		return nil, err
+	}
+	if s.method || len(s.id) == 0 || len(s.id) >= 256 {
+		f.log.Warn("upstream frame over the limit dropped: it answers no request", "bytes", size, "limit", f.limit)
+		return nil, err
+	}
+	resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the upstream's answer is %d bytes; the frame limit is %d bytes","data":{"bytes":%d}}}`+"\n",
+		s.id, codeTooLarge, size, f.limit, size)
+	return resp, err
+}
+
+// idScanner finds the top-level "id" member of a JSON object fed to it in
+// pieces, keeping nothing else, and notes a top-level "method".
+type idScanner struct {
+	depth    int
+	inString bool
+	escaped  bool
+	wantKey  bool   // at depth 1, the next string is a member name
+	key      []byte // the member name being read (bounded)
+	isKey    bool
+	lastKey  string
+	inID     bool // reading the value of "id"
+	id       []byte
+	method   bool
+}
+
+func (s *idScanner) feed(b []byte) {
+	for _, c := range b {
+		if s.inString {
+			if s.inID {
+				s.id = appendBounded(s.id, c)
+			}
+			switch {
+			case s.escaped:
+				s.escaped = false
+				if s.isKey {
+					s.key = appendBounded(s.key, c)
+				}
+			case c == '\\':
+				s.escaped = true
+				if s.isKey {
+					s.key = appendBounded(s.key, c)
+				}
+			case c == '"':
+				s.inString = false
+				if s.isKey {
+					s.isKey = false
+					s.lastKey = string(s.key)
+					if s.lastKey == "method" {
+						s.method = true
+					}
+				}
+			default:
+				if s.isKey {
+					s.key = appendBounded(s.key, c)
+				}
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			s.inString = true
+			if s.depth == 1 && s.wantKey {
+				s.wantKey, s.isKey, s.key = false, true, s.key[:0]
+			} else if s.inID {
+				s.id = appendBounded(s.id, c)
+			}
+		case '{', '[':
+			s.depth++
+			if s.depth == 1 {
+				s.wantKey = c == '{'
+			}
+			if s.inID {
+				s.inID, s.id = false, nil // not a valid id
+			}
+		case '}', ']':
+			s.depth--
+			s.inID = false
+		case ',':
+			if s.depth == 1 {
+				s.wantKey, s.inID = true, false
+			}
+		case ':':
+			if s.depth == 1 && s.lastKey == "id" {
+				s.inID, s.id = true, nil
+			}
+		case ' ', '\t', '\r', '\n':
+		default:
+			if s.inID {
+				s.id = appendBounded(s.id, c)
+			}
+		}
+	}
+}
+
+// appendBounded appends c unless b holds 256 bytes (ids and member names
+// that matter are short; longer ones are kept cut, never grown).
+func appendBounded(b []byte, c byte) []byte {
+	if len(b) >= 256 {
+		return b
+	}
+	return append(b, c)
+}
