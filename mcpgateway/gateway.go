@@ -77,7 +77,8 @@ type Gateway struct {
 	served                  map[string]bool
 	progressEvery           time.Duration
 	confirmer               Confirmer
-	handles                 *handleMode // nil unless the token is in handle mode
+	pending                 pendingCalls // calls that asked their client (confirm.go)
+	handles                 *handleMode  // nil unless the token is in handle mode
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -117,6 +118,7 @@ func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: c.Invoker, token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
 		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
+		pending: pendingCalls{by: map[string]*pendingCall{}},
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version},
 			&mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}}),
 	}
@@ -174,6 +176,9 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
 	session := g.sessionOf(req.Session)
+	if p.RequestState != "" {
+		return g.resume(ctx, req, session)
+	}
 	tool := p.Name
 	if g.handles != nil {
 		tool = kernelTool(p.Name)
@@ -241,28 +246,37 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		return errorResult(kernel.ErrInvalidArgs, "the call's arguments are not JSON: "+err.Error(), nil), nil
 	}
 	stop := g.progress(ctx, req)
-	if g.confirmable(req) && e.OperationID != "" {
-		unconfirm := g.confirmInSession(ctx, req, session, e.OperationID)
-		defer unconfirm()
+	defer stop()
+	if e.OperationID != "" {
+		res, err, ask := g.invokeConfirmable(ctx, session, e.OperationID, tool, p.Name, env)
+		if ask != nil {
+			return ask, nil
+		}
+		return result(res, err, tool, p.Name), nil
 	}
 	res, err := g.invoker.Invoke(ctx, env)
-	stop()
+	return result(res, err, tool, p.Name), nil
+}
+
+// result is the MCP result of a call of tool, which the client named
+// name, from the kernel's result or the invoker's error.
+func result(res *kernel.Result, err error, tool, name string) *mcp.CallToolResult {
 	if err != nil {
-		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil), nil
+		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil)
 	}
 	if res.Status != kernel.StatusOK {
 		class, msg := kernel.ErrInternal, "result envelope without an error"
 		if res.Error != nil {
 			class, msg = res.Error.Class, res.Error.Message
 		}
-		if class == kernel.ErrToolNotFound && tool != p.Name {
+		if class == kernel.ErrToolNotFound && tool != name {
 			// The kernel names the handle it was given; the client named
 			// the tool: answer as for any unknown tool name.
-			msg = strings.ReplaceAll(msg, strconv.Quote(tool), strconv.Quote(p.Name))
+			msg = strings.ReplaceAll(msg, strconv.Quote(tool), strconv.Quote(name))
 		}
-		return errorResult(class, msg, res), nil
+		return errorResult(class, msg, res)
 	}
-	return okResult(res), nil
+	return okResult(res)
 }
 
 // withMember encodes e with one more top-level member, name, whose value
