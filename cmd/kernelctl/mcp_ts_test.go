@@ -178,3 +178,66 @@ func TestMCPGatewayTypeScriptClient(t *testing.T) {
 		})
 	}
 }
+
+// sessionConfirmPolicy writes the default policy bundle with WRITE calls
+// prompted and confirmable in the session into dir, and points the data
+// dir's kernel.json at it.
+func sessionConfirmPolicy(t *testing.T, data string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "policy")
+	os.MkdirAll(dir, 0o755)
+	b, err := os.ReadFile("../../policy/rego/capkernel.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "capkernel.rego"), b, 0o644)
+	var pd map[string]any
+	b, _ = os.ReadFile("../../policy/rego/data.json")
+	if err := json.Unmarshal(b, &pd); err != nil {
+		t.Fatal(err)
+	}
+	conf := pd["capkernel"].(map[string]any)["config"].(map[string]any)["confirmation"].(map[string]any)
+	conf["default"].(map[string]any)["WRITE"] = "prompt"
+	conf["session"] = map[string]any{"WRITE": true}
+	b, _ = json.Marshal(pd)
+	os.WriteFile(filepath.Join(dir, "data.json"), b, 0o644)
+	cfg := filepath.Join(data, "kernel.json")
+	var m map[string]any
+	b, _ = os.ReadFile(cfg)
+	json.Unmarshal(b, &m)
+	m["policy_dir"] = dir
+	b, _ = json.Marshal(m)
+	os.WriteFile(cfg, b, 0o600)
+}
+
+// The TypeScript client, declaring elicitation, is asked to confirm a
+// write the policy lets the session confirm (the tool, the arguments, the
+// risk basis); its "allow" runs the call, recorded as the session user's
+// decision in the receipt.
+func TestMCPGatewayTypeScriptElicitation(t *testing.T) {
+	needTSClient(t)
+	f, _ := tsFixture(t)
+	sessionConfirmPolicy(t, f.data)
+	steps := tsRun(t, nil, "stdio", "elicit", kernelctl, "mcp", "--data", f.data, "--token", f.token)
+	e := steps["elicit"]
+	asked, _ := json.Marshal(e["asked"])
+	if e["isError"] != false || !strings.Contains(string(asked), "fs.write") || !strings.Contains(string(asked), "notes2.txt") || !strings.Contains(string(asked), "write in scope") {
+		t.Fatalf("elicit: %v", steps)
+	}
+	if b, _ := os.ReadFile(filepath.Join(f.ws, "notes2.txt")); string(b) != "confirmed\n" {
+		t.Fatalf("notes2.txt: %q", b)
+	}
+	rid, _ := e["meta"].(map[string]any)[mcpgateway.MetaReceiptID].(string)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, _, code := run(t, "receipts", "show", rid, "--data", f.data)
+		if code == 0 {
+			if !strings.Contains(out, "session:") || !strings.Contains(out, "ok from the TypeScript client") {
+				t.Fatalf("receipt lacks the session user's decision:\n%s", out)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("receipts show %s: %s", rid, out)
+		}
+	}
+}

@@ -12,10 +12,15 @@
 //             notifications reset; the call must outlive the timeout
 //   large     read BIG (env) with fs.read, then call echo on the same
 //             connection
+//   elicit    declare the elicitation capability, answer every question
+//             "allow" with reason "ok from the TypeScript client", and call
+//             fs.write of notes2.txt (a call the policy lets the session
+//             confirm)
 //   origin    (http) POST initialize with a foreign Origin; print the status
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, scenario, target, ...rest] = process.argv.slice(2);
 const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
@@ -33,7 +38,15 @@ async function main() {
   const transport = mode === "stdio"
     ? new StdioClientTransport({ command: target, args: rest, stderr: "inherit" })
     : new StreamableHTTPClientTransport(new URL(target));
-  const client = new Client({ name: "capkernel-ts-test", version: "1" });
+  const elicit = scenario === "elicit";
+  const client = new Client({ name: "capkernel-ts-test", version: "1" }, elicit ? { capabilities: { elicitation: { form: {} } } } : undefined);
+  const asked = [];
+  if (elicit) {
+    client.setRequestHandler(ElicitRequestSchema, async (req) => {
+      asked.push(req.params.message);
+      return { action: "accept", content: { decision: "allow", reason: "ok from the TypeScript client" } };
+    });
+  }
   let closed = false;
   client.onclose = () => { closed = true; };
   await client.connect(transport);
@@ -62,6 +75,11 @@ async function main() {
       out({ step: "large", isError: !!r.isError, bytes: text(r).length, items: r.content.length, structured: r.structuredContent !== undefined });
       const e = await client.callTool({ name: "echo", arguments: { text: "after" } });
       out({ step: "after", isError: !!e.isError, text: text(e), closed });
+      break;
+    }
+    case "elicit": {
+      const r = await client.callTool({ name: "fs.write", arguments: { path: "notes2.txt", content: "confirmed\n" } });
+      out({ step: "elicit", isError: !!r.isError, text: text(r), asked, meta: r._meta ?? null });
       break;
     }
     default:
