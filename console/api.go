@@ -27,7 +27,7 @@ type Approvals struct {
 
 func (c *Console) approvals(w http.ResponseWriter, r *http.Request, s *session) {
 	all := r.URL.Query().Get("all") == "true"
-	out := Approvals{Approvals: []kernel.ApprovalRequest{}, CanDecide: s.role == RoleApprover || s.role == RoleEscalation}
+	out := Approvals{Approvals: []kernel.ApprovalRequest{}, CanDecide: s.canDecide()}
 	for _, a := range c.k.Approvals(all) {
 		if sees(s.role, a.RequiredRole) {
 			out.Approvals = append(out.Approvals, a)

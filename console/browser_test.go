@@ -109,7 +109,7 @@ func TestBrowser(t *testing.T) {
 	if got, err := read("notes.txt"); err != nil || got != "status: final\nowner: ops\n" {
 		t.Errorf("the approved fs.write: notes.txt is %q (%v)", got, err)
 	}
-	for _, name := range []string{"denied.txt", "csrf.txt", "late.txt"} {
+	for _, name := range []string{"denied.txt", "csrf.txt", "late.txt", "stale.txt"} {
 		if _, err := read(name); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s of a denied call exists (%v)", name, err)
 		}

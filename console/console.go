@@ -242,6 +242,9 @@ type SessionInfo struct {
 	Subject   string `json:"subject"`
 	CSRF      string `json:"csrf"`
 	ExpiresAt string `json:"expires_at"`
+	// CanDecide: the session may approve or deny (approver and
+	// escalation credentials), so the page can offer it from the start.
+	CanDecide bool `json:"can_decide"`
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
@@ -303,8 +306,11 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, info(s))
 }
 
+// canDecide reports whether the session's credential may decide approvals.
+func (s *session) canDecide() bool { return s.role == RoleApprover || s.role == RoleEscalation }
+
 func info(s *session) SessionInfo {
-	return SessionInfo{Role: s.role, Subject: s.subject, CSRF: s.csrf, ExpiresAt: s.expires.UTC().Format(time.RFC3339)}
+	return SessionInfo{Role: s.role, Subject: s.subject, CSRF: s.csrf, ExpiresAt: s.expires.UTC().Format(time.RFC3339), CanDecide: s.canDecide()}
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {

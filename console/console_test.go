@@ -46,6 +46,9 @@ func TestLogin(t *testing.T) {
 			if status != 200 || out["role"] != tt.role {
 				t.Fatalf("session: %d %v, want role %s", status, out, tt.role)
 			}
+			if want := tt.role == RoleApprover || tt.role == RoleEscalation; out["can_decide"] != want {
+				t.Fatalf("session: can_decide %v, want %v", out["can_decide"], want)
+			}
 		})
 	}
 }

@@ -60,7 +60,7 @@ func BenchmarkAuditedCallHTTP(b *testing.B) {
 					b.Fatal(err)
 				}
 				tp = p
-				obs = telemetry.Observers{m, tracing.New(p)}
+				obs = telemetry.Observers{m, p.Observer()}
 			}
 			data := filepath.Join(b.TempDir(), "data")
 			if _, err := kernel.Init(data); err != nil {

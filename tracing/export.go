@@ -66,12 +66,28 @@ func EndpointURL(endpoint string) (string, error) {
 	return u.String(), nil
 }
 
-// NewProvider returns a TracerProvider that exports spans in batches over
+// Provider is the kernel's trace pipeline: an SDK TracerProvider whose
+// batch processor exports over OTLP/HTTP, which also takes the stage
+// spans of the Tracer that Observer returns. Shut it down to flush the
+// spans still queued.
+type Provider struct {
+	*sdktrace.TracerProvider
+	stages *stageSink
+}
+
+// Observer returns the Tracer that records the kernel's calls to p.
+func (p *Provider) Observer() *Tracer {
+	t := New(p.TracerProvider)
+	t.stages = p.stages
+	return t
+}
+
+// NewProvider returns a Provider that exports spans in batches over
 // OTLP/HTTP (protobuf) to endpoint (see EndpointURL), or, when endpoint
 // is "", where the standard OTEL_EXPORTER_OTLP_* variables say. Its
 // sampler is parent-based always-on unless OTEL_TRACES_SAMPLER says
-// otherwise. Shut it down to flush the spans still queued.
-func NewProvider(ctx context.Context, endpoint string) (*sdktrace.TracerProvider, error) {
+// otherwise.
+func NewProvider(ctx context.Context, endpoint string) (*Provider, error) {
 	var opts []otlptracehttp.Option
 	if endpoint != "" {
 		u, err := EndpointURL(endpoint)
@@ -89,7 +105,9 @@ func NewProvider(ctx context.Context, endpoint string) (*sdktrace.TracerProvider
 	if err != nil {
 		return nil, fmt.Errorf("trace resource: %w", err)
 	}
-	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+	bsp := sdktrace.NewBatchSpanProcessor(exp)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(bsp), sdktrace.WithResource(res))
+	return &Provider{TracerProvider: tp, stages: newStageSink(bsp, res)}, nil
 }
 
 // LogErrors sends the OpenTelemetry SDK's errors (an export the collector

@@ -130,7 +130,7 @@ func TestOTLPExport(t *testing.T) {
 	if _, err := kernel.Init(data); err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, Observer: tracing.New(tp), NoSync: true})
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, Observer: tp.Observer(), NoSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -264,7 +265,7 @@ func BenchmarkCallDone(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr := New(tp)
+	tr := tp.Observer()
 	r := report(`{"session_id":"s1"}`, context.Background())
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -279,4 +280,39 @@ func BenchmarkCallDone(b *testing.B) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
 	b.ReportMetric(float64(cpu.Nanoseconds())/1000/float64(b.N), "cpu-µs/op")
+}
+
+// TestDirectStages: the Provider's Tracer hands stage spans straight to
+// the batch processor; they must be what the SDK path makes: children of
+// the call's span in its trace, named and timed as the stages, internal,
+// under the provider's resource and the tracer's scope.
+func TestDirectStages(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	res := resource.NewSchemaless(attribute.String("service.name", ServiceName))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithResource(res))
+	tr := New(tp)
+	tr.stages = newStageSink(rec, res)
+	r := report(`{"traceparent":"`+agentParent+`"}`, context.Background())
+	tr.CallDone(r)
+	spans := rec.Ended()
+	if len(spans) != 8 {
+		t.Fatalf("%d spans, want 8", len(spans))
+	}
+	call := spans[7]
+	ids := map[trace.SpanID]bool{call.SpanContext().SpanID(): true}
+	for i, s := range spans[:7] {
+		st := r.Stages[i]
+		sc := s.SpanContext()
+		if s.Name() != st.Stage || !s.Parent().Equal(call.SpanContext()) || sc.TraceID() != call.SpanContext().TraceID() ||
+			!sc.IsSampled() || !sc.IsValid() || sc.IsRemote() || ids[sc.SpanID()] ||
+			!s.StartTime().Equal(st.Start) || !s.EndTime().Equal(st.End) || s.SpanKind() != trace.SpanKindInternal ||
+			s.Resource() != res || s.InstrumentationScope().Name != ScopeName {
+			t.Errorf("stage span %d: %q %v parent %v kind %v %v..%v scope %v", i, s.Name(), sc, s.Parent(), s.SpanKind(),
+				s.StartTime(), s.EndTime(), s.InstrumentationScope())
+		}
+		ids[sc.SpanID()] = true
+	}
+	if call.SpanContext().TraceID().String() != agentTrace {
+		t.Errorf("call span in trace %s, want the agent's", call.SpanContext().TraceID())
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/capkernel/capkernel/console"
 	"github.com/capkernel/capkernel/httpapi"
@@ -60,7 +59,7 @@ type serverTelemetry struct {
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	metrics *telemetry.Metrics
-	traces  *sdktrace.TracerProvider // nil when traces are off
+	traces  *tracing.Provider // nil when traces are off
 }
 
 // setup makes the logger, the metrics and the trace exporter and sets
@@ -82,7 +81,7 @@ func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) (*serverT
 		}
 		t.traces = tp
 		tracing.LogErrors(log)
-		obs = append(obs, tracing.New(tp))
+		obs = append(obs, tp.Observer())
 		log.Info("exporting traces", "otlp_endpoint", cmp.Or(f.otlp, "(from OTEL_EXPORTER_OTLP_* variables)"))
 	}
 	cfg.Logger, cfg.Observer = log, obs

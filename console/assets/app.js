@@ -1190,7 +1190,7 @@ function show(view) {
   if (view === "history" && !$("#history-table tbody").children.length) searchHistory();
 }
 function signedIn(s) {
-  session = s;
+  session = { ...s, canDecide: s.can_decide };
   $("#view-login").hidden = true;
   $("#nav").hidden = false;
   $("#who").hidden = false;
@@ -1206,6 +1206,7 @@ function signedOut(msg) {
   if (events) events.close();
   events = null;
   pending.clear();
+  touched.clear();
   decided.clear();
   $("#nav").hidden = true;
   $("#who").hidden = true;
@@ -1213,13 +1214,24 @@ function signedOut(msg) {
   if (msg) say(msg, true);
   $("#credential").focus();
 }
+var loads = 0;
+var touched = /* @__PURE__ */ new Map();
 async function loadApprovals() {
+  const load = ++loads;
   try {
     const out = await api("GET", "/console/api/approvals?all=true");
     session.canDecide = out.can_decide;
-    pending.clear();
-    decided.clear();
-    for (const a of out.approvals) (a.state === "pending" ? pending : decided).set(a.approval_id, a);
+    const listed = /* @__PURE__ */ new Set();
+    for (const a of out.approvals) {
+      listed.add(a.approval_id);
+      if ((touched.get(a.approval_id) ?? 0) >= load) continue;
+      if (a.state === "pending") pending.set(a.approval_id, a);
+      else {
+        pending.delete(a.approval_id);
+        decided.set(a.approval_id, a);
+      }
+    }
+    for (const id of [...pending.keys()]) if (!listed.has(id) && (touched.get(id) ?? 0) < load) pending.delete(id);
     renderApprovals();
   } catch (e) {
     say("Loading approvals failed: " + e.message, true);
@@ -1328,6 +1340,7 @@ function decidedCard(a) {
   );
 }
 function resolved(a) {
+  touched.set(a.approval_id, loads);
   pending.delete(a.approval_id);
   decided.set(a.approval_id, a);
   renderApprovals();
@@ -1339,6 +1352,7 @@ function connectEvents() {
     const e = JSON.parse(ev.data);
     logEvent(e);
     if (e.kind === "tool.confirmation_requested" && e.approval) {
+      touched.set(e.approval.approval_id, loads);
       pending.set(e.approval.approval_id, e.approval);
       renderApprovals();
     } else if (e.kind === "tool.confirmation_resolved" && e.approval) {

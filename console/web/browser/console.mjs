@@ -91,6 +91,14 @@ async function result(id) {
   }
 }
 
+// expectSoon waits up to 20 s for cond to hold.
+async function expectSoon(cond, what) {
+  for (const end = Date.now() + 20000; !cond(); ) {
+    assert.ok(Date.now() < end, "timed out waiting: " + what);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 // card is the pending approval card of operation id on page: it must
 // appear without a reload, from the live event stream.
 function card(page, id) {
@@ -137,6 +145,34 @@ test("a denied call is refused and writes nothing", async () => {
   assert.equal(r.status, "error");
   assert.equal(r.error.class, "approval_denied");
   assert.notEqual(r.tx_outcome, "committed");
+  await page.close();
+});
+
+test("a list fetched before a live request arrives does not hide it", async () => {
+  const page = await signIn(alice, cfg.alice);
+  // Hold every approvals list the page fetches: each is answered by the
+  // server at once, but delivered only after the call below was shown
+  // live, as a slow network would.
+  let release;
+  const gate = new Promise((r) => (release = r));
+  const held = [];
+  await page.route("**/console/api/approvals?all=true", async (route) => {
+    const resp = await route.fetch();
+    held.push(resp);
+    await gate;
+    await route.fulfill({ response: resp });
+  });
+  await page.reload(); // signs in from the cookie: one list fetch, and one when the event stream opens
+  await expectSoon(() => held.length >= 2, "the page fetched the approvals list twice");
+  const id = await startCall("fs.write", { path: join(cfg.ws, "stale.txt"), content: "stale\n" });
+  await card(page, id).waitFor();
+  const delivered = Promise.all(held.map(() => page.waitForResponse((r) => r.url().endsWith("/console/api/approvals?all=true"))));
+  release();
+  await delivered;
+  await page.evaluate(() => new Promise((r) => setTimeout(r, 200))); // let the page apply them
+  assert.equal(await card(page, id).count(), 1, "the stale list removed the live request");
+  await card(page, id).getByRole("button", { name: "Deny" }).click();
+  await decidedCard(page, id).locator(".state.denied").waitFor();
   await page.close();
 });
 
@@ -210,14 +246,12 @@ test("a receipt is verified in the page, and a tampered one refused", async () =
   };
   await verify(bundle);
   await page.locator('#verify-checks[data-verdict="pass"]').waitFor();
-  // Tampered: the receipt's payload says another tool; its signature no
-  // longer matches, and the page says which check failed.
-  const [h, p, s] = bundle.receipt.split(".");
-  const payload = JSON.parse(Buffer.from(p, "base64url").toString());
-  payload.tool_id = "fs.delete";
-  await verify({ ...bundle, receipt: [h, Buffer.from(JSON.stringify(payload)).toString("base64url"), s].join(".") });
+  // Tampered: the receipt's audit entry says another tool; its hash no
+  // longer recomputes, and the page says which check failed.
+  assert.equal(bundle.format, "capkernel-receipt/v2");
+  await verify({ ...bundle, entry: bundle.entry.replace('"tool_id":"fs.write"', '"tool_id":"fs.delete"') });
   await page.locator('#verify-checks[data-verdict="fail"]').waitFor();
-  await page.locator('#verify-checks li[data-check="jws"][data-state="fail"]').waitFor();
+  await page.locator('#verify-checks li[data-check="entry"][data-state="fail"]').waitFor();
   assert.match(await page.locator("#verify-checks .verdict").textContent(), /^Not verified: .+ failed\.$/);
   await shot(page, "verify");
   await page.close();

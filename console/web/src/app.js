@@ -93,7 +93,7 @@ function show(view) {
 }
 
 function signedIn(s) {
-  session = s;
+  session = { ...s, canDecide: s.can_decide };
   $("#view-login").hidden = true;
   $("#nav").hidden = false;
   $("#who").hidden = false;
@@ -110,6 +110,7 @@ function signedOut(msg) {
   if (events) events.close();
   events = null;
   pending.clear();
+  touched.clear();
   decided.clear();
   $("#nav").hidden = true;
   $("#who").hidden = true;
@@ -120,13 +121,33 @@ function signedOut(msg) {
 
 // ---- approvals ----
 
+// A list fetched by loadApprovals is a snapshot taken some time before it
+// arrives; live events seen meanwhile are newer. loads counts the fetches
+// and touched holds, per approval, the count current when an event last
+// told of it, so a snapshot never undoes what an event said after the
+// fetch began (a request shown live must not vanish, a decided one must
+// not come back as pending).
+let loads = 0;
+const touched = new Map(); // approval_id -> loads when an event last told of it
+
 async function loadApprovals() {
+  const load = ++loads;
   try {
     const out = await api("GET", "/console/api/approvals?all=true");
     session.canDecide = out.can_decide;
-    pending.clear();
-    decided.clear();
-    for (const a of out.approvals) (a.state === "pending" ? pending : decided).set(a.approval_id, a);
+    const listed = new Set();
+    for (const a of out.approvals) {
+      listed.add(a.approval_id);
+      if ((touched.get(a.approval_id) ?? 0) >= load) continue;
+      if (a.state === "pending") pending.set(a.approval_id, a);
+      else {
+        pending.delete(a.approval_id);
+        decided.set(a.approval_id, a);
+      }
+    }
+    // Pending before the fetch began and not listed: decided or expired
+    // while this console was not listening.
+    for (const id of [...pending.keys()]) if (!listed.has(id) && (touched.get(id) ?? 0) < load) pending.delete(id);
     renderApprovals();
   } catch (e) {
     say("Loading approvals failed: " + e.message, true);
@@ -239,6 +260,7 @@ function decidedCard(a) {
 }
 
 function resolved(a) {
+  touched.set(a.approval_id, loads);
   pending.delete(a.approval_id);
   decided.set(a.approval_id, a);
   renderApprovals();
@@ -253,6 +275,7 @@ function connectEvents() {
     const e = JSON.parse(ev.data);
     logEvent(e);
     if (e.kind === "tool.confirmation_requested" && e.approval) {
+      touched.set(e.approval.approval_id, loads);
       pending.set(e.approval.approval_id, e.approval);
       renderApprovals();
     } else if (e.kind === "tool.confirmation_resolved" && e.approval) {
