@@ -7,14 +7,14 @@ PKGS    := ./...
 BENCH   ?= .
 BENCHTIME ?= 2s
 
-.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium strace chaos browser-test
+.PHONY: build test vet hygiene rego-test unit-test upstream-deps fuzz bench bench-report demo clean bwrap console console-deps console-check console-test chromium strace chaos browser-test mcp-ts-deps
 
 build: console
 	$(GO) build -o bin/kernelctl ./cmd/kernelctl
 
 ## test: go vet, repository hygiene, the race-enabled unit tests, the
 ## console's build check and browser tests, the Rego tests, short fuzz runs
-test: bwrap strace vet hygiene console-check console-test upstream-deps unit-test rego-test fuzz
+test: bwrap strace vet hygiene console-check console-test upstream-deps mcp-ts-deps unit-test rego-test fuzz
 
 ## bwrap: proc.exec runs under bubblewrap; install it (Debian) when missing,
 ## with socat, which the sandbox tests use, so every sandbox test runs
@@ -70,6 +70,16 @@ export CAPKERNEL_TEST_ARTIFACTS ?= $(or $(TMPDIR),/tmp)/capkernel-test-artifacts
 browser-test: console-deps chromium
 	$(GO) test -count=1 -run '^TestBrowser$$' -v ./console/
 
+## mcp-ts-deps: the official MCP TypeScript SDK (pinned in
+## mcpgateway/testdata/tsclient/package-lock.json), a second real client of
+## kernelctl mcp beside the Go SDK; CAPKERNEL_MCP_TS_TESTS=1 makes its tests
+## fail instead of skip when it is missing
+mcp-ts-deps:
+	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
+	@cd mcpgateway/testdata/tsclient && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
+
+export CAPKERNEL_MCP_TS_TESTS := 1
+
 vet:
 	$(GO) vet $(PKGS)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -115,9 +125,10 @@ fuzz:
 
 ## bench: the Go benchmarks (Invoke against bare bbolt measured in the same
 ## run, policy, ledger, receipts, tokens, JCS, strict JSON against
-## encoding/json); make bench-report for the side-by-side report over HTTP
+## encoding/json, echo through the MCP gateway against the HTTP API);
+## make bench-report for the side-by-side report over HTTP
 bench: upstream-deps
-	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) ./kernel/ ./policy/ ./ledger/ ./receipts/ ./captoken/ ./jcs/ ./strictjson/ ./mcpgateway/
 
 ## bench-report: kernel over HTTP against OPA's own server, in-process Invoke,
 ## durable writes against bare bbolt, the ledger at 1M entries and proc.exec

@@ -389,6 +389,24 @@ func (c *Client) CancelSession(ctx context.Context, id string) (int, error) {
 	return out.Cancelled, err
 }
 
+// SessionHandles returns the session's handles for the tools of the
+// bearer capability token (POST /v1/sessions/{id}/handles).
+func (c *Client) SessionHandles(ctx context.Context, id string) ([]kernel.Handle, error) {
+	var out HandleList
+	err := c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/handles", nil, &out)
+	return out.Handles, err
+}
+
+// EndSession ends the session's handles of the bearer token (every
+// token's with the admin credential) and returns how many ended.
+func (c *Client) EndSession(ctx context.Context, id string) (int, error) {
+	var out struct {
+		Ended int `json:"ended"`
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/end", nil, &out)
+	return out.Ended, err
+}
+
 // Approvals lists pending approval requests (all: and recent decisions).
 func (c *Client) Approvals(ctx context.Context, all bool) ([]kernel.ApprovalRequest, error) {
 	var out ApprovalList

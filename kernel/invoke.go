@@ -61,7 +61,7 @@ type call struct {
 	up     *upstreamCall   // an upstream MCP tool's declared resources (declared.go)
 	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
 
-	canonArgs     []byte          // the canonical form of env.Args, once checked
+	canonArgs     []byte          // the canonical form of env.Args, once checked: what args_hash hashes and the args commitment commits to
 	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
 }
 

@@ -379,15 +379,14 @@ func sameOutcome(a, b *Result) bool {
 }
 
 // resultHash is the digest of the canonical {"status","result"} or
-// {"status","error"} object of r (see docs/formats.md); canon, if not
-// nil, is the canonical form of r.Result, which execute made when it
-// checked the result.
+// {"status","error"} object of r (see docs/formats.md).
 func resultHash(r *Result, canon []byte) string { return digest.Sum(resultCanonical(r, canon)) }
 
 // resultCanonical is the canonical {"status","result"} or
-// {"status","error"} object of r — what result_hash hashes and the audit
-// record's result commitment commits to — written in canonical form
-// directly (canon as for resultHash).
+// {"status","error"} object of r, written in canonical form directly: what
+// result_hash hashes and the audit record's result commitment commits to.
+// canon, if not nil, is the canonical form of r.Result, which execute made
+// when it checked the result.
 func resultCanonical(r *Result, canon []byte) []byte {
 	if r.Error != nil && (!utf8.ValidString(r.Error.Class) || !utf8.ValidString(r.Error.Message)) {
 		// encoding/json's replacement of invalid UTF-8 decides the bytes.
@@ -420,8 +419,7 @@ func resultCanonical(r *Result, canon []byte) []byte {
 }
 
 // resultMarshalled is resultCanonical by encoding/json and RFC 8785
-// canonicalization, for the results resultCanonical does not write
-// itself.
+// canonicalization, for the results resultCanonical does not write itself.
 func resultMarshalled(r *Result) []byte {
 	v := map[string]any{"status": r.Status}
 	if r.Error != nil {

@@ -2,8 +2,11 @@ package mcpgateway
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -47,11 +50,6 @@ func (c kernelConfirmer) ConfirmInSession(id, token, session, decision, reason s
 	return c.k.ConfirmInSession(id, token, session, decision, reason)
 }
 
-// noInRequestElicitation is the first protocol version in which a server
-// may not send elicitation/create while serving a request. Versions are
-// dates, which compare as strings.
-const noInRequestElicitation = "2026-07-28"
-
 // Elicitation answers and what they decide.
 const (
 	elicitAllow = "allow"
@@ -59,61 +57,158 @@ const (
 )
 
 // confirmable reports whether the gateway may ask req's client: it has a
-// Confirmer, the client declared the elicitation capability (form), and
-// the session's protocol lets a server send elicitation/create while it
-// serves a request. Protocol 2026-07-28 does not (a tool asks through an
-// input_required result and the client's retry, SEP-2322), which the
-// gateway does not do yet: there the call waits for an approver.
+// Confirmer and the client declared the elicitation capability (form).
 func (g *Gateway) confirmable(req *mcp.CallToolRequest) bool {
 	if g.confirmer == nil || req.Session == nil {
 		return false
 	}
 	ip := req.Session.InitializeParams()
-	if ip == nil || ip.Capabilities == nil || ip.Capabilities.Elicitation == nil || ip.ProtocolVersion >= noInRequestElicitation {
+	if ip == nil || ip.Capabilities == nil || ip.Capabilities.Elicitation == nil {
 		return false
 	}
 	el := ip.Capabilities.Elicitation
 	return el.Form != nil || el.URL == nil
 }
 
-// confirmInSession watches for the approval request of operation op in
-// session and, when the policy lets the session's user decide it, asks the
-// user through the client and records the answer. It returns a stop that
-// ends the watch (and an open question) and waits for it. The operation id
-// is the gateway's, set on the envelope, so only this call's approval is
-// asked about.
-func (g *Gateway) confirmInSession(ctx context.Context, req *mcp.CallToolRequest, session, op string) (stop func()) {
-	reqs, unwatch := g.confirmer.Watch(session)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ar, ok := <-reqs:
-				if !ok {
-					return
-				}
-				if ar.OperationID != op || !ar.SessionConfirm {
-					continue
-				}
-				g.ask(ctx, req, session, ar)
-				return
-			}
-		}
-	}()
-	return func() { cancel(); unwatch(); <-done }
+// confirmInput is the id of the gateway's one input request.
+const confirmInput = "capkernel/confirm"
+
+// pendingGrace is how long a call that asked its client stays resumable
+// after it ended without the client coming back for its result.
+const pendingGrace = 5 * time.Minute
+
+// pendingCall is a call that asked its client for a decision and runs on
+// in the kernel until the client's retry (with the answer) resumes it.
+type pendingCall struct {
+	session, tool, name string
+	approval            kernel.ApprovalRequest
+	cancel              context.CancelFunc
+	done                chan struct{} // closed when res, err are set
+	res                 *kernel.Result
+	err                 error
 }
 
-// ask puts approval ar to the user and records a clear answer: accept
-// with "allow" allows, accept with "deny" or decline denies. A dismissed
-// question (cancel), or a client that fails to ask, leaves the approval
-// to the approvers: the call waits on, as it would without a client that
-// can ask.
-func (g *Gateway) ask(ctx context.Context, req *mcp.CallToolRequest, session string, ar kernel.ApprovalRequest) {
-	res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{
+// pendingCalls are the calls waiting for their client's retry, by the
+// requestState handed out (128 random bits).
+type pendingCalls struct {
+	mu sync.Mutex
+	by map[string]*pendingCall
+}
+
+func (p *pendingCalls) add(pc *pendingCall) string {
+	state := rand.Text()
+	p.mu.Lock()
+	p.by[state] = pc
+	p.mu.Unlock()
+	go func() {
+		<-pc.done
+		time.AfterFunc(pendingGrace, func() { p.take(state) })
+	}()
+	return state
+}
+
+func (p *pendingCalls) take(state string) *pendingCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pc := p.by[state]
+	delete(p.by, state)
+	return pc
+}
+
+// invokeConfirmable runs the call env (operation op) in the kernel and
+// watches for its approval request. It returns the call's result, or,
+// when the policy lets the session's user decide it, an input_required
+// result that asks the user through the client (SEP-2322 multi
+// round-trip: the client answers in a retry carrying the requestState,
+// which resume takes up; for clients of earlier protocols the SDK asks
+// with elicitation/create in the request and retries for them). The call
+// runs on meanwhile, bounded by the kernel's approval timeout, so an
+// approver can still decide first.
+func (g *Gateway) invokeConfirmable(ctx context.Context, session, op, tool, name string, env []byte) (*kernel.Result, error, *mcp.CallToolResult) {
+	reqs, unwatch := g.confirmer.Watch(session)
+	defer unwatch()
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	pc := &pendingCall{session: session, tool: tool, name: name, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		pc.res, pc.err = g.invoker.Invoke(cctx, env)
+		close(pc.done)
+	}()
+	for {
+		select {
+		case <-pc.done:
+			cancel()
+			return pc.res, pc.err, nil
+		case <-ctx.Done():
+			cancel() // the kernel ends the call as cancelled, audited
+			<-pc.done
+			return pc.res, pc.err, nil
+		case ar, ok := <-reqs:
+			if !ok {
+				reqs = nil
+				continue
+			}
+			if ar.OperationID != op || !ar.SessionConfirm {
+				continue
+			}
+			pc.approval = ar
+			state := g.pending.add(pc)
+			return nil, nil, &mcp.CallToolResult{RequestState: state,
+				InputRequests: mcp.InputRequestMap{confirmInput: confirmParams(ar)}}
+		}
+	}
+}
+
+// resume takes up a call that asked its client (req carries the
+// requestState and the answer): it records a clear answer as the session
+// user's decision and returns the call's result once the kernel has it.
+func (g *Gateway) resume(ctx context.Context, req *mcp.CallToolRequest, session string) (*mcp.CallToolResult, error) {
+	p := req.Params
+	pc := g.pending.take(p.RequestState)
+	if pc == nil || pc.session != session {
+		return errorResult(kernel.ErrInvalidArgs, "requestState names no call of this session waiting for an answer (unknown, answered already or expired)", nil), nil
+	}
+	if ans, ok := p.InputResponses[confirmInput].(*mcp.ElicitResult); ok {
+		g.decide(pc, ans)
+	}
+	stop := g.progress(ctx, req)
+	defer stop()
+	select {
+	case <-pc.done:
+	case <-ctx.Done():
+		pc.cancel()
+		<-pc.done
+	}
+	pc.cancel()
+	return result(pc.res, pc.err, pc.tool, pc.name), nil
+}
+
+// decide records the user's answer: accept with "allow" allows, accept
+// with "deny" or decline denies. A dismissed question (cancel) leaves the
+// approval to the approvers: the call waits on, as it would without a
+// client that can ask.
+func (g *Gateway) decide(pc *pendingCall, ans *mcp.ElicitResult) {
+	decision, reason := "", ""
+	switch ans.Action {
+	case "accept":
+		decision, _ = ans.Content["decision"].(string)
+		reason, _ = ans.Content["reason"].(string)
+	case "decline":
+		decision = elicitDeny
+	}
+	if decision != elicitAllow && decision != elicitDeny {
+		return
+	}
+	if reason == "" {
+		reason = "answered through the MCP client (elicitation)"
+	}
+	// A refusal (an approver decided first, the policy changed) is in
+	// the ledger; the call goes on with whatever decision stands.
+	_, _ = g.confirmer.ConfirmInSession(pc.approval.ID, g.token, pc.session, decision, reason)
+}
+
+// confirmParams is the question: a form with the decision and a reason.
+func confirmParams(ar kernel.ApprovalRequest) *mcp.ElicitParams {
+	return &mcp.ElicitParams{
 		Mode:    "form",
 		Message: confirmMessage(ar),
 		RequestedSchema: map[string]any{
@@ -125,27 +220,7 @@ func (g *Gateway) ask(ctx context.Context, req *mcp.CallToolRequest, session str
 			},
 			"required": []string{"decision"},
 		},
-	})
-	if err != nil || res == nil {
-		return
 	}
-	decision, reason := "", ""
-	switch res.Action {
-	case "accept":
-		decision, _ = res.Content["decision"].(string)
-		reason, _ = res.Content["reason"].(string)
-	case "decline":
-		decision = elicitDeny
-	}
-	if decision != elicitAllow && decision != elicitDeny {
-		return
-	}
-	if reason == "" {
-		reason = "answered through the MCP client (elicitation)"
-	}
-	// A refusal (the approver decided first, the policy changed) is in
-	// the ledger; the call goes on with whatever decision stands.
-	_, _ = g.confirmer.ConfirmInSession(ar.ID, g.token, session, decision, reason)
 }
 
 // confirmMessage is what the user reads: the tool, a summary of the

@@ -50,7 +50,17 @@ func sessionPolicy(t *testing.T) string {
 // "decline" refuses it. A write under a sensitive path, which the policy
 // keeps for approvers, is never put to the user; nor is any call of a
 // client without the capability.
+//
+// Both ways of asking: protocol 2026-07-28's input_required result and
+// retry (SEP-2322), and, for a client of 2025-11-25 (the TypeScript SDK's),
+// elicitation/create within the request.
 func TestElicitationConfirms(t *testing.T) {
+	for _, version := range []string{"2026-07-28", "2025-11-25"} {
+		t.Run(version, func(t *testing.T) { testElicitation(t, version) })
+	}
+}
+
+func testElicitation(t *testing.T, version string) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "data")
 	if _, err := kernel.Init(dir); err != nil {
@@ -93,8 +103,7 @@ func TestElicitationConfirms(t *testing.T) {
 		if _, err := g.server.Connect(ctx, idTransport{st}, nil); err != nil {
 			t.Fatal(err)
 		}
-		// The TypeScript SDK's protocol (1.32.2): in-request elicitation.
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: version})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,6 +114,9 @@ func TestElicitationConfirms(t *testing.T) {
 	defer events.Close()
 
 	cs := connect(true)
+	if got := cs.InitializeResult().ProtocolVersion; got != version {
+		t.Fatalf("negotiated protocol %s, want %s", got, version)
+	}
 	r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "notes.txt", "content": "hi"}})
 	if err != nil || r.IsError {
 		t.Fatalf("confirmed write: %v %v", r, err)
@@ -131,6 +143,12 @@ func TestElicitationConfirms(t *testing.T) {
 		t.Fatalf("declined write: %v", r.Content[0])
 	}
 	<-events.C
+
+	// A retry naming no waiting call is refused.
+	r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "x.txt", "content": "x"}, RequestState: "bogus"})
+	if err != nil || !r.IsError || !strings.Contains(r.Content[0].(*mcp.TextContent).Text, "requestState names no call") {
+		t.Fatalf("unknown requestState: %v %v", r, err)
+	}
 
 	// pending waits for the one pending approval.
 	pending := func() kernel.ApprovalRequest {

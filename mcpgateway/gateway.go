@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,6 +77,8 @@ type Gateway struct {
 	served                  map[string]bool
 	progressEvery           time.Duration
 	confirmer               Confirmer
+	pending                 pendingCalls // calls that asked their client (confirm.go)
+	handles                 *handleMode  // nil unless the token is in handle mode
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -96,6 +99,12 @@ type Config struct {
 	// declares elicitation to decide a call the policy lets the session
 	// confirm (see Confirmer); nil leaves every approval to approvers.
 	Confirmer Confirmer
+	// Handles, set for a token in handle mode, makes each MCP session
+	// list the tools by its own handles (tools named HandleToolPrefix +
+	// the handle's random part) instead of the syscall ids in Tools, which
+	// are then not served: a call by syscall id is answered by the kernel
+	// exactly as an unknown tool. A session's handles end with it.
+	Handles runner.HandleSource
 }
 
 // DefaultProgressInterval keeps well inside the official SDKs' default
@@ -109,21 +118,32 @@ func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: c.Invoker, token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
 		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
-		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version}, nil),
+		pending: pendingCalls{by: map[string]*pendingCall{}},
+		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version},
+			&mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}}),
 	}
 	if g.progressEvery <= 0 {
 		g.progressEvery = DefaultProgressInterval
 	}
-	for _, t := range c.Tools {
-		g.served[t.Name] = true
-		g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, OutputSchema: outputSchema(t.OutputSchema)}, g.handle)
+	if c.Handles != nil {
+		g.handles = &handleMode{src: c.Handles, seen: map[string]bool{}, stdio: c.StdioSession}
+	} else {
+		for _, t := range c.Tools {
+			g.served[t.Name] = true
+			g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, OutputSchema: outputSchema(t.OutputSchema)}, g.handle)
+		}
 	}
 	// A call of a tool the gateway does not serve still reaches the
-	// kernel, which refuses and audits it: no call goes unrecorded.
+	// kernel, which refuses and audits it: no call goes unrecorded. In
+	// handle mode every call goes that way, and tools/list is the
+	// session's handles.
 	g.server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if ct, ok := req.(*mcp.CallToolRequest); ok && method == "tools/call" && !g.served[ct.Params.Name] {
 				return g.handle(ctx, ct)
+			}
+			if lt, ok := req.(*mcp.ListToolsRequest); ok && method == "tools/list" && g.handles != nil {
+				return g.handles.list(ctx, lt.Session, g.sessionOf(lt.Session))
 			}
 			return next(ctx, method, req)
 		}
@@ -131,10 +151,23 @@ func New(c Config) *Gateway {
 	return g
 }
 
+// sessionOf is the session id of ss: the MCP session's, or the stdio
+// server's own.
+func (g *Gateway) sessionOf(ss *mcp.ServerSession) string {
+	if ss != nil && ss.ID() != "" {
+		return ss.ID()
+	}
+	return g.session
+}
+
 // ServeStdio serves one client on stdin and stdout until it disconnects
 // or ctx is done.
 func (g *Gateway) ServeStdio(ctx context.Context) error {
-	return g.server.Run(ctx, idTransport{&mcp.StdioTransport{}})
+	err := g.server.Run(ctx, idTransport{&mcp.StdioTransport{}})
+	if g.handles != nil {
+		g.handles.end(g.session)
+	}
+	return err
 }
 
 // handle runs one tools/call through the kernel. Every call, a malformed
@@ -142,9 +175,13 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 // it: the gateway refuses nothing on its own, so no call goes unrecorded.
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
-	session := g.session
-	if req.Session != nil && req.Session.ID() != "" {
-		session = req.Session.ID()
+	session := g.sessionOf(req.Session)
+	if p.RequestState != "" {
+		return g.resume(ctx, req, session)
+	}
+	tool := p.Name
+	if g.handles != nil {
+		tool = kernelTool(p.Name)
 	}
 	reqID := ""
 	if v, ok := p.Meta[MetaRequestID]; ok {
@@ -164,7 +201,7 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		}
 	}
 	e := kernel.Envelope{
-		ToolID: p.Name, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
+		ToolID: tool, Args: args, AgentID: g.agentID, CapabilityToken: g.token, CapabilityTokenID: g.tokenID,
 		PolicyHash: g.policyHash,
 	}
 	var env []byte
@@ -209,23 +246,37 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		return errorResult(kernel.ErrInvalidArgs, "the call's arguments are not JSON: "+err.Error(), nil), nil
 	}
 	stop := g.progress(ctx, req)
-	if g.confirmable(req) && e.OperationID != "" {
-		unconfirm := g.confirmInSession(ctx, req, session, e.OperationID)
-		defer unconfirm()
+	defer stop()
+	if e.OperationID != "" {
+		res, err, ask := g.invokeConfirmable(ctx, session, e.OperationID, tool, p.Name, env)
+		if ask != nil {
+			return ask, nil
+		}
+		return result(res, err, tool, p.Name), nil
 	}
 	res, err := g.invoker.Invoke(ctx, env)
-	stop()
+	return result(res, err, tool, p.Name), nil
+}
+
+// result is the MCP result of a call of tool, which the client named
+// name, from the kernel's result or the invoker's error.
+func result(res *kernel.Result, err error, tool, name string) *mcp.CallToolResult {
 	if err != nil {
-		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil), nil
+		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil)
 	}
 	if res.Status != kernel.StatusOK {
 		class, msg := kernel.ErrInternal, "result envelope without an error"
 		if res.Error != nil {
 			class, msg = res.Error.Class, res.Error.Message
 		}
-		return errorResult(class, msg, res), nil
+		if class == kernel.ErrToolNotFound && tool != name {
+			// The kernel names the handle it was given; the client named
+			// the tool: answer as for any unknown tool name.
+			msg = strings.ReplaceAll(msg, strconv.Quote(tool), strconv.Quote(name))
+		}
+		return errorResult(class, msg, res)
 	}
-	return okResult(res), nil
+	return okResult(res)
 }
 
 // withMember encodes e with one more top-level member, name, whose value

@@ -24,7 +24,7 @@ func (i kernelInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, 
 // newTestGateway opens a kernel in a fresh data dir and makes a gateway
 // for a token of agent-1 with capability c, serving the token's tools; c
 // is the rest of the gateway's configuration.
-func newTestGateway(t *testing.T, cp captoken.Capability, c Config) (*kernel.Kernel, *Gateway) {
+func newTestGateway(t testing.TB, cp captoken.Capability, c Config) (*kernel.Kernel, *Gateway) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	if _, err := kernel.Init(dir); err != nil {

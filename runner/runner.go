@@ -44,9 +44,16 @@ const (
 	MaxToolCallID = 200
 )
 
-// ToolCall is a line from the agent.
+// Ops of the agent's lines.
+const (
+	OpToolCall  = "tool_call"
+	OpListTools = "list_tools"
+)
+
+// ToolCall is a line from the agent: a tool_call, or a list_tools
+// (ToolCallID only) asking for the session's tool handles.
 type ToolCall struct {
-	Op         string          `json:"op"` // "tool_call"
+	Op         string          `json:"op"` // "tool_call" or "list_tools"
 	ToolCallID string          `json:"tool_call_id"`
 	Tool       string          `json:"tool"`
 	Args       json.RawMessage `json:"args,omitempty"`
@@ -64,6 +71,18 @@ type ToolResponse struct {
 	Message     string          `json:"message,omitempty"`
 	ReceiptID   string          `json:"receipt_id,omitempty"`
 	OperationID string          `json:"operation_id,omitempty"`
+	// Tools answers list_tools (op "tool_list"): the session's handles.
+	Tools []kernel.Handle `json:"tools,omitempty"`
+}
+
+// HandleSource mints and ends the tool handles of one capability token
+// in a session (kernel.Kernel.Handles and EndSession, in process or over
+// the HTTP API): what a session in handle mode calls its tools by.
+type HandleSource interface {
+	// Handles returns the session's handles, minting those it lacks.
+	Handles(ctx context.Context, session string) ([]kernel.Handle, error)
+	// EndSession ends the session's handles of the token.
+	EndSession(ctx context.Context, session string) error
 }
 
 // Invoker runs one call envelope through a kernel and returns its result
@@ -87,6 +106,11 @@ type Session struct {
 	ID          string
 	MaxLine     int // default DefaultMaxLine
 	MaxInFlight int // default DefaultMaxInFlight
+	// Handles, for a token in handle mode, answers list_tools with the
+	// session's handles (the agent calls tools by them; a call by name
+	// is answered as an unknown tool by the kernel); they end when Serve
+	// returns. Nil: list_tools is answered invalid_args.
+	Handles HandleSource
 }
 
 // Serve reads tool_call lines from r until it ends (the agent exited or
@@ -142,6 +166,10 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 		}()
 	}
 	wg.Wait()
+	if s.Handles != nil {
+		// The session is over: its handles die with it, whatever ctx says.
+		_ = s.Handles.EndSession(context.WithoutCancel(ctx), s.ID)
+	}
 	return readErr
 }
 
@@ -149,7 +177,11 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
 	var tc ToolCall
 	problem := ""
-	if err := strictjson.Unmarshal(line, &tc); err != nil {
+	err := strictjson.Unmarshal(line, &tc)
+	if err == nil && tc.Op == OpListTools {
+		return s.listTools(ctx, n, &tc)
+	}
+	if err != nil {
 		problem = fmt.Sprintf("line %d is not a tool_call object: %v", n, err)
 	} else if problem = check(&tc); problem != "" {
 		problem = fmt.Sprintf("line %d: %s", n, problem)
@@ -177,6 +209,27 @@ func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
 		} else {
 			resp.Error, resp.Message = kernel.ErrInternal, "result envelope without status ok or an error"
 		}
+	}
+	return resp
+}
+
+// listTools answers a list_tools line: the session's handles.
+func (s *Session) listTools(ctx context.Context, n int, tc *ToolCall) ToolResponse {
+	resp := ToolResponse{Op: "tool_list", ToolCallID: tc.ToolCallID}
+	switch {
+	case tc.ToolCallID == "" || len(tc.ToolCallID) > MaxToolCallID || strings.ContainsFunc(tc.ToolCallID, unicode.IsControl):
+		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools needs a tool_call_id (1 to %d bytes, no control characters)", n, MaxToolCallID)
+	case tc.Tool != "" || len(tc.Args) > 0:
+		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools takes only op and tool_call_id", n)
+	case s.Handles == nil:
+		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools lists tool handles, and the session's token is not in handle mode", n)
+	default:
+		hs, err := s.Handles.Handles(ctx, s.ID)
+		if err != nil {
+			resp.Error, resp.Message = kernel.ErrTokenInvalid, "listing the session's tool handles: "+err.Error()
+			break
+		}
+		resp.OK, resp.Tools = true, hs
 	}
 	return resp
 }
@@ -250,7 +303,9 @@ type responder struct {
 }
 
 func (r *responder) send(resp ToolResponse) {
-	resp.Op = "tool_response"
+	if resp.Op == "" {
+		resp.Op = "tool_response"
+	}
 	b, err := json.Marshal(resp)
 	if err != nil {
 		b, _ = json.Marshal(ToolResponse{Op: "tool_response", ToolCallID: resp.ToolCallID, Error: kernel.ErrInternal, Message: "the result could not be encoded"})
@@ -263,4 +318,24 @@ func (r *responder) send(resp ToolResponse) {
 	if _, err := r.w.Write(append(b, '\n')); err != nil {
 		r.broken = true
 	}
+}
+
+// KernelHandles is the HandleSource of the token (whose jti is jti) in
+// an in-process kernel.
+func KernelHandles(k *kernel.Kernel, token, jti string) HandleSource {
+	return kernelHandles{k, token, jti}
+}
+
+type kernelHandles struct {
+	k          *kernel.Kernel
+	token, jti string
+}
+
+func (h kernelHandles) Handles(_ context.Context, session string) ([]kernel.Handle, error) {
+	return h.k.Handles(h.token, session)
+}
+
+func (h kernelHandles) EndSession(_ context.Context, session string) error {
+	h.k.EndSession(session, h.jti)
+	return nil
 }

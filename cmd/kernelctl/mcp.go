@@ -75,7 +75,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 				return fmt.Errorf("mcp: %w", err)
 			}
 			cfg := mcpgateway.Config{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash,
-				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1", ProgressInterval: progressEvery}
+				StdioSession: uuid.Must(uuid.NewV7()).String(), Version: "1", ProgressInterval: progressEvery, Handles: ak.handles}
 			// The kernel in this process can put a call waiting for
 			// approval to the client's user (elicitation), when the policy
 			// lets the session confirm it; a remote one leaves it to approvers.

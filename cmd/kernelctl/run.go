@@ -28,6 +28,18 @@ type agentExit int
 func (e agentExit) Error() string { return fmt.Sprintf("the agent exited with status %d", int(e)) }
 
 // kernelInvoker runs envelopes in an embedded kernel.
+// clientHandles is the HandleSource of a bearer token over the HTTP API.
+type clientHandles struct{ c *httpapi.Client }
+
+func (h clientHandles) Handles(ctx context.Context, session string) ([]kernel.Handle, error) {
+	return h.c.SessionHandles(ctx, session)
+}
+
+func (h clientHandles) EndSession(ctx context.Context, session string) error {
+	_, err := h.c.EndSession(ctx, session)
+	return err
+}
+
 type kernelInvoker struct{ k *kernel.Kernel }
 
 func (i kernelInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) {
@@ -50,7 +62,10 @@ type agentKernel struct {
 	invoker         runner.Invoker
 	// tools returns the definitions of the syscalls the token may call.
 	tools func(ctx context.Context, format string) (json.RawMessage, error)
-	close func()
+	// handles, for a token in handle mode, are its sessions' tool
+	// handles; nil otherwise.
+	handles runner.HandleSource
+	close   func()
 }
 
 // agentKernel reads the token in tokenFile, opens t's kernel and verifies
@@ -73,13 +88,17 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 		if ak.policyHash, err = c.PolicyHash(ctx); err != nil {
 			return nil, err
 		}
-		if in, err := c.InspectToken(ctx, tok); err != nil {
+		in, err := c.InspectToken(ctx, tok)
+		if err != nil {
 			return nil, err
 		} else if !in.Valid {
 			return nil, fmt.Errorf("%s: %s: %s", verb, in.Class, in.Reason)
 		}
 		bearer := t.client(tok)
 		ak.invoker, ak.tools = clientInvoker{c}, bearer.Tools
+		if in.Claims != nil && in.Claims.Cap.Handles {
+			ak.handles = clientHandles{bearer}
+		}
 		return ak, nil
 	}
 	k, err := t.openKernel(ctx)
@@ -105,6 +124,9 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 		k.Close()
 	}
 	ak.tools = func(_ context.Context, format string) (json.RawMessage, error) { return k.Tools(tok, format) }
+	if vt, err := k.VerifyBearer(tok); err == nil && vt.Claims.Cap.Handles {
+		ak.handles = runner.KernelHandles(k, tok, ak.jti)
+	}
 	return ak, nil
 }
 
@@ -145,7 +167,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 				return err
 			}
 			defer ak.close()
-			s := &runner.Session{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash, ID: uuid.Must(uuid.NewV7()).String()}
+			s := &runner.Session{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash, ID: uuid.Must(uuid.NewV7()).String(), Handles: ak.handles}
 			return runAgent(ctx, cmd, s, argv, readOnly, noSandbox)
 		},
 	}
