@@ -197,7 +197,7 @@ func unescape(s []byte) string {
 
 // str checks a string in canonical form at c.pos and returns its raw
 // content: valid UTF-8, no raw control character, and exactly the escapes
-// appendString writes (\" \\ \b \f \n \r \t, \u00xx with lowercase hex for
+// AppendString writes (\" \\ \b \f \n \r \t, \u00xx with lowercase hex for
 // the other control characters). plain reports ASCII without escapes.
 func (c *checker) str() (raw []byte, plain bool, err error) {
 	c.pos++ // "

@@ -93,7 +93,7 @@ func (p *parser) value(depth int) error {
 		if err != nil {
 			return err
 		}
-		p.out = appendString(p.out, s)
+		p.out = AppendString(p.out, s)
 		return nil
 	case c == '-' || c >= '0' && c <= '9':
 		return p.number()
@@ -180,7 +180,7 @@ func (p *parser) object(depth int) error {
 			return p.errorf("expected : after member name")
 		}
 		p.pos++
-		p.out = appendString(p.out, name)
+		p.out = AppendString(p.out, name)
 		p.out = append(p.out, ':')
 		if err := p.value(depth); err != nil {
 			return err
@@ -374,7 +374,7 @@ func (p *parser) hex4() (rune, error) {
 }
 
 // appendString appends s with RFC 8785's escaping.
-func appendString(out []byte, s string) []byte {
+func AppendString(out []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	out = append(out, '"')
 	for i := 0; i < len(s); i++ {

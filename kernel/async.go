@@ -185,13 +185,13 @@ func (k *Kernel) decode(data []byte) (c *call, class, msg string) {
 		c.envHash = digest.Sum(data)
 		return c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(data), k.cfg.MaxEnvelopeBytes)
 	}
-	env, err := DecodeEnvelope(data)
+	env, args, err := decodeEnvelope(data)
 	if err != nil {
 		c.env = salvage(data)
 		c.envHash = digest.Sum(data)
 		return c, ErrInvalidArgs, err.Error()
 	}
-	c.env = env
+	c.env, c.canonArgs = env, args
 	return c, "", ""
 }
 

@@ -124,3 +124,29 @@ func TestTooManyPreconditions(t *testing.T) {
 		t.Fatalf("class %q, want invalid_args", errClass(r))
 	}
 }
+
+// An envelope handed to Invoke is held to MaxEnvelopeBytes by its encoded
+// size, whether the size bound spares the encoding or not.
+func TestInvokeEnvelopeLimit(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxEnvelopeBytes = 4096 })
+	for _, tc := range []struct {
+		name  string
+		text  string
+		class string
+	}{
+		{"small: bound under the limit", "hi", ""},
+		{"bound over the limit, size under it", strings.Repeat("a", 1500), ""},
+		{"over the limit", strings.Repeat("a", 5000), ErrInvalidArgs},
+		{"escapes make it larger", strings.Repeat("<", 800), ErrInvalidArgs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.invoke("echo", map[string]any{"text": tc.text})
+			if errClass(r) != tc.class {
+				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
+			}
+			if tc.class != "" && !strings.Contains(r.Error.Message, "the limit is 4096") {
+				t.Fatalf("message %q", r.Error.Message)
+			}
+		})
+	}
+}

@@ -116,32 +116,60 @@ const (
 // provenance (if any) a JSON object, both valid I-JSON (they are hashed in
 // canonical form).
 func DecodeEnvelope(data []byte) (*Envelope, error) {
-	var env Envelope
-	if err := strictjson.Unmarshal(data, &env); err != nil {
-		return nil, fmt.Errorf("envelope: %v", err)
-	}
-	if err := checkObject("args", env.Args, true); err != nil {
-		return nil, err
-	}
-	if err := checkObject("provenance", env.Provenance, false); err != nil {
-		return nil, err
-	}
-	return &env, nil
+	env, _, err := decodeEnvelope(data)
+	return env, err
 }
 
-// checkObject requires raw to be a JSON object in valid I-JSON.
-func checkObject(field string, raw json.RawMessage, required bool) error {
+// decodeEnvelope is DecodeEnvelope that also returns the canonical form of
+// args, which the args hash reuses.
+func decodeEnvelope(data []byte) (*Envelope, []byte, error) {
+	var env Envelope
+	if err := strictjson.Unmarshal(data, &env); err != nil {
+		return nil, nil, fmt.Errorf("envelope: %v", err)
+	}
+	args, err := checkObject("args", env.Args, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := checkObject("provenance", env.Provenance, false); err != nil {
+		return nil, nil, err
+	}
+	return &env, args, nil
+}
+
+// checkObject requires raw to be a JSON object in valid I-JSON and returns
+// its canonical form (nil when it is absent).
+func checkObject(field string, raw json.RawMessage, required bool) ([]byte, error) {
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		if required {
-			return fmt.Errorf("envelope: %s is required (a JSON object)", field)
+			return nil, fmt.Errorf("envelope: %s is required (a JSON object)", field)
 		}
-		return nil
+		return nil, nil
 	}
 	if raw[0] != '{' {
-		return fmt.Errorf("envelope: %s must be a JSON object", field)
+		return nil, fmt.Errorf("envelope: %s must be a JSON object", field)
 	}
-	if _, err := jcs.Canonicalize(raw); err != nil {
-		return fmt.Errorf("envelope: %s: %v", field, err)
+	c, err := jcs.Canonicalize(raw)
+	if err != nil {
+		return nil, fmt.Errorf("envelope: %s: %v", field, err)
 	}
-	return nil
+	return c, nil
+}
+
+// maxEncodedSize bounds the length of env's JSON encoding from above
+// without encoding it: a string byte takes at most 6 bytes escaped
+// (\u00XX), and so does a byte of raw JSON (encoding/json escapes <, > and
+// &); names, quotes and punctuation take under 512 bytes. With
+// precondition refs it is -1: unknown.
+func maxEncodedSize(env *Envelope) int64 {
+	if len(env.PreconditionRefs) > 0 {
+		return -1
+	}
+	n := len(env.ToolID) + len(env.AgentID) + len(env.CapabilityToken) + len(env.CapabilityTokenID) + len(env.StateSnapshotID) +
+		len(env.PolicyHash) + len(env.OperationID) + len(env.TaskClass) + len(env.AutonomyMode) + len(env.IdempotencyKey) +
+		len(env.Args) + len(env.Provenance)
+	for _, b := range env.RiskBasis {
+		n += len(b) + 1
+	}
+	return 6*int64(n) + 512
 }

@@ -66,7 +66,7 @@ func (k *Kernel) stopped(c *call, err error) *Result {
 	c.setOutcome(nil, ErrInternal, fmt.Sprintf("the kernel failed stop: %v; this call's outcome is decided when the kernel restarts: "+
 		"repeat it with the same idempotency_key then to learn it", err), TxUnknown)
 	c.res.ReceiptID, c.res.Receipt, c.res.LedgerSeq, c.res.StateSnapshotID = "", nil, 0, ""
-	c.res.ResultHash = resultHash(&c.res)
+	c.res.ResultHash = resultHash(&c.res, nil)
 	return &c.res
 }
 

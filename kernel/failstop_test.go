@@ -1,10 +1,13 @@
 package kernel
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/txn"
@@ -105,5 +108,56 @@ func TestApplyFailureFailsStop(t *testing.T) {
 			// And the key of the refused call is free.
 			mustOK(t, h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "g"}, key("k2")))
 		})
+	}
+}
+
+// TestRecordFailureReleasesKey: when recording a commit fails without a
+// durability failure (here the kv record the commit checks is unreadable,
+// a real error from CanCommit), nothing was written, so the call is rolled
+// back at once: one audit record, rolled_back (never committed), the
+// kernel keeps serving, and the same key gets a definitive answer as soon
+// as the cause is gone, not idempotency_in_flight until a restart.
+func TestRecordFailureReleasesKey(t *testing.T) {
+	h := newHarness(t)
+	mustOK(t, h.invoke("kv.put", map[string]any{"key": "cfg", "value": 1}, key("first")))
+	var saved []byte
+	crashHook = func(point string) {
+		if point != "staged" {
+			return
+		}
+		h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+			saved = append([]byte(nil), tx.Bucket([]byte("kv")).Get([]byte("cfg"))...)
+			return tx.Bucket([]byte("kv")).Put([]byte("cfg"), []byte("{not json"))
+		})
+	}
+	r := h.invoke("kv.put", map[string]any{"key": "cfg", "value": 2}, key("second"))
+	crashHook = nil
+	if errClass(r) != ErrInternal || r.TxOutcome != RolledBack || r.ReceiptID == "" {
+		t.Fatalf("answer: %+v %+v, want internal, rolled_back, with its receipt", r, r.Error)
+	}
+	if h.k.Err() != nil {
+		t.Fatalf("the kernel failed stop on an error that wrote nothing: %v", h.k.Err())
+	}
+	records := 0
+	for _, a := range h.audits(0) {
+		if a.OperationID == r.OperationID {
+			records++
+			if a.TxOutcome != RolledBack {
+				t.Errorf("record says %s", a.TxOutcome)
+			}
+		}
+	}
+	if records != 1 {
+		t.Fatalf("%d audit records for the operation, want 1", records)
+	}
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte("kv")).Put([]byte("cfg"), saved)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	again := h.invoke("kv.put", map[string]any{"key": "cfg", "value": 2}, key("second"))
+	mustOK(t, again)
+	if again.Replayed || again.TxOutcome != Committed {
+		t.Fatalf("same-key retry: %+v, want a fresh commit", again)
 	}
 }

@@ -57,7 +57,7 @@ func hashVectors(t *testing.T) []hashVector {
 			t.Fatal(err)
 		}
 		rr := r.r
-		out = append(out, hashVector{Name: r.name, Result: &rr, Canonical: string(c), Hash: resultHash(&rr), HashedWhat: "result"})
+		out = append(out, hashVector{Name: r.name, Result: &rr, Canonical: string(c), Hash: resultHash(&rr, nil), HashedWhat: "result"})
 	}
 	return out
 }
@@ -99,7 +99,35 @@ func TestHashVectors(t *testing.T) {
 	if argsHash, _ := digest.JSON(json.RawMessage(`{"text":"hello"}`)); a[len(a)-1].ArgsHash != argsHash {
 		t.Fatalf("audit args_hash %s, want %s", a[len(a)-1].ArgsHash, argsHash)
 	}
-	if r.ResultHash != resultHash(r) {
+	if r.ResultHash != resultHash(r, nil) {
 		t.Fatal("result_hash does not follow its definition")
+	}
+}
+
+// resultHash writes the canonical object itself; it must give the hash of
+// encoding/json plus RFC 8785 for every result, with the canonical result
+// given or not.
+func TestResultHashByConstruction(t *testing.T) {
+	for _, r := range []Result{
+		{Status: StatusOK, Result: json.RawMessage(`{"text":"hello","size":5}`)},
+		{Status: StatusOK, Result: json.RawMessage(`{ "b" : [1.0, 2e3, "<&>\u2028"], "a": "\u00e9\n" }`)},
+		{Status: StatusOK},
+		{Status: StatusError, Error: &Error{Class: ErrScopeDenied, Message: `path "../x": escapes its root`}},
+		{Status: StatusError, Error: &Error{Class: ErrExecution, Message: "tab\t, newline\n, nul \x00, <html> & \u2028, é, 😀"}},
+		{Status: StatusError, Error: &Error{Class: ErrExecution, Message: "invalid UTF-8 \xff\xfe here"}},
+	} {
+		want := resultHashMarshalled(&r)
+		if got := resultHash(&r, nil); got != want {
+			t.Errorf("resultHash(%+v) = %s, want %s", r, got, want)
+		}
+		if r.Result != nil {
+			canon, err := jcs.Canonicalize(r.Result)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resultHash(&r, canon); got != want {
+				t.Errorf("resultHash(%+v, canonical) = %s, want %s", r, got, want)
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -54,6 +56,18 @@ type call struct {
 	obs    *observation    // stage clock, when the kernel has an Observer (observe.go)
 	up     *upstreamCall   // an upstream MCP tool's declared resources (declared.go)
 	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
+
+	canonArgs     []byte          // the canonical form of env.Args, once checked
+	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
+}
+
+// canonResult returns the canonical form of the call's result, when it is
+// the one execute checked.
+func (c *call) canonResult() []byte {
+	if c.canon != nil && c.res.Error == nil && bytes.Equal(c.res.Result, c.result) {
+		return c.canon
+	}
+	return nil
 }
 
 // InvokeJSON decodes a call envelope and runs it (see Invoke). Garbage,
@@ -83,17 +97,23 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 		c.env = &Envelope{}
 		return k.deny(ctx, c, ErrInvalidArgs, "no envelope")
 	}
-	b, err := json.Marshal(env)
-	switch {
-	case err != nil:
-		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
-	case int64(len(b)) > k.cfg.MaxEnvelopeBytes:
-		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(b), k.cfg.MaxEnvelopeBytes))
+	// The envelope is encoded to measure it only when its size could
+	// exceed the limit.
+	if n := maxEncodedSize(env); n < 0 || n > k.cfg.MaxEnvelopeBytes {
+		b, err := json.Marshal(env)
+		switch {
+		case err != nil:
+			return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+		case int64(len(b)) > k.cfg.MaxEnvelopeBytes:
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("envelope is %d bytes; the limit is %d", len(b), k.cfg.MaxEnvelopeBytes))
+		}
 	}
-	if err := checkObject("args", env.Args, true); err != nil {
+	args, err := checkObject("args", env.Args, true)
+	if err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
-	if err := checkObject("provenance", env.Provenance, false); err != nil {
+	c.canonArgs = args
+	if _, err := checkObject("provenance", env.Provenance, false); err != nil {
 		env.Provenance = nil
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
@@ -263,11 +283,14 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.session = sessionOf(env.Provenance)
-	h, err := digest.JSON(env.Args)
-	if err != nil {
-		return fmt.Errorf("args: %v", err)
+	if c.canonArgs == nil {
+		// A call that came through neither decode nor invoke.
+		var err error
+		if c.canonArgs, err = jcs.Canonicalize(env.Args); err != nil {
+			return fmt.Errorf("args: %v", err)
+		}
 	}
-	c.argsHash = h
+	c.argsHash = digest.Sum(c.canonArgs)
 	return json.Unmarshal(env.Args, &c.args)
 }
 
@@ -864,9 +887,11 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	case o.err != nil:
 		return nil, ErrExecution, o.err.Error()
 	}
-	if _, err := digest.JSON(o.out.Result); err != nil || len(o.out.Result) == 0 || o.out.Result[0] != '{' {
+	canon, err := jcs.Canonicalize(o.out.Result)
+	if err != nil || len(canon) == 0 || canon[0] != '{' {
 		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
 	}
+	c.result, c.canon = o.out.Result, canon // the result hash reuses canon
 	return o.out.Result, "", ""
 }
 

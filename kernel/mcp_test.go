@@ -442,7 +442,7 @@ func TestMCPUpstreamResultCap(t *testing.T) {
 				}
 				before := h.headSize()
 				r := h.invoke("mcp."+srv+".big", map[string]int{"n": n}, key(fmt.Sprint(srv, n)))
-				if errClass(r) != class || !strings.Contains(r.Error.Message, "bytes; the limit is") || !strings.Contains(r.Error.Message, fmt.Sprint("max_result_bytes ", max)) {
+				if errClass(r) != class || !strings.Contains(r.Error.Message, fmt.Sprintf("bytes; the limit is %d bytes (max_result_bytes)", max)) {
 					t.Fatalf("class %q, want %q: %+v", errClass(r), class, r.Error)
 				}
 				if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != class {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
 
@@ -90,7 +91,7 @@ func (k *Kernel) internal(c *call, err error) *Result {
 	if c.res.TxOutcome == "" || c.res.TxOutcome == Committed {
 		c.res.TxOutcome = NoOp
 	}
-	c.res.ResultHash = resultHash(&c.res)
+	c.res.ResultHash = resultHash(&c.res, nil)
 	return &c.res
 }
 
@@ -108,7 +109,7 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // batch's tree edge in memory.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
-	planned, err := newAuditEntry(c.audit(k), &c.res)
+	planned, err := newAuditEntry(c.audit(k), &c.res, c.canonResult())
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +129,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 				}
 				if !sameOutcome(&c.res, &plannedRes) {
 					var err error
-					if ae, err = newAuditEntry(c.audit(k), &c.res); err != nil {
+					if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult()); err != nil {
 						return abortIf(err)
 					}
 				}
@@ -304,9 +305,10 @@ type auditEntry struct {
 	body       ledger.Body
 }
 
-// newAuditEntry completes a with r's result hash and canonicalizes it.
-func newAuditEntry(a *auditRecord, r *Result) (*auditEntry, error) {
-	a.ResultHash = resultHash(r)
+// newAuditEntry completes a with r's result hash (canon: see resultHash)
+// and canonicalizes it.
+func newAuditEntry(a *auditRecord, r *Result, canon []byte) (*auditEntry, error) {
+	a.ResultHash = resultHash(r, canon)
 	b, err := json.Marshal(a)
 	if err != nil {
 		return nil, err
@@ -346,8 +348,43 @@ func sameOutcome(a, b *Result) bool {
 }
 
 // resultHash is the digest of the canonical {"status","result"} or
-// {"status","error"} object of r (see docs/formats.md).
-func resultHash(r *Result) string {
+// {"status","error"} object of r (see docs/formats.md), written in
+// canonical form directly: canon, if not nil, is the canonical form of
+// r.Result, which execute made when it checked the result.
+func resultHash(r *Result, canon []byte) string {
+	if r.Error != nil && (!utf8.ValidString(r.Error.Class) || !utf8.ValidString(r.Error.Message)) {
+		// encoding/json's replacement of invalid UTF-8 decides the bytes.
+		return resultHashMarshalled(r)
+	}
+	b := make([]byte, 0, 96+len(canon))
+	if r.Error != nil {
+		b = append(b, `{"error":{"class":`...)
+		b = jcs.AppendString(b, r.Error.Class)
+		b = append(b, `,"message":`...)
+		b = jcs.AppendString(b, r.Error.Message)
+		b = append(b, `},"status":`...)
+	} else {
+		switch {
+		case canon != nil:
+		case r.Result == nil:
+			canon = []byte("null")
+		default:
+			var err error
+			if canon, err = jcs.Canonicalize(r.Result); err != nil {
+				return resultHashMarshalled(r)
+			}
+		}
+		b = append(b, `{"result":`...)
+		b = append(b, canon...)
+		b = append(b, `,"status":`...)
+	}
+	b = jcs.AppendString(b, r.Status)
+	return digest.Sum(append(b, '}'))
+}
+
+// resultHashMarshalled is resultHash by encoding/json and RFC 8785
+// canonicalization, for the results resultHash does not write itself.
+func resultHashMarshalled(r *Result) string {
 	v := map[string]any{"status": r.Status}
 	if r.Error != nil {
 		v["error"] = r.Error
@@ -396,7 +433,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 			"whether it happened is unknown (reconcile with the other side); a repeat with the same idempotency key returns this outcome and is never sent again"}
 	}
 	a.setOutcome(r)
-	ae, err := newAuditEntry(&a, r)
+	ae, err := newAuditEntry(&a, r, nil)
 	if err != nil {
 		return err
 	}

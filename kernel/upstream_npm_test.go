@@ -41,9 +41,16 @@ func TestUpstreamDeclaredFilesystem(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("outside"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	up := filepath.Join(t.TempDir(), "up")
 	var h *harness
 	h = newHarness(t, execPolicy(t), func(c *Config) {
 		ws := filepath.Join(filepath.Dir(c.DataDir), "ws")
+		if err := os.MkdirAll(filepath.Join(ws, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(ws, "sub"), up); err != nil {
+			t.Fatal(err)
+		}
 		c.MCPServers = map[string]upstream.Server{
 			"fs": {Command: npmServer(t, "server-filesystem", ws), Declare: "filesystem"},
 			// The same server with its own declarations: one names an
@@ -55,6 +62,10 @@ func TestUpstreamDeclaredFilesystem(t *testing.T) {
 			}},
 			// No declaration at all.
 			"fsu": {Command: npmServer(t, "server-filesystem", ws)},
+			// A server that sees only ws/sub, as the directory up (a
+			// link to it, standing in for a container mount).
+			"fsmap": {Command: npmServer(t, "server-filesystem", up), Declare: "filesystem",
+				Paths: []upstream.PathMap{{Root: filepath.Join(ws, "sub"), Upstream: up}}},
 		}
 		c.ApprovalTimeout = 50 * time.Millisecond
 	})
@@ -85,6 +96,9 @@ func TestUpstreamDeclaredFilesystem(t *testing.T) {
 		{"move out of the root", "mcp.fs.move_file", map[string]any{"source": "notes.txt", "destination": filepath.Join(outside, "n.txt")}, ErrScopeDenied, ""},
 		{"a pointer naming a missing argument", "mcp.fsbad.get_file_info", map[string]any{"path": "notes.txt"}, ErrInvalidArgs, ""},
 		{"a declared path that is a number", "mcp.fsbad.read_text_file", map[string]any{"path": "notes.txt", "head": 1}, ErrInvalidArgs, ""},
+		{"paths: mapped into the upstream's space", "mcp.fsmap.read_text_file", map[string]any{"path": "sub/deep.txt"}, "", "deep"},
+		{"paths: named in the upstream's space", "mcp.fsmap.read_text_file", map[string]any{"path": filepath.Join(up, "deep.txt")}, "", "deep"},
+		{"paths: a file the upstream cannot see", "mcp.fsmap.read_text_file", map[string]any{"path": "notes.txt"}, ErrScopeDenied, ""},
 		{"undeclared: an opaque effect waits for an approver", "mcp.fsu.read_text_file", map[string]any{"path": "notes.txt"}, ErrApprovalTimeout, ""},
 	}
 	for i, tc := range tests {
@@ -150,7 +164,7 @@ func TestUpstreamBigResult(t *testing.T) {
 	for _, f := range []string{"big.txt", "mid.txt"} {
 		before := h.headSize()
 		r := h.invoke("mcp.fs.read_text_file", map[string]any{"path": f})
-		if errClass(r) != ErrUpstreamError || !strings.Contains(r.Error.Message, "bytes; the limit is") || !strings.Contains(r.Error.Message, fmt.Sprint(upstream.DefaultMaxResultBytes)) {
+		if errClass(r) != ErrUpstreamError || !strings.Contains(r.Error.Message, fmt.Sprintf("bytes; the limit is %d bytes", upstream.DefaultMaxResultBytes)) {
 			t.Fatalf("%s: %+v", f, r.Error)
 		}
 		if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != ErrUpstreamError {

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -178,19 +179,25 @@ type Ref struct {
 	Arg   *Arg
 	Where string // the concrete pointer ("/paths/2")
 	Value string
-	// At is the value's place in the decoded arguments, for Rewrite.
-	at []any
+	// parent and key are the value's place in the decoded arguments
+	// (an object and its member name, or an array and its index), for
+	// Rewrite.
+	parent, key any
 }
 
-// Refs finds every declared resource value in args. A required pointer
-// that names nothing, or a value that is not a string, is an
-// *syscalls.ArgsError naming the pointer.
+// Refs finds every declared resource value in args and returns them with
+// the decoded arguments (numbers kept as written), which Rewrite edits. A
+// required pointer that names nothing, a value that is not a string, or
+// a scalar where the pointer goes on is an *syscalls.ArgsError naming the
+// pointer.
 func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 	if len(t.Args) == 0 {
 		return nil, nil, nil
 	}
 	var doc any
-	if err := json.Unmarshal(args, &doc); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
 		return nil, nil, &syscalls.ArgsError{Violations: []string{"args: " + err.Error()}}
 	}
 	var out []Ref
@@ -198,15 +205,18 @@ func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 		a := &t.Args[i]
 		toks, _ := splitPointer(a.Pointer) // checked at Start
 		found := 0
-		var walk func(v any, toks []string, where string, parents []any) error
-		walk = func(v any, toks []string, where string, parents []any) error {
+		var walk func(v any, toks []string, where string, parent, key any) error
+		walk = func(v any, toks []string, where string, parent, key any) error {
 			if len(toks) == 0 {
+				if v == nil {
+					return nil // null is an argument not given
+				}
 				s, ok := v.(string)
 				if !ok {
 					return fmt.Errorf("declared %s argument %s is %s, not a string", a.Kind, where, typeName(v))
 				}
 				found++
-				out = append(out, Ref{Arg: a, Where: where, Value: s, at: parents})
+				out = append(out, Ref{Arg: a, Where: where, Value: s, parent: parent, key: key})
 				return nil
 			}
 			tok := toks[0]
@@ -214,37 +224,35 @@ func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 			case map[string]any:
 				if tok == "*" {
 					for _, k := range slices.Sorted(maps.Keys(x)) {
-						if err := walk(x[k], toks[1:], where+"/"+escape(k), append(parents[:len(parents):len(parents)], x, k)); err != nil {
+						if err := walk(x[k], toks[1:], where+"/"+escape(k), x, k); err != nil {
 							return err
 						}
 					}
 					return nil
 				}
-				m, ok := x[tok]
-				if !ok {
-					return nil
+				if m, ok := x[tok]; ok {
+					return walk(m, toks[1:], where+"/"+escape(tok), x, tok)
 				}
-				return walk(m, toks[1:], where+"/"+escape(tok), append(parents[:len(parents):len(parents)], x, tok))
+				return nil
 			case []any:
 				if tok == "*" {
 					for j, m := range x {
-						if err := walk(m, toks[1:], where+"/"+strconv.Itoa(j), append(parents[:len(parents):len(parents)], x, j)); err != nil {
+						if err := walk(m, toks[1:], where+"/"+strconv.Itoa(j), x, j); err != nil {
 							return err
 						}
 					}
 					return nil
 				}
-				j, err := strconv.Atoi(tok)
-				if err != nil || j < 0 || j >= len(x) {
-					return nil
+				if j, err := strconv.Atoi(tok); err == nil && j >= 0 && j < len(x) {
+					return walk(x[j], toks[1:], where+"/"+tok, x, j)
 				}
-				return walk(x[j], toks[1:], where+"/"+tok, append(parents[:len(parents):len(parents)], x, j))
+				return nil
 			case nil:
 				return nil
 			}
 			return fmt.Errorf("declared %s argument %s: %s is %s, not an object or array", a.Kind, a.Pointer, where, typeName(v))
 		}
-		if err := walk(doc, toks, "", nil); err != nil {
+		if err := walk(doc, toks, "", nil, nil); err != nil {
 			return nil, nil, &syscalls.ArgsError{Violations: []string{err.Error()}}
 		}
 		if found == 0 && !a.Optional && !strings.Contains(a.Pointer, "*") {
@@ -254,18 +262,17 @@ func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 	return out, doc, nil
 }
 
-// Rewrite sets the values of refs in doc (the document Refs returned) to
+// Rewrite sets the values of refs in doc (as Refs returned them) to
 // repl[i] and encodes the result.
 func Rewrite(doc any, refs []Ref, repl []string) (json.RawMessage, error) {
 	for i, r := range refs {
-		if len(r.at) < 2 {
-			return nil, errors.New("rewrite: a reference without a place")
-		}
-		switch p := r.at[len(r.at)-2].(type) {
+		switch p := r.parent.(type) {
 		case map[string]any:
-			p[r.at[len(r.at)-1].(string)] = repl[i]
+			p[r.key.(string)] = repl[i]
 		case []any:
-			p[r.at[len(r.at)-1].(int)] = repl[i]
+			p[r.key.(int)] = repl[i]
+		default:
+			return nil, errors.New("rewrite: a reference without a place")
 		}
 	}
 	return json.Marshal(doc)
@@ -283,7 +290,7 @@ func typeName(v any) string {
 		return "a string"
 	case bool:
 		return "a boolean"
-	case float64:
+	case json.Number, float64:
 		return "a number"
 	case []any:
 		return "an array"

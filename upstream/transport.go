@@ -20,7 +20,7 @@ import (
 )
 
 // codeTooLarge is the JSON-RPC error code of the response the framer puts
-// in place of a stdio frame over its limit; its message names the size.
+// in place of a stdio frame over its limit; its data is {"bytes": size}.
 const codeTooLarge = -32099
 
 // sentKey marks a call's context; the transports set the flag once the
@@ -200,8 +200,8 @@ func (f *framer) oversize(head []byte, err error) ([]byte, error) {
 		f.log.Warn("upstream frame over the limit dropped: it answers no request", "bytes", size, "limit", f.limit)
 		return nil, err
 	}
-	resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the upstream's answer is %d bytes; the limit is %d bytes"}}`+"\n",
-		s.id, codeTooLarge, size, f.limit)
+	resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the upstream's answer is %d bytes; the frame limit is %d bytes","data":{"bytes":%d}}}`+"\n",
+		s.id, codeTooLarge, size, f.limit, size)
 	return resp, err
 }
 

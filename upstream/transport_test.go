@@ -19,11 +19,11 @@ func TestFramer(t *testing.T) {
 		name, in, want string
 	}{
 		{"small frames pass", `{"id":1,"result":{}}` + "\n" + `{"id":2}` + "\n", `{"id":1,"result":{}}` + "\n" + `{"id":2}` + "\n"},
-		{"id first", `{"jsonrpc":"2.0","id":7,"result":{"t":"` + big + `"}}` + "\n", `{"jsonrpc":"2.0","id":7,"error":{"code":-32099,"message":"the upstream's answer is 143 bytes; the limit is 64 bytes"}}` + "\n"},
+		{"id first", `{"jsonrpc":"2.0","id":7,"result":{"t":"` + big + `"}}` + "\n", `{"jsonrpc":"2.0","id":7,"error":{"code":-32099,"message":"the upstream's answer is 143 bytes; the frame limit is 64 bytes","data":{"bytes":143}}}` + "\n"},
 		{"id last, string, nested ids skipped", `{"result":{"id":99,"t":"` + big + `","a":[{"id":5}]},"jsonrpc":"2.0","id":"k\"1"}` + "\n",
-			`{"jsonrpc":"2.0","id":"k\"1","error":{"code":-32099,"message":"the upstream's answer is 171 bytes; the limit is 64 bytes"}}` + "\n"},
+			`{"jsonrpc":"2.0","id":"k\"1","error":{"code":-32099,"message":"the upstream's answer is 171 bytes; the frame limit is 64 bytes","data":{"bytes":171}}}` + "\n"},
 		{"escaped quotes and braces in strings", `{"result":{"t":"\"}{,:id` + big + `"},"id":3}` + "\n" + `{"id":4}` + "\n",
-			`{"jsonrpc":"2.0","id":3,"error":{"code":-32099,"message":"the upstream's answer is 135 bytes; the limit is 64 bytes"}}` + "\n" + `{"id":4}` + "\n"},
+			`{"jsonrpc":"2.0","id":3,"error":{"code":-32099,"message":"the upstream's answer is 135 bytes; the frame limit is 64 bytes","data":{"bytes":135}}}` + "\n" + `{"id":4}` + "\n"},
 		{"a request over the limit is dropped", `{"method":"notifications/message","params":{"t":"` + big + `"}}` + "\n" + `{"id":4}` + "\n", `{"id":4}` + "\n"},
 		{"no id: dropped", `{"result":"` + big + `"}` + "\n", ""},
 	}

@@ -403,7 +403,7 @@ func (c *conn) session(ctx context.Context) (*mcp.ClientSession, error) {
 		if dead != nil {
 			why = dead.Error()
 		}
-		return nil, fmt.Errorf("%s; reconnecting failed: %v", why, err)
+		return nil, fmt.Errorf("%s; reconnecting failed: %w", why, err)
 	}
 	return sess, nil
 }
@@ -480,7 +480,9 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 	var werr *jsonrpc.Error
 	switch {
 	case errors.As(err, &werr) && werr.Code == codeTooLarge:
-		return syscalls.Output{}, t.tooLarge(werr.Message)
+		var d struct{ Bytes int }
+		json.Unmarshal(werr.Data, &d)
+		return syscalls.Output{}, t.tooLarge(d.Bytes)
 	case errors.As(err, &werr):
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, werr.Message, werr.Code)}
@@ -510,7 +512,7 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, fmt.Errorf("mcp server %s, tool %s: encoding the result: %w", t.conn.name, t.name, err)
 	}
 	if max := t.conn.cfg.maxResult(); len(b) > max {
-		return syscalls.Output{}, t.tooLarge(fmt.Sprintf("the result is %d bytes; the limit is %d bytes", len(b), max))
+		return syscalls.Output{}, t.tooLarge(len(b))
 	}
 	return syscalls.Output{Result: b}, nil
 }
@@ -518,9 +520,9 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 // tooLarge is the failure of a call whose result is over the server's
 // cap. The upstream answered, so a mutating tool has acted (or failed):
 // its outcome is unknown to the caller, and the call is never sent again.
-func (t *tool) tooLarge(why string) error {
-	msg := fmt.Sprintf("mcp server %s, tool %s: %s (max_result_bytes %d): the result is withheld; both connections stay open",
-		t.conn.name, t.name, why, t.conn.cfg.maxResult())
+func (t *tool) tooLarge(size int) error {
+	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %d bytes; the limit is %d bytes (max_result_bytes): the result is withheld; both connections stay open",
+		t.conn.name, t.name, size, t.conn.cfg.maxResult())
 	if t.def.SideEffect.Mutating() {
 		return &syscalls.Failure{Class: syscalls.FailUnknown, Message: msg + "; the tool answered, so it may have acted"}
 	}
