@@ -56,10 +56,12 @@ type Capability struct {
 	// and Parent last (see Ancestor and Narrows): revoking any of them
 	// revokes this token, and its calls are charged to each one's budgets.
 	Ancestors []Ancestor `json:"ancestors,omitempty"`
-	// Role makes the token an approver credential instead of an agent's:
+	// Role makes the token a person's credential instead of an agent's:
 	// RoleApprover may decide soft_gate calls, RoleEscalation also
-	// escalated ones. An approver token grants nothing else: no tools, fs,
-	// net or budgets, so no credential can both act and approve.
+	// escalated ones, RoleAuditor reads every record of the history in
+	// full and decides nothing. A role token grants nothing else: no
+	// tools, fs, net or budgets, so no credential can both act and approve
+	// or act and read other agents' records.
 	Role string `json:"role,omitempty"`
 	// Handles puts the token's sessions in handle mode: its
 	// calls address tools only by the per-session handles the kernel hands
@@ -67,10 +69,11 @@ type Capability struct {
 	Handles bool `json:"handles,omitempty"`
 }
 
-// Roles of approver tokens (Capability.Role).
+// Roles of role tokens (Capability.Role).
 const (
 	RoleApprover   = "approver"
 	RoleEscalation = "escalation"
+	RoleAuditor    = "auditor"
 )
 
 // FSRoot is a file tree a token grants access to.
@@ -141,13 +144,13 @@ func (c Claims) validate() error {
 func (c Capability) validate() error {
 	switch c.Role {
 	case "":
-	case RoleApprover, RoleEscalation:
+	case RoleApprover, RoleEscalation, RoleAuditor:
 		if len(c.Tools) > 0 || len(c.FS) > 0 || len(c.Net) > 0 || len(c.Budgets) > 0 || c.Parent != "" {
-			return fmt.Errorf("cap.role %q: an approver token may grant no tools, fs, net or budgets and have no parent", c.Role)
+			return fmt.Errorf("cap.role %q: a role token may grant no tools, fs, net or budgets and have no parent", c.Role)
 		}
 		return nil
 	default:
-		return fmt.Errorf("cap.role %q is not approver or escalation", c.Role)
+		return fmt.Errorf("cap.role %q is not approver, escalation or auditor", c.Role)
 	}
 	if len(c.Tools) == 0 {
 		return errors.New("cap.tools names no tool")

@@ -140,13 +140,9 @@ func auditCases() []Case {
 		c("TOOL01-INV-AUDIT-003", "a body that is not JSON at all still gets a result envelope with a receipt and an audit record", func(t *T) {
 			r := t.Post([]byte("\x00\xff this is not an envelope"))
 			t.ExpectClass(r, "invalid_args")
-			e, _ := t.Audit(r)
-			var b struct {
-				ResultHash string `json:"result_hash"`
-			}
-			json.Unmarshal(e.Body, &b)
-			if b.ResultHash != r.R.ResultHash {
-				t.Failf("audit record result_hash %s ≠ result's %s", b.ResultHash, r.R.ResultHash)
+			_, body := t.Audit(r)
+			if got := str(body["result_hash"]); got != r.R.ResultHash {
+				t.Failf("audit record result_hash %s ≠ result's %s", got, r.R.ResultHash)
 			}
 		}),
 		c("TOOL01-INV-AUDIT-004", "a body over the envelope limit is refused (413 invalid_args) and still audited", func(t *T) {
@@ -715,8 +711,7 @@ func replayCases() []Case {
 				if e.Kind != "audit" || e.Seq == firstAudit.Seq {
 					continue
 				}
-				var b map[string]json.RawMessage
-				json.Unmarshal(e.Body, &b)
+				b := t.OpenBody(e)
 				if str(b["agent_id"]) == tok.AgentID && str(b["tool_id"]) == "echo" && str(b["args_hash"]) == argsHash(args) && str(b["result_hash"]) == first.R.ResultHash {
 					found = true
 				}

@@ -65,6 +65,7 @@ type Result struct {
 	ReceiptID       string          `json:"receipt_id"`
 	Receipt         json.RawMessage `json:"receipt"` // a receipt proven by the log (docs/formats.md)
 	Replayed        *bool           `json:"replayed"`
+	AuditSalt       string          `json:"audit_salt"` // opens the commitments of the call's audit record
 
 	raw map[string]json.RawMessage
 }
@@ -91,6 +92,9 @@ type Entry struct {
 	PrevHash string          `json:"prev_hash"`
 	Body     json.RawMessage `json:"body"`
 	Hash     string          `json:"entry_hash"`
+	// Payload is what an audit record with commitments commits to, for a
+	// reader of it in full (salt and parts; see OpenBody).
+	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
 // Checkpoint is the answer of GET /v1/ledger/checkpoint.

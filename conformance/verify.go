@@ -248,9 +248,13 @@ type Receipt struct {
 	AutonomyMode      string   `json:"autonomy_mode"`
 	RiskScore         *float64 `json:"risk_score"`
 	ErrorClass        string   `json:"error_class"`
-	LedgerSeq         *uint64  `json:"-"`
-	LedgerEntryHash   string   `json:"-"`
-	IssuedAt          string   `json:"-"`
+	// A record with commitments holds these instead of the plain hashes
+	// (docs/formats.md "Payloads and commitments").
+	ArgsCommitment   string  `json:"args_commitment"`
+	ResultCommitment string  `json:"result_commitment"`
+	LedgerSeq        *uint64 `json:"-"`
+	LedgerEntryHash  string  `json:"-"`
+	IssuedAt         string  `json:"-"`
 }
 
 // LoggedReceipt is a receipt proven by the log (capkernel-receipt/v2).
@@ -306,6 +310,17 @@ func (t *T) VerifyReceipt(r *Resp) *Receipt {
 	rc.ReceiptID = fmt.Sprintf("r%d-%s", e.Seq, strings.TrimPrefix(e.Hash, "blake3:")[:16])
 	rc.LedgerSeq, rc.LedgerEntryHash, rc.IssuedAt = &seq, e.Hash, e.Time
 	res := r.R
+	if rc.ResultCommitment != "" {
+		// The record commits to the result under the salt the caller got:
+		// the receipt states the result's hash once it opens.
+		if got := commitment(res.AuditSalt, "result", resultCanonical(res)); got != rc.ResultCommitment {
+			t.Failf("the receipt's record does not commit to the result envelope's result under its audit_salt (%s, recomputed %s)", rc.ResultCommitment, got)
+		}
+		rc.ResultHash = digest.Sum(resultCanonical(res))
+		if hashRE.MatchString(rc.ArgsCommitment) {
+			rc.ArgsHash = rc.ArgsCommitment
+		}
+	}
 	var diffs []string
 	cmp := func(name, got, want string) {
 		if got != want {
@@ -401,10 +416,7 @@ func (t *T) Audit(r *Resp) (Entry, map[string]json.RawMessage) {
 	if e.Kind != "audit" {
 		t.Failf("the receipt's entry %d is of kind %q, want audit", e.Seq, e.Kind)
 	}
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(e.Body, &body); err != nil {
-		t.Failf("audit record body: %v", err)
-	}
+	body := t.OpenBody(e)
 	if str(body["operation_id"]) != r.R.OperationID {
 		t.Failf("audit record %d is of operation %s, the call's is %s", e.Seq, str(body["operation_id"]), r.R.OperationID)
 	}

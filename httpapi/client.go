@@ -301,6 +301,13 @@ func (c *Client) ReplayShow(ctx context.Context, key, agent string) ([]kernel.Re
 // Scan calls fn for every ledger entry from seq from on, paging through
 // GET /v1/ledger/entries, and stops at fn's first error.
 func (c *Client) Scan(ctx context.Context, from uint64, fn func(ledger.Entry) error) error {
+	return c.ScanViews(ctx, from, func(v kernel.EntryView) error { return fn(v.Entry) })
+}
+
+// ScanViews is Scan with each entry as the credential sees it: the
+// payloads of the audit records it reads in full, what is withheld of the
+// others (kernel.EntryView).
+func (c *Client) ScanViews(ctx context.Context, from uint64, fn func(kernel.EntryView) error) error {
 	for {
 		page, err := c.Entries(ctx, from, MaxEntriesPage)
 		if err != nil {
@@ -507,4 +514,14 @@ func apiError(status int, data []byte) error {
 		return &APIError{Status: status, Class: kernel.ErrInternal, Message: strings.TrimSpace(string(data))}
 	}
 	return &APIError{Status: status, Class: eb.Error.Class, Message: eb.Error.Message}
+}
+
+// Erase removes the payload of an operation's audit record and records
+// the erasure (admin).
+func (c *Client) Erase(ctx context.Context, operationID, reason string) (*kernel.Erasure, error) {
+	var out kernel.Erasure
+	if err := c.do(ctx, http.MethodPost, "/v1/admin/ledger/erase", EraseRequest{OperationID: operationID, Reason: reason}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }

@@ -204,8 +204,9 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 const heartbeat = 15 * time.Second
 
 // eventStream answers GET /v1/events?session=&agent=&kind=a,b with
-// Server-Sent Events. The admin and approver tokens see every agent's
-// events; a capability token only its own agent's. Each event is
+// Server-Sent Events. The admin and auditor tokens see every agent's
+// events; approver tokens every agent's without messages but on approval
+// requests (kernel.Access.Event); a capability token only its own agent's. Each event is
 // "id: <seq>", "event: <kind>", "data: <json>"; when the client fell
 // behind and events were lost, an "event: dropped" with {"dropped": N}
 // (the total so far) comes before the next event.
@@ -219,12 +220,16 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	if k := q.Get("kind"); k != "" {
 		f.Kinds = strings.Split(k, ",")
 	}
-	if a := c.agent(); a != "" && c.role() == "" {
-		if f.AgentID != "" && f.AgentID != a {
+	acc := kernel.AccessAll
+	if !c.admin {
+		acc = kernel.AccessOf(c.tok)
+	}
+	if acc.Agent != "" {
+		if f.AgentID != "" && f.AgentID != acc.Agent {
 			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "a capability token sees only its own agent's events")
 			return
 		}
-		f.AgentID = a
+		f.AgentID = acc.Agent
 	}
 	sub := s.k.Subscribe(f, 0)
 	defer sub.Close()
@@ -257,6 +262,9 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 		case e, ok := <-sub.C:
 			if !ok {
 				return
+			}
+			if e, ok = acc.Event(e); !ok {
+				continue
 			}
 			if d := sub.Dropped(); d != reported {
 				reported = d

@@ -14,8 +14,10 @@
 //     bearer token for GET /v1/syscalls): they refuse the admin credential;
 //   - admin endpoints (the admin credential as a bearer token): /v1/tokens
 //     and /v1/admin/...; they refuse capability tokens;
-//   - reads of history (ledger entries, receipts): either credential;
-//     a stored operation: the admin, or a token of the agent that made it.
+//   - reads of history (ledger entries, export, receipts, operations,
+//     events): the admin credential and auditor tokens read everything;
+//     a capability token reads its own agent's records in full and every
+//     other record only as its public part (kernel.Access).
 package httpapi
 
 import (
@@ -81,6 +83,7 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("POST /v1/tokens/inspect", s.inspectToken)
 	s.mux.HandleFunc("POST /v1/tokens/attenuate", s.attenuate)
 	s.mux.HandleFunc("GET /v1/admin/ledger/verify", s.admin(s.verifyLedger))
+	s.mux.HandleFunc("POST /v1/admin/ledger/erase", s.admin(s.erase))
 	s.mux.HandleFunc("GET /v1/admin/replay/verify", s.admin(s.replayVerify))
 	s.mux.HandleFunc("GET /v1/admin/replay", s.admin(s.replayShow))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -234,13 +237,14 @@ func HeadOf(h ledger.Head) Head {
 	return out
 }
 
-// Entries is the body of GET /v1/ledger/entries.
+// Entries is the body of GET /v1/ledger/entries: each entry as the
+// reader may see it (kernel.Access.Entry).
 type Entries struct {
-	Entries []ledger.Entry `json:"entries"`
-	Next    uint64         `json:"next"` // the from of the next page
+	Entries []kernel.EntryView `json:"entries"`
+	Next    uint64             `json:"next"` // the from of the next page
 }
 
-func (s *Server) entries(w http.ResponseWriter, r *http.Request) {
+func (s *Server) entries(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
 	q := r.URL.Query()
 	from, err1 := uintParam(q.Get("from"), 0)
 	limit, err2 := uintParam(q.Get("limit"), 100)
@@ -248,16 +252,16 @@ func (s *Server) entries(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("from and limit must be integers, limit at least 1: %v", err))
 		return
 	}
-	es, err := s.k.Inspector().Entries(from, int(min(limit, MaxEntriesPage)))
+	views, err := s.k.Inspector().EntryViews(from, int(min(limit, MaxEntriesPage)), acc)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
 	next := from
-	if len(es) > 0 {
-		next = es[len(es)-1].Seq + 1
+	if len(views) > 0 {
+		next = views[len(views)-1].Seq + 1
 	}
-	writeJSON(w, http.StatusOK, Entries{Entries: append([]ledger.Entry{}, es...), Next: next})
+	writeJSON(w, http.StatusOK, Entries{Entries: views, Next: next})
 }
 
 // ReceiptList is the body of GET /v1/receipts.
@@ -265,7 +269,7 @@ type ReceiptList struct {
 	Receipts []kernel.ReceiptInfo `json:"receipts"`
 }
 
-func (s *Server) receiptList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) receiptList(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
 	f, err := ParseReceiptFilter(r.URL.Query())
 	if err != nil {
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
@@ -279,31 +283,30 @@ func (s *Server) receiptList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
+	for i := range list {
+		list[i] = acc.Receipt(list[i])
+	}
 	writeJSON(w, http.StatusOK, ReceiptList{Receipts: list})
 }
 
-func (s *Server) receipt(w http.ResponseWriter, r *http.Request) {
+func (s *Server) receipt(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
 	info, err := s.k.Inspector().Receipt(r.PathValue("id"))
 	if err != nil {
 		writeLookupError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	writeJSON(w, http.StatusOK, acc.Receipt(*info))
 }
 
 // operation answers GET /v1/operations/{id} with the stored result
-// envelope, to the admin or to a token of the agent that made the call.
+// envelope, to the admin, an auditor, or a token of the agent that made
+// the call; to anyone else it is unknown.
 func (s *Server) operation(w http.ResponseWriter, r *http.Request) {
-	cred := bearer(r)
-	var agent string
-	if !s.isAdmin(cred) {
-		tok, ok := s.capability(w, r)
-		if !ok {
-			return
-		}
-		agent = tok.Claims.Subject
+	acc, ok := s.access(w, r)
+	if !ok {
+		return
 	}
-	if st, ok := s.k.Operation(r.PathValue("id")); ok && (agent == "" || st.AgentID == agent) {
+	if st, ok := s.k.Operation(r.PathValue("id")); ok && acc.Full(st.AgentID) {
 		if st.State != kernel.OpDone {
 			writeJSON(w, http.StatusAccepted, st)
 			return
@@ -316,11 +319,11 @@ func (s *Server) operation(w http.ResponseWriter, r *http.Request) {
 		writeLookupError(w, err)
 		return
 	}
-	if agent != "" {
+	if !acc.All {
 		var owner struct {
 			AgentID string `json:"agent_id"`
 		}
-		if json.Unmarshal(env, &owner) != nil || owner.AgentID != agent {
+		if json.Unmarshal(env, &owner) != nil || !acc.Full(owner.AgentID) {
 			// The same answer as for an unknown id: a token learns
 			// nothing about other agents' operations.
 			writeLookupError(w, fmt.Errorf("operation %q: %w", r.PathValue("id"), kernel.ErrNotFound))
@@ -499,8 +502,14 @@ func (s *Server) consistency(w http.ResponseWriter, r *http.Request) {
 }
 
 // export answers GET /v1/ledger/export with ledger.Export's JSON lines:
-// every entry and every checkpoint, from one read transaction.
-func (s *Server) export(w http.ResponseWriter, r *http.Request) {
+// every entry and every checkpoint, from one read transaction. Only the
+// admin and auditors export: an export is verified byte for byte, and
+// another agent's records are readable only in part.
+func (s *Server) export(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
+	if !acc.All {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "exporting the ledger needs the admin credential or an auditor token; a capability token reads entries page by page (GET /v1/ledger/entries)")
+		return
+	}
 	w.Header().Set("Content-Type", "application/jsonl")
 	// Once the first line is out the status is sent; a later failure can
 	// only cut the stream short, which the verifier reports.
@@ -509,12 +518,21 @@ func (s *Server) export(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// bundle answers GET /v1/receipts/{id}/bundle.
-func (s *Server) bundle(w http.ResponseWriter, r *http.Request) {
+// bundle answers GET /v1/receipts/{id}/bundle. A bundle holds the whole
+// audit entry: public for a record with commitments; a record written
+// before them, of another agent, is proven in the log by its public part
+// and GET /v1/ledger/proof/inclusion instead.
+func (s *Server) bundle(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
 	b, err := s.k.Inspector().Bundle(r.PathValue("id"))
 	if err != nil {
 		writeLookupError(w, err)
 		return
+	}
+	if !acc.All {
+		if !acc.MayHave(b.Entry) {
+			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "a receipt bundle holds the whole audit record: only the call's agent, an auditor or the admin may have it; anyone may prove the record's inclusion (GET /v1/ledger/proof/inclusion?seq=N)")
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, b)
 }
@@ -554,26 +572,35 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// reader wraps a history read: the admin credential or any valid
-// capability token of this kernel.
-func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
+// reader wraps a history read: the admin credential or any valid token
+// of this kernel, which h serves with what that credential may read.
+func (s *Server) reader(h func(http.ResponseWriter, *http.Request, kernel.Access)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		cred := bearer(r)
-		switch {
-		case s.isAdmin(cred):
-			h(w, r)
-			return
-		case cred == "":
-			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "this endpoint needs a bearer credential: the admin credential or a capability token of this kernel")
-			return
-		case strings.HasPrefix(cred, kernel.AdminPrefix):
-			writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, msgWrongAdmin)
-			return
-		}
-		if _, ok := s.capability(w, r); ok {
-			h(w, r)
+		if acc, ok := s.access(w, r); ok {
+			h(w, r, acc)
 		}
 	}
+}
+
+// access returns what the bearer of r may read of the history, answering
+// the request itself (401) when it has no valid credential.
+func (s *Server) access(w http.ResponseWriter, r *http.Request) (kernel.Access, bool) {
+	cred := bearer(r)
+	switch {
+	case s.isAdmin(cred):
+		return kernel.AccessAll, true
+	case cred == "":
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "this endpoint needs a bearer credential: the admin credential or a capability token of this kernel")
+		return kernel.Access{}, false
+	case strings.HasPrefix(cred, kernel.AdminPrefix):
+		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, msgWrongAdmin)
+		return kernel.Access{}, false
+	}
+	tok, ok := s.capability(w, r)
+	if !ok {
+		return kernel.Access{}, false
+	}
+	return kernel.AccessOf(tok), true
 }
 
 // capability verifies the bearer capability token of r, answering the
@@ -721,4 +748,34 @@ func ParseReceiptFilter(q map[string][]string) (kernel.ReceiptFilter, error) {
 	}
 	f.After, f.Limit = after, int(min(limit, MaxEntriesPage))
 	return f, nil
+}
+
+// EraseRequest is the body of POST /v1/admin/ledger/erase.
+type EraseRequest struct {
+	OperationID string `json:"operation_id"`
+	Reason      string `json:"reason"`
+}
+
+// erase answers POST /v1/admin/ledger/erase: the payload of the
+// operation's audit record is removed and an erasure record appended.
+func (s *Server) erase(w http.ResponseWriter, r *http.Request) {
+	var req EraseRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.OperationID == "" || req.Reason == "" {
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "operation_id and reason are required")
+		return
+	}
+	e, err := s.k.Erase(r.Context(), req.OperationID, req.Reason)
+	switch {
+	case errors.Is(err, kernel.ErrNotFound):
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, err.Error())
+	case errors.Is(err, kernel.ErrNothingToErase):
+		writeError(w, http.StatusConflict, kernel.ErrInvalidArgs, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, e)
+	}
 }

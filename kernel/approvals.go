@@ -140,7 +140,7 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	// Only a soft_gate may be confirmed in the session, never an
 	// escalated call, whatever the policy says; and only in a session.
 	a.req.SessionConfirm = c.sessionConfirm && c.res.AutonomyMode == policy.SoftGate && c.session != ""
-	if err := k.appendApproval(KindApprovalRequested, a.req); err != nil {
+	if err := k.appendApproval(KindApprovalRequested, a.req.ledgerBody()); err != nil {
 		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
 	}
 	requested := a.req
@@ -210,7 +210,7 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 	}
 	// The decision is durable before the call can act on it; if the
 	// ledger refuses it, the call must not go ahead.
-	if err := k.appendApproval(KindApprovalDecided, a.req); err != nil && state == ApprovalAllowed {
+	if err := k.appendApproval(KindApprovalDecided, a.req.ledgerBody()); err != nil && state == ApprovalAllowed {
 		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
 	}
 	delete(k.approvals.pending, a.req.ID)
@@ -259,7 +259,7 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 	switch {
 	case err != nil:
 		return refuse("approver token: " + err.Error())
-	case tok.Claims.Cap.Role == "":
+	case tok.Claims.Cap.Role == "" || tok.Claims.Cap.Role == captoken.RoleAuditor:
 		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
 	case a == nil && done != nil:
 		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))

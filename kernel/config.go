@@ -103,6 +103,9 @@ type Config struct {
 	// Logger receives warnings the kernel cannot put in a result (an
 	// upstream tool left out of the table); default slog.Default().
 	Logger *slog.Logger
+	// Audit says what of each call's payload is kept and for how long
+	// (kernel.json: audit; see AuditConfig). Nil takes kernel.json's.
+	Audit *AuditConfig
 }
 
 // Defaults.
@@ -142,6 +145,7 @@ type settings struct {
 	MaxReadBytes        int64                      `json:"max_read_bytes,omitempty"`
 	ExecEnvAllow        []string                   `json:"exec_env_allow,omitempty"`
 	MCPServers          map[string]upstream.Server `json:"mcp_servers,omitempty"`
+	Audit               *AuditConfig               `json:"audit,omitempty"`
 }
 
 // InitResult describes a data dir made by Init.
@@ -345,6 +349,9 @@ func (c Config) resolve(s settings) Config {
 	}
 	if c.MCPServers == nil {
 		c.MCPServers = s.MCPServers
+	}
+	if c.Audit == nil {
+		c.Audit = s.Audit
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

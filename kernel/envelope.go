@@ -53,6 +53,10 @@ type Result struct {
 	Receipt         *receipts.Logged `json:"receipt,omitempty"` // the call's audit entry proven by the log; absent from stored envelopes
 	LedgerSeq       uint64           `json:"ledger_seq"`
 	Replayed        bool             `json:"replayed"`
+	// AuditSalt is the salt of the call's audit record (64 hex digits):
+	// with it the caller checks that the record commits to exactly its
+	// args, result, policy input and context (docs/formats.md).
+	AuditSalt string `json:"audit_salt,omitempty"`
 }
 
 // decodeStored decodes a stored result envelope into r. Envelopes stored

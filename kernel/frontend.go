@@ -72,9 +72,9 @@ type TokenRequest struct {
 	Budgets    map[string]int64  `json:"budgets,omitempty"`
 	Autonomy   string            `json:"autonomy,omitempty"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"` // default 3600; at most MaxTokenTTL
-	// Role, "approver" or "escalation", mints an approver token for the
-	// approver AgentID names instead of an agent's token; it grants no
-	// tools or scopes.
+	// Role, "approver", "escalation" or "auditor", mints a role token for
+	// the person AgentID names instead of an agent's token; it grants no
+	// tools or scopes (an auditor's reads every record in full).
 	Role string `json:"role,omitempty"`
 	// Handles puts the token's sessions in handle mode (see Kernel.Handles).
 	Handles bool `json:"handles,omitempty"`

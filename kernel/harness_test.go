@@ -131,16 +131,24 @@ func (h *harness) entries(kind string, from uint64) []ledger.Entry {
 	return out
 }
 
-// audits returns the audit records from seq on.
+// audits returns the audit records from seq on, whole: each with the
+// private fields its payload holds.
 func (h *harness) audits(from uint64) []auditRecord {
 	h.t.Helper()
 	var out []auditRecord
 	for _, e := range h.entries(ledger.KindAudit, from) {
-		var a auditRecord
-		if err := json.Unmarshal(e.Body, &a); err != nil {
+		var p *Payload
+		if err := h.k.View(func(tx *bbolt.Tx) (err error) {
+			p, err = getPayload(tx, e.Seq)
+			return err
+		}); err != nil {
 			h.t.Fatal(err)
 		}
-		out = append(out, a)
+		a, err := openRecord(e, p)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		out = append(out, *a)
 	}
 	return out
 }
@@ -195,6 +203,26 @@ func verifyReceipt(t testing.TB, k *Kernel, r *Result) *receipts.Receipt {
 	p, err := receipts.VerifyLogged(raw, jwks)
 	if err != nil {
 		t.Fatalf("receipt of %s does not verify: %v", r.OperationID, err)
+	}
+	// The record commits to the result under the salt the caller got, and
+	// to args and a context the kept payload gives: the receipt states
+	// their hashes and the approver's reason once they open.
+	if err := CheckPayload(p.Entry, Payload{Salt: r.AuditSalt, Result: resultCanonical(r, nil)}); err != nil {
+		t.Fatalf("receipt of %s: %v", r.OperationID, err)
+	}
+	p.Receipt.ResultHash = resultHash(r, nil)
+	if err := k.View(func(tx *bbolt.Tx) error {
+		pl, err := getPayload(tx, p.Entry.Seq)
+		if err != nil {
+			return err
+		}
+		a, err := openRecord(p.Entry, pl)
+		if err == nil {
+			p.Receipt.ArgsHash, p.Receipt.ApprovalReason = a.ArgsHash, a.ApprovalReason
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
 	return p.Receipt
 }

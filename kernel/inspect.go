@@ -90,7 +90,11 @@ func (i *Inspector) Head() (h ledger.Head, err error) {
 // entry's seq once it has verified. A tampered ledger is a LedgerCheck
 // that is not intact, naming the first bad entry, node or checkpoint.
 func (i *Inspector) Verify(progress func(seq uint64)) (LedgerCheck, error) {
-	return CheckOf(i.verifyReport(progress))
+	check, err := CheckOf(i.verifyReport(progress))
+	if err != nil || !check.Intact {
+		return check, err
+	}
+	return check, i.verifyPayloads(&check)
 }
 
 func (i *Inspector) verifyReport(progress func(seq uint64)) (rep ledger.Report, err error) {
@@ -156,6 +160,9 @@ type ReceiptInfo struct {
 	// Receipt is what the receipt says: for v2, read from the audit entry
 	// (receipts.Summarize); for v1, the JWS payload, not verified.
 	Receipt *receipts.Receipt `json:"receipt"`
+	// Withheld names what was left out of another agent's receipt (see
+	// Access.Receipt).
+	Withheld []string `json:"withheld,omitempty"`
 }
 
 // receiptInfo reads the JWS receipt entry e (format v1).

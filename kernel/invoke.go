@@ -43,6 +43,10 @@ type call struct {
 	called   bool   // the syscall started to execute (tool.called was emitted)
 	running  int    // calls of the session executing, this one included
 
+	// salt is the audit record's salt (payloads.go), the original's for
+	// a replay.
+	salt string
+
 	approval        *ApprovalRequest // the decided approval of a gated call
 	approvalExpires time.Time
 	sessionConfirm  bool // the policy lets the session's user decide a soft_gate (session.go)
@@ -57,7 +61,7 @@ type call struct {
 	up     *upstreamCall   // an upstream MCP tool's declared resources (declared.go)
 	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
 
-	canonArgs     []byte          // the canonical form of env.Args, once checked
+	canonArgs     []byte          // the canonical form of env.Args, once checked: what args_hash hashes and the args commitment commits to
 	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
 }
 
@@ -528,6 +532,9 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
 	}
 	c.replayOf = orig.OperationID
+	// The replay commits with the original's salt, so the two records'
+	// commitments are equal exactly when they answer the same call.
+	c.salt = orig.AuditSalt
 	c.res.ResultHash, c.res.TxOutcome, c.res.CommitDeltaID = orig.ResultHash, NoOp, ""
 	// The replay's record carries the original's result, so its
 	// result_hash is the original's (replay verify checks this).

@@ -78,6 +78,9 @@ type Kernel struct {
 	commits atomic.Int64
 	serial  atomic.Int64 // nanoseconds
 
+	audit     *auditPolicy  // kernel.json audit: depth and retention (auditconfig.go)
+	retention chan struct{} // closed by Close to end the retention loop (erase.go)
+	retained  chan struct{} // closed when it has returned
 }
 
 var (
@@ -94,12 +97,16 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	cfg = cfg.resolve(s)
+	audit, err := cfg.Audit.parse()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(cfg.DataDir, ConfigFile), err)
+	}
 	k := &Kernel{
 		cfg: cfg, settings: s, locks: newPathLocks(),
 		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: map[string]*syscalls.Workspace{},
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}},
-		ops: operations{byID: map[string]*operation{}},
+		ops: operations{byID: map[string]*operation{}}, audit: audit,
 	}
 	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
 		return nil, err
@@ -178,6 +185,10 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		defer close(k.stableDone)
 		k.stableLoop(cfg.StableCheckpointInterval, k.stopStable)
 	}()
+	if err := k.startRetention(ctx); err != nil {
+		k.Close()
+		return nil, err
+	}
 	return k, nil
 }
 
@@ -243,6 +254,7 @@ func (k *Kernel) Close() error {
 		<-k.stableDone
 		k.stopStable = nil
 	}
+	k.stopRetention()
 	if k.stopWatch != nil {
 		close(k.stopWatch)
 		k.stopWatch = nil

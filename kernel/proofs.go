@@ -150,9 +150,11 @@ func (i *Inspector) ProveConsistency(from, to uint64) (*ConsistencyResponse, err
 var ErrRange = errors.New("out of range")
 
 // Export writes the ledger as ledger.Export does: every entry record and
-// every checkpoint, as JSON lines, in one read transaction.
+// every checkpoint, as JSON lines, in one read transaction; before each
+// audit record, the payload line of what it commits to, when kept
+// (export.go).
 func (i *Inspector) Export(w io.Writer) error {
-	return i.view(func(tx *bbolt.Tx) error { return ledger.Export(tx, w) })
+	return i.view(func(tx *bbolt.Tx) error { return exportWithPayloads(tx, w) })
 }
 
 // BundleFormat is the format tag of the receipt bundles of JWS receipts

@@ -20,9 +20,11 @@ import (
 	"github.com/capkernel/capkernel/txn"
 )
 
-// auditRecord is the body of an audit ledger entry: every field of TOOL-01
-// §3, the call's outcome, and the policy input document the decision was
-// made on (absent for calls refused before the policy step).
+// auditRecord is an audit record: every field of TOOL-01 §3, the call's
+// outcome, and the policy input document the decision was made on (absent
+// for calls refused before the policy step). Its ledger body is its public
+// part (publicBody): the fields marked private are replaced there by
+// commitments, and kept beside the chain (payloads.go).
 type auditRecord struct {
 	OperationID       string          `json:"operation_id"`
 	AgentID           string          `json:"agent_id"`
@@ -31,25 +33,25 @@ type auditRecord struct {
 	CapabilityTokenID string          `json:"capability_token_id"`
 	TokenHash         string          `json:"token_hash,omitempty"`
 	ToolID            string          `json:"tool_id"`
-	ArgsHash          string          `json:"args_hash"`
+	ArgsHash          string          `json:"args_hash,omitempty"` // private
 	EnvelopeHash      string          `json:"envelope_hash,omitempty"`
-	ResultHash        string          `json:"result_hash"`
-	Provenance        json.RawMessage `json:"provenance,omitempty"`
+	ResultHash        string          `json:"result_hash,omitempty"` // private
+	Provenance        json.RawMessage `json:"provenance,omitempty"`  // private
 	TaskClass         string          `json:"task_class"`
 	AutonomyMode      string          `json:"autonomy_mode"`
 	RequestedMode     string          `json:"requested_mode,omitempty"`
 	DecidedMode       string          `json:"decided_mode,omitempty"`
 	RiskScore         float64         `json:"risk_score"`
-	RiskBasis         []string        `json:"risk_basis"`
+	RiskBasis         []string        `json:"risk_basis,omitempty"` // private: it may quote args
 	Status            string          `json:"status"`
 	ErrorClass        string          `json:"error_class,omitempty"`
-	ErrorMessage      string          `json:"error_message,omitempty"`
+	ErrorMessage      string          `json:"error_message,omitempty"` // private
 	TxOutcome         string          `json:"tx_outcome"`
 	CommitDeltaID     string          `json:"commit_delta_id,omitempty"`
 	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
 	ReplayOf          string          `json:"replay_of,omitempty"`
 	StartedAt         string          `json:"started_at"`
-	PolicyInput       *policy.Input   `json:"policy_input,omitempty"`
+	PolicyInput       *policy.Input   `json:"policy_input,omitempty"` // private
 	// The approval of a soft_gate or escalated call: its id, state, the
 	// approver's identity (token sub) and reason.
 	ApprovalID     string `json:"approval_id,omitempty"`
@@ -58,7 +60,16 @@ type auditRecord struct {
 	ApprovalReason string `json:"approval_reason,omitempty"`
 	// Notes are details a syscall adds to its record: proc.exec's and
 	// net.fetch's network connections (net_connections), for instance.
-	Notes map[string]json.RawMessage `json:"notes,omitempty"`
+	Notes map[string]json.RawMessage `json:"notes,omitempty"` // private
+
+	// The commitments to the private parts, and how much of them is kept.
+	Commitments
+	PayloadDepth string `json:"payload_depth,omitempty"`
+	// RecoverySalt and RecoveryArgs carry the salt and canonical args in a
+	// recovery context (never in a ledger body), so a call audited by
+	// crash recovery commits to its args like any other.
+	RecoverySalt string          `json:"recovery_salt,omitempty"`
+	RecoveryArgs json.RawMessage `json:"recovery_args,omitempty"`
 }
 
 // receiptBody is the body of a receipt ledger entry: one per call in
@@ -109,7 +120,11 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // batch's tree edge in memory.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
-	planned, err := newAuditEntry(c.audit(k), &c.res, c.canonResult())
+	if c.salt == "" {
+		c.salt = NewSalt()
+	}
+	depth := k.depthOf(c.env.ToolID)
+	planned, err := newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +144,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 				}
 				if !sameOutcome(&c.res, &plannedRes) {
 					var err error
-					if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult()); err != nil {
+					if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs); err != nil {
 						return abortIf(err)
 					}
 				}
@@ -140,7 +155,10 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 				return abortIf(err)
 			}
 			a, err = k.appendAudit(tx, ae, &c.res)
-			return abortIf(err)
+			if err != nil {
+				return abortIf(err)
+			}
+			return abortIf(putPayload(tx, a.Seq, ae.payload))
 		},
 		Work: func() (err error) {
 			if stored, err = storedEnvelope(&c.res); err != nil || len(after) == 0 {
@@ -219,6 +237,10 @@ func (c *call) fill(k *Kernel) {
 		env.OperationID = newID()
 	}
 	c.res.ToolID, c.res.AgentID, c.res.OperationID = env.ToolID, env.AgentID, env.OperationID
+	if c.salt == "" {
+		c.salt = NewSalt()
+	}
+	c.res.AuditSalt = c.salt
 	c.res.Provenance, c.res.TaskClass = env.Provenance, env.TaskClass
 	if c.res.AutonomyMode == "" {
 		// Refused before the policy step: nothing was allowed.
@@ -298,18 +320,27 @@ func (a *auditRecord) setOutcome(r *Result) {
 }
 
 // auditEntry is an audit record ready to append: the record, with the
-// result hash of its outcome, and its canonical body.
+// result hash of its outcome, its canonical body and the payload to keep
+// beside it.
 type auditEntry struct {
 	a          *auditRecord
 	resultHash string
 	body       ledger.Body
+	payload    []byte
 }
 
-// newAuditEntry completes a with r's result hash (canon: see resultHash)
-// and canonicalizes it.
-func newAuditEntry(a *auditRecord, r *Result, canon []byte) (*auditEntry, error) {
-	a.ResultHash = resultHash(r, canon)
-	b, err := json.Marshal(a)
+// newAuditEntry completes a with r's result hash (canon: see
+// resultCanonical) and a's commitments under salt to args (canonical) and
+// its private parts, and canonicalizes its public part; depth says what of
+// the payload to keep.
+func newAuditEntry(a *auditRecord, r *Result, canon []byte, salt, depth string, args []byte) (*auditEntry, error) {
+	res := resultCanonical(r, canon)
+	a.ResultHash = digest.Sum(res)
+	s, err := a.seal(salt, depth, args, res)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(a.publicBody())
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +348,7 @@ func newAuditEntry(a *auditRecord, r *Result, canon []byte) (*auditEntry, error)
 	if err != nil {
 		return nil, err
 	}
-	return &auditEntry{a: a, resultHash: a.ResultHash, body: body}, nil
+	return &auditEntry{a: a, resultHash: a.ResultHash, body: body, payload: s.payload}, nil
 }
 
 // appendAudit appends the audit entry ae through the kernel's ledger
@@ -348,13 +379,18 @@ func sameOutcome(a, b *Result) bool {
 }
 
 // resultHash is the digest of the canonical {"status","result"} or
-// {"status","error"} object of r (see docs/formats.md), written in
-// canonical form directly: canon, if not nil, is the canonical form of
-// r.Result, which execute made when it checked the result.
-func resultHash(r *Result, canon []byte) string {
+// {"status","error"} object of r (see docs/formats.md).
+func resultHash(r *Result, canon []byte) string { return digest.Sum(resultCanonical(r, canon)) }
+
+// resultCanonical is the canonical {"status","result"} or
+// {"status","error"} object of r, written in canonical form directly: what
+// result_hash hashes and the audit record's result commitment commits to.
+// canon, if not nil, is the canonical form of r.Result, which execute made
+// when it checked the result.
+func resultCanonical(r *Result, canon []byte) []byte {
 	if r.Error != nil && (!utf8.ValidString(r.Error.Class) || !utf8.ValidString(r.Error.Message)) {
 		// encoding/json's replacement of invalid UTF-8 decides the bytes.
-		return resultHashMarshalled(r)
+		return resultMarshalled(r)
 	}
 	b := make([]byte, 0, 96+len(canon))
 	if r.Error != nil {
@@ -371,7 +407,7 @@ func resultHash(r *Result, canon []byte) string {
 		default:
 			var err error
 			if canon, err = jcs.Canonicalize(r.Result); err != nil {
-				return resultHashMarshalled(r)
+				return resultMarshalled(r)
 			}
 		}
 		b = append(b, `{"result":`...)
@@ -379,12 +415,12 @@ func resultHash(r *Result, canon []byte) string {
 		b = append(b, `,"status":`...)
 	}
 	b = jcs.AppendString(b, r.Status)
-	return digest.Sum(append(b, '}'))
+	return append(b, '}')
 }
 
-// resultHashMarshalled is resultHash by encoding/json and RFC 8785
-// canonicalization, for the results resultHash does not write itself.
-func resultHashMarshalled(r *Result) string {
+// resultMarshalled is resultCanonical by encoding/json and RFC 8785
+// canonicalization, for the results resultCanonical does not write itself.
+func resultMarshalled(r *Result) []byte {
 	v := map[string]any{"status": r.Status}
 	if r.Error != nil {
 		v["error"] = r.Error
@@ -397,7 +433,7 @@ func resultHashMarshalled(r *Result) string {
 		// the result is unhashable, which the hash of the failure records.
 		b = []byte(err.Error())
 	}
-	return digest.Sum(b)
+	return b
 }
 
 // recoveryContext is what recovery needs to audit the call should the
@@ -410,6 +446,7 @@ func (c *call) recoveryContext() json.RawMessage {
 		AutonomyMode: c.res.AutonomyMode, RequestedMode: c.env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
 		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
+		RecoverySalt: c.recoverySalt(), RecoveryArgs: c.canonArgs,
 	})
 	return b
 }
@@ -433,12 +470,21 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 			"whether it happened is unknown (reconcile with the other side); a repeat with the same idempotency key returns this outcome and is never sent again"}
 	}
 	a.setOutcome(r)
-	ae, err := newAuditEntry(&a, r, nil)
+	salt, args := a.RecoverySalt, a.RecoveryArgs
+	if salt == "" {
+		salt = NewSalt() // an intent written before commitments
+	}
+	r.AuditSalt = salt
+	ae, err := newAuditEntry(&a, r, nil, salt, k.depthOf(a.ToolID), args)
 	if err != nil {
 		return err
 	}
 	r.ResultHash = ae.resultHash
-	if _, err := k.appendAudit(tx, ae, r); err != nil {
+	a2, err := k.appendAudit(tx, ae, r)
+	if err != nil {
+		return err
+	}
+	if err := putPayload(tx, a2.Seq, ae.payload); err != nil {
 		return err
 	}
 	b, err := json.Marshal(r)

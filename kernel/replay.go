@@ -92,8 +92,13 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 		receiptsOf := map[uint64]int{}
 		var rcpts []ledger.Entry
 		keys := map[keyOf]bool{}
+		erased := &payloadTally{} // whose payloads were erased: their commitments cannot be reopened
 		err = ledger.Scan(tx, 0, func(e ledger.Entry) error {
 			switch e.Kind {
+			case KindErasure:
+				if err := erased.entry(e); err != nil {
+					rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemLedger, Seq: e.Seq, Detail: err.Error()})
+				}
 			case ledger.KindAudit:
 				c, err := DecodeCall(e)
 				if err != nil {
@@ -138,12 +143,20 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 			case !ok || !settled(o):
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayOrphan, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
 					Detail: fmt.Sprintf("operation %s replays %s, which has no committed record", r.OperationID, r.ReplayOf)})
-			case o.ResultHash != r.ResultHash:
+			case erased.erased[o.Seq]:
+				// The original's salt went with its payload: the replay
+				// commits under a salt of its own, so only the call's
+				// identity (below) can be compared.
+				if o.AgentID != r.AgentID || o.IdempotencyKey != r.IdempotencyKey || o.ToolID != r.ToolID || o.CapabilityTokenID != r.CapabilityTokenID {
+					rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayMismatch, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
+						Detail: fmt.Sprintf("replay %s (%s %s) answers a different call: %s (%s %s)", r.OperationID, r.ToolID, r.CapabilityTokenID, o.OperationID, o.ToolID, o.CapabilityTokenID)})
+				}
+			case o.resultID() != r.resultID():
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayMismatch, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
-					Detail: fmt.Sprintf("replay %s returned %s; the original %s returned %s", r.OperationID, r.ResultHash, o.OperationID, o.ResultHash)})
-			case o.AgentID != r.AgentID || o.IdempotencyKey != r.IdempotencyKey || o.ToolID != r.ToolID || o.ArgsHash != r.ArgsHash || o.CapabilityTokenID != r.CapabilityTokenID:
+					Detail: fmt.Sprintf("replay %s returned %s; the original %s returned %s", r.OperationID, r.resultID(), o.OperationID, o.resultID())})
+			case o.AgentID != r.AgentID || o.IdempotencyKey != r.IdempotencyKey || o.ToolID != r.ToolID || o.argsID() != r.argsID() || o.CapabilityTokenID != r.CapabilityTokenID:
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayMismatch, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
-					Detail: fmt.Sprintf("replay %s (%s %s %s) answers a different call: %s (%s %s %s)", r.OperationID, r.ToolID, r.ArgsHash, r.CapabilityTokenID, o.OperationID, o.ToolID, o.ArgsHash, o.CapabilityTokenID)})
+					Detail: fmt.Sprintf("replay %s (%s %s %s) answers a different call: %s (%s %s %s)", r.OperationID, r.ToolID, r.argsID(), r.CapabilityTokenID, o.OperationID, o.ToolID, o.argsID(), o.CapabilityTokenID)})
 			}
 		}
 		rep.Keys = len(keys)
@@ -203,10 +216,16 @@ func checkIdemTable(tx *bbolt.Tx, committed map[keyOf][]*CallRecord, rep *Replay
 		switch {
 		case ie.OperationID != c.OperationID:
 			bad("the table holds operation %s; the ledger committed %s", ie.OperationID, c.OperationID)
-		case ie.ToolID != c.ToolID || ie.ArgsHash != c.ArgsHash || ie.TokenID != c.CapabilityTokenID:
-			bad("the table's call (%s %s %s) is not the committed one (%s %s %s)", ie.ToolID, ie.ArgsHash, ie.TokenID, c.ToolID, c.ArgsHash, c.CapabilityTokenID)
-		case stored.ResultHash != c.ResultHash:
-			bad("the stored outcome has result_hash %s; the ledger recorded %s", stored.ResultHash, c.ResultHash)
+		}
+		argsHash, resultHash, err := c.plainHashes(tx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case ie.ToolID != c.ToolID || (argsHash != "" && ie.ArgsHash != argsHash) || ie.TokenID != c.CapabilityTokenID:
+			bad("the table's call (%s %s %s) is not the committed one (%s %s %s)", ie.ToolID, ie.ArgsHash, ie.TokenID, c.ToolID, argsHash, c.CapabilityTokenID)
+		case resultHash != "" && stored.ResultHash != resultHash:
+			bad("the stored outcome has result_hash %s; the ledger recorded %s", stored.ResultHash, resultHash)
 		}
 		return nil
 	})
@@ -267,6 +286,12 @@ func MatchReceipt(r *receipts.Receipt, c *CallRecord) error {
 		{"approved_by", r.ApprovedBy, c.ApprovedBy},
 		{"approval_reason", r.ApprovalReason, c.ApprovalReason},
 	} {
+		if c.PayloadDepth != "" && (p.name == "args_hash" || p.name == "result_hash") {
+			// A record with commitments keeps these beside the chain; the
+			// receipt states them for its holder, who checks them against
+			// the payload and the commitments (CheckPayload).
+			continue
+		}
 		if p.got != p.want {
 			return fmt.Errorf("receipt %s: %s is %q; ledger entry %d has %q", r.ReceiptID, p.name, p.got, c.Seq, p.want)
 		}
@@ -337,8 +362,8 @@ func (i *Inspector) ReplayShow(key, agent string) ([]ReplayHistory, error) {
 			byAgent[c.AgentID] = h
 			order = append(order, c.AgentID)
 		}
-		h.Calls = append(h.Calls, CallSummary{Seq: e.Seq, Time: e.Time, OperationID: c.OperationID, ToolID: c.ToolID, ArgsHash: c.ArgsHash,
-			Status: c.Status, ErrorClass: c.ErrorClass, TxOutcome: c.TxOutcome, ResultHash: c.ResultHash, ReplayOf: c.ReplayOf})
+		h.Calls = append(h.Calls, CallSummary{Seq: e.Seq, Time: e.Time, OperationID: c.OperationID, ToolID: c.ToolID, ArgsHash: c.argsID(),
+			Status: c.Status, ErrorClass: c.ErrorClass, TxOutcome: c.TxOutcome, ResultHash: c.resultID(), ReplayOf: c.ReplayOf})
 		return nil
 	})
 	out := make([]ReplayHistory, 0, len(order))
@@ -366,7 +391,9 @@ type PolicyChange struct {
 type PolicyReplay struct {
 	PolicyHash string         `json:"policy_hash"` // of the bundle replayed
 	Decided    int            `json:"decided"`     // calls re-decided
-	Skipped    int            `json:"skipped"`     // calls refused before the policy step (no policy input)
+	Skipped    int            `json:"skipped"`     // calls refused before the policy step (no policy input), and replays
+	Erased     int            `json:"erased"`      // calls whose policy input was erased (or is not at hand), skipped
+	NotKept    int            `json:"not_kept"`    // calls whose policy input was never kept (depth commitments_only), skipped
 	Changes    []PolicyChange `json:"changes"`
 }
 
@@ -377,13 +404,17 @@ type ReplayFilter struct {
 }
 
 // ReplayPolicy re-decides each recorded call that f selects under eng,
-// from the policy input stored in its audit record, and collects the
-// decisions whose mode or risk score would change. Calls refused before the
-// policy step have no input and are counted as skipped. scan yields the
-// ledger entries in order (Inspector.Scan, or pages from a server).
-func ReplayPolicy(ctx context.Context, eng *policy.Engine, f ReplayFilter, scan func(func(ledger.Entry) error) error) (*PolicyReplay, error) {
+// from the policy input its audit record holds (records before
+// commitments) or commits to (its payload), and collects the decisions
+// whose mode or risk score would change. Calls refused before the policy
+// step have no input and are counted as skipped; calls whose input was
+// erased or never kept are skipped and counted as such. scan yields the
+// ledger entries in order with their payloads (Inspector.ScanViews, or
+// pages from a server).
+func ReplayPolicy(ctx context.Context, eng *policy.Engine, f ReplayFilter, scan func(func(EntryView) error) error) (*PolicyReplay, error) {
 	out := &PolicyReplay{PolicyHash: eng.Hash(), Changes: []PolicyChange{}}
-	err := scan(func(e ledger.Entry) error {
+	err := scan(func(v EntryView) error {
+		e := v.Entry
 		if e.Kind != ledger.KindAudit {
 			return nil
 		}
@@ -396,6 +427,20 @@ func ReplayPolicy(ctx context.Context, eng *policy.Engine, f ReplayFilter, scan 
 		}
 		if !f.Since.IsZero() {
 			if t, err := time.Parse(time.RFC3339Nano, e.Time); err != nil || t.Before(f.Since) {
+				return nil
+			}
+		}
+		if c.PayloadDepth != "" && c.Commitments.PolicyInput != "" && c.ReplayOf == "" {
+			switch {
+			case v.Payload != nil && v.Payload.PolicyInput != nil:
+				if err := json.Unmarshal(v.Payload.PolicyInput, &c.PolicyInput); err != nil {
+					return fmt.Errorf("policy input of seq %d: %w", e.Seq, err)
+				}
+			case c.PayloadDepth == DepthCommitmentsOnly:
+				out.NotKept++
+				return nil
+			default:
+				out.Erased++
 				return nil
 			}
 		}

@@ -12,7 +12,6 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/receipts"
@@ -104,7 +103,7 @@ func TestReplayVerifyRefutes(t *testing.T) {
 		{"a replay with another result", func(t *testing.T, h *harness, tx *bbolt.Tx) {
 			c := firstCommitted(t, tx, "k1")
 			c.ReplayOf, c.TxOutcome, c.OperationID = c.OperationID, NoOp, "01900000-0000-7000-8000-000000000001"
-			c.ResultHash = "blake3:" + strings.Repeat("1", 64)
+			c.Commitments.Result = "blake3:" + strings.Repeat("1", 64)
 			b, _ := json.Marshal(c.auditRecord)
 			if _, err := ledger.Append(tx, ledger.KindAudit, time.Now(), b); err != nil {
 				t.Fatal(err)
@@ -192,7 +191,9 @@ func TestReplayVerifyForgedReceipt(t *testing.T) {
 			}
 			return nil
 		})
-		r.ReceiptID, r.ResultHash = "0194a0a4-7c00-7000-8000-000000000003", digest.Sum([]byte("another result"))
+		// A record with commitments states no plain result_hash to
+		// contradict; the forged receipt claims another outcome.
+		r.ReceiptID, r.TxOutcome = "0194a0a4-7c00-7000-8000-000000000003", RolledBack
 		jws, err := receipts.NewSigner(key).Sign(r)
 		if err != nil {
 			return err
@@ -207,8 +208,8 @@ func TestReplayVerifyForgedReceipt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Problems) != 1 || rep.Problems[0].Kind != ProblemReceipt || !strings.Contains(rep.Problems[0].Detail, "result_hash") {
-		t.Fatalf("problems = %+v, want one receipt problem about result_hash", rep.Problems)
+	if len(rep.Problems) != 1 || rep.Problems[0].Kind != ProblemReceipt || !strings.Contains(rep.Problems[0].Detail, "tx_outcome") {
+		t.Fatalf("problems = %+v, want one receipt problem about tx_outcome", rep.Problems)
 	}
 }
 
@@ -294,7 +295,7 @@ decision := {"autonomy_mode": mode, "risk_score": 0.9, "risk_basis": ["writes ar
 		t.Fatal(err)
 	}
 	in := h.k.Inspector()
-	out, err := ReplayPolicy(context.Background(), eng, ReplayFilter{}, func(fn func(ledger.Entry) error) error { return in.Scan(0, fn) })
+	out, err := ReplayPolicy(context.Background(), eng, ReplayFilter{}, func(fn func(EntryView) error) error { return in.ScanViews(0, AccessAll, fn) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +310,7 @@ decision := {"autonomy_mode": mode, "risk_score": 0.9, "risk_basis": ["writes ar
 	if len(out.Changes) == 0 {
 		t.Fatal("no write would change under a policy that freezes writes")
 	}
-	none, err := ReplayPolicy(context.Background(), h.k.policy, ReplayFilter{}, func(fn func(ledger.Entry) error) error { return in.Scan(0, fn) })
+	none, err := ReplayPolicy(context.Background(), h.k.policy, ReplayFilter{}, func(fn func(EntryView) error) error { return in.ScanViews(0, AccessAll, fn) })
 	if err != nil || len(none.Changes) != 0 {
 		t.Fatalf("replaying under the active policy changes %+v, %v", none, err)
 	}

@@ -26,9 +26,19 @@ import (
 // record rehashed, the chain, the Merkle tree, every checkpoint's root and
 // signature, and every receipt's signature and match with its audit
 // record. progress, if set, is called with each entry's seq once it has
-// verified.
+// verified. The export's payload lines are skipped (VerifyExport checks
+// them).
 func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.Report, error) {
-	opts, rc, err := verifyOptions(origin, pub, progress)
+	pr := publicLines(r)
+	defer pr.Close()
+	return verifyLedgerExport(pr, origin, pub, progress)
+}
+
+// verifyLedgerExport is VerifyLedgerExport of an export without payload
+// lines; hooks, if any, see every verified entry in seq order, and an
+// error from one ends the verification at that entry.
+func verifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64), hooks ...func(ledger.Entry) error) (ledger.Report, error) {
+	opts, rc, err := verifyOptions(origin, pub, progress, hooks...)
 	if err != nil {
 		return ledger.Report{}, err
 	}
@@ -36,7 +46,7 @@ func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progr
 	return rep, rc.finish(err)
 }
 
-func verifyOptions(origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.VerifyOptions, *receiptChecker, error) {
+func verifyOptions(origin string, pub ed25519.PublicKey, progress func(seq uint64), hooks ...func(ledger.Entry) error) (ledger.VerifyOptions, *receiptChecker, error) {
 	v, err := ledger.NewCheckpointVerifier(origin, pub)
 	if err != nil {
 		return ledger.VerifyOptions{}, nil, fmt.Errorf("checkpoint verifier for origin %q: %w", origin, err)
@@ -47,6 +57,11 @@ func verifyOptions(origin string, pub ed25519.PublicKey, progress func(seq uint6
 		Origin:   origin,
 		OnEntry: func(e ledger.Entry) error {
 			err := rc.entry(e)
+			for _, h := range hooks {
+				if err == nil {
+					err = h(e)
+				}
+			}
 			if progress != nil {
 				progress(e.Seq)
 			}
@@ -170,6 +185,9 @@ type LedgerCheck struct {
 	Root        string  `json:"root,omitempty"`        // Merkle root of all entries, when intact
 	BadSeq      *uint64 `json:"bad_seq,omitempty"`     // the first bad entry, when one is
 	Reason      string  `json:"reason,omitempty"`      // what is wrong, when not intact
+	// Payloads reports the audit payloads beside the chain (erase.go),
+	// when intact.
+	Payloads *PayloadReport `json:"payloads,omitempty"`
 }
 
 // CheckOf reads a verification's outcome: a finding about the ledger (an

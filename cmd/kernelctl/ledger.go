@@ -22,7 +22,7 @@ import (
 func ledgerCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "ledger", Short: "Inspect, export and verify the ledger"}
 	cmd.AddCommand(ledgerVerifyCmd(), ledgerHeadCmd(), ledgerTailCmd(), ledgerExportCmd(),
-		ledgerCheckpointCmd(), ledgerProveCmd(), ledgerConsistencyCmd())
+		ledgerCheckpointCmd(), ledgerProveCmd(), ledgerConsistencyCmd(), ledgerEraseCmd())
 	return cmd
 }
 
@@ -84,6 +84,14 @@ last checkpoint: compare that checkpoint with one you got independently
 			if !t.json {
 				fmt.Fprintf(cmd.OutOrStdout(), "ledger intact: %d entries, %d checkpoints, root %s\nverified: entry hashes, hash chain, Merkle tree, checkpoint signatures, receipt signatures and their audit records\n",
 					check.Entries, check.Checkpoints, check.Root)
+				if p := check.Payloads; p != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "audit payloads: %d records with commitments, %d parts open their commitments, %d parts not kept (commitments_only), %d records erased (%d erasure records)",
+						p.Records, p.Opened, p.NotKept, p.Erased, p.ErasureRecords)
+					if p.Absent > 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), ", %d payloads not in the export", p.Absent)
+					}
+					fmt.Fprintln(cmd.OutOrStdout())
+				}
 			}
 			return nil
 		},
@@ -123,7 +131,7 @@ func verifyExportFile(cmd *cobra.Command, file, pubkeyFile, origin string) (kern
 	cr := &countingReader{r: br}
 	p := newProgress(cmd.ErrOrStderr(), 0)
 	p.bytes, p.totalBytes = &cr.n, size
-	check, err := kernel.CheckOf(kernel.VerifyLedgerExport(cr, origin, pub, p.entry))
+	check, err := kernel.VerifyExport(cr, origin, pub, p.entry)
 	p.done()
 	return check, err
 }
@@ -287,6 +295,7 @@ func ledgerTailCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	cmd.Flags().Uint64VarP(&n, "lines", "n", 10, "how many of the last entries")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing entries as they are appended (polls --server)")
 	cmd.Flags().DurationVar(&every, "poll", 500*time.Millisecond, "how often -f asks for new entries")
@@ -333,5 +342,6 @@ func ledgerExportCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	return cmd
 }

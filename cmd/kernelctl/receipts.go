@@ -72,6 +72,7 @@ func receiptsListCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	cmd.Flags().StringVar(&f.AgentID, "agent", "", "only this agent's")
 	cmd.Flags().StringVar(&f.ToolID, "tool", "", "only this tool's")
 	cmd.Flags().StringVar(&f.TxOutcome, "outcome", "", "committed, rolled_back, no_op, ok or error")
@@ -141,6 +142,7 @@ func receiptsShowCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	return cmd
 }
 
@@ -265,6 +267,7 @@ Exit 1 on any failure.`,
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	cmd.Flags().StringVar(&jwksFile, "jwks", "", "JWKS file with the kernel's receipt key (e.g. saved from /.well-known/jwks.json)")
 	cmd.Flags().BoolVar(&prove, "prove", false, "also verify the entry's inclusion proof against the newest signed checkpoint")
 	return cmd
@@ -386,6 +389,7 @@ record's inclusion proof in that checkpoint's tree. docs/formats.md specifies it
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	return cmd
 }
 

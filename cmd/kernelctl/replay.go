@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/capkernel/capkernel/kernel"
-	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/policy"
 )
 
@@ -125,7 +124,9 @@ func replayPolicyCmd() *cobra.Command {
 		Long: `policy re-runs the decision of every recorded call (from the policy input kept
 in its audit record) under the bundle in --policy, and prints each call whose
 autonomy mode or risk score would change. Calls refused before the policy step
-have no input and are counted as skipped. Nothing is written.`,
+have no input and are counted as skipped; so are calls whose policy input was
+erased (ledger erase, retention) or never kept (audit depth commitments_only),
+each counted apart. Nothing is written.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" {
@@ -153,8 +154,8 @@ have no input and are counted as skipped. Nothing is written.`,
 				return err
 			}
 			defer h.Close()
-			out, err := kernel.ReplayPolicy(cmd.Context(), eng, f, func(fn func(ledger.Entry) error) error {
-				return h.Scan(cmd.Context(), 0, fn)
+			out, err := kernel.ReplayPolicy(cmd.Context(), eng, f, func(fn func(kernel.EntryView) error) error {
+				return h.ScanViews(cmd.Context(), 0, fn)
 			})
 			if err != nil {
 				return err
@@ -163,7 +164,8 @@ have no input and are counted as skipped. Nothing is written.`,
 				return printJSON(cmd.OutOrStdout(), out)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "policy %s: %d calls re-decided, %d skipped (no policy input), %d would change\n", out.PolicyHash, out.Decided, out.Skipped, len(out.Changes))
+			fmt.Fprintf(w, "policy %s: %d calls re-decided, %d skipped (no policy input), %d skipped (policy input erased), %d skipped (policy input not kept), %d would change\n",
+				out.PolicyHash, out.Decided, out.Skipped, out.Erased, out.NotKept, len(out.Changes))
 			if len(out.Changes) > 0 {
 				tw := newTable(w)
 				fmt.Fprintln(tw, "SEQ\tOPERATION\tAGENT\tTOOL\tMODE\tRISK\tBASIS")
@@ -176,6 +178,7 @@ have no input and are counted as skipped. Nothing is written.`,
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addReadToken(cmd)
 	cmd.Flags().StringVar(&dir, "policy", "", "the policy bundle dir to replay under")
 	cmd.Flags().StringVar(&since, "since", "", "only calls since TIME (RFC 3339, or a duration ago such as 24h)")
 	cmd.Flags().StringVar(&agent, "agent", "", "only this agent's calls")

@@ -29,9 +29,9 @@ func tokenMintCmd() *cobra.Command {
 	var agent, tools, autonomy, budgets string
 	var fsRoots, net []string
 	var ttl time.Duration
-	var approver, escalation, handles bool
+	var approver, escalation, auditor, handles bool
 	cmd := &cobra.Command{
-		Use:   "mint --data DIR|--server URL --agent ID (--tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] | --approver [--escalation]) [--ttl 1h]",
+		Use:   "mint --data DIR|--server URL --agent ID (--tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] | --approver [--escalation] | --auditor) [--ttl 1h]",
 		Short: "Mint a capability token; prints the compact token alone on stdout",
 		Long: `mint signs a capability token with the kernel's issuer key.
 
@@ -47,6 +47,10 @@ func tokenMintCmd() *cobra.Command {
   --approver [--escalation]      an approver token for the person --agent names:
                                  it decides soft_gate calls (with --escalation
                                  escalated ones too) and grants no tools
+  --auditor                      an auditor token for the person --agent names:
+                                 it reads and exports every record of the history
+                                 in full (arguments and results included), decides
+                                 nothing and grants no tools
 
 With --json it prints the token with its id, agent, expiry and grants.`,
 		Args: cobra.NoArgs,
@@ -58,10 +62,12 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 			switch {
 			case agent == "":
 				return &usageError{errors.New("token mint: --agent is required")}
-			case approver && (tools != "" || len(fsRoots) > 0 || len(net) > 0 || budgets != "" || autonomy != ""):
-				return &usageError{errors.New("token mint --approver: an approver token grants no --tools, --fs, --net, --budget or --autonomy")}
-			case !approver && tools == "":
-				return &usageError{errors.New("token mint: --tools is required (or --approver)")}
+			case approver && auditor:
+				return &usageError{errors.New("token mint: --auditor and --approver are different roles; mint two tokens")}
+			case (approver || auditor) && (tools != "" || len(fsRoots) > 0 || len(net) > 0 || budgets != "" || autonomy != ""):
+				return &usageError{errors.New("token mint --approver/--auditor: a role token grants no --tools, --fs, --net, --budget or --autonomy")}
+			case !approver && !auditor && tools == "":
+				return &usageError{errors.New("token mint: --tools is required (or --approver or --auditor)")}
 			}
 			req := kernel.TokenRequest{AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second), Handles: handles}
 			switch {
@@ -69,6 +75,8 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 				req.Role = captoken.RoleEscalation
 			case approver:
 				req.Role = captoken.RoleApprover
+			case auditor:
+				req.Role = captoken.RoleAuditor
 			}
 			if ttl%time.Second != 0 || ttl <= 0 {
 				return &usageError{fmt.Errorf("token mint: --ttl %s must be a positive whole number of seconds", ttl)}
@@ -123,6 +131,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 	cmd.Flags().BoolVar(&handles, "handles", false, "handle mode: the token's calls address tools by per-session handles only")
 	cmd.Flags().BoolVar(&approver, "approver", false, "mint an approver token (decides soft_gate calls)")
 	cmd.Flags().BoolVar(&escalation, "escalation", false, "mint an approver token with the escalation role (decides escalated calls too)")
+	cmd.Flags().BoolVar(&auditor, "auditor", false, "mint an auditor token: reads and exports every record in full, decides nothing, grants no tools")
 	return cmd
 }
 

@@ -107,6 +107,9 @@ func TestVerbsOnDataDir(t *testing.T) {
 			checkpoints++
 			continue
 		}
+		if strings.HasPrefix(l, `{"payload":`) {
+			continue // what the next audit record commits to (docs/formats.md)
+		}
 		var e ledger.Entry
 		if err := json.Unmarshal([]byte(l), &e); err != nil {
 			t.Fatalf("export line %d: %v", i, err)

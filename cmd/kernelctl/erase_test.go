@@ -1,0 +1,55 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// The audit verbs against a real server: an auditor token reads and
+// exports every payload, an agent's token exports nothing, the admin
+// erases one call's payload, and the export then verifies offline and
+// reports the erasure.
+func TestAuditVerbsOverServer(t *testing.T) {
+	sv := initServed(t)
+	s, admin := sv.server, sv.admin
+	a := mintCLI(t, s, admin, "--agent", "a1", "--tools", "echo")
+	aud := mintCLI(t, s, admin, "--agent", "carol", "--auditor")
+	const secret = "whisper-9Q"
+	st, res := s.post(envelopeWith(a, s, "echo", map[string]any{"text": secret}, "", nil))
+	if st != 200 {
+		t.Fatalf("echo: %d %+v", st, res)
+	}
+	srv := []string{"--server", s.url}
+	export := func(token string) (string, int) {
+		out, _, code := run(t, append([]string{"ledger", "export", "--token", token}, srv...)...)
+		return out, code
+	}
+	if out, code := export(aud.file); code != 0 || !strings.Contains(out, secret) {
+		t.Fatalf("auditor export: exit %d, secret there: %v", code, strings.Contains(out, secret))
+	}
+	if _, code := export(a.file); code != 1 {
+		t.Fatalf("an agent's export: exit %d, want 1", code)
+	}
+	if out := mustRun(t, append([]string{"ledger", "tail", "-n", "50", "--token", a.file}, srv...)...); strings.Contains(out, secret) || !strings.Contains(out, "args_commitment") {
+		t.Fatalf("tail shows the public records:\n%s", out)
+	}
+	if out, _, code := run(t, append([]string{"ledger", "erase", "--operation", res.OperationID, "--reason", "gdpr", "--admin-token", sv.adminFile}, srv...)...); code != 0 || !strings.Contains(out, "erased the payload") {
+		t.Fatalf("erase: exit %d:\n%s", code, out)
+	}
+	out, code := export(aud.file)
+	if code != 0 || strings.Contains(out, secret) {
+		t.Fatalf("auditor export after erasure: exit %d, secret there: %v", code, strings.Contains(out, secret))
+	}
+	f := filepath.Join(t.TempDir(), "ledger.jsonl")
+	if err := os.WriteFile(f, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := mustRun(t, "ledger", "verify", "--export", f, "--pubkey", filepath.Join(sv.dir, "data", kernel.ReceiptPublicKeyFile))
+	if !strings.Contains(v, "ledger intact") || !strings.Contains(v, "1 records erased (1 erasure records)") {
+		t.Fatalf("offline verification:\n%s", v)
+	}
+}

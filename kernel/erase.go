@@ -1,0 +1,397 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/txn"
+)
+
+// Erasure removes audit payloads (payloads.go) and appends an erasure
+// record saying what, who, why and when. The audit records themselves,
+// their commitments, the chain, the tree, checkpoints and receipts are
+// untouched, so every proof still verifies; verification reports the
+// erased parts as erased, never as tampered.
+
+// KindErasure is the ledger kind of an erasure record.
+const KindErasure = "erasure"
+
+// Erasers named in erasure records.
+const (
+	ErasedByAdmin     = "admin"
+	ErasedByRetention = "retention"
+)
+
+// maxErasedPerRecord bounds the seqs one erasure record lists (and one
+// retention transaction erases).
+const maxErasedPerRecord = 4096
+
+// Erasure is the body of an erasure record.
+type Erasure struct {
+	// Seqs are the audit entries whose payloads were removed: every part,
+	// and the salt.
+	Seqs        []uint64       `json:"seqs"`
+	OperationID string         `json:"operation_id,omitempty"` // an erasure by operation
+	By          string         `json:"by"`                     // ErasedByAdmin or ErasedByRetention
+	Reason      string         `json:"reason"`
+	Rule        *RetentionRule `json:"rule,omitempty"`   // the retention rule that erased them
+	Before      string         `json:"before,omitempty"` // retention: records older than this time
+}
+
+// ErrNothingToErase is returned (wrapped) by Erase when the operation's
+// record holds no payload any more.
+var ErrNothingToErase = errors.New("nothing to erase")
+
+// Erase removes the payload of operation id's audit record (and the result
+// and salt kept in its stored result envelope) and records the erasure
+// with reason. It fails with ErrNotFound for an unknown operation and
+// ErrNothingToErase when the payload is gone already.
+func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error) {
+	if reason == "" {
+		return nil, errors.New("erase: a reason is required")
+	}
+	var out *Erasure
+	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		env := txn.GetOperation(tx, id)
+		if env == nil {
+			return fmt.Errorf("operation %q: %w", id, ErrNotFound)
+		}
+		var r Result
+		if err := json.Unmarshal(env, &r); err != nil {
+			return fmt.Errorf("operation %q: stored result: %w", id, err)
+		}
+		e, err := ledger.Get(tx, r.LedgerSeq)
+		if err != nil {
+			return fmt.Errorf("operation %q: audit record %d: %w", id, r.LedgerSeq, err)
+		}
+		var who recordOwner
+		if e.Kind != ledger.KindAudit || json.Unmarshal(e.Body, &who) != nil || who.OperationID != id {
+			return fmt.Errorf("operation %q: ledger entry %d is not its audit record", id, r.LedgerSeq)
+		}
+		b := tx.Bucket(bucketPayloads)
+		key := binary.BigEndian.AppendUint64(nil, e.Seq)
+		if b == nil || b.Get(key) == nil {
+			return fmt.Errorf("operation %q (audit record %d): %w: its payload was erased or never kept", id, e.Seq, ErrNothingToErase)
+		}
+		if err := b.Delete(key); err != nil {
+			return abortIf(err)
+		}
+		if err := forgetResult(tx, who, &r); err != nil {
+			return abortIf(err)
+		}
+		out = &Erasure{Seqs: []uint64{e.Seq}, OperationID: id, By: ErasedByAdmin, Reason: reason}
+		return abortIf(k.appendErasure(tx, out))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// recordOwner is what erasure reads of an audit record's body.
+type recordOwner struct {
+	OperationID    string `json:"operation_id"`
+	ToolID         string `json:"tool_id"`
+	AgentID        string `json:"agent_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// forgetResult rewrites the stored result envelope r of the operation of
+// record o without its result and salt (status, result_hash and the rest
+// stay), in the operations table and in the idempotency table: the stored
+// copies of an erased payload.
+func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
+	if r.Result == nil && r.AuditSalt == "" {
+		return nil
+	}
+	r.Result, r.AuditSalt = nil, ""
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := txn.PutOperation(tx, o.OperationID, b); err != nil {
+		return err
+	}
+	if o.IdempotencyKey == "" {
+		return nil
+	}
+	return txn.ReplaceResult(tx, txn.IdemKey{AgentID: o.AgentID, Key: o.IdempotencyKey}, o.OperationID, b)
+}
+
+func (k *Kernel) appendErasure(tx *bbolt.Tx, e *Erasure) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	_, err = ledger.Append(tx, KindErasure, k.cfg.Now(), b)
+	return err
+}
+
+// Retain runs the retention rules once: for each rule, the payloads of
+// the audit records it covers that are older than its age are removed,
+// with one erasure record per transaction of at most maxErasedPerRecord
+// of them. It returns how many payloads were erased.
+func (k *Kernel) Retain(ctx context.Context) (int, error) {
+	total := 0
+	for i := range k.audit.retention {
+		r := k.audit.retention[i]
+		before := k.cfg.Now().Add(-r.age)
+		for {
+			n, err := k.retainBatch(ctx, r, before)
+			total += n
+			if err != nil || n < maxErasedPerRecord {
+				if err != nil {
+					return total, fmt.Errorf("retention rule %d: %w", i, err)
+				}
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+// retainBatch erases up to maxErasedPerRecord payloads rule r covers
+// whose records are older than before, in one transaction.
+func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time) (int, error) {
+	cutoff := before.UTC().Format(ledger.TimeLayout)
+	n := 0
+	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		n = 0
+		b := tx.Bucket(bucketPayloads)
+		if b == nil {
+			return nil
+		}
+		var seqs []uint64
+		c := b.Cursor()
+		for key, _ := c.First(); key != nil && len(seqs) < maxErasedPerRecord; key, _ = c.Next() {
+			seq := binary.BigEndian.Uint64(key)
+			e, err := ledger.Get(tx, seq)
+			if err != nil {
+				return abortIf(err)
+			}
+			if e.Time >= cutoff {
+				continue
+			}
+			var who recordOwner
+			if err := json.Unmarshal(e.Body, &who); err != nil {
+				return abortIf(fmt.Errorf("audit record %d: %w", seq, err))
+			}
+			if !r.matches(who.ToolID, who.AgentID) {
+				continue
+			}
+			seqs = append(seqs, seq)
+			if env := txn.GetOperation(tx, who.OperationID); env != nil {
+				var res Result
+				if json.Unmarshal(env, &res) == nil && res.LedgerSeq == seq {
+					if err := forgetResult(tx, who, &res); err != nil {
+						return abortIf(err)
+					}
+				}
+			}
+		}
+		if len(seqs) == 0 {
+			return nil
+		}
+		for _, seq := range seqs {
+			if err := b.Delete(binary.BigEndian.AppendUint64(nil, seq)); err != nil {
+				return abortIf(err)
+			}
+		}
+		rule := r.RetentionRule
+		n = len(seqs)
+		return abortIf(k.appendErasure(tx, &Erasure{Seqs: seqs, By: ErasedByRetention, Rule: &rule, Before: cutoff,
+			Reason: fmt.Sprintf("retention: payloads older than %s", r.OlderThan)}))
+	})
+	return n, err
+}
+
+// startRetention runs the retention rules once now and then every
+// interval until Close.
+func (k *Kernel) startRetention(ctx context.Context) error {
+	if len(k.audit.retention) == 0 {
+		return nil
+	}
+	if _, err := k.Retain(ctx); err != nil {
+		return fmt.Errorf("open: audit retention: %w", err)
+	}
+	k.retention, k.retained = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(k.retained)
+		t := time.NewTicker(k.audit.interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-k.retention:
+				return
+			case <-t.C:
+				if _, err := k.Retain(context.Background()); err != nil {
+					k.cfg.Logger.Error("audit retention failed", "err", err)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+func (k *Kernel) stopRetention() {
+	if k.retention != nil {
+		close(k.retention)
+		<-k.retained
+		k.retention = nil
+	}
+}
+
+// PayloadReport is what a verification found of the audit payloads.
+type PayloadReport struct {
+	Records        int `json:"records"`          // audit records with commitments
+	Opened         int `json:"opened"`           // parts kept that open their commitments (checked with the payloads at hand)
+	NotKept        int `json:"not_kept"`         // parts never kept (depth commitments_only)
+	Erased         int `json:"erased"`           // records whose payloads an erasure record removed
+	ErasureRecords int `json:"erasure_records"`  // erasure records
+	Absent         int `json:"absent,omitempty"` // export verification: records kept in full whose payload the export does not carry
+}
+
+// payloadTally counts, as verified entries stream by in seq order, the
+// audit records with commitments and the erasure records.
+type payloadTally struct {
+	rep    PayloadReport
+	erased map[uint64]bool
+}
+
+func (t *payloadTally) entry(e ledger.Entry) error {
+	switch e.Kind {
+	case ledger.KindAudit:
+		if bytes.Contains(e.Body, []byte(`"payload_depth"`)) {
+			t.rep.Records++
+		}
+	case KindErasure:
+		var er Erasure
+		if err := json.Unmarshal(e.Body, &er); err != nil {
+			return fmt.Errorf("erasure record %d: %w", e.Seq, err)
+		}
+		t.rep.ErasureRecords++
+		if t.erased == nil {
+			t.erased = map[uint64]bool{}
+		}
+		for _, s := range er.Seqs {
+			if s >= e.Seq {
+				return fmt.Errorf("erasure record %d names entry %d, which comes after it", e.Seq, s)
+			}
+			if !t.erased[s] {
+				t.erased[s] = true
+				t.rep.Erased++
+			}
+		}
+	}
+	return nil
+}
+
+// checkPayloads verifies every stored payload against the commitments of
+// its audit record, in one read transaction: a part that does not open
+// its commitment, a committed part neither kept nor erased, or a payload
+// with no audit record is tampering, reported at the record's seq.
+func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
+	t := &payloadTally{}
+	var bad *ledger.VerifyError
+	committed := map[uint64]bool{} // audit records with commitments
+	stop := errors.New("stop")
+	// Erasure records come after the records they name: read them first.
+	err := ledger.Scan(tx, 0, func(e ledger.Entry) error {
+		if err := t.entry(e); err != nil {
+			bad = &ledger.VerifyError{Seq: e.Seq, Reason: err.Error()}
+			return stop
+		}
+		return nil
+	})
+	if err != nil || bad != nil {
+		if errors.Is(err, stop) {
+			err = nil
+		}
+		return t.rep, bad, err
+	}
+	err = ledger.Scan(tx, 0, func(e ledger.Entry) error {
+		if e.Kind != ledger.KindAudit {
+			return nil
+		}
+		c, depth, err := commitmentsOf(e.Body)
+		if err != nil || depth == "" {
+			return nil // a record from before commitments: nothing beside it
+		}
+		committed[e.Seq] = true
+		p, err := getPayload(tx, e.Seq)
+		if err != nil {
+			bad = &ledger.VerifyError{Seq: e.Seq, Reason: err.Error()}
+			return stop
+		}
+		if p == nil && !t.erased[e.Seq] && depth == DepthFull {
+			bad = &ledger.VerifyError{Seq: e.Seq, Reason: fmt.Sprintf("audit record %d: its payload is missing and no erasure record names it (tampered)", e.Seq)}
+			return stop
+		}
+		erased := map[string]bool{}
+		if t.erased[e.Seq] {
+			for _, name := range Parts {
+				erased[name] = true
+			}
+		}
+		for _, name := range Parts {
+			switch st := OpenPayload(c, depth, p, erased)[name]; st {
+			case PartMatches:
+				t.rep.Opened++
+			case PartNotKept:
+				t.rep.NotKept++
+			case PartMismatch, PartMissing:
+				bad = &ledger.VerifyError{Seq: e.Seq, Reason: fmt.Sprintf("audit record %d: payload part %s is %s (tampered)", e.Seq, name, st)}
+				return stop
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, stop) {
+		err = nil
+	}
+	if err != nil || bad != nil {
+		return t.rep, bad, err
+	}
+	// A payload no audit record commits to was put there by hand.
+	if b := tx.Bucket(bucketPayloads); b != nil {
+		h, err := ledger.HeadOf(tx)
+		if err != nil {
+			return t.rep, nil, err
+		}
+		c := b.Cursor()
+		for key, _ := c.First(); key != nil; key, _ = c.Next() {
+			seq := binary.BigEndian.Uint64(key)
+			if seq >= h.Size || !committed[seq] {
+				return t.rep, &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for entry %d, which is no audit record with commitments (tampered)", seq)}, nil
+			}
+			if t.erased[seq] {
+				return t.rep, &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for audit record %d, which an erasure record says was erased (tampered)", seq)}, nil
+			}
+		}
+	}
+	return t.rep, nil, nil
+}
+
+// verifyPayloads adds the payload check to an intact ledger check.
+func (i *Inspector) verifyPayloads(check *LedgerCheck) error {
+	return i.view(func(tx *bbolt.Tx) error {
+		rep, bad, err := checkPayloads(tx)
+		switch {
+		case err != nil:
+			return err
+		case bad != nil:
+			*check = LedgerCheck{Entries: check.Entries, BadSeq: &bad.Seq, Reason: bad.Error()}
+		default:
+			check.Payloads = &rep
+		}
+		return nil
+	})
+}

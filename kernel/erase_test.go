@@ -1,0 +1,316 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/captoken"
+
+	"github.com/capkernel/capkernel/ledger"
+)
+
+// clock is a settable Config.Now.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// entryOf returns the audit entry of r and its stored payload.
+func (h *harness) entryOf(r *Result) (ledger.Entry, *Payload) {
+	h.t.Helper()
+	var e ledger.Entry
+	var p *Payload
+	if err := h.k.View(func(tx *bbolt.Tx) (err error) {
+		if e, err = ledger.Get(tx, r.LedgerSeq); err != nil {
+			return err
+		}
+		p, err = getPayload(tx, r.LedgerSeq)
+		return err
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+	return e, p
+}
+
+// TestCommitmentsAndErasure: a record commits to its call's parts; the
+// caller opens them with the salt of its result envelope; a wrong guess
+// does not open; erasure leaves every verifier passing and says erased;
+// tampering with a payload that was not erased is found.
+func TestCommitmentsAndErasure(t *testing.T) {
+	h := newHarness(t)
+	const secret = "pin 4711"
+	w := h.invoke("fs.write", map[string]any{"path": "pin.txt", "content": secret}, key("w1"))
+	mustOK(t, w)
+	r := h.invoke("fs.read", map[string]any{"path": "pin.txt"})
+	mustOK(t, r)
+	if w.AuditSalt == "" || len(w.AuditSalt) != 2*SaltSize {
+		t.Fatalf("result envelope salt %q", w.AuditSalt)
+	}
+
+	we, wp := h.entryOf(w)
+	if bytes.Contains(we.Body, []byte(secret)) || bytes.Contains(we.Body, []byte("pin.txt")) {
+		t.Fatalf("the chained body holds the call's arguments: %s", we.Body)
+	}
+	if wp == nil || !bytes.Contains(wp.Args, []byte(secret)) {
+		t.Fatalf("payload %+v", wp)
+	}
+	// The caller opens the record with its args and its salt.
+	args := json.RawMessage(`{"content":"pin 4711","path":"pin.txt"}`)
+	if err := CheckPayload(we, Payload{Salt: w.AuditSalt, Args: args}); err != nil {
+		t.Fatalf("the caller cannot open its record: %v", err)
+	}
+	for _, guess := range []string{"pin 4712", "pin 4711 "} {
+		g := json.RawMessage(`{"content":"` + guess + `","path":"pin.txt"}`)
+		if err := CheckPayload(we, Payload{Salt: w.AuditSalt, Args: g}); err == nil {
+			t.Fatalf("guess %q opens the commitment", guess)
+		}
+	}
+	res := json.RawMessage(`{"status":"ok","result":` + string(r.Result) + `}`)
+	re, _ := h.entryOf(r)
+	if err := CheckPayload(re, Payload{Salt: r.AuditSalt, Result: res}); err != nil {
+		t.Fatalf("the reader cannot open its result: %v", err)
+	}
+
+	check := mustVerify(t, h.k.Inspector())
+	if p := check.Payloads; p == nil || p.Records < 2 || p.Opened < 4 || p.Erased != 0 {
+		t.Fatalf("payload report %+v", check.Payloads)
+	}
+
+	er, err := h.k.Erase(context.Background(), w.OperationID, "subject asked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(er.Seqs) != 1 || er.Seqs[0] != w.LedgerSeq {
+		t.Fatalf("erasure %+v", er)
+	}
+	if _, err := h.k.Erase(context.Background(), w.OperationID, "again"); !errors.Is(err, ErrNothingToErase) {
+		t.Fatalf("a second erasure: %v", err)
+	}
+	if _, err := h.k.Erase(context.Background(), "no-such-op", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("erasing an unknown operation: %v", err)
+	}
+	if _, p := h.entryOf(w); p != nil {
+		t.Fatalf("payload still stored: %+v", p)
+	}
+	stored, err := h.k.Inspector().Operation(w.OperationID)
+	if err != nil || bytes.Contains(stored, []byte(w.AuditSalt)) {
+		t.Fatalf("the stored result envelope keeps the salt: %s %v", stored, err)
+	}
+
+	// Every verifier passes and reports the erasure.
+	check = mustVerify(t, h.k.Inspector())
+	if p := check.Payloads; p == nil || p.Erased != 1 || p.ErasureRecords != 1 {
+		t.Fatalf("after erasure: payload report %+v", check.Payloads)
+	}
+	var export bytes.Buffer
+	if err := h.k.Inspector().Export(&export); err != nil {
+		t.Fatal(err)
+	}
+	exported := export.Bytes()
+	off, err := VerifyExport(bytes.NewReader(exported), h.k.ID(), h.k.ReceiptKey(), nil)
+	if err != nil || !off.Intact || off.Payloads == nil || off.Payloads.Erased != 1 || off.Payloads.Opened < 4 {
+		t.Fatalf("offline export verification: %+v %v", off, err)
+	}
+	// The export carries the kept payloads; tampering with one is found
+	// offline; without payload lines it is the public export, intact.
+	if !bytes.Contains(exported, []byte(`{"payload":`)) || bytes.Contains(exported, []byte(`"args":{"content":"pin 4711"`)) {
+		t.Fatalf("export payload lines: %s", exported)
+	}
+	bad := bytes.Replace(exported, []byte(`"bytes_returned"`), []byte(`"bytes_Returned"`), 1)
+	if off, err := VerifyExport(bytes.NewReader(bad), h.k.ID(), h.k.ReceiptKey(), nil); err != nil || off.Intact || off.BadSeq == nil || *off.BadSeq != r.LedgerSeq {
+		t.Fatalf("a tampered payload line in the export: %+v %v", off, err)
+	}
+	var public bytes.Buffer
+	for line := range bytes.Lines(exported) {
+		if !bytes.HasPrefix(line, []byte(`{"payload":`)) {
+			public.Write(line)
+		}
+	}
+	if off, err := VerifyExport(&public, h.k.ID(), h.k.ReceiptKey(), nil); err != nil || !off.Intact || off.Payloads.Absent == 0 {
+		t.Fatalf("the public export: %+v %v", off, err)
+	}
+	b, err := h.k.Inspector().Bundle(w.ReceiptID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks, _ := h.k.Inspector().JWKS()
+	raw, _ := json.Marshal(b)
+	if _, err := VerifyBundle(raw, jwks); err != nil {
+		t.Fatalf("the erased call's receipt bundle: %v", err)
+	}
+	rep, err := h.k.Inspector().ReplayVerify()
+	if err != nil || len(rep.Problems) != 0 || rep.Committed != 1 {
+		t.Fatalf("replay verify: %+v %v", rep, err)
+	}
+	// A repeat of the erased write is still a replay, not a second effect.
+	again := h.invoke("fs.write", map[string]any{"path": "pin.txt", "content": secret}, key("w1"))
+	if !again.Replayed {
+		t.Fatalf("repeat: %+v", again)
+	}
+	if rep, err = h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) != 0 {
+		t.Fatalf("replay verify after a repeat of an erased call: %+v %v", rep, err)
+	}
+	pr, err := ReplayPolicy(context.Background(), h.k.policy, ReplayFilter{}, func(fn func(EntryView) error) error {
+		return h.k.Inspector().ScanViews(0, AccessAll, fn)
+	})
+	if err != nil || pr.Erased != 1 || pr.Decided == 0 {
+		t.Fatalf("replay policy: %+v %v", pr, err)
+	}
+
+	// Tampering with a payload that was not erased is found.
+	for _, tc := range []struct {
+		name   string
+		tamper func(tx *bbolt.Tx) error
+		seq    uint64
+	}{
+		{"result changed", func(tx *bbolt.Tx) error {
+			k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
+			v := tx.Bucket(bucketPayloads).Get(k)
+			return tx.Bucket(bucketPayloads).Put(k, bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1))
+		}, r.LedgerSeq},
+		{"payload dropped without an erasure record", func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, r.LedgerSeq))
+		}, r.LedgerSeq},
+		{"erased payload put back", func(tx *bbolt.Tx) error {
+			b, _ := marshalPayload(wp)
+			return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, w.LedgerSeq), b)
+		}, w.LedgerSeq},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var saved []byte
+			k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
+			h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+				saved = bytes.Clone(tx.Bucket(bucketPayloads).Get(k))
+				return tc.tamper(tx)
+			})
+			defer h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+				tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, w.LedgerSeq))
+				return tx.Bucket(bucketPayloads).Put(k, saved)
+			})
+			c, err := h.k.Inspector().Verify(nil)
+			if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != tc.seq || !strings.Contains(c.Reason, "tampered") {
+				t.Fatalf("verify: %+v %v", c, err)
+			}
+		})
+	}
+	mustVerify(t, h.k.Inspector())
+}
+
+// TestCommitmentsOnly: a tool at depth commitments_only keeps no part of
+// its calls, yet the caller proves which content it wrote.
+func TestCommitmentsOnly(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Audit = &AuditConfig{Depth: map[string]string{"fs.write": DepthCommitmentsOnly}}
+	})
+	w := h.invoke("fs.write", map[string]any{"path": "a.txt", "content": "secret"}, key("w1"))
+	mustOK(t, w)
+	e, p := h.entryOf(w)
+	if p == nil || p.Args != nil || p.Result != nil || p.PolicyInput != nil || p.Salt != w.AuditSalt {
+		t.Fatalf("stored payload %+v", p)
+	}
+	if !bytes.Contains(e.Body, []byte(`"payload_depth":"commitments_only"`)) {
+		t.Fatalf("body %s", e.Body)
+	}
+	if err := CheckPayload(e, Payload{Salt: w.AuditSalt, Args: json.RawMessage(`{"path":"a.txt","content":"secret"}`)}); err != nil {
+		t.Fatalf("the writer cannot prove what it wrote: %v", err)
+	}
+	r := h.invoke("fs.read", map[string]any{"path": "a.txt"})
+	mustOK(t, r)
+	if _, p := h.entryOf(r); p == nil || p.Args == nil {
+		t.Fatalf("fs.read is at depth full: payload %+v", p)
+	}
+	c := mustVerify(t, h.k.Inspector())
+	if c.Payloads == nil || c.Payloads.NotKept < 3 {
+		t.Fatalf("payload report %+v", c.Payloads)
+	}
+}
+
+// TestRetention: retention rules erase old payloads at start and on their
+// schedule, per tool and per agent, and record each erasure.
+func TestRetention(t *testing.T) {
+	clk := &clock{t: time.Now()}
+	h := newHarness(t, func(c *Config) { c.Now = clk.now })
+	w := h.invoke("fs.write", map[string]any{"path": "a.txt", "content": "x"}, key("w1"))
+	r := h.invoke("fs.read", map[string]any{"path": "a.txt"})
+	mustOK(t, w)
+	mustOK(t, r)
+	h.k.Close()
+
+	// At start: fs.read payloads older than an hour go; fs.write's stay.
+	clk.add(2 * time.Hour)
+	h.open(func(c *Config) {
+		c.Now = clk.now
+		c.Audit = &AuditConfig{Retention: []RetentionRule{{OlderThan: "1h", Tool: "fs.read"}}, RetentionInterval: "20ms"}
+	})
+	if _, p := h.entryOf(r); p != nil {
+		t.Fatal("retention at start left the old fs.read payload")
+	}
+	if _, p := h.entryOf(w); p == nil {
+		t.Fatal("retention erased an fs.write payload its rule does not cover")
+	}
+	tok, cl, err := h.k.MintToken(captoken.Claims{Subject: h.agent, IssuedAt: clk.now(), NotBefore: clk.now(), Expiry: clk.now().Add(24 * time.Hour),
+		Cap: captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.token, h.jti = tok, cl.ID
+	ers := h.entries(KindErasure, 0)
+	if len(ers) != 1 || !bytes.Contains(ers[0].Body, []byte(`"by":"retention"`)) {
+		t.Fatalf("erasure records %v", ers)
+	}
+	// On schedule: a new read ages past the rule while the kernel runs.
+	r2 := h.invoke("fs.read", map[string]any{"path": "a.txt"})
+	mustOK(t, r2)
+	clk.add(2 * time.Hour)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, p := h.entryOf(r2); p == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("scheduled retention never erased the aged fs.read payload")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c := mustVerify(t, h.k.Inspector())
+	if c.Payloads == nil || c.Payloads.Erased != 2 {
+		t.Fatalf("payload report %+v", c.Payloads)
+	}
+	if rep, err := h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) != 0 {
+		t.Fatalf("replay verify: %+v %v", rep, err)
+	}
+	// The stored operation of an erased read keeps no salt.
+	if st, err := h.k.Inspector().Operation(r.OperationID); err == nil && bytes.Contains(st, []byte(r.AuditSalt)) {
+		t.Fatalf("stored operation keeps the salt: %s", st)
+	}
+}
+
+func TestAuditConfigRefused(t *testing.T) {
+	for _, c := range []AuditConfig{
+		{Depth: map[string]string{"fs.write": "some"}},
+		{Depth: map[string]string{"[": DepthFull}},
+		{Retention: []RetentionRule{{OlderThan: "-1h"}}},
+		{Retention: []RetentionRule{{OlderThan: "soon"}}},
+		{RetentionInterval: "0s"},
+	} {
+		if _, err := c.parse(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
