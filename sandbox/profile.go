@@ -33,7 +33,14 @@ type rootPlan struct {
 	upper  string          // overlay upper dir, or the copy
 	work   string          // overlay work dir
 	merged string          // the directory bound at Path (overlay mount point or the copy)
+	size   int64           // rw: entries plus content bytes / 4 KiB seen by walkDenies, counted up to smallRoot+1
 }
+
+// smallRoot is the size (entries, plus a unit per 4 KiB of file content)
+// up to which StagingAuto stages an rw root by copy: copying a handful of
+// small files costs less than the overlay's user and mount namespace and
+// its mount process, and needs no shell before bwrap.
+const smallRoot = 32
 
 type denyPath struct {
 	path string // in the sandbox (and on the host, under a root's Path)
@@ -63,6 +70,16 @@ func (p *plan) writable() []*rootPlan {
 		}
 	}
 	return out
+}
+
+// small reports whether every rw root is small (smallRoot).
+func (p *plan) small() bool {
+	for _, r := range p.writable() {
+		if r.size > smallRoot {
+			return false
+		}
+	}
+	return true
 }
 
 func depth(p string) int { return strings.Count(p, "/") }
@@ -240,6 +257,14 @@ func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 		}
 		if d.Type().IsRegular() && denyFile(d.Name()) {
 			deny(rel, false)
+		}
+		if r.Writable && r.size <= smallRoot {
+			r.size++
+			if d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					r.size += fi.Size() / 4096
+				}
+			}
 		}
 		return nil
 	})

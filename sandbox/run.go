@@ -50,7 +50,7 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 		return nil, err
 	}
 	mode := s.opts.Staging
-	if mode == StagingAuto && s.overlayRefused.Load() {
+	if mode == StagingAuto && (s.overlayRefused.Load() || pl.small()) {
 		mode = StagingCopy
 	}
 	if len(pl.writable()) == 0 {
@@ -266,6 +266,9 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}()
 
 	res = &Result{Staging: mode}
+	if mode == StagingAuto {
+		res.Staging = StagingOverlay // the mode used, as documented
+	}
 	watchStop := make(chan struct{})
 	var limitCh <-chan string
 	if pl.limits.Processes > 0 {
