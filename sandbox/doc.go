@@ -101,7 +101,8 @@
 // set them, the init exits having run nothing and Run fails. bwrap's
 // setup and the command's first NiceDelay (50 ms) run at the kernel's
 // priority, so a short command costs on a busy machine what a bare bwrap
-// does; then every process of the sandbox gets the niceness Options.Nice
+// does; then, or as soon as the watchdog counts more than 8 processes in
+// the sandbox, every process of the sandbox gets the niceness Options.Nice
 // (default 10: setpriority(2) on the init's process group, then on every
 // process of the pid namespace, for those that left it), so the kernel
 // and its watchdog keep the CPU against a long or runaway command.
