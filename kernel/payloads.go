@@ -522,3 +522,8 @@ func (c *call) recoverySalt() string {
 	}
 	return c.salt
 }
+
+// ResultPart returns the result part of r's audit record: the canonical
+// {"status","result"} or {"status","error"} object its result commitment
+// commits to and its result_hash hashes.
+func ResultPart(r *Result) json.RawMessage { return resultCanonical(r, nil) }
