@@ -160,8 +160,11 @@ type sealed struct {
 }
 
 // seal computes a's commitments under salt from the call's parts (each
-// canonical JSON or nil) and encodes the payload depth keeps.
-func seal(salt, depth string, parts map[string][]byte) (*sealed, error) {
+// canonical JSON or nil) and encodes the payload depth keeps. noArgs, if
+// not nil, is the policy input part without its "args" member, which is
+// exactly the args part; known says whether the caller decided that (else
+// marshalPayload decides it the slow way).
+func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool) (*sealed, error) {
 	s := &sealed{}
 	p := Payload{Salt: salt}
 	for _, name := range Parts {
@@ -185,13 +188,17 @@ func seal(salt, depth string, parts map[string][]byte) (*sealed, error) {
 		}
 	}
 	if depth == DepthCommitmentsOnly {
-		p = Payload{Salt: salt}
+		p, noArgs, known = Payload{Salt: salt}, nil, true
 	}
-	b, err := marshalPayload(&p)
-	if err != nil {
-		return nil, err
+	if !known && p.Args != nil && p.PolicyInput != nil {
+		b, err := marshalPayload(&p)
+		if err != nil {
+			return nil, err
+		}
+		s.payload = b
+		return s, nil
 	}
-	s.payload = b
+	s.payload = appendPayload(nil, &p, noArgs)
 	return s, nil
 }
 
@@ -402,9 +409,13 @@ type auditContext struct {
 // returns the payload depth keeps.
 func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error) {
 	parts := map[string][]byte{PartArgs: args, PartResult: res}
-	var err error
+	var (
+		err    error
+		noArgs []byte
+		known  = true
+	)
 	if a.PolicyInput != nil {
-		if parts[PartPolicyInput], err = canonicalPart(a.PolicyInput); err != nil {
+		if parts[PartPolicyInput], noArgs, known, err = policyPart(a.PolicyInput, args); err != nil {
 			return nil, err
 		}
 	}
@@ -412,10 +423,10 @@ func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error
 	if ctx.RiskBasis == nil {
 		ctx.RiskBasis = []string{}
 	}
-	if parts[PartContext], err = canonicalPart(ctx); err != nil {
+	if parts[PartContext], err = contextPart(&ctx); err != nil {
 		return nil, err
 	}
-	s, err := seal(salt, depth, parts)
+	s, err := seal(salt, depth, parts, noArgs, known)
 	if err != nil {
 		return nil, err
 	}

@@ -340,11 +340,11 @@ func newAuditEntry(a *auditRecord, r *Result, canon []byte, salt, depth string, 
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(a.publicBody())
+	b, err := appendAuditBody(make([]byte, 0, 1024), a)
 	if err != nil {
 		return nil, err
 	}
-	body, err := ledger.Canonicalize(b)
+	body, err := ledger.Canonical(b)
 	if err != nil {
 		return nil, err
 	}
