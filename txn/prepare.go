@@ -33,7 +33,11 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 		return nil, err
 	}
 	accounts := in.accounts(p.Limits)
-	if err := check(tx, accounts, in.Reserved); err != nil {
+	used, err := usages(tx, accounts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkUsed(accounts, used, in.Reserved); err != nil {
 		return nil, err
 	}
 	if k, ok := in.idemKey(); ok {
@@ -41,7 +45,7 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 			return nil, err
 		}
 	}
-	if err := charge(tx, accounts, in.Reserved); err != nil {
+	if err := chargeUsed(tx, accounts, used, in.Reserved); err != nil {
 		return nil, err
 	}
 	in.State = Prepared
