@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/policy"
@@ -150,14 +151,7 @@ func appendContext(b []byte, ctx *auditContext) ([]byte, error) {
 		o.raw("provenance", v)
 	}
 	o.key("risk_basis")
-	o.b = append(o.b, '[')
-	for i, s := range ctx.RiskBasis {
-		if i > 0 {
-			o.b = append(o.b, ',')
-		}
-		o.b = jcs.AppendGoString(o.b, s)
-	}
-	o.b = append(o.b, ']')
+	o.b = appendStrings(o.b, ctx.RiskBasis)
 	return o.end(), nil
 }
 
@@ -173,56 +167,129 @@ func plainName(name string) bool {
 	return true
 }
 
-// withArgs returns the canonical policy input that noArgs (a canonical
-// policy input without "args") is with the canonical args member added.
-// "agent_id", always present, is the one member that sorts before "args".
-func withArgs(noArgs, args []byte) ([]byte, bool) {
-	const head = `{"agent_id":"`
-	if !bytes.HasPrefix(noArgs, []byte(head)) {
-		return nil, false
-	}
-	i := len(head)
-	for ; i < len(noArgs) && noArgs[i] != '"'; i++ {
-		if noArgs[i] == '\\' {
-			i++
-		}
-	}
-	if i >= len(noArgs) {
-		return nil, false
-	}
-	i++ // the closing quote
-	out := make([]byte, 0, len(noArgs)+len(args)+8)
-	out = append(out, noArgs[:i]...)
-	out = append(out, `,"args":`...)
-	out = append(out, args...)
-	return append(out, noArgs[i:]...), true
-}
-
 // policyPart returns the canonical policy input in and, when its "args"
-// member is exactly args (canonical), the policy input without it, from
-// which it is made (the args are not canonicalized again). known says
+// member is exactly args (canonical), the policy input without it, both
+// written directly (the args are not canonicalized again). known says
 // whether that was decided; when not, the payload's encoder decides.
+// Input the direct encoder does not write (provenance jcs refuses, a
+// number that is not finite) takes canonicalPart's path.
 func policyPart(in *policy.Input, args []byte) (full, noArgs []byte, known bool, err error) {
-	if len(in.Args) == 0 || args == nil {
-		full, err = canonicalPart(in)
-		return full, nil, true, err
-	}
-	same := bytes.Equal(in.Args, args)
-	if !same {
-		c, err := jcs.Canonicalize(in.Args)
-		same = err == nil && bytes.Equal(c, args)
-	}
-	if same {
-		cp := *in
-		cp.Args = nil
-		if noArgs, err = canonicalPart(&cp); err == nil {
-			if full, ok := withArgs(noArgs, args); ok {
+	switch {
+	case len(in.Args) == 0:
+		if full, err = appendPolicyInput(nil, in, nil); err == nil {
+			return full, nil, true, nil
+		}
+	case args != nil && bytes.Equal(in.Args, args):
+		if noArgs, err = appendPolicyInput(nil, in, nil); err == nil {
+			if full, err = appendPolicyInput(make([]byte, 0, len(noArgs)+len(args)+8), in, args); err == nil {
 				return full, noArgs, true, nil
 			}
 		}
 	}
 	full, err = canonicalPart(in)
 	return full, nil, false, err
+}
+
+// appendPolicyInput appends the canonical JSON of in with args (canonical,
+// nil for none) as its "args" member.
+func appendPolicyInput(b []byte, in *policy.Input, args []byte) ([]byte, error) {
+	o := object{b: b}
+	o.str("agent_id", in.AgentID)
+	if args != nil {
+		o.raw("args", args)
+	}
+	o.opt("autonomy_ceiling", in.Ceiling)
+	if len(in.CallerRiskBasis) > 0 {
+		o.key("caller_risk_basis")
+		o.b = appendStrings(o.b, in.CallerRiskBasis)
+	}
+	if in.CallerRiskScore != nil {
+		f := *in.CallerRiskScore
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, errSlowPath
+		}
+		o.key("caller_risk_score")
+		o.b = jcs.AppendNumber(o.b, f)
+	}
+	if n := in.Network; n != nil {
+		o.key("network")
+		no := object{b: o.b}
+		no.key("patterns")
+		no.b = appendStrings(no.b, n.Patterns)
+		no.str("posture", n.Posture)
+		o.b = no.end()
+	}
+	if len(in.Provenance) > 0 {
+		v, err := jcs.Canonicalize(in.Provenance)
+		if err != nil {
+			return nil, err
+		}
+		o.raw("provenance", v)
+	}
+	o.opt("requested_mode", in.RequestedMode)
+	o.key("resources")
+	if in.Resources == nil {
+		o.b = append(o.b, "null"...)
+	} else {
+		o.b = append(o.b, '[')
+		for i := range in.Resources {
+			if i > 0 {
+				o.b = append(o.b, ',')
+			}
+			var err error
+			if o.b, err = appendResource(o.b, &in.Resources[i]); err != nil {
+				return nil, err
+			}
+		}
+		o.b = append(o.b, ']')
+	}
+	if in.ResourcesUndeclared {
+		o.raw("resources_undeclared", []byte("true"))
+	}
+	o.str("side_effect", in.SideEffect)
+	o.opt("task_class", in.TaskClass)
+	o.str("tool_id", in.ToolID)
+	return o.end(), nil
+}
+
+func appendResource(b []byte, r *policy.Resource) ([]byte, error) {
+	o := object{b: b}
+	if r.Exists {
+		o.raw("exists", []byte("true"))
+	}
+	o.opt("host", r.Host)
+	if r.IsDir {
+		o.raw("is_dir", []byte("true"))
+	}
+	o.opt("key", r.Key)
+	o.str("kind", r.Kind)
+	o.str("op", r.Op)
+	o.opt("path", r.Path)
+	if r.Port != 0 {
+		if r.Port > 1<<53 || r.Port < -(1<<53) {
+			return nil, errSlowPath // beyond exact doubles: RFC 8785 rounds it
+		}
+		o.key("port")
+		o.b = strconv.AppendInt(o.b, int64(r.Port), 10)
+	}
+	o.opt("real_path", r.RealPath)
+	o.opt("root", r.Root)
+	return o.end(), nil
+}
+
+// appendStrings appends ss as a JSON array, null for nil.
+func appendStrings(b []byte, ss []string) []byte {
+	if ss == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = jcs.AppendGoString(b, s)
+	}
+	return append(b, ']')
 }
 
 // appendPayload appends the stored form of p (marshalPayload's bytes),

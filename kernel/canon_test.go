@@ -56,10 +56,29 @@ func randomRecord(r *rand.Rand) (*auditRecord, []byte) {
 	}
 	if r.IntN(4) > 0 {
 		score := 0.5
-		in := &policy.Input{ToolID: s(), SideEffect: s(), AgentID: s(), TaskClass: s(), Ceiling: s(),
-			Resources: []policy.Resource{{Kind: "fs", Op: "read", Path: s()}}, CallerRiskBasis: []string{s()}}
+		in := &policy.Input{ToolID: s(), SideEffect: s(), AgentID: s(), TaskClass: s(), Ceiling: s(), RequestedMode: s(),
+			ResourcesUndeclared: r.IntN(2) == 0}
+		for range r.IntN(3) {
+			in.Resources = append(in.Resources, policy.Resource{Kind: s(), Op: s(), Path: s(), RealPath: s(), Root: s(),
+				IsDir: r.IntN(2) == 0, Exists: r.IntN(2) == 0, Key: s(), Host: s(), Port: r.IntN(3) * 443})
+		}
+		if r.IntN(3) == 0 {
+			in.Resources = []policy.Resource{}
+		}
 		if r.IntN(2) == 0 {
 			in.CallerRiskScore = &score
+		}
+		if r.IntN(2) == 0 {
+			in.CallerRiskBasis = []string{s(), s()}
+		}
+		if r.IntN(2) == 0 {
+			in.Network = &policy.Network{Posture: s()}
+			if r.IntN(2) == 0 {
+				in.Network.Patterns = []string{s()}
+			}
+		}
+		if r.IntN(2) == 0 {
+			in.Provenance = json.RawMessage(raws[r.IntN(len(raws))])
 		}
 		switch r.IntN(4) {
 		case 0: // args left out of the policy input (too large)

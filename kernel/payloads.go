@@ -121,13 +121,28 @@ func NewSalt() string {
 // holder may hand out one part's key to let another party check that part
 // alone: it opens no other part.
 func PartKey(salt, name string) ([32]byte, error) {
-	var key [32]byte
-	raw, err := hex.DecodeString(salt)
-	if err != nil || len(raw) != SaltSize {
-		return key, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
+	raw, err := decodeSalt(salt)
+	if err != nil {
+		return [32]byte{}, err
 	}
-	blake3.DeriveKey(commitmentContext+name, raw, key[:])
-	return key, nil
+	return partKey(&raw, name), nil
+}
+
+// decodeSalt decodes a hex salt of SaltSize bytes.
+func decodeSalt(salt string) (raw [SaltSize]byte, err error) {
+	if len(salt) != 2*SaltSize {
+		return raw, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
+	}
+	if _, err := hex.Decode(raw[:], []byte(salt)); err != nil {
+		return raw, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
+	}
+	return raw, nil
+}
+
+// partKey is PartKey for a decoded salt.
+func partKey(raw *[SaltSize]byte, name string) (key [32]byte) {
+	blake3.DeriveKey(commitmentContext+name, raw[:], key[:])
+	return key
 }
 
 // Commit returns the commitment to the canonical JSON bytes part under
@@ -167,15 +182,16 @@ type sealed struct {
 func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool) (*sealed, error) {
 	s := &sealed{}
 	p := Payload{Salt: salt}
+	raw, err := decodeSalt(salt)
+	if err != nil {
+		return nil, err
+	}
 	for _, name := range Parts {
 		b := parts[name]
 		if b == nil {
 			continue
 		}
-		c, err := CommitPart(salt, name, b)
-		if err != nil {
-			return nil, err
-		}
+		c := Commit(partKey(&raw, name), b)
 		switch name {
 		case PartArgs:
 			s.commitments.Args, p.Args = c, b
@@ -281,7 +297,9 @@ func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	// Keys only grow (seq order), so a page split may leave the left page
 	// full: the default half-full split would waste half of every page.
 	b.FillPercent = 1
-	return b.Put(binary.BigEndian.AppendUint64(nil, seq), bytes.Clone(payload))
+	// payload is the entry's own, never modified after: bbolt may keep it
+	// until the commit without a copy.
+	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)
 }
 
 // getPayload returns the stored payload of the audit entry seq, or nil

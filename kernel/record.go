@@ -224,7 +224,7 @@ func leanStored(r *Result) bool { return r.TxOutcome == NoOp && r.Result != nil 
 // lookup and to refuse the id's reuse. The first record of an id keeps
 // it.
 func (k *Kernel) storeOperation(tx *bbolt.Tx, id string, stored []byte) error {
-	if txn.GetOperation(tx, id) != nil {
+	if txn.HasOperation(tx, id) {
 		return nil
 	}
 	return txn.PutOperation(tx, id, stored)

@@ -67,6 +67,12 @@ func PutOperation(tx *bbolt.Tx, id string, result []byte) error {
 	return tx.Bucket(bucketOps).Put([]byte(id), clone(result))
 }
 
+// HasOperation reports whether a result envelope is stored for operation
+// id, without copying it.
+func HasOperation(tx *bbolt.Tx, id string) bool {
+	return tx.Bucket(bucketOps).Get([]byte(id)) != nil
+}
+
 // GetOperation returns the stored result envelope of operation id, or nil.
 func GetOperation(tx *bbolt.Tx, id string) json.RawMessage {
 	return clone(tx.Bucket(bucketOps).Get([]byte(id)))
