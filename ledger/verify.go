@@ -252,6 +252,7 @@ type nodeChecker struct {
 	tree    *bbolt.Bucket
 	cursors []*bbolt.Cursor // by level
 	err     error           // the first difference
+	want    [treeKeyLen]byte
 }
 
 // visit is called with every node of the recomputed tree as it completes,
@@ -261,7 +262,9 @@ func (nc *nodeChecker) visit(id compact.NodeID, hash *[32]byte) {
 		return
 	}
 	k, v := nc.step(id.Level)
-	want := treeKey(id)
+	want := nc.want[:] // treeKey(id), without allocating
+	want[0] = byte(id.Level)
+	binary.BigEndian.PutUint64(want[1:], id.Index)
 	switch {
 	case bytes.Equal(k, want) && bytes.Equal(v, hash[:]):
 	case bytes.Equal(k, want):
