@@ -96,16 +96,12 @@
 // first and execs bwrap (one mount process per rw root).
 //
 // The init waits, before it starts anything else, until the kernel has
-// set the rlimits on it (prlimit(2) on its host pid, found from /proc):
-// the command and everything it starts inherit them. If the kernel cannot
-// set them, the init exits having run nothing and Run fails. bwrap's
-// setup and the command's first NiceDelay (50 ms) run at the kernel's
-// priority, so a short command costs on a busy machine what a bare bwrap
-// does; then, or as soon as the watchdog counts more than 8 processes in
-// the sandbox, every process of the sandbox gets the niceness Options.Nice
-// (default 10: setpriority(2) on the init's process group, then on every
-// process of the pid namespace, for those that left it), so the kernel
-// and its watchdog keep the CPU against a long or runaway command.
+// set the rlimits and the niceness (Options.Nice, default 10) on it
+// (prlimit(2) and setpriority(2) on its host pid, found from /proc): the
+// command and everything it starts inherit both, so the kernel and its
+// watchdog keep the CPU against a runaway command, while bwrap's own
+// setup runs at the kernel's priority. If the kernel cannot set them, the
+// init exits having run nothing and Run fails.
 //
 // The chain is forked from an OS thread locked for the run's lifetime:
 // parent-death signals follow the forking thread.

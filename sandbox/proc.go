@@ -8,8 +8,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // killer ends a run. The chain process (bwrap, after the execs) is our
@@ -31,9 +29,6 @@ type killer struct {
 	ns       uint64 // its pid namespace
 	timer    *time.Timer
 	backstop *time.Timer
-	renice   *time.Timer // armed by reniceAfter
-	nice     int
-	reniced  bool
 	stopped  bool
 }
 
@@ -155,54 +150,6 @@ func (k *killer) waitGone(max time.Duration) {
 	}
 }
 
-// NiceDelay is how long a run's command runs at the kernel's priority
-// before Options.Nice applies to it: a short command is not slowed down
-// on a busy machine, a long or runaway one yields the CPU to the kernel
-// and its watchdog. The niceness applies at once when the watchdog counts
-// more than niceProcesses processes in the sandbox.
-const NiceDelay = 50 * time.Millisecond
-
-const niceProcesses = 8
-
-// reniceAfter arms the niceness n of every process of the sandbox for d
-// later (or reniceNow, whichever comes first), unless the run has ended.
-func (k *killer) reniceAfter(n int, d time.Duration) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.stopped || k.renice != nil {
-		return
-	}
-	k.nice = n
-	k.renice = time.AfterFunc(d, k.reniceNow)
-}
-
-// reniceNow sets the armed niceness, once: on the init's process group
-// (the command's, unless it left it) at once — the kernel renices it under
-// the lock forks take, so no member escapes, and children forked later
-// inherit the niceness — then, twice, on every process of the namespace,
-// for those that left the group (setsid) and their children. The scans run
-// without the killer's lock, so the watchdog and the kills never wait for
-// them.
-func (k *killer) reniceNow() {
-	k.mu.Lock()
-	if k.stopped || k.reniced || k.renice == nil || k.init == 0 {
-		k.mu.Unlock()
-		return
-	}
-	k.reniced = true
-	init, ns, n := k.init, k.ns, k.nice
-	k.mu.Unlock()
-	if pidNS(init) != ns {
-		return
-	}
-	unix.Setpriority(unix.PRIO_PGRP, init, n)
-	for range 2 {
-		for _, pid := range nsPids(ns) {
-			unix.Setpriority(unix.PRIO_PROCESS, pid, n)
-		}
-	}
-}
-
 // stop disarms the killer once the run has been waited for.
 func (k *killer) stop() {
 	k.mu.Lock()
@@ -213,9 +160,6 @@ func (k *killer) stop() {
 	}
 	if k.backstop != nil {
 		k.backstop.Stop()
-	}
-	if k.renice != nil {
-		k.renice.Stop()
 	}
 }
 
@@ -319,9 +263,6 @@ func watchProcesses(k *killer, max int, stop <-chan struct{}) <-chan string {
 			n, err := countPids(dir)
 			if err != nil {
 				continue // not mounted yet, or gone
-			}
-			if n-1 > niceProcesses && n-1 <= max {
-				go k.reniceNow() // the count goes on meanwhile
 			}
 			if n-1 > max {
 				ch <- "processes"

@@ -351,10 +351,9 @@ loop:
 	return res, nil
 }
 
-// release applies the limits to the sandbox's init, which waits for them
-// before it starts anything of the command's: every process of the
-// command inherits them. It arms the niceness (Options.Nice) for
-// NiceDelay later. The init is found from /proc
+// release applies the limits and the niceness to the sandbox's init,
+// which waits for them before it starts anything of the command's: every
+// process of the command inherits them. The init is found from /proc
 // (bwrap's only child, in a pid namespace of its own), never from
 // anything the sandbox can write. Run fails closed when this fails.
 func (s *Sandbox) release(k *killer, l Limits) error {
@@ -392,7 +391,9 @@ func (s *Sandbox) release(k *killer, l Limits) error {
 		}
 	}
 	if s.opts.Nice > 0 {
-		k.reniceAfter(s.opts.Nice, NiceDelay)
+		if err := unix.Setpriority(unix.PRIO_PROCESS, init, s.opts.Nice); err != nil {
+			return fmt.Errorf("setting niceness %d on the sandbox's init (pid %d): %w", s.opts.Nice, init, err)
+		}
 	}
 	return nil
 }

@@ -141,7 +141,7 @@ type Options struct {
 	Symlinks   SymlinkPolicy // default SymlinksRefuse
 	ProxyPort  int           // loopback TCP port of the in-sandbox proxy relay; default 3128
 	RootInside bool          // run as uid/gid 0 inside the sandbox instead of 1000 (never with capabilities)
-	Nice       int           // scheduling niceness of the sandbox's processes from NiceDelay after the command starts (so the kernel and its watchdog keep the CPU against a long or runaway command); default 10, negative: unchanged
+	Nice       int           // scheduling niceness of the command and every process it starts (so the kernel and its watchdog keep the CPU); default 10, negative: unchanged
 }
 
 // Sandbox runs commands under bubblewrap. It is safe for concurrent use.
