@@ -130,6 +130,13 @@
 // gid 0 to another id). So a watchdog counts the sandbox's processes every
 // 10 ms (in the sandbox's own /proc, through its init) and, above
 // Processes, kills the whole sandbox: Result.LimitExceeded = "processes".
+// Where the host offers a writable pids cgroup (the cgroup v1 pids
+// hierarchy, or cgroup v2 with pids delegated), the init is also moved,
+// before it starts anything, into a cgroup of its own with pids.max =
+// Processes + 2 (the init and its lifeline watcher), removed after the
+// run: the host then refuses every fork past the limit at once, so a fork
+// bomb cannot take the host's pids while the watchdog waits for the CPU on
+// a loaded machine (seen: other processes' forks failing with EAGAIN).
 // The kill goes to the init (whose exit makes the kernel kill the
 // namespace) and, from the kernel's own priority, to every process of the
 // namespace until none is left. A fork bomb is thus contained within a

@@ -30,6 +30,26 @@ type killer struct {
 	timer    *time.Timer
 	backstop *time.Timer
 	stopped  bool
+	cgroup   *pidsCgroup // the run's pids cgroup, when the host offers one (pidscg.go)
+}
+
+// setCgroup records the run's pids cgroup for removeCgroup.
+func (k *killer) setCgroup(c *pidsCgroup) {
+	k.mu.Lock()
+	k.cgroup = c
+	k.mu.Unlock()
+}
+
+// removeCgroup deletes the run's pids cgroup, if it has one, once the
+// run's processes are gone.
+func (k *killer) removeCgroup() {
+	k.mu.Lock()
+	c := k.cgroup
+	k.cgroup = nil
+	k.mu.Unlock()
+	if c != nil {
+		c.remove()
+	}
 }
 
 // sandboxInit finds the sandbox's init (0, 0 before bwrap has made it).

@@ -297,6 +297,7 @@ loop:
 	close(watchStop)
 	k.stop()
 	k.waitGone(5 * time.Second)
+	k.removeCgroup()
 	res.Duration = time.Since(start)
 
 	ps := cmd.ProcessState
@@ -388,6 +389,14 @@ func (s *Sandbox) release(k *killer, l Limits) error {
 	for _, r := range rs {
 		if err := unix.Prlimit(init, r.res, &unix.Rlimit{Cur: r.cur, Max: r.max}, nil); err != nil {
 			return fmt.Errorf("setting %s %d:%d on the sandbox's init (pid %d): %w", r.name, r.cur, r.max, init, err)
+		}
+	}
+	if l.Processes > 0 {
+		// The init, its lifeline watcher and Processes of the command's:
+		// the watchdog reports "processes" above that, and the host
+		// refuses any fork beyond it even when the watchdog is starved.
+		if c, err := joinPidsCgroup(init, l.Processes+2); err == nil {
+			k.setCgroup(c)
 		}
 	}
 	if s.opts.Nice > 0 {

@@ -1,0 +1,128 @@
+package sandbox
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// pidsCgroup is a pids cgroup made for one run, holding the sandbox's
+// init and so everything the command starts: its pids.max makes the host
+// kernel refuse a fork past Limits.Processes at once, whatever the load.
+// The process watchdog (watchProcesses) alone cannot promise that for a
+// kernel running as root (RLIMIT_NPROC is not enforced for uid 0): on a
+// starved machine a fork bomb can outrun a 10 ms poll and take every pid
+// of the host, and then every other process's fork fails with EAGAIN.
+type pidsCgroup struct{ dir string }
+
+// cgroupSeq names each run's cgroup uniquely within the process.
+var cgroupSeq atomic.Uint64
+
+// joinPidsCgroup makes a child of the kernel's own pids cgroup with
+// pids.max = max and moves pid into it. It returns nil, with the reason,
+// where the host offers no writable pids controller (no cgroup v1 pids
+// hierarchy and no cgroup v2 pids delegation, or no permission): the
+// watchdog then stands alone, as documented in doc.go.
+func joinPidsCgroup(pid, max int) (*pidsCgroup, error) {
+	parent, err := ownPidsCgroup()
+	if err != nil {
+		return nil, err
+	}
+	sweepOnce.Do(func() { sweepStale(parent) })
+	dir := filepath.Join(parent, fmt.Sprintf("capkernel-sandbox-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &pidsCgroup{dir: dir}
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
+		c.remove()
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		c.remove()
+		return nil, err
+	}
+	return c, nil
+}
+
+// remove deletes the cgroup once its processes are gone: rmdir is refused
+// while any is left, a zombie included, and the last of a killed sandbox
+// can take a moment to be reaped. It waits up to a second, then goes on
+// trying in the background for up to ten more.
+func (c *pidsCgroup) remove() {
+	for i := 0; i < 100; i++ {
+		if err := os.Remove(c.dir); err == nil || os.IsNotExist(err) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	go func() {
+		for i := 0; i < 100; i++ {
+			time.Sleep(100 * time.Millisecond)
+			if err := os.Remove(c.dir); err == nil || os.IsNotExist(err) {
+				return
+			}
+		}
+	}()
+}
+
+var sweepOnce sync.Once
+
+// sweepStale removes the empty run cgroups that processes which have
+// exited left behind (their background removal ended with them): a
+// directory capkernel-sandbox-PID-N whose PID is not alive. rmdir refuses
+// any that still holds a process.
+func sweepStale(parent string) {
+	ents, _ := os.ReadDir(parent)
+	for _, e := range ents {
+		var pid, n int
+		if _, err := fmt.Sscanf(e.Name(), "capkernel-sandbox-%d-%d", &pid, &n); err != nil || pid == os.Getpid() {
+			continue
+		}
+		if syscall.Kill(pid, 0) == syscall.ESRCH {
+			os.Remove(filepath.Join(parent, e.Name()))
+		}
+	}
+}
+
+// ownPidsCgroup is the directory of this process's pids cgroup: the cgroup
+// v1 pids hierarchy, else the unified (v2) one when it offers pids to its
+// children.
+func ownPidsCgroup() (string, error) {
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var unified string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// hierarchy-ID:controller-list:cgroup-path
+		parts := strings.SplitN(s.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, ctl := range strings.Split(parts[1], ",") {
+			if ctl == "pids" {
+				return filepath.Join("/sys/fs/cgroup/pids", parts[2]), nil
+			}
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			unified = parts[2]
+		}
+	}
+	if unified != "" {
+		dir := filepath.Join("/sys/fs/cgroup", unified)
+		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " pids ") {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("no writable pids cgroup for this process")
+}

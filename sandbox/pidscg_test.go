@@ -1,0 +1,100 @@
+package sandbox
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A process joined to a run's pids cgroup cannot fork past its pids.max,
+// however slow anyone is to notice: the host refuses the forks (counted in
+// pids.events), and the cgroup is gone after remove.
+func TestPidsCgroupRefusesForks(t *testing.T) {
+	// The shell forks eight sleeps once told to; a refused fork may end it.
+	sh := exec.Command("sh", "-c", `read go; for i in 1 2 3 4 5 6 7 8; do sleep 30 & done 2>/dev/null; wait`)
+	sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	in, _ := sh.StdinPipe()
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		syscall.Kill(-sh.Process.Pid, syscall.SIGKILL)
+		sh.Wait()
+	}()
+	const max = 4 // the shell and three sleeps
+	c, err := joinPidsCgroup(sh.Process.Pid, max)
+	if err != nil {
+		t.Skipf("no writable pids cgroup here (%v); the watchdog stands alone", err)
+	}
+	in.Write([]byte("go\n"))
+	events := ""
+	for i := 0; i < 100 && (events == "" || events == "max 0"); i++ {
+		time.Sleep(50 * time.Millisecond)
+		events = readCgroupFile(t, c.dir, "pids.events")
+	}
+	cur := readCgroupFile(t, c.dir, "pids.current")
+	syscall.Kill(-sh.Process.Pid, syscall.SIGKILL)
+	sh.Wait()
+	if n, _ := strconv.Atoi(cur); n > max {
+		t.Errorf("pids.current %d > pids.max %d", n, max)
+	}
+	if !strings.HasPrefix(events, "max ") || events == "max 0" {
+		t.Errorf("pids.events %q: no fork was refused", events)
+	}
+	c.remove()
+	if _, err := os.Stat(c.dir); !os.IsNotExist(err) {
+		// remove retries in the background while processes linger.
+		for i := 0; i < 50; i++ {
+			if _, err = os.Stat(c.dir); os.IsNotExist(err) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left behind", c.dir)
+		}
+	}
+}
+
+func readCgroupFile(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// A run cgroup left by a process that has exited is removed by the next
+// process's first run; one of a live process is kept.
+func TestPidsCgroupSweepsStale(t *testing.T) {
+	parent, err := ownPidsCgroup()
+	if err != nil {
+		t.Skipf("no writable pids cgroup here (%v)", err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(parent, "capkernel-sandbox-"+strconv.Itoa(dead.Process.Pid)+"-1")
+	live := filepath.Join(parent, "capkernel-sandbox-1-1") // pid 1 is always alive
+	for _, d := range []string{stale, live} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Skipf("cannot make cgroups here: %v", err)
+		}
+	}
+	defer os.Remove(live)
+	sweepStale(parent)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		os.Remove(stale)
+		t.Errorf("stale cgroup %s kept", stale)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live process's cgroup was removed: %v", err)
+	}
+}
