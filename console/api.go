@@ -116,6 +116,9 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			if e.Approval != nil && !sees(s.role, e.Approval.RequiredRole) {
 				continue
 			}
+			if e, ok = s.access.Event(e); !ok {
+				continue
+			}
 			b, err := json.Marshal(e)
 			if err != nil {
 				continue
@@ -155,7 +158,7 @@ const pageSize = 200
 // receipts answers the history search: agent, tool, outcome (committed,
 // rolled_back, no_op, ok, error), class (a side-effect class), since and
 // until (RFC 3339), after (a receipt seq, for paging).
-func (c *Console) receipts(w http.ResponseWriter, r *http.Request, _ *session) {
+func (c *Console) receipts(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
 	f := kernel.ReceiptFilter{AgentID: q.Get("agent"), ToolID: q.Get("tool"), TxOutcome: q.Get("outcome")}
 	switch f.TxOutcome {
@@ -193,7 +196,7 @@ func (c *Console) receipts(w http.ResponseWriter, r *http.Request, _ *session) {
 		}
 		for _, ri := range list {
 			f.After = ri.Seq
-			row := ReceiptRow{ReceiptInfo: ri}
+			row := ReceiptRow{ReceiptInfo: s.access.Receipt(ri)}
 			if e, ok := c.k.Registry().Get(ri.Receipt.ToolID); ok {
 				row.SideEffect = string(e.Def.SideEffect)
 			}
@@ -218,35 +221,70 @@ func (c *Console) receipts(w http.ResponseWriter, r *http.Request, _ *session) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (c *Console) receipt(w http.ResponseWriter, r *http.Request, _ *session) {
+func (c *Console) receipt(w http.ResponseWriter, r *http.Request, s *session) {
 	info, err := c.k.Inspector().Receipt(r.PathValue("id"))
 	if err != nil {
 		lookupError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	writeJSON(w, http.StatusOK, s.access.Receipt(*info))
 }
 
-func (c *Console) bundle(w http.ResponseWriter, r *http.Request, _ *session) {
+// bundle answers with the receipt proven by the log: a record with
+// commitments is public whole, one written before them only to a reader
+// of it in full (as GET /v1/receipts/{id}/bundle).
+func (c *Console) bundle(w http.ResponseWriter, r *http.Request, s *session) {
 	b, err := c.k.Inspector().Bundle(r.PathValue("id"))
 	if err != nil {
 		lookupError(w, err)
 		return
 	}
+	if !s.access.MayHave(b.Entry) {
+		writeError(w, http.StatusForbidden, "this receipt's record predates commitments and holds the call's arguments: only its agent, an auditor or the admin may have it")
+		return
+	}
 	writeJSON(w, http.StatusOK, b)
 }
 
-func (c *Console) operation(w http.ResponseWriter, r *http.Request, _ *session) {
-	if st, ok := c.k.Operation(r.PathValue("id")); ok {
+// operation answers with an operation's state or stored result to a
+// reader of its agent's records in full (the admin and auditors); to
+// anyone else it is unknown, as in GET /v1/operations/{id}: the result
+// is the call's payload.
+func (c *Console) operation(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	notFound := fmt.Errorf("operation %q: %w", id, kernel.ErrNotFound)
+	// A finished call is answered from the operations table, which
+	// erasure rewrites; the kernel's memory of recent results is not.
+	st, live := c.k.Operation(id)
+	if live && st.State != kernel.OpDone {
+		if !s.access.Full(st.AgentID) {
+			lookupError(w, notFound)
+			return
+		}
 		writeJSON(w, http.StatusOK, st)
 		return
 	}
-	env, err := c.k.Inspector().Operation(r.PathValue("id"))
+	env, err := c.k.Inspector().Operation(id)
+	if errors.Is(err, kernel.ErrNotFound) && live {
+		if !s.access.Full(st.AgentID) {
+			lookupError(w, notFound)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+		return
+	}
 	if err != nil {
 		lookupError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"operation_id": r.PathValue("id"), "state": kernel.OpDone, "result": env})
+	var owner struct {
+		AgentID string `json:"agent_id"`
+	}
+	if json.Unmarshal(env, &owner) != nil || !s.access.Full(owner.AgentID) {
+		lookupError(w, notFound)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"operation_id": id, "state": kernel.OpDone, "result": env})
 }
 
 // Tokens is the body of GET /console/api/tokens.

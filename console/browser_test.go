@@ -21,7 +21,7 @@ const chromium = "/usr/bin/chromium"
 const browserRun = 5 * time.Minute
 
 // screenshots are the views the browser run must save, by file name.
-var screenshots = []string{"login", "approvals", "history", "verify", "ledger", "tokens"}
+var screenshots = []string{"login", "approvals", "history", "verify", "ledger", "tokens", "audit", "erased"}
 
 // needBrowser returns node's path, skipping the test when Chromium, node
 // or playwright-core are missing, unless CAPKERNEL_BROWSER_TESTS=1 (set
@@ -80,7 +80,7 @@ func TestBrowser(t *testing.T) {
 		os.Remove(filepath.Join(art, s+".png")) // a stale one must not pass
 	}
 	cfg, _ := json.Marshal(map[string]any{
-		"url": w.srv.URL, "admin": w.admin, "alice": w.alice.Token, "bob": w.bob.Token,
+		"url": w.srv.URL, "admin": w.admin, "alice": w.alice.Token, "bob": w.bob.Token, "dave": w.dave.Token,
 		"agent":       map[string]string{"token": w.agent.Token, "id": w.agent.ID, "agent_id": w.agent.AgentID},
 		"policy_hash": w.k.PolicyHash(), "ws": w.ws, "artifacts": art, "chromium": chromium,
 	})
@@ -109,7 +109,7 @@ func TestBrowser(t *testing.T) {
 	if got, err := read("notes.txt"); err != nil || got != "status: final\nowner: ops\n" {
 		t.Errorf("the approved fs.write: notes.txt is %q (%v)", got, err)
 	}
-	for _, name := range []string{"denied.txt", "csrf.txt", "late.txt", "stale.txt"} {
+	for _, name := range []string{"denied.txt", "csrf.txt", "late.txt", "stale.txt", "audited.txt"} {
 		if _, err := read(name); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s of a denied call exists (%v)", name, err)
 		}

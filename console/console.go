@@ -20,6 +20,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"mime"
 	"net/http"
@@ -50,7 +51,7 @@ const (
 	RoleAdmin      = "admin"
 	RoleApprover   = "approver"
 	RoleEscalation = "escalation"
-	RoleAuditor    = "auditor" // any other approver-kind role: reads only
+	RoleAuditor    = "auditor" // reads every record in full; decides and revokes nothing
 )
 
 // ContentSecurityPolicy is sent with every console response: scripts,
@@ -76,8 +77,12 @@ type session struct {
 	role     string
 	subject  string
 	jti      string // of a token credential
-	created  time.Time
-	expires  time.Time
+	// access is what the credential may read of the history
+	// (kernel.Access): everything for the admin and auditors, the
+	// public parts for approvers, who act for no agent.
+	access  kernel.Access
+	created time.Time
+	expires time.Time
 }
 
 // New returns the console of k.
@@ -122,7 +127,8 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /console/api/receipts/{id}", c.read(c.receipt))
 	m.HandleFunc("GET /console/api/receipts/{id}/bundle", c.read(c.bundle))
 	m.HandleFunc("GET /console/api/operations/{id}", c.read(c.operation))
-	m.HandleFunc("GET /console/api/tokens", c.read(c.adminOnly(c.tokens)))
+	m.HandleFunc("GET /console/api/receipts/{id}/record", c.read(c.record))
+	m.HandleFunc("GET /console/api/tokens", c.read(c.readsAll(c.tokens)))
 	m.HandleFunc("POST /console/api/tokens/{jti}/revoke", c.mutate(c.adminOnly(c.revoke)))
 	unknown := func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no console endpoint "+r.Method+" "+r.URL.Path)
@@ -166,6 +172,18 @@ func (c *Console) adminOnly(h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
 		if s.role != RoleAdmin {
 			writeError(w, http.StatusForbidden, "only the admin credential may do this")
+			return
+		}
+		h(w, r, s)
+	}
+}
+
+// readsAll admits the sessions that read everything: the admin and
+// auditors.
+func (c *Console) readsAll(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, s *session) {
+		if !s.access.All {
+			writeError(w, http.StatusForbidden, "only the admin credential or an auditor may read this")
 			return
 		}
 		h(w, r, s)
@@ -245,6 +263,12 @@ type SessionInfo struct {
 	// CanDecide: the session may approve or deny (approver and
 	// escalation credentials), so the page can offer it from the start.
 	CanDecide bool `json:"can_decide"`
+	// CanRevoke: the session may revoke tokens (the admin credential).
+	CanRevoke bool `json:"can_revoke"`
+	// ReadsAll: the session reads every record in full, payloads
+	// included (the admin credential and auditor tokens); otherwise it
+	// reads records only as their public part.
+	ReadsAll bool `json:"reads_all"`
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
@@ -262,7 +286,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "credential is required")
 		return
 	case c.k.IsAdmin(s.cred):
-		s.role, s.subject = RoleAdmin, "admin"
+		s.role, s.subject, s.access = RoleAdmin, "admin", kernel.AccessAll
 	case strings.HasPrefix(s.cred, kernel.AdminPrefix):
 		writeError(w, http.StatusUnauthorized, "the admin credential is wrong")
 		return
@@ -276,11 +300,13 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		case "":
 			writeError(w, http.StatusForbidden, "an agent's capability token cannot sign in; use an approver, auditor or admin credential")
 			return
-		case RoleApprover, RoleEscalation:
+		case RoleApprover, RoleEscalation, RoleAuditor:
 			s.role = tok.Claims.Cap.Role
 		default:
-			s.role = RoleAuditor
+			writeError(w, http.StatusForbidden, fmt.Sprintf("role %q cannot sign in", tok.Claims.Cap.Role))
+			return
 		}
+		s.access = kernel.AccessOf(tok)
 		s.subject, s.jti = tok.Claims.Subject, tok.Claims.ID
 		if tok.Claims.Expiry.Before(s.expires) {
 			s.expires = tok.Claims.Expiry
@@ -310,7 +336,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 func (s *session) canDecide() bool { return s.role == RoleApprover || s.role == RoleEscalation }
 
 func info(s *session) SessionInfo {
-	return SessionInfo{Role: s.role, Subject: s.subject, CSRF: s.csrf, ExpiresAt: s.expires.UTC().Format(time.RFC3339), CanDecide: s.canDecide()}
+	return SessionInfo{Role: s.role, Subject: s.subject, CSRF: s.csrf, ExpiresAt: s.expires.UTC().Format(time.RFC3339),
+		CanDecide: s.canDecide(), CanRevoke: s.role == RoleAdmin, ReadsAll: s.access.All}
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {

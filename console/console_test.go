@@ -25,6 +25,7 @@ func TestLogin(t *testing.T) {
 		{"admin", w.admin, 200, RoleAdmin},
 		{"approver", w.alice.Token, 200, RoleApprover},
 		{"escalation approver", w.carol.Token, 200, RoleEscalation},
+		{"auditor", w.dave.Token, 200, RoleAuditor},
 		{"agent token", w.agent.Token, 403, ""},
 		{"wrong admin credential", kernel.AdminPrefix + "nope", 401, ""},
 		{"garbage", "not-a-token", 401, ""},
@@ -48,6 +49,12 @@ func TestLogin(t *testing.T) {
 			}
 			if want := tt.role == RoleApprover || tt.role == RoleEscalation; out["can_decide"] != want {
 				t.Fatalf("session: can_decide %v, want %v", out["can_decide"], want)
+			}
+			if want := tt.role == RoleAdmin || tt.role == RoleAuditor; out["reads_all"] != want {
+				t.Fatalf("session: reads_all %v, want %v", out["reads_all"], want)
+			}
+			if want := tt.role == RoleAdmin; out["can_revoke"] != want {
+				t.Fatalf("session: can_revoke %v, want %v", out["can_revoke"], want)
 			}
 		})
 	}

@@ -31,6 +31,7 @@ type world struct {
 	alice     *kernel.MintedToken // approver
 	bob       *kernel.MintedToken // approver
 	carol     *kernel.MintedToken // escalation approver
+	dave      *kernel.MintedToken // auditor
 	agent     *kernel.MintedToken // a1: fs.*, every call soft_gate
 	escalated *kernel.MintedToken // a2: fs.*, every call escalated
 }
@@ -77,6 +78,7 @@ func newWorld(t *testing.T) *world {
 	w.alice = mint(kernel.TokenRequest{AgentID: "alice", Role: captoken.RoleApprover})
 	w.bob = mint(kernel.TokenRequest{AgentID: "bob", Role: captoken.RoleApprover})
 	w.carol = mint(kernel.TokenRequest{AgentID: "carol", Role: captoken.RoleEscalation})
+	w.dave = mint(kernel.TokenRequest{AgentID: "dave", Role: captoken.RoleAuditor})
 	fs := []captoken.FSRoot{{Path: ws, Mode: "rw"}}
 	w.agent = mint(kernel.TokenRequest{AgentID: "a1", Tools: []string{"fs.*"}, FS: fs, Autonomy: "soft_gate", Budgets: map[string]int64{"calls": 50}})
 	w.escalated = mint(kernel.TokenRequest{AgentID: "a2", Tools: []string{"fs.*"}, FS: fs, Autonomy: "escalated"})

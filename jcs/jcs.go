@@ -373,10 +373,38 @@ func (p *parser) hex4() (rune, error) {
 	return rune(v), nil
 }
 
-// appendString appends s with RFC 8785's escaping.
+// AppendString appends s as a JSON string with RFC 8785's escaping. s
+// must be valid UTF-8 (see AppendGoString).
 func AppendString(out []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	out = append(out, '"')
+	out = appendEscaped(out, s)
+	return append(out, '"')
+}
+
+// AppendGoString appends s as json.Marshal followed by Canonicalize writes
+// it: as AppendString, except that each byte of s that does not begin a
+// valid UTF-8 sequence is written as U+FFFD, as encoding/json replaces it.
+// The kernel encodes its own records with it, once, in canonical form.
+func AppendGoString(out []byte, s string) []byte {
+	if utf8.ValidString(s) {
+		return AppendString(out, s)
+	}
+	out = append(out, '"')
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		if r == utf8.RuneError && n == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = appendEscaped(out, s[:n])
+		}
+		s = s[n:]
+	}
+	return append(out, '"')
+}
+
+// appendEscaped appends s with RFC 8785's escaping, without quotes.
+func appendEscaped(out []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
@@ -398,7 +426,7 @@ func AppendString(out []byte, s string) []byte {
 			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 		}
 	}
-	return append(out, '"')
+	return out
 }
 
 // number parses a JSON number at p.pos and appends its canonical form.
@@ -458,13 +486,20 @@ func AppendNumber(out []byte, f float64) []byte {
 	var buf [32]byte
 	e := strconv.AppendFloat(buf[:0], f, 'e', -1, 64)
 	mant, exp, _ := bytes.Cut(e, []byte("e"))
-	digits := make([]byte, 0, len(mant))
+	var dbuf [24]byte
+	digits := dbuf[:0]
 	for _, c := range mant {
 		if c != '.' {
 			digits = append(digits, c)
 		}
 	}
-	x, _ := strconv.Atoi(string(exp))
+	x := 0
+	for _, c := range exp[1:] {
+		x = x*10 + int(c-'0')
+	}
+	if exp[0] == '-' {
+		x = -x
+	}
 	n, k := x+1, len(digits)
 	switch {
 	case k <= n && n <= 21:

@@ -105,6 +105,19 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	return id, nil, nil
 }
 
+// forgetResult drops the result and audit salt of the finished operation
+// id from memory, as forgetResult (erase.go) does in the stored copies, so
+// that no read of the operation serves a payload after its erasure.
+func (o *operations) forgetResult(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if op := o.byID[id]; op != nil && op.result != nil {
+		r := *op.result
+		r.Result, r.AuditSalt = nil, ""
+		op.result = &r
+	}
+}
+
 // prune forgets finished operations past their retention (under mu).
 func (o *operations) prune() {
 	n := 0

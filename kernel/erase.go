@@ -93,6 +93,7 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 	if err != nil {
 		return nil, err
 	}
+	k.ops.forgetResult(id)
 	return out, nil
 }
 
@@ -163,8 +164,9 @@ func (k *Kernel) Retain(ctx context.Context) (int, error) {
 func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time) (int, error) {
 	cutoff := before.UTC().Format(ledger.TimeLayout)
 	n := 0
+	var ops []string
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		n = 0
+		n, ops = 0, ops[:0]
 		b := tx.Bucket(bucketPayloads)
 		if b == nil {
 			return nil
@@ -188,6 +190,7 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 				continue
 			}
 			seqs = append(seqs, seq)
+			ops = append(ops, who.OperationID)
 			if env := txn.GetOperation(tx, who.OperationID); env != nil {
 				var res Result
 				if json.Unmarshal(env, &res) == nil && res.LedgerSeq == seq {
@@ -210,6 +213,11 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 		return abortIf(k.appendErasure(tx, &Erasure{Seqs: seqs, By: ErasedByRetention, Rule: &rule, Before: cutoff,
 			Reason: fmt.Sprintf("retention: payloads older than %s", r.OlderThan)}))
 	})
+	if err == nil {
+		for _, id := range ops {
+			k.ops.forgetResult(id)
+		}
+	}
 	return n, err
 }
 

@@ -314,3 +314,39 @@ func TestAuditConfigRefused(t *testing.T) {
 		}
 	}
 }
+
+// An erased payload is gone from every copy a read can reach, the kernel's
+// memory of a finished background operation included (which
+// GET /v1/operations/{id} and Wait answer from).
+func TestErasureForgetsOperationInMemory(t *testing.T) {
+	h := newHarness(t)
+	const secret = "pin 4711"
+	data, err := json.Marshal(h.env("fs.write", map[string]any{"path": "pin.txt", "content": secret}, key("w1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id, refused, err := h.k.Start(ctx, data)
+	if err != nil || refused != nil {
+		t.Fatalf("start: %v %+v", err, refused)
+	}
+	w, err := h.k.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, w)
+	if _, err := h.k.Erase(ctx, id, "subject asked"); err != nil {
+		t.Fatal(err)
+	}
+	st, ok := h.k.Operation(id)
+	if !ok || st.Result == nil {
+		t.Fatalf("operation %s: %+v", id, st)
+	}
+	if st.Result.Result != nil || st.Result.AuditSalt != "" || st.Result.ResultHash != w.ResultHash {
+		t.Fatalf("after erasure the operation still serves result %s, salt %q (result_hash %s, want %s)",
+			st.Result.Result, st.Result.AuditSalt, st.Result.ResultHash, w.ResultHash)
+	}
+	if again, _ := h.k.Wait(ctx, id); again.Result != nil || again.AuditSalt != "" {
+		t.Fatalf("Wait after erasure: %+v", again)
+	}
+}

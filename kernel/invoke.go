@@ -20,6 +20,7 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/policy"
+	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
@@ -744,7 +745,16 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		if !committed {
 			return nil
 		}
-		return txn.Commit(tx, in, effects, deltaID, delta, envelope)
+		if err := txn.Commit(tx, in, effects, deltaID, delta, envelope); err != nil || len(effects) > 0 {
+			return err
+		}
+		// Nothing to apply (a command that wrote nothing, a NETWORK call):
+		// the intent is finished in the commit's own transaction, which
+		// saves the call a third one.
+		if err := txn.Finish(tx, in.OperationID); err != nil {
+			return store.Abort(err)
+		}
+		return nil
 	})
 	c.lap(StageLedger)
 	if err != nil {
@@ -757,6 +767,9 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	crashPoint("decided")
 	if r := k.apply(c, effects, stage); r != nil {
 		return r
+	}
+	if len(effects) == 0 {
+		return &c.res // finished at commit
 	}
 	// Queued before the path locks are released, so any later commit on
 	// these paths lands in the same or a later transaction than this mark.

@@ -121,13 +121,28 @@ func NewSalt() string {
 // holder may hand out one part's key to let another party check that part
 // alone: it opens no other part.
 func PartKey(salt, name string) ([32]byte, error) {
-	var key [32]byte
-	raw, err := hex.DecodeString(salt)
-	if err != nil || len(raw) != SaltSize {
-		return key, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
+	raw, err := decodeSalt(salt)
+	if err != nil {
+		return [32]byte{}, err
 	}
-	blake3.DeriveKey(commitmentContext+name, raw, key[:])
-	return key, nil
+	return partKey(&raw, name), nil
+}
+
+// decodeSalt decodes a hex salt of SaltSize bytes.
+func decodeSalt(salt string) (raw [SaltSize]byte, err error) {
+	if len(salt) != 2*SaltSize {
+		return raw, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
+	}
+	if _, err := hex.Decode(raw[:], []byte(salt)); err != nil {
+		return raw, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
+	}
+	return raw, nil
+}
+
+// partKey is PartKey for a decoded salt.
+func partKey(raw *[SaltSize]byte, name string) (key [32]byte) {
+	blake3.DeriveKey(commitmentContext+name, raw[:], key[:])
+	return key
 }
 
 // Commit returns the commitment to the canonical JSON bytes part under
@@ -160,19 +175,23 @@ type sealed struct {
 }
 
 // seal computes a's commitments under salt from the call's parts (each
-// canonical JSON or nil) and encodes the payload depth keeps.
-func seal(salt, depth string, parts map[string][]byte) (*sealed, error) {
+// canonical JSON or nil) and encodes the payload depth keeps. noArgs, if
+// not nil, is the policy input part without its "args" member, which is
+// exactly the args part; known says whether the caller decided that (else
+// marshalPayload decides it the slow way).
+func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool) (*sealed, error) {
 	s := &sealed{}
 	p := Payload{Salt: salt}
+	raw, err := decodeSalt(salt)
+	if err != nil {
+		return nil, err
+	}
 	for _, name := range Parts {
 		b := parts[name]
 		if b == nil {
 			continue
 		}
-		c, err := CommitPart(salt, name, b)
-		if err != nil {
-			return nil, err
-		}
+		c := Commit(partKey(&raw, name), b)
 		switch name {
 		case PartArgs:
 			s.commitments.Args, p.Args = c, b
@@ -185,13 +204,17 @@ func seal(salt, depth string, parts map[string][]byte) (*sealed, error) {
 		}
 	}
 	if depth == DepthCommitmentsOnly {
-		p = Payload{Salt: salt}
+		p, noArgs, known = Payload{Salt: salt}, nil, true
 	}
-	b, err := marshalPayload(&p)
-	if err != nil {
-		return nil, err
+	if !known && p.Args != nil && p.PolicyInput != nil {
+		b, err := marshalPayload(&p)
+		if err != nil {
+			return nil, err
+		}
+		s.payload = b
+		return s, nil
 	}
-	s.payload = b
+	s.payload = appendPayload(nil, &p, noArgs)
 	return s, nil
 }
 
@@ -274,7 +297,9 @@ func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	// Keys only grow (seq order), so a page split may leave the left page
 	// full: the default half-full split would waste half of every page.
 	b.FillPercent = 1
-	return b.Put(binary.BigEndian.AppendUint64(nil, seq), bytes.Clone(payload))
+	// payload is the entry's own, never modified after: bbolt may keep it
+	// until the commit without a copy.
+	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)
 }
 
 // getPayload returns the stored payload of the audit entry seq, or nil
@@ -402,9 +427,13 @@ type auditContext struct {
 // returns the payload depth keeps.
 func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error) {
 	parts := map[string][]byte{PartArgs: args, PartResult: res}
-	var err error
+	var (
+		err    error
+		noArgs []byte
+		known  = true
+	)
 	if a.PolicyInput != nil {
-		if parts[PartPolicyInput], err = canonicalPart(a.PolicyInput); err != nil {
+		if parts[PartPolicyInput], noArgs, known, err = policyPart(a.PolicyInput, args); err != nil {
 			return nil, err
 		}
 	}
@@ -412,10 +441,10 @@ func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error
 	if ctx.RiskBasis == nil {
 		ctx.RiskBasis = []string{}
 	}
-	if parts[PartContext], err = canonicalPart(ctx); err != nil {
+	if parts[PartContext], err = contextPart(&ctx); err != nil {
 		return nil, err
 	}
-	s, err := seal(salt, depth, parts)
+	s, err := seal(salt, depth, parts, noArgs, known)
 	if err != nil {
 		return nil, err
 	}
@@ -522,3 +551,8 @@ func (c *call) recoverySalt() string {
 	}
 	return c.salt
 }
+
+// ResultPart returns the result part of r's audit record: the canonical
+// {"status","result"} or {"status","error"} object its result commitment
+// commits to and its result_hash hashes.
+func ResultPart(r *Result) json.RawMessage { return resultCanonical(r, nil) }

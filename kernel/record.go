@@ -224,7 +224,7 @@ func leanStored(r *Result) bool { return r.TxOutcome == NoOp && r.Result != nil 
 // lookup and to refuse the id's reuse. The first record of an id keeps
 // it.
 func (k *Kernel) storeOperation(tx *bbolt.Tx, id string, stored []byte) error {
-	if txn.GetOperation(tx, id) != nil {
+	if txn.HasOperation(tx, id) {
 		return nil
 	}
 	return txn.PutOperation(tx, id, stored)
@@ -340,11 +340,11 @@ func newAuditEntry(a *auditRecord, r *Result, canon []byte, salt, depth string, 
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(a.publicBody())
+	b, err := appendAuditBody(make([]byte, 0, 1024), a)
 	if err != nil {
 		return nil, err
 	}
-	body, err := ledger.Canonicalize(b)
+	body, err := ledger.Canonical(b)
 	if err != nil {
 		return nil, err
 	}

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/transparency-dev/merkle/compact"
-
 	"github.com/capkernel/capkernel/digest"
 )
 
@@ -25,7 +23,7 @@ type chain struct {
 	opts VerifyOptions
 	n    uint64   // entries verified
 	prev [32]byte // entry_hash of entry n-1
-	rng  *compact.Range
+	tree fold     // the Merkle tree of entries [0, n)
 	// nodes, if set, sees every node of the recomputed tree.
 	nodes *nodeChecker
 	// misplaced explains a checkpoint whose size is not n.
@@ -42,7 +40,7 @@ type chain struct {
 }
 
 func newChain(opts VerifyOptions) *chain {
-	return &chain{opts: opts, rng: rangeFactory.NewEmptyRange(0)}
+	return &chain{opts: opts, tree: fold{hashes: make([][32]byte, 0, 64)}}
 }
 
 // itemKind tells what an item holds.
@@ -267,16 +265,13 @@ func (v *chain) entry(it *item) error {
 			return &VerifyError{Seq: n, Reason: err.Error(), Err: err}
 		}
 	}
-	leaf := it.sum // the range keeps the slice
-	var visit compact.VisitFn
 	if v.nodes != nil {
-		visit = v.nodes.visit
-	}
-	if err := v.rng.Append(leaf[:], visit); err != nil {
-		return fmt.Errorf("ledger: entry %d: %w", n, err)
-	}
-	if v.nodes != nil && v.nodes.err != nil {
-		return v.nodes.err
+		v.tree.append(&it.sum, v.nodes.visit)
+		if v.nodes.err != nil {
+			return v.nodes.err
+		}
+	} else {
+		v.tree.append(&it.sum, nil)
 	}
 	v.prev = it.sum
 	v.n++
@@ -314,26 +309,11 @@ func (v *chain) settle() error {
 		return nil
 	}
 	v.pending = false
-	root, err := v.root()
-	if err != nil {
-		return err
-	}
-	if root != v.firstRoot {
+	if root := v.tree.root(); root != v.firstRoot {
 		return &CheckpointError{Num: v.firstNum, Reason: fmt.Sprintf("root %s for tree size %d differs from the root %s recomputed from the entries",
 			digest.Format(v.firstRoot), v.n, digest.Format(root))}
 	}
 	return nil
-}
-
-func (v *chain) root() ([32]byte, error) {
-	if v.n == 0 {
-		return emptyRoot, nil
-	}
-	r, err := v.rng.GetRootHash(nil)
-	if err != nil {
-		return [32]byte{}, fmt.Errorf("ledger: root of tree size %d: %w", v.n, err)
-	}
-	return [32]byte(r), nil
 }
 
 // finish settles the last checkpoints and completes the report.
@@ -341,10 +321,6 @@ func (v *chain) finish() (Report, error) {
 	if err := v.settle(); err != nil {
 		return v.report, err
 	}
-	root, err := v.root()
-	if err != nil {
-		return v.report, err
-	}
-	v.report.Root = root
+	v.report.Root = v.tree.root()
 	return v.report, nil
 }

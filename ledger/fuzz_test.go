@@ -87,6 +87,8 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add([]byte(`{"body":{},"entry_hash":"blake3:00","kind":"a","prev_hash":"blake3:00","seq":0,"time":"x"}`))
 	f.Add([]byte(`{"checkpoint":"x"}`))
 	f.Add([]byte(`null`))
+	// A body holding the entry_hash member's text as a nested member.
+	f.Add([]byte(`{"body":{"a":{"b":1,"entry_hash":"blake3:00"}},"entry_hash":"blake3:` + strings.Repeat("0", 64) + `","kind":"a","prev_hash":"blake3:` + strings.Repeat("0", 64) + `","seq":0,"time":"2025-01-01T00:00:00.000000000Z"}`))
 	db := newDB(f)
 	f.Fuzz(func(t *testing.T, rec []byte) {
 		var e Entry
@@ -94,6 +96,11 @@ func FuzzDecodeRecord(f *testing.F) {
 		ref, refErr := referenceDecode(rec)
 		if (err == nil) != (refErr == nil) || err == nil && !entriesEqual(ref, e) {
 			t.Fatalf("decodeRecord(%q) = %+v, %v; the generic JSON decoder says %+v, %v", rec, e, err, ref, refErr)
+		}
+		// parseRecord's shortcut finds the entry_hash member where the
+		// search would, whenever the record is accepted.
+		if at := bytes.LastIndex(rec, []byte(recHash)); err == nil && guessHashAt(rec) != at {
+			t.Fatalf("accepted %q: guessHashAt = %d, the last entry_hash member is at %d", rec, guessHashAt(rec), at)
 		}
 
 		var got Entry

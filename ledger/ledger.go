@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // Entry kinds written by the kernel.
@@ -104,6 +105,20 @@ type Body struct{ b []byte }
 func Canonicalize(body json.RawMessage) (Body, error) {
 	c, err := canonicalBody(body)
 	return Body{c}, err
+}
+
+// Canonical checks that body is a JSON object in RFC 8785 form already
+// (jcs.CheckCanonical, one pass, no copy) and returns it as a Body, for
+// callers that write their bodies in canonical form directly. body must
+// not be modified afterwards.
+func Canonical(body []byte) (Body, error) {
+	if err := jcs.CheckCanonical(body); err != nil {
+		return Body{}, fmt.Errorf("body: %v", err)
+	}
+	if len(body) == 0 || body[0] != '{' {
+		return Body{}, errors.New("body is not a JSON object")
+	}
+	return Body{body}, nil
 }
 
 // AppendCanonical is Append for a body canonicalized beforehand.

@@ -121,12 +121,47 @@ type record struct {
 // appendRecord) and checks that it is exactly the canonical encoding of a
 // well-formed entry: the body a canonical JSON object, every field in its
 // format. It allocates nothing and does not check entry_hash.
+//
+// The body ends where the last `,"entry_hash":"blake3:` of the record
+// starts. Searching the whole record for it costs as much as parsing the
+// body, so parseRecord first tries the place the fixed-width tail puts it
+// (guessHashAt). A parse from there that succeeds has validated every byte
+// after it (hex digits, kind, seq and time characters, fixed strings), and
+// none of those can hold another `,"e…`: the guess is then the last
+// occurrence, as the search would find. Any failure is reported by the
+// parse from the searched place, so errors are those of the search alone.
 func parseRecord(r *record, rec []byte) error {
 	if !bytes.HasPrefix(rec, []byte(recHead)) || !bytes.HasSuffix(rec, []byte(recEnd)) {
 		return notRecord(rec)
 	}
-	at := bytes.LastIndex(rec, []byte(recHash))
-	if at < len(recHead) {
+	if at := guessHashAt(rec); at >= 0 && parseRecordAt(r, rec, at) == nil {
+		return nil
+	}
+	return parseRecordAt(r, rec, bytes.LastIndex(rec, []byte(recHash)))
+}
+
+// guessHashAt returns where the entry_hash member of rec starts if rec has
+// the layout of a record, reading the tail backwards over the time, seq,
+// prev_hash and kind, or -1. It checks nothing but the lengths it skips.
+func guessHashAt(rec []byte) int {
+	i := len(rec) - len(recEnd) - timeLen - len(recTime) // start of recTime
+	if i < 0 {
+		return -1
+	}
+	for i > 0 && rec[i-1] >= '0' && rec[i-1] <= '9' {
+		i--
+	}
+	i -= len(recSeq) + hexDigestLen + len(recPrev) // end of kind
+	if i < 0 {
+		return -1
+	}
+	q := bytes.LastIndexByte(rec[:i], '"') // the last byte of recKind
+	return q + 1 - len(recKind) - hexDigestLen - len(recHash)
+}
+
+// parseRecordAt is parseRecord with the entry_hash member at offset at.
+func parseRecordAt(r *record, rec []byte, at int) error {
+	if at < len(recHead) || !bytes.HasPrefix(rec[at:], []byte(recHash)) {
 		return notRecord(rec)
 	}
 	r.body, r.hashAt = rec[len(recHead):at], at
@@ -212,20 +247,18 @@ func hexDigest(d *[32]byte, s []byte) ([]byte, bool) {
 	if len(s) < hexDigestLen {
 		return s, false
 	}
+	// One test at the end instead of two branches per byte: a non-digit
+	// maps to 0xff, whose high bits survive the OR.
+	var bad byte
 	for i := range d {
-		hi, ok1 := unhex(s[2*i])
-		lo, ok2 := unhex(s[2*i+1])
-		if !ok1 || !ok2 {
-			return s, false
-		}
-		d[i] = hi<<4 | lo
+		hi, lo := unhexTable[s[2*i]], unhexTable[s[2*i+1]]
+		bad |= hi | lo
+		d[i] = hi<<4 | lo&0x0f
+	}
+	if bad&0xf0 != 0 {
+		return s, false
 	}
 	return s[hexDigestLen:], true
-}
-
-func unhex(c byte) (byte, bool) {
-	v := unhexTable[c]
-	return v & 0x0f, v != 0xff
 }
 
 // unhexTable maps lowercase hex digits to their value and every other

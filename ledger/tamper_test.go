@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -317,4 +319,72 @@ func TestTailTruncation(t *testing.T) {
 			t.Errorf("VerifyExport of the intact export with the held checkpoint = %+v, %v", r, err)
 		}
 	})
+}
+
+// TestVerifyNamesLowestBadSeqAcrossBatches tampers with entries in
+// different batches of the parallel verifier (and a checkpoint's
+// signature between them): whichever worker finishes first, VerifyWith and
+// VerifyExport report the lowest bad entry.
+func TestVerifyNamesLowestBadSeqAcrossBatches(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	const n = 4*batchItems + 10
+	db := newDB(t)
+	s := testSigner(t)
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		if err := Init(tx); err != nil {
+			return err
+		}
+		for i := range n {
+			if _, err := Append(tx, KindAudit, t0, []byte(`{"i":`+strconv.Itoa(i)+`,"tool_id":"echo"}`)); err != nil {
+				return err
+			}
+			if i%100 == 99 {
+				if _, err := WriteCheckpoint(tx, s, testOrigin); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	opts := VerifyOptions{Verifier: testVerifier(t), Origin: testOrigin}
+	bad := []uint64{3*batchItems + 1, batchItems + 7, 4 * batchItems}
+	for i, seq := range bad {
+		if err := db.Update(func(tx *bbolt.Tx) error {
+			entries, meta, err := buckets(tx)
+			if err != nil {
+				return err
+			}
+			edit(seq, func(r []byte) []byte { return flipAfter(t, r, `"tool_id":"`) })(t, entries, meta)
+			if i == 0 {
+				// A forged signature on the checkpoint of size 2*batchItems+100·k.
+				cps := tx.Bucket(bucketCheckpoints)
+				k := seqKey(uint64(2*batchItems/100 + 1))
+				sig := bytes.Clone(cps.Get(k))
+				sig[len(sig)-3] ^= 1
+				return cps.Put(k, sig)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := uint64(batchItems + 7)
+	for range 5 {
+		var export bytes.Buffer
+		if err := db.View(func(tx *bbolt.Tx) error {
+			_, err := VerifyWith(tx, opts)
+			if ve := (*VerifyError)(nil); !errors.As(err, &ve) || ve.Seq != want {
+				t.Fatalf("VerifyWith = %v, want entry %d", err, want)
+			}
+			return Export(tx, &export)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := VerifyExport(&export, opts)
+		if ve := (*VerifyError)(nil); !errors.As(err, &ve) || ve.Seq != want {
+			t.Fatalf("VerifyExport = %v, want entry %d", err, want)
+		}
+	}
 }

@@ -252,24 +252,27 @@ type nodeChecker struct {
 	tree    *bbolt.Bucket
 	cursors []*bbolt.Cursor // by level
 	err     error           // the first difference
+	want    [treeKeyLen]byte
 }
 
-// visit is a compact.VisitFn: it is called with every node of the
-// recomputed tree as it completes, in index order on each level.
-func (nc *nodeChecker) visit(id compact.NodeID, hash []byte) {
+// visit is called with every node of the recomputed tree as it completes,
+// in index order on each level.
+func (nc *nodeChecker) visit(id compact.NodeID, hash *[32]byte) {
 	if nc.err != nil {
 		return
 	}
 	k, v := nc.step(id.Level)
-	want := treeKey(id)
+	want := nc.want[:] // treeKey(id), without allocating
+	want[0] = byte(id.Level)
+	binary.BigEndian.PutUint64(want[1:], id.Index)
 	switch {
-	case bytes.Equal(k, want) && bytes.Equal(v, hash):
+	case bytes.Equal(k, want) && bytes.Equal(v, hash[:]):
 	case bytes.Equal(k, want):
 		stored := fmt.Sprintf("a %d-byte value", len(v))
 		if len(v) == 32 {
 			stored = digest.Format([32]byte(v))
 		}
-		nc.err = nodeDiffers(id, fmt.Sprintf("stored hash %s differs from the recomputed %s", stored, digest.Format([32]byte(hash))))
+		nc.err = nodeDiffers(id, fmt.Sprintf("stored hash %s differs from the recomputed %s", stored, digest.Format(*hash)))
 	case k != nil && bytes.Compare(k, want) < 0:
 		nc.err = &NodeError{Level: id.Level, Index: id.Index, Reason: fmt.Sprintf("malformed key %x stored before it", k)}
 	default:

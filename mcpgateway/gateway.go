@@ -55,6 +55,11 @@ const (
 	// recorded outcome of an earlier call with the same idempotency key,
 	// answered without running the call again.
 	MetaReplayed = "capkernel/replayed"
+	// MetaAuditSalt is the salt of the call's audit record
+	// (kernel.Result.AuditSalt): with it the client, which holds the
+	// call's arguments and result, can check that the record commits to
+	// exactly them (docs/formats.md); no one else is given it.
+	MetaAuditSalt = "capkernel/audit_salt"
 )
 
 // Tool is a syscall as the gateway serves it: the MCP tool definition the
@@ -375,6 +380,9 @@ func meta(res *kernel.Result) mcp.Meta {
 	m := mcp.Meta{MetaReceiptID: res.ReceiptID, MetaOperationID: res.OperationID, MetaLedgerSeq: res.LedgerSeq, MetaReplayed: res.Replayed}
 	if res.Receipt != nil {
 		m[MetaReceipt] = res.Receipt
+	}
+	if res.AuditSalt != "" {
+		m[MetaAuditSalt] = res.AuditSalt
 	}
 	return m
 }

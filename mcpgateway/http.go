@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -10,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -106,16 +106,48 @@ func tagHTTP(h http.Handler) http.Handler {
 			http.Error(w, "request body over "+strconv.Itoa(MaxHTTPBody)+" bytes", http.StatusRequestEntityTooLarge)
 			return
 		}
-		if m, err := jsonrpc.DecodeMessage(body); err == nil {
-			if req, ok := m.(*jsonrpc.Request); ok && req.Method == "tools/call" && req.ID.IsValid() {
-				req.Params = tagParams(req.Params, req.ID.Raw())
-				if b, err := jsonrpc.EncodeMessage(req); err == nil {
-					body = b
-				}
-			}
-		}
+		body = tagBody(body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
 		h.ServeHTTP(w, r)
 	})
+}
+
+// tagBody returns a POSTed JSON-RPC message with a tools/call request's
+// id copied into its params' _meta (tagParams); any other body as it came.
+// It decodes only the envelope's members, leaving params and the rest as
+// raw bytes: the SDK decodes the message again, and a full decode here
+// would double the cost of every call.
+func tagBody(body []byte) []byte {
+	if !bytes.Contains(body, []byte(`"tools/call"`)) {
+		return body
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return body
+	}
+	var method string
+	if json.Unmarshal(m["method"], &method) != nil || method != "tools/call" {
+		return body
+	}
+	var id any
+	if json.Unmarshal(m["id"], &id) != nil {
+		return body
+	}
+	switch v := id.(type) {
+	case string:
+	case float64:
+		if v != float64(int64(v)) {
+			return body
+		}
+		id = int64(v) // as the SDK reads a numeric id
+	default:
+		return body // a notification (no id) or not an id: the SDK answers
+	}
+	m["params"] = tagParams(m["params"], id)
+	out, err := json.Marshal(m)
+	if err != nil {
+		return body
+	}
+	return out
 }

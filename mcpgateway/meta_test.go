@@ -107,3 +107,30 @@ func TestMetaStrictJSON(t *testing.T) {
 		})
 	}
 }
+
+// A result's _meta gives the client its audit record's salt, which opens
+// the record's commitment to the arguments the client sent and to no
+// other arguments.
+func TestMetaAuditSalt(t *testing.T) {
+	k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+	p := mcp.CallToolParamsRaw{Name: "echo", Arguments: json.RawMessage(`{"text":"a secret"}`)}
+	r, err := g.handle(context.Background(), &mcp.CallToolRequest{Params: &p})
+	if err != nil || r.IsError {
+		t.Fatalf("echo: %v %+v", err, r)
+	}
+	salt, _ := r.Meta[MetaAuditSalt].(string)
+	seq, _ := r.Meta[MetaLedgerSeq].(uint64)
+	if salt == "" || seq == 0 {
+		t.Fatalf("_meta %v: want %s and %s", r.Meta, MetaAuditSalt, MetaLedgerSeq)
+	}
+	es, err := k.Inspector().Entries(seq, 1)
+	if err != nil || len(es) != 1 {
+		t.Fatalf("entry %d: %v", seq, err)
+	}
+	if err := kernel.CheckPayload(es[0], kernel.Payload{Salt: salt, Args: json.RawMessage(`{"text":"a secret"}`)}); err != nil {
+		t.Errorf("the salt does not open the args the client sent: %v", err)
+	}
+	if err := kernel.CheckPayload(es[0], kernel.Payload{Salt: salt, Args: json.RawMessage(`{"text":"a guess"}`)}); err == nil {
+		t.Error("the salt opened the record's commitment to other args")
+	}
+}

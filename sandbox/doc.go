@@ -73,26 +73,41 @@
 //
 // # How a run is put together
 //
-// The kernel starts, in a new user namespace that maps only its own uid and
-// gid (to 0) and a new mount namespace:
+// The kernel starts:
 //
-//	[sh overlayScript: mount the overlays]  prlimit …  bwrap …  sh initScript … argv
+//	[sh overlayScript: mount the overlays]  bwrap …  sh initScript … argv
 //
-// The overlays are mounted in that mount namespace, so no mount is ever
-// visible on the host or outlives the run. prlimit sets the rlimits, which
-// every process of the sandbox inherits. bwrap runs with --as-pid-1; the
+// A run with overlays starts in a new user namespace that maps only the
+// kernel's own uid and gid (to 0) and a new mount namespace, where the
+// overlays are mounted, so no mount is ever visible on the host or
+// outlives the run; so does every run of a kernel running as root (bwrap
+// then never holds the host's capabilities). Any other run starts bwrap
+// directly, as a bare bwrap would be. bwrap runs with --as-pid-1; the
 // sandbox's pid 1 is a small POSIX sh init that runs the command as its
 // child (stdin and stderr passed through), forwards SIGTERM, SIGINT and
 // SIGHUP to it, reaps orphans and exits with its status. Because bwrap
 // waits for that init, and the kernel for bwrap, Result's CPU time is the
 // whole tree's (bwrap's own init is killed unreaped, which would lose it).
 // The command, as a background job of a non-interactive shell, starts
-// with SIGINT and SIGQUIT ignored (POSIX).
+// with SIGINT and SIGQUIT ignored (POSIX). Between the kernel and the
+// command there are thus bwrap (one process, plus its sandbox child) and
+// the init, whose only other process is the lifeline watcher (a fork,
+// no exec); with rw roots staged by overlay, the overlay script runs
+// first and execs bwrap (one mount process per rw root).
+//
+// The init waits, before it starts anything else, until the kernel has
+// set the rlimits on it (prlimit(2) on its host pid, found from /proc):
+// the command and everything it starts inherit them. If the kernel cannot
+// set them, the init exits having run nothing and Run fails. bwrap's
+// setup and the command's first NiceDelay (50 ms) run at the kernel's
+// priority, so a short command costs on a busy machine what a bare bwrap
+// does; then every process of the sandbox gets the niceness Options.Nice
+// (default 10: setpriority(2) on the init's process group, then on every
+// process of the pid namespace, for those that left it), so the kernel
+// and its watchdog keep the CPU against a long or runaway command.
 //
 // The chain is forked from an OS thread locked for the run's lifetime:
-// parent-death signals follow the forking thread, and the thread's
-// niceness (Options.Nice, default 10) is what the sandbox inherits, so
-// the kernel and its watchdog keep the CPU against a runaway command.
+// parent-death signals follow the forking thread.
 //
 // The chain dies with the kernel: Go's Pdeathsig, bwrap's
 // --die-with-parent, and a lifeline: the read end of a pipe whose write
@@ -101,12 +116,13 @@
 //
 // # Limits
 //
-// rlimits (prlimit, per process, inherited): CPUTime as RLIMIT_CPU (soft
-// = the limit rounded up to whole seconds: SIGXCPU; hard one second later:
-// SIGKILL), FileSize as RLIMIT_FSIZE (SIGXFSZ), OpenFiles as
-// RLIMIT_NOFILE, Memory as RLIMIT_AS, Processes as RLIMIT_NPROC. Go's
-// os/exec cannot set a child's rlimits, and bwrap has no option for them;
-// prlimit (util-linux) applies them to itself and execs bwrap.
+// rlimits (per process, inherited; set on the sandbox's init before the
+// command starts, see above): CPUTime as RLIMIT_CPU (soft = the limit
+// rounded up to whole seconds: SIGXCPU; hard one second later: SIGKILL),
+// FileSize as RLIMIT_FSIZE (SIGXFSZ), OpenFiles as RLIMIT_NOFILE, Memory
+// as RLIMIT_AS, Processes as RLIMIT_NPROC. Go's os/exec cannot set a
+// child's rlimits and bwrap has no option for them; setting them on the
+// init from outside saves a prlimit(1) process per run.
 //
 // RLIMIT_NPROC counts, thanks to the user namespaces, only the sandbox's
 // processes — but the kernel does not enforce it at all for processes of
@@ -218,8 +234,8 @@
 // # Failing closed
 //
 // Without bwrap, Run and Available return ErrUnavailable ("sandbox
-// unavailable: install bubblewrap"); without prlimit, sh, mount (overlay)
-// or socat (allowlist) a similar "sandbox unavailable" error. A bwrap
+// unavailable: install bubblewrap"); without sh, mount (overlay) or
+// socat (allowlist) a similar "sandbox unavailable" error. A bwrap
 // failure before the command starts (the init never reported "started")
 // is an error from Run, not a Result. A command that is not found exits
 // 127.

@@ -102,7 +102,8 @@ func TestVisibility(t *testing.T) {
 		{"uid 1000", "id -u; id -g", "1000\n1000\n"},
 		{"working directory", "pwd", ws + "\n"},
 		{"hostname", "hostname", "sandbox\n"},
-		{"niced", "cut -d' ' -f19 /proc/self/stat", "10\n"},
+		{"niced after NiceDelay", "sleep 0.3; cut -d' ' -f19 /proc/self/stat", "10\n"},
+		{"niced after leaving the process group", "setsid -w sh -c \"sleep 0.3; cut -d' ' -f19 /proc/self/stat\"", "10\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -126,7 +126,7 @@ func TestOutputCaps(t *testing.T) {
 	}
 }
 
-// The limits reach every process (prlimit before bwrap), and they bite.
+// The limits reach every process (set on the init before the command starts), and they bite.
 func TestRlimits(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // killer ends a run. The chain process (bwrap, after the execs) is our
@@ -29,6 +31,7 @@ type killer struct {
 	ns       uint64 // its pid namespace
 	timer    *time.Timer
 	backstop *time.Timer
+	renice   *time.Timer
 	stopped  bool
 }
 
@@ -150,6 +153,40 @@ func (k *killer) waitGone(max time.Duration) {
 	}
 }
 
+// NiceDelay is how long a run's command runs at the kernel's priority
+// before Options.Nice applies to it: a short command is not slowed down
+// on a busy machine, a long or runaway one yields the CPU to the kernel
+// and its watchdog.
+const NiceDelay = 50 * time.Millisecond
+
+// reniceAfter sets the niceness of every process of the sandbox to n
+// after d, unless the run has ended by then.
+func (k *killer) reniceAfter(n int, d time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped || k.renice != nil {
+		return
+	}
+	k.renice = time.AfterFunc(d, func() {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.stopped || k.init == 0 || pidNS(k.init) != k.ns {
+			return
+		}
+		// The init's process group (the command's, unless it left it) at
+		// once: the kernel renices it under the lock forks take, so no
+		// member escapes; children forked later inherit the niceness.
+		// Then, twice, every process of the namespace, for those that
+		// left the group (setsid) and their children.
+		unix.Setpriority(unix.PRIO_PGRP, k.init, n)
+		for range 2 {
+			for _, pid := range nsPids(k.ns) {
+				unix.Setpriority(unix.PRIO_PROCESS, pid, n)
+			}
+		}
+	})
+}
+
 // stop disarms the killer once the run has been waited for.
 func (k *killer) stop() {
 	k.mu.Lock()
@@ -160,6 +197,9 @@ func (k *killer) stop() {
 	}
 	if k.backstop != nil {
 		k.backstop.Stop()
+	}
+	if k.renice != nil {
+		k.renice.Stop()
 	}
 }
 

@@ -33,7 +33,14 @@ type rootPlan struct {
 	upper  string          // overlay upper dir, or the copy
 	work   string          // overlay work dir
 	merged string          // the directory bound at Path (overlay mount point or the copy)
+	size   int64           // rw: entries plus content bytes / 4 KiB seen by walkDenies, counted up to smallRoot+1
 }
+
+// smallRoot is the size (entries, plus a unit per 4 KiB of file content)
+// up to which StagingAuto stages an rw root by copy: copying a handful of
+// small files costs less than the overlay's user and mount namespace and
+// its mount process, and needs no shell before bwrap.
+const smallRoot = 32
 
 type denyPath struct {
 	path string // in the sandbox (and on the host, under a root's Path)
@@ -63,6 +70,16 @@ func (p *plan) writable() []*rootPlan {
 		}
 	}
 	return out
+}
+
+// small reports whether every rw root is small (smallRoot).
+func (p *plan) small() bool {
+	for _, r := range p.writable() {
+		if r.size > smallRoot {
+			return false
+		}
+	}
+	return true
 }
 
 func depth(p string) int { return strings.Count(p, "/") }
@@ -241,6 +258,14 @@ func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 		if d.Type().IsRegular() && denyFile(d.Name()) {
 			deny(rel, false)
 		}
+		if r.Writable && r.size <= smallRoot {
+			r.size++
+			if d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					r.size += fi.Size() / 4096
+				}
+			}
+		}
 		return nil
 	})
 }
@@ -334,30 +359,41 @@ func setEnv(env []string, kv ...string) []string {
 }
 
 // initScript is pid 1 of the sandbox's pid namespace (bwrap --as-pid-1).
-// With the allowlist posture it first starts socat as a loopback TCP
-// listener relaying to the proxy's unix socket and waits until the port
-// listens (read from the sandbox's /proc/net/tcp, so no probe connection
-// reaches the proxy). Then it runs the command as its child, with the
-// original stdin and stderr, forwards SIGTERM, SIGINT and SIGHUP to it,
-// reaps orphans while it waits, and exits with the command's status
-// (128+n for signal n). Once ready it writes "started" to fd 3, which it
-// closes before the command runs: the command can neither fake nor hide
-// a setup failure. Fd 4 is the lifeline: the read end of a pipe whose
-// write end only the kernel holds; a background watcher kills every
-// process of the sandbox when it reads end-of-file, i.e. when the kernel
-// is gone, however it died (bwrap's --die-with-parent alone proved
-// unreliable for the sandbox's pid 1). It keeps killing, every 50 ms,
-// until the namespace is gone: a kernel killed while the sandbox was
-// still being set up closes the lifeline before the init has started the
-// command, and one kill would then come too early (the command's death
-// makes the init exit, which ends the namespace and the watcher).
+// It first starts the lifeline watcher: fd 4 is the read end of a pipe
+// whose write end only the kernel holds; the watcher kills every process
+// of the sandbox when it reads end-of-file, i.e. when the kernel is gone,
+// however it died (bwrap's --die-with-parent alone proved unreliable for
+// the sandbox's pid 1). It keeps killing, every 50 ms, until the
+// namespace is gone: a kernel killed while the sandbox was still being
+// set up closes the lifeline before the init has started the command, and
+// one kill would then come too early (the command's death makes the init
+// exit, which ends the namespace and the watcher). Then it writes "ready"
+// to fd 3 and waits on fd 5 for the kernel's "go": by then the kernel has
+// set the rlimits and the niceness on the init (Sandbox.release), which
+// everything it starts afterwards inherits; end-of-file instead (the
+// kernel could not) makes it exit 125 having run nothing. With the
+// allowlist posture it then starts socat as a loopback TCP listener
+// relaying to the proxy's unix socket and waits until the port listens
+// (read from the sandbox's /proc/net/tcp, so no probe connection reaches
+// the proxy). Then it runs the command as its child, with the original
+// stdin and stderr, forwards SIGTERM, SIGINT and SIGHUP to it, reaps
+// orphans while it waits, and exits with the command's status (128+n for
+// signal n). Once ready it writes "started" to fd 3, which it closes
+// before the command runs: the command can neither fake nor hide a setup
+// failure.
 //
 // Why a shell as init rather than bwrap's own: bwrap's init reports the
 // exit status through an eventfd and is then killed unreaped, so the CPU
 // time of the command would be lost; this init is reaped by bwrap, and
 // bwrap by the kernel, so the rusage of the whole tree reaches Result.
 // And a plain command as pid 1 would ignore SIGTERM sent from outside.
-const initScript = `if [ "$1" = relay ]; then
+// The shell is the only process between bwrap and the command; the
+// watcher is a fork of it, and neither execs anything on the way.
+const initScript = `( exec 3>&- 5<&-; read -r _ <&4; while :; do kill -KILL -1; sleep 0.05; done ) </dev/null >/dev/null 2>&1 &
+printf ready >&3
+read -r _ <&5 || exit 125
+exec 5<&-
+if [ "$1" = relay ]; then
 	socat="$2"; port="$3"; hex="$4"; shift 4
 	"$socat" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:` + sandboxProxySock + `" 2>/dev/null &
 	i=0
@@ -368,7 +404,6 @@ const initScript = `if [ "$1" = relay ]; then
 	done
 fi
 shift
-( exec 3>&-; read -r _ <&4; while :; do kill -KILL -1; sleep 0.05; done ) </dev/null >/dev/null 2>&1 &
 printf started >&3
 exec 3>&- 4<&- 9<&0 8>&2 2>/dev/null
 trap 'kill -TERM "$child"' TERM INT HUP

@@ -24,19 +24,19 @@ var errOverlayRefused = errors.New("sandbox: overlayfs refused")
 
 // overlayScript mounts the overlays, in the user + mount namespace the
 // run starts in, then replaces itself with the rest of its arguments
-// (prlimit … bwrap …). Arguments: options, count, then count × (lower
-// upper work merged). A refused mount is reported on fd 5, which is closed
-// before bwrap runs.
+// (bwrap …). Arguments: options, count, then count × (lower upper work
+// merged). A refused mount is reported on fd 7, which is closed before
+// bwrap runs.
 const overlayScript = `opts="$1"; n="$2"; shift 2
 while [ "$n" -gt 0 ]; do
-	if ! "$MOUNT" -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3,$opts" "$4" 2>&5; then
-		echo "capkernel-overlay-refused" >&5
+	if ! "$MOUNT" -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3,$opts" "$4" 2>&7; then
+		echo "capkernel-overlay-refused" >&7
 		exit 125
 	fi
 	shift 4
 	n=$((n-1))
 done
-exec 5>&-
+exec 7>&-
 exec "$@"`
 
 // Run runs c under the profile p. It returns an error, and no Result,
@@ -50,7 +50,7 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 		return nil, err
 	}
 	mode := s.opts.Staging
-	if mode == StagingAuto && s.overlayRefused.Load() {
+	if mode == StagingAuto && (s.overlayRefused.Load() || pl.small()) {
 		mode = StagingCopy
 	}
 	if len(pl.writable()) == 0 {
@@ -121,32 +121,44 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	defer releaseEtc()
 
-	// The chain: [sh overlayScript …] prlimit … bwrap … sh initScript … argv.
-	// fd 3: the sandbox init's "started"; fd 4: the lifeline (see
-	// initScript); fd 5: the overlay script's status.
-	startR, startW, err := os.Pipe()
+	// The chain: [sh overlayScript …] bwrap … sh initScript … argv.
+	// fd 3: the sandbox init's "ready" and "started"; fd 4: the lifeline;
+	// fd 5: the release (see initScript); fd 6: Command.Channel; fd 7: the
+	// overlay script's status.
+	var pipes []*os.File // every end, closed on return
+	defer func() {
+		for _, f := range pipes {
+			f.Close()
+		}
+	}()
+	pipe := func() (r, w *os.File, err error) {
+		if r, w, err = os.Pipe(); err == nil {
+			pipes = append(pipes, r, w)
+		}
+		return r, w, err
+	}
+	startR, startW, err := pipe()
 	if err != nil {
 		return nil, err
 	}
-	defer startR.Close()
-	lifeR, lifeW, err := os.Pipe()
+	lifeR, _, err := pipe()
 	if err != nil {
-		startW.Close()
 		return nil, err
 	}
-	defer lifeW.Close()
-	extra := []*os.File{startW, lifeR}
+	relR, relW, err := pipe()
+	if err != nil {
+		return nil, err
+	}
+	extra := []*os.File{startW, lifeR, relR, pl.cmd.Channel}
+	overlay := st != nil && mode != StagingCopy
 	var status *os.File
 	var argv []string
-	if st != nil && mode != StagingCopy {
-		sr, sw, err := os.Pipe()
+	if overlay {
+		sr, sw, err := pipe()
 		if err != nil {
-			startW.Close()
-			lifeR.Close()
 			return nil, err
 		}
 		status = sr
-		defer sr.Close()
 		extra = append(extra, sw)
 		rw := pl.writable()
 		argv = append(argv, t.sh, "-c", overlayScript, "capkernel-overlay", overlayOptions, strconv.Itoa(len(rw)))
@@ -154,17 +166,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			argv = append(argv, r.lower, r.upper, r.work, r.merged)
 		}
 	}
-	if ch := pl.cmd.Channel; ch != nil {
-		// fds 3–5 are the chain's own (5 may be unused): the channel
-		// always lands on ChannelFD.
-		for len(extra) < ChannelFD-3 {
-			extra = append(extra, nil)
-		}
-		extra = append(extra, ch)
-	}
-	argv = append(argv, t.prlimit)
-	argv = append(argv, rlimitArgs(pl.limits)...)
-	argv = append(argv, "--", t.bwrap)
+	argv = append(argv, t.bwrap)
 	argv = append(argv, s.bwrapArgs(pl, t, etcDir)...)
 
 	stdout := &capped{max: pl.limits.Stdout}
@@ -182,15 +184,16 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		cmd.Stderr = io.MultiWriter(stderr, w)
 	}
 	cmd.ExtraFiles = extra
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// The whole chain runs in a user namespace mapping only the
-		// kernel's own ids (to root inside), with its own mount namespace:
-		// the overlay mounts are private to the run and vanish with it.
-		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
-		Setpgid:     true,
-		Pdeathsig:   syscall.SIGKILL,
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if overlay || os.Geteuid() == 0 {
+		// The chain runs in a user namespace mapping only the kernel's own
+		// ids (to root inside), with its own mount namespace: the overlay
+		// mounts are private to the run and vanish with it. A root kernel
+		// always starts bwrap there, so bwrap never holds the host's
+		// capabilities.
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
 	}
 	cmd.WaitDelay = s.opts.KillGrace + 2*time.Second
 
@@ -205,16 +208,11 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	// Start and wait from a goroutine locked to its own OS thread, which
 	// it never unlocks, so the thread ends with the run: the chain's
 	// parent-death signals (Go's Pdeathsig, bwrap's --die-with-parent)
-	// follow the thread that forked, not the process, and the thread's
-	// niceness, which the chain inherits, must not spill over to other
-	// goroutines.
+	// follow the thread that forked, not the process.
 	startErr := make(chan error, 1)
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if s.opts.Nice > 0 {
-			unix.Setpriority(unix.PRIO_PROCESS, 0, s.opts.Nice) // this thread only
-		}
 		if err := cmd.Start(); err != nil {
 			startErr <- err
 			return
@@ -223,8 +221,13 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		done <- cmd.Wait()
 	}()
 	err = <-startErr
-	for _, f := range extra {
-		f.Close()
+	// Only the chain keeps these ends (the lifeline's write end and the
+	// release's stay here).
+	startW.Close()
+	lifeR.Close()
+	relR.Close()
+	if status != nil {
+		extra[len(extra)-1].Close()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start: %w", err)
@@ -238,14 +241,34 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	} else {
 		statusText <- ""
 	}
+	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
+	// The init says "ready", waits until the kernel has applied the limits
+	// to it (and so to everything it starts), then says "started" once the
+	// command is about to run.
 	started := make(chan bool, 1)
+	var releaseErr error
 	go func() {
+		ready := make([]byte, len("ready"))
+		if _, err := io.ReadFull(startR, ready); err != nil || string(ready) != "ready" {
+			relW.Close()
+			started <- false
+			return
+		}
+		if releaseErr = s.release(k, pl.limits); releaseErr != nil {
+			relW.Close() // the init exits 125 without running anything
+			started <- false
+			return
+		}
+		_, err := relW.Write([]byte("go\n"))
+		relW.Close()
 		b, _ := io.ReadAll(io.LimitReader(startR, 64))
-		started <- string(b) == "started"
+		started <- err == nil && string(b) == "started"
 	}()
 
-	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
 	res = &Result{Staging: mode}
+	if mode == StagingAuto {
+		res.Staging = StagingOverlay // the mode used, as documented
+	}
 	watchStop := make(chan struct{})
 	var limitCh <-chan string
 	if pl.limits.Processes > 0 {
@@ -299,7 +322,11 @@ loop:
 		why := strings.TrimSpace(strings.ReplaceAll(txt, "capkernel-overlay-refused", ""))
 		return nil, fmt.Errorf("%w: %s", errOverlayRefused, why)
 	}
-	if !<-started && !res.Killed() {
+	ok := <-started
+	if releaseErr != nil {
+		return nil, fmt.Errorf("sandbox: setup: %w", releaseErr)
+	}
+	if !ok && !res.Killed() {
 		return nil, fmt.Errorf("sandbox: setup failed (exit %d): %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
 	}
 
@@ -324,25 +351,50 @@ loop:
 	return res, nil
 }
 
-func rlimitArgs(l Limits) []string {
-	var a []string
+// release applies the limits to the sandbox's init, which waits for them
+// before it starts anything of the command's: every process of the
+// command inherits them. It arms the niceness (Options.Nice) for
+// NiceDelay later. The init is found from /proc
+// (bwrap's only child, in a pid namespace of its own), never from
+// anything the sandbox can write. Run fails closed when this fails.
+func (s *Sandbox) release(k *killer, l Limits) error {
+	init, _ := k.sandboxInit()
+	if init == 0 {
+		return errors.New("the sandbox's init was not found")
+	}
+	type rlimit struct {
+		name     string
+		res      int
+		cur, max uint64
+	}
+	var rs []rlimit
 	if l.CPUTime > 0 {
-		sec := int64((l.CPUTime + time.Second - 1) / time.Second)
-		a = append(a, fmt.Sprintf("--cpu=%d:%d", sec, sec+1))
+		// Soft: SIGXCPU at the limit rounded up to whole seconds; hard:
+		// SIGKILL one second later.
+		sec := uint64((l.CPUTime + time.Second - 1) / time.Second)
+		rs = append(rs, rlimit{"RLIMIT_CPU", unix.RLIMIT_CPU, sec, sec + 1})
 	}
 	if l.FileSize > 0 {
-		a = append(a, fmt.Sprintf("--fsize=%d", l.FileSize))
+		rs = append(rs, rlimit{"RLIMIT_FSIZE", unix.RLIMIT_FSIZE, uint64(l.FileSize), uint64(l.FileSize)})
 	}
 	if l.Processes > 0 {
-		a = append(a, fmt.Sprintf("--nproc=%d", l.Processes))
+		rs = append(rs, rlimit{"RLIMIT_NPROC", unix.RLIMIT_NPROC, uint64(l.Processes), uint64(l.Processes)})
 	}
 	if l.OpenFiles > 0 {
-		a = append(a, fmt.Sprintf("--nofile=%d", l.OpenFiles))
+		rs = append(rs, rlimit{"RLIMIT_NOFILE", unix.RLIMIT_NOFILE, uint64(l.OpenFiles), uint64(l.OpenFiles)})
 	}
 	if l.Memory > 0 {
-		a = append(a, fmt.Sprintf("--as=%d", l.Memory))
+		rs = append(rs, rlimit{"RLIMIT_AS", unix.RLIMIT_AS, uint64(l.Memory), uint64(l.Memory)})
 	}
-	return a
+	for _, r := range rs {
+		if err := unix.Prlimit(init, r.res, &unix.Rlimit{Cur: r.cur, Max: r.max}, nil); err != nil {
+			return fmt.Errorf("setting %s %d:%d on the sandbox's init (pid %d): %w", r.name, r.cur, r.max, init, err)
+		}
+	}
+	if s.opts.Nice > 0 {
+		k.reniceAfter(s.opts.Nice, NiceDelay)
+	}
+	return nil
 }
 
 // capped keeps the first max bytes written and drops the rest.

@@ -141,7 +141,7 @@ type Options struct {
 	Symlinks   SymlinkPolicy // default SymlinksRefuse
 	ProxyPort  int           // loopback TCP port of the in-sandbox proxy relay; default 3128
 	RootInside bool          // run as uid/gid 0 inside the sandbox instead of 1000 (never with capabilities)
-	Nice       int           // scheduling niceness of the sandbox (so the kernel and its watchdog keep the CPU); default 10, negative: unchanged
+	Nice       int           // scheduling niceness of the sandbox's processes from NiceDelay after the command starts (so the kernel and its watchdog keep the CPU against a long or runaway command); default 10, negative: unchanged
 }
 
 // Sandbox runs commands under bubblewrap. It is safe for concurrent use.
@@ -226,14 +226,14 @@ var (
 func Available() error { return New(Options{}).Available() }
 
 // Available reports whether the tools Run needs are installed: bwrap
-// (ErrUnavailable), and sh, prlimit and mount from the base system.
+// (ErrUnavailable), and sh and mount from the base system.
 func (s *Sandbox) Available() error {
 	_, err := s.tools(false, false)
 	return err
 }
 
 type tools struct {
-	bwrap, sh, prlimit, mount, socat string
+	bwrap, sh, mount, socat string
 }
 
 func (s *Sandbox) tools(overlay, relay bool) (*tools, error) {
@@ -241,9 +241,6 @@ func (s *Sandbox) tools(overlay, relay bool) (*tools, error) {
 	var err error
 	if t.bwrap, err = exec.LookPath(s.opts.Bwrap); err != nil {
 		return nil, ErrUnavailable
-	}
-	if t.prlimit, err = exec.LookPath("prlimit"); err != nil {
-		return nil, fmt.Errorf("sandbox unavailable: prlimit not found (install util-linux)")
 	}
 	if t.sh, err = exec.LookPath("sh"); err != nil {
 		return nil, fmt.Errorf("sandbox unavailable: sh not found")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -382,7 +383,7 @@ func TestOverlayFallback(t *testing.T) {
 	stage := filepath.Join(t.TempDir(), "no,overlay")
 	must(t, os.Mkdir(stage, 0o700))
 	ws := filepath.Join(t.TempDir(), "ws")
-	mkTree(t, ws, baseTree)
+	mkTree(t, ws, bigTree(baseTree)) // small roots are copied anyway
 	before := treeHash(t, ws)
 	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}}
 	script := "echo new > n.txt; rm -rf gone; echo more >> a.txt"
@@ -411,6 +412,56 @@ func TestOverlayFallback(t *testing.T) {
 	}
 	if ents := runStages(t, stage); len(ents) != 1 { // the auto run's, until Close
 		t.Fatalf("staging dir holds %v", ents)
+	}
+}
+
+// bigTree is tree plus enough untouched files that StagingAuto stages it
+// by overlay.
+func bigTree(tree map[string]string) map[string]string {
+	big := maps.Clone(tree)
+	for i := range 40 {
+		big[fmt.Sprintf("bulk/f%02d", i)] = "bulk\n"
+	}
+	return big
+}
+
+// StagingAuto copies small roots (no namespace or mount process to set
+// up) and overlays the others; both give the same delta.
+func TestAutoStagingBySize(t *testing.T) {
+	requireSandbox(t)
+	script := "echo new > n.txt; rm -rf gone; echo more >> a.txt"
+	want := "deleted file gone/y/z\ndeleted dir gone/y\ndeleted file gone/x\ndeleted dir gone\nmodified file a.txt 644 =alpha\nmore\nadded file n.txt 644 =new"
+	for _, tc := range []struct {
+		name string
+		tree map[string]string
+		want sandbox.StagingMode
+	}{
+		{"small", baseTree, sandbox.StagingCopy},
+		{"many-files", bigTree(baseTree), sandbox.StagingOverlay},
+		{"large-file", func() map[string]string {
+			m := maps.Clone(baseTree)
+			m["blob"] = strings.Repeat("x", 200<<10)
+			return m
+		}(), sandbox.StagingOverlay},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := filepath.Join(t.TempDir(), "ws")
+			mkTree(t, ws, tc.tree)
+			before := treeHash(t, ws)
+			s := newSandbox(t, sandbox.Options{})
+			res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}}, script)
+			if res.Staging != tc.want {
+				t.Fatalf("staged by %v, want %v", res.Staging, tc.want)
+			}
+			var got []string
+			for _, c := range res.Delta.Changes {
+				got = append(got, describe(t, ws, c))
+			}
+			if strings.Join(got, "\n") != want {
+				t.Fatalf("delta:\n%s\nwant:\n%s", strings.Join(got, "\n"), want)
+			}
+			sameTree(t, "workspace", before, treeHash(t, ws))
+		})
 	}
 }
 

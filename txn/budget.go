@@ -1,10 +1,12 @@
 package txn
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 
 	"go.etcd.io/bbolt"
 
@@ -24,13 +26,88 @@ const (
 )
 
 func usageOf(tx *bbolt.Tx, tokenID string) (Usage, error) {
+	v := tx.Bucket(bucketBudget).Get([]byte(tokenID))
+	if u, ok := parseUsage(v); ok {
+		return u, nil
+	}
 	u := Usage{}
-	if v := tx.Bucket(bucketBudget).Get([]byte(tokenID)); v != nil {
-		if err := json.Unmarshal(v, &u); err != nil {
-			return nil, fmt.Errorf("txn: budget record of token %s: %w", tokenID, err)
-		}
+	if err := json.Unmarshal(v, &u); err != nil {
+		return nil, fmt.Errorf("txn: budget record of token %s: %w", tokenID, err)
 	}
 	return u, nil
+}
+
+// parseUsage decodes a budget record as adjust writes it ({"name":n,…}
+// with plain names and integers, no whitespace) without encoding/json's
+// reflection; ok is false for anything else, which json.Unmarshal then
+// decodes (or refuses). A nil record is an empty usage.
+func parseUsage(v []byte) (u Usage, ok bool) {
+	u = Usage{}
+	if v == nil {
+		return u, true
+	}
+	if len(v) < 2 || v[0] != '{' || v[len(v)-1] != '}' {
+		return nil, false
+	}
+	rest := v[1 : len(v)-1]
+	for len(rest) > 0 {
+		if rest[0] != '"' {
+			return nil, false
+		}
+		end := bytes.IndexByte(rest[1:], '"')
+		if end < 0 || end+2 >= len(rest) || rest[end+2] != ':' {
+			return nil, false
+		}
+		name := rest[1 : end+1]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			return nil, false
+		}
+		rest = rest[end+3:]
+		i := 0
+		for i < len(rest) && rest[i] != ',' {
+			i++
+		}
+		n, err := strconv.ParseInt(string(rest[:i]), 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		if _, dup := u[string(name)]; dup {
+			return nil, false
+		}
+		u[string(name)] = n
+		if i < len(rest) {
+			i++ // the comma
+			if i == len(rest) {
+				return nil, false
+			}
+		}
+		rest = rest[i:]
+	}
+	return u, true
+}
+
+// appendUsage appends u as json.Marshal writes it: names sorted, each
+// escaped as encoding/json does.
+func appendUsage(b []byte, u Usage) ([]byte, error) {
+	names := make([]string, 0, len(u))
+	for n := range u {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	b = append(b, '{')
+	for i, n := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, err := json.Marshal(n)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, k...)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, u[n], 10)
+	}
+	return append(b, '}'), nil
 }
 
 // checkBudget refuses when used+want exceeds any limit. Names absent from
@@ -61,7 +138,7 @@ func adjust(tx *bbolt.Tx, tokenID string, used, delta Usage) error {
 			used[n] = 0
 		}
 	}
-	v, err := json.Marshal(used)
+	v, err := appendUsage(make([]byte, 0, 64), used)
 	if err != nil {
 		return err
 	}
@@ -78,15 +155,43 @@ type Account struct {
 	Limits  Usage  `json:"limits,omitempty"`
 }
 
+// usages returns every account's usage, decoded once per call.
+func usages(tx *bbolt.Tx, accounts []Account) ([]Usage, error) {
+	out := make([]Usage, len(accounts))
+	for i, a := range accounts {
+		u, err := usageOf(tx, a.TokenID)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = u
+	}
+	return out, nil
+}
+
 // check refuses when want, added to what any account has used, exceeds
 // that account's limits. It writes nothing.
 func check(tx *bbolt.Tx, accounts []Account, want Usage) error {
+	used, err := usages(tx, accounts)
+	if err != nil {
+		return err
+	}
+	return checkUsed(accounts, used, want)
+}
+
+// charge adds delta to every account's usage, whatever the limits.
+func charge(tx *bbolt.Tx, accounts []Account, delta Usage) error {
+	used, err := usages(tx, accounts)
+	if err != nil {
+		return err
+	}
+	return chargeUsed(tx, accounts, used, delta)
+}
+
+// checkUsed is check against the accounts' usages used, decoded by the
+// caller.
+func checkUsed(accounts []Account, used []Usage, want Usage) error {
 	for i, a := range accounts {
-		used, err := usageOf(tx, a.TokenID)
-		if err != nil {
-			return err
-		}
-		if err := checkBudget(used, want, a.Limits); err != nil {
+		if err := checkBudget(used[i], want, a.Limits); err != nil {
 			var e *Error
 			if i > 0 && errors.As(err, &e) {
 				e.Message = fmt.Sprintf("%s of ancestor token %s", e.Message, a.TokenID)
@@ -97,14 +202,11 @@ func check(tx *bbolt.Tx, accounts []Account, want Usage) error {
 	return nil
 }
 
-// charge adds delta to every account's usage, whatever the limits.
-func charge(tx *bbolt.Tx, accounts []Account, delta Usage) error {
-	for _, a := range accounts {
-		used, err := usageOf(tx, a.TokenID)
-		if err != nil {
-			return err
-		}
-		if err := adjust(tx, a.TokenID, used, delta); err != nil {
+// chargeUsed is charge with the accounts' usages used, decoded by the
+// caller; it updates them.
+func chargeUsed(tx *bbolt.Tx, accounts []Account, used []Usage, delta Usage) error {
+	for i, a := range accounts {
+		if err := adjust(tx, a.TokenID, used[i], delta); err != nil {
 			return err
 		}
 	}
@@ -115,10 +217,14 @@ func charge(tx *bbolt.Tx, accounts []Account, delta Usage) error {
 // that need no prepare (non-mutating calls without an idempotency key). It
 // writes nothing when a limit of any account would be exceeded.
 func Charge(tx *bbolt.Tx, accounts []Account, want Usage) error {
-	if err := check(tx, accounts, want); err != nil {
+	used, err := usages(tx, accounts)
+	if err != nil {
 		return err
 	}
-	return charge(tx, accounts, want)
+	if err := checkUsed(accounts, used, want); err != nil {
+		return err
+	}
+	return chargeUsed(tx, accounts, used, want)
 }
 
 // Consume adds used, what a call that already ran consumed, to every
@@ -128,8 +234,12 @@ func Consume(tx *bbolt.Tx, accounts []Account, used Usage) error {
 	if len(used) == 0 {
 		return nil
 	}
-	over := check(tx, accounts, used)
-	if err := charge(tx, accounts, used); err != nil {
+	have, err := usages(tx, accounts)
+	if err != nil {
+		return err
+	}
+	over := checkUsed(accounts, have, used)
+	if err := chargeUsed(tx, accounts, have, used); err != nil {
 		return err
 	}
 	return over

@@ -33,7 +33,11 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 		return nil, err
 	}
 	accounts := in.accounts(p.Limits)
-	if err := check(tx, accounts, in.Reserved); err != nil {
+	used, err := usages(tx, accounts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkUsed(accounts, used, in.Reserved); err != nil {
 		return nil, err
 	}
 	if k, ok := in.idemKey(); ok {
@@ -41,7 +45,7 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 			return nil, err
 		}
 	}
-	if err := charge(tx, accounts, in.Reserved); err != nil {
+	if err := chargeUsed(tx, accounts, used, in.Reserved); err != nil {
 		return nil, err
 	}
 	in.State = Prepared
@@ -61,6 +65,12 @@ func OperationUsed(tx *bbolt.Tx, id string) bool {
 // PutOperation stores the result envelope of operation id.
 func PutOperation(tx *bbolt.Tx, id string, result []byte) error {
 	return tx.Bucket(bucketOps).Put([]byte(id), clone(result))
+}
+
+// HasOperation reports whether a result envelope is stored for operation
+// id, without copying it.
+func HasOperation(tx *bbolt.Tx, id string) bool {
+	return tx.Bucket(bucketOps).Get([]byte(id)) != nil
 }
 
 // GetOperation returns the stored result envelope of operation id, or nil.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,23 @@ func TestAuditVerbsOverServer(t *testing.T) {
 		t.Fatalf("echo: %d %+v", st, res)
 	}
 	srv := []string{"--server", s.url}
+	// The caller proves, from its result envelope alone, that the record
+	// commits to its result and args; a guess of other args does not open.
+	dir := t.TempDir()
+	envFile, jwksFile, argsFile, guessFile := filepath.Join(dir, "res.json"), filepath.Join(dir, "jwks.json"), filepath.Join(dir, "args.json"), filepath.Join(dir, "guess.json")
+	envJSON, _ := json.Marshal(res)
+	_, jwks := s.get("/.well-known/jwks.json", "")
+	for f, b := range map[string][]byte{envFile: envJSON, jwksFile: jwks, argsFile: []byte(`{"text":"` + secret + `"}`), guessFile: []byte(`{"text":"whisper-9R"}`)} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := mustRun(t, "receipts", "verify", envFile, "--jwks", jwksFile, "--args", argsFile); !strings.Contains(out, "commits to this result and these args") {
+		t.Fatalf("receipts verify of the envelope:\n%s", out)
+	}
+	if out, _, code := run(t, "receipts", "verify", envFile, "--jwks", jwksFile, "--args", guessFile); code != 1 || !strings.Contains(out, "does not commit") {
+		t.Fatalf("a guessed argument: exit %d\n%s", code, out)
+	}
 	export := func(token string) (string, int) {
 		out, _, code := run(t, append([]string{"ledger", "export", "--token", token}, srv...)...)
 		return out, code

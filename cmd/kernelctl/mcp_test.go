@@ -310,3 +310,38 @@ func TestMCPGatewayProgress(t *testing.T) {
 		})
 	}
 }
+
+// A token minted --handles: kernelctl mcp (against a data dir, and
+// against a served kernel over the API) lists the session's handles, not
+// the syscall ids, and answers a call by syscall id as an unknown tool.
+func TestMCPGatewayHandles(t *testing.T) {
+	for _, mode := range []string{"data", "server"} {
+		t.Run(mode, func(t *testing.T) {
+			var args []string
+			if mode == "data" {
+				f := newRunFixture(t)
+				tok := filepath.Join(f.dir, "handles.token")
+				os.WriteFile(tok, []byte(mustRun(t, "token", "mint", "--data", f.data, "--agent", "agent-1", "--tools", "echo", "--handles")), 0o600)
+				args = []string{"--data", f.data, "--token", tok}
+			} else {
+				sv := initServed(t)
+				tok := mintCLI(t, sv.server, sv.admin, "--agent", "agent-1", "--tools", "echo", "--handles")
+				args = []string{"--server", sv.url, "--token", tok.file}
+			}
+			cs := mcpSession(t, false, args...)
+			ctx := context.Background()
+			lt, err := cs.ListTools(ctx, nil)
+			if err != nil || len(lt.Tools) != 1 || !strings.HasPrefix(lt.Tools[0].Name, mcpgateway.HandleToolPrefix) {
+				t.Fatalf("tools/list: %+v %v", lt, err)
+			}
+			r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: lt.Tools[0].Name, Arguments: map[string]any{"text": "hi"}})
+			if err != nil || r.IsError || text(r) != `{"text":"hi"}` {
+				t.Fatalf("call by handle: %+v %v", r, err)
+			}
+			r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "hi"}})
+			if err != nil || !r.IsError || text(r) != `tool_not_found: no syscall "echo"` {
+				t.Fatalf("call by syscall id: %q %v", text(r), err)
+			}
+		})
+	}
+}

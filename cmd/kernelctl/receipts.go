@@ -169,19 +169,22 @@ type ReceiptCheck struct {
 	Signature   string `json:"signature"`           // "ok …" or the failure
 	LedgerMatch string `json:"ledger_match"`        // "ok", "not checked" or the failure
 	Inclusion   string `json:"inclusion,omitempty"` // with --prove or a bundle: "ok …" or the failure
+	// Commitments, for a result envelope with its audit_salt: whether the
+	// receipt's record commits to the envelope's result (and --args).
+	Commitments string `json:"commitments,omitempty"`
 }
 
 func (c ReceiptCheck) ok(needLedger, needInclusion bool) bool {
 	return strings.HasPrefix(c.Signature, "ok") && (!needLedger || strings.HasPrefix(c.LedgerMatch, "ok")) &&
-		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok"))
+		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok")) && (c.Commitments == "" || strings.HasPrefix(c.Commitments, "ok"))
 }
 
 func receiptsVerifyCmd() *cobra.Command {
 	var t target
-	var jwksFile string
+	var jwksFile, argsFile string
 	var prove bool
 	cmd := &cobra.Command{
-		Use:   "verify FILE|RECEIPT_ID [--prove] [--jwks FILE] [--data DIR|--server URL]",
+		Use:   "verify FILE|RECEIPT_ID [--prove] [--jwks FILE] [--args FILE] [--data DIR|--server URL]",
 		Short: "Verify a receipt: its audit entry, the checkpoint's signature and the inclusion proof",
 		Long: `verify checks a receipt proven by the log (docs/formats.md, capkernel-receipt/v2)
 with the kernel's JWKS alone (--jwks FILE, else fetched from the data dir or
@@ -192,7 +195,9 @@ the entry to the checkpoint's root.
 FILE may hold the receipt (receipts bundle, GET /v1/receipts/{id}/bundle) or a
 result envelope (its "receipt"): it verifies entirely offline. A receipt id
 (r<seq>-<hex>) is fetched from the data dir or server, proven under the newest
-checkpoint, and verified the same way.
+checkpoint, and verified the same way. A result envelope's receipt is also
+opened with the envelope's audit_salt: its record must commit to exactly the
+envelope's result, and with --args FILE (the args object sent) to those args.
 
 Receipts of format v1 (older ledgers) are still checked: a compact JWS (a file
 or its UUID) has its signature checked, then the ledger entry it names is
@@ -228,7 +233,11 @@ Exit 1 on any failure.`,
 				return &usageError{errors.New("receipts verify: give --jwks FILE, or --data/--server to fetch the key")}
 			}
 			if b, ok := readBundle(args[0]); ok {
-				return reportCheck(cmd, t.json, verifyBundleFile(b, jwks), true, true)
+				check := verifyBundleFile(b, jwks)
+				if strings.HasPrefix(check.Signature, "ok") {
+					check.Commitments = openEnvelope(args[0], argsFile)
+				}
+				return reportCheck(cmd, t.json, check, true, true)
 			}
 			if _, _, ok := receipts.ParseID(args[0]); ok && h != nil {
 				// A receipt proven by the log: fetch it under the newest
@@ -270,6 +279,7 @@ Exit 1 on any failure.`,
 	t.addReadToken(cmd)
 	cmd.Flags().StringVar(&jwksFile, "jwks", "", "JWKS file with the kernel's receipt key (e.g. saved from /.well-known/jwks.json)")
 	cmd.Flags().BoolVar(&prove, "prove", false, "also verify the entry's inclusion proof against the newest signed checkpoint")
+	cmd.Flags().StringVar(&argsFile, "args", "", "for a result envelope: the args object the call sent, to check the record commits to it")
 	return cmd
 }
 
@@ -282,6 +292,9 @@ func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger
 		fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", check.ReceiptID, check.Signature, check.LedgerMatch)
 		if check.Inclusion != "" {
 			fmt.Fprintf(cmd.OutOrStdout(), "inclusion:    %s\n", check.Inclusion)
+		}
+		if check.Commitments != "" {
+			fmt.Fprintf(cmd.OutOrStdout(), "commitments:  %s\n", check.Commitments)
 		}
 	}
 	if !check.ok(needLedger, needInclusion) {

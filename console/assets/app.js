@@ -1114,6 +1114,46 @@ async function verifyBundle(bundle, jwks2) {
   return { ok: checks.every((c) => c.ok === true), format: BUNDLE_FORMAT, checks };
 }
 
+// src/commitments.js
+var PARTS = ["args", "result", "policy_input", "context"];
+var CONTEXT = "capkernel audit commitment v1 ";
+var enc2 = new TextEncoder();
+var TAMPERED = ["mismatch", "missing"];
+function partKey(salt, part) {
+  if (typeof salt !== "string" || !/^[0-9a-f]{64}$/.test(salt)) throw new Error("the salt is not 32 bytes of lowercase hex");
+  return blake3(unhex(salt), { context: enc2.encode(CONTEXT + part) });
+}
+function commit(key, bytes) {
+  return "blake3:" + hex(blake3(bytes, { key }));
+}
+function commitPart(salt, part, value) {
+  return commit(partKey(salt, part), enc2.encode(canonicalize(value)));
+}
+function openPayload(body, payload, { erased = false, withheld = false } = {}) {
+  const parts = PARTS.map((part) => {
+    const want = body[part + "_commitment"];
+    const got = payload ? payload[part] : void 0;
+    const r = { part, commitment: want || "", state: "", detail: "" };
+    if (!want && got === void 0) r.state = "absent";
+    else if (!want) Object.assign(r, { state: "mismatch", detail: "a part the record never committed to" });
+    else if (got !== void 0) {
+      try {
+        const have = commitPart(payload.salt, part, got);
+        if (have === want) Object.assign(r, { state: "matches", detail: "the payload opens the commitment" });
+        else Object.assign(r, { state: "mismatch", detail: "the payload gives " + have });
+      } catch (e) {
+        Object.assign(r, { state: "mismatch", detail: e.message });
+      }
+    } else if (withheld) Object.assign(r, { state: "withheld", detail: "your credential reads this record only as its public part" });
+    else if (erased) Object.assign(r, { state: "erased", detail: "removed by an erasure record" });
+    else if (body.payload_depth === "commitments_only") Object.assign(r, { state: "not_kept", detail: "the record's depth keeps no parts" });
+    else Object.assign(r, { state: "missing", detail: "committed, but neither kept nor erased" });
+    return r;
+  });
+  const tampered = parts.some((p) => TAMPERED.includes(p.state));
+  return { ok: !tampered, tampered, parts };
+}
+
 // src/app.js
 var $ = (sel) => document.querySelector(sel);
 var session = null;
@@ -1195,7 +1235,7 @@ function signedIn(s) {
   $("#nav").hidden = false;
   $("#who").hidden = false;
   $("#who-text").textContent = `${s.subject} (${s.role})`;
-  for (const b of document.querySelectorAll("#nav [data-admin]")) b.hidden = s.role !== "admin";
+  for (const b of document.querySelectorAll("#nav [data-reads-all]")) b.hidden = !s.reads_all;
   show("approvals");
   loadApprovals();
   connectEvents();
@@ -1293,7 +1333,7 @@ function approvalCard(a) {
     deny.addEventListener("click", () => decide("deny"));
     li.append(el("label", { for: reasonID }, "Reason"), reason, el("div", { class: "buttons" }, allow, deny));
   } else {
-    li.append(el("p", {}, "Your credential cannot decide approvals."));
+    li.append(el("p", { class: "read-only" }, "Read-only: your credential cannot decide approvals."));
   }
   loadDetail(id, detail);
   return li;
@@ -1426,13 +1466,115 @@ async function showRecord(r, tr) {
   $("#history-detail").hidden = false;
   $("#detail-id").textContent = r.receipt_id;
   $("#detail-checks").replaceChildren();
-  $("#detail-receipt").textContent = JSON.stringify({ jws: r.jws, payload: r.receipt }, null, 2);
+  $("#detail-receipt").textContent = JSON.stringify({ jws: r.jws, payload: r.receipt, withheld: r.withheld }, null, 2);
   $("#detail-operation").textContent = "Loading…";
+  $("#detail-commitments").replaceChildren();
+  $("#detail-commitments").removeAttribute("data-verdict");
+  showPayload(r);
   try {
     const op = await api("GET", "/console/api/operations/" + encodeURIComponent(r.operation_id));
     $("#detail-operation").textContent = JSON.stringify(op, null, 2);
   } catch (e) {
-    $("#detail-operation").textContent = e.status === 404 ? "No stored result (the call was refused before it was recorded as an operation)." : e.message;
+    if (e.status === 404 && !(session && session.reads_all)) $("#detail-operation").textContent = "Withheld: the result is the call's payload, which your credential does not read.";
+    else $("#detail-operation").textContent = e.status === 404 ? "No stored result (the call was refused before it was recorded as an operation)." : e.message;
+  }
+}
+var currentRecord = null;
+var PART_LABELS = { args: "Arguments", result: "Result", policy_input: "Policy input", context: "Context" };
+async function showPayload(r) {
+  const state = $("#detail-payload-state"), box = $("#detail-payload"), er = $("#detail-erasure");
+  state.textContent = "Loading…";
+  state.removeAttribute("data-state");
+  box.replaceChildren();
+  er.replaceChildren();
+  currentRecord = null;
+  try {
+    const rec = await api("GET", "/console/api/receipts/" + encodeURIComponent(r.receipt_id) + "/record");
+    if (current !== r) return;
+    currentRecord = rec;
+    const p = rec.entry.payload;
+    let st, msg;
+    if (rec.erasure) {
+      st = "erased";
+      msg = "Erased: the payload was removed, and the record still verifies by its commitments.";
+      const b = rec.erasure.body;
+      er.append(el("h5", {}, "Erasure record"), kv([
+        ["Seq", rec.erasure.seq],
+        ["Time", fmtTime(rec.erasure.time)],
+        ["By", b.by],
+        ["Reason", b.reason],
+        ["Operation", b.operation_id],
+        ["Records", (b.seqs || []).join(", ")]
+      ]));
+    } else if (!rec.full) {
+      st = "withheld";
+      msg = "Withheld: your credential reads another agent's record only as its public part (its commitments).";
+    } else if (!p) {
+      st = rec.entry.body.payload_depth ? "missing" : "none";
+      msg = rec.entry.body.payload_depth ? "No payload kept, and no erasure record names this record." : "This record predates commitments: its parts are in its body.";
+    } else {
+      st = "kept";
+      msg = rec.entry.body.payload_depth === "commitments_only" ? "Commitments only: the salt is kept, the parts never were." : "Kept beside the chain:";
+      for (const part of PARTS) {
+        if (p[part] !== void 0) box.append(el("h5", {}, PART_LABELS[part]), el("pre", { "data-part": part }, JSON.stringify(p[part], null, 2)));
+      }
+    }
+    state.textContent = msg;
+    state.setAttribute("data-state", st);
+  } catch (e) {
+    state.textContent = "Loading the record failed: " + e.message;
+  }
+}
+async function openCurrent() {
+  const box = $("#detail-commitments");
+  box.removeAttribute("data-verdict");
+  box.textContent = "Checking…";
+  const rec = currentRecord;
+  if (!rec) {
+    box.textContent = "The record has not loaded.";
+    return;
+  }
+  try {
+    const bundle = await api("GET", `/console/api/receipts/${encodeURIComponent(current.receipt_id)}/bundle`);
+    const proof = await verifyBundle(bundle, await jwks());
+    if (!proof.ok) {
+      renderChecks(box, proof);
+      return;
+    }
+    const body = parseEntry(bundle.entry).body;
+    const out = openPayload(body, rec.entry.payload || null, { erased: !!rec.erasure, withheld: !rec.full });
+    const states = out.parts.map((p) => p.state);
+    let verdict, cls;
+    if (out.tampered) {
+      cls = "fail";
+      verdict = "Tampered: " + out.parts.filter((p) => p.state === "mismatch" || p.state === "missing").map((p) => PART_LABELS[p.part]).join(", ") + " do not open the record's commitments.";
+    } else if (states.includes("erased")) {
+      cls = "erased";
+      verdict = `Erased, not tampered: the record is in the log; its payload was removed by erasure record ${rec.erasure.seq}.`;
+    } else if (states.includes("withheld")) {
+      cls = "withheld";
+      verdict = "The record is in the log; its payload is withheld from your credential, so its commitments cannot be opened here.";
+    } else {
+      cls = "pass";
+      verdict = "Verified: the record is in the log and commits to exactly this payload.";
+    }
+    const ul = el("ul", { class: "checks" });
+    for (const p of out.parts) {
+      const c = p.state === "matches" ? "pass" : p.state === "mismatch" || p.state === "missing" ? "fail" : "skip";
+      ul.append(el(
+        "li",
+        { class: c, "data-part": p.part, "data-state": p.state },
+        el("strong", {}, `${PART_LABELS[p.part]}: ${p.state.replace("_", " ")}`),
+        el("br"),
+        p.commitment ? el("code", {}, p.commitment) : "no commitment",
+        p.detail ? el("br") : "",
+        p.detail
+      ));
+    }
+    box.replaceChildren(el("p", { class: "verdict " + (cls === "fail" ? "fail" : cls === "pass" ? "pass" : "") }, verdict), ul);
+    box.setAttribute("data-verdict", cls);
+  } catch (e) {
+    box.textContent = "The check failed to run: " + e.message;
   }
 }
 async function jwks() {
@@ -1517,7 +1659,7 @@ async function refreshCheckpoint() {
   }
 }
 async function loadTokens() {
-  if (!session || session.role !== "admin") return;
+  if (!session || !session.reads_all) return;
   try {
     const out = await api("GET", "/console/api/tokens");
     const tb = $("#tokens-table tbody");
@@ -1527,6 +1669,7 @@ async function loadTokens() {
       const state = t.revoked ? "revoked" : expired ? "expired" : "live";
       const revoke = el("button", { type: "button", class: "danger", "aria-label": `Revoke token ${t.jti} of ${t.agent_id}` }, "Revoke");
       revoke.disabled = t.revoked;
+      revoke.hidden = !session.can_revoke;
       revoke.addEventListener("click", () => askRevoke(t.jti));
       return el(
         "tr",
@@ -1595,6 +1738,7 @@ function start() {
   });
   $("#history-more").addEventListener("click", () => searchHistory(true));
   $("#detail-verify").addEventListener("click", verifyCurrent);
+  $("#detail-open").addEventListener("click", openCurrent);
   $("#verify-form").addEventListener("submit", verifyUpload);
   $("#ledger-refresh").addEventListener("click", refreshCheckpoint);
   $("#tokens-refresh").addEventListener("click", loadTokens);

@@ -4,7 +4,8 @@
 // first argument, runs this file with node, and checks the kernel's side
 // afterwards (files committed or not). Run: node browser/console.mjs CONFIG.
 //
-// The config: {url, admin, alice, bob (approver credentials), agent
+// The config: {url, admin, alice, bob (approver credentials), dave (an
+// auditor credential), agent
 // {token, id, agent_id}, policy_hash, ws (the agent's workspace),
 // artifacts (where screenshots go), chromium (the executable)}.
 import { test, before, after } from "node:test";
@@ -134,6 +135,8 @@ test("a gated fs.write is approved end to end and committed", async () => {
   await page.close();
 });
 
+let denied; // the result of the denied fs.write, whose payload is erased later
+
 test("a denied call is refused and writes nothing", async () => {
   const page = await signIn(alice, cfg.alice);
   const id = await startCall("fs.write", { path: join(cfg.ws, "denied.txt"), content: "must not exist\n" });
@@ -145,6 +148,7 @@ test("a denied call is refused and writes nothing", async () => {
   assert.equal(r.status, "error");
   assert.equal(r.error.class, "approval_denied");
   assert.notEqual(r.tx_outcome, "committed");
+  denied = r;
   await page.close();
 });
 
@@ -294,6 +298,83 @@ test("CSRF: a request without the token, and one from a foreign origin, are refu
   await c.getByRole("button", { name: "Deny" }).click();
   await decidedCard(page, id).locator(".state.denied").waitFor();
   assert.equal((await result(id)).error.class, "approval_denied");
+  await page.close();
+});
+
+// openRecord opens the History view of page and the record of receipt id.
+async function openRecord(page, id) {
+  await page.getByRole("button", { name: "History" }).click();
+  await page.locator(`#history-table tr[data-receipt="${id}"]`).click();
+  await page.locator("#detail-payload-state[data-state]").waitFor();
+}
+
+test("an auditor reads a record's payload and checks its commitments in the page, read-only", async () => {
+  assert.ok(approved, "needs the approved call");
+  const page = await signIn(bob, cfg.dave);
+  assert.match(await page.locator("#who-text").textContent(), /\(auditor\)/);
+  await openRecord(page, approved.receipt_id);
+  assert.equal(await page.locator("#detail-payload-state").getAttribute("data-state"), "kept");
+  assert.match(await page.locator('#detail-payload pre[data-part="args"]').textContent(), /status: final/);
+  assert.match(await page.locator('#detail-payload pre[data-part="result"]').textContent(), /"status": "ok"/);
+  await page.locator('#detail-payload pre[data-part="policy_input"]').waitFor();
+  await page.getByRole("button", { name: "Check the commitments against the payload" }).click();
+  await page.locator('#detail-commitments[data-verdict="pass"]').waitFor();
+  for (const part of ["args", "result", "policy_input", "context"]) {
+    assert.equal(await page.locator(`#detail-commitments li[data-part="${part}"]`).getAttribute("data-state"), "matches", part);
+  }
+  assert.match(await page.locator("#detail-operation").textContent(), /"audit_salt"/);
+  await shot(page, "audit");
+  // Read-only: no decision or revoke controls.
+  await page.getByRole("button", { name: "Tokens" }).click();
+  await page.locator(`#tokens-table tr[data-jti="${cfg.agent.id}"]`).waitFor();
+  assert.equal(await page.locator("#tokens-table button:visible").count(), 0, "an auditor is offered Revoke");
+  const id = await startCall("fs.write", { path: join(cfg.ws, "audited.txt"), content: "x\n" });
+  await page.getByRole("button", { name: "Approvals" }).click();
+  const c = card(page, id);
+  await c.locator(".read-only").waitFor();
+  assert.equal(await c.getByRole("button").count(), 0, "an auditor is offered a decision");
+  await page.close();
+  // Deny it as an approver, so nothing stays pending.
+  const pa = await signIn(alice, cfg.alice);
+  await card(pa, id).getByRole("button", { name: "Deny" }).click();
+  await decidedCard(pa, id).locator(".state.denied").waitFor();
+  await pa.close();
+});
+
+test("an approver does not see another agent's payload", async () => {
+  const page = await signIn(alice, cfg.alice);
+  await openRecord(page, approved.receipt_id);
+  assert.equal(await page.locator("#detail-payload-state").getAttribute("data-state"), "withheld");
+  assert.equal(await page.locator("#detail-payload pre").count(), 0);
+  await page.locator("#detail-operation", { hasText: "Withheld" }).waitFor();
+  await page.getByRole("button", { name: "Check the commitments against the payload" }).click();
+  await page.locator('#detail-commitments[data-verdict="withheld"]').waitFor();
+  assert.doesNotMatch(await page.locator("#history-detail").textContent(), /status: final/);
+  // Nor from the console's API, whatever the page asks.
+  const answers = await page.evaluate(async ([rid, op]) => Promise.all(
+    [`/console/api/receipts/${rid}/record`, `/console/api/operations/${op}`, `/console/api/receipts?agent=${"a1"}`, `/console/api/receipts/${rid}/bundle`]
+      .map(async (p) => (await fetch(p)).text())), [approved.receipt_id, approved.operation_id]);
+  for (const a of answers) assert.doesNotMatch(a, /status: final/);
+  await page.close();
+});
+
+test("an erased payload is shown as erased, with its erasure record, not as tampered", async () => {
+  assert.ok(denied, "needs the denied call");
+  const resp = await fetch(cfg.url + "/v1/admin/ledger/erase", {
+    method: "POST", headers: { "Content-Type": "application/json", Authorization: "Bearer " + cfg.admin },
+    body: JSON.stringify({ operation_id: denied.operation_id, reason: "browser test: right to erasure" }),
+  });
+  assert.equal(resp.status, 200, await resp.text());
+  const page = await signIn(bob, cfg.dave);
+  await openRecord(page, denied.receipt_id);
+  assert.equal(await page.locator("#detail-payload-state").getAttribute("data-state"), "erased");
+  assert.match(await page.locator("#detail-erasure").textContent(), /browser test: right to erasure/);
+  await page.getByRole("button", { name: "Check the commitments against the payload" }).click();
+  await page.locator('#detail-commitments[data-verdict="erased"]').waitFor();
+  assert.equal(await page.locator('#detail-commitments li[data-state="erased"]').count(), 4);
+  assert.equal(await page.locator('#detail-commitments li.fail').count(), 0);
+  assert.doesNotMatch(await page.locator("#detail-commitments").textContent(), /Tampered/);
+  await shot(page, "erased");
   await page.close();
 });
 

@@ -3,10 +3,11 @@
 // endpoints, all on this origin. The session lives in an HttpOnly
 // cookie; the CSRF token is kept in this module's memory only.
 import { diffLines } from "diff";
-import { verifyBundle, verifyCheckpoint, verifyConsistency, b64urlDecode, parseCheckpoint } from "./verify.js";
+import { verifyBundle, verifyCheckpoint, verifyConsistency, b64urlDecode, parseCheckpoint, parseEntry } from "./verify.js";
+import { openPayload, PARTS } from "./commitments.js";
 
 const $ = (sel) => document.querySelector(sel);
-let session = null; // {role, subject, csrf}
+let session = null; // {role, subject, csrf, canDecide, can_revoke, reads_all}
 let events = null; // EventSource
 const pending = new Map(); // approval_id -> request
 const decided = new Map();
@@ -98,7 +99,7 @@ function signedIn(s) {
   $("#nav").hidden = false;
   $("#who").hidden = false;
   $("#who-text").textContent = `${s.subject} (${s.role})`;
-  for (const b of document.querySelectorAll("#nav [data-admin]")) b.hidden = s.role !== "admin";
+  for (const b of document.querySelectorAll("#nav [data-reads-all]")) b.hidden = !s.reads_all;
   show("approvals");
   loadApprovals();
   connectEvents();
@@ -211,7 +212,7 @@ function approvalCard(a) {
     deny.addEventListener("click", () => decide("deny"));
     li.append(el("label", { for: reasonID }, "Reason"), reason, el("div", { class: "buttons" }, allow, deny));
   } else {
-    li.append(el("p", {}, "Your credential cannot decide approvals."));
+    li.append(el("p", { class: "read-only" }, "Read-only: your credential cannot decide approvals."));
   }
   loadDetail(id, detail);
   return li;
@@ -351,13 +352,116 @@ async function showRecord(r, tr) {
   $("#history-detail").hidden = false;
   $("#detail-id").textContent = r.receipt_id;
   $("#detail-checks").replaceChildren();
-  $("#detail-receipt").textContent = JSON.stringify({ jws: r.jws, payload: r.receipt }, null, 2);
+  $("#detail-receipt").textContent = JSON.stringify({ jws: r.jws, payload: r.receipt, withheld: r.withheld }, null, 2);
   $("#detail-operation").textContent = "Loading…";
+  $("#detail-commitments").replaceChildren();
+  $("#detail-commitments").removeAttribute("data-verdict");
+  showPayload(r);
   try {
     const op = await api("GET", "/console/api/operations/" + encodeURIComponent(r.operation_id));
     $("#detail-operation").textContent = JSON.stringify(op, null, 2);
   } catch (e) {
-    $("#detail-operation").textContent = e.status === 404 ? "No stored result (the call was refused before it was recorded as an operation)." : e.message;
+    if (e.status === 404 && !(session && session.reads_all)) $("#detail-operation").textContent = "Withheld: the result is the call's payload, which your credential does not read.";
+    else $("#detail-operation").textContent = e.status === 404 ? "No stored result (the call was refused before it was recorded as an operation)." : e.message;
+  }
+}
+
+// ---- payloads and commitments ----
+
+let currentRecord = null; // the Record of the receipt shown
+
+const PART_LABELS = { args: "Arguments", result: "Result", policy_input: "Policy input", context: "Context" };
+
+// showPayload shows the record's payload as the session may read it:
+// every part kept (auditors, the admin), erased (with the erasure
+// record), or withheld (another agent's record, for an approver).
+async function showPayload(r) {
+  const state = $("#detail-payload-state"), box = $("#detail-payload"), er = $("#detail-erasure");
+  state.textContent = "Loading…";
+  state.removeAttribute("data-state");
+  box.replaceChildren();
+  er.replaceChildren();
+  currentRecord = null;
+  try {
+    const rec = await api("GET", "/console/api/receipts/" + encodeURIComponent(r.receipt_id) + "/record");
+    if (current !== r) return;
+    currentRecord = rec;
+    const p = rec.entry.payload;
+    let st, msg;
+    if (rec.erasure) {
+      st = "erased";
+      msg = "Erased: the payload was removed, and the record still verifies by its commitments.";
+      const b = rec.erasure.body;
+      er.append(el("h5", {}, "Erasure record"), kv([["Seq", rec.erasure.seq], ["Time", fmtTime(rec.erasure.time)], ["By", b.by], ["Reason", b.reason],
+        ["Operation", b.operation_id], ["Records", (b.seqs || []).join(", ")]]));
+    } else if (!rec.full) {
+      st = "withheld";
+      msg = "Withheld: your credential reads another agent's record only as its public part (its commitments).";
+    } else if (!p) {
+      st = rec.entry.body.payload_depth ? "missing" : "none";
+      msg = rec.entry.body.payload_depth ? "No payload kept, and no erasure record names this record." : "This record predates commitments: its parts are in its body.";
+    } else {
+      st = "kept";
+      msg = rec.entry.body.payload_depth === "commitments_only" ? "Commitments only: the salt is kept, the parts never were." : "Kept beside the chain:";
+      for (const part of PARTS) {
+        if (p[part] !== undefined) box.append(el("h5", {}, PART_LABELS[part]), el("pre", { "data-part": part }, JSON.stringify(p[part], null, 2)));
+      }
+    }
+    state.textContent = msg;
+    state.setAttribute("data-state", st);
+  } catch (e) {
+    state.textContent = "Loading the record failed: " + e.message;
+  }
+}
+
+// openCurrent checks, in the page, that the record shown is in the log
+// (its receipt verified: entry hash, checkpoint, inclusion) and that its
+// commitments open with its payload.
+async function openCurrent() {
+  const box = $("#detail-commitments");
+  box.removeAttribute("data-verdict");
+  box.textContent = "Checking…";
+  const rec = currentRecord;
+  if (!rec) {
+    box.textContent = "The record has not loaded.";
+    return;
+  }
+  try {
+    const bundle = await api("GET", `/console/api/receipts/${encodeURIComponent(current.receipt_id)}/bundle`);
+    const proof = await verifyBundle(bundle, await jwks());
+    if (!proof.ok) {
+      renderChecks(box, proof);
+      return;
+    }
+    // The commitments are read from the verified entry, not from the
+    // record the API answered with.
+    const body = parseEntry(bundle.entry).body;
+    const out = openPayload(body, rec.entry.payload || null, { erased: !!rec.erasure, withheld: !rec.full });
+    const states = out.parts.map((p) => p.state);
+    let verdict, cls;
+    if (out.tampered) {
+      cls = "fail";
+      verdict = "Tampered: " + out.parts.filter((p) => p.state === "mismatch" || p.state === "missing").map((p) => PART_LABELS[p.part]).join(", ") + " do not open the record's commitments.";
+    } else if (states.includes("erased")) {
+      cls = "erased";
+      verdict = `Erased, not tampered: the record is in the log; its payload was removed by erasure record ${rec.erasure.seq}.`;
+    } else if (states.includes("withheld")) {
+      cls = "withheld";
+      verdict = "The record is in the log; its payload is withheld from your credential, so its commitments cannot be opened here.";
+    } else {
+      cls = "pass";
+      verdict = "Verified: the record is in the log and commits to exactly this payload.";
+    }
+    const ul = el("ul", { class: "checks" });
+    for (const p of out.parts) {
+      const c = p.state === "matches" ? "pass" : p.state === "mismatch" || p.state === "missing" ? "fail" : "skip";
+      ul.append(el("li", { class: c, "data-part": p.part, "data-state": p.state }, el("strong", {}, `${PART_LABELS[p.part]}: ${p.state.replace("_", " ")}`),
+        el("br"), p.commitment ? el("code", {}, p.commitment) : "no commitment", p.detail ? el("br") : "", p.detail));
+    }
+    box.replaceChildren(el("p", { class: "verdict " + (cls === "fail" ? "fail" : cls === "pass" ? "pass" : "") }, verdict), ul);
+    box.setAttribute("data-verdict", cls);
+  } catch (e) {
+    box.textContent = "The check failed to run: " + e.message;
   }
 }
 
@@ -457,7 +561,7 @@ async function refreshCheckpoint() {
 // ---- tokens ----
 
 async function loadTokens() {
-  if (!session || session.role !== "admin") return;
+  if (!session || !session.reads_all) return;
   try {
     const out = await api("GET", "/console/api/tokens");
     const tb = $("#tokens-table tbody");
@@ -467,6 +571,7 @@ async function loadTokens() {
       const state = t.revoked ? "revoked" : expired ? "expired" : "live";
       const revoke = el("button", { type: "button", class: "danger", "aria-label": `Revoke token ${t.jti} of ${t.agent_id}` }, "Revoke");
       revoke.disabled = t.revoked;
+      revoke.hidden = !session.can_revoke; // auditors read tokens, only the admin revokes
       revoke.addEventListener("click", () => askRevoke(t.jti));
       return el("tr", { "data-jti": t.jti },
         el("td", {}, el("code", {}, t.jti), t.parent ? el("div", {}, "from ", el("code", {}, t.parent)) : "", t.role ? el("div", {}, "role " + t.role) : ""),
@@ -537,6 +642,7 @@ function start() {
   });
   $("#history-more").addEventListener("click", () => searchHistory(true));
   $("#detail-verify").addEventListener("click", verifyCurrent);
+  $("#detail-open").addEventListener("click", openCurrent);
   $("#verify-form").addEventListener("submit", verifyUpload);
   $("#ledger-refresh").addEventListener("click", refreshCheckpoint);
   $("#tokens-refresh").addEventListener("click", loadTokens);

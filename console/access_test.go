@@ -1,0 +1,120 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/kernel"
+)
+
+// raw is a GET of path by c, as a string.
+func (c *client) raw(path string) (int, string) {
+	c.w.t.Helper()
+	resp, err := c.hc.Get(c.w.srv.URL + path)
+	if err != nil {
+		c.w.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, b.String()
+}
+
+// TestHistoryReadRules: the console reads the history as the session's
+// credential may (docs/http.md "Who reads what of the history"): an
+// auditor reads another agent's record in full with its payload, an
+// approver only its public part (commitments), from every console
+// endpoint; an erased payload comes with its erasure record; an auditor
+// decides and revokes nothing.
+func TestHistoryReadRules(t *testing.T) {
+	w := newWorld(t)
+	const secret = "pin 4711 of the vault"
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "vault.txt", "content": secret}, "k1")
+	alice, dave, admin := w.client(), w.client(), w.client()
+	for who, c := range map[string]*client{w.alice.Token: alice, w.dave.Token: dave, w.admin: admin} {
+		if s := c.login(who); s != http.StatusOK {
+			t.Fatalf("login: %d", s)
+		}
+	}
+	// The auditor sees the pending call (read-only) but cannot decide it.
+	if s, _ := dave.do("GET", "/console/api/approvals/"+a.ID, nil); s != http.StatusOK {
+		t.Errorf("an auditor reads a pending request: %d", s)
+	}
+	if s, _ := dave.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow", Reason: "x"}); s != http.StatusForbidden {
+		t.Errorf("an auditor decides: %d, want 403", s)
+	}
+	if s, out := alice.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow", Reason: "ok"}); s != http.StatusOK {
+		t.Fatalf("approve: %d %v", s, out)
+	}
+	res, err := w.k.Wait(context.Background(), op)
+	if err != nil || res.Status != kernel.StatusOK {
+		t.Fatalf("the approved call: %+v %v", res, err)
+	}
+	rid := res.ReceiptID
+
+	// Every read endpoint, for the approver: nothing of the content.
+	for _, p := range []string{"/console/api/receipts", "/console/api/receipts/" + rid, "/console/api/receipts/" + rid + "/record",
+		"/console/api/receipts/" + rid + "/bundle", "/console/api/operations/" + op} {
+		if s, body := alice.raw(p); strings.Contains(body, "4711") || s >= 500 {
+			t.Errorf("approver GET %s: %d %s", p, s, body)
+		}
+	}
+	if s, _ := alice.raw("/console/api/operations/" + op); s != http.StatusNotFound {
+		t.Errorf("approver reads another agent's operation: %d, want 404", s)
+	}
+	var rec Record
+	_, body := alice.raw("/console/api/receipts/" + rid + "/record")
+	if err := json.Unmarshal([]byte(body), &rec); err != nil || rec.Full || rec.Entry.Payload != nil || rec.Erasure != nil ||
+		!strings.Contains(string(rec.Entry.Body), `"args_commitment":"blake3:`) {
+		t.Fatalf("approver's record: %v %s", err, body)
+	}
+
+	// The auditor: the record with its payload, and the operation.
+	_, body = dave.raw("/console/api/receipts/" + rid + "/record")
+	rec = Record{}
+	if err := json.Unmarshal([]byte(body), &rec); err != nil || !rec.Full || rec.Entry.Payload == nil ||
+		!strings.Contains(string(rec.Entry.Payload.Args), secret) || rec.Entry.Payload.Salt == "" {
+		t.Fatalf("auditor's record: %v %s", err, body)
+	}
+	if s, body := dave.raw("/console/api/operations/" + op); s != http.StatusOK || !strings.Contains(body, `"audit_salt"`) {
+		t.Errorf("auditor reads the operation: %d %s", s, body)
+	}
+	if s, _ := dave.raw("/console/api/tokens"); s != http.StatusOK {
+		t.Errorf("auditor lists tokens: %d", s)
+	}
+	if s, _ := alice.raw("/console/api/tokens"); s != http.StatusForbidden {
+		t.Errorf("approver lists tokens: %d", s)
+	}
+	if s, _ := dave.do("POST", "/console/api/tokens/"+w.agent.ID+"/revoke", RevokeRequest{Reason: "x"}); s != http.StatusForbidden {
+		t.Errorf("an auditor revokes: %d, want 403", s)
+	}
+	if _, err := w.k.VerifyBearer(w.agent.Token); err != nil {
+		t.Fatalf("the agent's token after the auditor's refused revoke: %v", err)
+	}
+
+	// Erased: no payload, and the erasure record that says so.
+	if _, err := w.k.Erase(context.Background(), op, "right to erasure"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*client{dave, alice} {
+		_, body = c.raw("/console/api/receipts/" + rid + "/record")
+		rec = Record{}
+		if err := json.Unmarshal([]byte(body), &rec); err != nil || rec.Entry.Payload != nil || rec.Erasure == nil ||
+			rec.Erasure.Kind != kernel.KindErasure || !strings.Contains(string(rec.Erasure.Body), "right to erasure") {
+			t.Fatalf("record after erasure: %v %s", err, body)
+		}
+	}
+	if s, body := dave.raw("/console/api/operations/" + op); s != http.StatusOK || strings.Contains(body, `"audit_salt"`) {
+		t.Errorf("auditor reads the erased operation: %d %s", s, body)
+	}
+}
