@@ -170,6 +170,13 @@ func errorCases() []Case {
 			if first == nil {
 				t.Skipf("the original call did not run")
 			}
+			// The 700 ms head start does not fix which call the kernel
+			// sees first (on a loaded machine the second can overtake
+			// the first): the repeat is whichever arrived second, and
+			// it must find the other in flight.
+			if first.Class() == "idempotency_in_flight" {
+				r = first
+			}
 			t.ExpectClass(r, "idempotency_in_flight")
 		}),
 		mk("DESIGN-ERR-018", gErrors, cErrors, "outcome_unknown (HTTP 502) is reported only for an external effect whose outcome was never recorded", func(t *T) {
