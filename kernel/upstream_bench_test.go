@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/upstream"
+	"github.com/capkernel/capkernel/upstream/upstreamtest"
 )
 
 // BenchmarkUpstreamEcho: server-everything's echo called through the
@@ -24,7 +25,7 @@ import (
 //
 //	go test -run '^$' -bench UpstreamEcho -benchtime 2s ./kernel/
 func BenchmarkUpstreamEcho(b *testing.B) {
-	cmd := npmServer(b, "server-everything", "stdio")
+	cmd := upstreamtest.ReferenceServer(b, "server-everything", "stdio")
 	h := newHarness(b, execPolicy(b), withServers(map[string]upstream.Server{
 		"ev": {Command: cmd, Declare: "everything"},
 	}))

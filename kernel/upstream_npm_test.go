@@ -11,26 +11,8 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/upstream"
+	"github.com/capkernel/capkernel/upstream/upstreamtest"
 )
-
-// npmServer is the command of an official MCP reference server from
-// upstream/testdata/npm (make upstream-deps installs them). Without them
-// the test is skipped, unless the Makefile runs it (CAPKERNEL_NPM_TESTS),
-// where that is a failure.
-func npmServer(t testing.TB, pkg string, args ...string) []string {
-	t.Helper()
-	js, err := filepath.Abs(filepath.Join("..", "upstream", "testdata", "npm", "node_modules", "@modelcontextprotocol", pkg, "dist", "index.js"))
-	if err == nil {
-		_, err = os.Stat(js)
-	}
-	if err != nil {
-		if os.Getenv("CAPKERNEL_NPM_TESTS") != "" {
-			t.Fatalf("%s is not installed (make upstream-deps): %v", pkg, err)
-		}
-		t.Skipf("%s is not installed; run make upstream-deps", pkg)
-	}
-	return append([]string{"node", js}, args...)
-}
 
 // TestUpstreamDeclaredFilesystem runs @modelcontextprotocol/server-
 // filesystem under the shipped declarations: its path arguments are
@@ -52,19 +34,19 @@ func TestUpstreamDeclaredFilesystem(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.MCPServers = map[string]upstream.Server{
-			"fs": {Command: npmServer(t, "server-filesystem", ws), Declare: "filesystem"},
+			"fs": {Command: upstreamtest.ReferenceServer(t, "server-filesystem", ws), Declare: "filesystem"},
 			// The same server with its own declarations: one names an
 			// argument no call has, one an argument that is a number.
-			"fsbad": {Command: npmServer(t, "server-filesystem", ws), Resources: []upstream.Declaration{
+			"fsbad": {Command: upstreamtest.ReferenceServer(t, "server-filesystem", ws), Resources: []upstream.Declaration{
 				{Tools: "read_text_file", Args: []upstream.Arg{{Pointer: "/head", Kind: "fs"}}},
 				{Tools: "get_file_info", Args: []upstream.Arg{{Pointer: "/file", Kind: "fs"}}},
 				{Tools: "*"},
 			}},
 			// No declaration at all.
-			"fsu": {Command: npmServer(t, "server-filesystem", ws)},
+			"fsu": {Command: upstreamtest.ReferenceServer(t, "server-filesystem", ws)},
 			// A server that sees only ws/sub, as the directory up (a
 			// link to it, standing in for a container mount).
-			"fsmap": {Command: npmServer(t, "server-filesystem", up), Declare: "filesystem",
+			"fsmap": {Command: upstreamtest.ReferenceServer(t, "server-filesystem", up), Declare: "filesystem",
 				Paths: []upstream.PathMap{{Root: filepath.Join(ws, "sub"), Upstream: up}}},
 		}
 		c.ApprovalTimeout = 50 * time.Millisecond
@@ -156,7 +138,7 @@ func TestUpstreamBigResult(t *testing.T) {
 	h := newHarness(t, execPolicy(t), func(c *Config) {
 		ws := filepath.Join(filepath.Dir(c.DataDir), "ws")
 		c.MCPServers = map[string]upstream.Server{
-			"fs": {Command: npmServer(t, "server-filesystem", ws), Declare: "filesystem"},
+			"fs": {Command: upstreamtest.ReferenceServer(t, "server-filesystem", ws), Declare: "filesystem"},
 		}
 	})
 	h.write("big.txt", strings.Repeat("0123456789abcdef", 1<<20)) // 16 MiB, sent twice by the server
@@ -185,7 +167,7 @@ func TestUpstreamBigResult(t *testing.T) {
 // upstream sent them, with the tool's outputSchema.
 func TestUpstreamFaithfulResults(t *testing.T) {
 	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
-		"ev": {Command: npmServer(t, "server-everything", "stdio"), Declare: "everything"},
+		"ev": {Command: upstreamtest.ReferenceServer(t, "server-everything", "stdio"), Declare: "everything"},
 	}))
 	e, ok := h.k.Registry().Get("mcp.ev.get_structured_content")
 	if !ok || len(e.Def.OutputSchema) == 0 || !e.Def.MCPResult {
@@ -222,7 +204,7 @@ func TestUpstreamFaithfulResults(t *testing.T) {
 	// get-env is left undeclared: it reveals the server's environment.
 	h.k.Close()
 	h.open(execPolicy(t), withServers(map[string]upstream.Server{
-		"ev": {Command: npmServer(t, "server-everything", "stdio"), Declare: "everything"},
+		"ev": {Command: upstreamtest.ReferenceServer(t, "server-everything", "stdio"), Declare: "everything"},
 	}), func(c *Config) { c.ApprovalTimeout = 10 * time.Millisecond })
 	if r := h.invoke("mcp.ev.get_env", map[string]any{}, key("env")); errClass(r) != ErrApprovalTimeout || r.AutonomyMode != "soft_gate" {
 		t.Fatalf("get-env: %+v %s", r.Error, r.AutonomyMode)
@@ -234,7 +216,7 @@ func TestUpstreamFaithfulResults(t *testing.T) {
 // fetches it; a declared kv key reaches the policy input.
 func TestUpstreamDeclaredNet(t *testing.T) {
 	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
-		"ev": {Command: npmServer(t, "server-everything", "stdio"), Declare: "everything", Resources: []upstream.Declaration{
+		"ev": {Command: upstreamtest.ReferenceServer(t, "server-everything", "stdio"), Declare: "everything", Resources: []upstream.Declaration{
 			{Tools: "echo", SideEffect: "NONE", Args: []upstream.Arg{{Pointer: "/message", Kind: "kv"}}}}},
 	}), func(c *Config) { c.NetLookup = testLookup })
 	tests := []struct {

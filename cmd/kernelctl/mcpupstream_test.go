@@ -11,25 +11,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/upstream/upstreamtest"
 )
-
-// referenceServer is the command of an official MCP reference server from
-// upstream/testdata/npm (make upstream-deps); skipped without them, except
-// under the Makefile (CAPKERNEL_NPM_TESTS), where that fails.
-func referenceServer(t *testing.T, pkg string, args ...string) []string {
-	t.Helper()
-	js, err := filepath.Abs(filepath.Join("..", "..", "upstream", "testdata", "npm", "node_modules", "@modelcontextprotocol", pkg, "dist", "index.js"))
-	if err == nil {
-		_, err = os.Stat(js)
-	}
-	if err != nil {
-		if os.Getenv("CAPKERNEL_NPM_TESTS") != "" {
-			t.Fatalf("%s is not installed (make upstream-deps): %v", pkg, err)
-		}
-		t.Skipf("%s is not installed; run make upstream-deps", pkg)
-	}
-	return append([]string{"node", js}, args...)
-}
 
 // TestMCPGatewayUpstream: server-filesystem behind a served kernel,
 // called by the SDK's client through kernelctl mcp: the upstream's result
@@ -54,7 +37,7 @@ func TestMCPGatewayUpstream(t *testing.T) {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	cfg["mcp_servers"] = map[string]any{"fs": map[string]any{"command": referenceServer(t, "server-filesystem", ws), "declare": "filesystem"}}
+	cfg["mcp_servers"] = map[string]any{"fs": map[string]any{"command": upstreamtest.ReferenceServer(t, "server-filesystem", ws), "declare": "filesystem"}}
 	b, _ = json.Marshal(cfg)
 	os.WriteFile(cfgPath, b, 0o600)
 	admin, err := readSecret(filepath.Join(data, kernel.AdminFile))
