@@ -222,6 +222,18 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 	return true
 }
 
+// checkDecision refuses a decision other than "allow" or "deny" and a
+// reason longer than 4096 bytes, for every channel that decides.
+func checkDecision(decision, reason string) error {
+	if decision != "allow" && decision != "deny" {
+		return fmt.Errorf("decision %q is not allow or deny", decision)
+	}
+	if len(reason) > 4096 {
+		return errors.New("reason is longer than 4096 bytes")
+	}
+	return nil
+}
+
 // Decide records an approver's decision ("allow" or "deny") on approval
 // id. approverToken must be an approver token of this kernel; for an
 // escalated call, one with role escalation; and its subject must not be
@@ -230,11 +242,8 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 // ErrNotFound, ErrApprovalForbidden (also for a bad token) or
 // ErrApprovalConflict (someone decided first; the request says how).
 func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalRequest, error) {
-	if decision != "allow" && decision != "deny" {
-		return ApprovalRequest{}, fmt.Errorf("decision %q is not allow or deny", decision)
-	}
-	if len(reason) > 4096 {
-		return ApprovalRequest{}, errors.New("reason is longer than 4096 bytes")
+	if err := checkDecision(decision, reason); err != nil {
+		return ApprovalRequest{}, err
 	}
 	k.approvals.mu.Lock()
 	a := k.approvals.pending[id]

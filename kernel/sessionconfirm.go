@@ -1,7 +1,6 @@
 package kernel
 
 import (
-	"errors"
 	"fmt"
 )
 
@@ -24,11 +23,8 @@ const (
 // decided, or an error wrapping ErrNotFound, ErrApprovalForbidden or
 // ErrApprovalConflict (as Decide).
 func (k *Kernel) ConfirmInSession(id, token, session, decision, reason string) (ApprovalRequest, error) {
-	if decision != "allow" && decision != "deny" {
-		return ApprovalRequest{}, fmt.Errorf("decision %q is not allow or deny", decision)
-	}
-	if len(reason) > 4096 {
-		return ApprovalRequest{}, errors.New("reason is longer than 4096 bytes")
+	if err := checkDecision(decision, reason); err != nil {
+		return ApprovalRequest{}, err
 	}
 	k.approvals.mu.Lock()
 	a := k.approvals.pending[id]
