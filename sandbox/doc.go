@@ -137,6 +137,9 @@
 // run: the host then refuses every fork past the limit at once, so a fork
 // bomb cannot take the host's pids while the watchdog waits for the CPU on
 // a loaded machine (seen: other processes' forks failing with EAGAIN).
+// A fork the cgroup refused (its pids.events "max" count) is the limit
+// too: the watchdog reports it, and so does Run when the command ends on
+// its own first, since at the cap a sample rarely finds every slot full.
 // The kill goes to the init (whose exit makes the kernel kill the
 // namespace) and, from the kernel's own priority, to every process of the
 // namespace until none is left. A fork bomb is thus contained within a

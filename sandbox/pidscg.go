@@ -52,6 +52,22 @@ func joinPidsCgroup(pid, max int) (*pidsCgroup, error) {
 	return c, nil
 }
 
+// refused reports whether the cgroup has refused a fork for its pids.max:
+// the "max" count of its pids.events (cgroup v1 and v2) is above zero.
+func (c *pidsCgroup) refused() bool {
+	b, err := os.ReadFile(filepath.Join(c.dir, "pids.events"))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if n, ok := strings.CutPrefix(l, "max "); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
+			return err == nil && v > 0
+		}
+	}
+	return false
+}
+
 // remove deletes the cgroup once its processes are gone: rmdir is refused
 // while any is left, a zombie included, and the last of a killed sandbox
 // can take a moment to be reaped. It waits up to a second, then goes on

@@ -40,6 +40,15 @@ func (k *killer) setCgroup(c *pidsCgroup) {
 	k.mu.Unlock()
 }
 
+// forkRefused reports whether the run's pids cgroup has refused a fork
+// (its pids.max was reached); false without a cgroup.
+func (k *killer) forkRefused() bool {
+	k.mu.Lock()
+	c := k.cgroup
+	k.mu.Unlock()
+	return c != nil && c.refused()
+}
+
 // removeCgroup deletes the run's pids cgroup, if it has one, once the
 // run's processes are gone.
 func (k *killer) removeCgroup() {
@@ -279,6 +288,14 @@ func watchProcesses(k *killer, max int, stop <-chan struct{}) <-chan string {
 			// in a procfs of the host's (or an outer) pid namespace.
 			if _, err := os.Readlink(dir + "/self"); err == nil {
 				continue
+			}
+			// The run's pids cgroup caps the count at max plus the init
+			// and its watcher, so the count alone shows the limit only if
+			// a 10 ms sample catches every slot full; a fork it refused
+			// shows it for good.
+			if k.forkRefused() {
+				ch <- "processes"
+				return
 			}
 			n, err := countPids(dir)
 			if err != nil {

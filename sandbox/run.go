@@ -297,6 +297,12 @@ loop:
 	close(watchStop)
 	k.stop()
 	k.waitGone(5 * time.Second)
+	// A command whose fork the pids cgroup refused may end on its own
+	// (its shell cannot fork the next command) before the watchdog's
+	// next sample: it still hit the process limit.
+	if res.LimitExceeded == "" && k.forkRefused() {
+		res.LimitExceeded = "processes"
+	}
 	k.removeCgroup()
 	res.Duration = time.Since(start)
 

@@ -274,7 +274,7 @@ type Result struct {
 
 	TimedOut      bool   // Command.Timeout expired: SIGTERM, then SIGKILL after the grace
 	Cancelled     bool   // the context was cancelled: likewise
-	LimitExceeded string // "processes" when the watchdog killed the run
+	LimitExceeded string // "processes" when the watchdog killed the run or the run's pids cgroup refused a fork
 
 	Staging  StagingMode // the mode used for rw roots (StagingOverlay or StagingCopy)
 	Delta    *Delta      // the writes to rw roots; nil if the run was killed or DeltaErr is set
