@@ -225,7 +225,7 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	case res.Cancelled:
 		return Output{}, fail(FailCancelled, "proc.exec %q was cancelled: SIGTERM, then SIGKILL after the grace; nothing it wrote is applied", a.Argv[0])
 	case res.LimitExceeded != "":
-		return Output{}, fmt.Errorf("proc.exec %q exceeded the %s limit and was killed; nothing it wrote is applied", a.Argv[0], res.LimitExceeded)
+		return Output{}, fmt.Errorf("proc.exec %q exceeded the %s limit (stopped by the kernel or refused by it); nothing it wrote is applied", a.Argv[0], res.LimitExceeded)
 	case proxy != nil && proxy.BudgetExceeded():
 		return Output{}, fail(FailBudget, "proc.exec %q exceeded the net_bytes budget; nothing it wrote is applied", a.Argv[0])
 	case res.DeltaErr != nil:
