@@ -15,6 +15,10 @@ import (
 // waits.
 const waitLineEvery = 15 * time.Second
 
+// decisionGrace bounds how long a held call, once answered, waits for its
+// approval's decision event to print it.
+const decisionGrace = 2 * time.Second
+
 // followTimeout bounds how long a call waits for the event stream to open
 // before it is sent anyway (unannounced, should it be held).
 const followTimeout = 3 * time.Second
@@ -24,9 +28,12 @@ const followTimeout = 3 * time.Second
 // writes to w at once the operation and approval ids and how to decide
 // it, then a line every waitLineEvery while it waits, and the decision. It
 // returns once the stream is open (or could not be opened: the call is
-// made all the same) with stop, which ends the following.
+// made all the same) with stop, which ends the following once the call is
+// done: after the decision's line, when the call was held, for up to
+// decisionGrace (its event can arrive just after the call's result).
 func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, w io.Writer) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
 	ready := make(chan struct{})
 	var once sync.Once
 	open := func() { once.Do(func() { close(ready) }) }
@@ -38,6 +45,8 @@ func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, 
 		var ticker *time.Ticker
 		var since time.Time
 		var held string
+		var grace <-chan time.Time
+		doneCh := done
 		tick := make(chan time.Time)
 		defer func() {
 			if ticker != nil {
@@ -81,6 +90,13 @@ func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, 
 				return
 			case <-tc:
 				fmt.Fprintf(w, "still waiting for approval %s (%s so far)\n", held, time.Since(since).Round(time.Second))
+			case <-doneCh:
+				if held == "" {
+					return
+				}
+				doneCh, grace = nil, time.After(decisionGrace)
+			case <-grace:
+				return
 			case <-ctx.Done():
 				return
 			}
@@ -90,7 +106,7 @@ func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, 
 	case <-ready:
 	case <-time.After(followTimeout):
 	}
-	return func() { cancel(); wg.Wait() }
+	return func() { close(done); wg.Wait(); cancel() }
 }
 
 // seconds shortens an RFC 3339 time to whole seconds, for people.
