@@ -36,7 +36,6 @@ import (
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
-	"github.com/capkernel/capkernel/ledger"
 )
 
 var concurrencies = []int{1, 8, 32, 64}
@@ -247,8 +246,9 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 }
 
 // policyInput makes one call and reads the policy input the kernel
-// decided it with back from its receipt bundle's audit record (read with
-// the admin credential), so OPA is asked exactly the kernel's question.
+// decided it with back from its audit record's payload (read in full with
+// the admin credential; the chained record holds only its commitment), so
+// OPA is asked exactly the kernel's question.
 func policyInput(ctx context.Context, caller, admin *httpapi.Client, envelope []byte) (json.RawMessage, error) {
 	res, _, err := caller.Call(ctx, envelope)
 	if err != nil {
@@ -257,21 +257,14 @@ func policyInput(ctx context.Context, caller, admin *httpapi.Client, envelope []
 	if res.Status != kernel.StatusOK {
 		return nil, fmt.Errorf("first fs.read: %+v", res.Error)
 	}
-	b, err := admin.Bundle(ctx, res.ReceiptID)
+	es, err := admin.Entries(ctx, res.LedgerSeq, 1)
 	if err != nil {
 		return nil, err
 	}
-	e, err := ledger.ParseEntry([]byte(b.Entry))
-	if err != nil {
-		return nil, err
+	if len(es.Entries) != 1 || es.Entries[0].Seq != res.LedgerSeq || es.Entries[0].Payload == nil || len(es.Entries[0].Payload.PolicyInput) == 0 {
+		return nil, fmt.Errorf("receipt %s: audit record %d has no policy input in its payload", res.ReceiptID, res.LedgerSeq)
 	}
-	var rec struct {
-		PolicyInput json.RawMessage `json:"policy_input"`
-	}
-	if err := json.Unmarshal(e.Body, &rec); err != nil || len(rec.PolicyInput) == 0 {
-		return nil, fmt.Errorf("receipt %s: audit record has no policy_input (%v)", res.ReceiptID, err)
-	}
-	return rec.PolicyInput, nil
+	return es.Entries[0].Payload.PolicyInput, nil
 }
 
 type proc struct {
