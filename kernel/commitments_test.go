@@ -3,7 +3,6 @@ package kernel
 import (
 	"encoding/hex"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
@@ -53,23 +52,7 @@ func commitmentVectors(t *testing.T) []commitmentVector {
 func TestCommitmentVectors(t *testing.T) {
 	got := commitmentVectors(t)
 	const file = "testdata/commitments.json"
-	if *update {
-		b, _ := json.MarshalIndent(got, "", "  ")
-		if err := os.WriteFile(file, append(b, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []commitmentVector
-	if err := json.Unmarshal(b, &want); err != nil {
-		t.Fatal(err)
-	}
-	if len(want) != len(got) {
-		t.Fatalf("%d vectors, want %d", len(got), len(want))
-	}
+	want := golden(t, file, got)
 	seen := map[string]bool{}
 	for i := range want {
 		if got[i] != want[i] {

@@ -12,6 +12,30 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
+// golden returns the vectors in file, which -update first rewrites with
+// got; a count that differs from got's fails the test.
+func golden[T any](t *testing.T, file string, got []T) []T {
+	t.Helper()
+	if *update {
+		b, _ := json.MarshalIndent(got, "", "  ")
+		if err := os.WriteFile(file, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []T
+	if err := json.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != len(got) {
+		t.Fatalf("%s: %d vectors, want %d", file, len(got), len(want))
+	}
+	return want
+}
+
 // hashVector pins args_hash and result_hash: the canonical bytes and their
 // digest, so another implementation can check both steps.
 type hashVector struct {
@@ -67,23 +91,7 @@ func hashVectors(t *testing.T) []hashVector {
 func TestHashVectors(t *testing.T) {
 	got := hashVectors(t)
 	const file = "testdata/hashes.json"
-	if *update {
-		b, _ := json.MarshalIndent(got, "", "  ")
-		if err := os.WriteFile(file, append(b, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []hashVector
-	if err := json.Unmarshal(b, &want); err != nil {
-		t.Fatal(err)
-	}
-	if len(want) != len(got) {
-		t.Fatalf("%d vectors, want %d", len(got), len(want))
-	}
+	want := golden(t, file, got)
 	for i := range want {
 		if got[i].Canonical != want[i].Canonical || got[i].Hash != want[i].Hash {
 			t.Errorf("%s: canonical %s hash %s, want %s %s", want[i].Name, got[i].Canonical, got[i].Hash, want[i].Canonical, want[i].Hash)

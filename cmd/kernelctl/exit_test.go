@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,17 +121,7 @@ func runEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, 
 		}
 	}
 	cmd.Env = append(cmd.Env, env...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	case err != nil:
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), code
+	return runExec(t, cmd)
 }
 
 // TestCredentialErrors: a credential error says what is wrong with what

@@ -33,7 +33,12 @@ func TestMain(m *testing.M) {
 
 func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(kernelctl, args...)
+	return runExec(t, exec.Command(kernelctl, args...))
+}
+
+// runExec runs cmd and returns its output and exit status.
+func runExec(t *testing.T, cmd *exec.Cmd) (stdout, stderr string, code int) {
+	t.Helper()
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
