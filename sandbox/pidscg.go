@@ -31,11 +31,14 @@ var cgroupSeq atomic.Uint64
 // hierarchy and no cgroup v2 pids delegation, or no permission): the
 // watchdog then stands alone, as documented in doc.go.
 func joinPidsCgroup(pid, max int) (*pidsCgroup, error) {
-	parent, err := ownPidsCgroup()
-	if err != nil {
-		return nil, err
+	parentOnce.Do(func() {
+		if parent, parentErr = ownPidsCgroup(); parentErr == nil {
+			sweepStale(parent)
+		}
+	})
+	if parentErr != nil {
+		return nil, parentErr
 	}
-	sweepOnce.Do(func() { sweepStale(parent) })
 	dir := filepath.Join(parent, fmt.Sprintf("capkernel-sandbox-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, err
@@ -89,7 +92,13 @@ func (c *pidsCgroup) remove() {
 	}()
 }
 
-var sweepOnce sync.Once
+// parent is this process's pids cgroup (or why there is none), found once
+// at the first run, when run cgroups stale from exited processes are swept.
+var (
+	parentOnce sync.Once
+	parent     string
+	parentErr  error
+)
 
 // sweepStale removes the empty run cgroups that processes which have
 // exited left behind (their background removal ended with them): a
