@@ -139,9 +139,28 @@ func decodeSalt(salt string) (raw [SaltSize]byte, err error) {
 	return raw, nil
 }
 
+// partDerivers holds, for each part, a BLAKE3 derive_key hasher with its
+// context already absorbed. Cloning one is a copy on the stack, where
+// blake3.DeriveKey hashes the context again and allocates an 8 KiB hasher
+// on every call (four per audit record).
+var partDerivers = func() map[string]*blake3.Hasher {
+	m := make(map[string]*blake3.Hasher, len(Parts))
+	for _, name := range Parts {
+		m[name] = blake3.NewDeriveKey(commitmentContext + name)
+	}
+	return m
+}()
+
 // partKey is PartKey for a decoded salt.
 func partKey(raw *[SaltSize]byte, name string) (key [32]byte) {
-	blake3.DeriveKey(commitmentContext+name, raw[:], key[:])
+	d, ok := partDerivers[name]
+	if !ok {
+		blake3.DeriveKey(commitmentContext+name, raw[:], key[:])
+		return key
+	}
+	h := d.Clone()
+	h.Write(raw[:])
+	h.Digest().Read(key[:])
 	return key
 }
 
