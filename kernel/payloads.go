@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/b3"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 )
@@ -139,34 +140,32 @@ func decodeSalt(salt string) (raw [SaltSize]byte, err error) {
 	return raw, nil
 }
 
-// partDerivers holds, for each part, a BLAKE3 derive_key hasher with its
-// context already absorbed. Cloning one is a copy on the stack, where
-// blake3.DeriveKey hashes the context again and allocates an 8 KiB hasher
-// on every call (four per audit record).
-var partDerivers = func() map[string]*blake3.Hasher {
-	m := make(map[string]*blake3.Hasher, len(Parts))
+// partContexts holds the derive_key context key of each part: deriving
+// a part's key then hashes only the salt.
+var partContexts = func() map[string]b3.Key {
+	m := make(map[string]b3.Key, len(Parts))
 	for _, name := range Parts {
-		m[name] = blake3.NewDeriveKey(commitmentContext + name)
+		m[name] = b3.ContextKey(commitmentContext + name)
 	}
 	return m
 }()
 
 // partKey is PartKey for a decoded salt.
-func partKey(raw *[SaltSize]byte, name string) (key [32]byte) {
-	d, ok := partDerivers[name]
+func partKey(raw *[SaltSize]byte, name string) [32]byte {
+	ctx, ok := partContexts[name]
 	if !ok {
-		blake3.DeriveKey(commitmentContext+name, raw[:], key[:])
-		return key
+		ctx = b3.ContextKey(commitmentContext + name)
 	}
-	h := d.Clone()
-	h.Write(raw[:])
-	h.Digest().Read(key[:])
-	return key
+	return b3.DeriveKey(&ctx, raw[:])
 }
 
 // Commit returns the commitment to the canonical JSON bytes part under
 // key: "blake3:" and the keyed BLAKE3-256 of part.
 func Commit(key [32]byte, part []byte) string {
+	if b3.Small(len(part)) {
+		k := b3.KeyOf(&key)
+		return digest.Format(b3.Keyed(&k, part))
+	}
 	h, err := blake3.NewKeyed(key[:])
 	if err != nil {
 		panic(err) // the key is 32 bytes
