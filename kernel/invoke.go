@@ -42,6 +42,7 @@ type call struct {
 	replayOf string
 	session  string // provenance.session_id
 	called   bool   // the syscall started to execute (tool.called was emitted)
+	minted   bool   // the kernel minted env.OperationID for this call (checkEnvelope)
 	running  int    // calls of the session executing, this one included
 
 	// salt is the audit record's salt (payloads.go), the original's for
@@ -278,7 +279,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("%d precondition refs; the limit is %d", len(env.PreconditionRefs), MaxPreconditions)
 	}
 	if env.OperationID == "" {
-		env.OperationID = newID()
+		env.OperationID, c.minted = newID(), true
 	} else if u, err := uuid.Parse(env.OperationID); err != nil || u.String() != env.OperationID {
 		return fmt.Errorf("operation_id %q is not a UUID in canonical form", env.OperationID)
 	}
@@ -568,15 +569,20 @@ func (c *call) idemCall() txn.Call {
 // stored ones again, charge the budget and record in one transaction. A
 // call refused there had no effect to undo.
 func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
-	used := false
-	if err := k.db.View(func(tx *bbolt.Tx) error {
-		used = txn.OperationUsed(tx, c.env.OperationID)
-		return nil
-	}); err != nil {
-		return k.deny(ctx, c, ErrInternal, err.Error())
-	}
-	if used {
-		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+	// An id the caller chose may be taken: refuse before executing. One
+	// the kernel just minted (a UUIDv7) is not; the record's transaction
+	// checks again either way.
+	if !c.minted {
+		used := false
+		if err := k.db.View(func(tx *bbolt.Tx) error {
+			used = txn.OperationUsed(tx, c.env.OperationID)
+			return nil
+		}); err != nil {
+			return k.deny(ctx, c, ErrInternal, err.Error())
+		}
+		if used {
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+		}
 	}
 	unlock, class, msg := k.holdPreconditions(c, resources)
 	defer unlock()
