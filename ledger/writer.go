@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -255,7 +256,7 @@ func (w *Writer) Checkpoint(tx *bbolt.Tx, s note.Signer, origin string) (*Batch,
 	if err := b.Put(seqKey(num), signed); err != nil {
 		return nil, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}
-	w.batch.Signed, w.batch.Checkpoint = signed, c
+	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)
 	return w.batch, nil
 }
 
@@ -281,6 +282,7 @@ type Batch struct {
 	// (empty until Writer.Checkpoint), and Checkpoint what it says.
 	Signed     []byte
 	Checkpoint Checkpoint
+	note       string // Signed, converted once for every receipt of the batch
 
 	once  sync.Once
 	nodes map[compact.NodeID][]byte
@@ -318,11 +320,29 @@ func (b *Batch) Prove(seq uint64) (Inclusion, error) {
 	if hashes, err = ns.Rehash(hashes, Hasher{}.HashChildren); err != nil {
 		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d in tree size %d: %w", seq, size, err)
 	}
-	p := make([]string, len(hashes))
-	for i, h := range hashes {
-		p[i] = digest.Format([32]byte(h))
+	// The leaf hash and the proof's hashes, formatted into one string
+	// that they are cut from: one allocation, not one per hash.
+	const n = len(digest.Prefix) + 2*digest.Size
+	buf := make([]byte, 0, n*(1+len(hashes)))
+	buf = appendDigest(buf, b.leaves[seq-b.start][:])
+	for _, h := range hashes {
+		buf = appendDigest(buf, h)
 	}
-	return Inclusion{LeafIndex: seq, TreeSize: size, LeafHash: digest.Format(b.leaves[seq-b.start]), Proof: p}, nil
+	all := string(buf)
+	p := make([]string, len(hashes))
+	for i := range p {
+		p[i] = all[n*(i+1) : n*(i+2)]
+	}
+	return Inclusion{LeafIndex: seq, TreeSize: size, LeafHash: all[:n], Proof: p}, nil
+}
+
+// SignedNote returns Signed as a string.
+func (b *Batch) SignedNote() string { return b.note }
+
+// appendDigest appends the digest string (digest.Format) of the hash h.
+func appendDigest(b []byte, h []byte) []byte {
+	b = append(b, digest.Prefix...)
+	return hex.AppendEncode(b, h)
 }
 
 // build collects every node a proof of the batch's entries can need: the
