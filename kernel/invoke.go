@@ -913,7 +913,10 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	case o.err != nil:
 		return nil, ErrExecution, o.err.Error()
 	}
-	canon, err := jcs.Canonicalize(o.out.Result)
+	canon, err := o.out.Canonical, error(nil)
+	if canon == nil {
+		canon, err = jcs.Canonicalize(o.out.Result)
+	}
 	if err != nil || len(canon) == 0 || canon[0] != '{' {
 		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
 	}

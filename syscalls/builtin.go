@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // RegisterBuiltins registers echo, fs.read, fs.list, fs.stat, fs.write,
@@ -62,5 +64,9 @@ func (*echo) Execute(_ context.Context, c *Call) (Output, error) {
 	if err := decodeArgs(c.Args, &a); err != nil {
 		return Output{}, err
 	}
-	return output(a)
+	out, err := output(a)
+	o := jcs.Object{B: make([]byte, 0, len(out.Result))}
+	o.Str("text", a.Text)
+	out.Canonical = o.End()
+	return out, err
 }

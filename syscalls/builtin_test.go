@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -185,6 +186,7 @@ func TestBuiltins(t *testing.T) {
 		argsErr bool                                                // the error must be an *ArgsError
 	}{
 		{name: "echo", id: "echo", args: `{"text":"héllo \u0000 \"x\""}`, want: `{"text":"héllo \u0000 \"x\""}`},
+		{name: "echo HTML and line separators", id: "echo", args: `{"text":"<a>&\u2028\u2029"}`, want: `{"text":"<a>&\u2028\u2029"}`},
 
 		{name: "read text", id: "fs.read", args: `{"path":"hello.txt"}`,
 			want: `{"path":"hello.txt","size":11,"offset":0,"bytes_returned":11,"truncated":false,"content":"hello world"}`},
@@ -346,6 +348,13 @@ func TestBuiltins(t *testing.T) {
 				t.Fatalf("Execute: %v", res.err)
 			}
 			got := decodeObject(t, res.out.Result)
+			if c := res.out.Canonical; c != nil {
+				// A result's canonical form, when the syscall writes it,
+				// is the one the kernel would compute.
+				if want, err := jcs.Canonicalize(res.out.Result); err != nil || string(c) != string(want) {
+					t.Errorf("canonical result\n got %s\nwant %s (%v)", c, want, err)
+				}
+			}
 			if tt.want != "" {
 				if want := decodeObject(t, json.RawMessage(tt.want)); !reflect.DeepEqual(got, want) {
 					t.Errorf("result\n got %s\nwant %s", res.out.Result, tt.want)
