@@ -66,7 +66,14 @@ func appendAuditBody(b []byte, a *auditRecord) ([]byte, error) {
 // jcs.Canonicalize refuses, take canonicalPart's path, so its bytes and
 // errors stay the reference.
 func contextPart(ctx *auditContext) ([]byte, error) {
-	b, err := appendContext(nil, ctx)
+	n := 64 + len(ctx.Provenance)
+	for _, v := range ctx.Notes {
+		n += len(v) + 32
+	}
+	for _, r := range ctx.RiskBasis {
+		n += len(r) + 3
+	}
+	b, err := appendContext(make([]byte, 0, n), ctx)
 	if err != nil {
 		return canonicalPart(ctx)
 	}
@@ -131,11 +138,11 @@ func plainName(name string) bool {
 func policyPart(in *policy.Input, args []byte) (full, noArgs []byte, known bool, err error) {
 	switch {
 	case len(in.Args) == 0:
-		if full, err = appendPolicyInput(nil, in, nil); err == nil {
+		if full, err = appendPolicyInput(make([]byte, 0, policyInputSize(in)), in, nil); err == nil {
 			return full, nil, true, nil
 		}
 	case args != nil && bytes.Equal(in.Args, args):
-		if noArgs, err = appendPolicyInput(nil, in, nil); err == nil {
+		if noArgs, err = appendPolicyInput(make([]byte, 0, policyInputSize(in)), in, nil); err == nil {
 			if full, err = appendPolicyInput(make([]byte, 0, len(noArgs)+len(args)+8), in, args); err == nil {
 				return full, noArgs, true, nil
 			}
@@ -143,6 +150,25 @@ func policyPart(in *policy.Input, args []byte) (full, noArgs []byte, known bool,
 	}
 	full, err = canonicalPart(in)
 	return full, nil, false, err
+}
+
+// policyInputSize estimates the length of in's canonical JSON without
+// its args, so that it is written into one buffer.
+func policyInputSize(in *policy.Input) int {
+	n := 256 + len(in.AgentID) + len(in.TaskClass) + len(in.ToolID) + len(in.Provenance)
+	for _, r := range in.Resources {
+		n += 96 + len(r.Path) + len(r.RealPath) + len(r.Root) + len(r.Key) + len(r.Host)
+	}
+	for _, r := range in.CallerRiskBasis {
+		n += len(r) + 3
+	}
+	if in.Network != nil {
+		n += 64
+		for _, p := range in.Network.Patterns {
+			n += len(p) + 3
+		}
+	}
+	return n
 }
 
 // appendPolicyInput appends the canonical JSON of in with args (canonical,

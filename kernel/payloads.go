@@ -232,7 +232,8 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 		s.payload = b
 		return s, nil
 	}
-	s.payload = appendPayload(nil, &p, noArgs)
+	n := len(p.Salt) + len(p.Args) + len(p.Result) + len(p.PolicyInput) + len(p.Context) + 128
+	s.payload = appendPayload(make([]byte, 0, n), &p, noArgs)
 	return s, nil
 }
 
