@@ -1,5 +1,7 @@
 package jcs
 
+import "unicode/utf8"
+
 // Object appends one JSON object in canonical form, member by member, for
 // encoders that write their own data in RFC 8785 form directly instead of
 // marshalling it and canonicalizing the text. The caller adds the members
@@ -66,4 +68,23 @@ func (o *Object) End() []byte {
 		o.B = append(o.B, '{')
 	}
 	return append(o.B, '}')
+}
+
+// Plain reports whether encoding/json's json.Marshal writes the string s
+// exactly as RFC 8785 does: s is valid UTF-8 with no HTML character (<,
+// >, &) and no U+2028 or U+2029, which json.Marshal escapes and RFC 8785
+// does not (both escape quotes, backslashes and control characters alike:
+// TestPlain checks it). An object of plain strings, integers up to 2^53
+// and booleans, written by Object in sorted order, is then byte for byte
+// the json.Marshal of the same struct or map.
+func Plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '<', c == '>', c == '&':
+			return false
+		case c == 0xe2 && i+2 < len(s) && s[i+1] == 0x80 && (s[i+2] == 0xa8 || s[i+2] == 0xa9):
+			return false
+		}
+	}
+	return utf8.ValidString(s)
 }

@@ -3,6 +3,7 @@ package jcs
 import (
 	"encoding/json"
 	"testing"
+	"unicode/utf8"
 )
 
 // TestObject: an Object written member by member is the canonical form of
@@ -43,5 +44,24 @@ func TestObject(t *testing.T) {
 				t.Fatalf("Object wrote %s, want %s", got, want)
 			}
 		})
+	}
+}
+
+// TestPlain: a string is Plain exactly when json.Marshal writes it as
+// RFC 8785 does.
+func TestPlain(t *testing.T) {
+	ss := append(oddStrings, "a/b+c=", "tab\tx", "caf\u00e9 \u4e2d", "\x7f", "\u2027\u202a", "\xe2\x80", "<", ">", "&", "\u2028", "x\u2029")
+	for c := range 0x20 {
+		ss = append(ss, "a"+string(rune(c))+"b")
+	}
+	for _, s := range ss {
+		m, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := string(m) == string(AppendString(nil, s)) && utf8.ValidString(s)
+		if Plain(s) != same {
+			t.Errorf("Plain(%q) = %v; json.Marshal writes %s, RFC 8785 %s", s, Plain(s), m, AppendString(nil, s))
+		}
 	}
 }
