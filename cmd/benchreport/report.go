@@ -18,6 +18,7 @@ type report struct {
 	OPAInput              string
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
+	Memory                []memoryPoint
 	Go                    []result
 }
 
@@ -190,6 +191,8 @@ func (r *report) markdown() []byte {
 		w("| %s | %s | %s | %s× |", root, r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
 	}
 	r.upstreamSection(w)
+	w("")
+	r.memoryMarkdown(w)
 	return b.Bytes()
 }
 

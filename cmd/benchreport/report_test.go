@@ -98,3 +98,17 @@ func TestProcCPU(t *testing.T) {
 		t.Fatal("procCPU of no process succeeded")
 	}
 }
+
+func TestProcMemory(t *testing.T) {
+	rss, err := procMemory(os.Getpid(), "VmRSS")
+	if err != nil || rss < 1<<20 {
+		t.Fatalf("procMemory VmRSS = %d, %v; want at least 1 MiB", rss, err)
+	}
+	peak, err := procMemory(os.Getpid(), "VmHWM")
+	if err != nil || peak < rss {
+		t.Fatalf("procMemory VmHWM = %d (VmRSS %d), %v", peak, rss, err)
+	}
+	if _, err := procMemory(os.Getpid(), "NoSuchField"); err == nil {
+		t.Fatal("procMemory of a missing field succeeded")
+	}
+}
