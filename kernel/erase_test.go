@@ -181,8 +181,11 @@ func TestCommitmentsAndErasure(t *testing.T) {
 	}{
 		{"result changed", func(tx *bbolt.Tx) error {
 			k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
-			v := tx.Bucket(bucketPayloads).Get(k)
-			return tx.Bucket(bucketPayloads).Put(k, bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1))
+			v, err := unpackPayload(tx.Bucket(bucketPayloads).Get(k))
+			if err != nil || !bytes.Contains(v, []byte("pin 4711")) {
+				t.Fatalf("stored payload %s (%v) lacks the result", v, err)
+			}
+			return tx.Bucket(bucketPayloads).Put(k, packPayload(bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1)))
 		}, r.LedgerSeq},
 		{"payload dropped without an erasure record", func(tx *bbolt.Tx) error {
 			return tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, r.LedgerSeq))
