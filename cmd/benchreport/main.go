@@ -415,6 +415,7 @@ func (r *report) measureInProcess(benchtime string) error {
 		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
 		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^(r-root|rw-empty)$", "100x", nil},
 		{"upstream MCP call vs direct", "./kernel/", "^BenchmarkUpstreamEcho$", benchtime, []string{"CAPKERNEL_NPM_TESTS=1"}},
+		{"audit storage per call", "./kernel/", "^BenchmarkAuditStorage$", "3000x", nil},
 	}
 	for _, run := range runs {
 		step("%s (go test -bench)", run.what)
