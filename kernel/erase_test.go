@@ -353,3 +353,30 @@ func TestErasureForgetsOperationInMemory(t *testing.T) {
 		t.Fatalf("Wait after erasure: %+v", again)
 	}
 }
+
+// An error's message is part of the call's result: erasing the payload
+// removes it from the stored envelope and the kernel's memory too, while
+// the status and error class (public in the chained body) stay.
+func TestErasureRemovesErrorMessage(t *testing.T) {
+	h := newHarness(t)
+	const secret = "pin-4711"
+	r := h.invoke("fs.read", map[string]any{"path": secret + ".txt"})
+	if r.Status != StatusError || r.Error == nil || !strings.Contains(r.Error.Message, secret) {
+		t.Fatalf("read of a missing file: %+v", r)
+	}
+	if _, err := h.k.Erase(context.Background(), r.OperationID, "subject asked"); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := h.k.Inspector().Operation(r.OperationID)
+	if err != nil || bytes.Contains(stored, []byte(secret)) {
+		t.Fatalf("the stored envelope keeps the message: %s %v", stored, err)
+	}
+	var got Result
+	if err := json.Unmarshal(stored, &got); err != nil || got.Status != StatusError || got.Error == nil ||
+		got.Error.Class != r.Error.Class || got.Error.Message != ErasedMessage || got.ResultHash != r.ResultHash {
+		t.Fatalf("stored envelope after erasure: %s %v", stored, err)
+	}
+	if st, ok := h.k.Operation(r.OperationID); ok && st.Result != nil && strings.Contains(st.Result.Error.Message, secret) {
+		t.Fatalf("the kernel's memory keeps the message: %+v", st.Result.Error)
+	}
+}
