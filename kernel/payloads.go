@@ -189,7 +189,7 @@ func CommitPart(salt, name string, b []byte) (string, error) {
 // payload to keep (nil for none), both computed before the transaction.
 type sealed struct {
 	commitments Commitments
-	payload     []byte // canonical JSON of the kept Payload
+	payload     []byte // the kept Payload as stored (packPayload)
 }
 
 // seal computes a's commitments under salt from the call's parts (each
@@ -229,11 +229,11 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 		if err != nil {
 			return nil, err
 		}
-		s.payload = b
+		s.payload = packPayload(b)
 		return s, nil
 	}
 	n := len(p.Salt) + len(p.Args) + len(p.Result) + len(p.PolicyInput) + len(p.Context) + 128
-	s.payload = appendPayload(make([]byte, 0, n), &p, noArgs)
+	s.payload = packPayload(appendPayload(make([]byte, 0, n), &p, noArgs))
 	return s, nil
 }
 
@@ -273,6 +273,10 @@ func marshalPayload(p *Payload) ([]byte, error) {
 
 // unmarshalPayload reads a stored payload back into its parts.
 func unmarshalPayload(v []byte) (*Payload, error) {
+	v, err := unpackPayload(v)
+	if err != nil {
+		return nil, err
+	}
 	var sp storedPayload
 	if err := json.Unmarshal(v, &sp); err != nil {
 		return nil, err
