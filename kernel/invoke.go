@@ -569,9 +569,10 @@ func (c *call) idemCall() txn.Call {
 // stored ones again, charge the budget and record in one transaction. A
 // call refused there had no effect to undo.
 func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
-	// An id the caller chose may be taken: refuse before executing. One
-	// the kernel just minted (a UUIDv7) is not; the record's transaction
-	// checks again either way.
+	// An id the caller chose may be taken: refuse before executing, and
+	// check again in the record's transaction. One the kernel just minted
+	// (a UUIDv7, 74 random bits) is not, nor can a concurrent call take
+	// it; storeOperation still keeps the first envelope of any id.
 	if !c.minted {
 		used := false
 		if err := k.db.View(func(tx *bbolt.Tx) error {
@@ -595,7 +596,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
-		if txn.OperationUsed(tx, c.env.OperationID) {
+		if !c.minted && txn.OperationUsed(tx, c.env.OperationID) {
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
 		}
