@@ -109,12 +109,20 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	e := Entry{
 		Seq:      p.size,
 		Kind:     kind,
-		Time:     t.UTC().Format(TimeLayout),
+		Time:     FormatTime(t),
 		PrevHash: digest.Format(p.last),
 		Body:     body.b,
 	}
-	if err := checkFields(&e); err != nil {
+	// The fields checkFields checks, but for the time and prev_hash this
+	// function wrote itself in their forms.
+	if e.Seq > maxSeq {
+		return Appended{}, fmt.Errorf("ledger: append %q entry %d: seq exceeds %d", kind, e.Seq, uint64(maxSeq))
+	}
+	if err := checkKind(kind); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, e.Seq, err)
+	}
+	if y := t.UTC().Year(); y < 0 || y > 9999 {
+		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, e.Time, TimeLayout)
 	}
 	entries.FillPercent, tree.FillPercent = 1, 1 // see AppendCanonical
 	key := seqKey(e.Seq)
@@ -364,4 +372,38 @@ func (b *Batch) build() {
 			return
 		}
 	}
+}
+
+// FormatTime returns t.UTC().Format(TimeLayout), written directly for the
+// years 0 to 9999 (the only ones TimeLayout holds) without time.Format's
+// layout interpretation.
+func FormatTime(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Format(TimeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	var b [len(TimeLayout)]byte
+	put := func(at, v, width int) {
+		for i := at + width - 1; i >= at; i-- {
+			b[i] = byte('0' + v%10)
+			v /= 10
+		}
+	}
+	put(0, year, 4)
+	b[4] = '-'
+	put(5, int(month), 2)
+	b[7] = '-'
+	put(8, day, 2)
+	b[10] = 'T'
+	put(11, hour, 2)
+	b[13] = ':'
+	put(14, minute, 2)
+	b[16] = ':'
+	put(17, sec, 2)
+	b[19] = '.'
+	put(20, t.Nanosecond(), 9)
+	b[29] = 'Z'
+	return string(b[:])
 }
