@@ -34,7 +34,7 @@ type call struct {
 	argsHash string
 	token    *captoken.Token
 	entry    *syscalls.Entry
-	args     map[string]json.RawMessage
+	args     map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
 	fs       []*syscalls.Resource // resolved fs resources and fs preconditions
 	pre      map[int]*syscalls.Resource
 	input    *policy.Input
@@ -171,7 +171,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, ErrPermissionDenied, fmt.Sprintf("capability token %s does not grant %s", tok.Claims.ID, env.ToolID))
 	}
 	// 4. Arguments.
-	if err := entry.Validate(env.Args); err != nil {
+	if err := entry.ValidateDecoded(c.args); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
 	c.effect = entry.Def.SideEffect
@@ -297,7 +297,15 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.argsHash = digest.Sum(c.canonArgs)
-	return json.Unmarshal(env.Args, &c.args)
+	v, err := jcs.Decode(c.canonArgs)
+	if err != nil {
+		return fmt.Errorf("args: %v", err)
+	}
+	var ok bool
+	if c.args, ok = v.(map[string]any); !ok {
+		return errors.New("args must be a JSON object")
+	}
+	return nil
 }
 
 // resolve maps the syscall's resource arguments and the fs preconditions
@@ -314,9 +322,9 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 	}
 	var out []*syscalls.Resource
 	for _, ra := range c.entry.Def.Resources {
-		var name string
-		if err := json.Unmarshal(c.args[ra.Arg], &name); err != nil {
-			return nil, fmt.Errorf("argument %s: %v", ra.Arg, err)
+		name, ok := c.args[ra.Arg].(string)
+		if !ok {
+			return nil, fmt.Errorf("argument %s: %s, not a string", ra.Arg, jsonKind(c.args[ra.Arg]))
 		}
 		if ra.Kind != "fs" {
 			out = append(out, &syscalls.Resource{Arg: ra.Arg, Rel: name, Access: ra.Access})
@@ -491,6 +499,24 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 	}
 	c.up.addTo(in)
 	return in
+}
+
+// jsonKind names the JSON type of v, a value jcs.Decode returned (absent
+// for nil: a member that is not there, or null).
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "absent or null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "a number"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return "a string"
 }
 
 // MaxPreconditions bounds the precondition refs of one call.
