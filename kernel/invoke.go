@@ -424,31 +424,36 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 // workspace returns the opened roots of tok's fs scopes, shared by every
 // token with the same roots.
 func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
-	roots := make([]syscalls.RootSpec, 0, len(tok.Claims.Cap.FS))
-	var key strings.Builder
-	for _, r := range tok.Claims.Cap.FS {
-		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
-		fmt.Fprintf(&key, "%s\x00%s\x00%s\x00", r.Mode, r.Path, r.Base)
-	}
-	if len(roots) == 0 {
+	fsr := tok.Claims.Cap.FS
+	if len(fsr) == 0 {
 		return nil, &syscalls.ScopeError{Reason: "the capability token grants no file system roots"}
 	}
+	// The key is built on the stack; the lookup of string(key) does not
+	// allocate.
+	key := make([]byte, 0, 256)
+	for _, r := range fsr {
+		key = append(append(append(append(append(append(key, r.Mode...), 0), r.Path...), 0), r.Base...), 0)
+	}
 	k.mu.RLock()
-	w, ok := k.workspaces[key.String()]
+	w, ok := k.workspaces[string(key)]
 	k.mu.RUnlock()
 	if ok {
 		return w, nil
 	}
+	roots := make([]syscalls.RootSpec, 0, len(fsr))
+	for _, r := range fsr {
+		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if w, ok := k.workspaces[key.String()]; ok {
+	if w, ok := k.workspaces[string(key)]; ok {
 		return w, nil
 	}
 	w, err := syscalls.OpenWorkspace(roots)
 	if err != nil {
 		return nil, &syscalls.ScopeError{Reason: err.Error()}
 	}
-	k.workspaces[key.String()] = w
+	k.workspaces[string(key)] = w
 	return w, nil
 }
 

@@ -367,6 +367,9 @@ func joinRel(dir, name string) string {
 // isEscape reports whether err is os.Root refusing a path that leaves the
 // root. The os package does not export that error, so match its text.
 func isEscape(err error) bool {
+	if err == nil {
+		return false // before errors.As, whose target would escape to the heap
+	}
 	var pe *fs.PathError
 	return errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == errEscapes.Error()
 }
