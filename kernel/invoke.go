@@ -64,6 +64,7 @@ type call struct {
 	caller context.Context // the caller's context, whose values the Observer reads (observe.go)
 
 	canonArgs     []byte          // the canonical form of env.Args, once checked: what args_hash hashes and the args commitment commits to
+	gate          func() error    // a gated syscall's Call.Gate (execgate.go)
 	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
 }
 
@@ -709,6 +710,11 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
+	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View})
+	var gated *gatedExec
+	if c.entry.Def.Gated {
+		gated = k.startGated(ctx, c, resources, stage) // execgate.go
+	}
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		defer k.onSequencer(time.Now())
 		var err error
@@ -716,6 +722,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return err
 	})
 	if replay != nil || err != nil {
+		gated.refuse(stage)
 		var te *txn.Error
 		if errors.As(err, &te) {
 			return k.deny(ctx, c, te.Class, te.Message)
@@ -731,8 +738,13 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	// rollback even if the caller goes away.
 	done := context.WithoutCancel(ctx)
 	in := &prep.Intent
-	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View})
-	out, class, msg := k.execute(ctx, c, resources, stage)
+	var out json.RawMessage
+	var class, msg string
+	if gated != nil {
+		out, class, msg = gated.open(k, c)
+	} else {
+		out, class, msg = k.execute(ctx, c, resources, stage)
+	}
 	if class == "" {
 		class, msg = c.checkFiles()
 	}
@@ -869,13 +881,12 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c.called = true
-	e := c.event(EventCalled)
-	e.SessionRunning = c.running
-	k.events.publish(e)
+	if c.gate == nil {
+		k.calledEvent(c) // a gated call's, when its gate opens
+	}
 	sc := &syscalls.Call{
 		Args: c.sendArgs(), Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
-		Charge: c.charge, Note: c.note,
+		Charge: c.charge, Note: c.note, Gate: c.gate,
 	}
 	if stage != nil {
 		sc.Stage = stage

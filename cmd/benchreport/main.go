@@ -172,13 +172,7 @@ func sh(env []string, name string, args ...string) error {
 // measureHTTP serves the kernel and OPA and measures both.
 func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	data, ws := filepath.Join(tmp, "data"), filepath.Join(tmp, "ws")
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(ws, "a.txt"), bytes.Repeat([]byte("a"), 1024), 0o644); err != nil {
-		return err
-	}
-	if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
+	if err := initKernel(bin, data, ws); err != nil {
 		return err
 	}
 	var pprofAddr string
@@ -265,6 +259,18 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// initKernel makes a kernel's data dir and workspace ws holding a.txt,
+// the 1 KiB file the fs.read targets read.
+func initKernel(bin, data, ws string) error {
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(ws, "a.txt"), bytes.Repeat([]byte("a"), 1024), 0o644); err != nil {
+		return err
+	}
+	return sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data)
 }
 
 // policyInput makes one call and reads the policy input the kernel

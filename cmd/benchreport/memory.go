@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -46,14 +45,8 @@ func (r *report) measureMemory(bin, tmp string, d time.Duration) error {
 		if gogc != "" {
 			name = "GOGC=" + gogc
 		}
-		data, ws := filepath.Join(tmp, "memory-"+name), filepath.Join(tmp, "memory-ws")
-		if err := os.MkdirAll(ws, 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(ws, "a.txt"), bytes.Repeat([]byte("a"), 1024), 0o644); err != nil {
-			return err
-		}
-		if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
+		data, ws := filepath.Join(tmp, "memory-"+name), filepath.Join(tmp, "memory-ws-"+name)
+		if err := initKernel(bin, data, ws); err != nil {
 			return err
 		}
 		var env []string
