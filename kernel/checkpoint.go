@@ -34,8 +34,44 @@ func (k *Kernel) afterBatch(tx *bbolt.Tx) error {
 	if tx.Bucket(bucketStable) == nil {
 		return nil // the ledger's buckets are created in the first batch, by load
 	}
-	_, err := k.lw.Checkpoint(tx, k.cpSigner, k.settings.KernelID)
+	pre := k.presigned
+	k.presigned = presigned{}
+	if pre.tx != tx {
+		pre.Presigned = ledger.Presigned{}
+	}
+	_, err := k.lw.CheckpointPresigned(tx, k.cpSigner, k.settings.KernelID, pre.Presigned)
 	return err
+}
+
+// presigned is the checkpoint batchWork signed for a transaction.
+type presigned struct {
+	tx *bbolt.Tx
+	ledger.Presigned
+}
+
+// batchWork takes the checkpoint's signature off the sequencer: once the
+// batch's ops have appended their entries, it returns the signing of the
+// checkpoint they make, which runs beside the ops' Work steps; afterBatch
+// stores that signature, or signs again should the ledger have grown
+// since (store.Options.BatchWork).
+func (k *Kernel) batchWork(tx *bbolt.Tx) func() error {
+	defer k.onSequencer(time.Now())
+	k.presigned = presigned{}
+	if tx.Bucket(bucketStable) == nil {
+		return nil
+	}
+	c, ok, err := k.lw.Pending(tx, k.settings.KernelID)
+	if err != nil || !ok {
+		return nil // afterBatch signs, or reports the error
+	}
+	return func() error {
+		signed, err := ledger.SignCheckpoint(k.cpSigner, c)
+		if err != nil {
+			return nil // afterBatch signs again and reports it
+		}
+		k.presigned = presigned{tx: tx, Presigned: ledger.Presigned{Checkpoint: c, Signed: signed}}
+		return nil
+	}
 }
 
 // markStable marks the latest checkpoint stable unless it already is.

@@ -50,6 +50,7 @@ type Kernel struct {
 	locks      *pathLocks
 	syncer     *txn.Syncer
 	cpSigner   note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
+	presigned  presigned   // the batch's checkpoint, signed beside its Work steps (sequencer's: batchWork, afterBatch)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
@@ -160,7 +161,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if k.policy, err = policy.Load(ctx, cfg.PolicyDir); err != nil {
 		return nil, err
 	}
-	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch, Observe: k.groupCommit}); err != nil {
+	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit}); err != nil {
 		return nil, err
 	}
 	k.syncer = txn.NewSyncer()

@@ -231,6 +231,41 @@ func loadEdge(tree *bbolt.Bucket, size uint64, last [32]byte) (edge, error) {
 // Entries appended in tx without w (by the package's Append) are covered
 // too: the edge and the batch are then read back from the stored tree.
 func (w *Writer) Checkpoint(tx *bbolt.Tx, s note.Signer, origin string) (*Batch, error) {
+	return w.CheckpointPresigned(tx, s, origin, Presigned{})
+}
+
+// Presigned is a checkpoint signed while its transaction went on
+// (Writer.Pending), and its signed note.
+type Presigned struct {
+	Checkpoint Checkpoint
+	Signed     []byte
+}
+
+// Pending returns the checkpoint Checkpoint would sign for tx as it stands
+// now, so that it can be signed outside the transaction while the
+// transaction goes on (store.Options.BatchWork); ok is false when w
+// appended nothing in tx.
+func (w *Writer) Pending(tx *bbolt.Tx, origin string) (c Checkpoint, ok bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.tx != tx {
+		return Checkpoint{}, false, nil
+	}
+	if err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("ledger: checkpoint: %w", err)
+	}
+	root, err := w.pending.root()
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("ledger: checkpoint of size %d: %w", w.pending.size, err)
+	}
+	return Checkpoint{Origin: origin, Size: w.pending.size, Root: root}, true, nil
+}
+
+// CheckpointPresigned is Checkpoint, storing pre's signed note when pre is
+// the checkpoint to sign (tx appended nothing since Pending) and its note
+// holds that checkpoint's text, instead of signing it again; pre must have
+// been signed by s.
+func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string, pre Presigned) (*Batch, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.tx != tx {
@@ -246,9 +281,13 @@ func (w *Writer) Checkpoint(tx *bbolt.Tx, s note.Signer, origin string) (*Batch,
 		return nil, fmt.Errorf("ledger: checkpoint of size %d: %w", n, err)
 	}
 	c := Checkpoint{Origin: origin, Size: n, Root: root}
-	signed, err := SignCheckpoint(s, c)
-	if err != nil {
-		return nil, err
+	signed := pre.Signed
+	// The note must be of c: its text is c's, then a blank line and the
+	// signature (by s, which the caller vouches for).
+	if signed == nil || !pre.Checkpoint.same(c) || !bytes.HasPrefix(signed, append(c.Marshal(), '\n')) {
+		if signed, err = SignCheckpoint(s, c); err != nil {
+			return nil, err
+		}
 	}
 	b, err := checkpointsBucket(tx)
 	if err != nil {
@@ -406,4 +445,9 @@ func FormatTime(t time.Time) string {
 	put(20, t.Nanosecond(), 9)
 	b[29] = 'Z'
 	return string(b[:])
+}
+
+// same reports whether c and o say the same (extensions included).
+func (c Checkpoint) same(o Checkpoint) bool {
+	return c.Origin == o.Origin && c.Size == o.Size && c.Root == o.Root && slices.Equal(c.Extensions, o.Extensions)
 }

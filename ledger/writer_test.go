@@ -171,3 +171,68 @@ func TestFormatTime(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointPresigned: a checkpoint signed ahead (Pending) is stored
+// as it is when the ledger did not grow since; a stale one, or a forged
+// one, is not: the Writer signs the checkpoint of the ledger as it is.
+func TestCheckpointPresigned(t *testing.T) {
+	db := newDB(t)
+	w := NewWriter()
+	s := testSigner(t)
+	for _, c := range []struct {
+		name   string
+		before int // entries appended before Pending
+		after  int // entries appended after it
+		forge  bool
+	}{
+		{"fresh", 2, 0, false},
+		{"stale", 1, 1, false},
+		{"forged root", 1, 0, true},
+	} {
+		var pre Presigned
+		var batch *Batch
+		err := db.Update(func(tx *bbolt.Tx) error {
+			for range c.before {
+				if _, err := w.Append(tx, KindAudit, t0, json.RawMessage(`{"n":1}`)); err != nil {
+					return err
+				}
+			}
+			cp, ok, err := w.Pending(tx, testOrigin)
+			if err != nil || !ok {
+				return fmt.Errorf("Pending: %v %v", ok, err)
+			}
+			if c.forge {
+				cp.Root[0] ^= 1
+			}
+			signed, err := SignCheckpoint(s, cp)
+			if err != nil {
+				return err
+			}
+			pre = Presigned{Checkpoint: cp, Signed: signed}
+			if c.forge {
+				cp.Root[0] ^= 1 // claims the true root, signed over another
+				pre.Checkpoint = cp
+			}
+			for range c.after {
+				if _, err := w.Append(tx, KindAudit, t0, json.RawMessage(`{"n":2}`)); err != nil {
+					return err
+				}
+			}
+			batch, err = w.CheckpointPresigned(tx, s, testOrigin, pre)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if _, err := OpenCheckpoint(batch.Signed, testVerifier(t)); err != nil && !c.forge {
+			t.Fatalf("%s: stored checkpoint does not verify: %v", c.name, err)
+		}
+		cp := writeCheckpoint(t, db, s)
+		if got, want := string(batch.Signed) == string(pre.Signed), c.name == "fresh"; got != want {
+			t.Errorf("%s: presigned note stored %v, want %v", c.name, got, want)
+		}
+		if cp.Size != batch.Checkpoint.Size || cp.Root != batch.Checkpoint.Root {
+			t.Errorf("%s: stored checkpoint %d %x, the batch's %d %x", c.name, cp.Size, cp.Root, batch.Checkpoint.Size, batch.Checkpoint.Root)
+		}
+	}
+}

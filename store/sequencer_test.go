@@ -342,3 +342,60 @@ func TestAfterBatchErrorOfALoneOp(t *testing.T) {
 		t.Error("the op's write committed")
 	}
 }
+
+// TestBatchWork: BatchWork runs once per batch after every Prepare, in the
+// transaction; its function runs beside the Work steps and before
+// AfterBatch, which sees its result; its error aborts the batch.
+func TestBatchWork(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		var mu sync.Mutex
+		var seen []string // what BatchWork saw written, and what AfterBatch saw signed
+		var signed string
+		d, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{
+			BatchWork: func(tx *bbolt.Tx) func() error {
+				b := tx.Bucket([]byte("b"))
+				if b == nil {
+					return nil
+				}
+				got := "-"
+				if b.Get([]byte("k")) != nil {
+					got = "k"
+				}
+				return func() error {
+					if fail && got == "k" {
+						return errors.New("signing failed")
+					}
+					signed = got
+					return nil
+				}
+			},
+			AfterBatch: func(tx *bbolt.Tx) error {
+				mu.Lock()
+				defer mu.Unlock()
+				seen = append(seen, signed)
+				signed = ""
+				return nil
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Update(context.Background(), func(tx *bbolt.Tx) error {
+			_, err := tx.CreateBucket([]byte("b"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		err = d.Do(context.Background(), Op{Prepare: put("k"), Work: func() error { return nil }})
+		d.Close()
+		switch {
+		case fail && (err == nil || !strings.Contains(err.Error(), "signing failed")):
+			t.Fatalf("a failing BatchWork: %v, want its error", err)
+		case !fail && err != nil:
+			t.Fatal(err)
+		case !fail && fmt.Sprint(seen) != "[- k]":
+			// The bucket's creation wrote no key; the put's batch saw its key.
+			t.Fatalf("AfterBatch saw %q, want [- k]", seen)
+		}
+	}
+}

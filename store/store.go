@@ -85,6 +85,14 @@ type Options struct {
 	// again ends with AfterBatch; an op whose transaction still fails gets
 	// AfterBatch's error.
 	AfterBatch func(tx *bbolt.Tx) error
+	// BatchWork, if set, runs on the sequencer after every op's Prepare
+	// in a batch in which one succeeded, in the batch's transaction; the
+	// function it returns, if not nil, then runs concurrently with the
+	// ops' Work steps (and must not touch the transaction). It is for
+	// batch-wide CPU work on what the Prepares wrote, such as signing a
+	// checkpoint, which AfterBatch then stores. An error or a panic from
+	// either aborts the batch as AfterBatch's does.
+	BatchWork func(tx *bbolt.Tx) func() error
 	// Observe, if set, is told of each batch transaction: its number of
 	// writes and how long it took, commit and fsync included. It runs on
 	// the sequencer, so it must be quick.
@@ -97,6 +105,7 @@ type DB struct {
 	bolt       *bbolt.DB
 	queue      chan *request
 	afterBatch func(*bbolt.Tx) error
+	batchWork  func(*bbolt.Tx) func() error
 	observe    func(int, time.Duration)
 
 	mu     sync.RWMutex // guards closed against sends on queue
@@ -160,7 +169,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -358,13 +367,30 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 			live = append(live, r)
 		}
 	}
-	work := make([]*request, 0, len(live))
+	var batchWork func() error
+	if d.batchWork != nil && len(live) > 0 {
+		if err := run(func() error { batchWork = d.batchWork(tx); return nil }); err != nil {
+			return fmt.Errorf("store: batch work: %w", err)
+		}
+	}
+	work := make([]func(), 0, len(live)+1)
+	var batchErr error
+	if batchWork != nil {
+		work = append(work, func() { batchErr = run(batchWork) })
+	}
 	for _, r := range live {
 		if r.op.Work != nil {
-			work = append(work, r)
+			work = append(work, func() {
+				if err := run(r.op.Work); err != nil {
+					r.err = Abort(err)
+				}
+			})
 		}
 	}
 	runWork(work)
+	if batchErr != nil {
+		return fmt.Errorf("store: batch work: %w", batchErr)
+	}
 	for _, r := range live {
 		if r.err != nil {
 			return r.err
@@ -386,26 +412,22 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 	return nil
 }
 
-// runWork runs the Work of every op of batch concurrently, on as many
-// goroutines as there are processors (the sequencer's own among them,
-// rather than one goroutine per op while it waits), and returns when all
-// are done. A Work error aborts its op.
-func runWork(batch []*request) {
+// runWork runs the functions of work concurrently, on as many goroutines
+// as there are processors (the sequencer's own among them, rather than one
+// goroutine per function while it waits), and returns when all are done.
+func runWork(work []func()) {
 	var next atomic.Int64
 	do := func() {
 		for {
 			i := next.Add(1) - 1
-			if i >= int64(len(batch)) {
+			if i >= int64(len(work)) {
 				return
 			}
-			r := batch[i]
-			if err := run(r.op.Work); err != nil {
-				r.err = Abort(err)
-			}
+			work[i]()
 		}
 	}
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(batch)) - 1 {
+	for range min(runtime.GOMAXPROCS(0), len(work)) - 1 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
