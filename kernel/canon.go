@@ -129,6 +129,22 @@ func plainName(name string) bool {
 	return true
 }
 
+// policyEncoding is what policyPart returned for in.
+type policyEncoding struct {
+	in           *policy.Input
+	full, noArgs []byte
+	known        bool
+	err          error
+}
+
+// encodePolicyInput is policyPart(in, args), kept for the call: the policy
+// decides on full and the audit record commits to it.
+func encodePolicyInput(in *policy.Input, args []byte) *policyEncoding {
+	e := &policyEncoding{in: in}
+	e.full, e.noArgs, e.known, e.err = policyPart(in, args)
+	return e
+}
+
 // policyPart returns the canonical policy input in and, when its "args"
 // member is exactly args (canonical), the policy input without it, both
 // written directly (the args are not canonicalized again). known says

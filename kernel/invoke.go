@@ -27,23 +27,24 @@ import (
 
 // call is the state of one Invoke as it moves down the pipeline.
 type call struct {
-	env      *Envelope
-	res      Result
-	start    time.Time
-	envHash  string // digest of the raw envelope, when it could not be decoded
-	argsHash string
-	token    *captoken.Token
-	entry    *syscalls.Entry
-	args     map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
-	fs       []*syscalls.Resource // resolved fs resources and fs preconditions
-	pre      map[int]*syscalls.Resource
-	input    *policy.Input
-	decided  string
-	replayOf string
-	session  string // provenance.session_id
-	called   bool   // the syscall started to execute (tool.called was emitted)
-	minted   bool   // the kernel minted env.OperationID for this call (checkEnvelope)
-	running  int    // calls of the session executing, this one included
+	env       *Envelope
+	res       Result
+	start     time.Time
+	envHash   string // digest of the raw envelope, when it could not be decoded
+	argsHash  string
+	token     *captoken.Token
+	entry     *syscalls.Entry
+	args      map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
+	fs        []*syscalls.Resource // resolved fs resources and fs preconditions
+	pre       map[int]*syscalls.Resource
+	input     *policy.Input
+	policyEnc *policyEncoding // input's canonical encodings (policyPart)
+	decided   string
+	replayOf  string
+	session   string // provenance.session_id
+	called    bool   // the syscall started to execute (tool.called was emitted)
+	minted    bool   // the kernel minted env.OperationID for this call (checkEnvelope)
+	running   int    // calls of the session executing, this one included
 
 	// salt is the audit record's salt (payloads.go), the original's for
 	// a replay.
@@ -210,7 +211,15 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %q does not match the active policy %s", env.PolicyHash, k.policy.Hash()))
 	}
 	c.input = k.policyInput(c, resources)
-	d, err := k.policy.Decide(ctx, c.input)
+	// The input is encoded once, canonically: the policy decides on those
+	// bytes and the audit record commits to them (seal).
+	c.policyEnc = encodePolicyInput(c.input, c.canonArgs)
+	var d policy.Decision
+	if c.policyEnc.err == nil {
+		d, err = k.policy.DecideJSON(ctx, c.policyEnc.full)
+	} else {
+		d, err = k.policy.Decide(ctx, c.input)
+	}
 	if err != nil {
 		d = policy.Decision{AutonomyMode: policy.NoGo, RiskScore: 1, RiskBasis: []string{"policy error: " + err.Error()}}
 	}
@@ -475,7 +484,9 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 		Resources:       []policy.Resource{},
 	}
 	if len(env.Args) <= maxPolicyArgs {
-		in.Args = env.Args
+		// The canonical form: the same value, and the policy part of the
+		// audit record (canonical) then copies it as it is.
+		in.Args = c.canonArgs
 	}
 	add := func(r *syscalls.Resource, op string) {
 		if r.Root == nil {

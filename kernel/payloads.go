@@ -455,7 +455,9 @@ func (a *auditRecord) seal(salt, depth string, args, res []byte) (*sealed, error
 		noArgs []byte
 		known  = true
 	)
-	if a.PolicyInput != nil {
+	if e := a.policyEnc; e != nil && e.in == a.PolicyInput && e.err == nil {
+		parts[PartPolicyInput], noArgs, known = e.full, e.noArgs, e.known
+	} else if a.PolicyInput != nil {
 		if parts[PartPolicyInput], noArgs, known, err = policyPart(a.PolicyInput, args); err != nil {
 			return nil, err
 		}

@@ -70,6 +70,10 @@ type auditRecord struct {
 	// crash recovery commits to its args like any other.
 	RecoverySalt string          `json:"recovery_salt,omitempty"`
 	RecoveryArgs json.RawMessage `json:"recovery_args,omitempty"`
+
+	// policyEnc, when it is of PolicyInput, is its canonical encoding,
+	// made when the policy decided (seal reuses it).
+	policyEnc *policyEncoding
 }
 
 // receiptBody is the body of a receipt ledger entry: one per call in
@@ -291,7 +295,7 @@ func (c *call) audit(k *Kernel) *auditRecord {
 		AutonomyMode: r.AutonomyMode, RequestedMode: env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: r.RiskScore, RiskBasis: r.RiskBasis,
 		IdempotencyKey: env.IdempotencyKey, ReplayOf: c.replayOf,
-		StartedAt: ledger.FormatTime(c.start), PolicyInput: c.input,
+		StartedAt: ledger.FormatTime(c.start), PolicyInput: c.input, policyEnc: c.policyEnc,
 	}
 	if c.token != nil {
 		a.TokenHash = c.token.Hash

@@ -186,6 +186,14 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if err != nil {
 		return Decision{}, fmt.Errorf("policy input: %w", err)
 	}
+	return e.DecideJSON(ctx, key)
+}
+
+// DecideJSON is Decide for an input encoded already: key is a JSON
+// encoding of the Input (the kernel passes the canonical form it keeps in
+// the audit record, so the input is encoded once per call). Equal inputs
+// should be encoded alike for the decision cache to find them.
+func (e *Engine) DecideJSON(ctx context.Context, key []byte) (Decision, error) {
 	if e.cache != nil {
 		if d, ok := e.cache.get(key); ok {
 			return d, nil
