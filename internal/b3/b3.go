@@ -162,28 +162,76 @@ func load(block *[16]uint32, b []byte) {
 }
 
 // compressCV is BLAKE3's compression function truncated to its first eight
-// words: the chaining value, or the root hash under flagRoot.
+// words: the chaining value, or the root hash under flagRoot. The seven
+// rounds are written out with the message schedule applied to the indices
+// (generated; see the permutation in the specification).
 func compressCV(cv *Key, m *[16]uint32, counter uint64, n, flags uint32) Key {
 	s0, s1, s2, s3, s4, s5, s6, s7 := cv[0], cv[1], cv[2], cv[3], cv[4], cv[5], cv[6], cv[7]
 	s8, s9, s10, s11 := iv[0], iv[1], iv[2], iv[3]
 	s12, s13, s14, s15 := uint32(counter), uint32(counter>>32), n, flags
-	m0, m1, m2, m3, m4, m5, m6, m7 := m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]
-	m8, m9, m10, m11, m12, m13, m14, m15 := m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]
-	for r := 0; r < 7; r++ {
-		// Columns.
-		s0, s4, s8, s12 = g(s0, s4, s8, s12, m0, m1)
-		s1, s5, s9, s13 = g(s1, s5, s9, s13, m2, m3)
-		s2, s6, s10, s14 = g(s2, s6, s10, s14, m4, m5)
-		s3, s7, s11, s15 = g(s3, s7, s11, s15, m6, m7)
-		// Diagonals.
-		s0, s5, s10, s15 = g(s0, s5, s10, s15, m8, m9)
-		s1, s6, s11, s12 = g(s1, s6, s11, s12, m10, m11)
-		s2, s7, s8, s13 = g(s2, s7, s8, s13, m12, m13)
-		s3, s4, s9, s14 = g(s3, s4, s9, s14, m14, m15)
-		// The message permutation 2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8.
-		m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 =
-			m2, m6, m3, m10, m7, m0, m4, m13, m1, m11, m12, m5, m9, m14, m15, m8
-	}
+	// Round 1.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[0], m[1])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[2], m[3])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[4], m[5])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[6], m[7])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[8], m[9])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[10], m[11])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[12], m[13])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[14], m[15])
+	// Round 2.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[2], m[6])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[3], m[10])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[7], m[0])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[4], m[13])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[1], m[11])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[12], m[5])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[9], m[14])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[15], m[8])
+	// Round 3.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[3], m[4])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[10], m[12])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[13], m[2])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[7], m[14])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[6], m[5])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[9], m[0])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[11], m[15])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[8], m[1])
+	// Round 4.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[10], m[7])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[12], m[9])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[14], m[3])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[13], m[15])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[4], m[0])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[11], m[2])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[5], m[8])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[1], m[6])
+	// Round 5.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[12], m[13])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[9], m[11])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[15], m[10])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[14], m[8])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[7], m[2])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[5], m[3])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[0], m[1])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[6], m[4])
+	// Round 6.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[9], m[14])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[11], m[5])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[8], m[12])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[15], m[1])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[13], m[3])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[0], m[10])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[2], m[6])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[4], m[7])
+	// Round 7.
+	s0, s4, s8, s12 = g(s0, s4, s8, s12, m[11], m[15])
+	s1, s5, s9, s13 = g(s1, s5, s9, s13, m[5], m[0])
+	s2, s6, s10, s14 = g(s2, s6, s10, s14, m[1], m[9])
+	s3, s7, s11, s15 = g(s3, s7, s11, s15, m[8], m[6])
+	s0, s5, s10, s15 = g(s0, s5, s10, s15, m[14], m[10])
+	s1, s6, s11, s12 = g(s1, s6, s11, s12, m[2], m[12])
+	s2, s7, s8, s13 = g(s2, s7, s8, s13, m[3], m[4])
+	s3, s4, s9, s14 = g(s3, s4, s9, s14, m[7], m[13])
 	return Key{s0 ^ s8, s1 ^ s9, s2 ^ s10, s3 ^ s11, s4 ^ s12, s5 ^ s13, s6 ^ s14, s7 ^ s15}
 }
 
