@@ -47,13 +47,19 @@ type batchConfig struct {
 	timeout time.Duration // longest an export may take
 }
 
-// Defaults of batchConfig. The SDK's queue of 2048 spans holds about 300
-// calls, which a busy kernel makes in a tenth of a second; every call's
-// spans are meant to reach the collector, so the queue is 16 times that.
-// The others are the specification's.
+// Defaults of batchConfig. The specification's queue of 2048 spans
+// holds about 300 calls, which a busy kernel makes in a tenth of a
+// second, and every call's spans are meant to reach the collector: the
+// queue is 16 times that. Its batch of 512 spans makes a request every
+// 70 or so calls, whose fixed cost (HTTP on both sides, a 32 KB copy
+// buffer in net/http) was a quarter of what tracing cost a call
+// (BenchmarkCallDone: 7.9-9.2 cpu-µs per echo call with 512, 5.5-7.2
+// with 2048); 2048 spans make requests of about 300 KB, far below what
+// collectors accept (the OpenTelemetry Collector: 20 MiB by default).
+// The delay and timeout are the specification's.
 const (
 	defaultQueue   = 32768
-	defaultBatch   = 512
+	defaultBatch   = 2048
 	defaultDelay   = 5 * time.Second
 	defaultTimeout = 30 * time.Second
 )

@@ -36,16 +36,17 @@ type direct struct {
 	scope   instrumentation.Scope
 }
 
-// maxCallAttrs bounds a call span's own attributes (callAttrs makes at
-// most 14); a sampler's attributes are appended after them.
-const maxCallAttrs = 16
+// maxCallAttrs is the most attributes callAttrs makes; a sampler's
+// attributes are appended after them.
+const maxCallAttrs = 14
 
-// callSpans is one call's spans: the call's and up to len(stages) of
-// its stages (a kernel call has at most 7), and the call's attributes.
+// callSpans is one call's spans, made in one allocation: the call's,
+// its attributes, and up to len(stages) of its stages (a kernel call has
+// at most 7).
 type callSpans struct {
-	call   finished
+	call   callSpan
 	attrs  [maxCallAttrs]attribute.KeyValue
-	stages [7]finished
+	stages [7]stageSpan
 }
 
 // record makes the spans of call r, child of parent, and hands them to
@@ -73,18 +74,18 @@ func (d *direct) record(parent context.Context, r *kernel.CallReport, toolCallID
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: tid, SpanID: newSpanID(), TraceFlags: psc.TraceFlags() | trace.FlagsSampled, TraceState: res.Tracestate,
 	})
-	stages := c.stages[:0]
-	if len(r.Stages) > len(c.stages) {
-		stages = make([]finished, 0, len(r.Stages))
-	}
-	for _, st := range r.Stages {
-		stages = append(stages, finished{
-			d: d, name: st.Stage, sc: sc.WithSpanID(newSpanID()), parent: sc, start: st.Start, end: st.End,
-		})
-	}
-	c.call = finished{d: d, name: name, sc: sc, parent: psc, start: r.Start, end: r.End, attrs: attrs, children: len(stages)}
+	c.call = callSpan{spanBase: spanBase{d: d}, name: name, sc: sc, parent: psc, start: r.Start, end: r.End, attrs: attrs, children: len(r.Stages)}
 	if o := outcomeOf(r); o != "ok" {
 		c.call.status = sdktrace.Status{Code: codes.Error, Description: o}
+	}
+	stages := c.stages[:0]
+	if len(r.Stages) > len(c.stages) {
+		stages = make([]stageSpan, 0, len(r.Stages))
+	}
+	for _, st := range r.Stages {
+		stages = append(stages, stageSpan{
+			spanBase: spanBase{d: d}, call: &c.call, name: st.Stage, id: newSpanID(), start: st.Start.UnixNano(), end: st.End.UnixNano(),
+		})
 	}
 	var buf [1 + len(c.stages)]sdktrace.ReadOnlySpan
 	out := buf[:0]
@@ -100,16 +101,50 @@ type spanSink interface {
 	add(spans ...sdktrace.ReadOnlySpan)
 }
 
-// finished is a span made by direct: internal, ended, without events or
-// links, under direct's resource and scope.
-type finished struct {
+// spanBase is what the spans direct makes share: they are internal,
+// ended, without events or links, under direct's resource and scope.
+type spanBase struct {
 	// ReadOnlySpan is embedded, and nil, only for its unexported method,
 	// which lets nothing outside the SDK implement the interface
 	// otherwise (the SDK's own test stubs do the same). Every exported
-	// method is finished's own.
+	// method is spanBase's or its embedder's own.
 	sdktrace.ReadOnlySpan
 
-	d          *direct
+	d *direct
+}
+
+// SpanKind implements sdktrace.ReadOnlySpan: internal, as the SDK path's.
+func (spanBase) SpanKind() trace.SpanKind { return trace.SpanKindInternal }
+
+// Links implements sdktrace.ReadOnlySpan: none.
+func (spanBase) Links() []sdktrace.Link { return nil }
+
+// Events implements sdktrace.ReadOnlySpan: none.
+func (spanBase) Events() []sdktrace.Event { return nil }
+
+// InstrumentationScope implements sdktrace.ReadOnlySpan.
+func (s spanBase) InstrumentationScope() instrumentation.Scope { return s.d.scope }
+
+// InstrumentationLibrary implements sdktrace.ReadOnlySpan.
+//
+//nolint:staticcheck // the interface still requires it
+func (s spanBase) InstrumentationLibrary() instrumentation.Library { return s.d.scope }
+
+// Resource implements sdktrace.ReadOnlySpan.
+func (s spanBase) Resource() *resource.Resource { return s.d.res }
+
+// DroppedAttributes implements sdktrace.ReadOnlySpan: none are.
+func (spanBase) DroppedAttributes() int { return 0 }
+
+// DroppedLinks implements sdktrace.ReadOnlySpan: none are.
+func (spanBase) DroppedLinks() int { return 0 }
+
+// DroppedEvents implements sdktrace.ReadOnlySpan: none are.
+func (spanBase) DroppedEvents() int { return 0 }
+
+// callSpan is a call's span.
+type callSpan struct {
+	spanBase
 	name       string
 	sc, parent trace.SpanContext
 	start, end time.Time
@@ -119,57 +154,64 @@ type finished struct {
 }
 
 // Name implements sdktrace.ReadOnlySpan.
-func (s *finished) Name() string { return s.name }
+func (s *callSpan) Name() string { return s.name }
 
 // SpanContext implements sdktrace.ReadOnlySpan.
-func (s *finished) SpanContext() trace.SpanContext { return s.sc }
+func (s *callSpan) SpanContext() trace.SpanContext { return s.sc }
 
 // Parent implements sdktrace.ReadOnlySpan.
-func (s *finished) Parent() trace.SpanContext { return s.parent }
-
-// SpanKind implements sdktrace.ReadOnlySpan: internal, as the SDK path's.
-func (s *finished) SpanKind() trace.SpanKind { return trace.SpanKindInternal }
+func (s *callSpan) Parent() trace.SpanContext { return s.parent }
 
 // StartTime implements sdktrace.ReadOnlySpan.
-func (s *finished) StartTime() time.Time { return s.start }
+func (s *callSpan) StartTime() time.Time { return s.start }
 
 // EndTime implements sdktrace.ReadOnlySpan.
-func (s *finished) EndTime() time.Time { return s.end }
+func (s *callSpan) EndTime() time.Time { return s.end }
 
 // Attributes implements sdktrace.ReadOnlySpan.
-func (s *finished) Attributes() []attribute.KeyValue { return s.attrs }
-
-// Links implements sdktrace.ReadOnlySpan: none.
-func (s *finished) Links() []sdktrace.Link { return nil }
-
-// Events implements sdktrace.ReadOnlySpan: none.
-func (s *finished) Events() []sdktrace.Event { return nil }
+func (s *callSpan) Attributes() []attribute.KeyValue { return s.attrs }
 
 // Status implements sdktrace.ReadOnlySpan.
-func (s *finished) Status() sdktrace.Status { return s.status }
+func (s *callSpan) Status() sdktrace.Status { return s.status }
 
-// InstrumentationScope implements sdktrace.ReadOnlySpan.
-func (s *finished) InstrumentationScope() instrumentation.Scope { return s.d.scope }
+// ChildSpanCount implements sdktrace.ReadOnlySpan: the call's stages.
+func (s *callSpan) ChildSpanCount() int { return s.children }
 
-// InstrumentationLibrary implements sdktrace.ReadOnlySpan.
-//
-//nolint:staticcheck // the interface still requires it
-func (s *finished) InstrumentationLibrary() instrumentation.Library { return s.d.scope }
+// stageSpan is a stage's span, child of its call's. It keeps only what
+// is its own, in few bytes: a call's 7 stage spans were most of what it
+// allocated.
+type stageSpan struct {
+	spanBase
+	call       *callSpan
+	name       string
+	id         trace.SpanID
+	start, end int64 // Unix nanoseconds
+}
 
-// Resource implements sdktrace.ReadOnlySpan.
-func (s *finished) Resource() *resource.Resource { return s.d.res }
+// Name implements sdktrace.ReadOnlySpan.
+func (s *stageSpan) Name() string { return s.name }
 
-// DroppedAttributes implements sdktrace.ReadOnlySpan: none are.
-func (s *finished) DroppedAttributes() int { return 0 }
+// SpanContext implements sdktrace.ReadOnlySpan: the call's, with the
+// stage's span id.
+func (s *stageSpan) SpanContext() trace.SpanContext { return s.call.sc.WithSpanID(s.id) }
 
-// DroppedLinks implements sdktrace.ReadOnlySpan: none are.
-func (s *finished) DroppedLinks() int { return 0 }
+// Parent implements sdktrace.ReadOnlySpan: the call's span.
+func (s *stageSpan) Parent() trace.SpanContext { return s.call.sc }
 
-// DroppedEvents implements sdktrace.ReadOnlySpan: none are.
-func (s *finished) DroppedEvents() int { return 0 }
+// StartTime implements sdktrace.ReadOnlySpan.
+func (s *stageSpan) StartTime() time.Time { return time.Unix(0, s.start) }
 
-// ChildSpanCount implements sdktrace.ReadOnlySpan: a call's stages.
-func (s *finished) ChildSpanCount() int { return s.children }
+// EndTime implements sdktrace.ReadOnlySpan.
+func (s *stageSpan) EndTime() time.Time { return time.Unix(0, s.end) }
+
+// Attributes implements sdktrace.ReadOnlySpan: none.
+func (*stageSpan) Attributes() []attribute.KeyValue { return nil }
+
+// Status implements sdktrace.ReadOnlySpan: unset.
+func (*stageSpan) Status() sdktrace.Status { return sdktrace.Status{} }
+
+// ChildSpanCount implements sdktrace.ReadOnlySpan: none.
+func (*stageSpan) ChildSpanCount() int { return 0 }
 
 // newDirect records to sink under res with sampler.
 func newDirect(sink spanSink, sampler sdktrace.Sampler, res *resource.Resource) *direct {

@@ -88,7 +88,7 @@ func (p *Provider) Observer() *Tracer {
 // is "", where the standard OTEL_EXPORTER_OTLP_* variables say. Its
 // sampler is parent-based always-on unless OTEL_TRACES_SAMPLER says
 // otherwise (SamplerFromEnv); OTEL_BSP_* set its batches (a queue of
-// 32768 spans, batches of 512, sent at least every 5 s). An invalid
+// 32768 spans, batches of 2048, sent at least every 5 s). An invalid
 // sampler or batch setting is an error.
 func NewProvider(ctx context.Context, endpoint string) (*Provider, error) {
 	var opts []otlptracehttp.Option

@@ -3,6 +3,7 @@ package tracing
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -298,9 +299,20 @@ func TestEndpointURL(t *testing.T) {
 // over OTLP/HTTP to a receiver on loopback (the export runs on the batch
 // processor's goroutine; its CPU counts in cpu-µs/op). Every span must
 // reach the receiver: a processor that dropped spans would look cheap.
-// A loop of calls outruns any exporter, so the loop flushes every 64
-// calls (a batch of 512 spans) itself.
+// A loop of calls outruns any exporter, so the loop flushes each full
+// batch itself.
 func BenchmarkCallDone(b *testing.B) {
+	// An audited echo reaches 5 stages, a committed fs.write all 7.
+	write := report(`{"session_id":"s1"}`, context.Background())
+	echo := report(`{"session_id":"s1"}`, context.Background())
+	echo.ToolID, echo.SideEffect, echo.TxOutcome = "echo", "read_only", ""
+	echo.Stages = []kernel.StageSpan{write.Stages[0], write.Stages[1], write.Stages[2], write.Stages[4], write.Stages[5]}
+	for _, r := range []*kernel.CallReport{echo, write} {
+		b.Run(fmt.Sprintf("%s/%d-stages", r.ToolID, len(r.Stages)), func(b *testing.B) { benchCallDone(b, r) })
+	}
+}
+
+func benchCallDone(b *testing.B, r *kernel.CallReport) {
 	var spans atomic.Int64
 	var mu sync.Mutex
 	var body bytes.Buffer // reused: the receiver's allocations are not the tracer's
@@ -317,14 +329,15 @@ func BenchmarkCallDone(b *testing.B) {
 		b.Fatal(err)
 	}
 	tr := tp.Observer()
-	r := report(`{"session_id":"s1"}`, context.Background())
+	// Flush when a batch is full, as the batcher's goroutine would.
+	every := tp.direct.sink.(*batcher).cfg.batch / (1 + len(r.Stages))
 	b.ReportAllocs()
 	b.ResetTimer()
 	var ru0, ru1 syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
-	for i := 0; b.Loop(); i++ {
+	for i := 1; b.Loop(); i++ {
 		tr.CallDone(r)
-		if i%64 == 63 {
+		if i%every == 0 {
 			if err := tp.ForceFlush(context.Background()); err != nil {
 				b.Fatal(err)
 			}
