@@ -295,7 +295,7 @@ func TestEndpointURL(t *testing.T) {
 }
 
 // BenchmarkCallDone is the tracer's own cost per call: the call's span
-// and its 7 stage spans made and handed to a batch processor exporting
+// and its stage spans made and handed to the batch processor exporting
 // over OTLP/HTTP to a receiver on loopback (the export runs on the batch
 // processor's goroutine; its CPU counts in cpu-µs/op). Every span must
 // reach the receiver: a processor that dropped spans would look cheap.
