@@ -171,7 +171,7 @@ func CommitPart(salt, name string, b []byte) (string, error) {
 // payload to keep (nil for none), both computed before the transaction.
 type sealed struct {
 	commitments Commitments
-	payload     []byte // canonical JSON of the kept Payload
+	payload     []byte // the kept Payload as stored (packPayload)
 }
 
 // seal computes a's commitments under salt from the call's parts (each
@@ -211,10 +211,10 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 		if err != nil {
 			return nil, err
 		}
-		s.payload = b
+		s.payload = packPayload(b)
 		return s, nil
 	}
-	s.payload = appendPayload(nil, &p, noArgs)
+	s.payload = packPayload(appendPayload(nil, &p, noArgs))
 	return s, nil
 }
 
@@ -254,6 +254,10 @@ func marshalPayload(p *Payload) ([]byte, error) {
 
 // unmarshalPayload reads a stored payload back into its parts.
 func unmarshalPayload(v []byte) (*Payload, error) {
+	v, err := unpackPayload(v)
+	if err != nil {
+		return nil, err
+	}
 	var sp storedPayload
 	if err := json.Unmarshal(v, &sp); err != nil {
 		return nil, err

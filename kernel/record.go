@@ -491,12 +491,15 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	if err != nil {
 		return err
 	}
-	if in.External {
-		if err := txn.Unknown(tx, in, b); err != nil {
-			return err
-		}
+	// The operation first: the key's row then refers to its envelope
+	// rather than holding a copy (see txn.Unknown).
+	if err := k.storeOperation(tx, r.OperationID, b); err != nil {
+		return err
 	}
-	return k.storeOperation(tx, r.OperationID, b)
+	if in.External {
+		return txn.Unknown(tx, in, b)
+	}
+	return nil
 }
 
 // salvage reads what it can of an envelope that failed strict decoding, so

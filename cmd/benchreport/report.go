@@ -18,6 +18,7 @@ type report struct {
 	OPAInput              string
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
+	Memory                []memoryPoint
 	Go                    []result
 }
 
@@ -190,6 +191,9 @@ func (r *report) markdown() []byte {
 		w("| %s | %s | %s | %s× |", root, r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
 	}
 	r.upstreamSection(w)
+	w("")
+	r.memoryMarkdown(w)
+	r.storageMarkdown(w)
 	return b.Bytes()
 }
 
@@ -257,6 +261,8 @@ func (r *report) goals() []goal {
 	add("proc.exec `true` ≤ 1.3× bare bwrap", v, ok, "×", v <= 1.3)
 	v, ok = get("BenchmarkExecVsBareBwrap/rw-empty", "ratio")
 	add("proc.exec in a staged rw root ≤ 1.6× bare bwrap", v, ok, "×", v <= 1.6)
+	v, ok = get("BenchmarkAuditStorage/fs.read/full", "db-bytes/call")
+	add("kernel.db per audited fs.read 1 KiB, payloads kept ≤ 2 KB (issue 19)", v, ok, " B", v <= 2000)
 	return out
 }
 
@@ -290,4 +296,25 @@ func (r *report) upstreamSection(w func(string, ...any)) {
 		w("| %d | %s | %s | %s | %s | %s | %s |", c, r.metric(n("direct"), "p50-ms"), r.metric(n("kernel"), "p50-ms"), r.metric(n("builtin"), "p50-ms"), over,
 			r.metric(n("direct"), "calls/s"), r.metric(n("kernel"), "calls/s"))
 	}
+}
+
+// storageMarkdown reports BenchmarkAuditStorage: what kernel.db keeps per
+// audited call.
+func (r *report) storageMarkdown(w func(string, ...any)) {
+	w("## 9. Storage per call")
+	w("")
+	w("`BenchmarkAuditStorage`: bytes kernel.db grows by per audited call at steady state (after 1,000 calls; 8 calls at a time, so commits are grouped), reading or writing real text (this repository's docs), with payloads kept (depth `full`) and with commitments only; live bytes leave out the free pages the file holds. Payloads of 2 KiB or more are stored compressed (docs/formats.md).")
+	w("")
+	w("| call | depth | kernel.db bytes/call | live bytes/call |")
+	w("|---|---|---:|---:|")
+	for _, call := range []string{"fs.read", "fs.write", "fs.write-16KiB"} {
+		for _, depth := range []string{"full", "commitments_only"} {
+			n := "BenchmarkAuditStorage/" + call + "/" + depth
+			if _, err := find(r.Go, n, "db-bytes/call"); err != nil {
+				continue
+			}
+			w("| %s | %s | %s | %s |", call, depth, r.metric(n, "db-bytes/call"), r.metric(n, "live-bytes/call"))
+		}
+	}
+	w("")
 }
