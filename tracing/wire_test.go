@@ -154,3 +154,39 @@ func TestWireMatchesExporter(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestJSONProtocol: OTEL_EXPORTER_OTLP_PROTOCOL=http/json gets the SDK's
+// OTLP/HTTP exporter and JSON bodies (the wire encoder writes protobuf
+// only); OTEL_EXPORTER_OTLP_TRACES_PROTOCOL wins over it.
+func TestJSONProtocol(t *testing.T) {
+	tests := []struct{ protocol, traces, want string }{
+		{"http/json", "", "application/json"},
+		{"http/json", "http/protobuf", "application/x-protobuf"},
+		{"", "", "application/x-protobuf"},
+	}
+	for _, tt := range tests {
+		t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", tt.protocol)
+		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", tt.traces)
+		var mu sync.Mutex
+		var types []string
+		var body []byte
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			types, body = append(types, r.Header.Get("Content-Type")), append(body, b...)
+			mu.Unlock()
+		}))
+		p, err := NewProvider(context.Background(), srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Observer().CallDone(report("", context.Background()))
+		if err := p.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		srv.Close()
+		if len(types) != 1 || types[0] != tt.want || !strings.Contains(string(body), "execute_tool fs.write") {
+			t.Errorf("protocol %q, traces %q: requests %v, body %q; want one %s with the call's span", tt.protocol, tt.traces, types, body, tt.want)
+		}
+	}
+}
