@@ -18,6 +18,7 @@ type report struct {
 	OPAInput              string
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
+	Gateway               []point // measureGateway's rounds
 	Go                    []result
 }
 
@@ -190,6 +191,7 @@ func (r *report) markdown() []byte {
 		w("| %s | %s | %s | %s× |", root, r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
 	}
 	r.upstreamSection(w)
+	r.gatewayMarkdown(w)
 	return b.Bytes()
 }
 
@@ -257,7 +259,7 @@ func (r *report) goals() []goal {
 	add("proc.exec `true` ≤ 1.3× bare bwrap", v, ok, "×", v <= 1.3)
 	v, ok = get("BenchmarkExecVsBareBwrap/rw-empty", "ratio")
 	add("proc.exec in a staged rw root ≤ 1.6× bare bwrap", v, ok, "×", v <= 1.6)
-	return out
+	return append(out, r.gatewayGoalLine())
 }
 
 func yes(ok bool) string {
