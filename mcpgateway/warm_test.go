@@ -12,7 +12,9 @@ import (
 
 type invokerFunc func(ctx context.Context, env []byte) (*kernel.Result, error)
 
-func (f invokerFunc) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) { return f(ctx, env) }
+func (f invokerFunc) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) {
+	return f(ctx, env)
+}
 
 // Calls on the warm invoker never wait for one another, return what the
 // invoker returned, and a panic of the invoker is the caller's.
