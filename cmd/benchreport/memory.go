@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
-	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 )
 
@@ -113,17 +110,7 @@ func buildAt(rev, tmp string) (string, error) {
 // loadMemory runs the fs.read load on the served kernel ks and samples
 // its memory.
 func loadMemory(client *http.Client, ks *proc, data, ws, name string, d time.Duration) (memoryPoint, error) {
-	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
-	if err != nil {
-		return memoryPoint{}, err
-	}
-	ctx := context.Background()
-	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
-	tok, err := c.Mint(ctx, kernel.TokenRequest{AgentID: "bench", Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: ws, Mode: "r"}}})
-	if err != nil {
-		return memoryPoint{}, fmt.Errorf("mint: %w", err)
-	}
-	ph, err := c.PolicyHash(ctx)
+	tok, ph, err := benchToken(ks, data, kernel.TokenRequest{Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: ws, Mode: "r"}}})
 	if err != nil {
 		return memoryPoint{}, err
 	}
@@ -132,14 +119,7 @@ func loadMemory(client *http.Client, ks *proc, data, ws, name string, d time.Dur
 		return m, err
 	}
 	t := target{name: "kernel fs.read 1 KiB, " + name, url: ks.url + "/v1/syscalls", pid: ks.pid, want: []byte(`"status":"ok"`),
-		body: func(w, _ int) []byte {
-			b, _ := json.Marshal(map[string]any{
-				"tool_id": "fs.read", "args": map[string]string{"path": "a.txt"}, "agent_id": tok.AgentID,
-				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
-				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
-			})
-			return b
-		}}
+		body: sessionCall(tok, ph, "fs.read", same(`{"path":"a.txt"}`))}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var sum, n int64
