@@ -2,16 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // A point is one closed-loop load measurement: c workers, each sending its
@@ -39,6 +45,9 @@ type target struct {
 	pid  int
 	body func(w, i int) []byte
 	want []byte
+	// header, unless nil, is worker w's request headers beside
+	// Content-Type (an MCP session's, say).
+	header func(w int) http.Header
 }
 
 // measure runs c workers against t for warm then d, and reports the
@@ -70,8 +79,12 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 					on = true
 				default:
 				}
+				var h http.Header
+				if t.header != nil {
+					h = t.header(w)
+				}
 				t0 := time.Now()
-				err := post(client, t.url, t.body(w, i), t.want)
+				err := post(client, t.url, h, t.body(w, i), t.want)
 				if err != nil {
 					mu.Lock()
 					failure = fmt.Errorf("%s c=%d: %w", t.name, c, err)
@@ -120,8 +133,16 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 	}, nil
 }
 
-func post(client *http.Client, url string, body, want []byte) error {
-	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+func post(client *http.Client, url string, header http.Header, body, want []byte) error {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -165,3 +186,40 @@ func selfCPU() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// benchToken mints a token of agent "bench" with req's grants on the
+// served kernel ks (data dir data, whose admin credential it reads) and
+// returns it with the kernel's policy hash.
+func benchToken(ks *proc, data string, req kernel.TokenRequest) (*kernel.MintedToken, string, error) {
+	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
+	if err != nil {
+		return nil, "", err
+	}
+	ctx := context.Background()
+	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
+	req.AgentID = "bench"
+	tok, err := c.Mint(ctx, req)
+	if err != nil {
+		return nil, "", fmt.Errorf("mint: %w", err)
+	}
+	ph, err := c.PolicyHash(ctx)
+	return tok, ph, err
+}
+
+// sessionCall returns the bodies of the audited calls of tool under tok
+// (policy hash ph) to POST /v1/syscalls: args(i) are the arguments of a
+// worker's i-th call, and each worker is its own agent session, as
+// concurrent agents are.
+func sessionCall(tok *kernel.MintedToken, ph, tool string, args func(i int) string) func(w, i int) []byte {
+	return func(w, i int) []byte {
+		b, _ := json.Marshal(map[string]any{
+			"tool_id": tool, "args": json.RawMessage(args(i)), "agent_id": tok.AgentID,
+			"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
+			"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
+		})
+		return b
+	}
+}
+
+// same is the arguments of every call: args.
+func same(args string) func(int) string { return func(int) string { return args } }
