@@ -83,6 +83,7 @@ type Gateway struct {
 	progressEvery           time.Duration
 	confirmer               Confirmer
 	pending                 pendingCalls // calls that asked their client (confirm.go)
+	inflight                inflight     // tools/calls in flight over HTTP (lean.go)
 	handles                 *handleMode  // nil unless the token is in handle mode
 }
 
