@@ -113,7 +113,7 @@ func (o *operations) forgetResult(id string) {
 	defer o.mu.Unlock()
 	if op := o.byID[id]; op != nil && op.result != nil {
 		r := *op.result
-		r.Result, r.AuditSalt = nil, ""
+		r.erase()
 		op.result = &r
 	}
 }

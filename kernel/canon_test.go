@@ -166,8 +166,9 @@ func checkDirect(t *testing.T, a *auditRecord, args []byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(s.payload, wantPayload) {
-			t.Fatalf("payload at depth %s:\n got %s\nwant %s", depth, s.payload, wantPayload)
+		got, err := unpackPayload(s.payload)
+		if err != nil || !bytes.Equal(got, wantPayload) {
+			t.Fatalf("payload at depth %s:\n got %s (%v)\nwant %s", depth, got, err, wantPayload)
 		}
 		for _, name := range Parts {
 			want := ""

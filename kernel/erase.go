@@ -106,14 +106,12 @@ type recordOwner struct {
 }
 
 // forgetResult rewrites the stored result envelope r of the operation of
-// record o without its result and salt (status, result_hash and the rest
-// stay), in the operations table and in the idempotency table: the stored
+// record o without what erasure removes (Result.erase), in the operations table and in the idempotency table: the stored
 // copies of an erased payload.
 func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
-	if r.Result == nil && r.AuditSalt == "" {
+	if !r.erase() {
 		return nil
 	}
-	r.Result, r.AuditSalt = nil, ""
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -402,4 +400,22 @@ func (i *Inspector) verifyPayloads(check *LedgerCheck) error {
 		}
 		return nil
 	})
+}
+
+// ErasedMessage replaces an error's message in the stored result envelope
+// of an erased operation: the message is part of the erased result.
+const ErasedMessage = "(erased with the audit payload)"
+
+// erase removes from r what an erasure of its audit payload removes — the
+// result, the salt and an error's message, all parts of the erased
+// payload; status, error class, result_hash and the rest stay — and
+// reports whether anything was left to remove.
+func (r *Result) erase() bool {
+	changed := r.Result != nil || r.AuditSalt != ""
+	r.Result, r.AuditSalt = nil, ""
+	if r.Error != nil && r.Error.Message != ErasedMessage {
+		r.Error = &Error{Class: r.Error.Class, Message: ErasedMessage}
+		changed = true
+	}
+	return changed
 }

@@ -181,8 +181,11 @@ func TestCommitmentsAndErasure(t *testing.T) {
 	}{
 		{"result changed", func(tx *bbolt.Tx) error {
 			k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
-			v := tx.Bucket(bucketPayloads).Get(k)
-			return tx.Bucket(bucketPayloads).Put(k, bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1))
+			v, err := unpackPayload(tx.Bucket(bucketPayloads).Get(k))
+			if err != nil || !bytes.Contains(v, []byte("pin 4711")) {
+				t.Fatalf("stored payload %s (%v) lacks the result", v, err)
+			}
+			return tx.Bucket(bucketPayloads).Put(k, packPayload(bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1)))
 		}, r.LedgerSeq},
 		{"payload dropped without an erasure record", func(tx *bbolt.Tx) error {
 			return tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, r.LedgerSeq))
@@ -348,5 +351,32 @@ func TestErasureForgetsOperationInMemory(t *testing.T) {
 	}
 	if again, _ := h.k.Wait(ctx, id); again.Result != nil || again.AuditSalt != "" {
 		t.Fatalf("Wait after erasure: %+v", again)
+	}
+}
+
+// An error's message is part of the call's result: erasing the payload
+// removes it from the stored envelope and the kernel's memory too, while
+// the status and error class (public in the chained body) stay.
+func TestErasureRemovesErrorMessage(t *testing.T) {
+	h := newHarness(t)
+	const secret = "pin-4711"
+	r := h.invoke("fs.read", map[string]any{"path": secret + ".txt"})
+	if r.Status != StatusError || r.Error == nil || !strings.Contains(r.Error.Message, secret) {
+		t.Fatalf("read of a missing file: %+v", r)
+	}
+	if _, err := h.k.Erase(context.Background(), r.OperationID, "subject asked"); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := h.k.Inspector().Operation(r.OperationID)
+	if err != nil || bytes.Contains(stored, []byte(secret)) {
+		t.Fatalf("the stored envelope keeps the message: %s %v", stored, err)
+	}
+	var got Result
+	if err := json.Unmarshal(stored, &got); err != nil || got.Status != StatusError || got.Error == nil ||
+		got.Error.Class != r.Error.Class || got.Error.Message != ErasedMessage || got.ResultHash != r.ResultHash {
+		t.Fatalf("stored envelope after erasure: %s %v", stored, err)
+	}
+	if st, ok := h.k.Operation(r.OperationID); ok && st.Result != nil && strings.Contains(st.Result.Error.Message, secret) {
+		t.Fatalf("the kernel's memory keeps the message: %+v", st.Result.Error)
 	}
 }

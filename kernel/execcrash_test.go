@@ -22,9 +22,9 @@ import (
 
 // TestSandboxCrashChild is the child process of the sandbox crash tests:
 // it opens the kernel (with the test policy) and runs the envelope; with
-// CAPK_KILL_ON set it kills itself with SIGKILL once a process whose
-// command line holds that marker runs, otherwise it waits for the parent
-// to kill it.
+// CAPK_KILL_ON set it kills itself with SIGKILL once a process named
+// CAPK_KILL_COMM whose command line holds that marker runs, otherwise it
+// waits for the parent to kill it.
 func TestSandboxCrashChild(t *testing.T) {
 	data := os.Getenv("CAPK_SANDBOX_DATA")
 	if data == "" {
@@ -43,28 +43,40 @@ func TestSandboxCrashChild(t *testing.T) {
 	env.PolicyHash = k.PolicyHash()
 	done := make(chan *Result, 1)
 	go func() { done <- k.Invoke(context.Background(), &env) }()
-	marker := os.Getenv("CAPK_KILL_ON")
+	marker, comm := os.Getenv("CAPK_KILL_ON"), os.Getenv("CAPK_KILL_COMM")
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
 		select {
 		case r := <-done:
 			t.Fatalf("the call finished: %+v", r)
 		case <-time.After(10 * time.Millisecond):
 		}
-		if marker != "" && len(procsWith(marker)) > 0 {
+		if marker != "" && len(procsNamed(comm, marker)) > 0 {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 	}
 	t.Fatal("never killed")
 }
 
-// runCrashChild runs TestSandboxCrashChild on h's data dir with env; kill,
+// procsNamed lists the processes named comm whose command line holds s.
+func procsNamed(comm, s string) []int {
+	var out []int
+	for _, pid := range procsWith(s) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(b)) == comm {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// runCrashChild runs TestSandboxCrashChild on h's data dir with env; the
+// child kills itself once a process named comm holding marker runs; kill,
 // when set, is called once the child runs and must kill it.
-func runCrashChild(t *testing.T, h *harness, env Envelope, marker string, kill func(*os.Process)) {
+func runCrashChild(t *testing.T, h *harness, env Envelope, comm, marker string, kill func(*os.Process)) {
 	t.Helper()
 	envJSON, _ := json.Marshal(env)
 	h.k.Close()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSandboxCrashChild$", "-test.v")
-	cmd.Env = append(os.Environ(), "CAPK_SANDBOX_DATA="+h.data, "CAPK_ENVELOPE="+string(envJSON), "CAPK_KILL_ON="+marker)
+	cmd.Env = append(os.Environ(), "CAPK_SANDBOX_DATA="+h.data, "CAPK_ENVELOPE="+string(envJSON), "CAPK_KILL_ON="+marker, "CAPK_KILL_COMM="+comm)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -80,7 +92,26 @@ func runCrashChild(t *testing.T, h *harness, env Envelope, marker string, kill f
 	}
 }
 
+// TestExecCrash kills the kernel with SIGKILL while a command runs (its
+// intent is durable: recovery rolls it back), and while bwrap is still
+// setting the sandbox up (the intent may not be durable yet: recovery
+// rolls it back if it is, and nothing of the call is left either way).
 func TestExecCrash(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		comm string // the process whose start kills the kernel
+		// rolledBack is the number of intents recovery must roll back; -1:
+		// 0 or 1.
+		rolledBack int
+	}{
+		{"command running", "sleep", 1},
+		{"sandbox setting up", "bwrap", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testExecCrash(t, tc.comm, tc.rolledBack) })
+	}
+}
+
+func testExecCrash(t *testing.T, comm string, rolledBack int) {
 	h := newExecHarness(t)
 	h.write("a.txt", "old\n")
 	snap := snapshot(t, h.ws)
@@ -88,7 +119,7 @@ func TestExecCrash(t *testing.T) {
 	env := Envelope{ToolID: "proc.exec", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
 		IdempotencyKey: "crash", OperationID: newID(),
 		Args: json.RawMessage(fmt.Sprintf(`{"argv":["sh","-c","echo new > a.txt; echo x > b.txt; mkdir d; exec sleep %s"]}`, marker))}
-	runCrashChild(t, h, env, marker, nil)
+	runCrashChild(t, h, env, comm, marker, nil)
 
 	h.open(execPolicy(t))
 	// On reopen no process of the sandbox is left: it died with the kernel,
@@ -112,7 +143,8 @@ func TestExecCrash(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(h.k.Recovered.RolledBack) != 1 || h.k.Recovered.RolledBack[0].OperationID != env.OperationID {
+	rb := h.k.Recovered.RolledBack
+	if rolledBack >= 0 && len(rb) != rolledBack || len(rb) > 1 || len(rb) == 1 && rb[0].OperationID != env.OperationID {
 		t.Fatalf("recovery %+v", h.k.Recovered)
 	}
 	sameTree(t, snap, snapshot(t, h.ws))
@@ -122,9 +154,12 @@ func TestExecCrash(t *testing.T) {
 			t.Errorf("staging left after reopen: %s", filepath.Join(h.k.cfg.SandboxDir, e.Name()))
 		}
 	}
-	a := h.audits(0)
-	if last := a[len(a)-1]; last.OperationID != env.OperationID || last.TxOutcome != RolledBack {
-		t.Fatalf("last audit %+v", last)
+	if a := h.audits(0); len(rb) == 1 {
+		if last := a[len(a)-1]; last.OperationID != env.OperationID || last.TxOutcome != RolledBack {
+			t.Fatalf("last audit %+v", last)
+		}
+	} else if len(a) > 0 && a[len(a)-1].OperationID == env.OperationID {
+		t.Fatalf("audit of a call that was never prepared %+v", a[len(a)-1])
 	}
 	// The key may be retried: it runs afresh.
 	retry := h.invoke("proc.exec", nil, key("crash"), func(e *Envelope) {
@@ -158,7 +193,7 @@ func TestFetchCrash(t *testing.T) {
 	args := json.RawMessage(fmt.Sprintf(`{"url":%q,"method":"POST","body":"charge card"}`, srv.URL+"/pay"))
 	env := Envelope{ToolID: "net.fetch", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
 		IdempotencyKey: "pay-1", OperationID: newID(), Args: args}
-	runCrashChild(t, h, env, "", func(p *os.Process) {
+	runCrashChild(t, h, env, "", "", func(p *os.Process) {
 		select {
 		case <-got:
 		case <-time.After(30 * time.Second):

@@ -307,7 +307,7 @@ func TestMCPUpstreamCrash(t *testing.T) {
 	args := json.RawMessage(`{"id":"pay"}`)
 	env := Envelope{ToolID: "mcp.web.slow", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
 		IdempotencyKey: "pay-1", OperationID: newID(), Args: args}
-	runCrashChild(t, h, env, "", func(p *os.Process) {
+	runCrashChild(t, h, env, "", "", func(p *os.Process) {
 		select {
 		case <-up.Started():
 		case <-time.After(60 * time.Second):

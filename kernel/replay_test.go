@@ -79,13 +79,7 @@ func TestReplayVerifyRefutes(t *testing.T) {
 		key    string
 	}{
 		{"stored outcome changed", func(t *testing.T, h *harness, tx *bbolt.Tx) {
-			editIdem(t, tx, "k1", func(m map[string]any) {
-				var r map[string]any
-				json.Unmarshal([]byte(m["result"].(string)), &r)
-				r["result_hash"] = "blake3:" + strings.Repeat("0", 64)
-				b, _ := json.Marshal(r)
-				m["result"] = json.RawMessage(b)
-			})
+			editStoredOutcome(t, tx, "k1", func(r map[string]any) { r["result_hash"] = "blake3:" + strings.Repeat("0", 64) })
 		}, ProblemIdemTable, "k1"},
 		{"key dropped from the table", func(t *testing.T, h *harness, tx *bbolt.Tx) {
 			if err := tx.Bucket([]byte("idempotency")).Delete([]byte("agent-1\x00k2")); err != nil {
@@ -135,19 +129,29 @@ func TestReplayVerifyRefutes(t *testing.T) {
 	}
 }
 
-func editIdem(t *testing.T, tx *bbolt.Tx, k string, edit func(map[string]any)) {
+// editStoredOutcome edits the stored result envelope key k of agent-1
+// replays: the operations table's row of the operation holding the key
+// (the key's row refers to it).
+func editStoredOutcome(t *testing.T, tx *bbolt.Tx, k string, edit func(map[string]any)) {
 	t.Helper()
-	b := tx.Bucket([]byte("idempotency"))
-	key := []byte("agent-1\x00" + k)
-	var m map[string]any
-	if err := json.Unmarshal(b.Get(key), &m); err != nil {
+	var row struct {
+		OperationID string          `json:"operation_id"`
+		Result      json.RawMessage `json:"result"`
+	}
+	if err := json.Unmarshal(tx.Bucket([]byte("idempotency")).Get([]byte("agent-1\x00"+k)), &row); err != nil {
 		t.Fatal(err)
 	}
-	raw, _ := json.Marshal(m["result"])
-	m["result"] = string(raw)
+	if row.Result != nil {
+		t.Fatalf("key %s holds its own copy of the outcome of committed operation %s", k, row.OperationID)
+	}
+	ops := tx.Bucket([]byte("operations"))
+	var m map[string]any
+	if err := json.Unmarshal(ops.Get([]byte(row.OperationID)), &m); err != nil {
+		t.Fatal(err)
+	}
 	edit(m)
 	v, _ := json.Marshal(m)
-	if err := b.Put(key, v); err != nil {
+	if err := ops.Put([]byte(row.OperationID), v); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -3,6 +3,7 @@ package kernel
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -31,8 +32,13 @@ func dbUse(t testing.TB, k *Kernel) (size, free int64) {
 }
 
 // calls runs n calls of tool, 8 at a time (so commits are grouped as
-// under load), each with fresh args.
-func (h *harness) calls(tb testing.TB, tool string, n int) {
+// under load), each with fresh args; fs.write writes content (1 KiB of
+// text when "").
+func (h *harness) calls(tb testing.TB, tool string, n int, content ...string) {
+	text := benchText(tb, 1024)
+	if len(content) > 0 {
+		text = content[0]
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
 	for i := range n {
@@ -45,7 +51,7 @@ func (h *harness) calls(tb testing.TB, tool string, n int) {
 				r = h.invoke("fs.read", map[string]any{"path": "f.txt"})
 			case "fs.write":
 				id := fmt.Sprintf("%d-%d", time.Now().UnixNano(), i)
-				r = h.invoke("fs.write", map[string]any{"path": "w-" + id + ".txt", "content": strings.Repeat("x", 1024)}, key(id))
+				r = h.invoke("fs.write", map[string]any{"path": "w-" + id + ".txt", "content": text}, key(id))
 			}
 			if r.Status != StatusOK {
 				tb.Errorf("%s: %+v", tool, r.Error)
@@ -55,30 +61,46 @@ func (h *harness) calls(tb testing.TB, tool string, n int) {
 	wg.Wait()
 }
 
+// benchText is n bytes of this repository's prose (docs/kernel.md), the
+// content read and written: large payloads are stored compressed, and a
+// run of one repeated byte would compress to nothing.
+func benchText(tb testing.TB, n int) string {
+	b, err := os.ReadFile("../docs/kernel.md")
+	if err != nil || len(b) < n {
+		tb.Fatalf("docs/kernel.md: %d bytes (want %d), %v", len(b), n, err)
+	}
+	return string(b[:n])
+}
+
 // BenchmarkAuditStorage reports the bytes kernel.db grows by per audited
-// fs.read and fs.write of 1 KiB at steady state (after a warm-up), with
-// payloads kept (depth full) and with commitments only, and the live
-// bytes per call (file growth less the free pages it holds).
+// fs.read and fs.write of 1 KiB of text, and fs.write of 16 KiB, at steady
+// state (after a warm-up), with payloads kept (depth full) and with
+// commitments only, and the live bytes per call (file growth less the
+// free pages it holds).
 //
 //	go test -run - -bench AuditStorage -benchtime 4000x ./kernel
 func BenchmarkAuditStorage(b *testing.B) {
-	for _, tool := range []string{"fs.read", "fs.write"} {
+	for _, call := range []struct {
+		name, tool string
+		size       int
+	}{{"fs.read", "fs.read", 1024}, {"fs.write", "fs.write", 1024}, {"fs.write-16KiB", "fs.write", 16 << 10}} {
 		for _, depth := range []string{DepthFull, DepthCommitmentsOnly} {
-			b.Run(tool+"/"+depth, func(b *testing.B) {
+			b.Run(call.name+"/"+depth, func(b *testing.B) {
 				h := newHarness(b, func(c *Config) {
 					c.NoSync = true
 					c.Audit = &AuditConfig{Depth: map[string]string{"*": depth}}
 				})
-				h.write("f.txt", strings.Repeat("r", 1024))
-				h.calls(b, tool, 1000)
+				text := benchText(b, call.size)
+				h.write("f.txt", text)
+				h.calls(b, call.tool, 1000, text)
 				size0, free0 := dbUse(b, h.k)
 				b.ResetTimer()
-				h.calls(b, tool, b.N)
+				h.calls(b, call.tool, b.N, text)
 				b.StopTimer()
 				size1, free1 := dbUse(b, h.k)
 				b.ReportMetric(float64(size1-size0)/float64(b.N), "db-bytes/call")
 				b.ReportMetric(float64((size1-free1)-(size0-free0))/float64(b.N), "live-bytes/call")
-				b.Logf("%s %s: bytes per call by bucket (allocated pages over all %d calls): %s", tool, depth, b.N+1000, bucketBytes(b, h.k, b.N+1000))
+				b.Logf("%s %s: bytes per call by bucket (allocated pages over all %d calls): %s", call.name, depth, b.N+1000, bucketBytes(b, h.k, b.N+1000))
 			})
 		}
 	}
@@ -93,7 +115,7 @@ func TestErasedSpaceIsReused(t *testing.T) {
 	}
 	clk := &clock{t: time.Now()}
 	h := newHarness(t, func(c *Config) { c.NoSync = true; c.Now = clk.now })
-	h.write("f.txt", strings.Repeat("r", 4096))
+	h.write("f.txt", benchText(t, 4096))
 	const n = 1500
 	h.calls(t, "fs.read", n) // warm-up
 	s0, _ := dbUse(t, h.k)

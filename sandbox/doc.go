@@ -97,11 +97,16 @@
 //
 // The init waits, before it starts anything else, until the kernel has
 // set the rlimits and the niceness (Options.Nice, default 10) on it
-// (prlimit(2) and setpriority(2) on its host pid, found from /proc): the
-// command and everything it starts inherit both, so the kernel and its
-// watchdog keep the CPU against a runaway command, while bwrap's own
-// setup runs at the kernel's priority. If the kernel cannot set them, the
-// init exits having run nothing and Run fails.
+// (prlimit(2) and setpriority(2) on its host pid, which bwrap reports on
+// its --info-fd as soon as it has cloned it, before the child runs
+// anything): the command and everything it starts inherit both, so the
+// kernel and its watchdog keep the CPU against a runaway command, while
+// bwrap's own setup runs at the kernel's priority. If the kernel cannot
+// set them, the init exits having run nothing and Run fails. Then, if
+// Command.Gate is set, the init waits until it returns: nil starts the
+// command, an error ends the run having run nothing (the kernel makes
+// its intent durable meanwhile, overlapping that fsync with bwrap's
+// setup).
 //
 // The chain is forked from an OS thread locked for the run's lifetime:
 // parent-death signals follow the forking thread.
@@ -132,9 +137,12 @@
 // Processes, kills the whole sandbox: Result.LimitExceeded = "processes".
 // Where the host offers a writable pids cgroup (the cgroup v1 pids
 // hierarchy, or cgroup v2 with pids delegated), the init is also moved,
-// before it starts anything, into a cgroup of its own with pids.max =
-// Processes + 2 (the init and its lifeline watcher), removed after the
-// run: the host then refuses every fork past the limit at once, so a fork
+// before it starts anything of the command's, into a cgroup of its own
+// with pids.max = Processes + 2 (the init and its lifeline watcher),
+// removed after the run. The move is made while bwrap sets the sandbox up
+// (the init's pid comes from bwrap's info fd), since it waits for an RCU
+// grace period — milliseconds, more on a loaded machine — that would
+// otherwise delay every run: the host then refuses every fork past the limit at once, so a fork
 // bomb cannot take the host's pids while the watchdog waits for the CPU on
 // a loaded machine (seen: other processes' forks failing with EAGAIN).
 // A fork the cgroup refused (its pids.events "max" count) is the limit

@@ -12,8 +12,7 @@ import (
 
 // killer ends a run. The chain process (bwrap, after the execs) is our
 // child; its only child is the sandbox's init, pid 1 of the sandbox's pid
-// namespace. Both are found from /proc, never from anything the sandbox
-// can write.
+// namespace, whose host pid bwrap reports on its info fd (setInit).
 //
 // On a timeout or cancellation: SIGTERM to every process of the sandbox's
 // pid namespace (the init forwards it to the command too; this covers the
@@ -61,35 +60,28 @@ func (k *killer) removeCgroup() {
 	}
 }
 
-// sandboxInit finds the sandbox's init (0, 0 before bwrap has made it).
+// setInit records the sandbox's init: the host pid that bwrap writes to
+// its info fd as soon as it has cloned it, before the child runs anything
+// (so nothing in the sandbox can forge it). It reports false, recording
+// nothing, if that process is not in a pid namespace of its own.
+func (k *killer) setInit(pid int) bool {
+	ns := pidNS(pid)
+	if ns == 0 || ns == pidNS(k.proc.Pid) {
+		return false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped {
+		return false
+	}
+	k.init, k.ns = pid, ns
+	return true
+}
+
+// sandboxInit returns the sandbox's init (0, 0 before bwrap has made it).
 func (k *killer) sandboxInit() (int, uint64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.findLocked()
-}
-
-func (k *killer) findLocked() (int, uint64) {
-	if k.init != 0 || k.stopped {
-		return k.init, k.ns
-	}
-	pid := k.proc.Pid
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
-	if err != nil {
-		b = []byte(strings.Join(childrenByScan(pid), " "))
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 1 {
-		return 0, 0
-	}
-	child, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 0, 0
-	}
-	ns := pidNS(child)
-	if ns == 0 || ns == pidNS(pid) {
-		return 0, 0 // not yet in its own namespace
-	}
-	k.init, k.ns = child, ns
 	return k.init, k.ns
 }
 
@@ -101,7 +93,7 @@ func (k *killer) terminate() {
 	if k.stopped {
 		return
 	}
-	if _, ns := k.findLocked(); ns == 0 {
+	if k.ns == 0 {
 		k.killLocked()
 		return
 	}
@@ -225,29 +217,6 @@ func nsPids(ns uint64) []int {
 	for _, pid := range procPids() {
 		if pidNS(pid) == ns {
 			out = append(out, pid)
-		}
-	}
-	return out
-}
-
-// childrenByScan lists the children of ppid from /proc/*/stat, where the
-// kernel lacks /proc/PID/task/TID/children.
-func childrenByScan(ppid int) []string {
-	var out []string
-	for _, pid := range procPids() {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …; comm may hold spaces and parentheses.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 1 && f[1] == strconv.Itoa(ppid) {
-			out = append(out, strconv.Itoa(pid))
 		}
 	}
 	return out

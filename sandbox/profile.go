@@ -283,7 +283,7 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etcDir string) []string {
 		"--unshare-user", "--uid", id, "--gid", id, "--disable-userns",
 		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--hostname", "sandbox",
-		"--cap-drop", "ALL",
+		"--cap-drop", "ALL", "--info-fd", strconv.Itoa(infoFD),
 	}
 	if p.net != NetFull {
 		a = append(a, "--unshare-net")

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -124,7 +125,8 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	// The chain: [sh overlayScript …] bwrap … sh initScript … argv.
 	// fd 3: the sandbox init's "ready" and "started"; fd 4: the lifeline;
 	// fd 5: the release (see initScript); fd 6: Command.Channel; fd 7: the
-	// overlay script's status.
+	// overlay script's status; fd 8: bwrap's info fd (infoFD), which bwrap
+	// closes in the sandbox.
 	var pipes []*os.File // every end, closed on return
 	defer func() {
 		for _, f := range pipes {
@@ -149,7 +151,11 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	if err != nil {
 		return nil, err
 	}
-	extra := []*os.File{startW, lifeR, relR, pl.cmd.Channel}
+	infoR, infoW, err := pipe()
+	if err != nil {
+		return nil, err
+	}
+	extra := []*os.File{startW, lifeR, relR, pl.cmd.Channel, nil, infoW}
 	overlay := st != nil && mode != StagingCopy
 	var status *os.File
 	var argv []string
@@ -159,7 +165,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			return nil, err
 		}
 		status = sr
-		extra = append(extra, sw)
+		extra[4] = sw
 		rw := pl.writable()
 		argv = append(argv, t.sh, "-c", overlayScript, "capkernel-overlay", overlayOptions, strconv.Itoa(len(rw)))
 		for _, r := range rw {
@@ -226,8 +232,9 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	startW.Close()
 	lifeR.Close()
 	relR.Close()
+	infoW.Close()
 	if status != nil {
-		extra[len(extra)-1].Close()
+		extra[4].Close()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start: %w", err)
@@ -242,11 +249,30 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		statusText <- ""
 	}
 	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
+	// bwrap reports the sandbox's init as soon as it has made it; the
+	// pids cgroup is set up then, while bwrap sets the sandbox up, since
+	// moving a process into a cgroup waits for an RCU grace period
+	// (milliseconds, more on a loaded machine). The init forks nothing
+	// before it has been released.
+	joined := make(chan struct{})
+	go func() {
+		defer close(joined)
+		pid := readInfo(infoR)
+		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 {
+			return
+		}
+		// The init, its lifeline watcher and Processes of the command's:
+		// the watchdog reports "processes" above that, and the host
+		// refuses any fork beyond it even when the watchdog is starved.
+		if c, err := joinPidsCgroup(pid, pl.limits.Processes+2); err == nil {
+			k.setCgroup(c)
+		}
+	}()
 	// The init says "ready", waits until the kernel has applied the limits
 	// to it (and so to everything it starts), then says "started" once the
 	// command is about to run.
 	started := make(chan bool, 1)
-	var releaseErr error
+	var releaseErr, gateErr error
 	go func() {
 		ready := make([]byte, len("ready"))
 		if _, err := io.ReadFull(startR, ready); err != nil || string(ready) != "ready" {
@@ -254,10 +280,18 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			started <- false
 			return
 		}
+		<-joined
 		if releaseErr = s.release(k, pl.limits); releaseErr != nil {
 			relW.Close() // the init exits 125 without running anything
 			started <- false
 			return
+		}
+		if pl.cmd.Gate != nil {
+			if gateErr = pl.cmd.Gate(); gateErr != nil {
+				relW.Close()
+				started <- false
+				return
+			}
 		}
 		_, err := relW.Write([]byte("go\n"))
 		relW.Close()
@@ -303,6 +337,7 @@ loop:
 	if res.LimitExceeded == "" && k.forkRefused() {
 		res.LimitExceeded = "processes"
 	}
+	<-joined
 	k.removeCgroup()
 	res.Duration = time.Since(start)
 
@@ -330,6 +365,9 @@ loop:
 		return nil, fmt.Errorf("%w: %s", errOverlayRefused, why)
 	}
 	ok := <-started
+	if gateErr != nil {
+		return nil, fmt.Errorf("sandbox: gate: %w", gateErr)
+	}
 	if releaseErr != nil {
 		return nil, fmt.Errorf("sandbox: setup: %w", releaseErr)
 	}
@@ -360,8 +398,8 @@ loop:
 
 // release applies the limits and the niceness to the sandbox's init,
 // which waits for them before it starts anything of the command's: every
-// process of the command inherits them. The init is found from /proc
-// (bwrap's only child, in a pid namespace of its own), never from
+// process of the command inherits them (and its pids cgroup, joined
+// already). The init is the pid bwrap reported (killer.setInit), never
 // anything the sandbox can write. Run fails closed when this fails.
 func (s *Sandbox) release(k *killer, l Limits) error {
 	init, _ := k.sandboxInit()
@@ -395,14 +433,6 @@ func (s *Sandbox) release(k *killer, l Limits) error {
 	for _, r := range rs {
 		if err := unix.Prlimit(init, r.res, &unix.Rlimit{Cur: r.cur, Max: r.max}, nil); err != nil {
 			return fmt.Errorf("setting %s %d:%d on the sandbox's init (pid %d): %w", r.name, r.cur, r.max, init, err)
-		}
-	}
-	if l.Processes > 0 {
-		// The init, its lifeline watcher and Processes of the command's:
-		// the watchdog reports "processes" above that, and the host
-		// refuses any fork beyond it even when the watchdog is starved.
-		if c, err := joinPidsCgroup(init, l.Processes+2); err == nil {
-			k.setCgroup(c)
 		}
 	}
 	if s.opts.Nice > 0 {
@@ -445,4 +475,21 @@ func (c *capped) bytes() ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.buf, c.truncated
+}
+
+// infoFD is the fd on which bwrap reports the sandbox's init (--info-fd).
+const infoFD = 8
+
+// readInfo reads bwrap's info document ({"child-pid": N}, written once
+// bwrap has cloned the sandbox's init, then closed) and returns the pid,
+// 0 if bwrap ended without one.
+func readInfo(r io.Reader) int {
+	b, _ := io.ReadAll(io.LimitReader(r, 4096))
+	var info struct {
+		ChildPid int `json:"child-pid"`
+	}
+	if json.Unmarshal(b, &info) != nil || info.ChildPid <= 0 {
+		return 0
+	}
+	return info.ChildPid
 }

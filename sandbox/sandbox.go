@@ -91,6 +91,13 @@ type Command struct {
 	// Stdout and Stderr, if set, also receive the command's output as it
 	// comes (Result keeps its capped copy either way).
 	Stdout, Stderr io.Writer
+	// Gate, if set, is called once the sandbox is set up and its limits
+	// are applied, before anything of the command runs (it may block):
+	// the command runs only if it returns nil. Otherwise nothing of the
+	// command runs and Run fails with its error wrapped. A caller uses it
+	// to overlap its own preparation with the sandbox's set-up (the
+	// kernel makes its intent durable meanwhile).
+	Gate func() error
 }
 
 // ChannelFD is the file descriptor a command finds Command.Channel on.

@@ -63,6 +63,7 @@ func (e *execSys) Definition() Definition {
 			"network is \"off\" (default), \"allowlist\" (HTTP(S)_PROXY admitting the token's net patterns) or \"full\".",
 		SideEffect: Execute,
 		SelfTimed:  true,
+		Gated:      true,
 		Timeout:    e.o.MaxTimeout + 2*sandbox.DefaultKillGrace + time.Minute,
 		InputSchema: json.RawMessage(`{"type":"object","properties":{
 			"argv":{"type":"array","items":{"type":"string"},"minItems":1,"description":"The command and its arguments; argv[0] is looked up in PATH."},
@@ -194,7 +195,7 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		return Output{}, argsError("network %q is not off, allowlist or full", g.Network)
 	}
 	// The roots are bound at the paths the token names them by.
-	cmd := sandbox.Command{Argv: a.Argv, Dir: filepath.Join(g.Dir.RootPath, filepath.FromSlash(g.Dir.Rel)), Timeout: timeout}
+	cmd := sandbox.Command{Argv: a.Argv, Dir: filepath.Join(g.Dir.RootPath, filepath.FromSlash(g.Dir.Rel)), Timeout: timeout, Gate: c.Gate}
 	if a.Stdin != nil {
 		cmd.Stdin = []byte(*a.Stdin)
 	}

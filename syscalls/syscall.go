@@ -107,6 +107,13 @@ type Definition struct {
 	// it runs leaves its outcome unknown, never rolled back and re-run,
 	// as for class NETWORK.
 	External bool
+	// Gated syscalls start executing while the kernel makes the call's
+	// intent durable, and call Call.Gate before any effect: the kernel
+	// thus overlaps their set-up (proc.exec's sandbox) with the prepare
+	// transaction's fsync. A gated syscall must do nothing outside its own
+	// process before Gate returns nil, and must end, having done nothing,
+	// when it returns an error.
+	Gated bool
 }
 
 // Network postures of a call (Reach.Network).
@@ -190,6 +197,10 @@ type Factory func() Syscall
 // Output is what a syscall returns: Result must be a JSON object.
 type Output struct {
 	Result json.RawMessage
+	// Canonical, if not nil, is the RFC 8785 form of Result, written by
+	// the syscall beside it (jcs.Object) so that the kernel need not parse
+	// Result to hash it. It must be exactly jcs.Canonicalize(Result).
+	Canonical json.RawMessage
 }
 
 // Call is what Execute gets: validated args and the resources the kernel
@@ -213,6 +224,10 @@ type Call struct {
 	// Note adds a detail to the call's audit record under key (the network
 	// connections of a call, for instance). Nil when nothing is recorded.
 	Note func(key string, v any)
+	// Gate, set for Gated syscalls, blocks until the kernel has made the
+	// call's intent durable and returns nil, or returns why the call does
+	// not proceed (it was refused at prepare, or replays another).
+	Gate func() error
 }
 
 // TreeStager is implemented by stagers that can also stage streamed file

@@ -36,7 +36,8 @@ func CanCommit(tx *bbolt.Tx, in *Intent, ps []Precondition, limits Usage, effect
 // Commit records in tx that the call of intent in is decided: kv puts are
 // applied, the delta is stored under deltaID, the intent lists its effects
 // for Apply (and for redo after a crash), the idempotency key takes result
-// (the full result envelope) and the budgets are charged for what the
+// (the full result envelope; a reference to it when PutOperation stored the
+// same bytes in tx first) and the budgets are charged for what the
 // effects used. The caller has run CanCommit in the same tx; any error
 // here comes after a write and is a store.Abort.
 func Commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, result []byte) error {
@@ -74,8 +75,7 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 		if err != nil {
 			return err
 		}
-		r := idemRecord{Call: call, OperationID: in.OperationID, Done: true, Result: result}
-		if err := putIdem(tx, k, r); err != nil {
+		if err := putIdem(tx, k, done(tx, call, in.OperationID, result)); err != nil {
 			return err
 		}
 	}
@@ -108,7 +108,7 @@ func release(in *Intent) Usage {
 // happened but whose outcome was never recorded (in.External, after a
 // crash or a failure mid-request): nothing staged is applied, the intent
 // goes, and the idempotency key keeps result — the outcome_unknown result
-// envelope — as its stored outcome, so a repeat is answered with it and
+// envelope, by reference when PutOperation stored it first — as its stored outcome, so a repeat is answered with it and
 // never executes again. The caller removes staging files.
 func Unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
 	return abortIf(unknown(tx, in, result))
@@ -120,7 +120,7 @@ func unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
 		if err != nil {
 			return err
 		}
-		if err := putIdem(tx, k, idemRecord{Call: call, OperationID: in.OperationID, Done: true, Result: result}); err != nil {
+		if err := putIdem(tx, k, done(tx, call, in.OperationID, result)); err != nil {
 			return err
 		}
 	}

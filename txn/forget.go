@@ -23,6 +23,5 @@ func ReplaceResult(tx *bbolt.Tx, k IdemKey, id string, result json.RawMessage) e
 	if !r.Done || r.OperationID != id {
 		return nil
 	}
-	r.Result = append(json.RawMessage(nil), result...)
-	return putIdem(tx, k, r)
+	return putIdem(tx, k, done(tx, r.Call, id, result))
 }

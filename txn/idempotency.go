@@ -29,11 +29,39 @@ type Call struct {
 	TokenID  string `json:"capability_token_id"`
 }
 
+// idemRecord is a key's row. Result is the committed result envelope
+// only where the operations table holds another one for OperationID (the
+// lean copy of a read, without its result); where that table holds the
+// same bytes, Result is empty and the envelope is read from there, so a
+// keyed call's outcome is stored once.
 type idemRecord struct {
 	Call
 	OperationID string          `json:"operation_id"`
 	Done        bool            `json:"done"`
 	Result      json.RawMessage `json:"result,omitempty"`
+}
+
+// done is the finished row of key holder id with outcome result, which
+// leaves result out when the operations table holds the same envelope.
+func done(tx *bbolt.Tx, c Call, id string, result json.RawMessage) idemRecord {
+	r := idemRecord{Call: c, OperationID: id, Done: true, Result: result}
+	if bytes.Equal(result, tx.Bucket(bucketOps).Get([]byte(id))) {
+		r.Result = nil
+	}
+	return r
+}
+
+// outcome is the committed result envelope of the finished row r (read
+// from the operations table when the row does not hold it).
+func (r *idemRecord) outcome(tx *bbolt.Tx, k IdemKey) (json.RawMessage, error) {
+	if len(r.Result) > 0 {
+		return r.Result, nil
+	}
+	v := tx.Bucket(bucketOps).Get([]byte(r.OperationID))
+	if v == nil {
+		return nil, fmt.Errorf("txn: idempotency key %q: operation %s holds no stored outcome", k.Key, r.OperationID)
+	}
+	return v, nil
 }
 
 // Lookup reports what a key holds for call c: the stored result envelope of
@@ -57,7 +85,8 @@ func Lookup(tx *bbolt.Tx, k IdemKey, c Call) (replay json.RawMessage, err error)
 	case !r.Done:
 		return nil, refuse(ClassInFlight, "a call with idempotency key %q (operation %s) is still running", k.Key, r.OperationID)
 	}
-	return append(json.RawMessage(nil), r.Result...), nil
+	out, err := r.outcome(tx, k)
+	return clone(out), err
 }
 
 func putIdem(tx *bbolt.Tx, k IdemKey, r idemRecord) error {
@@ -74,7 +103,7 @@ type IdemEntry struct {
 	Call
 	OperationID string          // the operation that holds the key
 	Done        bool            // false while that operation runs
-	Result      json.RawMessage // the committed result envelope, when Done
+	Result      json.RawMessage // the committed result envelope, when Done (valid during fn only)
 }
 
 // ForEachIdem calls fn for every row of the idempotency table and stops at
@@ -89,6 +118,14 @@ func ForEachIdem(tx *bbolt.Tx, fn func(IdemEntry) error) error {
 		if err := json.Unmarshal(v, &r); err != nil {
 			return fmt.Errorf("txn: idempotency record for key %q: %w", key, err)
 		}
-		return fn(IdemEntry{Key: IdemKey{AgentID: string(agent), Key: string(key)}, Call: r.Call, OperationID: r.OperationID, Done: r.Done, Result: r.Result})
+		ik := IdemKey{AgentID: string(agent), Key: string(key)}
+		var result json.RawMessage
+		if r.Done {
+			var err error
+			if result, err = r.outcome(tx, ik); err != nil {
+				return err
+			}
+		}
+		return fn(IdemEntry{Key: ik, Call: r.Call, OperationID: r.OperationID, Done: r.Done, Result: result})
 	})
 }

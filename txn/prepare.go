@@ -64,7 +64,11 @@ func OperationUsed(tx *bbolt.Tx, id string) bool {
 
 // PutOperation stores the result envelope of operation id.
 func PutOperation(tx *bbolt.Tx, id string, result []byte) error {
-	return tx.Bucket(bucketOps).Put([]byte(id), clone(result))
+	b := tx.Bucket(bucketOps)
+	// The kernel's operation ids are UUIDv7, ordered by time: packing
+	// full pages halves the bucket, as appends leave nothing to fill.
+	b.FillPercent = 1
+	return b.Put([]byte(id), clone(result))
 }
 
 // HasOperation reports whether a result envelope is stored for operation

@@ -416,3 +416,110 @@ func TestStageDiscard(t *testing.T) {
 		t.Errorf("after Discard: staging %v, f %q", left, e.read("f"))
 	}
 }
+
+// TestOutcomeStoredOnce: a key's committed outcome is kept once — in the
+// operations table when PutOperation stored the same envelope first — and
+// every reader (Lookup, ForEachIdem, ReplaceResult) sees the same bytes
+// whichever table holds them; an envelope the operations table does not
+// hold (a lean copy of a read) stays with the key.
+func TestOutcomeStoredOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		stored     string // what PutOperation stores before the commit ("" for nothing)
+		result     string // the committed envelope
+		keyHolds   bool   // the key's row keeps its own copy
+		afterErase string
+	}{
+		{"operation stored first", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`},
+		{"lean copy in the operations table", `{"op":"x"}`, `{"op":"x","result":1}`, true, `{"op":"x","erased":true}`},
+		{"no operation stored", "", `{"op":"x","result":1}`, true, `{"op":"x"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			p := newPrepare("op-x", "key-x")
+			if _, err := e.prepare(p); err != nil {
+				t.Fatal(err)
+			}
+			id, delta, err := NewDelta("op-x", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.update(func(tx *bbolt.Tx) error {
+				if tc.stored != "" {
+					if err := PutOperation(tx, "op-x", []byte(tc.stored)); err != nil {
+						return err
+					}
+				}
+				return Commit(tx, &p.Intent, nil, id, delta, []byte(tc.result))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			k := IdemKey{AgentID: "agent", Key: "key-x"}
+			check := func(want string) {
+				t.Helper()
+				e.view(func(tx *bbolt.Tx) error {
+					var row idemRecord
+					if err := json.Unmarshal(tx.Bucket(bucketIdem).Get(k.bytes()), &row); err != nil {
+						t.Fatal(err)
+					}
+					if got := row.Result != nil; got != tc.keyHolds {
+						t.Errorf("the key's row holds a copy: %v, want %v", got, tc.keyHolds)
+					}
+					r, err := Lookup(tx, k, p.Call)
+					if err != nil || string(r) != want {
+						t.Errorf("Lookup = %s, %v; want %s", r, err, want)
+					}
+					n := 0
+					if err := ForEachIdem(tx, func(ie IdemEntry) error {
+						n++
+						if string(ie.Result) != want || !ie.Done {
+							t.Errorf("ForEachIdem: %s (done %v), want %s", ie.Result, ie.Done, want)
+						}
+						return nil
+					}); err != nil || n != 1 {
+						t.Errorf("ForEachIdem: %d rows, %v", n, err)
+					}
+					return nil
+				})
+			}
+			check(tc.result)
+			// Erasure rewrites the operation's envelope, then the key's.
+			if err := e.update(func(tx *bbolt.Tx) error {
+				if tc.stored != "" && !tc.keyHolds {
+					if err := PutOperation(tx, "op-x", []byte(tc.afterErase)); err != nil {
+						return err
+					}
+				}
+				return ReplaceResult(tx, k, "op-x", []byte(tc.afterErase))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			check(tc.afterErase)
+		})
+	}
+	// A row that refers to an operation the table lost is an error, never
+	// an empty replay.
+	e := newEnv(t)
+	p := newPrepare("op-y", "key-y")
+	if _, err := e.prepare(p); err != nil {
+		t.Fatal(err)
+	}
+	id, delta, _ := NewDelta("op-y", nil)
+	if err := e.update(func(tx *bbolt.Tx) error {
+		if err := PutOperation(tx, "op-y", []byte(`{"op":"y"}`)); err != nil {
+			return err
+		}
+		if err := Commit(tx, &p.Intent, nil, id, delta, []byte(`{"op":"y"}`)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketOps).Delete([]byte("op-y"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.view(func(tx *bbolt.Tx) error {
+		if r, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "key-y"}, p.Call); err == nil || !strings.Contains(err.Error(), "op-y") {
+			t.Errorf("Lookup of a key whose operation is gone: %s, %v", r, err)
+		}
+		return nil
+	})
+}

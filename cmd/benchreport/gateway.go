@@ -295,21 +295,3 @@ func (r *report) gatewayMarkdown(w func(string, ...any)) {
 			q, float64(p50m)/float64(p50k), float64(cpum)/float64(cpuk), yes(q <= gatewayGoal))
 	}
 }
-
-// runGateway builds nothing (the server is this program) and prints the
-// gateway section alone.
-func runGateway(d time.Duration, profile string) error {
-	tmp, err := os.MkdirTemp("", "benchreport-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	rep := &report{Duration: d}
-	if err := rep.measureGateway(tmp, profile, d); err != nil {
-		return err
-	}
-	rep.gatewayMarkdown(func(format string, a ...any) { fmt.Printf(format+"\n", a...) })
-	g := rep.gatewayGoalLine()
-	fmt.Printf("\n%s: %s (met: %s)\n", g.goal, g.measured, g.met)
-	return nil
-}

@@ -51,27 +51,51 @@ func main() {
 	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
 	inProcess := flag.Bool("in-process", true, "run the in-process benchmarks too (false: HTTP only, for a quick look)")
 	telemetryOnly := flag.Bool("telemetry-only", false, "only compare the audited HTTP call with metrics and traces on and off; print that section, write nothing")
+	memoryOnly := flag.Bool("memory-only", false, "only measure serve's memory under 200 clients; print that section, write nothing")
 	profile := flag.String("profile", "", "write a CPU profile of kernelctl serve during fs.read at c=32 to this file (go tool pprof bin/kernelctl FILE)")
 	gatewayOnly := flag.Bool("gateway-only", false, "only compare the MCP gateway with the kernel's HTTP API; print that section, write nothing")
 	gatewayProfile := flag.String("gateway-profile", "", "write a CPU profile of the gateway's server process during tools/call at c=8 to this file")
 	serveGatewayData := flag.String("serve-gateway", "", "internal: be the gateway comparison's server process on this data dir")
 	gatewayPprof := flag.String("gateway-pprof", "", "internal: with -serve-gateway, serve the profiler on this address")
 	flag.Parse()
-	if *serveGatewayData != "" || *gatewayOnly {
-		var err error
-		if *serveGatewayData != "" {
-			err = serveGateway(*serveGatewayData, *gatewayPprof)
-		} else {
-			err = runGateway(*duration, *gatewayProfile)
-		}
-		if err != nil {
+	if *serveGatewayData != "" {
+		if err := serveGateway(*serveGatewayData, *gatewayPprof); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport:", err)
 			os.Exit(1)
 		}
 		return
 	}
-	if *telemetryOnly {
-		if err := runTelemetry(*duration); err != nil {
+	var section func(r *report, bin, tmp string, d time.Duration) error
+	switch {
+	case *telemetryOnly:
+		section = func(r *report, bin, tmp string, d time.Duration) error {
+			if err := r.measureTelemetry(bin, tmp, d); err != nil {
+				return err
+			}
+			r.telemetryMarkdown(printLine)
+			return nil
+		}
+	case *memoryOnly:
+		section = func(r *report, bin, tmp string, d time.Duration) error {
+			if err := r.measureMemory(bin, tmp, d); err != nil {
+				return err
+			}
+			r.memoryMarkdown(printLine)
+			return nil
+		}
+	case *gatewayOnly:
+		section = func(r *report, _, tmp string, d time.Duration) error {
+			if err := r.measureGateway(tmp, *gatewayProfile, d); err != nil {
+				return err
+			}
+			r.gatewayMarkdown(printLine)
+			g := r.gatewayGoalLine()
+			printLine("\n%s: %s (met: %s)", g.goal, g.measured, g.met)
+			return nil
+		}
+	}
+	if section != nil {
+		if err := runAlone(*duration, section); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport:", err)
 			os.Exit(1)
 		}
@@ -119,6 +143,9 @@ func run(d time.Duration, benchtime string, inProcess bool, profile, gatewayProf
 	if err := rep.measureGateway(tmp, gatewayProfile, d); err != nil {
 		return err
 	}
+	if err := rep.measureMemory(bin, tmp, d); err != nil {
+		return err
+	}
 	if inProcess {
 		if err := rep.measureInProcess(benchtime); err != nil {
 			return err
@@ -135,8 +162,9 @@ func run(d time.Duration, benchtime string, inProcess bool, profile, gatewayProf
 	return nil
 }
 
-// runTelemetry builds kernelctl and prints the telemetry comparison alone.
-func runTelemetry(d time.Duration) error {
+// runAlone builds kernelctl and runs one section of the report alone,
+// which prints itself.
+func runAlone(d time.Duration, section func(r *report, bin, tmp string, d time.Duration) error) error {
 	bin, err := filepath.Abs("bin")
 	if err != nil {
 		return err
@@ -149,13 +177,11 @@ func runTelemetry(d time.Duration) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	rep := &report{Duration: d}
-	if err := rep.measureTelemetry(bin, tmp, d); err != nil {
-		return err
-	}
-	rep.telemetryMarkdown(func(format string, a ...any) { fmt.Printf(format+"\n", a...) })
-	return nil
+	return section(&report{Duration: d}, bin, tmp, d)
 }
+
+// printLine writes one line of a section to stdout.
+func printLine(format string, a ...any) { fmt.Printf(format+"\n", a...) }
 
 func step(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "== "+format+"\n", a...)
@@ -174,13 +200,7 @@ func sh(env []string, name string, args ...string) error {
 // measureHTTP serves the kernel and OPA and measures both.
 func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	data, ws := filepath.Join(tmp, "data"), filepath.Join(tmp, "ws")
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(ws, "a.txt"), bytes.Repeat([]byte("a"), 1024), 0o644); err != nil {
-		return err
-	}
-	if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
+	if err := initKernel(bin, data, ws); err != nil {
 		return err
 	}
 	var pprofAddr string
@@ -269,6 +289,18 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	return nil
 }
 
+// initKernel makes a kernel's data dir and workspace ws holding a.txt,
+// the 1 KiB file the fs.read targets read.
+func initKernel(bin, data, ws string) error {
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(ws, "a.txt"), bytes.Repeat([]byte("a"), 1024), 0o644); err != nil {
+		return err
+	}
+	return sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data)
+}
+
 // policyInput makes one call and reads the policy input the kernel
 // decided it with back from its audit record's payload (read in full with
 // the admin credential; the chained record holds only its commitment), so
@@ -306,11 +338,18 @@ func (p *proc) stop() {
 // profiler on pprofAddr, unless "", and more serve flags) and reads the URL from its ready line
 // ("serving <id> on http://127.0.0.1:PORT …").
 func startKernel(kernelctl, data, pprofAddr string, flags ...string) (*proc, error) {
+	return startKernelEnv(nil, kernelctl, data, pprofAddr, flags...)
+}
+
+// startKernelEnv is startKernel with env added to the server's
+// environment.
+func startKernelEnv(env []string, kernelctl, data, pprofAddr string, flags ...string) (*proc, error) {
 	args := append([]string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, flags...)
 	if pprofAddr != "" {
 		args = append(args, "--pprof", pprofAddr)
 	}
 	cmd := exec.Command(kernelctl, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -410,6 +449,7 @@ func (r *report) measureInProcess(benchtime string) error {
 		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
 		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^(r-root|rw-empty)$", "100x", nil},
 		{"upstream MCP call vs direct", "./kernel/", "^BenchmarkUpstreamEcho$", benchtime, []string{"CAPKERNEL_NPM_TESTS=1"}},
+		{"audit storage per call", "./kernel/", "^BenchmarkAuditStorage$", "3000x", nil},
 	}
 	for _, run := range runs {
 		step("%s (go test -bench)", run.what)

@@ -19,6 +19,7 @@ type report struct {
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
 	Gateway               []point // measureGateway's rounds
+	Memory                []memoryPoint
 	Go                    []result
 }
 
@@ -192,6 +193,9 @@ func (r *report) markdown() []byte {
 	}
 	r.upstreamSection(w)
 	r.gatewayMarkdown(w)
+	w("")
+	r.memoryMarkdown(w)
+	r.storageMarkdown(w)
 	return b.Bytes()
 }
 
@@ -259,6 +263,8 @@ func (r *report) goals() []goal {
 	add("proc.exec `true` ≤ 1.3× bare bwrap", v, ok, "×", v <= 1.3)
 	v, ok = get("BenchmarkExecVsBareBwrap/rw-empty", "ratio")
 	add("proc.exec in a staged rw root ≤ 1.6× bare bwrap", v, ok, "×", v <= 1.6)
+	v, ok = get("BenchmarkAuditStorage/fs.read/full", "db-bytes/call")
+	add("kernel.db per audited fs.read 1 KiB, payloads kept ≤ 2 KB (issue 19)", v, ok, " B", v <= 2000)
 	return append(out, r.gatewayGoalLine())
 }
 
@@ -292,4 +298,25 @@ func (r *report) upstreamSection(w func(string, ...any)) {
 		w("| %d | %s | %s | %s | %s | %s | %s |", c, r.metric(n("direct"), "p50-ms"), r.metric(n("kernel"), "p50-ms"), r.metric(n("builtin"), "p50-ms"), over,
 			r.metric(n("direct"), "calls/s"), r.metric(n("kernel"), "calls/s"))
 	}
+}
+
+// storageMarkdown reports BenchmarkAuditStorage: what kernel.db keeps per
+// audited call.
+func (r *report) storageMarkdown(w func(string, ...any)) {
+	w("## 10. Storage per call")
+	w("")
+	w("`BenchmarkAuditStorage`: bytes kernel.db grows by per audited call at steady state (after 1,000 calls; 8 calls at a time, so commits are grouped), reading or writing real text (this repository's docs), with payloads kept (depth `full`) and with commitments only; live bytes leave out the free pages the file holds. Payloads of 2 KiB or more are stored compressed (docs/formats.md).")
+	w("")
+	w("| call | depth | kernel.db bytes/call | live bytes/call |")
+	w("|---|---|---:|---:|")
+	for _, call := range []string{"fs.read", "fs.write", "fs.write-16KiB"} {
+		for _, depth := range []string{"full", "commitments_only"} {
+			n := "BenchmarkAuditStorage/" + call + "/" + depth
+			if _, err := find(r.Go, n, "db-bytes/call"); err != nil {
+				continue
+			}
+			w("| %s | %s | %s | %s |", call, depth, r.metric(n, "db-bytes/call"), r.metric(n, "live-bytes/call"))
+		}
+	}
+	w("")
 }

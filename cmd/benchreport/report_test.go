@@ -63,12 +63,15 @@ func TestReportAndChart(t *testing.T) {
 			r.HTTP = append(r.HTTP, point{Target: name, Concurrency: c, Calls: 1000 * c * (i + 1), Seconds: 1, P50: time.Millisecond, P99: time.Duration(c) * time.Millisecond, ServerCPU: 300 * time.Microsecond})
 		}
 	}
-	r.Go = parseBench([]byte("BenchmarkInvoke/fs.read-1KiB/p=64-2 10 1 ns/op 21000 calls/s\n"))
+	r.Go = parseBench([]byte("BenchmarkInvoke/fs.read-1KiB/p=64-2 10 1 ns/op 21000 calls/s\n" +
+		"BenchmarkAuditStorage/fs.read/full-2 3000 1 ns/op 4480 db-bytes/call 4478 live-bytes/call\n"))
 	md := string(r.markdown())
 	for _, want := range []string{"| in-process audited fs.read 1 KiB ≥ 20,000/s (best concurrency) | 21,000 calls/s | yes |",
 		"| in-process audited echo ≥ 25,000/s (best concurrency) | not measured | n/a |",
 		"| HTTP fs.read at c=32 ≥ 1.5× OPA's server deciding the same input | 0.50× | no |",
-		"| 32 | 0.25× | 0.50× | 0.75× | 1.00× |"} {
+		"| 32 | 0.25× | 0.50× | 0.75× | 1.00× |",
+		"| kernel.db per audited fs.read 1 KiB, payloads kept ≤ 2 KB (issue 19) | 4,480 B | no |",
+		"| fs.read | full | 4,480 | 4,478 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -96,5 +99,19 @@ func TestProcCPU(t *testing.T) {
 	}
 	if _, err := procCPU(-1); err == nil {
 		t.Fatal("procCPU of no process succeeded")
+	}
+}
+
+func TestProcMemory(t *testing.T) {
+	rss, err := procMemory(os.Getpid(), "VmRSS")
+	if err != nil || rss < 1<<20 {
+		t.Fatalf("procMemory VmRSS = %d, %v; want at least 1 MiB", rss, err)
+	}
+	peak, err := procMemory(os.Getpid(), "VmHWM")
+	if err != nil || peak < rss {
+		t.Fatalf("procMemory VmHWM = %d (VmRSS %d), %v", peak, rss, err)
+	}
+	if _, err := procMemory(os.Getpid(), "NoSuchField"); err == nil {
+		t.Fatal("procMemory of a missing field succeeded")
 	}
 }
