@@ -116,7 +116,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	if err != nil {
 		return nil, err
 	}
-	etcDir, releaseEtc, err := ec.acquire()
+	etc, releaseEtc, err := ec.acquire()
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +173,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		}
 	}
 	argv = append(argv, t.bwrap)
-	argv = append(argv, s.bwrapArgs(pl, t, etcDir)...)
+	argv = append(argv, s.bwrapArgs(pl, t, etc)...)
 
 	stdout := &capped{max: pl.limits.Stdout}
 	stderr := &capped{max: pl.limits.Stderr}
