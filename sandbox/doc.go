@@ -75,13 +75,17 @@
 //
 // The kernel starts:
 //
-//	[sh overlayScript: mount the overlays]  bwrap …  sh initScript … argv
+//	[unshare …] [sh overlayScript: mount the overlays]  bwrap …  sh initScript … argv
 //
 // A run with overlays starts in a new user namespace that maps only the
 // kernel's own uid and gid (to 0) and a new mount namespace, where the
 // overlays are mounted, so no mount is ever visible on the host or
 // outlives the run; so does every run of a kernel running as root (bwrap
-// then never holds the host's capabilities). Any other run starts bwrap
+// then never holds the host's capabilities). unshare(1) (util-linux)
+// makes both namespaces and execs the rest: one exec, and the kernel
+// starts the chain with vfork (Go cannot vfork a child that makes a user
+// namespace: it would fork, copying the kernel's page tables, which costs
+// tens of milliseconds with a large heap). Any other run starts bwrap
 // directly, as a bare bwrap would be. bwrap runs with --as-pid-1; the
 // sandbox's pid 1 is a small POSIX sh init that runs the command as its
 // child (stdin and stderr passed through), forwards SIGTERM, SIGINT and

@@ -57,7 +57,8 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 	if len(pl.writable()) == 0 {
 		mode = StagingOverlay // nothing staged
 	}
-	t, err := s.tools(mode != StagingCopy && len(pl.writable()) > 0, pl.net == NetAllowlist)
+	overlay := mode != StagingCopy && len(pl.writable()) > 0
+	t, err := s.tools(overlay, overlay || os.Geteuid() == 0, pl.net == NetAllowlist)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	defer releaseEtc()
 
-	// The chain: [sh overlayScript …] bwrap … sh initScript … argv.
+	// The chain: [unshare …] [sh overlayScript …] bwrap … sh initScript … argv.
 	// fd 3: the sandbox init's "ready" and "started"; fd 4: the lifeline;
 	// fd 5: the release (see initScript); fd 6: Command.Channel; fd 7: the
 	// overlay script's status; fd 8: bwrap's info fd (infoFD), which bwrap
@@ -159,6 +160,17 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	overlay := st != nil && mode != StagingCopy
 	var status *os.File
 	var argv []string
+	if overlay || os.Geteuid() == 0 {
+		// The chain runs in a user namespace mapping only the kernel's own
+		// ids (to root inside), with its own mount namespace: the overlay
+		// mounts are private to the run and vanish with it. A root kernel
+		// always starts bwrap there, so bwrap never holds the host's
+		// capabilities. unshare(1) makes them and execs the rest of the
+		// chain: it costs an exec, where a Go fork with CLONE_NEWUSER
+		// cannot use vfork and copies the kernel's page tables (tens of
+		// milliseconds for a large heap).
+		argv = append(argv, t.unshare, "--user", "--map-root-user", "--mount", "--")
+	}
 	if overlay {
 		sr, sw, err := pipe()
 		if err != nil {
@@ -191,16 +203,6 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if overlay || os.Geteuid() == 0 {
-		// The chain runs in a user namespace mapping only the kernel's own
-		// ids (to root inside), with its own mount namespace: the overlay
-		// mounts are private to the run and vanish with it. A root kernel
-		// always starts bwrap there, so bwrap never holds the host's
-		// capabilities.
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
-	}
 	cmd.WaitDelay = s.opts.KillGrace + 2*time.Second
 
 	runCtx := ctx

@@ -234,19 +234,21 @@ var (
 func Available() error { return New(Options{}).Available() }
 
 // Available reports whether the tools Run needs are installed: bwrap
-// (ErrUnavailable), and sh and mount from the base system.
+// (ErrUnavailable), and sh (and unshare, for a root kernel) from the base
+// system.
 func (s *Sandbox) Available() error {
-	_, err := s.tools(false, false)
+	_, err := s.tools(false, os.Geteuid() == 0, false)
 	return err
 }
 
 type tools struct {
-	bwrap, sh, mount, socat string
+	bwrap, sh, mount, unshare, socat string
 }
 
 // tools finds the programs a run needs: bwrap and sh always, mount for
-// overlays, socat for the allowlist relay.
-func (s *Sandbox) tools(overlay, relay bool) (*tools, error) {
+// overlays, unshare for a chain that starts in a user namespace of its
+// own (overlays, a root kernel), socat for the allowlist relay.
+func (s *Sandbox) tools(overlay, userns, relay bool) (*tools, error) {
 	var t tools
 	var err error
 	if t.bwrap, err = s.lookPath(s.opts.Bwrap); err != nil {
@@ -258,6 +260,11 @@ func (s *Sandbox) tools(overlay, relay bool) (*tools, error) {
 	if overlay {
 		if t.mount, err = s.lookPath("mount"); err != nil {
 			return nil, fmt.Errorf("sandbox unavailable: mount not found (install mount)")
+		}
+	}
+	if userns {
+		if t.unshare, err = s.lookPath("unshare"); err != nil {
+			return nil, fmt.Errorf("sandbox unavailable: unshare not found (install util-linux)")
 		}
 	}
 	if relay {
