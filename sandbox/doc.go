@@ -80,9 +80,10 @@
 // A run with overlays starts in a new user namespace that maps only the
 // kernel's own uid and gid (to 0) and a new mount namespace, where the
 // overlays are mounted, so no mount is ever visible on the host or
-// outlives the run; so does every run of a kernel running as root (bwrap
-// then never holds the host's capabilities). unshare(1) (util-linux)
-// makes both namespaces and execs the rest: one exec, and the kernel
+// outlives the run; every run of a kernel running as root starts in such
+// a user namespace too (bwrap then never holds the host's capabilities;
+// bwrap makes its own mount namespace). unshare(1) (util-linux) makes
+// them and execs the rest: one exec, and the kernel
 // starts the chain with vfork (Go cannot vfork a child that makes a user
 // namespace: it would fork, copying the kernel's page tables, which costs
 // tens of milliseconds with a large heap). Any other run starts bwrap

@@ -162,14 +162,18 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	var argv []string
 	if overlay || os.Geteuid() == 0 {
 		// The chain runs in a user namespace mapping only the kernel's own
-		// ids (to root inside), with its own mount namespace: the overlay
-		// mounts are private to the run and vanish with it. A root kernel
-		// always starts bwrap there, so bwrap never holds the host's
-		// capabilities. unshare(1) makes them and execs the rest of the
-		// chain: it costs an exec, where a Go fork with CLONE_NEWUSER
-		// cannot use vfork and copies the kernel's page tables (tens of
-		// milliseconds for a large heap).
-		argv = append(argv, t.unshare, "--user", "--map-root-user", "--mount", "--")
+		// ids (to root inside), with, for overlays, its own mount
+		// namespace: the overlay mounts are private to the run and vanish
+		// with it. A root kernel always starts bwrap there, so bwrap never
+		// holds the host's capabilities. unshare(1) makes them and execs
+		// the rest of the chain: it costs an exec, where a Go fork with
+		// CLONE_NEWUSER cannot use vfork and copies the kernel's page
+		// tables (tens of milliseconds for a large heap).
+		argv = append(argv, t.unshare, "--user", "--map-root-user")
+		if overlay {
+			argv = append(argv, "--mount")
+		}
+		argv = append(argv, "--")
 	}
 	if overlay {
 		sr, sw, err := pipe()
