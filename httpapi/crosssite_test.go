@@ -28,7 +28,7 @@ type fixture struct {
 	jti   string
 }
 
-func newFixture(t *testing.T, allow ...string) *fixture {
+func newFixture(t testing.TB, allow ...string) *fixture {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	ir, err := kernel.Init(dir)
@@ -54,7 +54,7 @@ func newFixture(t *testing.T, allow ...string) *fixture {
 }
 
 // envelope is a valid echo call.
-func (f *fixture) envelope(t *testing.T) []byte {
+func (f *fixture) envelope(t testing.TB) []byte {
 	t.Helper()
 	b, err := json.Marshal(kernel.Envelope{
 		ToolID: "echo", Args: json.RawMessage(`{"text":"hi"}`), AgentID: "agent-1",

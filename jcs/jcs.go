@@ -405,13 +405,18 @@ func AppendGoString(out []byte, s string) []byte {
 // appendEscaped appends s with RFC 8785's escaping, without quotes.
 func appendEscaped(out []byte, s string) []byte {
 	const hex = "0123456789abcdef"
+	// Runs of bytes written as they are are copied whole.
+	start := 0
 	for i := 0; i < len(s); i++ {
 		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		out = append(out, s[start:i]...)
+		start = i + 1
 		switch {
 		case c == '"' || c == '\\':
 			out = append(out, '\\', c)
-		case c >= 0x20:
-			out = append(out, c)
 		case c == '\b':
 			out = append(out, '\\', 'b')
 		case c == '\f':
@@ -426,7 +431,7 @@ func appendEscaped(out []byte, s string) []byte {
 			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 		}
 	}
-	return out
+	return append(out, s[start:]...)
 }
 
 // number parses a JSON number at p.pos and appends its canonical form.

@@ -351,8 +351,7 @@ func projectedEffects(c *call) []string {
 		if !r.Access.Writes() {
 			continue
 		}
-		var name string
-		_ = json.Unmarshal(c.args[r.Arg], &name)
+		name, _ := c.args[r.Arg].(string)
 		out = append(out, fmt.Sprintf("%s %s:%s", r.Access, r.Kind, name))
 	}
 	if r := c.reach; r != nil {

@@ -150,3 +150,23 @@ func TestInvokeEnvelopeLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestOperationIDReused: a read naming an operation id already used is
+// refused, whether the id is taken before the call starts or by a call
+// that committed while it ran; a call naming none gets a fresh one.
+func TestOperationIDReused(t *testing.T) {
+	h := newHarness(t)
+	h.write("a.txt", "a")
+	id := newID()
+	if r := h.invoke("fs.read", map[string]any{"path": "a.txt"}, opID(id)); r.Status != StatusOK {
+		t.Fatalf("first call: %+v", r.Error)
+	}
+	r := h.invoke("fs.read", map[string]any{"path": "a.txt"}, opID(id))
+	if r.Error == nil || r.Error.Class != ErrInvalidArgs || !strings.Contains(r.Error.Message, "already used") {
+		t.Fatalf("second call with operation id %s: %+v, want invalid_args (already used)", id, r)
+	}
+	a, b := h.invoke("fs.read", map[string]any{"path": "a.txt"}), h.invoke("fs.read", map[string]any{"path": "a.txt"})
+	if a.Status != StatusOK || b.Status != StatusOK || a.OperationID == b.OperationID {
+		t.Fatalf("calls without an operation id: %s %q and %s %q", a.Status, a.OperationID, b.Status, b.OperationID)
+	}
+}

@@ -20,89 +20,44 @@ import (
 // intermediate text. Outside input (args, provenance, notes) is still
 // canonicalized strictly by jcs.Canonicalize.
 
-// object appends the members of one JSON object; the caller adds them in
-// sorted order of their names, which must need no escaping.
-type object struct {
-	b []byte
-	n int
-}
-
-func (o *object) key(name string) {
-	if o.n == 0 {
-		o.b = append(o.b, '{')
-	} else {
-		o.b = append(o.b, ',')
-	}
-	o.n++
-	o.b = append(o.b, '"')
-	o.b = append(o.b, name...)
-	o.b = append(o.b, '"', ':')
-}
-
-// str adds a string member.
-func (o *object) str(name, v string) {
-	o.key(name)
-	o.b = jcs.AppendGoString(o.b, v)
-}
-
-// opt adds a string member unless v is empty (omitempty).
-func (o *object) opt(name, v string) {
-	if v != "" {
-		o.str(name, v)
-	}
-}
-
-// raw adds a member whose value is canonical JSON already.
-func (o *object) raw(name string, v []byte) {
-	o.key(name)
-	o.b = append(o.b, v...)
-}
-
-func (o *object) end() []byte {
-	if o.n == 0 {
-		o.b = append(o.b, '{')
-	}
-	return append(o.b, '}')
-}
-
 // appendAuditBody appends a's ledger body, json.Marshal(a.publicBody())
 // in canonical form.
 func appendAuditBody(b []byte, a *auditRecord) ([]byte, error) {
 	if math.IsNaN(a.RiskScore) || math.IsInf(a.RiskScore, 0) {
 		return nil, fmt.Errorf("audit record %s: risk score %v is not a finite number", a.OperationID, a.RiskScore)
 	}
-	o := object{b: b}
-	o.str("agent_id", a.AgentID)
-	o.opt("approval_id", a.ApprovalID)
-	o.opt("approval_reason", a.ApprovalReason)
-	o.opt("approval_state", a.ApprovalState)
-	o.opt("approved_by", a.ApprovedBy)
-	o.opt("args_commitment", a.Commitments.Args)
-	o.str("autonomy_mode", a.AutonomyMode)
-	o.str("capability_token_id", a.CapabilityTokenID)
-	o.opt("commit_delta_id", a.CommitDeltaID)
-	o.opt("context_commitment", a.Commitments.Context)
-	o.opt("decided_mode", a.DecidedMode)
-	o.opt("envelope_hash", a.EnvelopeHash)
-	o.opt("error_class", a.ErrorClass)
-	o.opt("idempotency_key", a.IdempotencyKey)
-	o.str("operation_id", a.OperationID)
-	o.opt("payload_depth", a.PayloadDepth)
-	o.str("policy_hash", a.PolicyHash)
-	o.opt("policy_input_commitment", a.Commitments.PolicyInput)
-	o.opt("replay_of", a.ReplayOf)
-	o.opt("requested_mode", a.RequestedMode)
-	o.opt("result_commitment", a.Commitments.Result)
-	o.key("risk_score")
-	o.b = jcs.AppendNumber(o.b, a.RiskScore)
-	o.str("started_at", a.StartedAt)
-	o.str("state_snapshot_id", a.StateSnapshotID)
-	o.str("status", a.Status)
-	o.str("task_class", a.TaskClass)
-	o.opt("token_hash", a.TokenHash)
-	o.str("tool_id", a.ToolID)
-	o.str("tx_outcome", a.TxOutcome)
-	return o.end(), nil
+	o := jcs.Object{B: b}
+	o.Str("agent_id", a.AgentID)
+	o.Opt("approval_id", a.ApprovalID)
+	o.Opt("approval_reason", a.ApprovalReason)
+	o.Opt("approval_state", a.ApprovalState)
+	o.Opt("approved_by", a.ApprovedBy)
+	o.Opt("args_commitment", a.Commitments.Args)
+	o.Str("autonomy_mode", a.AutonomyMode)
+	o.Str("capability_token_id", a.CapabilityTokenID)
+	o.Opt("commit_delta_id", a.CommitDeltaID)
+	o.Opt("context_commitment", a.Commitments.Context)
+	o.Opt("decided_mode", a.DecidedMode)
+	o.Opt("envelope_hash", a.EnvelopeHash)
+	o.Opt("error_class", a.ErrorClass)
+	o.Opt("idempotency_key", a.IdempotencyKey)
+	o.Str("operation_id", a.OperationID)
+	o.Opt("payload_depth", a.PayloadDepth)
+	o.Str("policy_hash", a.PolicyHash)
+	o.Opt("policy_input_commitment", a.Commitments.PolicyInput)
+	o.Opt("replay_of", a.ReplayOf)
+	o.Opt("requested_mode", a.RequestedMode)
+	o.Opt("result_commitment", a.Commitments.Result)
+	o.Key("risk_score")
+	o.B = jcs.AppendNumber(o.B, a.RiskScore)
+	o.Str("started_at", a.StartedAt)
+	o.Str("state_snapshot_id", a.StateSnapshotID)
+	o.Str("status", a.Status)
+	o.Str("task_class", a.TaskClass)
+	o.Opt("token_hash", a.TokenHash)
+	o.Str("tool_id", a.ToolID)
+	o.Str("tx_outcome", a.TxOutcome)
+	return o.End(), nil
 }
 
 // contextPart is the canonical JSON of ctx, canonicalPart(ctx) written
@@ -111,7 +66,14 @@ func appendAuditBody(b []byte, a *auditRecord) ([]byte, error) {
 // jcs.Canonicalize refuses, take canonicalPart's path, so its bytes and
 // errors stay the reference.
 func contextPart(ctx *auditContext) ([]byte, error) {
-	b, err := appendContext(nil, ctx)
+	n := 64 + len(ctx.Provenance)
+	for _, v := range ctx.Notes {
+		n += len(v) + 32
+	}
+	for _, r := range ctx.RiskBasis {
+		n += len(r) + 3
+	}
+	b, err := appendContext(make([]byte, 0, n), ctx)
 	if err != nil {
 		return canonicalPart(ctx)
 	}
@@ -121,7 +83,7 @@ func contextPart(ctx *auditContext) ([]byte, error) {
 var errSlowPath = errors.New("not written directly")
 
 func appendContext(b []byte, ctx *auditContext) ([]byte, error) {
-	o := object{b: b}
+	o := jcs.Object{B: b}
 	if len(ctx.Notes) > 0 {
 		names := make([]string, 0, len(ctx.Notes))
 		for name := range ctx.Notes {
@@ -132,27 +94,27 @@ func appendContext(b []byte, ctx *auditContext) ([]byte, error) {
 		}
 		// Plain ASCII names sort by bytes as by UTF-16 code units.
 		slices.Sort(names)
-		o.key("notes")
-		n := object{b: o.b}
+		o.Key("notes")
+		n := jcs.Object{B: o.B}
 		for _, name := range names {
 			v, err := jcs.Canonicalize(ctx.Notes[name])
 			if err != nil {
 				return nil, err
 			}
-			n.raw(name, v)
+			n.Raw(name, v)
 		}
-		o.b = n.end()
+		o.B = n.End()
 	}
 	if len(ctx.Provenance) > 0 {
 		v, err := jcs.Canonicalize(ctx.Provenance)
 		if err != nil {
 			return nil, err
 		}
-		o.raw("provenance", v)
+		o.Raw("provenance", v)
 	}
-	o.key("risk_basis")
-	o.b = appendStrings(o.b, ctx.RiskBasis)
-	return o.end(), nil
+	o.Key("risk_basis")
+	o.B = appendStrings(o.B, ctx.RiskBasis)
+	return o.End(), nil
 }
 
 // plainName reports whether name is printable ASCII needing no escape in
@@ -176,11 +138,11 @@ func plainName(name string) bool {
 func policyPart(in *policy.Input, args []byte) (full, noArgs []byte, known bool, err error) {
 	switch {
 	case len(in.Args) == 0:
-		if full, err = appendPolicyInput(nil, in, nil); err == nil {
+		if full, err = appendPolicyInput(make([]byte, 0, policyInputSize(in)), in, nil); err == nil {
 			return full, nil, true, nil
 		}
 	case args != nil && bytes.Equal(in.Args, args):
-		if noArgs, err = appendPolicyInput(nil, in, nil); err == nil {
+		if noArgs, err = appendPolicyInput(make([]byte, 0, policyInputSize(in)), in, nil); err == nil {
 			if full, err = appendPolicyInput(make([]byte, 0, len(noArgs)+len(args)+8), in, args); err == nil {
 				return full, noArgs, true, nil
 			}
@@ -190,91 +152,110 @@ func policyPart(in *policy.Input, args []byte) (full, noArgs []byte, known bool,
 	return full, nil, false, err
 }
 
+// policyInputSize estimates the length of in's canonical JSON without
+// its args, so that it is written into one buffer.
+func policyInputSize(in *policy.Input) int {
+	n := 256 + len(in.AgentID) + len(in.TaskClass) + len(in.ToolID) + len(in.Provenance)
+	for _, r := range in.Resources {
+		n += 96 + len(r.Path) + len(r.RealPath) + len(r.Root) + len(r.Key) + len(r.Host)
+	}
+	for _, r := range in.CallerRiskBasis {
+		n += len(r) + 3
+	}
+	if in.Network != nil {
+		n += 64
+		for _, p := range in.Network.Patterns {
+			n += len(p) + 3
+		}
+	}
+	return n
+}
+
 // appendPolicyInput appends the canonical JSON of in with args (canonical,
 // nil for none) as its "args" member.
 func appendPolicyInput(b []byte, in *policy.Input, args []byte) ([]byte, error) {
-	o := object{b: b}
-	o.str("agent_id", in.AgentID)
+	o := jcs.Object{B: b}
+	o.Str("agent_id", in.AgentID)
 	if args != nil {
-		o.raw("args", args)
+		o.Raw("args", args)
 	}
-	o.opt("autonomy_ceiling", in.Ceiling)
+	o.Opt("autonomy_ceiling", in.Ceiling)
 	if len(in.CallerRiskBasis) > 0 {
-		o.key("caller_risk_basis")
-		o.b = appendStrings(o.b, in.CallerRiskBasis)
+		o.Key("caller_risk_basis")
+		o.B = appendStrings(o.B, in.CallerRiskBasis)
 	}
 	if in.CallerRiskScore != nil {
 		f := *in.CallerRiskScore
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			return nil, errSlowPath
 		}
-		o.key("caller_risk_score")
-		o.b = jcs.AppendNumber(o.b, f)
+		o.Key("caller_risk_score")
+		o.B = jcs.AppendNumber(o.B, f)
 	}
 	if n := in.Network; n != nil {
-		o.key("network")
-		no := object{b: o.b}
-		no.key("patterns")
-		no.b = appendStrings(no.b, n.Patterns)
-		no.str("posture", n.Posture)
-		o.b = no.end()
+		o.Key("network")
+		no := jcs.Object{B: o.B}
+		no.Key("patterns")
+		no.B = appendStrings(no.B, n.Patterns)
+		no.Str("posture", n.Posture)
+		o.B = no.End()
 	}
 	if len(in.Provenance) > 0 {
 		v, err := jcs.Canonicalize(in.Provenance)
 		if err != nil {
 			return nil, err
 		}
-		o.raw("provenance", v)
+		o.Raw("provenance", v)
 	}
-	o.opt("requested_mode", in.RequestedMode)
-	o.key("resources")
+	o.Opt("requested_mode", in.RequestedMode)
+	o.Key("resources")
 	if in.Resources == nil {
-		o.b = append(o.b, "null"...)
+		o.B = append(o.B, "null"...)
 	} else {
-		o.b = append(o.b, '[')
+		o.B = append(o.B, '[')
 		for i := range in.Resources {
 			if i > 0 {
-				o.b = append(o.b, ',')
+				o.B = append(o.B, ',')
 			}
 			var err error
-			if o.b, err = appendResource(o.b, &in.Resources[i]); err != nil {
+			if o.B, err = appendResource(o.B, &in.Resources[i]); err != nil {
 				return nil, err
 			}
 		}
-		o.b = append(o.b, ']')
+		o.B = append(o.B, ']')
 	}
 	if in.ResourcesUndeclared {
-		o.raw("resources_undeclared", []byte("true"))
+		o.Raw("resources_undeclared", []byte("true"))
 	}
-	o.str("side_effect", in.SideEffect)
-	o.opt("task_class", in.TaskClass)
-	o.str("tool_id", in.ToolID)
-	return o.end(), nil
+	o.Str("side_effect", in.SideEffect)
+	o.Opt("task_class", in.TaskClass)
+	o.Str("tool_id", in.ToolID)
+	return o.End(), nil
 }
 
 func appendResource(b []byte, r *policy.Resource) ([]byte, error) {
-	o := object{b: b}
+	o := jcs.Object{B: b}
 	if r.Exists {
-		o.raw("exists", []byte("true"))
+		o.Raw("exists", []byte("true"))
 	}
-	o.opt("host", r.Host)
+	o.Opt("host", r.Host)
 	if r.IsDir {
-		o.raw("is_dir", []byte("true"))
+		o.Raw("is_dir", []byte("true"))
 	}
-	o.opt("key", r.Key)
-	o.str("kind", r.Kind)
-	o.str("op", r.Op)
-	o.opt("path", r.Path)
+	o.Opt("key", r.Key)
+	o.Str("kind", r.Kind)
+	o.Str("op", r.Op)
+	o.Opt("path", r.Path)
 	if r.Port != 0 {
 		if r.Port > 1<<53 || r.Port < -(1<<53) {
 			return nil, errSlowPath // beyond exact doubles: RFC 8785 rounds it
 		}
-		o.key("port")
-		o.b = strconv.AppendInt(o.b, int64(r.Port), 10)
+		o.Key("port")
+		o.B = strconv.AppendInt(o.B, int64(r.Port), 10)
 	}
-	o.opt("real_path", r.RealPath)
-	o.opt("root", r.Root)
-	return o.end(), nil
+	o.Opt("real_path", r.RealPath)
+	o.Opt("root", r.Root)
+	return o.End(), nil
 }
 
 // appendStrings appends ss as a JSON array, null for nil.
@@ -296,24 +277,24 @@ func appendStrings(b []byte, ss []string) []byte {
 // every part of p canonical already. noArgs, if not nil, is p's policy
 // input without its "args" member, which is exactly p.Args.
 func appendPayload(b []byte, p *Payload, noArgs []byte) []byte {
-	o := object{b: b}
+	o := jcs.Object{B: b}
 	if p.Args != nil {
-		o.raw("args", p.Args)
+		o.Raw("args", p.Args)
 	}
 	if p.Context != nil {
-		o.raw("context", p.Context)
+		o.Raw("context", p.Context)
 	}
 	if p.PolicyInput != nil {
 		if noArgs != nil {
-			o.raw("policy_input", noArgs)
-			o.raw("policy_input_shares_args", []byte("true"))
+			o.Raw("policy_input", noArgs)
+			o.Raw("policy_input_shares_args", []byte("true"))
 		} else {
-			o.raw("policy_input", p.PolicyInput)
+			o.Raw("policy_input", p.PolicyInput)
 		}
 	}
 	if p.Result != nil {
-		o.raw("result", p.Result)
+		o.Raw("result", p.Result)
 	}
-	o.str("salt", p.Salt)
-	return o.end()
+	o.Str("salt", p.Salt)
+	return o.End()
 }

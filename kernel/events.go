@@ -137,7 +137,7 @@ func (b *eventBus) publish(e Event) {
 		return
 	}
 	e.Seq = b.seq.Add(1)
-	e.Time = time.Now().UTC().Format(ledger.TimeLayout)
+	e.Time = ledger.FormatTime(time.Now())
 	for s := range b.subs {
 		if !s.filter.match(&e) {
 			continue

@@ -34,7 +34,7 @@ type call struct {
 	argsHash string
 	token    *captoken.Token
 	entry    *syscalls.Entry
-	args     map[string]json.RawMessage
+	args     map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
 	fs       []*syscalls.Resource // resolved fs resources and fs preconditions
 	pre      map[int]*syscalls.Resource
 	input    *policy.Input
@@ -42,6 +42,7 @@ type call struct {
 	replayOf string
 	session  string // provenance.session_id
 	called   bool   // the syscall started to execute (tool.called was emitted)
+	minted   bool   // the kernel minted env.OperationID for this call (checkEnvelope)
 	running  int    // calls of the session executing, this one included
 
 	// salt is the audit record's salt (payloads.go), the original's for
@@ -171,7 +172,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, ErrPermissionDenied, fmt.Sprintf("capability token %s does not grant %s", tok.Claims.ID, env.ToolID))
 	}
 	// 4. Arguments.
-	if err := entry.Validate(env.Args); err != nil {
+	if err := entry.ValidateDecoded(c.args); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
 	c.effect = entry.Def.SideEffect
@@ -279,7 +280,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("%d precondition refs; the limit is %d", len(env.PreconditionRefs), MaxPreconditions)
 	}
 	if env.OperationID == "" {
-		env.OperationID = newID()
+		env.OperationID, c.minted = newID(), true
 	} else if u, err := uuid.Parse(env.OperationID); err != nil || u.String() != env.OperationID {
 		return fmt.Errorf("operation_id %q is not a UUID in canonical form", env.OperationID)
 	}
@@ -297,7 +298,15 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.argsHash = digest.Sum(c.canonArgs)
-	return json.Unmarshal(env.Args, &c.args)
+	v, err := jcs.Decode(c.canonArgs)
+	if err != nil {
+		return fmt.Errorf("args: %v", err)
+	}
+	var ok bool
+	if c.args, ok = v.(map[string]any); !ok {
+		return errors.New("args must be a JSON object")
+	}
+	return nil
 }
 
 // resolve maps the syscall's resource arguments and the fs preconditions
@@ -314,9 +323,9 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 	}
 	var out []*syscalls.Resource
 	for _, ra := range c.entry.Def.Resources {
-		var name string
-		if err := json.Unmarshal(c.args[ra.Arg], &name); err != nil {
-			return nil, fmt.Errorf("argument %s: %v", ra.Arg, err)
+		name, ok := c.args[ra.Arg].(string)
+		if !ok {
+			return nil, fmt.Errorf("argument %s: %s, not a string", ra.Arg, jsonKind(c.args[ra.Arg]))
 		}
 		if ra.Kind != "fs" {
 			out = append(out, &syscalls.Resource{Arg: ra.Arg, Rel: name, Access: ra.Access})
@@ -416,31 +425,36 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 // workspace returns the opened roots of tok's fs scopes, shared by every
 // token with the same roots.
 func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
-	roots := make([]syscalls.RootSpec, 0, len(tok.Claims.Cap.FS))
-	var key strings.Builder
-	for _, r := range tok.Claims.Cap.FS {
-		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
-		fmt.Fprintf(&key, "%s\x00%s\x00%s\x00", r.Mode, r.Path, r.Base)
-	}
-	if len(roots) == 0 {
+	fsr := tok.Claims.Cap.FS
+	if len(fsr) == 0 {
 		return nil, &syscalls.ScopeError{Reason: "the capability token grants no file system roots"}
 	}
+	// The key is built on the stack; the lookup of string(key) does not
+	// allocate.
+	key := make([]byte, 0, 256)
+	for _, r := range fsr {
+		key = append(append(append(append(append(append(key, r.Mode...), 0), r.Path...), 0), r.Base...), 0)
+	}
 	k.mu.RLock()
-	w, ok := k.workspaces[key.String()]
+	w, ok := k.workspaces[string(key)]
 	k.mu.RUnlock()
 	if ok {
 		return w, nil
 	}
+	roots := make([]syscalls.RootSpec, 0, len(fsr))
+	for _, r := range fsr {
+		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if w, ok := k.workspaces[key.String()]; ok {
+	if w, ok := k.workspaces[string(key)]; ok {
 		return w, nil
 	}
 	w, err := syscalls.OpenWorkspace(roots)
 	if err != nil {
 		return nil, &syscalls.ScopeError{Reason: err.Error()}
 	}
-	k.workspaces[key.String()] = w
+	k.workspaces[string(key)] = w
 	return w, nil
 }
 
@@ -491,6 +505,24 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 	}
 	c.up.addTo(in)
 	return in
+}
+
+// jsonKind names the JSON type of v, a value jcs.Decode returned (absent
+// for nil: a member that is not there, or null).
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "absent or null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "a number"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return "a string"
 }
 
 // MaxPreconditions bounds the precondition refs of one call.
@@ -569,15 +601,21 @@ func (c *call) idemCall() txn.Call {
 // stored ones again, charge the budget and record in one transaction. A
 // call refused there had no effect to undo.
 func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
-	used := false
-	if err := k.db.View(func(tx *bbolt.Tx) error {
-		used = txn.OperationUsed(tx, c.env.OperationID)
-		return nil
-	}); err != nil {
-		return k.deny(ctx, c, ErrInternal, err.Error())
-	}
-	if used {
-		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+	// An id the caller chose may be taken: refuse before executing, and
+	// check again in the record's transaction. One the kernel just minted
+	// (a UUIDv7, 74 random bits) is not, nor can a concurrent call take
+	// it; storeOperation still keeps the first envelope of any id.
+	if !c.minted {
+		used := false
+		if err := k.db.View(func(tx *bbolt.Tx) error {
+			used = txn.OperationUsed(tx, c.env.OperationID)
+			return nil
+		}); err != nil {
+			return k.deny(ctx, c, ErrInternal, err.Error())
+		}
+		if used {
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+		}
 	}
 	unlock, class, msg := k.holdPreconditions(c, resources)
 	defer unlock()
@@ -590,7 +628,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
-		if txn.OperationUsed(tx, c.env.OperationID) {
+		if !c.minted && txn.OperationUsed(tx, c.env.OperationID) {
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
 		}
@@ -918,7 +956,10 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	case o.err != nil:
 		return nil, ErrExecution, o.err.Error()
 	}
-	canon, err := jcs.Canonicalize(o.out.Result)
+	canon, err := o.out.Canonical, error(nil)
+	if canon == nil {
+		canon, err = jcs.Canonicalize(o.out.Result)
+	}
 	if err != nil || len(canon) == 0 || canon[0] != '{' {
 		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
 	}

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/b3"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 )
@@ -139,15 +140,32 @@ func decodeSalt(salt string) (raw [SaltSize]byte, err error) {
 	return raw, nil
 }
 
+// partContexts holds the derive_key context key of each part: deriving
+// a part's key then hashes only the salt.
+var partContexts = func() map[string]b3.Key {
+	m := make(map[string]b3.Key, len(Parts))
+	for _, name := range Parts {
+		m[name] = b3.ContextKey(commitmentContext + name)
+	}
+	return m
+}()
+
 // partKey is PartKey for a decoded salt.
-func partKey(raw *[SaltSize]byte, name string) (key [32]byte) {
-	blake3.DeriveKey(commitmentContext+name, raw[:], key[:])
-	return key
+func partKey(raw *[SaltSize]byte, name string) [32]byte {
+	ctx, ok := partContexts[name]
+	if !ok {
+		ctx = b3.ContextKey(commitmentContext + name)
+	}
+	return b3.DeriveKey(&ctx, raw[:])
 }
 
 // Commit returns the commitment to the canonical JSON bytes part under
 // key: "blake3:" and the keyed BLAKE3-256 of part.
 func Commit(key [32]byte, part []byte) string {
+	if b3.Small(len(part)) {
+		k := b3.KeyOf(&key)
+		return digest.Format(b3.Keyed(&k, part))
+	}
 	h, err := blake3.NewKeyed(key[:])
 	if err != nil {
 		panic(err) // the key is 32 bytes
@@ -214,7 +232,8 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 		s.payload = packPayload(b)
 		return s, nil
 	}
-	s.payload = packPayload(appendPayload(nil, &p, noArgs))
+	n := len(p.Salt) + len(p.Args) + len(p.Result) + len(p.PolicyInput) + len(p.Context) + 128
+	s.payload = packPayload(appendPayload(make([]byte, 0, n), &p, noArgs))
 	return s, nil
 }
 

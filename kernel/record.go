@@ -203,7 +203,7 @@ func logged(a ledger.Appended) (*receipts.Logged, error) {
 	if err != nil {
 		return nil, fmt.Errorf("receipt of entry %d: %w", a.Seq, err)
 	}
-	return &receipts.Logged{Format: receipts.Format, Entry: string(a.Record), Inclusion: in, Checkpoint: string(a.Batch.Signed)}, nil
+	return &receipts.Logged{Format: receipts.Format, Entry: string(a.Record), Inclusion: in, Checkpoint: a.Batch.SignedNote()}, nil
 }
 
 // storedEnvelope is the result envelope kept for r's operation id. A
@@ -291,7 +291,7 @@ func (c *call) audit(k *Kernel) *auditRecord {
 		AutonomyMode: r.AutonomyMode, RequestedMode: env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: r.RiskScore, RiskBasis: r.RiskBasis,
 		IdempotencyKey: env.IdempotencyKey, ReplayOf: c.replayOf,
-		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
+		StartedAt: ledger.FormatTime(c.start), PolicyInput: c.input,
 	}
 	if c.token != nil {
 		a.TokenHash = c.token.Hash
@@ -445,7 +445,7 @@ func (c *call) recoveryContext() json.RawMessage {
 		ArgsHash: c.argsHash, Provenance: c.env.Provenance, TaskClass: c.env.TaskClass,
 		AutonomyMode: c.res.AutonomyMode, RequestedMode: c.env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
-		StartedAt: c.start.UTC().Format(ledger.TimeLayout), PolicyInput: c.input,
+		StartedAt: ledger.FormatTime(c.start), PolicyInput: c.input,
 		RecoverySalt: c.recoverySalt(), RecoveryArgs: c.canonArgs,
 	})
 	return b

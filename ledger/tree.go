@@ -25,9 +25,14 @@ var rangeFactory = &compact.RangeFactory{Hash: Hasher{}.HashChildren}
 
 func treeKey(id compact.NodeID) []byte {
 	k := make([]byte, treeKeyLen)
+	setTreeKey(k, id)
+	return k
+}
+
+// setTreeKey writes the key of node id into k (treeKeyLen bytes).
+func setTreeKey(k []byte, id compact.NodeID) {
 	k[0] = byte(id.Level)
 	binary.BigEndian.PutUint64(k[1:], id.Index)
-	return k
 }
 
 func nodeName(id compact.NodeID) string {
@@ -61,8 +66,16 @@ func completedNodes(tree *bbolt.Bucket, index uint64, leaf, prev [32]byte) ([]no
 }
 
 func putNodes(tree *bbolt.Bucket, nodes []node) error {
+	// One allocation holds every key and value: bbolt keeps both until
+	// the transaction ends, so they must not be reused.
+	buf := make([]byte, len(nodes)*(treeKeyLen+len(node{}.hash)))
 	for _, n := range nodes {
-		if err := tree.Put(treeKey(n.id), append([]byte(nil), n.hash[:]...)); err != nil {
+		k := buf[:treeKeyLen:treeKeyLen]
+		setTreeKey(k, n.id)
+		v := buf[treeKeyLen : treeKeyLen+len(n.hash) : treeKeyLen+len(n.hash)]
+		copy(v, n.hash[:])
+		buf = buf[treeKeyLen+len(n.hash):]
+		if err := tree.Put(k, v); err != nil {
 			return fmt.Errorf("store %s: %w", nodeName(n.id), err)
 		}
 	}

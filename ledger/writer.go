@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -108,12 +109,20 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	e := Entry{
 		Seq:      p.size,
 		Kind:     kind,
-		Time:     t.UTC().Format(TimeLayout),
+		Time:     FormatTime(t),
 		PrevHash: digest.Format(p.last),
 		Body:     body.b,
 	}
-	if err := checkFields(&e); err != nil {
+	// The fields checkFields checks, but for the time and prev_hash this
+	// function wrote itself in their forms.
+	if e.Seq > maxSeq {
+		return Appended{}, fmt.Errorf("ledger: append %q entry %d: seq exceeds %d", kind, e.Seq, uint64(maxSeq))
+	}
+	if err := checkKind(kind); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, e.Seq, err)
+	}
+	if y := t.UTC().Year(); y < 0 || y > 9999 {
+		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, e.Time, TimeLayout)
 	}
 	entries.FillPercent, tree.FillPercent = 1, 1 // see AppendCanonical
 	key := seqKey(e.Seq)
@@ -255,7 +264,7 @@ func (w *Writer) Checkpoint(tx *bbolt.Tx, s note.Signer, origin string) (*Batch,
 	if err := b.Put(seqKey(num), signed); err != nil {
 		return nil, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}
-	w.batch.Signed, w.batch.Checkpoint = signed, c
+	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)
 	return w.batch, nil
 }
 
@@ -281,6 +290,7 @@ type Batch struct {
 	// (empty until Writer.Checkpoint), and Checkpoint what it says.
 	Signed     []byte
 	Checkpoint Checkpoint
+	note       string // Signed, converted once for every receipt of the batch
 
 	once  sync.Once
 	nodes map[compact.NodeID][]byte
@@ -318,11 +328,29 @@ func (b *Batch) Prove(seq uint64) (Inclusion, error) {
 	if hashes, err = ns.Rehash(hashes, Hasher{}.HashChildren); err != nil {
 		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d in tree size %d: %w", seq, size, err)
 	}
-	p := make([]string, len(hashes))
-	for i, h := range hashes {
-		p[i] = digest.Format([32]byte(h))
+	// The leaf hash and the proof's hashes, formatted into one string
+	// that they are cut from: one allocation, not one per hash.
+	const n = len(digest.Prefix) + 2*digest.Size
+	buf := make([]byte, 0, n*(1+len(hashes)))
+	buf = appendDigest(buf, b.leaves[seq-b.start][:])
+	for _, h := range hashes {
+		buf = appendDigest(buf, h)
 	}
-	return Inclusion{LeafIndex: seq, TreeSize: size, LeafHash: digest.Format(b.leaves[seq-b.start]), Proof: p}, nil
+	all := string(buf)
+	p := make([]string, len(hashes))
+	for i := range p {
+		p[i] = all[n*(i+1) : n*(i+2)]
+	}
+	return Inclusion{LeafIndex: seq, TreeSize: size, LeafHash: all[:n], Proof: p}, nil
+}
+
+// SignedNote returns Signed as a string.
+func (b *Batch) SignedNote() string { return b.note }
+
+// appendDigest appends the digest string (digest.Format) of the hash h.
+func appendDigest(b []byte, h []byte) []byte {
+	b = append(b, digest.Prefix...)
+	return hex.AppendEncode(b, h)
 }
 
 // build collects every node a proof of the batch's entries can need: the
@@ -344,4 +372,38 @@ func (b *Batch) build() {
 			return
 		}
 	}
+}
+
+// FormatTime returns t.UTC().Format(TimeLayout), written directly for the
+// years 0 to 9999 (the only ones TimeLayout holds) without time.Format's
+// layout interpretation.
+func FormatTime(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Format(TimeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	var b [len(TimeLayout)]byte
+	put := func(at, v, width int) {
+		for i := at + width - 1; i >= at; i-- {
+			b[i] = byte('0' + v%10)
+			v /= 10
+		}
+	}
+	put(0, year, 4)
+	b[4] = '-'
+	put(5, int(month), 2)
+	b[7] = '-'
+	put(8, day, 2)
+	b[10] = 'T'
+	put(11, hour, 2)
+	b[13] = ':'
+	put(14, minute, 2)
+	b[16] = ':'
+	put(17, sec, 2)
+	b[19] = '.'
+	put(20, t.Nanosecond(), 9)
+	b[29] = 'Z'
+	return string(b[:])
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -149,5 +150,24 @@ func TestBatchWithoutCheckpoint(t *testing.T) {
 	}
 	if _, err := a.Batch.Prove(a.Seq); err == nil {
 		t.Error("Prove without a checkpoint succeeded")
+	}
+}
+
+// TestFormatTime: FormatTime writes what time.Format(TimeLayout) writes,
+// over the years TimeLayout holds and beyond them.
+func TestFormatTime(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	times := []time.Time{
+		time.Unix(0, 0), time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 11, 26, 12, 0, 0, 5, time.FixedZone("x", -7*3600)),
+	}
+	for range 10000 {
+		times = append(times, time.Unix(rng.Int64N(1<<38)-1<<37, rng.Int64N(1e9)))
+	}
+	for _, tm := range times {
+		if got, want := FormatTime(tm), tm.UTC().Format(TimeLayout); got != want {
+			t.Fatalf("FormatTime(%v) = %s, want %s", tm, got, want)
+		}
 	}
 }

@@ -121,7 +121,7 @@ const DefaultProgressInterval = 10 * time.Second
 // New makes the gateway's MCP server.
 func New(c Config) *Gateway {
 	g := &Gateway{
-		invoker: c.Invoker, token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
+		invoker: newWarmInvoker(c.Invoker), token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
 		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
 		pending: pendingCalls{by: map[string]*pendingCall{}},
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version},

@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -48,4 +49,52 @@ func TestTagParams(t *testing.T) {
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
+}
+
+// spliceRequestID tags the common tools/call as the full way does, to
+// the byte after decoding, and declines every other body.
+func TestSpliceRequestID(t *testing.T) {
+	cases := []struct {
+		name, body string
+		ok         bool
+	}{
+		{"numeric id", `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<hi>"}}}`, true},
+		{"string id, spaces", ` { "jsonrpc" : "2.0" , "method" : "tools/call" , "params" : { "name" : "echo" } , "id" : "a<b" } `, true},
+		{"empty params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}`, true},
+		{"params last, nested", `{"id":2,"jsonrpc":"2.0","method":"tools/call","params":{"arguments":{"_meta":{"x":1}},"name":"echo"}}`, true},
+		{"integral float id", `{"jsonrpc":"2.0","id":3.0,"method":"tools/call","params":{"name":"echo"}}`, true},
+		{"params with _meta", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","_meta":{"progressToken":1}}}`, false},
+		{"escaped _meta name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","\u005fmeta":{}}}`, false},
+		{"duplicate member", `{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call","params":{"name":"echo"}}`, false},
+		{"duplicate in params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","name":"x"}}`, false},
+		{"notification", `{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo"}}`, false},
+		{"fractional id", `{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{"name":"echo"}}`, false},
+		{"batch", `[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}]`, false},
+		{"trailing data", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}} {}`, false},
+		{"params not an object", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":["echo"]}`, false},
+		{"other method", `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"x":"tools/call"}}`, false},
+		{"invalid UTF-8", "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"\xff\"}}", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, ok := spliceRequestID([]byte(c.body))
+			if ok != c.ok {
+				t.Fatalf("ok = %v, want %v (%s)", ok, c.ok, out)
+			}
+			if !ok {
+				return
+			}
+			var got, want any
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("spliced %s: %v", out, err)
+			}
+			json.Unmarshal(tagFull([]byte(c.body)), &want)
+			if g, w := mustJSON(got), mustJSON(want); string(g) != string(w) {
+				t.Fatalf("spliced %s\nfull way %s", g, w)
+			}
+			if !strings.Contains(string(out), `"_meta":{"capkernel/request_id":`) {
+				t.Fatalf("spliced %s: no request id", out)
+			}
+		})
+	}
 }

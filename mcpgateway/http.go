@@ -3,6 +3,7 @@ package mcpgateway
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"fmt"
 	"io"
 	"net"
@@ -115,13 +116,22 @@ func tagHTTP(h http.Handler) http.Handler {
 
 // tagBody returns a POSTed JSON-RPC message with a tools/call request's
 // id copied into its params' _meta (tagParams); any other body as it came.
-// It decodes only the envelope's members, leaving params and the rest as
-// raw bytes: the SDK decodes the message again, and a full decode here
-// would double the cost of every call.
+// The common call, whose params have no _meta, is tagged by splicing
+// (spliceRequestID); any other goes the full way, which decodes only the
+// envelope's members, leaving params and the rest as raw bytes. Either
+// way the SDK decodes the message again, so tagging must cost little.
 func tagBody(body []byte) []byte {
 	if !bytes.Contains(body, []byte(`"tools/call"`)) {
 		return body
 	}
+	if out, ok := spliceRequestID(body); ok {
+		return out
+	}
+	return tagFull(body)
+}
+
+// tagFull tags a tools/call request's body by decoding its members.
+func tagFull(body []byte) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(body, &m) != nil {
 		return body
@@ -130,19 +140,9 @@ func tagBody(body []byte) []byte {
 	if json.Unmarshal(m["method"], &method) != nil || method != "tools/call" {
 		return body
 	}
-	var id any
-	if json.Unmarshal(m["id"], &id) != nil {
+	id, ok := requestID(m["id"])
+	if !ok {
 		return body
-	}
-	switch v := id.(type) {
-	case string:
-	case float64:
-		if v != float64(int64(v)) {
-			return body
-		}
-		id = int64(v) // as the SDK reads a numeric id
-	default:
-		return body // a notification (no id) or not an id: the SDK answers
 	}
 	m["params"] = tagParams(m["params"], id)
 	out, err := json.Marshal(m)
@@ -150,4 +150,100 @@ func tagBody(body []byte) []byte {
 		return body
 	}
 	return out
+}
+
+// requestID is the id of a JSON-RPC request as the SDK reads it (a
+// string, or an integer as int64); ok is false for a notification (no id)
+// or a value that is no id, which the SDK answers.
+func requestID(raw json.RawMessage) (id any, ok bool) {
+	if json.Unmarshal(raw, &id) != nil {
+		return nil, false
+	}
+	switch v := id.(type) {
+	case string:
+		return v, true
+	case float64:
+		if v != float64(int64(v)) {
+			return nil, false
+		}
+		return int64(v), true
+	}
+	return nil, false
+}
+
+// spliceRequestID tags a tools/call request whose params are an object
+// with no _meta member by inserting "_meta":{MetaRequestID: id} as the
+// params' first member, every other byte as it came: the same message, to
+// the SDK, as the full way makes. ok is false for any other body (a batch,
+// a duplicate member name or invalid UTF-8 anywhere in the envelope's or
+// params' members, params with _meta, trailing data), which the full way
+// tags or leaves as it came.
+func spliceRequestID(body []byte) (out []byte, ok bool) {
+	dec := jsontext.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.ReadToken(); err != nil || t.Kind() != '{' {
+		return nil, false
+	}
+	var method, rawID, params jsontext.Value
+	paramsAt := -1
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadToken()
+		if err != nil {
+			return nil, false
+		}
+		n := name.String() // before the next read, which reuses the buffer
+		v, err := dec.ReadValue()
+		if err != nil {
+			return nil, false
+		}
+		// v is the decoder's until its next read: keep body's bytes.
+		end := int(dec.InputOffset())
+		v = jsontext.Value(body[end-len(v) : end])
+		switch n {
+		case "method":
+			method = v
+		case "id":
+			rawID = v
+		case "params":
+			params, paramsAt = v, end-len(v)
+		}
+	}
+	if _, err := dec.ReadToken(); err != nil {
+		return nil, false
+	}
+	if _, err := dec.ReadToken(); err != io.EOF {
+		return nil, false
+	}
+	if string(method) != `"tools/call"` || params.Kind() != '{' {
+		return nil, false
+	}
+	id, ok := requestID(json.RawMessage(rawID))
+	if !ok {
+		return nil, false
+	}
+	members := false
+	pd := jsontext.NewDecoder(bytes.NewReader(params))
+	pd.ReadToken()
+	for pd.PeekKind() != '}' {
+		name, err := pd.ReadToken()
+		if err != nil || name.String() == "_meta" {
+			return nil, false
+		}
+		if err := pd.SkipValue(); err != nil {
+			return nil, false
+		}
+		members = true
+	}
+	idJSON, err := json.Marshal(id)
+	if err != nil {
+		return nil, false
+	}
+	out = make([]byte, 0, len(body)+len(MetaRequestID)+len(idJSON)+16)
+	out = append(out, body[:paramsAt+1]...)
+	out = append(out, `"_meta":{"`...)
+	out = append(append(append(out, MetaRequestID...), `":`...), idJSON...)
+	out = append(out, '}')
+	if members {
+		out = append(out, ',')
+	}
+	return append(out, body[paramsAt+1:]...), true
 }

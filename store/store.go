@@ -32,8 +32,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -356,20 +358,13 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 			live = append(live, r)
 		}
 	}
-	var wg sync.WaitGroup
+	work := make([]*request, 0, len(live))
 	for _, r := range live {
-		if r.op.Work == nil {
-			continue
+		if r.op.Work != nil {
+			work = append(work, r)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := run(r.op.Work); err != nil {
-				r.err = Abort(err)
-			}
-		}()
 	}
-	wg.Wait()
+	runWork(work)
 	for _, r := range live {
 		if r.err != nil {
 			return r.err
@@ -389,6 +384,36 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 		}
 	}
 	return nil
+}
+
+// runWork runs the Work of every op of batch concurrently, on as many
+// goroutines as there are processors (the sequencer's own among them,
+// rather than one goroutine per op while it waits), and returns when all
+// are done. A Work error aborts its op.
+func runWork(batch []*request) {
+	var next atomic.Int64
+	do := func() {
+		for {
+			i := next.Add(1) - 1
+			if i >= int64(len(batch)) {
+				return
+			}
+			r := batch[i]
+			if err := run(r.op.Work); err != nil {
+				r.err = Abort(err)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(batch)) - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			do()
+		}()
+	}
+	do()
+	wg.Wait()
 }
 
 func isAbort(err error) bool {

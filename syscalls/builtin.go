@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // RegisterBuiltins registers echo, fs.read, fs.list, fs.stat, fs.write,
@@ -62,5 +64,14 @@ func (*echo) Execute(_ context.Context, c *Call) (Output, error) {
 	if err := decodeArgs(c.Args, &a); err != nil {
 		return Output{}, err
 	}
-	return output(a)
+	o := jcs.Object{B: make([]byte, 0, len(a.Text)+16)}
+	o.Str("text", a.Text)
+	canon := o.End()
+	if jcs.Plain(a.Text) {
+		// json.Marshal(a) would write these very bytes.
+		return Output{Result: canon, Canonical: canon}, nil
+	}
+	out, err := output(a)
+	out.Canonical = canon
+	return out, err
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // MaxListEntries caps the entries fs.list returns.
@@ -71,11 +73,15 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	if a.MaxBytes > 0 && (limit <= 0 || a.MaxBytes < limit) {
 		limit = a.MaxBytes
 	}
-	if _, err := f.Seek(a.Offset, io.SeekStart); err != nil {
-		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+	if a.Offset != 0 {
+		if _, err := f.Seek(a.Offset, io.SeekStart); err != nil {
+			return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+		}
 	}
-	// Read one byte past the limit to learn whether there is more.
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	// Read one byte past the limit to learn whether there is more, into a
+	// buffer of the size the file had (it may have changed since).
+	want := min(limit+1, max(fi.Size()-a.Offset, 0)+1)
+	data, err := readUpTo(f, limit+1, want)
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
 	}
@@ -83,16 +89,61 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	if truncated {
 		data = data[:limit]
 	}
-	res := map[string]any{
-		"path": a.Path, "size": fi.Size(), "offset": a.Offset,
-		"bytes_returned": len(data), "truncated": truncated,
+	// The members in sorted order, as encoding/json writes a map's.
+	var res struct {
+		BytesReturned int     `json:"bytes_returned"`
+		Content       *string `json:"content,omitempty"`
+		ContentBase64 *string `json:"content_base64,omitempty"`
+		Offset        int64   `json:"offset"`
+		Path          string  `json:"path"`
+		Size          int64   `json:"size"`
+		Truncated     bool    `json:"truncated"`
 	}
+	res.BytesReturned, res.Offset, res.Path, res.Size, res.Truncated = len(data), a.Offset, a.Path, fi.Size(), truncated
+	o := jcs.Object{B: make([]byte, 0, len(data)+len(a.Path)+128)}
+	o.Int("bytes_returned", int64(len(data)))
+	var content string
 	if utf8.Valid(data) {
-		res["content"] = string(data)
+		content = string(data)
+		res.Content = &content
+		o.Str("content", content)
 	} else {
-		res["content_base64"] = base64.StdEncoding.EncodeToString(data)
+		content = base64.StdEncoding.EncodeToString(data)
+		res.ContentBase64 = &content
+		o.Str("content_base64", content)
 	}
-	return output(res)
+	o.Int("offset", a.Offset)
+	o.Str("path", a.Path)
+	o.Int("size", fi.Size())
+	o.Bool("truncated", truncated)
+	canon := o.End()
+	if jcs.Plain(content) && jcs.Plain(a.Path) && fi.Size() <= 1<<53 && a.Offset <= 1<<53 {
+		// json.Marshal(&res) would write these very bytes.
+		return Output{Result: canon, Canonical: canon}, nil
+	}
+	out, err := output(&res)
+	out.Canonical = canon
+	return out, err
+}
+
+// readUpTo reads r to its end or to max bytes, into a buffer of hint
+// bytes to begin with (at most 1 MiB: hint may be stale or large).
+func readUpTo(r io.Reader, max, hint int64) ([]byte, error) {
+	b := make([]byte, 0, min(hint, max, 1<<20))
+	for int64(len(b)) < max {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, 1)
+		}
+		n, err := r.Read(b[len(b):min(int64(cap(b)), max)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 type fsList struct{}

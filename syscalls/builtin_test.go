@@ -2,6 +2,7 @@ package syscalls_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,8 +14,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -185,6 +188,7 @@ func TestBuiltins(t *testing.T) {
 		argsErr bool                                                // the error must be an *ArgsError
 	}{
 		{name: "echo", id: "echo", args: `{"text":"héllo \u0000 \"x\""}`, want: `{"text":"héllo \u0000 \"x\""}`},
+		{name: "echo HTML and line separators", id: "echo", args: `{"text":"<a>&\u2028\u2029"}`, want: `{"text":"<a>&\u2028\u2029"}`},
 
 		{name: "read text", id: "fs.read", args: `{"path":"hello.txt"}`,
 			want: `{"path":"hello.txt","size":11,"offset":0,"bytes_returned":11,"truncated":false,"content":"hello world"}`},
@@ -346,6 +350,13 @@ func TestBuiltins(t *testing.T) {
 				t.Fatalf("Execute: %v", res.err)
 			}
 			got := decodeObject(t, res.out.Result)
+			if c := res.out.Canonical; c != nil {
+				// A result's canonical form, when the syscall writes it,
+				// is the one the kernel would compute.
+				if want, err := jcs.Canonicalize(res.out.Result); err != nil || string(c) != string(want) {
+					t.Errorf("canonical result\n got %s\nwant %s (%v)", c, want, err)
+				}
+			}
 			if tt.want != "" {
 				if want := decodeObject(t, json.RawMessage(tt.want)); !reflect.DeepEqual(got, want) {
 					t.Errorf("result\n got %s\nwant %s", res.out.Result, tt.want)
@@ -417,5 +428,48 @@ func TestFSReadLargeFile(t *testing.T) {
 	}
 	if string(got) != string(content) {
 		t.Errorf("pieces add up to %d bytes, want the %d of the file", len(got), len(content))
+	}
+}
+
+// TestResultBytes: fs.read and echo, which write their results directly
+// when json.Marshal would write the same bytes, answer exactly what
+// json.Marshal writes, for text that needs no escape and text that does.
+func TestResultBytes(t *testing.T) {
+	root, w := builtinFixture(t)
+	e := env{w: w, stage: &recStager{}, kv: kvMap{}, maxRead: 1 << 20}
+	for i, text := range []string{"plain text\n", "", "<b>&amp;</b>", "line\u2028sep", "tab\t\"q\" \\ \x01", "é中𝄞", "\xff\xfe binary", "a\x7fb"} {
+		name := fmt.Sprintf("f%d.txt", i)
+		if err := os.WriteFile(filepath.Join(root, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		read := map[string]any{"path": name, "size": len(text), "offset": 0, "bytes_returned": len(text), "truncated": false}
+		if utf8.ValidString(text) {
+			read["content"] = text
+		} else {
+			read["content_base64"] = base64.StdEncoding.EncodeToString([]byte(text))
+		}
+		args, _ := json.Marshal(map[string]string{"text": text})
+		var echoed struct {
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(args, &echoed); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			id, args string
+			want     any
+		}{
+			{"fs.read", fmt.Sprintf(`{"path":%q}`, name), read},
+			{"echo", string(args), echoed},
+		} {
+			out, err := prepare(t, e, c.id, c.args)()
+			if err != nil {
+				t.Fatalf("%s %s: %v", c.id, c.args, err)
+			}
+			want, _ := json.Marshal(c.want)
+			if string(out.Result) != string(want) {
+				t.Errorf("%s %s:\n got %s\nwant %s", c.id, c.args, out.Result, want)
+			}
+		}
 	}
 }

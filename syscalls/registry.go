@@ -32,6 +32,11 @@ type Entry struct {
 // *ArgsError listing every violation.
 func (e *Entry) Validate(args json.RawMessage) error { return validate(e.schema, args) }
 
+// ValidateDecoded is Validate for args decoded already by jcs.Decode (the
+// values json.Decoder gives with UseNumber), which saves decoding them
+// again.
+func (e *Entry) ValidateDecoded(args any) error { return check(e.schema, args) }
+
 // Registry maps syscall ids to entries. It is safe for concurrent use; Get,
 // on every call's path, only takes a read lock.
 type Registry struct {

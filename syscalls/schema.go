@@ -111,7 +111,13 @@ func validate(s *jsonschema.Schema, args json.RawMessage) error {
 	if err != nil {
 		return &ArgsError{Violations: []string{"args are not valid JSON: " + err.Error()}}
 	}
-	err = s.Validate(inst)
+	return check(s, inst)
+}
+
+// check is validate for args decoded already, as jsonschema.UnmarshalJSON
+// (or jcs.Decode) decodes them.
+func check(s *jsonschema.Schema, inst any) error {
+	err := s.Validate(inst)
 	if err == nil {
 		return nil
 	}

@@ -197,6 +197,10 @@ type Factory func() Syscall
 // Output is what a syscall returns: Result must be a JSON object.
 type Output struct {
 	Result json.RawMessage
+	// Canonical, if not nil, is the RFC 8785 form of Result, written by
+	// the syscall beside it (jcs.Object) so that the kernel need not parse
+	// Result to hash it. It must be exactly jcs.Canonicalize(Result).
+	Canonical json.RawMessage
 }
 
 // Call is what Execute gets: validated args and the resources the kernel

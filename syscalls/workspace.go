@@ -270,6 +270,12 @@ var errEscapes = errors.New("path escapes from parent")
 // with O_PATH, so nothing is read); a symlink as the last component is
 // followed here, by its text, from its directory's real path.
 func (m *mount) realRel(rel string) (string, error) {
+	if rel == "." {
+		// The root itself, the parent of every top-level name: its real
+		// path is the mount's by definition, without the four system
+		// calls of resolving it again.
+		return ".", nil
+	}
 	for range maxLinks {
 		fi, err := m.root.Lstat(rel)
 		if err != nil {
@@ -361,6 +367,9 @@ func joinRel(dir, name string) string {
 // isEscape reports whether err is os.Root refusing a path that leaves the
 // root. The os package does not export that error, so match its text.
 func isEscape(err error) bool {
+	if err == nil {
+		return false // before errors.As, whose target would escape to the heap
+	}
 	var pe *fs.PathError
 	return errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == errEscapes.Error()
 }

@@ -34,6 +34,10 @@ type Metrics struct {
 	commit      prometheus.Histogram
 	upstream    *prometheus.CounterVec
 	upstreamUp  *prometheus.GaugeVec
+	// stageObs are the stage histograms of the kernel's stages, looked
+	// up once: a call observes up to 7 stages, and WithLabelValues
+	// hashes its label each time.
+	stageObs map[string]prometheus.Observer
 
 	lastCommit atomic.Int64 // unix nanos of the last group commit
 	mu         sync.RWMutex
@@ -81,6 +85,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"server"}),
 	}
 	reg.MustRegister(m.calls, m.callSeconds, m.stages, m.batch, m.commit, m.upstream, m.upstreamUp, (*stateCollector)(m))
+	m.stageObs = map[string]prometheus.Observer{}
+	for _, s := range []string{kernel.StageVerify, kernel.StagePolicy, kernel.StageGate, kernel.StagePrepare, kernel.StageExecute, kernel.StageLedger, kernel.StageCommit} {
+		m.stageObs[s] = m.stages.WithLabelValues(s)
+	}
 	return m
 }
 
@@ -101,7 +109,11 @@ func (m *Metrics) CallDone(r *kernel.CallReport) {
 	m.calls.WithLabelValues(tool, r.SideEffect, outcome, r.TxOutcome, r.AutonomyMode).Inc()
 	m.callSeconds.WithLabelValues(r.SideEffect).Observe(r.End.Sub(r.Start).Seconds())
 	for _, s := range r.Stages {
-		m.stages.WithLabelValues(s.Stage).Observe(s.End.Sub(s.Start).Seconds())
+		o, ok := m.stageObs[s.Stage]
+		if !ok {
+			o = m.stages.WithLabelValues(s.Stage)
+		}
+		o.Observe(s.End.Sub(s.Start).Seconds())
 	}
 	if server, ok := upstreamServer(tool); ok {
 		m.upstream.WithLabelValues(server, outcome).Inc()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -67,18 +68,18 @@ func EndpointURL(endpoint string) (string, error) {
 }
 
 // Provider is the kernel's trace pipeline: an SDK TracerProvider whose
-// batch processor exports over OTLP/HTTP, which also takes the stage
-// spans of the Tracer that Observer returns. Shut it down to flush the
-// spans still queued.
+// span processor (batcher) exports in batches over OTLP/HTTP (exporter),
+// and the faster path to that processor that its Observer takes (see
+// direct). Shut it down to flush the spans still queued.
 type Provider struct {
 	*sdktrace.TracerProvider
-	stages *stageSink
+	direct *direct
 }
 
 // Observer returns the Tracer that records the kernel's calls to p.
 func (p *Provider) Observer() *Tracer {
 	t := New(p.TracerProvider)
-	t.stages = p.stages
+	t.direct = p.direct
 	return t
 }
 
@@ -86,7 +87,9 @@ func (p *Provider) Observer() *Tracer {
 // OTLP/HTTP (protobuf) to endpoint (see EndpointURL), or, when endpoint
 // is "", where the standard OTEL_EXPORTER_OTLP_* variables say. Its
 // sampler is parent-based always-on unless OTEL_TRACES_SAMPLER says
-// otherwise.
+// otherwise (SamplerFromEnv); OTEL_BSP_* set its batches (a queue of
+// 32768 spans, batches of 2048, sent at least every 5 s). An invalid
+// sampler or batch setting is an error.
 func NewProvider(ctx context.Context, endpoint string) (*Provider, error) {
 	var opts []otlptracehttp.Option
 	if endpoint != "" {
@@ -96,7 +99,21 @@ func NewProvider(ctx context.Context, endpoint string) (*Provider, error) {
 		}
 		opts = append(opts, otlptracehttp.WithEndpointURL(u))
 	}
-	exp, err := otlptracehttp.New(ctx, opts...)
+	sampler, err := SamplerFromEnv(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	bcfg, err := batchConfigFromEnv(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	var exp sdktrace.SpanExporter
+	if jsonProtocol(os.Getenv) {
+		// OTLP/HTTP with JSON bodies: the OTLP exporter's own encoding.
+		exp, err = otlptracehttp.New(ctx, opts...)
+	} else {
+		exp, err = newExporter(ctx, otlptracehttp.NewClient(append(opts, otlptracehttp.WithEncoding(otlptracehttp.EncodingProtobuf))...))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
 	}
@@ -105,9 +122,20 @@ func NewProvider(ctx context.Context, endpoint string) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace resource: %w", err)
 	}
-	bsp := sdktrace.NewBatchSpanProcessor(exp)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(bsp), sdktrace.WithResource(res))
-	return &Provider{TracerProvider: tp, stages: newStageSink(bsp, res)}, nil
+	b := newBatcher(exp, bcfg)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
+	return &Provider{TracerProvider: tp, direct: newDirect(b, sampler, res)}, nil
+}
+
+// jsonProtocol reports whether OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, or
+// else OTEL_EXPORTER_OTLP_PROTOCOL, asks for http/json, as the OTLP/HTTP
+// exporter reads them.
+func jsonProtocol(getenv func(string) string) bool {
+	p := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if p == "" {
+		p = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	return p == "http/json"
 }
 
 // LogErrors sends the OpenTelemetry SDK's errors (an export the collector

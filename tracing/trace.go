@@ -50,10 +50,10 @@ const maxToolName = 128
 // it runs.
 type Tracer struct {
 	tracer trace.Tracer
-	stages *stageSink // where stage spans go without the SDK's span machinery; nil: through tracer
+	direct *direct // the Provider's spans made without the SDK's span machinery; nil: through tracer
 }
 
-// New returns a Tracer recording to tp. A Provider's Tracer method
+// New returns a Tracer recording to tp. A Provider's Observer method
 // returns a faster one for its provider.
 func New(tp trace.TracerProvider) *Tracer {
 	return &Tracer{tracer: tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL))}
@@ -65,19 +65,46 @@ func New(tp trace.TracerProvider) *Tracer {
 func (t *Tracer) CallDone(r *kernel.CallReport) {
 	prov := provenanceOf(r.Provenance)
 	parent := Parent(r.Context, prov.carrier())
-	outcome := "ok"
+	if t.direct != nil {
+		t.direct.record(parent, r, prov.ToolCallID)
+		return
+	}
+	var buf [maxCallAttrs]attribute.KeyValue
+	ctx, span := t.tracer.Start(parent, spanName(r.ToolID), trace.WithTimestamp(r.Start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(callAttrs(buf[:0], r, prov.ToolCallID)...))
+	if !span.IsRecording() {
+		return // not sampled: its stages would not be either
+	}
+	for _, s := range r.Stages {
+		_, child := t.tracer.Start(ctx, s.Stage, trace.WithTimestamp(s.Start))
+		child.End(trace.WithTimestamp(s.End))
+	}
+	if o := outcomeOf(r); o != "ok" {
+		span.SetStatus(codes.Error, o)
+	}
+	span.End(trace.WithTimestamp(r.End))
+}
+
+// outcomeOf is "ok" or the error class of r.
+func outcomeOf(r *kernel.CallReport) string {
 	if r.Status != kernel.StatusOK {
-		outcome = r.ErrorClass
+		return r.ErrorClass
 	}
-	callID := prov.ToolCallID
-	if callID == "" {
-		callID = r.OperationID
+	return "ok"
+}
+
+// callAttrs appends the attributes of call r's span to attrs: the GenAI
+// ones (the tool call id is toolCallID, the agent framework's, else the
+// operation id) and capkernel's; at most 14.
+func callAttrs(attrs []attribute.KeyValue, r *kernel.CallReport, toolCallID string) []attribute.KeyValue {
+	outcome := outcomeOf(r)
+	if toolCallID == "" {
+		toolCallID = r.OperationID
 	}
-	attrs := make([]attribute.KeyValue, 0, 16)
 	attrs = append(attrs,
 		semconv.GenAIOperationNameExecuteTool,
 		semconv.GenAIToolName(r.ToolID),
-		semconv.GenAIToolCallID(callID),
+		semconv.GenAIToolCallID(toolCallID),
 		semconv.GenAIAgentID(r.AgentID),
 		AttrOperationID.String(r.OperationID),
 		AttrOutcome.String(outcome),
@@ -86,13 +113,17 @@ func (t *Tracer) CallDone(r *kernel.CallReport) {
 	if r.SessionID != "" {
 		attrs = append(attrs, semconv.GenAIConversationID(r.SessionID))
 	}
-	for _, a := range []struct {
-		k attribute.Key
-		v string
-	}{{AttrMode, r.AutonomyMode}, {AttrTxOutcome, r.TxOutcome}, {AttrSideEffect, r.SideEffect}, {AttrTokenID, r.TokenID}} {
-		if a.v != "" {
-			attrs = append(attrs, a.k.String(a.v))
-		}
+	if r.AutonomyMode != "" {
+		attrs = append(attrs, AttrMode.String(r.AutonomyMode))
+	}
+	if r.TxOutcome != "" {
+		attrs = append(attrs, AttrTxOutcome.String(r.TxOutcome))
+	}
+	if r.SideEffect != "" {
+		attrs = append(attrs, AttrSideEffect.String(r.SideEffect))
+	}
+	if r.TokenID != "" {
+		attrs = append(attrs, AttrTokenID.String(r.TokenID))
 	}
 	if r.LedgerSeq != 0 {
 		attrs = append(attrs, AttrLedgerSeq.Int64(int64(r.LedgerSeq)))
@@ -100,23 +131,7 @@ func (t *Tracer) CallDone(r *kernel.CallReport) {
 	if outcome != "ok" {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(outcome))
 	}
-	ctx, span := t.tracer.Start(parent, spanName(r.ToolID), trace.WithTimestamp(r.Start),
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
-	if !span.IsRecording() {
-		return // not sampled: its stages would not be either
-	}
-	if t.stages != nil {
-		t.stages.record(span.SpanContext(), r.Stages)
-	} else {
-		for _, s := range r.Stages {
-			_, child := t.tracer.Start(ctx, s.Stage, trace.WithTimestamp(s.Start))
-			child.End(trace.WithTimestamp(s.End))
-		}
-	}
-	if outcome != "ok" {
-		span.SetStatus(codes.Error, outcome)
-	}
-	span.End(trace.WithTimestamp(r.End))
+	return attrs
 }
 
 // GroupCommit implements kernel.Observer; group commits are metrics, not

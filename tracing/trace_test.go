@@ -1,11 +1,14 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
-	"io"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/capkernel/capkernel/kernel"
 )
@@ -31,9 +35,36 @@ const (
 	unsampled    = "00-" + agentTrace + "-" + agentSpan + "-00"
 )
 
-func recorder() (*Tracer, *tracetest.SpanRecorder) {
-	rec := tracetest.NewSpanRecorder()
-	return New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))), rec
+// procSink hands a call's spans to a span processor one by one.
+type procSink struct{ sdktrace.SpanProcessor }
+
+func (p procSink) add(spans ...sdktrace.ReadOnlySpan) {
+	for _, s := range spans {
+		p.OnEnd(s)
+	}
+}
+
+// path is one way a Tracer records, to its own recorder.
+type path struct {
+	name string
+	tr   *Tracer
+	rec  *tracetest.SpanRecorder
+}
+
+// paths are the two ways a Tracer records: through the SDK's tracer
+// (New) and directly to the span processor (a Provider's Observer), both
+// parent-based always-on under the same resource.
+func paths() []path {
+	res := resource.NewSchemaless(attribute.String("service.name", ServiceName))
+	sdk := tracetest.NewSpanRecorder()
+	dir := tracetest.NewSpanRecorder()
+	sampler := sdktrace.ParentBased(sdktrace.AlwaysSample())
+	d := New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(dir), sdktrace.WithResource(res), sdktrace.WithSampler(sampler)))
+	d.direct = newDirect(procSink{dir}, sampler, res)
+	return []path{
+		{"sdk", New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdk), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))), sdk},
+		{"direct", d, dir},
+	}
 }
 
 // report is a finished call: an fs.write committed through every stage.
@@ -65,10 +96,15 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 }
 
 func TestCallSpan(t *testing.T) {
-	tr, rec := recorder()
+	for _, p := range paths() {
+		t.Run(p.name, func(t *testing.T) { testCallSpan(t, p) })
+	}
+}
+
+func testCallSpan(t *testing.T, p path) {
 	r := report(`{"session_id":"s1","tool_call_id":"call_abc"}`, context.Background())
-	tr.CallDone(r)
-	spans := rec.Ended()
+	p.tr.CallDone(r)
+	spans := p.rec.Ended()
 	if len(spans) != 8 {
 		t.Fatalf("%d spans, want the call's and its 7 stages'", len(spans))
 	}
@@ -116,11 +152,16 @@ func TestCallSpan(t *testing.T) {
 }
 
 func TestCallSpanError(t *testing.T) {
-	tr, rec := recorder()
+	for _, p := range paths() {
+		t.Run(p.name, func(t *testing.T) { testCallSpanError(t, p) })
+	}
+}
+
+func testCallSpanError(t *testing.T, p path) {
 	r := report("", context.Background())
 	r.Status, r.ErrorClass, r.TxOutcome, r.LedgerSeq, r.Stages = kernel.StatusError, kernel.ErrPolicyDenied, kernel.NoOp, 7, r.Stages[:2]
-	tr.CallDone(r)
-	spans := rec.Ended()
+	p.tr.CallDone(r)
+	spans := p.rec.Ended()
 	if len(spans) != 3 {
 		t.Fatalf("%d spans, want the call's and the 2 stages it reached", len(spans))
 	}
@@ -162,31 +203,32 @@ func TestParent(t *testing.T) {
 		{"unsampled parent is not recorded", `{"traceparent":"` + unsampled + `"}`, context.Background(), "", "", "", false},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			tr, rec := recorder()
-			tr.CallDone(report(tt.prov, tt.ctx))
-			spans := rec.Ended()
-			if !tt.recorded {
-				if len(spans) != 0 {
-					t.Fatalf("%d spans recorded under an unsampled parent", len(spans))
+		for _, p := range paths() {
+			t.Run(p.name+"/"+tt.name, func(t *testing.T) {
+				p.tr.CallDone(report(tt.prov, tt.ctx))
+				spans := p.rec.Ended()
+				if !tt.recorded {
+					if len(spans) != 0 {
+						t.Fatalf("%d spans recorded under an unsampled parent", len(spans))
+					}
+					return
 				}
-				return
-			}
-			call := spans[len(spans)-1]
-			sc, p := call.SpanContext(), call.Parent()
-			if tt.wantTrace == "" {
-				if p.IsValid() {
-					t.Fatalf("parent %v, want a new trace", p)
+				call := spans[len(spans)-1]
+				sc, p := call.SpanContext(), call.Parent()
+				if tt.wantTrace == "" {
+					if p.IsValid() {
+						t.Fatalf("parent %v, want a new trace", p)
+					}
+					return
 				}
-				return
-			}
-			if sc.TraceID().String() != tt.wantTrace || p.SpanID().String() != tt.wantParent || !p.IsRemote() {
-				t.Fatalf("span in trace %s under %s (remote %v), want trace %s under %s", sc.TraceID(), p.SpanID(), p.IsRemote(), tt.wantTrace, tt.wantParent)
-			}
-			if sc.TraceState().String() != tt.wantState {
-				t.Errorf("tracestate %q, want %q", sc.TraceState(), tt.wantState)
-			}
-		})
+				if sc.TraceID().String() != tt.wantTrace || p.SpanID().String() != tt.wantParent || !p.IsRemote() {
+					t.Fatalf("span in trace %s under %s (remote %v), want trace %s under %s", sc.TraceID(), p.SpanID(), p.IsRemote(), tt.wantTrace, tt.wantParent)
+				}
+				if sc.TraceState().String() != tt.wantState {
+					t.Errorf("tracestate %q, want %q", sc.TraceState(), tt.wantState)
+				}
+			})
+		}
 	}
 }
 
@@ -253,12 +295,33 @@ func TestEndpointURL(t *testing.T) {
 }
 
 // BenchmarkCallDone is the tracer's own cost per call: the call's span
-// and its 7 stage spans made and handed to a batch processor exporting
+// and its stage spans made and handed to the batch processor exporting
 // over OTLP/HTTP to a receiver on loopback (the export runs on the batch
-// processor's goroutine; its CPU counts in cpu-µs/op).
+// processor's goroutine; its CPU counts in cpu-µs/op). Every span must
+// reach the receiver: a processor that dropped spans would look cheap.
+// A loop of calls outruns any exporter, so the loop flushes each full
+// batch itself.
 func BenchmarkCallDone(b *testing.B) {
+	// An audited echo reaches 5 stages, a committed fs.write all 7.
+	write := report(`{"session_id":"s1"}`, context.Background())
+	echo := report(`{"session_id":"s1"}`, context.Background())
+	echo.ToolID, echo.SideEffect, echo.TxOutcome = "echo", "read_only", ""
+	echo.Stages = []kernel.StageSpan{write.Stages[0], write.Stages[1], write.Stages[2], write.Stages[4], write.Stages[5]}
+	for _, r := range []*kernel.CallReport{echo, write} {
+		b.Run(fmt.Sprintf("%s/%d-stages", r.ToolID, len(r.Stages)), func(b *testing.B) { benchCallDone(b, r) })
+	}
+}
+
+func benchCallDone(b *testing.B, r *kernel.CallReport) {
+	var spans atomic.Int64
+	var mu sync.Mutex
+	var body bytes.Buffer // reused: the receiver's allocations are not the tracer's
 	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		body.Reset()
+		body.ReadFrom(r.Body)
+		spans.Add(int64(countSpans(body.Bytes())))
 	}))
 	defer rc.Close()
 	tp, err := NewProvider(context.Background(), rc.URL)
@@ -266,13 +329,19 @@ func BenchmarkCallDone(b *testing.B) {
 		b.Fatal(err)
 	}
 	tr := tp.Observer()
-	r := report(`{"session_id":"s1"}`, context.Background())
+	// Flush when a batch is full, as the batcher's goroutine would.
+	every := tp.direct.sink.(*batcher).cfg.batch / (1 + len(r.Stages))
 	b.ReportAllocs()
 	b.ResetTimer()
 	var ru0, ru1 syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
-	for b.Loop() {
+	for i := 1; b.Loop(); i++ {
 		tr.CallDone(r)
+		if i%every == 0 {
+			if err := tp.ForceFlush(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	if err := tp.Shutdown(context.Background()); err != nil {
 		b.Fatal(err)
@@ -280,39 +349,115 @@ func BenchmarkCallDone(b *testing.B) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
 	b.ReportMetric(float64(cpu.Nanoseconds())/1000/float64(b.N), "cpu-µs/op")
+	if want := int64(b.N * (1 + len(r.Stages))); spans.Load() != want {
+		b.Fatalf("the receiver got %d spans, want %d", spans.Load(), want)
+	}
 }
 
-// TestDirectStages: the Provider's Tracer hands stage spans straight to
-// the batch processor; they must be what the SDK path makes: children of
-// the call's span in its trace, named and timed as the stages, internal,
-// under the provider's resource and the tracer's scope.
-func TestDirectStages(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	res := resource.NewSchemaless(attribute.String("service.name", ServiceName))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithResource(res))
-	tr := New(tp)
-	tr.stages = newStageSink(rec, res)
-	r := report(`{"traceparent":"`+agentParent+`"}`, context.Background())
-	tr.CallDone(r)
-	spans := rec.Ended()
-	if len(spans) != 8 {
-		t.Fatalf("%d spans, want 8", len(spans))
-	}
-	call := spans[7]
-	ids := map[trace.SpanID]bool{call.SpanContext().SpanID(): true}
-	for i, s := range spans[:7] {
-		st := r.Stages[i]
-		sc := s.SpanContext()
-		if s.Name() != st.Stage || !s.Parent().Equal(call.SpanContext()) || sc.TraceID() != call.SpanContext().TraceID() ||
-			!sc.IsSampled() || !sc.IsValid() || sc.IsRemote() || ids[sc.SpanID()] ||
-			!s.StartTime().Equal(st.Start) || !s.EndTime().Equal(st.End) || s.SpanKind() != trace.SpanKindInternal ||
-			s.Resource() != res || s.InstrumentationScope().Name != ScopeName {
-			t.Errorf("stage span %d: %q %v parent %v kind %v %v..%v scope %v", i, s.Name(), sc, s.Parent(), s.SpanKind(),
-				s.StartTime(), s.EndTime(), s.InstrumentationScope())
+// countSpans counts the spans of an OTLP ExportTraceServiceRequest by
+// walking its wire format (resource_spans = 1, scope_spans = 2,
+// spans = 2), without decoding them: the receiver's CPU counts in
+// BenchmarkCallDone's.
+func countSpans(b []byte) int {
+	n := 0
+	var walk func(b []byte, depth int)
+	walk = func(b []byte, depth int) {
+		for len(b) > 0 {
+			num, typ, l := protowire.ConsumeTag(b)
+			if l < 0 {
+				return
+			}
+			b = b[l:]
+			if typ != protowire.BytesType {
+				l = protowire.ConsumeFieldValue(num, typ, b)
+			} else {
+				v, m := protowire.ConsumeBytes(b)
+				l = m
+				switch {
+				case depth == 0 && num == 1, depth == 1 && num == 2:
+					walk(v, depth+1)
+				case depth == 2 && num == 2:
+					n++
+				}
+			}
+			if l < 0 {
+				return
+			}
+			b = b[l:]
 		}
-		ids[sc.SpanID()] = true
 	}
-	if call.SpanContext().TraceID().String() != agentTrace {
-		t.Errorf("call span in trace %s, want the agent's", call.SpanContext().TraceID())
+	walk(b, 0)
+	return n
+}
+
+// TestDirectMatchesSDK: the spans the direct path hands the processor
+// must be what the SDK's tracer makes of the same call, field by field,
+// but for the random ids: a call of every stage, a refused one, a new
+// trace, a sampled and an unsampled parent with trace state.
+func TestDirectMatchesSDK(t *testing.T) {
+	refused := report(`{"traceparent":"`+agentParent+`","tracestate":"agent=1"}`, context.Background())
+	refused.Status, refused.ErrorClass, refused.Stages = kernel.StatusError, kernel.ErrPolicyDenied, refused.Stages[:2]
+	tests := []struct {
+		name string
+		r    *kernel.CallReport
+	}{
+		{"every stage", report(`{"traceparent":"`+agentParent+`","tool_call_id":"c1"}`, context.Background())},
+		{"refused", refused},
+		{"new trace", report(`{"session_id":"s1"}`, context.Background())},
+		{"unsampled parent", report(`{"traceparent":"`+unsampled+`"}`, context.Background())},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ps := paths()
+			for _, p := range ps {
+				p.tr.CallDone(tt.r)
+			}
+			want, got := ps[0].rec.Ended(), ps[1].rec.Ended()
+			if len(got) != len(want) {
+				t.Fatalf("direct: %d spans, SDK: %d", len(got), len(want))
+			}
+			ids := map[trace.SpanID]bool{}
+			for i, w := range want {
+				g := got[i]
+				// Ids are random: the SDK's call span id stands for the
+				// direct one in the stages' parent, and a new trace's id
+				// for the direct one.
+				callID := func(sp []sdktrace.ReadOnlySpan) trace.SpanContext { return sp[len(sp)-1].SpanContext() }
+				norm := func(sc, call trace.SpanContext) trace.SpanContext {
+					if sc.SpanID() == call.SpanID() {
+						sc = sc.WithSpanID(trace.SpanID{1})
+					}
+					if sc.TraceID() == call.TraceID() && sc.TraceID().String() != agentTrace {
+						sc = sc.WithTraceID(trace.TraceID{1})
+					}
+					return sc
+				}
+				gp, wp := norm(g.Parent(), callID(got)), norm(w.Parent(), callID(want))
+				gsc, wsc := g.SpanContext(), w.SpanContext()
+				if ids[gsc.SpanID()] || !gsc.SpanID().IsValid() {
+					t.Errorf("span %d: span id %v repeated or invalid", i, gsc.SpanID())
+				}
+				ids[gsc.SpanID()] = true
+				if g.Name() != w.Name() || !gp.Equal(wp) || gsc.TraceFlags() != wsc.TraceFlags() || gsc.IsRemote() != wsc.IsRemote() ||
+					gsc.TraceState().String() != wsc.TraceState().String() || (gsc.TraceID() == wsc.TraceID()) != (wsc.TraceID().String() == agentTrace) ||
+					g.SpanKind() != w.SpanKind() || !g.StartTime().Equal(w.StartTime()) || !g.EndTime().Equal(w.EndTime()) ||
+					g.Status() != w.Status() || g.InstrumentationScope() != w.InstrumentationScope() || !g.Resource().Equal(w.Resource()) ||
+					g.ChildSpanCount() != w.ChildSpanCount() || len(g.Links())+len(g.Events()) != len(w.Links())+len(w.Events()) ||
+					g.DroppedAttributes()+g.DroppedLinks()+g.DroppedEvents() != w.DroppedAttributes()+w.DroppedLinks()+w.DroppedEvents() {
+					t.Errorf("span %d: direct %q %v parent %v kind %v %v..%v %v %v %v children %d\n                SDK %q %v parent %v kind %v %v..%v %v %v %v children %d", i,
+						g.Name(), gsc, gp, g.SpanKind(), g.StartTime(), g.EndTime(), g.Status(), g.InstrumentationScope(), g.Resource(), g.ChildSpanCount(),
+						w.Name(), wsc, wp, w.SpanKind(), w.StartTime(), w.EndTime(), w.Status(), w.InstrumentationScope(), w.Resource(), w.ChildSpanCount())
+				}
+				if ga, wa := attrs(g), attrs(w); len(ga) != len(wa) || len(g.Attributes()) != len(w.Attributes()) {
+					t.Errorf("span %d: direct attributes %v, SDK %v", i, g.Attributes(), w.Attributes())
+				} else {
+					for k, v := range wa {
+						if ga[k] != v {
+							t.Errorf("span %d: attribute %s = %v, SDK %v", i, k, ga[k].Emit(), v.Emit())
+						}
+					}
+				}
+			}
+		})
 	}
 }

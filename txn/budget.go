@@ -99,15 +99,32 @@ func appendUsage(b []byte, u Usage) ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		k, err := json.Marshal(n)
-		if err != nil {
-			return nil, err
+		if plainName(n) {
+			// Budget names are plain (calls, cpu_ms, …): quoted as they are.
+			b = append(append(append(b, '"'), n...), '"')
+		} else {
+			k, err := json.Marshal(n)
+			if err != nil {
+				return nil, err
+			}
+			b = append(b, k...)
 		}
-		b = append(b, k...)
 		b = append(b, ':')
 		b = strconv.AppendInt(b, u[n], 10)
 	}
 	return append(b, '}'), nil
+}
+
+// plainName reports whether json.Marshal writes name as it is, quoted:
+// ASCII letters, digits, '_', '-' and '.'.
+func plainName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // checkBudget refuses when used+want exceeds any limit. Names absent from

@@ -12,7 +12,7 @@ import (
 // leaving anything else to it.
 func TestUsageEncoding(t *testing.T) {
 	usages := []Usage{{}, {BudgetCalls: 1}, {BudgetCalls: 3, BudgetNetBytes: -2, BudgetCPUMillis: 1 << 62},
-		{"<a&b>": 1, "é\u2028": 2, `q"\`: 3, "\xff": 4}}
+		{"<a&b>": 1, "é\u2028": 2, `q"\`: 3, "\xff": 4}, {"a-b.c_D9": 5, "x y": 6}}
 	for _, u := range usages {
 		want, err := json.Marshal(u)
 		if err != nil {

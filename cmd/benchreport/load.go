@@ -39,6 +39,9 @@ type target struct {
 	pid  int
 	body func(w, i int) []byte
 	want []byte
+	// header, unless nil, is worker w's request headers beside
+	// Content-Type (an MCP session's, say).
+	header func(w int) http.Header
 }
 
 // measure runs c workers against t for warm then d, and reports the
@@ -70,8 +73,12 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 					on = true
 				default:
 				}
+				var h http.Header
+				if t.header != nil {
+					h = t.header(w)
+				}
 				t0 := time.Now()
-				err := post(client, t.url, t.body(w, i), t.want)
+				err := post(client, t.url, h, t.body(w, i), t.want)
 				if err != nil {
 					mu.Lock()
 					failure = fmt.Errorf("%s c=%d: %w", t.name, c, err)
@@ -120,8 +127,16 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 	}, nil
 }
 
-func post(client *http.Client, url string, body, want []byte) error {
-	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+func post(client *http.Client, url string, header http.Header, body, want []byte) error {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

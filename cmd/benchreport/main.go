@@ -9,11 +9,15 @@
 // policy decision the kernel makes for that call. Then it runs the
 // in-process benchmarks (go test -bench) for Invoke, durable writes
 // against bare bbolt, the ledger at one million entries and proc.exec
-// against bare bwrap.
+// against bare bwrap. Besides, one kernel in a server process of its own
+// (this program, -serve-gateway) serves its HTTP API and the MCP gateway
+// side by side, and the same echo call is measured through each
+// (gateway.go).
 //
 // Run it from the module root (make bench-report does).
 //
 //	go run ./cmd/benchreport [-duration 3s] [-out docs/benchmarks.md]
+//	go run ./cmd/benchreport -gateway-only [-gateway-profile FILE]
 package main
 
 import (
@@ -49,7 +53,18 @@ func main() {
 	telemetryOnly := flag.Bool("telemetry-only", false, "only compare the audited HTTP call with metrics and traces on and off; print that section, write nothing")
 	memoryOnly := flag.Bool("memory-only", false, "only measure serve's memory under 200 clients; print that section, write nothing")
 	profile := flag.String("profile", "", "write a CPU profile of kernelctl serve during fs.read at c=32 to this file (go tool pprof bin/kernelctl FILE)")
+	gatewayOnly := flag.Bool("gateway-only", false, "only compare the MCP gateway with the kernel's HTTP API; print that section, write nothing")
+	gatewayProfile := flag.String("gateway-profile", "", "write a CPU profile of the gateway's server process during tools/call at c=8 to this file")
+	serveGatewayData := flag.String("serve-gateway", "", "internal: be the gateway comparison's server process on this data dir")
+	gatewayPprof := flag.String("gateway-pprof", "", "internal: with -serve-gateway, serve the profiler on this address")
 	flag.Parse()
+	if *serveGatewayData != "" {
+		if err := serveGateway(*serveGatewayData, *gatewayPprof); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var section func(r *report, bin, tmp string, d time.Duration) error
 	switch {
 	case *telemetryOnly:
@@ -68,6 +83,16 @@ func main() {
 			r.memoryMarkdown(printLine)
 			return nil
 		}
+	case *gatewayOnly:
+		section = func(r *report, _, tmp string, d time.Duration) error {
+			if err := r.measureGateway(tmp, *gatewayProfile, d); err != nil {
+				return err
+			}
+			r.gatewayMarkdown(printLine)
+			g := r.gatewayGoalLine()
+			printLine("\n%s: %s (met: %s)", g.goal, g.measured, g.met)
+			return nil
+		}
 	}
 	if section != nil {
 		if err := runAlone(*duration, section); err != nil {
@@ -76,13 +101,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*duration, *benchtime, *inProcess, *profile, *out, *svg); err != nil {
+	if err := run(*duration, *benchtime, *inProcess, *profile, *gatewayProfile, *out, *svg); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
 	}
 }
 
-func run(d time.Duration, benchtime string, inProcess bool, profile, out, svg string) error {
+func run(d time.Duration, benchtime string, inProcess bool, profile, gatewayProfile, out, svg string) error {
 	began := time.Now()
 	root, err := os.Getwd()
 	if err != nil {
@@ -113,6 +138,9 @@ func run(d time.Duration, benchtime string, inProcess bool, profile, out, svg st
 		return err
 	}
 	if err := rep.measureTelemetry(bin, tmp, d); err != nil {
+		return err
+	}
+	if err := rep.measureGateway(tmp, gatewayProfile, d); err != nil {
 		return err
 	}
 	if err := rep.measureMemory(bin, tmp, d); err != nil {

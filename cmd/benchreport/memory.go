@@ -158,7 +158,7 @@ func (r *report) memoryMarkdown(w func(string, ...any)) {
 	if len(r.Memory) == 0 {
 		return
 	}
-	w("## 8. Memory held under %d clients", memoryClients)
+	w("## 9. Memory held under %d clients", memoryClients)
 	w("")
 	w("`kernelctl serve` answering the audited fs.read of section 1–2 to %d concurrent clients (closed loop, a session each), once with serve's own GC target (GOGC unset; see serverGCPercent in cmd/kernelctl/serve.go) and once with Go's default (GOGC=100). Resident memory of the server process from /proc: before the load, the mean of samples every 50 ms during it, and the peak since start (VmHWM).", memoryClients)
 	w("")

@@ -18,6 +18,7 @@ type report struct {
 	OPAInput              string
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
+	Gateway               []point // measureGateway's rounds
 	Memory                []memoryPoint
 	Go                    []result
 }
@@ -191,6 +192,7 @@ func (r *report) markdown() []byte {
 		w("| %s | %s | %s | %s× |", root, r.metric(n, "bare-ms/op"), r.metric(n, "invoke-ms/op"), r.metric(n, "ratio"))
 	}
 	r.upstreamSection(w)
+	r.gatewayMarkdown(w)
 	w("")
 	r.memoryMarkdown(w)
 	r.storageMarkdown(w)
@@ -263,7 +265,7 @@ func (r *report) goals() []goal {
 	add("proc.exec in a staged rw root ≤ 1.6× bare bwrap", v, ok, "×", v <= 1.6)
 	v, ok = get("BenchmarkAuditStorage/fs.read/full", "db-bytes/call")
 	add("kernel.db per audited fs.read 1 KiB, payloads kept ≤ 2 KB (issue 19)", v, ok, " B", v <= 2000)
-	return out
+	return append(out, r.gatewayGoalLine())
 }
 
 func yes(ok bool) string {
@@ -301,7 +303,7 @@ func (r *report) upstreamSection(w func(string, ...any)) {
 // storageMarkdown reports BenchmarkAuditStorage: what kernel.db keeps per
 // audited call.
 func (r *report) storageMarkdown(w func(string, ...any)) {
-	w("## 9. Storage per call")
+	w("## 10. Storage per call")
 	w("")
 	w("`BenchmarkAuditStorage`: bytes kernel.db grows by per audited call at steady state (after 1,000 calls; 8 calls at a time, so commits are grouped), reading or writing real text (this repository's docs), with payloads kept (depth `full`) and with commitments only; live bytes leave out the free pages the file holds. Payloads of 2 KiB or more are stored compressed (docs/formats.md).")
 	w("")

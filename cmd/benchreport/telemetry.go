@@ -130,11 +130,17 @@ func echoTarget(name string, ks *proc, data string) (target, error) {
 // the throughput over all of them, CPU per call over all of them, and
 // the median of the rounds' p50 and p99.
 func (r *report) telemetrySum(name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
+	return sumRounds(r.Telemetry, name, c)
+}
+
+// sumRounds takes the rounds in ps of one target at one concurrency
+// together, as telemetrySum says.
+func sumRounds(ps []point, name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
 	var calls int
 	var secs float64
 	var cpuTotal time.Duration
 	var p50s, p99s []time.Duration
-	for _, p := range r.Telemetry {
+	for _, p := range ps {
 		if p.Target != name || p.Concurrency != c {
 			continue
 		}
