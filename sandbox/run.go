@@ -217,14 +217,18 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	defer cancelTimeout()
 
 	start := time.Now()
-	// Start and wait from a goroutine locked to its own OS thread, which
-	// it never unlocks, so the thread ends with the run: the chain's
-	// parent-death signals (Go's Pdeathsig, bwrap's --die-with-parent)
-	// follow the thread that forked, not the process.
+	// Start and wait from a goroutine locked to its OS thread until the
+	// chain is reaped: the chain's parent-death signals (Go's Pdeathsig,
+	// bwrap's --die-with-parent) follow the thread that forked, not the
+	// process, and no other goroutine may run on that thread meanwhile
+	// (one that locked it and exited would end the thread, and the chain
+	// with it). Afterwards the thread goes back to the runtime, which
+	// would otherwise make a new one for every run.
 	startErr := make(chan error, 1)
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		if err := cmd.Start(); err != nil {
 			startErr <- err
 			return
