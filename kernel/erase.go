@@ -334,7 +334,7 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 		committed[e.Seq] = true
 		p, err := getPayload(tx, e.Seq)
 		if err != nil {
-			bad = &ledger.VerifyError{Seq: e.Seq, Reason: err.Error()}
+			bad = &ledger.VerifyError{Seq: e.Seq, Reason: fmt.Sprintf("audit record %d: its payload does not decode (tampered): %v", e.Seq, err)}
 			return stop
 		}
 		if p == nil && !t.erased[e.Seq] && depth == DepthFull {

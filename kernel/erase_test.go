@@ -187,6 +187,14 @@ func TestCommitmentsAndErasure(t *testing.T) {
 			}
 			return tx.Bucket(bucketPayloads).Put(k, packPayload(bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1)))
 		}, r.LedgerSeq},
+		{"payload garbled", func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), []byte(`{"args":`))
+		}, r.LedgerSeq},
+		{"payload frame damaged", func(tx *bbolt.Tx) error {
+			frame := packPayload([]byte(`{"result":"` + strings.Repeat("pin 4711 ", 400) + `"}`))
+			frame[len(frame)/2] ^= 0xff
+			return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), frame)
+		}, r.LedgerSeq},
 		{"payload dropped without an erasure record", func(tx *bbolt.Tx) error {
 			return tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, r.LedgerSeq))
 		}, r.LedgerSeq},

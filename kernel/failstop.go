@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
+
+	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/txn"
@@ -74,8 +77,8 @@ func (k *Kernel) stopped(c *call, err error) *Result {
 // effects (Apply is idempotent) before the kernel fails stop.
 const applyAttempts = 3
 
-// apply makes a committed call's effects visible and durable. When it
-// cannot, the call is not answered ok while its effect is missing: the
+// apply makes a committed call's effects visible (finish makes them
+// durable, after the answer). When it cannot, the call is not answered ok while its effect is missing: the
 // kernel fails stop and the next start redoes the apply from the durable
 // intent. It returns nil on success, else the answer.
 func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result {
@@ -88,10 +91,34 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result 
 	if err != nil {
 		return k.stopped(c, k.failStop("apply of committed operation "+c.env.OperationID+" to", rootNames(stage), err))
 	}
-	if err := k.syncer.Sync(stage.Roots()...); err != nil {
-		return k.stopped(c, k.failStop("syncfs (making applied files durable) of", rootNames(stage), err))
-	}
 	return nil
+}
+
+// finish ends a committed and applied call after it is answered. The
+// answer waits for no syncfs of the workspace: the commit is durable, and
+// recovery redoes an apply from its intent (in commit order, over the
+// pre-image only) until Finish ends the intent. So Finish is queued only
+// once the applied effects are durable — a Finish durable before them
+// would lose them in a crash — and a failed syncfs fails the kernel stop,
+// leaving the redo to the next start. The call's path locks, released by
+// unlock, are held until Finish is queued, so that a later commit on the
+// same paths lands in the same or a later transaction than the mark and
+// recovery never redoes an earlier call over a later one's content.
+func (k *Kernel) finish(opID string, stage *txn.Stage, unlock func()) {
+	k.finishing.Add(1)
+	names := rootNames(stage)
+	k.syncer.SyncThen(func(err error) {
+		defer k.finishing.Done()
+		defer unlock()
+		if err != nil {
+			k.failStop("syncfs (making applied files durable) of", names, err)
+			return
+		}
+		k.db.UpdateAsync(func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
+			return txn.Finish(tx, opID)
+		})
+	}, stage.Roots()...)
 }
 
 // recordFailed answers a call whose commit could not be recorded. After a

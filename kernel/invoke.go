@@ -690,7 +690,12 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	locks := k.locks.plan(fsKeys, kvKeys)
 	k.locks.lock(locks)
-	defer k.locks.unlock(locks)
+	held := true // until finish takes the locks over
+	defer func() {
+		if held {
+			k.locks.unlock(locks)
+		}
+	}()
 
 	if class, msg := c.checkFiles(); class != "" {
 		return k.deny(ctx, c, class, msg)
@@ -821,12 +826,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if len(effects) == 0 {
 		return &c.res // finished at commit
 	}
-	// Queued before the path locks are released, so any later commit on
-	// these paths lands in the same or a later transaction than this mark.
-	k.db.UpdateAsync(func(tx *bbolt.Tx) error {
-		defer k.onSequencer(time.Now())
-		return txn.Finish(tx, in.OperationID)
-	})
+	held = false
+	k.finish(in.OperationID, stage, func() { k.locks.unlock(locks) })
 	return &c.res
 }
 

@@ -49,7 +49,8 @@ type Kernel struct {
 	verifier   *captoken.Verifier
 	locks      *pathLocks
 	syncer     *txn.Syncer
-	cpSigner   note.Signer // signs the ledger checkpoints (receipt key, named by the kernel id)
+	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
+	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
@@ -259,6 +260,7 @@ func (k *Kernel) Close() error {
 		close(k.stopWatch)
 		k.stopWatch = nil
 	}
+	k.finishing.Wait()
 	err := k.db.Close()
 	if err == nil {
 		k.syncer.Close()

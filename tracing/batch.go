@@ -175,6 +175,11 @@ func (b *batcher) export(ctx context.Context) error {
 		ectx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
 		err := b.exp.ExportSpans(ectx, q[:n])
 		cancel()
+		for _, s := range q[:n] {
+			if r, ok := s.(interface{ release() }); ok {
+				r.release() // exported or failed: the exporter is done with it
+			}
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

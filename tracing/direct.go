@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -33,6 +34,10 @@ type direct struct {
 	sampler sdktrace.Sampler
 	res     *resource.Resource
 	scope   instrumentation.Scope
+	// pool recycles a call's spans once they are exported (see
+	// callSpan.release): they were most of the bytes tracing allocated
+	// per call.
+	pool sync.Pool
 }
 
 // maxCallAttrs is the most attributes callAttrs makes; a sampler's
@@ -52,7 +57,10 @@ type callSpans struct {
 // the sink, stages first (they end before the call), in the order the
 // SDK would.
 func (d *direct) record(parent context.Context, r *kernel.CallReport, toolCallID string) {
-	c := new(callSpans)
+	c, _ := d.pool.Get().(*callSpans)
+	if c == nil {
+		c = new(callSpans)
+	}
 	attrs := callAttrs(c.attrs[:0], r, toolCallID)
 	name := spanName(r.ToolID)
 	psc := trace.SpanContextFromContext(parent)
@@ -67,13 +75,15 @@ func (d *direct) record(parent context.Context, r *kernel.CallReport, toolCallID
 		// Not sampled: the batcher, the only processor, exports
 		// sampled spans alone (a RecordOnly span would be recorded for
 		// nothing).
+		*c = callSpans{}
+		d.pool.Put(c)
 		return
 	}
 	attrs = append(attrs, res.Attributes...)
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: tid, SpanID: newSpanID(), TraceFlags: psc.TraceFlags() | trace.FlagsSampled, TraceState: res.Tracestate,
 	})
-	c.call = callSpan{spanBase: spanBase{d: d}, name: name, sc: sc, parent: psc, start: r.Start, end: r.End, attrs: attrs, children: len(r.Stages)}
+	c.call = callSpan{spanBase: spanBase{d: d}, owner: c, name: name, sc: sc, parent: psc, start: r.Start, end: r.End, attrs: attrs, children: len(r.Stages)}
 	if o := outcomeOf(r); o != "ok" {
 		c.call.status = sdktrace.Status{Code: codes.Error, Description: o}
 	}
@@ -144,6 +154,7 @@ func (spanBase) DroppedEvents() int { return 0 }
 // callSpan is a call's span.
 type callSpan struct {
 	spanBase
+	owner      *callSpans
 	name       string
 	sc, parent trace.SpanContext
 	start, end time.Time
@@ -175,6 +186,17 @@ func (s *callSpan) Status() sdktrace.Status { return s.status }
 
 // ChildSpanCount implements sdktrace.ReadOnlySpan: the call's stages.
 func (s *callSpan) ChildSpanCount() int { return s.children }
+
+// release recycles the spans of s's call. The batcher calls it once it
+// has exported s: a call's spans are queued together, stages first, and
+// exported in queue order, so its stages are exported by then too, and
+// nothing else holds them (the exporters keep nothing of the spans they
+// are given).
+func (s *callSpan) release() {
+	c, d := s.owner, s.d // s is in c
+	*c = callSpans{}
+	d.pool.Put(c)
+}
 
 // stageSpan is a stage's span, child of its call's. It keeps only what
 // is its own, in few bytes: a call's 7 stage spans were most of what it

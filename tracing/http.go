@@ -11,7 +11,9 @@ import (
 // traceparent (and tracestate) headers when they are valid. Without a
 // traceparent header it is r.Context() itself, at no cost.
 func FromHTTP(r *http.Request) context.Context {
-	if r.Header.Get("traceparent") == "" {
+	// The header's canonical key, looked up as it is: Header.Get would
+	// make the canonical form of "traceparent" on every request.
+	if len(r.Header["Traceparent"]) == 0 {
 		return r.Context()
 	}
 	return traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))

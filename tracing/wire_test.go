@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
@@ -188,5 +190,90 @@ func TestJSONProtocol(t *testing.T) {
 		if len(types) != 1 || types[0] != tt.want || !strings.Contains(string(body), "execute_tool fs.write") {
 			t.Errorf("protocol %q, traces %q: requests %v, body %q; want one %s with the call's span", tt.protocol, tt.traces, types, body, tt.want)
 		}
+	}
+}
+
+// TestProviderExportsEveryCall: calls traced from several goroutines,
+// exported in batches of 5 spans (a call's 8 spans straddle batches) and
+// their memory recycled after export, all reach the collector intact:
+// each call's span with its own attributes, each of its stages once,
+// under it, with the stage's times.
+func TestProviderExportsEveryCall(t *testing.T) {
+	t.Setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "1")
+	rc := newCaptured(t)
+	p, err := NewProvider(context.Background(), rc.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := p.Observer()
+	const workers, calls = 4, 50
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				r := report(`{"session_id":"s1"}`, context.Background())
+				r.OperationID = fmt.Sprintf("op-%d-%d", w, i)
+				r.LedgerSeq = uint64(w*calls + i + 1)
+				tr.CallDone(r)
+			}
+		})
+	}
+	wg.Wait()
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := report("", context.Background()).Stages
+	type call struct {
+		seq    int64
+		stages []string
+	}
+	byID := map[string]*call{}  // call span id -> call
+	byOp := map[string]string{} // operation id -> call span id
+	var stages []*tracepb.Span
+	for _, req := range rc.reqs {
+		for _, rs := range req.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					if s.Name != "execute_tool fs.write" {
+						stages = append(stages, s)
+						continue
+					}
+					a := map[string]*commonpb.AnyValue{}
+					for _, kv := range s.Attributes {
+						a[kv.Key] = kv.Value
+					}
+					op := a["capkernel.operation.id"].GetStringValue()
+					if _, dup := byOp[op]; dup || a["gen_ai.tool.call.id"].GetStringValue() != op {
+						t.Errorf("call span of %s: repeated or with tool call id %q", op, a["gen_ai.tool.call.id"].GetStringValue())
+					}
+					byOp[op] = string(s.SpanId)
+					byID[string(s.SpanId)] = &call{seq: a["capkernel.ledger.seq"].GetIntValue()}
+				}
+			}
+		}
+	}
+	for _, s := range stages {
+		c := byID[string(s.ParentSpanId)]
+		if c == nil {
+			t.Errorf("stage span %q without its call's", s.Name)
+			continue
+		}
+		st := want[len(c.stages)%len(want)]
+		if s.Name != st.Stage || s.StartTimeUnixNano != uint64(st.Start.UnixNano()) || s.EndTimeUnixNano != uint64(st.End.UnixNano()) {
+			t.Errorf("stage span %q %d..%d, want %q %v..%v", s.Name, s.StartTimeUnixNano, s.EndTimeUnixNano, st.Stage, st.Start, st.End)
+		}
+		c.stages = append(c.stages, s.Name)
+	}
+	seqs := map[int64]bool{}
+	for op, id := range byOp {
+		c := byID[id]
+		if len(c.stages) != len(want) || seqs[c.seq] || c.seq == 0 {
+			t.Errorf("%s: stages %v, ledger seq %d (repeated %v)", op, c.stages, c.seq, seqs[c.seq])
+		}
+		seqs[c.seq] = true
+	}
+	if len(byOp) != workers*calls || len(stages) != workers*calls*len(want) {
+		t.Errorf("%d calls and %d stage spans received, want %d and %d", len(byOp), len(stages), workers*calls, workers*calls*len(want))
 	}
 }

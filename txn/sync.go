@@ -24,7 +24,7 @@ type Syncer struct {
 
 type syncReq struct {
 	roots []*os.Root
-	done  chan error
+	done  func(error)
 }
 
 // NewSyncer starts a Syncer; Close stops it.
@@ -39,9 +39,21 @@ func (s *Syncer) Sync(roots ...*os.Root) error {
 	if len(roots) == 0 {
 		return nil
 	}
-	r := &syncReq{roots: roots, done: make(chan error, 1)}
-	s.reqs <- r
-	return <-r.done
+	done := make(chan error, 1)
+	s.reqs <- &syncReq{roots: roots, done: func(err error) { done <- err }}
+	return <-done
+}
+
+// SyncThen is Sync without the wait: then runs with Sync's result once the
+// changes made so far under roots are durable (or could not be made so),
+// on the Syncer's goroutine, so it must be quick and never call the
+// Syncer.
+func (s *Syncer) SyncThen(then func(error), roots ...*os.Root) {
+	if len(roots) == 0 {
+		then(nil)
+		return
+	}
+	s.reqs <- &syncReq{roots: roots, done: then}
 }
 
 // Close stops the Syncer once queued requests are answered. No Sync may
@@ -69,7 +81,7 @@ func (s *Syncer) loop() {
 		}
 		err := SyncRoots(roots...)
 		for _, r := range batch {
-			r.done <- err
+			r.done(err)
 		}
 	}
 }

@@ -2,16 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // A point is one closed-loop load measurement: c workers, each sending its
@@ -180,3 +186,40 @@ func selfCPU() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// benchToken mints a token of agent "bench" with req's grants on the
+// served kernel ks (data dir data, whose admin credential it reads) and
+// returns it with the kernel's policy hash.
+func benchToken(ks *proc, data string, req kernel.TokenRequest) (*kernel.MintedToken, string, error) {
+	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
+	if err != nil {
+		return nil, "", err
+	}
+	ctx := context.Background()
+	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
+	req.AgentID = "bench"
+	tok, err := c.Mint(ctx, req)
+	if err != nil {
+		return nil, "", fmt.Errorf("mint: %w", err)
+	}
+	ph, err := c.PolicyHash(ctx)
+	return tok, ph, err
+}
+
+// sessionCall returns the bodies of the audited calls of tool under tok
+// (policy hash ph) to POST /v1/syscalls: args(i) are the arguments of a
+// worker's i-th call, and each worker is its own agent session, as
+// concurrent agents are.
+func sessionCall(tok *kernel.MintedToken, ph, tool string, args func(i int) string) func(w, i int) []byte {
+	return func(w, i int) []byte {
+		b, _ := json.Marshal(map[string]any{
+			"tool_id": tool, "args": json.RawMessage(args(i)), "agent_id": tok.AgentID,
+			"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
+			"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
+		})
+		return b
+	}
+}
+
+// same is the arguments of every call: args.
+func same(args string) func(int) string { return func(int) string { return args } }

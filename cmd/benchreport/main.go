@@ -229,20 +229,7 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	// Each worker is its own agent session, as concurrent agents are;
-	// args(i) are the arguments of a worker's i-th call.
-	env := func(tool string, args func(i int) string) func(w, i int) []byte {
-		return func(w, i int) []byte {
-			b, _ := json.Marshal(map[string]any{
-				"tool_id": tool, "args": json.RawMessage(args(i)), "agent_id": tok.AgentID,
-				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
-				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
-			})
-			return b
-		}
-	}
-	same := func(args string) func(int) string { return func(int) string { return args } }
-	readEnv := env("fs.read", same(`{"path":"a.txt"}`))
+	readEnv := sessionCall(tok, ph, "fs.read", same(`{"path":"a.txt"}`))
 	input, err := policyInput(ctx, &httpapi.Client{BaseURL: ks.url}, c, readEnv(0, 0))
 	if err != nil {
 		return err
@@ -257,11 +244,11 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	opaBody, _ := json.Marshal(map[string]json.RawMessage{"input": input})
 
 	targets := []target{
-		{name: kernelEcho, url: ks.url + "/v1/syscalls", pid: ks.pid, body: env("echo", same(`{"text":"hello"}`)), want: []byte(`"status":"ok"`)},
+		{name: kernelEcho, url: ks.url + "/v1/syscalls", pid: ks.pid, body: sessionCall(tok, ph, "echo", same(`{"text":"hello"}`)), want: []byte(`"status":"ok"`)},
 		{name: kernelRead, url: ks.url + "/v1/syscalls", pid: ks.pid, body: readEnv, want: []byte(`"status":"ok"`)},
 		// New args on every call make every policy input new: the
 		// decision cache never answers, OPA evaluates each call.
-		{name: kernelEchoEval, url: ks.url + "/v1/syscalls", pid: ks.pid, body: env("echo", func(i int) string { return fmt.Sprintf(`{"text":"hello %d"}`, i) }), want: []byte(`"status":"ok"`)},
+		{name: kernelEchoEval, url: ks.url + "/v1/syscalls", pid: ks.pid, body: sessionCall(tok, ph, "echo", func(i int) string { return fmt.Sprintf(`{"text":"hello %d"}`, i) }), want: []byte(`"status":"ok"`)},
 		{name: opaServer, url: opa.url + "/v1/data/capkernel/decision", pid: opa.pid,
 			body: func(int, int) []byte { return opaBody }, want: []byte(`"autonomy_mode":"autopilot"`)},
 	}

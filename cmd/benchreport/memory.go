@@ -1,11 +1,10 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
-	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 )
 
@@ -21,68 +19,98 @@ import (
 // loads a kernel with.
 const memoryClients = 200
 
+// memoryBaseline is the commit whose kernelctl the memory section
+// measures beside this tree's: the one issue 17 measured its figures on,
+// before the lean-call work.
+const memoryBaseline = "d880971"
+
 // A memoryPoint is one kernel's load point at memoryClients with the
 // resident memory of its process: before the load, the mean of samples
 // taken while it ran, and the peak (VmHWM, since the process started).
 type memoryPoint struct {
+	Build            string // "" for this tree's kernelctl, else the commit built
 	GOGC             string // "" for serve's own setting
 	Load             point
 	Idle, Mean, Peak int64 // bytes
 }
 
-// memoryVariants are the GC settings compared: serve's own (GOGC unset)
-// against Go's default.
-var memoryVariants = []string{"", "100"}
+// name says which kernel and GC setting m measured.
+func (m memoryPoint) name() string {
+	s := "this tree, GOGC unset (serve's own)"
+	if m.Build != "" {
+		s = m.Build + " (before), GOGC unset (serve's own)"
+	}
+	if m.GOGC != "" {
+		s = strings.Replace(s, "GOGC unset (serve's own)", "GOGC="+m.GOGC, 1)
+	}
+	return s
+}
 
-// measureMemory serves a kernel per GC setting and runs memoryClients
-// concurrent clients of the audited fs.read against it, sampling the
-// process's resident memory from /proc every 50 ms.
+// measureMemory serves a kernel per variant — this tree's with serve's
+// own GC setting (GOGC unset) and with Go's default, and memoryBaseline's
+// with its own — and runs memoryClients concurrent clients of the audited
+// fs.read against each, sampling the process's resident memory from /proc
+// every 50 ms. The baseline is left out, with a note on stderr, when it
+// cannot be built (no git history, as in a shallow clone).
 func (r *report) measureMemory(bin, tmp string, d time.Duration) error {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: memoryClients, MaxConnsPerHost: memoryClients}}
 	defer client.CloseIdleConnections()
-	for _, gogc := range memoryVariants {
-		name := "GOGC unset"
-		if gogc != "" {
-			name = "GOGC=" + gogc
+	variants := []memoryPoint{{}, {GOGC: "100"}}
+	old, err := buildAt(memoryBaseline, tmp)
+	if err != nil {
+		step("memory: no baseline (%v)", err)
+	} else {
+		variants = append(variants, memoryPoint{Build: memoryBaseline})
+	}
+	for i, v := range variants {
+		kernelctl := filepath.Join(bin, "kernelctl")
+		if v.Build != "" {
+			kernelctl = old
 		}
-		data, ws := filepath.Join(tmp, "memory-"+name), filepath.Join(tmp, "memory-ws-"+name)
-		if err := initKernel(bin, data, ws); err != nil {
+		data, ws := filepath.Join(tmp, fmt.Sprintf("memory-%d", i)), filepath.Join(tmp, fmt.Sprintf("memory-ws-%d", i))
+		if err := initKernel(filepath.Dir(kernelctl), data, ws); err != nil {
 			return err
 		}
 		var env []string
-		if gogc != "" {
-			env = []string{"GOGC=" + gogc}
+		if v.GOGC != "" {
+			env = []string{"GOGC=" + v.GOGC}
 		}
-		step("HTTP kernel fs.read at c=%d, %s", memoryClients, name)
-		ks, err := startKernelEnv(env, filepath.Join(bin, "kernelctl"), data, "")
+		step("HTTP kernel fs.read at c=%d, %s", memoryClients, v.name())
+		ks, err := startKernelEnv(env, kernelctl, data, "")
 		if err != nil {
 			return err
 		}
-		m, err := loadMemory(client, ks, data, ws, name, d)
+		m, err := loadMemory(client, ks, data, ws, v.name(), d)
 		ks.stop()
 		if err != nil {
 			return err
 		}
-		m.GOGC = gogc
+		m.Build, m.GOGC = v.Build, v.GOGC
 		r.Memory = append(r.Memory, m)
 	}
 	return nil
 }
 
+// buildAt builds kernelctl as of commit rev into tmp/<rev>/kernelctl,
+// from a detached git worktree that it removes again.
+func buildAt(rev, tmp string) (string, error) {
+	src, out := filepath.Join(tmp, "src-"+rev), filepath.Join(tmp, rev)
+	if err := sh(nil, "git", "worktree", "add", "--detach", src, rev); err != nil {
+		return "", err
+	}
+	defer sh(nil, "git", "worktree", "remove", "--force", src)
+	cmd := exec.Command("go", "build", "-o", filepath.Join(out, "kernelctl"), "./cmd/kernelctl")
+	cmd.Dir, cmd.Stdout, cmd.Stderr = src, os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build of kernelctl at %s: %w", rev, err)
+	}
+	return filepath.Join(out, "kernelctl"), nil
+}
+
 // loadMemory runs the fs.read load on the served kernel ks and samples
 // its memory.
 func loadMemory(client *http.Client, ks *proc, data, ws, name string, d time.Duration) (memoryPoint, error) {
-	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
-	if err != nil {
-		return memoryPoint{}, err
-	}
-	ctx := context.Background()
-	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
-	tok, err := c.Mint(ctx, kernel.TokenRequest{AgentID: "bench", Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: ws, Mode: "r"}}})
-	if err != nil {
-		return memoryPoint{}, fmt.Errorf("mint: %w", err)
-	}
-	ph, err := c.PolicyHash(ctx)
+	tok, ph, err := benchToken(ks, data, kernel.TokenRequest{Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: ws, Mode: "r"}}})
 	if err != nil {
 		return memoryPoint{}, err
 	}
@@ -91,14 +119,7 @@ func loadMemory(client *http.Client, ks *proc, data, ws, name string, d time.Dur
 		return m, err
 	}
 	t := target{name: "kernel fs.read 1 KiB, " + name, url: ks.url + "/v1/syscalls", pid: ks.pid, want: []byte(`"status":"ok"`),
-		body: func(w, _ int) []byte {
-			b, _ := json.Marshal(map[string]any{
-				"tool_id": "fs.read", "args": map[string]string{"path": "a.txt"}, "agent_id": tok.AgentID,
-				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
-				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
-			})
-			return b
-		}}
+		body: sessionCall(tok, ph, "fs.read", same(`{"path":"a.txt"}`))}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var sum, n int64
@@ -160,16 +181,12 @@ func (r *report) memoryMarkdown(w func(string, ...any)) {
 	}
 	w("## 9. Memory held under %d clients", memoryClients)
 	w("")
-	w("`kernelctl serve` answering the audited fs.read of section 1–2 to %d concurrent clients (closed loop, a session each), once with serve's own GC target (GOGC unset; see serverGCPercent in cmd/kernelctl/serve.go) and once with Go's default (GOGC=100). Resident memory of the server process from /proc: before the load, the mean of samples every 50 ms during it, and the peak since start (VmHWM).", memoryClients)
+	w("`kernelctl serve` answering the audited fs.read of section 1–2 to %d concurrent clients (closed loop, a session each): this tree's kernel with serve's own GC target (GOGC unset; see serverGCPercent in cmd/kernelctl/serve.go) and with Go's default (GOGC=100), and the kernel as of %s, the commit issue 17 measured before the lean-call work, with its own. Resident memory of the server process from /proc: before the load, the mean of samples every 50 ms during it, and the peak since start (VmHWM).", memoryClients, memoryBaseline)
 	w("")
-	w("| GC setting | calls/s | p99 µs | server CPU µs/call | RSS idle MiB | RSS mean MiB | RSS peak MiB |")
+	w("| kernel, GC setting | calls/s | p99 µs | server CPU µs/call | RSS idle MiB | RSS mean MiB | RSS peak MiB |")
 	w("|---|---:|---:|---:|---:|---:|---:|")
 	for _, m := range r.Memory {
-		name := "GOGC unset (serve's own)"
-		if m.GOGC != "" {
-			name = "GOGC=" + m.GOGC
-		}
-		w("| %s | %s | %s | %s | %s | %s | %s |", name, num(m.Load.Rate()), µs(m.Load.P99), µs(m.Load.ServerCPU), mib(m.Idle), mib(m.Mean), mib(m.Peak))
+		w("| %s | %s | %s | %s | %s | %s | %s |", m.name(), num(m.Load.Rate()), µs(m.Load.P99), µs(m.Load.ServerCPU), mib(m.Idle), mib(m.Mean), mib(m.Peak))
 	}
 	w("")
 }

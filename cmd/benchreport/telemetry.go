@@ -1,20 +1,16 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 )
 
@@ -101,29 +97,12 @@ func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
 // echoTarget mints a token on the served kernel ks (data dir data) and
 // returns the audited echo call as a load target, a session per worker.
 func echoTarget(name string, ks *proc, data string) (target, error) {
-	admin, err := os.ReadFile(filepath.Join(data, kernel.AdminFile))
-	if err != nil {
-		return target{}, err
-	}
-	ctx := context.Background()
-	c := &httpapi.Client{BaseURL: ks.url, Credential: strings.TrimSpace(string(admin))}
-	tok, err := c.Mint(ctx, kernel.TokenRequest{AgentID: "bench", Tools: []string{"echo"}})
-	if err != nil {
-		return target{}, fmt.Errorf("mint: %w", err)
-	}
-	ph, err := c.PolicyHash(ctx)
+	tok, ph, err := benchToken(ks, data, kernel.TokenRequest{Tools: []string{"echo"}})
 	if err != nil {
 		return target{}, err
 	}
 	return target{name: name, url: ks.url + "/v1/syscalls", pid: ks.pid, want: []byte(`"status":"ok"`),
-		body: func(w, _ int) []byte {
-			b, _ := json.Marshal(map[string]any{
-				"tool_id": "echo", "args": map[string]string{"text": "hello"}, "agent_id": tok.AgentID,
-				"capability_token": tok.Token, "capability_token_id": tok.ID, "policy_hash": ph,
-				"provenance": map[string]any{"session_id": fmt.Sprintf("bench-%d", w)},
-			})
-			return b
-		}}, nil
+		body: sessionCall(tok, ph, "echo", same(`{"text":"hello"}`))}, nil
 }
 
 // telemetrySum is one target's rounds at one concurrency taken together:
