@@ -49,14 +49,15 @@ func (k *killer) forkRefused() bool {
 }
 
 // removeCgroup deletes the run's pids cgroup, if it has one, once the
-// run's processes are gone.
+// run's processes (and a forker's thread, which ends just after the run)
+// are gone, off the run's path.
 func (k *killer) removeCgroup() {
 	k.mu.Lock()
 	c := k.cgroup
 	k.cgroup = nil
 	k.mu.Unlock()
 	if c != nil {
-		c.remove()
+		go c.remove()
 	}
 }
 

@@ -226,16 +226,37 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	// would otherwise make a new one for every run.
 	startErr := make(chan error, 1)
 	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+	startAndWait := func() {
 		if err := cmd.Start(); err != nil {
 			startErr <- err
 			return
 		}
 		startErr <- nil
 		done <- cmd.Wait()
-	}()
+	}
+	// With a forker (forker.go), the chain is forked from its thread,
+	// already in the run's pids cgroup: everything of the run is born
+	// there. It holds the forker's thread, bwrap (after unshare's or the
+	// overlay script's exec), the init, its lifeline watcher and
+	// Processes of the command's.
+	var f *forker
+	if pl.limits.Processes > 0 {
+		if f = s.takeForker(); f != nil {
+			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+				f.discard()
+				f = nil
+			}
+		}
+	}
+	if f != nil {
+		f.jobs <- startAndWait
+	} else {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			startAndWait()
+		}()
+	}
 	err = <-startErr
 	// Only the chain keeps these ends (the lifeline's write end and the
 	// release's stay here).
@@ -247,6 +268,9 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		extra[4].Close()
 	}
 	if err != nil {
+		if f != nil {
+			go f.cg.remove() // once the forker's thread has ended
+		}
 		return nil, fmt.Errorf("sandbox: start: %w", err)
 	}
 	statusText := make(chan string, 1)
@@ -259,16 +283,18 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		statusText <- ""
 	}
 	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
-	// bwrap reports the sandbox's init as soon as it has made it; the
-	// pids cgroup is set up then, while bwrap sets the sandbox up, since
-	// moving a process into a cgroup waits for an RCU grace period
-	// (milliseconds, more on a loaded machine). The init forks nothing
-	// before it has been released.
+	if f != nil {
+		k.setCgroup(f.cg)
+	}
+	// bwrap reports the sandbox's init as soon as it has made it. Without
+	// a forker, the init joins its pids cgroup then, while bwrap sets the
+	// sandbox up, since moving a process into a cgroup waits for an RCU
+	// grace period. The init forks nothing before it has been released.
 	joined := make(chan struct{})
 	go func() {
 		defer close(joined)
 		pid := readInfo(infoR)
-		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 {
+		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 || f != nil {
 			return
 		}
 		// The init, its lifeline watcher and Processes of the command's:

@@ -161,6 +161,10 @@ type Sandbox struct {
 	etc    *etcCache
 	closed bool
 	paths  map[string]string // tools found in PATH (lookPath)
+
+	spare    *forker // made ahead for the next run (forker.go)
+	making   bool    // a spare is being made
+	noForker bool    // making one failed: runs join their cgroups
 }
 
 // etcCache opens the Sandbox's /etc snapshot cache on first use.
@@ -185,6 +189,10 @@ func (s *Sandbox) Close() error {
 	defer s.mu.Unlock()
 	if !s.closed && s.etc != nil {
 		s.etc.close()
+	}
+	if s.spare != nil {
+		s.spare.discard()
+		s.spare = nil
 	}
 	s.closed = true
 	return nil
