@@ -471,7 +471,7 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 		CallerRiskScore: env.RiskScore,
 		CallerRiskBasis: env.RiskBasis,
 		Ceiling:         c.token.Claims.Cap.Autonomy,
-		Provenance:      env.Provenance,
+		Provenance:      policyProvenance(env.Provenance),
 		Resources:       []policy.Resource{},
 	}
 	if len(env.Args) <= maxPolicyArgs {

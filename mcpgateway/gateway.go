@@ -83,6 +83,7 @@ type Gateway struct {
 	progressEvery           time.Duration
 	confirmer               Confirmer
 	pending                 pendingCalls // calls that asked their client (confirm.go)
+	inflight                inflight     // tools/calls in flight over HTTP (lean.go)
 	handles                 *handleMode  // nil unless the token is in handle mode
 }
 
@@ -193,7 +194,11 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		b, _ := json.Marshal(v)
 		reqID = string(b)
 	}
-	prov := map[string]any{"session_id": session, "mcp_request_id": reqID, "source": "mcp"}
+	// The provenance is part of the policy input, so it holds nothing
+	// that differs from call to call (the JSON-RPC id is in the derived
+	// idempotency key): the kernel's decision cache answers a session's
+	// repeated question without evaluating the policy again.
+	prov := map[string]any{"session_id": session, "source": "mcp"}
 	args := json.RawMessage(p.Arguments)
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")

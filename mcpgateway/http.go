@@ -72,7 +72,7 @@ func (g *Gateway) HTTPHandler(o HTTPOptions) http.Handler {
 		// passes on may be larger by the tags (the raw params of a
 		// refused _meta, in base64), which the SDK must not refuse.
 		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: 3 * MaxHTTPBody})
-	return checkOrigins(o.AllowedOrigins, tagHTTP(h))
+	return checkOrigins(o.AllowedOrigins, g.tagHTTP(h))
 }
 
 // checkOrigins answers 403 to a request whose Origin is not allowed (see
@@ -87,11 +87,12 @@ func checkOrigins(allowed []string, h http.Handler) http.Handler {
 	})
 }
 
-// tagHTTP copies the JSON-RPC id of each tools/call POSTed to h into its
-// _meta, as idTransport does for stdio: the SDK's HTTP handler makes its
-// own transports. A body it cannot decode goes on as it came, for the SDK
-// to answer.
-func tagHTTP(h http.Handler) http.Handler {
+// tagHTTP bounds the body of each POST, serves a plain tools/call on the
+// lean path (lean.go) and copies the JSON-RPC id of every other tools/call
+// into its _meta, as idTransport does for stdio (the SDK's HTTP handler
+// makes its own transports), before h serves it. A body it cannot decode
+// goes on as it came, for the SDK to answer.
+func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			h.ServeHTTP(w, r)
@@ -106,6 +107,28 @@ func tagHTTP(h http.Handler) http.Handler {
 		if len(body) > MaxHTTPBody {
 			http.Error(w, "request body over "+strconv.Itoa(MaxHTTPBody)+" bytes", http.StatusRequestEntityTooLarge)
 			return
+		}
+		if g.serveLean(w, r, body) {
+			return
+		}
+		sid := r.Header.Get(sessionIDHeader)
+		if m, key, ok := messageID(body); ok && sid != "" {
+			switch m {
+			case "tools/call":
+				// In flight while the SDK serves its POST: the same id
+				// on the lean path meanwhile is a duplicate.
+				if g.live(sid) {
+					if !g.inflight.start(sid, key, nil) {
+						writeDuplicate(w, key)
+						return
+					}
+					defer g.inflight.done(sid, key)
+				}
+			case "notifications/cancelled":
+				// The SDK cancels the calls it serves; a lean one is the
+				// gateway's to cancel.
+				g.inflight.cancel(sid, key)
+			}
 		}
 		body = tagBody(body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -246,4 +269,47 @@ func spliceRequestID(body []byte) (out []byte, ok bool) {
 		out = append(out, ',')
 	}
 	return append(out, body[paramsAt+1:]...), true
+}
+
+// messageID reads a single JSON-RPC message's method and the id it names:
+// a request's own id, or the requestId of notifications/cancelled, as the
+// key of the calls in flight (the id's JSON as the SDK reads it). ok is
+// false for a batch, a body that is not JSON or a message without one.
+func messageID(body []byte) (method, key string, ok bool) {
+	if !bytes.Contains(body, []byte(`"tools/call"`)) && !bytes.Contains(body, []byte(`"notifications/cancelled"`)) {
+		return "", "", false
+	}
+	var m struct {
+		Method string          `json:"method"`
+		ID     json.RawMessage `json:"id"`
+		Params struct {
+			RequestID json.RawMessage `json:"requestId"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(body, &m) != nil {
+		return "", "", false
+	}
+	raw := m.ID
+	if m.Method == "notifications/cancelled" {
+		raw = m.Params.RequestID
+	}
+	id, ok := requestID(raw)
+	if !ok {
+		return "", "", false
+	}
+	b, err := jsonNoHTML(id)
+	if err != nil {
+		return "", "", false
+	}
+	return m.Method, string(b), true
+}
+
+// live reports whether session is one of the server's.
+func (g *Gateway) live(session string) bool {
+	for s := range g.server.Sessions() {
+		if s.ID() == session {
+			return true
+		}
+	}
+	return false
 }

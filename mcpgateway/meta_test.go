@@ -23,7 +23,8 @@ func (i kernelInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, 
 
 // newTestGateway opens a kernel in a fresh data dir and makes a gateway
 // for a token of agent-1 with capability c, serving the token's tools; c
-// is the rest of the gateway's configuration.
+// is the rest of the gateway's configuration (its Invoker, when set, runs
+// the calls; else the kernel does).
 func newTestGateway(t testing.TB, cp captoken.Capability, c Config) (*kernel.Kernel, *Gateway) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
@@ -46,7 +47,10 @@ func newTestGateway(t testing.TB, cp captoken.Capability, c Config) (*kernel.Ker
 	if err := json.Unmarshal(defs, &c.Tools); err != nil {
 		t.Fatal(err)
 	}
-	c.Invoker, c.Token, c.TokenID, c.AgentID, c.PolicyHash, c.StdioSession = kernelInvoker{k}, tok, cl.ID, "agent-1", k.PolicyHash(), "s1"
+	if c.Invoker == nil {
+		c.Invoker = kernelInvoker{k}
+	}
+	c.Token, c.TokenID, c.AgentID, c.PolicyHash, c.StdioSession = tok, cl.ID, "agent-1", k.PolicyHash(), "s1"
 	return k, New(c)
 }
 

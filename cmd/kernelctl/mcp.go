@@ -63,6 +63,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 					return &usageError{err}
 				}
 			}
+			useServerGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			ak, err := t.agentKernel(ctx, "mcp", tokenFile)

@@ -112,16 +112,22 @@ func checkListen(flag, addr string, tls bool, offLoopback string) error {
 	return fmt.Errorf("%s %s is not a loopback address: %s", flag, addr, offLoopback)
 }
 
-// serverGCPercent is the GC target of kernelctl serve unless GOGC is set.
-// A call's garbage is small and short-lived and the live heap of a kernel
-// is a few MiB, so collecting at 4× the live heap instead of 2× trades a
-// few MiB for a tenth or so of the CPU a call costs (docs/benchmarks.md).
+// serverGCPercent is the GC target of kernelctl serve and mcp unless GOGC
+// is set. A call's garbage is small and short-lived and the live heap of a
+// kernel is a few MiB, so collecting at 4× the live heap instead of 2×
+// trades some resident memory for a third or so less CPU per call
+// (docs/benchmarks.md, section "Memory held under 200 clients").
 const serverGCPercent = 400
 
-func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, cert, key, pprofAddr string, drain time.Duration) error {
+// useServerGC sets serverGCPercent unless GOGC is set.
+func useServerGC() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(serverGCPercent)
 	}
+}
+
+func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, cert, key, pprofAddr string, drain time.Duration) error {
+	useServerGC()
 	// Signals are caught before the kernel opens, so none is lost.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
