@@ -75,13 +75,18 @@
 //
 // The kernel starts:
 //
-//	[sh overlayScript: mount the overlays]  bwrap …  sh initScript … argv
+//	[unshare …] [sh overlayScript: mount the overlays]  bwrap …  sh initScript … argv
 //
 // A run with overlays starts in a new user namespace that maps only the
 // kernel's own uid and gid (to 0) and a new mount namespace, where the
 // overlays are mounted, so no mount is ever visible on the host or
-// outlives the run; so does every run of a kernel running as root (bwrap
-// then never holds the host's capabilities). Any other run starts bwrap
+// outlives the run; every run of a kernel running as root starts in such
+// a user namespace too (bwrap then never holds the host's capabilities;
+// bwrap makes its own mount namespace). unshare(1) (util-linux) makes
+// them and execs the rest: one exec, and the kernel
+// starts the chain with vfork (Go cannot vfork a child that makes a user
+// namespace: it would fork, copying the kernel's page tables, which costs
+// tens of milliseconds with a large heap). Any other run starts bwrap
 // directly, as a bare bwrap would be. bwrap runs with --as-pid-1; the
 // sandbox's pid 1 is a small POSIX sh init that runs the command as its
 // child (stdin and stderr passed through), forwards SIGTERM, SIGINT and
@@ -136,15 +141,22 @@
 // 10 ms (in the sandbox's own /proc, through its init) and, above
 // Processes, kills the whole sandbox: Result.LimitExceeded = "processes".
 // Where the host offers a writable pids cgroup (the cgroup v1 pids
-// hierarchy, or cgroup v2 with pids delegated), the init is also moved,
-// before it starts anything of the command's, into a cgroup of its own
-// with pids.max = Processes + 2 (the init and its lifeline watcher),
-// removed after the run. The move is made while bwrap sets the sandbox up
-// (the init's pid comes from bwrap's info fd), since it waits for an RCU
-// grace period — milliseconds, more on a loaded machine — that would
-// otherwise delay every run: the host then refuses every fork past the limit at once, so a fork
-// bomb cannot take the host's pids while the watchdog waits for the CPU on
-// a loaded machine (seen: other processes' forks failing with EAGAIN).
+// hierarchy, or cgroup v2 with pids delegated), every process of the
+// command's is also in a cgroup of the run's own, removed after the run.
+// Moving a process into a cgroup waits for an RCU grace period (a cold
+// move took 12–23 ms on the loaded 2-core test machine, HZ 250), so no run
+// waits for one: on cgroup v1 each Sandbox keeps a spare OS thread already
+// moved into a fresh cgroup (made off the path, while the previous run
+// goes on), and the run forks its chain from that thread, so the whole
+// chain is born in the cgroup, with pids.max = Processes + 4 (the thread,
+// bwrap, the init and its lifeline watcher). Without a spare (the first
+// run, concurrent runs, cgroup v2), the init is moved, before it starts
+// anything of the command's, into a cgroup with pids.max = Processes + 2
+// (the init and its watcher) while bwrap sets the sandbox up (the init's
+// pid comes from bwrap's info fd). Either way the host then refuses every
+// fork past the limit at once, so a fork bomb cannot take the host's pids
+// while the watchdog waits for the CPU on a loaded machine (seen: other
+// processes' forks failing with EAGAIN).
 // A fork the cgroup refused (its pids.events "max" count) is the limit
 // too: the watchdog reports it, and so does Run when the command ends on
 // its own first, since at the cap a sample rarely finds every slot full.

@@ -115,10 +115,11 @@ func (c *etcCache) close() {
 }
 
 type etcSnap struct {
-	st   *stageDir
-	dir  string
-	sig  string
-	refs int
+	st    *stageDir
+	dir   string
+	binds []string // etcDirBinds, as the host was when the snapshot was made
+	sig   string
+	refs  int
 }
 
 // etcSignature describes the host's entries, to notice changes.
@@ -133,16 +134,16 @@ func etcSignature() string {
 	return b.String()
 }
 
-// acquire returns the current snapshot's directory, building it if
-// needed, and a release function.
-func (c *etcCache) acquire() (string, func(), error) {
+// acquire returns the current snapshot, building it if needed, and a
+// release function.
+func (c *etcCache) acquire() (*etcSnap, func(), error) {
 	sig := etcSignature()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil || c.cur.sig != sig {
 		snap, err := buildEtc(c.key.parent, c.key.uid)
 		if err != nil {
-			return "", nil, err
+			return nil, nil, err
 		}
 		snap.sig = sig
 		if c.cur != nil {
@@ -152,7 +153,7 @@ func (c *etcCache) acquire() (string, func(), error) {
 	}
 	snap := c.cur
 	snap.refs++
-	return snap.dir, func() {
+	return snap, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		snap.refs--
@@ -208,7 +209,7 @@ func buildEtc(parent string, uid int) (*etcSnap, error) {
 		st.remove()
 		return nil, fmt.Errorf("sandbox: /etc snapshot: %w", err)
 	}
-	return &etcSnap{st: st, dir: dir}, nil
+	return &etcSnap{st: st, dir: dir, binds: etcDirBinds()}, nil
 }
 
 // copyEtcEntry copies one entry: a top-level link into /usr stays a link

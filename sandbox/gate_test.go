@@ -3,6 +3,8 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,4 +81,64 @@ func TestGate(t *testing.T) {
 			t.Fatalf("delta %+v", res.Delta)
 		}
 	})
+}
+
+// TestChainUserNamespace: a root kernel's bwrap runs in a user namespace
+// of its own (unshare's), never with the host's capabilities; seen from
+// the gate, when the sandbox is set up and bwrap is monitoring it.
+func TestChainUserNamespace(t *testing.T) {
+	requireSandbox(t)
+	if os.Geteuid() != 0 {
+		t.Skip("an ordinary-user kernel's bwrap has no host capabilities to lose")
+	}
+	s := newSandbox(t, sandbox.Options{StagingDir: t.TempDir()})
+	ws := t.TempDir()
+	marker := fmt.Sprintf("userns-marker-%d", time.Now().UnixNano())
+	own, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{
+		Argv: []string{"echo", marker},
+		Gate: func() error {
+			for _, pid := range pidsWithComm("bwrap", marker) {
+				ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
+				if err == nil {
+					seen = append(seen, ns)
+				}
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Close()
+	if len(seen) == 0 {
+		t.Fatal("no bwrap process found while the sandbox was set up")
+	}
+	for _, ns := range seen {
+		if ns == own {
+			t.Fatalf("bwrap runs in the kernel's user namespace %s", ns)
+		}
+	}
+}
+
+// pidsWithComm lists the processes named comm whose command line holds s.
+func pidsWithComm(comm, s string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		cl, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.TrimSpace(string(c)) == comm && strings.Contains(string(cl), s) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -31,8 +31,26 @@ var cgroupSeq atomic.Uint64
 // hierarchy and no cgroup v2 pids delegation, or no permission): the
 // watchdog then stands alone, as documented in doc.go.
 func joinPidsCgroup(pid, max int) (*pidsCgroup, error) {
+	c, err := newPidsCgroup()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.setMax(max); err != nil {
+		c.remove()
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		c.remove()
+		return nil, err
+	}
+	return c, nil
+}
+
+// newPidsCgroup makes an empty run cgroup under the kernel's own pids
+// cgroup.
+func newPidsCgroup() (*pidsCgroup, error) {
 	parentOnce.Do(func() {
-		if parent, parentErr = ownPidsCgroup(); parentErr == nil {
+		if parent, parentV1, parentErr = ownPidsCgroup(); parentErr == nil {
 			sweepStale(parent)
 		}
 	})
@@ -43,16 +61,12 @@ func joinPidsCgroup(pid, max int) (*pidsCgroup, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, err
 	}
-	c := &pidsCgroup{dir: dir}
-	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
-		c.remove()
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		c.remove()
-		return nil, err
-	}
-	return c, nil
+	return &pidsCgroup{dir: dir}, nil
+}
+
+// setMax sets the cgroup's pids.max (no grace period: cheap).
+func (c *pidsCgroup) setMax(max int) error {
+	return os.WriteFile(filepath.Join(c.dir, "pids.max"), []byte(strconv.Itoa(max)), 0)
 }
 
 // refused reports whether the cgroup has refused a fork for its pids.max:
@@ -93,10 +107,12 @@ func (c *pidsCgroup) remove() {
 }
 
 // parent is this process's pids cgroup (or why there is none), found once
-// at the first run, when run cgroups stale from exited processes are swept.
+// at the first run, when run cgroups stale from exited processes are swept;
+// parentV1 is whether it is in a cgroup v1 hierarchy.
 var (
 	parentOnce sync.Once
 	parent     string
+	parentV1   bool
 	parentErr  error
 )
 
@@ -118,12 +134,12 @@ func sweepStale(parent string) {
 }
 
 // ownPidsCgroup is the directory of this process's pids cgroup: the cgroup
-// v1 pids hierarchy, else the unified (v2) one when it offers pids to its
-// children.
-func ownPidsCgroup() (string, error) {
+// v1 pids hierarchy (v1 true), else the unified (v2) one when it offers
+// pids to its children.
+func ownPidsCgroup() (dir string, v1 bool, err error) {
 	f, err := os.Open("/proc/self/cgroup")
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer f.Close()
 	var unified string
@@ -136,7 +152,7 @@ func ownPidsCgroup() (string, error) {
 		}
 		for _, ctl := range strings.Split(parts[1], ",") {
 			if ctl == "pids" {
-				return filepath.Join("/sys/fs/cgroup/pids", parts[2]), nil
+				return filepath.Join("/sys/fs/cgroup/pids", parts[2]), true, nil
 			}
 		}
 		if parts[0] == "0" && parts[1] == "" {
@@ -144,10 +160,10 @@ func ownPidsCgroup() (string, error) {
 		}
 	}
 	if unified != "" {
-		dir := filepath.Join("/sys/fs/cgroup", unified)
-		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " pids ") {
-			return dir, nil
+		d := filepath.Join("/sys/fs/cgroup", unified)
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " pids ") {
+			return d, false, nil
 		}
 	}
-	return "", fmt.Errorf("no writable pids cgroup for this process")
+	return "", false, fmt.Errorf("no writable pids cgroup for this process")
 }

@@ -73,7 +73,7 @@ func readCgroupFile(t *testing.T, dir, name string) string {
 // A run cgroup left by a process that has exited is removed by the next
 // process's first run; one of a live process is kept.
 func TestPidsCgroupSweepsStale(t *testing.T) {
-	parent, err := ownPidsCgroup()
+	parent, _, err := ownPidsCgroup()
 	if err != nil {
 		t.Skipf("no writable pids cgroup here (%v)", err)
 	}

@@ -49,24 +49,26 @@ func (k *killer) forkRefused() bool {
 }
 
 // removeCgroup deletes the run's pids cgroup, if it has one, once the
-// run's processes are gone.
+// run's processes (and a forker's thread, which ends just after the run)
+// are gone, off the run's path.
 func (k *killer) removeCgroup() {
 	k.mu.Lock()
 	c := k.cgroup
 	k.cgroup = nil
 	k.mu.Unlock()
 	if c != nil {
-		c.remove()
+		go c.remove()
 	}
 }
 
 // setInit records the sandbox's init: the host pid that bwrap writes to
 // its info fd as soon as it has cloned it, before the child runs anything
 // (so nothing in the sandbox can forge it). It reports false, recording
-// nothing, if that process is not in a pid namespace of its own.
+// nothing, unless that process is bwrap's child (as /proc says) in a pid
+// namespace of its own.
 func (k *killer) setInit(pid int) bool {
 	ns := pidNS(pid)
-	if ns == 0 || ns == pidNS(k.proc.Pid) {
+	if ns == 0 || ns == pidNS(k.proc.Pid) || parentOf(pid) != k.proc.Pid {
 		return false
 	}
 	k.mu.Lock()
@@ -330,6 +332,26 @@ func killStale(dir string) int {
 		}
 	}
 	return len(pids)
+}
+
+// parentOf is the parent pid of process pid (from /proc/pid/stat), 0 if
+// unknown.
+func parentOf(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid …; comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
 }
 
 // exited reports whether process pid is gone or a zombie (its state in

@@ -276,7 +276,7 @@ const (
 )
 
 // bwrapArgs is bwrap's command line for the plan (without the bwrap path).
-func (s *Sandbox) bwrapArgs(p *plan, t *tools, etcDir string) []string {
+func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap) []string {
 	id := strconv.Itoa(s.uid())
 	a := []string{
 		"--die-with-parent", "--new-session",
@@ -301,8 +301,8 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etcDir string) []string {
 			a = append(a, "--ro-bind", d, d)
 		}
 	}
-	a = append(a, "--ro-bind", etcDir, "/etc")
-	a = append(a, etcDirBinds()...)
+	a = append(a, "--ro-bind", etc.dir, "/etc")
+	a = append(a, etc.binds...)
 	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
 	for _, ro := range p.readOnly {
 		a = append(a, "--ro-bind", ro[0], ro[1])

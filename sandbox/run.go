@@ -57,7 +57,8 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 	if len(pl.writable()) == 0 {
 		mode = StagingOverlay // nothing staged
 	}
-	t, err := s.tools(mode != StagingCopy && len(pl.writable()) > 0, pl.net == NetAllowlist)
+	overlay := mode != StagingCopy && len(pl.writable()) > 0
+	t, err := s.tools(overlay, overlay || os.Geteuid() == 0, pl.net == NetAllowlist)
 	if err != nil {
 		return nil, err
 	}
@@ -116,13 +117,13 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	if err != nil {
 		return nil, err
 	}
-	etcDir, releaseEtc, err := ec.acquire()
+	etc, releaseEtc, err := ec.acquire()
 	if err != nil {
 		return nil, err
 	}
 	defer releaseEtc()
 
-	// The chain: [sh overlayScript …] bwrap … sh initScript … argv.
+	// The chain: [unshare …] [sh overlayScript …] bwrap … sh initScript … argv.
 	// fd 3: the sandbox init's "ready" and "started"; fd 4: the lifeline;
 	// fd 5: the release (see initScript); fd 6: Command.Channel; fd 7: the
 	// overlay script's status; fd 8: bwrap's info fd (infoFD), which bwrap
@@ -159,6 +160,21 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	overlay := st != nil && mode != StagingCopy
 	var status *os.File
 	var argv []string
+	if overlay || os.Geteuid() == 0 {
+		// The chain runs in a user namespace mapping only the kernel's own
+		// ids (to root inside), with, for overlays, its own mount
+		// namespace: the overlay mounts are private to the run and vanish
+		// with it. A root kernel always starts bwrap there, so bwrap never
+		// holds the host's capabilities. unshare(1) makes them and execs
+		// the rest of the chain: it costs an exec, where a Go fork with
+		// CLONE_NEWUSER cannot use vfork and copies the kernel's page
+		// tables (tens of milliseconds for a large heap).
+		argv = append(argv, t.unshare, "--user", "--map-root-user")
+		if overlay {
+			argv = append(argv, "--mount")
+		}
+		argv = append(argv, "--")
+	}
 	if overlay {
 		sr, sw, err := pipe()
 		if err != nil {
@@ -173,7 +189,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		}
 	}
 	argv = append(argv, t.bwrap)
-	argv = append(argv, s.bwrapArgs(pl, t, etcDir)...)
+	argv = append(argv, s.bwrapArgs(pl, t, etc)...)
 
 	stdout := &capped{max: pl.limits.Stdout}
 	stderr := &capped{max: pl.limits.Stderr}
@@ -191,16 +207,6 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if overlay || os.Geteuid() == 0 {
-		// The chain runs in a user namespace mapping only the kernel's own
-		// ids (to root inside), with its own mount namespace: the overlay
-		// mounts are private to the run and vanish with it. A root kernel
-		// always starts bwrap there, so bwrap never holds the host's
-		// capabilities.
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
-	}
 	cmd.WaitDelay = s.opts.KillGrace + 2*time.Second
 
 	runCtx := ctx
@@ -211,21 +217,46 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	defer cancelTimeout()
 
 	start := time.Now()
-	// Start and wait from a goroutine locked to its own OS thread, which
-	// it never unlocks, so the thread ends with the run: the chain's
-	// parent-death signals (Go's Pdeathsig, bwrap's --die-with-parent)
-	// follow the thread that forked, not the process.
+	// Start and wait from a goroutine locked to its OS thread until the
+	// chain is reaped: the chain's parent-death signals (Go's Pdeathsig,
+	// bwrap's --die-with-parent) follow the thread that forked, not the
+	// process, and no other goroutine may run on that thread meanwhile
+	// (one that locked it and exited would end the thread, and the chain
+	// with it). Afterwards the thread goes back to the runtime, which
+	// would otherwise make a new one for every run.
 	startErr := make(chan error, 1)
 	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
+	startAndWait := func() {
 		if err := cmd.Start(); err != nil {
 			startErr <- err
 			return
 		}
 		startErr <- nil
 		done <- cmd.Wait()
-	}()
+	}
+	// With a forker (forker.go), the chain is forked from its thread,
+	// already in the run's pids cgroup: everything of the run is born
+	// there. It holds the forker's thread, bwrap (after unshare's or the
+	// overlay script's exec), the init, its lifeline watcher and
+	// Processes of the command's.
+	var f *forker
+	if pl.limits.Processes > 0 {
+		if f = s.takeForker(); f != nil {
+			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+				f.discard()
+				f = nil
+			}
+		}
+	}
+	if f != nil {
+		f.jobs <- startAndWait
+	} else {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			startAndWait()
+		}()
+	}
 	err = <-startErr
 	// Only the chain keeps these ends (the lifeline's write end and the
 	// release's stay here).
@@ -237,6 +268,9 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		extra[4].Close()
 	}
 	if err != nil {
+		if f != nil {
+			go f.cg.remove() // once the forker's thread has ended
+		}
 		return nil, fmt.Errorf("sandbox: start: %w", err)
 	}
 	statusText := make(chan string, 1)
@@ -249,16 +283,18 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		statusText <- ""
 	}
 	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
-	// bwrap reports the sandbox's init as soon as it has made it; the
-	// pids cgroup is set up then, while bwrap sets the sandbox up, since
-	// moving a process into a cgroup waits for an RCU grace period
-	// (milliseconds, more on a loaded machine). The init forks nothing
-	// before it has been released.
+	if f != nil {
+		k.setCgroup(f.cg)
+	}
+	// bwrap reports the sandbox's init as soon as it has made it. Without
+	// a forker, the init joins its pids cgroup then, while bwrap sets the
+	// sandbox up, since moving a process into a cgroup waits for an RCU
+	// grace period. The init forks nothing before it has been released.
 	joined := make(chan struct{})
 	go func() {
 		defer close(joined)
 		pid := readInfo(infoR)
-		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 {
+		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 || f != nil {
 			return
 		}
 		// The init, its lifeline watcher and Processes of the command's:

@@ -160,6 +160,11 @@ type Sandbox struct {
 	mu     sync.Mutex
 	etc    *etcCache
 	closed bool
+	paths  map[string]string // tools found in PATH (lookPath)
+
+	spare    *forker // made ahead for the next run (forker.go)
+	making   bool    // a spare is being made
+	noForker bool    // making one failed: runs join their cgroups
 }
 
 // etcCache opens the Sandbox's /etc snapshot cache on first use.
@@ -184,6 +189,10 @@ func (s *Sandbox) Close() error {
 	defer s.mu.Unlock()
 	if !s.closed && s.etc != nil {
 		s.etc.close()
+	}
+	if s.spare != nil {
+		s.spare.discard()
+		s.spare = nil
 	}
 	s.closed = true
 	return nil
@@ -233,32 +242,68 @@ var (
 func Available() error { return New(Options{}).Available() }
 
 // Available reports whether the tools Run needs are installed: bwrap
-// (ErrUnavailable), and sh and mount from the base system.
+// (ErrUnavailable), and sh (and unshare, for a root kernel) from the base
+// system.
 func (s *Sandbox) Available() error {
-	_, err := s.tools(false, false)
+	_, err := s.tools(false, os.Geteuid() == 0, false)
 	return err
 }
 
 type tools struct {
-	bwrap, sh, mount, socat string
+	bwrap, sh, mount, unshare, socat string
 }
 
-func (s *Sandbox) tools(overlay, relay bool) (*tools, error) {
+// tools finds the programs a run needs: bwrap and sh always, mount for
+// overlays, unshare for a chain that starts in a user namespace of its
+// own (overlays, a root kernel), socat for the allowlist relay.
+func (s *Sandbox) tools(overlay, userns, relay bool) (*tools, error) {
 	var t tools
 	var err error
-	if t.bwrap, err = exec.LookPath(s.opts.Bwrap); err != nil {
+	if t.bwrap, err = s.lookPath(s.opts.Bwrap); err != nil {
 		return nil, ErrUnavailable
 	}
-	if t.sh, err = exec.LookPath("sh"); err != nil {
+	if t.sh, err = s.lookPath("sh"); err != nil {
 		return nil, fmt.Errorf("sandbox unavailable: sh not found")
 	}
-	if t.mount, err = exec.LookPath("mount"); err != nil && overlay {
-		return nil, fmt.Errorf("sandbox unavailable: mount not found (install mount)")
+	if overlay {
+		if t.mount, err = s.lookPath("mount"); err != nil {
+			return nil, fmt.Errorf("sandbox unavailable: mount not found (install mount)")
+		}
 	}
-	if t.socat, err = exec.LookPath("socat"); err != nil && relay {
-		return nil, fmt.Errorf("sandbox unavailable: socat not found (install socat; needed for the network allowlist relay)")
+	if userns {
+		if t.unshare, err = s.lookPath("unshare"); err != nil {
+			return nil, fmt.Errorf("sandbox unavailable: unshare not found (install util-linux)")
+		}
+	}
+	if relay {
+		if t.socat, err = s.lookPath("socat"); err != nil {
+			return nil, fmt.Errorf("sandbox unavailable: socat not found (install socat; needed for the network allowlist relay)")
+		}
 	}
 	return &t, nil
+}
+
+// lookPath is exec.LookPath, remembered once found: the search costs a
+// stat per PATH entry on every run otherwise. A program removed later
+// fails the run at its start (closed, as without it).
+func (s *Sandbox) lookPath(name string) (string, error) {
+	s.mu.Lock()
+	p, ok := s.paths[name]
+	s.mu.Unlock()
+	if ok {
+		return p, nil
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	if s.paths == nil {
+		s.paths = map[string]string{}
+	}
+	s.paths[name] = p
+	s.mu.Unlock()
+	return p, nil
 }
 
 // OverlayRefused reports whether a StagingAuto sandbox has found overlayfs
