@@ -211,32 +211,18 @@ func (r *report) measureGateway(tmp, profile string, d time.Duration) error {
 			return b
 		}}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
-	for _, c := range gatewayConcurrencies {
-		for round := range gatewayRounds {
-			order := []target{kernelTarget, mcpTarget}
-			if round%2 == 1 {
-				slices.Reverse(order)
-			}
-			for _, t := range order {
-				step("HTTP %s at c=%d, round %d", t.name, c, round+1)
-				var profiled chan error
-				if profile != "" && t.name == gatewayMCP && c == 8 && round == 0 {
-					profiled = make(chan error, 1)
-					go func() { profiled <- fetchProfile(pprofAddr, profile, d) }()
-				}
-				pt, err := measure(client, t, c, time.Second, d)
-				if err != nil {
-					return err
-				}
-				if profiled != nil {
-					if err := <-profiled; err != nil {
-						return err
-					}
-				}
-				r.Gateway = append(r.Gateway, pt)
-			}
+	points, err := alternate(client, kernelTarget, mcpTarget, gatewayConcurrencies, gatewayRounds, d, func(t target, c, round int) func() error {
+		if profile == "" || t.name != gatewayMCP || c != 8 || round != 0 {
+			return func() error { return nil }
 		}
+		profiled := make(chan error, 1)
+		go func() { profiled <- fetchProfile(pprofAddr, profile, d) }()
+		return func() error { return <-profiled }
+	})
+	if err != nil {
+		return err
 	}
+	r.Gateway = append(r.Gateway, points...)
 	return nil
 }
 

@@ -223,3 +223,37 @@ func sessionCall(tok *kernel.MintedToken, ph, tool string, args func(i int) stri
 
 // same is the arguments of every call: args.
 func same(args string) func(int) string { return func(int) string { return args } }
+
+// alternate measures targets a and b at each concurrency of cs in rounds
+// rounds, a then b in even rounds and b then a in odd ones, so that both
+// see the same machine (a shared machine's load drifts over seconds), and
+// returns the points in the order taken. around, if not nil, runs before
+// each measurement and returns what to run after it (a profile taken
+// meanwhile, say).
+func alternate(client *http.Client, a, b target, cs []int, rounds int, d time.Duration, around func(t target, c, round int) func() error) ([]point, error) {
+	var out []point
+	for _, c := range cs {
+		for round := range rounds {
+			order := []target{a, b}
+			if round%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, t := range order {
+				step("HTTP %s at c=%d, round %d", t.name, c, round+1)
+				after := func() error { return nil }
+				if around != nil {
+					after = around(t, c, round)
+				}
+				p, err := measure(client, t, c, time.Second, d)
+				if err != nil {
+					return nil, err
+				}
+				if err := after(); err != nil {
+					return nil, err
+				}
+				out = append(out, p)
+			}
+		}
+	}
+	return out, nil
+}

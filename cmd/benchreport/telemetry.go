@@ -72,22 +72,11 @@ func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
 		targets[v.name] = t
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
-	for _, c := range telemetryConcurrencies {
-		for round := range telemetryRounds {
-			order := []string{telemetryOff, telemetryOn}
-			if round%2 == 1 {
-				slices.Reverse(order)
-			}
-			for _, name := range order {
-				step("HTTP %s at c=%d, round %d", name, c, round+1)
-				p, err := measure(client, targets[name], c, time.Second, d)
-				if err != nil {
-					return err
-				}
-				r.Telemetry = append(r.Telemetry, p)
-			}
-		}
+	points, err := alternate(client, targets[telemetryOff], targets[telemetryOn], telemetryConcurrencies, telemetryRounds, d, nil)
+	if err != nil {
+		return err
 	}
+	r.Telemetry = append(r.Telemetry, points...)
 	if received.Load() == 0 {
 		return fmt.Errorf("the OTLP receiver got no spans from the kernel with traces on")
 	}
