@@ -51,6 +51,7 @@ func main() {
 	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
 	inProcess := flag.Bool("in-process", true, "run the in-process benchmarks too (false: HTTP only, for a quick look)")
 	telemetryOnly := flag.Bool("telemetry-only", false, "only compare the audited HTTP call with metrics and traces on and off; print that section, write nothing")
+	telemetryProfile := flag.String("telemetry-profile", "", "with -telemetry-only, write CPU profiles of both kernels at c=32 to PREFIX-off.pprof and PREFIX-on.pprof")
 	memoryOnly := flag.Bool("memory-only", false, "only measure serve's memory under 200 clients; print that section, write nothing")
 	profile := flag.String("profile", "", "write a CPU profile of kernelctl serve during fs.read at c=32 to this file (go tool pprof bin/kernelctl FILE)")
 	gatewayOnly := flag.Bool("gateway-only", false, "only compare the MCP gateway with the kernel's HTTP API; print that section, write nothing")
@@ -69,6 +70,7 @@ func main() {
 	switch {
 	case *telemetryOnly:
 		section = func(r *report, bin, tmp string, d time.Duration) error {
+			r.TelemetryProfile = *telemetryProfile
 			if err := r.measureTelemetry(bin, tmp, d); err != nil {
 				return err
 			}

@@ -18,6 +18,7 @@ type report struct {
 	OPAInput              string
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
+	TelemetryProfile      string  // file prefix of CPU profiles of the telemetry kernels, or ""
 	Gateway               []point // measureGateway's rounds
 	Memory                []memoryPoint
 	Go                    []result

@@ -49,6 +49,7 @@ func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
 	defer rcv.Close()
 
 	targets := map[string]target{}
+	pprofAddrs := map[string]string{}
 	for _, v := range []struct {
 		name  string
 		flags []string
@@ -60,7 +61,12 @@ func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
 		if err := sh(nil, filepath.Join(bin, "kernelctl"), "init", "--data", data); err != nil {
 			return err
 		}
-		ks, err := startKernel(filepath.Join(bin, "kernelctl"), data, "", v.flags...)
+		if r.TelemetryProfile != "" {
+			if pprofAddrs[v.name], err = freePort(); err != nil {
+				return err
+			}
+		}
+		ks, err := startKernel(filepath.Join(bin, "kernelctl"), data, pprofAddrs[v.name], v.flags...)
 		if err != nil {
 			return err
 		}
@@ -72,7 +78,18 @@ func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
 		targets[v.name] = t
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
-	points, err := alternate(client, targets[telemetryOff], targets[telemetryOn], telemetryConcurrencies, telemetryRounds, d, nil)
+	// With TelemetryProfile set, each kernel's first round at the highest
+	// concurrency is profiled into TelemetryProfile-off.pprof / -on.pprof.
+	profile := func(t target, c, round int) func() error {
+		if r.TelemetryProfile == "" || c != telemetryConcurrencies[len(telemetryConcurrencies)-1] || round != 0 {
+			return func() error { return nil }
+		}
+		file := r.TelemetryProfile + map[string]string{telemetryOff: "-off.pprof", telemetryOn: "-on.pprof"}[t.name]
+		profiled := make(chan error, 1)
+		go func() { profiled <- fetchProfile(pprofAddrs[t.name], file, d) }()
+		return func() error { return <-profiled }
+	}
+	points, err := alternate(client, targets[telemetryOff], targets[telemetryOn], telemetryConcurrencies, telemetryRounds, d, profile)
 	if err != nil {
 		return err
 	}
