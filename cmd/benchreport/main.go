@@ -9,12 +9,18 @@
 // policy decision the kernel makes for that call. Then it runs the
 // in-process benchmarks (go test -bench) for Invoke, durable writes
 // against bare bbolt, the ledger at one million entries and proc.exec
-// against bare bwrap. Besides, one kernel in a server process of its own
-// (this program, -serve-gateway) serves its HTTP API and the MCP gateway
-// side by side, and the same echo call is measured through each
-// (gateway.go).
+// against bare bwrap, the upstream MCP call and the bytes stored per
+// call. Besides: two kernels, metrics and traces off and on, answer the
+// same echo call in alternating rounds (telemetry.go); one kernel in a
+// server process of its own (this program, -serve-gateway) serves its
+// HTTP API and the MCP gateway side by side, and the same echo call is
+// measured through each (gateway.go); and kernels of this tree and of
+// an earlier commit serve 200 clients while their memory is sampled
+// (memory.go).
 //
-// Run it from the module root (make bench-report does).
+// Run it from the module root (make bench-report does). -telemetry-only,
+// -gateway-only and -memory-only run one of those sections alone and
+// print it.
 //
 //	go run ./cmd/benchreport [-duration 3s] [-out docs/benchmarks.md]
 //	go run ./cmd/benchreport -gateway-only [-gateway-profile FILE]
