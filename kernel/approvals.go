@@ -279,19 +279,25 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 	case tok.Claims.Subject == a.req.AgentID:
 		return refuse(fmt.Sprintf("%s may not approve its own call", tok.Claims.Subject))
 	}
+	return k.decided(a, id, decision, tok.Claims.Subject, tok.Claims.ID, reason, ChannelApprover)
+}
+
+// decided closes approval a (id) with decision ("allow" or "deny") by
+// by through channel, and answers as Decide does: the closed request, or
+// ErrApprovalConflict with the request another decision closed first.
+func (k *Kernel) decided(a *approval, id, decision, by, tokenID, reason, channel string) (ApprovalRequest, error) {
 	state := ApprovalDenied
 	if decision == "allow" {
 		state = ApprovalAllowed
 	}
-	if !k.closeApprovalVia(a, state, tok.Claims.Subject, tok.Claims.ID, reason, ChannelApprover) {
-		k.approvals.mu.Lock()
-		req := a.req
-		k.approvals.mu.Unlock()
+	closed := k.closeApprovalVia(a, state, by, tokenID, reason, channel)
+	k.approvals.mu.Lock()
+	req := a.req
+	k.approvals.mu.Unlock()
+	if !closed {
 		return req, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, req.State, orNobody(req.DecidedBy))
 	}
-	k.approvals.mu.Lock()
-	defer k.approvals.mu.Unlock()
-	return a.req, nil
+	return req, nil
 }
 
 func orNobody(s string) string {

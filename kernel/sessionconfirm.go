@@ -53,17 +53,5 @@ func (k *Kernel) ConfirmInSession(id, token, session, decision, reason string) (
 	case !req.SessionConfirm:
 		return refuse(fmt.Sprintf("the policy does not let the session's user decide approval %s (%s)", id, req.Mode))
 	}
-	state := ApprovalDenied
-	if decision == "allow" {
-		state = ApprovalAllowed
-	}
-	if !k.closeApprovalVia(a, state, by, tok.Claims.ID, reason, ChannelSession) {
-		k.approvals.mu.Lock()
-		req := a.req
-		k.approvals.mu.Unlock()
-		return req, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, req.State, orNobody(req.DecidedBy))
-	}
-	k.approvals.mu.Lock()
-	defer k.approvals.mu.Unlock()
-	return a.req, nil
+	return k.decided(a, id, decision, by, tok.Claims.ID, reason, ChannelSession)
 }
