@@ -174,23 +174,7 @@ func TestCallThroughControlSocket(t *testing.T) {
 		t.Fatalf("call over the control socket: %s", out)
 	}
 
-	cmd := exec.Command(kernelctl, "call", "echo", "--token", gatedFile, "--arg", "text=held", "--data", data)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	cmd.Stdout = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make([]byte, 4096)
-	n, _ := stderr.Read(line) // the announcement, before anyone decides
-	m := regexp.MustCompile(`^operation (\S+) waits for approval (\S+) \(soft_gate, needs an approver with role approver; decide by `).FindStringSubmatch(string(line[:n]))
-	if m == nil {
-		cmd.Process.Kill()
-		t.Fatalf("a held call said %q", line[:n])
-	}
+	cmd, out, _, m := startHeldCall(t, gatedFile, data, `\(soft_gate, needs an approver with role approver; decide by `)
 	mustRun(t, "approvals", "approve", m[2], "--token", aliceFile, "--data", data)
 	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "echo ok") || !strings.Contains(out.String(), "operation="+m[1]) {
 		t.Fatalf("the approved call: %v\n%s", err, out.String())
@@ -214,26 +198,10 @@ func TestCallHeldOnStoppedDataDir(t *testing.T) {
 	os.WriteFile(gatedFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "a2", "--tools", "echo", "--autonomy", "soft_gate")), 0o600)
 	os.WriteFile(aliceFile, []byte(mustRun(t, "token", "mint", "--data", data, "--agent", "alice", "--approver")), 0o600)
 
-	cmd := exec.Command(kernelctl, "call", "echo", "--token", gatedFile, "--arg", "text=held", "--data", data)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	cmd.Stdout = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make([]byte, 4096)
-	n, _ := stderr.Read(line)
-	m := regexp.MustCompile(`^operation (\S+) waits for approval (\S+) `).FindStringSubmatch(string(line[:n]))
-	if m == nil {
-		cmd.Process.Kill()
-		t.Fatalf("a held call said %q", line[:n])
-	}
+	cmd, out, stderr, m := startHeldCall(t, gatedFile, data, "")
 	mustRun(t, "approvals", "deny", m[2], "--token", aliceFile, "--data", data, "--reason", "not now")
 	rest, _ := io.ReadAll(stderr)
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out.String(), "error approval_denied") ||
 		!strings.Contains(string(rest), "approval "+m[2]+": denied by alice") {
@@ -242,4 +210,31 @@ func TestCallHeldOnStoppedDataDir(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(data, httpapi.ControlSocket)); !os.IsNotExist(err) {
 		t.Errorf("the control socket outlived the call: %v", err)
 	}
+}
+
+// startHeldCall starts kernelctl call echo under the soft_gate token in
+// tokenFile on data and reads its announcement, before anyone decides:
+// "operation OP waits for approval ID " followed by more, a regexp. m
+// holds the line's match (m[1] the operation, m[2] the approval); the
+// call's stdout collects in out, and stderr is the rest of its stderr.
+func startHeldCall(t *testing.T, tokenFile, data, more string) (cmd *exec.Cmd, out *strings.Builder, stderr io.Reader, m []string) {
+	t.Helper()
+	cmd = exec.Command(kernelctl, "call", "echo", "--token", tokenFile, "--arg", "text=held", "--data", data)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = &strings.Builder{}
+	cmd.Stdout = out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 4096)
+	n, _ := pipe.Read(line)
+	m = regexp.MustCompile(`^operation (\S+) waits for approval (\S+) ` + more).FindStringSubmatch(string(line[:n]))
+	if m == nil {
+		cmd.Process.Kill()
+		t.Fatalf("a held call said %q", line[:n])
+	}
+	return cmd, out, pipe, m
 }
