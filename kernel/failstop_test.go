@@ -87,18 +87,7 @@ func TestApplyFailureFailsStop(t *testing.T) {
 					t.Errorf("staging file %s left after recovery", n.Name())
 				}
 			}
-			records := 0
-			for _, a := range h.audits(0) {
-				if a.OperationID == r.OperationID {
-					records++
-					if a.TxOutcome != Committed {
-						t.Errorf("the call's record says %s, want committed", a.TxOutcome)
-					}
-				}
-			}
-			if records != 1 {
-				t.Fatalf("%d audit records for the operation, want 1", records)
-			}
+			h.oneRecord(r.OperationID, Committed)
 			// The same key now has its definitive answer: the commit.
 			again := h.invoke("fs.write", map[string]any{"path": "f.txt", "content": "new\n"}, key("k"))
 			mustOK(t, again)
@@ -138,18 +127,7 @@ func TestRecordFailureReleasesKey(t *testing.T) {
 	if h.k.Err() != nil {
 		t.Fatalf("the kernel failed stop on an error that wrote nothing: %v", h.k.Err())
 	}
-	records := 0
-	for _, a := range h.audits(0) {
-		if a.OperationID == r.OperationID {
-			records++
-			if a.TxOutcome != RolledBack {
-				t.Errorf("record says %s", a.TxOutcome)
-			}
-		}
-	}
-	if records != 1 {
-		t.Fatalf("%d audit records for the operation, want 1", records)
-	}
+	h.oneRecord(r.OperationID, RolledBack)
 	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
 		return tx.Bucket([]byte("kv")).Put([]byte("cfg"), saved)
 	}); err != nil {

@@ -131,6 +131,24 @@ func (h *harness) entries(kind string, from uint64) []ledger.Entry {
 	return out
 }
 
+// oneRecord fails the test unless the ledger holds exactly one audit
+// record of operation id, with tx_outcome outcome.
+func (h *harness) oneRecord(id, outcome string) {
+	h.t.Helper()
+	records := 0
+	for _, a := range h.audits(0) {
+		if a.OperationID == id {
+			records++
+			if a.TxOutcome != outcome {
+				h.t.Errorf("the record of %s says %s, want %s", id, a.TxOutcome, outcome)
+			}
+		}
+	}
+	if records != 1 {
+		h.t.Fatalf("%d audit records for operation %s, want 1", records, id)
+	}
+}
+
 // audits returns the audit records from seq on, whole: each with the
 // private fields its payload holds.
 func (h *harness) audits(from uint64) []auditRecord {
