@@ -124,12 +124,6 @@ func TestWorkspaceVerifyCatchesLoss(t *testing.T) {
 	bin := buildKernelctl(t)
 	dir := t.TempDir()
 	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
-	if _, err := kernel.Init(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	tok, jti, policyHash := mint(t, data, ws)
 	srv := startServe(t, bin, data, nil)
 	if srv.url == "" {
@@ -205,12 +199,6 @@ type sent struct {
 func runCase(t *testing.T, bin string, f fault, workers, perWorker int, tl *tally) {
 	dir := t.TempDir()
 	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
-	if _, err := kernel.Init(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	tok, jti, policyHash := mint(t, data, ws)
 
 	// 1. Serve under injection while the workload runs.
@@ -358,8 +346,15 @@ func runCase(t *testing.T, bin string, f fault, workers, perWorker int, tl *tall
 	countStories(t, data, tl)
 }
 
-// mint makes the workload's token: fs.write and kv.put in ws.
+// mint makes a kernel in data and the workspace ws, and the workload's
+// token: fs.write and kv.put in ws.
 func mint(t *testing.T, data, ws string) (tok, jti, policyHash string) {
+	if _, err := kernel.Init(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data})
 	if err != nil {
 		t.Fatal(err)
