@@ -106,12 +106,11 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result 
 // recovery never redoes an earlier call over a later one's content.
 func (k *Kernel) finish(opID string, stage *txn.Stage, unlock func()) {
 	k.finishing.Add(1)
-	names := rootNames(stage)
 	k.syncer.SyncThen(func(err error) {
 		defer k.finishing.Done()
 		defer unlock()
 		if err != nil {
-			k.failStop("syncfs (making applied files durable) of", names, err)
+			k.failStop("syncfs (making applied files durable) of", rootNames(stage), err)
 			return
 		}
 		k.db.UpdateAsync(func(tx *bbolt.Tx) error {
