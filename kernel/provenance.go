@@ -3,6 +3,7 @@ package kernel
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 
 	"github.com/capkernel/capkernel/jcs"
 )
@@ -16,18 +17,21 @@ import (
 // The audit record's context keeps the whole provenance.
 var callScoped = []string{"traceparent", "tracestate", "baggage", "tool_call_id"}
 
+// callScopedQuoted are callScoped's names as JSON strings, what
+// policyProvenance looks for before it decodes anything.
+var callScopedQuoted = func() [][]byte {
+	q := make([][]byte, len(callScoped))
+	for i, k := range callScoped {
+		q[i] = []byte(`"` + k + `"`)
+	}
+	return q
+}()
+
 // policyProvenance returns the provenance object prov (canonical JSON, or
 // nil) without its call-scoped members, canonical too; prov itself when
 // it has none.
 func policyProvenance(prov json.RawMessage) json.RawMessage {
-	has := false
-	for _, k := range callScoped {
-		if bytes.Contains(prov, []byte(`"`+k+`"`)) {
-			has = true
-			break
-		}
-	}
-	if !has {
+	if !slices.ContainsFunc(callScopedQuoted, func(q []byte) bool { return bytes.Contains(prov, q) }) {
 		return prov
 	}
 	var m map[string]json.RawMessage
