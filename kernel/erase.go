@@ -272,6 +272,25 @@ type payloadTally struct {
 	erased map[uint64]bool
 }
 
+// open tallies the parts of payload p (nil for none) of audit record seq
+// against its commitments c at depth, the parts in erased as erased. A
+// part that does not open its commitment, or a committed part a kept
+// payload lacks, is tampering.
+func (t *payloadTally) open(seq uint64, c Commitments, depth string, p *Payload, erased map[string]bool) error {
+	states := OpenPayload(c, depth, p, erased)
+	for _, name := range Parts {
+		switch st := states[name]; st {
+		case PartMatches:
+			t.rep.Opened++
+		case PartNotKept:
+			t.rep.NotKept++
+		case PartMismatch, PartMissing:
+			return fmt.Errorf("audit record %d: payload part %s is %s (tampered)", seq, name, st)
+		}
+	}
+	return nil
+}
+
 func (t *payloadTally) entry(e ledger.Entry) error {
 	switch e.Kind {
 	case ledger.KindAudit:
@@ -347,16 +366,9 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 				erased[name] = true
 			}
 		}
-		for _, name := range Parts {
-			switch st := OpenPayload(c, depth, p, erased)[name]; st {
-			case PartMatches:
-				t.rep.Opened++
-			case PartNotKept:
-				t.rep.NotKept++
-			case PartMismatch, PartMissing:
-				bad = &ledger.VerifyError{Seq: e.Seq, Reason: fmt.Sprintf("audit record %d: payload part %s is %s (tampered)", e.Seq, name, st)}
-				return stop
-			}
+		if err := t.open(e.Seq, c, depth, p, erased); err != nil {
+			bad = &ledger.VerifyError{Seq: e.Seq, Reason: err.Error()}
+			return stop
 		}
 		return nil
 	})

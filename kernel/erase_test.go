@@ -15,6 +15,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 )
 
@@ -135,6 +136,27 @@ func TestCommitmentsAndErasure(t *testing.T) {
 	bad := bytes.Replace(exported, []byte(`"bytes_returned"`), []byte(`"bytes_Returned"`), 1)
 	if off, err := VerifyExport(bytes.NewReader(bad), h.k.ID(), h.k.ReceiptKey(), nil); err != nil || off.Intact || off.BadSeq == nil || *off.BadSeq != r.LedgerSeq {
 		t.Fatalf("a tampered payload line in the export: %+v %v", off, err)
+	}
+	// A payload line that lacks a part its record commits to is tampering
+	// too, as in the store.
+	var dropped bytes.Buffer
+	for line := range bytes.Lines(exported) {
+		var pl struct {
+			Payload map[string]json.RawMessage `json:"payload"`
+			Seq     uint64                     `json:"seq"`
+		}
+		if json.Unmarshal(line, &pl) == nil && pl.Payload != nil && pl.Seq == r.LedgerSeq {
+			delete(pl.Payload, "result")
+			b, err := jcs.Marshal(pl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			line = append(b, '\n')
+		}
+		dropped.Write(line)
+	}
+	if off, err := VerifyExport(&dropped, h.k.ID(), h.k.ReceiptKey(), nil); err != nil || off.Intact || off.BadSeq == nil || *off.BadSeq != r.LedgerSeq {
+		t.Fatalf("a payload line without its result part: %+v %v", off, err)
 	}
 	var public bytes.Buffer
 	for line := range bytes.Lines(exported) {
