@@ -60,13 +60,12 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 	}
 	var out *Erasure
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		env := txn.GetOperation(tx, id)
-		if env == nil {
-			return fmt.Errorf("operation %q: %w", id, ErrNotFound)
+		r, err := storedResult(tx, id)
+		if err != nil {
+			return err
 		}
-		var r Result
-		if err := json.Unmarshal(env, &r); err != nil {
-			return fmt.Errorf("operation %q: stored result: %w", id, err)
+		if r == nil {
+			return fmt.Errorf("operation %q: %w", id, ErrNotFound)
 		}
 		e, err := ledger.Get(tx, r.LedgerSeq)
 		if err != nil {
@@ -84,7 +83,7 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 		if err := b.Delete(key); err != nil {
 			return abortIf(err)
 		}
-		if err := forgetResult(tx, who, &r); err != nil {
+		if err := forgetResult(tx, who, r); err != nil {
 			return abortIf(err)
 		}
 		out = &Erasure{Seqs: []uint64{e.Seq}, OperationID: id, By: ErasedByAdmin, Reason: reason}
@@ -95,6 +94,20 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 	}
 	k.ops.forgetResult(id)
 	return out, nil
+}
+
+// storedResult decodes the stored result envelope of operation id (one a
+// kernel of any version stored), or returns nil when there is none.
+func storedResult(tx *bbolt.Tx, id string) (*Result, error) {
+	env := txn.GetOperation(tx, id)
+	if env == nil {
+		return nil, nil
+	}
+	var r Result
+	if err := decodeStored(env, &r); err != nil {
+		return nil, fmt.Errorf("operation %q: stored result: %w", id, err)
+	}
+	return &r, nil
 }
 
 // recordOwner is what erasure reads of an audit record's body.
@@ -189,12 +202,9 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 			}
 			seqs = append(seqs, seq)
 			ops = append(ops, who.OperationID)
-			if env := txn.GetOperation(tx, who.OperationID); env != nil {
-				var res Result
-				if json.Unmarshal(env, &res) == nil && res.LedgerSeq == seq {
-					if err := forgetResult(tx, who, &res); err != nil {
-						return abortIf(err)
-					}
+			if res, err := storedResult(tx, who.OperationID); err == nil && res != nil && res.LedgerSeq == seq {
+				if err := forgetResult(tx, who, res); err != nil {
+					return abortIf(err)
 				}
 			}
 		}

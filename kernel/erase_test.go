@@ -410,3 +410,27 @@ func TestErasureRemovesErrorMessage(t *testing.T) {
 		t.Fatalf("the kernel's memory keeps the message: %+v", st.Result.Error)
 	}
 }
+
+// An operation whose stored envelope a v1 kernel wrote (its receipt a
+// JWS string) is erased like any other.
+func TestEraseV1StoredEnvelope(t *testing.T) {
+	h := newHarness(t)
+	h.write("a.txt", "pin 4711")
+	r := h.invoke("fs.read", map[string]any{"path": "a.txt"})
+	mustOK(t, r)
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte("operations"))
+		var m map[string]any
+		if err := json.Unmarshal(b.Get([]byte(r.OperationID)), &m); err != nil {
+			return err
+		}
+		m["receipt"] = "eyJhbGciOiJFZERTQSJ9.e30.c2ln"
+		v, _ := json.Marshal(m)
+		return b.Put([]byte(r.OperationID), v)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.k.Erase(context.Background(), r.OperationID, "subject asked"); err != nil {
+		t.Fatalf("erasing an operation stored with a v1 receipt: %v", err)
+	}
+}
