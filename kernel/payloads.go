@@ -568,9 +568,10 @@ func openRecord(e ledger.Entry, p *Payload) (*auditRecord, error) {
 	return &a, nil
 }
 
-// recoverySalt returns the call's salt, choosing it now if none is yet:
-// crash recovery audits the call under it.
-func (c *call) recoverySalt() string {
+// auditSalt returns the call's salt, choosing it now if none is yet: the
+// call's audit record commits under it, and crash recovery audits the
+// call under it too.
+func (c *call) auditSalt() string {
 	if c.salt == "" {
 		c.salt = NewSalt()
 	}

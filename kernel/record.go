@@ -124,9 +124,6 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // batch's tree edge in memory.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
-	if c.salt == "" {
-		c.salt = NewSalt()
-	}
 	depth := k.depthOf(c.env.ToolID)
 	planned, err := newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs)
 	if err != nil {
@@ -241,10 +238,7 @@ func (c *call) fill(k *Kernel) {
 		env.OperationID = newID()
 	}
 	c.res.ToolID, c.res.AgentID, c.res.OperationID = env.ToolID, env.AgentID, env.OperationID
-	if c.salt == "" {
-		c.salt = NewSalt()
-	}
-	c.res.AuditSalt = c.salt
+	c.res.AuditSalt = c.auditSalt()
 	c.res.Provenance, c.res.TaskClass = env.Provenance, env.TaskClass
 	if c.res.AutonomyMode == "" {
 		// Refused before the policy step: nothing was allowed.
@@ -450,7 +444,7 @@ func (c *call) recoveryContext() json.RawMessage {
 		AutonomyMode: c.res.AutonomyMode, RequestedMode: c.env.AutonomyMode, DecidedMode: c.decided,
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
 		StartedAt: ledger.FormatTime(c.start), PolicyInput: c.input,
-		RecoverySalt: c.recoverySalt(), RecoveryArgs: c.canonArgs,
+		RecoverySalt: c.auditSalt(), RecoveryArgs: c.canonArgs,
 	})
 	return b
 }
