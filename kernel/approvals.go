@@ -258,12 +258,11 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 	k.approvals.mu.Unlock()
 	tok, err := k.verifier.VerifyBearer(approverToken, k.cfg.Now())
 	refuse := func(why string) (ApprovalRequest, error) {
-		body := map[string]string{"approval_id": id, "decision": decision, "reason": why}
+		by := ""
 		if tok != nil {
-			body["approver"], body["token_id"] = tok.Claims.Subject, tok.Claims.ID
+			by = tok.Claims.Subject
 		}
-		_ = k.appendApproval(KindApprovalRefused, body)
-		return ApprovalRequest{}, fmt.Errorf("%w: %s", ErrApprovalForbidden, why)
+		return k.refuseDecision(id, decision, why, by, "", tok)
 	}
 	switch {
 	case err != nil:
@@ -280,6 +279,25 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return refuse(fmt.Sprintf("%s may not approve its own call", tok.Claims.Subject))
 	}
 	return k.decided(a, id, decision, tok.Claims.Subject, tok.Claims.ID, reason, ChannelApprover)
+}
+
+// refuseDecision records in the ledger that decision on approval id was
+// refused, and why: the would-be approver by and the channel, when known,
+// and the id of the token tok it presented, if it verified. It answers
+// ErrApprovalForbidden with why.
+func (k *Kernel) refuseDecision(id, decision, why, by, channel string, tok *captoken.Token) (ApprovalRequest, error) {
+	body := map[string]string{"approval_id": id, "decision": decision, "reason": why}
+	if by != "" {
+		body["approver"] = by
+	}
+	if channel != "" {
+		body["channel"] = channel
+	}
+	if tok != nil {
+		body["token_id"] = tok.Claims.ID
+	}
+	_ = k.appendApproval(KindApprovalRefused, body)
+	return ApprovalRequest{}, fmt.Errorf("%w: %s", ErrApprovalForbidden, why)
 }
 
 // decided closes approval a (id) with decision ("allow" or "deny") by

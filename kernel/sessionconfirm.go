@@ -36,12 +36,7 @@ func (k *Kernel) ConfirmInSession(id, token, session, decision, reason string) (
 	tok, err := k.verifier.VerifyBearer(token, k.cfg.Now())
 	by := "session:" + session
 	refuse := func(why string) (ApprovalRequest, error) {
-		body := map[string]string{"approval_id": id, "decision": decision, "reason": why, "approver": by, "channel": ChannelSession}
-		if tok != nil {
-			body["token_id"] = tok.Claims.ID
-		}
-		_ = k.appendApproval(KindApprovalRefused, body)
-		return ApprovalRequest{}, fmt.Errorf("%w: %s", ErrApprovalForbidden, why)
+		return k.refuseDecision(id, decision, why, by, ChannelSession, tok)
 	}
 	switch {
 	case a == nil:
