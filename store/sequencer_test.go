@@ -387,10 +387,21 @@ func TestBatchWork(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = d.Do(context.Background(), Op{Prepare: put("k"), Work: func() error { return nil }})
+		stored := false
+		if verr := d.View(func(tx *bbolt.Tx) error {
+			stored = tx.Bucket([]byte("b")).Get([]byte("k")) != nil
+			return nil
+		}); verr != nil {
+			t.Fatal(verr)
+		}
 		d.Close()
 		switch {
 		case fail && (err == nil || !strings.Contains(err.Error(), "signing failed")):
 			t.Fatalf("a failing BatchWork: %v, want its error", err)
+		case fail && stored:
+			t.Fatal("the put of a batch whose BatchWork failed was committed")
+		case !fail && !stored:
+			t.Fatal("the put was not committed")
 		case !fail && err != nil:
 			t.Fatal(err)
 		case !fail && fmt.Sprint(seen) != "[- k]":
