@@ -76,7 +76,7 @@ type tally struct {
 	cases, calls, acked, failStops       int
 	lost, duplicated, contradicted       int
 	stuck, staging, verifyFailed, doubly int
-	noExit, crashes                      int
+	noExit, crashes, injected            int
 	toExit, restart                      []time.Duration
 }
 
@@ -97,8 +97,12 @@ func TestChaos(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.String(), func(t *testing.T) { runCase(t, bin, f, workers, perWorker, &tl) })
 	}
-	t.Logf("fault cases %d, calls %d, acknowledged ok %d, fail stops (exit 1) %d, runtime crashes from write injection %d; lost %d, duplicated %d, contradicted %d, stuck keys %d, staging left %d, verifier failures %d, operations with two stories %d, no exit after a durability fault %d",
-		tl.cases, tl.calls, tl.acked, tl.failStops, tl.crashes, tl.lost, tl.duplicated, tl.contradicted, tl.stuck, tl.staging, tl.verifyFailed, tl.doubly, tl.noExit)
+	// A campaign whose faults never fired proved nothing.
+	if tl.injected == 0 || tl.failStops == 0 {
+		t.Errorf("%d of %d cases had a fault injected and %d failed stop: the campaign did not test durability faults", tl.injected, tl.cases, tl.failStops)
+	}
+	t.Logf("fault cases %d (faults injected in %d), calls %d, acknowledged ok %d, fail stops (exit 1) %d, runtime crashes from write injection %d; lost %d, duplicated %d, contradicted %d, stuck keys %d, staging left %d, verifier failures %d, operations with two stories %d, no exit after a durability fault %d",
+		tl.cases, tl.injected, tl.calls, tl.acked, tl.failStops, tl.crashes, tl.lost, tl.duplicated, tl.contradicted, tl.stuck, tl.staging, tl.verifyFailed, tl.doubly, tl.noExit)
 	t.Logf("durability error to exit: %s; restart (recovery included) to serving: %s; campaign %s",
 		spread(tl.toExit), spread(tl.restart), time.Since(start).Round(time.Millisecond))
 }
@@ -228,6 +232,9 @@ func runCase(t *testing.T, bin string, f fault, workers, perWorker int, tl *tall
 		len(calls), acked, unknown, !injected.IsZero(), srv.selfExit, code, lastLine(srv.stderr.String()))
 	tl.mu.Lock()
 	tl.cases++
+	if !injected.IsZero() {
+		tl.injected++
+	}
 	tl.calls += len(calls)
 	tl.acked += acked
 	if srv.selfExit && code == 1 {
