@@ -117,12 +117,13 @@ func (m *Metrics) CallDone(r *kernel.CallReport) {
 	}
 	if server, ok := upstreamServer(tool); ok {
 		m.upstream.WithLabelValues(server, outcome).Inc()
-		switch outcome {
-		case kernel.ErrUpstreamUnavailable:
-			m.upstreamUp.WithLabelValues(server).Set(0)
-		case "ok", kernel.ErrUpstreamError:
-			m.upstreamUp.WithLabelValues(server).Set(1)
+	}
+	if server, down, ok := upstreamHealth(r); ok {
+		up := 1.0
+		if down {
+			up = 0
 		}
+		m.upstreamUp.WithLabelValues(server).Set(up)
 	}
 }
 
