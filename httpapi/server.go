@@ -529,11 +529,9 @@ func (s *Server) bundle(w http.ResponseWriter, r *http.Request, acc kernel.Acces
 		writeLookupError(w, err)
 		return
 	}
-	if !acc.All {
-		if !acc.MayHave(b.Entry) {
-			writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "a receipt bundle holds the whole audit record: only the call's agent, an auditor or the admin may have it; anyone may prove the record's inclusion (GET /v1/ledger/proof/inclusion?seq=N)")
-			return
-		}
+	if !acc.MayHave(b.Entry) {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "a receipt bundle holds the whole audit record: only the call's agent, an auditor or the admin may have it; anyone may prove the record's inclusion (GET /v1/ledger/proof/inclusion?seq=N)")
+		return
 	}
 	writeJSON(w, http.StatusOK, b)
 }
@@ -802,12 +800,10 @@ func (s *Server) erase(w http.ResponseWriter, r *http.Request) {
 	}
 	e, err := s.k.Erase(r.Context(), req.OperationID, req.Reason)
 	switch {
-	case errors.Is(err, kernel.ErrNotFound):
-		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, err.Error())
 	case errors.Is(err, kernel.ErrNothingToErase):
 		writeError(w, http.StatusConflict, kernel.ErrInvalidArgs, err.Error())
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
+		writeLookupError(w, err)
 	default:
 		writeJSON(w, http.StatusOK, e)
 	}
