@@ -66,6 +66,10 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var h http.Header // the same on every call of this worker
+			if t.header != nil {
+				h = t.header(w)
+			}
 			var mine []time.Duration
 			on := false
 			for i := 0; ; i++ {
@@ -78,10 +82,6 @@ func measure(client *http.Client, t target, c int, warm, d time.Duration) (point
 				case <-measuring:
 					on = true
 				default:
-				}
-				var h http.Header
-				if t.header != nil {
-					h = t.header(w)
 				}
 				t0 := time.Now()
 				err := post(client, t.url, h, t.body(w, i), t.want)

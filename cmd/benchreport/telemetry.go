@@ -111,15 +111,9 @@ func echoTarget(name string, ks *proc, data string) (target, error) {
 		body: sessionCall(tok, ph, "echo", same(`{"text":"hello"}`))}, nil
 }
 
-// telemetrySum is one target's rounds at one concurrency taken together:
-// the throughput over all of them, CPU per call over all of them, and
-// the median of the rounds' p50 and p99.
-func (r *report) telemetrySum(name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
-	return sumRounds(r.Telemetry, name, c)
-}
-
 // sumRounds takes the rounds in ps of one target at one concurrency
-// together, as telemetrySum says.
+// together: the throughput over all of them, CPU per call over all of
+// them, and the median of the rounds' p50 and p99.
 func sumRounds(ps []point, name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
 	var calls int
 	var secs float64
@@ -152,8 +146,8 @@ func (r *report) telemetryMarkdown(w func(string, ...any)) {
 	w("| c | calls/s off | calls/s on | on / off | p50 µs off / on | p99 µs off / on | server CPU µs/call off / on | within 5%% |")
 	w("|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, c := range telemetryConcurrencies {
-		ro, p50o, p99o, cpuo, ok1 := r.telemetrySum(telemetryOff, c)
-		rn, p50n, p99n, cpun, ok2 := r.telemetrySum(telemetryOn, c)
+		ro, p50o, p99o, cpuo, ok1 := sumRounds(r.Telemetry, telemetryOff, c)
+		rn, p50n, p99n, cpun, ok2 := sumRounds(r.Telemetry, telemetryOn, c)
 		if !ok1 || !ok2 {
 			continue
 		}
