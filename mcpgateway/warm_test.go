@@ -3,6 +3,8 @@ package mcpgateway
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +22,8 @@ func (f invokerFunc) Invoke(ctx context.Context, env []byte) (*kernel.Result, er
 // invoker returned, and a panic of the invoker is the caller's.
 func TestWarmInvoker(t *testing.T) {
 	const n = 8
+	var mu sync.Mutex
+	ran := map[string]bool{} // the goroutines the echo calls ran on
 	var arrived sync.WaitGroup
 	arrived.Add(n)
 	all := make(chan struct{})
@@ -30,6 +34,10 @@ func TestWarmInvoker(t *testing.T) {
 			panic("boom")
 		case "fail":
 			return nil, errors.New("no kernel")
+		case "echo":
+			mu.Lock()
+			ran[goroutineID()] = true
+			mu.Unlock()
 		case "wait":
 			// Answers only once all n calls are in flight at once.
 			arrived.Done()
@@ -52,11 +60,15 @@ func TestWarmInvoker(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	// Now n goroutines are idle: these calls reuse them.
+	// Now n goroutines are idle: these calls reuse them, and none runs on
+	// the caller's goroutine.
 	for range 3 * n {
 		if r, err := w.Invoke(context.Background(), []byte("echo")); err != nil || r.ToolID != "echo" {
 			t.Fatalf("Invoke(echo) = %v, %v", r, err)
 		}
+	}
+	if ran[goroutineID()] || len(ran) > n {
+		t.Fatalf("%d sequential calls ran on %d goroutines (the caller's among them: %v), want at most the %d kept", 3*n, len(ran), ran[goroutineID()], n)
 	}
 	if _, err := w.Invoke(context.Background(), []byte("fail")); err == nil || err.Error() != "no kernel" {
 		t.Fatalf("Invoke(fail): %v", err)
@@ -68,4 +80,12 @@ func TestWarmInvoker(t *testing.T) {
 	}()
 	w.Invoke(context.Background(), []byte("panic"))
 	t.Fatal("Invoke(panic) returned")
+}
+
+// goroutineID is the id of the calling goroutine, from its stack trace's
+// first line ("goroutine 42 [running]:").
+func goroutineID() string {
+	var b [64]byte
+	f := strings.Fields(string(b[:runtime.Stack(b[:], false)]))
+	return f[1]
 }
