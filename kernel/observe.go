@@ -32,6 +32,10 @@ const (
 	StageCommit  = "commit"
 )
 
+// Stages are the stages a call may pass through, in pipeline order; a
+// call reports each at most once.
+var Stages = [...]string{StageVerify, StagePolicy, StageGate, StagePrepare, StageExecute, StageLedger, StageCommit}
+
 // StageSpan is the time one stage of a call took.
 type StageSpan struct {
 	Stage string

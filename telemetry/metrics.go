@@ -35,7 +35,7 @@ type Metrics struct {
 	upstream    *prometheus.CounterVec
 	upstreamUp  *prometheus.GaugeVec
 	// stageObs are the stage histograms of the kernel's stages, looked
-	// up once: a call observes up to 7 stages, and WithLabelValues
+	// up once: a call observes up to len(kernel.Stages) stages, and WithLabelValues
 	// hashes its label each time.
 	stageObs map[string]prometheus.Observer
 
@@ -86,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.calls, m.callSeconds, m.stages, m.batch, m.commit, m.upstream, m.upstreamUp, (*stateCollector)(m))
 	m.stageObs = map[string]prometheus.Observer{}
-	for _, s := range []string{kernel.StageVerify, kernel.StagePolicy, kernel.StageGate, kernel.StagePrepare, kernel.StageExecute, kernel.StageLedger, kernel.StageCommit} {
+	for _, s := range kernel.Stages {
 		m.stageObs[s] = m.stages.WithLabelValues(s)
 	}
 	return m

@@ -82,8 +82,7 @@ func TestMetricsOfCalls(t *testing.T) {
 		}
 	}
 	// Every stage of a committed write was timed.
-	for _, s := range []string{kernel.StageVerify, kernel.StagePolicy, kernel.StageGate, kernel.StagePrepare,
-		kernel.StageExecute, kernel.StageLedger, kernel.StageCommit} {
+	for _, s := range kernel.Stages {
 		if n := histCount(t, reg, "capkernel_stage_duration_seconds", s); n == 0 {
 			t.Errorf("stage %s: no observations", s)
 		}
@@ -142,7 +141,7 @@ func BenchmarkMetricsCallDone(b *testing.B) {
 	t0 := time.Now()
 	r := &kernel.CallReport{ToolID: "fs.write", SideEffect: "WRITE", AutonomyMode: "autopilot", Status: kernel.StatusOK,
 		TxOutcome: kernel.Committed, Start: t0, End: t0.Add(7 * time.Millisecond)}
-	for i, s := range []string{kernel.StageVerify, kernel.StagePolicy, kernel.StageGate, kernel.StagePrepare, kernel.StageExecute, kernel.StageLedger, kernel.StageCommit} {
+	for i, s := range kernel.Stages {
 		r.Stages = append(r.Stages, kernel.StageSpan{Stage: s, Start: t0.Add(time.Duration(i) * time.Millisecond), End: t0.Add(time.Duration(i+1) * time.Millisecond)})
 	}
 	b.ReportAllocs()

@@ -45,12 +45,12 @@ type direct struct {
 const maxCallAttrs = 14
 
 // callSpans is one call's spans, made in one allocation: the call's,
-// its attributes, and up to len(stages) of its stages (a kernel call has
-// at most 7).
+// its attributes, and its stages (a kernel call reports each of
+// kernel.Stages at most once).
 type callSpans struct {
 	call   callSpan
 	attrs  [maxCallAttrs]attribute.KeyValue
-	stages [7]stageSpan
+	stages [len(kernel.Stages)]stageSpan
 }
 
 // record makes the spans of call r, child of parent, and hands them to
