@@ -82,26 +82,33 @@ var publicDefault = []string{"operation_id", "agent_id", "tool_id"}
 
 // Entry returns e as a sees it.
 func (a Access) Entry(e ledger.Entry) EntryView {
+	v, _ := a.entry(e)
+	return v
+}
+
+// entry is Entry, and whether a reads e in full (its owner's view, or
+// everything).
+func (a Access) entry(e ledger.Entry) (v EntryView, full bool) {
 	if a.All {
-		return EntryView{Entry: e}
+		return EntryView{Entry: e}, true
 	}
 	var body map[string]json.RawMessage
 	if json.Unmarshal(e.Body, &body) != nil {
 		// Not an object the kernel wrote: nothing of it is shown.
-		return EntryView{Entry: withBody(e, json.RawMessage(`{}`)), Withheld: []string{"body"}}
+		return EntryView{Entry: withBody(e, json.RawMessage(`{}`)), Withheld: []string{"body"}}, false
 	}
 	owner, ok := a.owner(e, body)
 	if ok && a.Full(owner) {
-		return EntryView{Entry: e}
+		return EntryView{Entry: e}, true
 	}
 	if _, sealed := body["payload_depth"]; sealed && e.Kind == ledger.KindAudit {
 		// Its private parts are beside the chain: the body is public.
-		return EntryView{Entry: e}
+		return EntryView{Entry: e}, false
 	}
 	keep, listed := PublicFields[e.Kind]
 	if !listed {
 		if !ok {
-			return EntryView{Entry: e}
+			return EntryView{Entry: e}, false
 		}
 		keep = publicDefault
 	}
@@ -113,14 +120,14 @@ func (a Access) Entry(e ledger.Entry) EntryView {
 		}
 	}
 	if len(withheld) == 0 {
-		return EntryView{Entry: e}
+		return EntryView{Entry: e}, false
 	}
 	sort.Strings(withheld)
 	b, err := json.Marshal(body)
 	if err != nil {
-		return EntryView{Entry: withBody(e, json.RawMessage(`{}`)), Withheld: []string{"body"}}
+		return EntryView{Entry: withBody(e, json.RawMessage(`{}`)), Withheld: []string{"body"}}, false
 	}
-	return EntryView{Entry: withBody(e, b), Withheld: withheld}
+	return EntryView{Entry: withBody(e, b), Withheld: withheld}, false
 }
 
 // owner returns the agent a record concerns: its body's agent_id, or for
@@ -230,17 +237,9 @@ func (i *Inspector) EntryViews(from uint64, limit int, a Access) ([]EntryView, e
 
 // view is e as a sees it, with its payload when a reads it in full.
 func (a Access) view(tx *bbolt.Tx, e ledger.Entry) (EntryView, error) {
-	v := a.Entry(e)
-	if e.Kind != ledger.KindAudit || v.Withheld != nil {
+	v, full := a.entry(e)
+	if e.Kind != ledger.KindAudit || !full {
 		return v, nil
-	}
-	if !a.All {
-		var who struct {
-			AgentID string `json:"agent_id"`
-		}
-		if json.Unmarshal(e.Body, &who) != nil || !a.Full(who.AgentID) {
-			return v, nil
-		}
 	}
 	p, err := getPayload(tx, e.Seq)
 	if err != nil {
