@@ -112,29 +112,16 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 	var mu sync.Mutex
 	payloads := map[uint64]*Payload{}
 	present := map[uint64]bool{}
-	pr, pw := io.Pipe()
-	go func() {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			if bytes.HasPrefix(line, payloadLinePrefix) {
-				var pl payloadLine
-				if err := json.Unmarshal(line, &pl); err != nil || pl.Payload == nil {
-					pw.CloseWithError(fmt.Errorf("export: a payload line does not decode: %v", err))
-					return
-				}
-				mu.Lock()
-				payloads[pl.Seq] = pl.Payload
-				mu.Unlock()
-				continue
-			}
-			if _, err := pw.Write(append(line, '\n')); err != nil {
-				return
-			}
+	pr := publicLines(r, func(line []byte) error {
+		var pl payloadLine
+		if err := json.Unmarshal(line, &pl); err != nil || pl.Payload == nil {
+			return fmt.Errorf("export: a payload line does not decode: %v", err)
 		}
-		pw.CloseWithError(sc.Err())
-	}()
+		mu.Lock()
+		payloads[pl.Seq] = pl.Payload
+		mu.Unlock()
+		return nil
+	})
 	t := &payloadTally{}
 	absent := 0
 	open := func(e ledger.Entry) error {
@@ -177,17 +164,25 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 }
 
 // publicLines reads r without its payload lines: the public export, which
-// ledger.VerifyExport checks (VerifyExport checks the payload lines).
-func publicLines(r io.Reader) *io.PipeReader {
+// ledger.VerifyExport checks. Each payload line goes to payload, unless
+// nil; its error ends the reading with that error.
+func publicLines(r io.Reader, payload func(line []byte) error) *io.PipeReader {
 	pr, pw := io.Pipe()
 	go func() {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
 		for sc.Scan() {
-			if bytes.HasPrefix(sc.Bytes(), payloadLinePrefix) {
+			line := sc.Bytes()
+			if bytes.HasPrefix(line, payloadLinePrefix) {
+				if payload != nil {
+					if err := payload(line); err != nil {
+						pw.CloseWithError(err)
+						return
+					}
+				}
 				continue
 			}
-			if _, err := pw.Write(append(sc.Bytes(), '\n')); err != nil {
+			if _, err := pw.Write(append(line, '\n')); err != nil {
 				return
 			}
 		}

@@ -29,7 +29,7 @@ import (
 // verified. The export's payload lines are skipped (VerifyExport checks
 // them).
 func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.Report, error) {
-	pr := publicLines(r)
+	pr := publicLines(r, nil)
 	defer pr.Close()
 	return verifyLedgerExport(pr, origin, pub, progress)
 }
