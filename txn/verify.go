@@ -107,12 +107,15 @@ func VerifyWorkspace(tx *bbolt.Tx, root func(dir string) (*os.Root, error)) (*Wo
 					keys[c.Key] = ex
 					continue
 				}
-				// A write, a delete or a mkdir of a path settles what is
-				// below it too (a deleted tree takes its files along).
-				prefix := strings.TrimSuffix(c.Path, "/") + "/"
-				for f := range files {
-					if f[0] == c.Root && strings.HasPrefix(f[1], prefix) && c.Op != OpMkdir {
-						delete(files, f)
+				// A write or a delete of a path settles what is below it
+				// too (a deleted tree takes its files along); a mkdir
+				// leaves it.
+				if c.Op != OpMkdir {
+					prefix := strings.TrimSuffix(c.Path, "/") + "/"
+					for f := range files {
+						if f[0] == c.Root && strings.HasPrefix(f[1], prefix) {
+							delete(files, f)
+						}
 					}
 				}
 				files[[2]string{c.Root, c.Path}] = ex
