@@ -117,7 +117,7 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 			case "tools/call":
 				// In flight while the SDK serves its POST: the same id
 				// on the lean path meanwhile is a duplicate.
-				if g.live(sid) {
+				if g.sessionByID(sid) != nil {
 					if !g.inflight.start(sid, key, nil) {
 						writeDuplicate(w, key)
 						return
@@ -304,12 +304,12 @@ func messageID(body []byte) (method, key string, ok bool) {
 	return m.Method, string(b), true
 }
 
-// live reports whether session is one of the server's.
-func (g *Gateway) live(session string) bool {
+// sessionByID returns the server's session of id, or nil.
+func (g *Gateway) sessionByID(id string) *mcp.ServerSession {
 	for s := range g.server.Sessions() {
-		if s.ID() == session {
-			return true
+		if s.ID() == id {
+			return s
 		}
 	}
-	return false
+	return nil
 }

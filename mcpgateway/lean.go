@@ -55,14 +55,7 @@ func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte)
 	if !ok || !g.served[c.name] {
 		return false
 	}
-	sid := r.Header.Get(sessionIDHeader)
-	var ss *mcp.ServerSession
-	for s := range g.server.Sessions() {
-		if s.ID() == sid {
-			ss = s
-			break
-		}
-	}
+	ss := g.sessionByID(r.Header.Get(sessionIDHeader))
 	if ss == nil {
 		return false // the SDK answers 404
 	}
@@ -79,11 +72,11 @@ func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte)
 	// or the end of its session, do.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
-	if !g.inflight.start(sid, c.key, cancel) {
+	if !g.inflight.start(ss.ID(), c.key, cancel) {
 		writeDuplicate(w, c.key)
 		return true
 	}
-	defer g.inflight.done(sid, c.key)
+	defer g.inflight.done(ss.ID(), c.key)
 	g.inflight.watch(ss)
 	res, _ := g.handle(ctx, req) // handle answers every call with a result
 	msg, err := leanResponse(c, res)
