@@ -88,6 +88,13 @@ func verificationKey(jwks []byte, kid string) (ed25519.PublicKey, error) {
 	if !ok {
 		return nil, fmt.Errorf("kid %q is not in the JWKS", kid)
 	}
+	return checkKey(k, kid)
+}
+
+// checkKey returns the Ed25519 public key of JWKS key k, published under
+// kid, refusing a key that is not an Ed25519 signature key for EdDSA or
+// whose thumbprint is not kid.
+func checkKey(k jwk.Key, kid string) (ed25519.PublicKey, error) {
 	if alg, ok := k.Algorithm(); ok && alg.String() != algEdDSA {
 		return nil, fmt.Errorf("JWKS key %q is for alg %q, not %s", kid, alg, algEdDSA)
 	}
@@ -123,5 +130,5 @@ func PublicKey(jwks []byte) (ed25519.PublicKey, error) {
 	if !ok {
 		return nil, errors.New("JWKS key has no kid")
 	}
-	return verificationKey(jwks, kid)
+	return checkKey(k, kid)
 }

@@ -188,7 +188,7 @@ func publicKeys(jwks []byte) ([]ed25519.PublicKey, error) {
 		if !ok {
 			return nil, fmt.Errorf("JWKS key %d has no kid", i)
 		}
-		pub, err := verificationKey(jwks, kid)
+		pub, err := checkKey(k, kid)
 		if err != nil {
 			return nil, err
 		}
