@@ -70,6 +70,14 @@ type CallReport struct {
 	Context context.Context
 }
 
+// Outcome is "ok" for a call that succeeded, else its error class.
+func (r *CallReport) Outcome() string {
+	if r.Status != StatusOK {
+		return r.ErrorClass
+	}
+	return "ok"
+}
+
 // An Observer is told about each finished call and each group commit, for
 // metrics and traces. Its methods run on the call's goroutine (CallDone)
 // and on the store's sequencer (GroupCommit), so they must be quick and

@@ -101,10 +101,7 @@ func (m *Metrics) Watch(k *kernel.Kernel) {
 
 // CallDone implements kernel.Observer.
 func (m *Metrics) CallDone(r *kernel.CallReport) {
-	outcome := "ok"
-	if r.Status != kernel.StatusOK {
-		outcome = r.ErrorClass
-	}
+	outcome := r.Outcome()
 	tool := m.toolLabel(r.ToolID)
 	m.calls.WithLabelValues(tool, r.SideEffect, outcome, r.TxOutcome, r.AutonomyMode).Inc()
 	m.callSeconds.WithLabelValues(r.SideEffect).Observe(r.End.Sub(r.Start).Seconds())

@@ -84,7 +84,7 @@ func (d *direct) record(parent context.Context, r *kernel.CallReport, toolCallID
 		TraceID: tid, SpanID: newSpanID(), TraceFlags: psc.TraceFlags() | trace.FlagsSampled, TraceState: res.Tracestate,
 	})
 	c.call = callSpan{spanBase: spanBase{d: d}, owner: c, name: name, sc: sc, parent: psc, start: r.Start, end: r.End, attrs: attrs, children: len(r.Stages)}
-	if o := outcomeOf(r); o != "ok" {
+	if o := r.Outcome(); o != "ok" {
 		c.call.status = sdktrace.Status{Code: codes.Error, Description: o}
 	}
 	stages := c.stages[:0]

@@ -79,25 +79,17 @@ func (t *Tracer) CallDone(r *kernel.CallReport) {
 		_, child := t.tracer.Start(ctx, s.Stage, trace.WithTimestamp(s.Start))
 		child.End(trace.WithTimestamp(s.End))
 	}
-	if o := outcomeOf(r); o != "ok" {
+	if o := r.Outcome(); o != "ok" {
 		span.SetStatus(codes.Error, o)
 	}
 	span.End(trace.WithTimestamp(r.End))
-}
-
-// outcomeOf is "ok" or the error class of r.
-func outcomeOf(r *kernel.CallReport) string {
-	if r.Status != kernel.StatusOK {
-		return r.ErrorClass
-	}
-	return "ok"
 }
 
 // callAttrs appends the attributes of call r's span to attrs: the GenAI
 // ones (the tool call id is toolCallID, the agent framework's, else the
 // operation id) and capkernel's; at most 14.
 func callAttrs(attrs []attribute.KeyValue, r *kernel.CallReport, toolCallID string) []attribute.KeyValue {
-	outcome := outcomeOf(r)
+	outcome := r.Outcome()
 	if toolCallID == "" {
 		toolCallID = r.OperationID
 	}
