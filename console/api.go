@@ -253,10 +253,9 @@ func (c *Console) bundle(w http.ResponseWriter, r *http.Request, s *session) {
 func (c *Console) operation(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	notFound := fmt.Errorf("operation %q: %w", id, kernel.ErrNotFound)
-	// A finished call is answered from the operations table, which
-	// erasure rewrites; the kernel's memory of recent results is not.
-	st, live := c.k.Operation(id)
-	if live && st.State != kernel.OpDone {
+	// The kernel's memory of recent calls first (erasure rewrites it as
+	// it rewrites the operations table), then the table.
+	if st, live := c.k.Operation(id); live {
 		if !s.access.Full(st.AgentID) {
 			lookupError(w, notFound)
 			return
@@ -265,14 +264,6 @@ func (c *Console) operation(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	env, err := c.k.Inspector().Operation(id)
-	if errors.Is(err, kernel.ErrNotFound) && live {
-		if !s.access.Full(st.AgentID) {
-			lookupError(w, notFound)
-			return
-		}
-		writeJSON(w, http.StatusOK, st)
-		return
-	}
 	if err != nil {
 		lookupError(w, err)
 		return
