@@ -179,7 +179,7 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	}
 	for src.walk.k != nil {
 		it := src.walk.next()
-		it.prepare(&v.opts)
+		it.prepare(&v.opts, nil)
 		if err := v.consume(&it); err != nil {
 			return v.report, err
 		}
@@ -205,7 +205,7 @@ func (s *dbSource) fill(b *batch) (bool, error) {
 		if s.k == nil {
 			return false, nil
 		}
-		it := item{kind: itemEntry, data: s.rec}
+		it := item{kind: itemEntry, data: s.rec, stored: true}
 		if len(s.k) != 8 {
 			it.err = fmt.Errorf("malformed key %x after entry %d", s.k, s.pos)
 		} else if seq := binary.BigEndian.Uint64(s.k); seq != s.pos {

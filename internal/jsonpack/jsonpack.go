@@ -479,9 +479,17 @@ func (d *decoder) uvarint() (uint64, error) {
 	return v, nil
 }
 
-// run decodes one value and its nested values, iteratively so that no
-// input can exhaust the stack.
+// run decodes one value, which must end the input.
 func (d *decoder) run() error {
+	if err := d.value(); err != nil {
+		return err
+	}
+	return d.done()
+}
+
+// value decodes one value and its nested values, iteratively so that no
+// input can exhaust the stack.
+func (d *decoder) value() error {
 	for {
 		c, err := d.byte()
 		if err != nil {
@@ -501,7 +509,7 @@ func (d *decoder) run() error {
 			d.objects &^= 1 << d.depth
 			d.first = false
 			if d.depth == 0 {
-				return d.done()
+				return nil
 			}
 			continue
 		}
@@ -510,10 +518,13 @@ func (d *decoder) run() error {
 		}
 		d.first = false
 		if inObj {
-			if err := d.name(c); err != nil {
+			if c < maxDict && int(c) < len(dictV1) {
+				d.out = append(d.out, dictNames[c]...)
+			} else if err := d.name(c); err != nil {
 				return err
+			} else {
+				d.out = append(d.out, ':')
 			}
-			d.out = append(d.out, ':')
 			if c, err = d.byte(); err != nil {
 				return err
 			}
@@ -536,7 +547,7 @@ func (d *decoder) run() error {
 			return err
 		}
 		if d.depth == 0 {
-			return d.done()
+			return nil
 		}
 	}
 }
@@ -563,11 +574,19 @@ func (d *decoder) dict(c byte) error {
 	if int(c) >= len(dictV1) {
 		return fmt.Errorf("dictionary entry %d does not exist", c)
 	}
-	d.out = append(d.out, '"')
-	d.out = append(d.out, dictV1[c]...)
-	d.out = append(d.out, '"')
+	d.out = append(d.out, dictQuoted[c]...)
 	return nil
 }
+
+// dictQuoted holds the dictionary's strings in quotes, and dictNames
+// each followed by a colon.
+var dictQuoted, dictNames = func() (q, n [len(dictV1)]string) {
+	for i, s := range dictV1 {
+		q[i] = `"` + s + `"`
+		n[i] = q[i] + ":"
+	}
+	return q, n
+}()
 
 func (d *decoder) str(c byte) error {
 	n := uint64(c - opShort)
@@ -631,9 +650,8 @@ func (d *decoder) scalar(c byte) error {
 		if err != nil {
 			return err
 		}
-		d.out = append(d.out, '"')
-		d.out = append(d.out, digestPrefix...)
-		d.out = hex.AppendEncode(d.out, b)
+		d.out = append(d.out, `"`+digestPrefix...)
+		d.out = appendHex(d.out, b)
 		d.out = append(d.out, '"')
 	case opUUID:
 		b, err := d.bytes(16)
@@ -641,15 +659,15 @@ func (d *decoder) scalar(c byte) error {
 			return err
 		}
 		d.out = append(d.out, '"')
-		d.out = hex.AppendEncode(d.out, b[:4])
+		d.out = appendHex(d.out, b[:4])
 		d.out = append(d.out, '-')
-		d.out = hex.AppendEncode(d.out, b[4:6])
+		d.out = appendHex(d.out, b[4:6])
 		d.out = append(d.out, '-')
-		d.out = hex.AppendEncode(d.out, b[6:8])
+		d.out = appendHex(d.out, b[6:8])
 		d.out = append(d.out, '-')
-		d.out = hex.AppendEncode(d.out, b[8:10])
+		d.out = appendHex(d.out, b[8:10])
 		d.out = append(d.out, '-')
-		d.out = hex.AppendEncode(d.out, b[10:])
+		d.out = appendHex(d.out, b[10:])
 		d.out = append(d.out, '"')
 	case opHex:
 		n, err := d.uvarint()
@@ -661,7 +679,7 @@ func (d *decoder) scalar(c byte) error {
 			return err
 		}
 		d.out = append(d.out, '"')
-		d.out = hex.AppendEncode(d.out, b)
+		d.out = appendHex(d.out, b)
 		d.out = append(d.out, '"')
 	case opSuffix:
 		n, err := d.uvarint()
@@ -679,7 +697,7 @@ func (d *decoder) scalar(c byte) error {
 		d.out = append(d.out, '"')
 		d.out = append(d.out, p...)
 		d.out = append(d.out, digestPrefix...)
-		d.out = hex.AppendEncode(d.out, b)
+		d.out = appendHex(d.out, b)
 		d.out = append(d.out, '"')
 	case opTime:
 		return d.time()
@@ -707,41 +725,91 @@ func (d *decoder) time() error {
 	if digits > 9 || frac >= pow10[digits] || sec < minSec || sec >= maxSec {
 		return fmt.Errorf("time out of range (%d fraction digits, %d s, fraction %d)", digits, sec, frac)
 	}
-	t := time.Unix(sec, 0).UTC()
-	year, month, day := t.Date()
-	hour, minute, second := t.Clock()
-	d.out = append(d.out, '"')
-	d.out = appendDigits(d.out, uint64(year), 4)
-	d.out = append(d.out, '-')
-	d.out = appendDigits(d.out, uint64(month), 2)
-	d.out = append(d.out, '-')
-	d.out = appendDigits(d.out, uint64(day), 2)
-	d.out = append(d.out, 'T')
-	d.out = appendDigits(d.out, uint64(hour), 2)
-	d.out = append(d.out, ':')
-	d.out = appendDigits(d.out, uint64(minute), 2)
-	d.out = append(d.out, ':')
-	d.out = appendDigits(d.out, uint64(second), 2)
+	days := (sec - minSec) / 86400 // days since 0000-01-01, ≥ 0
+	year, month, day := civil(days + minDays)
+	s := sec - minSec - days*86400
+	hour, minute, second := s/3600, s/60%60, s%60
+	// "YYYY-MM-DDTHH:MM:SS.fffffffffZ" in quotes: at most 32 bytes.
+	var t [32]byte
+	t[0] = '"'
+	put(t[1:5], uint64(year))
+	t[5] = '-'
+	put(t[6:8], uint64(month))
+	t[8] = '-'
+	put(t[9:11], uint64(day))
+	t[11] = 'T'
+	put(t[12:14], uint64(hour))
+	t[14] = ':'
+	put(t[15:17], uint64(minute))
+	t[17] = ':'
+	put(t[18:20], uint64(second))
+	end := 20
 	if digits > 0 {
-		d.out = append(d.out, '.')
-		d.out = appendDigits(d.out, frac, int(digits))
+		t[20] = '.'
+		put(t[21:21+digits], frac)
+		end = 21 + int(digits)
 	}
-	d.out = append(d.out, 'Z', '"')
+	t[end], t[end+1] = 'Z', '"'
+	d.out = append(d.out, t[:end+2]...)
 	return nil
 }
 
-// appendDigits appends v as exactly width decimal digits (v < 10^width).
-func appendDigits(b []byte, v uint64, width int) []byte {
-	n := len(b)
-	for range width {
-		b = append(b, 0)
-	}
-	for i := len(b) - 1; i >= n; i-- {
+// put writes v into b as exactly len(b) decimal digits (v < 10^len(b)).
+func put(b []byte, v uint64) {
+	for i := len(b) - 1; i >= 0; i-- {
 		b[i] = byte('0' + v%10)
 		v /= 10
 	}
-	return b
 }
+
+// minDays is the day of 0000-01-01 counted from 1970-01-01.
+var minDays = minSec / 86400
+
+// civil returns the date of day z counted from 1970-01-01 in the proleptic
+// Gregorian calendar, by the days-to-civil algorithm of Howard Hinnant
+// ("chrono-Compatible Low-Level Date Algorithms").
+func civil(z int64) (year, month, day int64) {
+	z += 719468 // days since 0000-03-01
+	era := z / 146097
+	if z < 0 {
+		era = (z - 146096) / 146097
+	}
+	doe := z - era*146097
+	yoe := (doe - doe/1460 + doe/36524 - doe/146096) / 365
+	y := yoe + era*400
+	doy := doe - (365*yoe + yoe/4 - yoe/100)
+	mp := (5*doy + 2) / 153
+	day = doy - (153*mp+2)/5 + 1
+	month = mp + 3
+	if month > 12 {
+		month -= 12
+	}
+	if month <= 2 {
+		y++
+	}
+	return y, month, day
+}
+
+// appendHex appends the lowercase hex digits of b, two at a time.
+func appendHex(dst, b []byte) []byte {
+	n := len(dst)
+	dst = slices.Grow(dst, 2*len(b))[:n+2*len(b)]
+	out := dst[n:]
+	for i, c := range b {
+		binary.LittleEndian.PutUint16(out[2*i:], hexPairs[c])
+	}
+	return dst
+}
+
+// hexPairs holds the two hex digits of every byte, the first in the low
+// byte.
+var hexPairs = func() (t [256]uint16) {
+	const digits = "0123456789abcdef"
+	for i := range t {
+		t[i] = uint16(digits[i>>4]) | uint16(digits[i&0x0f])<<8
+	}
+	return t
+}()
 
 func appendUint(b []byte, v uint64) []byte {
 	if v == 0 {

@@ -2,8 +2,10 @@ package jsonpack
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 )
 
 // samples are stored values of the kinds the kernel keeps, and edge cases
@@ -202,4 +204,92 @@ func TestDepth(t *testing.T) {
 	if _, err := Unpack(nil, deep); err == nil || !strings.Contains(err.Error(), "nesting deeper") {
 		t.Errorf("Unpack of %d nested arrays: %v", maxDepth+1, err)
 	}
+}
+
+// TestTimes: every time from year 0 to 9999 that packs unpacks to itself
+// (civil against the time package, a day at a time across leap years and
+// centuries, and random instants).
+func TestTimes(t *testing.T) {
+	check := func(tm time.Time, layout string) {
+		s := `"` + tm.Format(layout) + `"`
+		v := Pack(nil, []byte(s))
+		if !Packed(v) || v[1] != opTime {
+			t.Fatalf("%s not packed as a time: %x", s, v)
+		}
+		var d decoder
+		d.in, d.pos = v, 1
+		if err := d.run(); err != nil || string(d.out) != s {
+			t.Fatalf("%s decodes to %s, %v", s, d.out, err)
+		}
+	}
+	for day := time.Date(0, 1, 1, 23, 59, 59, 0, time.UTC); day.Year() < 10000; day = day.AddDate(0, 0, 1) {
+		if day.Year() > 3 && day.Year() < 1895 || day.Year() > 2105 && day.Year() < 9996 {
+			continue
+		}
+		check(day, time.RFC3339)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 100000 {
+		tm := time.Unix(minSec+r.Int64N(maxSec-minSec), r.Int64N(1e9)).UTC()
+		check(tm, time.RFC3339Nano)
+		check(tm, "2006-01-02T15:04:05.000000000Z")
+	}
+}
+
+// TestObjectReader: reading member by member writes what Unpack writes,
+// and a method that finds another token consumes nothing.
+func TestObjectReader(t *testing.T) {
+	var h [32]byte
+	h[3] = 9
+	v := AppendObject([]byte{Tag})
+	v, _ = AppendValue(AppendName(v, "body"), []byte(`{"a":[1,2]}`))
+	v = AppendDigest(AppendName(v, "entry_hash"), &h)
+	v = AppendString(AppendName(v, "time"), "2026-11-26T14:21:35.859780150Z")
+	v = AppendEnd(v)
+	want, err := Unpack([]byte("x"), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := NewObjectReader([]byte("x"), v)
+	if !ok {
+		t.Fatal("NewObjectReader refused a packed object")
+	}
+	var got [32]byte
+	steps := []struct {
+		name string
+		f    func() bool
+		ok   bool
+	}{
+		{"wrong member", func() bool { return r.Member(name(t, "kind")) }, false},
+		{"body", func() bool { return r.Member(name(t, "body")) }, true},
+		{"digest for an object", func() bool { return r.Digest(&got) }, false},
+		{"time for an object", func() bool { return r.Time(9) }, false},
+		{"end too early", r.End, false},
+		{"body value", r.Value, true},
+		{"entry_hash", func() bool { return r.Member(name(t, "entry_hash")) }, true},
+		{"digest", func() bool { return r.Digest(&got) }, true},
+		{"time", func() bool { return r.Member(name(t, "time")) }, true},
+		{"time with 6 digits", func() bool { return r.Time(6) }, false},
+		{"time with 9 digits", func() bool { return r.Time(9) }, true},
+		{"end", r.End, true},
+	}
+	for _, s := range steps {
+		if s.f() != s.ok {
+			t.Fatalf("%s: want %v", s.name, s.ok)
+		}
+	}
+	if string(r.Out()) != string(want) || got != h {
+		t.Fatalf("ObjectReader wrote %q (digest %x); Unpack %q", r.Out(), got, want)
+	}
+	if _, ok := NewObjectReader(nil, Pack(nil, []byte(`[1,2,3,4,5]`))); ok {
+		t.Fatal("NewObjectReader accepted an array")
+	}
+}
+
+func name(t *testing.T, s string) Name {
+	n, ok := DictName(s)
+	if !ok {
+		t.Fatalf("%s is not in the dictionary", s)
+	}
+	return n
 }
