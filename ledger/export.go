@@ -51,16 +51,21 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 	var ck, cs []byte
 	var csize uint64
 	var cc *bbolt.Cursor
-	load := func(k, s []byte) {
-		ck, cs, csize = k, s, 0
-		if k != nil {
-			if c, _, err := parseSigned(s); err == nil {
+	var cerr error // why the stored value of checkpoint ck does not unpack
+	load := func(k, v []byte) {
+		ck, csize = k, 0
+		cs, cerr = loadCheckpoint(v)
+		if k != nil && cerr == nil {
+			if c, _, err := parseSigned(cs); err == nil {
 				csize = c.Size
 			}
 		}
 	}
 	writeCheckpoints := func(all bool) error {
 		for ck != nil && (all || csize <= n) {
+			if cerr != nil {
+				return fmt.Errorf("ledger: export checkpoint %x: %w", ck, cerr)
+			}
 			line, err := marshalCheckpointLine(cs)
 			if err != nil {
 				return fmt.Errorf("ledger: export checkpoint %x: %w", ck, err)

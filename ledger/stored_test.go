@@ -281,3 +281,79 @@ func TestUnpackRecordFastPath(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckpointsArePacked: checkpoints are stored packed in about half
+// the bytes of their note and read back as the note; notes stored as is
+// (before packing, or with extension lines) read unchanged; a packed
+// checkpoint that does not decode fails verification and export.
+func TestCheckpointsArePacked(t *testing.T) {
+	db := newDB(t)
+	appendN(t, db, 3)
+	s := testSigner(t)
+	cp := writeCheckpoint(t, db, s)
+	if err := db.View(func(tx *bbolt.Tx) error {
+		v := tx.Bucket(bucketCheckpoints).Get(seqKey(cp.Num))
+		if v[0] != checkpointTag || len(v)+50 > len(cp.Signed) {
+			t.Errorf("checkpoint stored in %d bytes for a %d-byte note: %q", len(v), len(cp.Signed), v)
+		}
+		if back, err := loadCheckpoint(v); err != nil || !bytes.Equal(back, cp.Signed) {
+			t.Errorf("stored checkpoint reads as %q, %v; want %q", back, err, cp.Signed)
+		}
+		latest, err := LatestCheckpoint(tx)
+		if err != nil || !bytes.Equal(latest.Signed, cp.Signed) {
+			t.Errorf("LatestCheckpoint = %q, %v", latest.Signed, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, note := range []string{
+		"origin\n3\n" + strings.Repeat("A", 43) + "=\nextension line\n\n— origin AAAA\n",
+		"not a note",
+		"",
+		"o\n01\nAAAA\n\n— o AAAA\n",
+	} {
+		if v := packCheckpoint([]byte(note)); string(v) != note {
+			t.Errorf("packCheckpoint(%q) = %q, want it stored as is", note, v)
+		}
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketCheckpoints)
+		v := bytes.Clone(b.Get(seqKey(cp.Num)))
+		return b.Put(seqKey(cp.Num), v[:len(v)-1])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.View(func(tx *bbolt.Tx) error {
+		_, err := VerifyWith(tx, VerifyOptions{})
+		var ce *CheckpointError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "undecodable checkpoint") {
+			t.Errorf("VerifyWith of a damaged packed checkpoint: %v", err)
+		}
+		if err := Export(tx, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "undecodable checkpoint") {
+			t.Errorf("Export of a damaged packed checkpoint: %v", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzCheckpointPack: loadCheckpoint(packCheckpoint(b)) == b for every b,
+// and loadCheckpoint of any bytes returns a note or an error, never a
+// panic.
+func FuzzCheckpointPack(f *testing.F) {
+	f.Add([]byte("ck-1\n7\nmuF48J0v7EsmEvBavYHobWzmJ3dJVoHgnimWy08IOEE=\n\n— ck-1 ybj+YkBRkdFuWdBELN6BeHGkUmeN3oYtuiuQF8Q/z7G93pfiAfWc6lXt5F2ZecFeW5KiFvMh84XOJmiRHoI3ghvlDwY=\n"))
+	f.Add([]byte("o\n0\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n\n— a AAAA\n— b AAAA\n"))
+	f.Add([]byte{checkpointTag, 1, 'o', 7})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v := packCheckpoint(b)
+		back, err := loadCheckpoint(v)
+		if err != nil || !bytes.Equal(back, b) {
+			if len(b) == 0 || b[0] != checkpointTag {
+				t.Fatalf("loadCheckpoint(packCheckpoint(%q)) = %q, %v", b, back, err)
+			}
+		}
+		loadCheckpoint(b)
+	})
+}

@@ -260,7 +260,11 @@ func truncateTail(t *testing.T, db *bbolt.DB, keep uint64, dropCheckpoints bool)
 		})
 		if dropCheckpoints {
 			deleteWhere(tx.Bucket(bucketCheckpoints), func(_, v []byte) bool {
-				c, _, err := parseSigned(v)
+				signed, err := loadCheckpoint(v)
+				if err != nil {
+					return true
+				}
+				c, _, err := parseSigned(signed)
 				return err != nil || c.Size > keep
 			})
 		}

@@ -301,7 +301,8 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 		}
 		num = binary.BigEndian.Uint64(k) + 1
 	}
-	if err := b.Put(seqKey(num), signed); err != nil {
+	b.FillPercent = 1 // keys only grow: see AppendCanonical
+	if err := b.Put(seqKey(num), packCheckpoint(signed)); err != nil {
 		return nil, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}
 	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)
