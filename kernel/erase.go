@@ -185,6 +185,9 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 		var seqs []uint64
 		c := b.Cursor()
 		for key, _ := c.First(); key != nil && len(seqs) < maxErasedPerRecord; key, _ = c.Next() {
+			if isPad(key) {
+				continue
+			}
 			seq := binary.BigEndian.Uint64(key)
 			e, err := ledger.Get(tx, seq)
 			if err != nil {
@@ -395,7 +398,10 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 			return t.rep, nil, err
 		}
 		c := b.Cursor()
-		for key, _ := c.First(); key != nil; key, _ = c.Next() {
+		for key, v := c.First(); key != nil; key, v = c.Next() {
+			if isPad(key) && len(v) == 0 {
+				continue
+			}
 			seq := binary.BigEndian.Uint64(key)
 			if seq >= h.Size || !committed[seq] {
 				return t.rep, &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for entry %d, which is no audit record with commitments (tampered)", seq)}, nil
