@@ -99,9 +99,9 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 // storedResult decodes the stored result envelope of operation id (one a
 // kernel of any version stored), or returns nil when there is none.
 func storedResult(tx *bbolt.Tx, id string) (*Result, error) {
-	env := txn.GetOperation(tx, id)
-	if env == nil {
-		return nil, nil
+	env, err := txn.GetOperation(tx, id)
+	if env == nil || err != nil {
+		return nil, err
 	}
 	var r Result
 	if err := decodeStored(env, &r); err != nil {
@@ -129,7 +129,7 @@ func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
 	if err != nil {
 		return err
 	}
-	if err := txn.PutOperation(tx, o.OperationID, b); err != nil {
+	if err := txn.PutOperation(tx, o.OperationID, txn.PackOperation(b)); err != nil {
 		return err
 	}
 	if o.IdempotencyKey == "" {

@@ -446,7 +446,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 			}
 			if err := e.update(func(tx *bbolt.Tx) error {
 				if tc.stored != "" {
-					if err := PutOperation(tx, "op-x", []byte(tc.stored)); err != nil {
+					if err := PutOperation(tx, "op-x", PackOperation([]byte(tc.stored))); err != nil {
 						return err
 					}
 				}
@@ -486,7 +486,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 			// Erasure rewrites the operation's envelope, then the key's.
 			if err := e.update(func(tx *bbolt.Tx) error {
 				if tc.stored != "" && !tc.keyHolds {
-					if err := PutOperation(tx, "op-x", []byte(tc.afterErase)); err != nil {
+					if err := PutOperation(tx, "op-x", PackOperation([]byte(tc.afterErase))); err != nil {
 						return err
 					}
 				}
@@ -506,7 +506,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 	}
 	id, delta, _ := NewDelta("op-y", nil)
 	if err := e.update(func(tx *bbolt.Tx) error {
-		if err := PutOperation(tx, "op-y", []byte(`{"op":"y"}`)); err != nil {
+		if err := PutOperation(tx, "op-y", PackOperation([]byte(`{"op":"y"}`))); err != nil {
 			return err
 		}
 		if err := Commit(tx, &p.Intent, nil, id, delta, []byte(`{"op":"y"}`)); err != nil {
