@@ -231,8 +231,17 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			startErr <- err
 			return
 		}
+		// The waiting is done elsewhere, by the poller (waitChain): a
+		// thread blocked in wait(2) would keep its P, and whatever it had
+		// just woken (this run's goroutine) would wait for the runtime's
+		// sysmon to take the P back, up to 10 ms on an idle kernel.
+		reaped := make(chan struct{})
+		go func() {
+			done <- waitChain(cmd)
+			close(reaped)
+		}()
 		startErr <- nil
-		done <- cmd.Wait()
+		<-reaped
 	}
 	// With a forker (forker.go), the chain is forked from its thread,
 	// already in the run's pids cgroup: everything of the run is born
@@ -430,6 +439,27 @@ loop:
 	}
 	res.Delta = b.delta()
 	return res, nil
+}
+
+// waitChain waits for the chain through a pidfd polled by the runtime's
+// network poller, then reaps it with cmd.Wait (which no longer blocks).
+// A goroutine blocked in wait(2) holds its P until sysmon retakes it; the
+// goroutines it wakes meanwhile (this run's, once the chain exits) wait as
+// long. Without a pidfd it is cmd.Wait alone.
+func waitChain(cmd *exec.Cmd) error {
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return cmd.Wait()
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Read(func(fd uintptr) bool {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+			return n > 0 || err != nil && err != unix.EINTR
+		})
+	}
+	f.Close()
+	return cmd.Wait()
 }
 
 // release applies the limits and the niceness to the sandbox's init,
