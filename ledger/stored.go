@@ -82,7 +82,9 @@ var names = func() (n struct{ body, entryHash, kind, prevHash, seq, time jsonpac
 // (the text it writes from them is well-formed by construction). It
 // handles the layout packRecord writes; on anything else, and on any
 // failure, it reports false and verification takes the general path,
-// whose result is the reference. On true, rec is the record, at the end of
+// whose result is the reference. The body's canonical form is checked
+// while it is unpacked (jsonpack.ObjectReader.CanonicalValue), and with
+// jcs.CheckCanonical only where that cannot vouch for it. On true, rec is the record, at the end of
 // out.
 func unpackRecord(r *record, dst, v []byte) (out, rec []byte, ok bool) {
 	rd, ok := jsonpack.NewObjectReader(dst, v)
@@ -95,7 +97,8 @@ func unpackRecord(r *record, dst, v []byte) (out, rec []byte, ok bool) {
 		return dst, nil, false
 	}
 	bodyAt := at()
-	if !rd.Value() {
+	ok, canonical := rd.CanonicalValue()
+	if !ok {
 		return dst, nil, false
 	}
 	r.hashAt = at()
@@ -145,7 +148,9 @@ func unpackRecord(r *record, dst, v []byte) (out, rec []byte, ok bool) {
 		}
 		r.seq = r.seq*10 + uint64(d-'0')
 	}
-	if r.seq > maxSeq || bodyAt != len(recHead) || jcs.CheckCanonical(r.body) != nil || r.body[0] != '{' {
+	// The body's canonical form: vouched for by the decoder where it can,
+	// else checked here as parseRecord does.
+	if r.seq > maxSeq || bodyAt != len(recHead) || r.body[0] != '{' || !canonical && jcs.CheckCanonical(r.body) != nil {
 		return dst, nil, false
 	}
 	return out, rec, true

@@ -27,6 +27,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // Tag is the first byte of a packed value of format version 1 (dictionary
@@ -445,6 +447,14 @@ type decoder struct {
 	depth   int
 	objects uint64
 	first   bool
+
+	// With check set, the decoder vouches for the RFC 8785 canonical form
+	// of what it writes where it can (canonical.go): it sets unsure
+	// wherever it cannot, and the caller then checks the output itself.
+	check  bool
+	unsure bool
+	prev   [maxDepth][]byte // the last member name of each open object
+	named  uint64           // bit i: prev[i] is set
 }
 
 var (
@@ -518,12 +528,17 @@ func (d *decoder) value() error {
 		}
 		d.first = false
 		if inObj {
+			var name []byte
 			if c < maxDict && int(c) < len(dictV1) {
 				d.out = append(d.out, dictNames[c]...)
-			} else if err := d.name(c); err != nil {
+				name = dictBytes[c]
+			} else if name, err = d.name(c); err != nil {
 				return err
 			} else {
 				d.out = append(d.out, ':')
+			}
+			if d.check {
+				d.checkName(name)
 			}
 			if c, err = d.byte(); err != nil {
 				return err
@@ -536,6 +551,7 @@ func (d *decoder) value() error {
 			if c == opObj {
 				d.out = append(d.out, '{')
 				d.objects |= 1 << d.depth
+				d.named &^= 1 << d.depth
 			} else {
 				d.out = append(d.out, '[')
 			}
@@ -559,15 +575,16 @@ func (d *decoder) done() error {
 	return nil
 }
 
-// name decodes the member name token c.
-func (d *decoder) name(c byte) error {
+// name decodes the member name token c and returns the name's text
+// between the quotes.
+func (d *decoder) name(c byte) ([]byte, error) {
 	switch {
 	case c < maxDict:
-		return d.dict(c)
+		return dictBytes[c%byte(len(dictBytes))], d.dict(c)
 	case c >= opShort && c < opSmall, c == opStr:
-		return d.str(c)
+		return d.strText(c)
 	}
-	return fmt.Errorf("token %#x is not a member name", c)
+	return nil, fmt.Errorf("token %#x is not a member name", c)
 }
 
 func (d *decoder) dict(c byte) error {
@@ -589,21 +606,31 @@ var dictQuoted, dictNames = func() (q, n [len(dictV1)]string) {
 }()
 
 func (d *decoder) str(c byte) error {
+	b, err := d.strText(c)
+	if err == nil && d.check && !plain(b) {
+		d.unsure = true
+	}
+	return err
+}
+
+// strText decodes the string token c and returns its text between the
+// quotes.
+func (d *decoder) strText(c byte) ([]byte, error) {
 	n := uint64(c - opShort)
 	if c == opStr {
 		var err error
 		if n, err = d.uvarint(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	b, err := d.bytes(n)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d.out = append(d.out, '"')
 	d.out = append(d.out, b...)
 	d.out = append(d.out, '"')
-	return nil
+	return b, nil
 }
 
 // scalar decodes the value token c (not a container).
@@ -629,6 +656,9 @@ func (d *decoder) scalar(c byte) error {
 			d.out = append(d.out, '-')
 		}
 		d.out = appendUint(d.out, v)
+		if d.check && (v > maxExact || c == opNeg && v == 0) {
+			d.unsure = true
+		}
 	case opNum:
 		n, err := d.uvarint()
 		if err != nil {
@@ -639,6 +669,9 @@ func (d *decoder) scalar(c byte) error {
 			return err
 		}
 		d.out = append(d.out, b...)
+		if d.check && (len(b) == 0 || b[0] != '-' && (b[0] < '0' || b[0] > '9') || jcs.CheckCanonical(b) != nil) {
+			d.unsure = true
+		}
 	case opNull:
 		d.out = append(d.out, "null"...)
 	case opTrue:
@@ -650,9 +683,7 @@ func (d *decoder) scalar(c byte) error {
 		if err != nil {
 			return err
 		}
-		d.out = append(d.out, `"`+digestPrefix...)
-		d.out = appendHex(d.out, b)
-		d.out = append(d.out, '"')
+		d.out = appendDigest(d.out, (*[32]byte)(b))
 	case opUUID:
 		b, err := d.bytes(16)
 		if err != nil {
@@ -689,6 +720,9 @@ func (d *decoder) scalar(c byte) error {
 		p, err := d.bytes(n)
 		if err != nil {
 			return err
+		}
+		if d.check && !plain(p) {
+			d.unsure = true
 		}
 		b, err := d.bytes(32)
 		if err != nil {
@@ -788,6 +822,22 @@ func civil(z int64) (year, month, day int64) {
 		y++
 	}
 	return y, month, day
+}
+
+// appendDigest appends "blake3:<hex of b>" in quotes.
+func appendDigest(dst []byte, b *[32]byte) []byte {
+	const n = 1 + len(digestPrefix) + 64 + 1
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
+	out := (*[n]byte)(dst[at:])
+	copy(out[:], `"`+digestPrefix)
+	h := (*[64]byte)(out[1+len(digestPrefix):])
+	for i, c := range b {
+		p := hexPairs[c]
+		h[2*i], h[2*i+1] = byte(p), byte(p>>8)
+	}
+	out[n-1] = '"'
+	return dst
 }
 
 // appendHex appends the lowercase hex digits of b, two at a time.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capkernel/capkernel/jcs"
 )
 
 // samples are stored values of the kinds the kernel keeps, and edge cases
@@ -292,4 +294,59 @@ func name(t *testing.T, s string) Name {
 		t.Fatalf("%s is not in the dictionary", s)
 	}
 	return n
+}
+
+// TestCanonicalCheck: the decoder vouches for canonical records of the
+// kernel's kinds, and never for text that is not canonical.
+func TestCanonicalCheck(t *testing.T) {
+	for _, tc := range []struct {
+		json  string
+		vouch bool
+	}{
+		{samples[0], true},
+		{`{"a":1,"b":[true,null,-5,9007199254740992],"c":{"d":"x y","e":"2026-11-26T14:21:35Z"}}`, true},
+		{`{"b":1,"a":2}`, false},                // names out of order
+		{`{"a":1,"a":2}`, false},                // duplicate names
+		{`{"a":"\n"}`, false},                   // an escape: checked by jcs, canonical
+		{`{"é":1}`, false},                      // a non-ASCII name
+		{`{"a":9007199254740993}`, false},       // above 2^53
+		{`{"a":1.0}`, false},                    // not the shortest form
+		{`{"a":1e21}`, false},                   // not ES6 form
+		{`{"a":-0}`, false},                     // -0
+		{`{"b":{"z":1},"c":{"a":1}}`, true},     // order is per object
+		{`{"a":[{"b":1,"c":2},{"b":1}]}`, true}, // names in sibling objects
+	} {
+		v, ok := AppendValue([]byte{Tag}, []byte(tc.json))
+		if !ok {
+			t.Fatalf("%s does not pack", tc.json)
+		}
+		d := decoder{in: v, pos: 1, check: true}
+		if err := d.run(); err != nil || string(d.out) != tc.json {
+			t.Fatalf("%s: decodes to %s, %v", tc.json, d.out, err)
+		}
+		if !d.unsure != tc.vouch {
+			t.Errorf("%s: vouched %v, want %v", tc.json, !d.unsure, tc.vouch)
+		}
+	}
+}
+
+// FuzzCanonicalCheck: whatever a packed value holds, the decoder vouches
+// for its text only when jcs.CheckCanonical accepts that text.
+func FuzzCanonicalCheck(f *testing.F) {
+	for _, s := range samples {
+		f.Add(Pack(nil, []byte(s)))
+	}
+	f.Add(Pack(nil, []byte(`{"b":1,"a":2}`)))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		if !Packed(v) {
+			return
+		}
+		d := decoder{in: v, pos: 1, check: true}
+		if err := d.run(); err != nil || d.unsure {
+			return
+		}
+		if err := jcs.CheckCanonical(d.out); err != nil {
+			t.Fatalf("vouched for %q (from %x), which is not canonical: %v", d.out, v, err)
+		}
+	})
 }

@@ -62,6 +62,17 @@ func (r *ObjectReader) Value() bool {
 	return true
 }
 
+// CanonicalValue unpacks the next value, whatever it is, as Value does,
+// and reports whether the text written is vouched to be in RFC 8785
+// canonical form (canonical.go). canonical false says nothing: the caller
+// then checks the text itself (jcs.CheckCanonical).
+func (r *ObjectReader) CanonicalValue() (ok, canonical bool) {
+	r.d.check, r.d.unsure = true, false
+	ok = r.Value()
+	r.d.check = false
+	return ok, ok && !r.d.unsure
+}
+
 // Digest unpacks the next value if it is a digest token, "blake3:<hex>",
 // and sets d to its bytes.
 func (r *ObjectReader) Digest(d *[32]byte) bool {
@@ -69,9 +80,7 @@ func (r *ObjectReader) Digest(d *[32]byte) bool {
 		return false
 	}
 	copy(d[:], r.d.in[r.d.pos+1:])
-	r.d.out = append(r.d.out, `"`+digestPrefix...)
-	r.d.out = appendHex(r.d.out, d[:])
-	r.d.out = append(r.d.out, '"')
+	r.d.out = appendDigest(r.d.out, d)
 	r.d.pos += 33
 	return true
 }
