@@ -38,8 +38,8 @@ type rootPlan struct {
 
 // smallRoot is the size (entries, plus a unit per 4 KiB of file content)
 // up to which StagingAuto stages an rw root by copy: copying a handful of
-// small files costs less than the overlay's user and mount namespace and
-// its mount process, and needs no shell before bwrap.
+// small files costs less than the overlay's mount (nsenter and mount
+// processes on the run's path).
 const smallRoot = 32
 
 type denyPath struct {

@@ -257,12 +257,12 @@ func (s *Sandbox) Available() error {
 }
 
 type tools struct {
-	bwrap, sh, mount, unshare, socat string
+	bwrap, sh, mount, nsenter, unshare, socat string
 }
 
-// tools finds the programs a run needs: bwrap and sh always, mount for
-// overlays, unshare for a chain that starts in a user namespace of its
-// own (overlays, a root kernel), socat for the allowlist relay.
+// tools finds the programs a run needs: bwrap and sh always, nsenter and
+// mount for overlays, unshare for a chain that starts in a user namespace
+// of its own (overlays, a root kernel), socat for the allowlist relay.
 func (s *Sandbox) tools(overlay, userns, relay bool) (*tools, error) {
 	var t tools
 	var err error
@@ -275,6 +275,9 @@ func (s *Sandbox) tools(overlay, userns, relay bool) (*tools, error) {
 	if overlay {
 		if t.mount, err = s.lookPath("mount"); err != nil {
 			return nil, fmt.Errorf("sandbox unavailable: mount not found (install mount)")
+		}
+		if t.nsenter, err = s.lookPath("nsenter"); err != nil {
+			return nil, fmt.Errorf("sandbox unavailable: nsenter not found (install util-linux)")
 		}
 	}
 	if userns {
