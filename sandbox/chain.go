@@ -36,7 +36,7 @@ import (
 //
 // The chain's descriptors: 0 stdin (a pipe, written by the run), 1 and 2
 // stdout and stderr (to sinks the run attaches), 3 the init's "ready" and
-// "started", 4 the lifeline, 5 the release, 6 Command.Channel, 8 bwrap's
+// "started", 5 the release, 6 Command.Channel, 8 bwrap's
 // info fd (infoFD), 9 bwrap's options.
 type chain struct {
 	cmd     *exec.Cmd
@@ -46,7 +46,7 @@ type chain struct {
 	waitErr error         // the chain's Wait, once done is closed
 
 	startR, relW, infoR, argsW, stdinW *os.File
-	ends                               []*os.File // every end the kernel holds (the lifeline's write end too)
+	ends                               []*os.File // every end the kernel holds
 	stdout, stderr                     *sink
 
 	etc        *etcSnap
@@ -89,12 +89,9 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 		}
 		return nil, err
 	}
-	var startW, lifeR, relR, infoW, argsR, stdinR *os.File
+	var startW, relR, infoW, argsR, stdinR *os.File
 	var err error
 	if c.startR, startW, err = pipe(); err != nil {
-		return fail(err)
-	}
-	if lifeR, _, err = pipe(); err != nil {
 		return fail(err)
 	}
 	if relR, c.relW, err = pipe(); err != nil {
@@ -109,14 +106,14 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 	if stdinR, c.stdinW, err = pipe(); err != nil {
 		return fail(err)
 	}
-	child = []*os.File{startW, lifeR, relR, infoW, argsR, stdinR}
+	child = []*os.File{startW, relR, infoW, argsR, stdinR}
 
 	argv := slices.Concat(sp.prefix, []string{t.bwrap, "--args", strconv.Itoa(argsFD), "--", "/bin/sh", "-c", initScript, "capkernel-init", etc.dir})
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sp.env
 	cmd.Stdin = stdinR
 	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
-	cmd.ExtraFiles = []*os.File{startW, lifeR, relR, sp.channel, nil, infoW, argsR}
+	cmd.ExtraFiles = []*os.File{startW, nil, relR, sp.channel, nil, infoW, argsR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// A process of the sandbox that escaped the kill could hold the
 	// output pipes after the chain has exited.
@@ -195,8 +192,8 @@ func (c *chain) exited() bool {
 }
 
 // closeEnds closes every end of the chain's pipes the kernel holds: the
-// lifeline's write end among them, so the sandbox's watcher, if any, kills
-// whatever is left.
+// release's write end among them, so an init still waiting for its "go"
+// exits having run nothing.
 func (c *chain) closeEnds() {
 	for _, f := range c.ends {
 		f.Close()

@@ -117,8 +117,7 @@
 // The command, as a background job of a non-interactive shell, starts
 // with SIGINT and SIGQUIT ignored (POSIX). Between the kernel and the
 // command there are thus bwrap (one process, plus its sandbox child) and
-// the init, whose only other process is the lifeline watcher (a fork,
-// no exec).
+// the init (no other process of its own; see "dies with the kernel").
 //
 // The kernel waits for the chain through a pidfd its runtime's poller
 // watches: a thread blocked in wait(2) would hold its scheduler slot, and
@@ -141,10 +140,15 @@
 // The chain is forked from an OS thread locked for the chain's lifetime:
 // parent-death signals follow the forking thread.
 //
-// The chain dies with the kernel: Go's Pdeathsig, bwrap's
-// --die-with-parent, and a lifeline: the read end of a pipe whose write
-// end only the kernel holds; a watcher in the sandbox kills every process
-// of the namespace once it reads end-of-file.
+// The chain dies with the kernel: Go's Pdeathsig kills bwrap, bwrap's
+// --die-with-parent (armed in the sandbox's init before bwrap execs it)
+// kills the init, and the death of pid 1 kills every process of the
+// namespace. A kernel killed while bwrap was still setting the sandbox up
+// (before that signal was armed) leaves the init's "ready" pipe without a
+// reader and its "go" pipe at end-of-file: the init dies or exits having
+// run nothing (and CleanupStale kills a bwrap child left blocked before
+// the init). No watcher process is needed in the sandbox (the lifeline
+// watcher of earlier versions cost a fork and its teardown per run).
 //
 // # Limits
 //
@@ -173,11 +177,11 @@
 // waits for one: on cgroup v1 each Sandbox keeps a spare OS thread already
 // moved into a fresh cgroup (made off the path, while the previous run
 // goes on), and the run forks its chain from that thread, so the whole
-// chain is born in the cgroup, with pids.max = Processes + 4 (the thread,
-// bwrap, the init and its lifeline watcher). Without a spare (the first
+// chain is born in the cgroup, with pids.max = Processes + 3 (the thread,
+// bwrap and the init). Without a spare (the first
 // run, concurrent runs, cgroup v2), the init is moved, before it starts
-// anything of the command's, into a cgroup with pids.max = Processes + 2
-// (the init and its watcher) while bwrap sets the sandbox up (the init's
+// anything of the command's, into a cgroup with pids.max = Processes + 1
+// (the init) while bwrap sets the sandbox up (the init's
 // pid comes from bwrap's info fd). Either way the host then refuses every
 // fork past the limit at once, so a fork bomb cannot take the host's pids
 // while the watchdog waits for the CPU on a loaded machine (seen: other

@@ -120,9 +120,9 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	if ch != nil {
 		f = ch.f
 		if f != nil && pl.limits.Processes > 0 {
-			// The spare's forker thread, bwrap, the init, its lifeline
-			// watcher and Processes of the command's.
-			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+			// The spare's forker thread, bwrap, the init and Processes
+			// of the command's.
+			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 2); err != nil {
 				ch.discard()
 				ch, f = nil, nil
 			}
@@ -138,11 +138,10 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		// With a forker (forker.go), the chain is forked from its thread,
 		// already in the run's pids cgroup: everything of the run is born
 		// there. It holds the forker's thread, bwrap (after unshare's
-		// exec), the init, its lifeline watcher and Processes of the
-		// command's.
+		// exec), the init and Processes of the command's.
 		if pl.limits.Processes > 0 {
 			if f = s.takeForker(); f != nil {
-				if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+				if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 2); err != nil {
 					f.discard()
 					f = nil
 				}
@@ -196,10 +195,10 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 || f != nil {
 			return
 		}
-		// The init, its lifeline watcher and Processes of the command's:
-		// the watchdog reports "processes" above that, and the host
-		// refuses any fork beyond it even when the watchdog is starved.
-		if c, err := joinPidsCgroup(pid, pl.limits.Processes+2); err == nil {
+		// The init and Processes of the command's: the watchdog reports
+		// "processes" above that, and the host refuses any fork beyond
+		// it even when the watchdog is starved.
+		if c, err := joinPidsCgroup(pid, pl.limits.Processes+1); err == nil {
 			k.setCgroup(c)
 		}
 	}()
