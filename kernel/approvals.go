@@ -194,6 +194,17 @@ func (k *Kernel) closeApproval(a *approval, state, by, tokenID, reason string) b
 	return k.closeApprovalVia(a, state, by, tokenID, reason, "")
 }
 
+// decided is r as the list of decided requests keeps it: without what
+// the call carried (its input summary, projected effects, unsalted args
+// hash and risk basis). An approver needs those to decide a pending call;
+// once it is decided they belong to the call's audit record, whose
+// payload only the agent, auditors and the admin may read (and which
+// erasure removes), not to a list every approver can read.
+func (r ApprovalRequest) decided() ApprovalRequest {
+	r.InputSummary, r.ProjectedEffects, r.ArgsHash, r.RiskBasis = "", []string{}, "", []string{}
+	return r
+}
+
 // closeApprovalVia is closeApproval with the decision's channel.
 func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, channel string) bool {
 	k.approvals.mu.Lock()
@@ -214,7 +225,7 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
 	}
 	delete(k.approvals.pending, a.req.ID)
-	k.approvals.recent = append(k.approvals.recent, a.req)
+	k.approvals.recent = append(k.approvals.recent, a.req.decided())
 	if len(k.approvals.recent) > keepDecided {
 		k.approvals.recent = k.approvals.recent[len(k.approvals.recent)-keepDecided:]
 	}

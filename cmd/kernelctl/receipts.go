@@ -208,7 +208,13 @@ Exit 1 on any failure.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			var h history
-			if t.data != "" || t.server != "" {
+			// The data dir or server comes from the flags, or from the
+			// environment when the check needs one: no --jwks, --prove,
+			// or a receipt id rather than a file (a file verified with
+			// --jwks stays offline whatever the environment says).
+			_, statErr := os.Stat(args[0])
+			needed := jwksFile == "" || prove || statErr != nil
+			if t.given() || (needed && (os.Getenv(envData) != "" || os.Getenv(envServer) != "")) {
 				var err error
 				if h, err = t.openHistory("receipts verify"); err != nil {
 					return err
