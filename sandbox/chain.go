@@ -6,9 +6,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -40,10 +42,13 @@ import (
 // info fd (infoFD), 9 bwrap's options.
 type chain struct {
 	cmd     *exec.Cmd
-	f       *forker       // the forker it was forked from; nil: a locked goroutine's thread
-	mountNS bool          // it has a user and a mount namespace of its own (chainSpec.mountNS)
-	done    chan struct{} // closed once the chain has exited and been reaped
-	waitErr error         // the chain's Wait, once done is closed
+	f       *forker // the forker it was forked from; nil: a locked goroutine's thread
+	mountNS bool    // it has a user and a mount namespace of its own (chainSpec.mountNS)
+	// etcMounted: the /etc directories are bound into the snapshot in
+	// its mount namespace already (mountEtcDirs): bwrap need not bind them.
+	etcMounted bool
+	done       chan struct{} // closed once the chain has exited and been reaped
+	waitErr    error         // the chain's Wait, once done is closed
 
 	startR, relW, infoR, argsW, stdinW *os.File
 	ends                               []*os.File // every end the kernel holds
@@ -210,15 +215,17 @@ func (c *chain) close() {
 
 // discard kills a chain no run will use (it is still waiting for its
 // options) and releases what it holds, off the caller's path.
-func (c *chain) discard() {
+func (c *chain) discard() { go c.end() }
+
+// end kills a chain no run will use, waits until it is gone and releases
+// what it holds (its pids cgroup is removed in the background).
+func (c *chain) end() {
 	c.cmd.Process.Kill()
-	go func() {
-		<-c.done
-		c.close()
-		if c.f != nil {
-			c.f.cg.remove() // its thread has ended with the chain's reaping
-		}
-	}()
+	<-c.done
+	c.close()
+	if c.f != nil {
+		go c.f.cg.remove() // once its thread has ended, after the reaping
+	}
 }
 
 // waitChain waits for the chain through a pidfd polled by the runtime's
@@ -306,20 +313,21 @@ func (s *Sandbox) kickSpareChain(t *tools) {
 	}
 	s.makingChain = true
 	noForker := s.noForker
+	s.chains.Add(1)
 	s.mu.Unlock()
 	go func() {
+		defer s.chains.Done()
 		c, err := s.makeSpareChain(t, !noForker)
 		s.mu.Lock()
-		defer s.mu.Unlock()
 		s.makingChain = false
-		if err != nil {
-			return // the next run starts its own
+		closed := s.closed
+		if err == nil && !closed {
+			s.spareChain = c
 		}
-		if s.closed {
-			c.discard()
-			return
+		s.mu.Unlock()
+		if err == nil && closed {
+			c.end() // Close waits for this
 		}
-		s.spareChain = c
 	}()
 }
 
@@ -340,7 +348,49 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 			f = nil
 		}
 	}
-	return s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
+	c, err := s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
+	if err != nil {
+		return nil, err
+	}
+	// The /etc directories are bound into the snapshot here, in the
+	// chain's own mount namespace, off the run's path: bwrap's one
+	// recursive bind of the snapshot then carries them (read-only, as it
+	// makes every mount below a read-only bind). Where that fails the run
+	// binds them itself.
+	if c.mountNS && len(etc.binds) > 0 {
+		c.etcMounted = s.mountEtcDirs(t, c, etc) == nil
+	}
+	return c, nil
+}
+
+// mountEtcDirs binds etc's directories (etcDirBinds) at their places in
+// the snapshot, read-only, in the chain's mount namespace: nsenter and
+// mount, as mountOverlays does, from an fstab beside the snapshot.
+func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
+	tm := *t
+	var err error
+	if tm.nsenter, err = s.lookPath("nsenter"); err != nil {
+		return err
+	}
+	if tm.mount, err = s.lookPath("mount"); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for i := 0; i+2 < len(etc.binds); i += 3 {
+		dst := filepath.Join(etc.dir, strings.TrimPrefix(etc.binds[i+2], "/etc"))
+		fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(etc.binds[i+1]), fstabEscape(dst))
+	}
+	fstab := filepath.Join(etc.st.path, "fstab-"+strconv.Itoa(c.cmd.Process.Pid))
+	if err := os.WriteFile(fstab, []byte(b.String()), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(fstab)
+	return nsenterMount(&tm, c, fstab, "none")
+}
+
+// fstabEscape escapes what would split or end an fstab field.
+func fstabEscape(p string) string {
+	return strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(p)
 }
 
 // plainChainSpec is the spec of a spare chain, and of a run's without

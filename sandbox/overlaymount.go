@@ -23,9 +23,6 @@ func mountOverlays(t *tools, c *chain, st *stageDir, rw []*rootPlan) error {
 	if !c.mountNS {
 		return errors.New("sandbox: overlays need a chain with a mount namespace of its own")
 	}
-	if err := c.waitExec(t); err != nil {
-		return err
-	}
 	var b strings.Builder
 	for _, r := range rw {
 		// overlayPathOK has kept blanks, commas and colons out of these.
@@ -35,15 +32,28 @@ func mountOverlays(t *tools, c *chain, st *stageDir, rw []*rootPlan) error {
 	if err := os.WriteFile(fstab, []byte(b.String()), 0o600); err != nil {
 		return fmt.Errorf("sandbox: staging: %w", err)
 	}
+	if err := nsenterMount(t, c, fstab, "overlay"); err != nil {
+		return fmt.Errorf("%w: %v", errOverlayRefused, err)
+	}
+	return nil
+}
+
+// nsenterMount mounts every line of fstab of the given type in the
+// chain's mount namespace: nsenter joins the chain's user and mount
+// namespaces (as their root) and execs mount. An error holds mount's
+// message.
+func nsenterMount(t *tools, c *chain, fstab, types string) error {
+	if err := c.waitExec(t); err != nil {
+		return err
+	}
 	cmd := exec.Command(t.nsenter, "--target", strconv.Itoa(c.cmd.Process.Pid), "--user", "--mount", "--",
-		t.mount, "--all", "--internal-only", "--fstab", fstab, "--types", "overlay")
+		t.mount, "--all", "--internal-only", "--fstab", fstab, "--types", types)
 	cmd.Env = []string{"PATH=" + hostPath, "LC_ALL=C"}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		why := strings.TrimSpace(string(out))
-		if why == "" {
-			why = err.Error()
+		if why := strings.TrimSpace(string(out)); why != "" {
+			return errors.New(why)
 		}
-		return fmt.Errorf("%w: %s", errOverlayRefused, why)
+		return err
 	}
 	return nil
 }

@@ -278,8 +278,9 @@ const (
 	sandboxProxySock = sandboxProxyDir + "/proxy.sock"
 )
 
-// bwrapArgs is bwrap's command line for the plan (without the bwrap path).
-func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap) []string {
+// bwrapArgs is bwrap's options for the plan; etcMounted: the chain has
+// the /etc directories bound into the snapshot already (mountEtcDirs).
+func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []string {
 	id := strconv.Itoa(s.uid())
 	a := []string{
 		"--die-with-parent", "--new-session",
@@ -305,7 +306,9 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap) []string {
 		}
 	}
 	a = append(a, "--ro-bind", etc.dir, "/etc")
-	a = append(a, etc.binds...)
+	if !etcMounted {
+		a = append(a, etc.binds...)
+	}
 	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
 	for _, ro := range p.readOnly {
 		a = append(a, "--ro-bind", ro[0], ro[1])

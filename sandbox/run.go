@@ -179,7 +179,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 			return nil, err
 		}
 	}
-	if err := ch.setArgs(s.bwrapArgs(pl, t, etc), pl.stdin); err != nil {
+	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.etcMounted), pl.stdin); err != nil {
 		k.kill()
 		<-ch.done
 		return nil, err
