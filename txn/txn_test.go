@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/jsonpack"
 	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -429,10 +430,12 @@ func TestOutcomeStoredOnce(t *testing.T) {
 		result     string // the committed envelope
 		keyHolds   bool   // the key's row keeps its own copy
 		afterErase string
+		json       bool // stored as JSON, as before envelopes were packed
 	}{
-		{"operation stored first", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`},
-		{"lean copy in the operations table", `{"op":"x"}`, `{"op":"x","result":1}`, true, `{"op":"x","erased":true}`},
-		{"no operation stored", "", `{"op":"x","result":1}`, true, `{"op":"x"}`},
+		{"operation stored first", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`, false},
+		{"operation stored first as JSON", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`, true},
+		{"lean copy in the operations table", `{"op":"x"}`, `{"op":"x","result":1}`, true, `{"op":"x","erased":true}`, false},
+		{"no operation stored", "", `{"op":"x","result":1}`, true, `{"op":"x"}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -445,9 +448,17 @@ func TestOutcomeStoredOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			if err := e.update(func(tx *bbolt.Tx) error {
-				if tc.stored != "" {
-					if err := PutOperation(tx, "op-x", []byte(tc.stored)); err != nil {
+				switch {
+				case tc.json:
+					if err := tx.Bucket(bucketOps).Put([]byte("op-x"), []byte(tc.stored)); err != nil {
 						return err
+					}
+				case tc.stored != "":
+					if err := PutOperation(tx, "op-x", PackOperation([]byte(tc.stored))); err != nil {
+						return err
+					}
+					if v := tx.Bucket(bucketOps).Get([]byte("op-x")); v[0] != jsonpack.Tag {
+						t.Errorf("operation stored as %q, not packed", v)
 					}
 				}
 				return Commit(tx, &p.Intent, nil, id, delta, []byte(tc.result))
@@ -486,7 +497,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 			// Erasure rewrites the operation's envelope, then the key's.
 			if err := e.update(func(tx *bbolt.Tx) error {
 				if tc.stored != "" && !tc.keyHolds {
-					if err := PutOperation(tx, "op-x", []byte(tc.afterErase)); err != nil {
+					if err := PutOperation(tx, "op-x", PackOperation([]byte(tc.afterErase))); err != nil {
 						return err
 					}
 				}
@@ -506,7 +517,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 	}
 	id, delta, _ := NewDelta("op-y", nil)
 	if err := e.update(func(tx *bbolt.Tx) error {
-		if err := PutOperation(tx, "op-y", []byte(`{"op":"y"}`)); err != nil {
+		if err := PutOperation(tx, "op-y", PackOperation([]byte(`{"op":"y"}`))); err != nil {
 			return err
 		}
 		if err := Commit(tx, &p.Intent, nil, id, delta, []byte(`{"op":"y"}`)); err != nil {
@@ -519,6 +530,24 @@ func TestOutcomeStoredOnce(t *testing.T) {
 	e.view(func(tx *bbolt.Tx) error {
 		if r, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "key-y"}, p.Call); err == nil || !strings.Contains(err.Error(), "op-y") {
 			t.Errorf("Lookup of a key whose operation is gone: %s, %v", r, err)
+		}
+		return nil
+	})
+}
+
+// TestUndecodableOperation: a packed envelope that does not unpack is an
+// error naming the operation, never other bytes.
+func TestUndecodableOperation(t *testing.T) {
+	e := newEnv(t)
+	if err := e.update(func(tx *bbolt.Tx) error {
+		op := PackOperation([]byte(`{"operation_id":"01900000-0000-7000-8000-000000000000","status":"ok"}`))
+		return tx.Bucket(bucketOps).Put([]byte("op-z"), op.stored[:len(op.stored)-2])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.view(func(tx *bbolt.Tx) error {
+		if env, err := GetOperation(tx, "op-z"); err == nil || !strings.Contains(err.Error(), "op-z") {
+			t.Errorf("GetOperation of a damaged envelope = %q, %v", env, err)
 		}
 		return nil
 	})
