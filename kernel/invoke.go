@@ -726,7 +726,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
-	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View})
+	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View}, k.spares)
 	var gated *gatedExec
 	if c.entry.Def.Gated {
 		gated = k.startGated(ctx, c, resources, stage) // execgate.go
@@ -831,14 +831,16 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return &c.res
 	}
 	crashPoint("decided")
-	if r := k.apply(c, effects, stage); r != nil {
+	retired, r := k.apply(c, effects, stage)
+	if r != nil {
 		return r
 	}
+	crashPoint("applied")
 	if len(effects) == 0 {
 		return &c.res // finished at commit
 	}
 	held = false
-	k.finish(in.OperationID, stage, func() { k.locks.unlock(locks) })
+	k.finish(in.OperationID, stage, retired, func() { k.locks.unlock(locks) })
 	return &c.res
 }
 
