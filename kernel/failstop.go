@@ -117,7 +117,11 @@ func (k *Kernel) finish(opID string, stage *txn.Stage, retired *txn.Retired, unl
 			k.failStop("syncfs (making applied files durable) of", rootNames(stage), err)
 			return
 		}
-		k.db.UpdateAsync(func(tx *bbolt.Tx) error {
+		// Lazy: Finish rides in the next call's transaction, not a
+		// commit of its own (store.UpdateLazy), and still lands in the
+		// same or an earlier transaction than any commit queued after
+		// unlock.
+		k.db.UpdateLazy(func(tx *bbolt.Tx) error {
 			defer k.onSequencer(time.Now())
 			return txn.Finish(tx, opID)
 		})

@@ -179,41 +179,56 @@ func (sp *Spares) Apply(effects []Effect, root func(dir string) (*os.Root, error
 		if err != nil {
 			return ret, fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
 		}
-		n, linked := sp.link(r, e.Path)
-		err = r.Rename(e.Stage, e.Path)
-		switch {
-		case err != nil:
-			if linked {
-				// The rename did not happen (or happened before: the
-				// link is then to the new content): no spare.
-				unix.Unlinkat(sp.fd(), n, 0)
-			}
-			if !errors.Is(err, fs.ErrNotExist) {
-				return ret, fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
-			}
-		case linked:
-			if f := sp.retire(n); f != nil {
-				ret.files = append(ret.files, retiredFile{n, f})
-			}
+		if err := sp.replace(r, e, ret); err != nil {
+			return ret, fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
 		}
 	}
 	return ret, nil
 }
 
-// link links the file at rel under r into the pool and returns its name
-// there; false when there is nothing to link (absent target) or linking
-// failed.
-func (sp *Spares) link(r *os.Root, rel string) (string, bool) {
-	d, err := r.Open(path.Dir(rel))
+// replace renames write e's staging file onto its target, first linking
+// the target's inode into the pool, and adds it to ret if it may be
+// reused. A staging file that is gone was renamed already.
+func (sp *Spares) replace(r *os.Root, e Effect, ret *Retired) error {
+	dir := path.Dir(e.Path)
+	d, err := r.Open(dir)
 	if err != nil {
-		return "", false
+		// No parent: the rename fails the same way, or was done.
+		if err := r.Rename(e.Stage, e.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
 	}
 	defer d.Close()
 	n := sp.name()
-	if unix.Linkat(int(d.Fd()), path.Base(rel), sp.fd(), n, 0) != nil {
-		return "", false
+	linked := unix.Linkat(int(d.Fd()), path.Base(e.Path), sp.fd(), n, 0) == nil
+	if path.Dir(e.Stage) == dir {
+		// One directory, opened safely inside the root: rename by
+		// name, without resolving the path again.
+		err = unix.Renameat(int(d.Fd()), path.Base(e.Stage), int(d.Fd()), path.Base(e.Path))
+		if err != nil {
+			err = &os.LinkError{Op: "rename", Old: e.Stage, New: e.Path, Err: err}
+		}
+	} else {
+		err = r.Rename(e.Stage, e.Path)
 	}
-	return n, true
+	if err != nil {
+		if linked {
+			// The rename did not happen (or happened before: the link
+			// is then to the new content): no spare.
+			unix.Unlinkat(sp.fd(), n, 0)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	if linked {
+		if f := sp.retire(n); f != nil {
+			ret.files = append(ret.files, retiredFile{n, f})
+		}
+	}
+	return nil
 }
 
 // retire opens spare n, replaced by a rename, if nothing else can reach

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -19,7 +20,8 @@ import (
 // file system they name once, answers them all, and repeats as soon as the
 // previous round is done (no timer).
 type Syncer struct {
-	reqs chan *syncReq
+	reqs   chan *syncReq
+	rounds atomic.Uint64 // rounds of syncs run
 }
 
 type syncReq struct {
@@ -56,6 +58,10 @@ func (s *Syncer) SyncThen(then func(error), roots ...*os.Root) {
 	s.reqs <- &syncReq{roots: roots, done: then}
 }
 
+// Rounds returns how many rounds of syncs the Syncer has run: each
+// answered every request queued when it began.
+func (s *Syncer) Rounds() uint64 { return s.rounds.Load() }
+
 // Close stops the Syncer once queued requests are answered. No Sync may
 // be called after Close.
 func (s *Syncer) Close() { close(s.reqs) }
@@ -80,6 +86,7 @@ func (s *Syncer) loop() {
 			roots = append(roots, r.roots...)
 		}
 		err := SyncRoots(roots...)
+		s.rounds.Add(1)
 		for _, r := range batch {
 			r.done(err)
 		}
