@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -23,7 +24,7 @@ const (
 
 // telemetryRounds alternate the two kernels so that both see the same
 // machine: a shared machine's load drifts over seconds.
-const telemetryRounds = 3
+const telemetryRounds = 6
 
 // telemetryConcurrencies are the concurrencies compared.
 var telemetryConcurrencies = []int{8, 32}
@@ -141,10 +142,10 @@ func sumRounds(ps []point, name string, c int) (rate float64, p50, p99, cpu time
 func (r *report) telemetryMarkdown(w func(string, ...any)) {
 	w("## Telemetry: metrics and traces on against off")
 	w("")
-	w("The audited echo call over HTTP, as in section 1–2, on two kernels served side by side: one with `--metrics off` and no traces, one with `--metrics public` and `--otlp-endpoint` exporting every call's spans (the call and its stages) to an OTLP/HTTP receiver in the load generator. %d alternating rounds per concurrency, taken together (throughput and CPU over all rounds, latency the median round's). Goal: within 5%%.", telemetryRounds)
+	w("The audited echo call over HTTP, as in section 1–2, on two kernels served side by side: one with `--metrics off` and no traces, one with `--metrics public` and `--otlp-endpoint` exporting every call's spans (the call and its stages) to an OTLP/HTTP receiver in the load generator. %d alternating rounds per concurrency, taken together (throughput and CPU over all rounds, latency the median round's); the range is that of the rounds' own on / off ratios, the spread the noise of one round puts in them. Goal: within 5%%.", telemetryRounds)
 	w("")
-	w("| c | calls/s off | calls/s on | on / off | p50 µs off / on | p99 µs off / on | server CPU µs/call off / on | within 5%% |")
-	w("|---:|---:|---:|---:|---:|---:|---:|---|")
+	w("| c | calls/s off | calls/s on | on / off | rounds' on / off | p50 µs off / on | p99 µs off / on | server CPU µs/call off / on | within 5%% |")
+	w("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, c := range telemetryConcurrencies {
 		ro, p50o, p99o, cpuo, ok1 := sumRounds(r.Telemetry, telemetryOff, c)
 		rn, p50n, p99n, cpun, ok2 := sumRounds(r.Telemetry, telemetryOn, c)
@@ -152,7 +153,30 @@ func (r *report) telemetryMarkdown(w func(string, ...any)) {
 			continue
 		}
 		q := rn / ro
-		w("| %d | %s | %s | %.3f | %s / %s | %s / %s | %s / %s | %s |", c, num(ro), num(rn), q, µs(p50o), µs(p50n), µs(p99o), µs(p99n), µs(cpuo), µs(cpun), yes(q >= 0.95))
+		lo, hi := roundRatios(r.Telemetry, telemetryOff, telemetryOn, c)
+		w("| %d | %s | %s | %.3f | %.3f–%.3f | %s / %s | %s / %s | %s / %s | %s |", c, num(ro), num(rn), q, lo, hi, µs(p50o), µs(p50n), µs(p99o), µs(p99n), µs(cpuo), µs(cpun), yes(q >= 0.95))
 	}
 	w("")
+}
+
+// roundRatios is the lowest and highest ratio of b's throughput to a's
+// in one round at concurrency c (alternate measures a and b once per
+// round, so their i-th points at c are one round's).
+func roundRatios(ps []point, a, b string, c int) (lo, hi float64) {
+	var as, bs []float64
+	for _, p := range ps {
+		switch {
+		case p.Concurrency != c:
+		case p.Target == a:
+			as = append(as, p.Rate())
+		case p.Target == b:
+			bs = append(bs, p.Rate())
+		}
+	}
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for i := range min(len(as), len(bs)) {
+		q := bs[i] / as[i]
+		lo, hi = min(lo, q), max(hi, q)
+	}
+	return lo, hi
 }
