@@ -101,7 +101,9 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) (*txn.Re
 // pre-image only) until Finish ends the intent. So Finish is queued only
 // once the applied effects are durable — a Finish durable before them
 // would lose them in a crash — and a failed syncfs fails the kernel stop,
-// leaving the redo to the next start. The inodes the apply replaced
+// leaving the redo to the next start. The syncfs is a SyncLater: it
+// rides with the next call's sync of its staged files, or comes when a
+// call waits for this one's path locks (pathLocks.onWait hurries it). The inodes the apply replaced
 // (retired) are offered for reuse only then too: before, a crash could
 // leave a target naming one. The call's path locks, released by
 // unlock, are held until Finish is queued, so that a later commit on the
@@ -109,7 +111,7 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) (*txn.Re
 // recovery never redoes an earlier call over a later one's content.
 func (k *Kernel) finish(opID string, stage *txn.Stage, retired *txn.Retired, unlock func()) {
 	k.finishing.Add(1)
-	k.syncer.SyncThen(func(err error) {
+	k.syncer.SyncLater(func(err error) {
 		defer k.finishing.Done()
 		defer unlock()
 		k.spares.Release(retired, err == nil)

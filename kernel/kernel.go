@@ -167,6 +167,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	k.syncer = txn.NewSyncer()
+	k.locks.onWait = k.syncer.Hurry
 	if k.spares, err = txn.OpenSpares(filepath.Join(cfg.DataDir, SparesDir)); err != nil {
 		k.Close()
 		return nil, err
