@@ -51,7 +51,7 @@
 //   - A replaced inode is linked into the spare pool before the rename
 //     that replaces it and offered for reuse only in the SyncLater
 //     callback, once that rename is durable: no crash can leave a
-//     workspace name on an inode that a later write truncates. Until then
+//     workspace name on an inode that a later write overwrites. Until then
 //     the pool is the only other name; the pool is emptied at open, and
 //     removing a name never removes content another name reaches.
 //

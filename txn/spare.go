@@ -27,13 +27,18 @@ import (
 // is a regular file with no other link, no open descriptor in any process
 // (a write lease, F_SETLEASE, is granted only then), no extended attribute
 // (no ACL or label travels to another path), and it is owned by the
-// kernel's user and group, as a file it creates would be. Its content is
-// truncated before reuse, so replaced content does not linger in the pool.
+// kernel's user and group, as a file it creates would be. A spare keeps
+// its content until a write reuses it: the new content overwrites it in
+// place and the file is cut to the new length, so no block is freed and
+// allocated again (freeing blocks was the next cost: ext4 truncation, and
+// a discard on a file system mounted with it). Old content thus waits in
+// the kernel's private data directory, which holds call results anyway,
+// for at most spareLimit files, until reused or removed at the next open.
 //
 // Ordering: a replaced inode is linked into the pool before the write's
 // rename, and is offered for reuse (Release) only after the rename is
 // durable, so no crash can leave a workspace name on an inode that a later
-// write truncates. A spare taken for staging is an ordinary staging file
+// write overwrites. A spare taken for staging is an ordinary staging file
 // from then on: made durable before commit, removed by rollback.
 //
 // A spare is only used on the file system of the pool (rename across file
@@ -45,13 +50,19 @@ type Spares struct {
 	limit int
 
 	mu   sync.Mutex
-	free []string // names in dir of truncated spares, durable there
+	free []spare // in dir, durable there, reachable by nothing else
 	next uint64
+}
+
+// spare is a file of the pool and its size.
+type spare struct {
+	name string
+	size int64
 }
 
 // spareLimit bounds the spares kept: enough for the writes of many
 // concurrent calls; the rest are removed.
-const spareLimit = 1024
+const spareLimit = 256
 
 // OpenSpares opens the pool directory dir (made if absent), emptied: the
 // spares of an earlier process may have been taken or released at a crash,
@@ -83,18 +94,18 @@ func (sp *Spares) Free() int {
 
 func (sp *Spares) fd() int { return int(sp.dir.Fd()) }
 
-func (sp *Spares) take() (string, bool) {
+func (sp *Spares) take() (spare, bool) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if len(sp.free) == 0 {
-		return "", false
+		return spare{}, false
 	}
 	n := sp.free[len(sp.free)-1]
 	sp.free = sp.free[:len(sp.free)-1]
 	return n, true
 }
 
-func (sp *Spares) give(n string) bool {
+func (sp *Spares) give(n spare) bool {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if len(sp.free) >= sp.limit {
@@ -111,33 +122,34 @@ func (sp *Spares) name() string {
 	return strconv.FormatUint(sp.next, 10)
 }
 
-// create opens a new, empty staging file name (a single name in directory
-// d) for writing, reusing a spare when there is one and d allows it. ok
-// false means no spare was used; the caller creates the file.
-func (sp *Spares) create(d *os.File, name string) (f *os.File, ok bool) {
+// create opens a staging file name (a single name in directory d) for
+// writing, reusing a spare when there is one and d allows it, and returns
+// the size of the content the spare holds, for the caller to cut the file
+// to what it writes. ok false means no spare was used; the caller creates
+// the file.
+func (sp *Spares) create(d *os.File, name string) (f *os.File, size int64, ok bool) {
 	if sp == nil || !plainDir(d) {
-		return nil, false
+		return nil, 0, false
 	}
-	n, ok := sp.take()
+	s, ok := sp.take()
 	if !ok {
-		return nil, false
+		return nil, 0, false
 	}
 	dfd := int(d.Fd())
-	if err := unix.Renameat2(sp.fd(), n, dfd, name, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EXDEV) && sp.give(n) {
-			return nil, false
+	if err := unix.Renameat2(sp.fd(), s.name, dfd, name, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EXDEV) && sp.give(s) {
+			return nil, 0, false
 		}
-		unix.Unlinkat(sp.fd(), n, 0)
-		return nil, false
+		unix.Unlinkat(sp.fd(), s.name, 0)
+		return nil, 0, false
 	}
-	// No O_TRUNC: the spare is empty (Release), and truncating an ext4
-	// file to zero makes its close start writeback in the caller.
+	// No O_TRUNC: the content is overwritten in place (see Spares).
 	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Unlinkat(dfd, name, 0)
-		return nil, false
+		return nil, 0, false
 	}
-	return os.NewFile(uintptr(fd), name), true
+	return os.NewFile(uintptr(fd), name), s.size, true
 }
 
 // plainDir reports whether a file created in d takes nothing from d: d is
@@ -270,17 +282,17 @@ func reachable(fd int) bool {
 }
 
 // Release ends retired: when durable is true (the renames that replaced
-// the inodes are durable), each is truncated and offered for reuse;
-// otherwise, or beyond the pool's bound, each is removed from the pool.
+// the inodes are durable), each is offered for reuse; otherwise, or beyond
+// the pool's bound, each is removed from the pool.
 func (sp *Spares) Release(retired *Retired, durable bool) {
 	if retired == nil {
 		return
 	}
 	for _, r := range retired.files {
 		var st unix.Stat_t
-		ok := durable && unix.Fstat(int(r.f.Fd()), &st) == nil && st.Nlink == 1 && r.f.Truncate(0) == nil
+		ok := durable && unix.Fstat(int(r.f.Fd()), &st) == nil && st.Nlink == 1
 		r.f.Close()
-		if !ok || !sp.give(r.name) {
+		if !ok || !sp.give(spare{r.name, st.Size}) {
 			unix.Unlinkat(sp.fd(), r.name, 0)
 		}
 	}

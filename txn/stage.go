@@ -114,7 +114,7 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		}
 	}
 	name := s.name(StagePrefix, r.Rel)
-	f, err := s.create(r.Root, name, perm)
+	f, left, err := s.create(r.Root, name, perm)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%s: parent directory does not exist", r.Rel)
 	}
@@ -128,6 +128,9 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	})
 	s.roots[r.RootPath] = r.Root
 	_, err = f.Write(content)
+	if err == nil && left > int64(len(content)) {
+		err = f.Truncate(int64(len(content)))
+	}
 	if err == nil {
 		err = f.Chmod(perm)
 	}
@@ -140,19 +143,21 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	return nil
 }
 
-// create makes the empty staging file name under root, from a spare when
-// there is one.
-func (s *Stage) create(root *os.Root, name string, perm fs.FileMode) (*os.File, error) {
+// create makes the staging file name under root, from a spare when there
+// is one, and returns the size of the content left in it (0 for a new
+// file), which the caller overwrites and cuts.
+func (s *Stage) create(root *os.Root, name string, perm fs.FileMode) (*os.File, int64, error) {
 	if s.spares != nil {
 		if d, err := root.Open(path.Dir(name)); err == nil {
-			f, ok := s.spares.create(d, path.Base(name))
+			f, left, ok := s.spares.create(d, path.Base(name))
 			d.Close()
 			if ok {
-				return f, nil
+				return f, left, nil
 			}
 		}
 	}
-	return root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	return f, 0, err
 }
 
 // WriteFrom stages the content read from src for r with mode perm and
