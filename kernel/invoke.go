@@ -731,12 +731,15 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if c.entry.Def.Gated {
 		gated = k.startGated(ctx, c, resources, stage) // execgate.go
 	}
-	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		defer k.onSequencer(time.Now())
-		var err error
-		replay, err = prep.Run(tx)
-		return err
-	})
+	err := prep.Encode() // off the sequencer
+	if err == nil {
+		err = k.db.Update(ctx, func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
+			var err error
+			replay, err = prep.Run(tx)
+			return err
+		})
+	}
 	if replay != nil || err != nil {
 		gated.refuse(stage)
 		var te *txn.Error
@@ -782,6 +785,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	crashPoint("staged")
 	effects := stage.Effects()
 	deltaID, delta, err := txn.NewDelta(c.env.OperationID, effects)
+	var decision *txn.Decision
+	if err == nil {
+		decision, err = txn.Decide(in, effects, deltaID) // off the sequencer
+	}
 	if err != nil {
 		return k.rollback(done, c, in, stage, ErrInternal, err.Error())
 	}
@@ -811,7 +818,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		if !committed {
 			return nil
 		}
-		if err := txn.Commit(tx, in, effects, deltaID, delta, envelope); err != nil || len(effects) > 0 {
+		if err := txn.Commit(tx, decision, delta, envelope); err != nil || len(effects) > 0 {
 			return err
 		}
 		// Nothing to apply (a command that wrote nothing, a NETWORK call):
