@@ -40,7 +40,8 @@ func widens(field, format string, a ...any) error {
 // Narrows reports whether child grants nothing parent does not: every
 // tool pattern of child is covered by one of parent's; every fs root lies
 // inside a parent root of at least its mode; every net pattern is covered
-// by one of parent's; every budget parent limits is limited in child, no
+// by one of parent's; every kv scope lies inside a parent scope of at
+// least its mode; every budget parent limits is limited in child, no
 // higher; child's autonomy ceiling is at least as strict; child's validity
 // window lies inside parent's; neither is an approver token; and child
 // names parent as its last ancestor, within MaxChainDepth. The error is a
@@ -67,6 +68,11 @@ func Narrows(parent, child Claims) error {
 		}
 		if !ok {
 			return widens("net", "%q is not within the parent's net patterns %q", n, p.Net)
+		}
+	}
+	for _, k := range c.KV {
+		if !coversKeys(p.KV, k) {
+			return widens("kv", "%s:%s is not within a parent kv scope of that mode (%v)", k.Keys, k.Mode, p.KV)
 		}
 	}
 	for name, limit := range p.Budgets {

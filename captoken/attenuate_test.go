@@ -14,6 +14,7 @@ func TestNarrows(t *testing.T) {
 			Tools:     []string{"fs.*", "echo", "mcp.gh.*"},
 			FS:        []FSRoot{{Path: "/srv/work", Mode: "rw"}, {Path: "/srv/ref", Mode: "r"}},
 			Net:       []string{"*.example.com", "api.other.org:443", "192.0.2.1"},
+			KV:        []KVScope{{Keys: "a/*", Mode: "rw"}, {Keys: "shared/*", Mode: "r"}, {Keys: "motd", Mode: "r"}},
 			Budgets:   map[string]int64{BudgetCalls: 100, BudgetNetBytes: 1 << 20},
 			Autonomy:  "soft_gate",
 			Parent:    "G",
@@ -41,6 +42,7 @@ func TestNarrows(t *testing.T) {
 			c.Cap.Tools = []string{"fs.read", "fs.dir.*", "mcp.gh.issues.*"}
 			c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv/work"}, {Path: "/srv/ref", Mode: "r", Base: "/srv/ref"}}
 			c.Cap.Net = []string{"*.b.example.com", "*.example.com:8443", "api.other.org:443", "192.0.2.1:80"}
+			c.Cap.KV = []KVScope{{Keys: "a/b/*", Mode: "r"}, {Keys: "a/x", Mode: "rw"}, {Keys: "shared/n", Mode: "r"}, {Keys: "motd", Mode: "r"}}
 			c.Cap.Autonomy = "no_go"
 			c.Expiry = c.Expiry.Add(-time.Minute)
 			c.NotBefore = c.NotBefore.Add(time.Second)
@@ -56,6 +58,11 @@ func TestNarrows(t *testing.T) {
 		{"base dropped", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}} }, "fs"},
 		{"base moved up", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv"}} }, "fs"},
 		{"host outside", func(c *Claims) { c.Cap.Net = []string{"evil.com"} }, "net"},
+		{"kv keys outside", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "b/*", Mode: "r"}} }, "kv"},
+		{"kv every key", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "*", Mode: "r"}} }, "kv"},
+		{"kv prefix shorter", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "a*", Mode: "r"}} }, "kv"},
+		{"kv mode upgraded", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "shared/x", Mode: "rw"}} }, "kv"},
+		{"kv exact key is not its prefix", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "motd*", Mode: "r"}} }, "kv"},
 		{"name made explicit under a wildcard", func(c *Claims) { c.Cap.Net = []string{"a.example.com"} }, "net"},
 		{"apex of a wildcard", func(c *Claims) { c.Cap.Net = []string{"example.com"} }, "net"},
 		{"suffix trick", func(c *Claims) { c.Cap.Net = []string{"evilexample.com"} }, "net"},
@@ -137,6 +144,36 @@ func TestCoversHostNamedUnderAny(t *testing.T) {
 		got, err := coversHost([]string{"*"}, c.child)
 		if err != nil || got != c.ok {
 			t.Errorf("coversHost([*], %q) = %v, %v; want %v", c.child, got, err, c.ok)
+		}
+	}
+}
+
+// TestAllowsKey: kv scopes match keys exactly or by prefix, and grant
+// writing only with mode rw; a token without scopes reaches no key.
+func TestAllowsKey(t *testing.T) {
+	c := Capability{KV: []KVScope{{Keys: "a/*", Mode: "rw"}, {Keys: "motd", Mode: "r"}, {Keys: "pub*", Mode: "r"}}}
+	for _, tt := range []struct {
+		key   string
+		write bool
+		want  bool
+	}{
+		{"a/x", false, true}, {"a/x", true, true}, {"a/", true, true}, {"a", false, false}, {"ab/x", false, false},
+		{"motd", false, true}, {"motd", true, false}, {"motd2", false, false},
+		{"pub", false, true}, {"public/x", false, true}, {"public/x", true, false}, {"b/x", false, false},
+	} {
+		if got := c.AllowsKey(tt.key, tt.write); got != tt.want {
+			t.Errorf("AllowsKey(%q, write=%v) = %v, want %v", tt.key, tt.write, got, tt.want)
+		}
+	}
+	if (Capability{}).AllowsKey("a/x", false) {
+		t.Error("a token without kv scopes reaches a key")
+	}
+	if !(Capability{KV: []KVScope{{Keys: "*", Mode: "r"}}}).AllowsKey("anything", false) {
+		t.Error(`"*" does not match every key`)
+	}
+	for _, bad := range []KVScope{{Keys: "", Mode: "r"}, {Keys: "a*b", Mode: "r"}, {Keys: "a\x00", Mode: "r"}, {Keys: "a", Mode: "w"}} {
+		if validKVScope(bad) == nil {
+			t.Errorf("kv scope %+v accepted", bad)
 		}
 	}
 }

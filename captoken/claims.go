@@ -41,6 +41,9 @@ type Capability struct {
 	// Net lists the hosts the token's calls may reach, as host[:port]
 	// patterns. See AllowsHost.
 	Net []string `json:"net,omitempty"`
+	// KV lists the keys of the kernel's key-value store the token's calls
+	// may read or write. See KVScope and AllowsKey.
+	KV []KVScope `json:"kv,omitempty"`
 	// Budgets caps what the token's calls may consume, by BudgetCalls,
 	// BudgetCPUMillis, BudgetDiskWriteBytes and BudgetNetBytes. An absent
 	// key means no limit; values are >= 0.
@@ -111,7 +114,8 @@ var autonomyModes = []string{"", "autopilot", "soft_gate", "escalated", "no_go"}
 // Validate reports whether c is a well-formed token's claims: sub, aud and
 // jti are non-empty; iat, nbf and exp are set and exp is after nbf; tools
 // holds at least one valid pattern; every fs root is absolute and clean
-// with mode "r" or "rw"; every net pattern is valid; budget keys are known
+// with mode "r" or "rw"; every net pattern is valid; every kv scope is
+// valid (KVScope); budget keys are known
 // and values >= 0; autonomy is a known mode. It says nothing about whether
 // the token is currently valid or for whom; that is Verify's job.
 func (c Claims) Validate() error {
@@ -145,8 +149,8 @@ func (c Capability) validate() error {
 	switch c.Role {
 	case "":
 	case RoleApprover, RoleEscalation, RoleAuditor:
-		if len(c.Tools) > 0 || len(c.FS) > 0 || len(c.Net) > 0 || len(c.Budgets) > 0 || c.Parent != "" {
-			return fmt.Errorf("cap.role %q: a role token may grant no tools, fs, net or budgets and have no parent", c.Role)
+		if len(c.Tools) > 0 || len(c.FS) > 0 || len(c.Net) > 0 || len(c.KV) > 0 || len(c.Budgets) > 0 || c.Parent != "" {
+			return fmt.Errorf("cap.role %q: a role token may grant no tools, fs, net, kv or budgets and have no parent", c.Role)
 		}
 		return nil
 	default:
@@ -174,6 +178,11 @@ func (c Capability) validate() error {
 	for i, p := range c.Net {
 		if _, err := parseHostPattern(p); err != nil {
 			return fmt.Errorf("cap.net[%d]: %w", i, err)
+		}
+	}
+	for i, k := range c.KV {
+		if err := validKVScope(k); err != nil {
+			return fmt.Errorf("cap.kv[%d]: %w", i, err)
 		}
 	}
 	for k, v := range c.Budgets {
@@ -214,6 +223,7 @@ func (c Claims) clone() Claims {
 	c.Cap.Tools = slices.Clone(c.Cap.Tools)
 	c.Cap.FS = slices.Clone(c.Cap.FS)
 	c.Cap.Net = slices.Clone(c.Cap.Net)
+	c.Cap.KV = slices.Clone(c.Cap.KV)
 	c.Cap.Budgets = maps.Clone(c.Cap.Budgets)
 	if c.Cap.Ancestors != nil {
 		as := make([]Ancestor, len(c.Cap.Ancestors))

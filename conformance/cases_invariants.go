@@ -114,6 +114,20 @@ func noBypassCases() []Case {
 				t.Failf("the refused read returned the file's content")
 			}
 		}),
+		c("TOOL01-INV-NOBYPASS-012", "kv keys outside a token's kv scopes are refused (scope_denied): another agent's key is neither read nor written", func(t *T) {
+			t.NeedTool("kv.put", "the case writes a key with kv.put and reads it with kv.get")
+			owner, other := t.Key("owner")+"/", t.Key("other")+"/"
+			a := t.Mint("kv-owner", TokenRequest{Tools: []string{"kv.*"}, KV: []KVScope{{Keys: owner + "*", Mode: "rw"}}})
+			b := t.Mint("kv-other", TokenRequest{Tools: []string{"kv.*"}, KV: []KVScope{{Keys: other + "*", Mode: "rw"}}})
+			t.ExpectOK(t.Call(a, "kv.put", map[string]any{"key": owner + "k", "value": "s3cret"}, func(m map[string]any) { m["idempotency_key"] = t.Key("a") }))
+			r := t.Call(b, "kv.get", map[string]any{"key": owner + "k"}, nil)
+			t.ExpectRefused(r, "scope_denied")
+			if strings.Contains(string(r.Body), "s3cret") {
+				t.Failf("the refused read returned the value")
+			}
+			t.ExpectRefused(t.Call(b, "kv.put", map[string]any{"key": owner + "k", "value": 0}, func(m map[string]any) { m["idempotency_key"] = t.Key("b") }), "scope_denied")
+			t.ExpectOK(t.Call(a, "kv.get", map[string]any{"key": owner + "k"}, nil))
+		}),
 	}
 }
 

@@ -32,10 +32,18 @@ type TokenRequest struct {
 	Tools      []string         `json:"tools"`
 	FS         []FSRoot         `json:"fs,omitempty"`
 	Net        []string         `json:"net,omitempty"`
+	KV         []KVScope        `json:"kv,omitempty"`
 	Budgets    map[string]int64 `json:"budgets,omitempty"`
 	Autonomy   string           `json:"autonomy,omitempty"`
 	TTLSeconds int64            `json:"ttl_seconds,omitempty"`
 	Role       string           `json:"role,omitempty"` // "approver" or "escalation": an approver token
+}
+
+// KVScope grants kv keys: Keys "*" (all), "p*" (a prefix) or one key;
+// Mode "r" or "rw".
+type KVScope struct {
+	Keys string `json:"keys"`
+	Mode string `json:"mode"`
 }
 
 // Token is a minted capability token.
@@ -322,7 +330,7 @@ func (t *T) Full(name string) *Token {
 	if tok != nil {
 		return tok
 	}
-	tok = t.Mint(name, TokenRequest{Tools: []string{"*"}, FS: []FSRoot{{Path: t.env.ws, Mode: "rw"}}})
+	tok = t.Mint(name, TokenRequest{Tools: []string{"*"}, FS: []FSRoot{{Path: t.env.ws, Mode: "rw"}}, KV: []KVScope{{Keys: "*", Mode: "rw"}}})
 	t.env.mu.Lock()
 	t.env.tokens[name] = tok
 	t.env.mu.Unlock()

@@ -176,7 +176,11 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 		c.approvalExpires = a.expires
 		return nil
 	case ApprovalDenied:
-		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("approval %s denied by %s: %s", decided.ID, decided.DecidedBy, decided.Reason))
+		msg := fmt.Sprintf("approval %s denied by %s", decided.ID, decided.DecidedBy)
+		if decided.Reason != "" {
+			msg += ": " + decided.Reason
+		}
+		return k.deny(ctx, c, ErrApprovalDenied, msg)
 	case ApprovalExpired:
 		return k.deny(ctx, c, ErrApprovalTimeout, fmt.Sprintf("approval %s: no decision within %s", decided.ID, k.cfg.ApprovalTimeout))
 	}
@@ -192,6 +196,17 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 // decision.
 func (k *Kernel) closeApproval(a *approval, state, by, tokenID, reason string) bool {
 	return k.closeApprovalVia(a, state, by, tokenID, reason, "")
+}
+
+// decided is r as the list of decided requests keeps it: without what
+// the call carried (its input summary, projected effects, unsalted args
+// hash and risk basis). An approver needs those to decide a pending call;
+// once it is decided they belong to the call's audit record, whose
+// payload only the agent, auditors and the admin may read (and which
+// erasure removes), not to a list every approver can read.
+func (r ApprovalRequest) decided() ApprovalRequest {
+	r.InputSummary, r.ProjectedEffects, r.ArgsHash, r.RiskBasis = "", []string{}, "", []string{}
+	return r
 }
 
 // closeApprovalVia is closeApproval with the decision's channel.
@@ -214,7 +229,7 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
 	}
 	delete(k.approvals.pending, a.req.ID)
-	k.approvals.recent = append(k.approvals.recent, a.req)
+	k.approvals.recent = append(k.approvals.recent, a.req.decided())
 	if len(k.approvals.recent) > keepDecided {
 		k.approvals.recent = k.approvals.recent[len(k.approvals.recent)-keepDecided:]
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,5 +235,34 @@ func TestApprovalRecheck(t *testing.T) {
 	// The replay of the approved call needs no approval: it does nothing.
 	if r := h3.invoke("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("same")); !r.Replayed {
 		t.Fatalf("replay: %+v", r)
+	}
+}
+
+// TestDecidedApprovalsKeepNoContent: an approver reads a pending call's
+// arguments to decide it; once decided, the list of recent decisions every
+// approver can read holds nothing of what the call carried, allowed,
+// denied or expired (the content is the call's audit payload then).
+func TestDecidedApprovalsKeepNoContent(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	alice := h.approver("alice", captoken.RoleApprover)
+	const secret = "pin-4711-secret"
+	for i, decision := range []string{"allow", "deny", ""} {
+		a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": secret}, key(fmt.Sprint("w", i)))
+		if !strings.Contains(a.InputSummary, secret) {
+			t.Fatalf("pending request %+v: the approver does not see the content", a)
+		}
+		if decision != "" {
+			if _, err := h.k.Decide(a.ID, alice, decision, "ok"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		<-res
+		listed, err := json.Marshal(h.k.Approvals(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(listed), secret) || strings.Contains(string(listed), a.ArgsHash) {
+			t.Fatalf("decided (%q) requests hold the call's content: %s", decision, listed)
+		}
 	}
 }

@@ -7,7 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/txn"
 )
 
 // Asynchronous calls: Start runs an envelope in the background and
@@ -20,8 +23,9 @@ import (
 
 // Errors of Start.
 var (
-	// ErrOperationInUse: a call in flight already has the operation id.
-	ErrOperationInUse = errors.New("operation_id is in use by a call in flight")
+	// ErrOperationInUse: a call in flight, or one finished, already has
+	// the operation id.
+	ErrOperationInUse = errors.New("operation_id is in use by another call")
 	// ErrTooManyBackground: MaxBackground background calls are running.
 	ErrTooManyBackground = errors.New("too many background calls running")
 )
@@ -60,17 +64,27 @@ type operations struct {
 // one when it names none). A call it cannot start is refused at once,
 // audited like any other: refused is its result, and err wraps
 // ErrOperationInUse (the refusal gets an operation id of its own, since
-// the one asked for belongs to the call in flight) or ErrTooManyBackground.
+// the one asked for belongs to another call, in flight or finished) or
+// ErrTooManyBackground.
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
 	c.caller = ctx // the call runs on its own context; the caller's values still identify it
 	if c.env.OperationID == "" {
-		c.env.OperationID = newID()
+		c.env.OperationID, c.minted = newID(), true
 	}
 	id = c.env.OperationID
 	op := &operation{agent: c.env.AgentID, done: make(chan struct{})}
+	// An id a finished call has (stored, or still in memory) is refused
+	// here too, not only by the pipeline: registered, the refused call
+	// would stand in memory for the call that owns the id.
+	used := false
+	if !c.minted {
+		if err := k.db.View(func(tx *bbolt.Tx) error { used = txn.OperationUsed(tx, id); return nil }); err != nil {
+			return "", k.publishResult(c, k.deny(ctx, c, ErrInternal, err.Error())), err
+		}
+	}
 	k.ops.mu.Lock()
-	if old, ok := k.ops.byID[id]; ok && old.result == nil {
+	if _, ok := k.ops.byID[id]; ok || used {
 		k.ops.mu.Unlock()
 		err = fmt.Errorf("%w: %s", ErrOperationInUse, id)
 		c.env.OperationID = ""

@@ -20,19 +20,20 @@ const KindTokenAttenuated = "token_attenuated"
 
 // AttenuateRequest asks for a token narrower than Parent, for a sub-agent:
 // what `kernelctl token attenuate` and POST /v1/tokens/attenuate send. An
-// empty field keeps the parent's grant (tools, fs, net, autonomy); a
+// empty field keeps the parent's grant (tools, fs, net, kv, autonomy); a
 // budget the request leaves out keeps the parent's limit; the lifetime is
 // TTLSeconds, by default the parent's remaining lifetime up to an hour.
 type AttenuateRequest struct {
-	Parent     string            `json:"parent"` // the parent token, compact JWS
-	AgentID    string            `json:"agent_id,omitempty"`
-	Tools      []string          `json:"tools,omitempty"`
-	FS         []captoken.FSRoot `json:"fs,omitempty"`
-	Net        []string          `json:"net,omitempty"`
-	Budgets    map[string]int64  `json:"budgets,omitempty"`
-	Autonomy   string            `json:"autonomy,omitempty"`
-	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
-	Handles    bool              `json:"handles,omitempty"` // handle mode; inherited from a parent in it
+	Parent     string             `json:"parent"` // the parent token, compact JWS
+	AgentID    string             `json:"agent_id,omitempty"`
+	Tools      []string           `json:"tools,omitempty"`
+	FS         []captoken.FSRoot  `json:"fs,omitempty"`
+	Net        []string           `json:"net,omitempty"`
+	KV         []captoken.KVScope `json:"kv,omitempty"`
+	Budgets    map[string]int64   `json:"budgets,omitempty"`
+	Autonomy   string             `json:"autonomy,omitempty"`
+	TTLSeconds int64              `json:"ttl_seconds,omitempty"`
+	Handles    bool               `json:"handles,omitempty"` // handle mode; inherited from a parent in it
 }
 
 // An AttenuateError is a refused attenuation: Class is token_invalid or
@@ -76,7 +77,7 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	child := captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: exp,
 		Cap: captoken.Capability{
-			Tools: req.Tools, FS: req.FS, Net: req.Net, Autonomy: req.Autonomy, Handles: req.Handles || p.Cap.Handles,
+			Tools: req.Tools, FS: req.FS, Net: req.Net, KV: req.KV, Autonomy: req.Autonomy, Handles: req.Handles || p.Cap.Handles,
 			Budgets: map[string]int64{}, Parent: p.ID,
 			Ancestors: append(append([]captoken.Ancestor(nil), p.Cap.Ancestors...), captoken.Ancestor{ID: p.ID, Budgets: p.Cap.Budgets}),
 		},
@@ -103,6 +104,9 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	child.Cap.FS = fs
 	if child.Cap.Net == nil {
 		child.Cap.Net = p.Cap.Net
+	}
+	if child.Cap.KV == nil {
+		child.Cap.KV = p.Cap.KV
 	}
 	if child.Cap.Autonomy == "" {
 		child.Cap.Autonomy = p.Cap.Autonomy

@@ -219,6 +219,14 @@ func TestStartAndOperation(t *testing.T) {
 	if st, _ := h.k.Operation(id); st.State != OpDone || st.Result.OperationID != id || h.read("Makefile") != "bg" {
 		t.Fatalf("status when done: %+v", st)
 	}
+	// Once it is done (in memory and stored), its id is still not another
+	// call's: a call naming it is refused, and the id keeps its result.
+	if _, refused, err := h.k.Start(context.Background(), raw); !errors.Is(err, ErrOperationInUse) || refused == nil || refused.OperationID == id {
+		t.Fatalf("a second call with the operation id of a finished call: %v, %+v", err, refused)
+	}
+	if st, _ := h.k.Operation(id); st.State != OpDone || st.Result.OperationID != id || st.Result.Status != StatusOK {
+		t.Fatalf("status after the id was asked for again: %+v", st)
+	}
 	if id2, _, err := h.k.Start(context.Background(), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	} else if r, _ := h.k.Wait(ctx, id2); errClass(r) != ErrInvalidArgs {

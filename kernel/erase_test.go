@@ -15,8 +15,10 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/txn"
 )
 
 // clock is a settable Config.Now.
@@ -432,5 +434,55 @@ func TestEraseV1StoredEnvelope(t *testing.T) {
 	}
 	if _, err := h.k.Erase(context.Background(), r.OperationID, "subject asked"); err != nil {
 		t.Fatalf("erasing an operation stored with a v1 receipt: %v", err)
+	}
+}
+
+// TestDeltaIDConfirmsNoGuess: a committed call's commit_delta_id is public
+// in its audit record, and its delta holds the digest and size of what was
+// written; the delta's salt, kept only in kernel.db, is what stops a
+// reader from confirming a guess of the content by hashing the delta the
+// guess would make (everything else in it is public or guessable).
+func TestDeltaIDConfirmsNoGuess(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"fs.write", map[string]any{"path": "pin.txt", "content": "pin 4711"}},
+		{"kv.put", map[string]any{"key": "pin", "value": "pin 4711"}},
+	} {
+		r := h.invoke(c.tool, c.args, key(c.tool))
+		mustOK(t, r)
+		e, _ := h.entryOf(r)
+		var body struct {
+			DeltaID string `json:"commit_delta_id"`
+		}
+		if err := json.Unmarshal(e.Body, &body); err != nil || body.DeltaID == "" {
+			t.Fatalf("%s: body %s: %v", c.tool, e.Body, err)
+		}
+		var stored []byte
+		h.k.View(func(tx *bbolt.Tx) error { stored = txn.GetDelta(tx, body.DeltaID); return nil })
+		var d txn.Delta
+		if err := json.Unmarshal(stored, &d); err != nil {
+			t.Fatalf("%s: stored delta %q: %v", c.tool, stored, err)
+		}
+		if len(d.Salt) != 2*txn.DeltaSaltSize {
+			t.Fatalf("%s: delta salt %q", c.tool, d.Salt)
+		}
+		// The id proves the stored delta; the delta without its salt,
+		// all a guesser could build, does not make the id.
+		for _, tc := range []struct {
+			salt string
+			same bool
+		}{{d.Salt, true}, {"", false}} {
+			d.Salt = tc.salt
+			canon, err := jcs.Marshal(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := digest.Sum(canon) == body.DeltaID; got != tc.same {
+				t.Fatalf("%s: delta with salt %q hashes to the public commit_delta_id: %v, want %v", c.tool, tc.salt, got, tc.same)
+			}
+		}
 	}
 }

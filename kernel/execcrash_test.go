@@ -119,16 +119,23 @@ func testExecCrash(t *testing.T, comm string, rolledBack int) {
 	env := Envelope{ToolID: "proc.exec", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
 		IdempotencyKey: "crash", OperationID: newID(),
 		Args: json.RawMessage(fmt.Sprintf(`{"argv":["sh","-c","echo new > a.txt; echo x > b.txt; mkdir d; exec sleep %s"]}`, marker))}
-	runCrashChild(t, h, env, comm, marker, nil)
+	// The command's argv is on its own command line only; bwrap's names the
+	// kernel's /etc snapshot, under its sandbox directory.
+	sandboxDir := filepath.Join(h.data, "sandbox") + "/"
+	killOn := marker
+	if comm == "bwrap" {
+		killOn = sandboxDir
+	}
+	runCrashChild(t, h, env, comm, killOn, nil)
 
 	h.open(execPolicy(t))
 	// On reopen no process of the sandbox is left: it died with the kernel,
 	// or (killed while bwrap was still setting it up) Open killed it.
 	deadline := time.Now().Add(5 * time.Second)
-	for len(procsWith(marker)) > 0 {
+	for len(procsWith(marker))+len(procsWith(sandboxDir)) > 0 {
 		if time.Now().After(deadline) {
 			var desc []string
-			for _, pid := range procsWith(marker) {
+			for _, pid := range append(procsWith(marker), procsWith(sandboxDir)...) {
 				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 				status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 				var keep []string

@@ -65,13 +65,14 @@ const MaxTokenTTL = 90 * 24 * time.Hour
 // TokenRequest asks for a capability token: what `kernelctl token mint`
 // and POST /v1/tokens send. The JSON field names are the wire format.
 type TokenRequest struct {
-	AgentID    string            `json:"agent_id"`
-	Tools      []string          `json:"tools"`
-	FS         []captoken.FSRoot `json:"fs,omitempty"`
-	Net        []string          `json:"net,omitempty"`
-	Budgets    map[string]int64  `json:"budgets,omitempty"`
-	Autonomy   string            `json:"autonomy,omitempty"`
-	TTLSeconds int64             `json:"ttl_seconds,omitempty"` // default 3600; at most MaxTokenTTL
+	AgentID    string             `json:"agent_id"`
+	Tools      []string           `json:"tools"`
+	FS         []captoken.FSRoot  `json:"fs,omitempty"`
+	Net        []string           `json:"net,omitempty"`
+	KV         []captoken.KVScope `json:"kv,omitempty"`
+	Budgets    map[string]int64   `json:"budgets,omitempty"`
+	Autonomy   string             `json:"autonomy,omitempty"`
+	TTLSeconds int64              `json:"ttl_seconds,omitempty"` // default 3600; at most MaxTokenTTL
 	// Role, "approver", "escalation" or "auditor", mints a role token for
 	// the person AgentID names instead of an agent's token; it grants no
 	// tools or scopes (an auditor's reads every record in full).
@@ -102,7 +103,7 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	now := k.cfg.Now()
 	tok, c, err := k.MintToken(captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: now.Add(ttl),
-		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role, Handles: req.Handles},
+		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, KV: req.KV, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role, Handles: req.Handles},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mint: %w", err)

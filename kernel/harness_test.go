@@ -41,6 +41,7 @@ func newHarness(t testing.TB, cfg ...func(*Config)) *harness {
 	h.token, h.jti = h.mint(h.agent, captoken.Capability{
 		Tools: []string{"*"},
 		FS:    []captoken.FSRoot{{Path: h.ws, Mode: "rw"}},
+		KV:    []captoken.KVScope{{Keys: "*", Mode: "rw"}},
 	})
 	return h
 }

@@ -336,6 +336,9 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 		if !ok {
 			return nil, fmt.Errorf("argument %s: %s, not a string", ra.Arg, jsonKind(c.args[ra.Arg]))
 		}
+		if ra.Kind == syscalls.KindKV && !c.token.Claims.Cap.AllowsKey(name, ra.Access.Writes()) {
+			return nil, kvScopeError(name, ra.Access.Writes())
+		}
 		if ra.Kind != "fs" {
 			out = append(out, &syscalls.Resource{Arg: ra.Arg, Rel: name, Access: ra.Access})
 			continue
@@ -357,6 +360,9 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 	}
 	for i, p := range c.env.PreconditionRefs {
 		kind, name := p.Target()
+		if kind == txn.RefKV && !c.token.Claims.Cap.AllowsKey(name, false) {
+			return nil, kvScopeError(name, false) // a precondition reads the key's version
+		}
 		if kind != txn.RefFS {
 			continue
 		}
@@ -375,6 +381,16 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 		c.fs = append(c.fs, r)
 	}
 	return out, nil
+}
+
+// kvScopeError refuses kv key, which no kv scope of the token grants (for
+// writing, when write is set).
+func kvScopeError(key string, write bool) error {
+	how := "reading"
+	if write {
+		how = "writing"
+	}
+	return &syscalls.ScopeError{Reason: fmt.Sprintf("kv key %q is outside the capability token's kv scopes (for %s)", key, how)}
 }
 
 // resolveReach checks what a call reaches beyond its resource arguments

@@ -23,7 +23,10 @@ func TestForkerRun(t *testing.T) {
 	if _, v1, err := ownPidsCgroup(); err != nil || !v1 {
 		t.Skipf("no cgroup v1 pids hierarchy here (%v): runs join their cgroups", err)
 	}
-	s := New(Options{StagingDir: t.TempDir(), KillGrace: time.Second})
+	// The chain's command line names the /etc snapshot, under StagingDir
+	// (the command's argv reaches the init through its environment).
+	stagingDir := t.TempDir()
+	s := New(Options{StagingDir: stagingDir, KillGrace: time.Second})
 	defer s.Close()
 	f, err := newForker()
 	if err != nil {
@@ -49,7 +52,7 @@ func TestForkerRun(t *testing.T) {
 				b, _ := os.ReadFile(filepath.Join(f.cg.dir, "pids.max"))
 				max = strings.TrimSpace(string(b))
 				for _, comm := range []string{"bwrap", "sh"} {
-					for _, pid := range procsNamed(comm, marker) {
+					for _, pid := range procsNamed(comm, stagingDir+"/") {
 						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 						for _, l := range strings.Split(string(b), "\n") {
 							if _, path, ok := strings.Cut(l, ":pids:"); ok {

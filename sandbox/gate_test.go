@@ -91,7 +91,9 @@ func TestChainUserNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("an ordinary-user kernel's bwrap has no host capabilities to lose")
 	}
-	s := newSandbox(t, sandbox.Options{StagingDir: t.TempDir()})
+	// The chain's command line names the /etc snapshot, under StagingDir.
+	stagingDir := t.TempDir()
+	s := newSandbox(t, sandbox.Options{StagingDir: stagingDir})
 	ws := t.TempDir()
 	marker := fmt.Sprintf("userns-marker-%d", time.Now().UnixNano())
 	own, err := os.Readlink("/proc/self/ns/user")
@@ -102,7 +104,7 @@ func TestChainUserNamespace(t *testing.T) {
 	res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{
 		Argv: []string{"echo", marker},
 		Gate: func() error {
-			for _, pid := range pidsWithComm("bwrap", marker) {
+			for _, pid := range pidsWithComm("bwrap", stagingDir+"/") {
 				ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
 				if err == nil {
 					seen = append(seen, ns)

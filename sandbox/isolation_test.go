@@ -51,6 +51,7 @@ func TestBadProfile(t *testing.T) {
 		{"dir missing", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{Argv: []string{"true"}, Dir: ws + "/nope"}, "working directory"},
 		{"dir escapes by link", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, sandbox.Command{Argv: []string{"true"}, Dir: ws + "/out"}, "working directory"},
 		{"bad env", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Env: map[string]string{"A=B": "c"}}, sandbox.Command{Argv: []string{"true"}}, "environment"},
+		{"reserved env", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Env: map[string]string{"CAPKERNEL_INIT_ARGV": "c"}}, sandbox.Command{Argv: []string{"true"}}, "reserved"},
 		{"allowlist without socket", sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Net: sandbox.NetAllowlist}, sandbox.Command{Argv: []string{"true"}}, "proxy socket"},
 	}
 	for _, tc := range tests {
@@ -251,6 +252,10 @@ func TestStdinAndExit(t *testing.T) {
 		{"signal", []string{"sh", "-c", "kill -KILL $$"}, nil, 137, ""},
 		{"not found", []string{"no-such-command-xyz"}, nil, 127, ""},
 		{"argv verbatim", []string{"printf", "%s|", "a b", "$HOME", "'q'"}, nil, 0, "a b|$HOME|'q'|"},
+		// The init takes the argv from variables it evaluates by name only.
+		{"argv through the init", []string{"printf", "%s|", "", "x\ny", `"$(id)" ` + "`id`", `\\`, "-n", "*", "$CAPKERNEL_INIT_0", "; exit 3"}, nil, 0,
+			"|x\ny|\"$(id)\" `id`|\\\\|-n|*|$CAPKERNEL_INIT_0|; exit 3|"},
+		{"many arguments", append([]string{"sh", "-c", `echo $#`, "sh"}, make([]string, 500)...), nil, 0, "500\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

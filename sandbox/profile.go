@@ -205,6 +205,9 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
 			return nil, fmt.Errorf("sandbox: bad environment variable %q", k)
 		}
+		if strings.HasPrefix(k, initEnvPrefix) {
+			return nil, fmt.Errorf("sandbox: environment variable %q: the %s prefix is reserved for the sandbox's init", k, initEnvPrefix)
+		}
 		env[k] = v
 	}
 	switch pr.Net {
@@ -333,12 +336,36 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap) []string {
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)
 	}
-	a = append(a, "--", "/bin/sh", "-c", initScript, "capkernel-init")
+	// The init's arguments (see initScript), which the chain's command
+	// line, fixed before the run, cannot carry.
+	var args []string
 	if p.net == NetAllowlist {
-		a = append(a, "relay", t.socat, strconv.Itoa(s.opts.ProxyPort), fmt.Sprintf("%04X", s.opts.ProxyPort))
+		args = append(args, "relay", t.socat, strconv.Itoa(s.opts.ProxyPort), fmt.Sprintf("%04X", s.opts.ProxyPort))
 	}
-	a = append(a, "--")
-	return append(a, p.argv...)
+	args = append(append(args, "--"), p.argv...)
+	return append(a, initEnv(args)...)
+}
+
+// initEnvPrefix starts the names of the environment variables that carry
+// the init's arguments; the init unsets them before it starts anything,
+// and a profile may not name one.
+const initEnvPrefix = "CAPKERNEL_INIT_"
+
+// initEnv is the bwrap options that pass args to the init: one variable
+// per argument, and CAPKERNEL_INIT_ARGV, the shell command that sets the
+// init's positional parameters from them, made of the variables' names
+// only (the init evaluates it: no argument's text is ever evaluated), and
+// CAPKERNEL_INIT_VARS, their names, which the init unsets.
+func initEnv(args []string) []string {
+	var a, names []string
+	set := "set --"
+	for i, v := range args {
+		name := initEnvPrefix + strconv.Itoa(i)
+		a = append(a, "--setenv", name, v)
+		names = append(names, name)
+		set += ` "$` + name + `"`
+	}
+	return append(a, "--setenv", initEnvPrefix+"ARGV", set, "--setenv", initEnvPrefix+"VARS", strings.Join(names, " "))
 }
 
 func setEnv(env []string, kv ...string) []string {
@@ -389,7 +416,10 @@ func setEnv(env []string, kv ...string) []string {
 // And a plain command as pid 1 would ignore SIGTERM sent from outside.
 // The shell is the only process between bwrap and the command; the
 // watcher is a fork of it, and neither execs anything on the way.
-const initScript = `( exec 3>&- 5<&-; read -r _ <&4; while :; do kill -KILL -1; sleep 0.05; done ) </dev/null >/dev/null 2>&1 &
+const initScript = `eval "$CAPKERNEL_INIT_ARGV"
+unset $CAPKERNEL_INIT_VARS CAPKERNEL_INIT_VARS CAPKERNEL_INIT_ARGV
+exec 9<&-
+( exec 3>&- 5<&-; read -r _ <&4; while :; do kill -KILL -1; sleep 0.05; done ) </dev/null >/dev/null 2>&1 &
 printf ready >&3
 read -r _ <&5 || exit 125
 exec 5<&-

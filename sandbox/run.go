@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,92 +121,6 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	defer releaseEtc()
 
-	// The chain: [unshare …] [sh overlayScript …] bwrap … sh initScript … argv.
-	// fd 3: the sandbox init's "ready" and "started"; fd 4: the lifeline;
-	// fd 5: the release (see initScript); fd 6: Command.Channel; fd 7: the
-	// overlay script's status; fd 8: bwrap's info fd (infoFD), which bwrap
-	// closes in the sandbox.
-	var pipes []*os.File // every end, closed on return
-	defer func() {
-		for _, f := range pipes {
-			f.Close()
-		}
-	}()
-	pipe := func() (r, w *os.File, err error) {
-		if r, w, err = os.Pipe(); err == nil {
-			pipes = append(pipes, r, w)
-		}
-		return r, w, err
-	}
-	startR, startW, err := pipe()
-	if err != nil {
-		return nil, err
-	}
-	lifeR, _, err := pipe()
-	if err != nil {
-		return nil, err
-	}
-	relR, relW, err := pipe()
-	if err != nil {
-		return nil, err
-	}
-	infoR, infoW, err := pipe()
-	if err != nil {
-		return nil, err
-	}
-	extra := []*os.File{startW, lifeR, relR, pl.cmd.Channel, nil, infoW}
-	overlay := st != nil && mode != StagingCopy
-	var status *os.File
-	var argv []string
-	if overlay || os.Geteuid() == 0 {
-		// The chain runs in a user namespace mapping only the kernel's own
-		// ids (to root inside), with, for overlays, its own mount
-		// namespace: the overlay mounts are private to the run and vanish
-		// with it. A root kernel always starts bwrap there, so bwrap never
-		// holds the host's capabilities. unshare(1) makes them and execs
-		// the rest of the chain: it costs an exec, where a Go fork with
-		// CLONE_NEWUSER cannot use vfork and copies the kernel's page
-		// tables (tens of milliseconds for a large heap).
-		argv = append(argv, t.unshare, "--user", "--map-root-user")
-		if overlay {
-			argv = append(argv, "--mount")
-		}
-		argv = append(argv, "--")
-	}
-	if overlay {
-		sr, sw, err := pipe()
-		if err != nil {
-			return nil, err
-		}
-		status = sr
-		extra[4] = sw
-		rw := pl.writable()
-		argv = append(argv, t.sh, "-c", overlayScript, "capkernel-overlay", overlayOptions, strconv.Itoa(len(rw)))
-		for _, r := range rw {
-			argv = append(argv, r.lower, r.upper, r.work, r.merged)
-		}
-	}
-	argv = append(argv, t.bwrap)
-	argv = append(argv, s.bwrapArgs(pl, t, etc)...)
-
-	stdout := &capped{max: pl.limits.Stdout}
-	stderr := &capped{max: pl.limits.Stderr}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "MOUNT=" + t.mount}
-	if pl.stdin != nil {
-		cmd.Stdin = bytes.NewReader(pl.stdin)
-	}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	if w := pl.cmd.Stdout; w != nil {
-		cmd.Stdout = io.MultiWriter(stdout, w)
-	}
-	if w := pl.cmd.Stderr; w != nil {
-		cmd.Stderr = io.MultiWriter(stderr, w)
-	}
-	cmd.ExtraFiles = extra
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = s.opts.KillGrace + 2*time.Second
-
 	runCtx := ctx
 	var cancelTimeout context.CancelFunc = func() {}
 	if pl.timeout > 0 {
@@ -217,74 +129,95 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	defer cancelTimeout()
 
 	start := time.Now()
-	// Start and wait from a goroutine locked to its OS thread until the
-	// chain is reaped: the chain's parent-death signals (Go's Pdeathsig,
-	// bwrap's --die-with-parent) follow the thread that forked, not the
-	// process, and no other goroutine may run on that thread meanwhile
-	// (one that locked it and exited would end the thread, and the chain
-	// with it). Afterwards the thread goes back to the runtime, which
-	// would otherwise make a new one for every run.
-	startErr := make(chan error, 1)
-	done := make(chan error, 1)
-	startAndWait := func() {
-		if err := cmd.Start(); err != nil {
-			startErr <- err
-			return
-		}
-		startErr <- nil
-		done <- cmd.Wait()
+	overlay := st != nil && mode != StagingCopy
+	plain := !overlay && pl.cmd.Channel == nil
+	var ch *chain
+	if plain {
+		ch = s.takeSpareChain(etc)
 	}
-	// With a forker (forker.go), the chain is forked from its thread,
-	// already in the run's pids cgroup: everything of the run is born
-	// there. It holds the forker's thread, bwrap (after unshare's or the
-	// overlay script's exec), the init, its lifeline watcher and
-	// Processes of the command's.
 	var f *forker
-	if pl.limits.Processes > 0 {
-		if f = s.takeForker(); f != nil {
+	if ch != nil {
+		f = ch.f
+		if f != nil && pl.limits.Processes > 0 {
+			// The spare's forker thread, bwrap, the init, its lifeline
+			// watcher and Processes of the command's.
 			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
-				f.discard()
-				f = nil
+				ch.discard()
+				ch, f = nil, nil
 			}
 		}
 	}
-	if f != nil {
-		f.jobs <- startAndWait
-	} else {
-		go func() {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			startAndWait()
-		}()
-	}
-	err = <-startErr
-	// Only the chain keeps these ends (the lifeline's write end and the
-	// release's stay here).
-	startW.Close()
-	lifeR.Close()
-	relR.Close()
-	infoW.Close()
-	if status != nil {
-		extra[4].Close()
-	}
-	if err != nil {
-		if f != nil {
-			go f.cg.remove() // once the forker's thread has ended
+	if ch == nil {
+		sp := s.plainChainSpec(t)
+		sp.channel = pl.cmd.Channel
+		if overlay {
+			// The chain runs in a user namespace mapping only the kernel's
+			// own ids (to root inside) and a mount namespace of its own:
+			// the overlay mounts are private to the run and vanish with it.
+			// unshare(1) makes them and execs the rest of the chain: it
+			// costs an exec, where a Go fork with CLONE_NEWUSER cannot use
+			// vfork and copies the kernel's page tables (tens of
+			// milliseconds for a large heap).
+			rw := pl.writable()
+			sp.prefix = []string{t.unshare, "--user", "--map-root-user", "--mount", "--",
+				t.sh, "-c", overlayScript, "capkernel-overlay", overlayOptions, strconv.Itoa(len(rw))}
+			for _, r := range rw {
+				sp.prefix = append(sp.prefix, r.lower, r.upper, r.work, r.merged)
+			}
+			sp.env = append(sp.env, "MOUNT="+t.mount)
+			sp.status = true
 		}
-		return nil, fmt.Errorf("sandbox: start: %w", err)
+		// With a forker (forker.go), the chain is forked from its thread,
+		// already in the run's pids cgroup: everything of the run is born
+		// there. It holds the forker's thread, bwrap (after unshare's or
+		// the overlay script's exec), the init, its lifeline watcher and
+		// Processes of the command's.
+		if pl.limits.Processes > 0 {
+			if f = s.takeForker(); f != nil {
+				if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+					f.discard()
+					f = nil
+				}
+			}
+		}
+		if ch, err = s.startChain(t, sp, etc, func() {}, f); err != nil {
+			return nil, err
+		}
 	}
+	defer ch.close()
+	if plain {
+		defer s.kickSpareChain(t)
+	}
+
+	stdout := &capped{max: pl.limits.Stdout}
+	stderr := &capped{max: pl.limits.Stderr}
+	var wout, werr io.Writer = stdout, stderr
+	if w := pl.cmd.Stdout; w != nil {
+		wout = io.MultiWriter(stdout, w)
+	}
+	if w := pl.cmd.Stderr; w != nil {
+		werr = io.MultiWriter(stderr, w)
+	}
+	ch.stdout.attach(wout)
+	ch.stderr.attach(werr)
+	k := &killer{proc: ch.cmd.Process, grace: s.opts.KillGrace}
+	if f != nil {
+		k.setCgroup(f.cg)
+	}
+	startR, relW, infoR := ch.startR, ch.relW, ch.infoR
 	statusText := make(chan string, 1)
-	if status != nil {
+	if ch.status != nil {
 		go func() {
-			b, _ := io.ReadAll(io.LimitReader(status, 64<<10))
+			b, _ := io.ReadAll(io.LimitReader(ch.status, 64<<10))
 			statusText <- string(b)
 		}()
 	} else {
 		statusText <- ""
 	}
-	k := &killer{proc: cmd.Process, grace: s.opts.KillGrace}
-	if f != nil {
-		k.setCgroup(f.cg)
+	if err := ch.setArgs(s.bwrapArgs(pl, t, etc), pl.stdin); err != nil {
+		k.kill()
+		<-ch.done
+		return nil, err
 	}
 	// bwrap reports the sandbox's init as soon as it has made it. Without
 	// a forker, the init joins its pids cgroup then, while bwrap sets the
@@ -348,7 +281,8 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 loop:
 	for {
 		select {
-		case waitErr = <-done:
+		case <-ch.done:
+			waitErr = ch.waitErr
 			break loop
 		case what := <-limitCh:
 			limitCh = nil
@@ -377,7 +311,7 @@ loop:
 	k.removeCgroup()
 	res.Duration = time.Since(start)
 
-	ps := cmd.ProcessState
+	ps := ch.cmd.ProcessState
 	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
 		res.UserTime = time.Duration(ru.Utime.Nano())
 		res.SystemTime = time.Duration(ru.Stime.Nano())

@@ -83,7 +83,7 @@ const DefaultPath = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbi
 type Command struct {
 	Argv    []string      // argv[0] is looked up in the sandbox's PATH; no shell unless argv names one
 	Dir     string        // working directory: an existing directory in a root; default the first root
-	Stdin   []byte        // nil: /dev/null
+	Stdin   []byte        // nil: none (end of file at once)
 	Timeout time.Duration // 0: none besides the context's
 	// Channel, if set, is inherited by the command as file descriptor
 	// ChannelFD: a supervisor's channel to a sandboxed agent.
@@ -165,6 +165,9 @@ type Sandbox struct {
 	spare    *forker // made ahead for the next run (forker.go)
 	making   bool    // a spare is being made
 	noForker bool    // making one failed: runs join their cgroups
+
+	spareChain  *chain // started ahead for the next plain run (chain.go)
+	makingChain bool   // a spare chain is being made
 }
 
 // etcCache opens the Sandbox's /etc snapshot cache on first use.
@@ -193,6 +196,10 @@ func (s *Sandbox) Close() error {
 	if s.spare != nil {
 		s.spare.discard()
 		s.spare = nil
+	}
+	if s.spareChain != nil {
+		s.spareChain.discard()
+		s.spareChain = nil
 	}
 	s.closed = true
 	return nil

@@ -1,6 +1,8 @@
 package txn
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"path"
@@ -79,10 +81,21 @@ func Intents(tx *bbolt.Tx) ([]Intent, error) {
 
 // Delta is what a committed call changed; it is stored under its own
 // digest, the commit_delta_id.
+//
+// The id is public (audit records carry it) and the changes hold digests
+// of what was written and its size, so Salt, random per delta and kept
+// only in the stored delta, is hashed with them: without it anyone could
+// confirm a guess of a written file's content or a kv value by hashing the
+// delta it would make. A delta stored before the salt has none.
 type Delta struct {
 	OperationID string        `json:"operation_id"`
+	Salt        string        `json:"salt,omitempty"`
 	Changes     []DeltaChange `json:"changes"`
 }
+
+// DeltaSaltSize is the number of random bytes in a Delta's salt (hex in
+// Delta.Salt).
+const DeltaSaltSize = 32
 
 // DeltaChange is one change of a Delta: a file written or deleted (Path
 // relative to Root, content digests before and after, size after), a
@@ -100,10 +113,14 @@ type DeltaChange struct {
 	NewVersion uint64 `json:"new_version,omitempty"`
 }
 
-// NewDelta builds the delta of effects and returns it in canonical JSON with
-// its id: the digest of those bytes.
+// NewDelta builds the delta of effects, with a fresh salt, and returns it
+// in canonical JSON with its id: the digest of those bytes.
 func NewDelta(operationID string, effects []Effect) (id string, canonical []byte, err error) {
-	d := Delta{OperationID: operationID, Changes: make([]DeltaChange, 0, len(effects))}
+	var salt [DeltaSaltSize]byte
+	if _, err := rand.Read(salt[:]); err != nil {
+		return "", nil, fmt.Errorf("txn: delta salt: %w", err)
+	}
+	d := Delta{OperationID: operationID, Salt: hex.EncodeToString(salt[:]), Changes: make([]DeltaChange, 0, len(effects))}
 	for _, e := range effects {
 		if e.Op == OpCleanup {
 			continue

@@ -306,7 +306,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws, where string)
 	mint := func(agent string, budgets map[string]int64) (*session, error) {
 		t, err := k.Mint(ctx, kernel.TokenRequest{
 			AgentID: agent, Tools: []string{"echo", "fs.*", "kv.*", "proc.exec"},
-			FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}, Budgets: budgets,
+			FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}, KV: []captoken.KVScope{{Keys: agent + "/*", Mode: "rw"}}, Budgets: budgets,
 		})
 		if err != nil {
 			return nil, err
@@ -336,7 +336,7 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws, where string)
 	s.call(ctx, "write with a stale precondition", "fs.write", map[string]any{"path": "notes.txt", "content": "overwritten\n"}, key("w2"),
 		[]map[string]any{{"ref": "fs:notes.txt", "hash": fresh}}, kernel.ErrPreconditionFailed)
 	s.call(ctx, "write without idempotency key", "fs.write", map[string]any{"path": "x.txt", "content": "x"}, "", nil, kernel.ErrIdempotencyKeyRequired)
-	s.call(ctx, "put a kv entry", "kv.put", map[string]any{"key": "progress", "value": map[string]any{"step": 1}}, key("kv1"), nil, "")
+	s.call(ctx, "put a kv entry", "kv.put", map[string]any{"key": "demo-agent/progress", "value": map[string]any{"step": 1}}, key("kv1"), nil, "")
 	s.call(ctx, "run a tool the kernel lacks", "web.search", map[string]any{"query": "capkernel"}, "", nil, kernel.ErrToolNotFound)
 	// EXECUTE needs a human by default: a reviewer approves the build
 	// while the call waits; it runs in the sandbox and its write commits.

@@ -336,6 +336,12 @@ func TestServeEndToEnd(t *testing.T) {
 	if out, errOut, code := withAdmin("receipts", "verify", mine.ReceiptID, "--server", s.url, "--jwks", jwksFile); code != 0 || !strings.Contains(out, "ledger match: ok") {
 		t.Fatalf("receipts verify: exit %d: %s %s", code, out, errOut)
 	}
+	// As README has it: the server from the environment, no flag.
+	c := exec.Command(kernelctl, "receipts", "verify", mine.ReceiptID)
+	c.Env = append(os.Environ(), "CAPKERNEL_ADMIN_TOKEN="+admin, "CAPKERNEL_SERVER="+s.url)
+	if out, err := c.CombinedOutput(); err != nil || !strings.Contains(string(out), "ok") {
+		t.Fatalf("receipts verify with CAPKERNEL_SERVER: %v: %s", err, out)
+	}
 	resultFile := filepath.Join(dir, "result.json")
 	rb, _ := json.Marshal(mine)
 	os.WriteFile(resultFile, rb, 0o644)

@@ -27,11 +27,11 @@ func tokenCmd() *cobra.Command {
 func tokenMintCmd() *cobra.Command {
 	var t target
 	var agent, tools, autonomy, budgets string
-	var fsRoots, net []string
+	var fsRoots, net, kv []string
 	var ttl time.Duration
 	var approver, escalation, auditor, handles bool
 	cmd := &cobra.Command{
-		Use:   "mint --data DIR|--server URL --agent ID (--tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] | --approver [--escalation] | --auditor) [--ttl 1h]",
+		Use:   "mint --data DIR|--server URL --agent ID (--tools GLOBS [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--kv KEYS:r|rw]... [--budget K=V,...] | --approver [--escalation] | --auditor) [--ttl 1h]",
 		Short: "Mint a capability token; prints the compact token alone on stdout",
 		Long: `mint signs a capability token with the kernel's issuer key.
 
@@ -39,6 +39,8 @@ func tokenMintCmd() *cobra.Command {
   --fs ./ws:rw --fs /data:r      file trees and their mode; relative paths are
                                  made absolute from the current directory
   --net api.example.com:443      host[:port] patterns ("*.example.com"; "*" every host)
+  --kv 'a1/*:rw' --kv motd:r     keys of the kernel's kv store and their mode ("*"
+                                 every key, "p*" a prefix); without --kv, none
   --budget calls=100,disk_write_bytes=1MiB,cpu_ms=5000,net_bytes=10MB
   --autonomy soft_gate           the most autonomous mode its calls may run in
   --ttl 1h                       lifetime (at most 90 days)
@@ -64,8 +66,8 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 				return &usageError{errors.New("token mint: --agent is required")}
 			case approver && auditor:
 				return &usageError{errors.New("token mint: --auditor and --approver are different roles; mint two tokens")}
-			case (approver || auditor) && (tools != "" || len(fsRoots) > 0 || len(net) > 0 || budgets != "" || autonomy != ""):
-				return &usageError{errors.New("token mint --approver/--auditor: a role token grants no --tools, --fs, --net, --budget or --autonomy")}
+			case (approver || auditor) && (tools != "" || len(fsRoots) > 0 || len(net) > 0 || len(kv) > 0 || budgets != "" || autonomy != ""):
+				return &usageError{errors.New("token mint --approver/--auditor: a role token grants no --tools, --fs, --net, --kv, --budget or --autonomy")}
 			case !approver && !auditor && tools == "":
 				return &usageError{errors.New("token mint: --tools is required (or --approver or --auditor)")}
 			}
@@ -86,6 +88,9 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 			}
 			var err error
 			if req.FS, err = parseFSRoots(fsRoots); err != nil {
+				return &usageError{err}
+			}
+			if req.KV, err = parseKVScopes(kv); err != nil {
 				return &usageError{err}
 			}
 			if req.Budgets, err = parseBudgets(budgets); err != nil {
@@ -113,6 +118,9 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 					return &usageError{err}
 				}
 			}
+			if req.Role == "" && len(req.KV) == 0 && (minted.Cap.AllowsTool("kv.get") || minted.Cap.AllowsTool("kv.put")) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: note: the token grants kv tools but no --kv scopes, so every key is refused to it (scope_denied)")
+			}
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), minted)
 			}
@@ -125,6 +133,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs")
 	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw (repeatable)")
 	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern (repeatable)")
+	cmd.Flags().StringArrayVar(&kv, "kv", nil, `kv keys KEYS:r or KEYS:rw: "*" every key, "p*" a prefix, else one key (repeatable)`)
 	cmd.Flags().StringVar(&budgets, "budget", "", "budgets, e.g. calls=100,disk_write_bytes=1MiB")
 	cmd.Flags().StringVar(&autonomy, "autonomy", "", "autonomy ceiling: autopilot, soft_gate, escalated or no_go")
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "lifetime")
@@ -138,10 +147,10 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 func tokenAttenuateCmd() *cobra.Command {
 	var t target
 	var parentFile, agent, tools, autonomy, budgets string
-	var fsRoots, net []string
+	var fsRoots, net, kv []string
 	var ttl time.Duration
 	cmd := &cobra.Command{
-		Use:   "attenuate --data DIR|--server URL --parent FILE [--agent ID] [--tools GLOBS] [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--budget K=V,...] [--autonomy MODE] [--ttl D]",
+		Use:   "attenuate --data DIR|--server URL --parent FILE [--agent ID] [--tools GLOBS] [--fs PATH:r|rw]... [--net HOST[:PORT]]... [--kv KEYS:r|rw]... [--budget K=V,...] [--autonomy MODE] [--ttl D]",
 		Short: "Sign a narrower child of a capability token, for a sub-agent; prints the child token on stdout",
 		Long: `attenuate asks the kernel for a child of the token in --parent ("-" reads
 stdin) that grants no more than it. Holding the parent is the authority: no
@@ -150,7 +159,8 @@ the parent's (a budget left out keeps the parent's limit). The lifetime is
 --ttl, by default the parent's remaining lifetime up to an hour.
 
 The kernel refuses any widening: a tool outside the parent's globs, a path
-outside its roots or with a mode it lacks, a host outside its patterns, a
+outside its roots or with a mode it lacks, a host outside its patterns, kv
+keys outside its scopes or with a mode it lacks, a
 budget above its limit, a more autonomous ceiling, a lifetime past its
 expiry, more than 8 attenuations from the root. The child's calls count
 against its own budgets and every ancestor's; revoking any ancestor revokes
@@ -172,6 +182,9 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 			}
 			req := kernel.AttenuateRequest{Parent: parent, AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second)}
 			if req.FS, err = parseFSRoots(fsRoots); err != nil {
+				return &usageError{err}
+			}
+			if req.KV, err = parseKVScopes(kv); err != nil {
 				return &usageError{err}
 			}
 			if req.Budgets, err = parseBudgets(budgets); err != nil {
@@ -208,6 +221,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs, within the parent's")
 	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw inside a parent root (repeatable)")
 	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern within the parent's (repeatable)")
+	cmd.Flags().StringArrayVar(&kv, "kv", nil, "kv keys KEYS:r or KEYS:rw within the parent's scopes (repeatable)")
 	cmd.Flags().StringVar(&budgets, "budget", "", "budgets at most the parent's, e.g. calls=10")
 	cmd.Flags().StringVar(&autonomy, "autonomy", "", "autonomy ceiling, at least as strict as the parent's")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, within the parent's (default: the parent's remaining lifetime, at most 1h)")
@@ -282,6 +296,9 @@ func printInspection(cmd *cobra.Command, res httpapi.TokenInspection) {
 	}
 	for _, n := range c.Cap.Net {
 		row("net", n)
+	}
+	for _, s := range c.Cap.KV {
+		row("kv", s.Keys+" ("+s.Mode+")")
 	}
 	keys := make([]string, 0, len(c.Cap.Budgets))
 	for k := range c.Cap.Budgets {
@@ -394,6 +411,26 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// parseKVScopes reads KEYS:r|rw specs (the last colon splits, so keys may
+// hold colons).
+func parseKVScopes(specs []string) ([]captoken.KVScope, error) {
+	var out []captoken.KVScope
+	for _, s := range specs {
+		i := strings.LastIndex(s, ":")
+		if i <= 0 {
+			return nil, fmt.Errorf("--kv %q: want KEYS:r or KEYS:rw", s)
+		}
+		if mode := s[i+1:]; mode != "r" && mode != "rw" {
+			return nil, fmt.Errorf("--kv %q: mode %q is not r or rw", s, mode)
+		}
+		if strings.Contains(s[:i], ":r,") || strings.Contains(s[:i], ":rw,") {
+			return nil, fmt.Errorf("--kv %q: one scope per --kv; repeat the flag for more", s)
+		}
+		out = append(out, captoken.KVScope{Keys: s[:i], Mode: s[i+1:]})
+	}
+	return out, nil
 }
 
 // parseFSRoots reads PATH:r|rw specs; relative paths become absolute.

@@ -373,7 +373,7 @@ func mint(t *testing.T, data, ws string) (tok, jti, policyHash string) {
 	}
 	defer k.Close()
 	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent", Expiry: time.Now().Add(2 * time.Hour),
-		Cap: captoken.Capability{Tools: []string{"fs.write", "kv.put"}, FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}}})
+		Cap: captoken.Capability{Tools: []string{"fs.write", "kv.put"}, FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}, KV: []captoken.KVScope{{Keys: "*", Mode: "rw"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,365 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A chain is the line of processes a run starts:
+//
+//	[unshare …] [sh overlayScript …] bwrap --args 9 -- /bin/sh -c initScript capkernel-init ETC
+//
+// started before the run's bwrap options are known: bwrap reads them,
+// NUL-separated, from a pipe on fd 9 (chain.setArgs), and the init takes
+// the command's argv from its environment (initEnv). So a Sandbox keeps a
+// plain chain (no overlays, no channel) started ahead of its next run
+// (takeSpareChain): the run does not wait for unshare's and bwrap's execs
+// (1–2 ms on the loaded 2-core machine). Until its options come, a chain
+// is bwrap blocked in a read, in unshare's user namespace: no sandbox, no
+// mount, nothing of any run's.
+//
+// ETC, the /etc snapshot the chain's runs bind, names the chain on its
+// command line: CleanupStale's killStale finds a chain a killed kernel
+// left by it.
+//
+// The chain's descriptors: 0 stdin (a pipe, written by the run), 1 and 2
+// stdout and stderr (to sinks the run attaches), 3 the init's "ready" and
+// "started", 4 the lifeline, 5 the release, 6 Command.Channel, 7 the
+// overlay script's status, 8 bwrap's info fd (infoFD), 9 bwrap's options.
+type chain struct {
+	cmd     *exec.Cmd
+	f       *forker       // the forker it was forked from; nil: a locked goroutine's thread
+	done    chan struct{} // closed once the chain has exited and been reaped
+	waitErr error         // the chain's Wait, once done is closed
+
+	startR, relW, infoR, argsW, stdinW, status *os.File
+	ends                                       []*os.File // every end the kernel holds (the lifeline's write end too)
+	stdout, stderr                             *sink
+
+	etc        *etcSnap
+	releaseEtc func()
+}
+
+// argsFD is the fd on which bwrap reads its options (--args).
+const argsFD = 9
+
+// chainSpec is what a chain is started with.
+type chainSpec struct {
+	prefix  []string // [unshare …] [sh overlayScript …]: run before bwrap, each execs the next
+	env     []string // the prefix's environment
+	channel *os.File // Command.Channel, or nil
+	status  bool     // open fd 7 for the overlay script's status
+}
+
+// startChain starts a chain (see chain) from f's thread, or, with f nil,
+// from a goroutine locked to a thread of its own until the chain is
+// reaped: the chain's parent-death signals (Go's Pdeathsig, bwrap's
+// --die-with-parent) follow the thread that forked, not the process, and
+// no other goroutine may run on that thread meanwhile (one that locked it
+// and exited would end the thread, and the chain with it). The chain
+// holds a reference to etc until close.
+func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc func(), f *forker) (*chain, error) {
+	c := &chain{f: f, done: make(chan struct{}), etc: etc, releaseEtc: releaseEtc,
+		stdout: &sink{}, stderr: &sink{}}
+	var child []*os.File // ends only the chain keeps: closed here once it has started
+	pipe := func() (r, w *os.File, err error) {
+		if r, w, err = os.Pipe(); err == nil {
+			c.ends = append(c.ends, r, w)
+		}
+		return r, w, err
+	}
+	fail := func(err error) (*chain, error) {
+		c.closeEnds()
+		c.releaseEtc()
+		if f != nil {
+			f.discard()
+		}
+		return nil, err
+	}
+	var startW, lifeR, relR, infoW, argsR, stdinR, statusW *os.File
+	var err error
+	if c.startR, startW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	if lifeR, _, err = pipe(); err != nil {
+		return fail(err)
+	}
+	if relR, c.relW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	if c.infoR, infoW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	if argsR, c.argsW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	if stdinR, c.stdinW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	if sp.status {
+		if c.status, statusW, err = pipe(); err != nil {
+			return fail(err)
+		}
+	}
+	child = []*os.File{startW, lifeR, relR, infoW, argsR, stdinR}
+	if statusW != nil {
+		child = append(child, statusW)
+	}
+
+	argv := slices.Concat(sp.prefix, []string{t.bwrap, "--args", strconv.Itoa(argsFD), "--", "/bin/sh", "-c", initScript, "capkernel-init", etc.dir})
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = sp.env
+	cmd.Stdin = stdinR
+	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
+	cmd.ExtraFiles = []*os.File{startW, lifeR, relR, sp.channel, statusW, infoW, argsR}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// A process of the sandbox that escaped the kill could hold the
+	// output pipes after the chain has exited.
+	cmd.WaitDelay = s.opts.KillGrace + 2*time.Second
+	c.cmd = cmd
+
+	startErr := make(chan error, 1)
+	job := func() {
+		if err := cmd.Start(); err != nil {
+			startErr <- err
+			return
+		}
+		// The waiting is done elsewhere, by the poller (waitChain): a
+		// thread blocked in wait(2) would keep its P, and whatever it had
+		// just woken (the run's goroutine) would wait for the runtime's
+		// sysmon to take the P back, up to 10 ms on an idle kernel.
+		go func() {
+			c.waitErr = waitChain(cmd)
+			close(c.done)
+		}()
+		startErr <- nil
+		<-c.done
+	}
+	if f != nil {
+		f.jobs <- job
+	} else {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			job()
+		}()
+	}
+	err = <-startErr
+	for _, e := range child {
+		e.Close()
+	}
+	if err != nil {
+		return fail(fmt.Errorf("sandbox: start: %w", err))
+	}
+	return c, nil
+}
+
+// setArgs hands bwrap its options (a NUL-separated list; none holds a
+// NUL) and the command its stdin (nil: end of file at once). A chain takes
+// them once.
+func (c *chain) setArgs(opts []string, stdin []byte) error {
+	var b []byte
+	for _, o := range opts {
+		b = append(append(b, o...), 0)
+	}
+	_, err := c.argsW.Write(b)
+	c.argsW.Close()
+	if stdin == nil {
+		c.stdinW.Close()
+	} else {
+		go func() {
+			// Blocked until the command reads it, or until close.
+			c.stdinW.Write(stdin)
+			c.stdinW.Close()
+		}()
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox: passing bwrap its options: %w", err)
+	}
+	return nil
+}
+
+// exited reports whether the chain has ended (a spare that died waiting).
+func (c *chain) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// closeEnds closes every end of the chain's pipes the kernel holds: the
+// lifeline's write end among them, so the sandbox's watcher, if any, kills
+// whatever is left.
+func (c *chain) closeEnds() {
+	for _, f := range c.ends {
+		f.Close()
+	}
+	c.ends = nil
+}
+
+// close ends a chain whose run is over (it has been waited for): its ends
+// and its /etc snapshot reference are released.
+func (c *chain) close() {
+	c.closeEnds()
+	c.releaseEtc()
+}
+
+// discard kills a chain no run will use (it is still waiting for its
+// options) and releases what it holds, off the caller's path.
+func (c *chain) discard() {
+	c.cmd.Process.Kill()
+	go func() {
+		<-c.done
+		c.close()
+		if c.f != nil {
+			c.f.cg.remove() // its thread has ended with the chain's reaping
+		}
+	}()
+}
+
+// waitChain waits for the chain through a pidfd polled by the runtime's
+// network poller, then reaps it with cmd.Wait (which no longer blocks).
+// A goroutine blocked in wait(2) holds its P until sysmon retakes it; the
+// goroutines it wakes meanwhile (this run's, once the chain exits) wait as
+// long. Without a pidfd it is cmd.Wait alone.
+func waitChain(cmd *exec.Cmd) error {
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return cmd.Wait()
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Read(func(fd uintptr) bool {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+			return n > 0 || err != nil && !errors.Is(err, unix.EINTR)
+		})
+	}
+	f.Close()
+	return cmd.Wait()
+}
+
+// sinkEarly is how much a sink keeps of what a chain writes before its run
+// attaches a writer (only a failing bwrap or unshare writes then).
+const sinkEarly = 64 << 10
+
+// sink is a chain's stdout or stderr: what the chain writes goes to the
+// run's writer once attached; until then it is kept (up to sinkEarly
+// bytes) and passed on at attach.
+type sink struct {
+	mu    sync.Mutex
+	w     io.Writer
+	early []byte
+}
+
+func (s *sink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.w != nil {
+		return s.w.Write(p)
+	}
+	if room := sinkEarly - len(s.early); room > 0 {
+		s.early = append(s.early, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+
+// attach sends what comes from now on, and what came before, to w.
+func (s *sink) attach(w io.Writer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.early) > 0 {
+		w.Write(s.early)
+		s.early = nil
+	}
+	s.w = w
+}
+
+// takeSpareChain returns the Sandbox's spare chain if it can serve a run
+// whose /etc snapshot is etc, else nil (a spare that cannot is discarded).
+func (s *Sandbox) takeSpareChain(etc *etcSnap) *chain {
+	s.mu.Lock()
+	c := s.spareChain
+	s.spareChain = nil
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	if c.etc != etc || c.exited() {
+		c.discard()
+		return nil
+	}
+	return c
+}
+
+// kickSpareChain starts making the next spare chain, unless there is one
+// or one is being made.
+func (s *Sandbox) kickSpareChain(t *tools) {
+	s.mu.Lock()
+	if s.closed || s.spareChain != nil || s.makingChain {
+		s.mu.Unlock()
+		return
+	}
+	s.makingChain = true
+	noForker := s.noForker
+	s.mu.Unlock()
+	go func() {
+		c, err := s.makeSpareChain(t, !noForker)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.makingChain = false
+		if err != nil {
+			return // the next run starts its own
+		}
+		if s.closed {
+			c.discard()
+			return
+		}
+		s.spareChain = c
+	}()
+}
+
+// makeSpareChain starts a plain chain, from a forker of its own where the
+// host offers one (so the run it serves is born in its pids cgroup).
+func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
+	ec, err := s.etcCache()
+	if err != nil {
+		return nil, err
+	}
+	etc, releaseEtc, err := ec.acquire()
+	if err != nil {
+		return nil, err
+	}
+	var f *forker
+	if withForker {
+		if f, err = newForker(); err != nil {
+			f = nil
+		}
+	}
+	return s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
+}
+
+// plainChainSpec is the spec of a chain without overlays or channel: a
+// root kernel's starts in a user namespace of its own (see run).
+func (s *Sandbox) plainChainSpec(t *tools) chainSpec {
+	sp := chainSpec{env: []string{"PATH=" + hostPath}}
+	if os.Geteuid() == 0 {
+		sp.prefix = []string{t.unshare, "--user", "--map-root-user", "--"}
+	}
+	return sp
+}
+
+// hostPath is the PATH of the chain's processes before bwrap.
+const hostPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
