@@ -7,7 +7,8 @@
 //     finished twin is replayed, a running one is refused), check the
 //     precondition refs held in bbolt (kv versions, ledger head), reserve the
 //     token's budgets and store a durable Intent in state "prepared". Nothing
-//     is written when any check fails.
+//     is written when any check fails. The intent is encoded before the
+//     transaction (Prepare.Encode), so the store's sequencer only writes it.
 //  2. Stage: the syscall writes new file contents to staging files beside
 //     their targets (named .capk-stage-<operation_id>-<n>) and records
 //     deletions and kv puts. Nothing is visible yet. A staging file reuses
@@ -17,7 +18,9 @@
 //  3. Commit, in one bbolt transaction shared with the call's ledger records:
 //     the Intent moves to "decided" with the list of effects, the delta is
 //     stored under commit_delta_id, kv puts are applied, budgets settle and
-//     the idempotency entry takes the full result envelope.
+//     the idempotency entry takes the full result envelope. The decided
+//     intent is encoded before the transaction (Decide); the transaction
+//     adds only the commit sequence number it assigns.
 //  4. Apply: staged files are renamed into place (Spares.Apply first links
 //     each replaced file into the kernel's private spare pool), deleted
 //     targets are moved aside and removed, and the renames are made durable
