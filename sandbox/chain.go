@@ -6,9 +6,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -18,16 +20,17 @@ import (
 
 // A chain is the line of processes a run starts:
 //
-//	[unshare …] [sh overlayScript …] bwrap --args 9 -- /bin/sh -c initScript capkernel-init ETC
+//	[unshare …] bwrap --args 9 -- /bin/sh -c initScript capkernel-init ETC
 //
 // started before the run's bwrap options are known: bwrap reads them,
 // NUL-separated, from a pipe on fd 9 (chain.setArgs), and the init takes
 // the command's argv from its environment (initEnv). So a Sandbox keeps a
-// plain chain (no overlays, no channel) started ahead of its next run
+// chain (without Command.Channel) started ahead of its next run
 // (takeSpareChain): the run does not wait for unshare's and bwrap's execs
 // (1–2 ms on the loaded 2-core machine). Until its options come, a chain
-// is bwrap blocked in a read, in unshare's user namespace: no sandbox, no
-// mount, nothing of any run's.
+// is bwrap blocked in a read, in unshare's user and mount namespaces (a
+// root kernel's, or one whose run mounts overlays there: mountOverlays):
+// no sandbox, nothing of any run's.
 //
 // ETC, the /etc snapshot the chain's runs bind, names the chain on its
 // command line: CleanupStale's killStale finds a chain a killed kernel
@@ -35,17 +38,21 @@ import (
 //
 // The chain's descriptors: 0 stdin (a pipe, written by the run), 1 and 2
 // stdout and stderr (to sinks the run attaches), 3 the init's "ready" and
-// "started", 4 the lifeline, 5 the release, 6 Command.Channel, 7 the
-// overlay script's status, 8 bwrap's info fd (infoFD), 9 bwrap's options.
+// "started", 5 the release, 6 Command.Channel, 8 bwrap's
+// info fd (infoFD), 9 bwrap's options.
 type chain struct {
 	cmd     *exec.Cmd
-	f       *forker       // the forker it was forked from; nil: a locked goroutine's thread
-	done    chan struct{} // closed once the chain has exited and been reaped
-	waitErr error         // the chain's Wait, once done is closed
+	f       *forker // the forker it was forked from; nil: a locked goroutine's thread
+	mountNS bool    // it has a user and a mount namespace of its own (chainSpec.mountNS)
+	// etcMounted: the /etc directories are bound into the snapshot in
+	// its mount namespace already (mountEtcDirs): bwrap need not bind them.
+	etcMounted bool
+	done       chan struct{} // closed once the chain has exited and been reaped
+	waitErr    error         // the chain's Wait, once done is closed
 
-	startR, relW, infoR, argsW, stdinW, status *os.File
-	ends                                       []*os.File // every end the kernel holds (the lifeline's write end too)
-	stdout, stderr                             *sink
+	startR, relW, infoR, argsW, stdinW *os.File
+	ends                               []*os.File // every end the kernel holds
+	stdout, stderr                     *sink
 
 	etc        *etcSnap
 	releaseEtc func()
@@ -56,10 +63,10 @@ const argsFD = 9
 
 // chainSpec is what a chain is started with.
 type chainSpec struct {
-	prefix  []string // [unshare …] [sh overlayScript …]: run before bwrap, each execs the next
+	prefix  []string // [unshare …]: run before bwrap, execing it
 	env     []string // the prefix's environment
 	channel *os.File // Command.Channel, or nil
-	status  bool     // open fd 7 for the overlay script's status
+	mountNS bool     // the prefix makes a user and a mount namespace of the chain's own (overlays are mounted there)
 }
 
 // startChain starts a chain (see chain) from f's thread, or, with f nil,
@@ -70,7 +77,7 @@ type chainSpec struct {
 // and exited would end the thread, and the chain with it). The chain
 // holds a reference to etc until close.
 func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc func(), f *forker) (*chain, error) {
-	c := &chain{f: f, done: make(chan struct{}), etc: etc, releaseEtc: releaseEtc,
+	c := &chain{f: f, mountNS: sp.mountNS, done: make(chan struct{}), etc: etc, releaseEtc: releaseEtc,
 		stdout: &sink{}, stderr: &sink{}}
 	var child []*os.File // ends only the chain keeps: closed here once it has started
 	pipe := func() (r, w *os.File, err error) {
@@ -87,12 +94,9 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 		}
 		return nil, err
 	}
-	var startW, lifeR, relR, infoW, argsR, stdinR, statusW *os.File
+	var startW, relR, infoW, argsR, stdinR *os.File
 	var err error
 	if c.startR, startW, err = pipe(); err != nil {
-		return fail(err)
-	}
-	if lifeR, _, err = pipe(); err != nil {
 		return fail(err)
 	}
 	if relR, c.relW, err = pipe(); err != nil {
@@ -107,22 +111,14 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 	if stdinR, c.stdinW, err = pipe(); err != nil {
 		return fail(err)
 	}
-	if sp.status {
-		if c.status, statusW, err = pipe(); err != nil {
-			return fail(err)
-		}
-	}
-	child = []*os.File{startW, lifeR, relR, infoW, argsR, stdinR}
-	if statusW != nil {
-		child = append(child, statusW)
-	}
+	child = []*os.File{startW, relR, infoW, argsR, stdinR}
 
 	argv := slices.Concat(sp.prefix, []string{t.bwrap, "--args", strconv.Itoa(argsFD), "--", "/bin/sh", "-c", initScript, "capkernel-init", etc.dir})
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sp.env
 	cmd.Stdin = stdinR
 	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
-	cmd.ExtraFiles = []*os.File{startW, lifeR, relR, sp.channel, statusW, infoW, argsR}
+	cmd.ExtraFiles = []*os.File{startW, nil, relR, sp.channel, nil, infoW, argsR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// A process of the sandbox that escaped the kill could hold the
 	// output pipes after the chain has exited.
@@ -201,8 +197,8 @@ func (c *chain) exited() bool {
 }
 
 // closeEnds closes every end of the chain's pipes the kernel holds: the
-// lifeline's write end among them, so the sandbox's watcher, if any, kills
-// whatever is left.
+// release's write end among them, so an init still waiting for its "go"
+// exits having run nothing.
 func (c *chain) closeEnds() {
 	for _, f := range c.ends {
 		f.Close()
@@ -219,15 +215,17 @@ func (c *chain) close() {
 
 // discard kills a chain no run will use (it is still waiting for its
 // options) and releases what it holds, off the caller's path.
-func (c *chain) discard() {
+func (c *chain) discard() { go c.end() }
+
+// end kills a chain no run will use, waits until it is gone and releases
+// what it holds (its pids cgroup is removed in the background).
+func (c *chain) end() {
 	c.cmd.Process.Kill()
-	go func() {
-		<-c.done
-		c.close()
-		if c.f != nil {
-			c.f.cg.remove() // its thread has ended with the chain's reaping
-		}
-	}()
+	<-c.done
+	c.close()
+	if c.f != nil {
+		go c.f.cg.remove() // once its thread has ended, after the reaping
+	}
 }
 
 // waitChain waits for the chain through a pidfd polled by the runtime's
@@ -288,8 +286,9 @@ func (s *sink) attach(w io.Writer) {
 }
 
 // takeSpareChain returns the Sandbox's spare chain if it can serve a run
-// whose /etc snapshot is etc, else nil (a spare that cannot is discarded).
-func (s *Sandbox) takeSpareChain(etc *etcSnap) *chain {
+// whose /etc snapshot is etc (and that mounts overlays, if overlay), else
+// nil (a spare that cannot is discarded).
+func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 	s.mu.Lock()
 	c := s.spareChain
 	s.spareChain = nil
@@ -297,7 +296,7 @@ func (s *Sandbox) takeSpareChain(etc *etcSnap) *chain {
 	if c == nil {
 		return nil
 	}
-	if c.etc != etc || c.exited() {
+	if c.etc != etc || c.exited() || overlay && !c.mountNS {
 		c.discard()
 		return nil
 	}
@@ -314,20 +313,21 @@ func (s *Sandbox) kickSpareChain(t *tools) {
 	}
 	s.makingChain = true
 	noForker := s.noForker
+	s.chains.Add(1)
 	s.mu.Unlock()
 	go func() {
+		defer s.chains.Done()
 		c, err := s.makeSpareChain(t, !noForker)
 		s.mu.Lock()
-		defer s.mu.Unlock()
 		s.makingChain = false
-		if err != nil {
-			return // the next run starts its own
+		closed := s.closed
+		if err == nil && !closed {
+			s.spareChain = c
 		}
-		if s.closed {
-			c.discard()
-			return
+		s.mu.Unlock()
+		if err == nil && closed {
+			c.end() // Close waits for this
 		}
-		s.spareChain = c
 	}()
 }
 
@@ -348,17 +348,76 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 			f = nil
 		}
 	}
-	return s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
+	c, err := s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
+	if err != nil {
+		return nil, err
+	}
+	// The /etc directories are bound into the snapshot here, in the
+	// chain's own mount namespace, off the run's path: bwrap's one
+	// recursive bind of the snapshot then carries them (read-only, as it
+	// makes every mount below a read-only bind). Where that fails the run
+	// binds them itself.
+	if c.mountNS && len(etc.binds) > 0 {
+		c.etcMounted = s.mountEtcDirs(t, c, etc) == nil
+	}
+	return c, nil
 }
 
-// plainChainSpec is the spec of a chain without overlays or channel: a
-// root kernel's starts in a user namespace of its own (see run).
-func (s *Sandbox) plainChainSpec(t *tools) chainSpec {
-	sp := chainSpec{env: []string{"PATH=" + hostPath}}
-	if os.Geteuid() == 0 {
-		sp.prefix = []string{t.unshare, "--user", "--map-root-user", "--"}
+// mountEtcDirs binds etc's directories (etcDirBinds) at their places in
+// the snapshot, read-only, in the chain's mount namespace: nsenter and
+// mount, as mountOverlays does, from an fstab beside the snapshot.
+func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
+	tm := *t
+	var err error
+	if tm.nsenter, err = s.lookPath("nsenter"); err != nil {
+		return err
 	}
-	return sp
+	if tm.mount, err = s.lookPath("mount"); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for i := 0; i+2 < len(etc.binds); i += 3 {
+		dst := filepath.Join(etc.dir, strings.TrimPrefix(etc.binds[i+2], "/etc"))
+		fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(etc.binds[i+1]), fstabEscape(dst))
+	}
+	fstab := filepath.Join(etc.st.path, "fstab-"+strconv.Itoa(c.cmd.Process.Pid))
+	if err := os.WriteFile(fstab, []byte(b.String()), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(fstab)
+	return nsenterMount(&tm, c, fstab, "none")
+}
+
+// fstabEscape escapes what would split or end an fstab field.
+func fstabEscape(p string) string {
+	return strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(p)
+}
+
+// plainChainSpec is the spec of a spare chain, and of a run's without
+// overlays: a root kernel's starts in a user namespace and a mount
+// namespace of its own (overlayChainSpec), so that bwrap never holds the
+// host's capabilities and any run can take it; an ordinary user's starts
+// bwrap directly, as a bare bwrap would be.
+func (s *Sandbox) plainChainSpec(t *tools) chainSpec {
+	if os.Geteuid() == 0 {
+		return overlayChainSpec(t)
+	}
+	return chainSpec{env: []string{"PATH=" + hostPath}}
+}
+
+// overlayChainSpec is the spec of a chain that starts in a new user
+// namespace mapping only the kernel's own ids (to root inside) and a new
+// mount namespace, private (unshare's default propagation): the overlays
+// are mounted there (mountOverlays), never visible on the host, and gone
+// with the chain. unshare(1) makes them and execs bwrap: an exec, where a
+// Go fork with CLONE_NEWUSER cannot use vfork and copies the kernel's page
+// tables (tens of milliseconds for a large heap).
+func overlayChainSpec(t *tools) chainSpec {
+	return chainSpec{
+		prefix:  []string{t.unshare, "--user", "--map-root-user", "--mount", "--"},
+		env:     []string{"PATH=" + hostPath},
+		mountNS: true,
+	}
 }
 
 // hostPath is the PATH of the chain's processes before bwrap.

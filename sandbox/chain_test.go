@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -58,7 +59,13 @@ func TestSpareChain(t *testing.T) {
 			t.Fatalf("the spare chain's process %d is %q (%v), want bwrap", pid, b, err)
 		}
 	}
-	if res := run("echo", "from the spare"); string(res.Stdout) != "from the spare\n" || res.ExitCode != 0 {
+	// A root kernel's spare has the /etc directories bound into the
+	// snapshot already: there, read-only, as the run's own binds were.
+	if os.Geteuid() == 0 && !spare.etcMounted {
+		t.Error("the spare chain has not bound the /etc directories")
+	}
+	script := `echo from the spare; test -s /etc/ssl/certs/ca-certificates.crt && echo certs; touch /etc/ssl/certs/x 2>/dev/null || echo read-only`
+	if res := run("sh", "-c", script); string(res.Stdout) != "from the spare\ncerts\nread-only\n" || res.ExitCode != 0 {
 		t.Fatalf("run in the spare: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
 	if spare.cmd.ProcessState == nil || !spare.cmd.ProcessState.Exited() {
@@ -121,6 +128,84 @@ func TestSpareChainStale(t *testing.T) {
 			}
 			if spare.cmd.ProcessState.Exited() {
 				t.Fatal("the unusable spare ran a sandbox instead of being killed")
+			}
+		})
+	}
+}
+
+// Overlays are mounted in the chain's own mount namespace by nsenter and
+// mount, no shell: the mount is there and not on the host; a mount the
+// kernel refuses (here: a missing mount point) is errOverlayRefused with
+// mount's message, which StagingAuto falls back from.
+func TestMountOverlays(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	tl, err := s.tools(true, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := s.etcCache()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	if err := os.WriteFile(root+"/a.txt", []byte("lower\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		spoil   func(r *rootPlan)
+		refused bool
+	}{
+		{"mounted", func(*rootPlan) {}, false},
+		{"refused", func(r *rootPlan) { r.merged += "-missing" }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := newStageDir(s.opts.StagingDir, "run-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.remove()
+			r := &rootPlan{Root: Root{Path: root, Writable: true}, real: root}
+			if err := setupOverlay(st, r); err != nil {
+				t.Fatal(err)
+			}
+			tc.spoil(r)
+			etc, release, err := ec.acquire()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := s.startChain(tl, overlayChainSpec(tl), etc, release, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = mountOverlays(tl, c, st, []*rootPlan{r})
+			var inChain, onHost string
+			if err == nil {
+				mi, _ := os.ReadFile("/proc/" + strconv.Itoa(c.cmd.Process.Pid) + "/mountinfo")
+				inChain = string(mi)
+				host, _ := os.ReadFile("/proc/self/mountinfo")
+				onHost = string(host)
+			}
+			c.discard()
+			<-c.done
+			if tc.refused {
+				if !errors.Is(err, errOverlayRefused) || !strings.Contains(err.Error(), "-missing") {
+					t.Fatalf("mountOverlays = %v, want errOverlayRefused naming the mount point", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(inChain, " "+r.merged+" ") {
+				t.Errorf("the overlay is not mounted in the chain:\n%s", inChain)
+			}
+			if strings.Contains(onHost, r.merged) {
+				t.Errorf("the overlay is visible on the host:\n%s", onHost)
 			}
 		})
 	}

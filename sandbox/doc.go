@@ -75,19 +75,22 @@
 //
 // The kernel starts:
 //
-//	[unshare …] [sh overlayScript: mount the overlays]  bwrap --args 9 -- sh initScript capkernel-init ETC
+//	[unshare …]  bwrap --args 9 -- sh initScript capkernel-init ETC
 //
-// A run with overlays starts in a new user namespace that maps only the
-// kernel's own uid and gid (to 0) and a new mount namespace, where the
-// overlays are mounted, so no mount is ever visible on the host or
-// outlives the run; every run of a kernel running as root starts in such
-// a user namespace too (bwrap then never holds the host's capabilities;
-// bwrap makes its own mount namespace). unshare(1) (util-linux) makes
-// them and execs the rest: one exec, and the kernel
+// Every run of a kernel running as root, and every run with overlays,
+// starts in a new user namespace that maps only the kernel's own uid and
+// gid (to 0) and a new mount namespace, private: bwrap then never holds
+// the host's capabilities, and the overlays are mounted there, so no
+// mount is ever visible on the host or outlives the run. unshare(1)
+// (util-linux) makes them and execs bwrap: one exec, and the kernel
 // starts the chain with vfork (Go cannot vfork a child that makes a user
 // namespace: it would fork, copying the kernel's page tables, which costs
 // tens of milliseconds with a large heap). Any other run starts bwrap
-// directly, as a bare bwrap would be.
+// directly, as a bare bwrap would be. The overlays are mounted before
+// bwrap has its options, without a shell: nsenter(1) joins the chain's
+// user and mount namespaces, as their root, and execs mount(8), which
+// mounts them all from an fstab in the run's staging directory (two
+// execs, whatever the number of rw roots).
 //
 // bwrap reads its options (the mounts, namespaces and environment above)
 // from a pipe on fd 9 (--args), and the init its arguments (the command's
@@ -95,14 +98,20 @@
 // before it starts anything; a profile may not name one): the chain's
 // command line is fixed before the run is known, and only names ETC, the
 // run's /etc snapshot (so CleanupStale finds a chain a killed kernel left
-// behind). So each Sandbox keeps one chain without overlays or channel
-// started ahead of its next run — unshare's and bwrap's execs done, bwrap
-// blocked reading its options, in unshare's user namespace: no sandbox,
-// no mount, nothing of any run's yet — and a run without overlays or
-// channel takes it (1–2 ms less per run on the loaded 2-core machine);
-// the next one is started once that run has ended. It holds a process,
-// an OS thread and, on cgroup v1, a pids cgroup of its own until the
-// Sandbox is closed.
+// behind). So each Sandbox keeps one chain started ahead of its next run
+// — unshare's and bwrap's execs done, bwrap blocked reading its options,
+// in unshare's namespaces: no sandbox, no mount, nothing of any run's yet
+// — and a run without Command.Channel takes it (1–2 ms less per run on
+// the loaded 2-core machine; an ordinary user's run with overlays starts
+// its own, since that spare has no namespaces of its own); the next one
+// is started once that run has ended. A root kernel's spare also has the
+// /etc directories below bound into the snapshot, read-only, in its
+// mount namespace (nsenter and mount, off the run's path): bwrap's one
+// recursive, read-only, nosuid, nodev bind of the snapshot carries them,
+// instead of a bind of each (each costs bwrap a mount, a remount and a
+// read of the mount table: ~0.1 ms per directory measured). It holds a process, an OS thread
+// and, on cgroup v1, a pids cgroup of its own until the Sandbox is
+// closed.
 //
 // bwrap runs with --as-pid-1; the
 // sandbox's pid 1 is a small POSIX sh init that runs the command as its
@@ -113,9 +122,7 @@
 // The command, as a background job of a non-interactive shell, starts
 // with SIGINT and SIGQUIT ignored (POSIX). Between the kernel and the
 // command there are thus bwrap (one process, plus its sandbox child) and
-// the init, whose only other process is the lifeline watcher (a fork,
-// no exec); with rw roots staged by overlay, the overlay script runs
-// first and execs bwrap (one mount process per rw root).
+// the init (no other process of its own; see "dies with the kernel").
 //
 // The kernel waits for the chain through a pidfd its runtime's poller
 // watches: a thread blocked in wait(2) would hold its scheduler slot, and
@@ -138,10 +145,15 @@
 // The chain is forked from an OS thread locked for the chain's lifetime:
 // parent-death signals follow the forking thread.
 //
-// The chain dies with the kernel: Go's Pdeathsig, bwrap's
-// --die-with-parent, and a lifeline: the read end of a pipe whose write
-// end only the kernel holds; a watcher in the sandbox kills every process
-// of the namespace once it reads end-of-file.
+// The chain dies with the kernel: Go's Pdeathsig kills bwrap, bwrap's
+// --die-with-parent (armed in the sandbox's init before bwrap execs it)
+// kills the init, and the death of pid 1 kills every process of the
+// namespace. A kernel killed while bwrap was still setting the sandbox up
+// (before that signal was armed) leaves the init's "ready" pipe without a
+// reader and its "go" pipe at end-of-file: the init dies or exits having
+// run nothing (and CleanupStale kills a bwrap child left blocked before
+// the init). No watcher process is needed in the sandbox (the lifeline
+// watcher of earlier versions cost a fork and its teardown per run).
 //
 // # Limits
 //
@@ -170,11 +182,11 @@
 // waits for one: on cgroup v1 each Sandbox keeps a spare OS thread already
 // moved into a fresh cgroup (made off the path, while the previous run
 // goes on), and the run forks its chain from that thread, so the whole
-// chain is born in the cgroup, with pids.max = Processes + 4 (the thread,
-// bwrap, the init and its lifeline watcher). Without a spare (the first
+// chain is born in the cgroup, with pids.max = Processes + 3 (the thread,
+// bwrap and the init). Without a spare (the first
 // run, concurrent runs, cgroup v2), the init is moved, before it starts
-// anything of the command's, into a cgroup with pids.max = Processes + 2
-// (the init and its watcher) while bwrap sets the sandbox up (the init's
+// anything of the command's, into a cgroup with pids.max = Processes + 1
+// (the init) while bwrap sets the sandbox up (the init's
 // pid comes from bwrap's info fd). Either way the host then refuses every
 // fork past the limit at once, so a fork bomb cannot take the host's pids
 // while the watchdog waits for the CPU on a loaded machine (seen: other
@@ -283,7 +295,8 @@
 // # Failing closed
 //
 // Without bwrap, Run and Available return ErrUnavailable ("sandbox
-// unavailable: install bubblewrap"); without sh, mount (overlay) or
+// unavailable: install bubblewrap"); without sh, unshare (a root
+// kernel, overlays), nsenter and mount (overlays) or
 // socat (allowlist) a similar "sandbox unavailable" error. A bwrap
 // failure before the command starts (the init never reported "started")
 // is an error from Run, not a Result. A command that is not found exits

@@ -223,13 +223,12 @@ func TestPidNamespace(t *testing.T) {
 	if lines[0] != "capkernel-init" || strings.Contains(string(hostInit), "capkernel-init") {
 		t.Fatalf("pid 1 inside is %q (host init %q)", lines[0], hostInit)
 	}
-	// The command's parent is the init; before it, only the init's
-	// lifeline watcher was started.
-	if lines[1] != "3 1" {
-		t.Fatalf("the command's pid and parent are %s, want 3 1", lines[1])
+	// The command's parent is the init, and the first process it started.
+	if lines[1] != "2 1" {
+		t.Fatalf("the command's pid and parent are %s, want 2 1", lines[1])
 	}
-	// init, watcher, sh, and the pipeline (ls, grep, wc): never the host's processes.
-	if n, _ := strconv.Atoi(strings.TrimSpace(lines[2])); n < 4 || n > 6 {
+	// init, sh, and the pipeline (ls, grep, wc): never the host's processes.
+	if n, _ := strconv.Atoi(strings.TrimSpace(lines[2])); n < 3 || n > 5 {
 		t.Fatalf("%s processes visible", lines[2])
 	}
 }

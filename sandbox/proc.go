@@ -260,8 +260,8 @@ func watchProcesses(k *killer, max int, stop <-chan struct{}) <-chan string {
 			if _, err := os.Readlink(dir + "/self"); err == nil {
 				continue
 			}
-			// The run's pids cgroup caps the count at max plus the init
-			// and its watcher, so the count alone shows the limit only if
+			// The run's pids cgroup caps the count at max plus the init,
+			// so the count alone shows the limit only if
 			// a 10 ms sample catches every slot full; a fork it refused
 			// shows it for good.
 			if k.forkRefused() {
@@ -304,9 +304,9 @@ func countPids(dir string) (int, error) {
 // path under dir (a stale staging directory) and waits up to a second for
 // them to go. A kernel killed while bwrap was still setting a sandbox up
 // can leave bwrap's child behind: it is pid 1 of its namespace, blocked
-// waiting for its dead parent, before the init (and its lifeline watcher)
-// exists and before bwrap's --die-with-parent is armed. Its command line
-// still holds bwrap's arguments, which name the run's staging directory.
+// waiting for its dead parent, before the init exists and before bwrap's
+// --die-with-parent is armed. Its command line still holds bwrap's, which
+// names the run's /etc snapshot (a staging directory).
 // Killing a namespace's pid 1 ends every process of the namespace.
 func killStale(dir string) int {
 	needle := []byte(dir + "/")

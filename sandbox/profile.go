@@ -38,8 +38,8 @@ type rootPlan struct {
 
 // smallRoot is the size (entries, plus a unit per 4 KiB of file content)
 // up to which StagingAuto stages an rw root by copy: copying a handful of
-// small files costs less than the overlay's user and mount namespace and
-// its mount process, and needs no shell before bwrap.
+// small files costs less than the overlay's mount (nsenter and mount
+// processes on the run's path).
 const smallRoot = 32
 
 type denyPath struct {
@@ -278,8 +278,9 @@ const (
 	sandboxProxySock = sandboxProxyDir + "/proxy.sock"
 )
 
-// bwrapArgs is bwrap's command line for the plan (without the bwrap path).
-func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap) []string {
+// bwrapArgs is bwrap's options for the plan; etcMounted: the chain has
+// the /etc directories bound into the snapshot already (mountEtcDirs).
+func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []string {
 	id := strconv.Itoa(s.uid())
 	a := []string{
 		"--die-with-parent", "--new-session",
@@ -305,7 +306,9 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap) []string {
 		}
 	}
 	a = append(a, "--ro-bind", etc.dir, "/etc")
-	a = append(a, etc.binds...)
+	if !etcMounted {
+		a = append(a, etc.binds...)
+	}
 	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
 	for _, ro := range p.readOnly {
 		a = append(a, "--ro-bind", ro[0], ro[1])
@@ -386,40 +389,40 @@ func setEnv(env []string, kv ...string) []string {
 }
 
 // initScript is pid 1 of the sandbox's pid namespace (bwrap --as-pid-1).
-// It first starts the lifeline watcher: fd 4 is the read end of a pipe
-// whose write end only the kernel holds; the watcher kills every process
-// of the sandbox when it reads end-of-file, i.e. when the kernel is gone,
-// however it died (bwrap's --die-with-parent alone proved unreliable for
-// the sandbox's pid 1). It keeps killing, every 50 ms, until the
-// namespace is gone: a kernel killed while the sandbox was still being
-// set up closes the lifeline before the init has started the command, and
-// one kill would then come too early (the command's death makes the init
-// exit, which ends the namespace and the watcher). Then it writes "ready"
-// to fd 3 and waits on fd 5 for the kernel's "go": by then the kernel has
-// set the rlimits and the niceness on the init (Sandbox.release), which
-// everything it starts afterwards inherits; end-of-file instead (the
-// kernel could not) makes it exit 125 having run nothing. With the
-// allowlist posture it then starts socat as a loopback TCP listener
-// relaying to the proxy's unix socket and waits until the port listens
-// (read from the sandbox's /proc/net/tcp, so no probe connection reaches
-// the proxy). Then it runs the command as its child, with the original
-// stdin and stderr, forwards SIGTERM, SIGINT and SIGHUP to it, reaps
-// orphans while it waits, and exits with the command's status (128+n for
-// signal n). Once ready it writes "started" to fd 3, which it closes
-// before the command runs: the command can neither fake nor hide a setup
-// failure.
+// It takes its arguments from the CAPKERNEL_INIT_* variables (initEnv),
+// writes "ready" to fd 3 and waits on fd 5 for the kernel's "go": by then
+// the kernel has set the rlimits and the niceness on the init
+// (Sandbox.release), which everything it starts afterwards inherits;
+// end-of-file instead (the kernel could not, or is gone: only the kernel
+// holds the write end) makes it exit 125 having run nothing, and with it
+// the whole namespace. With the allowlist posture it then starts socat as
+// a loopback TCP listener relaying to the proxy's unix socket and waits
+// until the port listens (read from the sandbox's /proc/net/tcp, so no
+// probe connection reaches the proxy). Then it runs the command as its
+// child, with the original stdin and stderr, forwards SIGTERM, SIGINT and
+// SIGHUP to it, reaps orphans while it waits, and exits with the
+// command's status (128+n for signal n). Once ready it writes "started"
+// to fd 3, which it closes before the command runs: the command can
+// neither fake nor hide a setup failure.
+//
+// The init dies with the kernel without a watcher process of its own:
+// bwrap arms its parent-death signal (SIGKILL, --die-with-parent) before
+// it execs the init, and bwrap dies with the kernel (Go's Pdeathsig, and
+// its own); a kernel killed while bwrap was still setting the sandbox up,
+// before that signal was armed, leaves fd 3 without a reader and fd 5 at
+// end-of-file, so the init dies on its "ready" (SIGPIPE) or exits at its
+// "go". The death of pid 1 kills every process of the namespace.
 //
 // Why a shell as init rather than bwrap's own: bwrap's init reports the
 // exit status through an eventfd and is then killed unreaped, so the CPU
 // time of the command would be lost; this init is reaped by bwrap, and
 // bwrap by the kernel, so the rusage of the whole tree reaches Result.
 // And a plain command as pid 1 would ignore SIGTERM sent from outside.
-// The shell is the only process between bwrap and the command; the
-// watcher is a fork of it, and neither execs anything on the way.
+// The shell is the only process between bwrap and the command, and execs
+// nothing on the way.
 const initScript = `eval "$CAPKERNEL_INIT_ARGV"
 unset $CAPKERNEL_INIT_VARS CAPKERNEL_INIT_VARS CAPKERNEL_INIT_ARGV
 exec 9<&-
-( exec 3>&- 5<&-; read -r _ <&4; while :; do kill -KILL -1; sleep 0.05; done ) </dev/null >/dev/null 2>&1 &
 printf ready >&3
 read -r _ <&5 || exit 125
 exec 5<&-
@@ -435,7 +438,7 @@ if [ "$1" = relay ]; then
 fi
 shift
 printf started >&3
-exec 3>&- 4<&- 9<&0 8>&2 2>/dev/null
+exec 3>&- 9<&0 8>&2 2>/dev/null
 trap 'kill -TERM "$child"' TERM INT HUP
 "$@" <&9 2>&8 9<&- 8>&- &
 child=$!

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,23 +19,6 @@ import (
 // errOverlayRefused: the kernel refused the overlay mount in the run's
 // namespace (StagingAuto then retries by copy).
 var errOverlayRefused = errors.New("sandbox: overlayfs refused")
-
-// overlayScript mounts the overlays, in the user + mount namespace the
-// run starts in, then replaces itself with the rest of its arguments
-// (bwrap …). Arguments: options, count, then count × (lower upper work
-// merged). A refused mount is reported on fd 7, which is closed before
-// bwrap runs.
-const overlayScript = `opts="$1"; n="$2"; shift 2
-while [ "$n" -gt 0 ]; do
-	if ! "$MOUNT" -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3,$opts" "$4" 2>&7; then
-		echo "capkernel-overlay-refused" >&7
-		exit 125
-	fi
-	shift 4
-	n=$((n-1))
-done
-exec 7>&-
-exec "$@"`
 
 // Run runs c under the profile p. It returns an error, and no Result,
 // when the run cannot start or its sandbox cannot be set up (including
@@ -130,18 +112,17 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 
 	start := time.Now()
 	overlay := st != nil && mode != StagingCopy
-	plain := !overlay && pl.cmd.Channel == nil
 	var ch *chain
-	if plain {
-		ch = s.takeSpareChain(etc)
+	if pl.cmd.Channel == nil {
+		ch = s.takeSpareChain(etc, overlay)
 	}
 	var f *forker
 	if ch != nil {
 		f = ch.f
 		if f != nil && pl.limits.Processes > 0 {
-			// The spare's forker thread, bwrap, the init, its lifeline
-			// watcher and Processes of the command's.
-			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+			// The spare's forker thread, bwrap, the init and Processes
+			// of the command's.
+			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 2); err != nil {
 				ch.discard()
 				ch, f = nil, nil
 			}
@@ -150,31 +131,17 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	if ch == nil {
 		sp := s.plainChainSpec(t)
 		sp.channel = pl.cmd.Channel
-		if overlay {
-			// The chain runs in a user namespace mapping only the kernel's
-			// own ids (to root inside) and a mount namespace of its own:
-			// the overlay mounts are private to the run and vanish with it.
-			// unshare(1) makes them and execs the rest of the chain: it
-			// costs an exec, where a Go fork with CLONE_NEWUSER cannot use
-			// vfork and copies the kernel's page tables (tens of
-			// milliseconds for a large heap).
-			rw := pl.writable()
-			sp.prefix = []string{t.unshare, "--user", "--map-root-user", "--mount", "--",
-				t.sh, "-c", overlayScript, "capkernel-overlay", overlayOptions, strconv.Itoa(len(rw))}
-			for _, r := range rw {
-				sp.prefix = append(sp.prefix, r.lower, r.upper, r.work, r.merged)
-			}
-			sp.env = append(sp.env, "MOUNT="+t.mount)
-			sp.status = true
+		if overlay && !sp.mountNS {
+			sp = overlayChainSpec(t)
+			sp.channel = pl.cmd.Channel
 		}
 		// With a forker (forker.go), the chain is forked from its thread,
 		// already in the run's pids cgroup: everything of the run is born
-		// there. It holds the forker's thread, bwrap (after unshare's or
-		// the overlay script's exec), the init, its lifeline watcher and
-		// Processes of the command's.
+		// there. It holds the forker's thread, bwrap (after unshare's
+		// exec), the init and Processes of the command's.
 		if pl.limits.Processes > 0 {
 			if f = s.takeForker(); f != nil {
-				if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 3); err != nil {
+				if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 2); err != nil {
 					f.discard()
 					f = nil
 				}
@@ -185,7 +152,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		}
 	}
 	defer ch.close()
-	if plain {
+	if pl.cmd.Channel == nil {
 		defer s.kickSpareChain(t)
 	}
 
@@ -205,16 +172,14 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		k.setCgroup(f.cg)
 	}
 	startR, relW, infoR := ch.startR, ch.relW, ch.infoR
-	statusText := make(chan string, 1)
-	if ch.status != nil {
-		go func() {
-			b, _ := io.ReadAll(io.LimitReader(ch.status, 64<<10))
-			statusText <- string(b)
-		}()
-	} else {
-		statusText <- ""
+	if overlay {
+		if err := mountOverlays(t, ch, st, pl.writable()); err != nil {
+			k.kill()
+			<-ch.done
+			return nil, err
+		}
 	}
-	if err := ch.setArgs(s.bwrapArgs(pl, t, etc), pl.stdin); err != nil {
+	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.etcMounted), pl.stdin); err != nil {
 		k.kill()
 		<-ch.done
 		return nil, err
@@ -230,10 +195,10 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 || f != nil {
 			return
 		}
-		// The init, its lifeline watcher and Processes of the command's:
-		// the watchdog reports "processes" above that, and the host
-		// refuses any fork beyond it even when the watchdog is starved.
-		if c, err := joinPidsCgroup(pid, pl.limits.Processes+2); err == nil {
+		// The init and Processes of the command's: the watchdog reports
+		// "processes" above that, and the host refuses any fork beyond
+		// it even when the watchdog is starved.
+		if c, err := joinPidsCgroup(pid, pl.limits.Processes+1); err == nil {
 			k.setCgroup(c)
 		}
 	}()
@@ -329,10 +294,6 @@ loop:
 		if !errors.As(waitErr, &ee) {
 			return nil, fmt.Errorf("sandbox: wait: %w", waitErr)
 		}
-	}
-	if txt := <-statusText; strings.Contains(txt, "capkernel-overlay-refused") {
-		why := strings.TrimSpace(strings.ReplaceAll(txt, "capkernel-overlay-refused", ""))
-		return nil, fmt.Errorf("%w: %s", errOverlayRefused, why)
 	}
 	ok := <-started
 	if gateErr != nil {

@@ -166,8 +166,9 @@ type Sandbox struct {
 	making   bool    // a spare is being made
 	noForker bool    // making one failed: runs join their cgroups
 
-	spareChain  *chain // started ahead for the next plain run (chain.go)
-	makingChain bool   // a spare chain is being made
+	spareChain  *chain         // started ahead for the next run (chain.go)
+	makingChain bool           // a spare chain is being made
+	chains      sync.WaitGroup // the goroutine making it
 }
 
 // etcCache opens the Sandbox's /etc snapshot cache on first use.
@@ -189,19 +190,30 @@ func (s *Sandbox) etcCache() (*etcCache, error) {
 // own Close. Run fails after Close.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.closed && s.etc != nil {
-		s.etc.close()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
 	}
+	s.closed = true
 	if s.spare != nil {
 		s.spare.discard()
 		s.spare = nil
 	}
-	if s.spareChain != nil {
-		s.spareChain.discard()
-		s.spareChain = nil
+	spare := s.spareChain
+	s.spareChain = nil
+	s.mu.Unlock()
+	// The spare chain holds a reference to the /etc snapshot: it is gone
+	// before the snapshot is released, so Close returns with both gone
+	// (runs in flight aside).
+	s.chains.Wait() // one being made is ended by its maker, seeing closed
+	if spare != nil {
+		spare.end()
 	}
-	s.closed = true
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etc != nil {
+		s.etc.close()
+	}
 	return nil
 }
 
@@ -257,12 +269,12 @@ func (s *Sandbox) Available() error {
 }
 
 type tools struct {
-	bwrap, sh, mount, unshare, socat string
+	bwrap, sh, mount, nsenter, unshare, socat string
 }
 
-// tools finds the programs a run needs: bwrap and sh always, mount for
-// overlays, unshare for a chain that starts in a user namespace of its
-// own (overlays, a root kernel), socat for the allowlist relay.
+// tools finds the programs a run needs: bwrap and sh always, nsenter and
+// mount for overlays, unshare for a chain that starts in a user namespace
+// of its own (overlays, a root kernel), socat for the allowlist relay.
 func (s *Sandbox) tools(overlay, userns, relay bool) (*tools, error) {
 	var t tools
 	var err error
@@ -275,6 +287,9 @@ func (s *Sandbox) tools(overlay, userns, relay bool) (*tools, error) {
 	if overlay {
 		if t.mount, err = s.lookPath("mount"); err != nil {
 			return nil, fmt.Errorf("sandbox unavailable: mount not found (install mount)")
+		}
+		if t.nsenter, err = s.lookPath("nsenter"); err != nil {
+			return nil, fmt.Errorf("sandbox unavailable: nsenter not found (install util-linux)")
 		}
 	}
 	if userns {

@@ -16,12 +16,34 @@ type Prepare struct {
 	Call          Call   // what the idempotency key is bound to
 	Limits        Usage  // the token's budgets
 	Preconditions []Precondition
+
+	encoded []byte // the prepared intent (Encode)
+}
+
+// Encode encodes the intent as Run stores it. Call it before the
+// transaction, so that Run, on the store's sequencer, only writes the
+// bytes; Run encodes the intent itself otherwise. p.Intent must not change
+// between Encode and Run.
+func (p *Prepare) Encode() error {
+	in := p.Intent
+	in.State = Prepared
+	v, err := json.Marshal(&in)
+	if err != nil {
+		return fmt.Errorf("txn: encode intent %s: %w", in.OperationID, err)
+	}
+	p.encoded = v
+	return nil
 }
 
 // Run checks and records p in tx. It returns the stored result envelope of
 // a finished twin call (a replay, with nothing written), an *Error refusal
 // (nothing written), or nil once the intent is durable in tx.
 func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
+	if p.encoded == nil {
+		if err := p.Encode(); err != nil {
+			return nil, err
+		}
+	}
 	in := &p.Intent
 	if k, ok := in.idemKey(); ok {
 		replay, err := Lookup(tx, k, p.Call)
@@ -52,7 +74,7 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 		return nil, err
 	}
 	in.State = Prepared
-	return nil, putIntent(tx, in)
+	return nil, tx.Bucket(bucketIntent).Put([]byte(in.OperationID), p.encoded)
 }
 
 // CheckStored checks the kv and ledger preconditions of ps in tx; fs ones

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -99,7 +100,11 @@ func (e *env) commit(in *Intent, effects []Effect, result string) string {
 		if err := CanCommit(tx, in, nil, nil, effects); err != nil {
 			return err
 		}
-		return Commit(tx, in, effects, id, delta, []byte(result))
+		d, err := Decide(in, effects, id)
+		if err != nil {
+			return err
+		}
+		return Commit(tx, d, delta, []byte(result))
 	}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -400,7 +405,7 @@ func TestStageDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	s := NewStage("op", KV{View: e.db.View})
+	s := NewStage("op", KV{View: e.db.View}, nil)
 	r := &syscalls.Resource{Root: root, RootPath: e.ws, Rel: "f"}
 	if err := s.WriteFile(r, []byte("x"), 0); err != nil {
 		t.Fatal(err)
@@ -461,7 +466,11 @@ func TestOutcomeStoredOnce(t *testing.T) {
 						t.Errorf("operation stored as %q, not packed", v)
 					}
 				}
-				return Commit(tx, &p.Intent, nil, id, delta, []byte(tc.result))
+				d, err := Decide(&p.Intent, nil, id)
+				if err != nil {
+					return err
+				}
+				return Commit(tx, d, delta, []byte(tc.result))
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -520,7 +529,11 @@ func TestOutcomeStoredOnce(t *testing.T) {
 		if err := PutOperation(tx, "op-y", PackOperation([]byte(`{"op":"y"}`))); err != nil {
 			return err
 		}
-		if err := Commit(tx, &p.Intent, nil, id, delta, []byte(`{"op":"y"}`)); err != nil {
+		d, err := Decide(&p.Intent, nil, id)
+		if err != nil {
+			return err
+		}
+		if err := Commit(tx, d, delta, []byte(`{"op":"y"}`)); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketOps).Delete([]byte("op-y"))
@@ -551,4 +564,43 @@ func TestUndecodableOperation(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestIntentEncodedOffTheTransaction: the intent Prepare.Encode and Decide
+// encode before the transaction is stored as the intent itself — the
+// prepared one with its state, the decided one with effects, delta and the
+// commit sequence number assigned in the transaction.
+func TestIntentEncodedOffTheTransaction(t *testing.T) {
+	e := newEnv(t)
+	stored := func(op string) Intent {
+		t.Helper()
+		var got Intent
+		e.view(func(tx *bbolt.Tx) error {
+			return json.Unmarshal(tx.Bucket(bucketIntent).Get([]byte(op)), &got)
+		})
+		return got
+	}
+	for i, op := range []string{"op-a", "op-b"} {
+		p := newPrepare(op, "key-"+op)
+		p.Intent.Audit = json.RawMessage(`{"tool_id":"fs.write"}`)
+		p.Intent.Dirs = []StageDir{{Root: e.ws, Dir: "."}}
+		if err := p.Encode(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.prepare(p); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored(op); !reflect.DeepEqual(got, p.Intent) || got.State != Prepared {
+			t.Fatalf("prepared intent stored %+v, want %+v", got, p.Intent)
+		}
+		effects := []Effect{{Op: OpWrite, Root: e.ws, Path: "f.txt", Stage: ".capk-stage-" + op + "-0", NewHash: digest.Sum([]byte("x")), Size: 1}}
+		id := e.commit(&p.Intent, effects, `{"op":"`+op+`"}`)
+		got := stored(op)
+		if got.State != Decided || got.CommitSeq != uint64(i+1) || got.DeltaID != id || !reflect.DeepEqual(got.Effects, effects) {
+			t.Fatalf("decided intent stored %+v", got)
+		}
+		if !reflect.DeepEqual(got, p.Intent) {
+			t.Fatalf("decided intent stored %+v, want %+v", got, p.Intent)
+		}
+	}
 }
