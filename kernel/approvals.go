@@ -176,7 +176,11 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 		c.approvalExpires = a.expires
 		return nil
 	case ApprovalDenied:
-		return k.deny(ctx, c, ErrApprovalDenied, fmt.Sprintf("approval %s denied by %s: %s", decided.ID, decided.DecidedBy, decided.Reason))
+		msg := fmt.Sprintf("approval %s denied by %s", decided.ID, decided.DecidedBy)
+		if decided.Reason != "" {
+			msg += ": " + decided.Reason
+		}
+		return k.deny(ctx, c, ErrApprovalDenied, msg)
 	case ApprovalExpired:
 		return k.deny(ctx, c, ErrApprovalTimeout, fmt.Sprintf("approval %s: no decision within %s", decided.ID, k.cfg.ApprovalTimeout))
 	}

@@ -53,6 +53,7 @@ type sequencerStats struct {
 	bolt       time.Duration // bbolt's commit work on the sequencer: spill and rebalance
 	pageWrites int64         // page writes of bbolt commits
 	commits    int64         // group commits
+	syncs      uint64        // rounds of workspace syncfs (txn.Syncer)
 }
 
 func (h *harness) sequencerStats(b *testing.B) sequencerStats {
@@ -62,7 +63,7 @@ func (h *harness) sequencerStats(b *testing.B) sequencerStats {
 	}
 	s := sequencerStats{
 		cpu:    time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
-		serial: time.Duration(h.k.serial.Load()), commits: h.k.commits.Load(),
+		serial: time.Duration(h.k.serial.Load()), commits: h.k.commits.Load(), syncs: h.k.syncer.Rounds(),
 	}
 	h.k.db.View(func(tx *bbolt.Tx) error {
 		st := tx.DB().Stats().TxStats
@@ -74,20 +75,21 @@ func (h *harness) sequencerStats(b *testing.B) sequencerStats {
 }
 
 func (s sequencerStats) since(o sequencerStats) sequencerStats {
-	return sequencerStats{s.cpu - o.cpu, s.serial - o.serial, s.bolt - o.bolt, s.pageWrites - o.pageWrites, s.commits - o.commits}
+	return sequencerStats{s.cpu - o.cpu, s.serial - o.serial, s.bolt - o.bolt, s.pageWrites - o.pageWrites, s.commits - o.commits, s.syncs - o.syncs}
 }
 
 // report adds per-call metrics: CPU (all goroutines: what a call costs the
 // machine, whatever else runs on it), serial time on the sequencer (which
 // caps throughput at 1/serial on any number of cores), bbolt page writes,
-// and fdatasyncs (bbolt syncs twice per commit: the pages, then the meta
-// page).
+// fdatasyncs (bbolt syncs twice per commit: the pages, then the meta
+// page) and rounds of workspace syncfs.
 func (s sequencerStats) report(b *testing.B) {
 	n := float64(b.N)
 	b.ReportMetric(float64(s.cpu.Microseconds())/n, "cpu-µs/call")
 	b.ReportMetric(float64((s.serial+s.bolt).Nanoseconds())/1e3/n, "serial-µs/call")
 	b.ReportMetric(float64(s.pageWrites)/n, "pages/call")
 	b.ReportMetric(2*float64(s.commits)/n, "fsyncs/call")
+	b.ReportMetric(float64(s.syncs)/n, "syncfs/call")
 }
 
 func BenchmarkBaselineBoltPut(b *testing.B) {

@@ -99,9 +99,9 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 // storedResult decodes the stored result envelope of operation id (one a
 // kernel of any version stored), or returns nil when there is none.
 func storedResult(tx *bbolt.Tx, id string) (*Result, error) {
-	env := txn.GetOperation(tx, id)
-	if env == nil {
-		return nil, nil
+	env, err := txn.GetOperation(tx, id)
+	if env == nil || err != nil {
+		return nil, err
 	}
 	var r Result
 	if err := decodeStored(env, &r); err != nil {
@@ -129,7 +129,7 @@ func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
 	if err != nil {
 		return err
 	}
-	if err := txn.PutOperation(tx, o.OperationID, b); err != nil {
+	if err := txn.PutOperation(tx, o.OperationID, txn.PackOperation(b)); err != nil {
 		return err
 	}
 	if o.IdempotencyKey == "" {
@@ -185,6 +185,9 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 		var seqs []uint64
 		c := b.Cursor()
 		for key, _ := c.First(); key != nil && len(seqs) < maxErasedPerRecord; key, _ = c.Next() {
+			if isPad(key) {
+				continue
+			}
 			seq := binary.BigEndian.Uint64(key)
 			e, err := ledger.Get(tx, seq)
 			if err != nil {
@@ -395,7 +398,10 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 			return t.rep, nil, err
 		}
 		c := b.Cursor()
-		for key, _ := c.First(); key != nil; key, _ = c.Next() {
+		for key, v := c.First(); key != nil; key, v = c.Next() {
+			if isPad(key) && len(v) == 0 {
+				continue
+			}
 			seq := binary.BigEndian.Uint64(key)
 			if seq >= h.Size || !committed[seq] {
 				return t.rep, &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for entry %d, which is no audit record with commitments (tampered)", seq)}, nil

@@ -421,9 +421,14 @@ func TestEraseV1StoredEnvelope(t *testing.T) {
 	r := h.invoke("fs.read", map[string]any{"path": "a.txt"})
 	mustOK(t, r)
 	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		// A v1 kernel stored the envelope as JSON.
 		b := tx.Bucket([]byte("operations"))
+		env, err := txn.GetOperation(tx, r.OperationID)
+		if err != nil {
+			return err
+		}
 		var m map[string]any
-		if err := json.Unmarshal(b.Get([]byte(r.OperationID)), &m); err != nil {
+		if err := json.Unmarshal(env, &m); err != nil {
 			return err
 		}
 		m["receipt"] = "eyJhbGciOiJFZERTQSJ9.e30.c2ln"

@@ -137,9 +137,9 @@ func (i *Inspector) Scan(from uint64, fn func(ledger.Entry) error) error {
 // Operation returns the stored result envelope of an operation id.
 func (i *Inspector) Operation(id string) (json.RawMessage, error) {
 	var out json.RawMessage
-	err := i.view(func(tx *bbolt.Tx) error {
-		out = txn.GetOperation(tx, id)
-		return nil
+	err := i.view(func(tx *bbolt.Tx) (err error) {
+		out, err = txn.GetOperation(tx, id)
+		return err
 	})
 	if err == nil && out == nil {
 		err = fmt.Errorf("operation %q: %w", id, ErrNotFound)

@@ -744,17 +744,20 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
-	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View})
+	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View}, k.spares)
 	var gated *gatedExec
 	if c.entry.Def.Gated {
 		gated = k.startGated(ctx, c, resources, stage) // execgate.go
 	}
-	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		defer k.onSequencer(time.Now())
-		var err error
-		replay, err = prep.Run(tx)
-		return err
-	})
+	err := prep.Encode() // off the sequencer
+	if err == nil {
+		err = k.db.Update(ctx, func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
+			var err error
+			replay, err = prep.Run(tx)
+			return err
+		})
+	}
 	if replay != nil || err != nil {
 		gated.refuse(stage)
 		var te *txn.Error
@@ -800,6 +803,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	crashPoint("staged")
 	effects := stage.Effects()
 	deltaID, delta, err := txn.NewDelta(c.env.OperationID, effects)
+	var decision *txn.Decision
+	if err == nil {
+		decision, err = txn.Decide(in, effects, deltaID) // off the sequencer
+	}
 	if err != nil {
 		return k.rollback(done, c, in, stage, ErrInternal, err.Error())
 	}
@@ -829,7 +836,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		if !committed {
 			return nil
 		}
-		if err := txn.Commit(tx, in, effects, deltaID, delta, envelope); err != nil || len(effects) > 0 {
+		if err := txn.Commit(tx, decision, delta, envelope); err != nil || len(effects) > 0 {
 			return err
 		}
 		// Nothing to apply (a command that wrote nothing, a NETWORK call):
@@ -849,14 +856,16 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return &c.res
 	}
 	crashPoint("decided")
-	if r := k.apply(c, effects, stage); r != nil {
+	retired, r := k.apply(c, effects, stage)
+	if r != nil {
 		return r
 	}
+	crashPoint("applied")
 	if len(effects) == 0 {
 		return &c.res // finished at commit
 	}
 	held = false
-	k.finish(in.OperationID, stage, func() { k.locks.unlock(locks) })
+	k.finish(in.OperationID, stage, retired, func() { k.locks.unlock(locks) })
 	return &c.res
 }
 

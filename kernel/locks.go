@@ -17,6 +17,10 @@ import (
 type pathLocks struct {
 	seed    maphash.Seed
 	stripes [4096]sync.RWMutex
+	// onWait, when set, runs before a call waits for a stripe another
+	// holds: a call that finished may hold its stripes until a sync it
+	// does not hurry (txn.Syncer.SyncLater).
+	onWait func()
 }
 
 func newPathLocks() *pathLocks { return &pathLocks{seed: maphash.MakeSeed()} }
@@ -57,11 +61,22 @@ func (l *pathLocks) plan(fsKeys, otherKeys []string) lockSet {
 
 func (l *pathLocks) lock(s lockSet) {
 	for n, i := range s.idx {
+		m := &l.stripes[i]
 		if s.exclusive[n] {
-			l.stripes[i].Lock()
-		} else {
-			l.stripes[i].RLock()
+			if !m.TryLock() {
+				l.waiting()
+				m.Lock()
+			}
+		} else if !m.TryRLock() {
+			l.waiting()
+			m.RLock()
 		}
+	}
+}
+
+func (l *pathLocks) waiting() {
+	if l.onWait != nil {
+		l.onWait()
 	}
 }
 

@@ -5,22 +5,29 @@ import (
 	"fmt"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/capkernel/capkernel/internal/jsonpack"
 )
 
-// A stored audit payload is its canonical JSON, or that JSON as one zstd
-// frame (RFC 8878) when it is large and the frame is smaller: payloads
+// A stored audit payload is its canonical JSON packed (internal/jsonpack:
+// member names in one byte, the salt and digests in binary), and that as
+// one zstd frame (RFC 8878, without its checksum: the commitments check
+// the payload) when it is large enough and the frame is smaller: payloads
 // hold what calls read and wrote, text for the most part, which zstd's
-// fastest level shrinks by half or more once there is enough of it.
-// Packing runs in the caller, off the sequencer. Readers tell the two
-// forms apart by the first bytes: a JSON object starts with '{', a zstd
-// frame with its magic number.
+// fastest level shrinks by a third or more. Packing
+// runs in the caller, off the sequencer. Readers tell the forms apart by
+// the first byte: a zstd frame starts with its magic number, a packed
+// value with jsonpack.Tag, and a payload stored before either existed
+// with the '{' of its JSON (a frame may hold JSON or a packed value).
 
-// packMin is the smallest payload packed. zstd costs ~15 µs for any frame
-// on the reference machine (setting up its tables) and saves a third of
-// 1 KiB of text, which bbolt's 4 KiB pages mostly give back as slack;
-// from half a page up the saving is whole pages and the cost per byte
-// small (docs/formats.md, BenchmarkAuditStorage).
-const packMin = 2048
+// packMin is the smallest packed payload compressed. A zstd frame costs
+// ~10 µs even for a small payload (setting up its tables;
+// BenchmarkPackPayload) and saves nothing on the ~300 bytes of a payload
+// without text; from packMin on the payload holds text, and the frame
+// of an fs.read of 1 KiB (~850 bytes instead of ~1,200) lets a 4 KiB
+// page hold four payloads instead of three (docs/formats.md, "Storage
+// encoding"; BenchmarkAuditStorage).
+const packMin = 512
 
 // packMaxSize bounds what unpacking one stored payload may produce, so a
 // damaged frame cannot claim gigabytes; every payload the kernel stores
@@ -30,30 +37,36 @@ const packMaxSize = 256 << 20
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 
 var (
-	packer, _   = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithLowerEncoderMem(true))
+	packer, _   = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithLowerEncoderMem(true), zstd.WithEncoderCRC(false))
 	unpacker, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(packMaxSize))
 )
 
 // packPayload returns the stored form of the canonical payload b.
 func packPayload(b []byte) []byte {
-	if len(b) < packMin {
-		return b
+	p := jsonpack.Pack(make([]byte, 0, len(b)), b)
+	if len(p) < packMin {
+		return p
 	}
-	z := packer.EncodeAll(b, make([]byte, 0, len(b)/2))
-	if len(z) >= len(b) {
-		return b
+	z := packer.EncodeAll(p, make([]byte, 0, len(p)*2/3))
+	if len(z) >= len(p) {
+		return p
 	}
 	return z
 }
 
-// unpackPayload returns the canonical JSON of the stored payload v.
+// unpackPayload returns the canonical JSON of the stored payload v: every
+// reader of bucketPayloads goes through it. A frame or packed value that
+// does not decode is an error (the payload was damaged or tampered with).
 func unpackPayload(v []byte) ([]byte, error) {
-	if !bytes.HasPrefix(v, zstdMagic) {
+	if bytes.HasPrefix(v, zstdMagic) {
+		b, err := unpacker.DecodeAll(v, nil)
+		if err != nil {
+			return nil, fmt.Errorf("zstd frame of %d bytes: %w", len(v), err)
+		}
+		v = b
+	}
+	if !jsonpack.Packed(v) {
 		return v, nil
 	}
-	b, err := unpacker.DecodeAll(v, nil)
-	if err != nil {
-		return nil, fmt.Errorf("zstd frame of %d bytes: %w", len(v), err)
-	}
-	return b, nil
+	return jsonpack.Unpack(nil, v)
 }

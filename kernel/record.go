@@ -134,6 +134,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 	var (
 		a                ledger.Appended
 		stored, envelope []byte
+		op               txn.Operation
 	)
 	err = k.db.Do(ctx, store.Op{
 		Prepare: func(tx *bbolt.Tx) error {
@@ -162,8 +163,11 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 			return abortIf(putPayload(tx, a.Seq, ae.payload))
 		},
 		Work: func() (err error) {
-			if stored, err = storedEnvelope(&c.res); err != nil || len(after) == 0 {
+			if stored, err = storedEnvelope(&c.res); err != nil {
 				return err
+			}
+			if op = txn.PackOperation(stored); len(after) == 0 {
+				return nil
 			}
 			envelope = stored
 			if leanStored(&c.res) {
@@ -173,7 +177,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		},
 		Finish: func(tx *bbolt.Tx) error {
 			defer k.onSequencer(time.Now())
-			if err := k.storeOperation(tx, c.res.OperationID, stored); err != nil {
+			if err := k.storeOperation(tx, c.res.OperationID, op); err != nil {
 				return err
 			}
 			for _, f := range after {
@@ -224,11 +228,11 @@ func leanStored(r *Result) bool { return r.TxOutcome == NoOp && r.Result != nil 
 // storeOperation keeps the stored result envelope of an operation id, for
 // lookup and to refuse the id's reuse. The first record of an id keeps
 // it.
-func (k *Kernel) storeOperation(tx *bbolt.Tx, id string, stored []byte) error {
+func (k *Kernel) storeOperation(tx *bbolt.Tx, id string, op txn.Operation) error {
 	if txn.HasOperation(tx, id) {
 		return nil
 	}
-	return txn.PutOperation(tx, id, stored)
+	return txn.PutOperation(tx, id, op)
 }
 
 // fill sets the result fields that come from the envelope.
@@ -491,7 +495,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	}
 	// The operation first: the key's row then refers to its envelope
 	// rather than holding a copy (see txn.Unknown).
-	if err := k.storeOperation(tx, r.OperationID, b); err != nil {
+	if err := k.storeOperation(tx, r.OperationID, txn.PackOperation(b)); err != nil {
 		return err
 	}
 	if in.External {

@@ -18,14 +18,16 @@ import (
 // ReplayReport is what ReplayVerify found. The history is proven when
 // Problems is empty.
 type ReplayReport struct {
-	Entries   uint64          `json:"entries"`   // ledger entries read
-	Calls     int             `json:"calls"`     // audit records
-	Keys      int             `json:"keys"`      // distinct (agent_id, idempotency_key)
-	Committed int             `json:"committed"` // committed calls with a key
-	Replays   int             `json:"replays"`   // calls answered from a stored outcome
-	Receipts  int             `json:"receipts"`
-	InFlight  int             `json:"in_flight"` // keys held by a call still running
-	Problems  []ReplayProblem `json:"problems"`
+	Entries   uint64 `json:"entries"`   // ledger entries read
+	Calls     int    `json:"calls"`     // audit records
+	Keys      int    `json:"keys"`      // distinct (agent_id, idempotency_key)
+	Committed int    `json:"committed"` // committed calls with a key
+	Replays   int    `json:"replays"`   // calls answered from a stored outcome
+	// Receipts counts the JWS receipt entries (format v1, older ledgers)
+	// matched with their audit records; a v2 receipt is its audit record.
+	Receipts int             `json:"receipts"`
+	InFlight int             `json:"in_flight"` // keys held by a call still running
+	Problems []ReplayProblem `json:"problems"`
 }
 
 // ReplayProblem is one refutation: what is wrong, for which key or entry.

@@ -145,8 +145,12 @@ func editStoredOutcome(t *testing.T, tx *bbolt.Tx, k string, edit func(map[strin
 		t.Fatalf("key %s holds its own copy of the outcome of committed operation %s", k, row.OperationID)
 	}
 	ops := tx.Bucket([]byte("operations"))
+	env, err := txn.GetOperation(tx, row.OperationID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var m map[string]any
-	if err := json.Unmarshal(ops.Get([]byte(row.OperationID)), &m); err != nil {
+	if err := json.Unmarshal(env, &m); err != nil {
 		t.Fatal(err)
 	}
 	edit(m)

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/jsonpack"
 )
 
 // chain verifies a stream of entry records and signed checkpoints, each
@@ -59,7 +60,10 @@ type item struct {
 	data []byte // the record, note or line
 	line uint64 // export line number, or 0
 	num  uint64 // checkpoint number
-	err  error  // a problem the source found, reported when the item's turn comes
+	// stored says data is a value of the "ledger" bucket (loadRecord),
+	// not a record as exported.
+	stored bool
+	err    error // a problem the source found, reported when the item's turn comes
 
 	// Set by prepare.
 	e            Entry
@@ -73,7 +77,10 @@ type item struct {
 type batch struct {
 	items []item
 	buf   []byte // storage for the data of items that the source copies
-	done  chan struct{}
+	// unpacked holds the records prepare unpacks from stored values; the
+	// worker that prepares the batch owns it.
+	unpacked []byte
+	done     chan struct{}
 }
 
 const (
@@ -119,21 +126,34 @@ type source interface {
 // item.
 //
 // An entry is read in place (parseRecord) and hashed without a copy; its
-// Entry aliases the item's data, which stays valid until the item has been
-// consumed (OnEntry's Entry is valid only during the call).
-func (it *item) prepare(opts *VerifyOptions) {
+// Entry aliases the item's data (or, for a stored value, the record
+// unpacked from it into *unpacked), which stays valid until the item has
+// been consumed (OnEntry's Entry is valid only during the call).
+func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte) {
 	if it.err != nil {
 		return
 	}
 	switch it.kind {
 	case itemEntry:
 		var r record
+		if it.stored && jsonpack.Packed(it.data) {
+			// Appending may move *unpacked: the items before keep the
+			// old array, which is not written again.
+			if out, rec, ok := unpackRecord(&r, *unpacked, it.data); ok {
+				*unpacked, it.data = out, rec[:len(rec):len(rec)]
+				it.prepared(&r)
+				return
+			}
+			n := len(*unpacked)
+			if *unpacked, it.prepareError = loadRecord(*unpacked, it.data); it.prepareError != nil {
+				return
+			}
+			it.data = (*unpacked)[n:len(*unpacked):len(*unpacked)]
+		}
 		if it.prepareError = parseRecord(&r, it.data); it.prepareError != nil {
 			return
 		}
-		it.stated, it.linkedTo = r.hash, r.prev
-		it.e = Entry{Seq: r.seq, Kind: alias(r.kind), Time: alias(r.time), PrevHash: alias(r.prevHex), Body: r.body, Hash: alias(r.hashHex)}
-		hashRecord(&it.sum, &r, it.data)
+		it.prepared(&r)
 		return
 	case itemCheckpointLine:
 		if it.prepareError = parseCheckpointLine(it); it.prepareError != nil {
@@ -145,6 +165,14 @@ func (it *item) prepare(opts *VerifyOptions) {
 	} else {
 		it.c, _, it.prepareError = parseSigned(it.data)
 	}
+}
+
+// prepared sets the entry of an item from its parsed record r and hashes
+// it.
+func (it *item) prepared(r *record) {
+	it.stated, it.linkedTo = r.hash, r.prev
+	it.e = Entry{Seq: r.seq, Kind: alias(r.kind), Time: alias(r.time), PrevHash: alias(r.prevHex), Body: r.body, Hash: alias(r.hashHex)}
+	hashRecord(&it.sum, r, it.data)
 }
 
 // alias returns b as a string sharing its memory.
@@ -176,8 +204,9 @@ func (v *chain) run(src source) error {
 		go func() {
 			defer wg.Done()
 			for b := range work {
+				b.unpacked = b.unpacked[:0]
 				for i := range b.items {
-					b.items[i].prepare(&v.opts)
+					b.items[i].prepare(&v.opts, &b.unpacked)
 				}
 				close(b.done)
 			}

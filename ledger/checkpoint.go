@@ -242,7 +242,7 @@ type StoredCheckpoint struct {
 	// Checkpoint is parsed from the note text; reading it does not check
 	// the signature (Verify does, given a verifier).
 	Checkpoint
-	// Signed is the signed note as stored.
+	// Signed is the signed note (unpacked from its stored form).
 	Signed []byte
 }
 
@@ -259,11 +259,15 @@ func decodeStored(k, v []byte) (StoredCheckpoint, *note.Note, error) {
 		return StoredCheckpoint{}, nil, fmt.Errorf("ledger: malformed checkpoint key %x", k)
 	}
 	num := binary.BigEndian.Uint64(k)
-	c, n, err := parseSigned(v)
+	signed, err := loadCheckpoint(v)
 	if err != nil {
 		return StoredCheckpoint{}, nil, fmt.Errorf("ledger: checkpoint #%d: %w", num, err)
 	}
-	return StoredCheckpoint{num, c, bytes.Clone(v)}, n, nil
+	c, n, err := parseSigned(signed)
+	if err != nil {
+		return StoredCheckpoint{}, nil, fmt.Errorf("ledger: checkpoint #%d: %w", num, err)
+	}
+	return StoredCheckpoint{num, c, bytes.Clone(signed)}, n, nil
 }
 
 // LatestCheckpoint returns the checkpoint stored last, or an error wrapping
@@ -348,7 +352,8 @@ func putCheckpoint(tx *bbolt.Tx, c Checkpoint, signed []byte) (StoredCheckpoint,
 	case !errors.Is(err, ErrNoCheckpoint):
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint: %w", err)
 	}
-	if err := b.Put(seqKey(num), bytes.Clone(signed)); err != nil {
+	b.FillPercent = 1 // keys only grow: see AppendCanonical
+	if err := b.Put(seqKey(num), packCheckpoint(bytes.Clone(signed))); err != nil {
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}
 	return StoredCheckpoint{num, c, bytes.Clone(signed)}, nil

@@ -39,9 +39,11 @@
 //
 //   - "ledger": key = seq as 8 bytes big-endian; value = the record, the RFC
 //     8785 canonical JSON of the entry including entry_hash:
-//     {"body":…,"entry_hash":…,"kind":…,"prev_hash":…,"seq":…,"time":…}.
-//     Because the stored bytes must be exactly canonical, Verify notices a
-//     change to any byte of a record.
+//     {"body":…,"entry_hash":…,"kind":…,"prev_hash":…,"seq":…,"time":…},
+//     stored packed (internal/jsonpack; loadRecord gives the JSON back
+//     byte for byte, and returns the JSON of records stored before packing
+//     as is). Because the record must be exactly canonical, Verify notices
+//     a change to any byte of a stored value.
 //   - "ledger_meta": key "head" = 8-byte big-endian entry count followed by
 //     the 32 raw bytes of the last entry_hash, so Append needs no scan.
 //   - "ledger_tree": the hash of every perfect subtree of the Merkle tree,
@@ -51,7 +53,8 @@
 //     proof reads O(log n) of them. Init builds this bucket once for a
 //     ledger made before it existed.
 //   - "ledger_checkpoints": key = 8-byte big-endian counter from 0, value =
-//     a signed checkpoint note; sizes never decrease with the counter.
+//     a signed checkpoint note, stored packed (loadCheckpoint); sizes never
+//     decrease with the counter.
 //
 // Field formats: kind matches [a-z][a-z0-9_]* (at most 64 bytes); time is
 // RFC 3339 in UTC with exactly nine fractional digits (TimeLayout); hashes

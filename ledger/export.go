@@ -28,14 +28,17 @@ func marshalCheckpointLine(signed []byte) ([]byte, error) {
 // VerifyExport checks offline with nothing but the checkpoint key. Each
 // line ends with "\n" and is one of:
 //
-//   - an entry: its stored record, byte for byte (the RFC 8785 canonical
-//     JSON of the entry, starting with {"body":), in sequence order from 0;
+//   - an entry: its record, byte for byte (the RFC 8785 canonical JSON of
+//     the entry, starting with {"body":, unpacked from its stored form),
+//     in sequence order from 0;
 //   - a checkpoint: {"checkpoint":"<signed note>"} in RFC 8785 canonical
 //     JSON, right after the entry that completes its tree size (a
 //     checkpoint of size 0 comes first), in the order they were stored.
 //
 // Export copies what is stored without verifying it, so that a
-// damaged ledger can still be examined: a checkpoint that cannot be parsed,
+// damaged ledger can still be examined (but a stored record that does not
+// unpack, which has no JSON to write, ends the export with an error naming
+// it): a checkpoint that cannot be parsed,
 // or whose size is below an earlier one's, is written where the walk
 // stands, and checkpoints for sizes beyond the entries come last.
 func Export(tx *bbolt.Tx, w io.Writer) error {
@@ -48,16 +51,21 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 	var ck, cs []byte
 	var csize uint64
 	var cc *bbolt.Cursor
-	load := func(k, s []byte) {
-		ck, cs, csize = k, s, 0
-		if k != nil {
-			if c, _, err := parseSigned(s); err == nil {
+	var cerr error // why the stored value of checkpoint ck does not unpack
+	load := func(k, v []byte) {
+		ck, csize = k, 0
+		cs, cerr = loadCheckpoint(v)
+		if k != nil && cerr == nil {
+			if c, _, err := parseSigned(cs); err == nil {
 				csize = c.Size
 			}
 		}
 	}
 	writeCheckpoints := func(all bool) error {
 		for ck != nil && (all || csize <= n) {
+			if cerr != nil {
+				return fmt.Errorf("ledger: export checkpoint %x: %w", ck, cerr)
+			}
 			line, err := marshalCheckpointLine(cs)
 			if err != nil {
 				return fmt.Errorf("ledger: export checkpoint %x: %w", ck, err)
@@ -73,9 +81,13 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 		load(cc.First())
 	}
 	c := entries.Cursor()
-	for k, rec := c.First(); k != nil; k, rec = c.Next() {
+	var rec []byte
+	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if err := writeCheckpoints(false); err != nil {
 			return err
+		}
+		if rec, err = loadRecord(rec[:0], v); err != nil {
+			return fmt.Errorf("ledger: export: entry %x: %w", k, err)
 		}
 		bw.Write(rec)
 		if err := bw.WriteByte('\n'); err != nil {

@@ -65,7 +65,7 @@ func TestExportRoundTrip(t *testing.T) {
 			continue
 		}
 		if err := db.View(func(tx *bbolt.Tx) error {
-			if rec := tx.Bucket(bucketEntries).Get(seqKey(uint64(n))); string(rec) != l {
+			if rec := mustRecord(t, tx, uint64(n)); string(rec) != l {
 				t.Errorf("line %d is not the record of entry %d", i+1, n)
 			}
 			return nil

@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/jsonpack"
 )
 
 // The fuzz targets below take their seed corpora from the golden vectors
@@ -83,6 +84,7 @@ func goldenLeaves(tb testing.TB, v merkleVectors) [][32]byte {
 func FuzzDecodeRecord(f *testing.F) {
 	for _, rec := range goldenRecords(f) {
 		f.Add(rec)
+		f.Add(packStored(f, rec))
 	}
 	f.Add([]byte(`{"body":{},"entry_hash":"blake3:00","kind":"a","prev_hash":"blake3:00","seq":0,"time":"x"}`))
 	f.Add([]byte(`{"checkpoint":"x"}`))
@@ -114,7 +116,27 @@ func FuzzDecodeRecord(f *testing.F) {
 		}); !errors.Is(err, errRollback) {
 			t.Fatal(err)
 		}
-		if (err == nil) != (getErr == nil) {
+		// Verification's fast path for packed records accepts only what
+		// the general path accepts, and reads the same record.
+		var fast, slow record
+		if _, frec, ok := unpackRecord(&fast, []byte("dst"), rec); ok {
+			loaded, err := loadRecord(nil, rec)
+			if err == nil {
+				err = parseRecord(&slow, loaded)
+			}
+			if err != nil || !bytes.Equal(frec, loaded) || !sameRecord(&fast, &slow) {
+				t.Fatalf("packed %q: fast path read %q as %+v; general path %q, %+v, %v", rec, frec, fast, loaded, slow, err)
+			}
+		}
+
+		// Get reads the stored value through loadRecord: the record
+		// itself, or the one a packed value unpacks to.
+		var stored Entry
+		storedErr := decodeStoredRecord(&stored, rec)
+		if (storedErr == nil) != (getErr == nil) || getErr == nil && !entriesEqual(got, stored) {
+			t.Fatalf("stored value %q: decodeStoredRecord = %+v, %v; Get = %+v, %v", rec, stored, storedErr, got, getErr)
+		}
+		if !jsonpack.Packed(rec) && (err == nil) != (getErr == nil) {
 			t.Fatalf("decodeRecord: %v; Get: %v", err, getErr)
 		}
 

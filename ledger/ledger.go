@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -96,15 +95,23 @@ func Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Entry
 	return AppendCanonical(tx, kind, t, c)
 }
 
-// Body is an entry body in RFC 8785 form, made by Canonicalize.
-type Body struct{ b []byte }
+// Body is an entry body in RFC 8785 form, made by Canonicalize, and its
+// stored (packed) form.
+type Body struct {
+	b      []byte
+	packed []byte // packBody(b); nil stores the record as JSON
+}
 
 // Canonicalize checks that body is a JSON object and returns its RFC 8785
-// form, ready for AppendCanonical. It needs no transaction, so callers can
-// do this work before they queue for one.
+// form, ready for AppendCanonical, with the packed form the ledger stores.
+// It needs no transaction, so callers can do this work before they queue
+// for one.
 func Canonicalize(body json.RawMessage) (Body, error) {
 	c, err := canonicalBody(body)
-	return Body{c}, err
+	if err != nil {
+		return Body{}, err
+	}
+	return Body{b: c, packed: packBody(c)}, nil
 }
 
 // Canonical checks that body is a JSON object in RFC 8785 form already
@@ -118,7 +125,7 @@ func Canonical(body []byte) (Body, error) {
 	if len(body) == 0 || body[0] != '{' {
 		return Body{}, errors.New("body is not a JSON object")
 	}
-	return Body{body}, nil
+	return Body{b: body, packed: packBody(body)}, nil
 }
 
 // AppendCanonical is Append for a body canonicalized beforehand.
@@ -176,7 +183,7 @@ func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, 
 	if len(rec) > bbolt.MaxValueSize {
 		return Entry{}, fmt.Errorf("ledger: append %q entry %d: record of %d bytes exceeds bbolt's limit", kind, e.Seq, len(rec))
 	}
-	if err := entries.Put(key, rec); err != nil {
+	if err := entries.Put(key, storedRecord(&e, body, &sum, &prev, rec)); err != nil {
 		return Entry{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}
 	if err := meta.Put(keyHead, encodeHead(size+1, sum)); err != nil {
@@ -213,7 +220,7 @@ func Get(tx *bbolt.Tx, seq uint64) (Entry, error) {
 		return Entry{}, fmt.Errorf("%w: seq %d", ErrNotFound, seq)
 	}
 	var e Entry
-	if err := decodeRecord(&e, rec); err != nil {
+	if err := decodeStoredRecord(&e, rec); err != nil {
 		return Entry{}, fmt.Errorf("ledger: entry %d: %w", seq, err)
 	}
 	return e, nil
@@ -233,7 +240,7 @@ func Scan(tx *bbolt.Tx, from uint64, fn func(Entry) error) error {
 			return fmt.Errorf("ledger: malformed key %x", k)
 		}
 		var e Entry
-		if err := decodeRecord(&e, rec); err != nil {
+		if err := decodeStoredRecord(&e, rec); err != nil {
 			return fmt.Errorf("ledger: entry %d: %w", binary.BigEndian.Uint64(k), err)
 		}
 		if err := fn(e); err != nil {
@@ -283,16 +290,22 @@ func recordLen(e *Entry) int {
 	return fixed + len(e.Body) + len(e.Hash) + len(e.Kind) + len(e.PrevHash) + len(e.Time) + 20
 }
 
-// Record returns a copy of the stored record of entry seq, byte for byte,
-// or an error wrapping ErrNotFound. It checks nothing (ParseEntry does).
+// Record returns the record of entry seq, its canonical JSON byte for byte
+// as hashed and exported (unpacked from its stored form), or an error
+// wrapping ErrNotFound, or an error for a stored value that does not
+// unpack. It checks nothing else (ParseEntry does).
 func Record(tx *bbolt.Tx, seq uint64) ([]byte, error) {
 	entries, _, err := buckets(tx)
 	if err != nil {
 		return nil, err
 	}
-	rec := entries.Get(seqKey(seq))
-	if rec == nil {
+	v := entries.Get(seqKey(seq))
+	if v == nil {
 		return nil, fmt.Errorf("%w: seq %d", ErrNotFound, seq)
 	}
-	return bytes.Clone(rec), nil
+	rec, err := loadRecord(nil, v)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: entry %d: %w", seq, err)
+	}
+	return rec, nil
 }

@@ -99,7 +99,7 @@ func TestMerkleGoldenVectors(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			v.Entries = append(v.Entries, merkleVectorEntry{e.Seq, string(tx.Bucket(bucketEntries).Get(seqKey(e.Seq))), e.Hash})
+			v.Entries = append(v.Entries, merkleVectorEntry{e.Seq, string(mustRecord(t, tx, e.Seq)), e.Hash})
 			if i == 6 {
 				_, err = WriteCheckpoint(tx, s, testOrigin)
 			}

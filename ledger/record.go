@@ -348,6 +348,16 @@ func decodeRecord(e *Entry, rec []byte) error {
 	return nil
 }
 
+// decodeStoredRecord is decodeRecord for a value of the "ledger" bucket.
+func decodeStoredRecord(e *Entry, v []byte) error {
+	rec, err := loadRecord(nil, v)
+	if err != nil {
+		*e = Entry{}
+		return err
+	}
+	return decodeRecord(e, rec)
+}
+
 // ParseEntry decodes one stored record (an export's entry line, a receipt
 // bundle's entry) and checks it on its own: it must be exactly the
 // canonical encoding of a well-formed entry, and its entry_hash must

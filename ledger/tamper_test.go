@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/jsonpack"
 )
 
 // tamper edits the raw buckets of a 5-entry ledger.
@@ -22,7 +24,10 @@ type tamper func(t *testing.T, entries, meta *bbolt.Bucket)
 // edit returns a tamper that rewrites the record of entry seq with f.
 func edit(seq uint64, f func([]byte) []byte) tamper {
 	return func(t *testing.T, entries, _ *bbolt.Bucket) {
-		rec := bytes.Clone(entries.Get(seqKey(seq)))
+		rec, err := loadRecord(nil, entries.Get(seqKey(seq)))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := entries.Put(seqKey(seq), f(rec)); err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +108,7 @@ func TestVerifyNamesFirstBadEntry(t *testing.T) {
 		}), 2, "entry_hash"},
 		{"entry rewritten with recomputed hash", func(t *testing.T, e, _ *bbolt.Bucket) {
 			var x Entry
-			if err := decodeRecord(&x, e.Get(seqKey(2))); err != nil {
+			if err := decodeStoredRecord(&x, e.Get(seqKey(2))); err != nil {
 				t.Fatal(err)
 			}
 			x.Body = []byte(`{"i":0}`)
@@ -150,8 +155,16 @@ func TestVerifyNamesFirstBadEntry(t *testing.T) {
 	}
 }
 
-// TestVerifyDetectsEveryByteFlip flips each bit of one record in turn.
+// TestVerifyDetectsEveryByteFlip flips each bit of one stored record in
+// turn, packed (as Append stores it) and as JSON (as ledgers from before
+// packing hold it).
 func TestVerifyDetectsEveryByteFlip(t *testing.T) {
+	for _, packed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("packed=%v", packed), func(t *testing.T) { testByteFlips(t, packed) })
+	}
+}
+
+func testByteFlips(t *testing.T, packed bool) {
 	db := newDB(t)
 	appendN(t, db, 5)
 	var orig []byte
@@ -160,6 +173,12 @@ func TestVerifyDetectsEveryByteFlip(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	if jsonpack.Packed(orig) != true {
+		t.Fatalf("record 2 is stored as %q, not packed", orig)
+	}
+	if !packed {
+		orig = mustLoad(t, orig)
 	}
 	for i := range orig {
 		for bit := range 8 {
@@ -241,7 +260,11 @@ func truncateTail(t *testing.T, db *bbolt.DB, keep uint64, dropCheckpoints bool)
 		})
 		if dropCheckpoints {
 			deleteWhere(tx.Bucket(bucketCheckpoints), func(_, v []byte) bool {
-				c, _, err := parseSigned(v)
+				signed, err := loadCheckpoint(v)
+				if err != nil {
+					return true
+				}
+				c, _, err := parseSigned(signed)
 				return err != nil || c.Size > keep
 			})
 		}

@@ -296,7 +296,7 @@ func migrateTree(tx *bbolt.Tx) error {
 		if len(k) != 8 || binary.BigEndian.Uint64(k) != n {
 			return fmt.Errorf("ledger: build Merkle tree: entry %d missing (found key %x; run Verify)", n, k)
 		}
-		if err := decodeRecord(&e, v); err != nil {
+		if err := decodeStoredRecord(&e, v); err != nil {
 			return fmt.Errorf("ledger: build Merkle tree: entry %d: %w", n, err)
 		}
 		leaf, _ := digest.Parse(e.Hash)

@@ -86,7 +86,7 @@ func TestGoldenVectors(t *testing.T) {
 			v.Entries = append(v.Entries, vectorEntry{
 				Seq: e.Seq, Kind: e.Kind, Time: e.Time, BodyInput: in.body, PrevHash: e.PrevHash,
 				Body: string(e.Body), Preimage: string(appendPreimage(nil, &e)), EntryHash: e.Hash,
-				Record: string(tx.Bucket(bucketEntries).Get(seqKey(e.Seq))),
+				Record: string(mustRecord(t, tx, e.Seq)),
 			})
 		}
 		return nil

@@ -179,7 +179,7 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	}
 	for src.walk.k != nil {
 		it := src.walk.next()
-		it.prepare(&v.opts)
+		it.prepare(&v.opts, nil)
 		if err := v.consume(&it); err != nil {
 			return v.report, err
 		}
@@ -205,7 +205,7 @@ func (s *dbSource) fill(b *batch) (bool, error) {
 		if s.k == nil {
 			return false, nil
 		}
-		it := item{kind: itemEntry, data: s.rec}
+		it := item{kind: itemEntry, data: s.rec, stored: true}
 		if len(s.k) != 8 {
 			it.err = fmt.Errorf("malformed key %x after entry %d", s.k, s.pos)
 		} else if seq := binary.BigEndian.Uint64(s.k); seq != s.pos {
@@ -222,14 +222,16 @@ func (s *dbSource) fill(b *batch) (bool, error) {
 type checkpointWalk struct {
 	c    *bbolt.Cursor
 	k, s []byte // the next checkpoint's key and signed note; k nil at the end
+	err  error  // why its stored value does not unpack (the chain reports it)
 	size uint64 // its size, or 0 if it does not parse (the chain reports it)
 	num  uint64 // its expected number
 }
 
-func (w *checkpointWalk) load(k, s []byte) {
-	w.k, w.s, w.size = k, s, 0
-	if k != nil {
-		if c, _, err := parseSigned(s); err == nil {
+func (w *checkpointWalk) load(k, v []byte) {
+	w.k, w.size = k, 0
+	w.s, w.err = loadCheckpoint(v)
+	if k != nil && w.err == nil {
+		if c, _, err := parseSigned(w.s); err == nil {
 			w.size = c.Size
 		}
 	}
@@ -237,7 +239,7 @@ func (w *checkpointWalk) load(k, s []byte) {
 
 // next returns the next checkpoint as an item and moves on.
 func (w *checkpointWalk) next() item {
-	it := item{kind: itemCheckpoint, data: w.s, num: w.num}
+	it := item{kind: itemCheckpoint, data: w.s, num: w.num, err: w.err}
 	if !bytes.Equal(w.k, seqKey(w.num)) {
 		it.err = fmt.Errorf("stored under key %x, want %x", w.k, seqKey(w.num))
 	}

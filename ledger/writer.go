@@ -63,8 +63,8 @@ func NewWriter() *Writer { return &Writer{} }
 // Appended is an entry a Writer appended.
 type Appended struct {
 	Entry
-	// Record is the stored record (the canonical JSON of the entry), as
-	// handed to bbolt: it must not be modified.
+	// Record is the record (the canonical JSON of the entry, which bbolt
+	// holds packed): it must not be modified.
 	Record []byte
 	// Batch is every entry the transaction appended through the Writer;
 	// once the transaction has committed with a checkpoint (Checkpoint),
@@ -106,6 +106,7 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 		return Appended{}, fmt.Errorf("ledger: append: %w", err)
 	}
 	p := &w.pending
+	prev := p.last
 	e := Entry{
 		Seq:      p.size,
 		Kind:     kind,
@@ -150,7 +151,7 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	}
 	p.size, p.last = e.Seq+1, sum
 	w.batch.leaves = append(w.batch.leaves, sum)
-	if err := entries.Put(key, rec); err != nil {
+	if err := entries.Put(key, storedRecord(&e, body, &sum, &prev, rec)); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}
 	if err := meta.Put(keyHead, encodeHead(p.size, sum)); err != nil {
@@ -300,7 +301,8 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 		}
 		num = binary.BigEndian.Uint64(k) + 1
 	}
-	if err := b.Put(seqKey(num), signed); err != nil {
+	b.FillPercent = 1 // keys only grow: see AppendCanonical
+	if err := b.Put(seqKey(num), packCheckpoint(signed)); err != nil {
 		return nil, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}
 	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)

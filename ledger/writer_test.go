@@ -106,8 +106,9 @@ func TestWriterProofsFromMemory(t *testing.T) {
 			}
 			var rec []byte
 			db.View(func(tx *bbolt.Tx) error {
-				rec = append(rec, tx.Bucket(bucketEntries).Get(seqKey(a.Seq))...)
-				return nil
+				var err error
+				rec, err = Record(tx, a.Seq)
+				return err
 			})
 			if string(rec) != string(a.Record) {
 				t.Errorf("round %d: Record of %d is not the stored record", round, a.Seq)

@@ -401,7 +401,7 @@ func (t idTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return idConn{c}, nil
+	return newDrainConn(idConn{c}), nil
 }
 
 type idConn struct{ mcp.Connection }

@@ -410,3 +410,65 @@ func TestBatchWork(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdateLazy: a lazy write commits in the transaction of the next
+// write queued after it or an earlier one — never a later one — and, with
+// no other write, on its own (after LazyDelay) or at Close.
+func TestUpdateLazy(t *testing.T) {
+	t.Run("joins the next write", func(t *testing.T) {
+		d := openTest(t)
+		for i := range 50 {
+			var lazyTx, nextTx int
+			if err := d.UpdateLazy(func(tx *bbolt.Tx) error { lazyTx = tx.ID(); return put(fmt.Sprint("lazy", i))(tx) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Update(context.Background(), func(tx *bbolt.Tx) error { nextTx = tx.ID(); return put(fmt.Sprint("next", i))(tx) }); err != nil {
+				t.Fatal(err)
+			}
+			if lazyTx == 0 || lazyTx > nextTx {
+				t.Fatalf("round %d: the lazy write ran in transaction %d, the next write in %d", i, lazyTx, nextTx)
+			}
+		}
+		if k := keys(t, d); len(k) != 100 {
+			t.Fatalf("%d keys, want 100", len(k))
+		}
+	})
+	t.Run("alone", func(t *testing.T) {
+		d := openTest(t)
+		if err := d.UpdateLazy(put("alone")); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); !keys(t, d)["alone"]; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("a lone lazy write never committed")
+			}
+		}
+	})
+	t.Run("at close", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "s.db")
+		d, err := Open(path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Update(context.Background(), func(tx *bbolt.Tx) error { _, err := tx.CreateBucket([]byte("b")); return err }); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.UpdateLazy(put("closing")); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.UpdateLazy(put("late")); !errors.Is(err, ErrClosed) {
+			t.Fatalf("UpdateLazy after Close: %v", err)
+		}
+		d, err = Open(path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if !keys(t, d)["closing"] {
+			t.Fatal("the lazy write queued before Close was lost")
+		}
+	})
+}

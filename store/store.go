@@ -11,6 +11,10 @@
 // Do queues an Op, a write in three steps whose middle step (CPU work such
 // as signing) runs concurrently for all ops of a batch.
 //
+// UpdateLazy queues a function that makes no commit of its own: it joins
+// the next transaction that commits for another reason, or commits after
+// LazyDelay when none comes.
+//
 // Unlike bbolt's db.Batch, a function's error is its own result and does not
 // fail its batch: functions must decide before they write, so an error
 // returned by a function means it wrote nothing. A function that fails after
@@ -112,6 +116,10 @@ type DB struct {
 	closed bool
 	done   chan struct{}
 
+	lazyMu   sync.Mutex
+	lazy     []*request    // UpdateLazy's, for the next batch
+	lazyWake chan struct{} // cap 1: lazy is not empty
+
 	failMu sync.Mutex
 	fatal  error         // the first fatal error, sticky
 	failed chan struct{} // closed when fatal is set
@@ -120,7 +128,7 @@ type DB struct {
 type request struct {
 	op   Op
 	err  error
-	done chan struct{} // nil for UpdateAsync
+	done chan struct{} // nil for UpdateAsync and UpdateLazy
 }
 
 // Op is a write in three steps. Within one batch, every op's Prepare runs
@@ -169,7 +177,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), lazyWake: make(chan struct{}, 1), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -204,6 +212,45 @@ func (d *DB) Do(ctx context.Context, op Op) error {
 // loss in a crash is harmless (for example, marking redo work finished).
 func (d *DB) UpdateAsync(fn func(*bbolt.Tx) error) error {
 	return d.enqueue(context.Background(), &request{op: Op{Prepare: fn}})
+}
+
+// LazyDelay bounds how long an UpdateLazy function waits for another
+// transaction to join.
+const LazyDelay = 10 * time.Millisecond
+
+// UpdateLazy queues fn without waiting for it, like UpdateAsync, but makes
+// no commit for it alone: fn runs in the first transaction begun after a
+// later Update, Do or UpdateAsync is queued, before that request, or after
+// LazyDelay if none comes first (at the latest, at Close). So every write
+// queued after UpdateLazy returns commits in fn's transaction or a later
+// one. Use it for writes whose loss in a crash is harmless (for example,
+// marking redo work finished).
+func (d *DB) UpdateLazy(fn func(*bbolt.Tx) error) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return ErrClosed
+	}
+	if err := d.Err(); err != nil {
+		return err
+	}
+	d.lazyMu.Lock()
+	d.lazy = append(d.lazy, &request{op: Op{Prepare: fn}})
+	d.lazyMu.Unlock()
+	select {
+	case d.lazyWake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// takeLazy returns the UpdateLazy requests queued so far.
+func (d *DB) takeLazy() []*request {
+	d.lazyMu.Lock()
+	defer d.lazyMu.Unlock()
+	l := d.lazy
+	d.lazy = nil
+	return l
 }
 
 // Fail makes the DB fail stop with err (wrapped in a *FatalError unless it
@@ -266,8 +313,34 @@ func (d *DB) Close() error {
 func (d *DB) sequence() {
 	defer close(d.done)
 	batch := make([]*request, 0, MaxBatch)
-	for first := range d.queue {
-		batch = append(batch[:0], first)
+	var lazyDue <-chan time.Time // armed while lazy requests wait
+	for {
+		var first *request
+		select {
+		case r, ok := <-d.queue:
+			if !ok {
+				if l := d.takeLazy(); len(l) > 0 {
+					d.commit(l)
+				}
+				return
+			}
+			first = r
+		case <-d.lazyWake:
+			if lazyDue == nil {
+				lazyDue = time.After(LazyDelay)
+			}
+			continue
+		case <-lazyDue:
+			lazyDue = nil
+			if l := d.takeLazy(); len(l) > 0 {
+				d.commit(l)
+			}
+			continue
+		}
+		// Lazy requests go first: each was queued before first was,
+		// or concurrently with it. The batch may exceed MaxBatch by
+		// them, since none may wait for a later transaction.
+		batch = append(append(batch[:0], d.takeLazy()...), first)
 	fill:
 		for len(batch) < MaxBatch {
 			select {

@@ -6,7 +6,8 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// Bucket names. Every value is JSON.
+// Bucket names. Every value is JSON; the operations table holds it packed
+// (Operation).
 var (
 	bucketIdem   = []byte("idempotency") // agent_id \x00 key -> idemRecord
 	bucketIntent = []byte("intents")     // operation_id -> Intent

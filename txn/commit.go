@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"go.etcd.io/bbolt"
 
@@ -33,18 +34,52 @@ func CanCommit(tx *bbolt.Tx, in *Intent, ps []Precondition, limits Usage, effect
 	return check(tx, in.accounts(limits), spent(in, effects))
 }
 
-// Commit records in tx that the call of intent in is decided: kv puts are
-// applied, the delta is stored under deltaID, the intent lists its effects
-// for Apply (and for redo after a crash), the idempotency key takes result
-// (the full result envelope; a reference to it when PutOperation stored the
-// same bytes in tx first) and the budgets are charged for what the
-// effects used. The caller has run CanCommit in the same tx; any error
-// here comes after a write and is a store.Abort.
-func Commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, result []byte) error {
-	return abortIf(commit(tx, in, effects, deltaID, delta, result))
+// Decision is a call's decided intent, with the bytes Commit stores for
+// it encoded before the commit's transaction (Decide), so that the store's
+// sequencer only writes them.
+type Decision struct {
+	Intent  *Intent
+	Effects []Effect
+	DeltaID string
+	encoded []byte // Intent decided, with Effects and DeltaID, without commit_seq
 }
 
-func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, result []byte) error {
+// Decide encodes in as Commit will store it: decided, listing effects and
+// the delta's id deltaID. Only the commit sequence number, which Commit
+// assigns, is added in the transaction.
+func Decide(in *Intent, effects []Effect, deltaID string) (*Decision, error) {
+	dec := *in
+	dec.State, dec.Effects, dec.DeltaID, dec.CommitSeq = Decided, effects, deltaID, 0
+	v, err := json.Marshal(&dec)
+	if err != nil {
+		return nil, fmt.Errorf("txn: encode intent %s: %w", in.OperationID, err)
+	}
+	return &Decision{Intent: in, Effects: effects, DeltaID: deltaID, encoded: v}, nil
+}
+
+// withSeq returns d's encoded intent with commit_seq seq: the encoding
+// omits a zero commit_seq, so the field is appended to the object.
+func (d *Decision) withSeq(seq uint64) []byte {
+	v := make([]byte, 0, len(d.encoded)+32)
+	v = append(v, d.encoded[:len(d.encoded)-1]...)
+	v = append(v, `,"commit_seq":`...)
+	v = strconv.AppendUint(v, seq, 10)
+	return append(v, '}')
+}
+
+// Commit records in tx that the call of d.Intent is decided: kv puts are
+// applied, the delta is stored under d.DeltaID, the intent lists its
+// effects for Apply (and for redo after a crash), the idempotency key takes
+// result (the full result envelope; a reference to it when PutOperation
+// stored the same bytes in tx first) and the budgets are charged for what
+// the effects used. The caller has run CanCommit in the same tx; any error
+// here comes after a write and is a store.Abort.
+func Commit(tx *bbolt.Tx, d *Decision, delta, result []byte) error {
+	return abortIf(commit(tx, d, delta, result))
+}
+
+func commit(tx *bbolt.Tx, d *Decision, delta, result []byte) error {
+	in, effects := d.Intent, d.Effects
 	for _, e := range effects {
 		if e.Op == OpKVPut {
 			if err := putKV(tx, e.Key, kvValue{Version: e.Version, Value: e.Value}); err != nil {
@@ -52,7 +87,7 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 			}
 		}
 	}
-	if err := tx.Bucket(bucketDelta).Put([]byte(deltaID), clone(delta)); err != nil {
+	if err := tx.Bucket(bucketDelta).Put([]byte(d.DeltaID), clone(delta)); err != nil {
 		return err
 	}
 	order := tx.Bucket(bucketOrder)
@@ -60,14 +95,14 @@ func commit(tx *bbolt.Tx, in *Intent, effects []Effect, deltaID string, delta, r
 	if err != nil {
 		return err
 	}
-	if err := order.Put(binary.BigEndian.AppendUint64(nil, seq), []byte(deltaID)); err != nil {
+	if err := order.Put(binary.BigEndian.AppendUint64(nil, seq), []byte(d.DeltaID)); err != nil {
 		return err
 	}
 	in.CommitSeq = seq
 	in.State = Decided
 	in.Effects = effects
-	in.DeltaID = deltaID
-	if err := putIntent(tx, in); err != nil {
+	in.DeltaID = d.DeltaID
+	if err := tx.Bucket(bucketIntent).Put([]byte(in.OperationID), d.withSeq(seq)); err != nil {
 		return err
 	}
 	if k, ok := in.idemKey(); ok {

@@ -7,20 +7,56 @@
 //     finished twin is replayed, a running one is refused), check the
 //     precondition refs held in bbolt (kv versions, ledger head), reserve the
 //     token's budgets and store a durable Intent in state "prepared". Nothing
-//     is written when any check fails.
+//     is written when any check fails. The intent is encoded before the
+//     transaction (Prepare.Encode), so the store's sequencer only writes it.
 //  2. Stage: the syscall writes new file contents to staging files beside
 //     their targets (named .capk-stage-<operation_id>-<n>) and records
-//     deletions and kv puts. Nothing is visible yet. The kernel then makes
-//     the staged files durable with one syncfs(2) shared by every call
-//     waiting (Syncer).
+//     deletions and kv puts. Nothing is visible yet. A staging file reuses
+//     the inode of a file an earlier write replaced when one is free
+//     (Spares). The kernel then makes the staged files durable with one
+//     syncfs(2) shared by every call waiting (Syncer.Sync).
 //  3. Commit, in one bbolt transaction shared with the call's ledger records:
 //     the Intent moves to "decided" with the list of effects, the delta is
 //     stored under commit_delta_id, kv puts are applied, budgets settle and
-//     the idempotency entry takes the full result envelope.
-//  4. Apply: staged files are renamed into place, deleted targets are moved
-//     aside and removed, and the renames are made durable (Syncer again).
-//     Then the Intent is removed (asynchronously: redoing an applied effect
-//     is harmless).
+//     the idempotency entry takes the full result envelope. The decided
+//     intent is encoded before the transaction (Decide); the transaction
+//     adds only the commit sequence number it assigns.
+//  4. Apply: staged files are renamed into place (Spares.Apply first links
+//     each replaced file into the kernel's private spare pool), deleted
+//     targets are moved aside and removed, and the renames are made durable
+//     (Syncer.SyncLater, after the answer). Then the replaced inodes become
+//     spares and the Intent is removed (Finish, in the next transaction
+//     that commits anyway: redoing an applied effect is harmless).
+//
+// # Ordering
+//
+// The durability points of a call, and why each comes where it does:
+//
+//   - Staged content is durable before the commit is (the Sync of step 2
+//     starts after the last staging write and ends before step 3 is
+//     queued): a durable decided intent names staging files whose content
+//     and names are durable, so recovery can always redo it.
+//   - The commit is durable before the answer (bbolt fdatasync).
+//   - The renames of step 4 are durable before the Intent's removal is
+//     queued: the SyncLater round starts after the renames, and Finish is
+//     queued from its callback. Until then a crash leaves the intent
+//     decided and recovery redoes it (Redo checks every target's
+//     pre-image, so a redo is harmless wherever the rename did land).
+//     SyncLater starts no round of its own: it rides with the round that
+//     the next call's Sync of step 2 starts (one syncfs for one call's
+//     renames and another's staged files), or one that a call waiting for
+//     this call's path locks hurries, or one after LaterDelay.
+//   - The path locks are held until Finish is queued, and Finish
+//     (store.UpdateLazy) joins the first transaction begun after a later
+//     write is queued, ahead of it: a later commit on the same paths lands
+//     in Finish's transaction or a later one, so recovery never redoes an
+//     earlier call (an unconditional mkdir, say) over a later one's effect.
+//   - A replaced inode is linked into the spare pool before the rename
+//     that replaces it and offered for reuse only in the SyncLater
+//     callback, once that rename is durable: no crash can leave a
+//     workspace name on an inode that a later write overwrites. Until then
+//     the pool is the only other name; the pool is emptied at open, and
+//     removing a name never removes content another name reaches.
 //
 // Rollback removes the staging files, the Intent and the idempotency entry
 // (only committed outcomes are replayed; a rolled-back call had no effect and

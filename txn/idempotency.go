@@ -45,7 +45,7 @@ type idemRecord struct {
 // leaves result out when the operations table holds the same envelope.
 func done(tx *bbolt.Tx, c Call, id string, result json.RawMessage) idemRecord {
 	r := idemRecord{Call: c, OperationID: id, Done: true, Result: result}
-	if bytes.Equal(result, tx.Bucket(bucketOps).Get([]byte(id))) {
+	if stored, err := getOperation(tx, id); err == nil && bytes.Equal(result, stored) {
 		r.Result = nil
 	}
 	return r
@@ -57,7 +57,10 @@ func (r *idemRecord) outcome(tx *bbolt.Tx, k IdemKey) (json.RawMessage, error) {
 	if len(r.Result) > 0 {
 		return r.Result, nil
 	}
-	v := tx.Bucket(bucketOps).Get([]byte(r.OperationID))
+	v, err := getOperation(tx, r.OperationID)
+	if err != nil {
+		return nil, fmt.Errorf("txn: idempotency key %q: %w", k.Key, err)
+	}
 	if v == nil {
 		return nil, fmt.Errorf("txn: idempotency key %q: operation %s holds no stored outcome", k.Key, r.OperationID)
 	}

@@ -65,14 +65,6 @@ func (in *Intent) idemKey() (IdemKey, bool) {
 	return IdemKey{AgentID: in.AgentID, Key: in.IdemKey}, in.IdemKey != ""
 }
 
-func putIntent(tx *bbolt.Tx, in *Intent) error {
-	v, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	return tx.Bucket(bucketIntent).Put([]byte(in.OperationID), v)
-}
-
 // Intents returns every intent in tx, in operation id order.
 func Intents(tx *bbolt.Tx) ([]Intent, error) {
 	var out []Intent

@@ -107,7 +107,10 @@ func checkStored(tx *bbolt.Tx, ps []Precondition) error {
 			if p.Version != nil {
 				want = *p.Version
 			}
-			if v.Version != want {
+			switch {
+			case v.Version != want && want == 0:
+				return refuse(ClassPrecondition, "%s: the key exists (version %d), expected absent", p.Ref, v.Version)
+			case v.Version != want:
 				return refuse(ClassPrecondition, "%s: version is %d, expected %d", p.Ref, v.Version, want)
 			}
 		case RefLedger:

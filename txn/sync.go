@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,19 +19,29 @@ import (
 //
 // One goroutine issues the syncs: it takes every request queued, syncs each
 // file system they name once, answers them all, and repeats as soon as the
-// previous round is done (no timer).
+// previous round is done. A request that may wait (SyncLater) starts no
+// round of its own: it joins the next round a Sync starts, so that one
+// flush serves one call's applied renames and the next call's staged
+// files, or a round that Hurry asks for, or one LaterDelay after it came.
 type Syncer struct {
-	reqs chan *syncReq
+	reqs   chan *syncReq
+	hurry  chan struct{} // cap 1
+	delay  time.Duration // LaterDelay; tests set it
+	rounds atomic.Uint64 // rounds of syncs run
 }
 
 type syncReq struct {
 	roots []*os.Root
 	done  func(error)
+	later bool
 }
+
+// LaterDelay bounds how long a SyncLater request waits for a round.
+const LaterDelay = 5 * time.Millisecond
 
 // NewSyncer starts a Syncer; Close stops it.
 func NewSyncer() *Syncer {
-	s := &Syncer{reqs: make(chan *syncReq, 1024)}
+	s := &Syncer{reqs: make(chan *syncReq, 1024), hurry: make(chan struct{}, 1), delay: LaterDelay}
 	go s.loop()
 	return s
 }
@@ -44,25 +56,67 @@ func (s *Syncer) Sync(roots ...*os.Root) error {
 	return <-done
 }
 
-// SyncThen is Sync without the wait: then runs with Sync's result once the
-// changes made so far under roots are durable (or could not be made so),
-// on the Syncer's goroutine, so it must be quick and never call the
-// Syncer.
-func (s *Syncer) SyncThen(then func(error), roots ...*os.Root) {
+// SyncLater is Sync without the wait, and without a round of its own
+// (see Syncer): then runs with Sync's result once the changes made so far
+// under roots are durable (or could not be made so), at most about
+// LaterDelay later unless a round comes first. then runs on the Syncer's
+// goroutine, so it must be quick and never call the Syncer.
+func (s *Syncer) SyncLater(then func(error), roots ...*os.Root) {
 	if len(roots) == 0 {
 		then(nil)
 		return
 	}
-	s.reqs <- &syncReq{roots: roots, done: then}
+	s.reqs <- &syncReq{roots: roots, done: then, later: true}
 }
+
+// Hurry asks for a round now for the SyncLater requests waiting, or, if
+// none waits, for the next one to come: the caller is about to wait for
+// something such a request holds.
+func (s *Syncer) Hurry() {
+	select {
+	case s.hurry <- struct{}{}:
+	default:
+	}
+}
+
+// Rounds returns how many rounds of syncs the Syncer has run: each
+// answered every request queued when it began.
+func (s *Syncer) Rounds() uint64 { return s.rounds.Load() }
 
 // Close stops the Syncer once queued requests are answered. No Sync may
 // be called after Close.
 func (s *Syncer) Close() { close(s.reqs) }
 
 func (s *Syncer) loop() {
-	for first := range s.reqs {
-		batch := []*syncReq{first}
+	var later []*syncReq     // SyncLater requests waiting for a round
+	var due <-chan time.Time // LaterDelay after the first of them
+	hurried := false         // a Hurry came while none waited
+	for {
+		var batch []*syncReq
+		select {
+		case r, ok := <-s.reqs:
+			if !ok {
+				s.round(later)
+				return
+			}
+			if r.later && !hurried {
+				later = append(later, r)
+				if due == nil {
+					due = time.After(s.delay)
+				}
+				continue
+			}
+			batch = append(later, r)
+		case <-s.hurry:
+			if len(later) == 0 {
+				hurried = true
+				continue
+			}
+			batch = later
+		case <-due:
+			batch = later
+		}
+		later, due, hurried = nil, nil, false
 	fill:
 		for {
 			select {
@@ -75,14 +129,23 @@ func (s *Syncer) loop() {
 				break fill
 			}
 		}
-		var roots []*os.Root
-		for _, r := range batch {
-			roots = append(roots, r.roots...)
-		}
-		err := SyncRoots(roots...)
-		for _, r := range batch {
-			r.done(err)
-		}
+		s.round(batch)
+	}
+}
+
+// round syncs the roots of batch and answers each request.
+func (s *Syncer) round(batch []*syncReq) {
+	if len(batch) == 0 {
+		return
+	}
+	var roots []*os.Root
+	for _, r := range batch {
+		roots = append(roots, r.roots...)
+	}
+	err := SyncRoots(roots...)
+	s.rounds.Add(1)
+	for _, r := range batch {
+		r.done(err)
 	}
 }
 

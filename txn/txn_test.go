@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/jsonpack"
 	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -98,7 +100,11 @@ func (e *env) commit(in *Intent, effects []Effect, result string) string {
 		if err := CanCommit(tx, in, nil, nil, effects); err != nil {
 			return err
 		}
-		return Commit(tx, in, effects, id, delta, []byte(result))
+		d, err := Decide(in, effects, id)
+		if err != nil {
+			return err
+		}
+		return Commit(tx, d, delta, []byte(result))
 	}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -399,7 +405,7 @@ func TestStageDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	s := NewStage("op", KV{View: e.db.View})
+	s := NewStage("op", KV{View: e.db.View}, nil)
 	r := &syscalls.Resource{Root: root, RootPath: e.ws, Rel: "f"}
 	if err := s.WriteFile(r, []byte("x"), 0); err != nil {
 		t.Fatal(err)
@@ -429,10 +435,12 @@ func TestOutcomeStoredOnce(t *testing.T) {
 		result     string // the committed envelope
 		keyHolds   bool   // the key's row keeps its own copy
 		afterErase string
+		json       bool // stored as JSON, as before envelopes were packed
 	}{
-		{"operation stored first", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`},
-		{"lean copy in the operations table", `{"op":"x"}`, `{"op":"x","result":1}`, true, `{"op":"x","erased":true}`},
-		{"no operation stored", "", `{"op":"x","result":1}`, true, `{"op":"x"}`},
+		{"operation stored first", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`, false},
+		{"operation stored first as JSON", `{"op":"x","result":1}`, `{"op":"x","result":1}`, false, `{"op":"x"}`, true},
+		{"lean copy in the operations table", `{"op":"x"}`, `{"op":"x","result":1}`, true, `{"op":"x","erased":true}`, false},
+		{"no operation stored", "", `{"op":"x","result":1}`, true, `{"op":"x"}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -445,12 +453,24 @@ func TestOutcomeStoredOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			if err := e.update(func(tx *bbolt.Tx) error {
-				if tc.stored != "" {
-					if err := PutOperation(tx, "op-x", []byte(tc.stored)); err != nil {
+				switch {
+				case tc.json:
+					if err := tx.Bucket(bucketOps).Put([]byte("op-x"), []byte(tc.stored)); err != nil {
 						return err
 					}
+				case tc.stored != "":
+					if err := PutOperation(tx, "op-x", PackOperation([]byte(tc.stored))); err != nil {
+						return err
+					}
+					if v := tx.Bucket(bucketOps).Get([]byte("op-x")); v[0] != jsonpack.Tag {
+						t.Errorf("operation stored as %q, not packed", v)
+					}
 				}
-				return Commit(tx, &p.Intent, nil, id, delta, []byte(tc.result))
+				d, err := Decide(&p.Intent, nil, id)
+				if err != nil {
+					return err
+				}
+				return Commit(tx, d, delta, []byte(tc.result))
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -486,7 +506,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 			// Erasure rewrites the operation's envelope, then the key's.
 			if err := e.update(func(tx *bbolt.Tx) error {
 				if tc.stored != "" && !tc.keyHolds {
-					if err := PutOperation(tx, "op-x", []byte(tc.afterErase)); err != nil {
+					if err := PutOperation(tx, "op-x", PackOperation([]byte(tc.afterErase))); err != nil {
 						return err
 					}
 				}
@@ -506,10 +526,14 @@ func TestOutcomeStoredOnce(t *testing.T) {
 	}
 	id, delta, _ := NewDelta("op-y", nil)
 	if err := e.update(func(tx *bbolt.Tx) error {
-		if err := PutOperation(tx, "op-y", []byte(`{"op":"y"}`)); err != nil {
+		if err := PutOperation(tx, "op-y", PackOperation([]byte(`{"op":"y"}`))); err != nil {
 			return err
 		}
-		if err := Commit(tx, &p.Intent, nil, id, delta, []byte(`{"op":"y"}`)); err != nil {
+		d, err := Decide(&p.Intent, nil, id)
+		if err != nil {
+			return err
+		}
+		if err := Commit(tx, d, delta, []byte(`{"op":"y"}`)); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketOps).Delete([]byte("op-y"))
@@ -522,4 +546,61 @@ func TestOutcomeStoredOnce(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestUndecodableOperation: a packed envelope that does not unpack is an
+// error naming the operation, never other bytes.
+func TestUndecodableOperation(t *testing.T) {
+	e := newEnv(t)
+	if err := e.update(func(tx *bbolt.Tx) error {
+		op := PackOperation([]byte(`{"operation_id":"01900000-0000-7000-8000-000000000000","status":"ok"}`))
+		return tx.Bucket(bucketOps).Put([]byte("op-z"), op.stored[:len(op.stored)-2])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.view(func(tx *bbolt.Tx) error {
+		if env, err := GetOperation(tx, "op-z"); err == nil || !strings.Contains(err.Error(), "op-z") {
+			t.Errorf("GetOperation of a damaged envelope = %q, %v", env, err)
+		}
+		return nil
+	})
+}
+
+// TestIntentEncodedOffTheTransaction: the intent Prepare.Encode and Decide
+// encode before the transaction is stored as the intent itself — the
+// prepared one with its state, the decided one with effects, delta and the
+// commit sequence number assigned in the transaction.
+func TestIntentEncodedOffTheTransaction(t *testing.T) {
+	e := newEnv(t)
+	stored := func(op string) Intent {
+		t.Helper()
+		var got Intent
+		e.view(func(tx *bbolt.Tx) error {
+			return json.Unmarshal(tx.Bucket(bucketIntent).Get([]byte(op)), &got)
+		})
+		return got
+	}
+	for i, op := range []string{"op-a", "op-b"} {
+		p := newPrepare(op, "key-"+op)
+		p.Intent.Audit = json.RawMessage(`{"tool_id":"fs.write"}`)
+		p.Intent.Dirs = []StageDir{{Root: e.ws, Dir: "."}}
+		if err := p.Encode(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.prepare(p); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored(op); !reflect.DeepEqual(got, p.Intent) || got.State != Prepared {
+			t.Fatalf("prepared intent stored %+v, want %+v", got, p.Intent)
+		}
+		effects := []Effect{{Op: OpWrite, Root: e.ws, Path: "f.txt", Stage: ".capk-stage-" + op + "-0", NewHash: digest.Sum([]byte("x")), Size: 1}}
+		id := e.commit(&p.Intent, effects, `{"op":"`+op+`"}`)
+		got := stored(op)
+		if got.State != Decided || got.CommitSeq != uint64(i+1) || got.DeltaID != id || !reflect.DeepEqual(got.Effects, effects) {
+			t.Fatalf("decided intent stored %+v", got)
+		}
+		if !reflect.DeepEqual(got, p.Intent) {
+			t.Fatalf("decided intent stored %+v, want %+v", got, p.Intent)
+		}
+	}
 }

@@ -306,7 +306,7 @@ func (r *report) upstreamSection(w func(string, ...any)) {
 func (r *report) storageMarkdown(w func(string, ...any)) {
 	w("## 10. Storage per call")
 	w("")
-	w("`BenchmarkAuditStorage`: bytes kernel.db grows by per audited call at steady state (after 1,000 calls; 8 calls at a time, so commits are grouped), reading or writing real text (this repository's docs), with payloads kept (depth `full`) and with commitments only; live bytes leave out the free pages the file holds. Payloads of 2 KiB or more are stored compressed (docs/formats.md).")
+	w("`BenchmarkAuditStorage`: bytes kernel.db grows by per audited call at steady state (after 1,000 calls; 8 calls at a time, so commits are grouped), reading or writing real text (this repository's docs), with payloads kept (depth `full`) and with commitments only; live bytes leave out the free pages the file holds. Records, payloads, result envelopes and checkpoints are stored packed, payloads of 512 packed bytes or more also compressed (docs/formats.md, \"Storage encoding\").")
 	w("")
 	w("| call | depth | kernel.db bytes/call | live bytes/call |")
 	w("|---|---|---:|---:|")

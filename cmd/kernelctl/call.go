@@ -23,7 +23,7 @@ func callCmd() *cobra.Command {
 	var async bool
 	var kv, kvStr, pre []string
 	cmd := &cobra.Command{
-		Use:   "call TOOL --token FILE|- [--args JSON | --arg K=V ...] [--idempotency-key K] [--precondition REF=HASH]... --server URL|--data DIR",
+		Use:   "call TOOL --token FILE|- [--args JSON | --arg K=V ...] [--idempotency-key K] [--precondition REF=EXPECTED]... --server URL|--data DIR",
 		Short: "Make one syscall; prints its result, exit 1 on an error result",
 		Long: `call builds a call envelope for TOOL and sends it: agent_id and
 capability_token_id come from the token, policy_hash from the kernel, and a
@@ -44,8 +44,8 @@ It prints the status, the error or the result, and the receipt id; --json
 prints the whole result envelope. A call the kernel holds for an approval says
 so on stderr at once (its operation and approval ids, and how to decide it),
 then every 15 s while it waits; with --data of a stopped kernel, the kernel runs
-in this process and serves its control socket meanwhile, so approvals approve
---data DIR decides it from another terminal. With --async (and --server) it prints only the
+in this process and serves its control socket meanwhile, so
+"kernelctl approvals approve ID --data DIR" decides it from another terminal. With --async (and --server) it prints only the
 operation id: the call runs on in the kernel, waits there for an approval if it
 needs one, and kernelctl wait OP prints its result.`,
 		Args: cobra.ExactArgs(1),

@@ -345,3 +345,25 @@ func TestMCPGatewayHandles(t *testing.T) {
 		})
 	}
 }
+
+// TestMCPGatewayPipe: a client that writes its requests to kernelctl mcp's
+// stdin and closes it (a script, not an SDK client) gets every answer
+// before the gateway ends, the tools/call's included.
+func TestMCPGatewayPipe(t *testing.T) {
+	f := newRunFixture(t)
+	cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token)
+	cmd.Stdin = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+{"jsonrpc":"2.0","id":2,"method":"tools/list"}
+{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"fs.read","arguments":{"path":"notes.txt"}}}
+`)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kernelctl mcp: %v: %s", err, out)
+	}
+	for _, want := range []string{`"id":1`, `"id":2`, `"id":3`, "the notes"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("answers lack %s:\n%s", want, out)
+		}
+	}
+}

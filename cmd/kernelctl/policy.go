@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -45,6 +46,7 @@ func policyHashCmd() *cobra.Command {
 
 func policyEvalCmd() *cobra.Command {
 	var input, dir string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "eval --input FILE|- [--policy DIR]",
 		Short: "Decide one policy input document (the policy_input of an audit record) and print the decision",
@@ -79,13 +81,18 @@ func policyEvalCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printJSON(cmd.OutOrStdout(), map[string]any{"policy_hash": eng.Hash(), "decision": d})
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"policy_hash": eng.Hash(), "decision": d})
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintf(tw, "policy_hash\t%s\nautonomy_mode\t%s\nrisk_score\t%v\nrisk_basis\t%s\n", eng.Hash(), d.AutonomyMode, d.RiskScore, strings.Join(d.RiskBasis, "; "))
+			return tw.Flush()
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "", "policy input document (JSON; - for stdin)")
 	cmd.Flags().StringVar(&dir, "policy", "", "bundle dir (default: the embedded bundle)")
-	// The decision is JSON already; --json is accepted as on every verb.
-	cmd.Flags().Bool("json", true, "print JSON (always)")
+	// JSON by default, as the decision is a document; --json=false prints a table.
+	cmd.Flags().BoolVar(&asJSON, "json", true, "print the decision as JSON (--json=false: a table)")
 	return cmd
 }
 

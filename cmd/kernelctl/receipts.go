@@ -121,7 +121,7 @@ func receiptsShowCmd() *cobra.Command {
 	var t target
 	cmd := &cobra.Command{
 		Use:   "show RECEIPT_ID --data DIR|--server URL",
-		Short: "Print a receipt: its claims and the compact JWS",
+		Short: "Print a receipt: what its audit entry says (and, for a v1 receipt, its compact JWS)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			h, err := t.openHistory("receipts show")
@@ -136,8 +136,8 @@ func receiptsShowCmd() *cobra.Command {
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), info)
 			}
-			printReceipt(cmd.OutOrStdout(), info.Receipt)
-			fmt.Fprintf(cmd.OutOrStdout(), "receipt entry seq\t%d\njws\t%s\n", info.Seq, info.JWS)
+			extra := [][2]string{{"entry seq", fmt.Sprint(info.Seq)}, {"jws (v1)", info.JWS}, {"withheld", strings.Join(info.Withheld, ", ")}}
+			printReceipt(cmd.OutOrStdout(), info.Receipt, extra...)
 			return nil
 		},
 	}
@@ -146,16 +146,18 @@ func receiptsShowCmd() *cobra.Command {
 	return cmd
 }
 
-func printReceipt(w io.Writer, r *receipts.Receipt) {
+// printReceipt prints the fields of r that are set, then the extra rows
+// that are.
+func printReceipt(w io.Writer, r *receipts.Receipt, extra ...[2]string) {
 	tw := newTable(w)
-	for _, kv := range [][2]string{
+	for _, kv := range append([][2]string{
 		{"receipt_id", r.ReceiptID}, {"operation_id", r.OperationID}, {"tool_id", r.ToolID}, {"agent_id", r.AgentID},
 		{"capability_token_id", r.CapabilityTokenID}, {"args_hash", r.ArgsHash}, {"result_hash", r.ResultHash},
 		{"tx_outcome", r.TxOutcome}, {"commit_delta_id", r.CommitDeltaID}, {"error_class", r.ErrorClass},
 		{"policy_hash", r.PolicyHash}, {"autonomy_mode", r.AutonomyMode}, {"risk_score", fmt.Sprint(r.RiskScore)},
 		{"ledger_seq", fmt.Sprint(r.LedgerSeq)}, {"ledger_entry_hash", r.LedgerEntryHash}, {"issued_at", r.IssuedAt},
 		{"approval_id", r.ApprovalID}, {"approved_by", r.ApprovedBy}, {"approval_reason", r.ApprovalReason},
-	} {
+	}, extra...) {
 		if kv[1] != "" {
 			fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
 		}

@@ -48,8 +48,12 @@ Exit 1 with the problems listed when any is found.`,
 				}
 			} else {
 				w := cmd.OutOrStdout()
-				fmt.Fprintf(w, "%d entries, %d calls, %d idempotency keys (%d committed, %d in flight), %d replays, %d receipts\n",
-					rep.Entries, rep.Calls, rep.Keys, rep.Committed, rep.InFlight, rep.Replays, rep.Receipts)
+				fmt.Fprintf(w, "%d entries, %d calls, %d idempotency keys (%d committed, %d in flight), %d replays",
+					rep.Entries, rep.Calls, rep.Keys, rep.Committed, rep.InFlight, rep.Replays)
+				if rep.Receipts > 0 {
+					fmt.Fprintf(w, ", %d JWS receipts (v1) matched with their records", rep.Receipts)
+				}
+				fmt.Fprintln(w)
 				if len(rep.Problems) > 0 {
 					tw := newTable(w)
 					fmt.Fprintln(tw, "SEQ\tPROBLEM\tAGENT\tKEY\tDETAIL")

@@ -118,6 +118,9 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 					return &usageError{err}
 				}
 			}
+			if req.Role == "" && len(req.KV) == 0 && (minted.Cap.AllowsTool("kv.get") || minted.Cap.AllowsTool("kv.put")) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "kernelctl: note: the token grants kv tools but no --kv scopes, so every key is refused to it (scope_denied)")
+			}
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), minted)
 			}
@@ -421,6 +424,9 @@ func parseKVScopes(specs []string) ([]captoken.KVScope, error) {
 		}
 		if mode := s[i+1:]; mode != "r" && mode != "rw" {
 			return nil, fmt.Errorf("--kv %q: mode %q is not r or rw", s, mode)
+		}
+		if strings.Contains(s[:i], ":r,") || strings.Contains(s[:i], ":rw,") {
+			return nil, fmt.Errorf("--kv %q: one scope per --kv; repeat the flag for more", s)
 		}
 		out = append(out, captoken.KVScope{Keys: s[:i], Mode: s[i+1:]})
 	}

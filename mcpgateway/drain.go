@@ -1,0 +1,79 @@
+package mcpgateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// drainConn answers every request it read before it reports the end of
+// the client's input. The SDK ends a session when a read fails, dropping
+// the answers of calls still running: a client that writes its requests to
+// a pipe and closes it (a script, a test harness) got no answer at all,
+// not even to initialize. Each call is audited either way; this only lets
+// its answer reach the client. A request never answered (one waiting for
+// an approval) holds the end until it is answered or ctx is done, so the
+// gateway's life after the end of input is bounded by the kernel's call and
+// approval timeouts.
+type drainConn struct {
+	mcp.Connection
+
+	mu      sync.Mutex
+	pending map[string]bool // ids of requests read and not answered
+	idle    *sync.Cond      // signalled when pending shrinks
+}
+
+func newDrainConn(c mcp.Connection) *drainConn {
+	d := &drainConn{Connection: c, pending: map[string]bool{}}
+	d.idle = sync.NewCond(&d.mu)
+	return d
+}
+
+// idKey tells ids apart by type and value (1 and "1" are two ids).
+func idKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
+
+// Read reads the next message; at the end of input it first waits for the
+// requests in flight to be answered.
+func (d *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	m, err := d.Connection.Read(ctx)
+	if err != nil {
+		d.wait(ctx)
+		return m, err
+	}
+	if r, ok := m.(*jsonrpc.Request); ok && r.ID.IsValid() {
+		d.mu.Lock()
+		d.pending[idKey(r.ID)] = true
+		d.mu.Unlock()
+	}
+	return m, nil
+}
+
+// Write writes a message; a response settles its request.
+func (d *drainConn) Write(ctx context.Context, m jsonrpc.Message) error {
+	err := d.Connection.Write(ctx, m)
+	if r, ok := m.(*jsonrpc.Response); ok && r.ID.IsValid() {
+		d.mu.Lock()
+		delete(d.pending, idKey(r.ID))
+		d.idle.Broadcast()
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// wait returns once no request is pending or ctx is done.
+func (d *drainConn) wait(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() {
+		d.mu.Lock()
+		d.idle.Broadcast()
+		d.mu.Unlock()
+	})
+	defer stop()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for len(d.pending) > 0 && ctx.Err() == nil {
+		d.idle.Wait()
+	}
+}
