@@ -16,8 +16,23 @@ import (
 // fsync) and, interleaved in the same loop, bare `bwrap … true` with
 // comparable namespaces and binds (no staging, limits or init), and
 // reports both and their ratio. The rw cases add the staging of a rw root:
-// empty, and of 1,000 files (overlay), so their difference is the staging
-// setup cost at that size.
+// empty (staged by copy: a small root), and of 1,000 files (overlay), so
+// their difference is the staging setup cost at that size.
+//
+// What proc.exec adds to bare bwrap, on the call's path (sandbox/doc.go
+// has the why of each; sandbox's BenchmarkProtections measures the bwrap
+// options one by one): the kernel's checks and policy (~0.1 ms CPU); the
+// sandbox's protections in bwrap (a nested user namespace for uid 1000,
+// --disable-userns, cgroup and uts namespaces, the /etc snapshot);
+// the sh init as pid 1 and its ready/go handshake, in which the kernel
+// applies the rlimits and niceness and waits for the intent's fsync
+// (which overlaps bwrap's setup: a durable intent before the command runs,
+// the crash contract); after the command, the durable commit of the
+// record (one fsync: the only durable commit the call waits for after the
+// command; a call that wrote files finishes its intent in a third
+// transaction, off its path). unshare's user namespace and bwrap's exec
+// are off the path: the Sandbox keeps a chain started ahead (sandbox
+// spare chain), which the loop's first call starts.
 //
 //	GOEXPERIMENT=jsonv2 go test -run='^$' -bench=ExecVsBareBwrap -benchtime=50x ./kernel/
 func BenchmarkExecVsBareBwrap(b *testing.B) {

@@ -103,14 +103,15 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	defer releaseEtc()
 
+	// The clock starts before the timeout's: a run the timeout ends lasts
+	// at least the timeout, however the goroutine is scheduled.
+	start := time.Now()
 	runCtx := ctx
 	var cancelTimeout context.CancelFunc = func() {}
 	if pl.timeout > 0 {
 		runCtx, cancelTimeout = context.WithTimeout(ctx, pl.timeout)
 	}
 	defer cancelTimeout()
-
-	start := time.Now()
 	overlay := st != nil && mode != StagingCopy
 	var ch *chain
 	if pl.cmd.Channel == nil {

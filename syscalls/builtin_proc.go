@@ -215,7 +215,16 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		}
 		return Output{}, fmt.Errorf("proc.exec: %w", err)
 	}
-	defer res.Close()
+	// The staging goes once the delta is staged (its content copied into
+	// the call's stage): in the background, while the kernel records the
+	// call, where it can.
+	defer func() {
+		if c.Cleanup != nil {
+			c.Cleanup(func() { res.Close() })
+		} else {
+			res.Close()
+		}
+	}()
 	cpuMS := int64(math.Ceil(float64(res.CPUTime()) / float64(time.Millisecond)))
 	if c.Charge != nil {
 		c.Charge(BudgetCPUMillis, cpuMS)

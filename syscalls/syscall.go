@@ -228,6 +228,11 @@ type Call struct {
 	// call's intent durable and returns nil, or returns why the call does
 	// not proceed (it was refused at prepare, or replays another).
 	Gate func() error
+	// Cleanup, when set, runs f in the background: work the syscall
+	// leaves once it no longer needs a resource (removing scratch files),
+	// which then overlaps the recording of the call. The kernel waits for
+	// it before it answers the call. Nil: the syscall does the work itself.
+	Cleanup func(f func())
 }
 
 // TreeStager is implemented by stagers that can also stage streamed file

@@ -1,0 +1,42 @@
+package kernel
+
+import "sync"
+
+// cleanups is the work a syscall leaves running when it returns
+// (syscalls.Call.Cleanup): proc.exec's removal of its sandbox staging,
+// which needs no part of the call's outcome, runs while the call is
+// recorded (its fsync) instead of before; run waits for it before it
+// answers, so nothing of the call is left once it has its result.
+type cleanups struct {
+	mu      sync.Mutex
+	running []chan struct{}
+	waited  bool // wait has begun: later work is not waited for
+}
+
+// start runs f in a goroutine of its own.
+func (cl *cleanups) start(f func()) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.waited {
+		// A syscall abandoned after its timeout; the call is answered.
+		go f()
+		return
+	}
+	done := make(chan struct{})
+	cl.running = append(cl.running, done)
+	go func() {
+		defer close(done)
+		f()
+	}()
+}
+
+// wait waits for the work started so far.
+func (cl *cleanups) wait() {
+	cl.mu.Lock()
+	cl.waited = true
+	running := cl.running
+	cl.mu.Unlock()
+	for _, done := range running {
+		<-done
+	}
+}

@@ -1,0 +1,37 @@
+package kernel
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Work a syscall leaves (Call.Cleanup) runs in the background and is
+// waited for before the call is answered; work left after that (an
+// abandoned syscall's) still runs, not waited for.
+func TestCleanups(t *testing.T) {
+	var cl cleanups
+	var done atomic.Int32
+	release := make(chan struct{})
+	cl.start(func() { <-release; done.Add(1) })
+	cl.start(func() { done.Add(1) })
+	waited := make(chan struct{})
+	go func() { cl.wait(); close(waited) }()
+	select {
+	case <-waited:
+		t.Fatal("wait returned before the work was done")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-waited
+	if n := done.Load(); n != 2 {
+		t.Fatalf("%d of 2 done when wait returned", n)
+	}
+	late := make(chan struct{})
+	cl.start(func() { close(late) })
+	select {
+	case <-late:
+	case <-time.After(5 * time.Second):
+		t.Fatal("work started after wait never ran")
+	}
+}
