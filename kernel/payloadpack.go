@@ -3,6 +3,7 @@ package kernel
 import (
 	"bytes"
 	"fmt"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -45,17 +46,27 @@ var (
 	unpacker, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(packMaxSize))
 )
 
-// packPayload returns the stored form of the canonical payload b.
+// packBufs holds the buffers payloads are packed in before compression,
+// which leaves the packed form behind.
+var packBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// packPayload returns the stored form of the canonical payload b, in
+// memory of its own.
 func packPayload(b []byte) []byte {
-	p := jsonpack.Pack(make([]byte, 0, len(b)), b)
-	if len(p) < packMin {
-		return p
+	bp := packBufs.Get().(*[]byte)
+	p := jsonpack.Pack((*bp)[:0], b)
+	defer func() {
+		if cap(p) <= 1<<20 { // a rare huge payload's buffer is not kept
+			*bp = p[:0]
+			packBufs.Put(bp)
+		}
+	}()
+	if len(p) >= packMin {
+		if z := packer.EncodeAll(p, make([]byte, 0, len(p)*2/3)); len(z) < len(p) {
+			return z
+		}
 	}
-	z := packer.EncodeAll(p, make([]byte, 0, len(p)*2/3))
-	if len(z) >= len(p) {
-		return p
-	}
-	return z
+	return bytes.Clone(p)
 }
 
 // unpackPayload returns the canonical JSON of the stored payload v: every

@@ -1,7 +1,6 @@
 package jsonpack
 
 import (
-	"bytes"
 	"encoding/binary"
 )
 
@@ -22,8 +21,7 @@ func AppendValue(dst, src []byte) ([]byte, bool) {
 	if len(src) == 0 || !e.value(0) || e.pos != len(src) {
 		return dst[:start], false
 	}
-	d := decoder{in: e.out[start:], out: make([]byte, 0, len(src))}
-	if err := d.run(); err != nil || !bytes.Equal(d.out, src) {
+	if !unpacksTo(e.out[start:], 0, src) {
 		return dst[:start], false
 	}
 	return e.out, true

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/capkernel/capkernel/jcs"
@@ -86,13 +87,28 @@ func Pack(dst, src []byte) []byte {
 	}
 	start := len(dst)
 	e := encoder{src: src, out: append(dst, Tag)}
-	if e.value(0) && e.pos == len(src) && len(e.out)-start < len(src) {
-		packed := e.out[start:]
-		if back, err := Unpack(make([]byte, 0, len(src)), packed); err == nil && bytes.Equal(back, src) {
-			return e.out
-		}
+	if e.value(0) && e.pos == len(src) && len(e.out)-start < len(src) && unpacksTo(e.out[start:], 1, src) {
+		return e.out
 	}
 	return append(e.out[:start], src...)
+}
+
+// scratch holds the buffers Pack and AppendValue unpack their output into
+// to check it: the check runs on every value stored, and its unpacked copy
+// is thrown away.
+var scratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// unpacksTo reports whether the tokens of in from pos (one value, ending
+// in) unpack to exactly src.
+func unpacksTo(in []byte, pos int, src []byte) bool {
+	bp := scratch.Get().(*[]byte)
+	d := decoder{in: in, pos: pos, out: (*bp)[:0]}
+	ok := d.run() == nil && bytes.Equal(d.out, src)
+	if cap(d.out) <= 1<<20 { // a rare huge value's buffer is not kept
+		*bp = d.out[:0]
+		scratch.Put(bp)
+	}
+	return ok
 }
 
 // Packed reports whether v is a packed value (starts with Tag).
@@ -218,6 +234,11 @@ func (e *encoder) str() ([]byte, bool) {
 		return nil, false
 	}
 	start := e.pos + 1
+	// Most strings hold no escape: the closing quote is the first one.
+	if n := bytes.IndexByte(e.src[start:], '"'); n >= 0 && bytes.IndexByte(e.src[start:start+n], '\\') < 0 {
+		e.pos = start + n + 1
+		return e.src[start : start+n], true
+	}
 	for i := start; i < len(e.src); i++ {
 		switch e.src[i] {
 		case '\\':
