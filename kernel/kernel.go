@@ -49,7 +49,6 @@ type Kernel struct {
 	verifier   *captoken.Verifier
 	locks      *pathLocks
 	syncer     *txn.Syncer
-	spares     *txn.Spares    // DataDir/spares: inodes replaced by writes, for reuse
 	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
 	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
 	presigned  presigned      // the batch's checkpoint, signed beside its Work steps (sequencer's: batchWork, afterBatch)
@@ -168,10 +167,6 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	}
 	k.syncer = txn.NewSyncer()
 	k.locks.onWait = k.syncer.Hurry
-	if k.spares, err = txn.OpenSpares(filepath.Join(cfg.DataDir, SparesDir)); err != nil {
-		k.Close()
-		return nil, err
-	}
 	k.stopWatch = make(chan struct{})
 	go k.watchFailure(k.stopWatch)
 	if err := k.load(ctx); err != nil {
@@ -268,9 +263,6 @@ func (k *Kernel) Close() error {
 		k.stopWatch = nil
 	}
 	k.finishing.Wait()
-	if k.spares != nil {
-		k.spares.Close()
-	}
 	err := k.db.Close()
 	if err == nil {
 		k.syncer.Close()

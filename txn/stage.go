@@ -70,9 +70,8 @@ const (
 // implements syscalls.Stager. After Discard, staging fails, so a handler
 // that outlives its call's timeout cannot leave files behind.
 type Stage struct {
-	opID   string
-	kv     syscalls.KVReader
-	spares *Spares
+	opID string
+	kv   syscalls.KVReader
 
 	mu      sync.Mutex
 	closed  bool
@@ -83,9 +82,8 @@ type Stage struct {
 }
 
 // NewStage starts staging for operation opID; kv reads current versions.
-// WriteFile reuses the inodes in spares (nil: none) for its staging files.
-func NewStage(opID string, kv syscalls.KVReader, spares *Spares) *Stage {
-	return &Stage{opID: opID, kv: kv, spares: spares, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
+func NewStage(opID string, kv syscalls.KVReader) *Stage {
+	return &Stage{opID: opID, kv: kv, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
 }
 
 var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
@@ -114,7 +112,7 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		}
 	}
 	name := s.name(StagePrefix, r.Rel)
-	f, left, err := s.create(r.Root, name, perm)
+	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%s: parent directory does not exist", r.Rel)
 	}
@@ -128,9 +126,6 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	})
 	s.roots[r.RootPath] = r.Root
 	_, err = f.Write(content)
-	if err == nil && left > int64(len(content)) {
-		err = f.Truncate(int64(len(content)))
-	}
 	if err == nil {
 		err = f.Chmod(perm)
 	}
@@ -141,23 +136,6 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		return fmt.Errorf("stage %s: %w", r.Rel, err)
 	}
 	return nil
-}
-
-// create makes the staging file name under root, from a spare when there
-// is one, and returns the size of the content left in it (0 for a new
-// file), which the caller overwrites and cuts.
-func (s *Stage) create(root *os.Root, name string, perm fs.FileMode) (*os.File, int64, error) {
-	if s.spares != nil {
-		if d, err := root.Open(path.Dir(name)); err == nil {
-			f, left, ok := s.spares.create(d, path.Base(name))
-			d.Close()
-			if ok {
-				return f, left, nil
-			}
-		}
-	}
-	f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
-	return f, 0, err
 }
 
 // WriteFrom stages the content read from src for r with mode perm and
