@@ -50,6 +50,16 @@
 //     write is queued, ahead of it: a later commit on the same paths lands
 //     in Finish's transaction or a later one, so recovery never redoes an
 //     earlier call (an unconditional mkdir, say) over a later one's effect.
+//   - Every syncfs of a file system goes through one descriptor, opened
+//     before anything was staged there (Stage has the Syncer Watch a root
+//     before its first staging file; recovery opens one with each root)
+//     and kept for the Syncer's life. Linux reports a writeback error to
+//     syncfs only through a descriptor opened before the error, once per
+//     open file: a descriptor opened per round would return 0 after
+//     another process's syncfs (a sandboxed `sync -f`) consumed the error,
+//     and the commit would follow content that never reached the disk.
+//     Staging into a file system mounted below a root is not covered:
+//     only the root's file system is synced.
 //
 // # No recycled inodes
 //

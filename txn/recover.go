@@ -56,7 +56,7 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 	}); err != nil {
 		return rec, err
 	}
-	roots := rootCache{}
+	roots := recoveryRoots{roots: rootCache{}}
 	defer roots.close()
 	// Decided intents first, in commit order: a later commit of a path
 	// was staged on the content an earlier one left.
@@ -159,16 +159,40 @@ func (c rootCache) open(dir string) (*os.Root, error) {
 	return r, nil
 }
 
-func (c rootCache) sync() error {
-	var roots []*os.Root
-	for _, r := range c {
-		roots = append(roots, r)
-	}
-	return SyncRoots(roots...)
-}
-
 func (c rootCache) close() {
 	for _, r := range c {
 		r.Close()
 	}
+}
+
+// recoveryRoots are the roots recovery opens, each file system's syncfs
+// descriptor opened with the first root on it, before recovery changes
+// anything there (see fileSystems).
+type recoveryRoots struct {
+	roots rootCache
+	fs    fileSystems
+}
+
+func (c *recoveryRoots) open(dir string) (*os.Root, error) {
+	r, err := c.roots.open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.fs.watch(r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (c *recoveryRoots) sync() error {
+	var roots []*os.Root
+	for _, r := range c.roots {
+		roots = append(roots, r)
+	}
+	return c.fs.sync(roots)
+}
+
+func (c *recoveryRoots) close() {
+	c.fs.close()
+	c.roots.close()
 }

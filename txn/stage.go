@@ -72,6 +72,7 @@ const (
 type Stage struct {
 	opID string
 	kv   syscalls.KVReader
+	sync *Syncer
 
 	mu      sync.Mutex
 	closed  bool
@@ -82,8 +83,11 @@ type Stage struct {
 }
 
 // NewStage starts staging for operation opID; kv reads current versions.
-func NewStage(opID string, kv syscalls.KVReader) *Stage {
-	return &Stage{opID: opID, kv: kv, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
+// Before anything is staged under a root, sync watches its file system
+// (Syncer.Watch), so that the Syncer's later rounds report any writeback
+// error of what is staged there; nil watches nothing.
+func NewStage(opID string, kv syscalls.KVReader, sync *Syncer) *Stage {
+	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
 }
 
 var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
@@ -111,6 +115,9 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 			perm = oldMode.Perm()
 		}
 	}
+	if err := s.use(r); err != nil {
+		return err
+	}
 	name := s.name(StagePrefix, r.Rel)
 	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -124,7 +131,6 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name,
 		OldHash: old, NewHash: digest.Sum(content), Size: int64(len(content)),
 	})
-	s.roots[r.RootPath] = r.Root
 	_, err = f.Write(content)
 	if err == nil {
 		err = f.Chmod(perm)
@@ -135,6 +141,19 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", r.Rel, err)
 	}
+	return nil
+}
+
+// use adds r's root to the roots the stage touches, having the Syncer
+// watch its file system first: before anything is staged under it.
+func (s *Stage) use(r *syscalls.Resource) error {
+	if _, ok := s.roots[r.RootPath]; ok {
+		return nil
+	}
+	if err := s.sync.Watch(r.Root); err != nil {
+		return fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	s.roots[r.RootPath] = r.Root
 	return nil
 }
 
@@ -156,12 +175,14 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 	}
 	pool, ok := s.pools[r.RootPath]
 	if !ok {
+		if err := s.use(r); err != nil {
+			return "", err
+		}
 		pool = StagePrefix + s.opID + "-pool"
 		if err := r.Root.Mkdir(pool, 0o700); err != nil {
 			return "", fmt.Errorf("stage %s: %w", r.Rel, err)
 		}
 		s.pools[r.RootPath] = pool
-		s.roots[r.RootPath] = r.Root
 	}
 	name := pool + "/" + strconv.Itoa(len(s.effects))
 	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -193,8 +214,10 @@ func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 	if s.closed {
 		return errStageClosed
 	}
+	if err := s.use(r); err != nil {
+		return err
+	}
 	s.effects = append(s.effects, Effect{Op: OpMkdir, Root: r.RootPath, Path: r.Rel, Mode: uint32(perm.Perm())})
-	s.roots[r.RootPath] = r.Root
 	return nil
 }
 
@@ -215,11 +238,13 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 			return err
 		}
 	}
+	if err := s.use(r); err != nil {
+		return err
+	}
 	s.effects = append(s.effects, Effect{
 		Op: OpDelete, Root: r.RootPath, Path: r.Rel, Stage: s.name(TrashPrefix, r.Rel),
 		OldHash: old, Size: fi.Size(),
 	})
-	s.roots[r.RootPath] = r.Root
 	return nil
 }
 

@@ -405,7 +405,7 @@ func TestStageDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	s := NewStage("op", KV{View: e.db.View})
+	s := NewStage("op", KV{View: e.db.View}, nil)
 	r := &syscalls.Resource{Root: root, RootPath: e.ws, Rel: "f"}
 	if err := s.WriteFile(r, []byte("x"), 0); err != nil {
 		t.Fatal(err)
