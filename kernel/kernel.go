@@ -235,8 +235,12 @@ func (k *Kernel) load(ctx context.Context) error {
 		return err
 	}
 	for _, c := range k.Recovered.Conflicts {
-		k.cfg.Logger.Warn("recovery did not apply a committed effect: its target no longer holds the content it was staged against (kernelctl workspace verify names it)",
-			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "want", c.Want, "found", c.Found)
+		why := "its target no longer holds the content it was staged against"
+		if c.Reason == txn.ConflictStaging {
+			why = "its staging file does not hold the committed content (damaged after it was synced)"
+		}
+		k.cfg.Logger.Warn("recovery did not apply a committed effect: "+why+" (kernelctl workspace verify names it)",
+			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "reason", c.Reason, "want", c.Want, "found", c.Found)
 	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {

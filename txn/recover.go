@@ -20,21 +20,31 @@ type Recovered struct {
 	Unknown    []Intent // prepared external intents: outcome_unknown
 	// Conflicts are effects of decided intents that recovery did not
 	// apply because their target no longer held the content they were
-	// staged against (see Redo).
+	// staged against, or their staging file no longer held the committed
+	// content (see Redo).
 	Conflicts []Conflict
 }
 
-// Conflict is a decided effect left unapplied by recovery: the target
-// Path (under Root) holds content of digest Found ("" when absent), while
-// the effect was staged against Want.
+// Conflict is a decided effect left unapplied by recovery, for Reason:
+// ConflictTarget, the target Path (under Root) holds content of digest
+// Found ("" when absent) while the effect was staged against Want; or
+// ConflictStaging, the staging file holds content of digest Found instead
+// of the committed content Want, and the target was left as it was.
 type Conflict struct {
 	OperationID string `json:"operation_id"`
 	Op          string `json:"op"`
 	Root        string `json:"root"`
 	Path        string `json:"path"`
+	Reason      string `json:"reason"`
 	Want        string `json:"want"`
 	Found       string `json:"found"`
 }
+
+// Conflict reasons.
+const (
+	ConflictTarget  = "target_changed"  // the target no longer holds the pre-image
+	ConflictStaging = "staging_damaged" // the staged content is not the committed content
+)
 
 // Recover finishes what a crash or a fail stop interrupted; run it at
 // open, before any call. Decided intents are applied again in commit
