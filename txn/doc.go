@@ -46,10 +46,13 @@
 //     renames and another's staged files), or one that a call waiting for
 //     this call's path locks hurries, or one after LaterDelay.
 //   - The path locks are held until Finish is queued, and Finish
-//     (store.UpdateLazy) joins the first transaction begun after a later
-//     write is queued, ahead of it: a later commit on the same paths lands
-//     in Finish's transaction or a later one, so recovery never redoes an
-//     earlier call (an unconditional mkdir, say) over a later one's effect.
+//     (store.UpdateLazy) commits no later than any write queued after it:
+//     in the transaction of the first request the store takes after it,
+//     ahead of that request, or in an earlier one. A later commit on the
+//     same paths is queued after the locks are released, so it lands after
+//     Finish in Finish's transaction or in a later one, and recovery never
+//     redoes an earlier call (an unconditional mkdir, say) over a later
+//     one's effect.
 //   - Every syncfs of a file system goes through one descriptor, opened
 //     before anything was staged there (Stage has the Syncer Watch a root
 //     before its first staging file; recovery opens one with each root)
