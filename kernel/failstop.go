@@ -23,7 +23,11 @@ import (
 // failure is logged once, and the process that serves the kernel (kernelctl
 // serve, mcp, run) exits non-zero so that its supervisor restarts it. The
 // next Open decides every interrupted operation from what is durable
-// (txn.Recover) and writes its one audit record.
+// (txn.Recover) and writes its one audit record. That Open reads files
+// through the page cache and learns of no writeback error the failed
+// process saw already, so only a restart after a remount of the failed
+// file system (or a reboot) recovers from what is on the disk; the log
+// line says so (docs/kernel.md).
 
 // TxUnknown is the tx_outcome of an answer given when the kernel failed
 // stop before it could learn or record the call's outcome: only the next
@@ -52,7 +56,7 @@ func (k *Kernel) watchFailure(stop <-chan struct{}) {
 		err := k.db.Err()
 		var f *store.FatalError
 		if errors.As(err, &f) {
-			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls; restart it to recover from what is durable",
+			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls; remount the file system holding path (or reboot), then restart it to recover from what is durable",
 				"op", f.Op, "path", f.Path, "error", f.Err.Error())
 		} else {
 			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls", "error", err.Error())
