@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/capkernel/capkernel/internal/tailpad"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/txn"
 )
@@ -185,7 +186,7 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 		var seqs []uint64
 		c := b.Cursor()
 		for key, _ := c.First(); key != nil && len(seqs) < maxErasedPerRecord; key, _ = c.Next() {
-			if isPad(key) {
+			if tailpad.Is(key) {
 				continue
 			}
 			seq := binary.BigEndian.Uint64(key)
@@ -399,7 +400,7 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 		}
 		c := b.Cursor()
 		for key, v := c.First(); key != nil; key, v = c.Next() {
-			if isPad(key) && len(v) == 0 {
+			if tailpad.Is(key) && len(v) == 0 {
 				continue
 			}
 			seq := binary.BigEndian.Uint64(key)

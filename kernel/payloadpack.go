@@ -24,7 +24,7 @@ import (
 // ~10 µs even for a small payload (setting up its tables;
 // BenchmarkPackPayload) and saves nothing on the ~300 bytes of a payload
 // without text; from packMin on the payload holds text, and the frame
-// of an fs.read of 1 KiB (~850 bytes instead of ~1,200) lets a 4 KiB
+// of an fs.read of 1 KiB (~940 bytes instead of ~1,240) lets a 4 KiB
 // page hold four payloads instead of three (docs/formats.md, "Storage
 // encoding"; BenchmarkAuditStorage).
 const packMin = 512
@@ -37,7 +37,11 @@ const packMaxSize = 256 << 20
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 
 var (
-	packer, _   = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithLowerEncoderMem(true), zstd.WithEncoderCRC(false))
+	// Literal entropy coding stays on: a payload of 1 KiB of prose has
+	// few matches, and without it the fastest level stores its literals
+	// raw (no smaller than the packed payload).
+	packer, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithLowerEncoderMem(true),
+		zstd.WithEncoderCRC(false), zstd.WithAllLitEntropyCompression(true))
 	unpacker, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(packMaxSize))
 )
 

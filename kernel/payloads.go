@@ -13,6 +13,7 @@ import (
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/internal/b3"
+	"github.com/capkernel/capkernel/internal/tailpad"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 )
@@ -320,40 +321,14 @@ func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	// Keys only grow (seq order), so a page split may leave the left page
 	// full: the default half-full split would waste half of every page.
 	b.FillPercent = 1
-	if err := putPads(b); err != nil {
+	// With one payload per transaction, pages would hold two payloads
+	// fewer than fit (half a page for an fs.read's): see tailpad.
+	if err := tailpad.Ensure(b); err != nil {
 		return err
 	}
 	// payload is the entry's own, never modified after: bbolt may keep it
 	// until the commit without a copy.
 	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)
-}
-
-// padKeys are two keys kept, with empty values, after every payload of
-// bucketPayloads (above any seq: seqs are below 2^53). bbolt splits an
-// overfull page so that the last page keeps at least three keys
-// (bbolt's node.splitIndex), so appending one payload per transaction
-// leaves pages holding two fewer payloads than fit: half of each page
-// for payloads of ~800 bytes, the size of an fs.read of 1 KiB of text.
-// With the pads at the end, two of those three keys are the pads, and
-// the pages before hold as many payloads as fit (BenchmarkAuditStorage).
-var padKeys = [2][]byte{{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}
-
-// putPads puts the pad keys in b if they are missing (a database from
-// before them).
-func putPads(b *bbolt.Bucket) error {
-	for _, k := range padKeys {
-		if b.Get(k) == nil {
-			if err := b.Put(k, []byte{}); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// isPad reports whether key is a pad key.
-func isPad(key []byte) bool {
-	return bytes.Equal(key, padKeys[0]) || bytes.Equal(key, padKeys[1])
 }
 
 // getPayload returns the stored payload of the audit entry seq, or nil
