@@ -133,9 +133,6 @@ const (
 	// which verifies receipts and ledger checkpoints; safe to hand out.
 	ReceiptPublicKeyFile = "keys/receipt.pub"
 	AdminFile            = "admin.token"
-	// SparesDir holds the inodes of files replaced by writes until a later
-	// write reuses them (txn.Spares); emptied at Open.
-	SparesDir = "spares"
 )
 
 // settings is the data dir's kernel.json.

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/syscalls"
@@ -44,9 +43,7 @@ func (writeTwo) Execute(_ context.Context, c *syscalls.Call) (syscalls.Output, e
 
 // TestCrashChild is the child process of TestCrashRecovery: it opens the
 // kernel, arms the crash hook and makes the two-file write, dying by
-// SIGKILL at the armed point. With CAPK_WARM set it first writes c.txt and
-// d.txt and waits until their replaced inodes are spares, so the crashing
-// call stages its files on recycled inodes.
+// SIGKILL at the armed point.
 func TestCrashChild(t *testing.T) {
 	point := os.Getenv("CAPK_CRASH_POINT")
 	if point == "" {
@@ -64,18 +61,6 @@ func TestCrashChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.PolicyHash = k.PolicyHash()
-	if os.Getenv("CAPK_WARM") != "" {
-		warm := env
-		warm.Args, warm.IdempotencyKey, warm.OperationID = json.RawMessage(`{"a":"c.txt","b":"d.txt","content":"warm"}`), "warm", newID()
-		if r := k.Invoke(context.Background(), &warm); r.Status != StatusOK {
-			t.Fatalf("warm-up write: %+v", r.Error)
-		}
-		for deadline := time.Now().Add(10 * time.Second); k.spares.Free() < 2; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the warm-up write's replaced inodes are not spares: %d", k.spares.Free())
-			}
-		}
-	}
 	crashHook = func(p string) {
 		if p == point {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -90,26 +75,18 @@ func TestCrashRecovery(t *testing.T) {
 		point   string
 		partial bool // one of the two renames happened before the crash
 		applied bool // what the reopened kernel must show
-		warm    bool // the call stages on recycled inodes (txn.Spares)
 	}{
-		{"prepared", false, false, false},
-		{"staged", false, false, false},
-		{"staged", false, false, true},
-		{"decided", false, true, false},
-		{"decided", true, true, false},
-		{"decided", false, true, true},
-		// Applied, not yet durable: the replaced inodes are linked into
-		// the pool but never offered for reuse.
-		{"applied", false, true, false},
-		{"applied", false, true, true},
+		{"prepared", false, false},
+		{"staged", false, false},
+		{"decided", false, true},
+		{"decided", true, true},
+		{"applied", false, true}, // renamed, not yet durable
 	}
 	for _, tc := range cases {
-		t.Run(fmt.Sprintf("%s partial=%v warm=%v", tc.point, tc.partial, tc.warm), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s partial=%v", tc.point, tc.partial), func(t *testing.T) {
 			h := newHarness(t)
 			h.write("a.txt", "old")
 			h.write("b.txt", "old")
-			h.write("c.txt", "old")
-			h.write("d.txt", "old")
 			tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"test.*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
 			env := Envelope{ToolID: "test.write2", Args: json.RawMessage(`{"a":"a.txt","b":"b.txt","content":"new"}`),
 				AgentID: h.agent, CapabilityToken: tok, CapabilityTokenID: jti, IdempotencyKey: "crash", OperationID: newID()}
@@ -118,9 +95,6 @@ func TestCrashRecovery(t *testing.T) {
 
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v")
 			cmd.Env = append(os.Environ(), "CAPK_CRASH_POINT="+tc.point, "CAPK_DATA="+h.data, "CAPK_ENVELOPE="+string(envJSON))
-			if tc.warm {
-				cmd.Env = append(cmd.Env, "CAPK_WARM=1")
-			}
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
@@ -144,12 +118,6 @@ func TestCrashRecovery(t *testing.T) {
 				t.Fatalf("after recovery a=%q b=%q, want both %q", a, b, wantA)
 			}
 			assertNoStaging(t, h.ws)
-			if tc.warm && (h.read("c.txt") != "warm" || h.read("d.txt") != "warm") {
-				t.Fatalf("the warm-up write was lost: c=%q d=%q", h.read("c.txt"), h.read("d.txt"))
-			}
-			if left, err := os.ReadDir(filepath.Join(h.data, SparesDir)); err != nil || len(left) != 0 {
-				t.Fatalf("spare pool after reopen: %v %v, want empty", left, err)
-			}
 			rec := h.k.Recovered
 			if tc.applied && len(rec.Redone) != 1 || !tc.applied && len(rec.RolledBack) != 1 {
 				t.Fatalf("recovery report %+v", rec)

@@ -23,7 +23,11 @@ import (
 // failure is logged once, and the process that serves the kernel (kernelctl
 // serve, mcp, run) exits non-zero so that its supervisor restarts it. The
 // next Open decides every interrupted operation from what is durable
-// (txn.Recover) and writes its one audit record.
+// (txn.Recover) and writes its one audit record. That Open reads files
+// through the page cache and learns of no writeback error the failed
+// process saw already, so only a restart after a remount of the failed
+// file system (or a reboot) recovers from what is on the disk; the log
+// line says so (docs/kernel.md).
 
 // TxUnknown is the tx_outcome of an answer given when the kernel failed
 // stop before it could learn or record the call's outcome: only the next
@@ -52,7 +56,7 @@ func (k *Kernel) watchFailure(stop <-chan struct{}) {
 		err := k.db.Err()
 		var f *store.FatalError
 		if errors.As(err, &f) {
-			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls; restart it to recover from what is durable",
+			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls; remount the file system holding path (or reboot), then restart it to recover from what is durable",
 				"op", f.Op, "path", f.Path, "error", f.Err.Error())
 		} else {
 			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls", "error", err.Error())
@@ -78,21 +82,18 @@ func (k *Kernel) stopped(c *call, err error) *Result {
 const applyAttempts = 3
 
 // apply makes a committed call's effects visible (finish makes them
-// durable, after the answer), keeping the inodes of replaced files for
-// reuse (txn.Spares). When it cannot, the call is not answered ok while its effect is missing: the
-// kernel fails stop and the next start redoes the apply from the durable
-// intent. It returns the retired inodes for finish, and nil on success,
+// durable, after the answer). When it cannot, the call is not answered ok
+// while its effect is missing: the kernel fails stop and the next start
+// redoes the apply from the durable intent. It returns nil on success,
 // else the answer.
-func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) (*txn.Retired, *Result) {
+func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result {
 	var err error
 	for range applyAttempts {
-		var retired *txn.Retired
-		if retired, err = k.spares.Apply(effects, stage.Root); err == nil {
-			return retired, nil
+		if err = txn.Apply(effects, stage.Root); err == nil {
+			return nil
 		}
-		k.spares.Release(retired, false)
 	}
-	return nil, k.stopped(c, k.failStop("apply of committed operation "+c.env.OperationID+" to", rootNames(stage), err))
+	return k.stopped(c, k.failStop("apply of committed operation "+c.env.OperationID+" to", rootNames(stage), err))
 }
 
 // finish ends a committed and applied call after it is answered. The
@@ -103,18 +104,16 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) (*txn.Re
 // would lose them in a crash — and a failed syncfs fails the kernel stop,
 // leaving the redo to the next start. The syncfs is a SyncLater: it
 // rides with the next call's sync of its staged files, or comes when a
-// call waits for this one's path locks (pathLocks.onWait hurries it). The inodes the apply replaced
-// (retired) are offered for reuse only then too: before, a crash could
-// leave a target naming one. The call's path locks, released by
-// unlock, are held until Finish is queued, so that a later commit on the
-// same paths lands in the same or a later transaction than the mark and
-// recovery never redoes an earlier call over a later one's content.
-func (k *Kernel) finish(opID string, stage *txn.Stage, retired *txn.Retired, unlock func()) {
+// call waits for this one's path locks (pathLocks.onWait hurries it). The
+// call's path locks, released by unlock, are held until Finish is queued,
+// so that a later commit on the same paths lands in the same or a later
+// transaction than the mark and recovery never redoes an earlier call
+// over a later one's content.
+func (k *Kernel) finish(opID string, stage *txn.Stage, unlock func()) {
 	k.finishing.Add(1)
 	k.syncer.SyncLater(func(err error) {
 		defer k.finishing.Done()
 		defer unlock()
-		k.spares.Release(retired, err == nil)
 		if err != nil {
 			k.failStop("syncfs (making applied files durable) of", rootNames(stage), err)
 			return

@@ -744,7 +744,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
-	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View}, k.spares)
+	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View}, k.syncer)
 	var gated *gatedExec
 	if c.entry.Def.Gated {
 		gated = k.startGated(ctx, c, resources, stage) // execgate.go
@@ -856,8 +856,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return &c.res
 	}
 	crashPoint("decided")
-	retired, r := k.apply(c, effects, stage)
-	if r != nil {
+	if r := k.apply(c, effects, stage); r != nil {
 		return r
 	}
 	crashPoint("applied")
@@ -865,7 +864,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return &c.res // finished at commit
 	}
 	held = false
-	k.finish(in.OperationID, stage, retired, func() { k.locks.unlock(locks) })
+	k.finish(in.OperationID, stage, func() { k.locks.unlock(locks) })
 	return &c.res
 }
 

@@ -49,7 +49,6 @@ type Kernel struct {
 	verifier   *captoken.Verifier
 	locks      *pathLocks
 	syncer     *txn.Syncer
-	spares     *txn.Spares    // DataDir/spares: inodes replaced by writes, for reuse
 	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
 	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
 	presigned  presigned      // the batch's checkpoint, signed beside its Work steps (sequencer's: batchWork, afterBatch)
@@ -168,10 +167,6 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	}
 	k.syncer = txn.NewSyncer()
 	k.locks.onWait = k.syncer.Hurry
-	if k.spares, err = txn.OpenSpares(filepath.Join(cfg.DataDir, SparesDir)); err != nil {
-		k.Close()
-		return nil, err
-	}
 	k.stopWatch = make(chan struct{})
 	go k.watchFailure(k.stopWatch)
 	if err := k.load(ctx); err != nil {
@@ -240,8 +235,12 @@ func (k *Kernel) load(ctx context.Context) error {
 		return err
 	}
 	for _, c := range k.Recovered.Conflicts {
-		k.cfg.Logger.Warn("recovery did not apply a committed effect: its target no longer holds the content it was staged against (kernelctl workspace verify names it)",
-			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "want", c.Want, "found", c.Found)
+		why := "its target no longer holds the content it was staged against"
+		if c.Reason == txn.ConflictStaging {
+			why = "its staging file does not hold the committed content (damaged after it was synced)"
+		}
+		k.cfg.Logger.Warn("recovery did not apply a committed effect: "+why+" (kernelctl workspace verify names it)",
+			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "reason", c.Reason, "want", c.Want, "found", c.Found)
 	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
@@ -268,9 +267,6 @@ func (k *Kernel) Close() error {
 		k.stopWatch = nil
 	}
 	k.finishing.Wait()
-	if k.spares != nil {
-		k.spares.Close()
-	}
 	err := k.db.Close()
 	if err == nil {
 		k.syncer.Close()

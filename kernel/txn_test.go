@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
@@ -260,5 +261,40 @@ func TestCommitDeltaNamesStoredDelta(t *testing.T) {
 	if d.OperationID != r.OperationID || len(d.Changes) != 1 || c.Op != "write" || c.Path != "d.txt" ||
 		c.OldHash != digest.Sum([]byte("old")) || c.NewHash != digest.Sum([]byte("new!")) || c.Size != 4 {
 		t.Fatalf("delta %+v", d)
+	}
+}
+
+// TestReplacedInodeNotReused: a process holding a workspace file by an
+// O_PATH descriptor (which no lease or lock reports) still reaches the
+// replaced content after writes to another workspace: a replaced inode
+// is never reused as a staging file (docs/kernel.md, "No recycled
+// inodes"). Reopening the descriptor through /proc must not read the
+// other workspace's secret.
+func TestReplacedInodeNotReused(t *testing.T) {
+	h := newHarness(t)
+	other := filepath.Join(filepath.Dir(h.ws), "other") // same file system
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tok, jti := h.mint("agent-2", captoken.Capability{Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: other, Mode: "rw"}}})
+	agent2 := func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "agent-2", tok, jti }
+	h.write("x.txt", "old x")
+	fd, err := unix.Open(filepath.Join(h.ws, "x.txt"), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": "x.txt", "content": "new x"}, key("x")))
+	h.k.finishing.Wait() // x.txt's replacement is durable
+	for i := range 8 {
+		mustOK(t, h.invoke("fs.write", map[string]any{"path": fmt.Sprintf("s%d.txt", i), "content": "secret"}, key(fmt.Sprint("s", i)), agent2))
+		h.k.finishing.Wait()
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != "old x" {
+		t.Fatalf("the O_PATH holder of the replaced x.txt reads %q, want %q", b, "old x")
 	}
 }

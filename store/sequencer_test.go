@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -431,6 +432,47 @@ func TestUpdateLazy(t *testing.T) {
 		}
 		if k := keys(t, d); len(k) != 100 {
 			t.Fatalf("%d keys, want 100", len(k))
+		}
+	})
+	// A lazy write queued while a batch is being gathered (its first
+	// request taken, the rest not yet), and a write queued right after
+	// it that the same batch takes: the lazy write must go in ahead of it.
+	t.Run("queued while a batch is gathered", func(t *testing.T) {
+		taken, resume := make(chan struct{}), make(chan struct{})
+		var armed atomic.Bool
+		gatherHook = func() {
+			if armed.CompareAndSwap(true, false) {
+				close(taken)
+				<-resume
+			}
+		}
+		t.Cleanup(func() { gatherHook = nil }) // after the DB's Close, a later cleanup
+		d := openTest(t)
+		armed.Store(true)
+		if err := d.UpdateAsync(put("first")); err != nil {
+			t.Fatal(err)
+		}
+		<-taken
+		if err := d.UpdateLazy(put("lazy")); err != nil {
+			t.Fatal(err)
+		}
+		var lazyFirst bool
+		next := make(chan error, 1)
+		go func() {
+			next <- d.Update(context.Background(), func(tx *bbolt.Tx) error {
+				lazyFirst = tx.Bucket([]byte("b")).Get([]byte("lazy")) != nil
+				return nil
+			})
+		}()
+		for len(d.queue) == 0 { // the next write is queued
+			time.Sleep(time.Millisecond)
+		}
+		close(resume)
+		if err := <-next; err != nil {
+			t.Fatal(err)
+		}
+		if !lazyFirst {
+			t.Fatal("a write queued after UpdateLazy returned committed before the lazy write")
 		}
 	})
 	t.Run("alone", func(t *testing.T) {

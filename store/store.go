@@ -12,8 +12,8 @@
 // as signing) runs concurrently for all ops of a batch.
 //
 // UpdateLazy queues a function that makes no commit of its own: it joins
-// the next transaction that commits for another reason, or commits after
-// LazyDelay when none comes.
+// a transaction that commits for another reason, ahead of every write
+// queued after it, or commits after LazyDelay when none comes.
 //
 // Unlike bbolt's db.Batch, a function's error is its own result and does not
 // fail its batch: functions must decide before they write, so an error
@@ -219,12 +219,14 @@ func (d *DB) UpdateAsync(fn func(*bbolt.Tx) error) error {
 const LazyDelay = 10 * time.Millisecond
 
 // UpdateLazy queues fn without waiting for it, like UpdateAsync, but makes
-// no commit for it alone: fn runs in the first transaction begun after a
-// later Update, Do or UpdateAsync is queued, before that request, or after
-// LazyDelay if none comes first (at the latest, at Close). So every write
-// queued after UpdateLazy returns commits in fn's transaction or a later
-// one. Use it for writes whose loss in a crash is harmless (for example,
-// marking redo work finished).
+// no commit for it alone: fn runs in the transaction of the first Update,
+// Do or UpdateAsync request the sequencer takes after UpdateLazy returned,
+// ahead of that request, or in an earlier transaction (one whose batch
+// was being gathered meanwhile); with no such request, after LazyDelay,
+// or at Close. What holds: every write queued after UpdateLazy returns
+// commits in fn's transaction, after fn, or in a later one. Use it for
+// writes whose loss in a crash is harmless (for example, marking redo
+// work finished).
 func (d *DB) UpdateLazy(fn func(*bbolt.Tx) error) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -310,6 +312,10 @@ func (d *DB) Close() error {
 	return d.bolt.Close()
 }
 
+// gatherHook, set by tests only, runs on the sequencer once a batch's
+// first request is taken, before the rest of the batch is.
+var gatherHook func()
+
 func (d *DB) sequence() {
 	defer close(d.done)
 	batch := make([]*request, 0, MaxBatch)
@@ -337,10 +343,14 @@ func (d *DB) sequence() {
 			}
 			continue
 		}
-		// Lazy requests go first: each was queued before first was,
-		// or concurrently with it. The batch may exceed MaxBatch by
-		// them, since none may wait for a later transaction.
+		// Each request taken is preceded by the lazy requests queued
+		// so far: every one of them was queued before that request
+		// was taken, so possibly before it was queued, and must not
+		// commit after it. The batch may exceed MaxBatch by them.
 		batch = append(append(batch[:0], d.takeLazy()...), first)
+		if gatherHook != nil {
+			gatherHook()
+		}
 	fill:
 		for len(batch) < MaxBatch {
 			select {
@@ -348,7 +358,7 @@ func (d *DB) sequence() {
 				if !ok {
 					break fill
 				}
-				batch = append(batch, r)
+				batch = append(append(batch, d.takeLazy()...), r)
 			default:
 				break fill
 			}

@@ -56,7 +56,11 @@ func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 // removed only while it holds OldHash. A target that holds the effect's
 // new content already is left as it is; one that holds anything else is
 // never overwritten: the staging file goes and the effect is reported as
-// a Conflict. Staging and trash files of the effects are gone afterwards.
+// a Conflict (ConflictTarget). A staging file is renamed only when it
+// holds the committed content (NewHash): one damaged since it was synced
+// (a lost or torn write, a change by hand) is removed and the effect is
+// reported as a Conflict (ConflictStaging), the target left as it was.
+// Staging and trash files of the effects are gone afterwards.
 func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root, error)) ([]Conflict, error) {
 	var conflicts []Conflict
 	for _, e := range effects {
@@ -74,8 +78,8 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 		if err != nil {
 			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
 		}
-		conflict := func(want string) {
-			conflicts = append(conflicts, Conflict{OperationID: operationID, Op: e.Op, Root: e.Root, Path: e.Path, Want: want, Found: cur})
+		conflict := func(reason, want, found string) {
+			conflicts = append(conflicts, Conflict{OperationID: operationID, Op: e.Op, Root: e.Root, Path: e.Path, Reason: reason, Want: want, Found: found})
 		}
 		switch e.Op {
 		case OpWrite:
@@ -84,11 +88,23 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 			}
 			switch {
 			case e.OldHash == "" && !present, e.OldHash != "" && cur == e.OldHash:
-				err = r.Rename(e.Stage, e.Path)
+				var staged string
+				staged, _, err = hashFile(r, e.Stage)
+				if errors.Is(err, errNotRegular) {
+					err = nil // staged is "": damaged
+				}
+				switch {
+				case err != nil:
+				case staged == e.NewHash:
+					err = r.Rename(e.Stage, e.Path)
+				default:
+					conflict(ConflictStaging, e.NewHash, staged)
+					err = r.RemoveAll(e.Stage)
+				}
 			case cur == e.NewHash && present:
 				err = r.Remove(e.Stage)
 			default:
-				conflict(e.OldHash)
+				conflict(ConflictTarget, e.OldHash, cur)
 				err = r.Remove(e.Stage)
 			}
 		case OpDelete:
@@ -97,7 +113,7 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 			case e.OldHash == "" || cur == e.OldHash:
 				err = r.Rename(e.Path, e.Stage)
 			default:
-				conflict(e.OldHash)
+				conflict(ConflictTarget, e.OldHash, cur)
 			}
 			if err == nil || errors.Is(err, fs.ErrNotExist) {
 				err = r.RemoveAll(e.Stage)

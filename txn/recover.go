@@ -20,21 +20,31 @@ type Recovered struct {
 	Unknown    []Intent // prepared external intents: outcome_unknown
 	// Conflicts are effects of decided intents that recovery did not
 	// apply because their target no longer held the content they were
-	// staged against (see Redo).
+	// staged against, or their staging file no longer held the committed
+	// content (see Redo).
 	Conflicts []Conflict
 }
 
-// Conflict is a decided effect left unapplied by recovery: the target
-// Path (under Root) holds content of digest Found ("" when absent), while
-// the effect was staged against Want.
+// Conflict is a decided effect left unapplied by recovery, for Reason:
+// ConflictTarget, the target Path (under Root) holds content of digest
+// Found ("" when absent) while the effect was staged against Want; or
+// ConflictStaging, the staging file holds content of digest Found instead
+// of the committed content Want, and the target was left as it was.
 type Conflict struct {
 	OperationID string `json:"operation_id"`
 	Op          string `json:"op"`
 	Root        string `json:"root"`
 	Path        string `json:"path"`
+	Reason      string `json:"reason"`
 	Want        string `json:"want"`
 	Found       string `json:"found"`
 }
+
+// Conflict reasons.
+const (
+	ConflictTarget  = "target_changed"  // the target no longer holds the pre-image
+	ConflictStaging = "staging_damaged" // the staged content is not the committed content
+)
 
 // Recover finishes what a crash or a fail stop interrupted; run it at
 // open, before any call. Decided intents are applied again in commit
@@ -56,7 +66,7 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 	}); err != nil {
 		return rec, err
 	}
-	roots := rootCache{}
+	roots := recoveryRoots{roots: rootCache{}}
 	defer roots.close()
 	// Decided intents first, in commit order: a later commit of a path
 	// was staged on the content an earlier one left.
@@ -159,16 +169,40 @@ func (c rootCache) open(dir string) (*os.Root, error) {
 	return r, nil
 }
 
-func (c rootCache) sync() error {
-	var roots []*os.Root
-	for _, r := range c {
-		roots = append(roots, r)
-	}
-	return SyncRoots(roots...)
-}
-
 func (c rootCache) close() {
 	for _, r := range c {
 		r.Close()
 	}
+}
+
+// recoveryRoots are the roots recovery opens, each file system's syncfs
+// descriptor opened with the first root on it, before recovery changes
+// anything there (see fileSystems).
+type recoveryRoots struct {
+	roots rootCache
+	fs    fileSystems
+}
+
+func (c *recoveryRoots) open(dir string) (*os.Root, error) {
+	r, err := c.roots.open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.fs.watch(r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (c *recoveryRoots) sync() error {
+	var roots []*os.Root
+	for _, r := range c.roots {
+		roots = append(roots, r)
+	}
+	return c.fs.sync(roots)
+}
+
+func (c *recoveryRoots) close() {
+	c.fs.close()
+	c.roots.close()
 }

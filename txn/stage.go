@@ -70,9 +70,9 @@ const (
 // implements syscalls.Stager. After Discard, staging fails, so a handler
 // that outlives its call's timeout cannot leave files behind.
 type Stage struct {
-	opID   string
-	kv     syscalls.KVReader
-	spares *Spares
+	opID string
+	kv   syscalls.KVReader
+	sync *Syncer
 
 	mu      sync.Mutex
 	closed  bool
@@ -83,9 +83,11 @@ type Stage struct {
 }
 
 // NewStage starts staging for operation opID; kv reads current versions.
-// WriteFile reuses the inodes in spares (nil: none) for its staging files.
-func NewStage(opID string, kv syscalls.KVReader, spares *Spares) *Stage {
-	return &Stage{opID: opID, kv: kv, spares: spares, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
+// Before anything is staged under a root, sync watches its file system
+// (Syncer.Watch), so that the Syncer's later rounds report any writeback
+// error of what is staged there; nil watches nothing.
+func NewStage(opID string, kv syscalls.KVReader, sync *Syncer) *Stage {
+	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
 }
 
 var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
@@ -113,8 +115,11 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 			perm = oldMode.Perm()
 		}
 	}
+	if err := s.use(r); err != nil {
+		return err
+	}
 	name := s.name(StagePrefix, r.Rel)
-	f, left, err := s.create(r.Root, name, perm)
+	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%s: parent directory does not exist", r.Rel)
 	}
@@ -126,11 +131,7 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name,
 		OldHash: old, NewHash: digest.Sum(content), Size: int64(len(content)),
 	})
-	s.roots[r.RootPath] = r.Root
 	_, err = f.Write(content)
-	if err == nil && left > int64(len(content)) {
-		err = f.Truncate(int64(len(content)))
-	}
 	if err == nil {
 		err = f.Chmod(perm)
 	}
@@ -143,21 +144,17 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	return nil
 }
 
-// create makes the staging file name under root, from a spare when there
-// is one, and returns the size of the content left in it (0 for a new
-// file), which the caller overwrites and cuts.
-func (s *Stage) create(root *os.Root, name string, perm fs.FileMode) (*os.File, int64, error) {
-	if s.spares != nil {
-		if d, err := root.Open(path.Dir(name)); err == nil {
-			f, left, ok := s.spares.create(d, path.Base(name))
-			d.Close()
-			if ok {
-				return f, left, nil
-			}
-		}
+// use adds r's root to the roots the stage touches, having the Syncer
+// watch its file system first: before anything is staged under it.
+func (s *Stage) use(r *syscalls.Resource) error {
+	if _, ok := s.roots[r.RootPath]; ok {
+		return nil
 	}
-	f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
-	return f, 0, err
+	if err := s.sync.Watch(r.Root); err != nil {
+		return fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	s.roots[r.RootPath] = r.Root
+	return nil
 }
 
 // WriteFrom stages the content read from src for r with mode perm and
@@ -178,12 +175,14 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 	}
 	pool, ok := s.pools[r.RootPath]
 	if !ok {
+		if err := s.use(r); err != nil {
+			return "", err
+		}
 		pool = StagePrefix + s.opID + "-pool"
 		if err := r.Root.Mkdir(pool, 0o700); err != nil {
 			return "", fmt.Errorf("stage %s: %w", r.Rel, err)
 		}
 		s.pools[r.RootPath] = pool
-		s.roots[r.RootPath] = r.Root
 	}
 	name := pool + "/" + strconv.Itoa(len(s.effects))
 	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -215,8 +214,10 @@ func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 	if s.closed {
 		return errStageClosed
 	}
+	if err := s.use(r); err != nil {
+		return err
+	}
 	s.effects = append(s.effects, Effect{Op: OpMkdir, Root: r.RootPath, Path: r.Rel, Mode: uint32(perm.Perm())})
-	s.roots[r.RootPath] = r.Root
 	return nil
 }
 
@@ -237,11 +238,13 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 			return err
 		}
 	}
+	if err := s.use(r); err != nil {
+		return err
+	}
 	s.effects = append(s.effects, Effect{
 		Op: OpDelete, Root: r.RootPath, Path: r.Rel, Stage: s.name(TrashPrefix, r.Rel),
 		OldHash: old, Size: fi.Size(),
 	})
-	s.roots[r.RootPath] = r.Root
 	return nil
 }
 

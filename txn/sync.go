@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,7 +23,12 @@ import (
 // round of its own: it joins the next round a Sync starts, so that one
 // flush serves one call's applied renames and the next call's staged
 // files, or a round that Hurry asks for, or one LaterDelay after it came.
+//
+// Each file system is synced through one descriptor, opened when the
+// Syncer first sees a root on it (Watch) and kept until Close: see
+// fileSystems for why a descriptor opened later would miss errors.
 type Syncer struct {
+	fs     fileSystems
 	reqs   chan *syncReq
 	hurry  chan struct{} // cap 1
 	delay  time.Duration // LaterDelay; tests set it
@@ -44,6 +49,19 @@ func NewSyncer() *Syncer {
 	s := &Syncer{reqs: make(chan *syncReq, 1024), hurry: make(chan struct{}, 1), delay: LaterDelay}
 	go s.loop()
 	return s
+}
+
+// Watch opens the descriptor through which the Syncer syncs root's file
+// system, unless it holds one already. Call it before anything is written
+// under root (Stage does): a writeback error that happens before Watch may
+// be missed by every later Sync. A root that Sync or SyncLater sees first
+// is watched then. A nil Syncer watches nothing.
+func (s *Syncer) Watch(root *os.Root) error {
+	if s == nil {
+		return nil
+	}
+	_, err := s.fs.watch(root)
+	return err
 }
 
 // Sync makes every change made so far under roots durable.
@@ -83,8 +101,8 @@ func (s *Syncer) Hurry() {
 // answered every request queued when it began.
 func (s *Syncer) Rounds() uint64 { return s.rounds.Load() }
 
-// Close stops the Syncer once queued requests are answered. No Sync may
-// be called after Close.
+// Close stops the Syncer once queued requests are answered, then closes
+// its file system descriptors. No method may be called after Close.
 func (s *Syncer) Close() { close(s.reqs) }
 
 func (s *Syncer) loop() {
@@ -97,6 +115,7 @@ func (s *Syncer) loop() {
 		case r, ok := <-s.reqs:
 			if !ok {
 				s.round(later)
+				s.fs.close()
 				return
 			}
 			if r.later && !hurried {
@@ -142,38 +161,93 @@ func (s *Syncer) round(batch []*syncReq) {
 	for _, r := range batch {
 		roots = append(roots, r.roots...)
 	}
-	err := SyncRoots(roots...)
+	err := s.fs.sync(roots)
 	s.rounds.Add(1)
 	for _, r := range batch {
 		r.done(err)
 	}
 }
 
-// SyncRoots runs syncfs(2) once for each file system holding roots.
-func SyncRoots(roots ...*os.Root) error {
-	synced := map[uint64]bool{}
-	seen := map[*os.Root]bool{}
+// fileSystems syncs file systems through descriptors opened once, before
+// anything is written to them. Linux reports a writeback error to
+// syncfs(2) only through a descriptor opened before the error happened
+// (the file system's error sequence is sampled at open), and only once per
+// open file: if another process syncs the file system first (a sandboxed
+// `sync -f`, a backup tool), it consumes the error for itself, and a
+// descriptor opened after the error sees none. A new descriptor per round
+// would then return 0 for a round whose files never reached the disk.
+type fileSystems struct {
+	mu     sync.Mutex
+	dev    map[*os.Root]uint64 // the file system of each root seen
+	files  map[uint64]*os.File // one descriptor per file system, by device
+	closed bool
+}
+
+var errSyncerClosed = errors.New("txn: the syncer is closed")
+
+// watch returns the device of root's file system, opening and keeping a
+// descriptor of it first if it is new.
+func (f *fileSystems) watch(root *os.Root) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if d, ok := f.dev[root]; ok {
+		return d, nil
+	}
+	if f.closed {
+		return 0, errSyncerClosed
+	}
+	dir, err := root.Open(".")
+	if err != nil {
+		return 0, fmt.Errorf("open %s for syncfs: %w", root.Name(), err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(dir.Fd()), &st); err != nil {
+		dir.Close()
+		return 0, fmt.Errorf("stat %s: %w", root.Name(), err)
+	}
+	if f.dev == nil {
+		f.dev, f.files = map[*os.Root]uint64{}, map[uint64]*os.File{}
+	}
+	if _, ok := f.files[st.Dev]; ok {
+		dir.Close() // the file system's descriptor is older
+	} else {
+		f.files[st.Dev] = dir
+	}
+	f.dev[root] = st.Dev
+	return st.Dev, nil
+}
+
+// sync runs syncfs(2) once for each file system holding roots.
+func (f *fileSystems) sync(roots []*os.Root) error {
 	var errs []error
+	names := map[uint64]string{} // a root naming each file system
 	for _, root := range roots {
-		if seen[root] {
-			continue
-		}
-		seen[root] = true
-		f, err := root.Open(".")
+		d, err := f.watch(root)
 		if err != nil {
 			errs = append(errs, err)
-			continue
+		} else if _, ok := names[d]; !ok {
+			names[d] = root.Name()
 		}
-		var st syscall.Stat_t
-		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-			errs = append(errs, fmt.Errorf("stat %s: %w", root.Name(), err))
-		} else if !synced[st.Dev] {
-			synced[st.Dev] = true
-			if err := unix.Syncfs(int(f.Fd())); err != nil {
-				errs = append(errs, fmt.Errorf("syncfs %s: %w", root.Name(), err))
-			}
+	}
+	for d, name := range names {
+		f.mu.Lock()
+		file := f.files[d]
+		f.mu.Unlock()
+		if file == nil {
+			errs = append(errs, errSyncerClosed)
+		} else if err := unix.Syncfs(int(file.Fd())); err != nil {
+			errs = append(errs, fmt.Errorf("syncfs %s: %w", name, err))
 		}
-		f.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// close closes the descriptors.
+func (f *fileSystems) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, file := range f.files {
+		file.Close()
+	}
+	f.dev, f.files, f.closed = nil, nil, true
 }

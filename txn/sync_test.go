@@ -1,9 +1,19 @@
 package txn
 
 import (
+	"bytes"
+	"maps"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capkernel/capkernel/syscalls"
 )
 
 // TestSyncLater: a SyncLater request starts no round of its own; it is
@@ -53,4 +63,129 @@ func TestSyncLater(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSyncerOneDescriptorPerFileSystem: the Syncer syncs each file system
+// through the one descriptor it opened when it first saw a root there,
+// for every round; roots on one file system share it.
+func TestSyncerOneDescriptorPerFileSystem(t *testing.T) {
+	dir := t.TempDir()
+	var roots []*os.Root
+	for _, name := range []string{"a", "b"} {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		r, err := os.OpenRoot(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		roots = append(roots, r)
+	}
+	s := NewSyncer()
+	defer s.Close()
+	if err := s.Watch(roots[0]); err != nil {
+		t.Fatal(err)
+	}
+	files := func() map[uint64]*os.File {
+		s.fs.mu.Lock()
+		defer s.fs.mu.Unlock()
+		return maps.Clone(s.fs.files)
+	}
+	first := files()
+	if len(first) != 1 {
+		t.Fatalf("%d descriptors after watching one root, want 1", len(first))
+	}
+	for range 3 {
+		if err := s.Sync(roots...); err != nil {
+			t.Fatal(err)
+		}
+		s.SyncLater(func(error) {}, roots[1])
+		if got := files(); !maps.Equal(got, first) {
+			t.Fatalf("descriptors %v after a round, want the first %v", got, first)
+		}
+	}
+}
+
+// TestSyncfsErrorSeenBySyncer: a writeback error of staged content that
+// another process's syncfs has already consumed still fails the Syncer's
+// Sync. It runs TestSyncfsErrorChild in a private mount namespace (as
+// root): ext4 on a loop device whose image lies on a small tmpfs, so that
+// writing back more than the tmpfs holds fails with ENOSPC.
+func TestSyncfsErrorSeenBySyncer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mount, loop devices)")
+	}
+	for _, tool := range []string{"unshare", "mount", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestSyncfsErrorChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "CAPK_SYNCFS_CHILD="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if skip := regexp.MustCompile(`--- SKIP: TestSyncfsErrorChild.*\n\s*(.*)`).FindSubmatch(out); skip != nil {
+		t.Skipf("%s", skip[1])
+	}
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestSyncfsErrorChild")) {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Logf("%s", bytes.Join(regexp.MustCompile(`(?m)^\s*sync_test.go.*$`).FindAll(out, -1), []byte("\n")))
+}
+
+// TestSyncfsErrorChild is the child of TestSyncfsErrorSeenBySyncer, in its
+// own mount namespace: the mounts, and the loop device (autoclear), go
+// away with it.
+func TestSyncfsErrorChild(t *testing.T) {
+	dir := os.Getenv("CAPK_SYNCFS_CHILD")
+	if dir == "" {
+		t.Skip("run by TestSyncfsErrorSeenBySyncer")
+	}
+	img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "m")
+	for _, c := range [][]string{
+		{"mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", dir},
+		{"truncate", "-s", "32M", img},
+		{"mkfs.ext4", "-q", "-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=0", img},
+		{"mkdir", mnt},
+		{"mount", "-o", "loop", img, mnt},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Skipf("%s: %v %s", strings.Join(c, " "), err, out)
+		}
+	}
+	defer exec.Command("umount", mnt).Run()
+	root, err := os.OpenRoot(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	e := newEnv(t)
+	s := NewSyncer()
+	defer s.Close()
+	stage := NewStage("op", KV{View: e.db.View}, s)
+	// More than the tmpfs under the image holds: its writeback fails.
+	big := make([]byte, 12<<20)
+	for i := range big {
+		big[i] = byte(i * 7919 >> 3)
+	}
+	if err := stage.WriteFile(&syscalls.Resource{Root: root, RootPath: mnt, Rel: "big"}, big, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Another process's syncfs (a sandboxed `sync -f`, say) sees the
+	// error first.
+	other, err := os.Open(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := unix.Syncfs(int(other.Fd())); err == nil {
+		t.Skip("the writeback did not fail: the setup does not produce a writeback error here")
+	} else {
+		t.Logf("the other syncfs: %v", err)
+	}
+	err = s.Sync(stage.Roots()...)
+	if err == nil {
+		t.Fatal("Sync returned nil after the staged file's writeback failed (the error went to the other syncfs)")
+	}
+	t.Logf("the Syncer's syncfs: %v", err)
 }

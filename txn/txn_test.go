@@ -273,21 +273,30 @@ func (e *env) stageFile(op, rel, old, content string) Effect {
 }
 
 // TestRedo: recovery's apply renames a staged file only over its
-// pre-image, deletes only the content it was staged against, and never
-// leaves a staging file.
+// pre-image and only when it holds the committed content, deletes only
+// the content it was staged against, and never leaves a staging file.
 func TestRedo(t *testing.T) {
+	// damaged stages content and then changes the staging file, as a lost
+	// or torn write of it would.
+	damaged := func(old string) func(e *env) Effect {
+		return func(e *env) Effect {
+			ef := e.stageFile("o", "f", old, "new")
+			e.write(ef.Stage, "nex")
+			return ef
+		}
+	}
 	cases := []struct {
 		name     string
 		target   string // content before Redo; "" for absent
 		effect   func(e *env) Effect
 		want     string
-		conflict bool
+		conflict string // the Conflict's Reason, "" for none
 	}{
 		{name: "new file", effect: func(e *env) Effect { return e.stageFile("o", "f", "", "new") }, want: "new"},
 		{name: "target holds the pre-image", target: "old", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "new"},
 		{name: "already applied", target: "new", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "new"},
-		{name: "newer content is kept", target: "newer", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "newer", conflict: true},
-		{name: "new file, but one appeared", target: "other", effect: func(e *env) Effect { return e.stageFile("o", "f", "", "new") }, want: "other", conflict: true},
+		{name: "newer content is kept", target: "newer", effect: func(e *env) Effect { return e.stageFile("o", "f", "old", "new") }, want: "newer", conflict: ConflictTarget},
+		{name: "new file, but one appeared", target: "other", effect: func(e *env) Effect { return e.stageFile("o", "f", "", "new") }, want: "other", conflict: ConflictTarget},
 		{name: "staging file gone: renamed before", target: "new", effect: func(e *env) Effect {
 			ef := e.stageFile("o", "f", "old", "new")
 			os.Remove(filepath.Join(e.ws, ef.Stage))
@@ -298,7 +307,9 @@ func TestRedo(t *testing.T) {
 		}, want: "<absent>"},
 		{name: "delete of changed content is not done", target: "changed", effect: func(e *env) Effect {
 			return Effect{Op: OpDelete, Root: e.ws, Path: "f", Stage: TrashPrefix + "o-0", OldHash: digest.Sum([]byte("old"))}
-		}, want: "changed", conflict: true},
+		}, want: "changed", conflict: ConflictTarget},
+		{name: "damaged staging over the pre-image", target: "old", effect: damaged("old"), want: "old", conflict: ConflictStaging},
+		{name: "damaged staging of a new file", effect: damaged(""), want: "<absent>", conflict: ConflictStaging},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -316,8 +327,8 @@ func TestRedo(t *testing.T) {
 			if got := e.read("f"); got != tc.want {
 				t.Errorf("f = %q, want %q", got, tc.want)
 			}
-			if tc.conflict != (len(conflicts) == 1) {
-				t.Errorf("conflicts %+v, want conflict=%v", conflicts, tc.conflict)
+			if tc.conflict == "" && len(conflicts) != 0 || tc.conflict != "" && (len(conflicts) != 1 || conflicts[0].Reason != tc.conflict) {
+				t.Errorf("conflicts %+v, want reason %q", conflicts, tc.conflict)
 			}
 			if left, _ := stagingLeft(open, e.ws); len(left) != 0 {
 				t.Errorf("staging left: %v", left)
@@ -395,6 +406,39 @@ func TestRecover(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRecoverDamagedStaging: a decided intent whose staging file was
+// damaged before recovery (a lost write of it) is not applied over the
+// target: recovery reports a staging_damaged conflict, leaves the target
+// as it was, removes the staging file and ends the intent.
+func TestRecoverDamagedStaging(t *testing.T) {
+	e := newEnv(t)
+	e.write("f", "v0")
+	p := newPrepare("op-d", "key-d")
+	p.Intent.Dirs = []StageDir{{Root: e.ws, Dir: "."}}
+	if _, err := e.prepare(p); err != nil {
+		t.Fatal(err)
+	}
+	ef := e.stageFile("op-d", "f", "v0", "v1")
+	e.commit(&p.Intent, []Effect{ef}, `{}`)
+	e.write(ef.Stage, "\x00\x00") // a write-back that never happened
+	rec, err := Recover(context.Background(), e.db, func(*bbolt.Tx, *Intent) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.read("f"); got != "v0" {
+		t.Errorf("f = %q after recovery, want v0 (the damaged staging file must not be renamed)", got)
+	}
+	want := Conflict{OperationID: "op-d", Op: OpWrite, Root: e.ws, Path: "f", Reason: ConflictStaging, Want: ef.NewHash, Found: digest.Sum([]byte("\x00\x00"))}
+	if len(rec.Conflicts) != 1 || rec.Conflicts[0] != want || len(rec.Redone) != 1 {
+		t.Errorf("recovered %+v, want the one conflict %+v", rec, want)
+	}
+	open, closeAll := OpenRoots()
+	defer closeAll()
+	if left, _ := stagingLeft(open, e.ws); len(left) != 0 {
+		t.Errorf("staging left: %v", left)
+	}
 }
 
 // TestStageDiscard: a discarded stage leaves no file and refuses more.

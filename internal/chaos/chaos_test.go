@@ -32,9 +32,7 @@ type fault struct {
 	// durable marks faults of a durability syscall (fdatasync, pwrite64
 	// of the store, syncfs): the kernel must fail stop and exit non-zero.
 	// Other faults (a write or a rename) may be absorbed: a failed staging
-	// write rolls its call back, a failed rename is retried, and a failed
-	// linkat or renameat2 of the spare pool (txn.Spares) only costs the
-	// reuse of an inode.
+	// write rolls its call back, a failed rename is retried.
 	durable bool
 }
 
@@ -53,8 +51,6 @@ var shortFaults = []fault{
 	{"renameat", "EIO", "4+", false},
 	{"write", "ENOSPC", "12+", false},
 	{"renameat", "EIO", "3", false},
-	{"linkat", "EIO", "3+", false},
-	{"renameat2", "EIO", "2", false},
 }
 
 func longFaults() []fault {
@@ -66,7 +62,6 @@ func longFaults() []fault {
 			{"syncfs", "EIO", "%d", true}, {"syncfs", "EIO", "%d+", true},
 			{"renameat", "EIO", "%d", false}, {"renameat", "ENOSPC", "%d+", false},
 			{"write", "EIO", "%d", false}, {"write", "ENOSPC", "%d+", false},
-			{"linkat", "EIO", "%d", false}, {"renameat2", "ENOSPC", "%d+", false},
 		} {
 			f.when = fmt.Sprintf(f.when, n)
 			out = append(out, f)
