@@ -334,11 +334,7 @@ func (s *Sandbox) kickSpareChain(t *tools) {
 // makeSpareChain starts a plain chain, from a forker of its own where the
 // host offers one (so the run it serves is born in its pids cgroup).
 func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
-	ec, err := s.etcCache()
-	if err != nil {
-		return nil, err
-	}
-	etc, releaseEtc, err := ec.acquire()
+	etc, releaseEtc, err := s.acquireEtc()
 	if err != nil {
 		return nil, err
 	}

@@ -147,10 +147,6 @@ func TestMountOverlays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ec, err := s.etcCache()
-	if err != nil {
-		t.Fatal(err)
-	}
 	root := t.TempDir()
 	if err := os.WriteFile(root+"/a.txt", []byte("lower\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -174,7 +170,7 @@ func TestMountOverlays(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.spoil(r)
-			etc, release, err := ec.acquire()
+			etc, release, err := s.acquireEtc()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -93,11 +93,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		}
 	}
 
-	ec, err := s.etcCache()
-	if err != nil {
-		return nil, err
-	}
-	etc, releaseEtc, err := ec.acquire()
+	etc, releaseEtc, err := s.acquireEtc()
 	if err != nil {
 		return nil, err
 	}

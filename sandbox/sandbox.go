@@ -171,17 +171,20 @@ type Sandbox struct {
 	chains      sync.WaitGroup // the goroutine making it
 }
 
-// etcCache opens the Sandbox's /etc snapshot cache on first use.
-func (s *Sandbox) etcCache() (*etcCache, error) {
+// acquireEtc acquires the current /etc snapshot from the Sandbox's cache
+// (opened on first use); release gives it back.
+func (s *Sandbox) acquireEtc() (etc *etcSnap, release func(), err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errors.New("sandbox: closed")
+		s.mu.Unlock()
+		return nil, nil, errors.New("sandbox: closed")
 	}
 	if s.etc == nil {
 		s.etc = openEtcCache(s.opts.StagingDir, s.uid())
 	}
-	return s.etc, nil
+	ec := s.etc
+	s.mu.Unlock()
+	return ec.acquire()
 }
 
 // Close releases what the Sandbox keeps between runs (its /etc snapshot,

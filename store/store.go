@@ -230,10 +230,7 @@ const LazyDelay = 10 * time.Millisecond
 func (d *DB) UpdateLazy(fn func(*bbolt.Tx) error) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	if d.closed {
-		return ErrClosed
-	}
-	if err := d.Err(); err != nil {
+	if err := d.open(); err != nil {
 		return err
 	}
 	d.lazyMu.Lock()
@@ -280,13 +277,19 @@ func (d *DB) Err() error {
 // Failed returns a channel closed when the DB fails stop (see Err).
 func (d *DB) Failed() <-chan struct{} { return d.failed }
 
-func (d *DB) enqueue(ctx context.Context, r *request) error {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
+// open is ErrClosed after Close, the fail-stop error after one, else nil
+// (under mu).
+func (d *DB) open() error {
 	if d.closed {
 		return ErrClosed
 	}
-	if err := d.Err(); err != nil {
+	return d.Err()
+}
+
+func (d *DB) enqueue(ctx context.Context, r *request) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if err := d.open(); err != nil {
 		return err
 	}
 	select {
