@@ -108,7 +108,7 @@ func storedResult(tx *bbolt.Tx, id string) (*Result, error) {
 	if err := decodeStored(env, &r); err != nil {
 		return nil, fmt.Errorf("operation %q: stored result: %w", id, err)
 	}
-	return &r, nil
+	return &r, withLedgerRefs(tx, &r)
 }
 
 // recordOwner is what erasure reads of an audit record's body.

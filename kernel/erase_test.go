@@ -491,3 +491,38 @@ func TestDeltaIDConfirmsNoGuess(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredEnvelopeLedgerRefs: a stored result envelope leaves out the
+// state_snapshot_id and receipt_id that name its audit entry; every read
+// of it (the operation lookup, an idempotent replay) has them back, equal
+// to what the call answered.
+func TestStoredEnvelopeLedgerRefs(t *testing.T) {
+	h := newHarness(t)
+	h.write("f.txt", "x")
+	for _, r := range []*Result{
+		h.invoke("fs.read", map[string]any{"path": "f.txt"}),
+		h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "y"}, key("g")),
+	} {
+		mustOK(t, r)
+		var raw []byte
+		h.k.View(func(tx *bbolt.Tx) (err error) { raw, err = txn.GetOperation(tx, r.OperationID); return err })
+		var stored Result
+		if err := json.Unmarshal(raw, &stored); err != nil || stored.StateSnapshotID != "" || stored.ReceiptID != "" || stored.LedgerSeq != r.LedgerSeq {
+			t.Fatalf("%s: stored envelope %s: %v", r.ToolID, raw, err)
+		}
+		got, err := h.k.Inspector().Operation(r.OperationID)
+		var read Result
+		if err == nil {
+			err = json.Unmarshal(got, &read)
+		}
+		if err != nil || read.StateSnapshotID != r.StateSnapshotID || read.ReceiptID != r.ReceiptID {
+			t.Fatalf("%s: operation read %s, %v; the call answered %s %s", r.ToolID, got, err, r.StateSnapshotID, r.ReceiptID)
+		}
+	}
+	again := h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "y"}, key("g"))
+	mustOK(t, again)
+	first, _ := h.k.Inspector().Operation(again.OperationID)
+	if !again.Replayed || again.StateSnapshotID == "" || again.ReceiptID == "" || !bytes.Contains(first, []byte(again.StateSnapshotID)) {
+		t.Fatalf("replay %+v; stored %s", again, first)
+	}
+}

@@ -138,7 +138,20 @@ func (i *Inspector) Scan(from uint64, fn func(ledger.Entry) error) error {
 func (i *Inspector) Operation(id string) (json.RawMessage, error) {
 	var out json.RawMessage
 	err := i.view(func(tx *bbolt.Tx) (err error) {
-		out, err = txn.GetOperation(tx, id)
+		if out, err = txn.GetOperation(tx, id); out == nil || err != nil {
+			return err
+		}
+		var r Result
+		if err := decodeStored(out, &r); err != nil {
+			return fmt.Errorf("operation %q: stored result: %w", id, err)
+		}
+		if r.StateSnapshotID != "" && r.ReceiptID != "" {
+			return nil // stored whole
+		}
+		if err := withLedgerRefs(tx, &r); err != nil {
+			return err
+		}
+		out, err = json.Marshal(&r)
 		return err
 	})
 	if err == nil && out == nil {

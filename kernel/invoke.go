@@ -609,8 +609,10 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 	// The original's receipt: its audit entry, proven under the latest
 	// checkpoint.
 	if err := k.db.View(func(tx *bbolt.Tx) (err error) {
-		orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq)
-		return err
+		if orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq); err != nil {
+			return err
+		}
+		return withLedgerRefs(tx, &orig)
 	}); err != nil {
 		return k.internal(c, err)
 	}

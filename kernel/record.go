@@ -213,14 +213,34 @@ func logged(a ledger.Appended) (*receipts.Logged, error) {
 
 // storedEnvelope is the result envelope kept for r's operation id. A
 // no_op call's result is left out (its result_hash stays): reads would
-// otherwise copy every byte they return into the kernel's database.
+// otherwise copy every byte they return into the kernel's database. So
+// are its state_snapshot_id and receipt_id, which name its audit entry
+// (at ledger_seq) and are read back from it (withLedgerRefs).
 func storedEnvelope(r *Result) ([]byte, error) {
-	if leanStored(r) {
-		lean := *r
-		lean.Result = nil
-		return json.Marshal(&lean)
+	s := *r
+	if s.LedgerSeq > 0 {
+		s.StateSnapshotID, s.ReceiptID = "", ""
 	}
-	return json.Marshal(r)
+	if leanStored(r) {
+		s.Result = nil
+	}
+	return json.Marshal(&s)
+}
+
+// withLedgerRefs sets the state_snapshot_id and receipt_id that a stored
+// envelope r leaves out (storedEnvelope) from its audit entry; envelopes
+// stored with them are left as they are.
+func withLedgerRefs(tx *bbolt.Tx, r *Result) error {
+	if r.LedgerSeq == 0 || (r.StateSnapshotID != "" && r.ReceiptID != "") {
+		return nil
+	}
+	e, err := ledger.Get(tx, r.LedgerSeq)
+	if err != nil {
+		return fmt.Errorf("operation %s: its audit entry: %w", r.OperationID, err)
+	}
+	r.StateSnapshotID = strconv.FormatUint(e.Seq, 10) + ":" + e.Hash
+	r.ReceiptID = receipts.ID(e.Seq, e.Hash)
+	return nil
 }
 
 func leanStored(r *Result) bool { return r.TxOutcome == NoOp && r.Result != nil }

@@ -24,7 +24,7 @@ const (
 
 // telemetryRounds alternate the two kernels so that both see the same
 // machine: a shared machine's load drifts over seconds.
-const telemetryRounds = 6
+const telemetryRounds = 10
 
 // telemetryConcurrencies are the concurrencies compared.
 var telemetryConcurrencies = []int{8, 32}
