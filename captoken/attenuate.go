@@ -44,12 +44,16 @@ func widens(field, format string, a ...any) error {
 // least its mode; every budget parent limits is limited in child, no
 // higher; child's autonomy ceiling is at least as strict; child's validity
 // window lies inside parent's; neither is an approver token; and child
-// names parent as its last ancestor, within MaxChainDepth. The error is a
+// names parent as its last ancestor, within MaxChainDepth; and child's
+// agent is parent's or one of its sub-agents (SubAgent). The error is a
 // *WideningError for the first widening found.
 func Narrows(parent, child Claims) error {
 	p, c := parent.Cap, child.Cap
 	if p.Role != "" || c.Role != "" {
 		return widens("role", "approver tokens cannot be attenuated or be attenuations")
+	}
+	if !SubAgent(parent.Subject, child.Subject) {
+		return widens("sub", "%q is neither the parent's agent %q nor one of its sub-agents (%q)", child.Subject, parent.Subject, parent.Subject+"/…")
 	}
 	for _, t := range c.Tools {
 		if !coversTool(p.Tools, t) {
@@ -111,6 +115,16 @@ func Narrows(parent, child Claims) error {
 		}
 	}
 	return nil
+}
+
+// SubAgent reports whether agent id child may be given an attenuation of
+// a token of agent parent: it is parent itself or lies in parent's
+// namespace, "parent/name" at any depth. A child of another id would speak
+// for that agent: read its history in full, replay its idempotency keys,
+// cancel its calls.
+func SubAgent(parent, child string) bool {
+	name, ok := strings.CutPrefix(child, parent+"/")
+	return child == parent || (ok && name != "" && !strings.HasSuffix(name, "/"))
 }
 
 // coversTool reports whether a pattern of ps matches every id pattern t

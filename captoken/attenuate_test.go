@@ -23,7 +23,7 @@ func TestNarrows(t *testing.T) {
 	}
 	ok := func() Claims {
 		c := parent.clone()
-		c.ID, c.Subject = "C", "sub-agent"
+		c.ID, c.Subject = "C", "a/sub-agent"
 		c.Cap.Budgets = map[string]int64{BudgetCalls: 10, BudgetNetBytes: 1024}
 		c.Cap.Parent = "P"
 		c.Cap.Ancestors = append(c.Cap.Ancestors, Ancestor{ID: "P", Budgets: parent.Cap.Budgets})
@@ -57,6 +57,12 @@ func TestNarrows(t *testing.T) {
 		{"mode upgraded", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/ref/x", Mode: "rw", Base: "/srv/ref"}} }, "fs"},
 		{"base dropped", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}} }, "fs"},
 		{"base moved up", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv"}} }, "fs"},
+		{"the parent's own agent", func(c *Claims) { c.Subject = "a" }, ""},
+		{"a sub-agent's sub-agent", func(c *Claims) { c.Subject = "a/x/y" }, ""},
+		{"another agent", func(c *Claims) { c.Subject = "b" }, "sub"},
+		{"an agent sharing the prefix", func(c *Claims) { c.Subject = "ab/x" }, "sub"},
+		{"an empty sub-agent name", func(c *Claims) { c.Subject = "a/" }, "sub"},
+		{"a sub-agent name ending in a slash", func(c *Claims) { c.Subject = "a/x/" }, "sub"},
 		{"host outside", func(c *Claims) { c.Cap.Net = []string{"evil.com"} }, "net"},
 		{"kv keys outside", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "b/*", Mode: "r"}} }, "kv"},
 		{"kv every key", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "*", Mode: "r"}} }, "kv"},

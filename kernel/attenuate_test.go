@@ -58,6 +58,9 @@ func TestAttenuateRefuses(t *testing.T) {
 		{"no parent", AttenuateRequest{}, ErrTokenInvalid},
 		{"revoked parent", AttenuateRequest{Parent: revoked}, ErrTokenRevoked},
 		{"negative ttl", AttenuateRequest{Parent: parent, TTLSeconds: -1}, ErrInvalidArgs},
+		{"another agent", AttenuateRequest{Parent: parent, AgentID: "agent-2"}, ErrScopeDenied},
+		{"a prefix that is not a sub-agent", AttenuateRequest{Parent: parent, AgentID: h.agent + "x/sub"}, ErrScopeDenied},
+		{"an empty sub-agent name", AttenuateRequest{Parent: parent, AgentID: h.agent + "/"}, ErrScopeDenied},
 	}
 	before := h.headSize()
 	for _, c := range cases {
@@ -73,8 +76,8 @@ func TestAttenuateRefuses(t *testing.T) {
 		t.Fatalf("refused attenuations appended %d ledger entries", after-before)
 	}
 	// Narrowing every dimension is allowed, and inherits what it leaves out.
-	child := h.attenuate(AttenuateRequest{Parent: parent, AgentID: "sub", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 3}, TTLSeconds: 60})
-	if child.Cap.Autonomy != "soft_gate" || !slices.Equal(child.Cap.Net, []string{"api.example.com:443"}) || child.Cap.Budgets["calls"] != 3 || child.AgentID != "sub" {
+	child := h.attenuate(AttenuateRequest{Parent: parent, AgentID: h.agent + "/sub", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 3}, TTLSeconds: 60})
+	if child.Cap.Autonomy != "soft_gate" || !slices.Equal(child.Cap.Net, []string{"api.example.com:443"}) || child.Cap.Budgets["calls"] != 3 || child.AgentID != h.agent+"/sub" {
 		t.Fatalf("child grants %+v", child.Cap)
 	}
 }
@@ -87,8 +90,8 @@ func TestAttenuatedChildrenShareParentBudget(t *testing.T) {
 	h := newHarness(t)
 	const limit = 10
 	parent, parentID := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}, Budgets: map[string]int64{"calls": limit}})
-	a := h.attenuate(AttenuateRequest{Parent: parent, AgentID: "sub-a"})
-	b := h.attenuate(AttenuateRequest{Parent: parent, AgentID: "sub-b"})
+	a := h.attenuate(AttenuateRequest{Parent: parent, AgentID: h.agent + "/sub-a"})
+	b := h.attenuate(AttenuateRequest{Parent: parent, AgentID: h.agent + "/sub-b"})
 	var mu sync.Mutex
 	ok, refused := 0, 0
 	var wg sync.WaitGroup
@@ -132,8 +135,8 @@ func TestAttenuatedChildrenShareParentBudget(t *testing.T) {
 func TestAttenuationCascadeRevocation(t *testing.T) {
 	h := newHarness(t)
 	root, rootID := h.mint(h.agent, captoken.Capability{Tools: []string{"echo"}})
-	child := h.attenuate(AttenuateRequest{Parent: root, AgentID: "child"})
-	grandchild := h.attenuate(AttenuateRequest{Parent: child.Token, AgentID: "grandchild"})
+	child := h.attenuate(AttenuateRequest{Parent: root, AgentID: h.agent + "/child"})
+	grandchild := h.attenuate(AttenuateRequest{Parent: child.Token, AgentID: h.agent + "/child/grandchild"})
 	if got := grandchild.Cap.Ancestors; len(got) != 2 || got[0].ID != rootID || got[1].ID != child.ID || grandchild.Cap.Parent != child.ID {
 		t.Fatalf("grandchild's chain = %+v, parent %q", got, grandchild.Cap.Parent)
 	}

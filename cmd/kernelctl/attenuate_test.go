@@ -23,7 +23,7 @@ func TestTokenAttenuateOverServer(t *testing.T) {
 	os.WriteFile(filepath.Join(ws, "top.txt"), []byte("parent's only"), 0o644)
 	parent := mintCLI(t, sv.server, sv.admin, "--agent", "lead", "--tools", "fs.*", "--fs", ws+":rw", "--budget", "calls=5")
 
-	out, stderr, code := run(t, "token", "attenuate", "--server", sv.url, "--parent", parent.file, "--agent", "helper",
+	out, stderr, code := run(t, "token", "attenuate", "--server", sv.url, "--parent", parent.file, "--agent", "lead/helper",
 		"--tools", "fs.read", "--fs", filepath.Join(ws, "sub")+":r", "--budget", "calls=2", "--json")
 	if code != 0 {
 		t.Fatalf("token attenuate: exit %d: %s", code, stderr)
@@ -32,7 +32,7 @@ func TestTokenAttenuateOverServer(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &child); err != nil {
 		t.Fatal(err)
 	}
-	if child.Cap.Parent != parent.ID || child.AgentID != "helper" || child.Cap.Budgets["calls"] != 2 {
+	if child.Cap.Parent != parent.ID || child.AgentID != "lead/helper" || child.Cap.Budgets["calls"] != 2 {
 		t.Fatalf("child = %+v", child)
 	}
 	_, pb := sv.get("/v1/policy", "")

@@ -362,13 +362,13 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws, where string)
 
 	// Delegation: the agent hands a sub-agent a narrower token (its own
 	// token is the authority); the kernel refuses to let it widen.
-	if _, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-subagent", Tools: []string{"*"}}); err == nil {
+	if _, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-agent/subagent", Tools: []string{"*"}}); err == nil {
 		s.fails++
 		fmt.Fprintln(out, "FAIL    a delegation granting every tool was signed")
 	} else {
 		fmt.Fprintf(out, "ok       delegation asking for every tool refused: %s\n", ellipsize(unstutter(err.Error(), "attenuate", ""), 90))
 	}
-	child, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-subagent", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 5}, TTLSeconds: 600})
+	child, err := k.Attenuate(ctx, kernel.AttenuateRequest{Parent: s.token, AgentID: "demo-agent/subagent", Tools: []string{"fs.read"}, Budgets: map[string]int64{"calls": 5}, TTLSeconds: 600})
 	if err != nil {
 		return err
 	}

@@ -217,7 +217,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 	}
 	t.addTarget(cmd, false)
 	cmd.Flags().StringVar(&parentFile, "parent", "", `file holding the parent token ("-": stdin)`)
-	cmd.Flags().StringVar(&agent, "agent", "", "the sub-agent's id (default: the parent's agent)")
+	cmd.Flags().StringVar(&agent, "agent", "", "the sub-agent's id, PARENT_AGENT/NAME (default: the parent's agent)")
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs, within the parent's")
 	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw inside a parent root (repeatable)")
 	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern within the parent's (repeatable)")
