@@ -167,7 +167,7 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	decided := a.req
 	k.approvals.mu.Unlock()
 	c.approval = &decided
-	resolved := decided
+	resolved := decided.decided() // every approver's stream gets it, not only those who saw it pending
 	e = c.event(EventConfirmationResolved)
 	e.Approval = &resolved
 	k.events.publish(e)
@@ -328,7 +328,7 @@ func (k *Kernel) decided(a *approval, id, decision, by, tokenID, reason, channel
 	req := a.req
 	k.approvals.mu.Unlock()
 	if !closed {
-		return req, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, req.State, orNobody(req.DecidedBy))
+		return req.decided(), fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, req.State, orNobody(req.DecidedBy))
 	}
 	return req, nil
 }

@@ -246,6 +246,8 @@ func TestDecidedApprovalsKeepNoContent(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
 	alice := h.approver("alice", captoken.RoleApprover)
 	const secret = "pin-4711-secret"
+	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationResolved}}, 8)
+	defer sub.Close()
 	for i, decision := range []string{"allow", "deny", ""} {
 		a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": secret}, key(fmt.Sprint("w", i)))
 		if !strings.Contains(a.InputSummary, secret) {
@@ -257,6 +259,12 @@ func TestDecidedApprovalsKeepNoContent(t *testing.T) {
 			}
 		}
 		<-res
+		if e := <-sub.C; e.Approval == nil || e.Approval.InputSummary != "" || e.Approval.ArgsHash != "" {
+			t.Fatalf("decided (%q): the resolved event holds the call's content: %+v", decision, e.Approval)
+		}
+		if late, err := h.k.Decide(a.ID, alice, "allow", "late"); err == nil || late.InputSummary != "" || late.ArgsHash != "" {
+			t.Fatalf("decided (%q): a late decision's answer %+v, %v", decision, late, err)
+		}
 		listed, err := json.Marshal(h.k.Approvals(true))
 		if err != nil {
 			t.Fatal(err)
