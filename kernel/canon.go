@@ -241,7 +241,7 @@ func appendPolicyInput(b []byte, in *policy.Input, args []byte) ([]byte, error) 
 		o.B = append(o.B, ']')
 	}
 	if in.ResourcesUndeclared {
-		o.Raw("resources_undeclared", []byte("true"))
+		o.Bool("resources_undeclared", true)
 	}
 	o.Str("side_effect", in.SideEffect)
 	o.Opt("task_class", in.TaskClass)
@@ -252,11 +252,11 @@ func appendPolicyInput(b []byte, in *policy.Input, args []byte) ([]byte, error) 
 func appendResource(b []byte, r *policy.Resource) ([]byte, error) {
 	o := jcs.Object{B: b}
 	if r.Exists {
-		o.Raw("exists", []byte("true"))
+		o.Bool("exists", true)
 	}
 	o.Opt("host", r.Host)
 	if r.IsDir {
-		o.Raw("is_dir", []byte("true"))
+		o.Bool("is_dir", true)
 	}
 	o.Opt("key", r.Key)
 	o.Str("kind", r.Kind)
@@ -303,7 +303,7 @@ func appendPayload(b []byte, p *Payload, noArgs []byte) []byte {
 	if p.PolicyInput != nil {
 		if noArgs != nil {
 			o.Raw("policy_input", noArgs)
-			o.Raw("policy_input_shares_args", []byte("true"))
+			o.Bool("policy_input_shares_args", true)
 		} else {
 			o.Raw("policy_input", p.PolicyInput)
 		}

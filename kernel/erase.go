@@ -98,7 +98,8 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 }
 
 // storedResult decodes the stored result envelope of operation id (one a
-// kernel of any version stored), or returns nil when there is none.
+// kernel of any version stored), or returns nil when there is none. Its
+// ledger refs are not set (withLedgerRefs does that for reads).
 func storedResult(tx *bbolt.Tx, id string) (*Result, error) {
 	env, err := txn.GetOperation(tx, id)
 	if env == nil || err != nil {
@@ -108,7 +109,7 @@ func storedResult(tx *bbolt.Tx, id string) (*Result, error) {
 	if err := decodeStored(env, &r); err != nil {
 		return nil, fmt.Errorf("operation %q: stored result: %w", id, err)
 	}
-	return &r, withLedgerRefs(tx, &r)
+	return &r, nil
 }
 
 // recordOwner is what erasure reads of an audit record's body.
@@ -126,7 +127,7 @@ func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
 	if !r.erase() {
 		return nil
 	}
-	b, err := json.Marshal(r)
+	b, err := storedEnvelope(r)
 	if err != nil {
 		return err
 	}

@@ -495,15 +495,24 @@ func TestDeltaIDConfirmsNoGuess(t *testing.T) {
 // TestStoredEnvelopeLedgerRefs: a stored result envelope leaves out the
 // state_snapshot_id and receipt_id that name its audit entry; every read
 // of it (the operation lookup, an idempotent replay) has them back, equal
-// to what the call answered.
+// to what the call answered, and erasure, which rewrites it, leaves them
+// out too.
 func TestStoredEnvelopeLedgerRefs(t *testing.T) {
 	h := newHarness(t)
 	h.write("f.txt", "x")
+	erased := h.invoke("fs.write", map[string]any{"path": "e.txt", "content": "z"}, key("e"))
+	mustOK(t, erased)
+	if _, err := h.k.Erase(context.Background(), erased.OperationID, "test"); err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range []*Result{
 		h.invoke("fs.read", map[string]any{"path": "f.txt"}),
 		h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "y"}, key("g")),
+		erased,
 	} {
-		mustOK(t, r)
+		if r != erased {
+			mustOK(t, r)
+		}
 		var raw []byte
 		h.k.View(func(tx *bbolt.Tx) (err error) { raw, err = txn.GetOperation(tx, r.OperationID); return err })
 		var stored Result

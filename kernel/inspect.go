@@ -14,7 +14,6 @@ import (
 
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
-	"github.com/capkernel/capkernel/txn"
 )
 
 // ErrNotFound is returned (wrapped) by the Inspector's lookups of an id
@@ -137,21 +136,15 @@ func (i *Inspector) Scan(from uint64, fn func(ledger.Entry) error) error {
 // Operation returns the stored result envelope of an operation id.
 func (i *Inspector) Operation(id string) (json.RawMessage, error) {
 	var out json.RawMessage
-	err := i.view(func(tx *bbolt.Tx) (err error) {
-		if out, err = txn.GetOperation(tx, id); out == nil || err != nil {
+	err := i.view(func(tx *bbolt.Tx) error {
+		r, err := storedResult(tx, id)
+		if r == nil || err != nil {
 			return err
 		}
-		var r Result
-		if err := decodeStored(out, &r); err != nil {
-			return fmt.Errorf("operation %q: stored result: %w", id, err)
-		}
-		if r.StateSnapshotID != "" && r.ReceiptID != "" {
-			return nil // stored whole
-		}
-		if err := withLedgerRefs(tx, &r); err != nil {
+		if err := withLedgerRefs(tx, r); err != nil {
 			return err
 		}
-		out, err = json.Marshal(&r)
+		out, err = json.Marshal(r)
 		return err
 	})
 	if err == nil && out == nil {

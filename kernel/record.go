@@ -238,9 +238,15 @@ func withLedgerRefs(tx *bbolt.Tx, r *Result) error {
 	if err != nil {
 		return fmt.Errorf("operation %s: its audit entry: %w", r.OperationID, err)
 	}
-	r.StateSnapshotID = strconv.FormatUint(e.Seq, 10) + ":" + e.Hash
-	r.ReceiptID = receipts.ID(e.Seq, e.Hash)
+	r.setLedgerRefs(e.Seq, e.Hash)
 	return nil
+}
+
+// setLedgerRefs sets the fields of r that name its audit entry, seq with
+// entry hash hash: ledger_seq, receipt_id and state_snapshot_id.
+func (r *Result) setLedgerRefs(seq uint64, hash string) {
+	r.ReceiptID, r.LedgerSeq = receipts.ID(seq, hash), seq
+	r.StateSnapshotID = strconv.FormatUint(seq, 10) + ":" + hash
 }
 
 func leanStored(r *Result) bool { return r.TxOutcome == NoOp && r.Result != nil }
@@ -381,8 +387,7 @@ func (k *Kernel) appendAudit(tx *bbolt.Tx, ae *auditEntry, r *Result) (ledger.Ap
 	if err != nil {
 		return a, err
 	}
-	r.ReceiptID, r.LedgerSeq = receipts.ID(a.Seq, a.Hash), a.Seq
-	r.StateSnapshotID = strconv.FormatUint(a.Seq, 10) + ":" + a.Hash
+	r.setLedgerRefs(a.Seq, a.Hash)
 	return a, nil
 }
 
@@ -509,7 +514,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	if err := putPayload(tx, a2.Seq, ae.payload); err != nil {
 		return err
 	}
-	b, err := json.Marshal(r)
+	b, err := storedEnvelope(r)
 	if err != nil {
 		return err
 	}

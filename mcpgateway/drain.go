@@ -2,7 +2,6 @@ package mcpgateway
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -22,18 +21,15 @@ type drainConn struct {
 	mcp.Connection
 
 	mu      sync.Mutex
-	pending map[string]bool // ids of requests read and not answered
-	idle    *sync.Cond      // signalled when pending shrinks
+	pending map[jsonrpc.ID]bool // requests read and not answered (1 and "1" are two ids)
+	idle    *sync.Cond          // signalled when pending shrinks
 }
 
 func newDrainConn(c mcp.Connection) *drainConn {
-	d := &drainConn{Connection: c, pending: map[string]bool{}}
+	d := &drainConn{Connection: c, pending: map[jsonrpc.ID]bool{}}
 	d.idle = sync.NewCond(&d.mu)
 	return d
 }
-
-// idKey tells ids apart by type and value (1 and "1" are two ids).
-func idKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
 
 // Read reads the next message; at the end of input it first waits for the
 // requests in flight to be answered.
@@ -45,7 +41,7 @@ func (d *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	}
 	if r, ok := m.(*jsonrpc.Request); ok && r.ID.IsValid() {
 		d.mu.Lock()
-		d.pending[idKey(r.ID)] = true
+		d.pending[r.ID] = true
 		d.mu.Unlock()
 	}
 	return m, nil
@@ -56,7 +52,7 @@ func (d *drainConn) Write(ctx context.Context, m jsonrpc.Message) error {
 	err := d.Connection.Write(ctx, m)
 	if r, ok := m.(*jsonrpc.Response); ok && r.ID.IsValid() {
 		d.mu.Lock()
-		delete(d.pending, idKey(r.ID))
+		delete(d.pending, r.ID)
 		d.idle.Broadcast()
 		d.mu.Unlock()
 	}

@@ -331,13 +331,17 @@ func appendAnyValue(b []byte, num protowire.Number, v attribute.Value) []byte {
 		b = protowire.AppendTag(b, fAnyBytes, protowire.BytesType)
 		b = protowire.AppendBytes(b, v.AsByteSlice())
 	case attribute.BOOLSLICE:
-		b = appendArray(b, len(v.AsBoolSlice()), func(i int) attribute.Value { return attribute.BoolValue(v.AsBoolSlice()[i]) })
+		vs := v.AsBoolSlice() // a copy each call
+		b = appendArray(b, len(vs), func(i int) attribute.Value { return attribute.BoolValue(vs[i]) })
 	case attribute.INT64SLICE:
-		b = appendArray(b, len(v.AsInt64Slice()), func(i int) attribute.Value { return attribute.Int64Value(v.AsInt64Slice()[i]) })
+		vs := v.AsInt64Slice() // a copy each call
+		b = appendArray(b, len(vs), func(i int) attribute.Value { return attribute.Int64Value(vs[i]) })
 	case attribute.FLOAT64SLICE:
-		b = appendArray(b, len(v.AsFloat64Slice()), func(i int) attribute.Value { return attribute.Float64Value(v.AsFloat64Slice()[i]) })
+		vs := v.AsFloat64Slice() // a copy each call
+		b = appendArray(b, len(vs), func(i int) attribute.Value { return attribute.Float64Value(vs[i]) })
 	case attribute.STRINGSLICE:
-		b = appendArray(b, len(v.AsStringSlice()), func(i int) attribute.Value { return attribute.StringValue(v.AsStringSlice()[i]) })
+		vs := v.AsStringSlice() // a copy each call
+		b = appendArray(b, len(vs), func(i int) attribute.Value { return attribute.StringValue(vs[i]) })
 	case attribute.SLICE:
 		vs := v.AsSlice()
 		b = appendArray(b, len(vs), func(i int) attribute.Value { return vs[i] })

@@ -45,7 +45,7 @@ type idemRecord struct {
 // leaves result out when the operations table holds the same envelope.
 func done(tx *bbolt.Tx, c Call, id string, result json.RawMessage) idemRecord {
 	r := idemRecord{Call: c, OperationID: id, Done: true, Result: result}
-	if stored, err := getOperation(tx, id); err == nil && bytes.Equal(result, stored) {
+	if stored, err := GetOperation(tx, id); err == nil && bytes.Equal(result, stored) {
 		r.Result = nil
 	}
 	return r
@@ -57,7 +57,7 @@ func (r *idemRecord) outcome(tx *bbolt.Tx, k IdemKey) (json.RawMessage, error) {
 	if len(r.Result) > 0 {
 		return r.Result, nil
 	}
-	v, err := getOperation(tx, r.OperationID)
+	v, err := GetOperation(tx, r.OperationID)
 	if err != nil {
 		return nil, fmt.Errorf("txn: idempotency key %q: %w", k.Key, err)
 	}

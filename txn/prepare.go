@@ -22,8 +22,8 @@ type Prepare struct {
 
 // Encode encodes the intent as Run stores it. Call it before the
 // transaction, so that Run, on the store's sequencer, only writes the
-// bytes; Run encodes the intent itself otherwise. p.Intent must not change
-// between Encode and Run.
+// bytes; Run refuses a Prepare that was not encoded. p.Intent must not
+// change between Encode and Run.
 func (p *Prepare) Encode() error {
 	in := p.Intent
 	in.State = Prepared
@@ -40,9 +40,7 @@ func (p *Prepare) Encode() error {
 // (nothing written), or nil once the intent is durable in tx.
 func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 	if p.encoded == nil {
-		if err := p.Encode(); err != nil {
-			return nil, err
-		}
+		return nil, fmt.Errorf("txn: prepare %s: Encode was not called before the transaction", p.Intent.OperationID)
 	}
 	in := &p.Intent
 	if k, ok := in.idemKey(); ok {
@@ -116,16 +114,10 @@ func HasOperation(tx *bbolt.Tx, id string) bool {
 }
 
 // GetOperation returns the stored result envelope of operation id (its
-// JSON), or nil when there is none, or an error when the stored value
-// does not unpack (damaged).
+// JSON, sharing no memory with bbolt), or nil when there is none, or an
+// error when the stored value does not unpack (damaged). Every reader of
+// the operations table goes through it.
 func GetOperation(tx *bbolt.Tx, id string) (json.RawMessage, error) {
-	return getOperation(tx, id)
-}
-
-// getOperation reads the result envelope of operation id: every reader of
-// the operations table goes through it. The result shares no memory with
-// bbolt.
-func getOperation(tx *bbolt.Tx, id string) (json.RawMessage, error) {
 	v := tx.Bucket(bucketOps).Get([]byte(id))
 	if v == nil {
 		return nil, nil

@@ -57,9 +57,6 @@ func NewSyncer() *Syncer {
 // be missed by every later Sync. A root that Sync or SyncLater sees first
 // is watched then. A nil Syncer watches nothing.
 func (s *Syncer) Watch(root *os.Root) error {
-	if s == nil {
-		return nil
-	}
 	_, err := s.fs.watch(root)
 	return err
 }

@@ -75,6 +75,9 @@ func (e *env) read(rel string) string {
 
 func (e *env) prepare(p *Prepare) (json.RawMessage, error) {
 	var replay json.RawMessage
+	if err := p.Encode(); err != nil {
+		return nil, err
+	}
 	err := e.update(func(tx *bbolt.Tx) error {
 		var err error
 		replay, err = p.Run(tx)
@@ -449,7 +452,9 @@ func TestStageDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	s := NewStage("op", KV{View: e.db.View}, nil)
+	syncer := NewSyncer()
+	defer syncer.Close()
+	s := NewStage("op", KV{View: e.db.View}, syncer)
 	r := &syscalls.Resource{Root: root, RootPath: e.ws, Rel: "f"}
 	if err := s.WriteFile(r, []byte("x"), 0); err != nil {
 		t.Fatal(err)

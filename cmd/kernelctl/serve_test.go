@@ -339,7 +339,7 @@ func TestServeEndToEnd(t *testing.T) {
 	// As README has it: the server from the environment, no flag.
 	c := exec.Command(kernelctl, "receipts", "verify", mine.ReceiptID)
 	c.Env = append(os.Environ(), "CAPKERNEL_ADMIN_TOKEN="+admin, "CAPKERNEL_SERVER="+s.url)
-	if out, err := c.CombinedOutput(); err != nil || !strings.Contains(string(out), "ok") {
+	if out, err := c.CombinedOutput(); err != nil || !strings.Contains(string(out), "ledger match: ok") {
 		t.Fatalf("receipts verify with CAPKERNEL_SERVER: %v: %s", err, out)
 	}
 	resultFile := filepath.Join(dir, "result.json")

@@ -601,7 +601,10 @@ func (d *decoder) done() error {
 func (d *decoder) name(c byte) ([]byte, error) {
 	switch {
 	case c < maxDict:
-		return dictBytes[c%byte(len(dictBytes))], d.dict(c)
+		if err := d.dict(c); err != nil {
+			return nil, err
+		}
+		return dictBytes[c], nil
 	case c >= opShort && c < opSmall, c == opStr:
 		return d.strText(c)
 	}
@@ -895,5 +898,3 @@ func appendUint(b []byte, v uint64) []byte {
 	}
 	return append(b, buf[i:]...)
 }
-
-func appendVarint(b []byte, v int64) []byte { return binary.AppendVarint(b, v) }

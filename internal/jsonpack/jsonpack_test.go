@@ -2,6 +2,7 @@ package jsonpack
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -113,7 +114,7 @@ func TestUndecodable(t *testing.T) {
 
 func varint(v int64) []byte {
 	var e encoder
-	e.out = appendVarint(e.out, v)
+	e.out = binary.AppendVarint(e.out, v)
 	return e.out
 }
 
