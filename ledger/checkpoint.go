@@ -352,7 +352,7 @@ func putCheckpoint(tx *bbolt.Tx, c Checkpoint, signed []byte) (StoredCheckpoint,
 	case !errors.Is(err, ErrNoCheckpoint):
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint: %w", err)
 	}
-	b.FillPercent = 1 // keys only grow: see AppendCanonical
+	b.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
 	if err := b.Put(seqKey(num), packCheckpoint(bytes.Clone(signed))); err != nil {
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}

@@ -128,71 +128,12 @@ func Canonical(body []byte) (Body, error) {
 	return Body{b: body, packed: packBody(body)}, nil
 }
 
-// AppendCanonical is Append for a body canonicalized beforehand.
+// AppendCanonical is Append for a body canonicalized beforehand: a
+// Writer's append, by a Writer of its own (which reads the tree's edge
+// from the stored tree).
 func AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Entry, error) {
-	if body.b == nil {
-		return Entry{}, errors.New("ledger: append: empty body (use Canonicalize)")
-	}
-	if !tx.Writable() {
-		return Entry{}, errors.New("ledger: append: transaction is read-only")
-	}
-	entries, meta, err := buckets(tx)
-	if err != nil {
-		return Entry{}, err
-	}
-	size, prev, err := readHead(meta)
-	if err != nil {
-		return Entry{}, fmt.Errorf("ledger: append: %w", err)
-	}
-	tree := tx.Bucket(bucketTree)
-	if tree == nil {
-		return Entry{}, errors.New("ledger: append: Merkle tree bucket missing (run Init)")
-	}
-	c := body.b
-	e := Entry{
-		Seq:      size,
-		Kind:     kind,
-		Time:     t.UTC().Format(TimeLayout),
-		PrevHash: digest.Format(prev),
-		Body:     c,
-	}
-	if err := checkFields(&e); err != nil {
-		return Entry{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, size, err)
-	}
-	// Keys only ever grow (on each level of the tree), so pages can be
-	// filled completely before they split.
-	entries.FillPercent, tree.FillPercent = 1, 1
-	key := seqKey(e.Seq)
-	if entries.Get(key) != nil {
-		return Entry{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", e.Seq, size)
-	}
-
-	var sum [digest.Size]byte
-	buf := scratch.Get().(*[]byte)
-	hashEntry(&sum, buf, &e)
-	if cap(*buf) <= maxScratch {
-		scratch.Put(buf)
-	}
-	e.Hash = digest.Format(sum)
-	nodes, err := completedNodes(tree, e.Seq, sum, prev)
-	if err != nil {
-		return Entry{}, fmt.Errorf("ledger: append entry %d: Merkle tree: %w (run Verify)", e.Seq, err)
-	}
-
-	rec := appendRecord(make([]byte, 0, recordLen(&e)), &e)
-	if len(rec) > bbolt.MaxValueSize {
-		return Entry{}, fmt.Errorf("ledger: append %q entry %d: record of %d bytes exceeds bbolt's limit", kind, e.Seq, len(rec))
-	}
-	if err := entries.Put(key, storedRecord(&e, body, &sum, &prev, rec)); err != nil {
-		return Entry{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
-	}
-	if err := meta.Put(keyHead, encodeHead(size+1, sum)); err != nil {
-		return Entry{}, fmt.Errorf("ledger: append entry %d: update head: %w", e.Seq, err)
-	}
-	if err := putNodes(tree, nodes); err != nil {
-		return Entry{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
-	}
-	return e, nil
+	a, err := NewWriter().AppendCanonical(tx, kind, t, body)
+	return a.Entry, err
 }
 
 // HeadOf returns the current head of the ledger.

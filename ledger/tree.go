@@ -281,7 +281,7 @@ func migrateTree(tx *bbolt.Tx) error {
 		return err
 	}
 	tree := tx.Bucket(bucketTree)
-	tree.FillPercent = 1 // see AppendCanonical
+	tree.FillPercent = 1 // see Writer.AppendCanonical
 	size, _, err := readHead(meta)
 	if err != nil {
 		return fmt.Errorf("ledger: build Merkle tree: %w", err)

@@ -81,10 +81,12 @@ func (w *Writer) Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMes
 	return w.AppendCanonical(tx, kind, t, c)
 }
 
-// AppendCanonical adds an entry after the current head within tx, as the
-// package function AppendCanonical does (same records, head and stored
-// tree nodes), taking the previous entry hash and the tree's edge from
-// memory.
+// AppendCanonical adds an entry after the current head within tx: its
+// record, the new head and the tree nodes it completes, taking the
+// previous entry hash and the tree's edge from memory. It checks
+// everything before it writes, so an error means tx is unchanged, except
+// for an error from bbolt's Put itself, after which the transaction must
+// be rolled back.
 func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Appended, error) {
 	if body.b == nil {
 		return Appended{}, errors.New("ledger: append: empty body (use Canonicalize)")
@@ -125,7 +127,9 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if y := t.UTC().Year(); y < 0 || y > 9999 {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, e.Time, TimeLayout)
 	}
-	entries.FillPercent, tree.FillPercent = 1, 1 // see AppendCanonical
+	// Keys only ever grow (on each level of the tree), so pages can be
+	// filled completely before they split.
+	entries.FillPercent, tree.FillPercent = 1, 1
 	key := seqKey(e.Seq)
 	if entries.Get(key) != nil {
 		return Appended{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", e.Seq, e.Seq)
@@ -301,7 +305,7 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 		}
 		num = binary.BigEndian.Uint64(k) + 1
 	}
-	b.FillPercent = 1 // keys only grow: see AppendCanonical
+	b.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
 	if err := b.Put(seqKey(num), packCheckpoint(signed)); err != nil {
 		return nil, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}
