@@ -352,11 +352,21 @@ func putCheckpoint(tx *bbolt.Tx, c Checkpoint, signed []byte) (StoredCheckpoint,
 	case !errors.Is(err, ErrNoCheckpoint):
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint: %w", err)
 	}
-	b.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
-	if err := b.Put(seqKey(num), packCheckpoint(bytes.Clone(signed))); err != nil {
-		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
+	if err := storeCheckpoint(b, num, bytes.Clone(signed)); err != nil {
+		return StoredCheckpoint{}, err
 	}
 	return StoredCheckpoint{num, c, bytes.Clone(signed)}, nil
+}
+
+// storeCheckpoint stores the signed checkpoint note signed as number num
+// of the checkpoints bucket b (packed; bbolt holds signed until the
+// transaction ends, so it must not change).
+func storeCheckpoint(b *bbolt.Bucket, num uint64, signed []byte) error {
+	b.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
+	if err := b.Put(seqKey(num), packCheckpoint(signed)); err != nil {
+		return fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
+	}
+	return nil
 }
 
 // WriteCheckpoint signs a checkpoint of the whole ledger (origin, current

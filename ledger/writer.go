@@ -305,9 +305,8 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 		}
 		num = binary.BigEndian.Uint64(k) + 1
 	}
-	b.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
-	if err := b.Put(seqKey(num), packCheckpoint(signed)); err != nil {
-		return nil, fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
+	if err := storeCheckpoint(b, num, signed); err != nil {
+		return nil, err
 	}
 	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)
 	return w.batch, nil
