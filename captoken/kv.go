@@ -36,18 +36,12 @@ func matchKey(p, key string) bool {
 }
 
 // coversKeys reports whether a scope of ps matches every key s matches,
-// with at least s's mode.
+// with at least s's mode: for one key, a scope matching it; for a prefix,
+// a prefix scope matching the prefix.
 func coversKeys(ps []KVScope, s KVScope) bool {
 	prefix, wild := strings.CutSuffix(s.Keys, "*")
 	for _, p := range ps {
-		if s.Mode == "rw" && p.Mode != "rw" {
-			continue
-		}
-		pPrefix, pWild := strings.CutSuffix(p.Keys, "*")
-		switch {
-		case !wild && matchKey(p.Keys, s.Keys):
-			return true
-		case wild && pWild && strings.HasPrefix(prefix, pPrefix):
+		if (s.Mode != "rw" || p.Mode == "rw") && matchKey(p.Keys, prefix) && (!wild || strings.HasSuffix(p.Keys, "*")) {
 			return true
 		}
 	}

@@ -418,32 +418,37 @@ func splitList(s string) []string {
 func parseKVScopes(specs []string) ([]captoken.KVScope, error) {
 	var out []captoken.KVScope
 	for _, s := range specs {
-		i := strings.LastIndex(s, ":")
-		if i <= 0 {
-			return nil, fmt.Errorf("--kv %q: want KEYS:r or KEYS:rw", s)
+		keys, mode, err := splitMode("--kv", "KEYS", s)
+		if err != nil {
+			return nil, err
 		}
-		if mode := s[i+1:]; mode != "r" && mode != "rw" {
-			return nil, fmt.Errorf("--kv %q: mode %q is not r or rw", s, mode)
-		}
-		if strings.Contains(s[:i], ":r,") || strings.Contains(s[:i], ":rw,") {
+		if strings.Contains(keys, ":r,") || strings.Contains(keys, ":rw,") {
 			return nil, fmt.Errorf("--kv %q: one scope per --kv; repeat the flag for more", s)
 		}
-		out = append(out, captoken.KVScope{Keys: s[:i], Mode: s[i+1:]})
+		out = append(out, captoken.KVScope{Keys: keys, Mode: mode})
 	}
 	return out, nil
+}
+
+// splitMode splits the spec WHAT:r|rw of flag at its last colon.
+func splitMode(flag, what, spec string) (string, string, error) {
+	i := strings.LastIndex(spec, ":")
+	if i <= 0 {
+		return "", "", fmt.Errorf("%s %q: want %s:r or %s:rw", flag, spec, what, what)
+	}
+	if mode := spec[i+1:]; mode != "r" && mode != "rw" {
+		return "", "", fmt.Errorf("%s %q: mode %q is not r or rw", flag, spec, mode)
+	}
+	return spec[:i], spec[i+1:], nil
 }
 
 // parseFSRoots reads PATH:r|rw specs; relative paths become absolute.
 func parseFSRoots(specs []string) ([]captoken.FSRoot, error) {
 	var out []captoken.FSRoot
 	for _, s := range specs {
-		i := strings.LastIndex(s, ":")
-		if i <= 0 {
-			return nil, fmt.Errorf("--fs %q: want PATH:r or PATH:rw", s)
-		}
-		path, mode := s[:i], s[i+1:]
-		if mode != "r" && mode != "rw" {
-			return nil, fmt.Errorf("--fs %q: mode %q is not r or rw", s, mode)
+		path, mode, err := splitMode("--fs", "PATH", s)
+		if err != nil {
+			return nil, err
 		}
 		abs, err := filepath.Abs(path)
 		if err != nil {
