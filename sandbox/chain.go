@@ -287,7 +287,8 @@ func (s *sink) attach(w io.Writer) {
 
 // takeSpareChain returns the Sandbox's spare chain if it can serve a run
 // whose /etc snapshot is etc (and that mounts overlays, if overlay), else
-// nil (a spare that cannot is discarded).
+// nil: a stale or dead spare is discarded, one without the mount
+// namespace overlays need is kept for the next plain run.
 func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 	s.mu.Lock()
 	c := s.spareChain
@@ -296,8 +297,21 @@ func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 	if c == nil {
 		return nil
 	}
-	if c.etc != etc || c.exited() || overlay && !c.mountNS {
+	if c.etc != etc || c.exited() {
 		c.discard()
+		return nil
+	}
+	if overlay && !c.mountNS {
+		// Sound, but not for this run: it stays the spare of the next
+		// plain run (unless another is being made or the Sandbox closed).
+		s.mu.Lock()
+		if !s.closed && !s.makingChain && s.spareChain == nil {
+			s.spareChain, c = c, nil
+		}
+		s.mu.Unlock()
+		if c != nil {
+			c.discard()
+		}
 		return nil
 	}
 	return c
@@ -341,7 +355,12 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 	var f *forker
 	if withForker {
 		if f, err = newForker(); err != nil {
+			// As makeForker: no v1 pids hierarchy, or no permission, is
+			// for good; later chains are made without trying again.
 			f = nil
+			s.mu.Lock()
+			s.noForker = true
+			s.mu.Unlock()
 		}
 	}
 	c, err := s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
