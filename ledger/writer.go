@@ -100,7 +100,7 @@ func (w *Writer) Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMes
 // for an error from bbolt's Put itself, after which the transaction must
 // be rolled back.
 //
-// The returned Entry's Hash shares memory with Record.
+// The returned Entry's Hash and Time share memory with Record.
 func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Appended, error) {
 	if body.b == nil {
 		return Appended{}, errors.New("ledger: append: empty body (use Canonicalize)")
@@ -126,26 +126,28 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	e := Entry{
 		Seq:      p.size,
 		Kind:     kind,
-		Time:     FormatTime(t),
 		PrevHash: p.lastHex,
 		Body:     body.b,
 	}
 	// The fields checkFields checks, but for the time and prev_hash this
-	// function wrote itself in their forms.
+	// function writes itself in their forms.
 	if e.Seq > maxSeq {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: seq exceeds %d", kind, e.Seq, uint64(maxSeq))
 	}
 	if err := checkKind(kind); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, e.Seq, err)
 	}
-	if y := t.UTC().Year(); y < 0 || y > 9999 {
-		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, e.Time, TimeLayout)
+	var tb [len(TimeLayout)]byte
+	if !putTime(&tb, t) {
+		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, FormatTime(t), TimeLayout)
 	}
 	if !p.checked {
 		// Once per edge established in tx: nothing may be stored at or
 		// after the head, which every later append of tx then extends.
-		if k, _ := entries.Cursor().Last(); k != nil && (len(k) != 8 || binary.BigEndian.Uint64(k) >= e.Seq) {
-			return Appended{}, fmt.Errorf("ledger: append: entry %x already exists although the head says %d entries (run Verify)", k, e.Seq)
+		if k, _ := entries.Cursor().Last(); len(k) == 8 && binary.BigEndian.Uint64(k) >= e.Seq {
+			return Appended{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", binary.BigEndian.Uint64(k), e.Seq)
+		} else if k != nil && len(k) != 8 {
+			return Appended{}, fmt.Errorf("ledger: append: malformed key %x stored after entry %d (run Verify)", k, e.Seq)
 		}
 		p.checked = true
 	}
@@ -159,7 +161,8 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	rec = append(rec, zeroHex[:]...)
 	rec = append(rec, '"')
 	hashEnd := len(rec)
-	rec = appendTail(rec, &e)
+	rec = appendTailTime(rec, &e, tb[:])
+	e.Time = alias(rec[len(rec)-len(recEnd)-timeLen : len(rec)-len(recEnd)])
 	if len(rec) > bbolt.MaxValueSize {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: record of %d bytes exceeds bbolt's limit", kind, e.Seq, len(rec))
 	}
@@ -506,13 +509,22 @@ func (b *Batch) build() {
 // years 0 to 9999 (the only ones TimeLayout holds) without time.Format's
 // layout interpretation.
 func FormatTime(t time.Time) string {
+	var b [len(TimeLayout)]byte
+	if !putTime(&b, t) {
+		return t.UTC().Format(TimeLayout)
+	}
+	return string(b[:])
+}
+
+// putTime writes t.UTC().Format(TimeLayout) into b, or reports false for a
+// year outside 0 to 9999.
+func putTime(b *[len(TimeLayout)]byte, t time.Time) bool {
 	t = t.UTC()
 	year, month, day := t.Date()
 	if year < 0 || year > 9999 {
-		return t.Format(TimeLayout)
+		return false
 	}
 	hour, minute, sec := t.Clock()
-	var b [len(TimeLayout)]byte
 	put := func(at, v, width int) {
 		for i := at + width - 1; i >= at; i-- {
 			b[i] = byte('0' + v%10)
@@ -533,7 +545,7 @@ func FormatTime(t time.Time) string {
 	b[19] = '.'
 	put(20, t.Nanosecond(), 9)
 	b[29] = 'Z'
-	return string(b[:])
+	return true
 }
 
 // same reports whether c and o say the same (extensions included).
