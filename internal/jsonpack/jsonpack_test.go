@@ -351,3 +351,27 @@ func FuzzCanonicalCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestPlain compares plain, which tests 8 bytes at a time, with
+// plainBytes byte by byte, over random strings of up to 40 bytes drawn
+// from the bytes at the edges of what it tests.
+func TestPlain(t *testing.T) {
+	edges := []byte{0x00, 0x1f, 0x20, 0x21, '"', 0x23, 'a', 0x5b, '\\', 0x5d, 0x7e, 0x7f, 0x80, 0xa2, 0xdc, 0xff}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 300_000 {
+		b := make([]byte, rng.IntN(41))
+		for i := range b {
+			b[i] = 'x'
+			if rng.IntN(12) == 0 {
+				b[i] = edges[rng.IntN(len(edges))]
+			}
+		}
+		want := true
+		for _, c := range b {
+			want = want && plainBytes[c]
+		}
+		if got := plain(b); got != want {
+			t.Fatalf("plain(%q) = %v, want %v", b, got, want)
+		}
+	}
+}
