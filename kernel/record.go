@@ -208,7 +208,7 @@ func logged(a ledger.Appended) (*receipts.Logged, error) {
 	if err != nil {
 		return nil, fmt.Errorf("receipt of entry %d: %w", a.Seq, err)
 	}
-	return &receipts.Logged{Format: receipts.Format, Entry: string(a.Record), Inclusion: in, Checkpoint: a.Batch.SignedNote()}, nil
+	return &receipts.Logged{Format: receipts.Format, Entry: a.RecordText(), Inclusion: in, Checkpoint: a.Batch.SignedNote()}, nil
 }
 
 // storedEnvelope is the result envelope kept for r's operation id. A

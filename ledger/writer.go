@@ -84,6 +84,10 @@ type Appended struct {
 	Batch *Batch
 }
 
+// RecordText returns Record as a string that shares its memory (Record is
+// never written again): a receipt's copy of the record without a copy.
+func (a Appended) RecordText() string { return alias(a.Record) }
+
 // Append is AppendCanonical for a body not yet canonicalized.
 func (w *Writer) Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Appended, error) {
 	c, err := Canonicalize(body)
