@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/zeebo/blake3"
@@ -309,23 +310,31 @@ func canonicalPart(v any) ([]byte, error) {
 	return jcs.Canonicalize(b)
 }
 
+// initPayloads creates the payload bucket and its pad keys. With one
+// payload per transaction, pages would hold two payloads fewer than fit
+// (half a page for an fs.read's): see tailpad. Once there, the pads stay
+// (erasure and retention delete payloads by seq only), so the kernel
+// puts them when it opens, not on every call.
+func initPayloads(tx *bbolt.Tx) error {
+	b, err := tx.CreateBucketIfNotExists(bucketPayloads)
+	if err != nil {
+		return err
+	}
+	return tailpad.Ensure(b)
+}
+
 // putPayload keeps the payload of the audit entry seq.
 func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	if payload == nil {
 		return nil
 	}
-	b, err := tx.CreateBucketIfNotExists(bucketPayloads)
-	if err != nil {
-		return err
+	b := tx.Bucket(bucketPayloads)
+	if b == nil {
+		return errors.New("the audit payload bucket is missing (the kernel creates it when it opens)")
 	}
 	// Keys only grow (seq order), so a page split may leave the left page
 	// full: the default half-full split would waste half of every page.
 	b.FillPercent = 1
-	// With one payload per transaction, pages would hold two payloads
-	// fewer than fit (half a page for an fs.read's): see tailpad.
-	if err := tailpad.Ensure(b); err != nil {
-		return err
-	}
 	// payload is the entry's own, never modified after: bbolt may keep it
 	// until the commit without a copy.
 	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)

@@ -175,9 +175,18 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 			}
 			return err
 		},
-		Finish: func(tx *bbolt.Tx) error {
+		Finish: func(tx *bbolt.Tx) (err error) {
 			defer k.onSequencer(time.Now())
-			if err := k.storeOperation(tx, c.res.OperationID, op); err != nil {
+			if c.minted && c.res.TxOutcome == NoOp {
+				// An id this kernel minted for a call that prepared
+				// nothing: no record of it can exist, as only this
+				// record stores it (one a rollback records again is
+				// rolled_back).
+				err = txn.PutOperation(tx, c.res.OperationID, op)
+			} else {
+				err = k.storeOperation(tx, c.res.OperationID, op)
+			}
+			if err != nil {
 				return err
 			}
 			for _, f := range after {
