@@ -163,10 +163,13 @@ func partKey(raw *[SaltSize]byte, name string) [32]byte {
 
 // Commit returns the commitment to the canonical JSON bytes part under
 // key: "blake3:" and the keyed BLAKE3-256 of part.
-func Commit(key [32]byte, part []byte) string {
+func Commit(key [32]byte, part []byte) string { return digest.Format(commit(key, part)) }
+
+// commit is the keyed BLAKE3-256 of part under key.
+func commit(key [32]byte, part []byte) [digest.Size]byte {
 	if b3.Small(len(part)) {
 		k := b3.KeyOf(&key)
-		return digest.Format(b3.Keyed(&k, part))
+		return b3.Keyed(&k, part)
 	}
 	h, err := blake3.NewKeyed(key[:])
 	if err != nil {
@@ -175,7 +178,7 @@ func Commit(key [32]byte, part []byte) string {
 	h.Write(part)
 	var sum [digest.Size]byte
 	h.Sum(sum[:0])
-	return digest.Format(sum)
+	return sum
 }
 
 // CommitPart returns the commitment to part name with bytes b under salt.
@@ -206,12 +209,25 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 	if err != nil {
 		return nil, err
 	}
+	// The commitments' strings share one allocation, formatted on the
+	// stack (for the four Parts).
+	const width = len(digest.Prefix) + 2*digest.Size
+	var buf [4 * width]byte
+	all := buf[:0]
+	for _, name := range Parts {
+		if b := parts[name]; b != nil {
+			sum := commit(partKey(&raw, name), b)
+			all = hex.AppendEncode(append(all, digest.Prefix...), sum[:])
+		}
+	}
+	strs := string(all)
 	for _, name := range Parts {
 		b := parts[name]
 		if b == nil {
 			continue
 		}
-		c := Commit(partKey(&raw, name), b)
+		c := strs[:width]
+		strs = strs[width:]
 		switch name {
 		case PartArgs:
 			s.commitments.Args, p.Args = c, b
