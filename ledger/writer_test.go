@@ -397,3 +397,43 @@ func TestAppendAllocations(t *testing.T) {
 	}
 	t.Logf("allocations: %v per append, %v per proof", perAppend, perProof)
 }
+
+// TestWriterFillsPages: the pages of the entries and the tree buckets that
+// a Writer's appends fill are full before they split (keys only grow, and
+// the Writer sets bbolt's FillPercent to 1), so the ledger takes about
+// half the pages a default fill would.
+func TestWriterFillsPages(t *testing.T) {
+	db := newDB(t)
+	w := NewWriter()
+	body, err := Canonicalize(body300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if err := db.Update(func(tx *bbolt.Tx) error {
+			for range 100 {
+				if _, err := w.AppendCanonical(tx, KindAudit, t0, body); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.View(func(tx *bbolt.Tx) error {
+		// The tree's levels are key ranges one after the other, so its
+		// leaves are appended within the bucket, not at its end: its
+		// pages fill less (a default fill leaves both at half).
+		for _, b := range []struct {
+			name []byte
+			min  float64
+		}{{bucketEntries, 0.9}, {bucketTree, 0.7}} {
+			st := tx.Bucket(b.name).Stats()
+			if fill := float64(st.LeafInuse) / float64(st.LeafAlloc); fill < b.min {
+				t.Errorf("bucket %s: leaf pages %.0f%% full (%d pages), want at least %.0f%%", b.name, 100*fill, st.LeafPageN, 100*b.min)
+			}
+		}
+		return nil
+	})
+}
