@@ -42,10 +42,11 @@ const packMin = 512
 // than Huffman coded. Below it zstd's matches find little that the packing
 // (which stores a repeated path as a reference, jsonpack.PackRefs) left:
 // Huffman coding stores from 2.5% fewer to 2.5% more bytes than a frame
-// (fs.read and fs.write of 300 B to 1 KiB of docs/kernel.md) at about half
-// the CPU (no match finding, whose 256 KiB hash table also evicts the
-// call's own data from the cache); above it the frame's matches win more
-// (5% at 1.5 KiB, 8% at 2 KiB) and its cost is spread over more bytes.
+// (fs.read and fs.write of 300 B to 1 KiB of docs/kernel.md) for two
+// thirds of the CPU (no match finding, whose 256 KiB hash table also
+// evicts the call's own data from the cache; BenchmarkPackPayload); above
+// it the frame's matches win more (5% at 1.5 KiB, 8% at 2 KiB) and its
+// cost is spread over more bytes.
 const huffMax = 1280
 
 // packMaxSize bounds what unpacking one stored payload may produce, so a
