@@ -350,6 +350,7 @@ func FuzzCanonicalCheck(f *testing.F) {
 		f.Add(Pack(nil, []byte(s)))
 	}
 	f.Add(Pack(nil, []byte(`{"b":1,"a":2}`)))
+	f.Add(PackRefs(nil, []byte(refSample)))
 	f.Fuzz(func(t *testing.T, v []byte) {
 		if !Packed(v) {
 			return
