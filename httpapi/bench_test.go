@@ -33,8 +33,11 @@ import (
 // in a process of its own (benchServer: a real kernel behind a real
 // http.Server with serve's timeouts and GC target), so the figures are the
 // server's alone: server-cpu-µs/call (its rusage), server-allocs/call and
-// server-B/call (its heap). calls/s is the wall-clock rate, noisy on a
-// shared machine; judge by CPU and allocations. With
+// server-B/call (its heap), and calls/commit, the calls of a group commit
+// (some of a call's cost is a commit's, shared by the calls it holds: a
+// change that answers sooner can make smaller batches and so cost more a
+// call). calls/s is the wall-clock rate, noisy on a shared machine; judge
+// by CPU and allocations. With
 // CAPKERNEL_BENCH_SERVER_PROFILE=FILE the server writes a CPU profile of
 // each run to FILE, with CAPKERNEL_BENCH_SERVER_MEMPROFILE=FILE a profile of
 // every allocation (slower); the last run's remains.
@@ -81,6 +84,7 @@ func BenchmarkCallHTTP(b *testing.B) {
 				b.ReportMetric(float64(d.cpu.Nanoseconds())/1e3/n, "server-cpu-µs/call")
 				b.ReportMetric(float64(d.mallocs)/n, "server-allocs/call")
 				b.ReportMetric(float64(d.bytes)/n, "server-B/call")
+				b.ReportMetric(n/float64(max(d.commits, 1)), "calls/commit")
 			})
 		}
 	}
@@ -136,7 +140,8 @@ type benchHello struct {
 // http.Server timeouts and GC target) with a token for echo and fs.read
 // of dir/ws, where one-kib.txt is. It writes a benchHello line to out;
 // then for each line read from in it writes its CPU time (ns), heap
-// allocations and bytes allocated so far; it stops at the end of in.
+// allocations, bytes allocated and group commits (the number of its
+// latest checkpoint, one a commit) so far; it stops at the end of in.
 func benchServer(dir string, in io.Reader, out io.Writer) error {
 	debug.SetGCPercent(400)
 	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
@@ -200,7 +205,11 @@ func benchServer(dir string, in io.Reader, out io.Writer) error {
 		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		fmt.Fprintf(out, "%d %d %d\n", ru.Utime.Nano()+ru.Stime.Nano(), ms.Mallocs, ms.TotalAlloc)
+		c, err := k.Inspector().Checkpoint(false)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%d %d %d %d\n", ru.Utime.Nano()+ru.Stime.Nano(), ms.Mallocs, ms.TotalAlloc, c.Number)
 	}
 	return sc.Err()
 }
@@ -262,8 +271,8 @@ func (p *benchProc) call(b *testing.B, tool, args, session string) []byte {
 
 // serverStats is what the server process has spent so far.
 type serverStats struct {
-	cpu            time.Duration
-	mallocs, bytes uint64
+	cpu                     time.Duration
+	mallocs, bytes, commits uint64
 }
 
 func (p *benchProc) stats(b *testing.B) serverStats {
@@ -277,7 +286,7 @@ func (p *benchProc) stats(b *testing.B) serverStats {
 	}
 	var s serverStats
 	var ns int64
-	if _, err := fmt.Sscan(strings.TrimSpace(line), &ns, &s.mallocs, &s.bytes); err != nil {
+	if _, err := fmt.Sscan(strings.TrimSpace(line), &ns, &s.mallocs, &s.bytes, &s.commits); err != nil {
 		b.Fatalf("bench server stats %q: %v", line, err)
 	}
 	s.cpu = time.Duration(ns)
@@ -285,5 +294,5 @@ func (p *benchProc) stats(b *testing.B) serverStats {
 }
 
 func (s serverStats) since(o serverStats) serverStats {
-	return serverStats{s.cpu - o.cpu, s.mallocs - o.mallocs, s.bytes - o.bytes}
+	return serverStats{s.cpu - o.cpu, s.mallocs - o.mallocs, s.bytes - o.bytes, s.commits - o.commits}
 }

@@ -215,7 +215,9 @@ func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
-	w.Header().Set("Content-Type", "application/jwk-set+json")
+	h := w.Header()
+	h.Set("Content-Type", "application/jwk-set+json")
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(http.StatusOK)
 	w.Write(b)
 }

@@ -169,3 +169,29 @@ func TestCallKeepsNoBody(t *testing.T) {
 		})
 	}
 }
+
+// Every JSON answer declares its length, the long ones too (net/http
+// itself declares it only for answers under 2 KiB).
+func TestAnswersDeclareLength(t *testing.T) {
+	f := newFixture(t)
+	if code, body := f.send(t, "POST", "/v1/syscalls", f.envelope(t), "Content-Type: application/json"); code != http.StatusOK {
+		t.Fatalf("call: %d %s", code, body)
+	}
+	for _, path := range []string{"/v1/ledger/entries", "/v1/ledger/head", "/.well-known/jwks.json", "/v1/ledger/checkpoint", "/v1/no/such/endpoint"} {
+		req, err := http.NewRequest("GET", f.srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+f.admin)
+		resp, err := f.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := new(bytes.Buffer)
+		body.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if resp.ContentLength != int64(body.Len()) || len(resp.TransferEncoding) > 0 {
+			t.Errorf("GET %s: %d bytes, Content-Length %d, Transfer-Encoding %q", path, body.Len(), resp.ContentLength, resp.TransferEncoding)
+		}
+	}
+}
