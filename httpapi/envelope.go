@@ -210,13 +210,13 @@ func (e *resultEncoder) float(f float64) {
 	e.b = e.marshal(e.b, f)
 }
 
-// raw appends raw JSON. It is copied as it is when it is valid JSON (by
-// the strict rules: no duplicate names, valid UTF-8) that encoding/json
-// copies unchanged, which keeps escapes as they are written: no white
-// space outside strings, no <, > or &, no U+2028 or U+2029; anything else
-// is encoded by encoding/json.
+// raw appends raw JSON. It is copied as it is when it is valid JSON in
+// valid UTF-8 (duplicate names allowed, as encoding/json allows them in
+// raw JSON) that encoding/json copies unchanged, which keeps escapes as
+// they are written: no white space outside strings, no <, > or &, no
+// U+2028 or U+2029; anything else is encoded by encoding/json.
 func (e *resultEncoder) raw(raw json.RawMessage) {
-	if plainRaw(raw) && jsontext.Value(raw).IsValid() {
+	if plainRaw(raw) && jsontext.Value(raw).IsValid(jsontext.AllowDuplicateNames(true)) {
 		e.b = append(e.b, raw...)
 		return
 	}
