@@ -10,6 +10,13 @@ import (
 	"testing"
 )
 
+// readWays are openRead's two ways of opening: openat2, and os.Root
+// where openat2 is missing.
+var readWays = []struct {
+	name    string
+	missing bool // openat2Missing
+}{{"openat2", false}, {"os.Root", true}}
+
 // TestReadStaysInRoot: fs.read opens the path it was given inside its
 // root at the time of the open, whatever replaced it since it was
 // resolved: a link to outside, absolute or relative, in place of the file
@@ -17,16 +24,10 @@ import (
 // Both ways of opening (openat2, and os.Root where openat2 is missing)
 // are held to it.
 func TestReadStaysInRoot(t *testing.T) {
-	for _, fallback := range []bool{false, true} {
-		name := "openat2"
-		if fallback {
-			name = "os.Root"
-		}
-		t.Run(name, func(t *testing.T) {
-			if fallback {
-				openat2Missing.Store(true)
-				defer openat2Missing.Store(false)
-			}
+	for _, way := range readWays {
+		t.Run(way.name, func(t *testing.T) {
+			openat2Missing.Store(way.missing)
+			defer openat2Missing.Store(false)
 			cases := []struct {
 				name    string
 				path    string                 // resolved, then swap runs
@@ -141,13 +142,9 @@ func replace(t *testing.T, p, target string) {
 
 // BenchmarkFSRead is fs.read of a 1 KiB file on a resolved resource.
 func BenchmarkFSRead(b *testing.B) {
-	for _, fallback := range []bool{false, true} {
-		name := "openat2"
-		if fallback {
-			name = "os.Root"
-		}
-		b.Run(name, func(b *testing.B) {
-			openat2Missing.Store(fallback)
+	for _, way := range readWays {
+		b.Run(way.name, func(b *testing.B) {
+			openat2Missing.Store(way.missing)
 			defer openat2Missing.Store(false)
 			root := b.TempDir()
 			if err := os.WriteFile(filepath.Join(root, "a.txt"), []byte(strings.Repeat("x", 1024)), 0o644); err != nil {
