@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -288,10 +289,22 @@ func (s *sink) attach(w io.Writer) {
 // takeSpareChain returns the Sandbox's spare chain if it can serve a run
 // whose /etc snapshot is etc (and that mounts overlays, if overlay), else
 // nil: a stale or dead spare is discarded, one without the mount
-// namespace overlays need is kept for the next plain run.
-func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
+// namespace overlays need is kept for the next plain run. A spare being
+// made is waited for (until ctx is done): it is further on than a chain
+// the run would start now, which would also compete with it for the CPU.
+func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool) *chain {
 	s.mu.Lock()
-	c := s.spareChain
+	c, made := s.spareChain, s.makingChain
+	if c == nil && made != nil {
+		s.mu.Unlock()
+		select {
+		case <-made:
+		case <-ctx.Done():
+			return nil
+		}
+		s.mu.Lock()
+		c = s.spareChain
+	}
 	s.spareChain = nil
 	s.mu.Unlock()
 	if c == nil {
@@ -305,7 +318,7 @@ func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 		// Sound, but not for this run: it stays the spare of the next
 		// plain run (unless another is being made or the Sandbox closed).
 		s.mu.Lock()
-		if !s.closed && !s.makingChain && s.spareChain == nil {
+		if !s.closed && s.makingChain == nil && s.spareChain == nil {
 			s.spareChain, c = c, nil
 		}
 		s.mu.Unlock()
@@ -321,11 +334,12 @@ func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 // or one is being made.
 func (s *Sandbox) kickSpareChain(t *tools) {
 	s.mu.Lock()
-	if s.closed || s.spareChain != nil || s.makingChain {
+	if s.closed || s.spareChain != nil || s.makingChain != nil {
 		s.mu.Unlock()
 		return
 	}
-	s.makingChain = true
+	made := make(chan struct{})
+	s.makingChain = made
 	noForker := s.noForker
 	s.chains.Add(1)
 	s.mu.Unlock()
@@ -333,12 +347,13 @@ func (s *Sandbox) kickSpareChain(t *tools) {
 		defer s.chains.Done()
 		c, err := s.makeSpareChain(t, !noForker)
 		s.mu.Lock()
-		s.makingChain = false
+		s.makingChain = nil
 		closed := s.closed
 		if err == nil && !closed {
 			s.spareChain = c
 		}
 		s.mu.Unlock()
+		close(made)
 		if err == nil && closed {
 			c.end() // Close waits for this
 		}
@@ -354,7 +369,14 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 	}
 	var f *forker
 	if withForker {
-		if f, err = newForker(); err != nil {
+		// The forker made ahead (takeForker, which starts the next): a
+		// new one waits for the RCU grace period of its thread's move
+		// (6–12 ms on the loaded machine), longer than the gap between
+		// two calls, which left every third run without a spare chain.
+		if f = s.takeForker(); f == nil {
+			f, err = newForker()
+		}
+		if err != nil {
 			// As makeForker: no v1 pids hierarchy, or no permission, is
 			// for good; later chains are made without trying again.
 			f = nil
