@@ -281,6 +281,9 @@ func (c *checker) number() error {
 		c.pos++
 	}
 	raw := c.in[start:c.pos]
+	if shortDecimal(raw) {
+		return nil
+	}
 	f, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(raw), len(raw)), 64)
 	if err != nil || math.IsInf(f, 0) {
 		c.pos = start
@@ -289,7 +292,54 @@ func (c *checker) number() error {
 	var buf [40]byte
 	if want := AppendNumber(buf[:0], f); string(want) != string(raw) {
 		c.pos = start
-		return c.errorf("number %s is not in canonical form %s", raw, want)
+		// string(want): passing want itself would move buf to the heap
+		// on every call, not just on this error path.
+		return c.errorf("number %s is not in canonical form %s", raw, string(want))
 	}
 	return nil
+}
+
+// shortDecimal reports whether raw is canonical by its form alone, without
+// converting it: an integer or a decimal fraction (no exponent, no zero
+// before a nonzero integer part or after the last fraction digit, no sign
+// on zero) of at most 15 significant digits, whose magnitude ECMAScript
+// writes without an exponent (1e-6 ≤ |x| < 1e21). A decimal of at most 15
+// significant digits is the only one of that many digits whose double it
+// is (DBL_DIG), so they are the shortest digits of that double, which
+// RFC 8785 writes at that magnitude just as raw does. False says nothing:
+// the number is then converted and compared.
+func shortDecimal(raw []byte) bool {
+	s := raw
+	if len(s) > 0 && s[0] == '-' {
+		s = s[1:]
+	}
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	integer, frac := s[:i], s[i:]
+	if len(integer) == 0 || len(integer) > 1 && integer[0] == '0' {
+		return false
+	}
+	if len(frac) == 0 {
+		if integer[0] == '0' {
+			return len(raw) == 1 // "-0" is written "0"
+		}
+		sig := len(bytes.TrimRight(integer, "0"))
+		return sig <= 15 && len(integer) <= 21
+	}
+	if frac[0] != '.' || len(frac) < 2 || frac[len(frac)-1] == '0' {
+		return false
+	}
+	frac = frac[1:]
+	for _, d := range frac {
+		if d < '0' || d > '9' {
+			return false
+		}
+	}
+	if integer[0] != '0' {
+		return len(integer)+len(frac) <= 15
+	}
+	lead := len(frac) - len(bytes.TrimLeft(frac, "0"))
+	return lead <= 5 && len(frac)-lead <= 15 // 0.000001 at least
 }

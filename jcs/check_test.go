@@ -2,6 +2,7 @@ package jcs
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -63,6 +64,81 @@ func BenchmarkCheckCanonical(b *testing.B) {
 	for b.Loop() {
 		if err := CheckCanonical(data); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestShortDecimalAgrees checks that every number shortDecimal vouches for
+// is its own canonical form, over edge cases and random decimals of up to
+// 22 digits with every kind of leading and trailing zero: the fast path
+// may only ever skip a conversion whose result it already knows.
+func TestShortDecimalAgrees(t *testing.T) {
+	cases := []string{
+		"0", "-0", "1", "-1", "10", "100000000000000000000", "1000000000000000000000",
+		"123456789012345", "1234567890123456", "123456789012345000000", "1234567890123450000000",
+		"0.1", "0.25", "-0.25", "0.000001", "0.0000001", "0.0000012", "0.10", "00.1", "01", "1.",
+		"1.5", "12345678901234.5", "1234567890123.45", "123456789012345.6", "0.123456789012345",
+		"0.1234567890123456", "0.000001234567890123", "9007199254740993", "0.30000000000000004",
+		"1e5", "1E5", "-", ".5", "+1", "1.0", "-0.0", "0.0",
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 200_000 {
+		var b []byte
+		if rng.IntN(2) == 0 {
+			b = append(b, '-')
+		}
+		digits := func(n int) {
+			for range n {
+				b = append(b, byte('0'+rng.IntN(10)))
+			}
+		}
+		if rng.IntN(3) == 0 {
+			b = append(b, '0')
+		} else {
+			b = append(b, byte('1'+rng.IntN(9)))
+			digits(rng.IntN(21))
+		}
+		if rng.IntN(2) == 0 {
+			b = append(b, '.')
+			b = append(b, bytes.Repeat([]byte("0"), rng.IntN(8))...)
+			digits(rng.IntN(17))
+			if b[len(b)-1] == '.' || rng.IntN(2) == 0 {
+				b = append(b, byte('1'+rng.IntN(9)))
+			}
+		}
+		cases = append(cases, string(b))
+	}
+	vouched := 0
+	for _, s := range cases {
+		if !shortDecimal([]byte(s)) {
+			continue
+		}
+		vouched++
+		if out, err := Canonicalize([]byte(s)); err != nil || string(out) != s {
+			t.Fatalf("shortDecimal(%q) = true, but its canonical form is %q, %v", s, out, err)
+		}
+	}
+	if vouched < len(cases)/4 {
+		t.Fatalf("shortDecimal vouched for only %d of %d numbers", vouched, len(cases))
+	}
+	for _, s := range []string{"0.25", "-17.5", "100", "0.000001"} {
+		if !shortDecimal([]byte(s)) {
+			t.Errorf("shortDecimal(%q) = false, want true", s)
+		}
+	}
+}
+
+// TestCheckCanonicalNumbersAllocateNothing: a valid number costs no
+// allocation, on the fast path or the converting one.
+func TestCheckCanonicalNumbersAllocateNothing(t *testing.T) {
+	for _, s := range []string{`{"a":0.25}`, `{"a":0.30000000000000004}`, `{"a":1e-7}`} {
+		data := []byte(s)
+		if n := testing.AllocsPerRun(100, func() {
+			if err := CheckCanonical(data); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("CheckCanonical(%s): %v allocations", s, n)
 		}
 	}
 }

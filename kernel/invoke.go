@@ -668,8 +668,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		}
 		// The call counts only if its budget allows; what it consumed
 		// running is charged either way.
-		err := errors.Join(txn.Charge(tx, accounts, txn.Usage{txn.BudgetCalls: 1}),
-			txn.Consume(tx, accounts, c.usage()))
+		err := txn.Charge(tx, accounts, txn.Usage{txn.BudgetCalls: 1}, c.usage())
 		var te *txn.Error
 		if errors.As(err, &te) {
 			c.setOutcome(nil, te.Class, te.Message, NoOp)
@@ -981,20 +980,9 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		}
 		return nil, ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, context.Cause(ctx))
 	}
-	var ae *syscalls.ArgsError
-	var fl *syscalls.Failure
-	switch {
-	case errors.As(o.err, &ae):
-		return nil, ErrInvalidArgs, o.err.Error()
-	case errors.As(o.err, &fl):
-		return nil, fl.Class, fl.Message
-	case o.err != nil && ctx.Err() != nil && c.entry.Def.SelfTimed:
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, ErrTimeout, fmt.Sprintf("%s did not finish within %s: %v", c.env.ToolID, timeout, o.err)
-		}
-		return nil, ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, o.err)
-	case o.err != nil:
-		return nil, ErrExecution, o.err.Error()
+	if o.err != nil {
+		class, msg = failure(ctx, c, timeout, o.err)
+		return nil, class, msg
 	}
 	canon, err := o.out.Canonical, error(nil)
 	if canon == nil {
@@ -1005,6 +993,26 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	}
 	c.result, c.canon = o.out.Result, canon // the result hash reuses canon
 	return o.out.Result, "", ""
+}
+
+// failure is the error class and message of err, which c's syscall
+// returned under ctx with timeout. It is apart from execute because the
+// targets errors.As fills escape: a call that succeeds allocates none.
+func failure(ctx context.Context, c *call, timeout time.Duration, err error) (class, msg string) {
+	var ae *syscalls.ArgsError
+	var fl *syscalls.Failure
+	switch {
+	case errors.As(err, &ae):
+		return ErrInvalidArgs, err.Error()
+	case errors.As(err, &fl):
+		return fl.Class, fl.Message
+	case ctx.Err() != nil && c.entry.Def.SelfTimed:
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return ErrTimeout, fmt.Sprintf("%s did not finish within %s: %v", c.env.ToolID, timeout, err)
+		}
+		return ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, err)
+	}
+	return ErrExecution, err.Error()
 }
 
 // accounts are the budgets c is charged to: its token's, then those of

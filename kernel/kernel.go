@@ -212,6 +212,9 @@ func (k *Kernel) load(ctx context.Context) error {
 		if err := indexReceipts(tx); err != nil {
 			return store.Abort(err)
 		}
+		if err := initPayloads(tx); err != nil {
+			return store.Abort(err)
+		}
 		return abortIf(txn.Init(tx))
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/zeebo/blake3"
@@ -162,10 +163,13 @@ func partKey(raw *[SaltSize]byte, name string) [32]byte {
 
 // Commit returns the commitment to the canonical JSON bytes part under
 // key: "blake3:" and the keyed BLAKE3-256 of part.
-func Commit(key [32]byte, part []byte) string {
+func Commit(key [32]byte, part []byte) string { return digest.Format(commit(key, part)) }
+
+// commit is the keyed BLAKE3-256 of part under key.
+func commit(key [32]byte, part []byte) [digest.Size]byte {
 	if b3.Small(len(part)) {
 		k := b3.KeyOf(&key)
-		return digest.Format(b3.Keyed(&k, part))
+		return b3.Keyed(&k, part)
 	}
 	h, err := blake3.NewKeyed(key[:])
 	if err != nil {
@@ -174,7 +178,7 @@ func Commit(key [32]byte, part []byte) string {
 	h.Write(part)
 	var sum [digest.Size]byte
 	h.Sum(sum[:0])
-	return digest.Format(sum)
+	return sum
 }
 
 // CommitPart returns the commitment to part name with bytes b under salt.
@@ -205,12 +209,25 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 	if err != nil {
 		return nil, err
 	}
+	// The commitments' strings share one allocation, formatted on the
+	// stack (for the four Parts).
+	const width = len(digest.Prefix) + 2*digest.Size
+	var buf [4 * width]byte
+	all := buf[:0]
+	for _, name := range Parts {
+		if b := parts[name]; b != nil {
+			sum := commit(partKey(&raw, name), b)
+			all = hex.AppendEncode(append(all, digest.Prefix...), sum[:])
+		}
+	}
+	strs := string(all)
 	for _, name := range Parts {
 		b := parts[name]
 		if b == nil {
 			continue
 		}
-		c := Commit(partKey(&raw, name), b)
+		c := strs[:width]
+		strs = strs[width:]
 		switch name {
 		case PartArgs:
 			s.commitments.Args, p.Args = c, b
@@ -309,23 +326,31 @@ func canonicalPart(v any) ([]byte, error) {
 	return jcs.Canonicalize(b)
 }
 
+// initPayloads creates the payload bucket and its pad keys. With one
+// payload per transaction, pages would hold two payloads fewer than fit
+// (half a page for an fs.read's): see tailpad. Once there, the pads stay
+// (erasure and retention delete payloads by seq only), so the kernel
+// puts them when it opens, not on every call.
+func initPayloads(tx *bbolt.Tx) error {
+	b, err := tx.CreateBucketIfNotExists(bucketPayloads)
+	if err != nil {
+		return err
+	}
+	return tailpad.Ensure(b)
+}
+
 // putPayload keeps the payload of the audit entry seq.
 func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	if payload == nil {
 		return nil
 	}
-	b, err := tx.CreateBucketIfNotExists(bucketPayloads)
-	if err != nil {
-		return err
+	b := tx.Bucket(bucketPayloads)
+	if b == nil {
+		return errors.New("the audit payload bucket is missing (the kernel creates it when it opens)")
 	}
 	// Keys only grow (seq order), so a page split may leave the left page
 	// full: the default half-full split would waste half of every page.
 	b.FillPercent = 1
-	// With one payload per transaction, pages would hold two payloads
-	// fewer than fit (half a page for an fs.read's): see tailpad.
-	if err := tailpad.Ensure(b); err != nil {
-		return err
-	}
 	// payload is the entry's own, never modified after: bbolt may keep it
 	// until the commit without a copy.
 	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)

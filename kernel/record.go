@@ -124,82 +124,108 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // batch's tree edge in memory.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
-	depth := k.depthOf(c.env.ToolID)
-	planned, err := newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs)
-	if err != nil {
+	r := &recording{k: k, c: c, before: before, after: after, depth: k.depthOf(c.env.ToolID)}
+	var err error
+	if r.planned, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.canonArgs); err != nil {
 		return nil, err
 	}
-	plannedRes := c.res
-	newToken := false
-	var (
-		a                ledger.Appended
-		stored, envelope []byte
-		op               txn.Operation
-	)
-	err = k.db.Do(ctx, store.Op{
-		Prepare: func(tx *bbolt.Tx) error {
-			defer k.onSequencer(time.Now())
-			ae := planned
-			if before != nil {
-				if err := before(tx); err != nil {
-					return err
-				}
-				if !sameOutcome(&c.res, &plannedRes) {
-					var err error
-					if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, depth, c.canonArgs); err != nil {
-						return abortIf(err)
-					}
-				}
-			}
-			c.res.ResultHash = ae.resultHash
-			var err error
-			if newToken, err = k.noteToken(tx, c); err != nil {
-				return abortIf(err)
-			}
-			a, err = k.appendAudit(tx, ae, &c.res)
-			if err != nil {
-				return abortIf(err)
-			}
-			return abortIf(putPayload(tx, a.Seq, ae.payload))
-		},
-		Work: func() (err error) {
-			if stored, err = storedEnvelope(&c.res); err != nil {
-				return err
-			}
-			if op = txn.PackOperation(stored); len(after) == 0 {
-				return nil
-			}
-			envelope = stored
-			if leanStored(&c.res) {
-				envelope, err = json.Marshal(&c.res)
-			}
-			return err
-		},
-		Finish: func(tx *bbolt.Tx) error {
-			defer k.onSequencer(time.Now())
-			if err := k.storeOperation(tx, c.res.OperationID, op); err != nil {
-				return err
-			}
-			for _, f := range after {
-				if err := f(tx, envelope); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-	})
-	if err != nil {
+	r.plannedRes = c.res
+	if err := k.db.Do(ctx, store.Op{Prepare: r.prepare, Work: r.work, Finish: r.finish}); err != nil {
 		return nil, err
 	}
-	if newToken {
+	if r.newToken {
 		k.mu.Lock()
 		k.seen[c.token.Claims.ID] = true
 		k.mu.Unlock()
 	}
-	if c.res.Receipt, err = logged(a); err != nil {
+	if c.res.Receipt, err = logged(r.a); err != nil {
 		return nil, err
 	}
 	return &c.res, nil
+}
+
+// recording is one record's state across its transaction's steps, in
+// one allocation (closures would each capture their variables apart).
+type recording struct {
+	k          *Kernel
+	c          *call
+	before     func(*bbolt.Tx) error
+	after      []func(*bbolt.Tx, []byte) error
+	depth      string
+	planned    *auditEntry
+	plannedRes Result
+	newToken   bool
+	a          ledger.Appended
+	stored     []byte // the envelope kept for the operation id
+	envelope   []byte // the whole envelope, for after
+	op         txn.Operation
+}
+
+// prepare appends the audit entry (planned, unless before changed the
+// outcome) and keeps its payload.
+func (r *recording) prepare(tx *bbolt.Tx) error {
+	k, c := r.k, r.c
+	defer k.onSequencer(time.Now())
+	ae := r.planned
+	if r.before != nil {
+		if err := r.before(tx); err != nil {
+			return err
+		}
+		if !sameOutcome(&c.res, &r.plannedRes) {
+			var err error
+			if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.canonArgs); err != nil {
+				return abortIf(err)
+			}
+		}
+	}
+	c.res.ResultHash = ae.resultHash
+	var err error
+	if r.newToken, err = k.noteToken(tx, c); err != nil {
+		return abortIf(err)
+	}
+	if r.a, err = k.appendAudit(tx, ae, &c.res); err != nil {
+		return abortIf(err)
+	}
+	return abortIf(putPayload(tx, r.a.Seq, ae.payload))
+}
+
+// work encodes the envelopes to store, in the batch's concurrent step.
+func (r *recording) work() (err error) {
+	c := r.c
+	if r.stored, err = storedEnvelope(&c.res); err != nil {
+		return err
+	}
+	if r.op = txn.PackOperation(r.stored); len(r.after) == 0 {
+		return nil
+	}
+	r.envelope = r.stored
+	if leanStored(&c.res) {
+		r.envelope, err = json.Marshal(&c.res)
+	}
+	return err
+}
+
+// finish stores the envelope under the operation id, then runs after.
+func (r *recording) finish(tx *bbolt.Tx) (err error) {
+	k, c := r.k, r.c
+	defer k.onSequencer(time.Now())
+	if c.minted && c.res.TxOutcome == NoOp {
+		// An id this kernel minted for a call that prepared nothing:
+		// no record of it can exist, as only this record stores it (one
+		// a rollback records again is rolled_back).
+		err = txn.PutOperation(tx, c.res.OperationID, r.op)
+	} else {
+		err = k.storeOperation(tx, c.res.OperationID, r.op)
+	}
+	if err != nil {
+		return err
+	}
+	for _, f := range r.after {
+		if err := f(tx, r.envelope); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // logged is the receipt of the committed audit entry a.

@@ -1,12 +1,15 @@
 package ledger
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/zeebo/blake3"
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/internal/jsonpack"
@@ -41,7 +44,7 @@ type chain struct {
 }
 
 func newChain(opts VerifyOptions) *chain {
-	return &chain{opts: opts, tree: fold{hashes: make([][32]byte, 0, 64)}}
+	return &chain{opts: opts, tree: fold{hashes: make([][32]byte, 0, 64), h: keyedHasher(nodeKey)().(*blake3.Hasher)}}
 }
 
 // itemKind tells what an item holds.
@@ -61,8 +64,9 @@ type item struct {
 	line uint64 // export line number, or 0
 	num  uint64 // checkpoint number
 	// stored says data is a value of the "ledger" bucket (loadRecord),
-	// not a record as exported.
+	// not a record as exported, key is its key and num its position.
 	stored bool
+	key    []byte
 	err    error // a problem the source found, reported when the item's turn comes
 
 	// Set by prepare.
@@ -135,6 +139,15 @@ func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte) {
 	}
 	switch it.kind {
 	case itemEntry:
+		if it.stored {
+			if len(it.key) != 8 {
+				it.err = fmt.Errorf("malformed key %x after entry %d", it.key, it.num)
+				return
+			} else if seq := binary.BigEndian.Uint64(it.key); seq != it.num {
+				it.err = fmt.Errorf("entry missing (the next stored entry is %d)", seq)
+				return
+			}
+		}
 		var r record
 		if it.stored && jsonpack.Packed(it.data) {
 			// Appending may move *unpacked: the items before keep the

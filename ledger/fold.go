@@ -1,6 +1,9 @@
 package ledger
 
-import "github.com/transparency-dev/merkle/compact"
+import (
+	"github.com/transparency-dev/merkle/compact"
+	"github.com/zeebo/blake3"
+)
 
 // fold is the compact range [0, n) of the Merkle tree of entry hashes, as
 // compact.Range computes it with Hasher, without allocating per leaf: the
@@ -10,6 +13,23 @@ type fold struct {
 	n      uint64
 	hashes [][32]byte
 	node   [32]byte // the node being visited, shared with visit
+	// h, if set, is a node hasher of f's own, for a fold that hashes
+	// many nodes in a row (the verifier's, about one per leaf); without
+	// it, parent takes one from the pool.
+	h *blake3.Hasher
+}
+
+// parent sets f.node to the hash of the node whose children are left and
+// f.node (NodeHash).
+func (f *fold) parent(left *[32]byte) {
+	if f.h == nil {
+		f.node = NodeHash(*left, f.node)
+		return
+	}
+	f.h.Reset()
+	f.h.Write(left[:])
+	f.h.Write(f.node[:])
+	f.h.Sum(f.node[:0])
 }
 
 // append adds leaf n and calls visit, if set, with every node that
@@ -23,7 +43,7 @@ func (f *fold) append(leaf *[32]byte, visit func(id compact.NodeID, hash *[32]by
 	level := uint(0)
 	for i := f.n; i&1 == 1; i >>= 1 {
 		top := len(f.hashes) - 1
-		f.node = NodeHash(f.hashes[top], f.node)
+		f.parent(&f.hashes[top])
 		f.hashes = f.hashes[:top]
 		level++
 		if visit != nil {

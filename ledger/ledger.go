@@ -202,7 +202,11 @@ func buckets(tx *bbolt.Tx) (entries, meta *bbolt.Bucket, err error) {
 // readHead returns the entry count and last entry hash stored in meta; an
 // absent head is an empty ledger.
 func readHead(meta *bbolt.Bucket) (size uint64, hash [digest.Size]byte, err error) {
-	v := meta.Get(keyHead)
+	return parseHead(meta.Get(keyHead))
+}
+
+// parseHead decodes the stored head v; nil is an empty ledger.
+func parseHead(v []byte) (size uint64, hash [digest.Size]byte, err error) {
 	if v == nil {
 		return 0, hash, nil
 	}

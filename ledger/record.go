@@ -76,6 +76,11 @@ func appendRecord(dst []byte, e *Entry) []byte {
 }
 
 func appendTail(dst []byte, e *Entry) []byte {
+	return appendTailTime(dst, e, unsafe.Slice(unsafe.StringData(e.Time), len(e.Time)))
+}
+
+// appendTailTime is appendTail with the time t in place of e.Time.
+func appendTailTime(dst []byte, e *Entry, t []byte) []byte {
 	dst = append(dst, `,"kind":"`...)
 	dst = append(dst, e.Kind...)
 	dst = append(dst, `","prev_hash":"`...)
@@ -83,7 +88,7 @@ func appendTail(dst []byte, e *Entry) []byte {
 	dst = append(dst, `","seq":`...)
 	dst = strconv.AppendUint(dst, e.Seq, 10)
 	dst = append(dst, `,"time":"`...)
-	dst = append(dst, e.Time...)
+	dst = append(dst, t...)
 	return append(dst, `"}`...)
 }
 

@@ -41,13 +41,23 @@ func packRecord(dst []byte, e *Entry, body []byte, sum, prev *[32]byte) []byte {
 	return jsonpack.AppendEnd(dst)
 }
 
-// storedRecord returns the value to store for e: packed when the body
-// packed, else the record's JSON rec.
-func storedRecord(e *Entry, body Body, sum, prev *[32]byte, rec []byte) []byte {
+// storedRecord returns the value to store for e: packed, appended to dst,
+// when the body packed, else the record's JSON rec.
+func storedRecord(dst []byte, e *Entry, body Body, sum, prev *[32]byte, rec []byte) []byte {
 	if body.packed == nil {
 		return rec
 	}
-	return packRecord(make([]byte, 0, len(body.packed)+160), e, body.packed, sum, prev)
+	return packRecord(dst, e, body.packed, sum, prev)
+}
+
+// storedLen is the room storedRecord needs in dst: enough for the packed
+// record (the body's tokens and at most 160 bytes around them), none when
+// it stores rec.
+func storedLen(body Body) int {
+	if body.packed == nil {
+		return 0
+	}
+	return len(body.packed) + 160
 }
 
 // loadRecord appends the record (its canonical JSON, as exported) of the

@@ -65,10 +65,10 @@ func completedNodes(tree *bbolt.Bucket, index uint64, leaf, prev [32]byte) ([]no
 	return out, nil
 }
 
-func putNodes(tree *bbolt.Bucket, nodes []node) error {
-	// One allocation holds every key and value: bbolt keeps both until
-	// the transaction ends, so they must not be reused.
-	buf := make([]byte, len(nodes)*(treeKeyLen+len(node{}.hash)))
+// putNodes stores nodes, their keys and values written into buf (of
+// len(nodes)*(treeKeyLen+32) bytes, which bbolt keeps until the
+// transaction ends: it must not be reused).
+func putNodes(tree *bbolt.Bucket, buf []byte, nodes []node) error {
 	for _, n := range nodes {
 		k := buf[:treeKeyLen:treeKeyLen]
 		setTreeKey(k, n.id)
@@ -302,7 +302,7 @@ func migrateTree(tx *bbolt.Tx) error {
 		leaf, _ := digest.Parse(e.Hash)
 		nodes, err := completedNodes(tree, n, leaf, prev)
 		if err == nil {
-			err = putNodes(tree, nodes)
+			err = putNodes(tree, make([]byte, len(nodes)*(treeKeyLen+len(node{}.hash))), nodes)
 		}
 		if err != nil {
 			return fmt.Errorf("ledger: build Merkle tree: entry %d: %w", n, err)

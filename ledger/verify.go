@@ -205,13 +205,10 @@ func (s *dbSource) fill(b *batch) (bool, error) {
 		if s.k == nil {
 			return false, nil
 		}
-		it := item{kind: itemEntry, data: s.rec, stored: true}
-		if len(s.k) != 8 {
-			it.err = fmt.Errorf("malformed key %x after entry %d", s.k, s.pos)
-		} else if seq := binary.BigEndian.Uint64(s.k); seq != s.pos {
-			it.err = fmt.Errorf("entry missing (the next stored entry is %d)", seq)
-		}
-		b.put(it)
+		// The key is checked by prepare, on a worker: reading it here
+		// would fetch a page of the mapped file on this goroutine, the
+		// only one that does not run in parallel.
+		b.put(item{kind: itemEntry, data: s.rec, key: s.k, num: s.pos, stored: true})
 		s.pos++
 		s.k, s.rec = s.entries.Next()
 	}

@@ -7,12 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/transparency-dev/merkle/compact"
-	"github.com/transparency-dev/merkle/proof"
 	"go.etcd.io/bbolt"
 	"golang.org/x/mod/sumdb/note"
 
@@ -20,40 +21,51 @@ import (
 )
 
 // Writer appends entries and signs checkpoints with the right edge of the
-// Merkle tree kept in memory (the compact range of all entries: at most
-// log2(n)+1 hashes), so that an append reads no stored tree node and the
-// inclusion proof of every entry a transaction appended comes from memory
-// (Batch.Prove) instead of from bbolt.
+// Merkle tree kept in memory (the roots of the perfect subtrees that cover
+// all entries: at most log2(n)+1 hashes), so that an append reads no stored
+// tree node and the inclusion proof of every entry a transaction appended
+// comes from memory (Batch.Prove) instead of from bbolt.
 //
-// The stored ledger stays the authority: at the first append of each
-// transaction the Writer compares its edge with the stored head and, if
-// they differ (another writer appended, or a transaction it took part in
-// was rolled back), rebuilds the edge from the stored tree. The edge a
-// transaction built becomes the Writer's only when that transaction
-// commits (bbolt's OnCommit). A Writer is safe for concurrent use, though
-// bbolt runs one write transaction at a time anyway.
+// The stored ledger stays the authority: at every append the Writer reads
+// the stored head and compares it with its edge; if they differ (another
+// writer appended, or a transaction it took part in was rolled back), it
+// rebuilds the edge from the stored tree. The edge a transaction built
+// becomes the Writer's only when that transaction commits (bbolt's
+// OnCommit). A Writer is safe for concurrent use, though bbolt runs one
+// write transaction at a time anyway.
+//
+// Within one transaction the Writer stores the head once and then updates
+// the stored value in place at each append (bbolt keeps the value a Put was
+// given, not a copy, until the transaction commits), so that every reader
+// of the transaction, and the commit, see the head of the last append, at
+// the cost of no further Put. It checks that the head bbolt returns is
+// still that value before each update; one stored by anything else is
+// replaced by a Put, as before.
 type Writer struct {
 	mu        sync.Mutex
 	committed edge      // as of the last commit the Writer saw
-	tx        *bbolt.Tx // the transaction pending and batch belong to
+	tx        *bbolt.Tx // the transaction pending, batch and head belong to
 	pending   edge
 	batch     *Batch
+	head      []byte // the head value stored in tx by the Writer, if any
+	nodes     []node // scratch for the tree nodes an append completes
 }
 
 // edge is the right edge of the tree of the first size entries.
 type edge struct {
-	size uint64
-	last [32]byte // entry_hash of entry size-1; zero for an empty ledger
-	rng  *compact.Range
+	size    uint64
+	last    [32]byte // entry_hash of entry size-1; zero for an empty ledger
+	lastHex string   // digest.Format(last): the next entry's prev_hash
+	tree    fold     // tree.n == size
+	// checked says that no entry is stored at or after size (at the
+	// moment the edge was established in its transaction).
+	checked bool
 }
 
 func (e edge) clone() edge {
-	if e.rng == nil {
-		return e
-	}
-	hashes := slices.Clone(e.rng.Hashes())
-	r, _ := rangeFactory.NewRange(0, e.size, hashes) // hashes came from a valid range
-	return edge{size: e.size, last: e.last, rng: r}
+	e.tree.hashes = slices.Clone(e.tree.hashes)
+	e.tree.h = nil
+	return e
 }
 
 // NewWriter returns a Writer for one database. It loads its edge at its
@@ -87,6 +99,8 @@ func (w *Writer) Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMes
 // everything before it writes, so an error means tx is unchanged, except
 // for an error from bbolt's Put itself, after which the transaction must
 // be rolled back.
+//
+// The returned Entry's Hash and Time share memory with Record.
 func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Body) (Appended, error) {
 	if body.b == nil {
 		return Appended{}, errors.New("ledger: append: empty body (use Canonicalize)")
@@ -104,112 +118,150 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if tree == nil {
 		return Appended{}, errors.New("ledger: append: Merkle tree bucket missing (run Init)")
 	}
-	if err := w.begin(tx, meta, tree); err != nil {
+	head, err := w.begin(tx, meta, tree)
+	if err != nil {
 		return Appended{}, fmt.Errorf("ledger: append: %w", err)
 	}
 	p := &w.pending
-	prev := p.last
 	e := Entry{
 		Seq:      p.size,
 		Kind:     kind,
-		Time:     FormatTime(t),
-		PrevHash: digest.Format(p.last),
+		PrevHash: p.lastHex,
 		Body:     body.b,
 	}
 	// The fields checkFields checks, but for the time and prev_hash this
-	// function wrote itself in their forms.
+	// function writes itself in their forms.
 	if e.Seq > maxSeq {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: seq exceeds %d", kind, e.Seq, uint64(maxSeq))
 	}
 	if err := checkKind(kind); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: %w", kind, e.Seq, err)
 	}
-	if y := t.UTC().Year(); y < 0 || y > 9999 {
-		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, e.Time, TimeLayout)
+	var tb [len(TimeLayout)]byte
+	if !putTime(&tb, t) {
+		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, FormatTime(t), TimeLayout)
 	}
-	// Keys only ever grow (on each level of the tree), so pages can be
-	// filled completely before they split.
-	entries.FillPercent, tree.FillPercent = 1, 1
-	key := seqKey(e.Seq)
-	if entries.Get(key) != nil {
-		return Appended{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", e.Seq, e.Seq)
+	if !p.checked {
+		// Once per edge established in tx: nothing may be stored at or
+		// after the head, which every later append of tx then extends.
+		if k, _ := entries.Cursor().Last(); len(k) == 8 && binary.BigEndian.Uint64(k) >= e.Seq {
+			return Appended{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", binary.BigEndian.Uint64(k), e.Seq)
+		} else if k != nil && len(k) != 8 {
+			return Appended{}, fmt.Errorf("ledger: append: malformed key %x stored after entry %d (run Verify)", k, e.Seq)
+		}
+		p.checked = true
 	}
-	var sum [32]byte
-	buf := scratch.Get().(*[]byte)
-	hashEntry(&sum, buf, &e)
-	if cap(*buf) <= maxScratch {
-		scratch.Put(buf)
-	}
-	e.Hash = digest.Format(sum)
-	rec := appendRecord(make([]byte, 0, recordLen(&e)), &e)
+	// The record, with the entry hash written in last: the preimage is
+	// the record without its entry_hash member (hashRecord).
+	rec := make([]byte, 0, recordLen(&e)+len(digest.Prefix)+hexDigestLen)
+	rec = append(append(rec, recHead...), e.Body...)
+	hashAt := len(rec)
+	rec = append(rec, recHash...)
+	hexAt := len(rec)
+	rec = append(rec, zeroHex[:]...)
+	rec = append(rec, '"')
+	hashEnd := len(rec)
+	rec = appendTailTime(rec, &e, tb[:])
+	e.Time = alias(rec[len(rec)-len(recEnd)-timeLen : len(rec)-len(recEnd)])
 	if len(rec) > bbolt.MaxValueSize {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: record of %d bytes exceeds bbolt's limit", kind, e.Seq, len(rec))
 	}
+	var sum [32]byte
+	hashRecord(&sum, &record{hashAt: hashAt, hashEnd: hashEnd}, rec)
+	hex.Encode(rec[hexAt:], sum[:])
+	e.Hash = alias(rec[hexAt-len(digest.Prefix) : hexAt+hexDigestLen])
 	// Writes from here on: a failure leaves tx half written, and the
 	// caller must roll it back (the pending edge is dropped with it).
-	var nodes []node
-	if err := p.rng.Append(bytes.Clone(sum[:]), func(id compact.NodeID, h []byte) {
-		nodes = append(nodes, node{id, [32]byte(h)})
-	}); err != nil {
-		return Appended{}, fmt.Errorf("ledger: append entry %d: Merkle tree: %w", e.Seq, err)
-	}
-	p.size, p.last = e.Seq+1, sum
+	prev := p.last
+	w.nodes = w.nodes[:0]
+	p.tree.append(&sum, func(id compact.NodeID, h *[32]byte) {
+		w.nodes = append(w.nodes, node{id, *h})
+	})
+	p.size, p.last, p.lastHex = e.Seq+1, sum, e.Hash
 	w.batch.leaves = append(w.batch.leaves, sum)
-	if err := entries.Put(key, storedRecord(&e, body, &sum, &prev, rec)); err != nil {
+	// One allocation holds the entry's key and stored value and the
+	// nodes' keys and values: bbolt keeps them until tx ends.
+	nodesLen := len(w.nodes) * (treeKeyLen + len(node{}.hash))
+	buf := make([]byte, 8+nodesLen, 8+nodesLen+storedLen(body))
+	key := buf[:8:8]
+	binary.BigEndian.PutUint64(key, e.Seq)
+	value := storedRecord(buf[8+nodesLen:], &e, body, &sum, &prev, rec)
+	if err := entries.Put(key, value); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}
-	if err := meta.Put(keyHead, encodeHead(p.size, sum)); err != nil {
+	if err := w.putHead(meta, head); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: update head: %w", e.Seq, err)
 	}
-	if err := putNodes(tree, nodes); err != nil {
+	if err := putNodes(tree, buf[8:8+nodesLen], w.nodes); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}
 	return Appended{Entry: e, Record: rec, Batch: w.batch}, nil
 }
 
-// begin makes pending the edge of tx's ledger: at tx's first append the
-// committed edge when it matches the stored head, else one rebuilt from
-// the stored tree; at later ones, the pending edge unless entries were
-// appended without w since (their leaves then join the batch).
-func (w *Writer) begin(tx *bbolt.Tx, meta, tree *bbolt.Bucket) error {
-	size, last, err := readHead(meta)
+// zeroHex holds the place of an entry hash's hex digits in a record until
+// they are known.
+var zeroHex [hexDigestLen]byte
+
+// putHead stores the head of the pending edge: in place when the stored
+// head is the value the Writer stored in this transaction (stored, which
+// begin read), else by a Put of a value of its own.
+func (w *Writer) putHead(meta *bbolt.Bucket, stored []byte) error {
+	p := &w.pending
+	if len(w.head) == headLen && len(stored) == headLen && &stored[0] == &w.head[0] {
+		binary.BigEndian.PutUint64(w.head, p.size)
+		copy(w.head[8:], p.last[:])
+		return nil
+	}
+	w.head = encodeHead(p.size, p.last)
+	return meta.Put(keyHead, w.head)
+}
+
+// begin makes pending the edge of tx's ledger, and returns the stored head
+// value: at tx's first append the committed edge when it matches the
+// stored head, else one rebuilt from the stored tree; at later ones, the
+// pending edge unless entries were appended without w since (their
+// leaves then join the batch).
+func (w *Writer) begin(tx *bbolt.Tx, meta, tree *bbolt.Bucket) ([]byte, error) {
+	v := meta.Get(keyHead)
+	size, last, err := parseHead(v)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if w.tx == tx {
-		if size == w.pending.size {
-			return nil
+		if size == w.pending.size && last == w.pending.last {
+			return v, nil
 		}
 		if w.pending, err = loadEdge(tree, size, last); err != nil {
-			return err
+			return nil, err
 		}
 		b := w.batch
 		for i := b.start + uint64(len(b.leaves)); i < size; i++ {
 			h, err := getNode(tree, compact.NewNodeID(0, i))
 			if err != nil {
-				return err
+				return nil, err
 			}
 			b.leaves = append(b.leaves, h)
 		}
-		return nil
+		return v, nil
 	}
 	c := w.committed
-	if c.rng != nil && c.size == size && c.last == last {
+	if c.lastHex != "" && c.size == size && c.last == last {
 		w.pending = c.clone()
+		w.pending.checked = false
 	} else if w.pending, err = loadEdge(tree, size, last); err != nil {
-		return err
+		return nil, err
 	}
-	w.tx = tx
-	w.batch = &Batch{start: size, left: slices.Clone(w.pending.rng.Hashes())}
+	w.tx, w.head = tx, nil
+	w.batch = &Batch{start: size, left: slices.Clone(w.pending.tree.hashes)}
 	tx.OnCommit(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if w.tx == tx {
-			w.committed, w.tx, w.batch = w.pending, nil, nil
+			w.committed, w.tx, w.batch, w.head = w.pending, nil, nil, nil
 			w.pending = edge{}
 		}
 	})
-	return nil
+	return v, nil
 }
 
 // loadEdge reads the right edge of the tree of size entries from the
@@ -219,11 +271,11 @@ func loadEdge(tree *bbolt.Bucket, size uint64, last [32]byte) (edge, error) {
 	if err != nil {
 		return edge{}, fmt.Errorf("right edge of the Merkle tree at size %d: %w (run Verify)", size, err)
 	}
-	r, err := rangeFactory.NewRange(0, size, hashes)
-	if err != nil {
-		return edge{}, fmt.Errorf("right edge of the Merkle tree at size %d: %w", size, err)
+	f := fold{n: size, hashes: make([][32]byte, len(hashes), len(hashes)+1)}
+	for i, h := range hashes {
+		f.hashes[i] = [32]byte(h)
 	}
-	return edge{size: size, last: last, rng: r}, nil
+	return edge{size: size, last: last, lastHex: digest.Format(last), tree: f}, nil
 }
 
 // Checkpoint signs a checkpoint of the whole ledger (origin, size, root)
@@ -256,7 +308,7 @@ func (w *Writer) Pending(tx *bbolt.Tx, origin string) (c Checkpoint, ok bool, er
 	if w.tx != tx {
 		return Checkpoint{}, false, nil
 	}
-	if err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
+	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("ledger: checkpoint: %w", err)
 	}
 	root, err := w.pending.root()
@@ -277,7 +329,7 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 		_, err := WriteCheckpoint(tx, s, origin)
 		return nil, err
 	}
-	if err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
+	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
 		return nil, fmt.Errorf("ledger: checkpoint: %w", err)
 	}
 	n := w.pending.size
@@ -312,22 +364,13 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 	return w.batch, nil
 }
 
-func (e *edge) root() ([32]byte, error) {
-	if e.size == 0 {
-		return emptyRoot, nil
-	}
-	r, err := e.rng.GetRootHash(nil)
-	if err != nil {
-		return [32]byte{}, err
-	}
-	return [32]byte(r), nil
-}
+func (e *edge) root() ([32]byte, error) { return e.tree.root(), nil }
 
 // Batch is the run of entries one transaction appended through a Writer,
 // and the checkpoint that ends it.
 type Batch struct {
 	start  uint64     // seq of its first entry
-	left   [][]byte   // the tree's edge before it: the compact range [0, start)
+	left   [][32]byte // the tree's edge before it: the roots of [0, start), largest first
 	leaves [][32]byte // its entry hashes
 
 	// Signed is the signed checkpoint note the transaction ended with
@@ -336,15 +379,21 @@ type Batch struct {
 	Checkpoint Checkpoint
 	note       string // Signed, converted once for every receipt of the batch
 
-	once  sync.Once
-	nodes map[compact.NodeID][]byte
-	err   error
+	once sync.Once
+	// levels[l] holds the nodes of level l a proof of the batch's entries
+	// can need, those of indices base[l], base[l]+1, …: the edge's node of
+	// that level, if any, then every node the batch's entries complete,
+	// which follow it.
+	levels [][][32]byte
+	base   []uint64
+	err    error
 }
 
 // Prove returns the inclusion proof of entry seq, which the batch
 // appended, in the tree of its checkpoint. Call it once the transaction
 // has committed; it needs no transaction. The first call builds the
-// batch's nodes (O(batch) hashes), later ones only look them up.
+// batch's nodes (O(batch) hashes), later ones only look them up and hash
+// the few nodes of the tree's right edge above them (RFC 9162 §2.1.3.1).
 func (b *Batch) Prove(seq uint64) (Inclusion, error) {
 	size := b.Checkpoint.Size
 	if len(b.Signed) == 0 {
@@ -357,35 +406,69 @@ func (b *Batch) Prove(seq uint64) (Inclusion, error) {
 	if b.err != nil {
 		return Inclusion{}, b.err
 	}
-	ns, err := proof.Inclusion(seq, size)
-	if err != nil {
-		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d in tree size %d: %w", seq, size, err)
-	}
-	hashes := make([][]byte, len(ns.IDs))
-	for i, id := range ns.IDs {
-		h, ok := b.nodes[id]
-		if !ok {
-			return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d in tree size %d: %s not in the batch's edge", seq, size, nodeName(id))
+	// PATH(seq, D[lo:hi]) of RFC 9162, from the root down: the sibling
+	// of each subtree that holds seq, split at the largest power of two
+	// below its size.
+	var path [64][32]byte
+	n := 0
+	for lo, hi := uint64(0), size; hi-lo > 1; n++ {
+		k := uint64(1) << (bits.Len64(hi-lo-1) - 1)
+		var ok bool
+		if seq < lo+k {
+			path[n], ok = b.subtree(lo+k, hi)
+			hi = lo + k
+		} else {
+			path[n], ok = b.node(uint(bits.TrailingZeros64(k)), lo/k)
+			lo += k
 		}
-		hashes[i] = h
+		if !ok {
+			return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d in tree size %d: a node is not in the batch's edge", seq, size)
+		}
 	}
-	if hashes, err = ns.Rehash(hashes, Hasher{}.HashChildren); err != nil {
-		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d in tree size %d: %w", seq, size, err)
-	}
-	// The leaf hash and the proof's hashes, formatted into one string
-	// that they are cut from: one allocation, not one per hash.
-	const n = len(digest.Prefix) + 2*digest.Size
-	buf := make([]byte, 0, n*(1+len(hashes)))
+	// The leaf hash and the proof's hashes, bottom up, formatted into one
+	// string that they are cut from: one allocation, not one per hash.
+	const w = len(digest.Prefix) + 2*digest.Size
+	buf := make([]byte, 0, w*(1+n))
 	buf = appendDigest(buf, b.leaves[seq-b.start][:])
-	for _, h := range hashes {
-		buf = appendDigest(buf, h)
+	for i := n - 1; i >= 0; i-- {
+		buf = appendDigest(buf, path[i][:])
 	}
-	all := string(buf)
-	p := make([]string, len(hashes))
+	all := unsafe.String(unsafe.SliceData(buf), len(buf)) // buf is not written again
+	p := make([]string, n)
 	for i := range p {
-		p[i] = all[n*(i+1) : n*(i+2)]
+		p[i] = all[w*(i+1) : w*(i+2)]
 	}
-	return Inclusion{LeafIndex: seq, TreeSize: size, LeafHash: all[:n], Proof: p}, nil
+	return Inclusion{LeafIndex: seq, TreeSize: size, LeafHash: all[:w], Proof: p}, nil
+}
+
+// node returns the hash of node (level, index) if the batch holds it.
+func (b *Batch) node(level uint, index uint64) ([32]byte, bool) {
+	if level >= uint(len(b.levels)) || index < b.base[level] || index-b.base[level] >= uint64(len(b.levels[level])) {
+		return [32]byte{}, false
+	}
+	return b.levels[level][index-b.base[level]], true
+}
+
+// subtree returns the root of the leaves [lo, hi), where lo is a multiple
+// of a power of two at least hi-lo: the roots of its perfect subtrees,
+// largest first, hashed together from the right.
+func (b *Batch) subtree(lo, hi uint64) ([32]byte, bool) {
+	var roots [64][32]byte
+	n := 0
+	for at, rest := lo, hi-lo; rest > 0; n++ {
+		l := uint(bits.Len64(rest) - 1)
+		var ok bool
+		if roots[n], ok = b.node(l, at>>l); !ok {
+			return [32]byte{}, false
+		}
+		at += 1 << l
+		rest -= 1 << l
+	}
+	h := roots[n-1]
+	for i := n - 2; i >= 0; i-- {
+		h = NodeHash(roots[i], h)
+	}
+	return h, true
 }
 
 // SignedNote returns Signed as a string.
@@ -400,21 +483,25 @@ func appendDigest(b []byte, h []byte) []byte {
 // build collects every node a proof of the batch's entries can need: the
 // edge before it and every node its entries complete.
 func (b *Batch) build() {
-	b.nodes = make(map[compact.NodeID][]byte, len(b.left)+2*len(b.leaves))
-	for i, id := range compact.RangeNodes(0, b.start, nil) {
-		b.nodes[id] = b.left[i]
-	}
-	r, err := rangeFactory.NewRange(0, b.start, slices.Clone(b.left))
-	if err != nil {
-		b.err = fmt.Errorf("ledger: batch edge: %w", err)
-		return
-	}
-	visit := func(id compact.NodeID, h []byte) { b.nodes[id] = h }
-	for i := range b.leaves {
-		if err := r.Append(b.leaves[i][:], visit); err != nil {
-			b.err = fmt.Errorf("ledger: batch edge: %w", err)
-			return
+	put := func(id compact.NodeID, h *[32]byte) {
+		for uint(len(b.levels)) <= id.Level {
+			b.levels, b.base = append(b.levels, nil), append(b.base, 0)
 		}
+		l := id.Level
+		if len(b.levels[l]) == 0 {
+			b.base[l] = id.Index
+		}
+		if id.Index != b.base[l]+uint64(len(b.levels[l])) && b.err == nil {
+			b.err = fmt.Errorf("ledger: batch edge: %s does not follow the nodes of its level", nodeName(id))
+		}
+		b.levels[l] = append(b.levels[l], *h)
+	}
+	for i, id := range compact.RangeNodes(0, b.start, nil) {
+		put(id, &b.left[i])
+	}
+	f := fold{n: b.start, hashes: slices.Clone(b.left)}
+	for i := range b.leaves {
+		f.append(&b.leaves[i], put)
 	}
 }
 
@@ -422,13 +509,22 @@ func (b *Batch) build() {
 // years 0 to 9999 (the only ones TimeLayout holds) without time.Format's
 // layout interpretation.
 func FormatTime(t time.Time) string {
+	var b [len(TimeLayout)]byte
+	if !putTime(&b, t) {
+		return t.UTC().Format(TimeLayout)
+	}
+	return string(b[:])
+}
+
+// putTime writes t.UTC().Format(TimeLayout) into b, or reports false for a
+// year outside 0 to 9999.
+func putTime(b *[len(TimeLayout)]byte, t time.Time) bool {
 	t = t.UTC()
 	year, month, day := t.Date()
 	if year < 0 || year > 9999 {
-		return t.Format(TimeLayout)
+		return false
 	}
 	hour, minute, sec := t.Clock()
-	var b [len(TimeLayout)]byte
 	put := func(at, v, width int) {
 		for i := at + width - 1; i >= at; i-- {
 			b[i] = byte('0' + v%10)
@@ -449,7 +545,7 @@ func FormatTime(t time.Time) string {
 	b[19] = '.'
 	put(20, t.Nanosecond(), 9)
 	b[29] = 'Z'
-	return string(b[:])
+	return true
 }
 
 // same reports whether c and o say the same (extensions included).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestWriterProofsFromMemory(t *testing.T) {
 	n := 0
 	body := func() json.RawMessage { n++; return json.RawMessage(fmt.Sprintf(`{"n":%d}`, n)) }
 	errRollback := errors.New("roll back")
-	for round, size := range []int{1, 0, 2, 3, 1, 5, 8, 4, 9, 7, 6, 1} {
+	for round, size := range []int{1, 0, 2, 3, 1, 5, 8, 4, 9, 7, 6, 1, 33, 64, 17, 100} {
 		var appended []Appended
 		var batch *Batch
 		var txLeaves [][32]byte
@@ -235,5 +236,108 @@ func TestCheckpointPresigned(t *testing.T) {
 		if cp.Size != batch.Checkpoint.Size || cp.Root != batch.Checkpoint.Root {
 			t.Errorf("%s: stored checkpoint %d %x, the batch's %d %x", c.name, cp.Size, cp.Root, batch.Checkpoint.Size, batch.Checkpoint.Root)
 		}
+	}
+}
+
+// TestWriterHeadInTransaction: within one transaction, after every append
+// of a Writer, of the package's Append in between and of a second Writer,
+// the head read back in the transaction is that of the last entry, and so
+// is the committed one; a rolled-back transaction that appended leaves the
+// head it found. Fails if the head written once per transaction is not
+// updated in place, or if a head stored by another appender is
+// overwritten by a stale one.
+func TestWriterHeadInTransaction(t *testing.T) {
+	db := newDB(t)
+	w, other := NewWriter(), NewWriter()
+	var last Entry
+	check := func(tx *bbolt.Tx, step string, n uint64) {
+		t.Helper()
+		h, err := HeadOf(tx)
+		if err != nil || h.Size != n || h.Hash != last.Hash {
+			t.Fatalf("%s: head %+v, %v; want %d entries ending with %s", step, h, err, n, last.Hash)
+		}
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		n := uint64(0)
+		for i, who := range []string{"w", "w", "w", "package", "w", "other", "other", "w", "w"} {
+			body := json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))
+			var err error
+			switch who {
+			case "w":
+				var a Appended
+				a, err = w.Append(tx, KindAudit, t0, body)
+				last = a.Entry
+			case "other":
+				var a Appended
+				a, err = other.Append(tx, KindAudit, t0, body)
+				last = a.Entry
+			default:
+				last, err = Append(tx, KindAudit, t0, body)
+			}
+			if err != nil {
+				return err
+			}
+			n++
+			check(tx, fmt.Sprintf("append %d by %s", i, who), n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.View(func(tx *bbolt.Tx) error { check(tx, "committed", 9); return nil })
+	errRollback := errors.New("roll back")
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for i := range 3 {
+			if _, err := w.Append(tx, KindAudit, t0, json.RawMessage(fmt.Sprintf(`{"r":%d}`, i))); err != nil {
+				return err
+			}
+		}
+		return errRollback
+	}); !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+	db.View(func(tx *bbolt.Tx) error { check(tx, "after a rollback", 9); return nil })
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		a, err := w.Append(tx, KindAudit, t0, json.RawMessage(`{"after":1}`))
+		last = a.Entry
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.View(func(tx *bbolt.Tx) error {
+		check(tx, "next transaction", 10)
+		r, err := Verify(tx)
+		if err == nil && r != 10 {
+			err = fmt.Errorf("verified %d entries", r)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWriterRefusesEntriesBeyondHead: an entry stored anywhere after the
+// head (not only at the next sequence number) stops a Writer's append in
+// a new transaction before it writes.
+func TestWriterRefusesEntriesBeyondHead(t *testing.T) {
+	db := newDB(t)
+	es := appendN(t, db, 2)
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketEntries).Put(seqKey(7), []byte(`{}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w := NewWriter()
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		_, err := w.Append(tx, KindAudit, t0, json.RawMessage(`{}`))
+		if err == nil || !strings.Contains(err.Error(), "entry 7 already exists although the head says 2 entries") {
+			t.Errorf("Append with entry 7 stored beyond a head of 2: %v", err)
+		}
+		if h, _ := HeadOf(tx); h.Size != 2 || h.Hash != es[1].Hash {
+			t.Errorf("head changed: %+v", h)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package syscalls
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -26,16 +27,28 @@ type Entry struct {
 	Def    Definition
 	New    Factory
 	schema *jsonschema.Schema
+	quick  *quick // the schema as far as the fast check models it; nil for none
 }
 
 // Validate checks args against the input schema; the error is an
 // *ArgsError listing every violation.
-func (e *Entry) Validate(args json.RawMessage) error { return validate(e.schema, args) }
+func (e *Entry) Validate(args json.RawMessage) error {
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
+	if err != nil {
+		return &ArgsError{Violations: []string{"args are not valid JSON: " + err.Error()}}
+	}
+	return e.ValidateDecoded(inst)
+}
 
 // ValidateDecoded is Validate for args decoded already by jcs.Decode (the
 // values json.Decoder gives with UseNumber), which saves decoding them
 // again.
-func (e *Entry) ValidateDecoded(args any) error { return check(e.schema, args) }
+func (e *Entry) ValidateDecoded(args any) error {
+	if e.quick.valid(args) {
+		return nil
+	}
+	return check(e.schema, args)
+}
 
 // Registry maps syscall ids to entries. It is safe for concurrent use; Get,
 // on every call's path, only takes a read lock.
@@ -151,7 +164,7 @@ func build(f Factory) (*Entry, error) {
 			return nil, fmt.Errorf("register %s: a %s syscall cannot %s resource %q", def.ID, def.SideEffect, ra.Access, ra.Arg)
 		}
 	}
-	return &Entry{Def: def, New: f, schema: schema}, nil
+	return &Entry{Def: def, New: f, schema: schema, quick: compileQuick(root)}, nil
 }
 
 // Unregister removes id and reports whether it was registered.

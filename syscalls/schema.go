@@ -104,18 +104,9 @@ func compileSchema(id string, raw json.RawMessage) (*jsonschema.Schema, map[stri
 	return s, root, nil
 }
 
-// validate checks args against s and returns an *ArgsError listing every
-// violation as "at <pointer>: <message>", sorted.
-func validate(s *jsonschema.Schema, args json.RawMessage) error {
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
-	if err != nil {
-		return &ArgsError{Violations: []string{"args are not valid JSON: " + err.Error()}}
-	}
-	return check(s, inst)
-}
-
-// check is validate for args decoded already, as jsonschema.UnmarshalJSON
-// (or jcs.Decode) decodes them.
+// check validates args decoded already, as jsonschema.UnmarshalJSON (or
+// jcs.Decode) decodes them, against s, and returns an *ArgsError listing
+// every violation as "at <pointer>: <message>", sorted.
 func check(s *jsonschema.Schema, inst any) error {
 	err := s.Validate(inst)
 	if err == nil {

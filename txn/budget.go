@@ -149,12 +149,22 @@ func checkBudget(used, want, limits Usage) error {
 
 // adjust adds delta to the token's usage.
 func adjust(tx *bbolt.Tx, tokenID string, used, delta Usage) error {
+	add(used, delta)
+	return putUsage(tx, tokenID, used)
+}
+
+// add adds delta to used, never below 0.
+func add(used, delta Usage) {
 	for n, d := range delta {
 		used[n] += d
 		if used[n] < 0 {
 			used[n] = 0
 		}
 	}
+}
+
+// putUsage stores the token's usage.
+func putUsage(tx *bbolt.Tx, tokenID string, used Usage) error {
 	v, err := appendUsage(make([]byte, 0, 64), used)
 	if err != nil {
 		return err
@@ -230,36 +240,39 @@ func chargeUsed(tx *bbolt.Tx, accounts []Account, used []Usage, delta Usage) err
 	return nil
 }
 
-// Charge consumes want from the accounts' budgets in one step, for calls
-// that need no prepare (non-mutating calls without an idempotency key). It
-// writes nothing when a limit of any account would be exceeded.
-func Charge(tx *bbolt.Tx, accounts []Account, want Usage) error {
-	used, err := usages(tx, accounts)
-	if err != nil {
-		return err
-	}
-	if err := checkUsed(accounts, used, want); err != nil {
-		return err
-	}
-	return chargeUsed(tx, accounts, used, want)
-}
-
-// Consume adds used, what a call that already ran consumed, to every
-// account whatever the limits: the bytes were sent, the CPU was spent. It
-// returns a budget refusal when that takes a budget past its limit.
-func Consume(tx *bbolt.Tx, accounts []Account, used Usage) error {
-	if len(used) == 0 {
-		return nil
-	}
+// Charge charges a call that needed no prepare (a non-mutating call
+// without an idempotency key) when it is recorded, in one read and one
+// write of each account: want (the call itself) only if no account's
+// limit refuses it, and used (what the call consumed running: the bytes
+// were sent, the CPU was spent) whatever the limits. It writes nothing
+// when want is refused and used is empty. The error joins want's budget
+// refusal and the refusal for used taking a budget past its limit.
+func Charge(tx *bbolt.Tx, accounts []Account, want, used Usage) error {
 	have, err := usages(tx, accounts)
 	if err != nil {
 		return err
 	}
-	over := checkUsed(accounts, have, used)
-	if err := chargeUsed(tx, accounts, have, used); err != nil {
-		return err
+	refused := checkUsed(accounts, have, want)
+	if refused == nil {
+		for i := range accounts {
+			add(have[i], want)
+		}
 	}
-	return over
+	var over error
+	if len(used) > 0 {
+		over = checkUsed(accounts, have, used)
+		for i := range accounts {
+			add(have[i], used)
+		}
+	}
+	if refused == nil || len(used) > 0 {
+		for i, a := range accounts {
+			if err := putUsage(tx, a.TokenID, have[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return errors.Join(refused, over)
 }
 
 // Remaining returns, for each budget an account limits, what is left of it

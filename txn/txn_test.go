@@ -148,7 +148,7 @@ func TestPrepare(t *testing.T) {
 			mod: func(p *Prepare) { p.Call.ArgsHash = "h2" }, class: ClassConflict},
 		{name: "operation id reused", setup: func(e *env) { e.prepare(newPrepare("op-1", "other")) }, class: ClassInvalidArgs},
 		{name: "calls budget spent", setup: func(e *env) {
-			e.update(func(tx *bbolt.Tx) error { return Charge(tx, []Account{{TokenID: "tok"}}, Usage{BudgetCalls: 1}) })
+			e.update(func(tx *bbolt.Tx) error { return Charge(tx, []Account{{TokenID: "tok"}}, Usage{BudgetCalls: 1}, nil) })
 		}, mod: func(p *Prepare) { p.Limits = Usage{BudgetCalls: 1} }, class: ClassBudget},
 		{name: "kv precondition stale", mod: func(p *Prepare) {
 			p.Preconditions = []Precondition{{Ref: "kv:cfg", Version: ptr(3)}}

@@ -1,5 +1,7 @@
 package jsonpack
 
+import "slices"
+
 // dictV1 is the string dictionary of format version 1 (Tag): a member
 // name or a string value equal to dictV1[i] is stored as the one byte i.
 // It holds the member names and common values of what the kernel stores
@@ -37,17 +39,57 @@ var dictV1 = [...]string{
 	"iss", "jti", "nbf", "sub", "tools", "mode", "kernel_id", "files",
 }
 
-// dictIndex maps a dictionary string to its byte.
-var dictIndex = func() map[string]byte {
+// lookup returns the byte of dictionary string s. It runs for every
+// member name and string value packed, so it reads a table of its own
+// rather than a map: no hashing of the whole string (the text of a
+// payload is long), one probe for most names.
+func lookup[T string | []byte](s T) (byte, bool) {
+	n := len(s)
+	if n == 0 || n > dictMaxLen {
+		return 0, false
+	}
+	for h := dictHash(s); ; h = (h + 1) % dictSlots {
+		e := &dictTable[h]
+		if e.s == "" {
+			return 0, false
+		}
+		if e.s == string(s) {
+			return e.i, true
+		}
+	}
+}
+
+// dictSlots is the size of dictTable, a power of two well above the
+// number of entries, so that probes stay short.
+const dictSlots = 512
+
+// dictHash mixes the length and the first, middle and last bytes of s.
+func dictHash[T string | []byte](s T) uint32 {
+	n := len(s)
+	x := uint32(n) | uint32(s[0])<<8 | uint32(s[n/2])<<16 | uint32(s[n-1])<<24
+	return x * 0x9e3779b1 >> (32 - 9) // 9 = log2(dictSlots)
+}
+
+// dictTable holds every dictionary string at its hash or, on a
+// collision, in the next free slot (linear probing).
+var dictTable = func() (t [dictSlots]struct {
+	s string
+	i byte
+}) {
 	if len(dictV1) > maxDict {
 		panic("jsonpack: dictionary has more than 128 entries")
 	}
-	m := make(map[string]byte, len(dictV1))
 	for i, s := range dictV1 {
-		if _, dup := m[s]; dup {
-			panic("jsonpack: dictionary entry " + s + " twice")
+		h := dictHash(s)
+		for ; t[h].s != ""; h = (h + 1) % dictSlots {
+			if t[h].s == s {
+				panic("jsonpack: dictionary entry " + s + " twice")
+			}
 		}
-		m[s] = byte(i)
+		t[h].s, t[h].i = s, byte(i)
 	}
-	return m
+	return t
 }()
+
+// dictMaxLen is the length of the longest dictionary string.
+var dictMaxLen = len(slices.MaxFunc(dictV1[:], func(a, b string) int { return len(a) - len(b) }))

@@ -234,26 +234,31 @@ func (e *encoder) str() ([]byte, bool) {
 		return nil, false
 	}
 	start := e.pos + 1
-	// Most strings hold no escape: the closing quote is the first one.
-	if n := bytes.IndexByte(e.src[start:], '"'); n >= 0 && bytes.IndexByte(e.src[start:start+n], '\\') < 0 {
-		e.pos = start + n + 1
-		return e.src[start : start+n], true
-	}
-	for i := start; i < len(e.src); i++ {
-		switch e.src[i] {
-		case '\\':
-			i++
-		case '"':
-			e.pos = i + 1
-			return e.src[start:i], true
+	// The closing quote is the first quote after start that no backslash
+	// escapes: both are found with IndexByte (text holds a backslash
+	// every line, and a byte loop over it was most of packing a payload),
+	// the next quote found again only once an escape has passed it.
+	q := -1 // a quote at or after i
+	for i := start; ; {
+		if q < i {
+			n := bytes.IndexByte(e.src[i:], '"')
+			if n < 0 {
+				return nil, false
+			}
+			q = i + n
 		}
+		n := bytes.IndexByte(e.src[i:q], '\\')
+		if n < 0 {
+			e.pos = q + 1
+			return e.src[start:q], true
+		}
+		i += n + 2 // past the escaped byte, which may be the quote at q
 	}
-	return nil, false
 }
 
 // name packs a member name.
 func (e *encoder) name(s []byte) {
-	if i, ok := dictIndex[string(s)]; ok {
+	if i, ok := lookup(s); ok {
 		e.out = append(e.out, i)
 		return
 	}
@@ -272,7 +277,7 @@ func (e *encoder) literalString(s []byte) {
 
 // text packs a string value in its shortest form.
 func (e *encoder) text(s []byte) {
-	if i, ok := dictIndex[string(s)]; ok {
+	if i, ok := lookup(s); ok {
 		e.out = append(e.out, i)
 		return
 	}

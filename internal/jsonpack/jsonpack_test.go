@@ -351,3 +351,27 @@ func FuzzCanonicalCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestDictLookup: every dictionary string is found at its index, as a
+// string and as bytes; strings that are not in it (empty, longer than any
+// entry, an entry with a byte changed or missing) are not.
+func TestDictLookup(t *testing.T) {
+	for i, s := range dictV1 {
+		if b, ok := lookup(s); !ok || int(b) != i {
+			t.Errorf("lookup(%q) = %d, %v; want %d", s, b, ok, i)
+		}
+		if b, ok := lookup([]byte(s)); !ok || int(b) != i {
+			t.Errorf("lookup([]byte(%q)) = %d, %v; want %d", s, b, ok, i)
+		}
+		for _, other := range []string{s[:len(s)-1], s + "x", "X" + s[1:]} {
+			if b, ok := lookup(other); ok && dictV1[b] != other {
+				t.Errorf("lookup(%q) = %d (%q)", other, b, dictV1[b])
+			}
+		}
+	}
+	for _, s := range []string{"", strings.Repeat("a", dictMaxLen+1), "policy_input_shares_argz"} {
+		if b, ok := lookup(s); ok {
+			t.Errorf("lookup(%q) = %d", s, b)
+		}
+	}
+}

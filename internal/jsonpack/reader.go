@@ -33,7 +33,7 @@ type Name struct{ i byte }
 // DictName returns the Name of name, or false when name is not in the
 // dictionary.
 func DictName(name string) (Name, bool) {
-	i, ok := dictIndex[name]
+	i, ok := lookup(name)
 	return Name{i}, ok
 }
 
