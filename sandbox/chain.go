@@ -275,6 +275,31 @@ func (s *sink) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// copyBufs are the buffers sinks read their pipe with (ReadFrom).
+var copyBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// ReadFrom copies r (the chain's stdout or stderr pipe: os/exec copies
+// it with io.Copy) to s until end of file, with a pooled buffer: io.Copy
+// would allocate 32 KiB per pipe, per run.
+func (s *sink) ReadFrom(r io.Reader) (int64, error) {
+	buf := copyBufs.Get().(*[32 << 10]byte)
+	defer copyBufs.Put(buf)
+	var n int64
+	for {
+		m, err := r.Read(buf[:])
+		if m > 0 {
+			s.Write(buf[:m])
+			n += int64(m)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 // attach sends what comes from now on, and what came before, to w.
 func (s *sink) attach(w io.Writer) {
 	s.mu.Lock()
@@ -425,10 +450,12 @@ func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
 	return nsenterMount(&tm, c, fstab, "none")
 }
 
+// fstabEscaper escapes what would split or end an fstab field. One for
+// the process: a Replacer builds its tables (~6 KiB) on first use.
+var fstabEscaper = strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`)
+
 // fstabEscape escapes what would split or end an fstab field.
-func fstabEscape(p string) string {
-	return strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(p)
-}
+func fstabEscape(p string) string { return fstabEscaper.Replace(p) }
 
 // plainChainSpec is the spec of a spare chain, and of a run's without
 // overlays: a root kernel's starts in a user namespace and a mount
