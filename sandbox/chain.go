@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -437,16 +436,10 @@ func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
 	if tm.mount, err = s.lookPath("mount"); err != nil {
 		return err
 	}
-	var b strings.Builder
-	for i := 0; i+2 < len(etc.binds); i += 3 {
-		dst := filepath.Join(etc.dir, strings.TrimPrefix(etc.binds[i+2], "/etc"))
-		fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(etc.binds[i+1]), fstabEscape(dst))
-	}
-	fstab := filepath.Join(etc.st.path, "fstab-"+strconv.Itoa(c.cmd.Process.Pid))
-	if err := os.WriteFile(fstab, []byte(b.String()), 0o600); err != nil {
+	fstab, err := etc.bindsFstab()
+	if err != nil {
 		return err
 	}
-	defer os.Remove(fstab)
 	return nsenterMount(&tm, c, fstab, "none")
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -121,6 +122,28 @@ type etcSnap struct {
 	binds []string // etcDirBinds, as the host was when the snapshot was made
 	sig   string
 	refs  int
+
+	fstabOnce sync.Once
+	fstab     string // bindsFstab's file, once written
+	fstabErr  error
+}
+
+// bindsFstab returns the fstab binding the snapshot's directories (binds)
+// at their places in it, read-only (mountEtcDirs), written beside the
+// snapshot once: the spare chains of a snapshot share it, so making one
+// writes and removes no file (on the disk of the kernel's database, whose
+// fsyncs a file made and removed per chain slowed).
+func (e *etcSnap) bindsFstab() (string, error) {
+	e.fstabOnce.Do(func() {
+		var b strings.Builder
+		for i := 0; i+2 < len(e.binds); i += 3 {
+			dst := filepath.Join(e.dir, strings.TrimPrefix(e.binds[i+2], "/etc"))
+			fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(e.binds[i+1]), fstabEscape(dst))
+		}
+		e.fstab = filepath.Join(e.st.path, "fstab-etc-dirs")
+		e.fstabErr = os.WriteFile(e.fstab, []byte(b.String()), 0o600)
+	})
+	return e.fstab, e.fstabErr
 }
 
 // etcSignature describes the entries of etc (the host's /etc) — mode,
