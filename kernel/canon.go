@@ -97,7 +97,7 @@ func appendContext(b []byte, ctx *auditContext) ([]byte, error) {
 		o.Key("notes")
 		n := jcs.Object{B: o.B}
 		for _, name := range names {
-			v, err := jcs.Canonicalize(ctx.Notes[name])
+			v, err := jcs.Canonical(ctx.Notes[name])
 			if err != nil {
 				return nil, err
 			}
@@ -106,7 +106,7 @@ func appendContext(b []byte, ctx *auditContext) ([]byte, error) {
 		o.B = n.End()
 	}
 	if len(ctx.Provenance) > 0 {
-		v, err := jcs.Canonicalize(ctx.Provenance)
+		v, err := jcs.Canonical(ctx.Provenance)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +217,7 @@ func appendPolicyInput(b []byte, in *policy.Input, args []byte) ([]byte, error) 
 		o.B = no.End()
 	}
 	if len(in.Provenance) > 0 {
-		v, err := jcs.Canonicalize(in.Provenance)
+		v, err := jcs.Canonical(in.Provenance)
 		if err != nil {
 			return nil, err
 		}

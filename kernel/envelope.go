@@ -153,6 +153,11 @@ func checkObject(field string, raw json.RawMessage, required bool) ([]byte, erro
 	if raw[0] != '{' {
 		return nil, fmt.Errorf("envelope: %s must be a JSON object", field)
 	}
+	if jcs.CheckCanonical(raw) == nil {
+		// Canonical already, as clients usually send it: a copy (the
+		// envelope's bytes are the caller's) without re-encoding.
+		return bytes.Clone(raw), nil
+	}
 	c, err := jcs.Canonicalize(raw)
 	if err != nil {
 		return nil, fmt.Errorf("envelope: %s: %v", field, err)
