@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
@@ -85,39 +86,37 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	if truncated {
 		data = data[:limit]
 	}
-	// The members in sorted order, as encoding/json writes a map's.
-	var res struct {
-		BytesReturned int     `json:"bytes_returned"`
-		Content       *string `json:"content,omitempty"`
-		ContentBase64 *string `json:"content_base64,omitempty"`
-		Offset        int64   `json:"offset"`
-		Path          string  `json:"path"`
-		Size          int64   `json:"size"`
-		Truncated     bool    `json:"truncated"`
-	}
-	res.BytesReturned, res.Offset, res.Path, res.Size, res.Truncated = len(data), a.Offset, a.Path, size, truncated
-	o := jcs.Object{B: make([]byte, 0, len(data)+len(a.Path)+128)}
-	o.Int("bytes_returned", int64(len(data)))
-	var content string
+	return readResult(data, a.Path, a.Offset, size, truncated)
+}
+
+// readResult is fs.read's result object for data read from path at
+// offset (the file being size bytes), canonical and as encoding/json
+// writes it.
+func readResult(data []byte, path string, offset, size int64, truncated bool) (Output, error) {
+	field, content := "content", ""
 	if utf8.Valid(data) {
-		content = string(data)
-		res.Content = &content
-		o.Str("content", content)
+		// A view of data, which is not modified after: the text is copied
+		// only into the result. string(data) would be a copy of its own.
+		content = unsafe.String(unsafe.SliceData(data), len(data))
 	} else {
-		content = base64.StdEncoding.EncodeToString(data)
-		res.ContentBase64 = &content
-		o.Str("content_base64", content)
+		field, content = "content_base64", base64.StdEncoding.EncodeToString(data)
 	}
-	o.Int("offset", a.Offset)
-	o.Str("path", a.Path)
+	o := jcs.Object{B: make([]byte, 0, len(content)+len(path)+128)}
+	o.Int("bytes_returned", int64(len(data)))
+	o.Str(field, content)
+	o.Int("offset", offset)
+	o.Str("path", path)
 	o.Int("size", size)
 	o.Bool("truncated", truncated)
 	canon := o.End()
-	if jcs.Plain(content) && jcs.Plain(a.Path) && size <= 1<<53 && a.Offset <= 1<<53 {
-		// json.Marshal(&res) would write these very bytes.
+	if jcs.Plain(content) && jcs.Plain(path) && size <= 1<<53 && offset <= 1<<53 {
+		// json.Marshal of the object would write these very bytes.
 		return Output{Result: canon, Canonical: canon}, nil
 	}
-	out, err := output(&res)
+	// The members in sorted order, as encoding/json writes a map's.
+	res := map[string]any{"bytes_returned": len(data), field: content, "offset": offset,
+		"path": path, "size": size, "truncated": truncated}
+	out, err := output(res)
 	out.Canonical = canon
 	return out, err
 }
