@@ -1,12 +1,12 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -274,6 +274,31 @@ func (s *sink) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// copyBufs are the buffers sinks read their pipe with (ReadFrom).
+var copyBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// ReadFrom copies r (the chain's stdout or stderr pipe: os/exec copies
+// it with io.Copy) to s until end of file, with a pooled buffer: io.Copy
+// would allocate 32 KiB per pipe, per run.
+func (s *sink) ReadFrom(r io.Reader) (int64, error) {
+	buf := copyBufs.Get().(*[32 << 10]byte)
+	defer copyBufs.Put(buf)
+	var n int64
+	for {
+		m, err := r.Read(buf[:])
+		if m > 0 {
+			s.Write(buf[:m])
+			n += int64(m)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 // attach sends what comes from now on, and what came before, to w.
 func (s *sink) attach(w io.Writer) {
 	s.mu.Lock()
@@ -288,10 +313,22 @@ func (s *sink) attach(w io.Writer) {
 // takeSpareChain returns the Sandbox's spare chain if it can serve a run
 // whose /etc snapshot is etc (and that mounts overlays, if overlay), else
 // nil: a stale or dead spare is discarded, one without the mount
-// namespace overlays need is kept for the next plain run.
-func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
+// namespace overlays need is kept for the next plain run. A spare being
+// made is waited for (until ctx is done): it is further on than a chain
+// the run would start now, which would also compete with it for the CPU.
+func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool) *chain {
 	s.mu.Lock()
-	c := s.spareChain
+	c, made := s.spareChain, s.makingChain
+	if c == nil && made != nil {
+		s.mu.Unlock()
+		select {
+		case <-made:
+		case <-ctx.Done():
+			return nil
+		}
+		s.mu.Lock()
+		c = s.spareChain
+	}
 	s.spareChain = nil
 	s.mu.Unlock()
 	if c == nil {
@@ -305,7 +342,7 @@ func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 		// Sound, but not for this run: it stays the spare of the next
 		// plain run (unless another is being made or the Sandbox closed).
 		s.mu.Lock()
-		if !s.closed && !s.makingChain && s.spareChain == nil {
+		if !s.closed && s.makingChain == nil && s.spareChain == nil {
 			s.spareChain, c = c, nil
 		}
 		s.mu.Unlock()
@@ -321,11 +358,12 @@ func (s *Sandbox) takeSpareChain(etc *etcSnap, overlay bool) *chain {
 // or one is being made.
 func (s *Sandbox) kickSpareChain(t *tools) {
 	s.mu.Lock()
-	if s.closed || s.spareChain != nil || s.makingChain {
+	if s.closed || s.spareChain != nil || s.makingChain != nil {
 		s.mu.Unlock()
 		return
 	}
-	s.makingChain = true
+	made := make(chan struct{})
+	s.makingChain = made
 	noForker := s.noForker
 	s.chains.Add(1)
 	s.mu.Unlock()
@@ -333,12 +371,13 @@ func (s *Sandbox) kickSpareChain(t *tools) {
 		defer s.chains.Done()
 		c, err := s.makeSpareChain(t, !noForker)
 		s.mu.Lock()
-		s.makingChain = false
+		s.makingChain = nil
 		closed := s.closed
 		if err == nil && !closed {
 			s.spareChain = c
 		}
 		s.mu.Unlock()
+		close(made)
 		if err == nil && closed {
 			c.end() // Close waits for this
 		}
@@ -354,7 +393,14 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 	}
 	var f *forker
 	if withForker {
-		if f, err = newForker(); err != nil {
+		// The forker made ahead (takeForker, which starts the next): a
+		// new one waits for the RCU grace period of its thread's move
+		// (6–12 ms on the loaded machine), longer than the gap between
+		// two calls, which left every third run without a spare chain.
+		if f = s.takeForker(); f == nil {
+			f, err = newForker()
+		}
+		if err != nil {
 			// As makeForker: no v1 pids hierarchy, or no permission, is
 			// for good; later chains are made without trying again.
 			f = nil
@@ -390,23 +436,19 @@ func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
 	if tm.mount, err = s.lookPath("mount"); err != nil {
 		return err
 	}
-	var b strings.Builder
-	for i := 0; i+2 < len(etc.binds); i += 3 {
-		dst := filepath.Join(etc.dir, strings.TrimPrefix(etc.binds[i+2], "/etc"))
-		fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(etc.binds[i+1]), fstabEscape(dst))
-	}
-	fstab := filepath.Join(etc.st.path, "fstab-"+strconv.Itoa(c.cmd.Process.Pid))
-	if err := os.WriteFile(fstab, []byte(b.String()), 0o600); err != nil {
+	fstab, err := etc.bindsFstab()
+	if err != nil {
 		return err
 	}
-	defer os.Remove(fstab)
 	return nsenterMount(&tm, c, fstab, "none")
 }
 
+// fstabEscaper escapes what would split or end an fstab field. One for
+// the process: a Replacer builds its tables (~6 KiB) on first use.
+var fstabEscaper = strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`)
+
 // fstabEscape escapes what would split or end an fstab field.
-func fstabEscape(p string) string {
-	return strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(p)
-}
+func fstabEscape(p string) string { return fstabEscaper.Replace(p) }
 
 // plainChainSpec is the spec of a spare chain, and of a run's without
 // overlays: a root kernel's starts in a user namespace and a mount

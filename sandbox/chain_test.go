@@ -133,6 +133,52 @@ func TestSpareChainStale(t *testing.T) {
 	}
 }
 
+// A run that comes while the spare chain is still being made (a call
+// right after the previous one) waits for it rather than start a second
+// chain beside it; a cancelled run stops waiting.
+func TestSpareChainBeingMade(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	tl, err := s.tools(false, os.Geteuid() == 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	etc, release, err := s.acquireEtc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for _, cancelled := range []bool{false, true} {
+		s.kickSpareChain(tl)
+		s.mu.Lock()
+		made := s.makingChain
+		s.mu.Unlock()
+		if made == nil {
+			t.Fatal("kickSpareChain is not making a spare chain")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if cancelled {
+			cancel()
+		}
+		c := s.takeSpareChain(ctx, etc, false)
+		cancel()
+		if cancelled {
+			if c != nil {
+				t.Fatal("a cancelled run waited for the spare chain")
+			}
+			<-made
+			c = s.takeSpareChain(context.Background(), etc, false)
+		}
+		if c == nil || c.exited() {
+			t.Fatalf("cancelled %v: took %v, want the spare chain that was being made", cancelled, c)
+		}
+		c.end()
+	}
+}
+
 // Overlays are mounted in the chain's own mount namespace by nsenter and
 // mount, no shell: the mount is there and not on the host; a mount the
 // kernel refuses (here: a missing mount point) is errOverlayRefused with

@@ -104,8 +104,16 @@
 // — and a run without Command.Channel takes it (1–2 ms less per run on
 // the loaded 2-core machine; an ordinary user's run with overlays starts
 // its own, since that spare has no namespaces of its own); the next one
-// is started once that run has ended. A root kernel's spare also has the
-// /etc directories below bound into the snapshot, read-only, in its
+// is started once that run has ended, and a run that comes while it is
+// still being made (a call right after the last) waits for it rather
+// than start a second chain beside it. A spare chain is forked from the
+// spare thread (below) made ahead, when one is ready, not from a thread
+// made for it: that thread's move into its cgroup (an RCU grace period,
+// 6–12 ms measured) is longer than the gap between two calls, and a
+// third of the runs of BenchmarkExecVsBareBwrap found no spare chain
+// ready (and started unshare and bwrap on their path) while each spare
+// made its own. A root kernel's spare also has the /etc directories
+// below bound into the snapshot, read-only, in its
 // mount namespace (nsenter and mount, off the run's path): bwrap's one
 // recursive, read-only, nosuid, nodev bind of the snapshot carries them,
 // instead of a bind of each (each costs bwrap a mount, a remount and a

@@ -6,9 +6,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // etcEntries are the only parts of the host's /etc the sandbox sees, as a
@@ -120,24 +122,55 @@ type etcSnap struct {
 	binds []string // etcDirBinds, as the host was when the snapshot was made
 	sig   string
 	refs  int
+
+	fstabOnce sync.Once
+	fstab     string // bindsFstab's file, once written
+	fstabErr  error
 }
 
-// etcSignature describes the host's entries, to notice changes.
-func etcSignature() string {
-	var b strings.Builder
-	for _, name := range slices.Concat(etcEntries, etcDirs) {
-		p := filepath.Join("/etc", name)
-		if fi, err := os.Stat(p); err == nil {
-			fmt.Fprintf(&b, "%s %v %d %d|", name, fi.Mode(), fi.Size(), fi.ModTime().UnixNano())
+// bindsFstab returns the fstab binding the snapshot's directories (binds)
+// at their places in it, read-only (mountEtcDirs), written beside the
+// snapshot once: the spare chains of a snapshot share it, so making one
+// writes and removes no file (on the disk of the kernel's database, whose
+// fsyncs a file made and removed per chain slowed).
+func (e *etcSnap) bindsFstab() (string, error) {
+	e.fstabOnce.Do(func() {
+		var b strings.Builder
+		for i := 0; i+2 < len(e.binds); i += 3 {
+			dst := filepath.Join(e.dir, strings.TrimPrefix(e.binds[i+2], "/etc"))
+			fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(e.binds[i+1]), fstabEscape(dst))
+		}
+		e.fstab = filepath.Join(e.st.path, "fstab-etc-dirs")
+		e.fstabErr = os.WriteFile(e.fstab, []byte(b.String()), 0o600)
+	})
+	return e.fstab, e.fstabErr
+}
+
+// etcSignature describes the entries of etc (the host's /etc) — mode,
+// size and modification time of each, following symbolic links — to
+// notice changes. It is on every run's path (and every spare chain's):
+// stat(2) into one buffer, without os.Stat's allocations and fmt.
+func etcSignature(etc string) string {
+	b := make([]byte, 0, 1024)
+	var st unix.Stat_t
+	for _, names := range [][]string{etcEntries, etcDirs} {
+		for _, name := range names {
+			if unix.Stat(etc+"/"+name, &st) != nil {
+				continue
+			}
+			b = append(append(b, name...), ' ')
+			b = append(strconv.AppendUint(b, uint64(st.Mode), 8), ' ')
+			b = append(strconv.AppendInt(b, st.Size, 10), ' ')
+			b = append(strconv.AppendInt(b, st.Mtim.Nano(), 10), '|')
 		}
 	}
-	return b.String()
+	return string(b)
 }
 
 // acquire returns the current snapshot, building it if needed, and a
 // release function.
 func (c *etcCache) acquire() (*etcSnap, func(), error) {
-	sig := etcSignature()
+	sig := etcSignature("/etc")
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil || c.cur.sig != sig {

@@ -116,3 +116,42 @@ func procsNamed(comm, s string) []int {
 	}
 	return out
 }
+
+// A spare chain is forked from the forker made ahead, and taking it starts
+// the next one: a new forker waits for its thread's move into the cgroup
+// (an RCU grace period, 6–12 ms on the loaded machine), longer than the gap
+// between two calls, so a spare chain making its own was often not ready
+// for the next run.
+func TestSpareChainForkerAhead(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	if _, v1, err := ownPidsCgroup(); err != nil || !v1 {
+		t.Skipf("no cgroup v1 pids hierarchy here (%v): runs join their cgroups", err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	tl, err := s.tools(false, os.Geteuid() == 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.kickSpareChain(tl)
+	first := waitSpareChain(t, s)
+	var ahead *forker
+	for deadline := time.Now().Add(10 * time.Second); ahead == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("making the spare chain did not start making the next forker")
+		}
+		s.mu.Lock()
+		ahead = s.spare
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	s.spareChain = nil
+	s.mu.Unlock()
+	first.end()
+	s.kickSpareChain(tl)
+	if next := waitSpareChain(t, s); next.f != ahead {
+		t.Fatalf("the next spare chain was forked from %p, want the forker made ahead %p", next.f, ahead)
+	}
+}

@@ -111,7 +111,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	overlay := st != nil && mode != StagingCopy
 	var ch *chain
 	if pl.cmd.Channel == nil {
-		ch = s.takeSpareChain(etc, overlay)
+		ch = s.takeSpareChain(ctx, etc, overlay)
 	}
 	var f *forker
 	if ch != nil {

@@ -167,7 +167,7 @@ type Sandbox struct {
 	noForker bool    // making one failed: runs join their cgroups
 
 	spareChain  *chain         // started ahead for the next run (chain.go)
-	makingChain bool           // a spare chain is being made
+	makingChain chan struct{}  // a spare chain is being made: closed once it is the spare (or failed)
 	chains      sync.WaitGroup // the goroutine making it
 }
 
