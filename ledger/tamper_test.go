@@ -86,6 +86,12 @@ func TestVerifyNamesFirstBadEntry(t *testing.T) {
 				t.Fatal("put failed")
 			}
 		}, 1, "record says seq 3"},
+		{"malformed key among the entries", func(t *testing.T, e, _ *bbolt.Bucket) {
+			// 9 bytes: sorts after entry 2's key, before entry 3's.
+			if err := e.Put(append(seqKey(2), 0), bytes.Clone(e.Get(seqKey(2)))); err != nil {
+				t.Fatal(err)
+			}
+		}, 3, "malformed key 000000000000000200"},
 		{"value truncated", edit(2, func(r []byte) []byte { return r[:len(r)/2] }), 2, "undecodable"},
 		{"value emptied", edit(3, func(r []byte) []byte { return []byte{} }), 3, "undecodable"},
 		{"whitespace between members", edit(2, func(r []byte) []byte {

@@ -437,3 +437,55 @@ func TestWriterFillsPages(t *testing.T) {
 		return nil
 	})
 }
+
+// TestWriterProofsDeep: over 3000 entries appended in batches of random
+// sizes, every entry's proof from its batch verifies against the batch's
+// checkpoint and equals the proof read from the stored tree (edges of
+// many shapes before a batch, trees up to 12 levels).
+func TestWriterProofsDeep(t *testing.T) {
+	db := newDB(t)
+	w := NewWriter()
+	s := testSigner(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for n := 0; n < 3000; {
+		size := 1 + rng.IntN(300)
+		var appended []Appended
+		var batch *Batch
+		if err := db.Update(func(tx *bbolt.Tx) error {
+			for i := range size {
+				a, err := w.Append(tx, KindAudit, t0, json.RawMessage(fmt.Sprintf(`{"n":%d}`, n+i)))
+				if err != nil {
+					return err
+				}
+				appended = append(appended, a)
+			}
+			var err error
+			batch, err = w.Checkpoint(tx, s, testOrigin)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		n += size
+		if err := db.View(func(tx *bbolt.Tx) error {
+			for _, a := range appended {
+				in, err := batch.Prove(a.Seq)
+				if err != nil {
+					return err
+				}
+				if err := in.Verify(batch.Checkpoint.Root); err != nil {
+					return fmt.Errorf("proof of %d in %d: %w", a.Seq, n, err)
+				}
+				stored, err := ProveInclusion(tx, a.Seq, batch.Checkpoint.Size)
+				if err != nil {
+					return err
+				}
+				if fmt.Sprint(stored) != fmt.Sprint(in) {
+					return fmt.Errorf("proof of %d in %d: stored %v, from memory %v", a.Seq, n, stored, in)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
