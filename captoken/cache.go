@@ -9,9 +9,11 @@ import (
 // concurrent calls rarely wait for each other.
 const cacheShards = 16
 
-// sigCache maps the digest of a raw token to its signature-checked,
-// well-formed Claims. Keying by the digest of the whole token means an
-// entry is only ever found for the exact bytes that were verified.
+// sigCache maps a raw token to its signature-checked, well-formed Claims
+// and its digest. Keying by the whole token means an entry is only ever
+// found for the exact bytes that were verified; a hit hashes the token
+// with maphash only (a digest of each call's token would cost a BLAKE3
+// of a kilobyte).
 // Each shard holds a bounded number of entries; when one is full, adding
 // drops an arbitrary entry (Go randomises map iteration order).
 type sigCache struct {
@@ -22,7 +24,13 @@ type sigCache struct {
 
 type cacheShard struct {
 	mu sync.RWMutex
-	m  map[string]Claims
+	m  map[string]verified
+}
+
+// verified is a cached token's claims and digest.
+type verified struct {
+	claims Claims
+	hash   string
 }
 
 // newSigCache returns a cache of about size entries, or nil (no caching)
@@ -33,7 +41,7 @@ func newSigCache(size int) *sigCache {
 	}
 	c := &sigCache{seed: maphash.MakeSeed(), max: max(1, size/cacheShards)}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]Claims)
+		c.shards[i].m = make(map[string]verified)
 	}
 	return c
 }
@@ -42,10 +50,10 @@ func (c *sigCache) shard(key string) *cacheShard {
 	return &c.shards[maphash.String(c.seed, key)%cacheShards]
 }
 
-// get returns the Claims cached under key. A nil cache holds nothing.
-func (c *sigCache) get(key string) (Claims, bool) {
+// get returns what is cached for the token key. A nil cache holds nothing.
+func (c *sigCache) get(key string) (verified, bool) {
 	if c == nil {
-		return Claims{}, false
+		return verified{}, false
 	}
 	s := c.shard(key)
 	s.mu.RLock()
@@ -55,7 +63,7 @@ func (c *sigCache) get(key string) (Claims, bool) {
 }
 
 // put caches v under key. A nil cache drops it.
-func (c *sigCache) put(key string, v Claims) {
+func (c *sigCache) put(key string, v verified) {
 	if c == nil {
 		return
 	}

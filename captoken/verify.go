@@ -144,15 +144,15 @@ func (v *Verifier) claims(token string) (Claims, string, *Error) {
 	if len(token) > MaxTokenSize {
 		return Claims{}, "", invalid("token is %d bytes, over the %d-byte limit", len(token), MaxTokenSize)
 	}
-	hash := digest.Sum([]byte(token))
-	c, ok := v.cache.get(hash)
-	if !ok {
-		var err *Error
-		if c, err = v.verifySignature(token); err != nil {
-			return Claims{}, "", err
-		}
-		v.cache.put(hash, c)
+	if e, ok := v.cache.get(token); ok {
+		return e.claims, e.hash, nil
 	}
+	c, err := v.verifySignature(token)
+	if err != nil {
+		return Claims{}, "", err
+	}
+	hash := digest.Sum([]byte(token))
+	v.cache.put(token, verified{c, hash})
 	return c, hash, nil
 }
 
