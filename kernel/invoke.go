@@ -66,7 +66,7 @@ type call struct {
 
 	canonArgs     []byte          // the canonical form of env.Args, once checked: what args_hash hashes and the args commitment commits to
 	gate          func() error    // a gated syscall's Call.Gate (execgate.go)
-	cleanups      cleanups        // work the syscall left running (Call.Cleanup; execcleanup.go)
+	cleanups      cleanups        // work the syscall left running (Call.Cleanup, Call.After; execcleanup.go)
 	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
 }
 
@@ -131,6 +131,7 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 
 // run is the pipeline of docs/kernel.md, steps 1 to 12.
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
+	defer c.cleanups.answered() // after the wait
 	defer c.cleanups.wait()
 	env := c.env
 	k.observe(c)
@@ -925,7 +926,7 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 	}
 	sc := &syscalls.Call{
 		Args: c.sendArgs(), Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
-		Charge: c.charge, Note: c.note, Gate: c.gate, Cleanup: c.cleanups.start,
+		Charge: c.charge, Note: c.note, Gate: c.gate, Cleanup: c.cleanups.start, After: c.cleanups.later,
 	}
 	if stage != nil {
 		sc.Stage = stage

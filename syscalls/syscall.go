@@ -233,6 +233,11 @@ type Call struct {
 	// which then overlaps the recording of the call. The kernel waits for
 	// it before it answers the call. Nil: the syscall does the work itself.
 	Cleanup func(f func())
+	// After, when set, runs f in the background once the call has been
+	// answered: work for later calls (proc.exec: starting the sandbox's
+	// next spare chain), which then competes with nothing of this call's
+	// (its record's commit). Nil: the syscall does the work itself.
+	After func(f func())
 }
 
 // TreeStager is implemented by stagers that can also stage streamed file
