@@ -64,7 +64,7 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 		// A call: refused like any other, with an audited envelope. The
 		// body (within the envelope limit) is kept for the record's digest.
 		data, _ := io.ReadAll(io.LimitReader(r.Body, s.k.MaxEnvelopeBytes()))
-		writeJSON(w, status, s.k.Refuse(r.Context(), data, class, msg))
+		writeResult(w, status, s.k.Refuse(r.Context(), data, class, msg))
 		return false
 	}
 	writeError(w, status, class, msg)
@@ -76,6 +76,9 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 // charset only utf-8), and a body needs one.
 func notJSON(r *http.Request) string {
 	ct := r.Header.Get("Content-Type")
+	if ct == "application/json" {
+		return "" // what every client sends, without parsing it
+	}
 	if ct == "" {
 		if r.ContentLength == 0 {
 			return "" // no body: nothing a form could smuggle

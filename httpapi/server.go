@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
@@ -95,8 +96,9 @@ func New(k *kernel.Kernel) *Server {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
+	h := w.Header()
+	h["Cache-Control"] = noStore
+	h["X-Content-Type-Options"] = noSniff
 	if !s.guard(w, r) {
 		return
 	}
@@ -138,7 +140,12 @@ func StatusOf(class string) int {
 // body its result envelope, whatever happens.
 func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	limit := s.k.MaxEnvelopeBytes()
-	data, err := readBody(r, limit+1)
+	// The body is read into a pooled buffer, given back once the kernel
+	// is done with it: InvokeJSON, Refuse and Start keep no reference to
+	// the envelope's bytes (TestCallKeepsNoBody).
+	bp := bodyBuffers.Get().(*[]byte)
+	data, err := readBody(r, (*bp)[:0], limit+1)
+	defer putBuffer(bp, data)
 	ctx := tracing.FromHTTP(r) // a traceparent header parents the call's span
 	var res *kernel.Result
 	status := 0
@@ -154,10 +161,10 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 		id, refused, err := s.k.Start(ctx, data)
 		switch {
 		case errors.Is(err, kernel.ErrTooManyBackground):
-			writeJSON(w, http.StatusTooManyRequests, refused)
+			writeResult(w, http.StatusTooManyRequests, refused)
 			return
 		case err != nil:
-			writeJSON(w, http.StatusConflict, refused)
+			writeResult(w, http.StatusConflict, refused)
 			return
 		}
 		w.Header().Set("Location", "/v1/operations/"+id)
@@ -170,7 +177,7 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	if status == 0 {
 		status = StatusOf(errClass(res))
 	}
-	writeJSON(w, status, res)
+	writeResult(w, status, res)
 }
 
 func errClass(r *kernel.Result) string {
@@ -208,7 +215,9 @@ func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
-	w.Header().Set("Content-Type", "application/jwk-set+json")
+	h := w.Header()
+	h.Set("Content-Type", "application/jwk-set+json")
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(http.StatusOK)
 	w.Write(b)
 }
@@ -666,27 +675,72 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		status = http.StatusInternalServerError
 		b, _ = json.Marshal(ErrorBody{Error: kernel.Error{Class: kernel.ErrInternal, Message: err.Error()}})
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	// Two writes into the response's buffer rather than a copy of b
-	// grown by one byte.
-	w.Write(b)
-	w.Write(newline)
+	writeBody(w, status, b, newline)
 }
 
-var newline = []byte{'\n'}
-
-// readBody reads r's body up to max bytes, into a buffer of the size the
-// request declares (when it is within max) rather than one grown from 512
-// bytes.
-func readBody(r *http.Request, max int64) ([]byte, error) {
-	n := r.ContentLength
-	if n < 0 || n >= max {
-		return io.ReadAll(io.LimitReader(r.Body, max))
+// writeResult answers with the result envelope r: the encoding of
+// json.Marshal (appendResult) made in a pooled buffer.
+func writeResult(w http.ResponseWriter, status int, r *kernel.Result) {
+	bp := bodyBuffers.Get().(*[]byte)
+	b, ok := appendResult((*bp)[:0], r)
+	if !ok {
+		writeJSON(w, status, r) // json.Marshal's error, as an internal error
+	} else {
+		writeBody(w, status, append(b, '\n'))
 	}
-	// One byte more than declared, so that the read ends at EOF without
-	// growing the buffer.
-	b := make([]byte, 0, n+1)
+	putBuffer(bp, b)
+}
+
+// writeBody answers with a JSON body made of parts, declaring its length:
+// the response goes out without chunked encoding, in as few writes as
+// net/http's buffers allow. w copies parts before it returns.
+func writeBody(w http.ResponseWriter, status int, parts ...[]byte) {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	h := w.Header()
+	h["Content-Type"] = jsonType
+	h["Content-Length"] = []string{strconv.Itoa(n)}
+	w.WriteHeader(status)
+	for _, p := range parts {
+		w.Write(p)
+	}
+}
+
+// Header values every answer shares; a Header's Set or Add never writes
+// into a slice it holds (Add appends to a full one).
+var (
+	noStore  = []string{"no-store"}
+	noSniff  = []string{"nosniff"}
+	jsonType = []string{"application/json"}
+	newline  = []byte{'\n'}
+)
+
+// bodyBuffers holds buffers (*[]byte) for call and result envelopes, so
+// that reading a call and writing its answer allocate none.
+var bodyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
+
+// putBuffer gives bp back to bodyBuffers holding b, the buffer as it was
+// last grown, unless it grew over 256 KiB: a rare large envelope is not
+// kept.
+func putBuffer(bp *[]byte, b []byte) {
+	if cap(b) <= 256<<10 {
+		*bp = b
+		bodyBuffers.Put(bp)
+	}
+}
+
+// readBody reads r's body up to max bytes into buf, grown at once to the
+// size the request declares (when it is within max) rather than step by
+// step.
+func readBody(r *http.Request, buf []byte, max int64) ([]byte, error) {
+	b := buf[:0]
+	if n := r.ContentLength; n >= 0 && n < max {
+		// One byte more than declared, so that the read ends at EOF
+		// without growing the buffer.
+		b = slices.Grow(b, int(n)+1)
+	}
 	for int64(len(b)) < max {
 		if len(b) == cap(b) {
 			b = slices.Grow(b, 512)

@@ -2,6 +2,7 @@ package jcs
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
@@ -204,6 +205,13 @@ func (c *checker) str() (raw []byte, plain bool, err error) {
 	start := c.pos
 	ascii, escaped := true, false
 	for c.pos < len(c.in) {
+		// Runs of bytes that stand for themselves, 8 at a time.
+		for len(c.in)-c.pos >= 8 && plain8(binary.LittleEndian.Uint64(c.in[c.pos:])) {
+			c.pos += 8
+		}
+		if c.pos == len(c.in) {
+			break
+		}
 		b := c.in[c.pos]
 		switch {
 		case b == '"':
@@ -342,4 +350,15 @@ func shortDecimal(raw []byte) bool {
 	}
 	lead := len(frac) - len(bytes.TrimLeft(frac, "0"))
 	return lead <= 5 && len(frac)-lead <= 15 // 0.000001 at least
+}
+
+// plain8 reports whether the 8 bytes of w are all printable ASCII other
+// than '"' and '\\', the bytes a string holds as themselves: none below
+// 0x20, none from 0x80 and none equal to either. Each test (a byte below a
+// bound, a byte of zero) is exact for the word as a whole: a borrow can
+// set the high bit of a byte only above one that matched.
+func plain8(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(v uint64) uint64 { return (v - ones) &^ v }
+	return (w|(w-0x20*ones)&^w|zero(w^'"'*ones)|zero(w^'\\'*ones))&highs == 0
 }

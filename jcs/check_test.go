@@ -2,6 +2,7 @@ package jcs
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -139,6 +140,38 @@ func TestCheckCanonicalNumbersAllocateNothing(t *testing.T) {
 			}
 		}); n != 0 {
 			t.Errorf("CheckCanonical(%s): %v allocations", s, n)
+		}
+	}
+}
+
+// TestPlain8 compares plain8 with a byte-by-byte test over random words
+// of the bytes at the edges of what it tests, and words of one odd byte
+// among plain ones at every position.
+func TestPlain8(t *testing.T) {
+	edges := []byte{0x00, 0x01, 0x1f, 0x20, 0x21, '"', 0x23, 'A', 0x5b, '\\', 0x5d, 'z', 0x7e, 0x7f, 0x80, 0x81, 0xa2, 0xdc, 0xfe, 0xff}
+	plainByte := func(c byte) bool { return c >= 0x20 && c < 0x80 && c != '"' && c != '\\' }
+	check := func(w [8]byte) {
+		want := true
+		for _, c := range w {
+			want = want && plainByte(c)
+		}
+		if got := plain8(binary.LittleEndian.Uint64(w[:])); got != want {
+			t.Fatalf("plain8(%q) = %v, want %v", w, got, want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	for range 1_000_000 {
+		var w [8]byte
+		for i := range w {
+			w[i] = edges[rng.IntN(len(edges))]
+		}
+		check(w)
+	}
+	for _, odd := range edges {
+		for at := range 8 {
+			w := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
+			w[at] = odd
+			check(w)
 		}
 	}
 }

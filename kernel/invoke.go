@@ -168,7 +168,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, ErrToolNotFound, fmt.Sprintf("no syscall %q", env.ToolID))
 	}
 	if tool != env.ToolID {
-		c.note("handle", env.ToolID)
+		c.Note("handle", env.ToolID)
 		env.ToolID = tool
 	}
 	c.entry = entry
@@ -669,7 +669,10 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		}
 		// The call counts only if its budget allows; what it consumed
 		// running is charged either way.
-		err := txn.Charge(tx, accounts, txn.Usage{txn.BudgetCalls: 1}, c.usage())
+		err := txn.Charge(tx, accounts, oneCall, c.usage())
+		if err == nil {
+			return nil
+		}
 		var te *txn.Error
 		if errors.As(err, &te) {
 			c.setOutcome(nil, te.Class, te.Message, NoOp)
@@ -682,6 +685,9 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	}
 	return &c.res
 }
+
+// oneCall is the charge of one call; never modified.
+var oneCall = txn.Usage{txn.BudgetCalls: 1}
 
 // transact runs a mutating (or keyed) call as prepare, execute, commit or
 // rollback, then apply.
@@ -925,8 +931,8 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		k.calledEvent(c) // a gated call's, when its gate opens
 	}
 	sc := &syscalls.Call{
-		Args: c.sendArgs(), Resources: resources, KV: txn.KV{View: k.db.View}, MaxReadBytes: k.cfg.MaxReadBytes,
-		Charge: c.charge, Note: c.note, Gate: c.gate, Cleanup: c.cleanups.start, After: c.cleanups.later,
+		Args: c.sendArgs(), Resources: resources, KV: k.kv, MaxReadBytes: k.cfg.MaxReadBytes,
+		Host: c, Gate: c.gate,
 	}
 	if stage != nil {
 		sc.Stage = stage
@@ -1028,8 +1034,9 @@ func (c *call) accounts() []txn.Account {
 	return as
 }
 
-// charge records budget units the running syscall consumed.
-func (c *call) charge(budget string, n int64) {
+// Charge records budget units the running syscall consumed
+// (syscalls.Host: the call is its syscall's host).
+func (c *call) Charge(budget string, n int64) {
 	if n <= 0 {
 		return
 	}
@@ -1041,8 +1048,15 @@ func (c *call) charge(budget string, n int64) {
 	c.used[budget] += n
 }
 
-// note adds a detail to the call's audit record.
-func (c *call) note(key string, v any) {
+// Cleanup runs f, work the syscall leaves, in the background (see
+// cleanups).
+func (c *call) Cleanup(f func()) { c.cleanups.start(f) }
+
+// After runs f once the call has been answered (see cleanups).
+func (c *call) After(f func()) { c.cleanups.later(f) }
+
+// Note adds a detail to the call's audit record.
+func (c *call) Note(key string, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		b, _ = json.Marshal(map[string]string{"error": err.Error()})

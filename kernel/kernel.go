@@ -38,6 +38,7 @@ type Kernel struct {
 	cfg      Config
 	settings settings
 	db       *store.DB
+	kv       syscalls.KVReader // the kv store as syscalls read it, made once (a call's would allocate)
 	registry *syscalls.Registry
 	// upstreams are the connected upstream MCP servers (nil before Open
 	// reaches them and after Close).
@@ -165,6 +166,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit}); err != nil {
 		return nil, err
 	}
+	k.kv = &txn.KV{View: k.db.View}
 	k.syncer = txn.NewSyncer()
 	k.locks.onWait = k.syncer.Hurry
 	k.stopWatch = make(chan struct{})

@@ -3,6 +3,8 @@ package kernel
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -10,44 +12,64 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/capkernel/capkernel/internal/jsonpack"
 	"github.com/capkernel/capkernel/internal/tailpad"
 )
 
-// TestPackPayload: a stored payload is packed, and a zstd frame of that
-// exactly when it is at least packMin bytes and the frame is smaller;
-// every stored form, and the JSON of payloads stored before packing, reads
-// back to the same JSON, and a damaged frame or packed value is an error,
-// never other bytes.
+// TestPackPayload: a stored payload is packed, Huffman coded exactly when
+// it is from packMin to huffMax bytes packed and coding makes it smaller,
+// a zstd frame from huffMax on when the frame is smaller; every stored
+// form, and the JSON of payloads stored before packing, reads back to the
+// same JSON, and a damaged frame, coded payload or packed value is an
+// error, never other bytes.
 func TestPackPayload(t *testing.T) {
 	noise := make([]byte, 2048)
 	for i := range noise {
 		noise[i] = byte(rand.IntN(256))
 	}
+	const (
+		none = iota
+		huff
+		frame
+	)
 	for _, tc := range []struct {
-		name         string
-		json         string
-		packed, zstd bool
+		name   string
+		json   string
+		packed bool
+		form   int
 	}{
-		{"small", `{"salt":"00"}`, true, false},
-		{"no text", `{"args":{"path":"f.txt"},"salt":"be3d3b6a23fafb4de18fb41db8609db9221604bd7e0e3bc496243545ce55e0fa"}`, true, false},
-		{"text", `{"result":"` + strings.Repeat("a receipt. ", 100) + `"}`, true, true},
-		{"noise", `{"result":"` + string(noise) + `"}`, false, false}, // neither is smaller
-		{"whitespace", `{"result": "` + strings.Repeat("a receipt. ", 100) + `"}`, false, true},
+		{"small", `{"salt":"00"}`, true, none},
+		{"no text", `{"args":{"path":"f.txt"},"salt":"be3d3b6a23fafb4de18fb41db8609db9221604bd7e0e3bc496243545ce55e0fa"}`, true, none},
+		{"text", `{"result":"` + strings.Repeat("a receipt. ", 100) + `"}`, true, huff},
+		{"long text", `{"result":"` + strings.Repeat("a receipt. ", 200) + `"}`, true, frame},
+		{"short noise", `{"result":"` + string(noise[:800]) + `"}`, false, none}, // neither is smaller
+		{"noise", `{"result":"` + string(noise) + `"}`, false, none},
+		{"whitespace", `{"result": "` + strings.Repeat("a receipt. ", 100) + `"}`, false, huff},
+		{"repeated path", `{"args":{"path":"docs/a-long/path.md"},"result":{"path":"docs/a-long/path.md"}}`, true, none},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := packPayload([]byte(tc.json))
-			if got := bytes.HasPrefix(v, zstdMagic); got != tc.zstd {
-				t.Fatalf("zstd: %v (%d → %d bytes), want %v", got, len(tc.json), len(v), tc.zstd)
-			}
+			form := none
 			inner := v
-			if tc.zstd {
+			switch {
+			case bytes.HasPrefix(v, zstdMagic):
+				form = frame
 				var err error
 				if inner, err = unpacker.DecodeAll(v, nil); err != nil {
 					t.Fatal(err)
 				}
+			case v[0] == huffTag:
+				form = huff
+				var err error
+				if inner, err = huffDecode(nil, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if form != tc.form {
+				t.Fatalf("form %d (%d → %d bytes), want %d", form, len(tc.json), len(v), tc.form)
 			}
 			if jsonpack.Packed(inner) != tc.packed {
 				t.Fatalf("packed: %v, want %v", jsonpack.Packed(inner), tc.packed)
@@ -55,7 +77,7 @@ func TestPackPayload(t *testing.T) {
 			if len(v) > len(tc.json) {
 				t.Fatalf("stored in %d bytes from %d", len(v), len(tc.json))
 			}
-			for _, stored := range [][]byte{v, []byte(tc.json)} {
+			for _, stored := range [][]byte{v, []byte(tc.json), jsonpack.Pack(nil, []byte(tc.json))} {
 				b, err := unpackPayload(stored)
 				if err != nil || string(b) != tc.json {
 					t.Fatalf("unpack: %q, %v", b, err)
@@ -64,12 +86,147 @@ func TestPackPayload(t *testing.T) {
 		})
 	}
 	v := packPayload([]byte(`{"result":"` + strings.Repeat("abc ", 1000) + `"}`))
+	h := packPayload([]byte(`{"result":"` + strings.Repeat("a receipt. ", 100) + `"}`))
 	small := packPayload([]byte(`{"args":{"path":"f.txt"},"salt":"00"}`))
-	for _, bad := range [][]byte{v[:len(v)/2], append(bytes.Clone(v[:len(v)-1]), v[len(v)-1]^1), small[:len(small)-1], append(bytes.Clone(small), 0)} {
+	for _, bad := range [][]byte{v[:len(v)/2], append(bytes.Clone(v[:len(v)-1]), v[len(v)-1]^1), h[:len(h)-1], append(bytes.Clone(h), 0), small[:len(small)-1], append(bytes.Clone(small), 0)} {
 		if b, err := unpackPayload(bad); err == nil {
 			t.Errorf("damaged payload of %d bytes read as %.40q", len(bad), b)
 		}
 	}
+}
+
+// goldenPayload is an fs.read payload and goldenHuffman its stored form:
+// huffTag, the uvarint length 533 of the packed payload (its path
+// stored once and referenced twice), huff0's table and stream.
+const goldenPayload = `{"args":{"path":"docs/notes.md"},"policy_input":{"agent_id":"agent-1","resources":[{"kind":"fs","op":"read","path":"docs/notes.md","real_path":"docs/notes.md","root":"/srv/ws"}],"side_effect":"READ","tool_id":"fs.read"},"policy_input_shares_args":true,"result":{"result":{"content":"The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. ","path":"docs/notes.md"},"status":"ok"},"salt":"be3d3b6a23fafb4de18fb41db8609db9221604bd7e0e3bc496243545ce55e0fa"}`
+
+const goldenHuffman = "02d50536401308007a8fb96f637025c3a864efae06295324e5f3fe38fe523d32913ebdbdd744ab02364950fb67c8f23c38a2996c46c23c1f8b03131a2e34b4b0e0604109160b81102a360c244861c2030a042748bcc0508386820fcbc70acf7830b95060c21102626599f50ecac879a739fa6bbd6cc4ae9e4e5ecb9e11937224ef6ecd3f6dc9f8967ffcc5585966bd833272de698efe5a2f1bb1aba793d7b267c4a41cc9bb5bf34f5b32bee51f7f31569659efa08c9c779aa3bfd6cb46eceae9e4b5ec19312947f2eed6fcd3968c6ff9c75f8c9565d63b2823e79de6e8aff5b211bb7a3a792d7b464cca91bcbb35ffb425e35bfef117636599f50ecac879a739fa6bbd6cc4ae9e4e5ecb9e11937224ef6ecd3f6dc9f8967ffcc5585966bd833272de698efe5a2f1bb1aba793d7b267c4a41cc9bb5bf34f5b32bee51f7f31569659efa08c9c779aa3bfd6cb46eceae9e4b5ec19312947f2eed6fcd3968c6ff9c75f8c9565d63b2823e79de6e8aff5b211bb7a3a792d7b464cca91bcbb35ffb425e35bfef117636599f50ecac879a739fa6bbd6cc4ae9e4e5ecb9e11937224ef6ecd3f6dc9f8967ffcc56cc0705141d221e988b14c3a0ce0f03199e8f370a91e2226708448e00801d940214300898c080d186cbb934408904098342014fd42cd4315d48c00911c900008"
+
+// TestPayloadHuffmanGolden: the golden stored form reads back to its
+// payload (what every kernel that wrote it must keep reading), and this
+// kernel stores the payload in exactly those bytes. A newer huff0 may
+// build other tables: then the second check fails, and a new golden form
+// goes next to this one, which must still read.
+func TestPayloadHuffmanGolden(t *testing.T) {
+	golden, err := hex.DecodeString(goldenHuffman)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := unpackPayload(golden); err != nil || string(b) != goldenPayload {
+		t.Fatalf("golden form reads as %.60q, %v", b, err)
+	}
+	if v := packPayload([]byte(goldenPayload)); !bytes.Equal(v, golden) {
+		t.Errorf("stored form of the golden payload:\n%x\nwant\n%x", v, golden)
+	}
+}
+
+// TestPayloadHuffmanDamaged: a Huffman coded payload that is cut short,
+// states another length or a length no stream of its size holds, has a
+// broken table, or decodes to bytes that are no payload is an error; any
+// byte changed reads as an error or as other text (which the commitments
+// refuse: TestPayloadHuffmanTampered), never a panic. (Like a zstd frame
+// without its checksum, the form does not itself detect a changed
+// symbol: the payload's commitments do.)
+func TestPayloadHuffmanDamaged(t *testing.T) {
+	golden, _ := hex.DecodeString(goldenHuffman)
+	_, k := binary.Uvarint(golden[1:])
+	withLen := func(n uint64) []byte {
+		return append(binary.AppendUvarint([]byte{huffTag}, n), golden[1+k:]...)
+	}
+	notPayload := huffCode(bytes.Repeat([]byte("no payload starts like this. "), 30))
+	if notPayload == nil {
+		t.Fatal("text did not code")
+	}
+	for _, tc := range []struct {
+		name string
+		v    []byte
+		want string
+	}{
+		{"tag only", []byte{huffTag}, "bad length"},
+		{"length 0", withLen(0), "bad length"},
+		{"length longer than 8 per byte", withLen(8*uint64(len(golden)) + 1), "bad length"},
+		{"length over huff0's block", withLen(huff0.BlockSizeMax + 1), "bad length"},
+		{"length one more", withLen(533 + 1), "Huffman coded payload of 489 bytes"},
+		{"length one less", withLen(533 - 1), "Huffman coded payload of 489 bytes"},
+		{"broken table", append(bytes.Clone(golden[:1+k]), bytes.Repeat([]byte{0xff}, 100)...), "table"},
+		{"not a payload", notPayload, "neither a packed value nor a JSON object"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if b, err := unpackPayload(tc.v); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("read as %.40q, %v; want an error with %q", b, err, tc.want)
+			}
+		})
+	}
+	for i := 1; i < len(golden); i++ {
+		if b, err := unpackPayload(golden[:i]); err == nil {
+			t.Errorf("cut to %d bytes: read as %.40q", i, b)
+		}
+	}
+	for i := range golden {
+		for _, x := range []byte{0x01, 0x80, 0xff} {
+			v := bytes.Clone(golden)
+			v[i] ^= x
+			unpackPayload(v) // an error, other text or (a padding bit) the same: no panic
+		}
+	}
+}
+
+// TestPayloadHuffmanTampered: a stored Huffman coded payload with a byte
+// of its text changed, or cut short, is reported as tampered by
+// verification at its seq.
+func TestPayloadHuffmanTampered(t *testing.T) {
+	h := newHarness(t)
+	h.write("f.txt", benchText(t, 1024))
+	r := h.invoke("fs.read", map[string]any{"path": "f.txt"})
+	mustOK(t, r)
+	k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
+	var stored []byte
+	h.k.View(func(tx *bbolt.Tx) error {
+		stored = bytes.Clone(tx.Bucket(bucketPayloads).Get(k))
+		return nil
+	})
+	if len(stored) == 0 || stored[0] != huffTag {
+		t.Fatalf("stored payload %.20x…: not Huffman coded", stored)
+	}
+	for _, tc := range []struct {
+		name string
+		v    []byte
+	}{
+		{"text changed", func() []byte { v := bytes.Clone(stored); v[len(v)/2] ^= 0x01; return v }()},
+		{"cut short", stored[:len(stored)-1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			put := func(v []byte) {
+				if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+					return tx.Bucket(bucketPayloads).Put(k, v)
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			put(tc.v)
+			defer put(stored)
+			c, err := h.k.Inspector().Verify(nil)
+			if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != r.LedgerSeq || !strings.Contains(c.Reason, "tampered") {
+				t.Fatalf("verify: %+v %v", c, err)
+			}
+		})
+	}
+	mustVerify(t, h.k.Inspector())
+}
+
+// FuzzUnpackPayload: any stored bytes read as an error or as at most
+// packMaxSize bytes, never a panic.
+func FuzzUnpackPayload(f *testing.F) {
+	golden, _ := hex.DecodeString(goldenHuffman)
+	f.Add(golden)
+	f.Add(packPayload([]byte(`{"result":"` + strings.Repeat("a receipt. ", 200) + `"}`)))
+	f.Add(packPayload([]byte(`{"args":{"path":"f.txt"},"salt":"00"}`)))
+	f.Add([]byte(`{"salt":"00"}`))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		if b, err := unpackPayload(v); err == nil && len(b) > packMaxSize {
+			t.Fatalf("%d bytes read as %d", len(v), len(b))
+		}
+	})
 }
 
 // BenchmarkPackPayload measures storing the payload of an fs.read of

@@ -130,7 +130,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		return nil, err
 	}
 	r.plannedRes = c.res
-	if err := k.db.Do(ctx, store.Op{Prepare: r.prepare, Work: r.work, Finish: r.finish}); err != nil {
+	if err := k.db.DoSteps(ctx, r); err != nil {
 		return nil, err
 	}
 	if r.newToken {
@@ -144,8 +144,9 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 	return &c.res, nil
 }
 
-// recording is one record's state across its transaction's steps, in
-// one allocation (closures would each capture their variables apart).
+// recording is one record's state across its transaction's steps (a
+// store.Steps), in one allocation: closures would each capture their
+// variables apart, and method values allocate each.
 type recording struct {
 	k          *Kernel
 	c          *call
@@ -161,9 +162,9 @@ type recording struct {
 	op         txn.Operation
 }
 
-// prepare appends the audit entry (planned, unless before changed the
+// Prepare appends the audit entry (planned, unless before changed the
 // outcome) and keeps its payload.
-func (r *recording) prepare(tx *bbolt.Tx) error {
+func (r *recording) Prepare(tx *bbolt.Tx) error {
 	k, c := r.k, r.c
 	defer k.onSequencer(time.Now())
 	ae := r.planned
@@ -189,8 +190,8 @@ func (r *recording) prepare(tx *bbolt.Tx) error {
 	return abortIf(putPayload(tx, r.a.Seq, ae.payload))
 }
 
-// work encodes the envelopes to store, in the batch's concurrent step.
-func (r *recording) work() (err error) {
+// Work encodes the envelopes to store, in the batch's concurrent step.
+func (r *recording) Work() (err error) {
 	c := r.c
 	if r.stored, err = storedEnvelope(&c.res); err != nil {
 		return err
@@ -205,8 +206,8 @@ func (r *recording) work() (err error) {
 	return err
 }
 
-// finish stores the envelope under the operation id, then runs after.
-func (r *recording) finish(tx *bbolt.Tx) (err error) {
+// Finish stores the envelope under the operation id, then runs after.
+func (r *recording) Finish(tx *bbolt.Tx) (err error) {
 	k, c := r.k, r.c
 	defer k.onSequencer(time.Now())
 	if c.minted && c.res.TxOutcome == NoOp {
@@ -234,7 +235,7 @@ func logged(a ledger.Appended) (*receipts.Logged, error) {
 	if err != nil {
 		return nil, fmt.Errorf("receipt of entry %d: %w", a.Seq, err)
 	}
-	return &receipts.Logged{Format: receipts.Format, Entry: string(a.Record), Inclusion: in, Checkpoint: a.Batch.SignedNote()}, nil
+	return &receipts.Logged{Format: receipts.Format, Entry: a.RecordText(), Inclusion: in, Checkpoint: a.Batch.SignedNote()}, nil
 }
 
 // storedEnvelope is the result envelope kept for r's operation id. A

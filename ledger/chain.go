@@ -133,7 +133,7 @@ type source interface {
 // Entry aliases the item's data (or, for a stored value, the record
 // unpacked from it into *unpacked), which stays valid until the item has
 // been consumed (OnEntry's Entry is valid only during the call).
-func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte) {
+func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte, leaf *blake3.Hasher) {
 	if it.err != nil {
 		return
 	}
@@ -154,7 +154,7 @@ func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte) {
 			// old array, which is not written again.
 			if out, rec, ok := unpackRecord(&r, *unpacked, it.data); ok {
 				*unpacked, it.data = out, rec[:len(rec):len(rec)]
-				it.prepared(&r)
+				it.prepared(&r, leaf)
 				return
 			}
 			n := len(*unpacked)
@@ -166,7 +166,7 @@ func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte) {
 		if it.prepareError = parseRecord(&r, it.data); it.prepareError != nil {
 			return
 		}
-		it.prepared(&r)
+		it.prepared(&r, leaf)
 		return
 	case itemCheckpointLine:
 		if it.prepareError = parseCheckpointLine(it); it.prepareError != nil {
@@ -181,11 +181,11 @@ func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte) {
 }
 
 // prepared sets the entry of an item from its parsed record r and hashes
-// it.
-func (it *item) prepared(r *record) {
+// it with the leaf hasher h.
+func (it *item) prepared(r *record, h *blake3.Hasher) {
 	it.stated, it.linkedTo = r.hash, r.prev
 	it.e = Entry{Seq: r.seq, Kind: alias(r.kind), Time: alias(r.time), PrevHash: alias(r.prevHex), Body: r.body, Hash: alias(r.hashHex)}
-	hashRecord(&it.sum, r, it.data)
+	hashRecordWith(h, &it.sum, r, it.data)
 }
 
 // alias returns b as a string sharing its memory.
@@ -210,16 +210,21 @@ func parseCheckpointLine(it *item) error {
 // batches in order.
 func (v *chain) run(src source) error {
 	workers := runtime.GOMAXPROCS(0)
-	work := make(chan *batch)
+	// Buffered, so that this goroutine queues batches and goes on
+	// consuming: with an unbuffered channel it waited in each send for a
+	// worker to be free, and a worker that finished while it consumed
+	// found nothing to do (an idle core on a machine of two).
+	work := make(chan *batch, 2*workers)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			leaf := keyedHasher(leafKey)().(*blake3.Hasher)
 			for b := range work {
 				b.unpacked = b.unpacked[:0]
 				for i := range b.items {
-					b.items[i].prepare(&v.opts, &b.unpacked)
+					b.items[i].prepare(&v.opts, &b.unpacked, leaf)
 				}
 				close(b.done)
 			}
@@ -265,7 +270,8 @@ func (v *chain) run(src source) error {
 				return err
 			}
 		}
-		clear(b.items) // drop the entries' memory
+		// The items are not cleared: the next fill sets each one whole,
+		// and until then they hold on to memory of this batch only.
 		free = append(free, b)
 	}
 }

@@ -332,11 +332,16 @@ func checkTime(t []byte) bool {
 // preimage appendPreimage writes.
 func hashRecord(sum *[32]byte, r *record, rec []byte) {
 	h := leafHashers.Get().(*blake3.Hasher)
+	hashRecordWith(h, sum, r, rec)
+	leafHashers.Put(h)
+}
+
+// hashRecordWith is hashRecord with the leaf hasher h.
+func hashRecordWith(h *blake3.Hasher, sum *[32]byte, r *record, rec []byte) {
 	h.Reset()
 	h.Write(rec[:r.hashAt])
 	h.Write(rec[r.hashEnd:])
 	h.Sum(sum[:0])
-	leafHashers.Put(h)
 }
 
 // decodeRecord decodes a stored record into e, which shares no memory with

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeebo/blake3"
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/internal/jsonpack"
@@ -239,12 +240,13 @@ func BenchmarkPrepareRecord(b *testing.B) {
 	}{{"json", mustLoad(b, v)}, {"packed", v}} {
 		b.Run(form.name, func(b *testing.B) {
 			var buf []byte
+			leaf := keyedHasher(leafKey)().(*blake3.Hasher)
 			for b.Loop() {
-				it := item{kind: itemEntry, data: form.v, stored: true}
+				it := item{kind: itemEntry, data: form.v, key: seqKey(0), stored: true}
 				buf = buf[:0]
-				it.prepare(&VerifyOptions{}, &buf)
-				if it.prepareError != nil {
-					b.Fatal(it.prepareError)
+				it.prepare(&VerifyOptions{}, &buf, leaf)
+				if it.err != nil || it.prepareError != nil {
+					b.Fatal(it.err, it.prepareError)
 				}
 			}
 		})

@@ -179,7 +179,7 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	}
 	for src.walk.k != nil {
 		it := src.walk.next()
-		it.prepare(&v.opts, nil)
+		it.prepare(&v.opts, nil, nil)
 		if err := v.consume(&it); err != nil {
 			return v.report, err
 		}

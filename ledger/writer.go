@@ -84,6 +84,10 @@ type Appended struct {
 	Batch *Batch
 }
 
+// RecordText returns Record as a string that shares its memory (Record is
+// never written again): a receipt's copy of the record without a copy.
+func (a Appended) RecordText() string { return alias(a.Record) }
+
 // Append is AppendCanonical for a body not yet canonicalized.
 func (w *Writer) Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Appended, error) {
 	c, err := Canonicalize(body)
@@ -141,6 +145,9 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if !putTime(&tb, t) {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, FormatTime(t), TimeLayout)
 	}
+	// Keys only ever grow (on each level of the tree), so pages can be
+	// filled completely before they split.
+	entries.FillPercent, tree.FillPercent = 1, 1
 	if !p.checked {
 		// Once per edge established in tx: nothing may be stored at or
 		// after the head, which every later append of tx then extends.
@@ -153,7 +160,7 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	}
 	// The record, with the entry hash written in last: the preimage is
 	// the record without its entry_hash member (hashRecord).
-	rec := make([]byte, 0, recordLen(&e)+len(digest.Prefix)+hexDigestLen)
+	rec := make([]byte, 0, recordLen(&e)+len(digest.Prefix)+hexDigestLen+timeLen) // e.Hash and e.Time are not set yet
 	rec = append(append(rec, recHead...), e.Body...)
 	hashAt := len(rec)
 	rec = append(rec, recHash...)

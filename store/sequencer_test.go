@@ -94,35 +94,31 @@ func TestSequencerResultsAreTheirOwn(t *testing.T) {
 }
 
 // TestDoRunsWorkBetweenPrepareAndFinish: Work sees what Prepare computed,
-// Finish sees Work's result, and a failing Work aborts only its op.
+// Finish sees Work's result, and a failing Work aborts only its op; for
+// ops of functions (Do) and of methods (DoSteps) alike, in one batch.
 func TestDoRunsWorkBetweenPrepareAndFinish(t *testing.T) {
 	d := openTest(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 20)
+	failing := func(i int) bool { return i == 7 || i == 8 }
 	for i := range 20 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var staged, worked string
-			errs[i] = d.Do(context.Background(), Op{
-				Prepare: func(tx *bbolt.Tx) error { staged = fmt.Sprint("p", i); return put(staged)(tx) },
-				Work: func() error {
-					if i == 7 {
-						return errors.New("work failed")
-					}
-					worked = staged + "w"
-					return nil
-				},
-				Finish: func(tx *bbolt.Tx) error { return put(worked)(tx) },
-			})
+			s := &testSteps{i: i, fail: failing(i)}
+			if i%2 == 1 {
+				errs[i] = d.DoSteps(context.Background(), s)
+				return
+			}
+			errs[i] = d.Do(context.Background(), Op{Prepare: s.Prepare, Work: s.Work, Finish: s.Finish})
 		}()
 	}
 	wg.Wait()
 	got := keys(t, d)
 	for i := range 20 {
-		if i == 7 {
-			if errs[i] == nil || got["p7"] || got["p7w"] {
-				t.Fatalf("failed Work: err %v, writes %v %v", errs[i], got["p7"], got["p7w"])
+		if failing(i) {
+			if p := fmt.Sprint("p", i); errs[i] == nil || got[p] || got[p+"w"] {
+				t.Fatalf("failed Work of op %d: err %v, writes %v %v", i, errs[i], got[p], got[p+"w"])
 			}
 			continue
 		}
@@ -131,6 +127,29 @@ func TestDoRunsWorkBetweenPrepareAndFinish(t *testing.T) {
 		}
 	}
 }
+
+// testSteps puts "p<i>" in Prepare and "p<i>w" in Finish, made by Work
+// from what Prepare staged; Work fails when fail is set.
+type testSteps struct {
+	i              int
+	fail           bool
+	staged, worked string
+}
+
+func (s *testSteps) Prepare(tx *bbolt.Tx) error {
+	s.staged = fmt.Sprint("p", s.i)
+	return put(s.staged)(tx)
+}
+
+func (s *testSteps) Work() error {
+	if s.fail {
+		return errors.New("work failed")
+	}
+	s.worked = s.staged + "w"
+	return nil
+}
+
+func (s *testSteps) Finish(tx *bbolt.Tx) error { return put(s.worked)(tx) }
 
 func TestCloseAndLock(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")

@@ -126,9 +126,35 @@ type DB struct {
 }
 
 type request struct {
-	op   Op
-	err  error
-	done chan struct{} // nil for UpdateAsync and UpdateLazy
+	op    Op
+	steps Steps // instead of op, when set
+	err   error
+	done  chan struct{} // nil for UpdateAsync and UpdateLazy
+}
+
+func (r *request) prepare(tx *bbolt.Tx) error {
+	if r.steps != nil {
+		return r.steps.Prepare(tx)
+	}
+	return r.op.Prepare(tx)
+}
+
+func (r *request) hasWork() bool { return r.steps != nil || r.op.Work != nil }
+
+func (r *request) work() error {
+	if r.steps != nil {
+		return r.steps.Work()
+	}
+	return r.op.Work()
+}
+
+func (r *request) hasFinish() bool { return r.steps != nil || r.op.Finish != nil }
+
+func (r *request) finish(tx *bbolt.Tx) error {
+	if r.steps != nil {
+		return r.steps.Finish(tx)
+	}
+	return r.op.Finish(tx)
 }
 
 // Op is a write in three steps. Within one batch, every op's Prepare runs
@@ -145,6 +171,14 @@ type Op struct {
 	Prepare func(*bbolt.Tx) error
 	Work    func() error
 	Finish  func(*bbolt.Tx) error
+}
+
+// Steps is an Op's three steps as methods (DoSteps), for a caller that
+// keeps its state in one value: an Op of method values allocates each.
+type Steps interface {
+	Prepare(*bbolt.Tx) error
+	Work() error
+	Finish(*bbolt.Tx) error
 }
 
 type abortError struct{ err error }
@@ -200,7 +234,15 @@ func (d *DB) Update(ctx context.Context, fn func(*bbolt.Tx) error) error {
 
 // Do runs op in a group-committed write transaction, as Update does fn.
 func (d *DB) Do(ctx context.Context, op Op) error {
-	r := &request{op: op, done: make(chan struct{})}
+	return d.do(ctx, &request{op: op, done: make(chan struct{})})
+}
+
+// DoSteps is Do of the Op s's methods make.
+func (d *DB) DoSteps(ctx context.Context, s Steps) error {
+	return d.do(ctx, &request{steps: s, done: make(chan struct{})})
+}
+
+func (d *DB) do(ctx context.Context, r *request) error {
 	if err := d.enqueue(ctx, r); err != nil {
 		return err
 	}
@@ -445,7 +487,7 @@ func (d *DB) failBatch(batch []*request, err error) error {
 func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 	live := batch[:0:0]
 	for _, r := range batch {
-		r.err = run(func() error { return r.op.Prepare(tx) })
+		r.err = run(func() error { return r.prepare(tx) })
 		if isAbort(r.err) {
 			return r.err
 		}
@@ -465,9 +507,9 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 		work = append(work, func() { batchErr = run(batchWork) })
 	}
 	for _, r := range live {
-		if r.op.Work != nil {
+		if r.hasWork() {
 			work = append(work, func() {
-				if err := run(r.op.Work); err != nil {
+				if err := run(r.work); err != nil {
 					r.err = Abort(err)
 				}
 			})
@@ -481,10 +523,10 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 		if r.err != nil {
 			return r.err
 		}
-		if r.op.Finish == nil {
+		if !r.hasFinish() {
 			continue
 		}
-		if err := run(func() error { return r.op.Finish(tx) }); err != nil {
+		if err := run(func() error { return r.finish(tx) }); err != nil {
 			r.err = Abort(err)
 			return r.err
 		}

@@ -9,15 +9,14 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"github.com/zeebo/blake3"
+	"golang.org/x/sys/unix"
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/jcs"
@@ -52,38 +51,35 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 		return Output{}, err
 	}
 	r := c.Resources[0]
-	// O_NONBLOCK: opening a FIFO must not wait for a writer; what is not a
-	// regular file is refused right after.
-	f, err := r.Root.OpenFile(r.Rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// What is not a regular file is refused right after the open (which
+	// does not wait for a FIFO's writer).
+	fd, err := r.openRead()
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, &os.PathError{Op: "fstat", Path: r.Rel, Err: err})
 	}
-	switch {
-	case fi.IsDir():
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
 		return Output{}, fmt.Errorf("fs.read %s: is a directory (use fs.list)", a.Path)
-	case !fi.Mode().IsRegular():
+	case unix.S_IFREG:
+	default:
 		return Output{}, fmt.Errorf("fs.read %s: not a regular file", a.Path)
 	}
 	limit := c.MaxReadBytes
 	if a.MaxBytes > 0 && (limit <= 0 || a.MaxBytes < limit) {
 		limit = a.MaxBytes
 	}
-	if a.Offset != 0 {
-		if _, err := f.Seek(a.Offset, io.SeekStart); err != nil {
-			return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
-		}
-	}
 	// Read one byte past the limit to learn whether there is more, into a
 	// buffer of the size the file had (it may have changed since).
-	want := min(limit+1, max(fi.Size()-a.Offset, 0)+1)
-	data, err := readUpTo(f, limit+1, want)
+	size := st.Size
+	want := min(limit+1, max(size-a.Offset, 0)+1)
+	data, err := preadUpTo(fd, a.Offset, limit+1, want)
 	if err != nil {
-		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, err)
+		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, &os.PathError{Op: "read", Path: r.Rel, Err: err})
 	}
 	truncated := int64(len(data)) > limit
 	if truncated {
@@ -99,7 +95,7 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 		Size          int64   `json:"size"`
 		Truncated     bool    `json:"truncated"`
 	}
-	res.BytesReturned, res.Offset, res.Path, res.Size, res.Truncated = len(data), a.Offset, a.Path, fi.Size(), truncated
+	res.BytesReturned, res.Offset, res.Path, res.Size, res.Truncated = len(data), a.Offset, a.Path, size, truncated
 	o := jcs.Object{B: make([]byte, 0, len(data)+len(a.Path)+128)}
 	o.Int("bytes_returned", int64(len(data)))
 	var content string
@@ -114,36 +110,16 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	}
 	o.Int("offset", a.Offset)
 	o.Str("path", a.Path)
-	o.Int("size", fi.Size())
+	o.Int("size", size)
 	o.Bool("truncated", truncated)
 	canon := o.End()
-	if jcs.Plain(content) && jcs.Plain(a.Path) && fi.Size() <= 1<<53 && a.Offset <= 1<<53 {
+	if jcs.Plain(content) && jcs.Plain(a.Path) && size <= 1<<53 && a.Offset <= 1<<53 {
 		// json.Marshal(&res) would write these very bytes.
 		return Output{Result: canon, Canonical: canon}, nil
 	}
 	out, err := output(&res)
 	out.Canonical = canon
 	return out, err
-}
-
-// readUpTo reads r to its end or to max bytes, into a buffer of hint
-// bytes to begin with (at most 1 MiB: hint may be stale or large).
-func readUpTo(r io.Reader, max, hint int64) ([]byte, error) {
-	b := make([]byte, 0, min(hint, max, 1<<20))
-	for int64(len(b)) < max {
-		if len(b) == cap(b) {
-			b = slices.Grow(b, 1)
-		}
-		n, err := r.Read(b[len(b):min(int64(cap(b)), max)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
-	return b, nil
 }
 
 type fsList struct{}

@@ -182,11 +182,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	// Wire bytes (headers included) are counted; net_bytes is charged
 	// with them, whatever the outcome.
 	var wire atomic.Int64
-	defer func() {
-		if c.Charge != nil {
-			c.Charge(BudgetNetBytes, wire.Load())
-		}
-	}()
+	defer func() { c.Charge(BudgetNetBytes, wire.Load()) }()
 	guard := &netproxy.Guard{Explicit: g.NamesHost, Lookup: f.o.Lookup, Timeout: timeout}
 	tr := &http.Transport{
 		Proxy: nil,
@@ -217,11 +213,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if hp, err := target(first); err == nil {
 		trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: method})
 	}
-	defer func() {
-		if c.Note != nil {
-			c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load()})
-		}
-	}()
+	defer func() { c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load()}) }()
 	client := &http.Client{
 		Transport: tr,
 		Timeout:   timeout,

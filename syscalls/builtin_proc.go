@@ -202,12 +202,8 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	res, err := e.o.Sandbox.Run(ctx, prof, cmd)
 	if proxy != nil {
 		proxy.Close()
-		if c.Note != nil {
-			c.Note("net_connections", proxy.Records())
-		}
-		if c.Charge != nil {
-			c.Charge(BudgetNetBytes, proxy.BytesUsed())
-		}
+		c.Note("net_connections", proxy.Records())
+		c.Charge(BudgetNetBytes, proxy.BytesUsed())
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -218,17 +214,9 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	// The staging goes once the delta is staged (its content copied into
 	// the call's stage): in the background, while the kernel records the
 	// call, where it can.
-	defer func() {
-		if c.Cleanup != nil {
-			c.Cleanup(func() { res.Close() })
-		} else {
-			res.Close()
-		}
-	}()
+	defer c.Cleanup(func() { res.Close() })
 	cpuMS := int64(math.Ceil(float64(res.CPUTime()) / float64(time.Millisecond)))
-	if c.Charge != nil {
-		c.Charge(BudgetCPUMillis, cpuMS)
-	}
+	c.Charge(BudgetCPUMillis, cpuMS)
 	switch {
 	case res.TimedOut:
 		return Output{}, fail(FailTimeout, "proc.exec %q did not finish within %s: SIGTERM, then SIGKILL after the grace; nothing it wrote is applied", a.Argv[0], timeout)

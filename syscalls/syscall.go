@@ -217,27 +217,71 @@ type Call struct {
 	MaxReadBytes int64
 	// Grant is set for syscalls with a Reach.
 	Grant *Grant
-	// Charge records budget units the execution consumed (cpu_ms,
-	// net_bytes); the kernel charges them whether the call commits or not.
-	// Nil when nothing is charged.
-	Charge func(budget string, n int64)
-	// Note adds a detail to the call's audit record under key (the network
-	// connections of a call, for instance). Nil when nothing is recorded.
-	Note func(key string, v any)
+	// Host is the kernel's side of the call (see Charge, Note and
+	// Cleanup); nil for none.
+	Host Host
 	// Gate, set for Gated syscalls, blocks until the kernel has made the
 	// call's intent durable and returns nil, or returns why the call does
 	// not proceed (it was refused at prepare, or replays another).
 	Gate func() error
-	// Cleanup, when set, runs f in the background: work the syscall
-	// leaves once it no longer needs a resource (removing scratch files),
-	// which then overlaps the recording of the call. The kernel waits for
-	// it before it answers the call. Nil: the syscall does the work itself.
-	Cleanup func(f func())
-	// After, when set, runs f in the background once the call has been
-	// answered: work for later calls (proc.exec: starting the sandbox's
-	// next spare chain), which then competes with nothing of this call's
-	// (its record's commit). Nil: the syscall does the work itself.
-	After func(f func())
+}
+
+// Host is what the kernel does for a running syscall beyond its
+// arguments; a Call's methods of the same names go to it.
+type Host interface {
+	// Charge records budget units the execution consumed (cpu_ms,
+	// net_bytes); the kernel charges them whether the call commits or
+	// not.
+	Charge(budget string, n int64)
+	// Note adds a detail to the call's audit record under key (the
+	// network connections of a call, for instance).
+	Note(key string, v any)
+	// Cleanup runs f in the background: work the syscall leaves once it
+	// no longer needs a resource (removing scratch files), which then
+	// overlaps the recording of the call. The kernel waits for it before
+	// it answers the call.
+	Cleanup(f func())
+	// After runs f in the background once the call has been answered:
+	// work for later calls (proc.exec: starting the sandbox's next spare
+	// chain), which then competes with nothing of this call's (its
+	// record's commit).
+	After(f func())
+}
+
+// Charge records budget units the execution consumed (Host.Charge);
+// without a Host nothing is charged.
+func (c *Call) Charge(budget string, n int64) {
+	if c.Host != nil {
+		c.Host.Charge(budget, n)
+	}
+}
+
+// Note adds a detail to the call's audit record (Host.Note); without a
+// Host nothing is recorded.
+func (c *Call) Note(key string, v any) {
+	if c.Host != nil {
+		c.Host.Note(key, v)
+	}
+}
+
+// After runs f once the call has been answered (Host.After), or, without
+// a Host, at once.
+func (c *Call) After(f func()) {
+	if c.Host == nil {
+		f()
+		return
+	}
+	c.Host.After(f)
+}
+
+// Cleanup runs f in the background (Host.Cleanup), or, without a Host,
+// at once.
+func (c *Call) Cleanup(f func()) {
+	if c.Host == nil {
+		f()
+		return
+	}
+	c.Host.Cleanup(f)
 }
 
 // TreeStager is implemented by stagers that can also stage streamed file

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,7 +33,9 @@ type Workspace struct {
 type mount struct {
 	RootSpec
 	root *os.Root
-	real string // the root directory's path with symlinks resolved
+	dir  *os.File        // the root directory
+	conn syscall.RawConn // dir's, for openat2 (openRead)
+	real string          // the root directory's path with symlinks resolved
 }
 
 // OpenWorkspace opens roots. Each must be an absolute path to an existing
@@ -55,7 +58,21 @@ func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
 			w.Close()
 			return nil, fmt.Errorf("workspace root %s: %w", r.Path, err)
 		}
-		w.mounts = append(w.mounts, mount{RootSpec: RootSpec{Path: filepath.Clean(r.Path), Writable: r.Writable}, root: root, real: real})
+		// The root directory itself, as a descriptor for openat2 (see
+		// openRead); opened through root, so it is the very directory.
+		dir, err := root.Open(".")
+		var conn syscall.RawConn
+		if err == nil {
+			if conn, err = dir.SyscallConn(); err != nil {
+				dir.Close()
+			}
+		}
+		if err != nil {
+			root.Close()
+			w.Close()
+			return nil, fmt.Errorf("workspace root %s: %w", r.Path, err)
+		}
+		w.mounts = append(w.mounts, mount{RootSpec: RootSpec{Path: filepath.Clean(r.Path), Writable: r.Writable}, root: root, dir: dir, conn: conn, real: real})
 	}
 	return w, nil
 }
@@ -96,7 +113,7 @@ func openRoot(r RootSpec) (*os.Root, error) {
 func (w *Workspace) Close() error {
 	var errs []error
 	for _, m := range w.mounts {
-		errs = append(errs, m.root.Close())
+		errs = append(errs, m.root.Close(), m.dir.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -114,6 +131,7 @@ type Resource struct {
 	IsDir    bool
 	Size     int64
 	Access   Access
+	dir      syscall.RawConn // the root directory's (the Workspace's), for openRead; nil for none
 }
 
 // ScopeError is a path outside the token's scopes; the kernel reports it as
@@ -198,7 +216,7 @@ func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 	if a == AccessDelete && rel == "." {
 		return nil, &ScopeError{Path: p, Reason: "a root cannot be deleted"}
 	}
-	r := &Resource{Root: m.root, RootPath: m.Path, RealRoot: m.real, Rel: filepath.ToSlash(rel), Access: a}
+	r := &Resource{Root: m.root, RootPath: m.Path, RealRoot: m.real, Rel: filepath.ToSlash(rel), Access: a, dir: m.conn}
 	lfi, err := m.root.Lstat(rel)
 	switch {
 	case isEscape(err):

@@ -353,14 +353,29 @@ func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
 	if !fi.Mode().IsRegular() {
 		return "", fi.Mode(), fmt.Errorf("%s: %w", rel, errNotRegular)
 	}
-	h := blake3.New()
-	if _, err := io.Copy(h, f); err != nil {
+	hb := hashers.Get().(*hashBuf)
+	defer hashers.Put(hb)
+	hb.h.Reset()
+	// Read only through Read: *os.File's WriteTo would copy through a
+	// 32 KiB buffer of its own, per file.
+	if _, err := io.CopyBuffer(&hb.h, struct{ io.Reader }{f}, hb.buf[:]); err != nil {
 		return "", 0, fmt.Errorf("read %s: %w", rel, err)
 	}
 	var sum [digest.Size]byte
-	h.Sum(sum[:0])
+	hb.h.Sum(sum[:0])
 	return digest.Format(sum), fi.Mode(), nil
 }
+
+// hashBuf is a BLAKE3 hasher and a read buffer, reused across hashFile
+// calls: each would otherwise allocate 8 KiB of hasher and 32 KiB of
+// buffer, several times per fs.write (the old content, preconditions,
+// the staged file at apply).
+type hashBuf struct {
+	h   blake3.Hasher
+	buf [32 << 10]byte
+}
+
+var hashers = sync.Pool{New: func() any { return &hashBuf{h: *blake3.New()} }}
 
 // isStaging reports whether name is a staging or trash file of operation op.
 func isStaging(name, op string) bool {

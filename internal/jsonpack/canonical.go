@@ -1,6 +1,9 @@
 package jsonpack
 
-import "bytes"
+import (
+	"bytes"
+	"encoding/binary"
+)
 
 // The canonical check of a decoder in check mode is conservative: it
 // vouches that the text it wrote is in RFC 8785 canonical form only when
@@ -28,6 +31,16 @@ var plainBytes = func() (t [256]bool) {
 }()
 
 func plain(b []byte) bool {
+	// 8 bytes at a time (jcs.CheckCanonical does the same): each test
+	// is exact for the word as a whole.
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for ; len(b) >= 8; b = b[8:] {
+		w := binary.LittleEndian.Uint64(b)
+		zero := func(v uint64) uint64 { return (v - ones) &^ v }
+		if (w|(w-0x20*ones)&^w|zero(w^'"'*ones)|zero(w^'\\'*ones))&highs != 0 {
+			return false
+		}
+	}
 	for _, c := range b {
 		if !plainBytes[c] {
 			return false

@@ -61,6 +61,7 @@ const (
 	opTime   = 0xED // 1 byte d ≤ 9, varint seconds since 1970, uvarint f: RFC 3339 UTC with d fraction digits
 	opSuffix = 0xEE // uvarint n, n bytes, 32 bytes: the n bytes, then "blake3:" and the hex of the 32
 	opRaw    = 0xEF // right after Tag only: the rest of the value, as is
+	opRef    = 0xF0 // uvarint o: the string whose opShort or opStr token is at byte o of the value, again
 	shortMax = opSmall - opShort - 1
 	smallMax = opStr - opSmall - 1
 )
@@ -78,7 +79,16 @@ const maxDepth = 64
 // with Tag, which no JSON text does, Tag, opRaw and src). It never fails.
 // It checks its own output by unpacking it, so Unpack(Pack(b)) == b for
 // every b.
-func Pack(dst, src []byte) []byte {
+func Pack(dst, src []byte) []byte { return pack(dst, src, false) }
+
+// PackRefs is Pack, except that a string value of at least refMin bytes
+// that repeats an earlier string value is stored as a reference to it
+// (opRef). Audit payloads name a call's path up to four times (args,
+// policy input, result); entropy coding without match finding cannot
+// shorten such repeats, references do.
+func PackRefs(dst, src []byte) []byte { return pack(dst, src, true) }
+
+func pack(dst, src []byte, refs bool) []byte {
 	if len(src) > 0 && src[0] == Tag {
 		return append(append(dst, Tag, opRaw), src...)
 	}
@@ -86,7 +96,16 @@ func Pack(dst, src []byte) []byte {
 		return dst
 	}
 	start := len(dst)
-	e := encoder{src: src, out: append(dst, Tag)}
+	e := encoder{src: src, out: append(dst, Tag), start: start, refs: refs}
+	if refs {
+		sp := seenBufs.Get().(*[]refString)
+		e.seen = (*sp)[:0]
+		defer func() {
+			clear(e.seen) // let go of src
+			*sp = e.seen[:0]
+			seenBufs.Put(sp)
+		}()
+	}
 	if e.value(0) && e.pos == len(src) && len(e.out)-start < len(src) && unpacksTo(e.out[start:], 1, src) {
 		return e.out
 	}
@@ -136,10 +155,40 @@ func Unpack(dst, v []byte) ([]byte, error) {
 
 // encoder packs src from pos into out.
 type encoder struct {
-	src []byte
-	pos int
-	out []byte
+	src   []byte
+	pos   int
+	out   []byte
+	start int // where the value starts in out (its Tag)
+
+	// With refs set, a string value equal to one of seen is stored as
+	// opRef; refBytes counts the text references stand for, which must
+	// stay within refBudget of the value so far (the decoder enforces it).
+	refs     bool
+	seen     []refString
+	refBytes int
 }
+
+// refString is a string value stored as text at byte off of the value.
+type refString struct {
+	off  int
+	text []byte
+}
+
+// seenBufs holds the encoder's lists of strings for PackRefs.
+var seenBufs = sync.Pool{New: func() any { return new([]refString) }}
+
+// refMin is the shortest string PackRefs stores as a reference (a
+// reference takes 2 or 3 bytes); refMax bounds the strings it remembers.
+const (
+	refMin = 6
+	refMax = 64
+)
+
+// refBudget bounds the text references stand for: at most refBudget
+// times the bytes of the value before the reference. Without a bound a
+// damaged value of n bytes could unpack to n² bytes (each 3-byte
+// reference repeating the longest string).
+const refBudget = 4
 
 // value packs the JSON value at pos; false means src is not JSON this
 // encoder packs.
@@ -311,7 +360,30 @@ func (e *encoder) text(s []byte) {
 		e.out, _ = hex.AppendDecode(e.out, s[n+len(digestPrefix):])
 		return
 	}
+	if e.refs && len(s) >= refMin && e.ref(s) {
+		return
+	}
 	e.literalString(s)
+}
+
+// ref stores s as a reference to an earlier string value equal to it and
+// reports whether it did; else it remembers where s is about to be stored.
+func (e *encoder) ref(s []byte) bool {
+	at := len(e.out) - e.start
+	for _, r := range e.seen {
+		if bytes.Equal(r.text, s) {
+			if e.refBytes+len(s) > refBudget*at {
+				return false
+			}
+			e.refBytes += len(s)
+			e.out = binary.AppendUvarint(append(e.out, opRef), uint64(r.off))
+			return true
+		}
+	}
+	if len(e.seen) < refMax {
+		e.seen = append(e.seen, refString{at, s})
+	}
+	return false
 }
 
 // number packs the number at pos: integers without leading zeros in binary,
@@ -473,6 +545,8 @@ type decoder struct {
 	depth   int
 	objects uint64
 	first   bool
+
+	refBytes int // the text opRef tokens stood for so far (refBudget)
 
 	// With check set, the decoder vouches for the RFC 8785 canonical form
 	// of what it writes where it can (canonical.go): it sets unsure
@@ -764,9 +838,47 @@ func (d *decoder) scalar(c byte) error {
 		d.out = append(d.out, '"')
 	case opTime:
 		return d.time()
+	case opRef:
+		return d.ref()
 	default:
 		return fmt.Errorf("unknown token %#x", c)
 	}
+	return nil
+}
+
+// ref decodes an opRef value: the string token it names must start
+// before the reference (so references never chain or loop) and decode
+// within the value, and the text of all references must stay within
+// refBudget times the bytes before each.
+func (d *decoder) ref() error {
+	at := d.pos - 1
+	o, err := d.uvarint()
+	if err != nil {
+		return err
+	}
+	if o == 0 || o >= uint64(at) || d.in[o] < opShort || d.in[o] >= opSmall && d.in[o] != opStr {
+		return fmt.Errorf("reference to byte %d: no string token there", o)
+	}
+	r := decoder{in: d.in[:at], pos: int(o) + 1}
+	n := uint64(d.in[o] - opShort)
+	if d.in[o] == opStr {
+		if n, err = r.uvarint(); err != nil {
+			return fmt.Errorf("reference to byte %d: %w", o, err)
+		}
+	}
+	b, err := r.bytes(n)
+	if err != nil {
+		return fmt.Errorf("reference to byte %d: %w", o, err)
+	}
+	if d.refBytes += len(b); d.refBytes > refBudget*at {
+		return fmt.Errorf("references stand for more than %d times the bytes before them", refBudget)
+	}
+	if d.check && !plain(b) {
+		d.unsure = true
+	}
+	d.out = append(d.out, '"')
+	d.out = append(d.out, b...)
+	d.out = append(d.out, '"')
 	return nil
 }
 

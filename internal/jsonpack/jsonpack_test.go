@@ -98,6 +98,13 @@ func TestUndecodable(t *testing.T) {
 		{"fraction too big", []byte{Tag, opTime, 1, 0, 10}, "time out of range"},
 		{"year 10000", append(append([]byte{Tag, opTime, 0}, varint(maxSec)...), 0), "time out of range"},
 		{"unclosed", []byte{Tag, opArr, opArr, opEnd}, "truncated"},
+		{"reference to the tag", []byte{Tag, opArr, opShort + 1, 'a', opRef, 0, opEnd}, "no string token"},
+		{"reference to itself", []byte{Tag, opArr, opShort + 1, 'a', opRef, 4, opEnd}, "no string token"},
+		{"reference ahead", []byte{Tag, opArr, opRef, 4, opShort + 1, 'a', opEnd}, "no string token"},
+		{"reference to a number", []byte{Tag, opArr, opSmall + 1, opRef, 2, opEnd}, "no string token"},
+		{"reference across itself", []byte{Tag, opArr, opShort + 5, 'a', opRef, 2, opEnd}, "truncated"},
+		{"reference as name", []byte{Tag, opObj, opShort + 1, 'a', opNull, opRef, 2, opNull, opEnd}, "not a member name"},
+		{"references beyond the budget", refFlood(), "stand for more than"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,16 +132,21 @@ func FuzzRoundTrip(f *testing.F) {
 		f.Add([]byte(s))
 		f.Add(Pack(nil, []byte(s)))
 	}
+	f.Add(PackRefs(nil, []byte(refSample)))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v := Pack(nil, b)
-		back, err := Unpack(nil, v)
-		if err != nil || !bytes.Equal(back, b) {
-			t.Fatalf("Unpack(Pack(%q)) = %q, %v", b, back, err)
+		for _, pack := range []func(dst, src []byte) []byte{Pack, PackRefs} {
+			v := pack(nil, b)
+			back, err := Unpack(nil, v)
+			if err != nil || !bytes.Equal(back, b) {
+				t.Fatalf("Unpack(Pack(%q)) = %q, %v", b, back, err)
+			}
+			if len(v) > len(b) && b[0] != Tag {
+				t.Fatalf("Pack(%q) grew to %d bytes", b, len(v))
+			}
 		}
-		if len(v) > len(b) && b[0] != Tag {
-			t.Fatalf("Pack(%q) grew to %d bytes", b, len(v))
+		if out, err := Unpack(nil, b); err == nil && len(out) > (refBudget+32)*len(b) { // any bytes: no panic, bounded output
+			t.Fatalf("Unpack of %d bytes gave %d", len(b), len(out))
 		}
-		Unpack(nil, b) // any bytes: no panic
 	})
 }
 
@@ -338,6 +350,7 @@ func FuzzCanonicalCheck(f *testing.F) {
 		f.Add(Pack(nil, []byte(s)))
 	}
 	f.Add(Pack(nil, []byte(`{"b":1,"a":2}`)))
+	f.Add(PackRefs(nil, []byte(refSample)))
 	f.Fuzz(func(t *testing.T, v []byte) {
 		if !Packed(v) {
 			return
@@ -350,6 +363,30 @@ func FuzzCanonicalCheck(f *testing.F) {
 			t.Fatalf("vouched for %q (from %x), which is not canonical: %v", d.out, v, err)
 		}
 	})
+}
+
+// TestPlain compares plain, which tests 8 bytes at a time, with
+// plainBytes byte by byte, over random strings of up to 40 bytes drawn
+// from the bytes at the edges of what it tests.
+func TestPlain(t *testing.T) {
+	edges := []byte{0x00, 0x1f, 0x20, 0x21, '"', 0x23, 'a', 0x5b, '\\', 0x5d, 0x7e, 0x7f, 0x80, 0xa2, 0xdc, 0xff}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 300_000 {
+		b := make([]byte, rng.IntN(41))
+		for i := range b {
+			b[i] = 'x'
+			if rng.IntN(12) == 0 {
+				b[i] = edges[rng.IntN(len(edges))]
+			}
+		}
+		want := true
+		for _, c := range b {
+			want = want && plainBytes[c]
+		}
+		if got := plain(b); got != want {
+			t.Fatalf("plain(%q) = %v, want %v", b, got, want)
+		}
+	}
 }
 
 // TestDictLookup: every dictionary string is found at its index, as a
@@ -374,4 +411,46 @@ func TestDictLookup(t *testing.T) {
 			t.Errorf("lookup(%q) = %d", s, b)
 		}
 	}
+}
+
+// refSample repeats a path the way an audit payload does.
+const refSample = `{"args":{"path":"docs/notes/kernel.md"},"policy_input":{"resources":[{"path":"docs/notes/kernel.md","real_path":"docs/notes/kernel.md"}]},"result":{"path":"docs/notes/kernel.md","short":"f.txt","short2":"f.txt"}}`
+
+// TestPackRefs: PackRefs stores a repeated string of refMin bytes or more
+// as a reference (shorter than Pack), shorter ones as text; Pack makes no
+// references; both unpack to their input.
+func TestPackRefs(t *testing.T) {
+	src := []byte(refSample)
+	plain, refs := Pack(nil, src), PackRefs(nil, src)
+	if n := bytes.Count(refs, []byte{opRef}); n != 3 || bytes.IndexByte(plain, opRef) >= 0 {
+		t.Fatalf("PackRefs made %d references (want 3), Pack %d", n, bytes.Count(plain, []byte{opRef}))
+	}
+	if want := len(plain) - 3*(len("docs/notes/kernel.md")+1-2); len(refs) != want {
+		t.Errorf("PackRefs: %d bytes, want %d (Pack: %d)", len(refs), want, len(plain))
+	}
+	for _, v := range [][]byte{plain, refs} {
+		if back, err := Unpack(nil, v); err != nil || string(back) != refSample {
+			t.Errorf("Unpack = %q, %v", back, err)
+		}
+	}
+	// Within the budget: a value repeating a long string many times
+	// packs to text past it and still round trips.
+	many := []byte(`["` + strings.Repeat("x", 200) + `"` + strings.Repeat(`,"`+strings.Repeat("x", 200)+`"`, 20) + `]`)
+	v := PackRefs(nil, many)
+	if back, err := Unpack(nil, v); err != nil || !bytes.Equal(back, many) {
+		t.Fatalf("Unpack(PackRefs(many)) = %.40q, %v", back, err)
+	}
+	if n := bytes.Count(v, []byte{opRef}); n == 0 || n == 20 {
+		t.Errorf("%d of 20 repeats are references; want some, within the budget", n)
+	}
+}
+
+// refFlood is a value of one 60-byte string and 200 references to it:
+// 12,000 bytes of text from ~460, over refBudget.
+func refFlood() []byte {
+	v := append([]byte{Tag, opArr, opShort + 60}, strings.Repeat("y", 60)...)
+	for range 200 {
+		v = append(v, opRef, 2)
+	}
+	return append(v, opEnd)
 }
