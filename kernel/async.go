@@ -83,8 +83,9 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 			return "", k.publishResult(c, k.deny(ctx, c, ErrInternal, err.Error())), err
 		}
 	}
+	c.background = true
 	k.ops.mu.Lock()
-	if _, ok := k.ops.byID[id]; ok || used {
+	if _, ok := k.ops.byID[id]; ok || used || k.inflight.has(id) {
 		k.ops.mu.Unlock()
 		err = fmt.Errorf("%w: %s", ErrOperationInUse, id)
 		c.env.OperationID = ""
@@ -130,6 +131,15 @@ func (o *operations) forgetResult(id string) {
 		r.erase()
 		op.result = &r
 	}
+}
+
+// isRunning reports whether a background call with operation id is
+// running.
+func (o *operations) isRunning(id string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	op := o.byID[id]
+	return op != nil && op.result == nil
 }
 
 // prune forgets finished operations past their retention (under mu).

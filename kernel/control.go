@@ -127,21 +127,29 @@ type registry struct {
 	calls map[string]*inflight // by operation id
 }
 
-// add registers f under op unless a call with that operation id is in
-// flight already (the later one is refused anyway: ids are single-use),
-// and returns the function that unregisters it.
-func (r *registry) add(op string, f *inflight) (remove func()) {
+// add registers f under op and returns the function that unregisters it,
+// or ok false, registering nothing, when a call with that operation id is
+// in flight already.
+func (r *registry) add(op string, f *inflight) (remove func(), ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.calls[op]; dup {
-		return func() {}
+		return nil, false
 	}
 	r.calls[op] = f
 	return func() {
 		r.mu.Lock()
 		delete(r.calls, op)
 		r.mu.Unlock()
-	}
+	}, true
+}
+
+// has reports whether a call with operation id op is in flight.
+func (r *registry) has(op string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.calls[op]
+	return ok
 }
 
 // Cancel cancels the call in flight with operation id op, if agent is

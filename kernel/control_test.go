@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -231,5 +234,59 @@ func TestStartAndOperation(t *testing.T) {
 		t.Fatal(err)
 	} else if r, _ := h.k.Wait(ctx, id2); errClass(r) != ErrInvalidArgs {
 		t.Fatalf("garbage in the background: %+v", r)
+	}
+}
+
+// TestOperationIDInFlight: a call in flight keeps its operation id,
+// whether it runs in the background or not, minted or chosen: another
+// call naming it, synchronous or started, is refused under an id of its
+// own and runs nothing, and the calls in flight then record under their
+// ids as their own (a refusal stored under the id would have stood for
+// the call in flight, and an idempotency key's replay answered with it).
+func TestOperationIDInFlight(t *testing.T) {
+	h := newHarness(t)
+	alice := h.approver("alice", captoken.RoleApprover)
+	ctx := context.Background()
+	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 4)
+	defer sub.Close()
+	raw, _ := json.Marshal(h.env("fs.write", map[string]any{"path": "Makefile", "content": "bg"}, key("bg")))
+	bg, _, err := h.k.Start(ctx, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bgApproval ApprovalRequest
+	select {
+	case e := <-sub.C:
+		bgApproval = *e.Approval
+	case <-time.After(30 * time.Second):
+		t.Fatal("the background call asked for no approval")
+	}
+	mine := newID()
+	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "sync"}, key("sync"), opID(mine))
+	for _, id := range []string{bg, mine} {
+		r := h.invoke("fs.write", map[string]any{"path": "probe.txt", "content": "x"}, key("probe-"+id), opID(id))
+		if errClass(r) != ErrInvalidArgs || r.OperationID == id || !strings.Contains(r.Error.Message, "in flight") {
+			t.Fatalf("a call naming %s in flight: %+v %+v", id, r, r.Error)
+		}
+		raw, _ := json.Marshal(h.env("echo", map[string]any{"text": "x"}, opID(id)))
+		if _, refused, err := h.k.Start(ctx, raw); !errors.Is(err, ErrOperationInUse) || refused == nil || refused.OperationID == id {
+			t.Fatalf("a call started naming %s in flight: %v %+v", id, err, refused)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, "probe.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a refused call wrote: %v", err)
+	}
+	h.k.Decide(bgApproval.ID, alice, "deny", "")
+	h.k.Decide(a.ID, alice, "allow", "")
+	if r := <-res; r.Status != StatusOK || r.TxOutcome != Committed {
+		t.Fatalf("the synchronous call in flight: %+v", r.Error)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if r, err := h.k.Wait(wctx, bg); err != nil || errClass(r) != ErrApprovalDenied {
+		t.Fatalf("the background call: %v %+v", err, r)
+	}
+	if r := h.invoke("fs.write", map[string]any{"path": "Makefile", "content": "sync"}, key("sync")); !r.Replayed || r.TxOutcome != Committed || r.OperationID != mine {
+		t.Fatalf("replay of the committed call: %+v", r)
 	}
 }

@@ -27,24 +27,25 @@ import (
 
 // call is the state of one Invoke as it moves down the pipeline.
 type call struct {
-	env       *Envelope
-	res       Result
-	start     time.Time
-	envHash   string // digest of the raw envelope, when it could not be decoded
-	argsHash  string
-	token     *captoken.Token
-	entry     *syscalls.Entry
-	args      map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
-	fs        []*syscalls.Resource // resolved fs resources and fs preconditions
-	pre       map[int]*syscalls.Resource
-	input     *policy.Input
-	policyEnc *policyEncoding // input's canonical encodings (policyPart)
-	decided   string
-	replayOf  string
-	session   string // provenance.session_id
-	called    bool   // the syscall started to execute (tool.called was emitted)
-	minted    bool   // the kernel minted env.OperationID for this call (checkEnvelope)
-	running   int    // calls of the session executing, this one included
+	env        *Envelope
+	res        Result
+	start      time.Time
+	envHash    string // digest of the raw envelope, when it could not be decoded
+	argsHash   string
+	token      *captoken.Token
+	entry      *syscalls.Entry
+	args       map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
+	fs         []*syscalls.Resource // resolved fs resources and fs preconditions
+	pre        map[int]*syscalls.Resource
+	input      *policy.Input
+	policyEnc  *policyEncoding // input's canonical encodings (policyPart)
+	decided    string
+	replayOf   string
+	session    string // provenance.session_id
+	called     bool   // the syscall started to execute (tool.called was emitted)
+	minted     bool   // the kernel minted env.OperationID for this call (checkEnvelope)
+	background bool   // a call Start runs, its operation id reserved in Kernel.ops
+	running    int    // calls of the session executing, this one included
 
 	// salt is the audit record's salt (payloads.go), the original's for
 	// a replay.
@@ -145,7 +146,21 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	// From here the call can be cancelled by operation id or session.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := k.inflight.add(env.OperationID, &inflight{agent: env.AgentID, session: c.session, cancel: cancel})
+	// An operation id names one call: a call in flight (its record not
+	// yet stored, which the pipeline's checks of the store look for)
+	// keeps it, and a later call naming it is refused under an id of its
+	// own (its refusal stored under this one would stand for the call in
+	// flight). A background call (Start) has its id reserved already.
+	inUse := !c.minted && !c.background && k.ops.isRunning(env.OperationID)
+	done, ok := k.inflight.add(env.OperationID, &inflight{agent: env.AgentID, session: c.session, cancel: cancel})
+	if inUse || !ok {
+		if ok {
+			done()
+		}
+		id := env.OperationID
+		env.OperationID = ""
+		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is in use by a call in flight", id))
+	}
 	defer done()
 	// 2. The capability token, bound to this agent and token id.
 	if strings.HasPrefix(env.CapabilityToken, AdminPrefix) {

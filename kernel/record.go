@@ -207,18 +207,10 @@ func (r *recording) Work() (err error) {
 }
 
 // Finish stores the envelope under the operation id, then runs after.
-func (r *recording) Finish(tx *bbolt.Tx) (err error) {
+func (r *recording) Finish(tx *bbolt.Tx) error {
 	k, c := r.k, r.c
 	defer k.onSequencer(time.Now())
-	if c.minted && c.res.TxOutcome == NoOp {
-		// An id this kernel minted for a call that prepared nothing:
-		// no record of it can exist, as only this record stores it (one
-		// a rollback records again is rolled_back).
-		err = txn.PutOperation(tx, c.res.OperationID, r.op)
-	} else {
-		err = k.storeOperation(tx, c.res.OperationID, r.op)
-	}
-	if err != nil {
+	if err := k.storeOperation(tx, c.res.OperationID, r.op); err != nil {
 		return err
 	}
 	for _, f := range r.after {

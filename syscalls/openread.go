@@ -37,6 +37,8 @@ func (r *Resource) openRead() (int, error) {
 			return o.fd, nil
 		case unix.ENOSYS, unix.EPERM:
 			openat2Missing.Store(true)
+		case unix.EINTR, unix.EAGAIN:
+			// Still racing after openat2Tries: os.Root's way, this once.
 		case unix.EXDEV:
 			// RESOLVE_BENEATH's refusal: the path leaves the root.
 			return -1, &os.PathError{Op: "openat2", Path: r.Rel, Err: errEscapes}
@@ -66,7 +68,7 @@ type openat2Call struct {
 }
 
 func (o *openat2Call) run(dir uintptr) {
-	for {
+	for range openat2Tries {
 		// EAGAIN: a concurrent rename raced the lookup, and the kernel
 		// asks for a retry under RESOLVE_BENEATH.
 		if o.fd, o.err = unix.Openat2(int(dir), o.rel, &o.how); o.err != unix.EINTR && o.err != unix.EAGAIN {
@@ -74,6 +76,10 @@ func (o *openat2Call) run(dir uintptr) {
 		}
 	}
 }
+
+// openat2Tries bounds the retries of one openat2 that renames keep
+// racing; openRead then opens through os.Root, which walks the path.
+const openat2Tries = 16
 
 // preadUpTo reads the file fd from offset off to its end or to max bytes,
 // into a buffer of hint bytes to begin with (at most 1 MiB: hint may be
