@@ -35,3 +35,26 @@ func TestCleanups(t *testing.T) {
 		t.Fatal("work started after wait never ran")
 	}
 }
+
+// Work left for after the answer (Call.After) does not start before
+// answered, starts then, and starts at once when left later.
+func TestCleanupsAfterAnswer(t *testing.T) {
+	var cl cleanups
+	started := make(chan int, 2)
+	cl.later(func() { started <- 1 })
+	select {
+	case <-started:
+		t.Fatal("work for after the answer started before it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	cl.wait()
+	cl.answered()
+	cl.later(func() { started <- 2 })
+	for _, want := range []int{1, 2} {
+		select {
+		case <-started:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("work %d for after the answer never started", want)
+		}
+	}
+}

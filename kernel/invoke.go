@@ -67,7 +67,7 @@ type call struct {
 
 	canonArgs     []byte          // the canonical form of env.Args, once checked: what args_hash hashes and the args commitment commits to
 	gate          func() error    // a gated syscall's Call.Gate (execgate.go)
-	cleanups      cleanups        // work the syscall left running (Call.Cleanup; execcleanup.go)
+	cleanups      cleanups        // work the syscall left running (Call.Cleanup, Call.After; execcleanup.go)
 	result, canon json.RawMessage // the syscall's result and its canonical form (execute)
 }
 
@@ -132,6 +132,7 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 
 // run is the pipeline of docs/kernel.md, steps 1 to 12.
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
+	defer c.cleanups.answered() // after the wait
 	defer c.cleanups.wait()
 	env := c.env
 	k.observe(c)
@@ -1065,6 +1066,9 @@ func (c *call) Charge(budget string, n int64) {
 // Cleanup runs f, work the syscall leaves, in the background (see
 // cleanups).
 func (c *call) Cleanup(f func()) { c.cleanups.start(f) }
+
+// After runs f once the call has been answered (see cleanups).
+func (c *call) After(f func()) { c.cleanups.later(f) }
 
 // Note adds a detail to the call's audit record.
 func (c *call) Note(key string, v any) {

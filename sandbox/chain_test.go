@@ -179,6 +179,34 @@ func TestSpareChainBeingMade(t *testing.T) {
 	}
 }
 
+// With Command.Spare, Run hands the start of the next spare chain to the
+// caller instead of starting it as it ends; the caller's start makes it.
+func TestSpareChainStartedByCaller(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	var start func()
+	res, err := s.Run(context.Background(), Profile{Roots: []Root{{Path: t.TempDir()}}},
+		Command{Argv: []string{"true"}, Spare: func(f func()) { start = f }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Close()
+	if start == nil {
+		t.Fatal("Run did not hand the start of the next spare chain to Command.Spare")
+	}
+	s.mu.Lock()
+	making, spare := s.makingChain, s.spareChain
+	s.mu.Unlock()
+	if making != nil || spare != nil {
+		t.Fatal("Run started the next spare chain itself")
+	}
+	start()
+	waitSpareChain(t, s)
+}
+
 // Overlays are mounted in the chain's own mount namespace by nsenter and
 // mount, no shell: the mount is there and not on the host; a mount the
 // kernel refuses (here: a missing mount point) is errOverlayRefused with

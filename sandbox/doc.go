@@ -104,7 +104,10 @@
 // — and a run without Command.Channel takes it (1–2 ms less per run on
 // the loaded 2-core machine; an ordinary user's run with overlays starts
 // its own, since that spare has no namespaces of its own); the next one
-// is started once that run has ended, and a run that comes while it is
+// is started once that run has ended (with Command.Spare, when the caller
+// says: proc.exec starts it once the call is answered, since making it
+// while the call's record commits slowed that commit 3-fold on the loaded
+// machine), and a run that comes while it is
 // still being made (a call right after the last) waits for it rather
 // than start a second chain beside it. A spare chain is forked from the
 // spare thread (below) made ahead, when one is ready, not from a thread

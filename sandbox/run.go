@@ -150,7 +150,11 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	}
 	defer ch.close()
 	if pl.cmd.Channel == nil {
-		defer s.kickSpareChain(t)
+		if pl.cmd.Spare != nil {
+			defer pl.cmd.Spare(func() { s.kickSpareChain(t) })
+		} else {
+			defer s.kickSpareChain(t)
+		}
 	}
 
 	stdout := &capped{max: pl.limits.Stdout}

@@ -98,6 +98,12 @@ type Command struct {
 	// to overlap its own preparation with the sandbox's set-up (the
 	// kernel makes its intent durable meanwhile).
 	Gate func() error
+	// Spare, if set, is given the start of the Sandbox's next spare chain
+	// when Run ends, instead of Run starting it then (as it does without
+	// Channel): the caller runs it once its own work after the run is done
+	// (proc.exec: once the call is recorded, syscalls.Call.After), which
+	// making the spare would otherwise compete with for the CPU.
+	Spare func(start func())
 }
 
 // ChannelFD is the file descriptor a command finds Command.Channel on.

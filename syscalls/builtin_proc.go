@@ -195,7 +195,7 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		return Output{}, argsError("network %q is not off, allowlist or full", g.Network)
 	}
 	// The roots are bound at the paths the token names them by.
-	cmd := sandbox.Command{Argv: a.Argv, Dir: filepath.Join(g.Dir.RootPath, filepath.FromSlash(g.Dir.Rel)), Timeout: timeout, Gate: c.Gate}
+	cmd := sandbox.Command{Argv: a.Argv, Dir: filepath.Join(g.Dir.RootPath, filepath.FromSlash(g.Dir.Rel)), Timeout: timeout, Gate: c.Gate, Spare: c.After}
 	if a.Stdin != nil {
 		cmd.Stdin = []byte(*a.Stdin)
 	}

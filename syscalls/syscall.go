@@ -241,6 +241,11 @@ type Host interface {
 	// overlaps the recording of the call. The kernel waits for it before
 	// it answers the call.
 	Cleanup(f func())
+	// After runs f in the background once the call has been answered:
+	// work for later calls (proc.exec: starting the sandbox's next spare
+	// chain), which then competes with nothing of this call's (its
+	// record's commit).
+	After(f func())
 }
 
 // Charge records budget units the execution consumed (Host.Charge);
@@ -257,6 +262,16 @@ func (c *Call) Note(key string, v any) {
 	if c.Host != nil {
 		c.Host.Note(key, v)
 	}
+}
+
+// After runs f once the call has been answered (Host.After), or, without
+// a Host, at once.
+func (c *Call) After(f func()) {
+	if c.Host == nil {
+		f()
+		return
+	}
+	c.Host.After(f)
 }
 
 // Cleanup runs f in the background (Host.Cleanup), or, without a Host,
