@@ -184,7 +184,7 @@ func (r *report) markdown() []byte {
 	w("")
 	w("## 6. proc.exec `true` against bare bwrap")
 	w("")
-	w("`BenchmarkExecVsBareBwrap`: `true` through Invoke (token, policy, prepare, sandbox, commit, audit) interleaved in one loop with bare `bwrap … true` with comparable namespaces and binds, in a read-only root and in a staged rw root.")
+	w("`BenchmarkExecVsBareBwrap`: `true` through Invoke (token, policy, prepare, sandbox, commit, audit) interleaved in one loop with bare `bwrap … true` with comparable namespaces and binds, in a read-only root and in a staged rw root. The loop pauses 15 ms after each side, so each is timed alone: work that follows an answer in the background (the sandbox making its next spare chain, namespaces torn down) is not counted against the other side, and proc.exec finds its spare chain made, as a call after an agent's think time does; calls back to back would wait for it.")
 	w("")
 	w("| root | bare bwrap ms | proc.exec ms | ratio |")
 	w("|---|---:|---:|---:|")
