@@ -3,7 +3,9 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"math"
+	"net/http"
 	"reflect"
 	"strings"
 	"syscall"
@@ -195,5 +197,36 @@ func BenchmarkAppendResult(b *testing.B) {
 			}
 			b.ReportMetric(float64(cpu()-start)/float64(b.N), "cpu-ns/op")
 		})
+	}
+}
+
+// failingWriter is a ResponseWriter whose body writes fail, keeping what
+// they were given, as an HTTP/2 stream reset mid-copy leaves a body.
+type failingWriter struct {
+	h    http.Header
+	kept [][]byte
+}
+
+func (w *failingWriter) Header() http.Header { return w.h }
+func (w *failingWriter) WriteHeader(int)     {}
+func (w *failingWriter) Write(p []byte) (int, error) {
+	w.kept = append(w.kept, p)
+	return 0, errors.New("stream reset")
+}
+
+// TestFailedAnswerKeepsItsBuffer: an answer whose write failed does not
+// give its buffer back to the pool, where the next answer would write
+// into bytes the failed write may still be reading.
+func TestFailedAnswerKeepsItsBuffer(t *testing.T) {
+	w := &failingWriter{h: http.Header{}}
+	writeResult(w, http.StatusOK, &kernel.Result{ToolID: "echo", Status: kernel.StatusOK, Result: json.RawMessage(`{"text":"hi"}`)})
+	if len(w.kept) != 1 {
+		t.Fatalf("%d writes", len(w.kept))
+	}
+	for range 4 {
+		bp := bodyBuffers.Get().(*[]byte)
+		if b := (*bp)[:1]; &b[0] == &w.kept[0][0] {
+			t.Fatal("the failed answer's buffer is back in the pool")
+		}
 	}
 }

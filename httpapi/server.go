@@ -685,16 +685,20 @@ func writeResult(w http.ResponseWriter, status int, r *kernel.Result) {
 	b, ok := appendResult((*bp)[:0], r)
 	if !ok {
 		writeJSON(w, status, r) // json.Marshal's error, as an internal error
-	} else {
-		writeBody(w, status, append(b, '\n'))
+	} else if writeBody(w, status, append(b, '\n')) != nil {
+		// A failed write may still be reading b (HTTP/2 hands a body over
+		// and answers a stream reset without waiting for the copy): b is
+		// not reused.
+		return
 	}
 	putBuffer(bp, b)
 }
 
 // writeBody answers with a JSON body made of parts, declaring its length:
 // the response goes out without chunked encoding, in as few writes as
-// net/http's buffers allow. w copies parts before it returns.
-func writeBody(w http.ResponseWriter, status int, parts ...[]byte) {
+// net/http's buffers allow. It returns the first write's error; w has
+// copied parts when it returns nil.
+func writeBody(w http.ResponseWriter, status int, parts ...[]byte) error {
 	n := 0
 	for _, p := range parts {
 		n += len(p)
@@ -704,8 +708,11 @@ func writeBody(w http.ResponseWriter, status int, parts ...[]byte) {
 	h["Content-Length"] = []string{strconv.Itoa(n)}
 	w.WriteHeader(status)
 	for _, p := range parts {
-		w.Write(p)
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // Header values every answer shares; a Header's Set or Add never writes

@@ -241,7 +241,7 @@ func (a Access) view(tx *bbolt.Tx, e ledger.Entry) (EntryView, error) {
 	if e.Kind != ledger.KindAudit || !full {
 		return v, nil
 	}
-	p, err := getPayload(tx, e.Seq)
+	p, err := openedPayloadOf(tx, e.Seq, e.Body)
 	if err != nil {
 		return v, err
 	}

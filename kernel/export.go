@@ -63,11 +63,12 @@ func (x *withPayloads) Write(p []byte) (int, error) {
 func (x *withPayloads) line(line []byte) error {
 	if bytes.HasPrefix(line, []byte(`{"body":`)) {
 		var e struct {
-			Seq  uint64 `json:"seq"`
-			Kind string `json:"kind"`
+			Body json.RawMessage `json:"body"`
+			Seq  uint64          `json:"seq"`
+			Kind string          `json:"kind"`
 		}
 		if json.Unmarshal(line, &e) == nil && e.Kind == ledger.KindAudit {
-			p, err := getPayload(x.tx, e.Seq)
+			p, err := openedPayloadOf(x.tx, e.Seq, e.Body)
 			if err != nil {
 				return err
 			}

@@ -356,6 +356,35 @@ func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)
 }
 
+// openedPayload is getPayload for readers that serve the payload (auditor
+// views, exports, replays): each stored part must open its commitment
+// among c, the audit record's, at depth, or it is an error. A damaged
+// stored form can decode to other valid text; only the commitments tell,
+// and a reader serves no part they do not vouch for.
+func openedPayload(tx *bbolt.Tx, seq uint64, c Commitments, depth string) (*Payload, error) {
+	p, err := getPayload(tx, seq)
+	if err != nil || p == nil {
+		return p, err
+	}
+	states := OpenPayload(c, depth, p, nil)
+	for _, name := range Parts {
+		if states[name] == PartMismatch {
+			return nil, fmt.Errorf("payload of entry %d: part %s does not open its commitment (damaged or tampered with)", seq, name)
+		}
+	}
+	return p, nil
+}
+
+// openedPayloadOf is openedPayload with the commitments of the audit
+// record body.
+func openedPayloadOf(tx *bbolt.Tx, seq uint64, body []byte) (*Payload, error) {
+	c, depth, err := commitmentsOf(body)
+	if err != nil {
+		return nil, fmt.Errorf("audit record %d: %w", seq, err)
+	}
+	return openedPayload(tx, seq, c, depth)
+}
+
 // getPayload returns the stored payload of the audit entry seq, or nil
 // when none is stored (never kept, or erased).
 func getPayload(tx *bbolt.Tx, seq uint64) (*Payload, error) {
@@ -546,7 +575,7 @@ func (c *CallRecord) plainHashes(tx *bbolt.Tx) (args, result string, err error) 
 	if c.PayloadDepth == "" {
 		return c.ArgsHash, c.ResultHash, nil
 	}
-	p, err := getPayload(tx, c.Seq)
+	p, err := openedPayload(tx, c.Seq, c.Commitments, c.PayloadDepth)
 	if err != nil || p == nil {
 		return "", "", err
 	}
