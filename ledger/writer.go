@@ -212,6 +212,15 @@ var zeroHex [hexDigestLen]byte
 // putHead stores the head of the pending edge: in place when the stored
 // head is the value the Writer stored in this transaction (stored, which
 // begin read), else by a Put of a value of its own.
+//
+// In place relies on bbolt (v1.5) keeping the value slice a Put was given
+// until the commit writes it (node.put stores it, Get returns it, spill
+// copies it into a page); its documentation only promises that the value
+// stays valid for the transaction. The pointer check above notices a copy
+// on Put, on Get or on a remap; a bbolt that read the value at Put time
+// while still returning the caller's slice would commit a stale head, which
+// the next append refuses and Verify reports. TestWriterHeadInTransaction
+// checks the behaviour on every bbolt upgrade.
 func (w *Writer) putHead(meta *bbolt.Bucket, stored []byte) error {
 	p := &w.pending
 	if len(w.head) == headLen && len(stored) == headLen && &stored[0] == &w.head[0] {
