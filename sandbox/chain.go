@@ -314,16 +314,22 @@ func (s *sink) attach(w io.Writer) {
 // whose /etc snapshot is etc (and that mounts overlays, if overlay), else
 // nil: a stale or dead spare is discarded, one without the mount
 // namespace overlays need is kept for the next plain run. A spare being
-// made is waited for (until ctx is done): it is further on than a chain
-// the run would start now, which would also compete with it for the CPU.
+// made is waited for (until ctx is done, or spareWait has passed): it is
+// further on than a chain the run would start now, which would also
+// compete with it for the CPU; one that takes longer is stuck, and the run
+// starts its own.
 func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool) *chain {
 	s.mu.Lock()
 	c, made := s.spareChain, s.makingChain
 	if c == nil && made != nil {
 		s.mu.Unlock()
+		wait := time.NewTimer(spareWait)
+		defer wait.Stop()
 		select {
 		case <-made:
 		case <-ctx.Done():
+			return nil
+		case <-wait.C:
 			return nil
 		}
 		s.mu.Lock()
@@ -353,6 +359,10 @@ func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool
 	}
 	return c
 }
+
+// spareWait bounds a run's wait for the spare chain being made, which
+// takes a few milliseconds to some tens on a loaded machine.
+const spareWait = 500 * time.Millisecond
 
 // kickSpareChain starts making the next spare chain, unless there is one
 // or one is being made.
@@ -419,6 +429,11 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 	// makes every mount below a read-only bind). Where that fails the run
 	// binds them itself.
 	if c.mountNS && len(etc.binds) > 0 {
+		// A chain that never runs bwrap serves no run: it is not kept.
+		if err := c.waitExec(t); err != nil {
+			c.end()
+			return nil, err
+		}
 		c.etcMounted = s.mountEtcDirs(t, c, etc) == nil
 	}
 	return c, nil

@@ -3,7 +3,9 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,6 +178,96 @@ func TestSpareChainBeingMade(t *testing.T) {
 			t.Fatalf("cancelled %v: took %v, want the spare chain that was being made", cancelled, c)
 		}
 		c.end()
+	}
+}
+
+// A spare chain being made that stalls (its unshare stopped before it
+// runs bwrap) holds a run up for spareWait at most, not for the stalled
+// chain's 10 s: the run starts a chain of its own and its command runs
+// within its timeout.
+func TestStalledSpareChain(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	tl, err := s.tools(false, os.Geteuid() == 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pidFile, stalled := filepath.Join(dir, "pid"), *tl
+	stalled.unshare = filepath.Join(dir, "unshare")
+	script := "#!/bin/sh\necho $$ > " + pidFile + "\nkill -STOP $$\nexec " + tl.unshare + ` "$@"` + "\n"
+	if err := os.WriteFile(stalled.unshare, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		// Let the stalled chain end, so that Close need not wait for it.
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}()
+	s.kickSpareChain(&stalled)
+	start := time.Now()
+	res, err := s.Run(context.Background(), Profile{Roots: []Root{{Path: t.TempDir()}}}, Command{Argv: []string{"echo", "hi"}, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Close()
+	if took := time.Since(start); res.TimedOut || strings.TrimSpace(string(res.Stdout)) != "hi" || took > 4*time.Second {
+		t.Fatalf("a run behind a stalled spare chain: timed out %v, stdout %q, after %v", res.TimedOut, res.Stdout, took)
+	}
+}
+
+// A run that fails before its command starts (here: its spare chain was
+// killed, and the run cannot hand bwrap its options) removes its pids
+// cgroup as a finished run does; none is left behind.
+func TestFailedRunRemovesCgroup(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	parent, v1, err := ownPidsCgroup()
+	if err != nil || !v1 {
+		t.Skip("no cgroup v1 pids hierarchy of this process")
+	}
+	ours := filepath.Join(parent, fmt.Sprintf("capkernel-sandbox-%d-*", os.Getpid()))
+	before, _ := filepath.Glob(ours)
+	s := New(Options{StagingDir: t.TempDir()})
+	p := Profile{Roots: []Root{{Path: t.TempDir()}}, Limits: Limits{Processes: 10}}
+	res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Close()
+	failed := 0
+	for range 5 {
+		c := waitSpareChain(t, s)
+		if c.f == nil {
+			s.Close()
+			t.Skip("spare chains are made without a forker here")
+		}
+		c.cmd.Process.Kill() // not yet reaped when the run takes it
+		if res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}}); err == nil {
+			res.Close()
+		} else {
+			failed++
+		}
+	}
+	s.Close()
+	if failed == 0 {
+		t.Skip("no run failed on its killed spare chain")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		after, _ := filepath.Glob(ours)
+		if len(after) <= len(before) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs failed; pids cgroups left: %v (before: %v)", failed, after, before)
+		}
 	}
 }
 

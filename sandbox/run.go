@@ -177,12 +177,14 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		if err := mountOverlays(t, ch, st, pl.writable()); err != nil {
 			k.kill()
 			<-ch.done
+			k.removeCgroup()
 			return nil, err
 		}
 	}
 	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.etcMounted), pl.stdin); err != nil {
 		k.kill()
 		<-ch.done
+		k.removeCgroup()
 		return nil, err
 	}
 	// bwrap reports the sandbox's init as soon as it has made it. Without
