@@ -15,7 +15,7 @@ type cleanups struct {
 	running []chan struct{}
 	waited  bool     // wait has begun: later work is not waited for
 	after   []func() // Call.After's, until answered
-	done    bool     // answered has run: Call.After's work starts at once
+	done    bool     // wait has returned: Call.After's work starts at once
 }
 
 // start runs f in a goroutine of its own.
@@ -35,7 +35,8 @@ func (cl *cleanups) start(f func()) {
 	}()
 }
 
-// wait waits for the work started so far.
+// wait waits for the work started so far, then starts the work left for
+// after the answer (later): run calls it as it answers.
 func (cl *cleanups) wait() {
 	cl.mu.Lock()
 	cl.waited = true
@@ -44,22 +45,6 @@ func (cl *cleanups) wait() {
 	for _, done := range running {
 		<-done
 	}
-}
-
-// later runs f in a goroutine of its own once the call is answered
-// (answered), or at once if it is.
-func (cl *cleanups) later(f func()) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	if cl.done {
-		go f()
-		return
-	}
-	cl.after = append(cl.after, f)
-}
-
-// answered starts the work left for after the answer (later).
-func (cl *cleanups) answered() {
 	cl.mu.Lock()
 	cl.done = true
 	after := cl.after
@@ -68,4 +53,16 @@ func (cl *cleanups) answered() {
 	for _, f := range after {
 		go f()
 	}
+}
+
+// later runs f in a goroutine of its own once the call is answered (wait
+// has returned), or at once if it is.
+func (cl *cleanups) later(f func()) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.done {
+		go f()
+		return
+	}
+	cl.after = append(cl.after, f)
 }

@@ -36,8 +36,8 @@ func TestCleanups(t *testing.T) {
 	}
 }
 
-// Work left for after the answer (Call.After) does not start before
-// answered, starts then, and starts at once when left later.
+// Work left for after the answer (Call.After) does not start before wait
+// has returned, starts then, and starts at once when left later.
 func TestCleanupsAfterAnswer(t *testing.T) {
 	var cl cleanups
 	started := make(chan int, 2)
@@ -48,7 +48,6 @@ func TestCleanupsAfterAnswer(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	cl.wait()
-	cl.answered()
 	cl.later(func() { started <- 2 })
 	for _, want := range []int{1, 2} {
 		select {

@@ -132,7 +132,6 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 
 // run is the pipeline of docs/kernel.md, steps 1 to 12.
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
-	defer c.cleanups.answered() // after the wait
 	defer c.cleanups.wait()
 	env := c.env
 	k.observe(c)
