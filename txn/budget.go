@@ -147,12 +147,6 @@ func checkBudget(used, want, limits Usage) error {
 	return nil
 }
 
-// adjust adds delta to the token's usage.
-func adjust(tx *bbolt.Tx, tokenID string, used, delta Usage) error {
-	add(used, delta)
-	return putUsage(tx, tokenID, used)
-}
-
 // add adds delta to used, never below 0.
 func add(used, delta Usage) {
 	for n, d := range delta {
@@ -233,7 +227,8 @@ func checkUsed(accounts []Account, used []Usage, want Usage) error {
 // caller; it updates them.
 func chargeUsed(tx *bbolt.Tx, accounts []Account, used []Usage, delta Usage) error {
 	for i, a := range accounts {
-		if err := adjust(tx, a.TokenID, used[i], delta); err != nil {
+		add(used[i], delta)
+		if err := putUsage(tx, a.TokenID, used[i]); err != nil {
 			return err
 		}
 	}
