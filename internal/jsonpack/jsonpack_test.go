@@ -454,3 +454,22 @@ func refFlood() []byte {
 	}
 	return append(v, opEnd)
 }
+
+// A Value that fails inside a container consumes nothing: position,
+// output and the decoder's open levels are as they were, as ObjectReader
+// promises of every method that reports false.
+func TestObjectReaderFailedValue(t *testing.T) {
+	v := AppendName(AppendObject([]byte{Tag}), "body")
+	v, _ = AppendValue(v, []byte(`{"a":[1,[2,3]]}`))
+	r, ok := NewObjectReader(nil, v[:len(v)-2]) // the value cut inside its inner array
+	if !ok || !r.Member(name(t, "body")) {
+		t.Fatal("the object's first member does not read")
+	}
+	before, out := r.d, len(r.Out())
+	if r.Value() {
+		t.Fatal("a cut value unpacked")
+	}
+	if r.d.pos != before.pos || len(r.Out()) != out || r.d.depth != before.depth || r.d.objects != before.objects || r.d.first != before.first {
+		t.Fatalf("a failed Value changed the reader: pos %d→%d, depth %d→%d, objects %b→%b", before.pos, r.d.pos, before.depth, r.d.depth, before.objects, r.d.objects)
+	}
+}

@@ -55,8 +55,12 @@ func (r *ObjectReader) Member(n Name) bool {
 // Value unpacks the next value, whatever it is.
 func (r *ObjectReader) Value() bool {
 	pos, n := r.d.pos, len(r.d.out)
+	depth, objects, first, refBytes := r.d.depth, r.d.objects, r.d.first, r.d.refBytes
 	if err := r.d.value(); err != nil {
+		// Consuming nothing: a container the value failed in leaves no
+		// level open.
 		r.d.pos, r.d.out = pos, r.d.out[:n]
+		r.d.depth, r.d.objects, r.d.first, r.d.refBytes = depth, objects, first, refBytes
 		return false
 	}
 	return true
