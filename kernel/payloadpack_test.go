@@ -355,3 +355,37 @@ func TestDamagedPayloadNotServed(t *testing.T) {
 		t.Fatalf("export with payloads: %v", err)
 	}
 }
+
+// TestReplayVerifyReportsDamagedPayload: replay verification reports a
+// committed call whose stored payload does not open its commitments as a
+// problem of that call and goes on; it does not stop with an error.
+func TestReplayVerifyReportsDamagedPayload(t *testing.T) {
+	h := newHarness(t)
+	r := h.invoke("fs.write", map[string]any{"path": "w.txt", "content": "the real text"}, key("k1"))
+	mustOK(t, r)
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": "v.txt", "content": "other"}, key("k2")))
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		p, err := getPayload(tx, r.LedgerSeq)
+		if err != nil || p == nil {
+			return fmt.Errorf("payload %v: %v", p, err)
+		}
+		p.Args = bytes.Replace(p.Args, []byte("the real text"), []byte("a forged text"), 1)
+		b, err := marshalPayload(p)
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), packPayload(b))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := h.k.Inspector().ReplayVerify()
+	if err != nil {
+		t.Fatalf("replay verify stopped: %v", err)
+	}
+	if len(rep.Problems) != 1 || rep.Problems[0].Key != "k1" || !strings.Contains(rep.Problems[0].Detail, "does not open its commitment") {
+		t.Fatalf("problems %+v, want the damaged payload of key k1 (entry %d)", rep.Problems, r.LedgerSeq)
+	}
+	if rep.Committed != 2 {
+		t.Fatalf("%d committed keyed calls, want 2 (the walk went on)", rep.Committed)
+	}
+}

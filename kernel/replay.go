@@ -221,7 +221,10 @@ func checkIdemTable(tx *bbolt.Tx, committed map[keyOf][]*CallRecord, rep *Replay
 		}
 		argsHash, resultHash, err := c.plainHashes(tx)
 		if err != nil {
-			return err
+			// A payload that does not decode or open its commitments
+			// is damage to report, like any other: the walk goes on.
+			bad("payload: %v", err)
+			return nil
 		}
 		switch {
 		case ie.ToolID != c.ToolID || (argsHash != "" && ie.ArgsHash != argsHash) || ie.TokenID != c.CapabilityTokenID:
