@@ -63,12 +63,15 @@ func (x *withPayloads) Write(p []byte) (int, error) {
 func (x *withPayloads) line(line []byte) error {
 	if bytes.HasPrefix(line, []byte(`{"body":`)) {
 		var e struct {
-			Body json.RawMessage `json:"body"`
-			Seq  uint64          `json:"seq"`
-			Kind string          `json:"kind"`
+			Body struct {
+				Commitments
+				Depth string `json:"payload_depth"`
+			} `json:"body"`
+			Seq  uint64 `json:"seq"`
+			Kind string `json:"kind"`
 		}
 		if json.Unmarshal(line, &e) == nil && e.Kind == ledger.KindAudit {
-			p, err := openedPayloadOf(x.tx, e.Seq, e.Body)
+			p, err := openedPayload(x.tx, e.Seq, e.Body.Commitments, e.Body.Depth)
 			if err != nil {
 				return err
 			}

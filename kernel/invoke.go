@@ -766,7 +766,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	prep.Intent.Dirs = append(prep.Intent.Dirs, wsDirs...)
 	var replay json.RawMessage
-	stage := txn.NewStage(c.env.OperationID, txn.KV{View: k.db.View}, k.syncer)
+	stage := txn.NewStage(c.env.OperationID, k.kv, k.syncer)
 	var gated *gatedExec
 	if c.entry.Def.Gated {
 		gated = k.startGated(ctx, c, resources, stage) // execgate.go
