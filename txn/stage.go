@@ -85,7 +85,7 @@ type Stage struct {
 // NewStage starts staging for operation opID; kv reads current versions.
 // Before anything is staged under a root, sync watches its file system
 // (Syncer.Watch), so that the Syncer's later rounds report any writeback
-// error of what is staged there; nil watches nothing.
+// error of what is staged there; sync must not be nil.
 func NewStage(opID string, kv syscalls.KVReader, sync *Syncer) *Stage {
 	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
 }

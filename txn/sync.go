@@ -55,7 +55,7 @@ func NewSyncer() *Syncer {
 // system, unless it holds one already. Call it before anything is written
 // under root (Stage does): a writeback error that happens before Watch may
 // be missed by every later Sync. A root that Sync or SyncLater sees first
-// is watched then. A nil Syncer watches nothing.
+// is watched then.
 func (s *Syncer) Watch(root *os.Root) error {
 	_, err := s.fs.watch(root)
 	return err
