@@ -84,15 +84,28 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		}
 	}
 	c.background = true
+	// The call runs on a context of its own, cancelled through the
+	// registry of calls in flight, where its id is reserved from here on
+	// (a synchronous call naming it is refused: run).
+	bctx, cancel := context.WithCancelCause(context.Background())
 	k.ops.mu.Lock()
-	if _, ok := k.ops.byID[id]; ok || used || k.inflight.has(id) {
+	_, inUse := k.ops.byID[id]
+	var done func()
+	if !inUse && !used && k.ops.running < MaxBackground {
+		var ok bool
+		done, ok = k.inflight.add(id, &inflight{agent: c.env.AgentID, session: sessionOf(c.env.Provenance), cancel: cancel})
+		inUse = !ok
+	}
+	if inUse || used {
 		k.ops.mu.Unlock()
+		cancel(nil)
 		err = fmt.Errorf("%w: %s", ErrOperationInUse, id)
 		c.env.OperationID = ""
 		return "", k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, err.Error())), err
 	}
-	if k.ops.running >= MaxBackground {
+	if done == nil {
 		k.ops.mu.Unlock()
+		cancel(nil)
 		err = fmt.Errorf("%w (%d); retry later or call synchronously", ErrTooManyBackground, MaxBackground)
 		return "", k.publishResult(c, k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
 	}
@@ -102,7 +115,9 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	k.background.Add(1)
 	go func() {
 		defer k.background.Done()
-		ctx := context.Background()
+		defer done()
+		defer cancel(nil)
+		ctx := bctx
 		var r *Result
 		if class != "" {
 			r = k.publishResult(c, k.deny(ctx, c, class, msg))
@@ -131,15 +146,6 @@ func (o *operations) forgetResult(id string) {
 		r.erase()
 		op.result = &r
 	}
-}
-
-// isRunning reports whether a background call with operation id is
-// running.
-func (o *operations) isRunning(id string) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	op := o.byID[id]
-	return op != nil && op.result == nil
 }
 
 // prune forgets finished operations past their retention (under mu).

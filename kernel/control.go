@@ -144,14 +144,6 @@ func (r *registry) add(op string, f *inflight) (remove func(), ok bool) {
 	}, true
 }
 
-// has reports whether a call with operation id op is in flight.
-func (r *registry) has(op string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.calls[op]
-	return ok
-}
-
 // Cancel cancels the call in flight with operation id op, if agent is
 // empty (the admin) or the call's agent. It reports whether there was
 // such a call. A cancelled call stops waiting (for an approval or a

@@ -149,18 +149,17 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	// yet stored, which the pipeline's checks of the store look for)
 	// keeps it, and a later call naming it is refused under an id of its
 	// own (its refusal stored under this one would stand for the call in
-	// flight). A background call (Start) has its id reserved already.
-	inUse := !c.minted && !c.background && k.ops.isRunning(env.OperationID)
-	done, ok := k.inflight.add(env.OperationID, &inflight{agent: env.AgentID, session: c.session, cancel: cancel})
-	if inUse || !ok {
-		if ok {
-			done()
+	// flight). A background call's id is reserved, and cancelled, by
+	// Start.
+	if !c.background {
+		done, ok := k.inflight.add(env.OperationID, &inflight{agent: env.AgentID, session: c.session, cancel: cancel})
+		if !ok {
+			id := env.OperationID
+			env.OperationID = ""
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is in use by a call in flight", id))
 		}
-		id := env.OperationID
-		env.OperationID = ""
-		return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is in use by a call in flight", id))
+		defer done()
 	}
-	defer done()
 	// 2. The capability token, bound to this agent and token id.
 	if strings.HasPrefix(env.CapabilityToken, AdminPrefix) {
 		return k.deny(ctx, c, ErrTokenInvalid, "the admin credential is not a capability token; mint one with kernelctl token mint")
