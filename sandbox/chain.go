@@ -312,13 +312,17 @@ func (s *sink) attach(w io.Writer) {
 
 // takeSpareChain returns the Sandbox's spare chain if it can serve a run
 // whose /etc snapshot is etc (and that mounts overlays, if overlay), else
-// nil: a stale or dead spare is discarded, one without the mount
-// namespace overlays need is kept for the next plain run. A spare being
+// nil: a stale or dead spare is discarded; an overlay run of a kernel
+// whose spares have no mount namespace (sparesMountNS) leaves the spare,
+// and its making, to the next plain run. A spare being
 // made is waited for (until ctx is done, or spareWait has passed): it is
 // further on than a chain the run would start now, which would also
 // compete with it for the CPU; one that takes longer is stuck, and the run
 // starts its own.
 func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool) *chain {
+	if overlay && !sparesMountNS() {
+		return nil
+	}
 	s.mu.Lock()
 	c, made := s.spareChain, s.makingChain
 	if c == nil && made != nil {
@@ -342,19 +346,6 @@ func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool
 	}
 	if c.etc != etc || c.exited() {
 		c.discard()
-		return nil
-	}
-	if overlay && !c.mountNS {
-		// Sound, but not for this run: it stays the spare of the next
-		// plain run (unless another is being made or the Sandbox closed).
-		s.mu.Lock()
-		if !s.closed && s.makingChain == nil && s.spareChain == nil {
-			s.spareChain, c = c, nil
-		}
-		s.mu.Unlock()
-		if c != nil {
-			c.discard()
-		}
 		return nil
 	}
 	return c
@@ -471,11 +462,16 @@ func fstabEscape(p string) string { return fstabEscaper.Replace(p) }
 // host's capabilities and any run can take it; an ordinary user's starts
 // bwrap directly, as a bare bwrap would be.
 func (s *Sandbox) plainChainSpec(t *tools) chainSpec {
-	if os.Geteuid() == 0 {
+	if sparesMountNS() {
 		return overlayChainSpec(t)
 	}
 	return chainSpec{env: []string{"PATH=" + hostPath}}
 }
+
+// sparesMountNS reports whether plain chains, and so spare chains, have
+// the mount namespace of their own that overlay runs need (a root
+// kernel's do: plainChainSpec).
+func sparesMountNS() bool { return os.Geteuid() == 0 }
 
 // overlayChainSpec is the spec of a chain that starts in a new user
 // namespace mapping only the kernel's own ids (to root inside) and a new
