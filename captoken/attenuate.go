@@ -119,12 +119,12 @@ func Narrows(parent, child Claims) error {
 
 // SubAgent reports whether agent id child may be given an attenuation of
 // a token of agent parent: it is parent itself or lies in parent's
-// namespace, "parent/name" at any depth. A child of another id would speak
+// namespace, "parent/name" at any depth, no name empty. A child of another id would speak
 // for that agent: read its history in full, replay its idempotency keys,
 // cancel its calls.
 func SubAgent(parent, child string) bool {
 	name, ok := strings.CutPrefix(child, parent+"/")
-	return child == parent || (ok && name != "" && !strings.HasSuffix(name, "/"))
+	return child == parent || (ok && !slices.Contains(strings.Split(name, "/"), ""))
 }
 
 // coversTool reports whether a pattern of ps matches every id pattern t

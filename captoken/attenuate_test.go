@@ -63,6 +63,8 @@ func TestNarrows(t *testing.T) {
 		{"an agent sharing the prefix", func(c *Claims) { c.Subject = "ab/x" }, "sub"},
 		{"an empty sub-agent name", func(c *Claims) { c.Subject = "a/" }, "sub"},
 		{"a sub-agent name ending in a slash", func(c *Claims) { c.Subject = "a/x/" }, "sub"},
+		{"an empty name inside", func(c *Claims) { c.Subject = "a//x" }, "sub"},
+		{"an empty name deeper", func(c *Claims) { c.Subject = "a/x//y" }, "sub"},
 		{"host outside", func(c *Claims) { c.Cap.Net = []string{"evil.com"} }, "net"},
 		{"kv keys outside", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "b/*", Mode: "r"}} }, "kv"},
 		{"kv every key", func(c *Claims) { c.Cap.KV = []KVScope{{Keys: "*", Mode: "r"}} }, "kv"},
