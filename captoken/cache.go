@@ -9,10 +9,11 @@ import (
 // concurrent calls rarely wait for each other.
 const cacheShards = 16
 
-// sigCache maps a raw token to its signature-checked, well-formed Claims
-// and its digest. Keying by the whole token means an entry is only ever
-// found for the exact bytes that were verified; a hit hashes the token
-// with maphash only (a digest of each call's token would cost a BLAKE3
+// sigCache maps a raw token (or, over maxTokenKey bytes, its digest) to
+// its signature-checked, well-formed Claims and its digest. Keying by the
+// whole token, or its digest, means an entry is only ever found for the
+// exact bytes that were verified; a hit on a token of usual size hashes
+// it with maphash only (a digest of each call's token would cost a BLAKE3
 // of a kilobyte).
 // Each shard holds a bounded number of entries; when one is full, adding
 // drops an arbitrary entry (Go randomises map iteration order).

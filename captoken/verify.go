@@ -138,21 +138,34 @@ func (v *Verifier) Verify(token string, b Binding, now time.Time) (*Token, error
 	return &Token{Raw: token, Hash: hash, Claims: c.clone()}, nil
 }
 
+// maxTokenKey is the longest token the cache keys by itself.
+const maxTokenKey = 4 << 10
+
 // claims returns the verified claims of token and its digest, from the
 // cache when token was verified before.
 func (v *Verifier) claims(token string) (Claims, string, *Error) {
 	if len(token) > MaxTokenSize {
 		return Claims{}, "", invalid("token is %d bytes, over the %d-byte limit", len(token), MaxTokenSize)
 	}
-	if e, ok := v.cache.get(token); ok {
+	// A token is its own cache key (no digest per call), but for a long
+	// one, keyed by its digest, so the cache holds kilobytes per entry at
+	// most, not MaxTokenSize.
+	key, hash := token, ""
+	if len(token) > maxTokenKey {
+		hash = digest.Sum([]byte(token))
+		key = hash
+	}
+	if e, ok := v.cache.get(key); ok {
 		return e.claims, e.hash, nil
 	}
 	c, err := v.verifySignature(token)
 	if err != nil {
 		return Claims{}, "", err
 	}
-	hash := digest.Sum([]byte(token))
-	v.cache.put(token, verified{c, hash})
+	if hash == "" {
+		hash = digest.Sum([]byte(token))
+	}
+	v.cache.put(key, verified{c, hash})
 	return c, hash, nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/capkernel/capkernel/digest"
 )
 
 var b64 = base64.RawURLEncoding
@@ -549,6 +551,49 @@ func TestVerifyBearer(t *testing.T) {
 			var e *Error
 			if !errors.As(err, &e) || e.Code != tc.code {
 				t.Fatalf("VerifyBearer error = %v, want code %s", err, tc.code)
+			}
+		})
+	}
+}
+
+// TestVerifyCacheKeys: a token of usual size is cached under itself, a
+// long one under its digest (the cache holds no token of up to
+// MaxTokenSize per entry); either way a second verification is a hit and
+// the token's hash is its digest.
+func TestVerifyCacheKeys(t *testing.T) {
+	key := newKey(t)
+	kid := KeyID(key.Public().(ed25519.PublicKey))
+	long := testClaims()
+	for i := range 200 {
+		long.Cap.Net = append(long.Cap.Net, fmt.Sprintf("host-%03d.example.com", i))
+	}
+	for _, c := range []struct {
+		name   string
+		claims Claims
+		long   bool
+	}{{"usual", testClaims(), false}, {"long", long, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			tok := mint(t, key, c.claims)
+			if (len(tok) > maxTokenKey) != c.long {
+				t.Fatalf("token of %d bytes", len(tok))
+			}
+			v := NewVerifier(VerifierConfig{Keys: map[string]ed25519.PublicKey{kid: key.Public().(ed25519.PublicKey)}, Audience: "kernel-1"})
+			for range 2 {
+				got, err := v.Verify(tok, testBinding, t0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Hash != digest.Sum([]byte(tok)) {
+					t.Fatalf("hash %s, want the token's digest", got.Hash)
+				}
+			}
+			if n := v.cache.len(); n != 1 {
+				t.Fatalf("cache holds %d entries, want 1", n)
+			}
+			_, byToken := v.cache.get(tok)
+			_, byDigest := v.cache.get(digest.Sum([]byte(tok)))
+			if byToken == c.long || byDigest != c.long {
+				t.Fatalf("cached under the token %v, under its digest %v", byToken, byDigest)
 			}
 		})
 	}
