@@ -123,6 +123,10 @@ fuzz:
 	$(call fuzz_one,FuzzVerifyConsistency,ledger,80000x)
 	$(call fuzz_one,FuzzCheckpointNote,ledger,100000x)
 	$(call fuzz_one,FuzzQuick,syscalls,20000x)
+	$(call fuzz_one,FuzzRoundTrip,internal/jsonpack,20000x)
+	$(call fuzz_one,FuzzCanonicalCheck,internal/jsonpack,20000x)
+	$(call fuzz_one,FuzzUnpackPayload,kernel,20000x)
+	$(call fuzz_one,FuzzCheckpointPack,ledger,20000x)
 	$(call fuzz_one,FuzzAppendResult,httpapi,20000x)
 
 ## bench: the Go benchmarks (Invoke against bare bbolt measured in the same
