@@ -62,19 +62,17 @@ func EntryHash(e Entry) (string, error) {
 		return "", fmt.Errorf("ledger: entry hash: %w", err)
 	}
 	var sum [32]byte
-	var buf []byte
-	hashEntry(&sum, &buf, &e)
+	hashEntry(&sum, &e)
 	return digest.Format(sum), nil
 }
 
 // hashEntry sets sum to the entry hash of e, whose fields must already be
-// checked and whose body must be canonical. buf is scratch space kept
-// between calls.
-func hashEntry(sum *[32]byte, buf *[]byte, e *Entry) {
-	*buf = appendPreimage((*buf)[:0], e)
+// checked and whose body must be canonical.
+func hashEntry(sum *[32]byte, e *Entry) {
+	buf := appendPreimage(nil, e)
 	h := leafHashers.Get().(*blake3.Hasher)
 	h.Reset()
-	h.Write(*buf)
+	h.Write(buf)
 	h.Sum(sum[:0])
 	leafHashers.Put(h)
 }

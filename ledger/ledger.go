@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -68,12 +67,6 @@ func Init(tx *bbolt.Tx) error {
 	}
 	return nil
 }
-
-// scratch holds preimage buffers for Append, which runs many times per
-// transaction. Buffers grown past maxScratch by a large body are dropped.
-var scratch = sync.Pool{New: func() any { return new([]byte) }}
-
-const maxScratch = 64 << 10
 
 // Append adds an entry after the current head within tx and returns it.
 // body must be a JSON object; it is canonicalized (RFC 8785) before it is

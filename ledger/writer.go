@@ -327,11 +327,7 @@ func (w *Writer) Pending(tx *bbolt.Tx, origin string) (c Checkpoint, ok bool, er
 	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("ledger: checkpoint: %w", err)
 	}
-	root, err := w.pending.root()
-	if err != nil {
-		return Checkpoint{}, false, fmt.Errorf("ledger: checkpoint of size %d: %w", w.pending.size, err)
-	}
-	return Checkpoint{Origin: origin, Size: w.pending.size, Root: root}, true, nil
+	return Checkpoint{Origin: origin, Size: w.pending.size, Root: w.pending.tree.root()}, true, nil
 }
 
 // CheckpointPresigned is Checkpoint, storing pre's signed note when pre is
@@ -348,16 +344,12 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
 		return nil, fmt.Errorf("ledger: checkpoint: %w", err)
 	}
-	n := w.pending.size
-	root, err := w.pending.root()
-	if err != nil {
-		return nil, fmt.Errorf("ledger: checkpoint of size %d: %w", n, err)
-	}
-	c := Checkpoint{Origin: origin, Size: n, Root: root}
+	c := Checkpoint{Origin: origin, Size: w.pending.size, Root: w.pending.tree.root()}
 	signed := pre.Signed
 	// The note must be of c: its text is c's, then a blank line and the
 	// signature (by s, which the caller vouches for).
 	if signed == nil || !pre.Checkpoint.same(c) || !bytes.HasPrefix(signed, append(c.Marshal(), '\n')) {
+		var err error
 		if signed, err = SignCheckpoint(s, c); err != nil {
 			return nil, err
 		}
@@ -379,8 +371,6 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)
 	return w.batch, nil
 }
-
-func (e *edge) root() ([32]byte, error) { return e.tree.root(), nil }
 
 // Batch is the run of entries one transaction appended through a Writer,
 // and the checkpoint that ends it.
