@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -744,7 +745,7 @@ func (d *decoder) scalar(c byte) error {
 	case c < opSmall:
 		return d.str(c)
 	case c < opStr:
-		d.out = appendUint(d.out, uint64(c-opSmall))
+		d.out = strconv.AppendUint(d.out, uint64(c-opSmall), 10)
 		return nil
 	}
 	switch c {
@@ -758,7 +759,7 @@ func (d *decoder) scalar(c byte) error {
 		if c == opNeg {
 			d.out = append(d.out, '-')
 		}
-		d.out = appendUint(d.out, v)
+		d.out = strconv.AppendUint(d.out, v, 10)
 		if d.check && (v > maxExact || c == opNeg && v == 0) {
 			d.unsure = true
 		}
@@ -1001,17 +1002,3 @@ var hexPairs = func() (t [256]uint16) {
 	}
 	return t
 }()
-
-func appendUint(b []byte, v uint64) []byte {
-	if v == 0 {
-		return append(b, '0')
-	}
-	var buf [20]byte
-	i := len(buf)
-	for v > 0 {
-		i--
-		buf[i] = byte('0' + v%10)
-		v /= 10
-	}
-	return append(b, buf[i:]...)
-}
