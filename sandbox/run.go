@@ -116,32 +116,24 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	var f *forker
 	if ch != nil {
 		f = ch.f
-		if f != nil && pl.limits.Processes > 0 {
-			// The spare's forker thread, bwrap, the init and Processes
-			// of the command's.
-			if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 2); err != nil {
-				ch.discard()
-				ch, f = nil, nil
-			}
+		if f != nil && pl.limits.Processes > 0 && !limitForker(f, pl.limits.Processes) {
+			ch.discard()
+			ch, f = nil, nil
 		}
 	}
 	if ch == nil {
 		sp := s.plainChainSpec(t)
-		sp.channel = pl.cmd.Channel
 		if overlay && !sp.mountNS {
 			sp = overlayChainSpec(t)
-			sp.channel = pl.cmd.Channel
 		}
+		sp.channel = pl.cmd.Channel
 		// With a forker (forker.go), the chain is forked from its thread,
 		// already in the run's pids cgroup: everything of the run is born
-		// there. It holds the forker's thread, bwrap (after unshare's
-		// exec), the init and Processes of the command's.
+		// there.
 		if pl.limits.Processes > 0 {
-			if f = s.takeForker(); f != nil {
-				if err := f.cg.setMax(pl.limits.Processes + forkerThreads + 2); err != nil {
-					f.discard()
-					f = nil
-				}
+			if f = s.takeForker(); f != nil && !limitForker(f, pl.limits.Processes) {
+				f.discard()
+				f = nil
 			}
 		}
 		if ch, err = s.startChain(t, sp, etc, func() {}, f); err != nil {
@@ -173,19 +165,20 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		k.setCgroup(f.cg)
 	}
 	startR, relW, infoR := ch.startR, ch.relW, ch.infoR
-	if overlay {
-		if err := mountOverlays(t, ch, st, pl.writable()); err != nil {
-			k.kill()
-			<-ch.done
-			k.removeCgroup()
-			return nil, err
-		}
-	}
-	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.etcMounted), pl.stdin); err != nil {
+	// abort ends a run that fails before its command starts.
+	abort := func(err error) (*Result, error) {
 		k.kill()
 		<-ch.done
 		k.removeCgroup()
 		return nil, err
+	}
+	if overlay {
+		if err := mountOverlays(t, ch, st, pl.writable()); err != nil {
+			return abort(err)
+		}
+	}
+	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.etcMounted), pl.stdin); err != nil {
+		return abort(err)
 	}
 	// bwrap reports the sandbox's init as soon as it has made it. Without
 	// a forker, the init joins its pids cgroup then, while bwrap sets the
@@ -426,4 +419,11 @@ func readInfo(r io.Reader) int {
 		return 0
 	}
 	return info.ChildPid
+}
+
+// limitForker sets the pids limit of f's cgroup for a run of processes
+// processes: the forker's threads, bwrap, the init and the command's. It
+// reports false when it cannot, and f is then of no use to the run.
+func limitForker(f *forker, processes int) bool {
+	return f.cg.setMax(processes+forkerThreads+2) == nil
 }
