@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,6 +55,21 @@ func TestCleanupsAfterAnswer(t *testing.T) {
 		case <-started:
 		case <-time.After(5 * time.Second):
 			t.Fatalf("work %d for after the answer never started", want)
+		}
+	}
+}
+
+// TestExecStartsNextSpare: proc.exec through Invoke leaves the start of
+// the sandbox's next spare chain for after its answer (Call.After), and
+// that start happens: a chain of the kernel's sandbox is waiting once the
+// call is answered.
+func TestExecStartsNextSpare(t *testing.T) {
+	h := newExecHarness(t)
+	mustOK(t, h.invoke("proc.exec", execArgs("true"), key("spare")))
+	marker := filepath.Join(h.data, "sandbox") + "/"
+	for deadline := time.Now().Add(10 * time.Second); len(procsWith(marker)) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no spare chain of the kernel's sandbox after a proc.exec")
 		}
 	}
 }
