@@ -213,7 +213,26 @@ func OpenCheckpoint(signed []byte, v note.Verifier) (Checkpoint, error) {
 	case err != nil:
 		return Checkpoint{}, fmt.Errorf("ledger: checkpoint: signed note: %w", err)
 	}
+	if err := canonicalSigs(n.Sigs, n.UnverifiedSigs); err != nil {
+		return Checkpoint{}, err
+	}
 	return ParseCheckpoint([]byte(n.Text))
+}
+
+// canonicalSigs refuses a signature written in base64 that is not the
+// canonical encoding of its bytes (unused trailing bits set): note.Open
+// decodes it leniently, and one signature would then have many spellings,
+// one signed checkpoint many texts.
+func canonicalSigs(lists ...[]note.Signature) error {
+	for _, sigs := range lists {
+		for _, sig := range sigs {
+			b, err := base64.StdEncoding.DecodeString(sig.Base64)
+			if err != nil || base64.StdEncoding.EncodeToString(b) != sig.Base64 {
+				return fmt.Errorf("ledger: checkpoint: the signature by %s is not canonical base64", sig.Name)
+			}
+		}
+	}
+	return nil
 }
 
 // PeekCheckpoint reads the checkpoint of a signed note without checking
@@ -230,6 +249,9 @@ func parseSigned(signed []byte) (Checkpoint, *note.Note, error) {
 	var unverified *note.UnverifiedNoteError
 	if !errors.As(err, &unverified) {
 		return Checkpoint{}, nil, fmt.Errorf("ledger: checkpoint: signed note: %w", err)
+	}
+	if err := canonicalSigs(unverified.Note.UnverifiedSigs); err != nil {
+		return Checkpoint{}, nil, err
 	}
 	c, err := ParseCheckpoint([]byte(unverified.Note.Text))
 	return c, unverified.Note, err
