@@ -179,11 +179,11 @@ func TestCPULimit(t *testing.T) {
 	// often on a busy machine reaches early (seen: 0.80 s of run time at a
 	// 1 s limit). So the report is bounded by the limit's order of
 	// magnitude, not by the limit itself.
+	// That the limit, not the timeout, ended the run is the exit code's
+	// and TimedOut's to show: its wall time is the machine's load (the
+	// command runs at nice 10), as the test run under load found.
 	if cpu := res.CPUTime(); cpu < 500*time.Millisecond || cpu > 3*time.Second {
 		t.Fatalf("CPU time %v at a limit of 1 s", cpu)
-	}
-	if res.Duration > 10*time.Second {
-		t.Fatalf("lasted %v", res.Duration)
 	}
 }
 
