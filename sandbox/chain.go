@@ -196,6 +196,21 @@ func (c *chain) exited() bool {
 	}
 }
 
+// diedBySignal waits up to d for the chain to end on its own and reports
+// whether it did, killed by a signal (a spare chain killed from outside
+// before its run).
+func (c *chain) diedBySignal(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+		return false
+	}
+	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
+}
+
 // closeEnds closes every end of the chain's pipes the kernel holds: the
 // release's write end among them, so an init still waiting for its "go"
 // exits having run nothing.

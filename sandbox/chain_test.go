@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -366,4 +367,159 @@ func TestMountOverlays(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A spare chain killed from outside (SIGKILL to its processes) just
+// before a run, so that the run takes it before it has been reaped, does
+// not fail the run: the run finds it dead before its command could start
+// and runs on a fresh chain, once. Each case kills five spares in a row,
+// each just before the run that takes it.
+func TestDeadSpareChainRetried(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		staging StagingMode
+		rw      bool
+	}{
+		{"r-root", StagingAuto, false},
+		{"rw-copy", StagingCopy, true},
+		{"rw-overlay", StagingOverlay, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.staging == StagingOverlay && !sparesMountNS() {
+				t.Skip("an ordinary user's overlay run does not take the spare chain")
+			}
+			s := New(Options{StagingDir: t.TempDir(), Staging: c.staging})
+			defer s.Close()
+			ws := t.TempDir()
+			p := Profile{Roots: []Root{{Path: ws, Writable: c.rw}}}
+			cmd := Command{Argv: []string{"sh", "-c", "echo ran; echo x > " + ws + "/out"}}
+			if !c.rw {
+				cmd.Argv = []string{"echo", "ran"}
+			}
+			res, err := s.Run(context.Background(), p, cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Close()
+			for i := range 5 {
+				spare := waitSpareChain(t, s)
+				// The chain's process group: unshare (exec'd into bwrap)
+				// or bwrap.
+				if err := syscall.Kill(-spare.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				res, err := s.Run(context.Background(), p, cmd)
+				if err != nil {
+					t.Fatalf("run %d on a killed spare chain: %v", i, err)
+				}
+				if res.ExitCode != 0 || string(res.Stdout) != "ran\n" {
+					t.Errorf("run %d: exit %d, stdout %q, stderr %q", i, res.ExitCode, res.Stdout, res.Stderr)
+				}
+				if c.rw && len(res.Delta.Changes) != 1 {
+					t.Errorf("run %d: delta %+v, want the one file written", i, res.Delta.Changes)
+				}
+				res.Close()
+			}
+		})
+	}
+}
+
+// A chain killed from outside once its command has started is not run
+// again: the run ends with the kill in its Result, and the command ran
+// once.
+func TestStartedChainKilledNotRetried(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	p := Profile{Roots: []Root{{Path: t.TempDir()}}}
+	for _, fromSpare := range []bool{false, true} {
+		if fromSpare {
+			waitSpareChain(t, s)
+		}
+		out := &signalWriter{seen: make(chan struct{})}
+		var res *Result
+		var err error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			res, err = s.Run(context.Background(), p, Command{Argv: []string{"sh", "-c", "echo ran; exec sleep 30"}, Stdout: out})
+		}()
+		select {
+		case <-out.seen:
+		case <-done:
+			t.Fatalf("spare %v: the run ended before its command wrote: %v", fromSpare, err)
+		}
+		// The run's chain is the one whose process group is bwrap's.
+		s.mu.Lock()
+		spare := s.spareChain
+		s.mu.Unlock()
+		if spare != nil {
+			t.Fatalf("spare %v: a spare chain is there while the run goes on", fromSpare)
+		}
+		pid := bwrapOfRun(t)
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-done
+		if err != nil {
+			t.Fatalf("spare %v: %v", fromSpare, err)
+		}
+		if res.Signal != "killed" || out.count() != 1 {
+			t.Errorf("spare %v: signal %q, command ran %d times; want killed, once", fromSpare, res.Signal, out.count())
+		}
+		res.Close()
+	}
+}
+
+// signalWriter counts the lines "ran" written to it and closes seen at
+// the first.
+type signalWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	seen chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first := w.countLocked() == 0
+	w.buf = append(w.buf, p...)
+	if first && w.countLocked() > 0 {
+		close(w.seen)
+	}
+	return len(p), nil
+}
+
+func (w *signalWriter) countLocked() int { return strings.Count(string(w.buf), "ran\n") }
+
+func (w *signalWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.countLocked()
+}
+
+// bwrapOfRun returns the pid of this process's one bwrap child (the
+// chain of the run going on, when there is no spare).
+func bwrapOfRun(t *testing.T) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	var found []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if strings.TrimSpace(string(comm)) == "bwrap" && parentOf(pid) == os.Getpid() {
+			found = append(found, pid)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("bwrap children of this process: %v, want one", found)
+	}
+	return found[0]
 }

@@ -109,7 +109,13 @@
 // while the call's record commits slowed that commit 3-fold on the loaded
 // machine), and a run that comes while it is
 // still being made (a call right after the last) waits for it rather
-// than start a second chain beside it. A spare chain is forked from the
+// than start a second chain beside it. A spare killed from outside (not
+// yet reaped when a run takes it) is found dead before its command could
+// start — its options or its overlays refused, or it ended by a signal
+// before its init said "ready", so before its "go" — and the run runs
+// once more, on a chain started for it; a chain that dies after its init
+// said "ready" is never run again (the command may have started): its
+// Result says how it ended. A spare chain is forked from the
 // spare thread (below) made ahead, when one is ready, not from a thread
 // made for it: that thread's move into its cgroup (an RCU grace period,
 // 6–12 ms measured) is longer than the gap between two calls, and a

@@ -42,8 +42,14 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 	if err != nil {
 		return nil, err
 	}
+	fresh := false
 	for {
-		res, err := s.run(ctx, pl, t, mode)
+		res, err := s.run(ctx, pl, t, mode, fresh)
+		if errors.Is(err, errSpareDead) && !fresh {
+			// Nothing of the command ran: once more, on a chain of its own.
+			fresh = true
+			continue
+		}
 		if errors.Is(err, errOverlayRefused) && s.opts.Staging == StagingAuto {
 			s.overlayRefused.Store(true)
 			s.refusedWhy.Store(err.Error())
@@ -62,7 +68,20 @@ func Run(ctx context.Context, p Profile, c Command) (*Result, error) {
 	return defaultSandbox().Run(ctx, p, c)
 }
 
-func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode) (res *Result, err error) {
+// errSpareDead: the spare chain the run took was found dead (ended by a
+// signal the run did not send) before its init had said "ready": nothing
+// of the command ran, and Run retries once on a fresh chain. A spare
+// killed from outside passes takeSpareChain's check until it is reaped.
+var errSpareDead = errors.New("sandbox: the spare chain died before the run started")
+
+// spareDeadWait bounds how long a run whose set-up of a spare chain failed
+// waits for the chain to end on its own, to tell a dead spare (its
+// namespaces were gone: it is exiting) from a failure of the set-up.
+const spareDeadWait = 100 * time.Millisecond
+
+// run runs the plan once, on the spare chain if there is one, unless
+// fresh: then on a chain started for it.
+func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode, fresh bool) (res *Result, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -110,9 +129,10 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	defer cancelTimeout()
 	overlay := st != nil && mode != StagingCopy
 	var ch *chain
-	if pl.cmd.Channel == nil {
+	if pl.cmd.Channel == nil && !fresh {
 		ch = s.takeSpareChain(ctx, etc, overlay)
 	}
+	spare := ch != nil
 	var f *forker
 	if ch != nil {
 		f = ch.f
@@ -139,14 +159,20 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 		if ch, err = s.startChain(t, sp, etc, func() {}, f); err != nil {
 			return nil, err
 		}
+		spare = false
 	}
 	defer ch.close()
 	if pl.cmd.Channel == nil {
-		if pl.cmd.Spare != nil {
-			defer pl.cmd.Spare(func() { s.kickSpareChain(t) })
-		} else {
-			defer s.kickSpareChain(t)
-		}
+		defer func() {
+			switch {
+			case errors.Is(err, errSpareDead):
+				// The retry's run starts the next spare.
+			case pl.cmd.Spare != nil:
+				pl.cmd.Spare(func() { s.kickSpareChain(t) })
+			default:
+				s.kickSpareChain(t)
+			}
+		}()
 	}
 
 	stdout := &capped{max: pl.limits.Stdout}
@@ -167,6 +193,9 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	startR, relW, infoR := ch.startR, ch.relW, ch.infoR
 	// abort ends a run that fails before its command starts.
 	abort := func(err error) (*Result, error) {
+		if spare && ch.diedBySignal(spareDeadWait) {
+			err = fmt.Errorf("%w: %w", errSpareDead, err)
+		}
 		k.kill()
 		<-ch.done
 		k.removeCgroup()
@@ -203,13 +232,15 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode)
 	// command is about to run.
 	started := make(chan bool, 1)
 	var releaseErr, gateErr error
+	var ready bool // the init said "ready"; read once started has a value
 	go func() {
-		ready := make([]byte, len("ready"))
-		if _, err := io.ReadFull(startR, ready); err != nil || string(ready) != "ready" {
+		word := make([]byte, len("ready"))
+		if _, err := io.ReadFull(startR, word); err != nil || string(word) != "ready" {
 			relW.Close()
 			started <- false
 			return
 		}
+		ready = true
 		<-joined
 		if releaseErr = s.release(k, pl.limits); releaseErr != nil {
 			relW.Close() // the init exits 125 without running anything
@@ -297,6 +328,11 @@ loop:
 	}
 	if releaseErr != nil {
 		return nil, fmt.Errorf("sandbox: setup: %w", releaseErr)
+	}
+	if !ok && !res.Killed() && spare && !ready && res.Signal != "" {
+		// The init never said "ready", so it never had its "go": the
+		// spare was dead (killed from outside) before anything ran.
+		return nil, fmt.Errorf("%w: chain ended by %s", errSpareDead, res.Signal)
 	}
 	if !ok && !res.Killed() {
 		return nil, fmt.Errorf("sandbox: setup failed (exit %d): %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
