@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"runtime"
@@ -196,19 +197,37 @@ func (c *chain) exited() bool {
 	}
 }
 
-// diedBySignal waits up to d for the chain to end on its own and reports
-// whether it did, killed by a signal (a spare chain killed from outside
-// before its run).
-func (c *chain) diedBySignal(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-c.done:
-	case <-t.C:
+// killedBefore reports whether the chain, which a run has not killed,
+// was killed by a signal before the run could set it up, which failed with
+// err: its namespaces are gone (it is exiting, or has exited), or it
+// refused its options, which bwrap reads whole before it acts on any.
+func (c *chain) killedBefore(err error) bool {
+	if errors.Is(err, syscall.EPIPE) {
+		// bwrap's options pipe has no reader: bwrap is exiting.
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+		}
+	}
+	if !c.gone() {
 		return false
 	}
+	<-c.done // reaped at once: it has exited, or is exiting
 	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	return ok && ws.Signaled()
+}
+
+// gone reports whether the chain has ended, or is ending: a process
+// killed but not yet reaped has released its namespaces already, and
+// /proc has none of them to show.
+func (c *chain) gone() bool {
+	if c.exited() {
+		return true
+	}
+	_, err := os.Stat("/proc/" + strconv.Itoa(c.cmd.Process.Pid) + "/ns/mnt")
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // closeEnds closes every end of the chain's pipes the kernel holds: the

@@ -223,9 +223,14 @@ func TestStalledSpareChain(t *testing.T) {
 	}
 }
 
-// A run that fails before its command starts (here: its spare chain's
-// options pipe is closed, so the run cannot hand bwrap its options)
-// removes its pids cgroup as a finished run does; none is left behind.
+// A run that fails before its command starts (here: the run's end of its
+// spare chain's options pipe is a closed file, so it cannot hand bwrap
+// its options) removes its pids cgroup as a finished run does; none is
+// left behind. The pipe itself stays open, so bwrap waits for its options
+// until the run kills it: closing it would let bwrap run (and exit) with
+// none, and fork a child before that, which the kill of bwrap would leave
+// behind in the cgroup, and the run might find the spare exited and take
+// a fresh chain.
 func TestFailedRunRemovesCgroup(t *testing.T) {
 	if err := Available(); err != nil {
 		t.Fatal(err)
@@ -249,7 +254,12 @@ func TestFailedRunRemovesCgroup(t *testing.T) {
 			s.Close()
 			t.Skip("spare chains are made without a forker here")
 		}
-		c.argsW.Close()
+		closed, err := os.Open(os.DevNull)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed.Close()
+		c.argsW = closed // the pipe's end stays in c.ends until the chain is closed
 		if res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}}); err == nil {
 			res.Close()
 			t.Fatalf("run %d on a spare chain without its options pipe succeeded", i)
@@ -448,22 +458,14 @@ func TestStartedChainKilledNotRetried(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			res, err = s.Run(context.Background(), p, Command{Argv: []string{"sh", "-c", "echo ran; exec sleep 30"}, Stdout: out})
+			res, err = s.Run(context.Background(), p, Command{Argv: []string{"sh", "-c", "echo ran; exec sleep 30.5"}, Stdout: out})
 		}()
 		select {
 		case <-out.seen:
 		case <-done:
 			t.Fatalf("spare %v: the run ended before its command wrote: %v", fromSpare, err)
 		}
-		// The run's chain is the one whose process group is bwrap's.
-		s.mu.Lock()
-		spare := s.spareChain
-		s.mu.Unlock()
-		if spare != nil {
-			t.Fatalf("spare %v: a spare chain is there while the run goes on", fromSpare)
-		}
-		pid := bwrapOfRun(t)
-		syscall.Kill(-pid, syscall.SIGKILL)
+		syscall.Kill(-chainOfSleep(t, "30.5"), syscall.SIGKILL)
 		<-done
 		if err != nil {
 			t.Fatalf("spare %v: %v", fromSpare, err)
@@ -502,24 +504,27 @@ func (w *signalWriter) count() int {
 	return w.countLocked()
 }
 
-// bwrapOfRun returns the pid of this process's one bwrap child (the
-// chain of the run going on, when there is no spare).
-func bwrapOfRun(t *testing.T) int {
+// chainOfSleep returns the pid of the chain (bwrap, a child of this
+// process) whose sandbox runs `sleep arg`: the sleep's parent is the
+// sandbox's init, and the init's parent bwrap.
+func chainOfSleep(t *testing.T, arg string) int {
 	t.Helper()
-	ents, _ := os.ReadDir("/proc")
-	var found []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if strings.TrimSpace(string(comm)) == "bwrap" && parentOf(pid) == os.Getpid() {
-			found = append(found, pid)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if string(cmdline) != "sleep\x00"+arg+"\x00" {
+				continue
+			}
+			if bwrap := parentOf(parentOf(pid)); bwrap > 0 && parentOf(bwrap) == os.Getpid() {
+				return bwrap
+			}
 		}
 	}
-	if len(found) != 1 {
-		t.Fatalf("bwrap children of this process: %v, want one", found)
-	}
-	return found[0]
+	t.Fatalf("no sleep %s in a chain of this process", arg)
+	return 0
 }

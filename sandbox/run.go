@@ -68,16 +68,11 @@ func Run(ctx context.Context, p Profile, c Command) (*Result, error) {
 	return defaultSandbox().Run(ctx, p, c)
 }
 
-// errSpareDead: the spare chain the run took was found dead (ended by a
-// signal the run did not send) before its init had said "ready": nothing
-// of the command ran, and Run retries once on a fresh chain. A spare
-// killed from outside passes takeSpareChain's check until it is reaped.
+// errSpareDead: the spare chain the run took was found dead before its
+// init had said "ready" (so before its "go"): nothing of the command ran,
+// and Run retries once on a fresh chain. A spare killed from outside
+// passes takeSpareChain's check until it is reaped.
 var errSpareDead = errors.New("sandbox: the spare chain died before the run started")
-
-// spareDeadWait bounds how long a run whose set-up of a spare chain failed
-// waits for the chain to end on its own, to tell a dead spare (its
-// namespaces were gone: it is exiting) from a failure of the set-up.
-const spareDeadWait = 100 * time.Millisecond
 
 // run runs the plan once, on the spare chain if there is one, unless
 // fresh: then on a chain started for it.
@@ -193,7 +188,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 	startR, relW, infoR := ch.startR, ch.relW, ch.infoR
 	// abort ends a run that fails before its command starts.
 	abort := func(err error) (*Result, error) {
-		if spare && ch.diedBySignal(spareDeadWait) {
+		if spare && ch.killedBefore(err) {
 			err = fmt.Errorf("%w: %w", errSpareDead, err)
 		}
 		k.kill()
