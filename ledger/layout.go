@@ -121,7 +121,7 @@ func completionID(k []byte) (compact.NodeID, bool) {
 	if level > 0 && (end+1)&(1<<level-1) != 0 {
 		return compact.NodeID{}, false
 	}
-	return compact.NewNodeID(level, (end>>level)), true
+	return compact.NewNodeID(level, (end >> level)), true
 }
 
 // rekeyTree rewrites a layoutLevelMajor tree bucket under the keys of
