@@ -127,30 +127,29 @@ func completionID(k []byte) (compact.NodeID, bool) {
 // rekeyTree rewrites a layoutLevelMajor tree bucket under the keys of
 // layoutCompletion, values unchanged, and records layoutCompletion, all in
 // tx: bbolt commits the whole of it or nothing, so a crash leaves the old
-// layout or the new one. A key that names no node (Verify reports it on
-// the old file) is refused and tx must be rolled back. It holds every
-// node in memory while it rewrites the bucket: about 120 bytes a node,
-// two nodes an entry.
+// layout or the new one. A key that names no node, or a value that is no
+// hash (Verify reports either on the old file), is refused and tx must be
+// rolled back. Every node is held in memory while the bucket is rewritten,
+// as 41 bytes of its own (key and hash, no pointers) and bbolt's inode.
 func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 	type kv struct {
 		k [treeKeyLen]byte
-		v []byte
+		v [32]byte
 	}
-	var (
-		nodes []kv
-		arena []byte // the values, copied: the old bucket's pages are freed
-	)
-	c := tx.Bucket(bucketTree).Cursor()
+	old := tx.Bucket(bucketTree)
+	nodes := make([]kv, 0, old.Stats().KeyN) // Stats reads page headers only
+	c := old.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		id, ok := levelMajorID(k)
 		if !ok {
 			return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: key %x names no tree node (the database is unchanged; verify it)", layoutCompletion, k)
 		}
+		if len(v) != 32 {
+			return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: %s is %d bytes, want 32 (the database is unchanged; verify it)", layoutCompletion, nodeName(id), len(v))
+		}
 		var n kv
 		setTreeKey(n.k[:], id)
-		at := len(arena)
-		arena = append(arena, v...)
-		n.v = arena[at:len(arena):len(arena)] // stays valid if arena grows
+		n.v = [32]byte(v)
 		nodes = append(nodes, n)
 	}
 	slices.SortFunc(nodes, func(a, b kv) int { return bytes.Compare(a.k[:], b.k[:]) })
@@ -163,7 +162,8 @@ func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 	}
 	tree.FillPercent = 1 // in key order: see Writer.AppendCanonical
 	for i := range nodes {
-		if err := tree.Put(nodes[i].k[:], nodes[i].v); err != nil {
+		// bbolt keeps both slices until tx ends: nodes is not written again.
+		if err := tree.Put(nodes[i].k[:], nodes[i].v[:]); err != nil {
 			return fmt.Errorf("ledger: rekey the Merkle tree: %w", err)
 		}
 	}
