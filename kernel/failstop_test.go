@@ -2,10 +2,13 @@ package kernel
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -138,4 +141,73 @@ func TestRecordFailureReleasesKey(t *testing.T) {
 	if again.Replayed || again.TxOutcome != Committed {
 		t.Fatalf("same-key retry: %+v, want a fresh commit", again)
 	}
+}
+
+// TestDeferredSyncfsFailure: the syncfs that makes a call's applied
+// changes durable runs after the call is answered (finish). When it fails,
+// the kernel fails stop and never finishes the intent, so the next start
+// redoes the call from its intent. The child kernel runs under strace,
+// which fails every syncfs(2) with EIO: a delete stages no file, so the
+// first syncfs is the deferred one.
+func TestDeferredSyncfsFailure(t *testing.T) {
+	if _, err := exec.LookPath("strace"); err != nil {
+		t.Skip("strace is not installed (make strace installs it)")
+	}
+	if out, err := exec.Command("strace", "-f", "-o", "/dev/null", "-e", "inject=getpid:error=EIO", "true").CombinedOutput(); err != nil {
+		t.Skipf("strace cannot trace here (ptrace refused?): %v %s", err, out)
+	}
+	h := newHarness(t)
+	h.write("f.txt", "old")
+	env := h.env("fs.delete", map[string]any{"path": "f.txt"}, key("del"), func(e *Envelope) { e.OperationID = newID() })
+	envJSON, _ := json.Marshal(env)
+	h.k.Close()
+
+	cmd := exec.Command("strace", "-f", "-o", "/dev/null", "-e", "inject=syncfs:error=EIO",
+		os.Args[0], "-test.run=^TestDeferredSyncfsChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "CAPK_SYNCFS_DATA="+h.data, "CAPK_ENVELOPE="+string(envJSON))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	h.open()
+	if n := len(h.k.Recovered.Redone); n != 1 {
+		t.Fatalf("recovery redid %d intents, want 1: the intent was finished although its syncfs failed\n%s", n, out)
+	}
+	if _, err := os.Lstat(filepath.Join(h.ws, "f.txt")); !os.IsNotExist(err) {
+		t.Fatalf("f.txt after recovery: %v, want it deleted", err)
+	}
+	h.oneRecord(env.OperationID, Committed)
+	mustVerify(t, h.k.Inspector())
+}
+
+// TestDeferredSyncfsChild is the child of TestDeferredSyncfsFailure.
+func TestDeferredSyncfsChild(t *testing.T) {
+	data := os.Getenv("CAPK_SYNCFS_DATA")
+	if data == "" {
+		t.Skip("run by TestDeferredSyncfsFailure")
+	}
+	k, err := Open(context.Background(), Config{DataDir: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env Envelope
+	if err := json.Unmarshal([]byte(os.Getenv("CAPK_ENVELOPE")), &env); err != nil {
+		t.Fatal(err)
+	}
+	op := env.OperationID
+	mustOK(t, k.Invoke(context.Background(), &env))
+	select {
+	case <-k.Failed():
+	case <-time.After(5 * time.Second):
+		// Push a transaction, which would carry a Finish queued lazily.
+		echo := env
+		echo.ToolID, echo.Args, echo.IdempotencyKey, echo.OperationID = "echo", json.RawMessage(`{"text":"x"}`), "", ""
+		k.Invoke(context.Background(), &echo)
+		k.Close()
+		t.Fatalf("no fail stop after the deferred syncfs of operation %s failed", op)
+	}
+	if err := k.Err(); err == nil || !strings.Contains(err.Error(), "syncfs (making applied files durable)") {
+		t.Fatalf("fail stop cause %v, want the deferred syncfs", err)
+	}
+	k.Close()
 }

@@ -808,7 +808,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	if class == "" {
 		// Staged files must be durable before the commit is.
-		if err := k.syncer.Sync(stage.Roots()...); err != nil {
+		if err := k.syncer.Sync(stage.FileRoots()...); err != nil {
 			// The intent stays prepared: the next start rolls it back.
 			return k.stopped(c, k.failStop("syncfs (making staged files durable) of", rootNames(stage), err))
 		}

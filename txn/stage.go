@@ -332,6 +332,24 @@ func (s *Stage) Roots() []*os.Root {
 	return out
 }
 
+// FileRoots returns the roots under which the stage holds staging files:
+// what must be made durable (Syncer.Sync) before the commit. A delete, a
+// directory or a kv put stages nothing on disk before Apply, so a stage
+// of only those needs no sync before its commit.
+func (s *Stage) FileRoots() []*os.Root {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*os.Root
+	seen := map[string]bool{}
+	for _, e := range s.effects {
+		if e.Op == OpWrite && !seen[e.Root] {
+			seen[e.Root] = true
+			out = append(out, s.roots[e.Root])
+		}
+	}
+	return out
+}
+
 // errNotRegular marks a path that exists but is not a regular file.
 var errNotRegular = errors.New("not a regular file")
 

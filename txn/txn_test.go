@@ -472,6 +472,48 @@ func TestStageDiscard(t *testing.T) {
 	}
 }
 
+// TestFileRoots: only staged file writes need a sync before the commit; a
+// delete, a directory or a kv put stages nothing on disk.
+func TestFileRoots(t *testing.T) {
+	e := newEnv(t)
+	e.write("old", "x")
+	root, err := os.OpenRoot(e.ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	syncer := NewSyncer()
+	defer syncer.Close()
+	res := func(rel string) *syscalls.Resource { return &syscalls.Resource{Root: root, RootPath: e.ws, Rel: rel} }
+	cases := []struct {
+		name  string
+		stage func(s *Stage) error
+		files int
+	}{
+		{"nothing", func(s *Stage) error { return nil }, 0},
+		{"delete", func(s *Stage) error { return s.Delete(res("old")) }, 0},
+		{"mkdir", func(s *Stage) error { return s.Mkdir(res("d"), 0o755) }, 0},
+		{"kv put", func(s *Stage) error { _, err := s.PutKV("k", json.RawMessage(`1`)); return err }, 0},
+		{"write", func(s *Stage) error { return s.WriteFile(res("new"), []byte("y"), 0) }, 1},
+		{"delete and two writes", func(s *Stage) error {
+			return errors.Join(s.Delete(res("old")), s.WriteFile(res("a"), []byte("a"), 0), s.WriteFile(res("b"), []byte("b"), 0))
+		}, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStage("op-"+strings.ReplaceAll(tc.name, " ", "-"), KV{View: e.db.View}, syncer)
+			defer s.Discard()
+			if err := tc.stage(s); err != nil {
+				t.Fatal(err)
+			}
+			got := s.FileRoots()
+			if len(got) != tc.files || len(got) == 1 && got[0] != root {
+				t.Fatalf("FileRoots = %v, want %d (the stage's root)", got, tc.files)
+			}
+		})
+	}
+}
+
 // TestOutcomeStoredOnce: a key's committed outcome is kept once — in the
 // operations table when PutOperation stored the same envelope first — and
 // every reader (Lookup, ForEachIdem, ReplaceResult) sees the same bytes

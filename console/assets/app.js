@@ -782,7 +782,9 @@ function b64encode(b) {
 function b64urlDecode(s) {
   if (!/^[A-Za-z0-9_-]*$/.test(s)) throw new Error("not base64url without padding");
   const t = s.replace(/-/g, "+").replace(/_/g, "/");
-  return b64decode(t + "===".slice((t.length + 3) % 4));
+  const b = b64decode(t + "===".slice((t.length + 3) % 4));
+  if (b64urlEncode(b) !== s) throw new Error("not canonical base64url");
+  return b;
 }
 function b64urlEncode(b) {
   return b64encode(b).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
@@ -910,6 +912,7 @@ function parseCheckpoint(note) {
     const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(l);
     if (!m) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
     const raw = b64decode(m[2]);
+    if (b64encode(raw) !== m[2]) throw new Error("the signature by " + m[1] + " is not canonical base64");
     if (raw.length < 5) throw new Error("short signature");
     sigs.push({ name: m[1], keyID: raw.slice(0, 4), sig: raw.slice(4) });
   }

@@ -94,7 +94,21 @@ test("checkpoint signature", async () => {
   assert.equal(cp.text, c.text);
   const tampered = c.signed.replace("\n17\n", "\n16\n");
   await assert.rejects(v.verifyCheckpoint(tampered, v.unhex(c.public_key)), /does not verify/);
+  // The same signature bytes spelled with an unused trailing bit set:
+  // refused, as ledger.OpenCheckpoint refuses it.
+  const respelled = c.signed.replace(/([A-Za-z0-9+/])(=*)\n$/, (_, ch, pad) => flipLowBit(ch) + pad + "\n");
+  assert.notEqual(respelled, c.signed);
+  await assert.rejects(v.verifyCheckpoint(respelled, v.unhex(c.public_key)), /not canonical base64/);
 });
+
+// flipLowBit returns the base64 digit after ch with its lowest bit flipped:
+// in a last digit that carries unused bits, the same bytes.
+function flipLowBit(ch) {
+  const std = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const url = std.slice(0, 62) + "-_";
+  const alpha = ch === "-" || ch === "_" ? url : std;
+  return alpha[alpha.indexOf(ch) ^ 1];
+}
 
 test("receipt JWS", async () => {
   const jws = read("receipts/testdata/receipt.jws").trim();
@@ -107,6 +121,10 @@ test("receipt JWS", async () => {
   await assert.rejects(v.verifyReceipt([h, p, v.b64urlEncode(sig)].join("."), jwks), /signature does not verify/);
   const other = { keys: [{ ...jwks.keys[0], kid: "x" }] };
   await assert.rejects(v.verifyReceipt(jws, other), /no key/);
+  // A 64-byte signature ends in a digit with four unused bits: the same
+  // bytes respelled are refused, as the Go verifier refuses them.
+  const respelled = [h, p, s.slice(0, -1) + flipLowBit(s.slice(-1))].join(".");
+  await assert.rejects(v.verifyReceipt(respelled, jwks), /not canonical base64url/);
 });
 
 test("receipt proven by the log (v2)", async () => {
