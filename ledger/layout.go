@@ -77,7 +77,7 @@ func treeLayout(meta *bbolt.Bucket) (int, error) {
 	case len(v) == 1 && v[0] == layoutCompletion:
 		return layoutCompletion, nil
 	default:
-		return 0, fmt.Errorf("ledger: Merkle tree key layout %x (meta key %q) is unknown to this build, which reads layouts 1 (not recorded) and 2 (recorded as 02)", v, keyTreeLayout)
+		return 0, fmt.Errorf("Merkle tree key layout %x (meta key %q) is unknown to this build, which reads layouts 1 (not recorded) and 2 (recorded as 02)", v, keyTreeLayout)
 	}
 }
 
@@ -85,7 +85,7 @@ func treeLayout(meta *bbolt.Bucket) (int, error) {
 func openTree(tree, meta *bbolt.Bucket) (storedTree, error) {
 	layout, err := treeLayout(meta)
 	if err != nil {
-		return storedTree{}, err
+		return storedTree{}, fmt.Errorf("ledger: %w", err)
 	}
 	return storedTree{b: tree, levelMajor: layout == layoutLevelMajor}, nil
 }

@@ -368,8 +368,8 @@ func TestUnknownTreeLayout(t *testing.T) {
 					}
 					return errRollback
 				})
-				if err == nil || !strings.Contains(err.Error(), want) {
-					t.Errorf("%s = %v, want %q", name, err, want)
+				if err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "ledger: ") || strings.Contains(err.Error(), "ledger: ledger:") {
+					t.Errorf("%s = %v, want one error, prefixed once, with %q", name, err, want)
 				}
 			}
 		})

@@ -72,7 +72,7 @@ func Init(tx *bbolt.Tx) error {
 	meta := tx.Bucket(bucketMeta)
 	layout, err := treeLayout(meta)
 	if err != nil {
-		return err
+		return fmt.Errorf("ledger: %w", err)
 	}
 	if layout == layoutLevelMajor {
 		return rekeyTree(tx, meta)
