@@ -116,8 +116,8 @@ func completionID(k []byte) (compact.NodeID, bool) {
 		return compact.NodeID{}, false
 	}
 	end, level := binary.BigEndian.Uint64(k), uint(k[8])
-	// end+1 is a multiple of 2^level; the node ending at 2^64−1 with
-	// level 0 is the only one where end+1 overflows.
+	// end+1 is a multiple of 2^level (end+1 wraps to 0 at end = 2^64−1,
+	// which every mask passes: the node ending at the last position).
 	if level > 0 && (end+1)&(1<<level-1) != 0 {
 		return compact.NodeID{}, false
 	}
@@ -127,29 +127,35 @@ func completionID(k []byte) (compact.NodeID, bool) {
 // rekeyTree rewrites a layoutLevelMajor tree bucket under the keys of
 // layoutCompletion, values unchanged, and records layoutCompletion, all in
 // tx: bbolt commits the whole of it or nothing, so a crash leaves the old
-// layout or the new one. A key that names no node, or a value that is no
-// hash (Verify reports either on the old file), is refused and tx must be
-// rolled back. Every node is held in memory while the bucket is rewritten,
-// as 41 bytes of its own (key and hash, no pointers) and bbolt's inode.
+// layout or the new one. A key that names no node is refused and tx must
+// be rolled back; a value that is no hash (damage) is carried over as it
+// is, for Verify to report under its new key, as it did under the old.
+// Every node is held in memory while the bucket is rewritten, as 65 bytes
+// of its own (key, hash and an empty slice) and bbolt's inode.
 func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 	type kv struct {
-		k [treeKeyLen]byte
-		v [32]byte
+		k   [treeKeyLen]byte
+		v   [32]byte
+		odd []byte // a value that is not 32 bytes long, copied
 	}
 	old := tx.Bucket(bucketTree)
-	nodes := make([]kv, 0, old.Stats().KeyN) // Stats reads page headers only
+	if err := checkOtherLayout(old, meta, true); err != nil {
+		return err
+	}
+	nodes := make([]kv, 0, old.Stats().KeyN) // Stats reads page and element headers only
 	c := old.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		id, ok := levelMajorID(k)
 		if !ok {
 			return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: key %x names no tree node (the database is unchanged; verify it)", layoutCompletion, k)
 		}
-		if len(v) != 32 {
-			return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: %s is %d bytes, want 32 (the database is unchanged; verify it)", layoutCompletion, nodeName(id), len(v))
-		}
 		var n kv
 		setTreeKey(n.k[:], id)
-		n.v = [32]byte(v)
+		if len(v) == len(n.v) {
+			n.v = [32]byte(v)
+		} else {
+			n.odd = append([]byte{}, v...) // the old pages are freed below
+		}
 		nodes = append(nodes, n)
 	}
 	slices.SortFunc(nodes, func(a, b kv) int { return bytes.Compare(a.k[:], b.k[:]) })
@@ -162,12 +168,44 @@ func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 	}
 	tree.FillPercent = 1 // in key order: see Writer.AppendCanonical
 	for i := range nodes {
+		v := nodes[i].v[:]
+		if nodes[i].odd != nil {
+			v = nodes[i].odd
+		}
 		// bbolt keeps both slices until tx ends: nodes is not written again.
-		if err := tree.Put(nodes[i].k[:], nodes[i].v[:]); err != nil {
+		if err := tree.Put(nodes[i].k[:], v); err != nil {
 			return fmt.Errorf("ledger: rekey the Merkle tree: %w", err)
 		}
 	}
 	return putLayout(meta)
+}
+
+// checkOtherLayout refuses a tree bucket whose head leaf is missing under
+// the layout meta records (levelMajor says which) but present under the
+// other: the records and the keys disagree, which happens when a build
+// that keys the tree level-major (before layouts were recorded) wrote to
+// a file of layoutCompletion, or when the layout's meta key was removed.
+// Rekeying or appending then would only scramble the tree further.
+func checkOtherLayout(b, meta *bbolt.Bucket, levelMajor bool) error {
+	n, _, err := readHead(meta)
+	if err != nil || n == 0 {
+		return nil // readHead's callers report its errors
+	}
+	leaf := compact.NewNodeID(0, n-1)
+	var k [treeKeyLen]byte
+	storedTree{levelMajor: levelMajor}.setKey(k[:], leaf)
+	if b.Get(k[:]) != nil {
+		return nil
+	}
+	storedTree{levelMajor: !levelMajor}.setKey(k[:], leaf)
+	if b.Get(k[:]) == nil {
+		return nil
+	}
+	recorded, found := "layout 2 (recorded as 02)", "layout 1 (level-major)"
+	if levelMajor {
+		recorded, found = "layout 1 (no layout recorded)", "layout 2 (completion order)"
+	}
+	return fmt.Errorf("ledger: the Merkle tree's key layout is %s in ledger_meta, but the leaf of the head (entry %d) is stored under %s: a build from before layouts were recorded wrote to this file, or the meta key %q was changed; the database is unchanged (restore it from a backup or rebuild the tree)", recorded, n-1, found, keyTreeLayout)
 }
 
 // putLayout records layoutCompletion in meta.

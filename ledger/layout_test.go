@@ -221,6 +221,7 @@ func TestInitRekeysLevelMajorTree(t *testing.T) {
 		if !equalDumps(dumpBucket(t, old, bucketTree), freshTree) {
 			t.Error("rekeyed tree differs from the fresh ledger's")
 		}
+
 		if got := viewOf(t, old); !got.equal(want) {
 			t.Errorf("rekeyed ledger's view differs from the fresh one:\n%+v\n%+v", got.report, want.report)
 		}
@@ -293,8 +294,12 @@ func TestDamagedLevelMajorTree(t *testing.T) {
 			init: "key c8 names no tree node (the database is unchanged"},
 		{name: "key past 2^64 entries", tamper: func(b *bbolt.Bucket) error { return b.Put([]byte{1, 0x80, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 32)) },
 			init: "key 018000000000000000 names no tree node"},
+		// Damage to a value is carried over, as evidence: the kernel opens
+		// as it did before the rekey, and Verify names the node.
 		{name: "node truncated", tamper: func(b *bbolt.Bucket) error { return b.Put(levelMajorKey(id(1, 2)), []byte{1, 2}) },
-			init: "tree node (level 1, index 2) is 2 bytes, want 32 (the database is unchanged"},
+			verify: &NodeError{Level: 1, Index: 2}, reason: "stored hash a 2-byte value differs"},
+		{name: "leaf emptied", tamper: func(b *bbolt.Bucket) error { return b.Put(levelMajorKey(id(0, 9)), nil) },
+			verify: &VerifyError{Seq: 9}, reason: "Merkle tree leaf: stored hash a 0-byte value differs"},
 		{name: "right edge node flipped", tamper: func(b *bbolt.Bucket) error {
 			k := levelMajorKey(id(5, 0))
 			v := bytes.Clone(b.Get(k))
@@ -399,4 +404,75 @@ func BenchmarkRekeyTree(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*b.N), "ns/entry")
+}
+
+// TestLayoutMismatch: keys of one layout under the other's record — an
+// earlier build appended to a rekeyed file, or the record was removed —
+// are refused at open with what was found, and nothing is changed.
+func TestLayoutMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tamper func(tx *bbolt.Tx) error
+		want   string
+	}{
+		{"head leaf written level-major under layout 2", func(tx *bbolt.Tx) error {
+			b, leaf := tx.Bucket(bucketTree), compact.NewNodeID(0, 36)
+			v := bytes.Clone(b.Get(treeKey(leaf)))
+			if err := b.Delete(treeKey(leaf)); err != nil {
+				return err
+			}
+			return b.Put(levelMajorKey(leaf), v)
+		}, "key layout is layout 2 (recorded as 02) in ledger_meta, but the leaf of the head (entry 36) is stored under layout 1 (level-major)"},
+		{"layout record removed", func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyTreeLayout) },
+			"key layout is layout 1 (no layout recorded) in ledger_meta, but the leaf of the head (entry 36) is stored under layout 2 (completion order)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := checkpointed(t)
+			if err := db.Update(tc.tamper); err != nil {
+				t.Fatal(err)
+			}
+			before := dumpBucket(t, db, bucketTree)
+			err := db.Update(func(tx *bbolt.Tx) error {
+				if err := Init(tx); err != nil {
+					return err
+				}
+				return CheckTree(tx)
+			})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the database is unchanged") {
+				t.Fatalf("Init and CheckTree = %v, want %q", err, tc.want)
+			}
+			if !equalDumps(dumpBucket(t, db, bucketTree), before) {
+				t.Error("the refused open changed the tree")
+			}
+		})
+	}
+}
+
+// TestRekeyFillsPages: the rekeyed bucket is written in key order with
+// full pages, as appends fill them, not half-full as bbolt splits pages
+// by default.
+func TestRekeyFillsPages(t *testing.T) {
+	fresh, old := newDB(t), newDB(t)
+	for _, db := range []*bbolt.DB{fresh, old} {
+		for range 10 {
+			appendBatch(t, db, 64)
+		}
+	}
+	toLevelMajor(t, old)
+	if err := old.Update(Init); err != nil {
+		t.Fatal(err)
+	}
+	got, want := treeStats(t, old), treeStats(t, fresh)
+	if got.LeafPageN != want.LeafPageN || got.LeafInuse != want.LeafInuse || want.LeafPageN < 4 {
+		t.Errorf("rekeyed tree: %d leaf pages, %d bytes in use; a fresh ledger's: %d, %d", got.LeafPageN, got.LeafInuse, want.LeafPageN, want.LeafInuse)
+	}
+}
+
+func treeStats(tb testing.TB, db *bbolt.DB) (s bbolt.BucketStats) {
+	tb.Helper()
+	db.View(func(tx *bbolt.Tx) error {
+		s = tx.Bucket(bucketTree).Stats()
+		return nil
+	})
+	return s
 }
