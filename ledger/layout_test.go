@@ -2,8 +2,12 @@ package ledger
 
 import (
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -475,4 +479,54 @@ func treeStats(tb testing.TB, db *bbolt.DB) (s bbolt.BucketStats) {
 		return nil
 	})
 	return s
+}
+
+// TestRekeyFileOfAnEarlierBuild: a ledger file written by commit 9da916f
+// (level-major keys; testdata/levelmajor-9da916f.db.gz, made as
+// checkpointed makes its ledger) is read as it is read-only, and Init
+// rekeys it into the tree this build writes for the same entries.
+func TestRekeyFileOfAnEarlierBuild(t *testing.T) {
+	gz, err := os.ReadFile("testdata/levelmajor-9da916f.db.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "old.db")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fresh := checkpointed(t)
+	want := viewOf(t, fresh)
+
+	ro, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ro.View(func(tx *bbolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyTreeLayout); v != nil {
+			t.Fatalf("the earlier build's file records layout %x", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := viewOf(t, ro); !got.equal(want) {
+		t.Errorf("read-only view of the earlier build's file differs from this build's ledger:\n%+v\n%+v", got.report, want.report)
+	}
+	ro.Close()
+
+	db := openDB(t, path) // Init rekeys
+	if !equalDumps(dumpBucket(t, db, bucketTree), dumpBucket(t, fresh, bucketTree)) {
+		t.Error("the rekeyed tree differs from the tree this build writes")
+	}
+	if got := viewOf(t, db); !got.equal(want) {
+		t.Errorf("rekeyed view differs:\n%+v\n%+v", got.report, want.report)
+	}
 }
