@@ -151,7 +151,7 @@ func TestOpenChecksTreeAgainstCheckpoint(t *testing.T) {
 			prev, _ := ledger.Get(tx, hd.Size-2)
 			h, _ := digest.Parse(prev.Hash)
 			tx.Bucket([]byte("ledger")).Delete(binary8(hd.Size - 1))
-			tx.Bucket([]byte("ledger_tree")).Delete(append([]byte{0}, binary8(hd.Size-1)...))
+			tx.Bucket([]byte("ledger_tree")).Delete(append(binary8(hd.Size-1), 0)) // key: completion position, level
 			tx.Bucket([]byte("ledger_meta")).Put([]byte("head"), append(binary8(hd.Size-1), h[:]...))
 		}},
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -189,4 +190,126 @@ func checkRecovered(t *testing.T, d *store.DB, acked map[uint64]string, verifier
 		t.Fatal(err)
 	}
 	return r
+}
+
+const rekeyCrashDBEnv = "CAPK_LEDGER_REKEY_CRASH_DB"
+
+// TestRekeyCrashChild is the child process of TestRekeyCrash: it opens
+// the level-major ledger at the path given, prints "open", runs Init
+// (which rekeys the tree) and prints "rekeyed", then waits to be killed.
+func TestRekeyCrashChild(t *testing.T) {
+	path := os.Getenv(rekeyCrashDBEnv)
+	if path == "" {
+		t.Skip("run by TestRekeyCrash")
+	}
+	// Synced commits and the freelist kept in memory, as the kernel's
+	// store opens the file (store.Open).
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{NoFreelistSync: true, FreelistType: bbolt.FreelistMapType})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.Write([]byte("open\n"))
+	if err := db.Update(Init); err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.Write([]byte("rekeyed\n"))
+	time.Sleep(time.Minute)
+	t.Fatal("not killed")
+}
+
+// TestRekeyCrash kills (SIGKILL) a process while Init rekeys a level-major
+// tree of 20k entries, at several moments from before the transaction to
+// after its commit. The file must then hold the old layout exactly (no
+// layout recorded, the level-major tree as it was) or the new one exactly
+// (layout 2 recorded, the tree of a ledger written in it), never a mix,
+// and open and verify either way.
+func TestRekeyCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "old.db")
+	db := openDB(t, src)
+	for range 4 {
+		appendBatch(t, db, 5000)
+		writeCheckpoint(t, db, testSigner(t))
+	}
+	fresh := dumpBucket(t, db, bucketTree)
+	toLevelMajor(t, db)
+	old := dumpBucket(t, db, bucketTree)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]int{}
+	for round, delay := range []time.Duration{0, time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond} {
+		path := filepath.Join(dir, fmt.Sprintf("round%d.db", round))
+		if err := os.WriteFile(path, orig, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRekeyCrashChild$")
+		cmd.Env = append(os.Environ(), rekeyCrashDBEnv+"="+path)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() && sc.Text() != "open" {
+		}
+		time.Sleep(delay)
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		for sc.Scan() {
+		}
+		var ee *exec.ExitError
+		if err := cmd.Wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("round %d: child not killed: %v\n%s", round, err, stderr.String())
+		}
+
+		// What the child left, read without Init.
+		raw, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var layout []byte
+		if err := raw.View(func(tx *bbolt.Tx) error {
+			layout = bytes.Clone(tx.Bucket(bucketMeta).Get(keyTreeLayout))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		left := dumpBucket(t, raw, bucketTree)
+		raw.Close()
+		outcome := "old layout"
+		switch {
+		case layout == nil && equalDumps(left, old):
+		case bytes.Equal(layout, []byte{layoutCompletion}) && equalDumps(left, fresh):
+			outcome = "new layout"
+		default:
+			t.Fatalf("round %d (killed %v after open): layout %x and a tree of %d nodes that is neither the old nor the rekeyed one", round, delay, layout, len(left))
+		}
+		outcomes[outcome]++
+
+		d := openDB(t, path) // Init rekeys if the child did not
+		if _, err := verifyDB(d); err != nil {
+			t.Errorf("round %d (%s): %v", round, outcome, err)
+		}
+		if err := d.View(CheckTree); err != nil {
+			t.Errorf("round %d (%s): %v", round, outcome, err)
+		}
+		if !equalDumps(dumpBucket(t, d, bucketTree), fresh) {
+			t.Errorf("round %d (%s): the tree after Init differs from the rekeyed one", round, outcome)
+		}
+		d.Close()
+	}
+	t.Logf("outcomes: %v", outcomes)
 }

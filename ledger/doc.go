@@ -45,13 +45,19 @@
 //     as is). Because the record must be exactly canonical, Verify notices
 //     a change to any byte of a stored value.
 //   - "ledger_meta": key "head" = 8-byte big-endian entry count followed by
-//     the 32 raw bytes of the last entry_hash, so Append needs no scan.
+//     the 32 raw bytes of the last entry_hash, so Append needs no scan;
+//     key "tree_layout" = the key layout of "ledger_tree", one byte 0x02
+//     (absent: layout 1, the level-major keys of files written before).
 //   - "ledger_tree": the hash of every perfect subtree of the Merkle tree,
-//     written by Append as it completes: key = level (1 byte) || index (8
-//     bytes big-endian), value = 32 raw bytes; node (l, i) covers entries
-//     [i·2^l, (i+1)·2^l) and level 0 holds the entry hashes. A root or
-//     proof reads O(log n) of them. Init builds this bucket once for a
-//     ledger made before it existed.
+//     written by Append as it completes: key = completion position (8
+//     bytes big-endian, (i+1)·2^l − 1, the last entry the node covers) ||
+//     level (1 byte), value = 32 raw bytes; node (l, i) covers entries
+//     [i·2^l, (i+1)·2^l) and level 0 holds the entry hashes. Keys ascend in
+//     the order appends complete nodes, so a transaction's nodes go to the
+//     bucket's tail. A root or proof reads O(log n) of them. Init builds
+//     this bucket once for a ledger made before it existed, and rewrites a
+//     layout-1 tree under layout-2 keys (read-only transactions read
+//     both).
 //   - "ledger_checkpoints": key = 8-byte big-endian counter from 0, value =
 //     a signed checkpoint note, stored packed (loadCheckpoint); sizes never
 //     decrease with the counter.

@@ -54,16 +54,28 @@ const headLen = 8 + digest.Size
 // Init creates the ledger's buckets if they are missing. Call it in a write
 // transaction when the database is opened. On a ledger made before the
 // Merkle tree existed, it builds the tree once from the stored entries
-// (their stored entry_hash values; Verify checks them).
+// (their stored entry_hash values; Verify checks them). On a tree stored
+// in the level-major key layout, it rewrites the tree under the keys of
+// the completion-order layout, values unchanged (see rekeyTree). Either
+// happens within tx: a rolled-back or interrupted tx leaves the database
+// as it was. It refuses a tree whose recorded key layout it does not know.
 func Init(tx *bbolt.Tx) error {
-	migrate := tx.Bucket(bucketTree) == nil
+	build := tx.Bucket(bucketTree) == nil
 	for _, name := range [][]byte{bucketEntries, bucketMeta, bucketTree, bucketCheckpoints} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("ledger: create bucket %q: %w", name, err)
 		}
 	}
-	if migrate {
+	if build {
 		return migrateTree(tx)
+	}
+	meta := tx.Bucket(bucketMeta)
+	layout, err := treeLayout(meta)
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	if layout == layoutLevelMajor {
+		return rekeyTree(tx, meta)
 	}
 	return nil
 }

@@ -36,7 +36,11 @@ func ProveInclusion(tx *bbolt.Tx, index, size uint64) (Inclusion, error) {
 	if err != nil {
 		return Inclusion{}, err
 	}
-	leaf, err := getNode(tx.Bucket(bucketTree), compact.NewNodeID(0, index))
+	tree, _, err := treeAt(tx)
+	if err != nil {
+		return Inclusion{}, err
+	}
+	leaf, err := getNode(tree, compact.NewNodeID(0, index))
 	if err != nil {
 		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d: %w", index, err)
 	}

@@ -262,7 +262,7 @@ func truncateTail(t *testing.T, db *bbolt.DB, keep uint64, dropCheckpoints bool)
 		}
 		deleteWhere(tx.Bucket(bucketEntries), func(k, _ []byte) bool { return binary.BigEndian.Uint64(k) >= keep })
 		deleteWhere(tx.Bucket(bucketTree), func(k, _ []byte) bool {
-			return (binary.BigEndian.Uint64(k[1:])+1)<<k[0] > keep
+			return binary.BigEndian.Uint64(k) >= keep // completed by a dropped entry
 		})
 		if dropCheckpoints {
 			deleteWhere(tx.Bucket(bucketCheckpoints), func(_, v []byte) bool {
@@ -274,7 +274,7 @@ func truncateTail(t *testing.T, db *bbolt.DB, keep uint64, dropCheckpoints bool)
 				return err != nil || c.Size > keep
 			})
 		}
-		last, err := getNode(tx.Bucket(bucketTree), compact.NewNodeID(0, keep-1))
+		last, err := getNode(storedTree{b: tx.Bucket(bucketTree)}, compact.NewNodeID(0, keep-1))
 		if err != nil {
 			return err
 		}

@@ -13,9 +13,11 @@ import (
 )
 
 // bucketTree holds the hash of every perfect subtree of the Merkle tree:
-// key = level (1 byte) || index (8 bytes big-endian), value = 32 raw bytes.
-// Level 0 holds the leaves (entry hashes); node (l, i) covers entries
-// [i·2^l, (i+1)·2^l).
+// key = completion position (8 bytes big-endian) || level (1 byte), value
+// = 32 raw bytes (layoutCompletion; files of layoutLevelMajor are read
+// too). Level 0 holds the leaves (entry hashes); node (l, i) covers
+// entries [i·2^l, (i+1)·2^l), and its completion position is the last of
+// them, (i+1)·2^l − 1: the entry whose append completes it.
 var bucketTree = []byte("ledger_tree")
 
 const treeKeyLen = 9
@@ -23,16 +25,18 @@ const treeKeyLen = 9
 // rangeFactory builds compact ranges with the ledger's node hash.
 var rangeFactory = &compact.RangeFactory{Hash: Hasher{}.HashChildren}
 
+// treeKey returns the layoutCompletion key of node id.
 func treeKey(id compact.NodeID) []byte {
 	k := make([]byte, treeKeyLen)
 	setTreeKey(k, id)
 	return k
 }
 
-// setTreeKey writes the key of node id into k (treeKeyLen bytes).
+// setTreeKey writes the layoutCompletion key of node id into k
+// (treeKeyLen bytes).
 func setTreeKey(k []byte, id compact.NodeID) {
-	k[0] = byte(id.Level)
-	binary.BigEndian.PutUint64(k[1:], id.Index)
+	binary.BigEndian.PutUint64(k, (id.Index+1)<<id.Level-1)
+	k[8] = byte(id.Level)
 }
 
 func nodeName(id compact.NodeID) string {
@@ -49,7 +53,7 @@ type node struct {
 // parent (hashed with its left sibling: prev, the leaf before, on level 0;
 // a stored node above). Over n appends this reads fewer than n/2 and
 // returns fewer than 2n nodes: O(1) amortized.
-func completedNodes(tree *bbolt.Bucket, index uint64, leaf, prev [32]byte) ([]node, error) {
+func completedNodes(tree storedTree, index uint64, leaf, prev [32]byte) ([]node, error) {
 	out := append(make([]node, 0, 4), node{compact.NewNodeID(0, index), leaf})
 	for n := out[0]; n.id.Index&1 == 1; {
 		left := prev
@@ -82,8 +86,10 @@ func putNodes(tree *bbolt.Bucket, buf []byte, nodes []node) error {
 	return nil
 }
 
-func getNode(tree *bbolt.Bucket, id compact.NodeID) (h [32]byte, err error) {
-	v := tree.Get(treeKey(id))
+func getNode(tree storedTree, id compact.NodeID) (h [32]byte, err error) {
+	var k [treeKeyLen]byte
+	tree.setKey(k[:], id)
+	v := tree.b.Get(k[:])
 	if v == nil {
 		return h, fmt.Errorf("%s missing", nodeName(id))
 	}
@@ -95,7 +101,7 @@ func getNode(tree *bbolt.Bucket, id compact.NodeID) (h [32]byte, err error) {
 }
 
 // getNodes reads the stored hashes of ids, in order.
-func getNodes(tree *bbolt.Bucket, ids []compact.NodeID) ([][]byte, error) {
+func getNodes(tree storedTree, ids []compact.NodeID) ([][]byte, error) {
 	out := make([][]byte, len(ids))
 	for i, id := range ids {
 		h, err := getNode(tree, id)
@@ -107,26 +113,30 @@ func getNodes(tree *bbolt.Bucket, ids []compact.NodeID) ([][]byte, error) {
 	return out, nil
 }
 
-// treeAt returns the tree bucket and the number of entries in the ledger.
-func treeAt(tx *bbolt.Tx) (*bbolt.Bucket, uint64, error) {
+// treeAt returns the stored tree and the number of entries in the ledger.
+func treeAt(tx *bbolt.Tx) (storedTree, uint64, error) {
 	_, meta, err := buckets(tx)
 	if err != nil {
-		return nil, 0, err
+		return storedTree{}, 0, err
 	}
-	tree := tx.Bucket(bucketTree)
-	if tree == nil {
-		return nil, 0, errors.New("ledger: Merkle tree bucket missing (run Init, which builds it for a ledger made before it existed)")
+	b := tx.Bucket(bucketTree)
+	if b == nil {
+		return storedTree{}, 0, errors.New("ledger: Merkle tree bucket missing (run Init, which builds it for a ledger made before it existed)")
+	}
+	tree, err := openTree(b, meta)
+	if err != nil {
+		return storedTree{}, 0, err
 	}
 	size, _, err := readHead(meta)
 	if err != nil {
-		return nil, 0, fmt.Errorf("ledger: %w", err)
+		return storedTree{}, 0, fmt.Errorf("ledger: %w", err)
 	}
 	return tree, size, nil
 }
 
 // rootOf computes the root of the tree of the first size leaves from the
 // stored roots of its compact range (at most log2(size)+1 nodes).
-func rootOf(tree *bbolt.Bucket, size uint64) ([32]byte, error) {
+func rootOf(tree storedTree, size uint64) ([32]byte, error) {
 	if size == 0 {
 		return emptyRoot, nil
 	}
@@ -238,14 +248,17 @@ func CheckTree(tx *bbolt.Tx) error {
 	if n > 0 {
 		leaf, err := getNode(tree, compact.NewNodeID(0, n-1))
 		if err != nil {
+			if lerr := checkOtherLayout(tree.b, tx.Bucket(bucketMeta), tree.levelMajor); lerr != nil {
+				return lerr
+			}
 			return fmt.Errorf("ledger: tree check: %w", err)
 		}
 		if leaf != head {
 			return fmt.Errorf("ledger: tree check: leaf %d is %s but the head's entry hash is %s", n-1, digest.Format(leaf), digest.Format(head))
 		}
 	}
-	if tree.Get(treeKey(compact.NewNodeID(0, n))) != nil {
-		return fmt.Errorf("ledger: tree check: the tree has a leaf %d beyond the head's %d entries", n, n)
+	if what := tree.beyond(n); what != "" {
+		return fmt.Errorf("ledger: tree check: %s is stored beyond the head's %d entries", what, n)
 	}
 	root, err := rootOf(tree, n)
 	if err != nil {
@@ -280,8 +293,8 @@ func migrateTree(tx *bbolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	tree := tx.Bucket(bucketTree)
-	tree.FillPercent = 1 // see Writer.AppendCanonical
+	tree := storedTree{b: tx.Bucket(bucketTree)}
+	tree.b.FillPercent = 1 // see Writer.AppendCanonical
 	size, _, err := readHead(meta)
 	if err != nil {
 		return fmt.Errorf("ledger: build Merkle tree: %w", err)
@@ -302,7 +315,7 @@ func migrateTree(tx *bbolt.Tx) error {
 		leaf, _ := digest.Parse(e.Hash)
 		nodes, err := completedNodes(tree, n, leaf, prev)
 		if err == nil {
-			err = putNodes(tree, make([]byte, len(nodes)*(treeKeyLen+len(node{}.hash))), nodes)
+			err = putNodes(tree.b, make([]byte, len(nodes)*(treeKeyLen+len(node{}.hash))), nodes)
 		}
 		if err != nil {
 			return fmt.Errorf("ledger: build Merkle tree: entry %d: %w", n, err)
@@ -313,5 +326,5 @@ func migrateTree(tx *bbolt.Tx) error {
 	if n != size {
 		return fmt.Errorf("ledger: build Merkle tree: %d entries stored, the head counts %d (run Verify)", n, size)
 	}
-	return nil
+	return putLayout(meta)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -366,72 +367,105 @@ func TestProofErrors(t *testing.T) {
 	}
 }
 
-// TestVerifyChecksTree tampers with the stored tree of a 13-entry ledger.
+// TestVerifyChecksTree tampers with the stored tree of a 13-entry ledger,
+// in both key layouts: the completion order Init writes, and the
+// level-major one of files not yet rekeyed, which read-only opens verify.
 func TestVerifyChecksTree(t *testing.T) {
 	id := compact.NewNodeID
-	put := func(id compact.NodeID, v []byte) func(*testing.T, *bbolt.Bucket) {
-		return func(t *testing.T, b *bbolt.Bucket) {
-			if err := b.Put(treeKey(id), v); err != nil {
+	type tamper func(t *testing.T, b *bbolt.Bucket, key func(compact.NodeID) []byte)
+	put := func(id compact.NodeID, v []byte) tamper {
+		return func(t *testing.T, b *bbolt.Bucket, key func(compact.NodeID) []byte) {
+			if err := b.Put(key(id), v); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	flip := func(id compact.NodeID) func(*testing.T, *bbolt.Bucket) {
-		return func(t *testing.T, b *bbolt.Bucket) {
-			v := bytes.Clone(b.Get(treeKey(id)))
+	flip := func(id compact.NodeID) tamper {
+		return func(t *testing.T, b *bbolt.Bucket, key func(compact.NodeID) []byte) {
+			v := bytes.Clone(b.Get(key(id)))
 			v[31] ^= 0x80
-			put(id, v)(t, b)
+			put(id, v)(t, b, key)
 		}
 	}
-	del := func(id compact.NodeID) func(*testing.T, *bbolt.Bucket) {
-		return func(t *testing.T, b *bbolt.Bucket) {
-			if err := b.Delete(treeKey(id)); err != nil {
+	del := func(id compact.NodeID) tamper {
+		return func(t *testing.T, b *bbolt.Bucket, key func(compact.NodeID) []byte) {
+			if err := b.Delete(key(id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	raw := func(k []byte) tamper {
+		return func(t *testing.T, b *bbolt.Bucket, _ func(compact.NodeID) []byte) {
+			if err := b.Put(k, make([]byte, 32)); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	for _, tc := range []struct {
 		name   string
-		tamper func(*testing.T, *bbolt.Bucket)
+		tamper tamper
 		want   error
 		reason string
+		// levelMajor, if set, replaces want and reason in that layout.
+		levelMajor       error
+		levelMajorReason string
 	}{
-		{"leaf flipped", flip(id(0, 6)), &VerifyError{Seq: 6}, "Merkle tree leaf: stored hash"},
-		{"last leaf flipped", flip(id(0, 12)), &VerifyError{Seq: 12}, "Merkle tree leaf: stored hash"},
-		{"leaf deleted", del(id(0, 3)), &VerifyError{Seq: 3}, "Merkle tree leaf: missing"},
-		{"node flipped", flip(id(2, 1)), &NodeError{Level: 2, Index: 1}, "stored hash"},
-		{"top node flipped", flip(id(3, 0)), &NodeError{Level: 3, Index: 0}, "stored hash"},
-		{"node deleted", del(id(1, 5)), &NodeError{Level: 1, Index: 5}, "missing"},
-		{"node truncated", put(id(1, 2), []byte{1, 2}), &NodeError{Level: 1, Index: 2}, "a 2-byte value"},
-		{"leaf beyond the entries", put(id(0, 13), make([]byte, 32)), &NodeError{Level: 0, Index: 13}, "not part of the tree of 13 entries"},
-		{"node beyond the entries", put(id(2, 3), make([]byte, 32)), &NodeError{Level: 2, Index: 3}, "not part of the tree of 13 entries"},
-		{"node of an absent level", put(id(9, 0), make([]byte, 32)), &NodeError{Level: 9, Index: 0}, "not part of the tree"},
-		{"malformed key among nodes", func(t *testing.T, b *bbolt.Bucket) {
-			if err := b.Put([]byte{1, 0, 0, 0}, make([]byte, 32)); err != nil {
-				t.Fatal(err)
-			}
-		}, &NodeError{Level: 1, Index: 0}, "malformed key 01000000"},
-		{"malformed key after the levels", func(t *testing.T, b *bbolt.Bucket) {
-			if err := b.Put([]byte{200}, make([]byte, 32)); err != nil {
-				t.Fatal(err)
-			}
-		}, &NodeError{Level: 200}, "malformed key c8"},
+		{name: "leaf flipped", tamper: flip(id(0, 6)), want: &VerifyError{Seq: 6}, reason: "Merkle tree leaf: stored hash"},
+		{name: "last leaf flipped", tamper: flip(id(0, 12)), want: &VerifyError{Seq: 12}, reason: "Merkle tree leaf: stored hash"},
+		{name: "leaf deleted", tamper: del(id(0, 3)), want: &VerifyError{Seq: 3}, reason: "Merkle tree leaf: missing"},
+		{name: "node flipped", tamper: flip(id(2, 1)), want: &NodeError{Level: 2, Index: 1}, reason: "stored hash"},
+		{name: "top node flipped", tamper: flip(id(3, 0)), want: &NodeError{Level: 3, Index: 0}, reason: "stored hash"},
+		{name: "node deleted", tamper: del(id(1, 5)), want: &NodeError{Level: 1, Index: 5}, reason: "missing"},
+		{name: "node truncated", tamper: put(id(1, 2), []byte{1, 2}), want: &NodeError{Level: 1, Index: 2}, reason: "a 2-byte value"},
+		{name: "leaf beyond the entries", tamper: put(id(0, 13), make([]byte, 32)), want: &NodeError{Level: 0, Index: 13}, reason: "not part of the tree of 13 entries"},
+		{name: "node beyond the entries", tamper: put(id(2, 3), make([]byte, 32)), want: &NodeError{Level: 2, Index: 3}, reason: "not part of the tree of 13 entries"},
+		{name: "node of an absent level", tamper: put(id(9, 0), make([]byte, 32)), want: &NodeError{Level: 9, Index: 0}, reason: "not part of the tree"},
+		{
+			name: "malformed key among nodes", tamper: raw([]byte{0, 0, 0, 0}),
+			want: &NodeError{Level: 0, Index: 0}, reason: "malformed key 00000000 stored before it",
+			levelMajor: &NodeError{Level: 0, Index: 0}, levelMajorReason: "malformed key 00000000 stored before it",
+		},
+		{
+			name: "malformed key past the nodes", tamper: raw([]byte{1, 0, 0, 0}),
+			want: &NodeError{Level: 0, Index: 12}, reason: "malformed key 01000000 stored after it, the last node of the tree of 13 entries",
+			levelMajor: &NodeError{Level: 1, Index: 0}, levelMajorReason: "malformed key 01000000",
+		},
+		{
+			name: "key of no node between nodes", tamper: raw([]byte{0, 0, 0, 0, 0, 0, 0, 4, 1}),
+			want: &NodeError{Level: 0, Index: 5}, reason: "malformed key 000000000000000401 stored before it",
+			levelMajor: &NodeError{Level: 0, Index: 1025}, levelMajorReason: "not part of the tree of 13 entries",
+		},
+		{
+			name: "malformed key after the levels", tamper: raw([]byte{200}),
+			want: &NodeError{Level: 0, Index: 12}, reason: "malformed key c8 stored after it",
+			levelMajor: &NodeError{Level: 200}, levelMajorReason: "malformed key c8",
+		},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			db := newDB(t)
-			appendBatch(t, db, 13)
-			if err := db.Update(func(tx *bbolt.Tx) error {
-				tc.tamper(t, tx.Bucket(bucketTree))
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-			db.View(func(tx *bbolt.Tx) error {
-				_, err := Verify(tx)
-				checkErr(t, err, tc.want, tc.reason)
-				return nil
+		for _, levelMajor := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/levelMajor=%v", tc.name, levelMajor), func(t *testing.T) {
+				db := newDB(t)
+				appendBatch(t, db, 13)
+				key, want, reason := treeKey, tc.want, tc.reason
+				if levelMajor {
+					toLevelMajor(t, db)
+					key = levelMajorKey
+					if tc.levelMajor != nil {
+						want, reason = tc.levelMajor, tc.levelMajorReason
+					}
+				}
+				if err := db.Update(func(tx *bbolt.Tx) error {
+					tc.tamper(t, tx.Bucket(bucketTree), key)
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				db.View(func(tx *bbolt.Tx) error {
+					_, err := Verify(tx)
+					checkErr(t, err, want, reason)
+					return nil
+				})
 			})
-		})
+		}
 	}
 }
 
@@ -521,7 +555,7 @@ func TestCheckTree(t *testing.T) {
 		}, "leaf 10 is blake3:0000"},
 		{"leaf beyond the head", func(t *testing.T, tx *bbolt.Tx) {
 			tx.Bucket(bucketTree).Put(treeKey(compact.NewNodeID(0, 11)), make([]byte, 32))
-		}, "leaf 11 beyond the head's 11 entries"},
+		}, "tree node (level 0, index 11) is stored beyond the head's 11 entries"},
 		{"checkpoint beyond the entries", func(t *testing.T, tx *bbolt.Tx) {
 			signed, err := SignCheckpoint(signer, Checkpoint{Origin: testOrigin, Size: 12})
 			if err != nil {

@@ -140,7 +140,11 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	}
 	v := newChain(opts)
 	if tree != nil {
-		v.nodes = &nodeChecker{tree: tree}
+		t, err := openTree(tree, meta)
+		if err != nil {
+			return Report{}, err
+		}
+		v.nodes = &nodeChecker{tree: t}
 	}
 	v.misplaced = func(size uint64) string {
 		return fmt.Sprintf("is for tree size %d, below the size of a checkpoint stored before it", size)
@@ -246,24 +250,30 @@ func (w *checkpointWalk) next() item {
 }
 
 // nodeChecker compares the stored Merkle tree with the nodes of the tree
-// recomputed from the entries, walking one cursor per level in step.
+// recomputed from the entries. In layoutCompletion the stored keys ascend
+// in the order the nodes are recomputed, so one cursor walks the bucket in
+// step; in layoutLevelMajor (a file not yet rekeyed) one cursor per level
+// does.
 type nodeChecker struct {
-	tree    *bbolt.Bucket
-	cursors []*bbolt.Cursor // by level
+	tree    storedTree
+	c       *bbolt.Cursor   // layoutCompletion
+	cursors []*bbolt.Cursor // layoutLevelMajor, by level
 	err     error           // the first difference
 	want    [treeKeyLen]byte
+	last    compact.NodeID // the last node visited
+	visited bool
 }
 
-// visit is called with every node of the recomputed tree as it completes,
-// in index order on each level.
+// visit is called with every node of the recomputed tree as it completes:
+// the leaf, then the parents it completes, bottom up.
 func (nc *nodeChecker) visit(id compact.NodeID, hash *[32]byte) {
 	if nc.err != nil {
 		return
 	}
+	nc.last, nc.visited = id, true
 	k, v := nc.step(id.Level)
-	want := nc.want[:] // treeKey(id), without allocating
-	want[0] = byte(id.Level)
-	binary.BigEndian.PutUint64(want[1:], id.Index)
+	want := nc.want[:] // the key of id, without allocating
+	nc.tree.setKey(want, id)
 	switch {
 	case bytes.Equal(k, want) && bytes.Equal(v, hash[:]):
 	case bytes.Equal(k, want):
@@ -286,15 +296,23 @@ func nodeDiffers(id compact.NodeID, reason string) error {
 	return &NodeError{Level: id.Level, Index: id.Index, Reason: reason}
 }
 
-// step returns the next stored key at level (or after it).
+// step returns the next stored key: in layoutCompletion the bucket's next,
+// in layoutLevelMajor the next at level (or after it).
 func (nc *nodeChecker) step(level uint) (k, v []byte) {
+	if !nc.tree.levelMajor {
+		if nc.c == nil {
+			nc.c = nc.tree.b.Cursor()
+			return nc.c.First()
+		}
+		return nc.c.Next()
+	}
 	for uint(len(nc.cursors)) <= level {
 		nc.cursors = append(nc.cursors, nil)
 	}
 	if c := nc.cursors[level]; c != nil {
 		return c.Next()
 	}
-	c := nc.tree.Cursor()
+	c := nc.tree.b.Cursor()
 	nc.cursors[level] = c
 	return c.Seek([]byte{byte(level)})
 }
@@ -304,6 +322,20 @@ func (nc *nodeChecker) step(level uint) (k, v []byte) {
 func (nc *nodeChecker) rest(n uint64) error {
 	if nc.err != nil {
 		return nc.err
+	}
+	if !nc.tree.levelMajor {
+		k, _ := nc.step(0)
+		if k == nil {
+			return nil
+		}
+		id, ok := completionID(k)
+		if !ok && nc.visited {
+			return &NodeError{Level: nc.last.Level, Index: nc.last.Index, Reason: fmt.Sprintf("malformed key %x stored after it, the last node of the tree of %d entries", k, n)}
+		}
+		if !ok {
+			return &NodeError{Reason: fmt.Sprintf("malformed key %x in the stored tree of an empty ledger", k)}
+		}
+		return &NodeError{Level: id.Level, Index: id.Index, Reason: fmt.Sprintf("stored, but not part of the tree of %d entries", n)}
 	}
 	for level := range uint(64) {
 		k, _ := nc.step(level)
@@ -315,7 +347,7 @@ func (nc *nodeChecker) rest(n uint64) error {
 		}
 		return &NodeError{Level: level, Index: binary.BigEndian.Uint64(k[1:]), Reason: fmt.Sprintf("stored, but not part of the tree of %d entries", n)}
 	}
-	if k, _ := nc.tree.Cursor().Seek([]byte{64}); k != nil {
+	if k, _ := nc.tree.b.Cursor().Seek([]byte{64}); k != nil {
 		return &NodeError{Level: uint(k[0]), Reason: fmt.Sprintf("malformed key %x in the stored tree", k)}
 	}
 	return nil

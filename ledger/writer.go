@@ -145,8 +145,8 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if !putTime(&tb, t) {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, FormatTime(t), TimeLayout)
 	}
-	// Keys only ever grow (on each level of the tree), so pages can be
-	// filled completely before they split.
+	// Keys only ever grow (the tree's in completion order), so pages can
+	// be filled completely before they split.
 	entries.FillPercent, tree.FillPercent = 1, 1
 	if !p.checked {
 		// Once per edge established in tx: nothing may be stored at or
@@ -237,7 +237,8 @@ func (w *Writer) putHead(meta *bbolt.Bucket, stored []byte) error {
 // stored head, else one rebuilt from the stored tree; at later ones, the
 // pending edge unless entries were appended without w since (their
 // leaves then join the batch).
-func (w *Writer) begin(tx *bbolt.Tx, meta, tree *bbolt.Bucket) ([]byte, error) {
+func (w *Writer) begin(tx *bbolt.Tx, meta, b *bbolt.Bucket) ([]byte, error) {
+	tree := storedTree{b: b}
 	v := meta.Get(keyHead)
 	size, last, err := parseHead(v)
 	if err != nil {
@@ -259,6 +260,13 @@ func (w *Writer) begin(tx *bbolt.Tx, meta, tree *bbolt.Bucket) ([]byte, error) {
 			b.leaves = append(b.leaves, h)
 		}
 		return v, nil
+	}
+	// Once per transaction: the Writer stores nodes in layoutCompletion
+	// only, which must be the file's (Init rekeys an older one).
+	if layout, err := treeLayout(meta); err != nil {
+		return nil, err
+	} else if layout != layoutCompletion {
+		return nil, fmt.Errorf("the Merkle tree is stored in key layout %d, this Writer writes layout %d (run Init, which rekeys it)", layout, layoutCompletion)
 	}
 	c := w.committed
 	if c.lastHex != "" && c.size == size && c.last == last {
@@ -282,7 +290,7 @@ func (w *Writer) begin(tx *bbolt.Tx, meta, tree *bbolt.Bucket) ([]byte, error) {
 
 // loadEdge reads the right edge of the tree of size entries from the
 // stored tree.
-func loadEdge(tree *bbolt.Bucket, size uint64, last [32]byte) (edge, error) {
+func loadEdge(tree storedTree, size uint64, last [32]byte) (edge, error) {
 	hashes, err := getNodes(tree, compact.RangeNodes(0, size, nil))
 	if err != nil {
 		return edge{}, fmt.Errorf("right edge of the Merkle tree at size %d: %w (run Verify)", size, err)
