@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -474,6 +475,42 @@ func TestStartedChainKilledNotRetried(t *testing.T) {
 			t.Errorf("spare %v: signal %q, command ran %d times; want killed, once", fromSpare, res.Signal, out.count())
 		}
 		res.Close()
+	}
+}
+
+// A spare chain killed after its init said "ready" — here while the
+// run's Gate runs, which the kernel uses to make its intent durable — is
+// not run again: the Gate runs once and the run fails. (Before "ready" the
+// init has had no "go", so a retry is safe; after it, the command may be
+// under way.)
+func TestChainKilledInGateNotRetried(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	p := Profile{Roots: []Root{{Path: t.TempDir()}}}
+	res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}}) // starts a spare
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Close()
+	spare := waitSpareChain(t, s)
+	var calls atomic.Int32
+	gate := func() error {
+		if calls.Add(1) == 1 {
+			syscall.Kill(-spare.cmd.Process.Pid, syscall.SIGKILL)
+			<-spare.done
+		}
+		return nil
+	}
+	res, err = s.Run(context.Background(), p, Command{Argv: []string{"echo", "ran"}, Gate: gate})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the Gate ran %d times (res %+v, err %v): a chain killed after \"ready\" was run again", n, res, err)
+	}
+	if err == nil {
+		res.Close()
+		t.Fatalf("the run on a chain killed in its Gate succeeded: %+v", res)
 	}
 }
 
