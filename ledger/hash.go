@@ -8,6 +8,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/b3"
 	"github.com/capkernel/capkernel/jcs"
 )
 
@@ -24,6 +25,7 @@ const ZeroHash = digest.Prefix + "0000000000000000000000000000000000000000000000
 
 var (
 	leafKey, nodeKey [32]byte
+	leafKeyWords     b3.Key // leafKey, for record prefixes (recordPrefix)
 	// A blake3.Hasher carries an 8 KiB buffer; pooling keyed hashers keeps
 	// hashing allocation-free.
 	leafHashers, nodeHashers sync.Pool
@@ -32,6 +34,7 @@ var (
 func init() {
 	blake3.DeriveKey(leafContext, nil, leafKey[:])
 	blake3.DeriveKey(nodeContext, nil, nodeKey[:])
+	leafKeyWords = b3.KeyOf(&leafKey)
 	leafHashers.New = keyedHasher(leafKey)
 	nodeHashers.New = keyedHasher(nodeKey)
 	nodeHashers.New().(*blake3.Hasher).Sum(emptyRoot[:0])

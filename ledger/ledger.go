@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/b3"
 	"github.com/capkernel/capkernel/jcs"
 )
 
@@ -104,7 +105,8 @@ func Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Entry
 // stored (packed) form.
 type Body struct {
 	b      []byte
-	packed []byte // packBody(b); nil stores the record as JSON
+	packed []byte     // packBody(b); nil stores the record as JSON
+	prefix *b3.Prefix // recordPrefix(b); nil when the body is too long for one
 }
 
 // Canonicalize checks that body is a JSON object and returns its RFC 8785
@@ -116,7 +118,7 @@ func Canonicalize(body json.RawMessage) (Body, error) {
 	if err != nil {
 		return Body{}, err
 	}
-	return Body{b: c, packed: packBody(c)}, nil
+	return Body{b: c, packed: packBody(c), prefix: recordPrefix(c)}, nil
 }
 
 // Canonical checks that body is a JSON object in RFC 8785 form already
@@ -130,7 +132,7 @@ func Canonical(body []byte) (Body, error) {
 	if len(body) == 0 || body[0] != '{' {
 		return Body{}, errors.New("body is not a JSON object")
 	}
-	return Body{b: body, packed: packBody(body)}, nil
+	return Body{b: body, packed: packBody(body), prefix: recordPrefix(body)}, nil
 }
 
 // AppendCanonical is Append for a body canonicalized beforehand: a

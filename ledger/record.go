@@ -12,6 +12,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/internal/b3"
 	"github.com/capkernel/capkernel/jcs"
 )
 
@@ -330,6 +331,19 @@ func checkTime(t []byte) bool {
 // hashRecord sets sum to the entry hash of the parsed record r of rec: the
 // keyed hash of rec without its entry_hash member, which is exactly the
 // preimage appendPreimage writes.
+// recordPrefix hashes the part of an entry's hash preimage that its body
+// decides (the record up to its entry_hash member: recHead, then body),
+// so that an append, on the store's sequencer, hashes only the tail the
+// ledger's head decides (kind, prev_hash, seq, time). It is nil for a body
+// too long for a b3.Prefix, which the append then hashes whole.
+func recordPrefix(body []byte) *b3.Prefix {
+	p := b3.NewPrefix(&leafKeyWords)
+	if !p.Write([]byte(recHead)) || !p.Write(body) {
+		return nil
+	}
+	return &p
+}
+
 func hashRecord(sum *[32]byte, r *record, rec []byte) {
 	h := leafHashers.Get().(*blake3.Hasher)
 	hashRecordWith(h, sum, r, rec)

@@ -174,7 +174,13 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: record of %d bytes exceeds bbolt's limit", kind, e.Seq, len(rec))
 	}
 	var sum [32]byte
-	hashRecord(&sum, &record{hashAt: hashAt, hashEnd: hashEnd}, rec)
+	ok := false
+	if body.prefix != nil {
+		sum, ok = body.prefix.Sum(rec[hashEnd:]) // rec[:hashAt] is the prefix
+	}
+	if !ok {
+		hashRecord(&sum, &record{hashAt: hashAt, hashEnd: hashEnd}, rec)
+	}
 	hex.Encode(rec[hexAt:], sum[:])
 	e.Hash = alias(rec[hexAt-len(digest.Prefix) : hexAt+hexDigestLen])
 	// Writes from here on: a failure leaves tx half written, and the

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeebo/blake3"
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
@@ -487,5 +489,51 @@ func TestWriterProofsDeep(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestAppendHashesRecordPrefix: an append hashes a body's part of the
+// record off the sequencer (Body's prefix) and the rest in the append;
+// the entry hash is the record's hash either way, for bodies short enough
+// for a prefix and for longer ones, which the append hashes whole.
+func TestAppendHashesRecordPrefix(t *testing.T) {
+	db := newDB(t)
+	w := NewWriter()
+	for _, n := range []int{0, 10, 900, 1000, 1010, 5000, 31 << 10, 40 << 10} {
+		body, err := Canonicalize(json.RawMessage(`{"x":"` + strings.Repeat("a", n) + `"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (body.prefix != nil) != (n < 30<<10) {
+			t.Errorf("body of %d bytes: prefix %v", n, body.prefix != nil)
+		}
+		var a Appended
+		if err := db.Update(func(tx *bbolt.Tx) (err error) {
+			a, err = w.AppendCanonical(tx, KindAudit, t0, body)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.View(func(tx *bbolt.Tx) error {
+			e, err := Get(tx, a.Seq)
+			if err != nil {
+				return err
+			}
+			// zeebo/blake3's keyed hash of the preimage, in one piece.
+			z, err := blake3.NewKeyed(leafKey[:])
+			if err != nil {
+				return err
+			}
+			z.Write(appendPreimage(nil, &e))
+			if want := digest.Prefix + hex.EncodeToString(z.Sum(nil)); e.Hash != want {
+				t.Errorf("body of %d bytes: entry hash %s, the record's hash %s", n, e.Hash, want)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := verifyDB(db); err != nil {
+		t.Fatal(err)
 	}
 }
