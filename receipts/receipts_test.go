@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
@@ -267,6 +268,13 @@ func TestVerifyRefuses(t *testing.T) {
 		{"duplicate payload field", forge(hdr("EdDSA", Type), bytes.Replace(payload, []byte(`{`), []byte(`{"tool_id":"proc.exec",`), 1), key), set, "payload"},
 		{"payload not JSON", forge(hdr("EdDSA", Type), []byte("hello"), key), set, "payload"},
 		{"padded base64", parts[0] + "=." + parts[1] + "." + parts[2], set, "base64url"},
+		// One signed receipt, respelled: each part must be the one text of
+		// its bytes (jwx alone accepts these).
+		{"signature with unused bits set", parts[0] + "." + parts[1] + "." + respell(parts[2]), set, "JWS part 3 is not canonical base64url"},
+		{"padded signature", parts[0] + "." + parts[1] + "." + parts[2] + "==", set, "JWS part 3 is not unpadded base64url"},
+		{"newline in the signature", parts[0] + "." + parts[1] + "." + parts[2][:9] + "\n" + parts[2][9:], set, "JWS part 3 is not unpadded base64url"},
+		{"newline in the header", parts[0][:5] + "\r\n" + parts[0][5:] + "." + parts[1] + "." + parts[2], set, "JWS part 1 is not unpadded base64url"},
+		{"newline in the payload", parts[0] + "." + parts[1][:7] + "\n" + parts[1][7:] + "." + parts[2], set, "JWS part 2 is not unpadded base64url"},
 		{"JSON serialization", `{"payload":"` + parts[1] + `","protected":"` + parts[0] + `","signature":"` + parts[2] + `"}`, set, "compact"},
 		{"two parts", parts[0] + "." + parts[1], set, "compact"},
 		{"four parts", good + ".x", set, "compact"},
@@ -288,6 +296,41 @@ func TestVerifyRefuses(t *testing.T) {
 				t.Errorf("Verify = %v; want an error mentioning %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// respell returns the unpadded base64url text part with the lowest bit of
+// its last digit flipped: for a part whose last digit carries unused bits
+// (a 64-byte signature's carries four), the same bytes.
+func respell(part string) string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	last := strings.IndexByte(alphabet, part[len(part)-1])
+	return part[:len(part)-1] + string(alphabet[last^1])
+}
+
+// TestDecodeRefusesRespelledReceipt: Decode, which lists receipts without
+// their signatures, refuses the texts Verify refuses for their spelling.
+func TestDecodeRefusesRespelledReceipt(t *testing.T) {
+	good := mustSign(t, NewSigner(testKey(t)))
+	if _, err := Decode(good); err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(good, ".")
+	respelledBytes, err := base64.RawURLEncoding.DecodeString(respell(parts[2])) // lenient: the same bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	if orig, _ := b64.DecodeString(parts[2]); !bytes.Equal(respelledBytes, orig) {
+		t.Fatal("respell changed the signature's bytes")
+	}
+	for _, jws := range []string{
+		parts[0] + "." + parts[1] + "." + respell(parts[2]),
+		parts[0] + "." + parts[1][:7] + "\n" + parts[1][7:] + "." + parts[2],
+		parts[0] + "." + parts[1] + "=." + parts[2],
+	} {
+		if r, err := Decode(jws); err == nil || !strings.Contains(err.Error(), "base64url") {
+			t.Errorf("Decode(%q) = %+v, %v; want a refusal of its base64url", jws, r, err)
+		}
 	}
 }
 

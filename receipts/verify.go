@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/lestrrat-go/jwx/v4/jwa"
 	"github.com/lestrrat-go/jwx/v4/jws"
@@ -86,6 +85,9 @@ func verifyWith(compact []byte, key func(kid string) (ed25519.PublicKey, error))
 	if len(parts) != 3 {
 		return nil, fmt.Errorf("not a compact JWS (%d parts, want 3)", len(parts))
 	}
+	if err := canonicalParts(parts); err != nil {
+		return nil, err
+	}
 	h, err := parseHeader(parts[0])
 	if err != nil {
 		return nil, err
@@ -118,11 +120,14 @@ func Decode(jws string) (*Receipt, error) {
 	if len(jws) > maxJWS {
 		return nil, fmt.Errorf("receipts: decode: receipt of %d bytes exceeds %d", len(jws), maxJWS)
 	}
-	parts := strings.Split(jws, ".")
+	parts := bytes.Split([]byte(jws), []byte("."))
 	if len(parts) != 3 {
 		return nil, fmt.Errorf("receipts: decode: not a compact JWS (%d parts, want 3)", len(parts))
 	}
-	payload, err := b64.DecodeString(parts[1])
+	if err := canonicalParts(parts); err != nil {
+		return nil, fmt.Errorf("receipts: decode: %w", err)
+	}
+	payload, err := b64.AppendDecode(nil, parts[1])
 	if err != nil {
 		return nil, fmt.Errorf("receipts: decode: payload: %v", err)
 	}
@@ -131,6 +136,23 @@ func Decode(jws string) (*Receipt, error) {
 		return nil, fmt.Errorf("receipts: decode: %w", err)
 	}
 	return r, nil
+}
+
+// canonicalParts refuses a compact JWS whose parts are not each the one
+// unpadded base64url text of their bytes: Go's decoder skips CR and LF,
+// and jwx's accepts padding and unused trailing bits set, so one signed
+// receipt would otherwise verify under many texts (the console's verifier
+// refuses them too).
+func canonicalParts(parts [][]byte) error {
+	for i, p := range parts {
+		if !isBase64URL(string(p)) && len(p) > 0 {
+			return fmt.Errorf("JWS part %d is not unpadded base64url", i+1)
+		}
+		if _, err := b64.AppendDecode(nil, p); err != nil {
+			return fmt.Errorf("JWS part %d is not canonical base64url: %v", i+1, err)
+		}
+	}
+	return nil
 }
 
 // decodePayload decodes a receipt and requires payload to be its canonical
