@@ -130,8 +130,8 @@ func completionID(k []byte) (compact.NodeID, bool) {
 // layout or the new one. A key that names no node is refused and tx must
 // be rolled back; a value that is no hash (damage) is carried over as it
 // is, for Verify to report under its new key, as it did under the old.
-// Every node is held in memory while the bucket is rewritten, as 65 bytes
-// of its own (key, hash and an empty slice) and bbolt's inode.
+// Every node is held in memory while the bucket is rewritten, as 72 bytes
+// of its own (key, hash and an empty slice, padded) and bbolt's inode.
 func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 	type kv struct {
 		k   [treeKeyLen]byte
@@ -148,6 +148,9 @@ func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 		id, ok := levelMajorID(k)
 		if !ok {
 			return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: key %x names no tree node (the database is unchanged; verify it)", layoutCompletion, k)
+		}
+		if v == nil {
+			return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: key %x holds a bucket, not a hash (the database is unchanged; verify it)", layoutCompletion, k)
 		}
 		var n kv
 		setTreeKey(n.k[:], id)
@@ -187,7 +190,7 @@ func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 // a file of layoutCompletion, or when the layout's meta key was removed.
 // Rekeying or appending then would only scramble the tree further.
 func checkOtherLayout(b, meta *bbolt.Bucket, levelMajor bool) error {
-	n, _, err := readHead(meta)
+	n, head, err := readHead(meta)
 	if err != nil || n == 0 {
 		return nil // readHead's callers report its errors
 	}
@@ -197,8 +200,11 @@ func checkOtherLayout(b, meta *bbolt.Bucket, levelMajor bool) error {
 	if b.Get(k[:]) != nil {
 		return nil
 	}
+	// The other layout's key of the leaf may name another node in this
+	// one (a lost leaf is not a mix of layouts): only the head's own hash
+	// there tells of the other layout.
 	storedTree{levelMajor: !levelMajor}.setKey(k[:], leaf)
-	if b.Get(k[:]) == nil {
+	if !bytes.Equal(b.Get(k[:]), head[:]) {
 		return nil
 	}
 	recorded, found := "layout 2 (recorded as 02)", "layout 1 (level-major)"

@@ -312,6 +312,14 @@ func TestDamagedLevelMajorTree(t *testing.T) {
 		}, check: "latest checkpoint #4 has root", verify: &NodeError{Level: 5, Index: 0}, reason: "stored hash"},
 		{name: "leaf beyond the head", tamper: func(b *bbolt.Bucket) error { return b.Put(levelMajorKey(id(0, 37)), make([]byte, 32)) },
 			check: "tree node (level 0, index 37) is stored beyond the head's 37 entries", verify: &NodeError{Level: 0, Index: 37}, reason: "not part of the tree of 37 entries"},
+		{name: "bucket at a node key", tamper: func(b *bbolt.Bucket) error {
+			if err := b.Delete(levelMajorKey(id(3, 1))); err != nil {
+				return err
+			}
+			_, err := b.CreateBucket(levelMajorKey(id(3, 1)))
+			return err
+		},
+			init: "key 030000000000000001 holds a bucket, not a hash (the database is unchanged"},
 		{name: "inner node deleted", tamper: func(b *bbolt.Bucket) error { return b.Delete(levelMajorKey(id(2, 3))) },
 			verify: &NodeError{Level: 2, Index: 3}, reason: "missing"},
 	} {
@@ -528,5 +536,30 @@ func TestRekeyFileOfAnEarlierBuild(t *testing.T) {
 	}
 	if got := viewOf(t, db); !got.equal(want) {
 		t.Errorf("rekeyed view differs:\n%+v\n%+v", got.report, want.report)
+	}
+}
+
+// TestLostHeadLeafIsNotALayoutMismatch: the other layout's key of the head
+// leaf can name another node of this layout (n = 257: 00‖…0100 is node
+// (0, 256)'s level-major key and also a completion key); a lost head leaf
+// is reported missing, not blamed on an earlier build.
+func TestLostHeadLeafIsNotALayoutMismatch(t *testing.T) {
+	for _, n := range []int{256, 257, 258} {
+		db := newDB(t)
+		appendBatch(t, db, n)
+		if err := db.Update(func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketTree).Delete(treeKey(compact.NewNodeID(0, uint64(n-1))))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		err := db.Update(func(tx *bbolt.Tx) error {
+			if err := Init(tx); err != nil {
+				return err
+			}
+			return CheckTree(tx)
+		})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("tree node (level 0, index %d) missing", n-1)) || strings.Contains(err.Error(), "layout") {
+			t.Errorf("%d entries, head leaf lost: %v, want it reported missing", n, err)
+		}
 	}
 }

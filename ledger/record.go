@@ -337,6 +337,9 @@ func checkTime(t []byte) bool {
 // ledger's head decides (kind, prev_hash, seq, time). It is nil for a body
 // too long for a b3.Prefix, which the append then hashes whole.
 func recordPrefix(body []byte) *b3.Prefix {
+	if len(recHead)+len(body) > b3.PrefixMaxLen {
+		return nil
+	}
 	p := b3.NewPrefix(&leafKeyWords)
 	if !p.Write([]byte(recHead)) || !p.Write(body) {
 		return nil

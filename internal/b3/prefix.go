@@ -26,6 +26,11 @@ type Prefix struct {
 // keeps: after c complete chunks there is one per bit set in c.
 const prefixDepth = 4
 
+// PrefixMaxLen is the length of the longest input a Prefix holds: 31
+// complete chunks, the last one's last block held back (the first input
+// past it needs a fifth chaining value).
+const PrefixMaxLen = 31 * chunkLen
+
 // NewPrefix starts a keyed hash under key with no input yet.
 func NewPrefix(key *Key) Prefix {
 	return Prefix{key: *key, cv: *key}

@@ -51,11 +51,11 @@ func TestPrefix(t *testing.T) {
 			}
 		}
 	}
-	// The first input a Prefix cannot hold spans 31 complete chunks.
+	// PrefixMaxLen is the longest input a Prefix holds.
 	for _, tc := range []struct {
 		n  int
 		ok bool
-	}{{31*chunkLen - 1, true}, {31 * chunkLen, true}, {31*chunkLen + 1, false}, {40 * chunkLen, false}} {
+	}{{PrefixMaxLen - 1, true}, {PrefixMaxLen, true}, {PrefixMaxLen + 1, false}, {40 * chunkLen, false}} {
 		p := NewPrefix(&key)
 		got, ok := p.Sum(in[:tc.n])
 		if ok != tc.ok || ok && !bytes.Equal(got[:], want(in[:tc.n])) {
