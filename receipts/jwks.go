@@ -80,9 +80,9 @@ func thumbprint(k jwk.Key) (string, error) {
 // publishes under kid, refusing keys that are not Ed25519 signature keys
 // for EdDSA or whose thumbprint is not kid.
 func verificationKey(jwks []byte, kid string) (ed25519.PublicKey, error) {
-	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
+	set, err := parseJWKS(jwks)
 	if err != nil {
-		return nil, fmt.Errorf("JWKS: %w", err)
+		return nil, err
 	}
 	k, ok := set.LookupKeyID(kid)
 	if !ok {
@@ -118,9 +118,9 @@ func checkKey(k jwk.Key, kid string) (ed25519.PublicKey, error) {
 // PublicKey returns the key of a JWKS document that holds exactly one, as
 // the kernel's does, checked as Verify checks the key it picks.
 func PublicKey(jwks []byte) (ed25519.PublicKey, error) {
-	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
+	set, err := parseJWKS(jwks)
 	if err != nil {
-		return nil, fmt.Errorf("JWKS: %w", err)
+		return nil, err
 	}
 	if set.Len() != 1 {
 		return nil, fmt.Errorf("JWKS holds %d keys, want exactly one", set.Len())
@@ -131,4 +131,31 @@ func PublicKey(jwks []byte) (ed25519.PublicKey, error) {
 		return nil, errors.New("JWKS key has no kid")
 	}
 	return checkKey(k, kid)
+}
+
+// parseJWKS parses a JWKS document, refusing duplicate kids and a key
+// whose "x" is not the one unpadded base64url text of its bytes (jwx
+// decodes it leniently; the console's verifier refuses such a key too).
+func parseJWKS(jwks []byte) (jwk.Set, error) {
+	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
+	if err != nil {
+		return nil, fmt.Errorf("JWKS: %w", err)
+	}
+	var doc struct {
+		Keys []struct {
+			X *string `json:"x"`
+		} `json:"keys"`
+	}
+	if err := json.Unmarshal(jwks, &doc); err != nil {
+		return nil, fmt.Errorf("JWKS: %w", err)
+	}
+	for i, k := range doc.Keys {
+		if k.X == nil {
+			continue // not an OKP key: checkKey refuses it if it is the one used
+		}
+		if err := canonicalBase64URL([]byte(*k.X)); err != nil {
+			return nil, fmt.Errorf("JWKS key %d: x %w", i+1, err)
+		}
+	}
+	return set, nil
 }

@@ -286,6 +286,9 @@ func TestVerifyRefuses(t *testing.T) {
 		{"JWKS with a duplicate kid", good, []byte(`{"keys":[` + jwkOf(t, key) + `,` + jwkOf(t, key) + `]}`), "JWKS"},
 		{"JWKS key for another alg", good, []byte(`{"keys":[` + strings.Replace(jwkOf(t, key), `"EdDSA"`, `"ES256"`, 1) + `]}`), "alg"},
 		{"JWKS key for encryption", good, []byte(`{"keys":[` + strings.Replace(jwkOf(t, key), `"sig"`, `"enc"`, 1) + `]}`), "use"},
+		// The same key, its x respelled (jwx alone decodes these to it).
+		{"JWKS key's x with unused bits set", good, []byte(`{"keys":[` + respellX(t, jwkOf(t, key), respell) + `]}`), "JWKS key 1: x is not canonical base64url"},
+		{"JWKS key's x padded", good, []byte(`{"keys":[` + respellX(t, jwkOf(t, key), func(x string) string { return x + "=" }) + `]}`), "JWKS key 1: x is not unpadded base64url"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := Verify(tc.jws, tc.jwks)
@@ -306,6 +309,17 @@ func respell(part string) string {
 	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 	last := strings.IndexByte(alphabet, part[len(part)-1])
 	return part[:len(part)-1] + string(alphabet[last^1])
+}
+
+// respellX returns the JWK k with its "x" member's text replaced by
+// edit's.
+func respellX(t *testing.T, k string, edit func(string) string) string {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(k), &m); err != nil {
+		t.Fatal(err)
+	}
+	x := m["x"].(string)
+	return strings.Replace(k, `"x":"`+x+`"`, `"x":"`+edit(x)+`"`, 1)
 }
 
 // TestDecodeRefusesRespelledReceipt: Decode, which lists receipts without

@@ -145,12 +145,21 @@ func Decode(jws string) (*Receipt, error) {
 // refuses them too).
 func canonicalParts(parts [][]byte) error {
 	for i, p := range parts {
-		if !isBase64URL(string(p)) && len(p) > 0 {
-			return fmt.Errorf("JWS part %d is not unpadded base64url", i+1)
+		if err := canonicalBase64URL(p); err != nil {
+			return fmt.Errorf("JWS part %d %w", i+1, err)
 		}
-		if _, err := b64.AppendDecode(nil, p); err != nil {
-			return fmt.Errorf("JWS part %d is not canonical base64url: %v", i+1, err)
-		}
+	}
+	return nil
+}
+
+// canonicalBase64URL refuses text that is not the one unpadded base64url
+// spelling of the bytes it decodes to; its error reads after a subject.
+func canonicalBase64URL(text []byte) error {
+	if !isBase64URL(string(text)) && len(text) > 0 {
+		return errors.New("is not unpadded base64url")
+	}
+	if _, err := b64.AppendDecode(nil, text); err != nil {
+		return fmt.Errorf("is not canonical base64url: %v", err)
 	}
 	return nil
 }
