@@ -19,16 +19,21 @@ func lengths() []int {
 	return append(ns, 8*chunkLen, 8*chunkLen+1, 31*chunkLen+7, 64*chunkLen, 100_000)
 }
 
-func TestAgainstZeebo(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	in := make([]byte, 100_000)
+// randomInput returns n random bytes and a random key, from seed.
+func randomInput(seed uint64, n int) (in []byte, raw [32]byte) {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	in = make([]byte, n)
 	for i := range in {
 		in[i] = byte(rng.Uint32())
 	}
-	var raw [32]byte
 	for i := range raw {
 		raw[i] = byte(rng.Uint32())
 	}
+	return in, raw
+}
+
+func TestAgainstZeebo(t *testing.T) {
+	in, raw := randomInput(1, 100_000)
 	key := KeyOf(&raw)
 	if key.Bytes() != raw {
 		t.Fatalf("KeyOf/Bytes do not round-trip")

@@ -2,7 +2,6 @@ package b3
 
 import (
 	"bytes"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/zeebo/blake3"
@@ -13,15 +12,7 @@ import (
 // and around every block boundary, the state reused for two tails; and
 // an input past what a Prefix holds is refused, never hashed wrong.
 func TestPrefix(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	in := make([]byte, 40*chunkLen)
-	for i := range in {
-		in[i] = byte(rng.Uint32())
-	}
-	var raw [32]byte
-	for i := range raw {
-		raw[i] = byte(rng.Uint32())
-	}
+	in, raw := randomInput(3, 40*chunkLen)
 	key := KeyOf(&raw)
 	want := func(b []byte) []byte {
 		z, err := blake3.NewKeyed(raw[:])
