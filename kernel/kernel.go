@@ -208,7 +208,9 @@ func (k *Kernel) load(ctx context.Context) error {
 		if err := ledger.Init(tx); err != nil {
 			return store.Abort(err)
 		}
-		if err := ledger.CheckTree(tx); err != nil {
+		if err := ledger.CheckTree(tx); errors.Is(err, ledger.ErrLayoutMismatch) {
+			return store.Abort(fmt.Errorf("open: %w", err))
+		} else if err != nil {
 			return store.Abort(fmt.Errorf("open: the ledger does not match its last checkpoint: %w", err))
 		}
 		if err := indexReceipts(tx); err != nil {

@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -81,14 +82,24 @@ func treeLayout(meta *bbolt.Bucket) (int, error) {
 	}
 }
 
-// openTree returns the tree bucket with the layout meta records.
+// openTree returns the tree bucket with the layout meta records, refusing
+// one whose keys are of the other layout (checkOtherLayout), so that every
+// reader names that cause rather than a missing node.
 func openTree(tree, meta *bbolt.Bucket) (storedTree, error) {
 	layout, err := treeLayout(meta)
 	if err != nil {
 		return storedTree{}, fmt.Errorf("ledger: %w", err)
 	}
-	return storedTree{b: tree, levelMajor: layout == layoutLevelMajor}, nil
+	levelMajor := layout == layoutLevelMajor
+	if err := checkOtherLayout(tree, meta, levelMajor); err != nil {
+		return storedTree{}, err
+	}
+	return storedTree{b: tree, levelMajor: levelMajor}, nil
 }
+
+// ErrLayoutMismatch is the cause of the error for a tree whose keys are of
+// the other layout than the one ledger_meta records (checkOtherLayout).
+var ErrLayoutMismatch = errors.New("the Merkle tree's keys and its recorded key layout disagree")
 
 // setLevelMajorKey writes the layoutLevelMajor key of node id into k.
 func setLevelMajorKey(k []byte, id compact.NodeID) {
@@ -211,7 +222,7 @@ func checkOtherLayout(b, meta *bbolt.Bucket, levelMajor bool) error {
 	if levelMajor {
 		recorded, found = "layout 1 (no layout recorded)", "layout 2 (completion order)"
 	}
-	return fmt.Errorf("ledger: the Merkle tree's key layout is %s in ledger_meta, but the leaf of the head (entry %d) is stored under %s: a build from before layouts were recorded wrote to this file, or the meta key %q was changed; the database is unchanged (restore it from a backup or rebuild the tree)", recorded, n-1, found, keyTreeLayout)
+	return fmt.Errorf("ledger: %w: the layout is %s in ledger_meta, but the leaf of the head (entry %d) is stored under %s; a build from before layouts were recorded wrote to this file, or the meta key %q was changed (the database is unchanged; restore it from a backup)", ErrLayoutMismatch, recorded, n-1, found, keyTreeLayout)
 }
 
 // putLayout records layoutCompletion in meta.

@@ -248,9 +248,6 @@ func CheckTree(tx *bbolt.Tx) error {
 	if n > 0 {
 		leaf, err := getNode(tree, compact.NewNodeID(0, n-1))
 		if err != nil {
-			if lerr := checkOtherLayout(tree.b, tx.Bucket(bucketMeta), tree.levelMajor); lerr != nil {
-				return lerr
-			}
 			return fmt.Errorf("ledger: tree check: %w", err)
 		}
 		if leaf != head {

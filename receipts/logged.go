@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lestrrat-go/jwx/v4/jwk"
-
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/strictjson"
 )
@@ -177,9 +175,9 @@ func openCheckpoint(signed, jwks []byte) (ledger.Checkpoint, ed25519.PublicKey, 
 // checked as Verify checks the key it picks (kid = thumbprint, alg EdDSA,
 // use sig).
 func publicKeys(jwks []byte) ([]ed25519.PublicKey, error) {
-	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
+	set, err := parseJWKS(jwks)
 	if err != nil {
-		return nil, fmt.Errorf("JWKS: %w", err)
+		return nil, err
 	}
 	var out []ed25519.PublicKey
 	for i := range set.Len() {

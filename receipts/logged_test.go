@@ -146,6 +146,10 @@ func TestVerifyLoggedRefuses(t *testing.T) {
 		{"unknown member", append(good[:len(good)-1:len(good)-1], []byte(`,"jws":"x"}`)...), jwks, "unknown"},
 		{"duplicate member", append([]byte(`{"format":"x",`), good[1:]...), jwks, "duplicate"},
 		{"not JSON", []byte("receipt"), jwks, "receipt"},
+		// The kernel's key, its x respelled: refused as VerifyJWKS and the
+		// console refuse it.
+		{"JWKS key's x with unused bits set", good, []byte(`{"keys":[` + respellX(t, jwkOf(t, key), respell) + `]}`), "JWKS key 1: x is not canonical base64url"},
+		{"JWKS key's x padded", good, []byte(`{"keys":[` + respellX(t, jwkOf(t, key), func(x string) string { return x + "=" }) + `]}`), "JWKS key 1: x is not unpadded base64url"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := VerifyLogged(tc.raw, tc.jwks)
