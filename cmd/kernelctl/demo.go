@@ -317,7 +317,10 @@ func runDemo(ctx context.Context, out io.Writer, k demoKernel, ws, where string)
 	if err != nil {
 		return err
 	}
-	key := func(name string) string { return name + "-" + s.jti[:8] }
+	// Keys unique to this run: the token id's random tail (its head is
+	// the time in ms, the same for runs ~65 s apart in its first 8 digits,
+	// whose keys would then replay the earlier run's answers).
+	key := func(name string) string { return name + "-" + s.jti[len(s.jti)-12:] }
 
 	s.call(ctx, "say hello", "echo", map[string]any{"text": "hello, kernel"}, "", nil, "")
 	s.call(ctx, "list the workspace", "fs.list", map[string]any{"path": "."}, "", nil, "")

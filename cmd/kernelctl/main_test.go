@@ -104,6 +104,11 @@ func TestDemoThenTamper(t *testing.T) {
 	if out, stderr, code := run(t, "ledger", "verify", "--data", data); code != 0 || !strings.Contains(out, "intact") {
 		t.Fatalf("verify: exit %d\n%s%s", code, out, stderr)
 	}
+	// Run again on the same data dir at once: its idempotency keys are
+	// its own, so nothing replays the first run's answers.
+	if out, stderr, code := run(t, "demo", "--data", data); code != 0 || demoFailed.MatchString(out) {
+		t.Fatalf("second demo on the same data dir: exit %d\n%s%s", code, out, stderr)
+	}
 
 	db, err := bbolt.Open(filepath.Join(data, "kernel.db"), 0o600, nil)
 	if err != nil {
