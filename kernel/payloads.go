@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/zeebo/blake3"
 	"go.etcd.io/bbolt"
@@ -251,7 +252,11 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 		return s, nil
 	}
 	n := len(p.Salt) + len(p.Args) + len(p.Result) + len(p.PolicyInput) + len(p.Context) + 128
-	s.payload = packPayload(appendPayload(make([]byte, 0, n), &p, noArgs))
+	// The payload is packed into memory of its own: its JSON is scratch.
+	bp := packBufs.Get().(*[]byte)
+	js := appendPayload(slices.Grow((*bp)[:0], n), &p, noArgs)
+	s.payload = packPayload(js)
+	putBuf(bp, js)
 	return s, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -381,9 +382,12 @@ type auditEntry struct {
 // its private parts, and canonicalizes its public part; depth says what of
 // the payload to keep.
 func newAuditEntry(a *auditRecord, r *Result, canon []byte, salt, depth string, args []byte) (*auditEntry, error) {
-	res := resultCanonical(r, canon)
+	// The result part is scratch: hashed, and copied into the payload.
+	bp := packBufs.Get().(*[]byte)
+	res := appendResultCanonical((*bp)[:0], r, canon)
 	a.ResultHash = digest.Sum(res)
 	s, err := a.seal(salt, depth, args, res)
+	putBuf(bp, res)
 	if err != nil {
 		return nil, err
 	}
@@ -434,11 +438,16 @@ func resultHash(r *Result, canon []byte) string { return digest.Sum(resultCanoni
 // canon, if not nil, is the canonical form of r.Result, which execute made
 // when it checked the result.
 func resultCanonical(r *Result, canon []byte) []byte {
+	return appendResultCanonical(nil, r, canon)
+}
+
+// appendResultCanonical appends resultCanonical(r, canon) to b.
+func appendResultCanonical(b []byte, r *Result, canon []byte) []byte {
 	if r.Error != nil && (!utf8.ValidString(r.Error.Class) || !utf8.ValidString(r.Error.Message)) {
 		// encoding/json's replacement of invalid UTF-8 decides the bytes.
-		return resultMarshalled(r)
+		return append(b, resultMarshalled(r)...)
 	}
-	b := make([]byte, 0, 96+len(canon))
+	b = slices.Grow(b, 96+len(canon))
 	if r.Error != nil {
 		b = append(b, `{"error":{"class":`...)
 		b = jcs.AppendString(b, r.Error.Class)
@@ -453,7 +462,7 @@ func resultCanonical(r *Result, canon []byte) []byte {
 		default:
 			var err error
 			if canon, err = jcs.Canonicalize(r.Result); err != nil {
-				return resultMarshalled(r)
+				return append(b, resultMarshalled(r)...)
 			}
 		}
 		b = append(b, `{"result":`...)

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -78,7 +79,16 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	// buffer of the size the file had (it may have changed since).
 	size := st.Size
 	want := min(limit+1, max(size-a.Offset, 0)+1)
-	data, err := preadUpTo(fd, a.Offset, limit+1, want)
+	bp := readBufs.Get().(*[]byte)
+	data, err := preadUpTo(*bp, fd, a.Offset, limit+1, want)
+	// readResult copies the bytes into the result: the buffer is free
+	// after it, unless it grew large.
+	defer func() {
+		if cap(data) <= maxPooledRead {
+			*bp = data[:0]
+			readBufs.Put(bp)
+		}
+	}()
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.read %s: %w", a.Path, &os.PathError{Op: "read", Path: r.Rel, Err: err})
 	}
@@ -88,6 +98,11 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	}
 	return readResult(data, a.Path, a.Offset, size, truncated)
 }
+
+// readBufs holds fs.read's read buffers of up to maxPooledRead bytes.
+var readBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledRead = 64 << 10
 
 // readResult is fs.read's result object for data read from path at
 // offset (the file being size bytes), canonical and as encoding/json

@@ -1,6 +1,7 @@
 package syscalls_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -472,4 +474,61 @@ func TestResultBytes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFSReadConcurrentBuffers: fs.read reads into pooled buffers; reads
+// of files of many sizes (some past the pooled size, some binary) at
+// once each return their own file's bytes, never another read's.
+func TestFSReadConcurrentBuffers(t *testing.T) {
+	root, w := builtinFixture(t)
+	e := env{w: w, maxRead: 1 << 20}
+	files := map[string][]byte{}
+	for i, n := range []int{0, 1, 100, 1024, 5000, 70_000, 200_000} {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte('a' + (i+j)%26)
+		}
+		if i%3 == 2 && n > 0 {
+			b[0] = 0xff // not UTF-8: answered in base64
+		}
+		name := fmt.Sprintf("f%d", i)
+		files[name] = b
+		if err := os.WriteFile(filepath.Join(root, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for range 20 {
+				for name, want := range files {
+					out, err := execute(t, e, "fs.read", `{"path":"`+name+`"}`)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					var r struct {
+						Content       *string `json:"content"`
+						ContentBase64 string  `json:"content_base64"`
+					}
+					if err := json.Unmarshal(out.Result, &r); err != nil {
+						t.Error(err)
+						return
+					}
+					got := []byte(r.ContentBase64)
+					if r.Content != nil {
+						got = []byte(*r.Content)
+					} else if got, err = base64.StdEncoding.DecodeString(r.ContentBase64); err != nil {
+						t.Error(err)
+						return
+					}
+					if !bytes.Equal(got, want) {
+						t.Errorf("goroutine %d: %s read %d bytes that are not the file's %d", g, name, len(got), len(want))
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -2,6 +2,7 @@ package syscalls
 
 import (
 	"os"
+	"slices"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -81,11 +82,11 @@ func (o *openat2Call) run(dir uintptr) {
 // racing; openRead then opens through os.Root, which walks the path.
 const openat2Tries = 16
 
-// preadUpTo reads the file fd from offset off to its end or to max bytes,
-// into a buffer of hint bytes to begin with (at most 1 MiB: hint may be
-// stale or large).
-func preadUpTo(fd int, off, max, hint int64) ([]byte, error) {
-	b := make([]byte, 0, min(hint, max, 1<<20))
+// preadUpTo appends to b[:0] the file fd from offset off to its end or to
+// max bytes, growing b to hint bytes to begin with (at most 1 MiB: hint
+// may be stale or large).
+func preadUpTo(b []byte, fd int, off, max, hint int64) ([]byte, error) {
+	b = slices.Grow(b[:0], int(min(hint, max, 1<<20)))
 	for int64(len(b)) < max {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
