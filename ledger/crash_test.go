@@ -96,20 +96,9 @@ func TestGroupCommitCrash(t *testing.T) {
 	acked := map[uint64]string{} // seq -> body, over all rounds
 	verifier := testVerifier(t)
 	for round, killAfter := range []int{100, 1000, 3000} {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestGroupCommitCrashChild$")
-		cmd.Env = append(os.Environ(), crashDBEnv+"="+path)
-		// The child's output other than acknowledgements.
-		var stderr, stdoutRest strings.Builder
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, sc, stderr := startChild(t, "TestGroupCommitCrashChild", crashDBEnv+"="+path)
+		var stdoutRest strings.Builder // the child's output other than acknowledgements
 		n, killed := 0, false
-		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			seqText, body, ok := strings.Cut(sc.Text(), " ")
 			seq, err := strconv.ParseUint(seqText, 10, 64)
@@ -128,7 +117,7 @@ func TestGroupCommitCrash(t *testing.T) {
 				killed = true
 			}
 		}
-		err = cmd.Wait()
+		err := cmd.Wait()
 		var ee *exec.ExitError
 		if !killed || !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Fatalf("round %d: child not killed after %d acknowledged appends: %v\n%s%s", round, n, err, stdoutRest.String(), stderr.String())
@@ -142,6 +131,25 @@ func TestGroupCommitCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// startChild starts this test binary running only the test named run,
+// with env added to its environment, and returns it with a scanner of its
+// standard output and its standard error as collected so far.
+func startChild(t *testing.T, run string, env ...string) (*exec.Cmd, *bufio.Scanner, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$")
+	cmd.Env = append(os.Environ(), env...)
+	stderr := new(strings.Builder)
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, bufio.NewScanner(stdout), stderr
 }
 
 // checkRecovered checks a reopened ledger against the appends acknowledged
@@ -250,18 +258,7 @@ func TestRekeyCrash(t *testing.T) {
 		if err := os.WriteFile(path, orig, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^TestRekeyCrashChild$")
-		cmd.Env = append(os.Environ(), rekeyCrashDBEnv+"="+path)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(stdout)
+		cmd, sc, stderr := startChild(t, "TestRekeyCrashChild", rekeyCrashDBEnv+"="+path)
 		for sc.Scan() && sc.Text() != "open" {
 		}
 		time.Sleep(delay)

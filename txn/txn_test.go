@@ -444,16 +444,24 @@ func TestRecoverDamagedStaging(t *testing.T) {
 	}
 }
 
-// TestStageDiscard: a discarded stage leaves no file and refuses more.
-func TestStageDiscard(t *testing.T) {
-	e := newEnv(t)
+// stageRoot opens the workspace as a root and starts a Syncer, both
+// closed when the test ends.
+func (e *env) stageRoot(t *testing.T) (*os.Root, *Syncer) {
+	t.Helper()
 	root, err := os.OpenRoot(e.ws)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer root.Close()
+	t.Cleanup(func() { root.Close() })
 	syncer := NewSyncer()
-	defer syncer.Close()
+	t.Cleanup(syncer.Close)
+	return root, syncer
+}
+
+// TestStageDiscard: a discarded stage leaves no file and refuses more.
+func TestStageDiscard(t *testing.T) {
+	e := newEnv(t)
+	root, syncer := e.stageRoot(t)
 	s := NewStage("op", KV{View: e.db.View}, syncer)
 	r := &syscalls.Resource{Root: root, RootPath: e.ws, Rel: "f"}
 	if err := s.WriteFile(r, []byte("x"), 0); err != nil {
@@ -477,13 +485,7 @@ func TestStageDiscard(t *testing.T) {
 func TestFileRoots(t *testing.T) {
 	e := newEnv(t)
 	e.write("old", "x")
-	root, err := os.OpenRoot(e.ws)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	syncer := NewSyncer()
-	defer syncer.Close()
+	root, syncer := e.stageRoot(t)
 	res := func(rel string) *syscalls.Resource { return &syscalls.Resource{Root: root, RootPath: e.ws, Rel: rel} }
 	cases := []struct {
 		name  string
