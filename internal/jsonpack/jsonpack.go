@@ -439,11 +439,21 @@ func parseUint(s []byte) (uint64, bool) {
 	return v, true
 }
 
+// isHex reports whether s is lowercase hex digits only. It tests 16 bytes
+// at a time without a branch per byte (a digit maps to its value, anything
+// else to 0xff, whose high bits survive the OR), and stops at the first
+// block with a non-digit: most text fails in its first.
 func isHex(s []byte) bool {
-	for _, c := range s {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+	for len(s) > 0 {
+		n := min(len(s), 16)
+		var bad byte
+		for _, c := range s[:n] {
+			bad |= unhex[c]
+		}
+		if bad > 0x0f {
 			return false
 		}
+		s = s[n:]
 	}
 	return true
 }

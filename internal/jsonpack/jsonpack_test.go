@@ -473,3 +473,31 @@ func TestObjectReaderFailedValue(t *testing.T) {
 		t.Fatalf("a failed Value changed the reader: pos %d→%d, depth %d→%d, objects %b→%b", before.pos, r.d.pos, before.depth, r.d.depth, before.objects, r.d.objects)
 	}
 }
+
+// TestIsHex: isHex agrees with a plain per-byte test on every byte value
+// at every position of strings of every length to 40.
+func TestIsHex(t *testing.T) {
+	plain := func(s []byte) bool {
+		for _, c := range s {
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+		return true
+	}
+	for n := 0; n <= 40; n++ {
+		s := bytes.Repeat([]byte("0a9f"), 10)[:n]
+		if !isHex(s) {
+			t.Fatalf("isHex(%q) = false", s)
+		}
+		for i := range n {
+			for c := range 256 {
+				s2 := bytes.Clone(s)
+				s2[i] = byte(c)
+				if got, want := isHex(s2), plain(s2); got != want {
+					t.Fatalf("isHex(%q) = %v, want %v", s2, got, want)
+				}
+			}
+		}
+	}
+}
