@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"encoding/json/jsontext"
+	"github.com/capkernel/capkernel/jcs"
 	"math"
 	"strconv"
 	"unicode/utf8"
@@ -144,7 +145,7 @@ func (e *resultEncoder) strs(ss []string) {
 
 // str appends s as a JSON string. The plain path writes printable ASCII
 // and DEL as they are but <, > and &, escapes " and \ and the control
-// characters \b, \f, \n, \r and \t by their short escapes, and copies any
+// characters as encoding/json does (jcs.AppendEscapedByte), and copies any
 // other valid UTF-8 character but U+2028 and U+2029; a string holding
 // anything else is encoded by encoding/json.
 func (e *resultEncoder) str(s string) {
@@ -161,18 +162,8 @@ func (e *resultEncoder) str(s string) {
 			break
 		}
 		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c == '\n':
-			b = append(b, '\\', 'n')
-		case c == '\r':
-			b = append(b, '\\', 'r')
-		case c == '\t':
-			b = append(b, '\\', 't')
-		case c == '\b':
-			b = append(b, '\\', 'b')
-		case c == '\f':
-			b = append(b, '\\', 'f')
+		case c == '"' || c == '\\' || c < 0x20:
+			b = jcs.AppendEscapedByte(b, c) // as encoding/json writes them
 		case c >= utf8.RuneSelf:
 			r, n := utf8.DecodeRuneInString(s[i:])
 			if (r == utf8.RuneError && n == 1) || r == '\u2028' || r == '\u2029' {

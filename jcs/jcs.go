@@ -404,7 +404,6 @@ func AppendGoString(out []byte, s string) []byte {
 
 // appendEscaped appends s with RFC 8785's escaping, without quotes.
 func appendEscaped(out []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	// Runs of bytes written as they are are copied whole.
 	start := 0
 	for i := 0; i < len(s); i++ {
@@ -412,26 +411,33 @@ func appendEscaped(out []byte, s string) []byte {
 		if c >= 0x20 && c != '"' && c != '\\' {
 			continue
 		}
-		out = append(out, s[start:i]...)
+		out = AppendEscapedByte(append(out, s[start:i]...), c)
 		start = i + 1
-		switch {
-		case c == '"' || c == '\\':
-			out = append(out, '\\', c)
-		case c == '\b':
-			out = append(out, '\\', 'b')
-		case c == '\f':
-			out = append(out, '\\', 'f')
-		case c == '\n':
-			out = append(out, '\\', 'n')
-		case c == '\r':
-			out = append(out, '\\', 'r')
-		case c == '\t':
-			out = append(out, '\\', 't')
-		default:
-			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
 	}
 	return append(out, s[start:]...)
+}
+
+// AppendEscapedByte appends RFC 8785's escape of c, a byte a JSON string
+// cannot hold as it is (", \ or a control character below 0x20): \", \\,
+// the short escapes \b \f \n \r \t, else \u00xx in lowercase hex. These
+// are also the bytes encoding/json writes for c.
+func AppendEscapedByte(out []byte, c byte) []byte {
+	const hex = "0123456789abcdef"
+	switch c {
+	case '"', '\\':
+		return append(out, '\\', c)
+	case '\b':
+		return append(out, '\\', 'b')
+	case '\f':
+		return append(out, '\\', 'f')
+	case '\n':
+		return append(out, '\\', 'n')
+	case '\r':
+		return append(out, '\\', 'r')
+	case '\t':
+		return append(out, '\\', 't')
+	}
+	return append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 }
 
 // number parses a JSON number at p.pos and appends its canonical form.
