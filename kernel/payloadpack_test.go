@@ -319,6 +319,26 @@ func TestPayloadPads(t *testing.T) {
 	mustVerify(t, h.k.Inspector())
 }
 
+// damagePayload rewrites the stored payload of entry seq as edit leaves
+// it, well formed: damage only its commitments can tell.
+func damagePayload(t *testing.T, h *harness, seq uint64, edit func(*Payload)) {
+	t.Helper()
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		p, err := getPayload(tx, seq)
+		if err != nil || p == nil {
+			return fmt.Errorf("payload %v: %v", p, err)
+		}
+		edit(p)
+		b, err := marshalPayload(p)
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, seq), packPayload(b))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestDamagedPayloadNotServed: a stored payload damaged into other valid
 // text (a stored form can decode so) is an error for every reader that
 // serves payloads (the auditor's view, the export with payloads), not
@@ -328,20 +348,9 @@ func TestDamagedPayloadNotServed(t *testing.T) {
 	h.write("f.txt", "the real text")
 	r := h.invoke("fs.read", map[string]any{"path": "f.txt"})
 	mustOK(t, r)
-	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
-		p, err := getPayload(tx, r.LedgerSeq)
-		if err != nil || p == nil {
-			return fmt.Errorf("payload %v: %v", p, err)
-		}
+	damagePayload(t, h, r.LedgerSeq, func(p *Payload) {
 		p.Result = bytes.Replace(p.Result, []byte("the real text"), []byte("a forged text"), 1)
-		b, err := marshalPayload(p)
-		if err != nil {
-			return err
-		}
-		return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), packPayload(b))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	err := h.k.Inspector().ScanViews(r.LedgerSeq, Access{All: true}, func(v EntryView) error {
 		if v.Payload != nil {
 			t.Errorf("served the damaged payload: %s", v.Payload.Result)
@@ -364,20 +373,9 @@ func TestReplayVerifyReportsDamagedPayload(t *testing.T) {
 	r := h.invoke("fs.write", map[string]any{"path": "w.txt", "content": "the real text"}, key("k1"))
 	mustOK(t, r)
 	mustOK(t, h.invoke("fs.write", map[string]any{"path": "v.txt", "content": "other"}, key("k2")))
-	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
-		p, err := getPayload(tx, r.LedgerSeq)
-		if err != nil || p == nil {
-			return fmt.Errorf("payload %v: %v", p, err)
-		}
+	damagePayload(t, h, r.LedgerSeq, func(p *Payload) {
 		p.Args = bytes.Replace(p.Args, []byte("the real text"), []byte("a forged text"), 1)
-		b, err := marshalPayload(p)
-		if err != nil {
-			return err
-		}
-		return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), packPayload(b))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	rep, err := h.k.Inspector().ReplayVerify()
 	if err != nil {
 		t.Fatalf("replay verify stopped: %v", err)

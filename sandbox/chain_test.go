@@ -30,6 +30,18 @@ func waitSpareChain(t *testing.T, s *Sandbox) *chain {
 	return nil
 }
 
+// spareAfterRun runs `true` in p, which leaves a spare chain behind, and
+// returns that chain once it is made.
+func spareAfterRun(t *testing.T, s *Sandbox, p Profile) *chain {
+	t.Helper()
+	res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Close()
+	return waitSpareChain(t, s)
+}
+
 // A plain run leaves a spare chain behind — bwrap, started, waiting for
 // its options — and the next plain run takes it: the command runs in it
 // (its bwrap is the process the run waited for), the spare is replaced,
@@ -110,14 +122,9 @@ func TestSpareChainStale(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			res.Close()
-			spare := waitSpareChain(t, s)
+			spare := spareAfterRun(t, s, p)
 			tc.spoil(spare)
-			res, err = s.Run(context.Background(), p, Command{Argv: []string{"echo", "ok"}})
+			res, err := s.Run(context.Background(), p, Command{Argv: []string{"echo", "ok"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -244,11 +251,7 @@ func TestFailedRunRemovesCgroup(t *testing.T) {
 	before, _ := filepath.Glob(ours)
 	s := New(Options{StagingDir: t.TempDir()})
 	p := Profile{Roots: []Root{{Path: t.TempDir()}}, Limits: Limits{Processes: 10}}
-	res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Close()
+	spareAfterRun(t, s, p)
 	for i := range 5 {
 		c := waitSpareChain(t, s)
 		if c.f == nil {
@@ -490,12 +493,7 @@ func TestChainKilledInGateNotRetried(t *testing.T) {
 	s := New(Options{StagingDir: t.TempDir()})
 	defer s.Close()
 	p := Profile{Roots: []Root{{Path: t.TempDir()}}}
-	res, err := s.Run(context.Background(), p, Command{Argv: []string{"true"}}) // starts a spare
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Close()
-	spare := waitSpareChain(t, s)
+	spare := spareAfterRun(t, s, p)
 	var calls atomic.Int32
 	gate := func() error {
 		if calls.Add(1) == 1 {
@@ -504,7 +502,7 @@ func TestChainKilledInGateNotRetried(t *testing.T) {
 		}
 		return nil
 	}
-	res, err = s.Run(context.Background(), p, Command{Argv: []string{"echo", "ran"}, Gate: gate})
+	res, err := s.Run(context.Background(), p, Command{Argv: []string{"echo", "ran"}, Gate: gate})
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("the Gate ran %d times (res %+v, err %v): a chain killed after \"ready\" was run again", n, res, err)
 	}
