@@ -211,7 +211,7 @@ func (r *report) measureGateway(tmp, profile string, d time.Duration) error {
 			return b
 		}}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
-	points, err := alternate(client, kernelTarget, mcpTarget, gatewayConcurrencies, gatewayRounds, d, func(t target, c, round int) func() error {
+	points, err := alternate(client, []target{kernelTarget, mcpTarget}, gatewayConcurrencies, gatewayRounds, time.Second, d, func(t target, c, round int) func() error {
 		if profile == "" || t.name != gatewayMCP || c != 8 || round != 0 {
 			return func() error { return nil }
 		}

@@ -224,27 +224,27 @@ func sessionCall(tok *kernel.MintedToken, ph, tool string, args func(i int) stri
 // same is the arguments of every call: args.
 func same(args string) func(int) string { return func(int) string { return args } }
 
-// alternate measures targets a and b at each concurrency of cs in rounds
-// rounds, a then b in even rounds and b then a in odd ones, so that both
-// see the same machine (a shared machine's load drifts over seconds), and
-// returns the points in the order taken. around, if not nil, runs before
-// each measurement and returns what to run after it (a profile taken
+// alternate measures targets ts at each concurrency of cs in rounds
+// rounds, the targets in turn, each round starting one target later (with
+// two targets: a then b in even rounds, b then a in odd ones), so that all
+// see the same machine (a shared machine's load drifts over seconds) and
+// none always follows the same one. Each measurement has warm of warm-up
+// and d measured. It returns the points in the order taken (combine takes
+// each target's rounds together). around, if not nil, runs before each
+// measurement and returns what to run after it (a profile taken
 // meanwhile, say).
-func alternate(client *http.Client, a, b target, cs []int, rounds int, d time.Duration, around func(t target, c, round int) func() error) ([]point, error) {
+func alternate(client *http.Client, ts []target, cs []int, rounds int, warm, d time.Duration, around func(t target, c, round int) func() error) ([]point, error) {
 	var out []point
 	for _, c := range cs {
 		for round := range rounds {
-			order := []target{a, b}
-			if round%2 == 1 {
-				slices.Reverse(order)
-			}
-			for _, t := range order {
+			for i := range ts {
+				t := ts[(i+round)%len(ts)]
 				step("HTTP %s at c=%d, round %d", t.name, c, round+1)
 				after := func() error { return nil }
 				if around != nil {
 					after = around(t, c, round)
 				}
-				p, err := measure(client, t, c, time.Second, d)
+				p, err := measure(client, t, c, warm, d)
 				if err != nil {
 					return nil, err
 				}
@@ -256,4 +256,45 @@ func alternate(client *http.Client, a, b target, cs []int, rounds int, d time.Du
 		}
 	}
 	return out, nil
+}
+
+// combine takes the rounds of each target at each concurrency in ps
+// together, in the order each first appears: the calls and seconds of all
+// of them (so the rate is over all rounds), CPU per call over all of them,
+// and the median of the rounds' p50 and of their p99.
+func combine(ps []point) []point {
+	type key struct {
+		target string
+		c      int
+	}
+	var out []point
+	at := map[key]int{}
+	var p50s, p99s [][]time.Duration
+	for _, p := range ps {
+		k := key{p.Target, p.Concurrency}
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, point{Target: p.Target, Concurrency: p.Concurrency})
+			p50s, p99s = append(p50s, nil), append(p99s, nil)
+		}
+		o := &out[i]
+		o.ServerCPU += p.ServerCPU * time.Duration(p.Calls)
+		o.ClientCPU += p.ClientCPU * time.Duration(p.Calls)
+		o.Calls += p.Calls
+		o.Seconds += p.Seconds
+		p50s[i], p99s[i] = append(p50s[i], p.P50), append(p99s[i], p.P99)
+	}
+	for i := range out {
+		o := &out[i]
+		if o.Calls > 0 {
+			o.ServerCPU /= time.Duration(o.Calls)
+			o.ClientCPU /= time.Duration(o.Calls)
+		}
+		slices.Sort(p50s[i])
+		slices.Sort(p99s[i])
+		o.P50, o.P99 = p50s[i][len(p50s[i])/2], p99s[i][len(p99s[i])/2]
+	}
+	return out
 }

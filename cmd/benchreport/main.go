@@ -205,7 +205,19 @@ func sh(env []string, name string, args ...string) error {
 	return nil
 }
 
-// measureHTTP serves the kernel and OPA and measures both.
+// httpRounds are the rounds in which measureHTTP measures its targets in
+// turn at each concurrency, each after httpWarm of warm-up: OPA and the
+// kernel alternate within seconds, rather than each having its own stretch
+// of a shared machine whose load drifts (the c=32 ratio came out between
+// 1.05× and 1.15× in four runs of one build when each target had one
+// stretch).
+const (
+	httpRounds = 4
+	httpWarm   = 500 * time.Millisecond
+)
+
+// measureHTTP serves the kernel and OPA and measures both, in rounds
+// (alternate), and keeps each target's rounds taken together.
 func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	data, ws := filepath.Join(tmp, "data"), filepath.Join(tmp, "ws")
 	if err := initKernel(bin, data, ws); err != nil {
@@ -261,26 +273,18 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 			body: func(int, int) []byte { return opaBody }, want: []byte(`"autonomy_mode":"autopilot"`)},
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
-	for _, n := range concurrencies {
-		for _, t := range targets {
-			step("HTTP %s at c=%d", t.name, n)
-			var profiled chan error
-			if profile != "" && t.name == kernelRead && n == 32 {
-				profiled = make(chan error, 1)
-				go func() { profiled <- fetchProfile(pprofAddr, profile, d) }()
-			}
-			p, err := measure(client, t, n, time.Second, d)
-			if err != nil {
-				return err
-			}
-			if profiled != nil {
-				if err := <-profiled; err != nil {
-					return err
-				}
-			}
-			r.HTTP = append(r.HTTP, p)
+	points, err := alternate(client, targets, concurrencies, httpRounds, httpWarm, d/httpRounds, func(t target, c, round int) func() error {
+		if profile == "" || t.name != kernelRead || c != 32 || round != 0 {
+			return func() error { return nil }
 		}
+		profiled := make(chan error, 1)
+		go func() { profiled <- fetchProfile(pprofAddr, profile, d/httpRounds) }()
+		return func() error { return <-profiled }
+	})
+	if err != nil {
+		return err
 	}
+	r.HTTP = combine(points)
 	return nil
 }
 

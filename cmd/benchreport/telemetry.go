@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -90,7 +89,7 @@ func (r *report) measureTelemetry(bin, tmp string, d time.Duration) error {
 		go func() { profiled <- fetchProfile(pprofAddrs[t.name], file, d) }()
 		return func() error { return <-profiled }
 	}
-	points, err := alternate(client, targets[telemetryOff], targets[telemetryOn], telemetryConcurrencies, telemetryRounds, d, profile)
+	points, err := alternate(client, []target{targets[telemetryOff], targets[telemetryOn]}, telemetryConcurrencies, telemetryRounds, time.Second, d, profile)
 	if err != nil {
 		return err
 	}
@@ -113,28 +112,15 @@ func echoTarget(name string, ks *proc, data string) (target, error) {
 }
 
 // sumRounds takes the rounds in ps of one target at one concurrency
-// together: the throughput over all of them, CPU per call over all of
-// them, and the median of the rounds' p50 and p99.
+// together (combine): the throughput over all of them, CPU per call over
+// all of them, and the median of the rounds' p50 and p99.
 func sumRounds(ps []point, name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
-	var calls int
-	var secs float64
-	var cpuTotal time.Duration
-	var p50s, p99s []time.Duration
-	for _, p := range ps {
-		if p.Target != name || p.Concurrency != c {
-			continue
+	for _, p := range combine(ps) {
+		if p.Target == name && p.Concurrency == c && p.Calls > 0 {
+			return p.Rate(), p.P50, p.P99, p.ServerCPU, true
 		}
-		calls += p.Calls
-		secs += p.Seconds
-		cpuTotal += p.ServerCPU * time.Duration(p.Calls)
-		p50s, p99s = append(p50s, p.P50), append(p99s, p.P99)
 	}
-	if calls == 0 {
-		return 0, 0, 0, 0, false
-	}
-	slices.Sort(p50s)
-	slices.Sort(p99s)
-	return float64(calls) / secs, p50s[len(p50s)/2], p99s[len(p99s)/2], cpuTotal / time.Duration(calls), true
+	return 0, 0, 0, 0, false
 }
 
 // telemetryMarkdown is the report's section on what metrics and traces
