@@ -145,24 +145,21 @@ func plainName(name string) bool {
 	return true
 }
 
-// checkBudget refuses when used+want exceeds any limit. Names absent from
-// limits are unlimited.
+// checkBudget refuses when used+want exceeds any limit, naming the first
+// such budget in name order. Names absent from limits are unlimited.
 func checkBudget(used, want, limits Usage) error {
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		limit, ok := limits[n]
-		if !ok {
-			continue
-		}
-		if used[n]+want[n] > limit {
-			return refuse(ClassBudget, "budget %s: %d used + %d needed > limit %d", n, used[n], want[n], limit)
+	// The least refused name, found without sorting: this runs for every
+	// call on the store's sequencer.
+	first, refused := "", false
+	for n, w := range want {
+		if limit, ok := limits[n]; ok && used[n]+w > limit && (!refused || n < first) {
+			first, refused = n, true
 		}
 	}
-	return nil
+	if !refused {
+		return nil
+	}
+	return refuse(ClassBudget, "budget %s: %d used + %d needed > limit %d", first, used[first], want[first], limits[first])
 }
 
 // add adds delta to used, never below 0.
