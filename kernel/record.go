@@ -391,11 +391,14 @@ func newAuditEntry(a *auditRecord, r *Result, canon []byte, salt, depth string, 
 	if err != nil {
 		return nil, err
 	}
-	b, err := appendAuditBody(make([]byte, 0, 1024), a)
+	// So is the body: the ledger's Body holds a copy.
+	bp = packBufs.Get().(*[]byte)
+	b, err := appendAuditBody((*bp)[:0], a)
 	if err != nil {
 		return nil, err
 	}
 	body, err := ledger.Canonical(b)
+	putBuf(bp, b)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -101,12 +102,46 @@ func Append(tx *bbolt.Tx, kind string, t time.Time, body json.RawMessage) (Entry
 	return AppendCanonical(tx, kind, t, c)
 }
 
-// Body is an entry body in RFC 8785 form, made by Canonicalize, and its
-// stored (packed) form.
+// Body is an entry body in RFC 8785 form, made by Canonicalize or
+// Canonical, with what its append needs made beforehand: its stored
+// (packed) form, the hash of the record up to its entry_hash, and the
+// memory of the record and the stored value.
 type Body struct {
 	b      []byte
 	packed []byte     // packBody(b); nil stores the record as JSON
-	prefix *b3.Prefix // recordPrefix(b); nil when the body is too long for one
+	prefix *b3.Prefix // recordPrefix of recHead and b; nil when too long for one
+	bufs   *bodyBufs
+}
+
+// bodyBufs is the memory of a body's record and stored value, made with
+// the body, off the store's sequencer, so that an append allocates neither
+// there. rec holds recHead and the body, with room for the record's tail;
+// val is room for the packed record (storedLen). The first append takes
+// them; a later append of the same body (its transaction rolled back and
+// run again) makes its own, so a record an append returned is never
+// written over.
+type bodyBufs struct {
+	taken atomic.Bool
+	rec   []byte
+	val   []byte
+}
+
+// tailRoom is the room a Body's record buffer leaves after the body: the
+// members AppendCanonical writes after it (entry_hash, kind, prev_hash,
+// seq, time) for a kind of up to 32 bytes. An append of a longer kind
+// allocates its record.
+const tailRoom = len(recHash) + hexDigestLen + len(recKind) + 32 + len(recPrev) + hexDigestLen +
+	len(recSeq) + 20 + len(recTime) + timeLen + len(recEnd)
+
+// take returns the record, holding recHead and the body, with room for
+// n bytes in all, and room for the stored value: the body's own the first
+// time, else new memory.
+func (b Body) take(n int) (rec, val []byte) {
+	if bb := b.bufs; bb != nil && cap(bb.rec) >= n && bb.taken.CompareAndSwap(false, true) {
+		return bb.rec, bb.val
+	}
+	rec = make([]byte, 0, n)
+	return append(append(rec, recHead...), b.b...), make([]byte, 0, storedLen(b))
 }
 
 // Canonicalize checks that body is a JSON object and returns its RFC 8785
@@ -118,13 +153,13 @@ func Canonicalize(body json.RawMessage) (Body, error) {
 	if err != nil {
 		return Body{}, err
 	}
-	return Body{b: c, packed: packBody(c), prefix: recordPrefix(c)}, nil
+	return Canonical(c)
 }
 
 // Canonical checks that body is a JSON object in RFC 8785 form already
-// (jcs.CheckCanonical, one pass, no copy) and returns it as a Body, for
-// callers that write their bodies in canonical form directly. body must
-// not be modified afterwards.
+// (jcs.CheckCanonical, one pass) and returns it as a Body, for callers
+// that write their bodies in canonical form directly. The Body holds a
+// copy: body may be reused once Canonical returns.
 func Canonical(body []byte) (Body, error) {
 	if err := jcs.CheckCanonical(body); err != nil {
 		return Body{}, fmt.Errorf("body: %v", err)
@@ -132,7 +167,15 @@ func Canonical(body []byte) (Body, error) {
 	if len(body) == 0 || body[0] != '{' {
 		return Body{}, errors.New("body is not a JSON object")
 	}
-	return Body{b: body, packed: packBody(body), prefix: recordPrefix(body)}, nil
+	n := len(recHead) + len(body)
+	b := Body{packed: packBody(body)}
+	// One allocation holds the record, with room for its tail, and the
+	// stored value.
+	m := make([]byte, n+tailRoom+storedLen(b))
+	rec := append(append(m[:0:n+tailRoom], recHead...), body...)
+	b.b, b.prefix = rec[len(recHead):n:n], recordPrefix(rec)
+	b.bufs = &bodyBufs{rec: rec, val: m[n+tailRoom : n+tailRoom]}
+	return b, nil
 }
 
 // AppendCanonical is Append for a body canonicalized beforehand: a

@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -390,5 +392,64 @@ func TestParseEntry(t *testing.T) {
 		if tc.ok && (got.Hash != h || string(got.Body) != `{"a":1}`) {
 			t.Errorf("%s: parsed %+v", tc.name, got)
 		}
+	}
+}
+
+// TestBodyAppendedAgain: a Body's record memory, made with it, serves its
+// first append only. Appending it again (in the same transaction, or after
+// the first transaction rolled back, as the store's retry does) neither
+// writes over the record an earlier append returned nor stores a wrong
+// entry: every record read back is the one its append returned, and the
+// ledger verifies.
+func TestBodyAppendedAgain(t *testing.T) {
+	for _, kind := range []string{KindAudit, strings.Repeat("k", 40)} { // a kind past tailRoom's 32 bytes
+		t.Run(fmt.Sprintf("kind of %d bytes", len(kind)), func(t *testing.T) {
+			db := newDB(t)
+			body, err := Canonicalize(json.RawMessage(`{"tool_id":"echo","n":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Update(func(tx *bbolt.Tx) error {
+				if _, err := AppendCanonical(tx, KindAudit, t0, body); err != nil {
+					return err
+				}
+				return errors.New("rolled back")
+			}); err == nil {
+				t.Fatal("the first transaction committed")
+			}
+			var got, live [][]byte // records as returned (copies), and the returned slices
+			w := NewWriter()
+			if err := db.Update(func(tx *bbolt.Tx) error {
+				for i := range 3 {
+					a, err := w.AppendCanonical(tx, kind, t0.Add(time.Duration(i)*time.Second), body)
+					if err != nil {
+						return err
+					}
+					got, live = append(got, bytes.Clone(a.Record)), append(live, a.Record)
+					for j := range i {
+						if string(live[j]) != string(got[j]) {
+							t.Errorf("append %d changed the record append %d returned: %s", i, j, live[j])
+						}
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.View(func(tx *bbolt.Tx) error {
+				for i, g := range got {
+					rec, err := Record(tx, uint64(i))
+					if err != nil || string(rec) != string(g) {
+						t.Errorf("entry %d stored as %s (%v), appended as %s", i, rec, err, g)
+					}
+				}
+				if n, err := Verify(tx); n != 3 || err != nil {
+					t.Errorf("Verify = %d, %v", n, err)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

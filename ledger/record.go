@@ -328,25 +328,25 @@ func checkTime(t []byte) bool {
 	return true
 }
 
-// hashRecord sets sum to the entry hash of the parsed record r of rec: the
-// keyed hash of rec without its entry_hash member, which is exactly the
-// preimage appendPreimage writes.
-// recordPrefix hashes the part of an entry's hash preimage that its body
-// decides (the record up to its entry_hash member: recHead, then body),
+// recordPrefix hashes head, the part of an entry's hash preimage that its
+// body decides (the record up to its entry_hash member: recHead, then body),
 // so that an append, on the store's sequencer, hashes only the tail the
 // ledger's head decides (kind, prev_hash, seq, time). It is nil for a body
 // too long for a b3.Prefix, which the append then hashes whole.
-func recordPrefix(body []byte) *b3.Prefix {
-	if len(recHead)+len(body) > b3.PrefixMaxLen {
+func recordPrefix(head []byte) *b3.Prefix {
+	if len(head) > b3.PrefixMaxLen {
 		return nil
 	}
 	p := b3.NewPrefix(&leafKeyWords)
-	if !p.Write([]byte(recHead)) || !p.Write(body) {
+	if !p.Write(head) {
 		return nil
 	}
 	return &p
 }
 
+// hashRecord sets sum to the entry hash of the parsed record r of rec: the
+// keyed hash of rec without its entry_hash member, which is exactly the
+// preimage appendPreimage writes.
 func hashRecord(sum *[32]byte, r *record, rec []byte) {
 	h := leafHashers.Get().(*blake3.Hasher)
 	hashRecordWith(h, sum, r, rec)

@@ -160,8 +160,7 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	}
 	// The record, with the entry hash written in last: the preimage is
 	// the record without its entry_hash member (hashRecord).
-	rec := make([]byte, 0, recordLen(&e)+len(digest.Prefix)+hexDigestLen+timeLen) // e.Hash and e.Time are not set yet
-	rec = append(append(rec, recHead...), e.Body...)
+	rec, val := body.take(recordLen(&e) + len(digest.Prefix) + hexDigestLen + timeLen) // e.Hash and e.Time are not set yet
 	hashAt := len(rec)
 	rec = append(rec, recHash...)
 	hexAt := len(rec)
@@ -192,13 +191,13 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	})
 	p.size, p.last, p.lastHex = e.Seq+1, sum, e.Hash
 	w.batch.leaves = append(w.batch.leaves, sum)
-	// One allocation holds the entry's key and stored value and the
-	// nodes' keys and values: bbolt keeps them until tx ends.
+	// One allocation holds the entry's key and the nodes' keys and
+	// values: bbolt keeps them until tx ends.
 	nodesLen := len(w.nodes) * (treeKeyLen + len(node{}.hash))
-	buf := make([]byte, 8+nodesLen, 8+nodesLen+storedLen(body))
+	buf := make([]byte, 8+nodesLen)
 	key := buf[:8:8]
 	binary.BigEndian.PutUint64(key, e.Seq)
-	value := storedRecord(buf[8+nodesLen:], &e, body, &sum, &prev, rec)
+	value := storedRecord(val, &e, body, &sum, &prev, rec)
 	if err := entries.Put(key, value); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}

@@ -153,7 +153,13 @@ test("a denied call is refused and writes nothing", async () => {
 });
 
 test("a list fetched before a live request arrives does not hide it", async () => {
-  const page = await signIn(alice, cfg.alice);
+  // A page of its own, opened once signed in: it signs in from the cookie,
+  // and every approvals list fetch held below is this page's. (Holding on
+  // the sign-in page itself and reloading it could count that page's late
+  // fetch as one of the new page's two, and start the call before the new
+  // page's event stream was open.)
+  await (await signIn(alice, cfg.alice)).close();
+  const page = await alice.newPage();
   // Hold every approvals list the page fetches: each is answered by the
   // server at once, but delivered only after the call below was shown
   // live, as a slow network would.
@@ -166,7 +172,7 @@ test("a list fetched before a live request arrives does not hide it", async () =
     await gate;
     await route.fulfill({ response: resp });
   });
-  await page.reload(); // signs in from the cookie: one list fetch, and one when the event stream opens
+  await page.goto(cfg.url + "/console"); // signs in from the cookie: one list fetch, and one when the event stream opens
   await expectSoon(() => held.length >= 2, "the page fetched the approvals list twice");
   const id = await startCall("fs.write", { path: join(cfg.ws, "stale.txt"), content: "stale\n" });
   await card(page, id).waitFor();
