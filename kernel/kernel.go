@@ -167,7 +167,11 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit,
 		// Budget charges are coalesced per group commit: each token's
 		// usage is decoded and stored once per transaction, not per call.
-		BeginTx: txn.CacheBudgets, BeforeCommit: txn.FlushBudgets, EndTx: txn.DiscardBudgets,
+		BeginTx: txn.CacheBudgets, EndTx: txn.DiscardBudgets,
+		BeforeCommit: func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
+			return txn.FlushBudgets(tx)
+		},
 	}); err != nil {
 		return nil, err
 	}

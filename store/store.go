@@ -120,14 +120,14 @@ type Options struct {
 // DB is a bbolt file with a group-commit sequencer. It is safe for
 // concurrent use.
 type DB struct {
-	bolt       *bbolt.DB
-	queue      chan *request
-	afterBatch func(*bbolt.Tx) error
-	batchWork  func(*bbolt.Tx) func() error
-	beginTx    func(*bbolt.Tx)
-	beforeCmt  func(*bbolt.Tx) error
-	endTx      func(*bbolt.Tx)
-	observe    func(int, time.Duration)
+	bolt         *bbolt.DB
+	queue        chan *request
+	afterBatch   func(*bbolt.Tx) error
+	batchWork    func(*bbolt.Tx) func() error
+	beginTx      func(*bbolt.Tx)
+	beforeCommit func(*bbolt.Tx) error
+	endTx        func(*bbolt.Tx)
+	observe      func(int, time.Duration)
 
 	mu     sync.RWMutex // guards closed against sends on queue
 	closed bool
@@ -228,7 +228,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), lazyWake: make(chan struct{}, 1), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, beginTx: opts.BeginTx, beforeCmt: opts.BeforeCommit, endTx: opts.EndTx, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), lazyWake: make(chan struct{}, 1), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, beginTx: opts.BeginTx, beforeCommit: opts.BeforeCommit, endTx: opts.EndTx, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -563,8 +563,8 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 			return fmt.Errorf("store: after batch: %w", err)
 		}
 	}
-	if d.beforeCmt != nil {
-		if err := run(func() error { return d.beforeCmt(tx) }); err != nil {
+	if d.beforeCommit != nil {
+		if err := run(func() error { return d.beforeCommit(tx) }); err != nil {
 			return fmt.Errorf("store: before commit: %w", err)
 		}
 	}
