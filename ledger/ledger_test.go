@@ -410,8 +410,14 @@ func TestBodyAppendedAgain(t *testing.T) {
 				t.Fatal(err)
 			}
 			if err := db.Update(func(tx *bbolt.Tx) error {
-				if _, err := AppendCanonical(tx, KindAudit, t0, body); err != nil {
+				a, err := NewWriter().AppendCanonical(tx, kind, t0, body)
+				if err != nil {
 					return err
+				}
+				// The first append of a kind that fits writes into the
+				// body's memory; every later one allocates.
+				if own := &a.Record[0] == &body.bufs.rec[:1][0]; own != (len(kind) <= 32) {
+					t.Errorf("first append of a %d-byte kind: record in the body's memory %v", len(kind), own)
 				}
 				return errors.New("rolled back")
 			}); err == nil {
@@ -426,6 +432,9 @@ func TestBodyAppendedAgain(t *testing.T) {
 						return err
 					}
 					got, live = append(got, bytes.Clone(a.Record)), append(live, a.Record)
+					if &a.Record[0] == &body.bufs.rec[:1][0] {
+						t.Errorf("append %d after the first wrote into the body's memory", i)
+					}
 					for j := range i {
 						if string(live[j]) != string(got[j]) {
 							t.Errorf("append %d changed the record append %d returned: %s", i, j, live[j])
