@@ -163,7 +163,16 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	if k.policy, err = policy.Load(ctx, cfg.PolicyDir); err != nil {
 		return nil, err
 	}
-	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit}); err != nil {
+	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{
+		NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit,
+		// Budget charges are coalesced per group commit: each token's
+		// usage is decoded and stored once per transaction, not per call.
+		BeginTx: txn.CacheBudgets, EndTx: txn.DiscardBudgets,
+		BeforeCommit: func(tx *bbolt.Tx) error {
+			defer k.onSequencer(time.Now())
+			return txn.FlushBudgets(tx)
+		},
+	}); err != nil {
 		return nil, err
 	}
 	k.kv = &txn.KV{View: k.db.View}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -133,25 +134,55 @@ func TestStalePrecondition(t *testing.T) {
 	}
 }
 
+// TestBudgetUnderConcurrency: of 100 concurrent calls against a budget
+// of 10 calls, which the store groups into few commits (the budget's
+// charges coalesced in each), exactly 10 run, direct calls and
+// transactional ones alike, and exactly 10 are stored, also across a
+// restart.
 func TestBudgetUnderConcurrency(t *testing.T) {
-	h := newHarness(t)
-	tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, Budgets: map[string]int64{"calls": 10}})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	classes := map[string]int{}
-	for range 100 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti })
-			mu.Lock()
-			classes[errClass(r)]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	if classes[""] != 10 || classes[ErrBudgetExceeded] != 90 {
-		t.Fatalf("outcomes %v, want exactly 10 ok and 90 budget_exceeded", classes)
+	for _, mixed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("transactional=%v", mixed), func(t *testing.T) {
+			h := newHarness(t)
+			tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, KV: []captoken.KVScope{{Keys: "*", Mode: "rw"}},
+				Budgets: map[string]int64{"calls": 10}})
+			use := func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti }
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			classes := map[string]int{}
+			for i := range 100 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var r *Result
+					if mixed && i%2 == 1 {
+						r = h.invoke("kv.put", map[string]any{"key": fmt.Sprint("k", i), "value": i}, key(fmt.Sprint("put-", i)), use)
+					} else {
+						r = h.invoke("echo", map[string]any{"text": "x"}, use)
+					}
+					mu.Lock()
+					classes[errClass(r)]++
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			if classes[""] != 10 || classes[ErrBudgetExceeded] != 90 {
+				t.Fatalf("outcomes %v, want exactly 10 ok and 90 budget_exceeded", classes)
+			}
+			for _, when := range []string{"after the calls", "after a restart"} {
+				if when == "after a restart" {
+					h.k.Close()
+					h.open()
+				}
+				infos, err := h.k.Tokens()
+				if err != nil {
+					t.Fatal(err)
+				}
+				i := slices.IndexFunc(infos, func(ti TokenInfo) bool { return ti.ID == jti })
+				if i < 0 || infos[i].Used["calls"] != 10 || infos[i].Left["calls"] != 0 {
+					t.Fatalf("%s: token %s: %+v, want 10 calls used", when, jti, infos)
+				}
+			}
+		})
 	}
 }
 

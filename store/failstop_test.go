@@ -36,11 +36,13 @@ func limitFileSize(t *testing.T, path string) {
 // TestFailedCommitFailsStop: when bbolt's Commit fails, every op of the
 // batch gets a FatalError naming the file, no op runs again (the old
 // sequencer re-ran each op alone after any failure), every later write is
-// refused at once, Failed is closed, and a reopen sees nothing of the
-// failed batch.
+// refused at once, Failed is closed, a reopen sees nothing of the failed
+// batch, and EndTx ran for every transaction BeginTx saw, the failed one
+// too.
 func TestFailedCommitFailsStop(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
-	d, err := Open(path, Options{})
+	var begun, ended atomic.Int32
+	d, err := Open(path, Options{BeginTx: func(*bbolt.Tx) { begun.Add(1) }, EndTx: func(*bbolt.Tx) { ended.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +88,10 @@ func TestFailedCommitFailsStop(t *testing.T) {
 	}
 	if err := d.UpdateAsync(put("later")); !IsFatal(err) {
 		t.Errorf("async write after the failure: %v, want the fatal error", err)
+	}
+
+	if b, e := begun.Load(), ended.Load(); b != 4 || e != b {
+		t.Errorf("%d transactions begun and %d ended, want 4 and 4 (two to set up, inOneBatch's blocker, the failed batch)", b, e)
 	}
 
 	var lim syscall.Rlimit

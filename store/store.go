@@ -97,6 +97,20 @@ type Options struct {
 	// checkpoint, which AfterBatch then stores. An error or a panic from
 	// either aborts the batch as AfterBatch's does.
 	BatchWork func(tx *bbolt.Tx) func() error
+	// BeginTx, BeforeCommit and EndTx, if set, let a caller keep state
+	// per write transaction of the sequencer (the kernel coalesces budget
+	// charges there: txn.CacheBudgets). BeginTx runs right after each
+	// batch transaction begins, before any op's step: the batch's, and,
+	// after an abort, each op's own. BeforeCommit runs last in every
+	// transaction about to commit, after AfterBatch, whether or not an op
+	// succeeded (unlike AfterBatch): what it writes commits with the
+	// batch. An error or a panic from either aborts the batch as
+	// AfterBatch's does. EndTx runs once each transaction has ended,
+	// committed, rolled back or failed to commit, on every path; it must
+	// not use tx but as a key, nor panic.
+	BeginTx      func(tx *bbolt.Tx)
+	BeforeCommit func(tx *bbolt.Tx) error
+	EndTx        func(tx *bbolt.Tx)
 	// Observe, if set, is told of each batch transaction: its number of
 	// writes and how long it took, commit and fsync included. It runs on
 	// the sequencer, so it must be quick.
@@ -106,11 +120,14 @@ type Options struct {
 // DB is a bbolt file with a group-commit sequencer. It is safe for
 // concurrent use.
 type DB struct {
-	bolt       *bbolt.DB
-	queue      chan *request
-	afterBatch func(*bbolt.Tx) error
-	batchWork  func(*bbolt.Tx) func() error
-	observe    func(int, time.Duration)
+	bolt         *bbolt.DB
+	queue        chan *request
+	afterBatch   func(*bbolt.Tx) error
+	batchWork    func(*bbolt.Tx) func() error
+	beginTx      func(*bbolt.Tx)
+	beforeCommit func(*bbolt.Tx) error
+	endTx        func(*bbolt.Tx)
+	observe      func(int, time.Duration)
 
 	mu     sync.RWMutex // guards closed against sends on queue
 	closed bool
@@ -211,7 +228,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), lazyWake: make(chan struct{}, 1), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
+	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), lazyWake: make(chan struct{}, 1), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, beginTx: opts.BeginTx, beforeCommit: opts.BeforeCommit, endTx: opts.EndTx, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
 }
@@ -461,6 +478,9 @@ func (d *DB) try(batch []*request) error {
 	if err != nil {
 		return d.failBatch(batch, &FatalError{Op: "begin a write transaction on", Path: d.Path(), Err: err})
 	}
+	if d.endTx != nil {
+		defer d.endTx(tx)
+	}
 	if err := d.runBatch(tx, batch); err != nil {
 		tx.Rollback()
 		return err
@@ -482,9 +502,15 @@ func (d *DB) failBatch(batch []*request, err error) error {
 	return err
 }
 
-// runBatch runs the three steps of every op of batch in tx, then
-// AfterBatch if an op succeeded, and returns the first abort.
+// runBatch runs BeginTx, the three steps of every op of batch in tx,
+// AfterBatch if an op succeeded, then BeforeCommit, and returns the first
+// abort.
 func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
+	if d.beginTx != nil {
+		if err := run(func() error { d.beginTx(tx); return nil }); err != nil {
+			return fmt.Errorf("store: begin transaction: %w", err)
+		}
+	}
 	live := batch[:0:0]
 	for _, r := range batch {
 		r.err = run(func() error { return r.prepare(tx) })
@@ -535,6 +561,11 @@ func (d *DB) runBatch(tx *bbolt.Tx, batch []*request) error {
 	if d.afterBatch != nil && len(live) > 0 {
 		if err := run(func() error { return d.afterBatch(tx) }); err != nil {
 			return fmt.Errorf("store: after batch: %w", err)
+		}
+	}
+	if d.beforeCommit != nil {
+		if err := run(func() error { return d.beforeCommit(tx) }); err != nil {
+			return fmt.Errorf("store: before commit: %w", err)
 		}
 	}
 	return nil

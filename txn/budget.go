@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 
@@ -25,7 +26,24 @@ const (
 	BudgetNetBytes       = captoken.BudgetNetBytes
 )
 
+// usageOf returns the usage of token tokenID in tx, for the caller to
+// change: the running value when tx caches budgets (CacheBudgets), else
+// the stored one.
 func usageOf(tx *bbolt.Tx, tokenID string) (Usage, error) {
+	c := budgetCacheOf(tx)
+	if u, ok := c.peek(tokenID); ok {
+		return maps.Clone(u), nil
+	}
+	u, err := loadUsage(tx, tokenID)
+	if err != nil || c == nil {
+		return u, err
+	}
+	c.keep(tokenID, maps.Clone(u), false)
+	return u, nil
+}
+
+// loadUsage decodes the stored usage of token tokenID.
+func loadUsage(tx *bbolt.Tx, tokenID string) (Usage, error) {
 	v := tx.Bucket(bucketBudget).Get([]byte(tokenID))
 	if u, ok := parseUsage(v); ok {
 		return u, nil
@@ -127,24 +145,21 @@ func plainName(name string) bool {
 	return true
 }
 
-// checkBudget refuses when used+want exceeds any limit. Names absent from
-// limits are unlimited.
+// checkBudget refuses when used+want exceeds any limit, naming the first
+// such budget in name order. Names absent from limits are unlimited.
 func checkBudget(used, want, limits Usage) error {
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		limit, ok := limits[n]
-		if !ok {
-			continue
-		}
-		if used[n]+want[n] > limit {
-			return refuse(ClassBudget, "budget %s: %d used + %d needed > limit %d", n, used[n], want[n], limit)
+	// The least refused name, found without sorting: this runs for every
+	// call on the store's sequencer.
+	first, refused := "", false
+	for n, w := range want {
+		if limit, ok := limits[n]; ok && used[n]+w > limit && (!refused || n < first) {
+			first, refused = n, true
 		}
 	}
-	return nil
+	if !refused {
+		return nil
+	}
+	return refuse(ClassBudget, "budget %s: %d used + %d needed > limit %d", first, used[first], want[first], limits[first])
 }
 
 // add adds delta to used, never below 0.
@@ -157,8 +172,27 @@ func add(used, delta Usage) {
 	}
 }
 
-// putUsage stores the token's usage.
+// putUsage stores the token's usage: in tx's cache when tx caches
+// budgets, which then owns used (the caller must not change it after),
+// else in bbolt. It refuses a token id bbolt refuses as a key, as
+// storing it would.
 func putUsage(tx *bbolt.Tx, tokenID string, used Usage) error {
+	c := budgetCacheOf(tx)
+	if c == nil {
+		return storeUsage(tx, tokenID, used)
+	}
+	switch {
+	case len(tokenID) == 0:
+		return bbolt.ErrKeyRequired
+	case len(tokenID) > bbolt.MaxKeySize:
+		return bbolt.ErrKeyTooLarge
+	}
+	c.keep(tokenID, used, true)
+	return nil
+}
+
+// storeUsage writes the token's usage to bbolt.
+func storeUsage(tx *bbolt.Tx, tokenID string, used Usage) error {
 	v, err := appendUsage(make([]byte, 0, 64), used)
 	if err != nil {
 		return err
@@ -272,13 +306,20 @@ func Charge(tx *bbolt.Tx, accounts []Account, want, used Usage) error {
 
 // Remaining returns, for each budget an account limits, what is left of it
 // across the accounts: the least any of them has left (never below 0).
-// Budgets no account limits are absent from the result.
+// Budgets no account limits are absent from the result. In a write
+// transaction that caches budgets (CacheBudgets) it counts every charge
+// made in it so far, flushed or not; a read-only transaction reads what
+// is stored.
 func Remaining(tx *bbolt.Tx, accounts []Account) (Usage, error) {
 	left := Usage{}
+	c := budgetCacheOf(tx)
 	for _, a := range accounts {
-		used, err := usageOf(tx, a.TokenID)
-		if err != nil {
-			return nil, err
+		used, ok := c.peek(a.TokenID)
+		if !ok {
+			var err error
+			if used, err = usageOf(tx, a.TokenID); err != nil {
+				return nil, err
+			}
 		}
 		for n, l := range a.Limits {
 			v := max(l-used[n], 0)

@@ -111,3 +111,34 @@ func TestCharge(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckBudget: the refusal names the first refused budget in name
+// order, whatever the map order; budgets without a limit never refuse.
+func TestCheckBudget(t *testing.T) {
+	want := Usage{BudgetCalls: 1, BudgetCPUMillis: 3, BudgetDiskWriteBytes: 4, BudgetNetBytes: 5}
+	cases := []struct {
+		name   string
+		used   Usage
+		limits Usage
+		refuse string // "" for none
+	}{
+		{"no limits", Usage{BudgetCalls: 100}, nil, ""},
+		{"within every limit", nil, Usage{BudgetCalls: 1, BudgetCPUMillis: 3, BudgetDiskWriteBytes: 4, BudgetNetBytes: 5}, ""},
+		{"all refused", Usage{BudgetCalls: 1}, Usage{BudgetCalls: 1, BudgetCPUMillis: 1, BudgetDiskWriteBytes: 1, BudgetNetBytes: 1},
+			"budget calls: 1 used + 1 needed > limit 1"},
+		{"the later ones refused", Usage{BudgetNetBytes: 2}, Usage{BudgetCalls: 5, BudgetDiskWriteBytes: 3, BudgetNetBytes: 6},
+			"budget disk_write_bytes: 0 used + 4 needed > limit 3"},
+		{"the last one refused", Usage{BudgetNetBytes: 2}, Usage{BudgetNetBytes: 6, "x": 0}, "budget net_bytes: 2 used + 5 needed > limit 6"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// Maps iterate in a new order each time: try several.
+			for range 20 {
+				err := checkBudget(tc.used, want, tc.limits)
+				if got := errText(err); tc.refuse == "" && err != nil || tc.refuse != "" && (classOf(err) != ClassBudget || !strings.HasSuffix(got, tc.refuse)) {
+					t.Fatalf("checkBudget = %v, want %q", err, tc.refuse)
+				}
+			}
+		})
+	}
+}
