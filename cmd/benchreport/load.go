@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -224,6 +225,19 @@ func sessionCall(tok *kernel.MintedToken, ph, tool string, args func(i int) stri
 // same is the arguments of every call: args.
 func same(args string) func(int) string { return func(int) string { return args } }
 
+// fresh is arguments never sent before in the run: format filled in with
+// a count of its own, which runs on across workers, rounds and
+// concurrencies (measure's call number starts again at 0 each time).
+func fresh(format string) func(int) string {
+	var n atomic.Int64
+	return func(int) string { return fmt.Sprintf(format, n.Add(1)) }
+}
+
+// evalArgs are the arguments of the kernelEchoEval target: new on every
+// call of the run, so every policy input is new, the kernel's decision
+// cache never answers, and OPA evaluates each call.
+func evalArgs() func(int) string { return fresh(`{"text":"hello %d"}`) }
+
 // alternate measures targets ts at each concurrency of cs in rounds
 // rounds, the targets in turn, each round starting one target later (with
 // two targets: a then b in even rounds, b then a in odd ones), so that all
@@ -261,7 +275,8 @@ func alternate(client *http.Client, ts []target, cs []int, rounds int, warm, d t
 // combine takes the rounds of each target at each concurrency in ps
 // together, in the order each first appears: the calls and seconds of all
 // of them (so the rate is over all rounds), CPU per call over all of them,
-// and the median of the rounds' p50 and of their p99.
+// and the median of the rounds' p50s and, apart, of their p99s (the
+// upper median of an even count).
 func combine(ps []point) []point {
 	type key struct {
 		target string

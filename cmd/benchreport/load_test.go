@@ -1,12 +1,16 @@
 package main
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // TestAlternate: alternate measures every target at every concurrency in
@@ -66,5 +70,30 @@ func TestCombine(t *testing.T) {
 	}
 	if got := combine(ps); !slices.Equal(got, want) {
 		t.Errorf("combine =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// TestEvalArgsNeverRepeat: the echo-with-new-args target promises a policy
+// input the kernel's decision cache has not seen on every call; measure
+// numbers each measurement's calls from 0, so the arguments must count on
+// across rounds and concurrencies by themselves.
+func TestEvalArgsNeverRepeat(t *testing.T) {
+	var mu sync.Mutex
+	seen, total := map[string]bool{}, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen[string(b)], total = true, total+1
+		mu.Unlock()
+		w.Write([]byte(`{"status":"ok"}`))
+	}))
+	defer srv.Close()
+	tok := &kernel.MintedToken{AgentID: "bench", Token: "t", ID: "j"}
+	eval := target{name: kernelEchoEval, url: srv.URL, pid: os.Getpid(), body: sessionCall(tok, "ph", "echo", evalArgs()), want: []byte(`"status":"ok"`)}
+	if _, err := alternate(http.DefaultClient, []target{eval}, []int{1, 2}, httpRounds, 0, 30*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != total || total == 0 {
+		t.Errorf("%d calls sent %d distinct bodies", total, len(seen))
 	}
 }

@@ -51,7 +51,7 @@ import (
 var concurrencies = []int{1, 8, 32, 64}
 
 func main() {
-	duration := flag.Duration("duration", 3*time.Second, "measured time of each HTTP load point (after a 1 s warm-up)")
+	duration := flag.Duration("duration", 3*time.Second, "measured time of each HTTP load point: in section 1–2 split over its rounds, each after its warm-up; in the others, of each round, after a 1 s warm-up")
 	out := flag.String("out", "docs/benchmarks.md", "report to write")
 	svg := flag.String("svg", "docs/benchmarks.svg", "chart to write")
 	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
@@ -268,7 +268,7 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 		{name: kernelRead, url: ks.url + "/v1/syscalls", pid: ks.pid, body: readEnv, want: []byte(`"status":"ok"`)},
 		// New args on every call make every policy input new: the
 		// decision cache never answers, OPA evaluates each call.
-		{name: kernelEchoEval, url: ks.url + "/v1/syscalls", pid: ks.pid, body: sessionCall(tok, ph, "echo", func(i int) string { return fmt.Sprintf(`{"text":"hello %d"}`, i) }), want: []byte(`"status":"ok"`)},
+		{name: kernelEchoEval, url: ks.url + "/v1/syscalls", pid: ks.pid, body: sessionCall(tok, ph, "echo", evalArgs()), want: []byte(`"status":"ok"`)},
 		{name: opaServer, url: opa.url + "/v1/data/capkernel/decision", pid: opa.pid,
 			body: func(int, int) []byte { return opaBody }, want: []byte(`"autonomy_mode":"autopilot"`)},
 	}

@@ -113,7 +113,7 @@ func echoTarget(name string, ks *proc, data string) (target, error) {
 
 // sumRounds takes the rounds in ps of one target at one concurrency
 // together (combine): the throughput over all of them, CPU per call over
-// all of them, and the median of the rounds' p50 and p99.
+// all of them, and the medians of the rounds' p50s and p99s.
 func sumRounds(ps []point, name string, c int) (rate float64, p50, p99, cpu time.Duration, ok bool) {
 	for _, p := range combine(ps) {
 		if p.Target == name && p.Concurrency == c && p.Calls > 0 {
@@ -128,7 +128,7 @@ func sumRounds(ps []point, name string, c int) (rate float64, p50, p99, cpu time
 func (r *report) telemetryMarkdown(w func(string, ...any)) {
 	w("## Telemetry: metrics and traces on against off")
 	w("")
-	w("The audited echo call over HTTP, as in section 1–2, on two kernels served side by side: one with `--metrics off` and no traces, one with `--metrics public` and `--otlp-endpoint` exporting every call's spans (the call and its stages) to an OTLP/HTTP receiver in the load generator. %d alternating rounds per concurrency, taken together (throughput and CPU over all rounds, latency the median round's); the range is that of the rounds' own on / off ratios, the spread the noise of one round puts in them. Goal: within 5%%.", telemetryRounds)
+	w("The audited echo call over HTTP, as in section 1–2, on two kernels served side by side: one with `--metrics off` and no traces, one with `--metrics public` and `--otlp-endpoint` exporting every call's spans (the call and its stages) to an OTLP/HTTP receiver in the load generator. %d alternating rounds per concurrency, taken together (throughput and CPU over all rounds, latency the median of the rounds' p50s and, apart, of their p99s); the range is that of the rounds' own on / off ratios, the spread the noise of one round puts in them. Goal: within 5%%.", telemetryRounds)
 	w("")
 	w("| c | calls/s off | calls/s on | on / off | rounds' on / off | p50 µs off / on | p99 µs off / on | server CPU µs/call off / on | within 5%% |")
 	w("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
