@@ -329,3 +329,64 @@ func TestReplacedInodeNotReused(t *testing.T) {
 		t.Fatalf("the O_PATH holder of the replaced x.txt reads %q, want %q", b, "old x")
 	}
 }
+
+// TestSharedParentBudgetUnderConcurrency: two tokens attenuated from one
+// parent share its calls budget. 60 concurrent calls of both (direct ones
+// and transactional kv.puts, mixed in the same group commits) run exactly
+// the parent's limit, no child runs past its own, and the usage stored
+// says so before and after a restart.
+func TestSharedParentBudgetUnderConcurrency(t *testing.T) {
+	h := newHarness(t)
+	parent, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, KV: []captoken.KVScope{{Keys: "*", Mode: "rw"}},
+		Budgets: map[string]int64{"calls": 7}})
+	kids := []*MintedToken{
+		h.attenuate(AttenuateRequest{Parent: parent, Budgets: map[string]int64{"calls": 5}}),
+		h.attenuate(AttenuateRequest{Parent: parent, Budgets: map[string]int64{"calls": 5}}),
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	classes := map[string]int{}
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kid := kids[i%2]
+			var r *Result
+			if i%3 == 0 {
+				r = h.invoke("kv.put", map[string]any{"key": fmt.Sprint("k", i), "value": i}, key(fmt.Sprint("put-", i)), as(kid))
+			} else {
+				r = h.invoke("echo", map[string]any{"text": "x"}, as(kid))
+			}
+			mu.Lock()
+			classes[errClass(r)]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if classes[""] != 7 || classes[ErrBudgetExceeded] != 53 {
+		t.Fatalf("outcomes by error class %v, want 7 ok and 53 %s", classes, ErrBudgetExceeded)
+	}
+	for _, when := range []string{"now", "restart"} {
+		if when == "restart" {
+			h.k.Close()
+			h.open()
+		}
+		infos, err := h.k.Tokens()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := int64(0)
+		for _, k := range kids {
+			j := slices.IndexFunc(infos, func(ti TokenInfo) bool { return ti.ID == k.ID })
+			if j >= 0 {
+				sum += infos[j].Used["calls"]
+				if infos[j].Used["calls"] > 5 {
+					t.Errorf("%s: child over its limit: %+v", when, infos[j])
+				}
+			}
+		}
+		if sum != 7 {
+			t.Errorf("%s: the children used %d calls, want the parent's 7", when, sum)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -456,4 +457,96 @@ func BenchmarkChargeBatch(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestBudgetsAfterBatchFailsOnce: a batch whose AfterBatch fails is rolled
+// back with everything its ops charged in the cache, and each op runs again
+// alone: exactly the limit is admitted, and the stored usages count each
+// admitted call once. A lazy charge, and an op that fails with a plain
+// error after charging (its writes commit, as they would written through),
+// are counted once too; no cache outlives its transaction.
+func TestBudgetsAfterBatchFailsOnce(t *testing.T) {
+	const limit, calls = 4, 10
+	var fail atomic.Bool
+	fail.Store(true)
+	db, err := store.Open(filepath.Join(t.TempDir(), "k.db"), store.Options{
+		NoSync: true, BeginTx: CacheBudgets, BeforeCommit: FlushBudgets, EndTx: DiscardBudgets,
+		AfterBatch: func(tx *bbolt.Tx) error {
+			if len(budgetCacheOf(tx)) > 0 && fail.CompareAndSwap(true, false) {
+				return errors.New("after batch fails once")
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	fail.Store(false)
+	if err := db.Update(ctx, Init); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	started, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- db.Update(ctx, func(*bbolt.Tx) error { close(started); <-release; return nil })
+	}()
+	<-started
+	fail.Store(true)
+	accounts := []Account{{TokenID: "child", Limits: Usage{BudgetCalls: limit}}, {TokenID: "parent", Limits: Usage{BudgetCalls: limit + 1}}}
+	results := make([]error, calls)
+	for i := range calls {
+		if i == 3 {
+			// A lazy charge of the parent alone.
+			db.UpdateLazy(func(tx *bbolt.Tx) error {
+				return Charge(tx, accounts[1:], Usage{BudgetCalls: 1}, nil)
+			})
+		}
+		if i == 5 {
+			// A plain error after charging what was consumed.
+			db.UpdateAsync(func(tx *bbolt.Tx) error {
+				if err := Charge(tx, accounts, nil, Usage{BudgetNetBytes: 7}); err != nil {
+					return err
+				}
+				return errors.New("plain error after charge")
+			})
+		}
+		db.UpdateAsync(func(tx *bbolt.Tx) error {
+			results[i] = Charge(tx, accounts, Usage{BudgetCalls: 1}, nil)
+			return nil
+		})
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(ctx, func(*bbolt.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if fail.Load() {
+		t.Fatal("AfterBatch never failed")
+	}
+	admitted := 0
+	for _, e := range results {
+		if e == nil {
+			admitted++
+		}
+	}
+	if admitted != limit {
+		t.Errorf("%d calls admitted, want %d (%v)", admitted, limit, results)
+	}
+	db.View(func(tx *bbolt.Tx) error {
+		got := storedBudgets(tx)
+		if got["child"] != fmt.Sprintf(`{"calls":%d,"net_bytes":7}`, limit) || got["parent"] != fmt.Sprintf(`{"calls":%d,"net_bytes":7}`, limit+1) {
+			t.Errorf("stored usages %v", got)
+		}
+		return nil
+	})
+	budgetCaches.Lock()
+	if n := len(budgetCaches.m); n != 0 {
+		t.Errorf("%d budget caches outlived their transactions", n)
+	}
+	budgetCaches.Unlock()
 }
