@@ -153,7 +153,7 @@ func Canonicalize(body json.RawMessage) (Body, error) {
 	if err != nil {
 		return Body{}, err
 	}
-	return Canonical(c)
+	return newBody(c), nil
 }
 
 // Canonical checks that body is a JSON object in RFC 8785 form already
@@ -167,15 +167,21 @@ func Canonical(body []byte) (Body, error) {
 	if len(body) == 0 || body[0] != '{' {
 		return Body{}, errors.New("body is not a JSON object")
 	}
-	n := len(recHead) + len(body)
-	b := Body{packed: packBody(body)}
+	return newBody(body), nil
+}
+
+// newBody returns the Body of c, a JSON object in RFC 8785 form, copied
+// into memory made for its record and stored value.
+func newBody(c []byte) Body {
+	n := len(recHead) + len(c)
+	b := Body{packed: packBody(c)}
 	// One allocation holds the record, with room for its tail, and the
 	// stored value.
 	m := make([]byte, n+tailRoom+storedLen(b))
-	rec := append(append(m[:0:n+tailRoom], recHead...), body...)
+	rec := append(append(m[:0:n+tailRoom], recHead...), c...)
 	b.b, b.prefix = rec[len(recHead):n:n], recordPrefix(rec)
 	b.bufs = &bodyBufs{rec: rec, val: m[n+tailRoom : n+tailRoom]}
-	return b, nil
+	return b
 }
 
 // AppendCanonical is Append for a body canonicalized beforehand: a
