@@ -533,3 +533,22 @@ func TestUpdateLazy(t *testing.T) {
 		}
 	})
 }
+
+// TestRunWork: runWork runs every function exactly once and returns only
+// when all have, whether it shares them out (helpMin and more) or runs
+// them on the calling goroutine.
+func TestRunWork(t *testing.T) {
+	for n := range 2*helpMin + 3 {
+		ran := make([]atomic.Int32, n)
+		work := make([]func(), n)
+		for i := range work {
+			work[i] = func() { ran[i].Add(1) }
+		}
+		runWork(work)
+		for i := range ran {
+			if got := ran[i].Load(); got != 1 {
+				t.Errorf("%d functions: function %d ran %d times", n, i, got)
+			}
+		}
+	}
+}
