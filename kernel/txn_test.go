@@ -134,6 +134,50 @@ func TestStalePrecondition(t *testing.T) {
 	}
 }
 
+// outcomes makes n calls concurrently, call(i) the i-th, and counts their
+// results by error class ("" for ok).
+func outcomes(n int, call func(i int) *Result) map[string]int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	classes := map[string]int{}
+	for i := range n {
+		wg.Go(func() {
+			c := errClass(call(i))
+			mu.Lock()
+			classes[c]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return classes
+}
+
+// budgetCall is the i-th call of a budget test under token use: a
+// transactional kv.put when put(i), else a direct echo.
+func (h *harness) budgetCall(i int, put bool, use func(*Envelope)) *Result {
+	if put {
+		return h.invoke("kv.put", map[string]any{"key": fmt.Sprint("k", i), "value": i}, key(fmt.Sprint("put-", i)), use)
+	}
+	return h.invoke("echo", map[string]any{"text": "x"}, use)
+}
+
+// tokensBeforeAndAfterRestart calls check with the kernel's tokens, then
+// again once the kernel was closed and opened again on its data dir.
+func (h *harness) tokensBeforeAndAfterRestart(t *testing.T, check func(when string, infos []TokenInfo)) {
+	t.Helper()
+	for _, when := range []string{"after the calls", "after a restart"} {
+		if when == "after a restart" {
+			h.k.Close()
+			h.open()
+		}
+		infos, err := h.k.Tokens()
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(when, infos)
+	}
+}
+
 // TestBudgetUnderConcurrency: of 100 concurrent calls against a budget
 // of 10 calls, which the store groups into few commits (the budget's
 // charges coalesced in each), exactly 10 run, direct calls and
@@ -146,42 +190,16 @@ func TestBudgetUnderConcurrency(t *testing.T) {
 			tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, KV: []captoken.KVScope{{Keys: "*", Mode: "rw"}},
 				Budgets: map[string]int64{"calls": 10}})
 			use := func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti }
-			var wg sync.WaitGroup
-			var mu sync.Mutex
-			classes := map[string]int{}
-			for i := range 100 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var r *Result
-					if mixed && i%2 == 1 {
-						r = h.invoke("kv.put", map[string]any{"key": fmt.Sprint("k", i), "value": i}, key(fmt.Sprint("put-", i)), use)
-					} else {
-						r = h.invoke("echo", map[string]any{"text": "x"}, use)
-					}
-					mu.Lock()
-					classes[errClass(r)]++
-					mu.Unlock()
-				}()
-			}
-			wg.Wait()
+			classes := outcomes(100, func(i int) *Result { return h.budgetCall(i, mixed && i%2 == 1, use) })
 			if classes[""] != 10 || classes[ErrBudgetExceeded] != 90 {
 				t.Fatalf("outcomes %v, want exactly 10 ok and 90 budget_exceeded", classes)
 			}
-			for _, when := range []string{"after the calls", "after a restart"} {
-				if when == "after a restart" {
-					h.k.Close()
-					h.open()
-				}
-				infos, err := h.k.Tokens()
-				if err != nil {
-					t.Fatal(err)
-				}
+			h.tokensBeforeAndAfterRestart(t, func(when string, infos []TokenInfo) {
 				i := slices.IndexFunc(infos, func(ti TokenInfo) bool { return ti.ID == jti })
 				if i < 0 || infos[i].Used["calls"] != 10 || infos[i].Left["calls"] != 0 {
 					t.Fatalf("%s: token %s: %+v, want 10 calls used", when, jti, infos)
 				}
-			}
+			})
 		})
 	}
 }
@@ -343,38 +361,11 @@ func TestSharedParentBudgetUnderConcurrency(t *testing.T) {
 		h.attenuate(AttenuateRequest{Parent: parent, Budgets: map[string]int64{"calls": 5}}),
 		h.attenuate(AttenuateRequest{Parent: parent, Budgets: map[string]int64{"calls": 5}}),
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	classes := map[string]int{}
-	for i := range 60 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			kid := kids[i%2]
-			var r *Result
-			if i%3 == 0 {
-				r = h.invoke("kv.put", map[string]any{"key": fmt.Sprint("k", i), "value": i}, key(fmt.Sprint("put-", i)), as(kid))
-			} else {
-				r = h.invoke("echo", map[string]any{"text": "x"}, as(kid))
-			}
-			mu.Lock()
-			classes[errClass(r)]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	classes := outcomes(60, func(i int) *Result { return h.budgetCall(i, i%3 == 0, as(kids[i%2])) })
 	if classes[""] != 7 || classes[ErrBudgetExceeded] != 53 {
 		t.Fatalf("outcomes by error class %v, want 7 ok and 53 %s", classes, ErrBudgetExceeded)
 	}
-	for _, when := range []string{"now", "restart"} {
-		if when == "restart" {
-			h.k.Close()
-			h.open()
-		}
-		infos, err := h.k.Tokens()
-		if err != nil {
-			t.Fatal(err)
-		}
+	h.tokensBeforeAndAfterRestart(t, func(when string, infos []TokenInfo) {
 		sum := int64(0)
 		for _, k := range kids {
 			j := slices.IndexFunc(infos, func(ti TokenInfo) bool { return ti.ID == k.ID })
@@ -388,5 +379,5 @@ func TestSharedParentBudgetUnderConcurrency(t *testing.T) {
 		if sum != 7 {
 			t.Errorf("%s: the children used %d calls, want the parent's 7", when, sum)
 		}
-	}
+	})
 }

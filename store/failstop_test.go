@@ -111,7 +111,7 @@ func TestFailedCommitFailsStop(t *testing.T) {
 // TestAbortBeforeCommitIsNotFatal: an op's Abort rolls back in memory only;
 // the other ops of its batch still commit, and the DB keeps serving.
 func TestAbortBeforeCommitIsNotFatal(t *testing.T) {
-	d := openTest(t)
+	d := openTest(t, Options{})
 	errs := inOneBatch(t, d, put("a"), func(tx *bbolt.Tx) error {
 		put("z")(tx)
 		return Abort(errors.New("bad op"))

@@ -14,9 +14,11 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-func openTest(t *testing.T) *DB {
+// openTest opens a store with opts in a test's own directory, closed when
+// the test ends, and makes its bucket "b".
+func openTest(t *testing.T, opts Options) *DB {
 	t.Helper()
-	d, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{})
+	d, err := Open(filepath.Join(t.TempDir(), "s.db"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +49,7 @@ func keys(t *testing.T, d *DB) map[string]bool {
 // abort after a write and a panic each reach only their own caller; every
 // other write commits.
 func TestSequencerResultsAreTheirOwn(t *testing.T) {
-	d := openTest(t)
+	d := openTest(t, Options{})
 	const n = 60
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -97,7 +99,7 @@ func TestSequencerResultsAreTheirOwn(t *testing.T) {
 // Finish sees Work's result, and a failing Work aborts only its op; for
 // ops of functions (Do) and of methods (DoSteps) alike, in one batch.
 func TestDoRunsWorkBetweenPrepareAndFinish(t *testing.T) {
-	d := openTest(t)
+	d := openTest(t, Options{})
 	var wg sync.WaitGroup
 	errs := make([]error, 20)
 	failing := func(i int) bool { return i == 7 || i == 8 }
@@ -371,7 +373,7 @@ func TestBatchWork(t *testing.T) {
 		var mu sync.Mutex
 		var seen []string // what BatchWork saw written, and what AfterBatch saw signed
 		var signed string
-		d, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{
+		d := openTest(t, Options{
 			BatchWork: func(tx *bbolt.Tx) func() error {
 				b := tx.Bucket([]byte("b"))
 				if b == nil {
@@ -397,16 +399,7 @@ func TestBatchWork(t *testing.T) {
 				return nil
 			},
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Update(context.Background(), func(tx *bbolt.Tx) error {
-			_, err := tx.CreateBucket([]byte("b"))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		err = d.Do(context.Background(), Op{Prepare: put("k"), Work: func() error { return nil }})
+		err := d.Do(context.Background(), Op{Prepare: put("k"), Work: func() error { return nil }})
 		stored := false
 		if verr := d.View(func(tx *bbolt.Tx) error {
 			stored = tx.Bucket([]byte("b")).Get([]byte("k")) != nil
@@ -414,7 +407,6 @@ func TestBatchWork(t *testing.T) {
 		}); verr != nil {
 			t.Fatal(verr)
 		}
-		d.Close()
 		switch {
 		case fail && (err == nil || !strings.Contains(err.Error(), "signing failed")):
 			t.Fatalf("a failing BatchWork: %v, want its error", err)
@@ -436,7 +428,7 @@ func TestBatchWork(t *testing.T) {
 // no other write, on its own (after LazyDelay) or at Close.
 func TestUpdateLazy(t *testing.T) {
 	t.Run("joins the next write", func(t *testing.T) {
-		d := openTest(t)
+		d := openTest(t, Options{})
 		for i := range 50 {
 			var lazyTx, nextTx int
 			if err := d.UpdateLazy(func(tx *bbolt.Tx) error { lazyTx = tx.ID(); return put(fmt.Sprint("lazy", i))(tx) }); err != nil {
@@ -466,7 +458,7 @@ func TestUpdateLazy(t *testing.T) {
 			}
 		}
 		t.Cleanup(func() { gatherHook = nil }) // after the DB's Close, a later cleanup
-		d := openTest(t)
+		d := openTest(t, Options{})
 		armed.Store(true)
 		if err := d.UpdateAsync(put("first")); err != nil {
 			t.Fatal(err)
@@ -495,7 +487,7 @@ func TestUpdateLazy(t *testing.T) {
 		}
 	})
 	t.Run("alone", func(t *testing.T) {
-		d := openTest(t)
+		d := openTest(t, Options{})
 		if err := d.UpdateLazy(put("alone")); err != nil {
 			t.Fatal(err)
 		}
