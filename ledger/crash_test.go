@@ -277,13 +277,7 @@ func TestRekeyCrash(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var layout []byte
-		if err := raw.View(func(tx *bbolt.Tx) error {
-			layout = bytes.Clone(tx.Bucket(bucketMeta).Get(keyTreeLayout))
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		layout := recordedLayout(t, raw)
 		left := dumpBucket(t, raw, bucketTree)
 		raw.Close()
 		outcome := "old layout"

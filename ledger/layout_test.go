@@ -230,13 +230,8 @@ func TestInitRekeysLevelMajorTree(t *testing.T) {
 			t.Errorf("rekeyed ledger's view differs from the fresh one:\n%+v\n%+v", got.report, want.report)
 		}
 	}
-	if err := old.View(func(tx *bbolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyTreeLayout); !bytes.Equal(v, []byte{layoutCompletion}) {
-			t.Errorf("recorded layout %x, want 02", v)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	if v := recordedLayout(t, old); !bytes.Equal(v, []byte{layoutCompletion}) {
+		t.Errorf("recorded layout %x, want 02", v)
 	}
 	s := testSigner(t)
 	for _, db := range []*bbolt.DB{fresh, old} {
@@ -270,13 +265,8 @@ func TestRekeyAtomic(t *testing.T) {
 	if !equalDumps(dumpBucket(t, db, bucketTree), before) {
 		t.Error("a rolled-back Init changed the level-major tree")
 	}
-	if err := db.View(func(tx *bbolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyTreeLayout); v != nil {
-			t.Errorf("a rolled-back Init left layout %x recorded", v)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	if v := recordedLayout(t, db); v != nil {
+		t.Errorf("a rolled-back Init left layout %x recorded", v)
 	}
 }
 
@@ -530,13 +520,8 @@ func TestRekeyFileOfAnEarlierBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ro.View(func(tx *bbolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyTreeLayout); v != nil {
-			t.Fatalf("the earlier build's file records layout %x", v)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	if v := recordedLayout(t, ro); v != nil {
+		t.Fatalf("the earlier build's file records layout %x", v)
 	}
 	if got := viewOf(t, ro); !got.equal(want) {
 		t.Errorf("read-only view of the earlier build's file differs from this build's ledger:\n%+v\n%+v", got.report, want.report)
@@ -575,4 +560,18 @@ func TestLostHeadLeafIsNotALayoutMismatch(t *testing.T) {
 			t.Errorf("%d entries, head leaf lost: %v, want it reported missing", n, err)
 		}
 	}
+}
+
+// recordedLayout returns the tree layout recorded in db's ledger_meta (a
+// copy), or nil when none is.
+func recordedLayout(t *testing.T, db *bbolt.DB) []byte {
+	t.Helper()
+	var v []byte
+	if err := db.View(func(tx *bbolt.Tx) error {
+		v = bytes.Clone(tx.Bucket(bucketMeta).Get(keyTreeLayout))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
