@@ -312,14 +312,10 @@ func Charge(tx *bbolt.Tx, accounts []Account, want, used Usage) error {
 // is stored.
 func Remaining(tx *bbolt.Tx, accounts []Account) (Usage, error) {
 	left := Usage{}
-	c := budgetCacheOf(tx)
 	for _, a := range accounts {
-		used, ok := c.peek(a.TokenID)
-		if !ok {
-			var err error
-			if used, err = usageOf(tx, a.TokenID); err != nil {
-				return nil, err
-			}
+		used, err := usageOf(tx, a.TokenID)
+		if err != nil {
+			return nil, err
 		}
 		for n, l := range a.Limits {
 			v := max(l-used[n], 0)
