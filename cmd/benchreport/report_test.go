@@ -64,9 +64,10 @@ func TestReportAndChart(t *testing.T) {
 		}
 	}
 	r.Go = parseBench([]byte("BenchmarkInvoke/fs.read-1KiB/p=64-2 10 1 ns/op 21000 calls/s\n" +
+		"BenchmarkInvoke/fs.read-1KiB/p=256-2 10 1 ns/op 20000 calls/s\n" +
 		"BenchmarkAuditStorage/fs.read/full-2 3000 1 ns/op 4480 db-bytes/call 4478 live-bytes/call\n"))
 	md := string(r.markdown())
-	for _, want := range []string{"| in-process audited fs.read 1 KiB ≥ 20,000/s (best concurrency) | 21,000 calls/s | yes |",
+	for _, want := range []string{"| in-process audited fs.read 1 KiB ≥ 20,000/s (best concurrency) | 21,000 calls/s (p=64) | yes |",
 		"| in-process audited echo ≥ 25,000/s (best concurrency) | not measured | n/a |",
 		"| HTTP fs.read at c=32 ≥ 1.5× OPA's server deciding the same input | 0.50× | no |",
 		"| 32 | 0.25× | 0.50× | 0.75× | 1.00× |",
