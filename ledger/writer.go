@@ -413,7 +413,11 @@ type Batch struct {
 // has committed; it needs no transaction. The first call builds the
 // batch's nodes (O(batch) hashes), later ones only look them up and hash
 // the few nodes of the tree's right edge above them (RFC 9162 §2.1.3.1).
+// A nil Batch (an Appended whose append never ran) is an error.
 func (b *Batch) Prove(seq uint64) (Inclusion, error) {
+	if b == nil {
+		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d: no batch appended it", seq)
+	}
 	size := b.Checkpoint.Size
 	if len(b.Signed) == 0 {
 		return Inclusion{}, fmt.Errorf("ledger: inclusion proof of entry %d: the batch has no checkpoint", seq)

@@ -155,6 +155,11 @@ func TestBatchWithoutCheckpoint(t *testing.T) {
 	if _, err := a.Batch.Prove(a.Seq); err == nil {
 		t.Error("Prove without a checkpoint succeeded")
 	}
+	// An Appended whose append never ran (its op's step skipped) has no
+	// batch: an error, not a panic.
+	if _, err := (Appended{}).Batch.Prove(0); err == nil {
+		t.Error("Prove of no batch succeeded")
+	}
 }
 
 // TestFormatTime: FormatTime writes what time.Format(TimeLayout) writes,

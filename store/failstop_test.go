@@ -126,3 +126,32 @@ func TestAbortBeforeCommitIsNotFatal(t *testing.T) {
 		t.Fatalf("keys %v", got)
 	}
 }
+
+// TestFailDuringAbortedBatch: when the DB fails stop (a Fail from another
+// goroutine: the kernel's, after a workspace sync failed) while a batch
+// runs, and an op of that batch then aborts, nothing of the batch is
+// committed and nothing runs again, so every op, the ones that succeeded
+// and the ones that never ran, gets the sticky error, never nil.
+func TestFailDuringAbortedBatch(t *testing.T) {
+	d := openTest(t, Options{})
+	disk := errors.New("syncfs of the workspace: input/output error")
+	var runs atomic.Int32
+	counted := func(fn func(*bbolt.Tx) error) func(*bbolt.Tx) error {
+		return func(tx *bbolt.Tx) error { runs.Add(1); return fn(tx) }
+	}
+	errs := inOneBatch(t, d, counted(put("a")), counted(func(tx *bbolt.Tx) error {
+		d.Fail(disk)
+		return Abort(errors.New("bad op"))
+	}), counted(put("c")))
+	for i, err := range errs {
+		if !IsFatal(err) || !errors.Is(err, disk) {
+			t.Errorf("op %d: %v, want the sticky error", i, err)
+		}
+	}
+	if n := runs.Load(); n > 3 {
+		t.Errorf("the ops ran %d times in all, want at most once each", n)
+	}
+	if got := keys(t, d); len(got) != 0 {
+		t.Errorf("keys %v, want none", got)
+	}
+}

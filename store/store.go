@@ -452,7 +452,18 @@ func (d *DB) commit(batch []*request) {
 	if d.observe != nil {
 		d.observe(len(batch), time.Since(start))
 	}
-	if err == nil || d.Err() != nil {
+	if err == nil {
+		return
+	}
+	if fe := d.Err(); fe != nil {
+		// The DB failed stop while the batch ran (a Fail from another
+		// goroutine, or try's own): nothing of it was committed, and
+		// nothing may run again, so every op gets the sticky error, not
+		// whatever its steps left (nil for one that succeeded, or that
+		// never ran after the abort).
+		for _, r := range batch {
+			r.err = fe
+		}
 		return
 	}
 	if len(batch) == 1 {

@@ -37,7 +37,9 @@ func (p *Prepare) Encode() error {
 
 // Run checks and records p in tx. It returns the stored result envelope of
 // a finished twin call (a replay, with nothing written), an *Error refusal
-// (nothing written), or nil once the intent is durable in tx.
+// (nothing written), or nil once the intent is durable in tx. A write that
+// fails after another succeeded aborts tx (store.Abort): no idempotency
+// record or charge is ever committed without its intent.
 func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 	if p.encoded == nil {
 		return nil, fmt.Errorf("txn: prepare %s: Encode was not called before the transaction", p.Intent.OperationID)
@@ -63,16 +65,18 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 	if err := checkUsed(accounts, used, in.Reserved); err != nil {
 		return nil, err
 	}
+	// Writes from here on: a failure after one leaves tx half written,
+	// so it aborts the transaction rather than refusing the call.
 	if k, ok := in.idemKey(); ok {
 		if err := putIdem(tx, k, idemRecord{Call: p.Call, OperationID: in.OperationID}); err != nil {
-			return nil, err
+			return nil, abortIf(err)
 		}
 	}
 	if err := chargeUsed(tx, accounts, used, in.Reserved); err != nil {
-		return nil, err
+		return nil, abortIf(err)
 	}
 	in.State = Prepared
-	return nil, tx.Bucket(bucketIntent).Put([]byte(in.OperationID), p.encoded)
+	return nil, abortIf(tx.Bucket(bucketIntent).Put([]byte(in.OperationID), p.encoded))
 }
 
 // CheckStored checks the kv and ledger preconditions of ps in tx; fs ones
