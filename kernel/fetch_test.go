@@ -189,3 +189,35 @@ func TestFetchDefaultPolicy(t *testing.T) {
 	}
 	mustOK(t, <-res)
 }
+
+// A call whose token has spent its calls budget is refused before it
+// runs: a GET sends nothing once the budget is gone (it used to go out,
+// its record refusing it only afterwards, so a spent token could still
+// send data to an allowed host in its URLs). Each refusal is audited.
+func TestSpentBudgetSendsNothing(t *testing.T) {
+	h := newExecHarness(t)
+	var gets atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gets.Add(1)
+		fmt.Fprint(w, "ok")
+	}))
+	defer srv.Close()
+	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"net.*"}, Net: []string{"127.0.0.1"}, Budgets: map[string]int64{txn.BudgetCalls: 2}})
+	for i := range 5 {
+		before := h.headSize()
+		r := h.invoke("net.fetch", map[string]any{"url": fmt.Sprintf("%s/chunk-%d", srv.URL, i)})
+		want := ""
+		if i >= 2 {
+			want = ErrBudgetExceeded
+		}
+		if errClass(r) != want {
+			t.Fatalf("call %d: class %q (%+v), want %q", i, errClass(r), r.Error, want)
+		}
+		if a := h.audits(before); len(a) != 1 {
+			t.Fatalf("call %d: %d audit records", i, len(a))
+		}
+	}
+	if n := gets.Load(); n != 2 {
+		t.Fatalf("the server saw %d requests, want 2 (the budget's)", n)
+	}
+}

@@ -646,20 +646,34 @@ func (c *call) idemCall() txn.Call {
 // stored ones again, charge the budget and record in one transaction. A
 // call refused there had no effect to undo.
 func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
-	// An id the caller chose may be taken: refuse before executing, and
-	// check again in the record's transaction. One the kernel just minted
-	// (a UUIDv7, 74 random bits) is not, nor can a concurrent call take
-	// it; storeOperation still keeps the first envelope of any id.
-	if !c.minted {
+	// Refused before executing, and checked again in the record's
+	// transaction: an id the caller chose that is taken (one the kernel
+	// just minted, a UUIDv7 with 74 random bits, is not, nor can a
+	// concurrent call take it; storeOperation still keeps the first
+	// envelope of any id), and a call its budget no longer allows, which
+	// would otherwise still read, or send a GET, before its record
+	// refused it.
+	accounts := c.accounts()
+	if limited := txn.Limited(accounts); !c.minted || limited {
 		used := false
+		var spent error
 		if err := k.db.View(func(tx *bbolt.Tx) error {
-			used = txn.OperationUsed(tx, c.env.OperationID)
+			used = !c.minted && txn.OperationUsed(tx, c.env.OperationID)
+			if limited {
+				spent = txn.Check(tx, accounts, oneCall)
+			}
 			return nil
 		}); err != nil {
 			return k.deny(ctx, c, ErrInternal, err.Error())
 		}
-		if used {
+		var te *txn.Error
+		switch {
+		case used:
 			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+		case errors.As(spent, &te):
+			return k.deny(ctx, c, te.Class, te.Message)
+		case spent != nil:
+			return k.deny(ctx, c, ErrInternal, spent.Error())
 		}
 	}
 	unlock, class, msg := k.holdPreconditions(c, resources)
@@ -669,7 +683,6 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	c.lap(StageExecute)
-	accounts := c.accounts()
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
@@ -951,12 +964,15 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		sc.Stage = stage
 	}
 	if c.grant != nil {
-		if err := k.db.View(func(tx *bbolt.Tx) error {
-			left, err := txn.Remaining(tx, c.accounts())
-			c.grant.Left = left
-			return err
-		}); err != nil {
-			return nil, ErrInternal, err.Error()
+		// Nothing is left to count of budgets no account limits.
+		if accounts := c.accounts(); txn.Limited(accounts) {
+			if err := k.db.View(func(tx *bbolt.Tx) error {
+				left, err := txn.Remaining(tx, accounts)
+				c.grant.Left = left
+				return err
+			}); err != nil {
+				return nil, ErrInternal, err.Error()
+			}
 		}
 		sc.Grant = c.grant
 	}

@@ -223,9 +223,11 @@ func usages(tx *bbolt.Tx, accounts []Account) ([]Usage, error) {
 	return out, nil
 }
 
-// check refuses when want, added to what any account has used, exceeds
-// that account's limits. It writes nothing.
-func check(tx *bbolt.Tx, accounts []Account, want Usage) error {
+// Check refuses, with the *Error Charge would give, when want, added to
+// what any account has used, exceeds that account's limits. It writes
+// nothing: a call checks it before it runs, and Charge, at its record,
+// decides, since concurrent calls may spend the budget in between.
+func Check(tx *bbolt.Tx, accounts []Account, want Usage) error {
 	used, err := usages(tx, accounts)
 	if err != nil {
 		return err
@@ -302,6 +304,17 @@ func Charge(tx *bbolt.Tx, accounts []Account, want, used Usage) error {
 		}
 	}
 	return errors.Join(refused, over)
+}
+
+// Limited reports whether any of accounts has a limit: Check and Remaining
+// of accounts without one need no transaction.
+func Limited(accounts []Account) bool {
+	for _, a := range accounts {
+		if len(a.Limits) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Remaining returns, for each budget an account limits, what is left of it

@@ -31,7 +31,7 @@ func CanCommit(tx *bbolt.Tx, in *Intent, ps []Precondition, limits Usage, effect
 			return refuse(ClassPrecondition, "kv %q changed while the call ran (version %d, staged %d)", e.Key, cur.Version, e.Version)
 		}
 	}
-	return check(tx, in.accounts(limits), spent(in, effects))
+	return Check(tx, in.accounts(limits), spent(in, effects))
 }
 
 // Decision is a call's decided intent, with the bytes Commit stores for
