@@ -133,12 +133,13 @@ func (k *Kernel) finish(opID string, stage *txn.Stage, unlock func()) {
 // fail stop the commit may have reached the disk, so the staged files stay
 // for recovery to apply or remove. Any other failure wrote nothing (the
 // store rolled the transaction back), so the call is provably not
-// committed and is rolled back now: its key is free again at once.
-func (k *Kernel) recordFailed(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, err error) *Result {
+// committed and is rolled back now: its key is free again at once, unless
+// settled (its external effect happened: rollback).
+func (k *Kernel) recordFailed(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, err error, settled bool) *Result {
 	if store.IsFatal(err) {
 		return k.stopped(c, err)
 	}
-	return k.rollback(ctx, c, in, stage, ErrInternal, "recording the commit failed: "+err.Error())
+	return k.rollback(ctx, c, in, stage, ErrInternal, "recording the commit failed: "+err.Error(), settled)
 }
 
 // unresolved answers a prepared call whose rollback (or outcome_unknown

@@ -236,3 +236,75 @@ func TestSpentBudgetSendsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestSentRequestSettlesItsKey: a mutating request that was sent has had
+// its effect, whatever ends the call then: a commit refused (net_bytes
+// the request spent past the limit, a ledger:head precondition another
+// call moved while it ran) or a redirect refused after the first hop.
+// The call ends rolled back, but its idempotency key keeps that outcome:
+// a repeat is answered with it and sends nothing (it used to free the key,
+// and the repeat sent the request again).
+func TestSentRequestSettlesItsKey(t *testing.T) {
+	h := newExecHarness(t)
+	var posts atomic.Int32
+	var held atomic.Pointer[chan struct{}] // /slow answers once it is closed
+	var denied string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		switch r.URL.Path {
+		case "/slow":
+			<-*held.Load()
+		case "/redirect":
+			http.Redirect(w, r, denied, http.StatusTemporaryRedirect)
+			return
+		}
+		fmt.Fprint(w, strings.Repeat("x", 200))
+	}))
+	defer srv.Close()
+	denied = strings.Replace(srv.URL, "127.0.0.1", "denied.test", 1) + "/x"
+	for _, tc := range []struct {
+		name    string
+		path    string
+		budgets map[string]int64
+		during  func() // while the request is held
+		class   string
+		mods    []func(*Envelope)
+	}{
+		{name: "net_bytes overdrawn", path: "/post", budgets: map[string]int64{txn.BudgetNetBytes: 100}, class: ErrBudgetExceeded},
+		{name: "precondition moved", path: "/slow", class: ErrPreconditionFailed,
+			during: func() { mustOK(t, h.invoke("echo", map[string]any{"text": "moves the head"})) },
+			mods: []func(*Envelope){func(e *Envelope) {
+				e.PreconditionRefs = []txn.Precondition{mustPre(fmt.Sprintf(`{"ref":"ledger:head","seq":%d}`, h.headSize()-1))}
+			}}},
+		{name: "redirect refused after the first hop", path: "/redirect", class: ErrOutcomeUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"net.*", "echo"}, Net: []string{"127.0.0.1"}, Budgets: tc.budgets})
+			posts.Store(0)
+			release := make(chan struct{})
+			held.Store(&release)
+			args := map[string]any{"url": srv.URL + tc.path, "method": "POST", "body": "pay"}
+			mods := append([]func(*Envelope){key("settle-" + tc.name)}, tc.mods...)
+			res := make(chan *Result, 1)
+			go func() { res <- h.invoke("net.fetch", args, mods...) }()
+			if tc.during != nil {
+				for posts.Load() == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				tc.during()
+			}
+			close(release)
+			first := <-res
+			if errClass(first) != tc.class || first.TxOutcome != RolledBack {
+				t.Fatalf("first: class %q, outcome %q (%+v); want %q, rolled back", errClass(first), first.TxOutcome, first.Error, tc.class)
+			}
+			again := h.invoke("net.fetch", args, mods...)
+			if !again.Replayed || errClass(again) != tc.class || again.OperationID != first.OperationID {
+				t.Fatalf("repeat: %+v, want the first outcome replayed", again)
+			}
+			if n := posts.Load(); n != 1 {
+				t.Fatalf("the server saw %d POSTs under one key, want 1", n)
+			}
+		})
+	}
+}

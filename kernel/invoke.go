@@ -821,6 +821,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	} else {
 		out, class, msg = k.execute(ctx, c, resources, stage)
 	}
+	// An external call that ran to its end has had its effect: whatever
+	// refuses it from here on, its key keeps that outcome (a syscall that
+	// failed says whether its effect may have happened: outcome_unknown).
+	effected := in.External && class == ""
 	if class == "" {
 		class, msg = c.checkFiles()
 	}
@@ -833,11 +837,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	in.Used = c.usage()
 	c.lap(StageExecute)
-	if class == ErrOutcomeUnknown {
-		return k.unknown(done, c, in, stage, msg)
-	}
 	if class != "" {
-		return k.rollback(done, c, in, stage, class, msg)
+		return k.rollback(done, c, in, stage, class, msg, effected || class == ErrOutcomeUnknown)
 	}
 	crashPoint("staged")
 	effects := stage.Effects()
@@ -847,7 +848,17 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		decision, err = txn.Decide(in, effects, deltaID) // off the sequencer
 	}
 	if err != nil {
-		return k.rollback(done, c, in, stage, ErrInternal, err.Error())
+		return k.rollback(done, c, in, stage, ErrInternal, err.Error(), effected)
+	}
+	// A refusal at commit rolls the intent back, or, for an effected call,
+	// leaves it to after, which settles it with the refusal's envelope.
+	refuse := func(tx *bbolt.Tx, class, msg string) error {
+		if effected {
+			c.setOutcome(nil, class, msg+settledNote, RolledBack)
+			return nil
+		}
+		c.setOutcome(nil, class, msg, RolledBack)
+		return txn.Rollback(tx, in)
 	}
 	committed := false
 	c.setOutcome(out, "", "", Committed) // the expected outcome; CanCommit decides
@@ -855,14 +866,12 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	_, err = k.record(done, c, func(tx *bbolt.Tx) error {
 		committed = false
 		if why := k.checkApproval(c); why != "" {
-			c.setOutcome(nil, ErrApprovalDenied, why, RolledBack)
-			return txn.Rollback(tx, in)
+			return refuse(tx, ErrApprovalDenied, why)
 		}
 		err := txn.CanCommit(tx, in, c.env.PreconditionRefs, prep.Limits, effects)
 		var te *txn.Error
 		if errors.As(err, &te) {
-			c.setOutcome(nil, te.Class, te.Message, RolledBack)
-			return txn.Rollback(tx, in)
+			return refuse(tx, te.Class, te.Message)
 		}
 		if err != nil {
 			return err
@@ -873,6 +882,9 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		return nil
 	}, func(tx *bbolt.Tx, envelope []byte) error {
 		if !committed {
+			if effected {
+				return txn.Settle(tx, in, envelope)
+			}
 			return nil
 		}
 		if err := txn.Commit(tx, decision, delta, envelope); err != nil || len(effects) > 0 {
@@ -888,7 +900,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	})
 	c.lap(StageLedger)
 	if err != nil {
-		return k.recordFailed(done, c, in, stage, err)
+		return k.recordFailed(done, c, in, stage, err, effected)
 	}
 	if !committed {
 		stage.Discard()
@@ -921,33 +933,35 @@ func (c *call) checkFiles() (class, msg string) {
 	return "", ""
 }
 
-// unknown ends a prepared external call whose outcome was lost: nothing
-// staged is applied, and its key keeps the outcome_unknown result so a
-// repeat is answered with it and never executes again.
-func (k *Kernel) unknown(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, msg string) *Result {
+// rollback ends a prepared call that does not commit with the refusal
+// class and msg: nothing staged is applied. With settled (an external
+// effect happened, or may have: the call ran to its end, or its outcome is
+// unknown), the idempotency key keeps this outcome (txn.Settle), so that a
+// repeat is answered with it and never executes again; otherwise the
+// intent is rolled back and its key is free for a retry.
+func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, class, msg string, settled bool) *Result {
 	if err := stage.Discard(); err != nil {
 		msg += "; removing staged files: " + err.Error()
 	}
-	c.setOutcome(nil, ErrOutcomeUnknown, msg, RolledBack)
-	_, err := k.record(ctx, c, nil, func(tx *bbolt.Tx, envelope []byte) error { return txn.Unknown(tx, in, envelope) })
+	var err error
+	if settled {
+		if class != ErrOutcomeUnknown {
+			msg += settledNote
+		}
+		c.setOutcome(nil, class, msg, RolledBack)
+		_, err = k.record(ctx, c, nil, func(tx *bbolt.Tx, envelope []byte) error { return txn.Settle(tx, in, envelope) })
+	} else {
+		c.setOutcome(nil, class, msg, RolledBack)
+		_, err = k.record(ctx, c, func(tx *bbolt.Tx) error { return txn.Rollback(tx, in) })
+	}
 	if err != nil {
 		return k.unresolved(c, in, err)
 	}
 	return &c.res
 }
 
-// rollback undoes a prepared call and records the refusal.
-func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, class, msg string) *Result {
-	if err := stage.Discard(); err != nil {
-		msg += "; removing staged files: " + err.Error()
-	}
-	c.setOutcome(nil, class, msg, RolledBack)
-	_, err := k.record(ctx, c, func(tx *bbolt.Tx) error { return txn.Rollback(tx, in) })
-	if err != nil {
-		return k.unresolved(c, in, err)
-	}
-	return &c.res
-}
+// settledNote ends the message of an external call refused after it ran.
+const settledNote = "; its external effect happened, so a repeat with the same idempotency key returns this outcome and never executes again"
 
 // execute runs the syscall under its timeout, turning panics and errors
 // into error classes. stage is nil for calls without effects.

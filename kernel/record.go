@@ -553,12 +553,12 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		return err
 	}
 	// The operation first: the key's row then refers to its envelope
-	// rather than holding a copy (see txn.Unknown).
+	// rather than holding a copy (see txn.Settle).
 	if err := k.storeOperation(tx, r.OperationID, txn.PackOperation(b)); err != nil {
 		return err
 	}
 	if in.External {
-		return txn.Unknown(tx, in, b)
+		return txn.Settle(tx, in, b)
 	}
 	return nil
 }

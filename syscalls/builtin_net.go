@@ -267,12 +267,14 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		var fl *Failure
 		var ae *netproxy.AddrError
 		switch {
+		case mutating && sent.Load():
+			// A hop was sent (a refused redirect or dial comes after the
+			// first): the other side may have acted on it.
+			return Output{}, fail(FailUnknown, "net.fetch %s %s: the request was sent, then the call failed (%v); it will not be sent again", method, req.URL.Redacted(), err)
 		case errors.As(err, &fl):
 			return Output{}, fl
 		case errors.As(err, &ae):
 			return Output{}, fail(FailScope, "net.fetch %s: %v", method, ae)
-		case mutating && sent.Load():
-			return Output{}, fail(FailUnknown, "net.fetch %s %s: the request was sent but no response was received (%v); it will not be sent again", method, req.URL.Redacted(), err)
 		case ctx.Err() != nil:
 			return Output{}, ctxFailure(ctx, err)
 		}

@@ -139,17 +139,18 @@ func release(in *Intent) Usage {
 	return r
 }
 
-// Unknown ends in tx a prepared call whose external effect may have
-// happened but whose outcome was never recorded (in.External, after a
-// crash or a failure mid-request): nothing staged is applied, the intent
-// goes, and the idempotency key keeps result — the outcome_unknown result
-// envelope, by reference when PutOperation stored it first — as its stored outcome, so a repeat is answered with it and
-// never executes again. The caller removes staging files.
-func Unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
-	return abortIf(unknown(tx, in, result))
+// Settle ends in tx a prepared External call that does not commit but
+// whose external effect happened, or may have: its outcome unknown (after
+// a crash, or a failure mid-request), or its execution done and its commit
+// refused. Nothing staged is applied, the intent goes, and the idempotency
+// key keeps result — the result envelope, by reference when PutOperation
+// stored it first — as its stored outcome, so a repeat is answered with it
+// and never executes again. The caller removes staging files.
+func Settle(tx *bbolt.Tx, in *Intent, result []byte) error {
+	return abortIf(settle(tx, in, result))
 }
 
-func unknown(tx *bbolt.Tx, in *Intent, result []byte) error {
+func settle(tx *bbolt.Tx, in *Intent, result []byte) error {
 	if k, ok := in.idemKey(); ok {
 		call, err := idemCall(tx, k)
 		if err != nil {

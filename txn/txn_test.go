@@ -372,7 +372,7 @@ func TestRecover(t *testing.T) {
 	rec, err := Recover(context.Background(), e.db, func(tx *bbolt.Tx, in *Intent) error {
 		ended = append(ended, in.OperationID)
 		if in.External {
-			return Unknown(tx, in, []byte(`{"unknown":true}`))
+			return Settle(tx, in, []byte(`{"unknown":true}`))
 		}
 		return nil
 	})
