@@ -6,20 +6,21 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"syscall"
 )
 
 // Apply makes decided effects visible: staged files are renamed onto their
 // targets, deleted targets are moved aside and removed, directories are
-// made, and a cleanup effect removes a staging pool emptied by the renames. It is idempotent,
-// so recovery can run it again after a crash, and the kernel after a
-// failed attempt: a staging file that is gone was renamed already, a
-// target that is gone (or whose parent is no longer a directory) was
-// deleted already, and a delete is skipped once a later write of effects
-// at or under its path has landed (see landed): what is at the path then
-// is that write's, put there after the delete. root
-// returns the opened root directory named by an effect. The caller makes the
-// renames durable (Syncer) before it forgets the intent.
+// made, and a cleanup effect removes a staging pool emptied by the
+// renames. It is idempotent, so recovery can run it again after a crash,
+// and the kernel after a failed attempt: a staging file that is gone was
+// renamed already, a target that is gone (or whose parent is no longer a
+// directory) was deleted already, and a delete is skipped once a later
+// write of effects at or under its path has landed (see landed): what is
+// at the path then was put there after the delete. root returns the
+// opened root directory named by an effect. The caller makes the renames
+// durable (Syncer) before it forgets the intent.
 func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 	later := laterWrites(effects)
 	for i, e := range effects {
@@ -64,21 +65,20 @@ func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 // staged against (OldHash; absent for a new file), and a deleted entry is
 // removed only while it still is what was deleted: a regular file holding
 // OldHash, or, for an empty OldHash, anything but a regular file (a
-// directory or a link). A target that holds the effect's
-// new content already is left as it is; one that holds anything else is
-// never overwritten: the staging file goes and the effect is reported as
-// a Conflict (ConflictTarget). A delete is left undone, and reported as
-// no conflict, when its path holds what a later effect of the same
-// intent puts there (a later write landed at or under it, or the
-// directory a later mkdir makes, or a later write's content): the path
-// was replaced by another kind of entry, and the delete came first. A
-// path whose parent is no longer a directory counts as absent. A staging file is renamed only when it
-// holds the committed content (NewHash): one damaged since it was synced
-// (a lost or torn write, a change by hand) is removed and the effect is
-// reported as a Conflict (ConflictStaging), the target left as it was.
-// Staging and trash files of the effects are gone afterwards. Redo is
-// idempotent: running it again changes nothing and reports the same
-// conflicts, except a staging conflict, reported once.
+// directory or a link). A target that holds the effect's new content
+// already is left as it is; one that holds anything else is never
+// overwritten: the staging file goes and the effect is reported as a
+// Conflict (ConflictTarget). A delete is left undone, and no conflict
+// reported, when its path holds what a later effect of the same intent
+// puts there (a later write has landed at or under it, or the path holds
+// the directory a later mkdir makes or a later write's content): the
+// path was replaced by another kind of entry, the delete first. A path
+// whose parent is no longer a directory counts as absent. A staging file
+// is renamed only when it holds the committed content (NewHash): one
+// damaged since it was synced (a lost or torn write, a change by hand) is
+// removed and the effect is reported as a Conflict (ConflictStaging), the
+// target left as it was. Staging and trash files of the effects are gone
+// afterwards, and a second Redo of the same effects changes nothing.
 func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root, error)) ([]Conflict, error) {
 	var conflicts []Conflict
 	later := laterWrites(effects)
@@ -147,17 +147,15 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 }
 
 // laterWrites returns, for each delete of effects, the index of the first
-// write after it at or under its path (same root), and -1 for none and for
-// every other effect.
+// write after it at or under its path (same root), -1 for none; other
+// effects have -1 too. Effects without a delete (most calls) get nil.
 func laterWrites(effects []Effect) []int {
-	later := make([]int, len(effects))
-	deletes := false
-	for i, e := range effects {
-		later[i] = -1
-		deletes = deletes || e.Op == OpDelete
+	if !slices.ContainsFunc(effects, func(e Effect) bool { return e.Op == OpDelete }) {
+		return nil
 	}
-	if !deletes {
-		return later
+	later := make([]int, len(effects))
+	for i := range later {
+		later[i] = -1
 	}
 	// Backwards: next holds, for a path and each of its parents, the
 	// nearest write seen at or under it.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -63,6 +65,27 @@ func sortedKeys(m map[string]string) []string {
 // through WriteFrom's pool).
 type treeStep struct{ op, rel, content string }
 
+// replaceCases are deltas as proc.exec stages them, among them paths
+// replaced by another kind of entry, with the tree before and after.
+var replaceCases = []struct {
+	name          string
+	before, after map[string]string
+	steps         []treeStep
+}{
+	{"empty dir replaced by a file", map[string]string{"d": "/"}, map[string]string{"d": "new"},
+		[]treeStep{{"delete", "d", ""}, {"write", "d", "new"}}},
+	{"dir with files replaced by a file", map[string]string{"d": "/", "d/old.txt": "old", "d/e": "/", "d/e/x": "x"}, map[string]string{"d": "new"},
+		[]treeStep{{"delete", "d/old.txt", ""}, {"delete", "d/e/x", ""}, {"delete", "d/e", ""}, {"delete", "d", ""}, {"write", "d", "new"}}},
+	{"file replaced by a dir", map[string]string{"f": "old"}, map[string]string{"f": "/", "f/y": "y"},
+		[]treeStep{{"delete", "f", ""}, {"mkdir", "f", ""}, {"write", "f/y", "y"}}},
+	{"file replaced by an empty dir", map[string]string{"f": "old"}, map[string]string{"f": "/"},
+		[]treeStep{{"delete", "f", ""}, {"mkdir", "f", ""}}},
+	{"file rewritten, another deleted", map[string]string{"a": "old", "b": "b"}, map[string]string{"a": "new"},
+		[]treeStep{{"delete", "b", ""}, {"write", "a", "new"}}},
+	{"dir tree deleted", map[string]string{"d": "/", "d/x": "x", "k": "k"}, map[string]string{"k": "k"},
+		[]treeStep{{"delete", "d/x", ""}, {"delete", "d", ""}}},
+}
+
 // TestRedoReplacedPaths: an intent that replaces a path with another kind
 // of entry (a directory with a file, a file with a directory) is applied
 // again, after a crash at every point of its apply or after the apply
@@ -73,24 +96,7 @@ type treeStep struct{ op, rel, content string }
 // removed whatever was at the path) or failed with ENOTDIR on a deleted
 // child of the directory, and Apply's retry did the same.
 func TestRedoReplacedPaths(t *testing.T) {
-	cases := []struct {
-		name          string
-		before, after map[string]string
-		steps         []treeStep
-	}{
-		{"empty dir replaced by a file", map[string]string{"d": "/"}, map[string]string{"d": "new"},
-			[]treeStep{{"delete", "d", ""}, {"write", "d", "new"}}},
-		{"dir with files replaced by a file", map[string]string{"d": "/", "d/old.txt": "old", "d/e": "/", "d/e/x": "x"}, map[string]string{"d": "new"},
-			[]treeStep{{"delete", "d/old.txt", ""}, {"delete", "d/e/x", ""}, {"delete", "d/e", ""}, {"delete", "d", ""}, {"write", "d", "new"}}},
-		{"file replaced by a dir", map[string]string{"f": "old"}, map[string]string{"f": "/", "f/y": "y"},
-			[]treeStep{{"delete", "f", ""}, {"mkdir", "f", ""}, {"write", "f/y", "y"}}},
-		{"file replaced by an empty dir", map[string]string{"f": "old"}, map[string]string{"f": "/"},
-			[]treeStep{{"delete", "f", ""}, {"mkdir", "f", ""}}},
-		{"file rewritten, another deleted", map[string]string{"a": "old", "b": "b"}, map[string]string{"a": "new"},
-			[]treeStep{{"delete", "b", ""}, {"write", "a", "new"}}},
-		{"dir tree deleted", map[string]string{"d": "/", "d/x": "x", "k": "k"}, map[string]string{"k": "k"},
-			[]treeStep{{"delete", "d/x", ""}, {"delete", "d", ""}}},
-	}
+	cases := replaceCases
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			// Stage once to learn the effects, so each crash point below
@@ -167,4 +173,37 @@ func stageSteps(t *testing.T, dir string, before map[string]string, steps []tree
 		}
 	}
 	return stage.Effects()
+}
+
+// TestVerifyReplacedPaths: after a commit that replaces a path with
+// another kind of entry is applied, the workspace check finds it as the
+// delta says: a deleted child of a directory that is now a file is
+// absent, not an error.
+func TestVerifyReplacedPaths(t *testing.T) {
+	for _, tc := range replaceCases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			p := newPrepare("op", "key")
+			if _, err := e.prepare(p); err != nil {
+				t.Fatal(err)
+			}
+			effects := stageSteps(t, e.ws, tc.before, tc.steps)
+			e.commit(&p.Intent, effects, `{}`)
+			open, closeAll := OpenRoots()
+			defer closeAll()
+			if err := Apply(effects, open); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.update(func(tx *bbolt.Tx) error { return Finish(tx, "op") }); err != nil {
+				t.Fatal(err)
+			}
+			e.view(func(tx *bbolt.Tx) error {
+				rep, err := VerifyWorkspace(tx, open)
+				if err != nil || len(rep.Problems) != 0 {
+					t.Errorf("workspace check: %+v, %v", rep, err)
+				}
+				return nil
+			})
+		})
+	}
 }
