@@ -100,7 +100,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		k.ops.mu.Unlock()
 		cancel(nil)
 		err = fmt.Errorf("%w: %s", ErrOperationInUse, id)
-		c.env.OperationID = ""
+		c.disown()
 		return "", k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, err.Error())), err
 	}
 	if done == nil {

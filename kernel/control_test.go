@@ -290,3 +290,44 @@ func TestOperationIDInFlight(t *testing.T) {
 		t.Fatalf("replay of the committed call: %+v", r)
 	}
 }
+
+// TestUnverifiedRefusalTakesNoID: an envelope whose token does not verify
+// (none at all, or a malformed envelope) names any operation id it likes;
+// its refusal is recorded under an id of its own, the one named kept in
+// its notes, so it can neither take over a call in flight (whose record
+// would then be refused as a reuse, and whose stored envelope would be the
+// attacker's) nor squat an id a call will use later.
+func TestUnverifiedRefusalTakesNoID(t *testing.T) {
+	h := newHarness(t)
+	inFlight, later := newID(), newID()
+	pending, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "mine"}, key("w"), opID(inFlight))
+	for _, tc := range []struct {
+		name, id, class string
+		env             *Envelope
+	}{
+		{"bad autonomy mode, no token", inFlight, ErrInvalidArgs, &Envelope{ToolID: "x", AgentID: h.agent, OperationID: inFlight, AutonomyMode: "yolo", Args: json.RawMessage(`{}`)}},
+		{"no token, the id in flight", inFlight, ErrInvalidArgs, &Envelope{ToolID: "echo", AgentID: h.agent, OperationID: inFlight, Args: json.RawMessage(`{"text":"x"}`)}},
+		{"no token, an id not used yet", later, ErrTokenInvalid, &Envelope{ToolID: "echo", AgentID: h.agent, OperationID: later, Args: json.RawMessage(`{"text":"x"}`)}},
+	} {
+		before := h.headSize()
+		r := h.k.Invoke(context.Background(), tc.env)
+		if errClass(r) != tc.class || r.OperationID == tc.id || r.OperationID == "" {
+			t.Fatalf("%s: class %q, operation_id %q; want %q under an id of its own", tc.name, errClass(r), r.OperationID, tc.class)
+		}
+		a := h.audits(before)
+		if len(a) != 1 || string(a[0].Notes["requested_operation_id"]) != `"`+tc.id+`"` {
+			t.Fatalf("%s: audit records %+v, want one noting the id asked for", tc.name, a)
+		}
+	}
+	h.k.Decide(pending.ID, h.approver("alice", captoken.RoleApprover), "allow", "")
+	r := <-res
+	mustOK(t, r)
+	if r.OperationID != inFlight || h.read("Makefile") != "mine" {
+		t.Fatalf("the call in flight: %+v", r)
+	}
+	stored, err := h.k.Inspector().Operation(inFlight)
+	if err != nil || !strings.Contains(string(stored), `"status":"ok"`) {
+		t.Fatalf("the id's stored envelope: %s, %v", stored, err)
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "y"}, opID(later)))
+}

@@ -190,10 +190,12 @@ func TestFetchDefaultPolicy(t *testing.T) {
 	mustOK(t, <-res)
 }
 
-// A call whose token has spent its calls budget is refused before it
-// runs: a GET sends nothing once the budget is gone (it used to go out,
-// its record refusing it only afterwards, so a spent token could still
-// send data to an allowed host in its URLs). Each refusal is audited.
+// A call whose token has spent its budget is refused before it runs: a
+// GET sends nothing once the calls budget is gone (it used to go out, its
+// record refusing it only afterwards, so a spent token could still send
+// data to an allowed host in its URLs), nor once net_bytes is (the first
+// request may overdraw it: its size is known only once sent). Each
+// refusal is audited.
 func TestSpentBudgetSendsNothing(t *testing.T) {
 	h := newExecHarness(t)
 	var gets atomic.Int32
@@ -202,22 +204,35 @@ func TestSpentBudgetSendsNothing(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	}))
 	defer srv.Close()
-	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"net.*"}, Net: []string{"127.0.0.1"}, Budgets: map[string]int64{txn.BudgetCalls: 2}})
-	for i := range 5 {
-		before := h.headSize()
-		r := h.invoke("net.fetch", map[string]any{"url": fmt.Sprintf("%s/chunk-%d", srv.URL, i)})
-		want := ""
-		if i >= 2 {
-			want = ErrBudgetExceeded
-		}
-		if errClass(r) != want {
-			t.Fatalf("call %d: class %q (%+v), want %q", i, errClass(r), r.Error, want)
-		}
-		if a := h.audits(before); len(a) != 1 {
-			t.Fatalf("call %d: %d audit records", i, len(a))
-		}
-	}
-	if n := gets.Load(); n != 2 {
-		t.Fatalf("the server saw %d requests, want 2 (the budget's)", n)
+	for _, tc := range []struct {
+		budget string
+		limit  int64
+		sent   int32 // requests the budget lets out
+		ok     int   // calls answered ok
+	}{
+		{txn.BudgetCalls, 2, 2, 2},
+		{txn.BudgetNetBytes, 50, 1, 0},
+	} {
+		t.Run(tc.budget, func(t *testing.T) {
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"net.*"}, Net: []string{"127.0.0.1"}, Budgets: map[string]int64{tc.budget: tc.limit}})
+			gets.Store(0)
+			for i := range 5 {
+				before := h.headSize()
+				r := h.invoke("net.fetch", map[string]any{"url": fmt.Sprintf("%s/chunk-%d", srv.URL, i)})
+				want := ""
+				if i >= tc.ok {
+					want = ErrBudgetExceeded
+				}
+				if errClass(r) != want {
+					t.Fatalf("call %d: class %q (%+v), want %q", i, errClass(r), r.Error, want)
+				}
+				if a := h.audits(before); len(a) != 1 {
+					t.Fatalf("call %d: %d audit records", i, len(a))
+				}
+			}
+			if n := gets.Load(); n != tc.sent {
+				t.Fatalf("the server saw %d requests, want %d", n, tc.sent)
+			}
+		})
 	}
 }

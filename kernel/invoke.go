@@ -155,7 +155,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		done, ok := k.inflight.add(env.OperationID, &inflight{agent: env.AgentID, session: c.session, cancel: cancel})
 		if !ok {
 			id := env.OperationID
-			env.OperationID = ""
+			c.disown()
 			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is in use by a call in flight", id))
 		}
 		defer done()
@@ -669,7 +669,9 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		var te *txn.Error
 		switch {
 		case used:
-			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID))
+			id := c.env.OperationID
+			c.disown()
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", id))
 		case errors.As(spent, &te):
 			return k.deny(ctx, c, te.Class, te.Message)
 		case spent != nil:
@@ -794,6 +796,9 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	if replay != nil || err != nil {
 		gated.refuse(stage)
+		if errors.Is(err, txn.ErrOperationUsed) {
+			c.disown()
+		}
 		var te *txn.Error
 		if errors.As(err, &te) {
 			return k.deny(ctx, c, te.Class, te.Message)
@@ -1061,6 +1066,20 @@ func (c *call) accounts() []txn.Account {
 		as = append(as, txn.Account{TokenID: a.ID, Limits: txn.Usage(a.Budgets)})
 	}
 	return as
+}
+
+// disown gives c's refusal an operation id of its own, keeping the one
+// its envelope names in the record's notes (requested_operation_id): that
+// id belongs to another call, in flight or recorded, or c has not shown it
+// may name it (its token did not verify), and a refusal recorded under it
+// would stand for the call that owns it (the first envelope stored under
+// an id keeps it, and readers and erasure find the id's record).
+func (c *call) disown() {
+	if c.minted || c.env.OperationID == "" {
+		return
+	}
+	c.Note("requested_operation_id", c.env.OperationID)
+	c.env.OperationID = ""
 }
 
 // Charge records budget units the running syscall consumed

@@ -88,6 +88,9 @@ type receiptBody struct {
 
 // deny records a call refused before it could run and returns its result.
 func (k *Kernel) deny(ctx context.Context, c *call, class, msg string) *Result {
+	if c.token == nil {
+		c.disown() // anyone may send an envelope naming any id
+	}
 	c.setOutcome(nil, class, msg, NoOp)
 	if _, err := k.record(context.WithoutCancel(ctx), c, nil); err != nil {
 		return k.internal(c, err)

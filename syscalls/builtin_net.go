@@ -173,6 +173,11 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		body = []byte(*a.Body)
 	}
 	left, limited := g.Left[BudgetNetBytes]
+	if limited && left <= 0 {
+		// Nothing goes out on a spent budget, not even a bodiless GET
+		// (its URL carries data too).
+		return Output{}, fail(FailBudget, "budget net_bytes is spent")
+	}
 	if limited && left < int64(len(body)) {
 		return Output{}, fail(FailBudget, "budget net_bytes: %d left, the request body alone is %d", left, len(body))
 	}

@@ -52,7 +52,9 @@ func (p *Prepare) Run(tx *bbolt.Tx) (replay json.RawMessage, err error) {
 		}
 	}
 	if OperationUsed(tx, in.OperationID) {
-		return nil, refuse(ClassInvalidArgs, "operation_id %s is already used", in.OperationID)
+		e := refuse(ClassInvalidArgs, "operation_id %s is already used", in.OperationID)
+		e.cause = ErrOperationUsed
+		return nil, e
 	}
 	if err := checkStored(tx, p.Preconditions); err != nil {
 		return nil, err
