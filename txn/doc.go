@@ -81,7 +81,10 @@
 // the call itself.
 //
 // Recover, run at open before any call, redoes every decided Intent (renames
-// of staging files that still exist, deletions of targets that still exist)
-// and rolls back every prepared one. A multi-file commit is therefore all or
+// of staging files that still exist, deletions of targets that still exist
+// and are still what was deleted, unless a later effect of the same intent
+// replaced them: a proc.exec delta that turns a directory into a file, or
+// a file into a directory, deletes the path and then makes it) and rolls
+// back every prepared one. A multi-file commit is therefore all or
 // nothing across a crash.
 package txn

@@ -27,7 +27,9 @@ type Recovered struct {
 
 // Conflict is a decided effect left unapplied by recovery, for Reason:
 // ConflictTarget, the target Path (under Root) holds content of digest
-// Found ("" when absent) while the effect was staged against Want; or
+// Found ("" when absent or not a regular file) while the effect was
+// staged against Want ("" for a write of a new file, and for a delete of
+// a directory or a link); or
 // ConflictStaging, the staging file holds content of digest Found instead
 // of the committed content Want, and the target was left as it was.
 type Conflict struct {

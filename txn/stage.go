@@ -354,10 +354,11 @@ func (s *Stage) FileRoots() []*os.Root {
 var errNotRegular = errors.New("not a regular file")
 
 // hashFile returns the digest and mode of the regular file rel, or "" when
-// nothing exists there.
+// nothing exists there (nor can: a parent is not a directory, as when a
+// proc.exec delta replaces the file f with a directory and writes f/y).
 func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
 	f, err := root.Open(rel)
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		return "", 0, nil
 	}
 	if err != nil {

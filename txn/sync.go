@@ -27,13 +27,28 @@ import (
 // Each file system is synced through one descriptor, opened when the
 // Syncer first sees a root on it (Watch) and kept until Close: see
 // fileSystems for why a descriptor opened later would miss errors.
+//
+// A failure is sticky: once a round's syncfs has failed, every request
+// of that round and of every later one (Sync and SyncLater alike) is
+// answered with an error, later ones with an ErrSyncFailed that wraps
+// the first failure, and no syncfs runs again. Linux reports a writeback
+// error once per descriptor, so the next syncfs through the same one
+// returns 0 although what was staged before the failure, by any call,
+// never reached the disk: a Sync answered nil then would let a call
+// commit on content that is not durable (in the kernel, a call running
+// concurrently with the one that saw the error, before the fail stop).
 type Syncer struct {
 	fs     fileSystems
 	reqs   chan *syncReq
 	hurry  chan struct{} // cap 1
 	delay  time.Duration // LaterDelay; tests set it
 	rounds atomic.Uint64 // rounds of syncs run
+	failed error         // the first failed round's error; only loop uses it
 }
+
+// ErrSyncFailed is the error of every request after a failed round (see
+// Syncer); the error wrapping it also wraps that round's failure.
+var ErrSyncFailed = errors.New("txn: an earlier syncfs failed, so changes made before it may not be on disk; nothing is durable any more")
 
 type syncReq struct {
 	roots []*os.Root
@@ -61,7 +76,8 @@ func (s *Syncer) Watch(root *os.Root) error {
 	return err
 }
 
-// Sync makes every change made so far under roots durable.
+// Sync makes every change made so far under roots durable, or returns
+// why it could not; after any failed round it always fails (see Syncer).
 func (s *Syncer) Sync(roots ...*os.Root) error {
 	if len(roots) == 0 {
 		return nil
@@ -149,16 +165,23 @@ func (s *Syncer) loop() {
 	}
 }
 
-// round syncs the roots of batch and answers each request.
+// round syncs the roots of batch and answers each request, or, after a
+// failed round, answers each with that failure without syncing.
 func (s *Syncer) round(batch []*syncReq) {
 	if len(batch) == 0 {
 		return
 	}
-	var roots []*os.Root
-	for _, r := range batch {
-		roots = append(roots, r.roots...)
+	var err error
+	if s.failed != nil {
+		err = fmt.Errorf("%w: %w", ErrSyncFailed, s.failed)
+	} else {
+		var roots []*os.Root
+		for _, r := range batch {
+			roots = append(roots, r.roots...)
+		}
+		err = s.fs.sync(roots)
+		s.failed = err
 	}
-	err := s.fs.sync(roots)
 	s.rounds.Add(1)
 	for _, r := range batch {
 		r.done(err)

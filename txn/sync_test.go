@@ -2,6 +2,7 @@ package txn
 
 import (
 	"bytes"
+	"errors"
 	"maps"
 	"os"
 	"os/exec"
@@ -109,7 +110,8 @@ func TestSyncerOneDescriptorPerFileSystem(t *testing.T) {
 
 // TestSyncfsErrorSeenBySyncer: a writeback error of staged content that
 // another process's syncfs has already consumed still fails the Syncer's
-// Sync. It runs TestSyncfsErrorChild in a private mount namespace (as
+// Sync, and every Sync after it, although the next syncfs returns 0. It
+// runs TestSyncfsErrorChild in a private mount namespace (as
 // root): ext4 on a loop device whose image lies on a small tmpfs, so that
 // writing back more than the tmpfs holds fails with ENOSPC.
 func TestSyncfsErrorSeenBySyncer(t *testing.T) {
@@ -188,4 +190,67 @@ func TestSyncfsErrorChild(t *testing.T) {
 		t.Fatal("Sync returned nil after the staged file's writeback failed (the error went to the other syncfs)")
 	}
 	t.Logf("the Syncer's syncfs: %v", err)
+	// The next round comes after a rename within the root (an applied
+	// commit's, say: here the failed stage's own), which writes back only
+	// into blocks the image holds already: its syncfs through the same
+	// descriptor returns 0 (the error reported to it already, the pages
+	// that failed no longer dirty), while "big" never reached the disk.
+	if err := Apply(stage.Effects(), stage.Root); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(root); !errors.Is(err, ErrSyncFailed) || !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("the Sync after a failed round returned %v, want ErrSyncFailed wrapping the round's ENOSPC", err)
+	} else {
+		t.Logf("the next Sync: %v", err)
+	}
+}
+
+// TestSyncerFailureSticky: after a round's syncfs fails, every later
+// Sync and SyncLater fails too, with ErrSyncFailed wrapping that failure,
+// although a syncfs through the Syncer's descriptor would succeed again.
+// The first round fails with EBADF: its descriptor is swapped for a
+// closed one (TestSyncfsErrorSeenBySyncer makes a real writeback error,
+// as root).
+func TestSyncerFailureSticky(t *testing.T) {
+	root, err := os.OpenRoot(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	s := NewSyncer()
+	defer s.Close()
+	if err := s.Watch(root); err != nil {
+		t.Fatal(err)
+	}
+	closed, err := os.Open(root.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	swap := func(f *os.File) *os.File {
+		s.fs.mu.Lock()
+		defer s.fs.mu.Unlock()
+		for d, old := range s.fs.files {
+			s.fs.files[d] = f
+			return old
+		}
+		t.Fatal("no descriptor")
+		return nil
+	}
+	good := swap(closed)
+	first := s.Sync(root)
+	if !errors.Is(first, unix.EBADF) {
+		t.Fatalf("the first Sync: %v, want EBADF", first)
+	}
+	swap(good)
+	if err := unix.Syncfs(int(good.Fd())); err != nil {
+		t.Fatalf("the good descriptor's syncfs: %v", err)
+	}
+	later := make(chan error, 1)
+	s.SyncLater(func(err error) { later <- err }, root)
+	for name, err := range map[string]error{"Sync": s.Sync(root), "SyncLater": <-later} {
+		if !errors.Is(err, ErrSyncFailed) || !errors.Is(err, unix.EBADF) || !strings.Contains(err.Error(), first.Error()) {
+			t.Errorf("%s after a failed round: %v, want ErrSyncFailed naming %q", name, err, first)
+		}
+	}
 }

@@ -311,6 +311,9 @@ func TestRedo(t *testing.T) {
 		{name: "delete of changed content is not done", target: "changed", effect: func(e *env) Effect {
 			return Effect{Op: OpDelete, Root: e.ws, Path: "f", Stage: TrashPrefix + "o-0", OldHash: digest.Sum([]byte("old"))}
 		}, want: "changed", conflict: ConflictTarget},
+		{name: "delete of a directory, a file there now", target: "other", effect: func(e *env) Effect {
+			return Effect{Op: OpDelete, Root: e.ws, Path: "f", Stage: TrashPrefix + "o-0"}
+		}, want: "other", conflict: ConflictTarget},
 		{name: "damaged staging over the pre-image", target: "old", effect: damaged("old"), want: "old", conflict: ConflictStaging},
 		{name: "damaged staging of a new file", effect: damaged(""), want: "<absent>", conflict: ConflictStaging},
 	}

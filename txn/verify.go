@@ -207,7 +207,7 @@ func fileState(root func(string) (*os.Root, error), dir, rel string) (string, er
 	}
 	fi, err := r.Lstat(rel)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case absent(err):
 		return stateAbsent, nil
 	case err != nil:
 		return "", fmt.Errorf("%s: %w", rel, err)
