@@ -53,27 +53,31 @@ func newSessions(limit, queue int) *sessions {
 	return &sessions{gates: map[string]*sessionGate{}, limit: limit, queue: queue}
 }
 
-// acquire takes a slot of session id, waiting in line while the session is
-// at its cap. It returns the release function and the number of the
-// session's calls running with this one, or an error class and message:
+// acquire takes a slot of agent's session id, waiting in line while the
+// session is at its cap. A session is an agent's: session ids are chosen
+// by agents (and seen by approvers), so another agent naming the same id
+// has a session, and a cap, of its own rather than filling this one's. It
+// returns the release function and the number of the session's calls
+// running with this one, or an error class and message:
 // concurrency_exceeded when the line is full, cancelled or timeout when
 // ctx ends first.
-func (s *sessions) acquire(ctx context.Context, id string) (release func(), running int, class, msg string) {
+func (s *sessions) acquire(ctx context.Context, agent, id string) (release func(), running int, class, msg string) {
 	if id == "" {
 		return func() {}, 0, "", ""
 	}
+	key := sessionKey(agent, id)
 	s.mu.Lock()
-	g := s.gates[id]
+	g := s.gates[key]
 	if g == nil {
 		g = &sessionGate{slots: make(chan struct{}, s.limit)}
-		s.gates[id] = g
+		s.gates[key] = g
 	}
 	g.users++
 	s.mu.Unlock()
 	done := func() {
 		s.mu.Lock()
 		if g.users--; g.users == 0 {
-			delete(s.gates, id)
+			delete(s.gates, key)
 		}
 		s.mu.Unlock()
 	}
@@ -102,6 +106,9 @@ func (s *sessions) acquire(ctx context.Context, id string) (release func(), runn
 		done()
 	}, int(n), "", ""
 }
+
+// sessionKey names agent's session id among the gates.
+func sessionKey(agent, id string) string { return agent + "\x00" + id } // agent ids have no control characters
 
 // ctxClass is the error class and message of a call whose ctx ended.
 func ctxClass(ctx context.Context, while string) (class, msg string) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/syscalls"
 )
 
 func session(id string) func(*Envelope) {
@@ -330,4 +331,58 @@ func TestUnverifiedRefusalTakesNoID(t *testing.T) {
 		t.Fatalf("the id's stored envelope: %s, %v", stored, err)
 	}
 	mustOK(t, h.invoke("echo", map[string]any{"text": "y"}, opID(later)))
+}
+
+// holdSys is test.hold: a read that runs until its test releases it.
+type holdSys struct {
+	started chan<- struct{}
+	release <-chan struct{}
+}
+
+func (holdSys) Definition() syscalls.Definition {
+	return syscalls.Definition{ID: "test.hold", Description: "runs until released", SideEffect: syscalls.Read, InputSchema: json.RawMessage(`{"type":"object"}`)}
+}
+
+func (s holdSys) Execute(context.Context, *syscalls.Call) (syscalls.Output, error) {
+	s.started <- struct{}{}
+	<-s.release
+	return syscalls.Output{Result: json.RawMessage(`{}`)}, nil
+}
+
+// TestSessionIsTheAgents: a session's cap and line are its agent's.
+// Another agent naming the same session id (ids are chosen by agents and
+// seen by approvers) fills a session of its own: the first agent's call
+// still runs (it used to be refused, the line full of the other's calls).
+func TestSessionIsTheAgents(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.SessionConcurrency = 1; c.SessionQueue = 1 })
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	if err := h.k.Registry().Register(func() syscalls.Syscall { return holdSys{started, release} }); err != nil {
+		t.Fatal(err)
+	}
+	other, otherJTI := h.mint("agent-b", captoken.Capability{Tools: []string{"test.*"}})
+	var wg sync.WaitGroup
+	for range 2 { // one runs, one waits in its line
+		wg.Go(func() {
+			mustOK(t, h.invoke("test.hold", map[string]any{}, session("shared"), func(e *Envelope) {
+				e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "agent-b", other, otherJTI
+			}))
+		})
+	}
+	<-started
+	for waiting(h.k.sessions, "agent-b", "shared") == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "mine"}, session("shared")))
+	close(release)
+	wg.Wait()
+}
+
+// waiting returns how many calls of agent's session id wait in its line.
+func waiting(s *sessions, agent, id string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.gates[sessionKey(agent, id)]; g != nil {
+		return g.waiting.Load()
+	}
+	return 0
 }

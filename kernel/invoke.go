@@ -268,7 +268,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	}
 	// The session's concurrency cap, then the approval once more: both
 	// may have waited.
-	release, running, class, msg := k.sessions.acquire(ctx, c.session)
+	release, running, class, msg := k.sessions.acquire(ctx, env.AgentID, c.session)
 	if class != "" {
 		return k.deny(ctx, c, class, msg)
 	}

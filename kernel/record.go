@@ -143,7 +143,11 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		k.mu.Unlock()
 	}
 	if c.res.Receipt, err = logged(r.a); err != nil {
-		return nil, err
+		// The record is durable: an error here must not read as "not
+		// committed" to callers that would then roll the call back (and
+		// free a committed call's key). The kernel's ledger state in
+		// memory disagrees with what it committed, so it fails stop.
+		return nil, k.failStop("making the receipt of the committed record of operation "+c.res.OperationID+" in", k.db.Path(), err)
 	}
 	return &c.res, nil
 }
