@@ -155,3 +155,23 @@ func TestFailDuringAbortedBatch(t *testing.T) {
 		t.Errorf("keys %v, want none", got)
 	}
 }
+
+// TestFailDuringBatch: a batch during which the DB fails stop (a Fail from
+// another goroutine) is not committed, even with no op aborting: every op
+// gets the sticky error, and nothing of the batch is stored.
+func TestFailDuringBatch(t *testing.T) {
+	d := openTest(t, Options{})
+	disk := errors.New("syncfs of the workspace: input/output error")
+	errs := inOneBatch(t, d, put("a"), func(tx *bbolt.Tx) error {
+		d.Fail(disk)
+		return put("b")(tx)
+	}, put("c"))
+	for i, err := range errs {
+		if !IsFatal(err) || !errors.Is(err, disk) {
+			t.Errorf("op %d: %v, want the sticky error", i, err)
+		}
+	}
+	if got := keys(t, d); len(got) != 0 {
+		t.Errorf("keys %v, want none", got)
+	}
+}

@@ -499,6 +499,13 @@ func (d *DB) try(batch []*request) error {
 		tx.Rollback()
 		return err
 	}
+	if err := d.Err(); err != nil {
+		// The DB failed stop while the batch ran (a Fail from another
+		// goroutine): nothing more is committed (commit answers every op
+		// with the sticky error).
+		tx.Rollback()
+		return err
+	}
 	if err := tx.Commit(); err != nil {
 		return d.failBatch(batch, &FatalError{Op: "commit (write and fdatasync) of", Path: d.Path(), Err: err})
 	}
