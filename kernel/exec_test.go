@@ -648,3 +648,43 @@ func TestExecCPUBudget(t *testing.T) {
 		t.Fatalf("with the budget spent: %+v", r.Error)
 	}
 }
+
+// TestExecReplacesPaths: a command may replace a directory with a file or
+// a file with a directory at the same path in one call; the delta applies
+// whole (it used to fail resolving d/y under the file d).
+func TestExecReplacesPaths(t *testing.T) {
+	for _, tc := range []struct {
+		name, script string
+		setup        map[string]string // path -> content; "" a directory
+		want         map[string]string // path -> content after, "" a directory
+	}{
+		{"directory to file", "rm -r d && echo new > d", map[string]string{"d": "", "d/old.txt": "old"}, map[string]string{"d": "new\n"}},
+		{"file to directory", "rm d && mkdir d && echo new > d/y", map[string]string{"d": "old"}, map[string]string{"d": "", "d/y": "new\n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newExecHarness(t)
+			for p, c := range tc.setup {
+				if c == "" {
+					os.MkdirAll(filepath.Join(h.ws, p), 0o755)
+				} else {
+					h.write(p, c)
+				}
+			}
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+			r := h.invoke("proc.exec", execArgs("sh", "-c", tc.script), key("replace"))
+			mustOK(t, r)
+			if r.TxOutcome != Committed {
+				t.Fatalf("outcome %s", r.TxOutcome)
+			}
+			for p, c := range tc.want {
+				fi, err := os.Stat(filepath.Join(h.ws, p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c == "" && !fi.IsDir() || c != "" && h.read(p) != c {
+					t.Fatalf("%s after the call: dir %v, content %q; want %q", p, fi.IsDir(), h.read(p), c)
+				}
+			}
+		})
+	}
+}

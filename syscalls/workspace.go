@@ -221,8 +221,10 @@ func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 	switch {
 	case isEscape(err):
 		return nil, &ScopeError{Path: p, Reason: "escapes its root"}
-	case errors.Is(err, fs.ErrNotExist):
-		// Nothing there yet; the parent must still resolve inside the root.
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		// Nothing there yet (a path under a file is nothing either: a
+		// command's delta may replace that file by a directory); the
+		// parent must still resolve inside the root.
 		dir, err := m.realRel(path.Dir(r.Rel))
 		switch {
 		case isEscape(err):
