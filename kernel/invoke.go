@@ -854,7 +854,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	// leaves it to after, which settles it with the refusal's envelope.
 	refuse := func(tx *bbolt.Tx, class, msg string) error {
 		if effected {
-			c.setOutcome(nil, class, msg+settledNote, RolledBack)
+			c.setOutcome(nil, ErrOutcomeUnknown, settledMessage(class, msg), RolledBack)
 			return nil
 		}
 		c.setOutcome(nil, class, msg, RolledBack)
@@ -936,9 +936,10 @@ func (c *call) checkFiles() (class, msg string) {
 // rollback ends a prepared call that does not commit with the refusal
 // class and msg: nothing staged is applied. With settled (an external
 // effect happened, or may have: the call ran to its end, or its outcome is
-// unknown), the idempotency key keeps this outcome (txn.Settle), so that a
-// repeat is answered with it and never executes again; otherwise the
-// intent is rolled back and its key is free for a retry.
+// unknown), the call ends outcome_unknown, the refusal in its message, and
+// its idempotency key keeps that outcome (txn.Settle), so that a repeat is
+// answered with it and never executes again; otherwise the intent is
+// rolled back and its key is free for a retry.
 func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *txn.Stage, class, msg string, settled bool) *Result {
 	if err := stage.Discard(); err != nil {
 		msg += "; removing staged files: " + err.Error()
@@ -946,7 +947,7 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 	var err error
 	if settled {
 		if class != ErrOutcomeUnknown {
-			msg += settledNote
+			class, msg = ErrOutcomeUnknown, settledMessage(class, msg)
 		}
 		c.setOutcome(nil, class, msg, RolledBack)
 		_, err = k.record(ctx, c, nil, func(tx *bbolt.Tx, envelope []byte) error { return txn.Settle(tx, in, envelope) })
@@ -960,8 +961,13 @@ func (k *Kernel) rollback(ctx context.Context, c *call, in *txn.Intent, stage *t
 	return &c.res
 }
 
-// settledNote ends the message of an external call refused after it ran.
-const settledNote = "; its external effect happened, so a repeat with the same idempotency key returns this outcome and never executes again"
+// settledMessage is the outcome_unknown message of an external call
+// refused with class and msg after it ran: the kernel committed nothing of
+// it, but the other side may have acted (it did, unless it failed).
+func settledMessage(class, msg string) string {
+	return "the call's external effect was made, then the call was refused (" + class + ": " + msg +
+		"); nothing of it was committed here: reconcile with the other side. A repeat with the same idempotency key returns this outcome and never executes again"
+}
 
 // execute runs the syscall under its timeout, turning panics and errors
 // into error classes. stage is nil for calls without effects.
