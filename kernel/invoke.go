@@ -769,7 +769,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		Intent: txn.Intent{
 			OperationID: c.env.OperationID, AgentID: c.env.AgentID, IdemKey: c.env.IdempotencyKey,
 			TokenID: c.token.Claims.ID, Ancestors: c.accounts()[1:], Reserved: txn.Usage{txn.BudgetCalls: 1},
-			Audit: c.recoveryContext(), External: c.effect == syscalls.Network || c.entry.Def.External,
+			Audit: c.recoveryContext(), External: c.external(),
 		},
 		Call:          c.idemCall(),
 		Limits:        txn.Usage(c.token.Claims.Cap.Budgets),
@@ -1002,15 +1002,16 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		sc.Grant = c.grant
 	}
 	type outcome struct {
-		out syscalls.Output
-		err error
+		out      syscalls.Output
+		err      error
+		panicked bool
 	}
 	ch := make(chan outcome, 1)
 	go func() {
 		var o outcome
 		defer func() {
 			if p := recover(); p != nil {
-				o.err = fmt.Errorf("%s panicked: %v\n%s", c.env.ToolID, p, debug.Stack())
+				o.err, o.panicked = fmt.Errorf("%s panicked: %v\n%s", c.env.ToolID, p, debug.Stack()), true
 			}
 			ch <- o
 		}()
@@ -1036,13 +1037,18 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		if stage != nil {
 			stage.Discard()
 		}
+		class, msg = ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, context.Cause(ctx))
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, ErrTimeout, fmt.Sprintf("%s did not finish within %s", c.env.ToolID, timeout)
+			class, msg = ErrTimeout, fmt.Sprintf("%s did not finish within %s", c.env.ToolID, timeout)
 		}
-		return nil, ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, context.Cause(ctx))
+		class, msg = c.unusable(class, msg)
+		return nil, class, msg
 	}
 	if o.err != nil {
 		class, msg = failure(ctx, c, timeout, o.err)
+		if o.panicked {
+			class, msg = c.unusable(class, msg)
+		}
 		return nil, class, msg
 	}
 	canon, err := o.out.Canonical, error(nil)
@@ -1050,11 +1056,30 @@ func (k *Kernel) execute(ctx context.Context, c *call, resources []*syscalls.Res
 		canon, err = jcs.Canonicalize(o.out.Result)
 	}
 	if err != nil || len(canon) == 0 || canon[0] != '{' {
-		return nil, ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID)
+		class, msg := c.unusable(ErrExecution, fmt.Sprintf("%s returned a result that is not a JSON object", c.env.ToolID))
+		return nil, class, msg
 	}
 	c.result, c.canon = o.out.Result, canon // the result hash reuses canon
 	return o.out.Result, "", ""
 }
+
+// unusable is the class and message of a call whose syscall was
+// abandoned (its timeout, a cancel), panicked, or returned a result the
+// kernel cannot use: as given, but for a mutating external call (see
+// external) outcome_unknown, since its effect may have happened all the
+// same, so that its key is settled rather than freed for a repeat that
+// would act again.
+func (c *call) unusable(class, msg string) (string, string) {
+	if !c.effect.Mutating() || !c.external() {
+		return class, msg
+	}
+	return ErrOutcomeUnknown, msg + "; its external effect may have happened all the same: reconcile with the other side. A repeat with the same idempotency key returns this outcome and never executes again"
+}
+
+// external reports whether c's effect happens outside the kernel: a
+// NETWORK call, or a syscall whose Definition says External. Its intent is
+// marked so (txn.Intent.External).
+func (c *call) external() bool { return c.effect == syscalls.Network || c.entry.Def.External }
 
 // failure is the error class and message of err, which c's syscall
 // returned under ctx with timeout. It is apart from execute because the

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -380,4 +383,65 @@ func TestSharedParentBudgetUnderConcurrency(t *testing.T) {
 			t.Errorf("%s: the children used %d calls, want the parent's 7", when, sum)
 		}
 	})
+}
+
+// externalSys is test.external: a mutating syscall with an effect outside
+// the kernel (Definition.External, not self-timed), counted in runs, that
+// ends as its args say: "slow" waits out its timeout, "garbage" returns a
+// result that is not a JSON object, "panic" panics.
+type externalSys struct{ runs *atomic.Int32 }
+
+func (externalSys) Definition() syscalls.Definition {
+	return syscalls.Definition{
+		ID: "test.external", Description: "acts elsewhere", SideEffect: syscalls.Write, External: true, Timeout: 50 * time.Millisecond,
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"end":{"type":"string"}},"required":["end"]}`),
+	}
+}
+
+func (e externalSys) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, error) {
+	e.runs.Add(1)
+	var a struct{ End string }
+	json.Unmarshal(c.Args, &a)
+	switch a.End {
+	case "slow":
+		<-ctx.Done()
+		return syscalls.Output{}, ctx.Err()
+	case "garbage":
+		return syscalls.Output{Result: json.RawMessage(`[1]`)}, nil
+	}
+	panic("test.external panics")
+}
+
+// TestExternalUnusableEndSettles: an external syscall that acted, or may
+// have, but ended in a way the kernel cannot use (abandoned at its
+// timeout, a result that is not an object, a panic) ends outcome_unknown
+// with its key settled: a repeat is answered with that and does not run
+// it again (the key used to be freed, and the repeat acted twice).
+func TestExternalUnusableEndSettles(t *testing.T) {
+	h := newHarness(t)
+	var runs atomic.Int32
+	if err := h.k.Registry().Register(func() syscalls.Syscall { return externalSys{&runs} }); err != nil {
+		t.Fatal(err)
+	}
+	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"test.*"}})
+	for _, end := range []string{"slow", "garbage", "panic"} {
+		t.Run(end, func(t *testing.T) {
+			runs.Store(0)
+			args := map[string]any{"end": end}
+			first := h.invoke("test.external", args, key("ext-"+end))
+			if errClass(first) != ErrOutcomeUnknown || first.TxOutcome != RolledBack {
+				t.Fatalf("first: class %q, outcome %q (%+v); want outcome_unknown, rolled back", errClass(first), first.TxOutcome, first.Error)
+			}
+			again := h.invoke("test.external", args, key("ext-"+end))
+			if !again.Replayed || again.OperationID != first.OperationID {
+				t.Fatalf("repeat: %+v, want the first outcome replayed", again)
+			}
+			if n := runs.Load(); n != 1 {
+				t.Fatalf("ran %d times under one key, want 1", n)
+			}
+		})
+	}
+	if rep, err := h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) > 0 {
+		t.Fatalf("replay verify: %v %+v", err, rep)
+	}
 }
