@@ -61,7 +61,7 @@ type operations struct {
 
 // Start runs the call envelope data in the background, as InvokeJSON
 // would, and returns the call's operation id (the envelope's, or a new
-// one when it names none). A call it cannot start is refused at once,
+// one when it names none or its token does not verify). A call it cannot start is refused at once,
 // audited like any other: refused is its result, and err wraps
 // ErrOperationInUse (the refusal gets an operation id of its own, since
 // the one asked for belongs to another call, in flight or finished) or
@@ -69,6 +69,14 @@ type operations struct {
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
 	c.caller = ctx // the call runs on its own context; the caller's values still identify it
+	if c.env.OperationID != "" && class == "" {
+		// A named id is reserved only for a call whose token verifies:
+		// anyone can send an envelope naming any id. Another call runs
+		// under a new one (and is refused there).
+		if _, cl, _ := k.verifyToken(c.env); cl != "" {
+			c.disown()
+		}
+	}
 	if c.env.OperationID == "" {
 		c.env.OperationID, c.minted = newID(), true
 	}

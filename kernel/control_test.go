@@ -331,6 +331,40 @@ func TestUnverifiedRefusalTakesNoID(t *testing.T) {
 		t.Fatalf("the id's stored envelope: %s, %v", stored, err)
 	}
 	mustOK(t, h.invoke("echo", map[string]any{"text": "y"}, opID(later)))
+	// Another agent, its token verified, naming that recorded id: refused
+	// as a reuse under an id of its own, the id's one record still the
+	// owner's.
+	other, otherJTI := h.mint("agent-b", captoken.Capability{Tools: []string{"fs.*"}})
+	r = h.k.Invoke(context.Background(), &Envelope{ToolID: "echo", AgentID: "agent-b", CapabilityToken: other, CapabilityTokenID: otherJTI,
+		OperationID: inFlight, PolicyHash: h.k.PolicyHash(), Args: json.RawMessage(`{"text":"x"}`)})
+	if errClass(r) != ErrInvalidArgs || r.OperationID == inFlight {
+		t.Fatalf("agent-b naming a recorded id: class %q, operation_id %q", errClass(r), r.OperationID)
+	}
+	n := 0
+	for _, a := range h.audits(0) {
+		if a.OperationID == inFlight {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d audit records under the owner's id, want 1", n)
+	}
+	// Start: an envelope whose token does not verify reserves no id it
+	// names; the agent's own Start of that id then runs under it.
+	named := newID()
+	raw, _ := json.Marshal(&Envelope{ToolID: "echo", AgentID: h.agent, OperationID: named, Args: json.RawMessage(`{"text":"x"}`)})
+	if id, _, err := h.k.Start(context.Background(), raw); err != nil || id == named {
+		t.Fatalf("an unverified Start: id %q, %v; want a new id", id, err)
+	}
+	raw, _ = json.Marshal(h.env("echo", map[string]any{"text": "x"}, opID(named)))
+	if id, _, err := h.k.Start(context.Background(), raw); err != nil || id != named {
+		t.Fatalf("the agent's Start of %s: id %q, %v", named, id, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if r, err := h.k.Wait(ctx, named); err != nil || r.Status != StatusOK || r.OperationID != named {
+		t.Fatalf("the agent's call: %+v, %v", r, err)
+	}
 }
 
 // holdSys is test.hold: a read that runs until its test releases it.

@@ -161,18 +161,29 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		defer done()
 	}
 	// 2. The capability token, bound to this agent and token id.
-	if strings.HasPrefix(env.CapabilityToken, AdminPrefix) {
-		return k.deny(ctx, c, ErrTokenInvalid, "the admin credential is not a capability token; mint one with kernelctl token mint")
-	}
-	tok, err := k.verifier.Verify(env.CapabilityToken, captoken.Binding{TokenID: env.CapabilityTokenID, AgentID: env.AgentID}, k.cfg.Now())
-	if err != nil {
-		var te *captoken.Error
-		if errors.As(err, &te) && te.Code == ErrTokenRevoked {
-			return k.deny(ctx, c, ErrTokenRevoked, te.Reason)
-		}
-		return k.deny(ctx, c, ErrTokenInvalid, err.Error())
+	tok, class, msg := k.verifyToken(env)
+	if class != "" {
+		return k.deny(ctx, c, class, msg)
 	}
 	c.token = tok
+	// An id the caller chose that another call's record or intent has is
+	// refused now, under an id of its own, before any later refusal or a
+	// replay could be recorded under it (Start checked a background
+	// call's).
+	if !c.minted && !c.background {
+		used := false
+		if err := k.db.View(func(tx *bbolt.Tx) error {
+			used = txn.OperationUsed(tx, env.OperationID)
+			return nil
+		}); err != nil {
+			return k.deny(ctx, c, ErrInternal, err.Error())
+		}
+		if used {
+			id := env.OperationID
+			c.disown()
+			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", id))
+		}
+	}
 	// 3. The syscall, by name or by the session's handle, and the token's
 	// grant of it.
 	tool, ok := k.resolveTool(c)
@@ -283,6 +294,23 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.transact(ctx, c, resources)
 	}
 	return k.direct(ctx, c, resources)
+}
+
+// verifyToken is step 2: env's capability token, bound to its agent and
+// token id, or the error class and message of its refusal.
+func (k *Kernel) verifyToken(env *Envelope) (tok *captoken.Token, class, msg string) {
+	if strings.HasPrefix(env.CapabilityToken, AdminPrefix) {
+		return nil, ErrTokenInvalid, "the admin credential is not a capability token; mint one with kernelctl token mint"
+	}
+	tok, err := k.verifier.Verify(env.CapabilityToken, captoken.Binding{TokenID: env.CapabilityTokenID, AgentID: env.AgentID}, k.cfg.Now())
+	if err != nil {
+		var te *captoken.Error
+		if errors.As(err, &te) && te.Code == ErrTokenRevoked {
+			return nil, ErrTokenRevoked, te.Reason
+		}
+		return nil, ErrTokenInvalid, err.Error()
+	}
+	return tok, "", ""
 }
 
 // checkEnvelope validates the envelope fields the later steps rely on.
@@ -646,32 +674,23 @@ func (c *call) idemCall() txn.Call {
 // stored ones again, charge the budget and record in one transaction. A
 // call refused there had no effect to undo.
 func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Resource) *Result {
-	// Refused before executing, and checked again in the record's
-	// transaction: an id the caller chose that is taken (one the kernel
-	// just minted, a UUIDv7 with 74 random bits, is not, nor can a
-	// concurrent call take it; storeOperation still keeps the first
-	// envelope of any id), and a call its budget no longer allows, which
-	// would otherwise still read, or send a GET, before its record
+	// A call its budget no longer allows is refused before executing,
+	// and checked again in the record's transaction (as is an id the
+	// caller chose, which a concurrent call may have taken since step 2;
+	// one the kernel minted, a UUIDv7 with 74 random bits, no call can):
+	// it would otherwise still read, or send a GET, before its record
 	// refused it.
 	accounts := c.accounts()
-	if limited := txn.Limited(accounts); !c.minted || limited {
-		used := false
+	if txn.Limited(accounts) {
 		var spent error
 		if err := k.db.View(func(tx *bbolt.Tx) error {
-			used = !c.minted && txn.OperationUsed(tx, c.env.OperationID)
-			if limited {
-				spent = txn.Check(tx, accounts, oneCall)
-			}
+			spent = txn.Check(tx, accounts, oneCall)
 			return nil
 		}); err != nil {
 			return k.deny(ctx, c, ErrInternal, err.Error())
 		}
 		var te *txn.Error
 		switch {
-		case used:
-			id := c.env.OperationID
-			c.disown()
-			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", id))
 		case errors.As(spent, &te):
 			return k.deny(ctx, c, te.Class, te.Message)
 		case spent != nil:
