@@ -179,8 +179,8 @@ func errorCases() []Case {
 			}
 			t.ExpectClass(r, "idempotency_in_flight")
 		}),
-		mk("DESIGN-ERR-018", gErrors, cErrors, "outcome_unknown (HTTP 502) is reported only for an external effect whose outcome was never recorded", func(t *T) {
-			t.Skipf("outcome_unknown needs a kernel crash or a lost external effect in the middle of a call: it cannot be provoked through the HTTP API (the kernel's crash tests cover it)")
+		mk("DESIGN-ERR-018", gErrors, cErrors, "outcome_unknown (HTTP 502) is reported only for an external effect that may have happened without a commit", func(t *T) {
+			t.Skipf("outcome_unknown needs a kernel crash, a lost response, or a sent request refused afterwards: a network peer the kernel reaches and the suite controls, which a remote endpoint does not have (the kernel's own tests cover it: TestSentRequestSettlesItsKey, TestExternalUnusableEndSettles, the crash tests)")
 		}),
 		mk("DESIGN-ERR-019", gErrors, cErrors, "timeout is reported as HTTP 504 when a call outlives its time limit", func(t *T) {
 			r, err := slowExec(t, t.ctx, 30, 1, key(t, "k"))

@@ -120,6 +120,10 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	k.ops.byID[id] = op
 	k.ops.running++
 	k.ops.mu.Unlock()
+	// A named id is the call's from here on, its token verified above:
+	// a refusal later in the pipeline (the token expired since, say) is
+	// recorded, and served, under it.
+	c.reserved = !c.minted
 	k.background.Add(1)
 	go func() {
 		defer k.background.Done()

@@ -307,7 +307,7 @@ func TestUnverifiedRefusalTakesNoID(t *testing.T) {
 		env             *Envelope
 	}{
 		{"bad autonomy mode, no token", inFlight, ErrInvalidArgs, &Envelope{ToolID: "x", AgentID: h.agent, OperationID: inFlight, AutonomyMode: "yolo", Args: json.RawMessage(`{}`)}},
-		{"no token, the id in flight", inFlight, ErrInvalidArgs, &Envelope{ToolID: "echo", AgentID: h.agent, OperationID: inFlight, Args: json.RawMessage(`{"text":"x"}`)}},
+		{"no token, the id in flight", inFlight, ErrTokenInvalid, &Envelope{ToolID: "echo", AgentID: h.agent, OperationID: inFlight, Args: json.RawMessage(`{"text":"x"}`)}},
 		{"no token, an id not used yet", later, ErrTokenInvalid, &Envelope{ToolID: "echo", AgentID: h.agent, OperationID: later, Args: json.RawMessage(`{"text":"x"}`)}},
 	} {
 		before := h.headSize()
@@ -364,6 +364,27 @@ func TestUnverifiedRefusalTakesNoID(t *testing.T) {
 	defer cancel()
 	if r, err := h.k.Wait(ctx, named); err != nil || r.Status != StatusOK || r.OperationID != named {
 		t.Fatalf("the agent's call: %+v, %v", r, err)
+	}
+	// Unverified envelopes naming an id, sent while the agent's own call
+	// names it, never hold it: the agent's call is never refused as in
+	// flight (they used to register the id before their token was
+	// checked).
+	for range 30 {
+		id := newID()
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				h.k.Invoke(context.Background(), &Envelope{ToolID: "echo", AgentID: h.agent, OperationID: id, Args: json.RawMessage(`{"text":"x"}`)})
+			})
+		}
+		mustOK(t, h.invoke("echo", map[string]any{"text": "mine"}, opID(id)))
+		wg.Wait()
+	}
+	// A call whose named id Start reserved keeps it, whatever refuses it
+	// later (its token expiring meanwhile): its result is served under it.
+	c := &call{env: &Envelope{OperationID: named}, reserved: true}
+	if c.disown(); c.env.OperationID != named || c.notes != nil {
+		t.Fatalf("a reserved id was disowned: %q", c.env.OperationID)
 	}
 }
 

@@ -45,6 +45,7 @@ type call struct {
 	called     bool   // the syscall started to execute (tool.called was emitted)
 	minted     bool   // the kernel minted env.OperationID for this call (checkEnvelope)
 	background bool   // a call Start runs, its operation id reserved in Kernel.ops
+	reserved   bool   // Start reserved the id the envelope names, its token verified: the id is the call's
 	running    int    // calls of the session executing, this one included
 
 	// salt is the audit record's salt (payloads.go), the original's for
@@ -142,6 +143,15 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	if err := k.checkEnvelope(c); err != nil {
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
+	// 2. The capability token, bound to this agent and token id. Before
+	// anything takes the operation id the envelope names: anyone can send
+	// an envelope naming any id, and only a verified agent's call may hold
+	// one (deny records this refusal under an id of its own).
+	tok, class, msg := k.verifyToken(env)
+	if class != "" {
+		return k.deny(ctx, c, class, msg)
+	}
+	c.token = tok
 	// From here the call can be cancelled by operation id or session.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -160,12 +170,6 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		}
 		defer done()
 	}
-	// 2. The capability token, bound to this agent and token id.
-	tok, class, msg := k.verifyToken(env)
-	if class != "" {
-		return k.deny(ctx, c, class, msg)
-	}
-	c.token = tok
 	// An id the caller chose that another call's record or intent has is
 	// refused now, under an id of its own, before any later refusal or a
 	// replay could be recorded under it (Start checked a background
@@ -1139,7 +1143,7 @@ func (c *call) accounts() []txn.Account {
 // would stand for the call that owns it (the first envelope stored under
 // an id keeps it, and readers and erasure find the id's record).
 func (c *call) disown() {
-	if c.minted || c.env.OperationID == "" {
+	if c.minted || c.reserved || c.env.OperationID == "" {
 		return
 	}
 	c.Note("requested_operation_id", c.env.OperationID)
