@@ -88,10 +88,25 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("POST /v1/admin/ledger/erase", s.admin(s.erase))
 	s.mux.HandleFunc("GET /v1/admin/replay/verify", s.admin(s.replayVerify))
 	s.mux.HandleFunc("GET /v1/admin/replay", s.admin(s.replayShow))
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
-	})
+	s.mux.HandleFunc("/", s.noEndpoint)
 	return s
+}
+
+// noEndpoint answers a request no endpoint takes: 405 with the methods the
+// path takes (Allow) when it is an endpoint's path, else 404.
+func (s *Server) noEndpoint(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		if _, pattern := s.mux.Handler(&http.Request{Method: m, URL: r.URL, Host: r.Host}); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+		return
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeError(w, http.StatusMethodNotAllowed, kernel.ErrInvalidArgs, fmt.Sprintf("%s takes %s, not %s", r.URL.Path, strings.Join(allow, " or "), r.Method))
 }
 
 // ServeHTTP implements http.Handler.

@@ -280,6 +280,10 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return k.refuseDecision(id, decision, why, by, "", tok)
 	}
 	switch {
+	case strings.HasPrefix(approverToken, AdminPrefix):
+		// A person decides, accountable by name: the admin credential
+		// lists approvals but decides none.
+		return refuse("the admin credential cannot decide approvals: mint an approver token for the person deciding (kernelctl token mint --agent NAME --approver) and send it")
 	case err != nil:
 		return refuse("approver token: " + err.Error())
 	case tok.Claims.Cap.Role == "" || tok.Claims.Cap.Role == captoken.RoleAuditor:
