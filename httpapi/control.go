@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -219,6 +220,12 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	f := kernel.EventFilter{SessionID: q.Get("session"), AgentID: q.Get("agent")}
 	if k := q.Get("kind"); k != "" {
 		f.Kinds = strings.Split(k, ",")
+		for _, k := range f.Kinds {
+			if !slices.Contains(kernel.EventKinds, k) {
+				writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("kind %q is not an event kind: one of %s", k, strings.Join(kernel.EventKinds, ", ")))
+				return
+			}
+		}
 	}
 	acc := kernel.AccessAll
 	if !c.admin {

@@ -106,6 +106,7 @@ func TestRequestErrorsSayWhat(t *testing.T) {
 		{"entries, limit 0", "GET", "/v1/ledger/entries?limit=0", nil, admin, 400, "invalid_args", `limit "0" is below 1`, false},
 		{"an endpoint's path, another method", "PUT", "/v1/syscalls", []byte(`{}`), "", 405, "invalid_args", "/v1/syscalls takes GET or POST, not PUT", false},
 		{"no endpoint", "GET", "/v1/nothing", nil, "", 404, "invalid_args", "no endpoint GET /v1/nothing", false},
+		{"events, a kind that is none", "GET", "/v1/events?kind=tool.called,bogus", nil, admin, 400, "invalid_args", `kind "bogus" is not an event kind`, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := []string{"Content-Type: application/json"}

@@ -26,6 +26,9 @@ const (
 	EventConfirmationResolved  = "tool.confirmation_resolved"
 )
 
+// EventKinds lists every event kind, in the order a call may emit them.
+var EventKinds = []string{EventConfirmationRequested, EventConfirmationResolved, EventCalled, EventCompleted, EventFailed, EventInputInvalid, EventDenied}
+
 // Event is one thing that happened to a call. The JSON field names are the
 // wire format of GET /v1/events.
 type Event struct {

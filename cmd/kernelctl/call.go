@@ -200,6 +200,9 @@ func buildArgs(raw string, kv, kvStr []string) (json.RawMessage, error) {
 		if !ok || k == "" {
 			return nil, fmt.Errorf("--arg %q: want K=V", p)
 		}
+		if _, dup := m[k]; dup {
+			return nil, fmt.Errorf("--arg %q: argument %s is given twice", p, k)
+		}
 		if json.Valid([]byte(v)) {
 			m[k] = json.RawMessage(v)
 		} else {
@@ -210,6 +213,9 @@ func buildArgs(raw string, kv, kvStr []string) (json.RawMessage, error) {
 		k, v, ok := strings.Cut(p, "=")
 		if !ok || k == "" {
 			return nil, fmt.Errorf("--arg-str %q: want K=V", p)
+		}
+		if _, dup := m[k]; dup {
+			return nil, fmt.Errorf("--arg-str %q: argument %s is given twice", p, k)
 		}
 		m[k], _ = json.Marshal(v)
 	}

@@ -64,6 +64,7 @@ func TestExitCodes(t *testing.T) {
 		{"outcome bogus", []string{"receipts", "list", "--outcome", "bogus"}, true, 2, `outcome "bogus" is not one of committed`},
 		{"format foo", []string{"tools", "--token", tokFile, "--format", "foo"}, true, 2, `--format "foo" is not openai, anthropic or mcp`},
 		{"revoke not a jti", []string{"token", "revoke", "not-a-jti"}, true, 1, `"not-a-jti" is not a token id`},
+		{"an argument twice", []string{"call", "echo", "--token", tokFile, "--arg-str", "text=x", "--arg-str", "text=y"}, true, 2, `--arg-str "text=y": argument text is given twice`},
 		{"inspect garbage", []string{"token", "inspect", garbage}, true, 1, "the kernel refuses this token (token_invalid): token is not a compact JWS"},
 		{"no such receipt", []string{"receipts", "show", "01a2173e-0000-7000-8000-000000000000"}, true, 1, ""},
 		{"no target", []string{"ledger", "head"}, false, 2, "give --data DIR or --server URL"},
