@@ -195,3 +195,69 @@ func TestStrictHTTP(t *testing.T) {
 	}
 	checkStrictAnswers(t, k, before.Size, answers)
 }
+
+// A batch is read element by element: well-formed calls are tagged, a
+// faulty call becomes a refused one, and any other faulty element has the
+// whole batch rejected.
+func TestPrepareBatch(t *testing.T) {
+	call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`
+	dupCall := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","name":"fs.read"}}`
+	dupList := `{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"cursor":"a","cursor":"b"}}`
+	cases := []struct {
+		name, batch string
+		reject      bool
+		invalid     []bool // per element: marked MetaInvalid
+	}{
+		{"well formed", "[" + call + "," + call + "]", false, []bool{false, false}},
+		{"a faulty call", "[" + call + "," + dupCall + "]", false, []bool{false, true}},
+		{"a faulty list", "[" + call + "," + dupList + "]", true, nil},
+		{"no JSON", "[" + call + ",", true, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, reject := prepare([]byte(c.batch))
+			if c.reject {
+				if reject == nil || out != nil {
+					t.Fatalf("prepared %s, want a rejection", out)
+				}
+				return
+			}
+			var msgs []struct {
+				Params struct {
+					Meta map[string]any `json:"_meta"`
+				}
+			}
+			if err := json.Unmarshal(out, &msgs); err != nil || reject != nil || len(msgs) != len(c.invalid) {
+				t.Fatalf("prepared %s (%v), rejected %s", out, err, reject)
+			}
+			for i, m := range msgs {
+				if _, ok := m.Params.Meta[MetaRequestID]; !ok {
+					t.Errorf("element %d untagged: %v", i, m.Params.Meta)
+				}
+				if _, ok := m.Params.Meta[MetaInvalid]; ok != c.invalid[i] {
+					t.Errorf("element %d marked invalid %v, want %v", i, ok, c.invalid[i])
+				}
+			}
+		})
+	}
+}
+
+// A stdio line over MaxLineBytes is answered with an error and the
+// session goes on.
+func TestStdioLongLine(t *testing.T) {
+	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+	long := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", MaxLineBytes) + `"}}}`
+	in := strings.Join([]string{strictInit, strictInitialized, long, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`}, "\n")
+	var out bytes.Buffer
+	g.serveIO(context.Background(), strings.NewReader(in), &out)
+	answers := map[string][]json.RawMessage{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		byID(t, answers, []byte(line))
+	}
+	if len(answers["null"]) != 1 || !strings.Contains(string(answers["null"][0]), `"code":-32600`) || len(answers["2"]) != 0 {
+		t.Errorf("the long line's answers: %s; with its id: %s", answers["null"], answers["2"])
+	}
+	if len(answers["3"]) != 1 || !strings.Contains(string(answers["3"][0]), `after`) {
+		t.Errorf("the call after it: %s", answers["3"])
+	}
+}
