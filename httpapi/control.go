@@ -177,8 +177,14 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cred := bearer(r)
-	if cred == "" {
+	switch {
+	case cred == "":
 		writeError(w, http.StatusUnauthorized, kernel.ErrTokenInvalid, "send an approver token: Authorization: Bearer <token>")
+		return
+	case strings.HasPrefix(cred, kernel.AdminPrefix):
+		// A person decides, accountable by name: the admin credential
+		// lists approvals but decides none.
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "the admin credential cannot decide approvals: mint an approver token for the person deciding (token mint --role approver --agent NAME) and send it")
 		return
 	}
 	req, err := s.k.Decide(r.PathValue("id"), cred, d.Decision, d.Reason)

@@ -81,3 +81,42 @@ func TestCredentialErrors(t *testing.T) {
 		}
 	}
 }
+
+// Admin and token requests with a fault in them are answered with what is
+// wrong, on which input, and change nothing: a revocation of something
+// that is not a token id records nothing (it could never apply).
+func TestRequestErrorsSayWhat(t *testing.T) {
+	f := newFixture(t)
+	admin := "Authorization: Bearer " + f.admin
+	headOf := func() string { _, b := f.send(t, "GET", "/v1/ledger/head", nil); return string(b) }
+	for _, c := range []struct {
+		name, method, path string
+		body               []byte
+		bearer             string
+		status             int
+		class, message     string
+	}{
+		{"revoke, not a token id", "POST", "/v1/tokens/nonexist/revoke", []byte(`{"reason":"x"}`), admin, 400, "invalid_args", `"nonexist": not a token id`},
+		{"mint, no agent", "POST", "/v1/tokens", []byte(`{"tools":["echo"]}`), admin, 400, "invalid_args", "agent_id is required"},
+		{"mint, a body over the limit", "POST", "/v1/tokens", []byte(`{"agent_id":"` + strings.Repeat("x", 2<<20) + `"}`), admin, 413, "invalid_args", "over the 1048576-byte limit"},
+		{"attenuate, no parent", "POST", "/v1/tokens/attenuate", []byte(`{}`), "", 401, "token_invalid", "parent is required"},
+		{"decide, the admin credential", "POST", "/v1/approvals/a1", []byte(`{"decision":"allow"}`), admin, 403, "permission_denied", "the admin credential cannot decide approvals"},
+		{"entries, limit 0", "GET", "/v1/ledger/entries?limit=0", nil, admin, 400, "invalid_args", `limit "0" is below 1`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := []string{"Content-Type: application/json"}
+			if c.bearer != "" {
+				h = append(h, c.bearer)
+			}
+			before := headOf()
+			status, body := f.send(t, c.method, c.path, c.body, h...)
+			var e httpapi.ErrorBody
+			if err := json.Unmarshal(body, &e); status != c.status || err != nil || e.Error.Class != c.class || !strings.Contains(e.Error.Message, c.message) || strings.Contains(e.Error.Message, "<nil>") {
+				t.Fatalf("%d %s, want %d, class %s and a message with %q", status, body, c.status, c.class, c.message)
+			}
+			if after := headOf(); after != before {
+				t.Fatalf("the ledger grew: %s, then %s", before, after)
+			}
+		})
+	}
+}

@@ -259,7 +259,11 @@ func (s *Server) entries(w http.ResponseWriter, r *http.Request, acc kernel.Acce
 	from, err1 := uintParam(q.Get("from"), 0)
 	limit, err2 := uintParam(q.Get("limit"), 100)
 	if err := errors.Join(err1, err2); err != nil || limit == 0 {
-		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, fmt.Sprintf("from and limit must be integers, limit at least 1: %v", err))
+		why := fmt.Sprintf("limit %q is below 1", q.Get("limit"))
+		if err != nil {
+			why = err.Error()
+		}
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "from and limit must be integers, limit at least 1: "+why)
 		return
 	}
 	views, err := s.k.Inspector().EntryViews(from, int(min(limit, MaxEntriesPage)), acc)
@@ -393,7 +397,12 @@ func (s *Server) revoke(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	jti := r.PathValue("jti")
-	if err := s.k.Revoke(r.Context(), jti, req.Reason); err != nil {
+	err := s.k.Revoke(r.Context(), jti, req.Reason)
+	switch {
+	case errors.Is(err, kernel.ErrNotTokenID):
+		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
+		return
+	case err != nil:
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
@@ -769,11 +778,13 @@ func readBody(r *http.Request, buf []byte, max int64) ([]byte, error) {
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err := decodeBody(w, r, v); err != nil {
 		status := http.StatusBadRequest
+		msg := "request body: " + err.Error()
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			status = http.StatusRequestEntityTooLarge
+			msg = fmt.Sprintf("request body is over the %d-byte limit of this endpoint", mbe.Limit)
 		}
-		writeError(w, status, kernel.ErrInvalidArgs, "request body: "+err.Error())
+		writeError(w, status, kernel.ErrInvalidArgs, msg)
 		return false
 	}
 	return true

@@ -54,6 +54,9 @@ func (e *AttenuateError) Error() string { return "attenuate: " + e.Message }
 // its own budgets and to every ancestor's; revoking any ancestor refuses
 // the child.
 func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedToken, error) {
+	if req.Parent == "" {
+		return nil, &AttenuateError{Class: ErrTokenInvalid, Message: "parent is required: the compact JWS of the token to narrow"}
+	}
 	parent, err := k.VerifyBearer(req.Parent)
 	if err != nil {
 		class := ErrTokenInvalid

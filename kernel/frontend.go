@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -95,6 +96,8 @@ type MintedToken struct {
 func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	ttl := time.Duration(req.TTLSeconds) * time.Second
 	switch {
+	case req.AgentID == "":
+		return nil, errors.New("mint: agent_id is required (the agent, or for a role token the person, the token is for)")
 	case req.TTLSeconds == 0:
 		ttl = time.Hour
 	case req.TTLSeconds < 0 || ttl > MaxTokenTTL:

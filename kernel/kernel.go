@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"go.etcd.io/bbolt"
 	"golang.org/x/mod/sumdb/note"
 
@@ -343,12 +344,17 @@ func (k *Kernel) MintToken(c captoken.Claims) (string, captoken.Claims, error) {
 	return t, c, err
 }
 
+// ErrNotTokenID refuses a revocation of something that is not a token
+// id: the kernel's jtis are UUIDs in canonical form, so a revocation of
+// anything else would record a revocation that can never apply.
+var ErrNotTokenID = errors.New("not a token id (the kernel's are UUIDs in canonical form: token mint --json and token inspect print them)")
+
 // Revoke revokes the token jti: the revocation is stored and appended to
 // the ledger in one transaction, and every later call with the token is
-// refused with token_revoked.
+// refused with token_revoked. A jti that is not a UUID is ErrNotTokenID.
 func (k *Kernel) Revoke(ctx context.Context, jti, reason string) error {
-	if jti == "" {
-		return errors.New("revoke: empty token id")
+	if u, err := uuid.Parse(jti); err != nil || u.String() != jti {
+		return fmt.Errorf("revoke: %q: %w", jti, ErrNotTokenID)
 	}
 	now := k.cfg.Now()
 	body, err := json.Marshal(map[string]string{"jti": jti, "reason": reason, "time": now.UTC().Format(ledger.TimeLayout)})
