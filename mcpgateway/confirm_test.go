@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,8 +100,9 @@ func testElicitation(t *testing.T, version string) {
 				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": answer, "reason": "I asked for it"}}, nil
 			}
 		}
-		st, ct := mcp.NewInMemoryTransports()
-		if _, err := g.server.Connect(ctx, idTransport{st}, nil); err != nil {
+		sc, cc := net.Pipe()
+		ct := &mcp.IOTransport{Reader: cc, Writer: cc}
+		if _, err := g.server.Connect(ctx, lineTransport{in: sc, out: sc}, nil); err != nil {
 			t.Fatal(err)
 		}
 		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: version})

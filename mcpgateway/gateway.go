@@ -10,18 +10,17 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/runner"
-	"github.com/capkernel/capkernel/strictjson"
 )
 
 // Keys of the gateway in MCP _meta objects.
@@ -42,15 +41,16 @@ const (
 	// capkernel-receipt/v2): its audit entry proven under a signed
 	// checkpoint, verifiable offline with the kernel's JWKS.
 	MetaReceipt = "capkernel/receipt"
-	// MetaInvalid is set by the gateway's transports, in place of a
-	// client's _meta that breaks the strictjson rules (duplicate names,
-	// invalid UTF-8), to the refusal's message; the call is refused.
+	// MetaInvalid is set by the gateway's transports, in the _meta of a
+	// tools/call whose JSON-RPC message breaks the strictjson rules
+	// (duplicate member names, invalid UTF-8, anywhere in it), to the
+	// refusal's message; the call is refused.
 	MetaInvalid = "capkernel/invalid_meta"
-	// MetaRawParams goes with MetaInvalid: the tools/call params exactly
-	// as the client sent them (base64), which the gateway hands to the
-	// kernel to refuse and audit. Both are the transports' alone: the
-	// gateway drops them from a client's _meta.
-	MetaRawParams = "capkernel/raw_params"
+	// MetaRawMessage goes with MetaInvalid: the client's JSON-RPC message
+	// exactly as it came (base64), which the gateway hands to the kernel
+	// to refuse and audit. Both are the transports' alone: the gateway
+	// drops them from a client's _meta.
+	MetaRawMessage = "capkernel/raw_message"
 	// MetaReplayed, in a result's _meta, is true when the result is the
 	// recorded outcome of an earlier call with the same idempotency key,
 	// answered without running the call again.
@@ -169,7 +169,13 @@ func (g *Gateway) sessionOf(ss *mcp.ServerSession) string {
 // ServeStdio serves one client on stdin and stdout until it disconnects
 // or ctx is done.
 func (g *Gateway) ServeStdio(ctx context.Context) error {
-	err := g.server.Run(ctx, idTransport{&mcp.StdioTransport{}})
+	return g.serveIO(ctx, os.Stdin, os.Stdout)
+}
+
+// serveIO serves one client reading newline-delimited JSON-RPC messages
+// from in and writing answers to out, until in ends or ctx is done.
+func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) error {
+	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}})
 	if g.handles != nil {
 		g.handles.end(g.session)
 	}
@@ -231,18 +237,18 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		env, err = withMember(e, "idempotency_key", mustMarshal(key))
 	}
 	if why, ok := p.Meta[MetaInvalid].(string); ok && env == nil {
-		// The client's _meta breaks the strictjson rules: the envelope
-		// carries its params byte for byte in provenance.mcp_params, where
-		// the kernel finds the same fault, refuses and audits the call.
-		// Params that cannot be had (never from the transports) are sent
+		// The client's message breaks the strictjson rules: the envelope
+		// carries it byte for byte in provenance.mcp_message, where the
+		// kernel finds the same fault, refuses and audits the call. A
+		// message that cannot be had (never from the transports) is sent
 		// as the reason, which is no JSON: refused all the same.
-		raw, _ := p.Meta[MetaRawParams].(string)
-		params, derr := base64.StdEncoding.DecodeString(raw)
+		raw, _ := p.Meta[MetaRawMessage].(string)
+		msg, derr := base64.StdEncoding.DecodeString(raw)
 		if derr != nil || raw == "" {
-			params = []byte(why)
+			msg = []byte(why)
 		}
 		pb := mustMarshal(prov)
-		pb = append(append(append(pb[:len(pb)-1:len(pb)-1], `,"mcp_params":`...), params...), '}')
+		pb = append(append(append(pb[:len(pb)-1:len(pb)-1], `,"mcp_message":`...), msg...), '}')
 		env, err = withMember(e, "provenance", pb)
 	}
 	if env == nil {
@@ -392,45 +398,23 @@ func meta(res *kernel.Result) mcp.Meta {
 	return m
 }
 
-// idTransport copies each tools/call's JSON-RPC id into its _meta (see
-// MetaRequestID), which the SDK does not hand to tool handlers.
-type idTransport struct{ mcp.Transport }
-
-func (t idTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	c, err := t.Transport.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return newDrainConn(idConn{c}), nil
-}
-
-type idConn struct{ mcp.Connection }
-
-func (c idConn) Read(ctx context.Context) (jsonrpc.Message, error) {
-	m, err := c.Connection.Read(ctx)
-	if r, ok := m.(*jsonrpc.Request); ok && err == nil && r.Method == "tools/call" && r.ID.IsValid() {
-		r.Params = tagParams(r.Params, r.ID.Raw())
-	}
-	return m, err
-}
-
 // tagParams returns tools/call params with _meta[MetaRequestID] = id;
-// params that are not an object are left for the SDK to refuse. A _meta
-// that breaks the strictjson rules becomes {MetaInvalid: why}.
+// params that are not an object are left for the SDK to refuse. The
+// transports call it only on messages that obey the strictjson rules
+// (prepare); the marks only they may set are dropped from the client's
+// _meta.
 func tagParams(params json.RawMessage, id any) json.RawMessage {
 	var p map[string]json.RawMessage
 	if err := json.Unmarshal(params, &p); err != nil || p == nil {
 		return params
 	}
 	var m map[string]any
-	if why := invalidMeta(params); why != "" {
-		m = map[string]any{MetaInvalid: why, MetaRawParams: base64.StdEncoding.EncodeToString(params)}
-	} else if raw, ok := p["_meta"]; ok {
+	if raw, ok := p["_meta"]; ok {
 		if err := json.Unmarshal(raw, &m); err != nil {
 			return params
 		}
 		delete(m, MetaInvalid)
-		delete(m, MetaRawParams)
+		delete(m, MetaRawMessage)
 	}
 	if m == nil {
 		m = map[string]any{}
@@ -448,17 +432,8 @@ func tagParams(params json.RawMessage, id any) json.RawMessage {
 	return out
 }
 
-// invalidMeta says why the _meta of params breaks the strictjson rules (a
-// duplicate or non-UTF-8 name or value in it, or two _meta members), or ""
-// when it does not. Other faults of params are left to the SDK and the
-// kernel, which audits the call.
-func invalidMeta(params json.RawMessage) string {
-	var e *strictjson.Error
-	if !errors.As(strictjson.Check(params), &e) {
-		return ""
-	}
-	if e.Path == "/_meta" || strings.HasPrefix(e.Path, "/_meta/") || (e.Path == "" && e.Name == "_meta") {
-		return "_meta: " + e.Error()
-	}
-	return ""
-}
+// nopCloser is a writer whose Close does nothing: the gateway never
+// closes its stdout.
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }

@@ -15,7 +15,7 @@ func TestTagParams(t *testing.T) {
 		{"no meta", `{"name":"echo","arguments":{}}`, float64(7), `{"capkernel/request_id":7}`},
 		{"client meta kept", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k"}}`, "r1", `{"capkernel/idempotency_key":"k","capkernel/request_id":"r1"}`},
 		{"client's request id overwritten", `{"name":"echo","_meta":{"capkernel/request_id":"forged"}}`, "r2", `{"capkernel/request_id":"r2"}`},
-		{"transport keys dropped from a client's meta", `{"name":"echo","_meta":{"capkernel/invalid_meta":"x","capkernel/raw_params":"e30="}}`, "r6", `{"capkernel/request_id":"r6"}`},
+		{"transport keys dropped from a client's meta", `{"name":"echo","_meta":{"capkernel/invalid_meta":"x","capkernel/raw_message":"e30="}}`, "r6", `{"capkernel/request_id":"r6"}`},
 		{"params not an object", `["echo"]`, "r3", ""},
 		{"meta not an object", `{"name":"echo","_meta":5}`, "r4", ""},
 		{"not JSON", `{"name":`, "r5", ""},

@@ -88,10 +88,10 @@ func checkOrigins(allowed []string, h http.Handler) http.Handler {
 }
 
 // tagHTTP bounds the body of each POST, serves a plain tools/call on the
-// lean path (lean.go) and copies the JSON-RPC id of every other tools/call
-// into its _meta, as idTransport does for stdio (the SDK's HTTP handler
-// makes its own transports), before h serves it. A body it cannot decode
-// goes on as it came, for the SDK to answer.
+// lean path (lean.go) and reads every other body as the stdio transport
+// reads a line (prepare: the strictjson rules, and each tools/call's
+// JSON-RPC id copied into its _meta) before h serves it; a body prepare
+// rejects is answered 400 with its JSON-RPC error.
 func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -109,6 +109,16 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 			return
 		}
 		if g.serveLean(w, r, body) {
+			return
+		}
+		// The lean path takes only bodies that obey the strictjson rules;
+		// any other is read by them here (prepare).
+		body, reject := prepare(body)
+		if reject != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", strconv.Itoa(len(reject)))
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write(reject)
 			return
 		}
 		sid := r.Header.Get(sessionIDHeader)
@@ -130,7 +140,6 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 				g.inflight.cancel(sid, key)
 			}
 		}
-		body = tagBody(body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
 		h.ServeHTTP(w, r)

@@ -57,7 +57,8 @@ func newTestGateway(t testing.TB, cp captoken.Capability, c Config) (*kernel.Ker
 // A tools/call whose _meta another reader could read differently (two
 // idempotency keys, bytes that are not UTF-8), or whose idempotency key is
 // not a string, is refused with invalid_args naming the member, by the
-// kernel, which audits it with a receipt; a well-formed one runs.
+// kernel, which audits it with a receipt; a well-formed one runs. (The
+// transports read the message as prepare does: strict_test.go.)
 func TestMetaStrictJSON(t *testing.T) {
 	k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
 	tests := []struct {
@@ -68,23 +69,25 @@ func TestMetaStrictJSON(t *testing.T) {
 		{"no _meta", `{"name":"echo","arguments":{"text":"hi"}}`, ""},
 		{"a key", `{"name":"echo","arguments":{"text":"hi"},"_meta":{"capkernel/idempotency_key":"k1"}}`, ""},
 		{"two keys", `{"name":"echo","arguments":{"text":"hi"},"_meta":{"capkernel/idempotency_key":"k1","capkernel/idempotency_key":"k2"}}`,
-			`duplicate member name "capkernel/idempotency_key" in /provenance/mcp_params/_meta`},
+			`duplicate member name "capkernel/idempotency_key" in /provenance/mcp_message/params/_meta`},
 		{"two keys, one escaped", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k1","capkernel\/idempotency_key":"k2"}}`,
 			`duplicate member name "capkernel/idempotency_key"`},
-		{"deep duplicate", `{"name":"echo","_meta":{"trace":{"a":[{"b":1,"b":2}]}}}`, `duplicate member name "b" in /provenance/mcp_params/_meta/trace/a/0`},
+		{"deep duplicate", `{"name":"echo","_meta":{"trace":{"a":[{"b":1,"b":2}]}}}`, `duplicate member name "b" in /provenance/mcp_message/params/_meta/trace/a/0`},
 		{"two _meta", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k1"},"_meta":{}}`, `duplicate member name "_meta"`},
-		{"invalid UTF-8", "{\"name\":\"echo\",\"_meta\":{\"capkernel/idempotency_key\":\"k\xff\"}}", `invalid UTF-8 in /provenance/mcp_params/_meta/capkernel~1idempotency_key`},
+		{"invalid UTF-8", "{\"name\":\"echo\",\"_meta\":{\"capkernel/idempotency_key\":\"k\xff\"}}", `invalid UTF-8 in /provenance/mcp_message/params/_meta/capkernel~1idempotency_key`},
 		{"key not a string", `{"name":"echo","_meta":{"capkernel/idempotency_key":7}}`, `/idempotency_key`},
 		{"key an object", `{"name":"echo","_meta":{"capkernel/idempotency_key":{"k":"v"}}}`, `/idempotency_key`},
 		{"lone surrogate", `{"name":"echo","_meta":{"note":"\ud800"}}`, `surrogate`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tagged := tagParams(json.RawMessage(tc.params), "r-"+tc.name)
-			var p mcp.CallToolParamsRaw
-			if err := json.Unmarshal(tagged, &p); err != nil {
-				t.Fatalf("tagged params %s: %v", tagged, err)
+			msg := `{"jsonrpc":"2.0","id":"r-` + tc.name + `","method":"tools/call","params":` + tc.params + `}`
+			prepared, reject := prepare([]byte(msg))
+			var m struct{ Params mcp.CallToolParamsRaw }
+			if err := json.Unmarshal(prepared, &m); err != nil || reject != nil {
+				t.Fatalf("prepared %s: %v %s", prepared, err, reject)
 			}
+			p := m.Params
 			before, err := k.Inspector().Head()
 			if err != nil {
 				t.Fatal(err)

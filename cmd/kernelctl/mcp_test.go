@@ -355,13 +355,16 @@ func TestMCPGatewayPipe(t *testing.T) {
 	cmd.Stdin = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
 {"jsonrpc":"2.0","method":"notifications/initialized"}
 {"jsonrpc":"2.0","id":2,"method":"tools/list"}
+garbage{
 {"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"fs.read","arguments":{"path":"notes.txt"}}}
 `)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("kernelctl mcp: %v: %s", err, out)
 	}
-	for _, want := range []string{`"id":1`, `"id":2`, `"id":3`, "the notes"} {
+	// A line that is no JSON is answered with a parse error, and the
+	// lines after it are served.
+	for _, want := range []string{`"id":1`, `"id":2`, `{"code":-32700`, `"id":3`, "the notes"} {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("answers lack %s:\n%s", want, out)
 		}

@@ -1,0 +1,226 @@
+package mcpgateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/strictjson"
+)
+
+// Every JSON-RPC message a client sends, over either transport, is read
+// by the kernel's strict JSON rules (package strictjson: no duplicate
+// member names at any depth, valid UTF-8) before the SDK decodes it; the
+// SDK keeps the last of two members of one name, where another reader
+// may keep the first, so a message that breaks the rules could run as a
+// different request than a proxy or logger saw. prepare is that reading.
+
+// prepare reads msg, one JSON-RPC message or batch exactly as a client
+// sent it, for the SDK. A message that obeys the strictjson rules comes
+// out with each tools/call request's id copied into its _meta (tagBody).
+// A tools/call request that breaks them comes out rewritten as a call
+// the gateway has the kernel refuse and audit (refusedCall). Anything else
+// that breaks them is not for the SDK at all: reject is the JSON-RPC
+// error response to answer instead (-32700 for bytes that are no JSON,
+// -32600 for a message another reader could read differently; in a batch,
+// one such message has the whole batch refused, none of it run).
+func prepare(msg []byte) (out, reject []byte) {
+	fault := strictjson.Check(msg)
+	if errors.Is(fault, strictjson.ErrSyntax) {
+		return nil, errorResponse(nil, jsonrpc.CodeParseError, "parse error: "+fault.Error())
+	}
+	trimmed := bytes.TrimLeft(msg, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '[' {
+		if fault == nil {
+			return tagBody(msg), nil
+		}
+		return refuse(msg, fault)
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(msg, &elems); err != nil {
+		return nil, errorResponse(nil, jsonrpc.CodeParseError, "parse error: "+err.Error())
+	}
+	out = append(out, '[')
+	for i, e := range elems {
+		o, r := tagBody(e), []byte(nil)
+		err := strictjson.Check(e)
+		if err != nil {
+			o, r = refuse(e, err)
+		}
+		if r != nil {
+			return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: batch element %d: %v", i, err))
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, o...)
+	}
+	return append(out, ']'), nil
+}
+
+// refuse handles a single message that is JSON but breaks the strictjson
+// rules (fault). A tools/call request, as the SDK would read it (the last
+// of duplicate members), becomes refusedCall; any other message is
+// rejected with -32600, answered to its id when it has one.
+func refuse(msg []byte, fault error) (out, reject []byte) {
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal(msg, &m) != nil {
+		return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
+	}
+	id, isRequest := requestID(m.ID)
+	if m.Method != "tools/call" || !isRequest {
+		if !isRequest {
+			id = nil
+		}
+		return nil, errorResponse(id, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
+	}
+	var p struct {
+		Name json.RawMessage `json:"name"`
+	}
+	json.Unmarshal(m.Params, &p)
+	var name string
+	json.Unmarshal(p.Name, &name)
+	return refusedCall(id, name, fault.Error(), msg), nil
+}
+
+// refusedCall is a tools/call request with the given id for tool name
+// whose _meta says the client's message (raw, kept byte for byte in
+// base64) broke the strictjson rules (why): the gateway sends the kernel
+// an envelope carrying raw in its provenance, where the kernel finds the
+// same fault, refuses the call and audits it.
+func refusedCall(id any, name, why string, raw []byte) []byte {
+	m := map[string]any{
+		"jsonrpc": "2.0", "id": id, "method": "tools/call",
+		"params": map[string]any{"name": name, "_meta": map[string]any{
+			MetaInvalid: why, MetaRawMessage: base64.StdEncoding.EncodeToString(raw), MetaRequestID: id,
+		}},
+	}
+	b, err := jsonNoHTML(m)
+	if err != nil {
+		// Never: every value is a string or an id the SDK read.
+		panic(fmt.Sprintf("encoding a refused call: %v", err))
+	}
+	return b
+}
+
+// errorResponse is a JSON-RPC error response to id (nil: null).
+func errorResponse(id any, code int64, msg string) []byte {
+	b, err := jsonNoHTML(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": msg}})
+	if err != nil {
+		panic(fmt.Sprintf("encoding an error response: %v", err))
+	}
+	return b
+}
+
+// MaxLineBytes bounds one message of the stdio transport (the SDK's own
+// bound, mcp.DefaultMaxLineLength): a longer line is read to its end
+// without being kept and answered with a JSON-RPC error.
+const MaxLineBytes = mcp.DefaultMaxLineLength
+
+// lineTransport serves one client over newline-delimited JSON-RPC, the
+// MCP stdio transport: it reads the lines itself, hands each one prepare
+// lets through to the SDK's own IOTransport and answers each other one
+// itself, so that one bad line (not JSON, a duplicate member) is answered
+// with an error as JSON-RPC 2.0 requires and the session goes on; the
+// SDK's transport ends the session on its first undecodable message.
+type lineTransport struct {
+	in  io.Reader
+	out io.WriteCloser
+}
+
+// Connect starts reading the client's lines.
+func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	pr, pw := io.Pipe()
+	out := &lockedWriter{w: t.out}
+	go screenLines(t.in, pw, out)
+	// The SDK reads the prepared lines, which may be longer than the
+	// client's by the tags (a refused call's message in base64).
+	c, err := (&mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: 3 * MaxLineBytes}).Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newDrainConn(c), nil
+}
+
+// screenLines reads in line by line until it ends, writing each prepared
+// line to sdk and each rejection to out; it ends sdk's input with in's.
+func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer) {
+	br := bufio.NewReaderSize(in, 64<<10)
+	for {
+		line, tooLong, err := readLine(br)
+		if tooLong {
+			msg := errorResponse(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: a message over %d bytes", MaxLineBytes))
+			if _, werr := out.Write(append(msg, '\n')); werr != nil {
+				sdk.CloseWithError(werr)
+				return
+			}
+		} else if len(bytes.TrimSpace(line)) > 0 {
+			prepared, reject := prepare(line)
+			var werr error
+			if reject != nil {
+				_, werr = out.Write(append(reject, '\n'))
+			} else {
+				_, werr = sdk.Write(append(prepared, '\n'))
+			}
+			if werr != nil {
+				sdk.CloseWithError(werr)
+				return
+			}
+		}
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			sdk.CloseWithError(err)
+			return
+		}
+	}
+}
+
+// readLine reads the next line without its end (\n or \r\n); tooLong
+// reports a line over MaxLineBytes, read to its end and dropped. err is
+// io.EOF after the last line (which may lack a newline).
+func readLine(br *bufio.Reader) (line []byte, tooLong bool, err error) {
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			line = append(line, chunk...)
+			if len(line) > MaxLineBytes+2 {
+				line, tooLong = nil, true
+			}
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+		return line, tooLong, err
+	}
+}
+
+// lockedWriter writes whole messages to w one at a time: the SDK's
+// answers and the transport's own rejections share the client's stream.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.WriteCloser
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func (l *lockedWriter) Close() error { return l.w.Close() }
