@@ -60,6 +60,7 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 		return nil, errors.New("erase: a reason is required")
 	}
 	var out *Erasure
+	var replays []string
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		r, err := storedResult(tx, id)
 		if err != nil {
@@ -88,13 +89,54 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 			return abortIf(err)
 		}
 		out = &Erasure{Seqs: []uint64{e.Seq}, OperationID: id, By: ErasedByAdmin, Reason: reason}
+		seqs, rops, err := eraseReplays(tx, []string{id})
+		if err != nil {
+			return abortIf(err)
+		}
+		out.Seqs, replays = append(out.Seqs, seqs...), rops
 		return abortIf(k.appendErasure(tx, out))
 	})
 	if err != nil {
 		return nil, err
 	}
 	k.ops.forgetResult(id)
+	for _, op := range replays {
+		k.ops.forgetResult(op)
+	}
 	return out, nil
+}
+
+// eraseReplays erases the payloads and stored results of the recorded
+// replays of the operations ops (replaysOf), which carry their originals'
+// args, results and salts, and returns their seqs and operation ids.
+func eraseReplays(tx *bbolt.Tx, ops []string) (seqs []uint64, replayOps []string, err error) {
+	b := tx.Bucket(bucketPayloads)
+	for _, op := range ops {
+		for _, seq := range replaysOf(tx, op) {
+			key := binary.BigEndian.AppendUint64(nil, seq)
+			if b == nil || b.Get(key) == nil {
+				continue // erased already, or never kept
+			}
+			if err := b.Delete(key); err != nil {
+				return nil, nil, err
+			}
+			e, err := ledger.Get(tx, seq)
+			if err != nil {
+				return nil, nil, fmt.Errorf("replay of %s: audit record %d: %w", op, seq, err)
+			}
+			var who recordOwner
+			if err := json.Unmarshal(e.Body, &who); err != nil {
+				return nil, nil, fmt.Errorf("replay of %s: audit record %d: %w", op, seq, err)
+			}
+			if res, err := storedResult(tx, who.OperationID); err == nil && res != nil && res.LedgerSeq == seq {
+				if err := forgetResult(tx, who, res); err != nil {
+					return nil, nil, err
+				}
+			}
+			seqs, replayOps = append(seqs, seq), append(replayOps, who.OperationID)
+		}
+	}
+	return seqs, replayOps, nil
 }
 
 // storedResult decodes the stored result envelope of operation id (one a
@@ -221,6 +263,12 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 				return abortIf(err)
 			}
 		}
+		// Their replays hold copies of what goes: they go too.
+		rseqs, rops, err := eraseReplays(tx, ops)
+		if err != nil {
+			return abortIf(err)
+		}
+		seqs, ops = append(seqs, rseqs...), append(ops, rops...)
 		rule := r.RetentionRule
 		n = len(seqs)
 		return abortIf(k.appendErasure(tx, &Erasure{Seqs: seqs, By: ErasedByRetention, Rule: &rule, Before: cutoff,
@@ -441,8 +489,8 @@ const ErasedMessage = "(erased with the audit payload)"
 // payload; status, error class, result_hash and the rest stay — and
 // reports whether anything was left to remove.
 func (r *Result) erase() bool {
-	changed := r.Result != nil || r.AuditSalt != ""
-	r.Result, r.AuditSalt = nil, ""
+	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0
+	r.Result, r.AuditSalt, r.RiskBasis = nil, "", nil
 	if r.Error != nil && r.Error.Message != ErasedMessage {
 		r.Error = &Error{Class: r.Error.Class, Message: ErasedMessage}
 		changed = true

@@ -535,3 +535,54 @@ func TestStoredEnvelopeLedgerRefs(t *testing.T) {
 		t.Fatalf("replay %+v; stored %s", again, first)
 	}
 }
+
+// Erasing an operation erases its replays' copies too: a replay's record
+// commits with the original's salt, and its payload and stored envelope
+// carry the original's args and result. Before, the replay kept them, and
+// nothing named it to erase. The risk basis, which may quote args, goes
+// from the stored envelopes with the rest.
+func TestErasureTakesReplays(t *testing.T) {
+	h := newHarness(t)
+	const secret = "secret-pin-4711"
+	args := map[string]any{"path": "pin.txt", "content": secret}
+	orig := h.invoke("fs.write", args, key("k1"))
+	mustOK(t, orig)
+	again := h.invoke("fs.write", args, key("k1"))
+	if !again.Replayed || again.OperationID != orig.OperationID {
+		t.Fatalf("repeat: %+v", again)
+	}
+	var replay auditRecord
+	for _, a := range h.audits(0) {
+		if a.ReplayOf == orig.OperationID {
+			replay = a
+		}
+	}
+	if replay.OperationID == "" {
+		t.Fatal("no replay record")
+	}
+	er, err := h.k.Erase(context.Background(), orig.OperationID, "subject asked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(er.Seqs) != 2 {
+		t.Fatalf("erased %v, want the original's record and its replay's", er.Seqs)
+	}
+	for _, seq := range er.Seqs {
+		var p *Payload
+		h.k.View(func(tx *bbolt.Tx) (err error) { p, err = getPayload(tx, seq); return err })
+		if p != nil {
+			t.Fatalf("record %d keeps its payload", seq)
+		}
+	}
+	for _, op := range []string{orig.OperationID, replay.OperationID} {
+		stored, err := h.k.Inspector().Operation(op)
+		var got Result
+		if err != nil || json.Unmarshal(stored, &got) != nil || bytes.Contains(stored, []byte(secret)) || got.AuditSalt != "" || got.RiskBasis != nil {
+			t.Fatalf("operation %s after erasure: %s %v", op, stored, err)
+		}
+	}
+	mustVerify(t, h.k.Inspector())
+	if rep, err := h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) != 0 {
+		t.Fatalf("replay verify: %+v %v", rep, err)
+	}
+}

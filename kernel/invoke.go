@@ -648,7 +648,10 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 	// The replay's record carries the original's result, so its
 	// result_hash is the original's (replay verify checks this).
 	c.res.Status, c.res.Result, c.res.Error = orig.Status, orig.Result, orig.Error
-	if _, err := k.record(context.WithoutCancel(ctx), c, nil); err != nil {
+	// Indexed under the original, which an erasure of it reads.
+	if _, err := k.record(context.WithoutCancel(ctx), c, nil, func(tx *bbolt.Tx, _ []byte) error {
+		return abortIf(putReplay(tx, c.replayOf, c.res.LedgerSeq))
+	}); err != nil {
 		return k.internal(c, err)
 	}
 	orig.Replayed = true
