@@ -8,16 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/kernel"
 )
-
-// sees reports whether a session of role may see an approval request that
-// requires required: escalated calls are shown only to escalation
-// approvers (and to the admin and auditors, who cannot decide).
-func sees(role, required string) bool {
-	return role != RoleApprover || required != captoken.RoleEscalation
-}
 
 // Approvals is the body of GET /console/api/approvals.
 type Approvals struct {
@@ -29,7 +21,7 @@ func (c *Console) approvals(w http.ResponseWriter, r *http.Request, s *session) 
 	all := r.URL.Query().Get("all") == "true"
 	out := Approvals{Approvals: []kernel.ApprovalRequest{}, CanDecide: s.canDecide()}
 	for _, a := range c.k.Approvals(all) {
-		if sees(s.role, a.RequiredRole) {
+		if kernel.SeesApproval(s.role, a.RequiredRole) {
 			out.Approvals = append(out.Approvals, a)
 		}
 	}
@@ -38,7 +30,7 @@ func (c *Console) approvals(w http.ResponseWriter, r *http.Request, s *session) 
 
 func (c *Console) approval(w http.ResponseWriter, r *http.Request, s *session) {
 	d, err := c.k.ApprovalDetail(r.PathValue("id"))
-	if err != nil || !sees(s.role, d.RequiredRole) {
+	if err != nil || !kernel.SeesApproval(s.role, d.RequiredRole) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("approval %q is not pending", r.PathValue("id")))
 		return
 	}
@@ -113,7 +105,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			if !ok {
 				return
 			}
-			if e.Approval != nil && !sees(s.role, e.Approval.RequiredRole) {
+			if e.Approval != nil && !kernel.SeesApproval(s.role, e.Approval.RequiredRole) {
 				continue
 			}
 			if e, ok = s.access.Event(e); !ok {

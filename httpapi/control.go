@@ -161,7 +161,13 @@ func (s *Server) approvals(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, ApprovalList{Approvals: s.k.Approvals(all)})
+	out := ApprovalList{Approvals: []kernel.ApprovalRequest{}}
+	for _, a := range s.k.Approvals(all) {
+		if kernel.SeesApproval(c.role(), a.RequiredRole) {
+			out.Approvals = append(out.Approvals, a)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // Decision is the body of POST /v1/approvals/{id}.
@@ -270,7 +276,7 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			if e, ok = acc.Event(e); !ok {
+			if e, ok = acc.Event(e); !ok || e.Approval != nil && !kernel.SeesApproval(c.role(), e.Approval.RequiredRole) {
 				continue
 			}
 			if d := sub.Dropped(); d != reported {

@@ -1,12 +1,18 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // Each credential an endpoint refuses is answered with what is wrong with
@@ -123,5 +129,48 @@ func TestRequestErrorsSayWhat(t *testing.T) {
 				t.Fatalf("the ledger: %s, then %s; want it recorded: %v", before, after, c.recorded)
 			}
 		})
+	}
+}
+
+// GET /v1/approvals shows a plain approver no escalated request, which it
+// cannot decide (docs/console.md; the console filters the same way); an
+// escalation approver and the admin see it.
+func TestApprovalListByRole(t *testing.T) {
+	f := newFixture(t)
+	ws := t.TempDir()
+	os.MkdirAll(filepath.Join(ws, "dir"), 0o755)
+	os.WriteFile(filepath.Join(ws, "dir", "x"), []byte("x"), 0o644)
+	tok, cl, err := f.k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour),
+		Cap: captoken.Capability{Tools: []string{"fs.*"}, FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := f.k.Subscribe(kernel.EventFilter{Kinds: []string{kernel.EventConfirmationRequested}}, 4)
+	defer sub.Close()
+	env, _ := json.Marshal(kernel.Envelope{ToolID: "fs.delete", Args: json.RawMessage(`{"path":"dir"}`), AgentID: "agent-1",
+		CapabilityToken: tok, CapabilityTokenID: cl.ID, PolicyHash: f.k.PolicyHash(), IdempotencyKey: "d"})
+	if _, _, err := f.k.Start(context.Background(), env); err != nil {
+		t.Fatal(err)
+	}
+	if e := <-sub.C; e.Approval == nil || e.Approval.RequiredRole != captoken.RoleEscalation {
+		t.Fatalf("the delete's approval: %+v", e.Approval)
+	}
+	for _, c := range []struct {
+		name, role string
+		sees       int
+	}{{"plain approver", captoken.RoleApprover, 0}, {"escalation approver", captoken.RoleEscalation, 1}, {"admin", "", 1}} {
+		cred := f.admin
+		if c.role != "" {
+			m, err := f.k.Mint(kernel.TokenRequest{AgentID: "alice", Role: c.role})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cred = m.Token
+		}
+		status, body := f.send(t, "GET", "/v1/approvals", nil, "Authorization: Bearer "+cred)
+		var l httpapi.ApprovalList
+		if err := json.Unmarshal(body, &l); status != 200 || err != nil || len(l.Approvals) != c.sees {
+			t.Fatalf("%s: %d %s, want %d approvals", c.name, status, body, c.sees)
+		}
 	}
 }

@@ -48,6 +48,15 @@ const (
 	ApprovalAbandoned = "abandoned" // the call was cancelled while waiting
 )
 
+// SeesApproval reports whether a holder of role (a token's role; "" for
+// the admin credential) sees an approval request that requires required:
+// escalated calls are shown only to escalation approvers, and to the
+// admin and auditors, who cannot decide; a plain approver does not see
+// them (in lists or events), as it cannot decide them either.
+func SeesApproval(role, required string) bool {
+	return role != captoken.RoleApprover || required != captoken.RoleEscalation
+}
+
 // Errors of Decide, wrapped with details.
 var (
 	ErrApprovalConflict  = errors.New("approval already decided")
