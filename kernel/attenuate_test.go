@@ -241,3 +241,17 @@ func TestAttenuatedRootSymlinks(t *testing.T) {
 		t.Fatalf("proc.exec in a narrowed root: %+v", r)
 	}
 }
+
+// A token's jti is a UUID, as the kernel mints them: MintToken refuses
+// another (Revoke could not revoke it), and Revoke refuses a jti that is
+// none, recording nothing.
+func TestTokenIDsAreUUIDs(t *testing.T) {
+	h := newHarness(t)
+	if _, _, err := h.k.MintToken(captoken.Claims{ID: "custom-jti-1", Subject: h.agent, Cap: captoken.Capability{Tools: []string{"echo"}}}); !errors.Is(err, ErrNotTokenID) {
+		t.Fatalf("MintToken with jti custom-jti-1: %v, want ErrNotTokenID", err)
+	}
+	before := h.headSize()
+	if err := h.k.Revoke(context.Background(), "custom-jti-1", "x"); !errors.Is(err, ErrNotTokenID) || h.headSize() != before {
+		t.Fatalf("Revoke of custom-jti-1: %v, head %d → %d", err, before, h.headSize())
+	}
+}

@@ -52,9 +52,10 @@ type Erasure struct {
 var ErrNothingToErase = errors.New("nothing to erase")
 
 // Erase removes the payload of operation id's audit record (and the result
-// and salt kept in its stored result envelope) and records the erasure
-// with reason. It fails with ErrNotFound for an unknown operation and
-// ErrNothingToErase when the payload is gone already.
+// and salt kept in its stored result envelope), and those of its recorded
+// replays, and records the erasure with reason. It fails with ErrNotFound
+// for an unknown operation and ErrNothingToErase when none of these
+// payloads is left.
 func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error) {
 	if reason == "" {
 		return nil, errors.New("erase: a reason is required")
@@ -77,23 +78,28 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 		if e.Kind != ledger.KindAudit || json.Unmarshal(e.Body, &who) != nil || who.OperationID != id {
 			return fmt.Errorf("operation %q: ledger entry %d is not its audit record", id, r.LedgerSeq)
 		}
+		out = &Erasure{OperationID: id, By: ErasedByAdmin, Reason: reason}
 		b := tx.Bucket(bucketPayloads)
 		key := binary.BigEndian.AppendUint64(nil, e.Seq)
-		if b == nil || b.Get(key) == nil {
-			return fmt.Errorf("operation %q (audit record %d): %w: its payload was erased or never kept", id, e.Seq, ErrNothingToErase)
+		if b != nil && b.Get(key) != nil {
+			if err := b.Delete(key); err != nil {
+				return abortIf(err)
+			}
+			if err := forgetResult(tx, who, r); err != nil {
+				return abortIf(err)
+			}
+			out.Seqs = append(out.Seqs, e.Seq)
 		}
-		if err := b.Delete(key); err != nil {
-			return abortIf(err)
-		}
-		if err := forgetResult(tx, who, r); err != nil {
-			return abortIf(err)
-		}
-		out = &Erasure{Seqs: []uint64{e.Seq}, OperationID: id, By: ErasedByAdmin, Reason: reason}
+		// Its replays too, also when its own payload went before them (a
+		// repeat of the key after an erasure records the args again).
 		seqs, rops, err := eraseReplays(tx, []string{id})
 		if err != nil {
 			return abortIf(err)
 		}
 		out.Seqs, replays = append(out.Seqs, seqs...), rops
+		if len(out.Seqs) == 0 {
+			return fmt.Errorf("operation %q (audit record %d): %w: its payload was erased or never kept", id, e.Seq, ErrNothingToErase)
+		}
 		return abortIf(k.appendErasure(tx, out))
 	})
 	if err != nil {

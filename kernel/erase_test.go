@@ -585,4 +585,15 @@ func TestErasureTakesReplays(t *testing.T) {
 	if rep, err := h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) != 0 {
 		t.Fatalf("replay verify: %+v %v", rep, err)
 	}
+	// A repeat after the erasure records the args again, in its replay's
+	// payload: erasing the operation again takes that too.
+	mustOK(t, h.invoke("fs.write", args, key("k1")))
+	er, err = h.k.Erase(context.Background(), orig.OperationID, "subject asked again")
+	if err != nil || len(er.Seqs) != 1 {
+		t.Fatalf("second erasure: %+v %v", er, err)
+	}
+	if _, err := h.k.Erase(context.Background(), orig.OperationID, "a third time"); !errors.Is(err, ErrNothingToErase) {
+		t.Fatalf("third erasure: %v, want ErrNothingToErase", err)
+	}
+	mustVerify(t, h.k.Inspector())
 }

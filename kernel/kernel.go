@@ -319,7 +319,9 @@ func (k *Kernel) ReceiptKey() ed25519.PublicKey { return bytes.Clone(k.receiptPu
 func (k *Kernel) JWKS() ([]byte, error) { return receipts.JWKS(k.receiptPub) }
 
 // MintToken signs a capability token with the kernel's issuer key, filling
-// iss, aud, iat and a fresh jti where they are empty.
+// iss, aud, iat and a fresh jti where they are empty. A jti given must be
+// a UUID in canonical form, as the kernel's are (ErrNotTokenID): Revoke
+// takes nothing else.
 func (k *Kernel) MintToken(c captoken.Claims) (string, captoken.Claims, error) {
 	if c.Issuer == "" {
 		c.Issuer = k.settings.Issuer
@@ -329,6 +331,8 @@ func (k *Kernel) MintToken(c captoken.Claims) (string, captoken.Claims, error) {
 	}
 	if c.ID == "" {
 		c.ID = newID()
+	} else if u, err := uuid.Parse(c.ID); err != nil || u.String() != c.ID {
+		return "", c, fmt.Errorf("mint: jti %q: %w", c.ID, ErrNotTokenID)
 	}
 	now := k.cfg.Now()
 	if c.IssuedAt.IsZero() {
