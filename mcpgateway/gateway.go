@@ -420,12 +420,12 @@ func tagParams(params json.RawMessage, id any) json.RawMessage {
 		m = map[string]any{}
 	}
 	m[MetaRequestID] = id
-	b, err := json.Marshal(m)
+	b, err := jsonNoHTML(m)
 	if err != nil {
 		return params
 	}
 	p["_meta"] = b
-	out, err := json.Marshal(p)
+	out, err := jsonNoHTML(p) // see tagFull
 	if err != nil {
 		return params
 	}

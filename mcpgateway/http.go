@@ -177,7 +177,9 @@ func tagFull(body []byte) []byte {
 		return body
 	}
 	m["params"] = tagParams(m["params"], id)
-	out, err := json.Marshal(m)
+	// Without HTML escaping, as the client sent it: each <, > or &
+	// escaped would grow the message sixfold, past what the SDK reads.
+	out, err := jsonNoHTML(m)
 	if err != nil {
 		return body
 	}

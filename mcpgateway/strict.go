@@ -82,7 +82,9 @@ func refuse(msg []byte, fault error) (out, reject []byte) {
 	}
 	id, isRequest := requestID(m.ID)
 	if m.Method != "tools/call" || !isRequest {
-		if !isRequest {
+		if !isRequest || m.Method == "" {
+			// A response of the client's is not answered with its id,
+			// which names a request of the gateway's.
 			id = nil
 		}
 		return nil, errorResponse(id, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
@@ -167,8 +169,15 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer) {
 				sdk.CloseWithError(werr)
 				return
 			}
-		} else if len(bytes.TrimSpace(line)) > 0 {
+		} else if line = bytes.TrimSpace(line); len(line) > 0 {
+			// Trimmed: the SDK refuses what follows a message, and
+			// whitespace there is still JSON.
 			prepared, reject := prepare(line)
+			if reject == nil {
+				if err := decodable(prepared); err != nil {
+					reject = errorResponse(nil, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error())
+				}
+			}
 			var werr error
 			if reject != nil {
 				_, werr = out.Write(append(reject, '\n'))
@@ -188,6 +197,29 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer) {
 			return
 		}
 	}
+}
+
+// decodable reports why the SDK could not decode msg, one JSON-RPC message
+// or a batch of them, or nil: JSON that is no JSON-RPC message ([], 42,
+// {"x":1}) would end the SDK's session.
+func decodable(msg []byte) error {
+	if msg[0] != '[' {
+		_, err := jsonrpc.DecodeMessage(msg)
+		return err
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(msg, &elems); err != nil {
+		return err
+	}
+	if len(elems) == 0 {
+		return errors.New("an empty batch")
+	}
+	for i, e := range elems {
+		if _, err := jsonrpc.DecodeMessage(e); err != nil {
+			return fmt.Errorf("batch element %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // readLine reads the next line without its end (\n or \r\n); tooLong

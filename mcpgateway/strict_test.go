@@ -261,3 +261,48 @@ func TestStdioLongLine(t *testing.T) {
 		t.Errorf("the call after it: %s", answers["3"])
 	}
 }
+
+// Lines the SDK's reader could not take end no session: a message with
+// whitespace after it runs; JSON that is no JSON-RPC message, and a
+// response of the client's breaking the strictjson rules, are answered
+// with -32600 and id null (a response's id names a request of the
+// gateway's, not one of the client's); the call after them runs. A
+// tagged call keeps <, > and & as sent: escaped, each would grow the line
+// sixfold, past what the SDK reads.
+func TestStdioLinesSDKCannotRead(t *testing.T) {
+	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+	in := []string{strictInit, strictInitialized,
+		`{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<&>"}}}` + " \t ",
+		`[]`, `42`, `{"x":1}`, `{"jsonrpc":"2.0","id":7,"result":{},"result":{}}`,
+		`{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`,
+	}
+	var out bytes.Buffer
+	if err := g.serveIO(context.Background(), strings.NewReader(strings.Join(in, "\r\n")+"\r\n"), &out); err != nil && err != io.EOF {
+		t.Logf("serveIO: %v", err)
+	}
+	answers := map[string][]json.RawMessage{}
+	sc := bufio.NewScanner(&out)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		byID(t, answers, sc.Bytes())
+	}
+	for _, id := range []string{"40", "41"} {
+		if len(answers[id]) != 1 || !bytes.Contains(answers[id][0], []byte(`"result"`)) || bytes.Contains(answers[id][0], []byte(`"isError":true`)) {
+			t.Errorf("call %s: %s", id, answers[id])
+		}
+	}
+	if len(answers["7"]) != 0 {
+		t.Errorf("the client's response was answered under its id: %s", answers["7"])
+	}
+	if n := len(answers["null"]); n != 4 {
+		t.Errorf("%d answers with id null, want 4 (-32600 each): %s", n, answers["null"])
+	}
+	for _, a := range answers["null"] {
+		if !bytes.Contains(a, []byte(`"code":-32600`)) {
+			t.Errorf("answer %s, want -32600", a)
+		}
+	}
+	if tagged := tagFull([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<&>"}}}`)); !bytes.Contains(tagged, []byte(`"<&>"`)) {
+		t.Errorf("tagFull escaped the args: %s", tagged)
+	}
+}
