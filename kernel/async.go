@@ -104,6 +104,20 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		done, ok = k.inflight.add(id, &inflight{agent: c.env.AgentID, session: sessionOf(c.env.Provenance), cancel: cancel})
 		inUse = !ok
 	}
+	if done != nil && !c.minted {
+		// Again, the id reserved: a synchronous call that recorded it
+		// left the registry only after its record committed, maybe just
+		// after the check above (run checks in this order too).
+		err := k.db.View(func(tx *bbolt.Tx) error { used = txn.OperationUsed(tx, id); return nil })
+		if err != nil || used {
+			done()
+		}
+		if err != nil {
+			k.ops.mu.Unlock()
+			cancel(nil)
+			return "", k.publishResult(c, k.deny(ctx, c, ErrInternal, err.Error())), err
+		}
+	}
 	if inUse || used {
 		k.ops.mu.Unlock()
 		cancel(nil)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -594,6 +595,44 @@ func TestErasureTakesReplays(t *testing.T) {
 	}
 	if _, err := h.k.Erase(context.Background(), orig.OperationID, "a third time"); !errors.Is(err, ErrNothingToErase) {
 		t.Fatalf("third erasure: %v, want ErrNothingToErase", err)
+	}
+	mustVerify(t, h.k.Inspector())
+}
+
+// An erasure while repeats of the call are being replayed leaves no
+// replay with the original's salt: a replay whose read of the key an
+// erasure overtook reads it again in its record's transaction (before,
+// it recorded the erased salt and result after the erasure had returned).
+func TestErasureDuringReplays(t *testing.T) {
+	h := newHarness(t)
+	for round := range 5 {
+		args := map[string]any{"path": fmt.Sprintf("pin%d.txt", round), "content": "secret-4711"}
+		k := key(fmt.Sprint("race-", round))
+		orig := h.invoke("fs.write", args, k)
+		mustOK(t, orig)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() { mustOK(t, h.invoke("fs.write", args, k)) })
+		}
+		wg.Go(func() {
+			if _, err := h.k.Erase(context.Background(), orig.OperationID, "subject asked"); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		for _, e := range h.entries(ledger.KindAudit, 0) {
+			var body struct {
+				ReplayOf string `json:"replay_of"`
+			}
+			if json.Unmarshal(e.Body, &body) != nil || body.ReplayOf != orig.OperationID {
+				continue
+			}
+			var p *Payload
+			h.k.View(func(tx *bbolt.Tx) (err error) { p, err = getPayload(tx, e.Seq); return err })
+			if p != nil && p.Salt == orig.AuditSalt {
+				t.Fatalf("round %d: replay record %d keeps the erased original's salt", round, e.Seq)
+			}
+		}
 	}
 	mustVerify(t, h.k.Inspector())
 }

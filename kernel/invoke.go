@@ -627,46 +627,78 @@ func (k *Kernel) lookupReplay(ctx context.Context, c *call) *Result {
 }
 
 func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMessage, err error) *Result {
-	var te *txn.Error
-	switch {
-	case errors.As(err, &te):
-		return k.deny(ctx, c, te.Class, te.Message)
-	case err != nil:
-		return k.deny(ctx, c, ErrInternal, err.Error())
-	case stored == nil:
-		return nil
-	}
-	var orig Result
-	if err := decodeStored(stored, &orig); err != nil {
-		return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
-	}
-	c.replayOf = orig.OperationID
-	// The replay commits with the original's salt, so the two records'
-	// commitments are equal exactly when they answer the same call.
-	c.salt = orig.AuditSalt
-	c.res.ResultHash, c.res.TxOutcome, c.res.CommitDeltaID = orig.ResultHash, NoOp, ""
-	// The replay's record carries the original's result, so its
-	// result_hash is the original's (replay verify checks this).
-	c.res.Status, c.res.Result, c.res.Error = orig.Status, orig.Result, orig.Error
-	// Indexed under the original, which an erasure of it reads.
-	if _, err := k.record(context.WithoutCancel(ctx), c, nil, func(tx *bbolt.Tx, _ []byte) error {
-		return abortIf(putReplay(tx, c.replayOf, c.res.LedgerSeq))
-	}); err != nil {
-		return k.internal(c, err)
-	}
-	orig.Replayed = true
-	// The original's receipt: its audit entry, proven under the latest
-	// checkpoint.
-	if err := k.db.View(func(tx *bbolt.Tx) (err error) {
-		if orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq); err != nil {
-			return err
+	// A replay answers what the key holds when its record commits: an
+	// erasure of the original between the read and the record would
+	// otherwise leave the erased salt and result in the replay's record
+	// (errOriginalChanged; then it reads the key again).
+	for range maxReplayReads {
+		var te *txn.Error
+		switch {
+		case errors.As(err, &te):
+			return k.deny(ctx, c, te.Class, te.Message)
+		case err != nil:
+			return k.deny(ctx, c, ErrInternal, err.Error())
+		case stored == nil:
+			return nil
 		}
-		return withLedgerRefs(tx, &orig)
-	}); err != nil {
-		return k.internal(c, err)
+		var orig Result
+		if err := decodeStored(stored, &orig); err != nil {
+			return k.deny(ctx, c, ErrInternal, "stored outcome: "+err.Error())
+		}
+		c.replayOf = orig.OperationID
+		// The replay commits with the original's salt, so the two records'
+		// commitments are equal exactly when they answer the same call.
+		c.salt = orig.AuditSalt
+		c.res.ResultHash, c.res.TxOutcome, c.res.CommitDeltaID = orig.ResultHash, NoOp, ""
+		// The replay's record carries the original's result, so its
+		// result_hash is the original's (replay verify checks this).
+		c.res.Status, c.res.Result, c.res.Error = orig.Status, orig.Result, orig.Error
+		read := stored
+		_, err = k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
+			now, err := txn.Lookup(tx, c.idemKey(), c.idemCall())
+			if err == nil && !bytes.Equal(now, read) {
+				err = errOriginalChanged
+			}
+			return err
+		}, func(tx *bbolt.Tx, _ []byte) error {
+			// Indexed under the original, which an erasure of it reads.
+			return abortIf(putReplay(tx, c.replayOf, c.res.LedgerSeq))
+		})
+		if errors.Is(err, errOriginalChanged) {
+			err = k.db.View(func(tx *bbolt.Tx) (err error) {
+				stored, err = txn.Lookup(tx, c.idemKey(), c.idemCall())
+				return err
+			})
+			continue
+		}
+		if err != nil {
+			return k.internal(c, err)
+		}
+		orig.Replayed = true
+		// The original's receipt: its audit entry, proven under the latest
+		// checkpoint.
+		if err := k.db.View(func(tx *bbolt.Tx) (err error) {
+			if orig.Receipt, err = provenReceipt(tx, orig.LedgerSeq); err != nil {
+				return err
+			}
+			return withLedgerRefs(tx, &orig)
+		}); err != nil {
+			return k.internal(c, err)
+		}
+		return &orig
 	}
-	return &orig
+	c.replayOf, c.salt = "", ""
+	return k.deny(ctx, c, ErrInternal, fmt.Sprintf("replay: %v %d times in a row", errOriginalChanged, maxReplayReads))
 }
+
+// maxReplayReads bounds how often a replay reads its key again after an
+// erasure changed it (errOriginalChanged): an erasure happens once.
+const maxReplayReads = 3
+
+// errOriginalChanged refuses a replay's record when the key's stored
+// outcome is no longer the one the replay read (an erasure of the
+// original committed in between).
+var errOriginalChanged = errors.New("the replayed call's stored outcome changed while the replay was recorded")
 
 func (c *call) idemKey() txn.IdemKey {
 	return txn.IdemKey{AgentID: c.env.AgentID, Key: c.env.IdempotencyKey}
