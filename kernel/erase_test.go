@@ -632,6 +632,13 @@ func TestErasureDuringReplays(t *testing.T) {
 			if p != nil && p.Salt == orig.AuditSalt {
 				t.Fatalf("round %d: replay record %d keeps the erased original's salt", round, e.Seq)
 			}
+			var op struct {
+				OperationID string `json:"operation_id"`
+			}
+			json.Unmarshal(e.Body, &op)
+			if stored, err := h.k.Inspector().Operation(op.OperationID); err != nil || bytes.Contains(stored, []byte(orig.AuditSalt)) {
+				t.Fatalf("round %d: replay %s's stored envelope keeps the erased original's salt: %s %v", round, op.OperationID, stored, err)
+			}
 		}
 	}
 	mustVerify(t, h.k.Inspector())

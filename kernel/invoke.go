@@ -660,9 +660,6 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 				err = errOriginalChanged
 			}
 			return err
-		}, func(tx *bbolt.Tx, _ []byte) error {
-			// Indexed under the original, which an erasure of it reads.
-			return abortIf(putReplay(tx, c.replayOf, c.res.LedgerSeq))
 		})
 		if errors.Is(err, errOriginalChanged) {
 			err = k.db.View(func(tx *bbolt.Tx) (err error) {

@@ -195,13 +195,31 @@ func (r *recording) Prepare(tx *bbolt.Tx) error {
 	if r.a, err = k.appendAudit(tx, ae, &c.res); err != nil {
 		return abortIf(err)
 	}
+	if c.replayOf != "" {
+		// A replay's payload copies its original's: indexed under it in
+		// the same step, where an erasure of the original finds it (an
+		// erasure in the same group commit runs its steps in between).
+		if err := putReplay(tx, c.replayOf, r.a.Seq); err != nil {
+			return abortIf(err)
+		}
+	}
 	return abortIf(putPayload(tx, r.a.Seq, ae.payload))
 }
 
 // Work encodes the envelopes to store, in the batch's concurrent step.
 func (r *recording) Work() (err error) {
 	c := r.c
-	if r.stored, err = storedEnvelope(&c.res); err != nil {
+	res := &c.res
+	if c.replayOf != "" {
+		// A replay's stored envelope keeps no copy of its original's
+		// salt, nor of a risk basis that may quote the args: an erasure
+		// of the original, perhaps in this very group commit, finds them
+		// nowhere else.
+		cp := *res
+		cp.AuditSalt, cp.RiskBasis = "", nil
+		res = &cp
+	}
+	if r.stored, err = storedEnvelope(res); err != nil {
 		return err
 	}
 	if r.op = txn.PackOperation(r.stored); len(r.after) == 0 {
