@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -684,6 +685,65 @@ func TestExecReplacesPaths(t *testing.T) {
 				if c == "" && !fi.IsDir() || c != "" && h.read(p) != c {
 					t.Fatalf("%s after the call: dir %v, content %q; want %q", p, fi.IsDir(), h.read(p), c)
 				}
+			}
+		})
+	}
+}
+
+// A descriptor the kernel's process inherited open reaches no command:
+// the sandbox marks them close-on-exec (a command wrote through one to a
+// file outside its roots: found by review). The kernel runs in a child
+// process that inherits fd 20 open, as from a shell's redirection (fds
+// 0–9 the chain's own start reassigns).
+func TestExecInheritsNoDescriptor(t *testing.T) {
+	if os.Getenv("CAPK_INHERITED_FD") != "" {
+		h := newExecHarness(t)
+		h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+		r := h.invoke("proc.exec", execArgs("sh", "-c", "echo escaped > /proc/self/fd/20"), key("fd"))
+		t.Logf("the command: %+v", r.Error)
+		return
+	}
+	outside := filepath.Join(t.TempDir(), "outside.txt")
+	f, err := os.Create(outside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExecInheritsNoDescriptor$", "-test.v")
+	cmd.Env = append(os.Environ(), "CAPK_INHERITED_FD=1")
+	cmd.ExtraFiles = make([]*os.File, 18) // fd 3+i in the child
+	cmd.ExtraFiles[17] = f                // fd 20, inherited open
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if b, _ := os.ReadFile(outside); len(b) != 0 {
+		t.Fatalf("the command wrote %q through the kernel's inherited descriptor", b)
+	}
+}
+
+// A command that deletes a directory holding a path hidden from it (a
+// .env, a .ssh directory: each covered in the sandbox) is refused whole:
+// applying the deletion would take the hidden path along (renaming such a
+// directory and removing it deleted the host's .env and keys: found by
+// review). Deleting around them (the hidden mounts stay, busy) commits
+// what was deleted and leaves them.
+func TestExecKeepsHiddenPaths(t *testing.T) {
+	for _, tc := range []struct {
+		script  string
+		refused bool
+	}{{"mv sub subX && rm -rf subX", true}, {"rm -rf sub", false}} {
+		t.Run(tc.script, func(t *testing.T) {
+			h := newExecHarness(t)
+			h.write("sub/.env", "SECRET=1")
+			h.write("sub/.ssh/id_rsa", "KEY")
+			h.write("sub/notes.txt", "n")
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+			r := h.invoke("proc.exec", execArgs("sh", "-c", tc.script), key("del"))
+			if tc.refused && (r.TxOutcome == Committed || h.read("sub/notes.txt") != "n") {
+				t.Fatalf("not refused whole: %+v", r)
+			}
+			if h.read("sub/.env") != "SECRET=1" || h.read("sub/.ssh/id_rsa") != "KEY" {
+				t.Fatalf("a hidden path changed (%+v)", r.Error)
 			}
 		})
 	}

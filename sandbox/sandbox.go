@@ -8,10 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Root is a host directory made visible in the sandbox at the same path.
@@ -251,7 +254,31 @@ func New(opts Options) *Sandbox {
 	if opts.Nice == 0 {
 		opts.Nice = 10
 	}
+	closeInheritedOnExec()
 	return &Sandbox{opts: opts}
+}
+
+// closeInheritedOnExec marks every descriptor above stderr close-on-exec.
+// Go opens its own so; one the process inherited open (a shell's
+// redirection, a supervisor's socket) would otherwise pass through
+// unshare, bwrap and the init into every command, which could write or
+// read through it outside its roots. A run's own descriptors are handed to
+// the chain by os/exec (ExtraFiles), which clears the flag in the child
+// alone.
+func closeInheritedOnExec() {
+	if unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	// Kernels before 5.11: one by one.
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 // ErrUnavailable is returned by Available and Run when bubblewrap is not
@@ -264,6 +291,10 @@ var (
 	ErrSymlink       = errors.New("sandbox: symbolic link in the delta")
 	ErrSpecialFile   = errors.New("sandbox: special file in the delta")
 	ErrOverlay       = errors.New("sandbox: unsupported overlay upper entry")
+	// ErrProtected refuses a delta that deletes a directory holding a
+	// path the command could not see (a denied .env, .ssh, .aws or .gnupg,
+	// or a nested root).
+	ErrProtected = errors.New("sandbox: the delta deletes a path hidden from the command")
 )
 
 // Available reports whether Run can work with the default Options.

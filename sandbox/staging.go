@@ -478,7 +478,10 @@ func (b *deltaBuilder) deleteTree(r *rootPlan, rel string, lower fs.FileInfo) er
 		for _, e := range ents {
 			crel := joinRel(rel, e.Name())
 			if r.skip[crel] {
-				continue
+				// Hidden from the command (.env, .ssh, … or another
+				// root): deleting the directory would take it along,
+				// which the command neither saw nor could change.
+				return fmt.Errorf("%w: deleting %s would delete %s", ErrProtected, rel, crel)
 			}
 			if ci := r.lstatLower(crel); ci != nil {
 				if err := b.deleteTree(r, crel, ci); err != nil {
