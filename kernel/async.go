@@ -61,8 +61,9 @@ type operations struct {
 
 // Start runs the call envelope data in the background, as InvokeJSON
 // would, and returns the call's operation id (the envelope's, or a new
-// one when it names none or its token does not verify). A call it cannot start is refused at once,
-// audited like any other: refused is its result, and err wraps
+// one when it names none or its token does not verify). A call it cannot
+// start is refused at once, audited like any other: refused is its
+// result, and err wraps
 // ErrOperationInUse (the refusal gets an operation id of its own, since
 // the one asked for belongs to another call, in flight or finished) or
 // ErrTooManyBackground.

@@ -79,15 +79,9 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 			return fmt.Errorf("operation %q: ledger entry %d is not its audit record", id, r.LedgerSeq)
 		}
 		out = &Erasure{OperationID: id, By: ErasedByAdmin, Reason: reason}
-		b := tx.Bucket(bucketPayloads)
-		key := binary.BigEndian.AppendUint64(nil, e.Seq)
-		if b != nil && b.Get(key) != nil {
-			if err := b.Delete(key); err != nil {
-				return abortIf(err)
-			}
-			if err := forgetResult(tx, who, r); err != nil {
-				return abortIf(err)
-			}
+		if erased, err := erasePayload(tx, e.Seq, who); err != nil {
+			return abortIf(err)
+		} else if erased {
 			out.Seqs = append(out.Seqs, e.Seq)
 		}
 		// Its replays too, also when its own payload went before them (a
@@ -116,16 +110,8 @@ func (k *Kernel) Erase(ctx context.Context, id, reason string) (*Erasure, error)
 // replays of the operations ops (replaysOf), which carry their originals'
 // args, results and salts, and returns their seqs and operation ids.
 func eraseReplays(tx *bbolt.Tx, ops []string) (seqs []uint64, replayOps []string, err error) {
-	b := tx.Bucket(bucketPayloads)
 	for _, op := range ops {
 		for _, seq := range replaysOf(tx, op) {
-			key := binary.BigEndian.AppendUint64(nil, seq)
-			if b == nil || b.Get(key) == nil {
-				continue // erased already, or never kept
-			}
-			if err := b.Delete(key); err != nil {
-				return nil, nil, err
-			}
 			e, err := ledger.Get(tx, seq)
 			if err != nil {
 				return nil, nil, fmt.Errorf("replay of %s: audit record %d: %w", op, seq, err)
@@ -134,15 +120,42 @@ func eraseReplays(tx *bbolt.Tx, ops []string) (seqs []uint64, replayOps []string
 			if err := json.Unmarshal(e.Body, &who); err != nil {
 				return nil, nil, fmt.Errorf("replay of %s: audit record %d: %w", op, seq, err)
 			}
-			if res, err := storedResult(tx, who.OperationID); err == nil && res != nil && res.LedgerSeq == seq {
-				if err := forgetResult(tx, who, res); err != nil {
-					return nil, nil, err
-				}
+			erased, err := erasePayload(tx, seq, who)
+			if err != nil {
+				return nil, nil, err
 			}
-			seqs, replayOps = append(seqs, seq), append(replayOps, who.OperationID)
+			if erased {
+				seqs, replayOps = append(seqs, seq), append(replayOps, who.OperationID)
+			}
 		}
 	}
 	return seqs, replayOps, nil
+}
+
+// erasePayload removes the payload of audit record seq, of the operation
+// who names, and reports whether it had one; forgetStored does the rest.
+func erasePayload(tx *bbolt.Tx, seq uint64, who recordOwner) (bool, error) {
+	b := tx.Bucket(bucketPayloads)
+	key := binary.BigEndian.AppendUint64(nil, seq)
+	if b == nil || b.Get(key) == nil {
+		return false, nil // erased already, or never kept
+	}
+	if err := b.Delete(key); err != nil {
+		return false, err
+	}
+	return true, forgetStored(tx, who, seq)
+}
+
+// forgetStored removes from the stored result envelope of the operation
+// who names what the erasure of record seq's payload removes
+// (forgetResult), when that envelope is the record's: an operation id
+// whose first record is another keeps its envelope.
+func forgetStored(tx *bbolt.Tx, who recordOwner, seq uint64) error {
+	res, err := storedResult(tx, who.OperationID)
+	if err != nil || res == nil || res.LedgerSeq != seq {
+		return nil
+	}
+	return forgetResult(tx, who, res)
 }
 
 // storedResult decodes the stored result envelope of operation id (one a
@@ -255,10 +268,8 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 			}
 			seqs = append(seqs, seq)
 			ops = append(ops, who.OperationID)
-			if res, err := storedResult(tx, who.OperationID); err == nil && res != nil && res.LedgerSeq == seq {
-				if err := forgetResult(tx, who, res); err != nil {
-					return abortIf(err)
-				}
+			if err := forgetStored(tx, who, seq); err != nil {
+				return abortIf(err)
 			}
 		}
 		if len(seqs) == 0 {

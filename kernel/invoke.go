@@ -632,12 +632,9 @@ func (k *Kernel) replayOrRefuse(ctx context.Context, c *call, stored json.RawMes
 	// otherwise leave the erased salt and result in the replay's record
 	// (errOriginalChanged; then it reads the key again).
 	for range maxReplayReads {
-		var te *txn.Error
 		switch {
-		case errors.As(err, &te):
-			return k.deny(ctx, c, te.Class, te.Message)
 		case err != nil:
-			return k.deny(ctx, c, ErrInternal, err.Error())
+			return k.denyErr(ctx, c, err)
 		case stored == nil:
 			return nil
 		}
@@ -697,6 +694,16 @@ const maxReplayReads = 3
 // original committed in between).
 var errOriginalChanged = errors.New("the replayed call's stored outcome changed while the replay was recorded")
 
+// denyErr refuses c with err: a txn refusal (*txn.Error) under its own
+// class and message, anything else as internal.
+func (k *Kernel) denyErr(ctx context.Context, c *call, err error) *Result {
+	var te *txn.Error
+	if errors.As(err, &te) {
+		return k.deny(ctx, c, te.Class, te.Message)
+	}
+	return k.deny(ctx, c, ErrInternal, err.Error())
+}
+
 func (c *call) idemKey() txn.IdemKey {
 	return txn.IdemKey{AgentID: c.env.AgentID, Key: c.env.IdempotencyKey}
 }
@@ -718,19 +725,8 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	// refused it.
 	accounts := c.accounts()
 	if txn.Limited(accounts) {
-		var spent error
-		if err := k.db.View(func(tx *bbolt.Tx) error {
-			spent = txn.Check(tx, accounts, oneCall)
-			return nil
-		}); err != nil {
-			return k.deny(ctx, c, ErrInternal, err.Error())
-		}
-		var te *txn.Error
-		switch {
-		case errors.As(spent, &te):
-			return k.deny(ctx, c, te.Class, te.Message)
-		case spent != nil:
-			return k.deny(ctx, c, ErrInternal, spent.Error())
+		if err := k.db.View(func(tx *bbolt.Tx) error { return txn.Check(tx, accounts, oneCall) }); err != nil {
+			return k.denyErr(ctx, c, err)
 		}
 	}
 	unlock, class, msg := k.holdPreconditions(c, resources)

@@ -111,6 +111,23 @@ func checkStrictAnswers(t *testing.T, k *kernel.Kernel, before uint64, answers m
 	}
 }
 
+// serveLines serves the stdio lines in, each ended by eol, and returns the
+// gateway's answers by id (byID).
+func serveLines(t *testing.T, g *Gateway, in []string, eol string) map[string][]json.RawMessage {
+	t.Helper()
+	var out bytes.Buffer
+	if err := g.serveIO(context.Background(), strings.NewReader(strings.Join(in, eol)+eol), &out); err != nil && err != io.EOF {
+		t.Logf("serveIO: %v", err)
+	}
+	answers := map[string][]json.RawMessage{}
+	sc := bufio.NewScanner(&out)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		byID(t, answers, sc.Bytes())
+	}
+	return answers
+}
+
 // byID files JSON-RPC responses by their id's JSON.
 func byID(t *testing.T, answers map[string][]json.RawMessage, msg []byte) {
 	var r struct{ ID json.RawMessage }
@@ -134,18 +151,9 @@ func TestStrictStdio(t *testing.T) {
 	for _, c := range strictCases {
 		in = append(in, c.msg)
 	}
-	var out bytes.Buffer
-	if err := g.serveIO(context.Background(), strings.NewReader(strings.Join(in, "\n")+"\n"), &out); err != nil && err != io.EOF {
-		t.Logf("serveIO: %v", err)
-	}
-	answers := map[string][]json.RawMessage{}
-	sc := bufio.NewScanner(&out)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		byID(t, answers, sc.Bytes())
-	}
+	answers := serveLines(t, g, in, "\n")
 	if len(answers["1"]) != 1 {
-		t.Fatalf("no answer to initialize: %s", out.String())
+		t.Fatalf("no answer to initialize: %s", answers)
 	}
 	checkStrictAnswers(t, k, before.Size, answers)
 }
@@ -247,13 +255,7 @@ func TestPrepareBatch(t *testing.T) {
 func TestStdioLongLine(t *testing.T) {
 	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
 	long := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", MaxLineBytes) + `"}}}`
-	in := strings.Join([]string{strictInit, strictInitialized, long, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`}, "\n")
-	var out bytes.Buffer
-	g.serveIO(context.Background(), strings.NewReader(in), &out)
-	answers := map[string][]json.RawMessage{}
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		byID(t, answers, []byte(line))
-	}
+	answers := serveLines(t, g, []string{strictInit, strictInitialized, long, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`}, "\n")
 	if len(answers["null"]) != 1 || !strings.Contains(string(answers["null"][0]), `"code":-32600`) || len(answers["2"]) != 0 {
 		t.Errorf("the long line's answers: %s; with its id: %s", answers["null"], answers["2"])
 	}
@@ -276,16 +278,7 @@ func TestStdioLinesSDKCannotRead(t *testing.T) {
 		`[]`, `42`, `{"x":1}`, `{"jsonrpc":"2.0","id":7,"result":{},"result":{}}`,
 		`{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`,
 	}
-	var out bytes.Buffer
-	if err := g.serveIO(context.Background(), strings.NewReader(strings.Join(in, "\r\n")+"\r\n"), &out); err != nil && err != io.EOF {
-		t.Logf("serveIO: %v", err)
-	}
-	answers := map[string][]json.RawMessage{}
-	sc := bufio.NewScanner(&out)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		byID(t, answers, sc.Bytes())
-	}
+	answers := serveLines(t, g, in, "\r\n")
 	for _, id := range []string{"40", "41"} {
 		if len(answers[id]) != 1 || !bytes.Contains(answers[id][0], []byte(`"result"`)) || bytes.Contains(answers[id][0], []byte(`"isError":true`)) {
 			t.Errorf("call %s: %s", id, answers[id])
