@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -483,14 +484,72 @@ func TestExecNetworkAllowlist(t *testing.T) {
 	// and fails the call.
 	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"},
 		FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}, Net: []string{"allowed.test"}, Budgets: map[string]int64{"net_bytes": 40}})
+	// The command had connected, so the call's outcome is unknown (its
+	// key settled), the budget named.
 	r := h.invoke("proc.exec", with(execArgs("curl", "-sS", "--max-time", "10", url("allowed.test")), "network", "allowlist"), key("net2"))
-	if errClass(r) != ErrBudgetExceeded {
+	if errClass(r) != ErrOutcomeUnknown || !strings.HasPrefix(r.Error.Message, ErrBudgetExceeded+": ") {
 		t.Fatalf("over budget: %+v", r.Error)
 	}
 	// Without net patterns there is no allowlist.
 	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
 	if errClass(h.invoke("proc.exec", with(execArgs("true"), "network", "allowlist"), key("net3"))) != ErrScopeDenied {
 		t.Fatal("allowlist without net patterns")
+	}
+}
+
+// TestExecNetworkSettlesKey: a command that reached the network and then
+// failed may have acted there, so its call ends outcome_unknown with its
+// key settled (a repeat never runs it again) and nothing it wrote
+// applied; one that reached nothing fails as usual, its key free.
+func TestExecNetworkSettlesKey(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprint(w, "charged")
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	charge := "curl -sS --max-time 10 http://allowed.test:" + port + "/ >/dev/null; "
+	for _, tc := range []struct {
+		name, network, script string
+		net                   []string
+		hits                  int32
+		class                 string
+	}{
+		{"allowlist, connected", "allowlist", charge + "echo x > f.txt; exit 3", []string{"allowed.test"}, 1, ErrOutcomeUnknown},
+		{"allowlist, connection refused by the proxy", "allowlist", "curl -s --max-time 10 http://denied.test:" + port + "/; echo x > f.txt; exit 3", []string{"allowed.test"}, 0, ErrExecution},
+		{"allowlist, nothing reached", "allowlist", "echo x > f.txt; exit 3", []string{"allowed.test"}, 0, ErrExecution},
+		{"full", "full", "echo x > f.txt; exit 3", []string{"*"}, 0, ErrOutcomeUnknown},
+		{"off", "off", "echo x > f.txt; exit 3", nil, 0, ErrExecution},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hits.Store(0)
+			h := newExecHarness(t)
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"},
+				FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}, Net: tc.net})
+			args := with(execArgs("sh", "-c", tc.script), "network", tc.network, "commit_on", "success")
+			first := h.invoke("proc.exec", args, key("pay"))
+			if errClass(first) != tc.class || first.TxOutcome != RolledBack {
+				t.Fatalf("first: %s %s %+v", errClass(first), first.TxOutcome, first.Error)
+			}
+			if tc.class == ErrOutcomeUnknown && !strings.HasPrefix(first.Error.Message, ErrExecution+": ") {
+				t.Fatalf("the message does not name the failure: %s", first.Error.Message)
+			}
+			if _, err := os.Stat(filepath.Join(h.ws, "f.txt")); !os.IsNotExist(err) {
+				t.Fatalf("a failed command's write was applied: %v", err)
+			}
+			again := h.invoke("proc.exec", args, key("pay"))
+			settled := tc.class == ErrOutcomeUnknown
+			if errClass(again) != tc.class || again.Replayed != settled || (again.OperationID == first.OperationID) != settled {
+				t.Fatalf("repeat: %s replayed %v, first %s: %+v", errClass(again), again.Replayed, first.OperationID, again)
+			}
+			if n := hits.Load(); n != tc.hits {
+				t.Fatalf("the server was called %d times, want %d", n, tc.hits)
+			}
+			if rep, err := h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) > 0 {
+				t.Fatalf("replay verify: %v %+v", err, rep)
+			}
+		})
 	}
 }
 

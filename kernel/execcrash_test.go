@@ -178,6 +178,37 @@ func testExecCrash(t *testing.T, comm string, rolledBack int) {
 	}
 }
 
+// TestExecNetworkCrash kills the kernel while a command with network
+// runs: its effect elsewhere may have happened, so recovery ends the call
+// outcome_unknown (not rolled back: its key free for a repeat that would
+// run it again), and applies nothing it wrote.
+func TestExecNetworkCrash(t *testing.T) {
+	h := newExecHarness(t)
+	h.write("a.txt", "old\n")
+	snap := snapshot(t, h.ws)
+	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"},
+		FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}, Net: []string{"allowed.test"}})
+	marker := fmt.Sprintf("4343.%d", os.Getpid())
+	args := json.RawMessage(fmt.Sprintf(`{"argv":["sh","-c","echo new > a.txt; exec sleep %s"],"network":"allowlist"}`, marker))
+	env := Envelope{ToolID: "proc.exec", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
+		IdempotencyKey: "net-crash", OperationID: newID(), Args: args}
+	runCrashChild(t, h, env, "sleep", marker, nil)
+	h.open(execPolicy(t), func(c *Config) { c.NetLookup = testLookup })
+	if len(h.k.Recovered.Unknown) != 1 || h.k.Recovered.Unknown[0].OperationID != env.OperationID || len(h.k.Recovered.RolledBack) != 0 {
+		t.Fatalf("recovery %+v", h.k.Recovered)
+	}
+	sameTree(t, snap, snapshot(t, h.ws))
+	for range 2 {
+		r := h.invoke("proc.exec", nil, key("net-crash"), func(e *Envelope) { e.Args = args })
+		if errClass(r) != ErrOutcomeUnknown || !r.Replayed || r.OperationID != env.OperationID {
+			t.Fatalf("repeat %+v", r)
+		}
+	}
+	if len(procsWith(marker)) > 0 {
+		t.Fatal("the repeat ran the command again")
+	}
+}
+
 func TestFetchCrash(t *testing.T) {
 	h := newExecHarness(t)
 	var posts atomic.Int32

@@ -1128,9 +1128,13 @@ func (c *call) unusable(class, msg string) (string, string) {
 }
 
 // external reports whether c's effect happens outside the kernel: a
-// NETWORK call, or a syscall whose Definition says External. Its intent is
-// marked so (txn.Intent.External).
-func (c *call) external() bool { return c.effect == syscalls.Network || c.entry.Def.External }
+// NETWORK call, a syscall whose Definition says External, or one granted
+// a network posture other than off (proc.exec with network: its command
+// may act elsewhere). Its intent is marked so (txn.Intent.External).
+func (c *call) external() bool {
+	return c.effect == syscalls.Network || c.entry.Def.External ||
+		(c.grant != nil && c.grant.Network != "" && c.grant.Network != syscalls.NetOff)
+}
 
 // failure is the error class and message of err, which c's syscall
 // returned under ctx with timeout. It is apart from execute because the

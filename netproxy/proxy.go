@@ -109,6 +109,7 @@ type Proxy struct {
 
 	used     atomic.Int64
 	exceeded atomic.Bool
+	reached  atomic.Bool
 
 	mu        sync.Mutex
 	records   []Record
@@ -270,6 +271,10 @@ func (p *Proxy) Dropped() int {
 	defer p.mu.Unlock()
 	return p.dropped
 }
+
+// Reached reports whether the proxy has connected a client to an origin
+// (a dial that succeeded): from then on the client may have acted there.
+func (p *Proxy) Reached() bool { return p.reached.Load() }
 
 // BytesUsed is the number of payload bytes relayed so far (never more than
 // a non-zero ByteBudget).
@@ -449,6 +454,7 @@ func (p *Proxy) handle(c *conn) {
 		reply(c.client, http.StatusBadGateway, "dial failed")
 		return
 	}
+	p.reached.Store(true)
 	if !c.setUpstream(u) {
 		return
 	}

@@ -156,6 +156,31 @@ func TestAllowDeny(t *testing.T) {
 
 func mustAtoi(s string) int { n, _ := strconv.Atoi(s); return n }
 
+// TestReached: the proxy has reached the network once it connected a
+// client to an origin, not for a denied host or a dial that failed.
+func TestReached(t *testing.T) {
+	f := newFixture(t, 0, allowHosts("allowed.test"))
+	c := f.client()
+	closed := httptest.NewServer(origin())
+	closed.Close()
+	for _, tc := range []struct {
+		name, url string
+		reached   bool
+	}{
+		{"denied", fmt.Sprintf("http://denied.test:%d/echo", port(f.plain)), false},
+		{"dial fails", fmt.Sprintf("http://allowed.test:%d/echo", port(closed)), false},
+		{"allowed", fmt.Sprintf("http://allowed.test:%d/echo", port(f.plain)), true},
+	} {
+		if resp, err := c.Get(tc.url); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if f.proxy.Reached() != tc.reached {
+			t.Fatalf("%s: Reached = %v", tc.name, !tc.reached)
+		}
+	}
+}
+
 // A plain-HTTP request is forwarded in origin form, to the checked host
 // whatever its Host header says, without hop-by-hop headers, and with
 // Connection: close.

@@ -200,12 +200,25 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		cmd.Stdin = []byte(*a.Stdin)
 	}
 	res, err := e.o.Sandbox.Run(ctx, prof, cmd)
+	reached := g.Network == NetFull
 	if proxy != nil {
 		proxy.Close()
 		c.Note("net_connections", proxy.Records())
 		c.Charge(BudgetNetBytes, proxy.BytesUsed())
+		reached = proxy.Reached()
 	}
-	if err != nil {
+	out, err := e.finish(ctx, c, g, &a, timeout, res, err, proxy)
+	if err != nil && reached {
+		return Output{}, reachedFailure(a.Argv[0], g.Network, err)
+	}
+	return out, err
+}
+
+// finish makes proc.exec's result of the sandbox's run res (or its error
+// runErr): the failure of a command that did not finish well, or its delta
+// staged and its output.
+func (e *execSys) finish(ctx context.Context, c *Call, g *Grant, a *execArgs, timeout time.Duration, res *sandbox.Result, runErr error, proxy *netproxy.Proxy) (Output, error) {
+	if err := runErr; err != nil {
 		if ctx.Err() != nil {
 			return Output{}, ctxFailure(ctx, err)
 		}
@@ -255,6 +268,25 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		out["net_bytes"] = proxy.BytesUsed()
 	}
 	return output(out)
+}
+
+// reachedFailure is the failure of a command that had reached the
+// network (any connection under the full posture; one the allowlist
+// proxy made) and then failed: outcome_unknown, as for a request that was
+// sent and then failed (net.fetch), so that its idempotency key keeps the
+// outcome and a repeat never runs the command again. Nothing it wrote is
+// applied either way.
+func reachedFailure(argv0, posture string, err error) *Failure {
+	class := "execution_error"
+	var f *Failure
+	var ae *ArgsError
+	switch {
+	case errors.As(err, &f):
+		class, err = f.Class, errors.New(f.Message)
+	case errors.As(err, &ae):
+		class = "invalid_args"
+	}
+	return fail(FailUnknown, "%s: %v; proc.exec %q had reached the network (posture %s), so what it did there may have happened: it will not run again with this idempotency key", class, err, argv0, posture)
 }
 
 // stageDelta stages the sandbox's delta through the call's stager, in the
