@@ -11,7 +11,7 @@ import (
 func TestSalvage(t *testing.T) {
 	long := strings.Repeat("x", 100)
 	tests := []struct {
-		name, data          string
+		name, data         string
 		tool, agent, token string
 	}{
 		{"whole", `{"tool_id":"echo","agent_id":"a1","capability_token_id":"t1","args":{}}`, "echo", "a1", "t1"},
