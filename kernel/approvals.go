@@ -388,13 +388,10 @@ func (k *Kernel) appendApproval(kind string, body any) error {
 	})
 }
 
-// inputSummary is a short description of the call for an approver.
+// inputSummary is a short description of the call for an approver: its
+// tool and a summary of its canonical args (argsSummary).
 func inputSummary(c *call) string {
-	s := string(c.env.Args)
-	if len(s) > 512 {
-		s = s[:509] + "..."
-	}
-	return c.env.ToolID + " " + s
+	return c.env.ToolID + " " + argsSummary(c.canonArgs)
 }
 
 // projectedEffects lists what the call would change, as far as its
