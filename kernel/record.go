@@ -28,38 +28,38 @@ import (
 // part (publicBody): the fields marked private are replaced there by
 // commitments, and kept beside the chain (payloads.go).
 type auditRecord struct {
-	OperationID       string          `json:"operation_id"`
-	AgentID           string          `json:"agent_id"`
-	PolicyHash        string          `json:"policy_hash"`
-	StateSnapshotID   string          `json:"state_snapshot_id"`
-	CapabilityTokenID string          `json:"capability_token_id"`
+	OperationID       string `json:"operation_id"`
+	AgentID           string `json:"agent_id"`
+	PolicyHash        string `json:"policy_hash"`
+	StateSnapshotID   string `json:"state_snapshot_id"`
+	CapabilityTokenID string `json:"capability_token_id"`
 	// ClaimedAgentID and ClaimedTokenID are what an envelope whose token
 	// did not verify said of its agent and token: anyone can send one
 	// naming anyone, so such a record is attributed to no agent
 	// (AgentID and CapabilityTokenID empty) and keeps the claim here.
-	ClaimedAgentID string `json:"claimed_agent_id,omitempty"`
-	ClaimedTokenID string `json:"claimed_capability_token_id,omitempty"`
-	TokenHash      string `json:"token_hash,omitempty"`
-	ToolID            string          `json:"tool_id"`
-	ArgsHash          string          `json:"args_hash,omitempty"` // private
-	EnvelopeHash      string          `json:"envelope_hash,omitempty"`
-	ResultHash        string          `json:"result_hash,omitempty"` // private
-	Provenance        json.RawMessage `json:"provenance,omitempty"`  // private
-	TaskClass         string          `json:"task_class"`
-	AutonomyMode      string          `json:"autonomy_mode"`
-	RequestedMode     string          `json:"requested_mode,omitempty"`
-	DecidedMode       string          `json:"decided_mode,omitempty"`
-	RiskScore         float64         `json:"risk_score"`
-	RiskBasis         []string        `json:"risk_basis,omitempty"` // private: it may quote args
-	Status            string          `json:"status"`
-	ErrorClass        string          `json:"error_class,omitempty"`
-	ErrorMessage      string          `json:"error_message,omitempty"` // private
-	TxOutcome         string          `json:"tx_outcome"`
-	CommitDeltaID     string          `json:"commit_delta_id,omitempty"`
-	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
-	ReplayOf          string          `json:"replay_of,omitempty"`
-	StartedAt         string          `json:"started_at"`
-	PolicyInput       *policy.Input   `json:"policy_input,omitempty"` // private
+	ClaimedAgentID string          `json:"claimed_agent_id,omitempty"`
+	ClaimedTokenID string          `json:"claimed_capability_token_id,omitempty"`
+	TokenHash      string          `json:"token_hash,omitempty"`
+	ToolID         string          `json:"tool_id"`
+	ArgsHash       string          `json:"args_hash,omitempty"` // private
+	EnvelopeHash   string          `json:"envelope_hash,omitempty"`
+	ResultHash     string          `json:"result_hash,omitempty"` // private
+	Provenance     json.RawMessage `json:"provenance,omitempty"`  // private
+	TaskClass      string          `json:"task_class"`
+	AutonomyMode   string          `json:"autonomy_mode"`
+	RequestedMode  string          `json:"requested_mode,omitempty"`
+	DecidedMode    string          `json:"decided_mode,omitempty"`
+	RiskScore      float64         `json:"risk_score"`
+	RiskBasis      []string        `json:"risk_basis,omitempty"` // private: it may quote args
+	Status         string          `json:"status"`
+	ErrorClass     string          `json:"error_class,omitempty"`
+	ErrorMessage   string          `json:"error_message,omitempty"` // private
+	TxOutcome      string          `json:"tx_outcome"`
+	CommitDeltaID  string          `json:"commit_delta_id,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	ReplayOf       string          `json:"replay_of,omitempty"`
+	StartedAt      string          `json:"started_at"`
+	PolicyInput    *policy.Input   `json:"policy_input,omitempty"` // private
 	// The approval of a soft_gate or escalated call: its id, state, the
 	// approver's identity (token sub) and reason.
 	ApprovalID     string `json:"approval_id,omitempty"`
