@@ -763,6 +763,139 @@ function canonicalize(v) {
   }
   throw new Error("JCS: cannot serialize a " + typeof v);
 }
+var MAX_DEPTH = 1e4;
+var NUMBER = /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
+var utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+function parseStrict(input, { maxDepth = MAX_DEPTH, plainIntegers = false } = {}) {
+  let text = input;
+  if (typeof input !== "string") {
+    try {
+      text = utf8.decode(input);
+    } catch {
+      throw new Error("JSON: not UTF-8");
+    }
+  }
+  if (!text.isWellFormed()) throw new Error("JSON: a lone surrogate (not UTF-8)");
+  let i = 0;
+  const fail = (what) => {
+    throw new Error("JSON: " + what + " at offset " + i);
+  };
+  const ws = () => {
+    while (i < text.length && (text[i] === " " || text[i] === "	" || text[i] === "\n" || text[i] === "\r")) i++;
+  };
+  const str = () => {
+    i++;
+    let out = "";
+    for (; ; ) {
+      const j = i;
+      while (i < text.length && text[i] !== '"' && text[i] !== "\\" && text.charCodeAt(i) >= 32) i++;
+      out += text.slice(j, i);
+      if (i >= text.length) fail("unterminated string");
+      const c = text[i];
+      if (c === '"') {
+        i++;
+        return out;
+      }
+      if (c !== "\\") fail("control character in a string");
+      const e = text[i + 1];
+      const short = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "	" }[e];
+      if (short !== void 0) {
+        out += short;
+        i += 2;
+        continue;
+      }
+      if (e !== "u") fail("bad escape");
+      const unit = (at) => /^[0-9a-fA-F]{4}$/.test(text.slice(at, at + 4)) ? parseInt(text.slice(at, at + 4), 16) : fail("bad \\u escape");
+      const u = unit(i + 2);
+      i += 6;
+      if (u >= 56320 && u <= 57343) fail("\\u escape of a lone surrogate");
+      if (u >= 55296 && u <= 56319) {
+        const lo = text.slice(i, i + 2) === "\\u" ? unit(i + 2) : -1;
+        if (lo < 56320 || lo > 57343) fail("\\u escape of a lone surrogate");
+        out += String.fromCharCode(u, lo);
+        i += 6;
+        continue;
+      }
+      out += String.fromCharCode(u);
+    }
+  };
+  const scalar = () => {
+    const c = text[i];
+    if (c === '"') return str();
+    NUMBER.lastIndex = i;
+    const m = NUMBER.exec(text);
+    if (m) {
+      if (plainIntegers && (m[2] || m[3] || c === "-")) fail("number " + m[0] + " is not a non-negative integer in plain digits");
+      i += m[0].length;
+      return Number(m[0]);
+    }
+    for (const [lit, v2] of [["true", true], ["false", false], ["null", null]]) {
+      if (text.startsWith(lit, i)) {
+        i += lit.length;
+        return v2;
+      }
+    }
+    return fail("invalid character " + JSON.stringify(c ?? "end of input"));
+  };
+  const value = () => {
+    const stack = [];
+    let done;
+    const put = (v2) => {
+      const top = stack.at(-1);
+      if (!top) done = { v: v2 };
+      else if (Array.isArray(top.out)) top.out.push(v2);
+      else Object.defineProperty(top.out, top.name, { value: v2, writable: true, enumerable: true, configurable: true });
+    };
+    const member = (top) => {
+      ws();
+      if (text[i] !== '"') fail("expected a member name");
+      const name = str();
+      if (top.names.has(name)) fail("duplicate member name " + JSON.stringify(name));
+      top.names.add(name);
+      top.name = name;
+      ws();
+      if (text[i] !== ":") fail("expected :");
+      i++;
+    };
+    for (; ; ) {
+      ws();
+      const c = text[i];
+      if (c === "{" || c === "[") {
+        if (stack.length >= maxDepth) fail("nesting deeper than " + maxDepth);
+        i++;
+        ws();
+        const top = { out: c === "{" ? {} : [], names: /* @__PURE__ */ new Set(), close: c === "{" ? "}" : "]" };
+        if (text[i] !== top.close) {
+          stack.push(top);
+          if (c === "{") member(top);
+          continue;
+        }
+        i++;
+        put(top.out);
+      } else {
+        put(scalar());
+      }
+      for (; ; ) {
+        if (done) return done.v;
+        const top = stack.at(-1);
+        ws();
+        if (text[i] === ",") {
+          i++;
+          if (!Array.isArray(top.out)) member(top);
+          break;
+        }
+        if (text[i] !== top.close) fail("expected , or " + top.close);
+        i++;
+        stack.pop();
+        put(top.out);
+      }
+    }
+  };
+  const v = value();
+  ws();
+  if (i !== text.length) fail("data after the JSON value");
+  return v;
+}
 function hex(b) {
   return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
 }
@@ -959,6 +1092,7 @@ async function thumbprint(pub) {
 }
 async function verifyReceipt(jws, jwks2) {
   if (typeof jws !== "string") throw new Error("the receipt is not a string");
+  if (isText(jwks2)) jwks2 = parseStrict(jwks2);
   const parts = jws.split(".");
   if (parts.length !== 3) throw new Error("not a compact JWS (three parts)");
   const header = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[0]));
@@ -1001,6 +1135,7 @@ var AGREEING = [
   "error_class"
 ];
 async function jwksKeys(jwks2) {
+  if (isText(jwks2)) jwks2 = parseStrict(jwks2);
   const out = [];
   for (const jwk of jwks2 && jwks2.keys || []) {
     if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") continue;
@@ -1063,7 +1198,19 @@ var CHECKS = [
   ["checkpoint", "Checkpoint signed by the kernel's key"],
   ["inclusion", "Inclusion proof leads to the checkpoint's root"]
 ];
+function isText(doc) {
+  return typeof doc === "string" || doc instanceof Uint8Array || doc instanceof ArrayBuffer;
+}
 async function verifyBundle(bundle, jwks2) {
+  if (isText(bundle)) {
+    try {
+      bundle = parseStrict(bundle, { plainIntegers: true });
+    } catch (e) {
+      const checks2 = CHECKS_V2.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+      Object.assign(checks2[0], { ok: false, detail: "the receipt: " + e.message });
+      return { ok: false, format: void 0, checks: checks2 };
+    }
+  }
   const v2 = bundle && bundle.format === RECEIPT_FORMAT;
   const checks = (v2 ? CHECKS_V2 : CHECKS).map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
   const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });
@@ -1607,17 +1754,16 @@ async function verifyCurrent() {
 }
 async function readFile(input) {
   const f = input.files && input.files[0];
-  return f ? f.text() : null;
+  return f ? new Uint8Array(await f.arrayBuffer()) : null;
 }
 async function verifyUpload(ev) {
   ev.preventDefault();
   const box = $("#verify-checks");
   try {
-    const text = await readFile($("#bundle-file")) ?? $("#bundle-text").value;
-    if (!text.trim()) throw new Error("give a bundle file or paste one");
-    const bundle = JSON.parse(text);
-    const keysText = await readFile($("#jwks-file"));
-    renderChecks(box, await verifyBundle(bundle, keysText ? JSON.parse(keysText) : await jwks()));
+    const bundle = await readFile($("#bundle-file")) ?? $("#bundle-text").value;
+    if (bundle.length === 0 || typeof bundle === "string" && !bundle.trim()) throw new Error("give a bundle file or paste one");
+    const keys2 = await readFile($("#jwks-file"));
+    renderChecks(box, await verifyBundle(bundle, keys2 ?? await jwks()));
   } catch (e) {
     box.replaceChildren(el("p", { class: "verdict fail", "data-verdict": "fail" }, "Not verified: " + e.message));
     box.setAttribute("data-verdict", "fail");

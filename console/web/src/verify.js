@@ -46,6 +46,164 @@ export function canonicalize(v) {
   throw new Error("JCS: cannot serialize a " + typeof v);
 }
 
+// ---- strict JSON (the rules of the Go verifier's strictjson) ----
+
+// MAX_DEPTH is the deepest nesting a document may have (arrays and
+// objects), as encoding/json/v2 allows.
+export const MAX_DEPTH = 10000;
+
+const NUMBER = /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+
+// parseStrict parses input (a string, or UTF-8 bytes: a Uint8Array or an
+// ArrayBuffer) as exactly one JSON value that every reader reads alike, or
+// throws: valid UTF-8 (bytes are decoded strictly, a BOM is not white
+// space), no \u escape of a lone surrogate, no duplicate member name in
+// any object (compared after unescaping), nesting at most maxDepth deep,
+// nothing but white space around the value. JSON.parse keeps the last of
+// two members of one name where other readers keep the first or refuse.
+// With plainIntegers, every number must be a non-negative integer written
+// in plain digits (what a Go uint64 field takes: no sign, fraction or
+// exponent).
+export function parseStrict(input, { maxDepth = MAX_DEPTH, plainIntegers = false } = {}) {
+  let text = input;
+  if (typeof input !== "string") {
+    try {
+      text = utf8.decode(input);
+    } catch {
+      throw new Error("JSON: not UTF-8");
+    }
+  }
+  if (!text.isWellFormed()) throw new Error("JSON: a lone surrogate (not UTF-8)");
+  let i = 0;
+  const fail = (what) => {
+    throw new Error("JSON: " + what + " at offset " + i);
+  };
+  const ws = () => {
+    while (i < text.length && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r")) i++;
+  };
+  const str = () => {
+    i++; // "
+    let out = "";
+    for (;;) {
+      const j = i;
+      while (i < text.length && text[i] !== '"' && text[i] !== "\\" && text.charCodeAt(i) >= 0x20) i++;
+      out += text.slice(j, i);
+      if (i >= text.length) fail("unterminated string");
+      const c = text[i];
+      if (c === '"') {
+        i++;
+        return out;
+      }
+      if (c !== "\\") fail("control character in a string");
+      const e = text[i + 1];
+      const short = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t" }[e];
+      if (short !== undefined) {
+        out += short;
+        i += 2;
+        continue;
+      }
+      if (e !== "u") fail("bad escape");
+      const unit = (at) => (/^[0-9a-fA-F]{4}$/.test(text.slice(at, at + 4)) ? parseInt(text.slice(at, at + 4), 16) : fail("bad \\u escape"));
+      const u = unit(i + 2);
+      i += 6;
+      if (u >= 0xdc00 && u <= 0xdfff) fail("\\u escape of a lone surrogate");
+      if (u >= 0xd800 && u <= 0xdbff) {
+        const lo = text.slice(i, i + 2) === "\\u" ? unit(i + 2) : -1;
+        if (lo < 0xdc00 || lo > 0xdfff) fail("\\u escape of a lone surrogate");
+        out += String.fromCharCode(u, lo);
+        i += 6;
+        continue;
+      }
+      out += String.fromCharCode(u);
+    }
+  };
+  // scalar reads a string, number or literal at i.
+  const scalar = () => {
+    const c = text[i];
+    if (c === '"') return str();
+    NUMBER.lastIndex = i;
+    const m = NUMBER.exec(text);
+    if (m) {
+      if (plainIntegers && (m[2] || m[3] || c === "-")) fail("number " + m[0] + " is not a non-negative integer in plain digits");
+      i += m[0].length;
+      return Number(m[0]);
+    }
+    for (const [lit, v] of [["true", true], ["false", false], ["null", null]]) {
+      if (text.startsWith(lit, i)) {
+        i += lit.length;
+        return v;
+      }
+    }
+    return fail("invalid character " + JSON.stringify(c ?? "end of input"));
+  };
+  // value parses one value with an explicit stack of the open arrays and
+  // objects (recursion would run out of stack before maxDepth).
+  const value = () => {
+    const stack = []; // {out, names, name} per open container
+    let done;
+    // put adds v to the innermost open container, or ends the parse.
+    const put = (v) => {
+      const top = stack.at(-1);
+      if (!top) done = { v };
+      else if (Array.isArray(top.out)) top.out.push(v);
+      // defineProperty: a member "__proto__" is data, not the prototype.
+      else Object.defineProperty(top.out, top.name, { value: v, writable: true, enumerable: true, configurable: true });
+    };
+    // member reads an object's next member name and its colon.
+    const member = (top) => {
+      ws();
+      if (text[i] !== '"') fail("expected a member name");
+      const name = str();
+      if (top.names.has(name)) fail("duplicate member name " + JSON.stringify(name));
+      top.names.add(name);
+      top.name = name;
+      ws();
+      if (text[i] !== ":") fail("expected :");
+      i++;
+    };
+    for (;;) {
+      // A value starts here.
+      ws();
+      const c = text[i];
+      if (c === "{" || c === "[") {
+        if (stack.length >= maxDepth) fail("nesting deeper than " + maxDepth);
+        i++;
+        ws();
+        const top = { out: c === "{" ? {} : [], names: new Set(), close: c === "{" ? "}" : "]" };
+        if (text[i] !== top.close) {
+          stack.push(top);
+          if (c === "{") member(top);
+          continue;
+        }
+        i++;
+        put(top.out);
+      } else {
+        put(scalar());
+      }
+      // After a value: close containers, or move on to the next element.
+      for (;;) {
+        if (done) return done.v;
+        const top = stack.at(-1);
+        ws();
+        if (text[i] === ",") {
+          i++;
+          if (!Array.isArray(top.out)) member(top);
+          break;
+        }
+        if (text[i] !== top.close) fail("expected , or " + top.close);
+        i++;
+        stack.pop();
+        put(top.out);
+      }
+    }
+  };
+  const v = value();
+  ws();
+  if (i !== text.length) fail("data after the JSON value");
+  return v;
+}
+
 // ---- encodings ----
 
 export function hex(b) {
@@ -281,6 +439,7 @@ export async function thumbprint(pub) {
 // its payload and the public key that verified it.
 export async function verifyReceipt(jws, jwks) {
   if (typeof jws !== "string") throw new Error("the receipt is not a string");
+  if (isText(jwks)) jwks = parseStrict(jwks);
   const parts = jws.split(".");
   if (parts.length !== 3) throw new Error("not a compact JWS (three parts)");
   const header = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[0]));
@@ -316,6 +475,7 @@ const AGREEING = ["operation_id", "tool_id", "agent_id", "capability_token_id", 
 // jwksKeys returns the Ed25519 signature keys of a JWKS, each checked to
 // be the key its kid names.
 export async function jwksKeys(jwks) {
+  if (isText(jwks)) jwks = parseStrict(jwks);
   const out = [];
   for (const jwk of (jwks && jwks.keys) || []) {
     if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || (jwk.use && jwk.use !== "sig") || (jwk.alg && jwk.alg !== "EdDSA")) continue;
@@ -394,12 +554,31 @@ export const CHECKS = [
   ["inclusion", "Inclusion proof leads to the checkpoint's root"],
 ];
 
-// verifyBundle runs every check on a receipt (an object, as parsed from
-// JSON): one proven by the log (RECEIPT_FORMAT) or a v1 bundle
-// (BUNDLE_FORMAT), with the kernel's JWKS. It never throws: the result is
+// isText reports whether a document is given as its JSON text (a string
+// or UTF-8 bytes) rather than as a value parsed already.
+function isText(doc) {
+  return typeof doc === "string" || doc instanceof Uint8Array || doc instanceof ArrayBuffer;
+}
+
+// verifyBundle runs every check on a receipt: one proven by the log
+// (RECEIPT_FORMAT) or a v1 bundle (BUNDLE_FORMAT), with the kernel's JWKS.
+// Each is given as its JSON text (a string or UTF-8 bytes), which is
+// parsed strictly (parseStrict: a text with duplicate member names, for
+// one, is refused as the Go verifier refuses it), or as a value parsed
+// already, which the caller vouches for. It never throws: the result is
 // {ok, format, checks: [{id, label, ok, detail}]}, and a check after a
 // failed one it depends on is reported as skipped (ok null).
 export async function verifyBundle(bundle, jwks) {
+  if (isText(bundle)) {
+    try {
+      // Numbers in a receipt are uint64 fields (leaf_index, tree_size).
+      bundle = parseStrict(bundle, { plainIntegers: true });
+    } catch (e) {
+      const checks = CHECKS_V2.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+      Object.assign(checks[0], { ok: false, detail: "the receipt: " + e.message });
+      return { ok: false, format: undefined, checks };
+    }
+  }
   const v2 = bundle && bundle.format === RECEIPT_FORMAT;
   const checks = (v2 ? CHECKS_V2 : CHECKS).map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
   const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });

@@ -152,3 +152,19 @@ test("receipt proven by the log (v2)", async () => {
   const out = await v.verifyBundle(receipt, other);
   assert.equal(out.checks.find((c) => c.id === "checkpoint").ok, false);
 });
+
+// The vectors both verifiers rule on (receipts/testdata/verify_vectors.json,
+// which receipts.TestVerifyVectors checks against VerifyLogged): each
+// receipt's bytes and its JWKS's text go in as they are, so the console
+// parses them as a page given the files would.
+test("verify vectors shared with the Go verifier", async () => {
+  const d = json("receipts/testdata/verify_vectors.json");
+  assert.ok(d.cases.length >= 6);
+  for (const c of d.cases) {
+    const bytes = c.receipt_base64 !== undefined ? Buffer.from(c.receipt_base64, "base64") : new TextEncoder().encode(c.receipt);
+    const jwks = d.jwks[c.jwks];
+    assert.equal(typeof jwks, "string", c.name);
+    const out = await v.verifyBundle(new Uint8Array(bytes), jwks);
+    assert.equal(out.ok, c.ok, c.name + " (" + c.rule + "): " + JSON.stringify(out.checks.filter((x) => x.ok === false)));
+  }
+});
