@@ -3,7 +3,6 @@ package receipts
 import (
 	"crypto/ed25519"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -140,19 +139,20 @@ func verifyLogged(raw, jwks []byte) (*Proven, error) {
 	return &Proven{Entry: e, Receipt: r, Checkpoint: cp, Key: pub}, nil
 }
 
-// openCheckpoint checks the signed note against the Ed25519 keys of jwks
-// under the key name equal to its origin.
+// openCheckpoint checks the signed note against the Ed25519 signature keys
+// of jwks (signatureKeys) under the key name equal to its origin.
 func openCheckpoint(signed, jwks []byte) (ledger.Checkpoint, ed25519.PublicKey, error) {
 	unverified, err := ledger.PeekCheckpoint(signed)
 	if err != nil {
 		return ledger.Checkpoint{}, nil, err
 	}
-	keys, err := publicKeys(jwks)
+	keys, err := signatureKeys(jwks)
 	if err != nil {
 		return ledger.Checkpoint{}, nil, err
 	}
 	var first error
-	for _, pub := range keys {
+	for _, k := range keys {
+		pub := k.pub
 		v, err := ledger.NewCheckpointVerifier(unverified.Origin, pub)
 		if err != nil {
 			return ledger.Checkpoint{}, nil, err
@@ -165,32 +165,5 @@ func openCheckpoint(signed, jwks []byte) (ledger.Checkpoint, ed25519.PublicKey, 
 			first = err
 		}
 	}
-	if first == nil {
-		first = errors.New("the JWKS holds no key")
-	}
 	return ledger.Checkpoint{}, nil, first
-}
-
-// publicKeys returns the Ed25519 signature keys of a JWKS document, each
-// checked as Verify checks the key it picks (kid = thumbprint, alg EdDSA,
-// use sig).
-func publicKeys(jwks []byte) ([]ed25519.PublicKey, error) {
-	set, err := parseJWKS(jwks)
-	if err != nil {
-		return nil, err
-	}
-	var out []ed25519.PublicKey
-	for i := range set.Len() {
-		k, _ := set.Key(i)
-		kid, ok := k.KeyID()
-		if !ok {
-			return nil, fmt.Errorf("JWKS key %d has no kid", i)
-		}
-		pub, err := checkKey(k, kid)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pub)
-	}
-	return out, nil
 }

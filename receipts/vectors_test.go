@@ -118,6 +118,61 @@ func verifyVectors(t *testing.T) vectors {
 		k.edit(`"format": "capkernel-receipt/v2",`, `"format": "capkernel-receipt/v2", "\u0066ormat": "capkernel-receipt/v2",`), false, "1: duplicate member")
 	add("duplicate member in inclusion",
 		k.edit(`"leaf_index": 3,`, `"leaf_index": 2, "leaf_index": 3,`), false, "1: duplicate member")
+
+	// The JWKS rule (docs/formats.md, "The kernel's JWKS"), each document
+	// with the golden receipt.
+	kernelKey := jwkOf(t, k.key)
+	otherJWK := jwkOf(t, otherKey())
+	const es256 = `{"kty":"EC","crv":"P-256","kid":"other","use":"sig","alg":"ES256",` +
+		`"x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}`
+	var kernelKid string
+	{
+		var m map[string]string
+		if err := json.Unmarshal([]byte(kernelKey), &m); err != nil {
+			t.Fatal(err)
+		}
+		kernelKid = m["kid"]
+	}
+	keys := func(ks ...string) string { return `{"keys":[` + strings.Join(ks, ",") + `]}` }
+	for _, j := range []struct {
+		name, jwks string
+		ok         bool
+		rule       string
+	}{
+		{"an ES256 key beside the kernel's", keys(kernelKey, es256), true, "JWKS: keys of other types are skipped"},
+		{"an ES256 key before the kernel's", keys(es256, kernelKey), true, "JWKS: keys of other types are skipped"},
+		{"an X25519 key beside the kernel's", keys(`{"kty":"OKP","crv":"X25519","kid":"x","x":"AAAA"}`, kernelKey), true, "JWKS: keys of other types are skipped"},
+		{"a malformed key of another type", keys(`{"kty":"EC","crv":"P-256","x":5}`, kernelKey), true, "JWKS: keys of other types are skipped unread"},
+		{"a key whose kty is not a string", keys(`{"kty":5}`, kernelKey), true, "JWKS: keys of other types are skipped"},
+		{"an ES256 key with the kernel key's kid", keys(strings.Replace(es256, `"other"`, `"`+kernelKid+`"`, 1), kernelKey), true, "JWKS: only Ed25519 keys' kids must differ"},
+		{"the kernel's key without alg and use", keys(`{"crv":"Ed25519","kid":"` + kernelKid + `","kty":"OKP","x":` + strings.SplitAfter(kernelKey, `"x":`)[1]), true, "JWKS: alg and use are optional"},
+		{"another Ed25519 key before the kernel's", keys(otherJWK, kernelKey), true, "3: by an Ed25519 key of the JWKS"},
+		{"the kernel's key for encryption beside it", keys(strings.Replace(kernelKey, `"sig"`, `"enc"`, 1), kernelKey), true, "JWKS: keys for another use are skipped"},
+		{"only an ES256 key", keys(es256), false, "JWKS: no Ed25519 signature key"},
+		{"the kernel's key for encryption only", keys(strings.Replace(kernelKey, `"sig"`, `"enc"`, 1)), false, "JWKS: no Ed25519 signature key"},
+		{"the kernel's key for another alg only", keys(strings.Replace(kernelKey, `"EdDSA"`, `"Ed25519"`, 1)), false, "JWKS: no Ed25519 signature key"},
+		{"the kernel's key with use null", keys(strings.Replace(kernelKey, `"sig"`, `null`, 1)), false, "JWKS: no Ed25519 signature key"},
+		{"only another Ed25519 key", keys(otherJWK), false, "3: not signed by a key of the JWKS"},
+		{"the kernel's key twice", keys(kernelKey, kernelKey), false, "JWKS: two Ed25519 keys with one kid"},
+		{"the kernel's key with a wrong kid", keys(strings.Replace(kernelKey, kernelKid, "kid-1", 1)), false, "JWKS: kid is the thumbprint"},
+		{"a wrong kid on another Ed25519 key", keys(strings.Replace(otherJWK, `"kid":"`, `"kid":"x`, 1), kernelKey), false, "JWKS: every Ed25519 key well formed"},
+		{"the kernel's key with d", keys(strings.Replace(kernelKey, `"kty"`, `"d":"AAAA","kty"`, 1)), false, "JWKS: no private key"},
+		{"the kernel's key with x padded", keys(respellX(t, kernelKey, func(x string) string { return x + "=" })), false, "JWKS: x canonical base64url"},
+		{"the kernel's key with x respelled", keys(respellX(t, kernelKey, respell)), false, "JWKS: x canonical base64url"},
+		{"the kernel's key with no x", keys(strings.Replace(kernelKey, `"x":`, `"y":`, 1)), false, "JWKS: x of 32 bytes"},
+		{"the kernel's key alone, not in a set", kernelKey, false, "JWKS: a keys array"},
+		{"no keys member", `{}`, false, "JWKS: a keys array"},
+		{"keys null", `{"keys":null}`, false, "JWKS: a keys array"},
+		{"a key that is null", keys(`null`, kernelKey), false, "JWKS: keys are objects"},
+		{"a key that is an array", keys(`[]`, kernelKey), false, "JWKS: keys are objects"},
+		{"a JWKS with a duplicate member", `{"keys":[` + otherJWK + `],"keys":[` + kernelKey + `]}`, false, "JWKS: strict JSON"},
+		{"a JWKS key with a duplicate member", keys(strings.Replace(kernelKey, `"kty"`, `"x":"AAAA","kty"`, 1)), false, "JWKS: strict JSON"},
+		{"a JWKS with other members", `{"issuer":"x","keys":[` + kernelKey + `]}`, true, "JWKS: other members are ignored"},
+	} {
+		name := "jwks-" + strings.ReplaceAll(j.name, " ", "-")
+		v.JWKS[name] = j.jwks
+		v.Cases = append(v.Cases, vectorCase{Name: "JWKS: " + j.name, Receipt: k.golden, JWKS: name, OK: j.ok, Rule: j.rule})
+	}
 	return v
 }
 

@@ -1092,7 +1092,6 @@ async function thumbprint(pub) {
 }
 async function verifyReceipt(jws, jwks2) {
   if (typeof jws !== "string") throw new Error("the receipt is not a string");
-  if (isText(jwks2)) jwks2 = parseStrict(jwks2);
   const parts = jws.split(".");
   if (parts.length !== 3) throw new Error("not a compact JWS (three parts)");
   const header = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[0]));
@@ -1100,14 +1099,9 @@ async function verifyReceipt(jws, jwks2) {
   if (typeof h.kid !== "string") throw new Error("the header has no kid");
   const want = canonicalize({ alg: "EdDSA", kid: h.kid, typ: "capkernel-receipt+jws" });
   if (header !== want) throw new Error("the header is not exactly " + want);
-  const jwk = (jwks2.keys || []).find((k) => k.kid === h.kid);
-  if (!jwk) throw new Error("no key " + h.kid + " in the JWKS");
-  if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") {
-    throw new Error("key " + h.kid + " is not an Ed25519 signature key");
-  }
-  const pub = b64urlDecode(jwk.x);
-  if (pub.length !== 32) throw new Error("the key is not 32 bytes");
-  if (await thumbprint(pub) !== h.kid) throw new Error("the kid is not the key's thumbprint");
+  const key = (await jwksKeys(jwks2)).find((k) => k.kid === h.kid);
+  if (!key) throw new Error("no key " + h.kid + " in the JWKS as an Ed25519 signature key");
+  const pub = key.pub;
   const sig = b64urlDecode(parts[2]);
   const ok = sig.length === 64 && await crypto.subtle.verify("Ed25519", await importEd25519(pub), sig, enc.encode(parts[0] + "." + parts[1]));
   if (!ok) throw new Error("the Ed25519 signature does not verify");
@@ -1134,17 +1128,27 @@ var AGREEING = [
   "risk_score",
   "error_class"
 ];
+function isObject(v) {
+  return v !== null && typeof v === "object" && !Array.isArray(v);
+}
 async function jwksKeys(jwks2) {
   if (isText(jwks2)) jwks2 = parseStrict(jwks2);
+  if (!isObject(jwks2) || !Array.isArray(jwks2.keys)) throw new Error("the JWKS has no keys array");
   const out = [];
-  for (const jwk of jwks2 && jwks2.keys || []) {
-    if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") continue;
-    const pub = b64urlDecode(jwk.x);
-    if (pub.length !== 32) throw new Error("key " + jwk.kid + " is not 32 bytes");
-    if (await thumbprint(pub) !== jwk.kid) throw new Error("the kid " + jwk.kid + " is not the key's thumbprint");
-    out.push(pub);
+  for (const [i, k] of jwks2.keys.entries()) {
+    const n = "JWKS key " + (i + 1);
+    if (!isObject(k)) throw new Error(n + " is not an object");
+    if (k.kty !== "OKP" || k.crv !== "Ed25519" || Object.hasOwn(k, "use") && k.use !== "sig" || Object.hasOwn(k, "alg") && k.alg !== "EdDSA") continue;
+    if (Object.hasOwn(k, "d")) throw new Error(n + " holds a private key (d)");
+    if (typeof k.x !== "string" || k.x === "") throw new Error(n + " has no x string");
+    const pub = b64urlDecode(k.x);
+    if (pub.length !== 32) throw new Error(n + ": x is " + pub.length + " bytes, want 32");
+    const kid = await thumbprint(pub);
+    if (k.kid !== kid) throw new Error(n + ": kid " + JSON.stringify(k.kid) + " is not the key's thumbprint " + kid);
+    if (out.some((o) => o.kid === kid)) throw new Error("JWKS keys " + JSON.stringify(kid) + ": two Ed25519 keys have this kid");
+    out.push({ kid, pub });
   }
-  if (out.length === 0) throw new Error("the JWKS has no Ed25519 signature key");
+  if (out.length === 0) throw new Error("the JWKS holds no Ed25519 signature key");
   return out;
 }
 function receiptID(seq, h) {
@@ -1179,7 +1183,7 @@ async function verifyLogged(receipt, jwks2, run) {
   const cpOK = await run("checkpoint", async () => {
     if (typeof receipt.checkpoint !== "string") throw new Error("checkpoint is not a string");
     let last;
-    for (const pub of await jwksKeys(jwks2)) {
+    for (const { pub } of await jwksKeys(jwks2)) {
       try {
         cp = await verifyCheckpoint(receipt.checkpoint, pub);
         return cp.origin + " size " + cp.size + ", signed by " + await thumbprint(pub);

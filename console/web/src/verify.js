@@ -439,7 +439,6 @@ export async function thumbprint(pub) {
 // its payload and the public key that verified it.
 export async function verifyReceipt(jws, jwks) {
   if (typeof jws !== "string") throw new Error("the receipt is not a string");
-  if (isText(jwks)) jwks = parseStrict(jwks);
   const parts = jws.split(".");
   if (parts.length !== 3) throw new Error("not a compact JWS (three parts)");
   const header = new TextDecoder("utf-8", { fatal: true }).decode(b64urlDecode(parts[0]));
@@ -447,14 +446,9 @@ export async function verifyReceipt(jws, jwks) {
   if (typeof h.kid !== "string") throw new Error("the header has no kid");
   const want = canonicalize({ alg: "EdDSA", kid: h.kid, typ: "capkernel-receipt+jws" });
   if (header !== want) throw new Error("the header is not exactly " + want);
-  const jwk = (jwks.keys || []).find((k) => k.kid === h.kid);
-  if (!jwk) throw new Error("no key " + h.kid + " in the JWKS");
-  if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || (jwk.use && jwk.use !== "sig") || (jwk.alg && jwk.alg !== "EdDSA")) {
-    throw new Error("key " + h.kid + " is not an Ed25519 signature key");
-  }
-  const pub = b64urlDecode(jwk.x);
-  if (pub.length !== 32) throw new Error("the key is not 32 bytes");
-  if ((await thumbprint(pub)) !== h.kid) throw new Error("the kid is not the key's thumbprint");
+  const key = (await jwksKeys(jwks)).find((k) => k.kid === h.kid);
+  if (!key) throw new Error("no key " + h.kid + " in the JWKS as an Ed25519 signature key");
+  const pub = key.pub;
   const sig = b64urlDecode(parts[2]);
   const ok = sig.length === 64 && (await crypto.subtle.verify("Ed25519", await importEd25519(pub), sig, enc.encode(parts[0] + "." + parts[1])));
   if (!ok) throw new Error("the Ed25519 signature does not verify");
@@ -472,19 +466,37 @@ export async function verifyReceipt(jws, jwks) {
 const AGREEING = ["operation_id", "tool_id", "agent_id", "capability_token_id", "args_hash", "result_hash",
   "tx_outcome", "commit_delta_id", "policy_hash", "autonomy_mode", "risk_score", "error_class"];
 
-// jwksKeys returns the Ed25519 signature keys of a JWKS, each checked to
-// be the key its kid names.
+function isObject(v) {
+  return v !== null && typeof v === "object" && !Array.isArray(v);
+}
+
+// jwksKeys returns the Ed25519 signature keys of a JWKS ([{kid, pub}]) by
+// the rule of docs/formats.md ("The kernel's JWKS"), which the Go verifier
+// applies too: the JWKS (its text parsed strictly, or an object) has a
+// "keys" array of objects; a key whose kty is not OKP, crv not Ed25519,
+// or that has a use other than sig or an alg other than EdDSA is skipped
+// (an ES256 key beside the kernel's, say); every other key must have x the
+// canonical unpadded base64url of 32 bytes, kid its RFC 7638 thumbprint
+// and no d (a private key), and no two may share a kid, or the JWKS is
+// refused; and there must be at least one.
 export async function jwksKeys(jwks) {
   if (isText(jwks)) jwks = parseStrict(jwks);
+  if (!isObject(jwks) || !Array.isArray(jwks.keys)) throw new Error("the JWKS has no keys array");
   const out = [];
-  for (const jwk of (jwks && jwks.keys) || []) {
-    if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || (jwk.use && jwk.use !== "sig") || (jwk.alg && jwk.alg !== "EdDSA")) continue;
-    const pub = b64urlDecode(jwk.x);
-    if (pub.length !== 32) throw new Error("key " + jwk.kid + " is not 32 bytes");
-    if ((await thumbprint(pub)) !== jwk.kid) throw new Error("the kid " + jwk.kid + " is not the key's thumbprint");
-    out.push(pub);
+  for (const [i, k] of jwks.keys.entries()) {
+    const n = "JWKS key " + (i + 1);
+    if (!isObject(k)) throw new Error(n + " is not an object");
+    if (k.kty !== "OKP" || k.crv !== "Ed25519" || (Object.hasOwn(k, "use") && k.use !== "sig") || (Object.hasOwn(k, "alg") && k.alg !== "EdDSA")) continue;
+    if (Object.hasOwn(k, "d")) throw new Error(n + " holds a private key (d)");
+    if (typeof k.x !== "string" || k.x === "") throw new Error(n + " has no x string");
+    const pub = b64urlDecode(k.x);
+    if (pub.length !== 32) throw new Error(n + ": x is " + pub.length + " bytes, want 32");
+    const kid = await thumbprint(pub);
+    if (k.kid !== kid) throw new Error(n + ": kid " + JSON.stringify(k.kid) + " is not the key's thumbprint " + kid);
+    if (out.some((o) => o.kid === kid)) throw new Error("JWKS keys " + JSON.stringify(kid) + ": two Ed25519 keys have this kid");
+    out.push({ kid, pub });
   }
-  if (out.length === 0) throw new Error("the JWKS has no Ed25519 signature key");
+  if (out.length === 0) throw new Error("the JWKS holds no Ed25519 signature key");
   return out;
 }
 
@@ -530,7 +542,7 @@ async function verifyLogged(receipt, jwks, run) {
   const cpOK = await run("checkpoint", async () => {
     if (typeof receipt.checkpoint !== "string") throw new Error("checkpoint is not a string");
     let last;
-    for (const pub of await jwksKeys(jwks)) {
+    for (const { pub } of await jwksKeys(jwks)) {
       try {
         cp = await verifyCheckpoint(receipt.checkpoint, pub);
         return cp.origin + " size " + cp.size + ", signed by " + (await thumbprint(pub));
