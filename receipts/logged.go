@@ -3,6 +3,7 @@ package receipts
 import (
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -87,12 +88,13 @@ type Proven struct {
 // VerifyLogged checks a receipt proven by the log (the JSON of a Logged)
 // with nothing but jwks, the kernel's JWKS document:
 //
-//  1. it is exactly a Logged object (no unknown or duplicate members) of
-//     format Format;
+//  1. it is exactly a Logged object (strictjson: no unknown or duplicate
+//     members; every member present and not null) of format Format;
 //  2. entry is exactly the canonical record of a well-formed ledger entry
 //     whose entry_hash recomputes (ledger.ParseEntry), of kind audit;
 //  3. checkpoint is a C2SP signed note with a valid Ed25519 signature, under
-//     the key name equal to its origin, by an Ed25519 key of jwks;
+//     the key name equal to its origin, by an Ed25519 signature key of
+//     jwks (signatureKeys);
 //  4. the inclusion proof is for the entry (leaf_index = seq, leaf_hash =
 //     entry_hash) in the checkpoint's tree (tree_size = its size) and
 //     leads to its root (RFC 9162 §2.1.3.2).
@@ -104,10 +106,47 @@ func VerifyLogged(raw, jwks []byte) (*Proven, error) {
 	return p, nil
 }
 
+// wireLogged is a Logged as read: every member required, none null (a
+// missing or null leaf_index or proof must not read as 0 or empty, which
+// the console's verifier could not agree with).
+type wireLogged struct {
+	Format    *string `json:"format"`
+	Entry     *string `json:"entry"`
+	Inclusion *struct {
+		LeafIndex *uint64   `json:"leaf_index"`
+		TreeSize  *uint64   `json:"tree_size"`
+		LeafHash  *string   `json:"leaf_hash"`
+		Proof     *[]string `json:"proof"`
+	} `json:"inclusion"`
+	Checkpoint *string `json:"checkpoint"`
+}
+
+// decodeLogged reads a Logged from its JSON by strictjson, every member
+// present and not null.
+func decodeLogged(raw []byte) (Logged, error) {
+	var w wireLogged
+	if err := strictjson.Unmarshal(raw, &w); err != nil {
+		return Logged{}, fmt.Errorf("receipt: %v", err)
+	}
+	in := w.Inclusion
+	if w.Format == nil || w.Entry == nil || in == nil || w.Checkpoint == nil {
+		return Logged{}, errors.New("receipt: format, entry, inclusion and checkpoint are required and not null")
+	}
+	if in.LeafIndex == nil || in.TreeSize == nil || in.LeafHash == nil || in.Proof == nil {
+		return Logged{}, errors.New("receipt: inclusion's leaf_index, tree_size, leaf_hash and proof are required and not null")
+	}
+	return Logged{
+		Format:     *w.Format,
+		Entry:      *w.Entry,
+		Inclusion:  ledger.Inclusion{LeafIndex: *in.LeafIndex, TreeSize: *in.TreeSize, LeafHash: *in.LeafHash, Proof: *in.Proof},
+		Checkpoint: *w.Checkpoint,
+	}, nil
+}
+
 func verifyLogged(raw, jwks []byte) (*Proven, error) {
-	var l Logged
-	if err := strictjson.Unmarshal(raw, &l); err != nil {
-		return nil, fmt.Errorf("receipt: %v", err)
+	l, err := decodeLogged(raw)
+	if err != nil {
+		return nil, err
 	}
 	if l.Format != Format {
 		return nil, fmt.Errorf("receipt format %q, want %q", l.Format, Format)

@@ -7,7 +7,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -119,6 +122,28 @@ func verifyVectors(t *testing.T) vectors {
 	add("duplicate member in inclusion",
 		k.edit(`"leaf_index": 3,`, `"leaf_index": 2, "leaf_index": 3,`), false, "1: duplicate member")
 
+	// Step 1: the receipt's members, every one required and of its type.
+	add("an unknown member in inclusion", k.edit(`"leaf_index": 3,`, `"leaf_index": 3, "note": 1,`), false, "1: no unknown member")
+	add("inclusion's leaf_index spelled Leaf_index", k.edit(`"leaf_index": 3,`, `"Leaf_index": 3,`), false, "1: names match exactly")
+	add("a case variant beside inclusion's leaf_index", k.edit(`"leaf_index": 3,`, `"leaf_index": 3, "LEAF_INDEX": 3,`), false, "1: no unknown member")
+	add("format spelled Format", k.edit(`"format"`, `"Format"`), false, "1: names match exactly")
+	add("leaf_index written 3.0", k.edit(`"leaf_index": 3,`, `"leaf_index": 3.0,`), false, "1: leaf_index and tree_size are plain integers")
+	add("tree_size written 5e0", k.edit(`"tree_size": 5,`, `"tree_size": 5e0,`), false, "1: leaf_index and tree_size are plain integers")
+	add("tree_size as a string", k.edit(`"tree_size": 5,`, `"tree_size": "5",`), false, "1: of its type")
+	add("inclusion null", k.edit(k.goldenMember("inclusion"), `null`), false, "1: required, not null")
+	add("a lone surrogate escape in a member name", k.edit(`{`, `{"\ud800":1,`), false, "1: no lone surrogate")
+	add("a BOM before the receipt", "\ufeff"+k.golden, false, "1: one JSON value")
+	v.Cases = append(v.Cases, vectorCase{Name: "a byte that is not UTF-8 in the receipt", JWKS: "kernel", OK: false, Rule: "1: valid UTF-8",
+		ReceiptBase64: base64.StdEncoding.EncodeToString([]byte(k.edit(`"format": "capkernel-receipt/v2"`, "\"format\": \"capkernel-receipt/v2\", \"x\xff\": 1")))})
+
+	// Entry 0 in a tree of one: a proof of no hashes, and seq 0.
+	first := k.single(auditBody(), "2025-01-02T03:04:05.000000000Z")
+	add("entry 0 in a tree of one", first.receipt(), true, "4")
+	add("entry 0 with leaf_index null", first.with(`"leaf_index":0`, `"leaf_index":null`), false, "1: required, not null (null is not 0)")
+	add("entry 0 without leaf_index", first.with(`"leaf_index":0,`, ``), false, "1: required")
+	add("entry 0 with proof null", first.with(`"proof":[]`, `"proof":null`), false, "1: required, not null (null is not [])")
+	add("entry 0 without proof", first.with(`,"proof":[]`, ``), false, "1: required")
+
 	// The JWKS rule (docs/formats.md, "The kernel's JWKS"), each document
 	// with the golden receipt.
 	kernelKey := jwkOf(t, k.key)
@@ -205,35 +230,16 @@ func (k *vectorKit) node(l, r [32]byte) (out [32]byte) {
 	return out
 }
 
-// note signs text (a checkpoint's lines) as the C2SP signed note of the
-// kernel's key under name, then appends extra signature lines.
-func (k *vectorKit) note(text, name string, extra ...string) string {
+// sigLine is the signature line of the kernel's key, under the key name
+// name, over text; corrupt flips a bit of the signature.
+func (k *vectorKit) sigLine(text, name string, corrupt bool) string {
 	pub := k.key.Public().(ed25519.PublicKey)
 	id := sha256.Sum256(append([]byte(name+"\n\x01"), pub...))
 	sig := append(id[:4:4], ed25519.Sign(k.key, []byte(text))...)
-	out := text + "\n\u2014 " + name + " " + base64.StdEncoding.EncodeToString(sig) + "\n"
-	for _, l := range extra {
-		out += l + "\n"
+	if corrupt {
+		sig[10] ^= 1
 	}
-	return out
-}
-
-// checkpointText is the text of a checkpoint of origin o.
-func checkpointText(o string, size uint64, root [32]byte, ext ...string) string {
-	s := fmt.Sprintf("%s\n%d\n%s\n", o, size, base64.StdEncoding.EncodeToString(root[:]))
-	for _, x := range ext {
-		s += x + "\n"
-	}
-	return s
-}
-
-// receipt writes a receipt of its members' JSON texts.
-func receipt(entry, inclusion, checkpoint string) string {
-	q := func(s string) string {
-		b, _ := json.Marshal(s)
-		return string(b)
-	}
-	return `{"format":"` + Format + `","entry":` + q(entry) + `,"inclusion":` + inclusion + `,"checkpoint":` + q(checkpoint) + "}"
+	return "\u2014 " + name + " " + base64.StdEncoding.EncodeToString(sig)
 }
 
 // TestVerifyVectors rules on every vector of vectorsFile with VerifyLogged;
@@ -275,4 +281,138 @@ func TestVerifyVectors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// auditBody returns a canonical audit body with the members given (each
+// `"name":value`) over the defaults.
+func auditBody(members ...string) string {
+	m := map[string]string{
+		"agent_id": `"agent-1"`, "autonomy_mode": `"autopilot"`, "operation_id": `"0194a0a4-7c00-7000-8000-000000000099"`,
+		"status": `"ok"`, "tool_id": `"echo"`, "tx_outcome": `"no_op"`,
+	}
+	for _, kv := range members {
+		name, value, _ := strings.Cut(kv, ":")
+		n, err := strconv.Unquote(name)
+		if err != nil {
+			panic(err)
+		}
+		m[n] = value
+	}
+	// RFC 8785 order is by UTF-16 code units: these names are ASCII.
+	names := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = strconv.Quote(n) + ":" + m[n]
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// built is an entry proven in a tree, checkpointed under origin.
+type built struct {
+	k         *vectorKit
+	record    string
+	inclusion string
+	size      uint64
+	root      [32]byte
+	origin    string
+}
+
+// single is entry 0 alone in a tree of one.
+func (k *vectorKit) single(body, tm string) built {
+	rec, h := k.leaf(0, "audit", tm, "blake3:"+strings.Repeat("0", 64), body)
+	return built{k: k, record: rec, size: 1, root: h, origin: goldenOrigin,
+		inclusion: fmt.Sprintf(`{"leaf_index":0,"tree_size":1,"leaf_hash":"blake3:%x","proof":[]}`, h)}
+}
+
+// pair is entry 1 of a tree of two, the other leaf made up.
+func (k *vectorKit) pair(body, tm string) built {
+	rec, h := k.leaf(1, "audit", tm, "blake3:"+strings.Repeat("1", 64), body)
+	var other [32]byte
+	other[0] = 0xaa
+	return built{k: k, record: rec, size: 2, root: k.node(other, h), origin: goldenOrigin,
+		inclusion: fmt.Sprintf(`{"leaf_index":1,"tree_size":2,"leaf_hash":"blake3:%x","proof":["blake3:%x"]}`, h, other)}
+}
+
+// deep is the receipt of entry 1 of a perfect tree of 2^height entries,
+// the other hashes of its path made up: a key holder can sign any root.
+func (k *vectorKit) deep(height int) string {
+	rec, h := k.leaf(1, "audit", "2025-01-02T03:04:05.000000000Z", "blake3:"+strings.Repeat("2", 64), auditBody())
+	var sib [32]byte
+	sib[0] = 0xbb
+	root := k.node(sib, h)
+	proof := []string{fmt.Sprintf(`"blake3:%x"`, sib)}
+	for i := 1; i < height; i++ {
+		sib[1] = byte(i)
+		root = k.node(root, sib)
+		proof = append(proof, fmt.Sprintf(`"blake3:%x"`, sib))
+	}
+	size := uint64(1) << height
+	b := built{k: k, record: rec, size: size, root: root, origin: goldenOrigin,
+		inclusion: fmt.Sprintf(`{"leaf_index":1,"tree_size":%d,"leaf_hash":"blake3:%x","proof":[%s]}`, size, h, strings.Join(proof, ","))}
+	return b.receipt()
+}
+
+// receipt is b's receipt with the kernel's checkpoint.
+func (b built) receipt() string {
+	return b.receiptWith(b.signed(nil))
+}
+
+// with is b's receipt with old replaced by new in its text.
+func (b built) with(old, new string) string {
+	r := b.receipt()
+	if !strings.Contains(r, old) {
+		b.k.t.Fatalf("receipt has no %q", old)
+	}
+	return strings.Replace(r, old, new, 1)
+}
+
+// receiptWith is b's receipt with the checkpoint note given.
+func (b built) receiptWith(note string) string {
+	q := func(s string) string {
+		out, err := json.Marshal(s)
+		if err != nil {
+			b.k.t.Fatal(err)
+		}
+		return string(out)
+	}
+	return `{"format":"` + Format + `","entry":` + q(b.record) + `,"inclusion":` + b.inclusion + `,"checkpoint":` + q(note) + "}"
+}
+
+// text is the text of b's checkpoint with extension lines ext.
+func (b built) text(ext []string) string {
+	s := fmt.Sprintf("%s\n%d\n%s\n", b.origin, b.size, base64.StdEncoding.EncodeToString(b.root[:]))
+	for _, x := range ext {
+		s += x + "\n"
+	}
+	return s
+}
+
+// signed is b's checkpoint note with extension lines ext, signed by the
+// kernel's key under the origin, then the extra signature lines.
+func (b built) signed(ext []string, extra ...string) string {
+	out := b.text(ext) + "\n" + b.k.sigLine(b.text(ext), b.origin, false) + "\n"
+	for _, l := range extra {
+		out += l + "\n"
+	}
+	return out
+}
+
+// signedAfter is b's note with the line first before the kernel's
+// signature.
+func (b built) signedAfter(first string) string {
+	return b.text(nil) + "\n" + first + "\n" + b.k.sigLine(b.text(nil), b.origin, false) + "\n"
+}
+
+// sigLine is the kernel's signature line of b's checkpoint; corrupt
+// makes it one that does not verify.
+func (b built) sigLine(corrupt bool) string {
+	return b.k.sigLine(b.text(nil), b.origin, corrupt)
+}
+
+func repeatLines(l string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = l
+	}
+	return out
 }

@@ -506,9 +506,14 @@ export function receiptID(seq, h) {
   return "r" + seq + "-" + h.slice(7, 23);
 }
 
+const INCLUSION_FIELDS = ["leaf_hash", "leaf_index", "proof", "tree_size"];
+
 // checkInclusion checks an inclusion proof of entry in the checkpoint cp.
 function checkInclusion(inc, entry, cp) {
-  inc = inc || {};
+  // Exactly these members, none null: the Go verifier reads each into a
+  // field of its own type (a missing or null one is not a zero).
+  const got = isObject(inc) ? Object.keys(inc).sort() : [];
+  if (got.join() !== INCLUSION_FIELDS.join()) throw new Error("inclusion members are " + got.join(",") + ", want " + INCLUSION_FIELDS.join(","));
   if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
   if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
   if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);

@@ -163,12 +163,14 @@ test("receipt proven by the log (v2)", async () => {
 // parses them as a page given the files would.
 test("verify vectors shared with the Go verifier", async () => {
   const d = json("receipts/testdata/verify_vectors.json");
-  assert.ok(d.cases.length >= 6);
+  assert.ok(d.cases.length >= 50);
+  const failures = [];
   for (const c of d.cases) {
     const bytes = c.receipt_base64 !== undefined ? Buffer.from(c.receipt_base64, "base64") : new TextEncoder().encode(c.receipt);
     const jwks = d.jwks[c.jwks];
     assert.equal(typeof jwks, "string", c.name);
     const out = await v.verifyBundle(new Uint8Array(bytes), jwks);
-    assert.equal(out.ok, c.ok, c.name + " (" + c.rule + "): " + JSON.stringify(out.checks.filter((x) => x.ok === false)));
+    if (out.ok !== c.ok) failures.push(c.name + " (" + c.rule + "): " + JSON.stringify(out.checks.filter((x) => x.ok === false)));
   }
+  assert.deepEqual(failures, [], "cases ruled on otherwise than the Go verifier does");
 });
