@@ -2,7 +2,7 @@ package receipts
 
 import (
 	"crypto/ed25519"
-	"encoding/json"
+	jsonv2 "encoding/json/v2"
 	"errors"
 	"fmt"
 	"strconv"
@@ -64,13 +64,17 @@ func ParseID(id string) (seq uint64, hashPrefix string, ok bool) {
 // Summarize returns what the audit entry e says about its call, in the
 // fields of a JWS receipt: ReceiptID is ID(e.Seq, e.Hash), IssuedAt the
 // entry's time, LedgerSeq and LedgerEntryHash the entry's. It checks
-// neither the entry's hash nor its place in the ledger.
+// neither the entry's hash nor its place in the ledger. The body's members
+// are matched to Receipt's fields by exact name; one that names a field
+// must be of its type (null reads as none), others are ignored.
 func Summarize(e ledger.Entry) (*Receipt, error) {
 	if e.Kind != ledger.KindAudit {
 		return nil, fmt.Errorf("receipts: entry %d is a %s entry, not an audit record", e.Seq, e.Kind)
 	}
 	var r Receipt
-	if err := json.Unmarshal(e.Body, &r); err != nil {
+	// encoding/json/v2: names match exactly ("TOOL_ID" is not tool_id), as
+	// the console's verifier reads them.
+	if err := jsonv2.Unmarshal(e.Body, &r); err != nil {
 		return nil, fmt.Errorf("receipts: audit record %d: %w", e.Seq, err)
 	}
 	r.ReceiptID, r.LedgerSeq, r.LedgerEntryHash, r.IssuedAt = ID(e.Seq, e.Hash), e.Seq, e.Hash, e.Time
@@ -91,7 +95,8 @@ type Proven struct {
 //  1. it is exactly a Logged object (strictjson: no unknown or duplicate
 //     members; every member present and not null) of format Format;
 //  2. entry is exactly the canonical record of a well-formed ledger entry
-//     whose entry_hash recomputes (ledger.ParseEntry), of kind audit;
+//     whose entry_hash recomputes (ledger.ParseEntry), of kind audit, whose
+//     body Summarize reads (its receipt fields of their types);
 //  3. checkpoint is a C2SP signed note with a valid Ed25519 signature, under
 //     the key name equal to its origin, by an Ed25519 signature key of
 //     jwks (signatureKeys);

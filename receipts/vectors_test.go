@@ -144,6 +144,38 @@ func verifyVectors(t *testing.T) vectors {
 	add("entry 0 with proof null", first.with(`"proof":[]`, `"proof":null`), false, "1: required, not null (null is not [])")
 	add("entry 0 without proof", first.with(`,"proof":[]`, ``), false, "1: required")
 
+	// Step 2: the entry.
+	const t0 = "2025-01-02T03:04:05.000000000Z"
+	for _, c := range []struct {
+		name, body, time string
+		ok               bool
+		rule             string
+	}{
+		{"an entry of 29 February in a leap year", auditBody(), "2024-02-29T00:00:00.000000000Z", true, "2: time"},
+		{"an entry of 29 February 2000", auditBody(), "2000-02-29T23:59:59.999999999Z", true, "2: time"},
+		{"an entry of 29 February 2100", auditBody(), "2100-02-29T00:00:00.000000000Z", false, "2: time is a real time"},
+		{"an entry of 31 April", auditBody(), "2025-04-31T00:00:00.000000000Z", false, "2: time is a real time"},
+		{"an entry of month 13", auditBody(), "2025-13-01T00:00:00.000000000Z", false, "2: time is a real time"},
+		{"an entry at hour 24", auditBody(), "2025-01-01T24:00:00.000000000Z", false, "2: time is a real time"},
+		{"an entry at second 60", auditBody(), "2025-01-01T23:59:60.000000000Z", false, "2: time is a real time"},
+		{"a body string with a lone surrogate escape", auditBody(`"task_class":"\ud800"`), t0, false, "2: canonical (I-JSON: no lone surrogate)"},
+		{"a body string with an escaped surrogate pair", auditBody(`"task_class":"\ud83d\ude00"`), t0, false, "2: canonical (RFC 8785 writes the character)"},
+		{"a body string with a character outside the BMP", auditBody("\"task_class\":\"\U0001F600 \u2028\""), t0, true, "2"},
+		{"a body nested 1000 deep", auditBody(`"task_class":` + strings.Repeat("[", 999) + strings.Repeat("]", 999)), t0, true, "2: nesting at most 1000"},
+		{"a body nested 1001 deep", auditBody(`"task_class":` + strings.Repeat("[", 1000) + strings.Repeat("]", 1000)), t0, false, "2: nesting at most 1000"},
+		{"a body with risk_score a string", auditBody(`"risk_score":"high"`), t0, false, "2: receipt fields of their types"},
+		{"a body with tool_id a number", auditBody(`"tool_id":5`), t0, false, "2: receipt fields of their types"},
+		{"a body with ledger_seq negative", auditBody(`"ledger_seq":-1`), t0, false, "2: receipt fields of their types"},
+		{"a body with ledger_seq a fraction", auditBody(`"ledger_seq":1.5`), t0, false, "2: receipt fields of their types"},
+		{"a body with ledger_seq 2^64", auditBody(`"ledger_seq":18446744073709552000`), t0, false, "2: receipt fields of their types"},
+		{"a body with ledger_seq below 2^64", auditBody(`"ledger_seq":18446744073709550000`), t0, true, "2: receipt fields of their types"},
+		{"a body with tool_id and risk_score null", auditBody(`"risk_score":null`, `"tool_id":null`), t0, true, "2: null is none"},
+		{"a body with TOOL_ID a number (not a receipt field)", auditBody(`"TOOL_ID":5`), t0, true, "2: names match exactly"},
+		{"a body with an unknown member", auditBody(`"zz":{"a":[1,2.5,-0.5,1e+21]}`), t0, true, "2: other members are ignored"},
+	} {
+		add(c.name, k.pair(c.body, c.time).receipt(), c.ok, c.rule)
+	}
+
 	// The JWKS rule (docs/formats.md, "The kernel's JWKS"), each document
 	// with the golden receipt.
 	kernelKey := jwkOf(t, k.key)

@@ -282,17 +282,33 @@ function parseHash(s, what) {
 
 // ---- ledger entries ----
 
+// BODY_DEPTH is the deepest nesting of an entry's body that the Go
+// verifier's canonical check (jcs.MaxDepth) takes.
+const BODY_DEPTH = 1000;
+
+// validTime reports whether t (of the form of a record's time) names a
+// real instant: month, day of that month (proleptic Gregorian, as Go's
+// time package), hour, minute and second in range.
+function validTime(t) {
+  const [y, mo, d, h, mi, s] = [t.slice(0, 4), t.slice(5, 7), t.slice(8, 10), t.slice(11, 13), t.slice(14, 16), t.slice(17, 19)].map(Number);
+  const leap = y % 4 === 0 && (y % 100 !== 0 || y % 400 === 0);
+  const days = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][mo - 1];
+  return mo >= 1 && mo <= 12 && d >= 1 && d <= days && h <= 23 && mi <= 59 && s <= 59;
+}
+
 // parseEntry checks a ledger record (its exact canonical bytes) and
 // returns the entry with its recomputed hash.
 export function parseEntry(record) {
-  const e = JSON.parse(record);
+  if (typeof record !== "string") throw new Error("the record is not a string");
+  // Strictly: JSON.parse takes \ud800, which canonicalizes to itself.
+  const e = parseStrict(record, { maxDepth: BODY_DEPTH + 1 });
   if (canonicalize(e) !== record) throw new Error("the record is not canonical JSON");
   const fields = ["body", "entry_hash", "kind", "prev_hash", "seq", "time"];
   const got = Object.keys(e).sort();
   if (got.join() !== fields.join()) throw new Error("record fields are " + got.join(",") + ", want " + fields.join(","));
   if (!Number.isSafeInteger(e.seq) || e.seq < 0) throw new Error("seq is not a non-negative integer below 2^53");
   if (typeof e.kind !== "string" || !/^[a-z][a-z0-9_]*$/.test(e.kind) || e.kind.length > 64) throw new Error("kind is malformed");
-  if (typeof e.time !== "string" || !/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$/.test(e.time)) throw new Error("time is not RFC 3339 UTC with nine fractional digits");
+  if (typeof e.time !== "string" || !/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$/.test(e.time) || !validTime(e.time)) throw new Error("time is not a valid RFC 3339 UTC time with nine fractional digits");
   parseHash(e.prev_hash, "prev_hash");
   if (e.body === null || typeof e.body !== "object" || Array.isArray(e.body)) throw new Error("body is not an object");
   const pre = canonicalize({ body: e.body, kind: e.kind, prev_hash: e.prev_hash, seq: e.seq, time: e.time });
@@ -462,6 +478,19 @@ export async function verifyReceipt(jws, jwks) {
   return { receipt: r, pub };
 }
 
+// checkSummary refuses an audit body whose members that a receipt's
+// summary reads (the receipt fields: receipts.Summarize) are not of their
+// type: strings, risk_score a number, ledger_seq an integer in [0, 2^64);
+// null stands for none.
+function checkSummary(body) {
+  for (const f of [...RECEIPT_REQUIRED, ...RECEIPT_OPTIONAL]) {
+    const x = body[f];
+    if (!Object.hasOwn(body, f) || x === null) continue;
+    const ok = f === "risk_score" ? typeof x === "number" : f === "ledger_seq" ? Number.isInteger(x) && x >= 0 && x < 2 ** 64 : typeof x === "string";
+    if (!ok) throw new Error("the body's " + f + " is " + JSON.stringify(x) + ", not of its type");
+  }
+}
+
 // The fields of a receipt its audit entry's body must agree with.
 const AGREEING = ["operation_id", "tool_id", "agent_id", "capability_token_id", "args_hash", "result_hash",
   "tx_outcome", "commit_delta_id", "policy_hash", "autonomy_mode", "risk_score", "error_class"];
@@ -542,6 +571,7 @@ async function verifyLogged(receipt, jwks, run) {
     if (typeof receipt.entry !== "string") throw new Error("entry is not a string");
     entry = parseEntry(receipt.entry);
     if (entry.kind !== "audit") throw new Error("the entry is of kind " + entry.kind + ", not audit");
+    checkSummary(entry.body);
     return "receipt " + receiptID(entry.seq, entry.entry_hash) + ": " + entry.body.tool_id + " by " + entry.body.agent_id + ", seq " + entry.seq;
   });
   const cpOK = await run("checkpoint", async () => {
