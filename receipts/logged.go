@@ -99,7 +99,7 @@ type Proven struct {
 //     body Summarize reads (its receipt fields of their types);
 //  3. checkpoint is a C2SP signed note with a valid Ed25519 signature, under
 //     the key name equal to its origin, by an Ed25519 signature key of
-//     jwks (signatureKeys);
+//     jwks (signatureKeys), of a size at most 2^53-1;
 //  4. the inclusion proof is for the entry (leaf_index = seq, leaf_hash =
 //     entry_hash) in the checkpoint's tree (tree_size = its size) and
 //     leads to its root (RFC 9162 §2.1.3.2).
@@ -148,6 +148,11 @@ func decodeLogged(raw []byte) (Logged, error) {
 	}, nil
 }
 
+// maxExact bounds the tree sizes a receipt may name: every integer up to
+// 2^53-1 is exact in every JSON reader (RFC 8785 numbers are doubles),
+// as ledger sequence numbers are.
+const maxExact = 1<<53 - 1
+
 func verifyLogged(raw, jwks []byte) (*Proven, error) {
 	l, err := decodeLogged(raw)
 	if err != nil {
@@ -167,6 +172,9 @@ func verifyLogged(raw, jwks []byte) (*Proven, error) {
 	cp, pub, err := openCheckpoint([]byte(l.Checkpoint), jwks)
 	if err != nil {
 		return nil, err
+	}
+	if cp.Size > maxExact {
+		return nil, fmt.Errorf("the checkpoint's size %d exceeds %d", cp.Size, uint64(maxExact))
 	}
 	in := l.Inclusion
 	switch {

@@ -176,6 +176,46 @@ func verifyVectors(t *testing.T) vectors {
 		add(c.name, k.pair(c.body, c.time).receipt(), c.ok, c.rule)
 	}
 
+	// Step 3: the checkpoint note.
+	p := k.pair(auditBody(), t0)
+	witness := "\u2014 witness.example/w1 " + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 68))
+	for _, c := range []struct {
+		name, note string
+		ok         bool
+		rule       string
+	}{
+		{"a witness cosignature after the kernel's", p.signed(nil, witness), true, "3: other signers' lines are ignored"},
+		{"a witness cosignature before the kernel's", p.signedAfter(witness), true, "3: other signers' lines are ignored"},
+		{"an extension line", p.signed([]string{"ext one"}), true, "3: extension lines"},
+		{"the kernel's signature twice", p.signed(nil, p.sigLine(false)), true, "3: a repeated signature is ignored"},
+		{"100 signature lines", p.signed(nil, repeatLines(witness, 99)...), true, "3: at most 100 signatures"},
+		{"101 signature lines", p.signed(nil, repeatLines(witness, 100)...), false, "3: at most 100 signatures"},
+		{"an extension line with a tab", p.signed([]string{"ext\tone"}), false, "3: no control character"},
+		{"an extension line with DEL", p.signed([]string{"ext\x7f"}), false, "3: no control character in a checkpoint line"},
+		{"CR LF line ends", strings.ReplaceAll(p.signed(nil), "\n", "\r\n"), false, "3: no control character"},
+		{"a blank line between signatures", p.signed(nil, "", witness), false, "3: no blank line in the signature block"},
+		{"a blank line after the signatures", p.signed(nil, ""), false, "3: no blank line in the signature block"},
+		{"no newline after the signature", strings.TrimSuffix(p.signed(nil), "\n"), false, "3: every signature line ends in a newline"},
+		{"a witness name with +", p.signed(nil, strings.Replace(witness, "/w1", "+w1", 1)), false, "3: a name has no + or white space"},
+		{"a witness name with U+0085", p.signed(nil, strings.Replace(witness, "/w1", "\u0085w1", 1)), false, "3: a name has no + or white space"},
+		{"a witness name with U+3000", p.signed(nil, strings.Replace(witness, "/w1", "\u3000w1", 1)), false, "3: a name has no + or white space"},
+		{"a witness name with U+FEFF", p.signed(nil, strings.Replace(witness, "/w1", "\ufeffw1", 1)), true, "3: U+FEFF is not white space"},
+		{"a witness signature of 4 bytes", p.signed(nil, "\u2014 w AAAAAA=="), false, "3: a signature has at least 5 bytes"},
+		{"a witness signature without padding", p.signed(nil, strings.TrimRight(witness, "=")), false, "3: padded canonical base64"},
+		{"a witness signature with unused bits set", p.signed(nil, "\u2014 w AAAAAAB="), false, "3: padded canonical base64"},
+		{"a bad kernel signature before a good one", p.signedAfter(p.sigLine(true)), false, "3: the kernel's first signature must verify"},
+		{"a bad kernel signature after a good one", p.signed(nil, p.sigLine(true)), true, "3: a repeated signature is ignored"},
+	} {
+		add("note: "+c.name, p.receiptWith(c.note), c.ok, c.rule)
+	}
+	del := k.pair(auditBody(), t0)
+	del.origin += "\x7f"
+	add("note: an origin with DEL", del.receipt(), false, "3: no control character in a checkpoint line")
+
+	// A checkpoint over 2^53-1 entries: no JSON number above it is exact.
+	add("a tree of 2^20 entries", k.deep(20), true, "3: size")
+	add("a tree of 2^53 entries", k.deep(53), false, "3: size at most 2^53-1")
+
 	// The JWKS rule (docs/formats.md, "The kernel's JWKS"), each document
 	// with the golden receipt.
 	kernelKey := jwkOf(t, k.key)

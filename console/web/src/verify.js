@@ -388,30 +388,58 @@ export function verifyConsistency(size1, size2, root1, root2, proof) {
 
 // ---- checkpoints (C2SP tlog-checkpoint in a signed note) ----
 
-// parseCheckpoint splits a signed note into its checkpoint and signatures.
+// NOTE_SPACE is Go's unicode.IsSpace: the White_Space characters, which
+// a note's key name may not hold (JavaScript's \s differs: it takes
+// U+FEFF and not U+0085).
+const NOTE_SPACE = /[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]/;
+
+// checkLine refuses a checkpoint line (origin, extension) that is empty or
+// holds a control character.
+function checkLine(what, l) {
+  if (l === "") throw new Error(what + " is empty");
+  if (/[\x00-\x1f\x7f]/.test(l)) throw new Error(what + " " + JSON.stringify(l.slice(0, 40)) + " holds a control character");
+}
+
+// parseCheckpoint splits a signed note into its checkpoint and signatures,
+// by the rules of C2SP signed-note as golang.org/x/mod/sumdb/note applies
+// them: no control character but newlines; the text ends at the last blank
+// line; then one or more signature lines "— <name> <base64>", each ending
+// in a newline, at most 100, the name without white space or "+", the
+// base64 canonical and of at least 5 bytes. The checkpoint's lines are
+// the origin, size and root, then extension lines, none empty.
 export function parseCheckpoint(note) {
-  const sep = note.indexOf("\n\n");
+  if (typeof note !== "string") throw new Error("the checkpoint is not a string");
+  if (/[\x00-\x09\x0b-\x1f]/.test(note)) throw new Error("the note holds a control character");
+  const sep = note.lastIndexOf("\n\n");
   if (sep < 0) throw new Error("the note has no signature block");
   const text = note.slice(0, sep + 1);
+  const block = note.slice(sep + 2);
+  if (!block.endsWith("\n")) throw new Error("the signature block does not end with a newline");
   const lines = text.slice(0, -1).split("\n");
   if (lines.length < 3) throw new Error("the checkpoint has fewer than three lines");
   const [origin, sizeLine, rootLine] = lines;
-  if (!origin || /[\x00-\x1f]/.test(origin)) throw new Error("bad origin line");
+  checkLine("the origin", origin);
   if (!/^(0|[1-9][0-9]*)$/.test(sizeLine)) throw new Error("bad size line " + JSON.stringify(sizeLine));
   const size = Number(sizeLine);
   if (!Number.isSafeInteger(size)) throw new Error("size is too large");
   const root = b64decode(rootLine);
   if (root.length !== 32 || b64encode(root) !== rootLine) throw new Error("bad root line");
-  if (lines.slice(3).some((l) => l === "")) throw new Error("empty extension line");
+  lines.slice(3).forEach((l, i) => checkLine("extension line " + (i + 1), l));
+  const sigLines = block.slice(0, -1).split("\n");
+  if (sigLines.length > 100) throw new Error("the note has more than 100 signatures");
   const sigs = [];
-  for (const l of note.slice(sep + 2).split("\n")) {
-    if (l === "") continue;
-    const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(l);
-    if (!m) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
-    const raw = b64decode(m[2]);
-    if (b64encode(raw) !== m[2]) throw new Error("the signature by " + m[1] + " is not canonical base64");
+  for (const l of sigLines) {
+    if (!l.startsWith("\u2014 ")) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
+    const rest = l.slice(2);
+    const sp = rest.indexOf(" ");
+    const name = sp < 0 ? rest : rest.slice(0, sp);
+    const b64 = sp < 0 ? "" : rest.slice(sp + 1);
+    if (name === "" || NOTE_SPACE.test(name) || name.includes("+")) throw new Error("bad signer name " + JSON.stringify(name.slice(0, 40)));
+    if (!/^[A-Za-z0-9+/]+={0,2}$/.test(b64) || b64.length % 4 !== 0) throw new Error("the signature by " + name + " is not base64");
+    const raw = b64decode(b64);
+    if (b64encode(raw) !== b64) throw new Error("the signature by " + name + " is not canonical base64");
     if (raw.length < 5) throw new Error("short signature");
-    sigs.push({ name: m[1], keyID: raw.slice(0, 4), sig: raw.slice(4) });
+    sigs.push({ name, keyID: raw.slice(0, 4), sig: raw.slice(4) });
   }
   return { text, origin, size, root, sigs };
 }
