@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"fmt"
 	"slices"
 	"strconv"
@@ -586,17 +587,37 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 }
 
 // salvage reads what it can of an envelope that failed strict decoding, so
-// the refusal's audit record names the agent and tool when they are there.
+// the refusal's audit record names the agent, tool and token when they are
+// there: the string members tool_id, agent_id and capability_token_id of
+// the top-level object, read member by member up to the first thing that
+// does not decode (a body cut at the size limit keeps what came before
+// the cut; the first of a duplicated member counts).
 func salvage(data []byte) *Envelope {
-	var loose struct {
-		ToolID            string `json:"tool_id"`
-		AgentID           string `json:"agent_id"`
-		CapabilityTokenID string `json:"capability_token_id"`
-		OperationID       string `json:"operation_id"`
+	env := &Envelope{}
+	dec := jsontext.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.ReadToken(); err != nil || t.Kind() != '{' {
+		return env
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if dec.Decode(&loose) != nil {
-		return &Envelope{}
+	fields := map[string]*string{"tool_id": &env.ToolID, "agent_id": &env.AgentID, "capability_token_id": &env.CapabilityTokenID}
+	for dec.PeekKind() == '"' {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			break
+		}
+		name := tok.String() // a token is valid until the next read
+		dst := fields[name]
+		if dst == nil || dec.PeekKind() != '"' {
+			if dec.SkipValue() != nil {
+				break
+			}
+			continue
+		}
+		v, err := dec.ReadToken()
+		if err != nil {
+			break
+		}
+		*dst = v.String()
+		delete(fields, name)
 	}
-	return &Envelope{ToolID: loose.ToolID, AgentID: loose.AgentID, CapabilityTokenID: loose.CapabilityTokenID}
+	return env
 }
