@@ -44,12 +44,18 @@
 //   - Profile.ReadOnly paths, read-only;
 //   - each root at its own path, outer roots before the roots nested in
 //     them: r roots read-only, rw roots through the staging layer;
-//   - deny overlays, last: inside every bound root, each directory named
-//     .ssh, .aws or .gnupg is covered by an empty read-only tmpfs and each
-//     regular file named .env or .env.* by /dev/null (unopenable:
-//     nodev). This covers the host user's ~/.ssh, ~/.aws and ~/.gnupg
-//     whenever their home is, or is under, a root. The roots are walked
-//     for these names at every run, without following links.
+//   - deny overlays, last: inside every bound root, each directory whose
+//     name is a secret (Secret: .env, .env.*, .ssh, .aws, .gnupg, *.pem,
+//     id_rsa*, id_dsa*, id_ecdsa*, id_ed25519* — the policy's
+//     secret_component) is covered by an empty read-only tmpfs, hiding
+//     everything in it, and each regular file so named by /dev/null
+//     (unopenable: nodev), in r and rw roots alike, whatever the staging.
+//     This covers the host user's ~/.ssh, ~/.aws and ~/.gnupg whenever
+//     their home is, or is under, a root. The roots are walked for these
+//     names at every run, without following links; a symbolic link so
+//     named is left as it is (a bind over it would land on its target;
+//     what it points to inside a root is hidden there by its own name,
+//     and nothing outside the roots is there to reach).
 //
 // Nothing else of the host is visible: not /root, /home, /var, /run, the
 // kernel's own files, or any sibling of a root. The working directory is

@@ -12,13 +12,28 @@ import (
 	"time"
 )
 
-// Names hidden inside every bound root: directories (an empty read-only
-// tmpfs over them) and files (/dev/null, unopenable, over them).
-var (
-	denyDirs = []string{".ssh", ".aws", ".gnupg"}
-)
-
-func denyFile(name string) bool { return name == ".env" || strings.HasPrefix(name, ".env.") }
+// Secret reports whether a path component names a secret: ".env" or
+// ".env.*", ".ssh", ".aws", ".gnupg", a name ending in ".pem", or one
+// starting with "id_rsa", "id_dsa", "id_ecdsa" or "id_ed25519". It is the
+// Go twin of secret_component in policy/rego/capkernel.rego (the policy
+// refuses fs calls on any path with such a component) and must agree with
+// it; it depends on name alone. Inside every bound root the sandbox hides
+// each directory (and so everything in it) and each file so named.
+func Secret(name string) bool {
+	switch name {
+	case ".env", ".ssh", ".aws", ".gnupg":
+		return true
+	}
+	if strings.HasPrefix(name, ".env.") || strings.HasSuffix(name, ".pem") {
+		return true
+	}
+	for _, p := range []string{"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // systemDirs are bound read-only when they are directories and recreated
 // as the same symlinks when they are links (merged /usr).
@@ -234,7 +249,7 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 	return p, nil
 }
 
-// walkDenies finds .ssh, .aws, .gnupg directories and .env files in a root,
+// walkDenies finds the directories and files a root hides (Secret names),
 // without following symbolic links, and without entering nested roots.
 func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 	return filepath.WalkDir(r.real, func(path string, d fs.DirEntry, err error) error {
@@ -252,13 +267,18 @@ func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 			if r.skip[rel] {
 				return fs.SkipDir // a nested root, walked on its own
 			}
-			if slices.Contains(denyDirs, d.Name()) {
+			if Secret(d.Name()) {
 				deny(rel, true)
 				return fs.SkipDir
 			}
 			return nil
 		}
-		if d.Type().IsRegular() && denyFile(d.Name()) {
+		switch t := d.Type(); {
+		case t&fs.ModeSymlink != 0:
+			// Never followed, and never covered: a bind over a link
+			// would land on its target. Whatever it points to in a
+			// root is hidden there by its own name.
+		case t.IsRegular() && Secret(d.Name()):
 			deny(rel, false)
 		}
 		if r.Writable && r.size <= smallRoot {
