@@ -55,7 +55,13 @@
 //     names at every run, without following links; a symbolic link so
 //     named is left as it is (a bind over it would land on its target;
 //     what it points to inside a root is hidden there by its own name,
-//     and nothing outside the roots is there to reach).
+//     and nothing outside the roots is there to reach). Every socket,
+//     fifo and device node in a bound root is covered by /dev/null too,
+//     whatever its name: connect(2) to it is refused and open(2) fails,
+//     so no host service listening on a socket file in a root (a
+//     docker.sock, an agent's socket) is reachable under any posture.
+//     A directory holding one is thus protected like a secret's
+//     (ErrProtected).
 //
 // Nothing else of the host is visible: not /root, /home, /var, /run, the
 // kernel's own files, or any sibling of a root. The working directory is
@@ -66,7 +72,12 @@
 // HTTPS_PROXY, ALL_PROXY (and their lower-case forms) are set to the
 // relay and NO_PROXY is emptied.
 //
-// The network: NetOff unshares the network namespace (loopback only).
+// The network: NetOff unshares the network namespace (loopback only);
+// with the special files of the roots covered (above), a NetOff command
+// can reach no process outside the sandbox but through what the caller
+// hands it (stdin, Command.Channel) and the rw roots' staged files,
+// which only the caller reads (abstract unix sockets belong to the
+// network namespace, so the host's are out of reach too).
 // NetAllowlist does too, and binds Profile.ProxySocket (a netproxy unix
 // socket) at /run/capkernel/proxy.sock; the sandbox's init starts socat
 // listening on 127.0.0.1:Options.ProxyPort (3128) and relaying each

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/capkernel/capkernel/sandbox"
 )
 
@@ -373,6 +375,59 @@ func TestDeleteHiddenKept(t *testing.T) {
 					if c.Kind == sandbox.Deleted && (c.Rel == dir || sandbox.Secret(filepath.Base(c.Rel))) {
 						t.Errorf("delta deletes %s", c.Rel)
 					}
+				}
+			})
+		}
+	}
+}
+
+// A unix socket or fifo in a root reaches a host process whatever the
+// network posture: the sandbox covers every one, in r and rw roots.
+func TestSpecialFilesCovered(t *testing.T) {
+	requireSandbox(t)
+	needCommand(t, "socat")
+	for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+		for _, writable := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/rw=%v", mode, writable), func(t *testing.T) {
+				ws := t.TempDir()
+				mkTree(t, ws, map[string]string{"sub/ok.txt": "ok"})
+				// A host service listening on a socket file in the root.
+				ln, err := net.Listen("unix", filepath.Join(ws, "sub", "svc.sock"))
+				must(t, err)
+				defer ln.Close()
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						c.Write([]byte("HOST-SERVICE-REACHED\n"))
+						c.Close()
+					}
+				}()
+				must(t, unix.Mkfifo(filepath.Join(ws, "sub", "pipe"), 0o666))
+				go func() { // a host reader of the fifo
+					f, err := os.OpenFile(filepath.Join(ws, "sub", "pipe"), os.O_RDONLY, 0)
+					if err == nil {
+						f.Close()
+					}
+				}()
+				defer func() { // unblock the reader
+					if f, err := os.OpenFile(filepath.Join(ws, "sub", "pipe"), os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+						f.Close()
+					}
+				}()
+				s := newSandbox(t, sandbox.Options{Staging: mode})
+				res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: writable}}}, `
+socat -u UNIX-CONNECT:sub/svc.sock - 2>&1
+[ -p sub/pipe ] && (echo x > sub/pipe) 2>/dev/null && echo fifo-opened
+cat sub/ok.txt`)
+				out := string(res.Stdout)
+				if strings.Contains(out, "HOST-SERVICE-REACHED") || strings.Contains(out, "fifo-opened") {
+					t.Fatalf("a host service was reached through a special file: %s", out)
+				}
+				if !strings.Contains(out, "ok") {
+					t.Fatalf("the root's files are gone too: %s", out)
 				}
 			})
 		}

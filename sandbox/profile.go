@@ -249,8 +249,9 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 	return p, nil
 }
 
-// walkDenies finds the directories and files a root hides (Secret names),
-// without following symbolic links, and without entering nested roots.
+// walkDenies finds the directories and files a root hides (Secret names,
+// and every socket, fifo and device), without following symbolic links,
+// and without entering nested roots.
 func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 	return filepath.WalkDir(r.real, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -279,6 +280,11 @@ func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 			// would land on its target. Whatever it points to in a
 			// root is hidden there by its own name.
 		case t.IsRegular() && Secret(d.Name()):
+			deny(rel, false)
+		case !t.IsRegular():
+			// A socket (or fifo, or device) reaches a host service
+			// whatever the network posture: /dev/null over it refuses
+			// connect(2) and open(2).
 			deny(rel, false)
 		}
 		if r.Writable && r.size <= smallRoot {

@@ -292,8 +292,8 @@ var (
 	ErrSpecialFile   = errors.New("sandbox: special file in the delta")
 	ErrOverlay       = errors.New("sandbox: unsupported overlay upper entry")
 	// ErrProtected refuses a delta that deletes a directory holding a
-	// path the command could not see (a hidden secret, see Secret, or a
-	// nested root).
+	// path the command could not see (a hidden secret, see Secret, a
+	// covered socket, fifo or device, or a nested root).
 	ErrProtected = errors.New("sandbox: the delta deletes a path hidden from the command")
 )
 
