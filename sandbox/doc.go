@@ -258,6 +258,19 @@
 // CPU spent by processes still running when the command exits (killed
 // with the namespace) is not counted.
 //
+// The delta's caps (Limits.DeltaFiles, DeltaBytes) are checked when the
+// delta is made, after the command has exited; while it runs, a staging
+// watchdog bounds its writes: every 50 ms (longer when a sample's walk
+// takes more than 5 ms: ten times the walk) it sums the bytes of the
+// regular files in the rw roots' staging (per file the smaller of its
+// size and its allocated blocks) and, once they exceed DeltaBytes above
+// what the staging held at the start (the copies' bytes, nothing for an
+// overlay), kills the run: DeltaErr is ErrDeltaTooLarge, Delta nil, and
+// the staging is removed before Run returns. So the staging takes at most
+// DeltaBytes, plus what the command writes in one interval (each file at
+// most Limits.FileSize), plus the directories' own blocks, on the disk
+// holding Options.StagingDir.
+//
 // Output: the first Limits.Stdout and Limits.Stderr bytes (1 MiB each by
 // default) are kept, the rest is read and dropped, with the Truncated
 // flags set.

@@ -2,10 +2,12 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -318,4 +320,49 @@ func TestHelperKernel(t *testing.T) {
 	s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: os.Getenv("HELPER_WS"), Writable: true}}},
 		sandbox.Command{Argv: []string{"sh", "-c", "echo x > a; echo y > b; setsid sleep 1" + os.Getenv("HELPER_MARK") + " & sleep " + os.Getenv("HELPER_MARK")}})
 	t.Fatal("the helper's run returned")
+}
+
+// The staging cannot grow much past Limits.DeltaBytes while the command
+// runs: the staging watchdog kills the run, the delta fails
+// ErrDeltaTooLarge, and the staging is gone when Run returns.
+func TestStagingWatchdog(t *testing.T) {
+	requireSandbox(t)
+	for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ws, stage := t.TempDir(), t.TempDir()
+			mkTree(t, ws, map[string]string{"big.bin": strings.Repeat("x", 4<<20)}) // counted in the copy's start
+			s := newSandbox(t, sandbox.Options{Staging: mode, StagingDir: stage})
+			const limit = 8 << 20
+			res, err := s.Run(context.Background(), sandbox.Profile{
+				Roots:  []sandbox.Root{{Path: ws, Writable: true}},
+				Limits: sandbox.Limits{DeltaBytes: limit},
+			}, sandbox.Command{Argv: []string{"sh", "-c", `
+i=0
+while [ $i -lt 200 ]; do
+	i=$((i+1))
+	head -c 1048576 /dev/zero > f$i || exit 3
+	sleep 0.01
+done
+echo wrote-all`}, Timeout: 60 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Close()
+			if !errors.Is(res.DeltaErr, sandbox.ErrDeltaTooLarge) || res.Delta != nil {
+				t.Fatalf("DeltaErr %v, delta %v; stdout %s", res.DeltaErr, res.Delta, res.Stdout)
+			}
+			if strings.Contains(string(res.Stdout), "wrote-all") {
+				t.Fatalf("the command wrote 200 MiB into its staging with a %d-byte delta limit: %v", limit, res.DeltaErr)
+			}
+			if ents, _ := os.ReadDir(stage); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), "capsandbox-run-") }) {
+				t.Fatalf("staging left after the run: %v", ents)
+			}
+			// An ordinary run under the same limit is untouched.
+			res2 := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: sandbox.Limits{DeltaBytes: limit}},
+				"head -c 1048576 /dev/zero > small; sleep 0.2")
+			if res2.DeltaErr != nil || len(res2.Delta.Changes) != 1 {
+				t.Fatalf("small write: %v %+v", res2.DeltaErr, res2.Delta)
+			}
+		})
+	}
 }

@@ -49,6 +49,7 @@ type rootPlan struct {
 	work   string          // overlay work dir
 	merged string          // the directory bound at Path (overlay mount point or the copy)
 	size   int64           // rw: entries plus content bytes / 4 KiB seen by walkDenies, counted up to smallRoot+1
+	copied int64           // copy staging: content bytes copied (where the staging watchdog starts)
 }
 
 // smallRoot is the size (entries, plus a unit per 4 KiB of file content)

@@ -392,7 +392,7 @@ type Result struct {
 
 	Staging  StagingMode // the mode used for rw roots (StagingOverlay or StagingCopy)
 	Delta    *Delta      // the writes to rw roots; nil if the run was killed or DeltaErr is set
-	DeltaErr error       // why the delta could not be made (ErrDeltaTooLarge, ErrSymlink, …)
+	DeltaErr error       // why the delta could not be made (ErrDeltaTooLarge, ErrSymlink, …); ErrDeltaTooLarge also when the staging watchdog killed the run (its staging is then already removed)
 
 	stage *stageDir
 }
