@@ -154,7 +154,9 @@
 // child (stdin and stderr passed through), forwards SIGTERM, SIGINT and
 // SIGHUP to it, reaps orphans and exits with its status. Because bwrap
 // waits for that init, and the kernel for bwrap, Result's CPU time is the
-// whole tree's (bwrap's own init is killed unreaped, which would lose it).
+// whole tree's (bwrap's own init is killed unreaped, which would lose it);
+// the init kills and reaps whatever is left once the command has exited,
+// so background processes are counted too (see Limits).
 // The command, as a background job of a non-interactive shell, starts
 // with SIGINT and SIGQUIT ignored (POSIX). Between the kernel and the
 // command there are thus bwrap (one process, plus its sandbox child) and
@@ -255,8 +257,14 @@
 //
 // RLIMIT_CPU bounds each process, not the tree; the tree's CPU time is
 // reported (UserTime, SystemTime), and Command.Timeout bounds wall time.
-// CPU spent by processes still running when the command exits (killed
-// with the namespace) is not counted.
+// What is counted: bwrap's own, the init's, and every process of the
+// sandbox the init has reaped — the command, its descendants, and the
+// processes still running when the command exits, which the init kills
+// and reaps before it exits (initScript). Not counted: processes still
+// alive when the kernel ends the run by SIGKILL (a timeout or
+// cancellation past its grace, a limit, the staging watchdog), which die
+// with the namespace unreaped by the init; such a run fails anyway, and
+// its CPU is bounded by its wall time (Command.Timeout) times the CPUs.
 //
 // The delta's caps (Limits.DeltaFiles, DeltaBytes) are checked when the
 // delta is made, after the command has exited; while it runs, a staging

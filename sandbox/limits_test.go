@@ -366,3 +366,23 @@ echo wrote-all`}, Timeout: 60 * time.Second})
 		})
 	}
 }
+
+// Processes still running when the command exits are killed and reaped by
+// the sandbox's init, so their CPU time is in the Result (a background
+// busy loop is charged, not only the command).
+func TestCPUTimeOfBackground(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
+sh -c 'while :; do :; done' &
+p=$!
+# Wait until the loop has used 0.5 s of CPU (utime, in USER_HZ = 100 ticks).
+while [ "$(cut -d' ' -f14 /proc/$p/stat)" -lt 50 ]; do sleep 0.05; done
+exit 0`)
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	if res.CPUTime() < 500*time.Millisecond {
+		t.Fatalf("CPU time %v: the background loop's 0.5 s was not charged", res.CPUTime())
+	}
+}

@@ -428,7 +428,15 @@ func setEnv(env []string, kv ...string) []string {
 // probe connection reaches the proxy). Then it runs the command as its
 // child, with the original stdin and stderr, forwards SIGTERM, SIGINT and
 // SIGHUP to it, reaps orphans while it waits, and exits with the
-// command's status (128+n for signal n). Once ready it writes "started"
+// command's status (128+n for signal n) — but first it kills every other
+// process of the namespace (kill -KILL -1: the command's background
+// processes, the relay) and reaps them, so that their CPU time reaches
+// its own rusage, and so bwrap's and the kernel's: the namespace's
+// teardown would reap them unaccounted. While any process but itself is
+// left in the sandbox's /proc it kills again and waits for a 1 ms sleep
+// of its own (dash's wait reaps every child that has exited meanwhile),
+// at most 2000 times (then it exits, and the teardown kills the rest).
+// Once ready it writes "started"
 // to fd 3, which it closes before the command runs: the command can
 // neither fake nor hide a setup failure.
 //
@@ -479,5 +487,13 @@ while :; do
 	wait "$child"; rc=$?
 	if [ "$rc" -gt 128 ] && kill -0 "$child"; then continue; fi
 	break
+done
+kill -KILL -1 2>/dev/null
+i=0
+while set -- /proc/[0-9]*; [ "$#" -gt 1 ] && [ "$i" -lt 2000 ]; do
+	kill -KILL -1 2>/dev/null
+	sleep 0.001 2>/dev/null &
+	wait "$!"
+	i=$((i+1))
 done
 exit "$rc"`

@@ -383,7 +383,7 @@ type Result struct {
 	StdoutTruncated bool
 	StderrTruncated bool
 	Duration        time.Duration
-	UserTime        time.Duration // CPU time of the whole process tree
+	UserTime        time.Duration // CPU time of the whole process tree, background processes the init killed at the end included (doc.go, Limits)
 	SystemTime      time.Duration
 
 	TimedOut      bool   // Command.Timeout expired: SIGTERM, then SIGKILL after the grace
