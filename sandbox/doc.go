@@ -39,8 +39,13 @@
 //     /etc/ssh, /etc/ssl/private, /etc/sudoers are never there. The
 //     snapshot is rebuilt when the host's entries change;
 //   - a fresh /proc (the sandbox's pid namespace only), a minimal /dev
-//     (null, zero, full, random, urandom, tty, pts, shm), and an empty
-//     private tmpfs /tmp;
+//     (null, zero, full, random, urandom, tty, pts), read-only but for
+//     those and /dev/shm, an empty tmpfs of DevShmSize (64 MiB), and an
+//     empty private tmpfs /tmp of Limits.Tmp (DefaultTmp, 512 MiB);
+//     the sandbox's own root directory, which holds the mount points, is
+//     made read-only once everything is mounted. So every file system the
+//     command can write is bounded: /tmp and /dev/shm by their sizes
+//     (ENOSPC), rw roots by the staging watchdog (see Limits);
 //   - Profile.ReadOnly paths, read-only;
 //   - each root at its own path, outer roots before the roots nested in
 //     them: r roots read-only, rw roots through the staging layer;
@@ -216,9 +221,23 @@
 // command starts, see above): CPUTime as RLIMIT_CPU (soft = the limit
 // rounded up to whole seconds: SIGXCPU; hard one second later: SIGKILL),
 // FileSize as RLIMIT_FSIZE (SIGXFSZ), OpenFiles as RLIMIT_NOFILE, Memory
-// as RLIMIT_AS, Processes as RLIMIT_NPROC. Go's os/exec cannot set a
+// as RLIMIT_AS (DefaultMemory, 16 GiB, unless set), Processes as
+// RLIMIT_NPROC. Go's os/exec cannot set a
 // child's rlimits and bwrap has no option for them; setting them on the
 // init from outside saves a prlimit(1) process per run.
+//
+// Memory is bounded per process, as address space: an allocation past
+// it fails (ENOMEM: malloc returns NULL, mmap fails), which the command
+// sees and reports as it does (a MemoryError, an exit status); the run is
+// not killed for it and LimitExceeded does not say so. Address space, not
+// memory used, because the only tree-wide bound, a memory cgroup, would
+// have to hold the command from its first fork, and a process moved into
+// a cgroup waits for an RCU grace period (the pids cgroup's forker thread
+// cannot be reused: a memory cgroup's OOM killer would pick the kernel,
+// whose thread it holds). The default is generous because runtimes
+// reserve far more address space than they use (node 20 does not start
+// under 8 GiB). The RAM a command can hold is thus at most Processes
+// times Memory, plus /tmp and /dev/shm.
 //
 // RLIMIT_NPROC counts, thanks to the user namespaces, only the sandbox's
 // processes — but the kernel does not enforce it at all for processes of

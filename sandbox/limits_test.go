@@ -386,3 +386,35 @@ exit 0`)
 		t.Fatalf("CPU time %v: the background loop's 0.5 s was not charged", res.CPUTime())
 	}
 }
+
+// Memory: every process has RLIMIT_AS (DefaultMemory unless set), and no
+// RAM-backed file system the command can write is unbounded: /tmp is
+// Limits.Tmp, /dev/shm DevShmSize, / and /dev are read-only.
+func TestMemoryBounds(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	s := newSandbox(t, sandbox.Options{})
+	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
+awk '/^Max address space/ {print "as", $(NF-2), $(NF-1)}' /proc/self/limits
+head -c 600000000 /dev/zero > /tmp/big 2>/dev/null && echo tmp-unbounded
+rm -f /tmp/big
+head -c 100000000 /dev/zero > /dev/shm/big 2>/dev/null && echo shm-unbounded
+rm -f /dev/shm/big
+echo x > /dev/x 2>/dev/null && echo dev-writable
+echo x > /x 2>/dev/null && echo root-writable
+echo x > /run/x 2>/dev/null && echo run-writable
+echo ok > /tmp/small && echo ok > /dev/shm/small && cat /tmp/small /dev/shm/small
+echo y > /dev/null && echo null-ok`)
+	want := fmt.Sprintf("as %d %d\nok\nok\nnull-ok\n", sandbox.DefaultMemory, sandbox.DefaultMemory)
+	if string(res.Stdout) != want {
+		t.Fatalf("inside:\n%s\nwant:\n%s", res.Stdout, want)
+	}
+	// A smaller /tmp and address space, as set, and an allocation past
+	// the address space fails in the command.
+	res = run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Tmp: 1 << 20, Memory: 512 << 20}}, `
+head -c 2000000 /dev/zero > /tmp/big 2>/dev/null || echo tmp-full
+python3 -c 'b = bytearray(1 << 30)' 2>/dev/null || echo alloc-refused`)
+	if string(res.Stdout) != "tmp-full\nalloc-refused\n" {
+		t.Fatalf("inside: %s %s", res.Stdout, res.Stderr)
+	}
+}

@@ -336,7 +336,16 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []
 	if !etcMounted {
 		a = append(a, etc.binds...)
 	}
-	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
+	// No tmpfs the command can write is unbounded: /dev is read-only but
+	// for its binds (the devices, /dev/pts) and /dev/shm, sized; /tmp is
+	// sized; the root (which holds the mount points) is made read-only
+	// last.
+	a = append(a, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+		"--size", strconv.Itoa(DevShmSize), "--tmpfs", "/dev/shm")
+	if p.limits.Tmp > 0 {
+		a = append(a, "--size", strconv.FormatInt(p.limits.Tmp, 10))
+	}
+	a = append(a, "--tmpfs", "/tmp")
 	for _, ro := range p.readOnly {
 		a = append(a, "--ro-bind", ro[0], ro[1])
 	}
@@ -361,7 +370,7 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []
 		env = setEnv(env, "HTTP_PROXY", url, "HTTPS_PROXY", url, "http_proxy", url, "https_proxy", url,
 			"ALL_PROXY", url, "all_proxy", url, "NO_PROXY", "", "no_proxy", "")
 	}
-	a = append(a, "--chdir", p.dir, "--clearenv")
+	a = append(a, "--remount-ro", "/", "--chdir", p.dir, "--clearenv")
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)

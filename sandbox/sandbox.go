@@ -52,7 +52,8 @@ type Limits struct {
 	FileSize  int64         // RLIMIT_FSIZE in bytes (SIGXFSZ / EFBIG beyond it); default none
 	Processes int           // RLIMIT_NPROC and the supervisor's process watchdog; default 256
 	OpenFiles int           // RLIMIT_NOFILE; default none
-	Memory    int64         // RLIMIT_AS in bytes, per process; default none
+	Memory    int64         // RLIMIT_AS in bytes, per process (ENOMEM beyond it); default DefaultMemory
+	Tmp       int64         // size in bytes of the tmpfs at /tmp (ENOSPC beyond it); default DefaultTmp
 
 	Stdout int64 // bytes of stdout kept; default 1 MiB
 	Stderr int64 // bytes of stderr kept; default 1 MiB
@@ -67,7 +68,17 @@ const (
 	DefaultOutput     = 1 << 20
 	DefaultDeltaFiles = 10000
 	DefaultDeltaBytes = 1 << 30
+	// DefaultMemory is generous on purpose: it is address space, not
+	// memory used, and runtimes reserve far more than they use (node 20
+	// does not start with 8 GiB; the JVM reserves its heap, a quarter of
+	// the host's RAM, up front).
+	DefaultMemory = 16 << 30
+	DefaultTmp    = 512 << 20
 )
+
+// DevShmSize is the size of the tmpfs at /dev/shm (POSIX shared memory,
+// semaphores), the only writable place under /dev: 64 MiB, as Docker's.
+const DevShmSize = 64 << 20
 
 // Profile is what a run may see and use.
 type Profile struct {
@@ -506,6 +517,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.DeltaBytes == 0 {
 		l.DeltaBytes = DefaultDeltaBytes
+	}
+	if l.Memory == 0 {
+		l.Memory = DefaultMemory
+	}
+	if l.Tmp == 0 {
+		l.Tmp = DefaultTmp
 	}
 	return l
 }
