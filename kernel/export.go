@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -112,6 +113,11 @@ func exportWithPayloads(tx *bbolt.Tx, w io.Writer) error {
 // (tampering otherwise, at that seq). It reports the records with
 // commitments, the parts opened, those not kept, the records erased and
 // the records whose payload the export does not carry.
+//
+// Lines are read whole whatever their length, as ledger.VerifyExport
+// reads them: memory grows with the longest line (a payload line holds a
+// call's args and result, which the kernel's envelope and result limits
+// bound), not with the export.
 func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (LedgerCheck, error) {
 	var mu sync.Mutex
 	payloads := map[uint64]*Payload{}
@@ -168,29 +174,45 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 }
 
 // publicLines reads r without its payload lines: the public export, which
-// ledger.VerifyExport checks. Each payload line goes to payload, unless
-// nil; its error ends the reading with that error.
+// ledger.VerifyExport checks, byte for byte. Each payload line goes to
+// payload, unless nil; its error ends the reading with that error. Lines
+// are read whole whatever their length, as ledger.VerifyExport reads them.
 func publicLines(r io.Reader, payload func(line []byte) error) *io.PipeReader {
 	pr, pw := io.Pipe()
 	go func() {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			if bytes.HasPrefix(line, payloadLinePrefix) {
-				if payload != nil {
-					if err := payload(line); err != nil {
-						pw.CloseWithError(err)
-						return
-					}
+		br := bufio.NewReaderSize(r, 256<<10)
+		var long []byte // a line longer than br's buffer
+		for {
+			data, err := br.ReadSlice('\n')
+			if errors.Is(err, bufio.ErrBufferFull) {
+				long = append(long[:0], data...)
+				for errors.Is(err, bufio.ErrBufferFull) {
+					data, err = br.ReadSlice('\n')
+					long = append(long, data...)
 				}
-				continue
+				data = long
 			}
-			if _, err := pw.Write(append(line, '\n')); err != nil {
+			if err != nil && !errors.Is(err, io.EOF) {
+				pw.CloseWithError(err)
+				return
+			}
+			switch {
+			case len(data) == 0: // the end, after a newline
+			case !bytes.HasPrefix(data, payloadLinePrefix):
+				if _, werr := pw.Write(data); werr != nil {
+					return
+				}
+			case payload != nil:
+				if perr := payload(bytes.TrimSuffix(data, []byte("\n"))); perr != nil {
+					pw.CloseWithError(perr)
+					return
+				}
+			}
+			if err != nil { // io.EOF
+				pw.Close()
 				return
 			}
 		}
-		pw.CloseWithError(sc.Err())
 	}()
 	return pr
 }
