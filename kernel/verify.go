@@ -29,7 +29,7 @@ import (
 // verified. The export's payload lines are skipped (VerifyExport checks
 // them).
 func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.Report, error) {
-	pr := publicLines(r, nil)
+	pr := publicLines(r, &payloadLines{})
 	defer pr.Close()
 	return verifyLedgerExport(pr, origin, pub, progress)
 }
@@ -188,7 +188,7 @@ func (rc *receiptChecker) finish(err error) error {
 // not intact, with BadSeq the first of them.
 type LedgerCheck struct {
 	Intact      bool    `json:"intact"`
-	Entries     uint64  `json:"entries"`               // entries verified (all of them, when intact); not intact, those before BadSeq
+	Entries     uint64  `json:"entries"`               // entries verified: all of them when intact, else those before the finding
 	Checkpoints uint64  `json:"checkpoints,omitempty"` // checkpoints verified, when intact
 	Root        string  `json:"root,omitempty"`        // Merkle root of all entries, when intact
 	BadSeq      *uint64 `json:"bad_seq,omitempty"`     // the first bad entry, when one is
