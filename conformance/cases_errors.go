@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,8 +52,14 @@ func execArgv(t *T, ctx context.Context, argv []string, timeout int, edit func(m
 	if timeout > 0 {
 		args["timeout_s"] = timeout
 	}
+	return execAs(t, ctx, t.Full("a"), args, edit)
+}
+
+// execAs calls proc.exec with args under tok, allowing the approval the
+// endpoint's policy may hold it for; edit changes the envelope.
+func execAs(t *T, ctx context.Context, tok *Token, args map[string]any, edit func(map[string]any)) (*Resp, error) {
 	op := newUUID()
-	body := t.env.envelope(t.Full("a"), "proc.exec", args, func(m map[string]any) {
+	body := t.env.envelope(tok, "proc.exec", args, func(m map[string]any) {
 		m["operation_id"] = op
 		if edit != nil {
 			edit(m)
@@ -76,6 +85,57 @@ func execArgv(t *T, ctx context.Context, argv []string, timeout int, edit func(m
 		t.Skipf("proc.exec is gated by the endpoint's policy (%s) and no approval was given: the case runs once EXECUTE calls may run unattended (policy confirmation settings) or approvals can be granted", c)
 	}
 	return &Resp{Status: status, Body: b, R: &r}, nil
+}
+
+// testOutcomeUnknown runs a command with network that reaches a listener
+// of the suite's on loopback and then fails: its effect there happened,
+// so the call must end outcome_unknown (502), rolled back and audited,
+// and a repeat with its key must return that outcome without running it
+// again. An endpoint whose commands cannot reach the suite (a remote one,
+// or one without proc.exec, curl in its sandbox, or the allowlist
+// posture) skips the case.
+func testOutcomeUnknown(t *T) {
+	t.NeedTool("proc.exec", "an external effect the suite can observe needs a command with network")
+	t.NeedWorkspace()
+	var hits atomic.Int32
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Failf("listening on loopback: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		io.WriteString(w, "charged")
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	url := "http://" + ln.Addr().String() + "/charge"
+	tok := t.Mint("net", TokenRequest{Tools: []string{"*"}, FS: []FSRoot{{Path: t.env.ws, Mode: "rw"}}, Net: []string{"127.0.0.1"}})
+	args := map[string]any{"argv": []string{"sh", "-c", "curl -s --max-time 10 -o /dev/null " + url + "; exit 3"},
+		"network": "allowlist", "commit_on": "success", "timeout_s": 30}
+	k := t.Key("k")
+	r, err := execAs(t, t.ctx, tok, args, func(m map[string]any) { m["idempotency_key"] = k })
+	if err != nil {
+		t.Failf("%v", err)
+	}
+	if hits.Load() == 0 {
+		t.Skipf("the command never reached the suite's listener on %s (%d %q): outcome_unknown needs a peer the kernel's commands reach, which a remote endpoint, or one without curl in its sandbox or the allowlist posture, does not give", url, r.Status, r.Class())
+	}
+	t.ExpectClass(r, "outcome_unknown")
+	if r.R.TxOutcome != "rolled_back" || r.R.CommitDeltaID != "" {
+		t.Failf("tx_outcome %q, commit_delta_id %q: nothing of the failed command may be applied", r.R.TxOutcome, r.R.CommitDeltaID)
+	}
+	t.Audit(r)
+	again, err := execAs(t, t.ctx, tok, args, func(m map[string]any) { m["idempotency_key"] = k })
+	if err != nil {
+		t.Failf("%v", err)
+	}
+	t.ExpectClass(again, "outcome_unknown")
+	if again.R.Replayed == nil || !*again.R.Replayed || again.R.OperationID != r.R.OperationID {
+		t.Failf("the repeat with the same key is not the replayed outcome of %s: replayed %v, operation %s", r.R.OperationID, again.R.Replayed, again.R.OperationID)
+	}
+	if n := hits.Load(); n != 1 {
+		t.Failf("the listener was called %d times: the repeat ran the command again", n)
+	}
 }
 
 func errorCases() []Case {
@@ -180,7 +240,7 @@ func errorCases() []Case {
 			t.ExpectClass(r, "idempotency_in_flight")
 		}),
 		mk("DESIGN-ERR-018", gErrors, cErrors, "outcome_unknown (HTTP 502) is reported only for an external effect that may have happened without a commit", func(t *T) {
-			t.Skipf("outcome_unknown needs a kernel crash, a lost response, or a sent request refused afterwards: a network peer the kernel reaches and the suite controls, which a remote endpoint does not have (the kernel's own tests cover it: TestSentRequestSettlesItsKey, TestExternalUnusableEndSettles, the crash tests)")
+			testOutcomeUnknown(t)
 		}),
 		mk("DESIGN-ERR-019", gErrors, cErrors, "timeout is reported as HTTP 504 when a call outlives its time limit", func(t *T) {
 			r, err := slowExec(t, t.ctx, 30, 1, key(t, "k"))

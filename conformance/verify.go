@@ -341,8 +341,10 @@ func (t *T) VerifyReceipt(r *Resp) *Receipt {
 	if rc.RiskScore == nil || res.RiskScore == nil || *rc.RiskScore != *res.RiskScore {
 		diffs = append(diffs, "risk_score differs from the result's")
 	}
-	// An envelope that could not be decoded has no args to hash.
-	argsOK := hashRE.MatchString(rc.ArgsHash) || (rc.ArgsHash == "" && res.ToolID == "")
+	// An envelope that could not be decoded (refused as invalid_args) has
+	// no args to hash, though the record may name what of its tool and
+	// agent came before the fault.
+	argsOK := hashRE.MatchString(rc.ArgsHash) || (rc.ArgsHash == "" && res.errClass() == "invalid_args")
 	if !argsOK || !hashRE.MatchString(rc.PolicyHash) {
 		diffs = append(diffs, "args_hash or policy_hash missing or malformed")
 	}

@@ -29,7 +29,12 @@ func TestCallOnTheWire(t *testing.T) {
 	}
 	unknown.ToolID = "no.such.tool"
 	unknownEnv, _ := json.Marshal(unknown)
-	oversize := append([]byte(`{"tool_id":"echo","args":{"text":"`), bytes.Repeat([]byte("x"), int(f.k.MaxEnvelopeBytes()))...)
+	// An envelope over the limit, as encoding/json writes one: what comes
+	// before its args (tool, claimed agent and token id) reaches the audit
+	// record.
+	big := unknown
+	big.ToolID, big.Args = "echo", json.RawMessage(`{"text":"`+strings.Repeat("x", int(f.k.MaxEnvelopeBytes()))+`"}`)
+	oversize, _ := json.Marshal(big)
 	tests := []struct {
 		name   string
 		body   []byte
@@ -96,6 +101,11 @@ func TestCallOnTheWire(t *testing.T) {
 		}
 		if class := errClassOf(&r); class != tt.class || r.LedgerSeq == 0 {
 			t.Errorf("%s: class %q, ledger_seq %d; want class %q, audited", tt.name, class, r.LedgerSeq, tt.class)
+		}
+		// Its agent is a claim its token did not back: the result names
+		// none (the record keeps it as claimed_agent_id).
+		if tt.name == "over the limit" && (r.ToolID != "echo" || r.AgentID != "") {
+			t.Errorf("%s: the refusal names tool %q and agent %q, want echo and none", tt.name, r.ToolID, r.AgentID)
 		}
 		if resp.Close && tt.status != http.StatusRequestEntityTooLarge {
 			t.Fatalf("%s: the server closes the connection", tt.name)

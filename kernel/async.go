@@ -70,19 +70,24 @@ type operations struct {
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
 	c.caller = ctx // the call runs on its own context; the caller's values still identify it
-	if c.env.OperationID != "" && class == "" {
-		// A named id is reserved only for a call whose token verifies:
-		// anyone can send an envelope naming any id. Another call runs
-		// under a new one (and is refused there).
-		if _, cl, _ := k.verifyToken(c.env); cl != "" {
-			c.disown()
+	// The call is its agent's only if its token verifies: anyone can
+	// send an envelope naming any agent and any id. A named id is
+	// reserved only for such a call; another runs under a new one (and
+	// is refused there), belonging to no agent.
+	agent := ""
+	if class == "" {
+		if _, cl, _ := k.verifyToken(c.env); cl == "" {
+			agent = c.env.AgentID
 		}
+	}
+	if agent == "" {
+		c.disown()
 	}
 	if c.env.OperationID == "" {
 		c.env.OperationID, c.minted = newID(), true
 	}
 	id = c.env.OperationID
-	op := &operation{agent: c.env.AgentID, done: make(chan struct{})}
+	op := &operation{agent: agent, done: make(chan struct{})}
 	// An id a finished call has (stored, or still in memory) is refused
 	// here too, not only by the pipeline: registered, the refused call
 	// would stand in memory for the call that owns the id.
@@ -102,7 +107,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	var done func()
 	if !inUse && !used && k.ops.running < MaxBackground {
 		var ok bool
-		done, ok = k.inflight.add(id, &inflight{agent: c.env.AgentID, session: sessionOf(c.env.Provenance), cancel: cancel})
+		done, ok = k.inflight.add(id, &inflight{agent: agent, session: sessionOf(c.env.Provenance), cancel: cancel})
 		inUse = !ok
 	}
 	if done != nil && !c.minted {

@@ -16,7 +16,6 @@ import (
 // wire format.
 type Envelope struct {
 	ToolID            string             `json:"tool_id"`
-	Args              json.RawMessage    `json:"args"`
 	AgentID           string             `json:"agent_id"`
 	CapabilityToken   string             `json:"capability_token"`
 	CapabilityTokenID string             `json:"capability_token_id"`
@@ -30,6 +29,10 @@ type Envelope struct {
 	RiskBasis         []string           `json:"risk_basis,omitempty"`
 	IdempotencyKey    string             `json:"idempotency_key,omitempty"`
 	PreconditionRefs  []txn.Precondition `json:"precondition_refs,omitempty"`
+	// Args comes last, so that an envelope cut at a size limit (which
+	// its args make large) still names its tool, agent and token for the
+	// refusal's audit record (salvage).
+	Args json.RawMessage `json:"args"`
 }
 
 // Result is a result envelope (docs/http.md).
