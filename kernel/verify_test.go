@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
@@ -273,5 +274,14 @@ func TestVerifyUnsignedEntries(t *testing.T) {
 		if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != n || c.Reason != "ledger: "+want || c.Latest == nil || c.Latest.Size != n {
 			t.Fatalf("appended, %s: %+v %v, want entry %d bad with %q", name, c, err, n, want)
 		}
+	}
+	// Nor does the kernel open on it: its next group commit would sign
+	// the appended entries.
+	in.Close()
+	if k, err := Open(context.Background(), Config{DataDir: h.data}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("entries %d..%d were not appended by this kernel", n, n+1)) {
+		if k != nil {
+			k.Close()
+		}
+		t.Fatalf("Open on entries beyond the latest checkpoint: %v", err)
 	}
 }
