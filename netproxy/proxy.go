@@ -25,6 +25,18 @@
 // is closed too, and later requests are refused with 403. BudgetExceeded
 // reports it, so the caller can fail the call with budget_exceeded.
 //
+// Options.MaxConns bounds the client connections open at once (default
+// 64). The proxy accepts a connection only when one of those slots is
+// free; until then later connections wait unaccepted in the socket's listen
+// queue, where they cost the proxy's process no file descriptor (a client
+// whose connect finds that queue full waits in connect, or gets EAGAIN if
+// it does not block). A proxy thus holds at most 1 + 2 × MaxConns
+// descriptors (the listener; per connection the client's and the
+// origin's), whatever the sandboxed command does. An Accept error that can
+// pass (EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED, EINTR, EAGAIN, a
+// timeout) is retried after a pause doubling from 5 ms to 1 s; it never
+// ends Serve.
+//
 // Host names are resolved by the proxy (Options.Dial), never by the
 // sandboxed client, so the predicate sees the name the client asked for.
 // An SSRF guard on the dialed address (refusing loopback, private or
@@ -44,6 +56,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -66,6 +79,10 @@ type Options struct {
 
 	// HeaderTimeout bounds reading the client's request head (default 10 s).
 	HeaderTimeout time.Duration
+
+	// MaxConns is the number of client connections handled at once
+	// (default 64); more wait, unaccepted, until one ends.
+	MaxConns int
 
 	// MaxRecords bounds the records kept (default 10,000); requests beyond
 	// it are still checked and counted, and Dropped says how many records
@@ -118,6 +135,12 @@ type Proxy struct {
 	conns     map[*conn]struct{}
 	closed    bool
 	wg        sync.WaitGroup
+
+	// slots holds a token per client connection being handled (at most
+	// MaxConns); done is closed by Close, releasing a serve loop waiting
+	// for a slot or pausing after an Accept error.
+	slots chan struct{}
+	done  chan struct{}
 }
 
 // New returns a Proxy; serve it with Serve.
@@ -128,6 +151,9 @@ func New(opts Options) *Proxy {
 	if opts.HeaderTimeout <= 0 {
 		opts.HeaderTimeout = 10 * time.Second
 	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 64
+	}
 	if opts.MaxRecords <= 0 {
 		opts.MaxRecords = 10000
 	}
@@ -135,7 +161,8 @@ func New(opts Options) *Proxy {
 		d := &net.Dialer{Timeout: opts.DialTimeout}
 		opts.Dial = d.DialContext
 	}
-	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
+	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
+		slots: make(chan struct{}, opts.MaxConns), done: make(chan struct{})}
 }
 
 // Listen creates a unix socket at path (mode 0600; path must not exist),
@@ -166,8 +193,10 @@ func Listen(path string, opts Options) (*Proxy, error) {
 // SocketPath is the unix socket made by Listen ("" for a Proxy from New).
 func (p *Proxy) SocketPath() string { return p.path }
 
-// Serve accepts connections on l until l or the Proxy is closed. It returns
-// nil after Close.
+// Serve accepts connections on l until l or the Proxy is closed, at most
+// Options.MaxConns at a time (over all listeners). It returns nil after
+// Close, and an error only for an Accept error that cannot pass (see the
+// package comment).
 func (p *Proxy) Serve(l net.Listener) error {
 	if err := p.track(l); err != nil {
 		return err
@@ -193,27 +222,44 @@ func (p *Proxy) serve(l net.Listener) error {
 		p.mu.Unlock()
 		l.Close()
 	}()
+	var pause time.Duration
 	for {
+		// Take a slot before accepting: a connection beyond MaxConns stays
+		// in the listen queue, costing no descriptor here.
+		select {
+		case p.slots <- struct{}{}:
+		case <-p.done:
+			return nil
+		}
 		c, err := l.Accept()
 		if err != nil {
+			<-p.slots
 			p.mu.Lock()
 			closed := p.closed
 			p.mu.Unlock()
 			if closed || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
-				continue
+			if !temporary(err) {
+				return fmt.Errorf("netproxy: accept: %w", err)
 			}
-			return fmt.Errorf("netproxy: accept: %w", err)
+			// Out of descriptors (or memory) for now: the connection
+			// waits in the queue while handlers end and free some.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(pause):
+			case <-p.done:
+				return nil
+			}
+			continue
 		}
+		pause = 0
 		cc := &conn{client: c, rec: -1}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			c.Close()
+			<-p.slots
 			return nil
 		}
 		p.conns[cc] = struct{}{}
@@ -221,17 +267,35 @@ func (p *Proxy) serve(l net.Listener) error {
 		p.mu.Unlock()
 		go func() {
 			defer p.wg.Done()
+			defer func() { <-p.slots }()
 			defer p.forget(cc)
 			p.handle(cc)
 		}()
 	}
 }
 
+// temporary reports whether an Accept error may pass: the process or the
+// system is out of descriptors, buffers or memory for now, or the
+// connection went away before it was accepted.
+func temporary(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+		syscall.ECONNABORTED, syscall.EINTR, syscall.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // Close stops the listeners, cuts every open connection and waits for the
 // handlers to finish. Records stay readable.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
-	p.closed = true
+	if !p.closed {
+		p.closed = true
+		close(p.done)
+	}
 	for l := range p.listeners {
 		l.Close()
 	}
