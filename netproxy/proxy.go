@@ -18,6 +18,14 @@
 // allowed or denied, leaves a Record (host, port, method, allowed, bytes up
 // and down, reason) for the call's audit record.
 //
+// The records stay bounded without losing one that matters: every allowed
+// request's record is kept, and a proxy allows at most Options.MaxAllowed
+// requests (default 10,000; later ones are refused with ReasonLimit).
+// Refused requests (denied, malformed, over a limit) are kept in full up
+// to Options.MaxRefusedRecords (default 100); later ones are only counted,
+// by reason, in Dropped. So a command cannot push the record of its real
+// connection out with a flood of refused ones.
+//
 // Options.ByteBudget bounds the bytes relayed through the proxy as a whole
 // (up + down, payload only: tunnelled bytes, the forwarded request and the
 // origin's response). The byte that would exceed the budget is never
@@ -84,10 +92,15 @@ type Options struct {
 	// (default 64); more wait, unaccepted, until one ends.
 	MaxConns int
 
-	// MaxRecords bounds the records kept (default 10,000); requests beyond
-	// it are still checked and counted, and Dropped says how many records
-	// were not kept.
-	MaxRecords int
+	// MaxAllowed is the number of requests the proxy allows (default
+	// 10,000), each with its record; later requests are refused with
+	// ReasonLimit.
+	MaxAllowed int
+
+	// MaxRefusedRecords is the number of refused requests whose records
+	// are kept (default 100); later refused requests are counted in
+	// Dropped instead.
+	MaxRefusedRecords int
 }
 
 // Record is one proxied request.
@@ -111,6 +124,7 @@ const (
 	ReasonBadRequest     = "malformed proxy request"
 	ReasonUnsupported    = "unsupported proxy request"
 	ReasonProxyClosed    = "proxy closed"
+	ReasonLimit          = "connection limit reached" // Options.MaxAllowed
 	reasonDialPrefix     = "dial: "
 	reasonUpstreamPrefix = "upstream: "
 )
@@ -130,7 +144,9 @@ type Proxy struct {
 
 	mu        sync.Mutex
 	records   []Record
-	dropped   int
+	allowed   int // allowed requests so far
+	refused   int // records of refused requests kept
+	drops     Drops
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	closed    bool
@@ -154,8 +170,11 @@ func New(opts Options) *Proxy {
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 64
 	}
-	if opts.MaxRecords <= 0 {
-		opts.MaxRecords = 10000
+	if opts.MaxAllowed <= 0 {
+		opts.MaxAllowed = 10000
+	}
+	if opts.MaxRefusedRecords <= 0 {
+		opts.MaxRefusedRecords = 100
 	}
 	if opts.Dial == nil {
 		d := &net.Dialer{Timeout: opts.DialTimeout}
@@ -307,10 +326,11 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// Records returns a copy of the records so far, in arrival order. The byte
-// counts of connections still open are their counts so far, and their
-// reason is the one already known: a connection cut (for the budget, say)
-// shows why at once, not only once its handler has finished.
+// Records returns a copy of the records kept so far (every allowed
+// request's, the first MaxRefusedRecords refused ones'), in arrival order.
+// The byte counts of connections still open are their counts so far, and
+// their reason is the one already known: a connection cut (for the budget,
+// say) shows why at once, not only once its handler has finished.
 func (p *Proxy) Records() []Record {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -328,12 +348,29 @@ func (p *Proxy) Records() []Record {
 	return out
 }
 
-// Dropped is the number of requests whose records were not kept because of
-// MaxRecords.
-func (p *Proxy) Dropped() int {
+// Drops counts the refused requests whose records were not kept
+// (Options.MaxRefusedRecords).
+type Drops struct {
+	Total int `json:"total"`
+	// ByReason splits Total by the constant part of the reason the record
+	// would have had (ReasonDenied, ReasonBadRequest, … without the detail
+	// after ": "); nil when Total is 0.
+	ByReason map[string]int `json:"by_reason,omitempty"`
+}
+
+// Dropped counts the refused requests whose records were not kept. Every
+// allowed request's record is kept.
+func (p *Proxy) Dropped() Drops {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dropped
+	d := Drops{Total: p.drops.Total}
+	if d.Total > 0 {
+		d.ByReason = make(map[string]int, len(p.drops.ByReason))
+		for k, n := range p.drops.ByReason {
+			d.ByReason[k] = n
+		}
+	}
+	return d
 }
 
 // Reached reports whether the proxy has connected a client to an origin
@@ -399,13 +436,44 @@ func (p *Proxy) forget(c *conn) {
 	p.mu.Unlock()
 }
 
-// record appends r as the record of c.
+// record keeps r, a refused request's record, as the record of c, or
+// counts it in the drops beyond MaxRefusedRecords.
 func (p *Proxy) record(c *conn, r Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.records) >= p.opts.MaxRecords {
-		p.dropped++
-		return
+	p.keep(c, r)
+}
+
+// admit allows r's request, keeping its record, unless MaxAllowed
+// requests were allowed already: then r is kept refused with ReasonLimit
+// and admit returns false.
+func (p *Proxy) admit(c *conn, r Record) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.allowed >= p.opts.MaxAllowed {
+		r.Reason = ReasonLimit
+		p.keep(c, r)
+		return false
+	}
+	p.allowed++
+	r.Allowed = true
+	p.keep(c, r)
+	return true
+}
+
+// keep appends r as the record of c; p.mu is held.
+func (p *Proxy) keep(c *conn, r Record) {
+	if !r.Allowed {
+		if p.refused >= p.opts.MaxRefusedRecords {
+			why, _, _ := strings.Cut(r.Reason, ": ")
+			if p.drops.ByReason == nil {
+				p.drops.ByReason = map[string]int{}
+			}
+			p.drops.Total++
+			p.drops.ByReason[why]++
+			return
+		}
+		p.refused++
 	}
 	p.records = append(p.records, r)
 	c.rec = len(p.records) - 1
@@ -507,8 +575,10 @@ func (p *Proxy) handle(c *conn) {
 		reply(c.client, http.StatusForbidden, ReasonBudgetRefused)
 		return
 	}
-	rec.Allowed = true
-	p.record(c, rec)
+	if !p.admit(c, rec) {
+		reply(c.client, http.StatusForbidden, ReasonLimit)
+		return
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DialTimeout)
 	u, err := p.opts.Dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
