@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +27,8 @@ var (
 	// ErrOperationInUse: a call in flight, or one finished, already has
 	// the operation id.
 	ErrOperationInUse = errors.New("operation_id is in use by another call")
-	// ErrTooManyBackground: MaxBackground background calls are running.
+	// ErrTooManyBackground: MaxBackground background calls are running,
+	// or MaxBackgroundPerAgent of one agent's.
 	ErrTooManyBackground = errors.New("too many background calls running")
 )
 
@@ -36,6 +38,11 @@ const (
 	// MaxBackground bounds the background calls running at once, so that
 	// async requests cannot pile up goroutines and waits without end.
 	MaxBackground = 1024
+	// MaxBackgroundPerAgent bounds those of one agent with its sub-agents
+	// (agent/…, which speak for it; calls whose token did not verify count
+	// together), so that no agent takes every slot (a call waiting for an
+	// approval holds one until it is decided or times out).
+	MaxBackgroundPerAgent = MaxBackground / 4
 )
 
 // Operation states.
@@ -57,6 +64,15 @@ type operations struct {
 	byID    map[string]*operation
 	order   []string // finished ids, oldest first, for pruning
 	running int
+	byAgent map[string]int // running calls per agent family (agentFamily)
+}
+
+// agentFamily is the agent whose background slots a call of agent uses:
+// the first component of its name (a sub-agent's parent's, whose token it
+// was attenuated from).
+func agentFamily(agent string) string {
+	family, _, _ := strings.Cut(agent, "/")
+	return family
 }
 
 // Start runs the call envelope data in the background, as InvokeJSON
@@ -105,7 +121,8 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	k.ops.mu.Lock()
 	_, inUse := k.ops.byID[id]
 	var done func()
-	if !inUse && !used && k.ops.running < MaxBackground {
+	family := agentFamily(agent)
+	if !inUse && !used && k.ops.running < MaxBackground && k.ops.byAgent[family] < MaxBackgroundPerAgent {
 		var ok bool
 		done, ok = k.inflight.add(id, &inflight{agent: agent, session: sessionOf(c.env.Provenance), cancel: cancel})
 		inUse = !ok
@@ -134,11 +151,12 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	if done == nil {
 		k.ops.mu.Unlock()
 		cancel(nil)
-		err = fmt.Errorf("%w (%d); retry later or call synchronously", ErrTooManyBackground, MaxBackground)
+		err = fmt.Errorf("%w (%d, at most %d of one agent with its sub-agents); retry later or call synchronously", ErrTooManyBackground, MaxBackground, MaxBackgroundPerAgent)
 		return "", k.publishResult(c, k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
 	}
 	k.ops.byID[id] = op
 	k.ops.running++
+	k.ops.byAgent[family]++
 	k.ops.mu.Unlock()
 	// A named id is the call's from here on, its token verified above:
 	// a refusal later in the pipeline (the token expired since, say) is
@@ -158,6 +176,9 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		}
 		k.ops.mu.Lock()
 		k.ops.running--
+		if k.ops.byAgent[family]--; k.ops.byAgent[family] == 0 {
+			delete(k.ops.byAgent, family)
+		}
 		op.result, op.finished = r, time.Now()
 		k.ops.order = append(k.ops.order, id)
 		k.ops.prune()

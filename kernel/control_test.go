@@ -501,3 +501,47 @@ func TestUnverifiedRefusalNamesNoAgent(t *testing.T) {
 		t.Fatalf("the agent's events: %v, want only its own fs.read's denial", events)
 	}
 }
+
+// TestBackgroundSlotsPerAgent: one agent (with its sub-agents) runs at
+// most MaxBackgroundPerAgent background calls, so calls waiting for
+// approvals cannot take every slot from the other agents.
+func TestBackgroundSlotsPerAgent(t *testing.T) {
+	h := newHarness(t)
+	start := func(e *Envelope) error {
+		raw, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = h.k.Start(context.Background(), raw)
+		return err
+	}
+	gated := func(i int, mods ...func(*Envelope)) *Envelope {
+		return h.env("fs.write", map[string]any{"path": "Makefile", "content": fmt.Sprint(i)}, append(mods, key(fmt.Sprint("w", i)))...)
+	}
+	for i := range MaxBackgroundPerAgent {
+		if err := start(gated(i)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	sub := h.attenuate(AttenuateRequest{Parent: h.token, AgentID: h.agent + "/helper"})
+	if err := start(gated(-1, as(sub))); !errors.Is(err, ErrTooManyBackground) {
+		t.Fatalf("a sub-agent's call past its parent's slots: %v", err)
+	}
+	other, otherJTI := h.mint("agent-b", captoken.Capability{Tools: []string{"echo"}})
+	if err := start(&Envelope{ToolID: "echo", AgentID: "agent-b", CapabilityToken: other, CapabilityTokenID: otherJTI,
+		PolicyHash: h.k.PolicyHash(), Args: json.RawMessage(`{"text":"x"}`)}); err != nil {
+		t.Fatalf("another agent's call: %v", err)
+	}
+	// Every call of agent-a waits for its approval: deny them all.
+	var pending []ApprovalRequest
+	for deadline := time.Now().Add(30 * time.Second); len(pending) < MaxBackgroundPerAgent; time.Sleep(10 * time.Millisecond) {
+		if pending = h.k.Approvals(false); time.Now().After(deadline) {
+			t.Fatalf("%d approvals pending, want %d", len(pending), MaxBackgroundPerAgent)
+		}
+	}
+	for _, a := range pending {
+		if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleApprover), "deny", "done"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
