@@ -134,7 +134,7 @@ func TestRlimits(t *testing.T) {
 	ws := t.TempDir()
 	s := newSandbox(t, sandbox.Options{})
 	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{
-		CPUTime: 1500 * time.Millisecond, FileSize: 12345, Processes: 77, OpenFiles: 99, Memory: 1 << 30,
+		CPUTime: 1500 * time.Millisecond, FileSize: 12345, Processes: 77, OpenFiles: 99, AddressSpace: 1 << 30,
 	}}, `sh -c 'cat /proc/self/limits' | awk '/^Max (cpu time|file size|processes|open files|address space)/ {print $(NF-2), $(NF-1), $NF}'`)
 	want := "2 3 seconds\n12345 12345 bytes\n77 77 processes\n99 99 files\n1073741824 1073741824 bytes\n"
 	if string(res.Stdout) != want {
@@ -387,7 +387,7 @@ exit 0`)
 	}
 }
 
-// Memory: every process has RLIMIT_AS (DefaultMemory unless set), and no
+// Memory: every process has RLIMIT_AS (DefaultAddressSpace unless set), and no
 // RAM-backed file system the command can write is unbounded: /tmp is
 // Limits.Tmp, /dev/shm DevShmSize, / and /dev are read-only.
 func TestMemoryBounds(t *testing.T) {
@@ -405,16 +405,46 @@ echo x > /x 2>/dev/null && echo root-writable
 echo x > /run/x 2>/dev/null && echo run-writable
 echo ok > /tmp/small && echo ok > /dev/shm/small && cat /tmp/small /dev/shm/small
 echo y > /dev/null && echo null-ok`)
-	want := fmt.Sprintf("as %d %d\nok\nok\nnull-ok\n", sandbox.DefaultMemory, sandbox.DefaultMemory)
+	want := fmt.Sprintf("as %d %d\nok\nok\nnull-ok\n", sandbox.DefaultAddressSpace, sandbox.DefaultAddressSpace)
 	if string(res.Stdout) != want {
 		t.Fatalf("inside:\n%s\nwant:\n%s", res.Stdout, want)
 	}
 	// A smaller /tmp and address space, as set, and an allocation past
 	// the address space fails in the command.
-	res = run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Tmp: 1 << 20, Memory: 512 << 20}}, `
+	res = run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Tmp: 1 << 20, AddressSpace: 512 << 20}}, `
 head -c 2000000 /dev/zero > /tmp/big 2>/dev/null || echo tmp-full
 python3 -c 'b = bytearray(1 << 30)' 2>/dev/null || echo alloc-refused`)
 	if string(res.Stdout) != "tmp-full\nalloc-refused\n" {
 		t.Fatalf("inside: %s %s", res.Stdout, res.Stderr)
+	}
+}
+
+// The whole tree's memory is bounded by the run's memory cgroup: a
+// command holding more than Limits.Memory is killed and the run ends with
+// LimitExceeded "memory", on a fresh chain (the init joins the cgroup) and
+// on the spare chain (moved in ahead), and one under it runs as usual.
+func TestMemoryLimit(t *testing.T) {
+	requireSandbox(t)
+	if err := sandbox.MemoryCgroup(); err != nil {
+		t.Skipf("no memory cgroup on this host (runs have RLIMIT_AS only): %v", err)
+	}
+	ws := t.TempDir()
+	s := newSandbox(t, sandbox.Options{})
+	p := sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Memory: 64 << 20}}
+	for i := range 3 { // the first on a fresh chain, the others on spares
+		// 256 MiB written in the command's memory, over two processes.
+		res := run(t, s, p, `python3 -c "s = b'x' * (128 << 20); import time; time.sleep(5)" & python3 -c "s = b'y' * (128 << 20); import time; time.sleep(5)"; wait; echo survived`)
+		if res.LimitExceeded != "memory" || strings.Contains(string(res.Stdout), "survived") && res.LimitExceeded == "" {
+			t.Fatalf("run %d: LimitExceeded %q, exit %d, stdout %q", i, res.LimitExceeded, res.ExitCode, res.Stdout)
+		}
+		res = run(t, s, p, `python3 -c "s = b'x' * (16 << 20); print(len(s))"`)
+		if res.LimitExceeded != "" || strings.TrimSpace(string(res.Stdout)) != "16777216" {
+			t.Fatalf("run %d under the limit: LimitExceeded %q, exit %d, stdout %q %s", i, res.LimitExceeded, res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	// A /tmp file counts too: 100 MB in /tmp is over 64 MiB.
+	res := run(t, s, p, `head -c 100000000 /dev/zero > /tmp/big; sleep 1; echo survived`)
+	if res.LimitExceeded != "memory" {
+		t.Fatalf("/tmp: LimitExceeded %q, exit %d, stdout %q", res.LimitExceeded, res.ExitCode, res.Stdout)
 	}
 }

@@ -85,13 +85,16 @@ func (c *pidsCgroup) refused() bool {
 	return false
 }
 
-// remove deletes the cgroup once its processes are gone: rmdir is refused
-// while any is left, a zombie included, and the last of a killed sandbox
-// can take a moment to be reaped. It waits up to a second, then goes on
-// trying in the background for up to ten more.
-func (c *pidsCgroup) remove() {
+// remove deletes the cgroup once its processes are gone (removeCgroupDir).
+func (c *pidsCgroup) remove() { removeCgroupDir(c.dir) }
+
+// removeCgroupDir deletes a run's cgroup once its processes are gone:
+// rmdir is refused while any is left, a zombie included, and the last of
+// a killed sandbox can take a moment to be reaped. It waits up to a
+// second, then goes on trying in the background for up to ten more.
+func removeCgroupDir(dir string) {
 	for i := 0; i < 100; i++ {
-		if err := os.Remove(c.dir); err == nil || os.IsNotExist(err) {
+		if err := os.Remove(dir); err == nil || os.IsNotExist(err) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -99,7 +102,7 @@ func (c *pidsCgroup) remove() {
 	go func() {
 		for i := 0; i < 100; i++ {
 			time.Sleep(100 * time.Millisecond)
-			if err := os.Remove(c.dir); err == nil || os.IsNotExist(err) {
+			if err := os.Remove(dir); err == nil || os.IsNotExist(err) {
 				return
 			}
 		}

@@ -30,6 +30,23 @@ type killer struct {
 	backstop *time.Timer
 	stopped  bool
 	cgroup   *pidsCgroup // the run's pids cgroup, when the host offers one (pidscg.go)
+	mem      *memCgroup  // the run's memory cgroup, when the host offers one (memcg.go)
+}
+
+// setMem records the run's memory cgroup for removeCgroup.
+func (k *killer) setMem(c *memCgroup) {
+	k.mu.Lock()
+	k.mem = c
+	k.mu.Unlock()
+}
+
+// memOOM reports whether the OOM killer killed a process of the run's
+// memory cgroup (its limit was reached); false without one.
+func (k *killer) memOOM() bool {
+	k.mu.Lock()
+	c := k.mem
+	k.mu.Unlock()
+	return c != nil && c.oomKilled()
 }
 
 // setCgroup records the run's pids cgroup for removeCgroup.
@@ -48,16 +65,19 @@ func (k *killer) forkRefused() bool {
 	return c != nil && c.refused()
 }
 
-// removeCgroup deletes the run's pids cgroup, if it has one, once the
+// removeCgroup deletes the run's pids and memory cgroups, if it has them, once the
 // run's processes (and a forker's thread, which ends just after the run)
 // are gone, off the run's path.
 func (k *killer) removeCgroup() {
 	k.mu.Lock()
-	c := k.cgroup
-	k.cgroup = nil
+	c, m := k.cgroup, k.mem
+	k.cgroup, k.mem = nil, nil
 	k.mu.Unlock()
 	if c != nil {
 		go c.remove()
+	}
+	if m != nil {
+		go m.remove()
 	}
 }
 

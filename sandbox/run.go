@@ -196,6 +196,22 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 		k.removeCgroup()
 		return nil, err
 	}
+	// The memory cgroup: the spare chain's own, moved in ahead (its
+	// processes are born there); otherwise the init joins one while bwrap
+	// sets the sandbox up (below).
+	if ch.memDone != nil {
+		<-ch.memDone
+		if m := ch.mem; m != nil {
+			ch.mem = nil // the run's now: the killer removes it
+			k.setMem(m)
+			if pl.limits.Memory > 0 {
+				if err := m.setLimit(pl.limits.Memory); err != nil {
+					return abort(fmt.Errorf("sandbox: setting the memory limit: %w", err))
+				}
+			}
+		}
+	}
+	joinMem := pl.limits.Memory > 0 && k.mem == nil && MemoryCgroup() == nil
 	if overlay {
 		if err := mountOverlays(t, ch, st, pl.writable()); err != nil {
 			return abort(err)
@@ -209,17 +225,24 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 	// sandbox up, since moving a process into a cgroup waits for an RCU
 	// grace period. The init forks nothing before it has been released.
 	joined := make(chan struct{})
+	var memErr error // joining the memory cgroup failed: the run fails closed
 	go func() {
 		defer close(joined)
 		pid := readInfo(infoR)
-		if pid == 0 || !k.setInit(pid) || pl.limits.Processes <= 0 || f != nil {
+		if pid == 0 || !k.setInit(pid) {
 			return
 		}
-		// The init and Processes of the command's: the watchdog reports
-		// "processes" above that, and the host refuses any fork beyond
-		// it even when the watchdog is starved.
-		if c, err := joinPidsCgroup(pid, pl.limits.Processes+1); err == nil {
-			k.setCgroup(c)
+		if pl.limits.Processes > 0 && f == nil {
+			// The init and Processes of the command's: the watchdog
+			// reports "processes" above that, and the host refuses any
+			// fork beyond it even when the watchdog is starved.
+			if c, err := joinPidsCgroup(pid, pl.limits.Processes+1); err == nil {
+				k.setCgroup(c)
+			}
+		}
+		if joinMem {
+			// Right after the pids move, whose grace period it shares.
+			memErr = joinMemCgroup(k, pid, pl.limits.Memory)
 		}
 	}()
 	// The init says "ready", waits until the kernel has applied the limits
@@ -237,7 +260,11 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 		}
 		ready = true
 		<-joined
-		if releaseErr = s.release(k, pl.limits); releaseErr != nil {
+		releaseErr = memErr
+		if releaseErr == nil {
+			releaseErr = s.release(k, pl.limits)
+		}
+		if releaseErr != nil {
 			relW.Close() // the init exits 125 without running anything
 			started <- false
 			return
@@ -309,6 +336,9 @@ loop:
 		res.LimitExceeded = "processes"
 	}
 	<-joined
+	if res.LimitExceeded == "" && k.memOOM() {
+		res.LimitExceeded = "memory"
+	}
 	k.removeCgroup()
 	res.Duration = time.Since(start)
 
@@ -405,8 +435,8 @@ func (s *Sandbox) release(k *killer, l Limits) error {
 	if l.OpenFiles > 0 {
 		rs = append(rs, rlimit{"RLIMIT_NOFILE", unix.RLIMIT_NOFILE, uint64(l.OpenFiles), uint64(l.OpenFiles)})
 	}
-	if l.Memory > 0 {
-		rs = append(rs, rlimit{"RLIMIT_AS", unix.RLIMIT_AS, uint64(l.Memory), uint64(l.Memory)})
+	if l.AddressSpace > 0 {
+		rs = append(rs, rlimit{"RLIMIT_AS", unix.RLIMIT_AS, uint64(l.AddressSpace), uint64(l.AddressSpace)})
 	}
 	for _, r := range rs {
 		if err := unix.Prlimit(init, r.res, &unix.Rlimit{Cur: r.cur, Max: r.max}, nil); err != nil {
@@ -477,4 +507,23 @@ func readInfo(r io.Reader) int {
 // reports false when it cannot, and f is then of no use to the run.
 func limitForker(f *forker, processes int) bool {
 	return f.cg.setMax(processes+forkerThreads+2) == nil
+}
+
+// joinMemCgroup moves the sandbox's init (pid) into a new memory cgroup
+// limited to limit bytes, before it starts anything of the command's.
+func joinMemCgroup(k *killer, pid int, limit int64) error {
+	m, err := newMemCgroup()
+	if err != nil {
+		return fmt.Errorf("memory cgroup: %w", err)
+	}
+	if err := m.setLimit(limit); err != nil {
+		m.remove()
+		return fmt.Errorf("memory cgroup: setting the limit: %w", err)
+	}
+	if err := m.join(pid); err != nil {
+		m.remove()
+		return fmt.Errorf("memory cgroup: moving the sandbox's init (pid %d): %w", pid, err)
+	}
+	k.setMem(m)
+	return nil
 }

@@ -52,8 +52,14 @@ type Limits struct {
 	FileSize  int64         // RLIMIT_FSIZE in bytes (SIGXFSZ / EFBIG beyond it); default none
 	Processes int           // RLIMIT_NPROC and the supervisor's process watchdog; default 256
 	OpenFiles int           // RLIMIT_NOFILE; default none
-	Memory    int64         // RLIMIT_AS in bytes, per process (ENOMEM beyond it); default DefaultMemory
-	Tmp       int64         // size in bytes of the tmpfs at /tmp (ENOSPC beyond it); default DefaultTmp
+	// Memory bounds the bytes the whole process tree holds (its memory
+	// cgroup's limit: anonymous memory, /tmp and /dev/shm pages, page
+	// cache), where the host offers a memory cgroup (MemoryCgroup): past
+	// it the host's OOM killer kills a process of the run and
+	// LimitExceeded is "memory"; default DefaultMemory.
+	Memory       int64
+	AddressSpace int64 // RLIMIT_AS in bytes, per process (ENOMEM beyond it); default DefaultAddressSpace
+	Tmp          int64 // size in bytes of the tmpfs at /tmp (ENOSPC beyond it); default DefaultTmp
 
 	Stdout int64 // bytes of stdout kept; default 1 MiB
 	Stderr int64 // bytes of stderr kept; default 1 MiB
@@ -68,12 +74,13 @@ const (
 	DefaultOutput     = 1 << 20
 	DefaultDeltaFiles = 10000
 	DefaultDeltaBytes = 1 << 30
-	// DefaultMemory is generous on purpose: it is address space, not
-	// memory used, and runtimes reserve far more than they use (node 20
-	// does not start with 8 GiB; the JVM reserves its heap, a quarter of
-	// the host's RAM, up front).
-	DefaultMemory = 16 << 30
-	DefaultTmp    = 512 << 20
+	DefaultMemory     = 4 << 30
+	// DefaultAddressSpace is generous on purpose: it is address space,
+	// not memory used, and runtimes reserve far more than they use (node
+	// 20 does not start with 8 GiB; the JVM reserves its heap, a quarter
+	// of the host's RAM, up front).
+	DefaultAddressSpace = 16 << 30
+	DefaultTmp          = 512 << 20
 )
 
 // DevShmSize is the size of the tmpfs at /dev/shm (POSIX shared memory,
@@ -399,7 +406,7 @@ type Result struct {
 
 	TimedOut      bool   // Command.Timeout expired: SIGTERM, then SIGKILL after the grace
 	Cancelled     bool   // the context was cancelled: likewise
-	LimitExceeded string // "processes" when the watchdog killed the run or the run's pids cgroup refused a fork
+	LimitExceeded string // "processes" when the watchdog killed the run or the run's pids cgroup refused a fork; "memory" when the OOM killer killed a process of the run's memory cgroup
 
 	Staging  StagingMode // the mode used for rw roots (StagingOverlay or StagingCopy)
 	Delta    *Delta      // the writes to rw roots; nil if the run was killed or DeltaErr is set
@@ -520,6 +527,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.Memory == 0 {
 		l.Memory = DefaultMemory
+	}
+	if l.AddressSpace == 0 {
+		l.AddressSpace = DefaultAddressSpace
 	}
 	if l.Tmp == 0 {
 		l.Tmp = DefaultTmp

@@ -1,0 +1,163 @@
+package sandbox
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// memCgroup is a memory cgroup made for one run: every process of the
+// command's is in it, and its limit (Limits.Memory) bounds what the whole
+// tree holds — anonymous memory, the pages of its /tmp and /dev/shm, the
+// page cache it dirties — where RLIMIT_AS bounds each process's address
+// space only. Past the limit the host reclaims what it can, then its OOM
+// killer kills a process of the cgroup, and the run ends with
+// LimitExceeded "memory".
+//
+// The kernel's own threads never join it: the OOM killer picks the
+// process with the largest footprint in the cgroup, which would be the
+// kernel. So it is not the forker's cgroup (forker.go): a spare chain's
+// bwrap is moved into a memory cgroup of its own while it waits for its
+// run (off the run's path: a move waits for an RCU grace period), and
+// the run's processes are born there; a chain started for its run has
+// its sandbox's init moved in while bwrap sets the sandbox up.
+type memCgroup struct {
+	dir string
+	v1  bool
+}
+
+// memParent is this process's memory cgroup (or why there is none),
+// found once; memParentV1 is whether it is in a cgroup v1 hierarchy.
+var (
+	memParentOnce sync.Once
+	memParent     string
+	memParentV1   bool
+	memParentErr  error
+)
+
+// MemoryCgroup reports whether runs get a memory cgroup (Limits.Memory)
+// on this host: nil where the kernel's process sits in a writable memory
+// cgroup (cgroup v1's memory hierarchy, or cgroup v2 with the memory
+// controller enabled for its children), else why not; runs are then
+// bounded by RLIMIT_AS (Limits.AddressSpace) alone.
+func MemoryCgroup() error {
+	memParentOnce.Do(func() {
+		if memParent, memParentV1, memParentErr = ownMemCgroup(); memParentErr == nil {
+			if err := checkWritable(memParent); err != nil {
+				memParentErr = err
+				return
+			}
+			sweepStale(memParent)
+		}
+	})
+	return memParentErr
+}
+
+// checkWritable reports whether a child cgroup can be made under dir.
+func checkWritable(dir string) error {
+	c := filepath.Join(dir, fmt.Sprintf("capkernel-sandbox-%d-probe", os.Getpid()))
+	if err := os.Mkdir(c, 0o755); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("memory cgroup %s not writable: %w", dir, err)
+	}
+	return os.Remove(c)
+}
+
+// ownMemCgroup is the directory of this process's memory cgroup.
+func ownMemCgroup() (dir string, v1 bool, err error) {
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return "", false, err
+	}
+	defer f.Close()
+	var unified string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		parts := strings.SplitN(s.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, ctl := range strings.Split(parts[1], ",") {
+			if ctl == "memory" {
+				return filepath.Join("/sys/fs/cgroup/memory", parts[2]), true, nil
+			}
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			unified = parts[2]
+		}
+	}
+	if unified != "" {
+		d := filepath.Join("/sys/fs/cgroup", unified)
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " memory ") {
+			return d, false, nil
+		}
+	}
+	return "", false, errors.New("no writable memory cgroup for this process")
+}
+
+// newMemCgroup makes an empty run cgroup under the kernel's memory cgroup.
+func newMemCgroup() (*memCgroup, error) {
+	if err := MemoryCgroup(); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(memParent, fmt.Sprintf("capkernel-sandbox-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return &memCgroup{dir: dir, v1: memParentV1}, nil
+}
+
+// join moves process pid (and so its future children) into the cgroup.
+func (c *memCgroup) join(pid int) error {
+	return os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+}
+
+// setLimit sets the cgroup's limit to n bytes, swap included.
+func (c *memCgroup) setLimit(n int64) error {
+	v := []byte(strconv.FormatInt(n, 10))
+	if c.v1 {
+		if err := os.WriteFile(filepath.Join(c.dir, "memory.limit_in_bytes"), v, 0); err != nil {
+			return err
+		}
+		// Memory plus swap: present only with swap accounting.
+		if err := os.WriteFile(filepath.Join(c.dir, "memory.memsw.limit_in_bytes"), v, 0); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "memory.max"), v, 0); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "memory.swap.max"), []byte("0"), 0); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// oomKilled reports whether the OOM killer has killed a process of the
+// cgroup: the oom_kill count of memory.oom_control (v1) or memory.events
+// (v2) is above zero.
+func (c *memCgroup) oomKilled() bool {
+	name := "memory.events"
+	if c.v1 {
+		name = "memory.oom_control"
+	}
+	b, err := os.ReadFile(filepath.Join(c.dir, name))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if n, ok := strings.CutPrefix(l, "oom_kill "); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
+			return err == nil && v > 0
+		}
+	}
+	return false
+}
+
+// remove deletes the cgroup once its processes are gone (pidsCgroup.remove).
+func (c *memCgroup) remove() { removeCgroupDir(c.dir) }
