@@ -74,10 +74,25 @@ func TestSpliceRequestID(t *testing.T) {
 		{"params not an object", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":["echo"]}`, false},
 		{"other method", `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"x":"tools/call"}}`, false},
 		{"invalid UTF-8", "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"\xff\"}}", false},
+		{"escaped method", `{"jsonrpc":"2.0","id":1,"method":"tools\/call","params":{"name":"echo"}}`, true},
+		{"escaped member names", `{"jsonrpc":"2.0","i\u0064":1,"m\u0065thod":"tools\u002fcall","p\u0061rams":{"name":"echo"}}`, true},
+		{"method in other case", `{"jsonrpc":"2.0","id":1,"Method":"tools/call","params":{"name":"echo"}}`, false},
+	}
+	// splice is tagBody's splicing way alone.
+	splice := func(body []byte) ([]byte, bool) {
+		m, ok := readMessage(body)
+		if !ok || !isString(m.method, "tools/call") {
+			return nil, false
+		}
+		id, ok := requestID(json.RawMessage(m.id))
+		if !ok {
+			return nil, false
+		}
+		return spliceRequestID(body, m, id)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out, ok := spliceRequestID([]byte(c.body))
+			out, ok := splice([]byte(c.body))
 			if ok != c.ok {
 				t.Fatalf("ok = %v, want %v (%s)", ok, c.ok, out)
 			}
@@ -88,7 +103,9 @@ func TestSpliceRequestID(t *testing.T) {
 			if err := json.Unmarshal(out, &got); err != nil {
 				t.Fatalf("spliced %s: %v", out, err)
 			}
-			json.Unmarshal(tagFull([]byte(c.body)), &want)
+			m, _ := readMessage([]byte(c.body))
+			id, _ := requestID(json.RawMessage(m.id))
+			json.Unmarshal(tagFull([]byte(c.body), id), &want)
 			if g, w := mustJSON(got), mustJSON(want); string(g) != string(w) {
 				t.Fatalf("spliced %s\nfull way %s", g, w)
 			}

@@ -165,7 +165,8 @@ func acceptsJSONAndSSE(values []string) bool {
 
 // leanRequest reads body as a plain tools/call: one JSON object with
 // exactly the members jsonrpc ("2.0"), id (a string, or an integer of at
-// most 2^53 in magnitude written as one), method ("tools/call") and
+// most 2^53 in magnitude written as one), method ("tools/call", in any
+// spelling: isString) and
 // params, which has a name (a string) and may have arguments (an object),
 // nothing else (no _meta: no progress token, idempotency key or trace
 // context), no duplicate member name or invalid UTF-8 anywhere, nothing
@@ -212,7 +213,7 @@ func leanRequest(body []byte) (c leanCall, ok bool) {
 	if _, err := dec.ReadToken(); err != io.EOF {
 		return c, false
 	}
-	if string(version) != `"2.0"` || string(method) != `"tools/call"` || name == nil {
+	if string(version) != `"2.0"` || !isString(method, "tools/call") || name == nil {
 		return c, false
 	}
 	switch rawID.Kind() {

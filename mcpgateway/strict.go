@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"errors"
 	"fmt"
 	"io"
@@ -72,31 +73,36 @@ func prepare(msg []byte) (out, reject []byte) {
 // of duplicate members), becomes refusedCall; any other message is
 // rejected with -32600, answered to its id when it has one.
 func refuse(msg []byte, fault error) (out, reject []byte) {
-	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params json.RawMessage `json:"params"`
-	}
-	if json.Unmarshal(msg, &m) != nil {
+	// As the SDK reads it: exact names, the last of duplicates, the
+	// method decoded.
+	m, ok := readMessage(msg, sdkReading...)
+	if !ok {
 		return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
 	}
-	id, isRequest := requestID(m.ID)
-	if m.Method != "tools/call" || !isRequest {
-		if !isRequest || m.Method == "" {
+	id, isRequest := requestID(json.RawMessage(m.id))
+	if !isString(m.method, "tools/call") || !isRequest {
+		if !isRequest || m.method == nil {
 			// A response of the client's is not answered with its id,
 			// which names a request of the gateway's.
 			id = nil
 		}
 		return nil, errorResponse(id, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
 	}
-	var p struct {
-		Name json.RawMessage `json:"name"`
-	}
-	json.Unmarshal(m.Params, &p)
 	var name string
-	json.Unmarshal(p.Name, &name)
+	if m.params.Kind() == '{' {
+		readObject(m.params, func(n string, v jsontext.Value, _ int) {
+			if n == "name" {
+				name = ""
+				json.Unmarshal(v, &name)
+			}
+		}, sdkReading...)
+	}
 	return refusedCall(id, name, fault.Error(), msg), nil
 }
+
+// sdkReading reads JSON as the SDK does a message that breaks the
+// strictjson rules: the last of duplicate members, invalid UTF-8 replaced.
+var sdkReading = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
 
 // refusedCall is a tools/call request with the given id for tool name
 // whose _meta says the client's message (raw, kept byte for byte in
