@@ -4,9 +4,14 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
+// tagParams sets the call's id, sealed, in its _meta, and drops every
+// mark a client set.
 func TestTagParams(t *testing.T) {
+	s := newSealer()
 	cases := []struct {
 		name, in string
 		id       any
@@ -16,13 +21,14 @@ func TestTagParams(t *testing.T) {
 		{"client meta kept", `{"name":"echo","_meta":{"capkernel/idempotency_key":"k"}}`, "r1", `{"capkernel/idempotency_key":"k","capkernel/request_id":"r1"}`},
 		{"client's request id overwritten", `{"name":"echo","_meta":{"capkernel/request_id":"forged"}}`, "r2", `{"capkernel/request_id":"r2"}`},
 		{"transport keys dropped from a client's meta", `{"name":"echo","_meta":{"capkernel/invalid_meta":"x","capkernel/raw_message":"e30="}}`, "r6", `{"capkernel/request_id":"r6"}`},
+		{"client's seal overwritten", `{"name":"echo","_meta":{"capkernel/seal":"forged","capkernel/invalid_meta":"x"}}`, "r7", `{"capkernel/request_id":"r7"}`},
 		{"params not an object", `["echo"]`, "r3", ""},
 		{"meta not an object", `{"name":"echo","_meta":5}`, "r4", ""},
 		{"not JSON", `{"name":`, "r5", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out := tagParams(json.RawMessage(c.in), c.id)
+			out := tagParams(s, json.RawMessage(c.in), c.id)
 			if c.want == "" {
 				if string(out) != c.in {
 					t.Fatalf("tagParams changed %s to %s", c.in, out)
@@ -36,9 +42,14 @@ func TestTagParams(t *testing.T) {
 			if err := json.Unmarshal(out, &p); err != nil || p.Name != "echo" {
 				t.Fatalf("tagged params %s: %v", out, err)
 			}
-			var got, want any
+			var got mcp.Meta
+			var want any
 			json.Unmarshal(p.Meta, &got)
 			json.Unmarshal([]byte(c.want), &want)
+			if mk := s.marksOf(got); mk != (marks{requestID: idJSON(c.id)}) {
+				t.Fatalf("_meta %s: marks %+v under its seal, want request id %s only", p.Meta, mk, idJSON(c.id))
+			}
+			delete(got, MetaSeal)
 			if g, _ := json.Marshal(got); string(g) != string(mustJSON(want)) {
 				t.Fatalf("_meta = %s, want %s", p.Meta, c.want)
 			}
@@ -78,6 +89,7 @@ func TestSpliceRequestID(t *testing.T) {
 		{"escaped member names", `{"jsonrpc":"2.0","i\u0064":1,"m\u0065thod":"tools\u002fcall","p\u0061rams":{"name":"echo"}}`, true},
 		{"method in other case", `{"jsonrpc":"2.0","id":1,"Method":"tools/call","params":{"name":"echo"}}`, false},
 	}
+	s := newSealer()
 	// splice is tagBody's splicing way alone.
 	splice := func(body []byte) ([]byte, bool) {
 		m, ok := readMessage(body)
@@ -88,7 +100,7 @@ func TestSpliceRequestID(t *testing.T) {
 		if !ok {
 			return nil, false
 		}
-		return spliceRequestID(body, m, id)
+		return spliceRequestID(s, body, m, id)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -105,7 +117,7 @@ func TestSpliceRequestID(t *testing.T) {
 			}
 			m, _ := readMessage([]byte(c.body))
 			id, _ := requestID(json.RawMessage(m.id))
-			json.Unmarshal(tagFull([]byte(c.body), id), &want)
+			json.Unmarshal(tagFull(s, []byte(c.body), id), &want)
 			if g, w := mustJSON(got), mustJSON(want); string(g) != string(w) {
 				t.Fatalf("spliced %s\nfull way %s", g, w)
 			}

@@ -113,7 +113,7 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 		}
 		// The lean path takes only bodies that obey the strictjson rules;
 		// any other is read by them here (prepare).
-		body, reject := prepare(body)
+		body, reject := prepare(g.seals, body)
 		if reject != nil {
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Content-Length", strconv.Itoa(len(reject)))
@@ -154,7 +154,7 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 // way, which decodes only the envelope's members, leaving params and the
 // rest as raw bytes. Either way the SDK decodes the message again, so
 // tagging must cost little.
-func tagBody(body []byte) []byte {
+func tagBody(s *sealer, body []byte) []byte {
 	m, ok := readMessage(body)
 	if !ok || !isString(m.method, "tools/call") {
 		return body
@@ -163,20 +163,20 @@ func tagBody(body []byte) []byte {
 	if !ok {
 		return body
 	}
-	if out, ok := spliceRequestID(body, m, id); ok {
+	if out, ok := spliceRequestID(s, body, m, id); ok {
 		return out
 	}
-	return tagFull(body, id)
+	return tagFull(s, body, id)
 }
 
 // tagFull tags tools/call request body, of JSON-RPC id id, by decoding
 // its members.
-func tagFull(body []byte, id any) []byte {
+func tagFull(s *sealer, body []byte, id any) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(body, &m) != nil {
 		return body
 	}
-	m["params"] = tagParams(m["params"], id)
+	m["params"] = tagParams(s, m["params"], id)
 	// Without HTML escaping, as the client sent it: each <, > or &
 	// escaped would grow the message sixfold, past what the SDK reads.
 	out, err := jsonNoHTML(m)
@@ -207,11 +207,11 @@ func requestID(raw json.RawMessage) (id any, ok bool) {
 
 // spliceRequestID tags m, tools/call request body of JSON-RPC id id
 // (read by readMessage), when its params are an object with no _meta
-// member, by inserting "_meta":{MetaRequestID: id} as the params' first
-// member, every other byte as it came: the same message, to the SDK, as
+// member, by inserting "_meta":{MetaRequestID: id, MetaSeal: its seal} as
+// the params' first member, every other byte as it came: the same message, to the SDK, as
 // the full way makes. ok is false for any other params, which the full
 // way tags or leaves as they came.
-func spliceRequestID(body []byte, m rpcMessage, id any) (out []byte, ok bool) {
+func spliceRequestID(s *sealer, body []byte, m rpcMessage, id any) (out []byte, ok bool) {
 	if m.params.Kind() != '{' {
 		return nil, false
 	}
@@ -222,15 +222,16 @@ func spliceRequestID(body []byte, m rpcMessage, id any) (out []byte, ok bool) {
 	}) || hasMeta {
 		return nil, false
 	}
-	idJSON, err := json.Marshal(id)
-	if err != nil {
+	idj := idJSON(id)
+	if idj == "" {
 		return nil, false
 	}
-	out = make([]byte, 0, len(body)+len(MetaRequestID)+len(idJSON)+16)
+	seal := s.seal(marks{requestID: idj})
+	out = make([]byte, 0, len(body)+len(MetaRequestID)+len(idj)+len(MetaSeal)+len(seal)+24)
 	out = append(out, body[:m.paramsAt+1]...)
 	out = append(out, `"_meta":{"`...)
-	out = append(append(append(out, MetaRequestID...), `":`...), idJSON...)
-	out = append(out, '}')
+	out = append(append(append(out, MetaRequestID...), `":`...), idj...)
+	out = append(append(append(append(append(out, `,"`...), MetaSeal...), `":"`...), seal...), `"}`...)
 	if members {
 		out = append(out, ',')
 	}

@@ -63,7 +63,7 @@ func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte)
 	if ip == nil || ip.ProtocolVersion >= leanProtocolLimit || r.Header.Get(protocolVersionHeader) != ip.ProtocolVersion {
 		return false
 	}
-	req := &mcp.CallToolRequest{Session: ss, Params: &mcp.CallToolParamsRaw{Name: c.name, Arguments: c.args, Meta: mcp.Meta{MetaRequestID: c.id}}}
+	req := &mcp.CallToolRequest{Session: ss, Params: &mcp.CallToolParamsRaw{Name: c.name, Arguments: c.args}}
 	if g.confirmable(req) {
 		return false
 	}
@@ -78,7 +78,8 @@ func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte)
 	}
 	defer g.inflight.done(ss.ID(), c.key)
 	g.inflight.watch(ss)
-	res, _ := g.handle(ctx, req) // handle answers every call with a result
+	// The lean path is a transport: it gives call the call's id itself.
+	res, _ := g.call(ctx, req, marks{requestID: idJSON(c.id)}) // call answers every call with a result
 	msg, err := leanResponse(c, res)
 	if err != nil {
 		// Never for the gateway's own results; the SDK would answer a

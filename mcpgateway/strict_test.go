@@ -227,7 +227,7 @@ func TestPrepareBatch(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out, reject := prepare([]byte(c.batch))
+			out, reject := prepare(newSealer(), []byte(c.batch))
 			if c.reject {
 				if reject == nil || out != nil {
 					t.Fatalf("prepared %s, want a rejection", out)
@@ -299,7 +299,7 @@ func TestStdioLinesSDKCannotRead(t *testing.T) {
 			t.Errorf("answer %s, want -32600", a)
 		}
 	}
-	if tagged := tagFull([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<&>"}}}`), int64(1)); !bytes.Contains(tagged, []byte(`"<&>"`)) {
+	if tagged := tagFull(g.seals, []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<&>"}}}`), int64(1)); !bytes.Contains(tagged, []byte(`"<&>"`)) {
 		t.Errorf("tagFull escaped the args: %s", tagged)
 	}
 }
