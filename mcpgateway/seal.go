@@ -31,28 +31,37 @@ type marks struct {
 
 // sealer seals and verifies marks under the gateway's key.
 type sealer struct {
-	macs sync.Pool // of hash.Hash: HMAC-SHA256 under the key
+	macs sync.Pool // of *sealMAC
+}
+
+// sealMAC is an HMAC-SHA256 under the key, with its scratch space (kept
+// with it, so that sealing allocates only its result).
+type sealMAC struct {
+	h   hash.Hash
+	buf []byte
 }
 
 func newSealer() *sealer {
 	key := make([]byte, 32)
 	rand.Read(key) // never fails (crypto/rand)
-	return &sealer{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+	return &sealer{macs: sync.Pool{New: func() any { return &sealMAC{h: hmac.New(sha256.New, key)} }}}
 }
 
 // seal is m's seal: base64url of the HMAC of m's fields, each preceded
 // by its length, so no two marks share an input.
 func (s *sealer) seal(m marks) string {
-	h := s.macs.Get().(hash.Hash)
-	h.Reset()
-	var buf [binary.MaxVarintLen64]byte
+	mac := s.macs.Get().(*sealMAC)
+	mac.h.Reset()
 	for _, f := range [...]string{m.requestID, m.invalid, m.raw} {
-		h.Write(binary.AppendUvarint(buf[:0], uint64(len(f))))
-		h.Write([]byte(f))
+		mac.buf = append(binary.AppendUvarint(mac.buf[:0], uint64(len(f))), f...)
+		mac.h.Write(mac.buf)
 	}
-	var sum [sha256.Size]byte
-	out := base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0]))
-	s.macs.Put(h)
+	mac.buf = mac.h.Sum(mac.buf[:0])
+	out := base64.RawURLEncoding.EncodeToString(mac.buf)
+	if cap(mac.buf) > 4<<10 {
+		mac.buf = nil // grown by a refused call's message: not kept
+	}
+	s.macs.Put(mac)
 	return out
 }
 
