@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"mime"
 	"net/http"
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 //go:embed assets
@@ -340,7 +342,12 @@ func info(s *session) SessionInfo {
 		CanDecide: s.canDecide(), CanRevoke: s.role == RoleAdmin, ReadsAll: s.access.All}
 }
 
+// logout ends the session. Its body is {} (read strictly like every
+// other body, so a body the rules refuse signs nobody out).
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
+	if !readJSON(w, r, &struct{}{}) {
+		return
+	}
 	c.drop(s.id)
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
@@ -378,11 +385,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// readJSON decodes a small JSON body strictly into v.
+// readJSON decodes a small JSON body into v by the strictjson rules, as
+// every body of the HTTP API is read (docs/http.md "Strict JSON"): one
+// value, no duplicate member names, names matched exactly, no member v
+// does not define. A refusal is 400 naming the member (413 over maxBody).
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err == nil {
+		err = strictjson.Unmarshal(data, v)
+	}
+	if err != nil {
 		status := http.StatusBadRequest
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

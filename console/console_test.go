@@ -331,3 +331,61 @@ func TestAssetsMatchSources(t *testing.T) {
 		}
 	}
 }
+
+// TestBodiesAreStrict: every console body is read by the strictjson rules
+// of POST /v1/approvals (docs/http.md "Strict JSON"): a duplicate or
+// case-variant member, an unknown one or a second value is refused with
+// 400 and changes nothing. Plain encoding/json took the last of
+// {"decision":"deny","Decision":"allow"} and allowed the call.
+func TestBodiesAreStrict(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, "k-strict")
+	approver, admin, fresh := w.client(), w.client(), w.client()
+	if approver.login(w.alice.Token) != 200 || admin.login(w.admin) != 200 {
+		t.Fatal("login")
+	}
+	decide := "/console/api/approvals/" + a.ID
+	revoke := "/console/api/tokens/" + w.bob.ID + "/revoke"
+	tests := []struct {
+		name    string
+		c       *client
+		path    string
+		body    rawBody
+		message string
+	}{
+		{"decision: duplicate", approver, decide, `{"decision":"deny","decision":"allow"}`, `duplicate member name "decision"`},
+		{"decision: case variant", approver, decide, `{"decision":"deny","Decision":"allow","reason":"looks like a deny"}`, `"Decision"`},
+		{"decision: case variant alone", approver, decide, `{"DECISION":"allow"}`, `unknown field "DECISION"`},
+		{"decision: escaped duplicate", approver, decide, `{"decision":"deny","\u0064ecision":"allow"}`, `duplicate member name "decision"`},
+		{"decision: second value", approver, decide, `{"decision":"deny"} {"decision":"allow"}`, "malformed JSON"},
+		{"decision: unknown member", approver, decide, `{"decision":"allow","approver":"admin"}`, `unknown field "approver"`},
+		{"revoke: duplicate", admin, revoke, `{"reason":"a","reason":"b"}`, `duplicate member name "reason"`},
+		{"revoke: case variant", admin, revoke, `{"Reason":"gone"}`, `unknown field "Reason"`},
+		{"login: case variant", fresh, "/console/api/login", rawBody(`{"Credential":"` + w.alice.Token + `"}`), `unknown field "Credential"`},
+		{"login: duplicate", fresh, "/console/api/login", rawBody(`{"credential":"x","credential":"` + w.alice.Token + `"}`), `duplicate member name "credential"`},
+		{"logout: duplicate", approver, "/console/api/logout", `{"a":1,"a":2}`, "request body"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, out := tt.c.do(http.MethodPost, tt.path, tt.body)
+			if msg, _ := out["error"].(string); status != http.StatusBadRequest || !strings.Contains(msg, tt.message) {
+				t.Errorf("%s: %d %v, want 400 mentioning %s", tt.path, status, out, tt.message)
+			}
+		})
+	}
+	if st, _ := w.k.Operation(op); st.State != kernel.OpAwaitingApproval {
+		t.Fatalf("after refused decisions the call is %s, want still awaiting approval", st.State)
+	}
+	if _, err := w.k.VerifyBearer(w.bob.Token); err != nil {
+		t.Fatalf("a refused revocation revoked: %v", err)
+	}
+	if status, _ := fresh.do(http.MethodGet, "/console/api/session", nil); status != http.StatusUnauthorized {
+		t.Fatalf("a refused login signed in: %d", status)
+	}
+	if status, _ := approver.do(http.MethodGet, "/console/api/session", nil); status != http.StatusOK {
+		t.Fatalf("a refused logout signed out: %d", status)
+	}
+	if status, out := approver.do(http.MethodPost, decide, DecisionRequest{Decision: "deny", Reason: "strict"}); status != 200 || out["state"] != kernel.ApprovalDenied {
+		t.Fatalf("a proper decision: %d %v", status, out)
+	}
+}

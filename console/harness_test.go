@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -126,14 +127,21 @@ func (w *world) client() *client {
 	return &client{w: w, hc: &http.Client{Jar: jar}, origin: w.srv.URL}
 }
 
-// do sends a request; for POST the body is JSON with the client's
-// Origin and CSRF token.
+// rawBody is a request body sent as it is, not encoded as JSON.
+type rawBody string
+
+// do sends a request; for POST the body is JSON (body encoded, or a
+// rawBody as it is) with the client's Origin and CSRF token.
 func (c *client) do(method, path string, body any) (int, map[string]any) {
 	c.w.t.Helper()
 	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
+	switch b := body.(type) {
+	case nil:
+	case rawBody:
+		rd = strings.NewReader(string(b))
+	default:
+		j, _ := json.Marshal(b)
+		rd = bytes.NewReader(j)
 	}
 	req, _ := http.NewRequest(method, c.w.srv.URL+path, rd)
 	if method != http.MethodGet {
