@@ -71,6 +71,9 @@ type Console struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	now      func() time.Time
+	// heartbeat is the event stream's (defaultHeartbeat; tests set it
+	// shorter).
+	heartbeat time.Duration
 }
 
 type session struct {
@@ -93,7 +96,7 @@ func New(k *kernel.Kernel) *Console {
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
 	}
-	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, now: time.Now,
+	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, now: time.Now, heartbeat: defaultHeartbeat,
 		static: http.StripPrefix(strings.TrimSuffix(Prefix, "/"), http.FileServerFS(sub))}
 	c.routes()
 	return c
@@ -226,23 +229,51 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 	}
 	c.mu.Lock()
 	s := c.sessions[ck.Value]
-	if s != nil && !c.now().Before(s.expires) {
-		delete(c.sessions, s.id)
-		s = nil
-	}
 	c.mu.Unlock()
 	if s == nil {
-		writeError(w, http.StatusUnauthorized, "the session has ended; sign in again")
+		writeError(w, http.StatusUnauthorized, errEnded.Error())
 		return nil, false
 	}
-	if s.role != RoleAdmin {
-		if _, err := c.k.VerifyBearer(s.cred); err != nil {
-			c.drop(s.id)
-			writeError(w, http.StatusUnauthorized, "the credential no longer verifies: "+err.Error())
-			return nil, false
-		}
+	if err := c.check(s); err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return nil, false
 	}
 	return s, true
+}
+
+// errEnded: the session was signed out, evicted or expired.
+var errEnded = errors.New("the session has ended; sign in again")
+
+// check reports why session s may no longer be used, nil while it may:
+// it ended (signed out, evicted, expired: errEnded), or its credential no
+// longer verifies (a revoked or expired token, an admin credential that
+// is no longer the kernel's). A session that fails is dropped. Every
+// request and the event stream (on each heartbeat and before each event)
+// check it.
+func (c *Console) check(s *session) error {
+	c.mu.Lock()
+	live := c.sessions[s.id] == s
+	c.mu.Unlock()
+	if !live {
+		return errEnded
+	}
+	var err error
+	switch {
+	case !c.now().Before(s.expires):
+		err = errEnded
+	case s.role == RoleAdmin:
+		if !c.k.IsAdmin(s.cred) {
+			err = errors.New("the credential no longer verifies: it is not this kernel's admin credential")
+		}
+	default:
+		if _, verr := c.k.VerifyBearer(s.cred); verr != nil {
+			err = fmt.Errorf("the credential no longer verifies: %w", verr)
+		}
+	}
+	if err != nil {
+		c.drop(s.id)
+	}
+	return err
 }
 
 func (c *Console) drop(id string) {

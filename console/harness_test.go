@@ -39,6 +39,13 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	return newWorldWith(t, kernel.Config{}, nil)
+}
+
+// newWorldWith is newWorld with the kernel's cfg (DataDir and Observer
+// are set here) and a change to the console before it serves.
+func newWorldWith(t *testing.T, cfg kernel.Config, console func(*Console)) *world {
+	t.Helper()
 	dir := t.TempDir()
 	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
 	if err := os.Mkdir(ws, 0o755); err != nil {
@@ -53,14 +60,19 @@ func newWorld(t *testing.T) *world {
 	}
 	reg := prometheus.NewRegistry()
 	m := telemetry.NewMetrics(reg)
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, Observer: m})
+	cfg.DataDir, cfg.Observer = data, m
+	k, err := kernel.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Watch(k)
 	api := httpapi.New(k)
 	api.ServeMetrics(reg, httpapi.MetricsAdmin)
-	api.ServeConsole(New(k))
+	con := New(k)
+	if console != nil {
+		console(con)
+	}
+	api.ServeConsole(con)
 	w := &world{t: t, k: k, srv: httptest.NewServer(api), ws: ws, admin: ini.AdminCredential}
 	t.Cleanup(func() {
 		w.srv.CloseClientConnections()
