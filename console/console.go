@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,8 +42,14 @@ const Prefix = "/console/"
 
 // Limits of the console's sessions.
 const (
-	SessionTTL  = 8 * time.Hour // at most; never past the credential's own expiry
-	MaxSessions = 1024          // the oldest is dropped beyond this
+	SessionTTL = 8 * time.Hour // at most; never past the credential's own expiry
+	// MaxSessionsPerCredential is how many sessions one credential (one
+	// token, the admin credential) holds at once: signing in once more
+	// drops that credential's own oldest session, never another's.
+	MaxSessionsPerCredential = 8
+	// MaxSessions bounds all sessions, the last resort once many
+	// credentials sign in: see Console.add.
+	MaxSessions = 1024
 	cookieName  = "capk_console"
 	csrfHeader  = "X-CSRF-Token"
 	maxBody     = 64 << 10
@@ -69,8 +76,12 @@ type Console struct {
 	static http.Handler
 
 	mu       sync.Mutex
-	sessions map[string]*session
+	sessions map[string]*session   // by id
+	byCred   map[string][]*session // each credential's sessions, oldest first
 	now      func() time.Time
+	// maxPerCred and maxSessions are MaxSessionsPerCredential and
+	// MaxSessions (tests set them lower).
+	maxPerCred, maxSessions int
 	// heartbeat is the event stream's (defaultHeartbeat; tests set it
 	// shorter).
 	heartbeat time.Duration
@@ -96,7 +107,8 @@ func New(k *kernel.Kernel) *Console {
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
 	}
-	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, now: time.Now, heartbeat: defaultHeartbeat,
+	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, byCred: map[string][]*session{}, now: time.Now, heartbeat: defaultHeartbeat,
+		maxPerCred: MaxSessionsPerCredential, maxSessions: MaxSessions,
 		static: http.StripPrefix(strings.TrimSuffix(Prefix, "/"), http.FileServerFS(sub))}
 	c.routes()
 	return c
@@ -271,15 +283,74 @@ func (c *Console) check(s *session) error {
 		}
 	}
 	if err != nil {
-		c.drop(s.id)
+		c.drop(s)
 	}
 	return err
 }
 
-func (c *Console) drop(id string) {
+// drop ends session s (if it has not ended already).
+func (c *Console) drop(s *session) {
 	c.mu.Lock()
-	delete(c.sessions, id)
+	if c.sessions[s.id] == s {
+		c.remove(s)
+	}
 	c.mu.Unlock()
+}
+
+// remove deletes s, a kept session, from both indexes; c.mu is held.
+func (c *Console) remove(s *session) {
+	delete(c.sessions, s.id)
+	own := slices.DeleteFunc(c.byCred[s.cred], func(o *session) bool { return o == s })
+	if len(own) == 0 {
+		delete(c.byCred, s.cred)
+		return
+	}
+	c.byCred[s.cred] = own
+}
+
+// add keeps the new session s. A credential holds at most maxPerCred
+// sessions: beyond that its own oldest is dropped, so signing in again
+// and again with one credential signs out nobody else. Once all
+// sessions number maxSessions (which takes at least
+// maxSessions/maxPerCred credentials), the sessions that would fail
+// their next check (expired, credential no longer verifying) are dropped
+// first; then, as the last resort, the oldest session of the credential
+// holding the most sessions, so a credential loses a session to another
+// only when none holds more than it does.
+func (c *Console) add(s *session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if own := c.byCred[s.cred]; len(own) >= c.maxPerCred {
+		c.remove(own[0])
+	}
+	if len(c.sessions) >= c.maxSessions {
+		now := c.now()
+		for _, o := range c.sessions {
+			if !now.Before(o.expires) || !c.verifies(o) {
+				c.remove(o)
+			}
+		}
+	}
+	if len(c.sessions) >= c.maxSessions {
+		var most []*session
+		for _, own := range c.byCred {
+			if len(own) > len(most) || len(own) == len(most) && own[0].created.Before(most[0].created) {
+				most = own
+			}
+		}
+		c.remove(most[0])
+	}
+	c.sessions[s.id] = s
+	c.byCred[s.cred] = append(c.byCred[s.cred], s)
+}
+
+// verifies reports whether s's credential still verifies.
+func (c *Console) verifies(s *session) bool {
+	if s.role == RoleAdmin {
+		return c.k.IsAdmin(s.cred)
+	}
+	_, err := c.k.VerifyBearer(s.cred)
+	return err == nil
 }
 
 // LoginRequest is the body of POST /console/api/login.
@@ -346,18 +417,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.id, s.csrf = randomID(), randomID()
-	c.mu.Lock()
-	if len(c.sessions) >= MaxSessions {
-		var oldest *session
-		for _, o := range c.sessions {
-			if oldest == nil || o.created.Before(oldest.created) {
-				oldest = o
-			}
-		}
-		delete(c.sessions, oldest.id)
-	}
-	c.sessions[s.id] = s
-	c.mu.Unlock()
+	c.add(s)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: s.id, Path: Prefix, Expires: s.expires,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
@@ -379,7 +439,7 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	if !readJSON(w, r, &struct{}{}) {
 		return
 	}
-	c.drop(s.id)
+	c.drop(s)
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	writeJSON(w, http.StatusOK, map[string]bool{"signed_out": true})

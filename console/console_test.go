@@ -389,3 +389,68 @@ func TestBodiesAreStrict(t *testing.T) {
 		t.Fatalf("a proper decision: %d %v", status, out)
 	}
 }
+
+// TestSessionsPerCredential: signing in again and again with one
+// credential drops that credential's own oldest sessions, never
+// another's (an approver signed the admin out with 1030 sign-ins). Once
+// all sessions are taken, those whose credential no longer verifies go
+// first, then the oldest of the credential holding the most. The caps are
+// lowered to 3 a credential and 6 in all.
+func TestSessionsPerCredential(t *testing.T) {
+	var con *Console
+	w := newWorldWith(t, kernel.Config{}, func(c *Console) { con, c.maxPerCred, c.maxSessions = c, 3, 6 })
+	signIn := func(cred string) *client {
+		t.Helper()
+		c := w.client()
+		if st := c.login(cred); st != http.StatusOK {
+			t.Fatalf("login: %d", st)
+		}
+		return c
+	}
+	alive := func(c *client) bool {
+		t.Helper()
+		st, _ := c.do(http.MethodGet, "/console/api/session", nil)
+		return st == http.StatusOK
+	}
+	count := func() int {
+		con.mu.Lock()
+		defer con.mu.Unlock()
+		return len(con.sessions)
+	}
+	admin, alice := signIn(w.admin), signIn(w.alice.Token)
+	var bob []*client
+	for range 10 * con.maxSessions {
+		bob = append(bob, signIn(w.bob.Token))
+	}
+	if !alive(admin) || !alive(alice) {
+		t.Fatal("one approver's sign-ins signed out the admin or another approver")
+	}
+	for i, c := range bob {
+		if want := i >= len(bob)-3; alive(c) != want {
+			t.Fatalf("bob's session %d of %d alive: %v, want %v (his own 3 newest)", i, len(bob), !want, want)
+		}
+	}
+	if n := count(); n != 5 {
+		t.Fatalf("%d sessions, want 5", n)
+	}
+	// Full at 6; dave's sign-in takes the oldest session of bob, who
+	// holds the most.
+	carol := signIn(w.carol.Token)
+	dave := signIn(w.dave.Token)
+	if !alive(admin) || !alive(alice) || !alive(carol) || alive(bob[len(bob)-3]) || !alive(bob[len(bob)-2]) {
+		t.Fatal("a full table did not drop the oldest session of the credential holding the most")
+	}
+	// Bob revoked: his 2 sessions go before anyone else's.
+	if err := w.k.Revoke(context.Background(), w.bob.ID, "bob left"); err != nil {
+		t.Fatal(err)
+	}
+	dave2 := signIn(w.dave.Token)
+	if n := count(); n != 5 {
+		t.Fatalf("%d sessions after a revoked credential's were swept, want 5", n)
+	}
+	for name, c := range map[string]*client{"admin": admin, "alice": alice, "carol": carol, "dave": dave, "dave again": dave2} {
+		if !alive(c) {
+			t.Errorf("%s was signed out while a revoked credential's sessions were there to drop", name)
+		}
+	}
+}
