@@ -232,13 +232,13 @@ func auditCases() []Case {
 				t.Failf("the ledger did not grow with the call (%d entries from %d)", len(es), start)
 			}
 		}),
-		c("TOOL01-INV-AUDIT-009", "a call refused for its token (forged) is audited under the agent and tool it named", func(t *T) {
+		c("TOOL01-INV-AUDIT-009", "a call refused for its token (forged) is audited with the tool it named and the agent it claimed, as a claim (claimed_agent_id), attributed to no agent", func(t *T) {
 			tok := signedByStranger(t.Full("a"), nil)
 			r := t.Call(tok, "echo", map[string]any{"text": "x"}, nil)
 			t.ExpectClass(r, "token_invalid")
 			_, body := t.Audit(r)
-			if str(body["agent_id"]) != tok.AgentID || str(body["tool_id"]) != "echo" {
-				t.Failf("audit record names agent %q tool %q", str(body["agent_id"]), str(body["tool_id"]))
+			if str(body["claimed_agent_id"]) != tok.AgentID || str(body["agent_id"]) != "" || str(body["tool_id"]) != "echo" {
+				t.Failf("audit record names agent %q, claimed agent %q, tool %q", str(body["agent_id"]), str(body["claimed_agent_id"]), str(body["tool_id"]))
 			}
 		}),
 		c("TOOL01-INV-AUDIT-010", "result_hash recomputes from the result (blake3 of RFC 8785) and the record's args_hash from the args sent", func(t *T) {

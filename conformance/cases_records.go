@@ -205,17 +205,20 @@ func recordCases() []Case {
 				t.Failf("audit record lacks %v", m)
 			}
 		}),
-		c("TOOL01-AUDREC-003", "a call refused at the token step is recorded with the agent, tool, token id and args hash it named", func(t *T) {
+		c("TOOL01-AUDREC-003", "a call refused at the token step is recorded with the tool and args hash it named, and the agent and token id it claimed as claims (claimed_agent_id, claimed_capability_token_id)", func(t *T) {
 			tok := unsigned(t.Full("a"))
 			args := map[string]any{"text": "x"}
 			r := t.Call(tok, "echo", args, nil)
 			t.ExpectClass(r, "token_invalid")
 			_, body := t.Audit(r)
-			if m := missingFields(body, []string{"agent_id", "tool_id", "capability_token_id", "args_hash", "result_hash", "policy_hash", "autonomy_mode", "risk_score"}); len(m) > 0 {
+			if m := missingFields(body, []string{"claimed_agent_id", "tool_id", "claimed_capability_token_id", "args_hash", "result_hash", "policy_hash", "autonomy_mode", "risk_score"}); len(m) > 0 {
 				t.Failf("audit record lacks %v", m)
 			}
-			if str(body["capability_token_id"]) != tok.ID || str(body["args_hash"]) != argsHash(args) {
-				t.Failf("audit record token id %q args_hash %q", str(body["capability_token_id"]), str(body["args_hash"]))
+			if str(body["claimed_capability_token_id"]) != tok.ID || str(body["claimed_agent_id"]) != tok.AgentID || str(body["args_hash"]) != argsHash(args) {
+				t.Failf("audit record claimed token id %q, claimed agent %q, args_hash %q", str(body["claimed_capability_token_id"]), str(body["claimed_agent_id"]), str(body["args_hash"]))
+			}
+			if str(body["agent_id"]) != "" || str(body["capability_token_id"]) != "" {
+				t.Failf("a refusal whose token did not verify is attributed to agent %q, token %q", str(body["agent_id"]), str(body["capability_token_id"]))
 			}
 		}),
 		c("TOOL01-AUDREC-004", "a state mutation's audit record holds its outcome: committed and the commit_delta_id", func(t *T) {

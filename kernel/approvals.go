@@ -303,8 +303,10 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
 	case a.req.RequiredRole == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:
 		return refuse(fmt.Sprintf("approval %s is for an escalated call; %s holds role %s, not escalation", id, tok.Claims.Subject, tok.Claims.Cap.Role))
-	case tok.Claims.Subject == a.req.AgentID:
-		return refuse(fmt.Sprintf("%s may not approve its own call", tok.Claims.Subject))
+	case captoken.SubAgent(tok.Claims.Subject, a.req.AgentID):
+		// A sub-agent speaks for its parent: approving its call is
+		// approving one's own.
+		return refuse(fmt.Sprintf("%s may not approve a call of its own agent %s", tok.Claims.Subject, a.req.AgentID))
 	}
 	return k.decided(a, id, decision, tok.Claims.Subject, tok.Claims.ID, reason, ChannelApprover)
 }
@@ -386,13 +388,10 @@ func (k *Kernel) appendApproval(kind string, body any) error {
 	})
 }
 
-// inputSummary is a short description of the call for an approver.
+// inputSummary is a short description of the call for an approver: its
+// tool and a summary of its canonical args (argsSummary).
 func inputSummary(c *call) string {
-	s := string(c.env.Args)
-	if len(s) > 512 {
-		s = s[:509] + "..."
-	}
-	return c.env.ToolID + " " + s
+	return c.env.ToolID + " " + argsSummary(c.canonArgs)
 }
 
 // projectedEffects lists what the call would change, as far as its

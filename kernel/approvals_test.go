@@ -181,6 +181,43 @@ func TestApprovalRoles(t *testing.T) {
 	}
 }
 
+// TestApprovalNotBySubAgentsParent: a sub-agent speaks for its parent, so
+// the parent's approver token may not approve the sub-agent's call (nor a
+// deeper one's); a sibling's may.
+func TestApprovalNotBySubAgentsParent(t *testing.T) {
+	h := newHarness(t)
+	h.write("dir/x", "x")
+	child := h.attenuate(AttenuateRequest{Parent: h.token, AgentID: h.agent + "/helper"})
+	grandchild := h.attenuate(AttenuateRequest{Parent: child.Token, AgentID: child.AgentID + "/deeper"})
+	for _, tc := range []struct {
+		name, approver string
+		caller         *MintedToken
+		allowed        bool
+	}{
+		{"parent of the caller", h.agent, child, false},
+		{"grandparent of the caller", h.agent, grandchild, false},
+		{"the caller itself", child.AgentID, child, false},
+		{"a sibling", h.agent + "/other", child, true},
+		{"a name sharing the prefix", h.agent + "-x", child, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, res := h.gated("fs.delete", map[string]any{"path": "dir"}, key(newID()), as(tc.caller))
+			_, err := h.k.Decide(a.ID, h.approver(tc.approver, captoken.RoleEscalation), "deny", "checked")
+			if tc.allowed != (err == nil) || (!tc.allowed && !errors.Is(err, ErrApprovalForbidden)) {
+				t.Fatalf("decision by %s on %s's call: %v", tc.approver, tc.caller.AgentID, err)
+			}
+			if err != nil {
+				if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "deny", "cleanup"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if r := <-res; errClass(r) != ErrApprovalDenied {
+				t.Fatalf("the call: %+v", r.Error)
+			}
+		})
+	}
+}
+
 func forgeApprover(t *testing.T) string {
 	t.Helper()
 	other := newHarness(t)

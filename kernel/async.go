@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +27,8 @@ var (
 	// ErrOperationInUse: a call in flight, or one finished, already has
 	// the operation id.
 	ErrOperationInUse = errors.New("operation_id is in use by another call")
-	// ErrTooManyBackground: MaxBackground background calls are running.
+	// ErrTooManyBackground: MaxBackground background calls are running,
+	// or MaxBackgroundPerAgent of one agent's.
 	ErrTooManyBackground = errors.New("too many background calls running")
 )
 
@@ -36,6 +38,11 @@ const (
 	// MaxBackground bounds the background calls running at once, so that
 	// async requests cannot pile up goroutines and waits without end.
 	MaxBackground = 1024
+	// MaxBackgroundPerAgent bounds those of one agent with its sub-agents
+	// (agent/…, which speak for it; calls whose token did not verify count
+	// together), so that no agent takes every slot (a call waiting for an
+	// approval holds one until it is decided or times out).
+	MaxBackgroundPerAgent = MaxBackground / 4
 )
 
 // Operation states.
@@ -57,6 +64,15 @@ type operations struct {
 	byID    map[string]*operation
 	order   []string // finished ids, oldest first, for pruning
 	running int
+	byAgent map[string]int // running calls per agent family (agentFamily)
+}
+
+// agentFamily is the agent whose background slots a call of agent uses:
+// the first component of its name (a sub-agent's parent's, whose token it
+// was attenuated from).
+func agentFamily(agent string) string {
+	family, _, _ := strings.Cut(agent, "/")
+	return family
 }
 
 // Start runs the call envelope data in the background, as InvokeJSON
@@ -70,19 +86,24 @@ type operations struct {
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
 	c.caller = ctx // the call runs on its own context; the caller's values still identify it
-	if c.env.OperationID != "" && class == "" {
-		// A named id is reserved only for a call whose token verifies:
-		// anyone can send an envelope naming any id. Another call runs
-		// under a new one (and is refused there).
-		if _, cl, _ := k.verifyToken(c.env); cl != "" {
-			c.disown()
+	// The call is its agent's only if its token verifies: anyone can
+	// send an envelope naming any agent and any id. A named id is
+	// reserved only for such a call; another runs under a new one (and
+	// is refused there), belonging to no agent.
+	agent := ""
+	if class == "" {
+		if _, cl, _ := k.verifyToken(c.env); cl == "" {
+			agent = c.env.AgentID
 		}
+	}
+	if agent == "" {
+		c.disown()
 	}
 	if c.env.OperationID == "" {
 		c.env.OperationID, c.minted = newID(), true
 	}
 	id = c.env.OperationID
-	op := &operation{agent: c.env.AgentID, done: make(chan struct{})}
+	op := &operation{agent: agent, done: make(chan struct{})}
 	// An id a finished call has (stored, or still in memory) is refused
 	// here too, not only by the pipeline: registered, the refused call
 	// would stand in memory for the call that owns the id.
@@ -100,9 +121,10 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	k.ops.mu.Lock()
 	_, inUse := k.ops.byID[id]
 	var done func()
-	if !inUse && !used && k.ops.running < MaxBackground {
+	family := agentFamily(agent)
+	if !inUse && !used && k.ops.running < MaxBackground && k.ops.byAgent[family] < MaxBackgroundPerAgent {
 		var ok bool
-		done, ok = k.inflight.add(id, &inflight{agent: c.env.AgentID, session: sessionOf(c.env.Provenance), cancel: cancel})
+		done, ok = k.inflight.add(id, &inflight{agent: agent, session: sessionOf(c.env.Provenance), cancel: cancel})
 		inUse = !ok
 	}
 	if done != nil && !c.minted {
@@ -129,11 +151,12 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	if done == nil {
 		k.ops.mu.Unlock()
 		cancel(nil)
-		err = fmt.Errorf("%w (%d); retry later or call synchronously", ErrTooManyBackground, MaxBackground)
+		err = fmt.Errorf("%w (%d, at most %d of one agent with its sub-agents); retry later or call synchronously", ErrTooManyBackground, MaxBackground, MaxBackgroundPerAgent)
 		return "", k.publishResult(c, k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
 	}
 	k.ops.byID[id] = op
 	k.ops.running++
+	k.ops.byAgent[family]++
 	k.ops.mu.Unlock()
 	// A named id is the call's from here on, its token verified above:
 	// a refusal later in the pipeline (the token expired since, say) is
@@ -153,6 +176,9 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		}
 		k.ops.mu.Lock()
 		k.ops.running--
+		if k.ops.byAgent[family]--; k.ops.byAgent[family] == 0 {
+			delete(k.ops.byAgent, family)
+		}
 		op.result, op.finished = r, time.Now()
 		k.ops.order = append(k.ops.order, id)
 		k.ops.prune()

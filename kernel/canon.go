@@ -35,6 +35,8 @@ func appendAuditBody(b []byte, a *auditRecord) ([]byte, error) {
 	o.Opt("args_commitment", a.Commitments.Args)
 	o.Str("autonomy_mode", a.AutonomyMode)
 	o.Str("capability_token_id", a.CapabilityTokenID)
+	o.Opt("claimed_agent_id", a.ClaimedAgentID)
+	o.Opt("claimed_capability_token_id", a.ClaimedTokenID)
 	o.Opt("commit_delta_id", a.CommitDeltaID)
 	o.Opt("context_commitment", a.Commitments.Context)
 	o.Opt("decided_mode", a.DecidedMode)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -440,4 +441,107 @@ func waiting(s *sessions, agent, id string) int64 {
 		return g.waiting.Load()
 	}
 	return 0
+}
+
+// TestUnverifiedRefusalNamesNoAgent: an envelope whose token does not
+// verify may name any agent and token id; its refusal is recorded with
+// that claim as claimed_agent_id and claimed_capability_token_id, and is
+// nobody's call: not in the agent's event stream, not read as the agent's
+// own record, its result naming no agent. A call whose token verified and
+// which is refused after still names its agent.
+func TestUnverifiedRefusalNamesNoAgent(t *testing.T) {
+	h := newHarness(t)
+	sub := h.k.Subscribe(EventFilter{AgentID: h.agent}, 64)
+	defer sub.Close()
+	before := h.headSize()
+	forged := h.k.Invoke(context.Background(), &Envelope{ToolID: "fs.delete", AgentID: h.agent, CapabilityToken: "garbage",
+		CapabilityTokenID: h.jti, IdempotencyKey: "k2", PolicyHash: h.k.PolicyHash(), Args: json.RawMessage(`{"path":"Makefile"}`)})
+	if errClass(forged) != ErrTokenInvalid || forged.AgentID != "" {
+		t.Fatalf("forged: class %q, agent %q", errClass(forged), forged.AgentID)
+	}
+	refused := h.invoke("fs.read", map[string]any{"path": "../outside"})
+	if errClass(refused) != ErrScopeDenied || refused.AgentID != h.agent {
+		t.Fatalf("verified refusal: class %q, agent %q", errClass(refused), refused.AgentID)
+	}
+	a := h.audits(before)
+	if len(a) != 2 {
+		t.Fatalf("%d audit records", len(a))
+	}
+	if f := a[0]; f.AgentID != "" || f.CapabilityTokenID != "" || f.ClaimedAgentID != h.agent || f.ClaimedTokenID != h.jti {
+		t.Fatalf("forged record: agent %q token %q, claimed %q %q", f.AgentID, f.CapabilityTokenID, f.ClaimedAgentID, f.ClaimedTokenID)
+	}
+	if v := a[1]; v.AgentID != h.agent || v.CapabilityTokenID != h.jti || v.ClaimedAgentID != "" || v.ClaimedTokenID != "" {
+		t.Fatalf("verified record: agent %q token %q, claimed %q %q", v.AgentID, v.CapabilityTokenID, v.ClaimedAgentID, v.ClaimedTokenID)
+	}
+	tok, err := h.k.VerifyBearer(h.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := h.k.Inspector().EntryViews(before, 10, AccessOf(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var views []EntryView
+	for _, v := range all {
+		if v.Entry.Kind == ledger.KindAudit {
+			views = append(views, v)
+		}
+	}
+	for i, want := range []bool{false, true} {
+		if got := views[i].Payload != nil; got != want {
+			t.Fatalf("record %d read in full by the agent: %v, want %v", i, got, want)
+		}
+	}
+	var events []string
+	for len(sub.C) > 0 {
+		e := <-sub.C
+		events = append(events, e.Kind+" "+e.ToolID)
+	}
+	if len(events) != 1 || events[0] != EventDenied+" fs.read" {
+		t.Fatalf("the agent's events: %v, want only its own fs.read's denial", events)
+	}
+}
+
+// TestBackgroundSlotsPerAgent: one agent (with its sub-agents) runs at
+// most MaxBackgroundPerAgent background calls, so calls waiting for
+// approvals cannot take every slot from the other agents.
+func TestBackgroundSlotsPerAgent(t *testing.T) {
+	h := newHarness(t)
+	start := func(e *Envelope) error {
+		raw, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = h.k.Start(context.Background(), raw)
+		return err
+	}
+	gated := func(i int, mods ...func(*Envelope)) *Envelope {
+		return h.env("fs.write", map[string]any{"path": "Makefile", "content": fmt.Sprint(i)}, append(mods, key(fmt.Sprint("w", i)))...)
+	}
+	for i := range MaxBackgroundPerAgent {
+		if err := start(gated(i)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	sub := h.attenuate(AttenuateRequest{Parent: h.token, AgentID: h.agent + "/helper"})
+	if err := start(gated(-1, as(sub))); !errors.Is(err, ErrTooManyBackground) {
+		t.Fatalf("a sub-agent's call past its parent's slots: %v", err)
+	}
+	other, otherJTI := h.mint("agent-b", captoken.Capability{Tools: []string{"echo"}})
+	if err := start(&Envelope{ToolID: "echo", AgentID: "agent-b", CapabilityToken: other, CapabilityTokenID: otherJTI,
+		PolicyHash: h.k.PolicyHash(), Args: json.RawMessage(`{"text":"x"}`)}); err != nil {
+		t.Fatalf("another agent's call: %v", err)
+	}
+	// Every call of agent-a waits for its approval: deny them all.
+	var pending []ApprovalRequest
+	for deadline := time.Now().Add(30 * time.Second); len(pending) < MaxBackgroundPerAgent; time.Sleep(10 * time.Millisecond) {
+		if pending = h.k.Approvals(false); time.Now().After(deadline) {
+			t.Fatalf("%d approvals pending, want %d", len(pending), MaxBackgroundPerAgent)
+		}
+	}
+	for _, a := range pending {
+		if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleApprover), "deny", "done"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

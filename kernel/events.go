@@ -155,7 +155,7 @@ func (b *eventBus) publish(e Event) {
 
 // event returns the event of kind about call c.
 func (c *call) event(kind string) Event {
-	e := Event{Kind: kind, OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID, SessionID: c.session}
+	e := Event{Kind: kind, OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.agent(), SessionID: c.session}
 	e.SideEffect = string(c.effect)
 	return e
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/sandbox"
 	"github.com/capkernel/capkernel/txn"
 )
@@ -731,7 +732,14 @@ func TestExecReplacesPaths(t *testing.T) {
 				}
 			}
 			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
-			r := h.invoke("proc.exec", execArgs("sh", "-c", tc.script), key("replace"))
+			// Deleting a directory is escalated (docs/policy.md), for a
+			// command's delta too: the call asks for that mode, and an
+			// escalation approver allows it before it runs.
+			a, res := h.gated("proc.exec", execArgs("sh", "-c", tc.script), key("replace"), func(e *Envelope) { e.AutonomyMode = policy.Escalated })
+			if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "allow", "replace it"); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
 			mustOK(t, r)
 			if r.TxOutcome != Committed {
 				t.Fatalf("outcome %s", r.TxOutcome)
@@ -745,6 +753,63 @@ func TestExecReplacesPaths(t *testing.T) {
 					t.Fatalf("%s after the call: dir %v, content %q; want %q", p, fi.IsDir(), h.read(p), c)
 				}
 			}
+		})
+	}
+}
+
+// TestExecDeltaDecided: what a command changed is decided by the policy
+// before it commits, as if each path were written or deleted by its own
+// call: a secret is refused whatever the mode, a sensitive path needs an
+// approved call, a deleted directory an escalated one; refused, nothing
+// of the command's changes is applied.
+func TestExecDeltaDecided(t *testing.T) {
+	for _, tc := range []struct {
+		name, script string
+		mode         string // the call's requested mode: "" (autopilot under the test policy), soft_gate, escalated
+		class        string
+	}{
+		{"a plain write", "echo x > out.txt", "", ""},
+		{"a new .env file", "mkdir -p sub && echo SECRET=1 > sub/.env.local", "", ErrPolicyDenied},
+		{"a new key", "mkdir -p keys && echo k > keys/new.pem", "soft_gate", ErrPolicyDenied},
+		{"a git hook under autopilot", "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit", "", ErrPolicyDenied},
+		{"a git hook, approved", "mkdir -p .git/hooks && echo hook > .git/hooks/pre-commit", "soft_gate", ""},
+		{"a deleted directory under soft_gate", "rm -r build && echo x > out.txt", "soft_gate", ErrPolicyDenied},
+		{"a deleted directory, escalated", "rm -r build", "escalated", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newExecHarness(t)
+			h.write("build/old.o", "o")
+			os.MkdirAll(filepath.Join(h.ws, ".git"), 0o755)
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+			before := snapshot(t, h.ws)
+			args := execArgs("sh", "-c", tc.script)
+			var r *Result
+			if tc.mode == "" {
+				r = h.invoke("proc.exec", args, key("d"))
+			} else {
+				role := captoken.RoleApprover
+				if tc.mode == policy.Escalated {
+					role = captoken.RoleEscalation
+				}
+				a, res := h.gated("proc.exec", args, key("d"), func(e *Envelope) { e.AutonomyMode = tc.mode })
+				if _, err := h.k.Decide(a.ID, h.approver("carol", role), "allow", "ok"); err != nil {
+					t.Fatal(err)
+				}
+				r = <-res
+			}
+			if errClass(r) != tc.class {
+				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
+			}
+			if tc.class == "" {
+				if r.TxOutcome != Committed {
+					t.Fatalf("outcome %s", r.TxOutcome)
+				}
+				return
+			}
+			if r.TxOutcome != RolledBack || !strings.Contains(r.Error.Message, "nothing of them is applied") {
+				t.Fatalf("refused: outcome %s, %s", r.TxOutcome, r.Error.Message)
+			}
+			sameTree(t, before, snapshot(t, h.ws))
 		})
 	}
 }

@@ -5,14 +5,21 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 // An export (Inspector.Export) is ledger.Export's JSON lines with, right
@@ -24,6 +31,10 @@ import (
 
 // payloadLinePrefix starts every payload line of an export.
 var payloadLinePrefix = []byte(`{"payload":`)
+
+// checkpointLinePrefix starts every checkpoint line of an export
+// (ledger.Export).
+const checkpointLinePrefix = `{"checkpoint":`
 
 // payloadLine is a payload line of an export.
 type payloadLine struct {
@@ -107,25 +118,32 @@ func exportWithPayloads(tx *bbolt.Tx, w io.Writer) error {
 }
 
 // VerifyExport checks an export offline as VerifyLedgerExport does, and
-// its payload lines: each must open the commitments of the audit record
-// that follows it, and none may be of a record an erasure record names
-// (tampering otherwise, at that seq). It reports the records with
-// commitments, the parts opened, those not kept, the records erased and
-// the records whose payload the export does not carry.
+// its payload lines. Each must be well formed and in its place, or the
+// export is not intact, naming the line (checkPayloadLine): strict JSON
+// (strictjson: no duplicate or case-variant member, none but payload and
+// seq, no unknown member in the payload), in RFC 8785 canonical form,
+// right before the line of the record it names, and the only one for that
+// record. Each must then open the commitments of that audit record, and
+// none may be of an entry that is no audit record with commitments or of
+// a record an erasure record names (tampering otherwise, at that seq). It
+// reports the records with commitments, the parts opened, those not kept,
+// the records erased and the records whose payload the export does not
+// carry.
+//
+// Lines are read whole whatever their length, as ledger.VerifyExport
+// reads them: memory grows with the longest line (a payload line holds a
+// call's args and result, which the kernel's envelope and result limits
+// bound), not with the export.
 func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (LedgerCheck, error) {
 	var mu sync.Mutex
 	payloads := map[uint64]*Payload{}
 	present := map[uint64]bool{}
-	pr := publicLines(r, func(line []byte) error {
-		var pl payloadLine
-		if err := json.Unmarshal(line, &pl); err != nil || pl.Payload == nil {
-			return fmt.Errorf("export: a payload line does not decode: %v", err)
-		}
+	lines := &payloadLines{payload: func(pl *payloadLine) {
 		mu.Lock()
 		payloads[pl.Seq] = pl.Payload
 		mu.Unlock()
-		return nil
-	})
+	}}
+	pr := publicLines(r, lines)
 	t := &payloadTally{}
 	absent := 0
 	open := func(e ledger.Entry) error {
@@ -149,12 +167,18 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 		present[e.Seq] = true
 		return t.open(e.Seq, c, depth, p, nil)
 	}
-	check, err := CheckOf(verifyLedgerExport(pr, origin, pub, progress, t.entry, open))
+	rep, err := verifyLedgerExport(pr, origin, pub, progress, t.entry, open)
 	pr.Close()
+	if le := (*payloadLineError)(nil); errors.As(err, &le) {
+		return LedgerCheck{Entries: le.entries, BadSeq: le.seq, Reason: le.Error()}, nil
+	}
+	check, err := CheckOf(rep, err)
 	if err != nil || !check.Intact {
+		check.Reason = lines.renumber(check.Reason)
 		return check, err
 	}
-	for seq := range payloads {
+	if len(payloads) > 0 {
+		seq := slices.Min(slices.Collect(maps.Keys(payloads)))
 		return LedgerCheck{Entries: check.Entries, BadSeq: &seq, Reason: fmt.Sprintf("export: a payload line for entry %d, which is no audit record with commitments (tampered)", seq)}, nil
 	}
 	for seq := range present {
@@ -167,30 +191,185 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 	return check, nil
 }
 
+// payloadLineError is a payload line that is malformed or out of place.
+type payloadLineError struct {
+	line    uint64  // its line in the export, from 1
+	seq     *uint64 // the entry it names, when it decodes
+	entries uint64  // the entry lines before it
+	reason  string
+}
+
+func (e *payloadLineError) Error() string {
+	return fmt.Sprintf("export line %d: %s", e.line, e.reason)
+}
+
 // publicLines reads r without its payload lines: the public export, which
-// ledger.VerifyExport checks. Each payload line goes to payload, unless
-// nil; its error ends the reading with that error.
-func publicLines(r io.Reader, payload func(line []byte) error) *io.PipeReader {
+// ledger.VerifyExport checks, byte for byte. With pl.payload set, each
+// payload line is checked (payloadLines.line) and, if it passes, goes to
+// it; the first that fails ends the reading with a *payloadLineError.
+// Without, payload lines are skipped unread.
+func publicLines(r io.Reader, pl *payloadLines) *io.PipeReader {
 	pr, pw := io.Pipe()
 	go func() {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			if bytes.HasPrefix(line, payloadLinePrefix) {
-				if payload != nil {
-					if err := payload(line); err != nil {
-						pw.CloseWithError(err)
+		br := bufio.NewReaderSize(r, 256<<10)
+		var long []byte // a line longer than br's buffer
+		for {
+			data, err := br.ReadSlice('\n')
+			if errors.Is(err, bufio.ErrBufferFull) {
+				long = append(long[:0], data...)
+				for errors.Is(err, bufio.ErrBufferFull) {
+					data, err = br.ReadSlice('\n')
+					long = append(long, data...)
+				}
+				data = long
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				pw.CloseWithError(err)
+				return
+			}
+			if len(data) > 0 {
+				public, lerr := pl.line(data)
+				if lerr != nil {
+					pw.CloseWithError(lerr)
+					return
+				}
+				if public {
+					if _, werr := pw.Write(data); werr != nil {
 						return
 					}
 				}
-				continue
 			}
-			if _, err := pw.Write(append(line, '\n')); err != nil {
+			if err != nil { // io.EOF
+				pw.CloseWithError(pl.end())
 				return
 			}
 		}
-		pw.CloseWithError(sc.Err())
 	}()
 	return pr
+}
+
+// payloadLines follows the lines of an export to check its payload lines'
+// places: each must be followed by the line of the record it names, the
+// next entry line (the ledger's verification checks that the entry lines
+// hold seq 0, 1, 2, … in order).
+type payloadLines struct {
+	payload func(*payloadLine) // nil: payload lines are skipped unread
+	n       uint64             // lines read
+	entries uint64             // entry lines read: the next one is record entries
+	pending bool               // the last line was a payload line
+	last    uint64             // the seq of the last payload line, if any
+	lastAt  uint64             // its line; 0 before the first
+	public  uint64             // public lines read
+
+	// shifted lists, in order, the public lines that follow a payload
+	// line: ledger.VerifyExport numbers the lines it reads, renumber
+	// turns those numbers into the export's.
+	mu      sync.Mutex
+	shifted []uint64
+}
+
+// line takes the next line (its newline included, if it has one) and
+// reports whether it is a public line, or why the export is not intact.
+func (p *payloadLines) line(data []byte) (public bool, err error) {
+	p.n++
+	switch {
+	case bytes.HasPrefix(data, payloadLinePrefix):
+		if p.payload == nil {
+			return false, nil
+		}
+		return false, p.payloadLine(bytes.TrimSuffix(data, []byte("\n")))
+	case bytes.HasPrefix(data, []byte(checkpointLinePrefix)):
+		if p.pending {
+			return false, p.fault(p.lastAt, &p.last, fmt.Sprintf("the payload line for entry %d is followed by a checkpoint line (line %d), not by record %d", p.last, p.n, p.last))
+		}
+		p.public++
+		return true, nil
+	}
+	if p.pending {
+		p.mu.Lock()
+		p.shifted = append(p.shifted, p.public+1)
+		p.mu.Unlock()
+	}
+	p.pending = false
+	p.entries++
+	p.public++
+	return true, nil
+}
+
+// ledgerLinePrefix starts the error of ledger.VerifyExport that names the
+// line at fault, as it numbers the lines it reads.
+const ledgerLinePrefix = "ledger export line "
+
+// renumber gives a reason from ledger.VerifyExport the export's line
+// number: the ledger reads the export without its payload lines. The
+// lines it names were read, and so counted here, before it named them.
+func (p *payloadLines) renumber(reason string) string {
+	rest, ok := strings.CutPrefix(reason, ledgerLinePrefix)
+	num, rest, ok2 := strings.Cut(rest, ":")
+	n, err := strconv.ParseUint(num, 10, 64)
+	if !ok || !ok2 || err != nil {
+		return reason
+	}
+	p.mu.Lock()
+	n += uint64(sort.Search(len(p.shifted), func(i int) bool { return p.shifted[i] > n }))
+	p.mu.Unlock()
+	return fmt.Sprintf("export line %d:%s", n, rest)
+}
+
+// payloadLine checks payload line p.n and hands it on.
+func (p *payloadLines) payloadLine(data []byte) error {
+	pl, err := checkPayloadLine(data)
+	if err != nil && pl != nil {
+		return p.fault(p.n, &pl.Seq, err.Error())
+	}
+	if err != nil {
+		return p.fault(p.n, nil, err.Error())
+	}
+	seq := pl.Seq
+	switch {
+	case p.lastAt > 0 && seq == p.last:
+		return p.fault(p.n, &seq, fmt.Sprintf("a second payload line for entry %d (the first is line %d)", seq, p.lastAt))
+	case p.pending:
+		return p.fault(p.lastAt, &p.last, fmt.Sprintf("the payload line for entry %d is followed by another payload line (line %d), not by record %d", p.last, p.n, p.last))
+	case seq != p.entries:
+		return p.fault(p.n, &seq, fmt.Sprintf("the payload line for entry %d stands before record %d, not right before record %d", seq, p.entries, seq))
+	}
+	p.pending, p.last, p.lastAt = true, seq, p.n
+	p.payload(pl)
+	return nil
+}
+
+// end checks the export's end: its last line must not be a payload line.
+func (p *payloadLines) end() error {
+	if p.pending {
+		return p.fault(p.lastAt, &p.last, fmt.Sprintf("the payload line for entry %d is the export's last line, not followed by record %d", p.last, p.last))
+	}
+	return nil
+}
+
+func (p *payloadLines) fault(line uint64, seq *uint64, reason string) error {
+	if seq != nil {
+		s := *seq
+		seq = &s
+	}
+	return &payloadLineError{line: line, seq: seq, entries: p.entries, reason: reason}
+}
+
+// checkPayloadLine decodes a payload line (without its newline) strictly
+// and requires it in canonical form: a line that any other reader could
+// read differently (a duplicate or case-variant member, an unknown one)
+// or that is not the one form the kernel writes is refused. On a refusal
+// the line is returned too if it decoded (its seq names the entry).
+func checkPayloadLine(line []byte) (*payloadLine, error) {
+	var pl payloadLine
+	if err := strictjson.Unmarshal(line, &pl); err != nil {
+		return nil, fmt.Errorf("a payload line that does not decode strictly: %w", err)
+	}
+	if pl.Payload == nil {
+		return &pl, fmt.Errorf("the payload line for entry %d holds no payload", pl.Seq)
+	}
+	if err := jcs.CheckCanonical(line); err != nil {
+		return &pl, fmt.Errorf("the payload line for entry %d is not in canonical JSON form (RFC 8785): %w", pl.Seq, err)
+	}
+	return &pl, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -879,6 +880,9 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if class == "" {
 		class, msg = c.checkFiles()
 	}
+	if class == "" && c.reach != nil && c.reach.Workspace {
+		class, msg = k.decideDelta(ctx, c, stage.Touched())
+	}
 	if class == "" {
 		// Staged files must be durable before the commit is.
 		if err := k.syncer.Sync(stage.FileRoots()...); err != nil {
@@ -1125,6 +1129,40 @@ func (c *call) unusable(class, msg string) (string, string) {
 		return class, msg
 	}
 	return ErrOutcomeUnknown, msg + "; its external effect may have happened all the same: reconcile with the other side. A repeat with the same idempotency key returns this outcome and never executes again"
+}
+
+// decideDelta is the policy's decision on what c changed beyond what its
+// arguments name (a syscall whose Reach is the workspace: proc.exec's
+// delta), which the decision before it ran could not see: c's policy
+// input with a resource for each path it staged (op write, for a made
+// directory too, or delete). A delta the policy refuses (a secret path)
+// or decides stricter than the mode the call ran under (a write under a
+// sensitive path by an autopilot call, a deleted directory by one a plain
+// approver allowed) is refused, policy_denied: nothing of it is applied.
+// A decision that fails refuses it too.
+func (k *Kernel) decideDelta(ctx context.Context, c *call, touched []*syscalls.Resource) (class, msg string) {
+	if len(touched) == 0 {
+		return "", ""
+	}
+	if c.input == nil {
+		return ErrInternal, "the command's changes cannot be decided: the call has no policy input"
+	}
+	in := *c.input
+	in.Resources = slices.Clone(in.Resources)
+	for _, r := range touched {
+		in.Resources = append(in.Resources, policy.Resource{
+			Kind: "fs", Op: string(r.Access), Path: r.Rel, RealPath: r.Real, Root: r.RootPath, IsDir: r.IsDir, Exists: r.Exists,
+		})
+	}
+	d, err := k.policy.Decide(ctx, &in)
+	if err != nil {
+		return ErrPolicyDenied, "deciding the command's changes: " + err.Error() + "; nothing of them is applied"
+	}
+	if d.AutonomyMode != policy.NoGo && policy.Stricter(d.AutonomyMode, c.res.AutonomyMode) == c.res.AutonomyMode {
+		return "", ""
+	}
+	return ErrPolicyDenied, fmt.Sprintf("the policy decides the command's changes %s (%s), stricter than the %s the call ran under: nothing of them is applied",
+		d.AutonomyMode, strings.Join(d.RiskBasis, "; "), c.res.AutonomyMode)
 }
 
 // external reports whether c's effect happens outside the kernel: a

@@ -110,7 +110,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: map[string]*syscalls.Workspace{},
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}},
-		ops: operations{byID: map[string]*operation{}}, audit: audit,
+		ops: operations{byID: map[string]*operation{}, byAgent: map[string]int{}}, audit: audit,
 	}
 	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
 		return nil, err
@@ -207,6 +207,32 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	return k, nil
 }
 
+// checkTail refuses a ledger with entries beyond its latest checkpoint:
+// the kernel appends entries and the checkpoint over them in one
+// transaction, so such entries were written by something else (appended
+// to the file while the kernel was stopped), and the next group commit
+// would sign them. A ledger with no checkpoint at all is one from before
+// checkpoints, which the first commit signs over (ledger verify refuses
+// it until then).
+func checkTail(tx *bbolt.Tx) error {
+	cp, err := ledger.LatestCheckpoint(tx)
+	if errors.Is(err, ledger.ErrNoCheckpoint) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h, err := ledger.HeadOf(tx)
+	if err != nil {
+		return err
+	}
+	if h.Size > cp.Size {
+		return fmt.Errorf("the ledger holds %d entries but its latest checkpoint signs %d: entries %d..%d were not appended by this kernel (restore the data dir from a backup, or export and inspect them)",
+			h.Size, cp.Size, cp.Size, h.Size-1)
+	}
+	return nil
+}
+
 // load creates buckets, reads revocations, recovers and records the policy.
 func (k *Kernel) load(ctx context.Context) error {
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
@@ -222,6 +248,9 @@ func (k *Kernel) load(ctx context.Context) error {
 			return store.Abort(fmt.Errorf("open: %w", err))
 		} else if err != nil {
 			return store.Abort(fmt.Errorf("open: the ledger does not match its last checkpoint: %w", err))
+		}
+		if err := checkTail(tx); err != nil {
+			return store.Abort(fmt.Errorf("open: %w", err))
 		}
 		if err := indexReceipts(tx); err != nil {
 			return store.Abort(err)

@@ -134,7 +134,7 @@ func (k *Kernel) observed(c *call, r *Result) {
 	}
 	c.lap(rest)
 	rep := &CallReport{
-		OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.env.AgentID, SessionID: c.session,
+		OperationID: c.env.OperationID, ToolID: c.env.ToolID, AgentID: c.agent(), SessionID: c.session,
 		SideEffect: string(c.effect), AutonomyMode: r.AutonomyMode, Status: r.Status,
 		TxOutcome: r.TxOutcome, LedgerSeq: r.LedgerSeq, Replayed: r.Replayed, Stages: c.obs.stages, Provenance: c.env.Provenance,
 		Context: c.caller,

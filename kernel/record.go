@@ -28,32 +28,38 @@ import (
 // part (publicBody): the fields marked private are replaced there by
 // commitments, and kept beside the chain (payloads.go).
 type auditRecord struct {
-	OperationID       string          `json:"operation_id"`
-	AgentID           string          `json:"agent_id"`
-	PolicyHash        string          `json:"policy_hash"`
-	StateSnapshotID   string          `json:"state_snapshot_id"`
-	CapabilityTokenID string          `json:"capability_token_id"`
-	TokenHash         string          `json:"token_hash,omitempty"`
-	ToolID            string          `json:"tool_id"`
-	ArgsHash          string          `json:"args_hash,omitempty"` // private
-	EnvelopeHash      string          `json:"envelope_hash,omitempty"`
-	ResultHash        string          `json:"result_hash,omitempty"` // private
-	Provenance        json.RawMessage `json:"provenance,omitempty"`  // private
-	TaskClass         string          `json:"task_class"`
-	AutonomyMode      string          `json:"autonomy_mode"`
-	RequestedMode     string          `json:"requested_mode,omitempty"`
-	DecidedMode       string          `json:"decided_mode,omitempty"`
-	RiskScore         float64         `json:"risk_score"`
-	RiskBasis         []string        `json:"risk_basis,omitempty"` // private: it may quote args
-	Status            string          `json:"status"`
-	ErrorClass        string          `json:"error_class,omitempty"`
-	ErrorMessage      string          `json:"error_message,omitempty"` // private
-	TxOutcome         string          `json:"tx_outcome"`
-	CommitDeltaID     string          `json:"commit_delta_id,omitempty"`
-	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
-	ReplayOf          string          `json:"replay_of,omitempty"`
-	StartedAt         string          `json:"started_at"`
-	PolicyInput       *policy.Input   `json:"policy_input,omitempty"` // private
+	OperationID       string `json:"operation_id"`
+	AgentID           string `json:"agent_id"`
+	PolicyHash        string `json:"policy_hash"`
+	StateSnapshotID   string `json:"state_snapshot_id"`
+	CapabilityTokenID string `json:"capability_token_id"`
+	// ClaimedAgentID and ClaimedTokenID are what an envelope whose token
+	// did not verify said of its agent and token: anyone can send one
+	// naming anyone, so such a record is attributed to no agent
+	// (AgentID and CapabilityTokenID empty) and keeps the claim here.
+	ClaimedAgentID string          `json:"claimed_agent_id,omitempty"`
+	ClaimedTokenID string          `json:"claimed_capability_token_id,omitempty"`
+	TokenHash      string          `json:"token_hash,omitempty"`
+	ToolID         string          `json:"tool_id"`
+	ArgsHash       string          `json:"args_hash,omitempty"` // private
+	EnvelopeHash   string          `json:"envelope_hash,omitempty"`
+	ResultHash     string          `json:"result_hash,omitempty"` // private
+	Provenance     json.RawMessage `json:"provenance,omitempty"`  // private
+	TaskClass      string          `json:"task_class"`
+	AutonomyMode   string          `json:"autonomy_mode"`
+	RequestedMode  string          `json:"requested_mode,omitempty"`
+	DecidedMode    string          `json:"decided_mode,omitempty"`
+	RiskScore      float64         `json:"risk_score"`
+	RiskBasis      []string        `json:"risk_basis,omitempty"` // private: it may quote args
+	Status         string          `json:"status"`
+	ErrorClass     string          `json:"error_class,omitempty"`
+	ErrorMessage   string          `json:"error_message,omitempty"` // private
+	TxOutcome      string          `json:"tx_outcome"`
+	CommitDeltaID  string          `json:"commit_delta_id,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	ReplayOf       string          `json:"replay_of,omitempty"`
+	StartedAt      string          `json:"started_at"`
+	PolicyInput    *policy.Input   `json:"policy_input,omitempty"` // private
 	// The approval of a soft_gate or escalated call: its id, state, the
 	// approver's identity (token sub) and reason.
 	ApprovalID     string `json:"approval_id,omitempty"`
@@ -307,13 +313,24 @@ func (k *Kernel) storeOperation(tx *bbolt.Tx, id string, op txn.Operation) error
 	return txn.PutOperation(tx, id, op)
 }
 
+// agent is the agent c is attributed to: the envelope's agent once its
+// token verified (the token is bound to it), else none. An envelope whose
+// token did not verify may name any agent; its refusal is recorded with
+// that claim as claimed_agent_id (audit), never as the agent's own call.
+func (c *call) agent() string {
+	if c.token == nil {
+		return ""
+	}
+	return c.env.AgentID
+}
+
 // fill sets the result fields that come from the envelope.
 func (c *call) fill(k *Kernel) {
 	env := c.env
 	if env.OperationID == "" {
 		env.OperationID = newID()
 	}
-	c.res.ToolID, c.res.AgentID, c.res.OperationID = env.ToolID, env.AgentID, env.OperationID
+	c.res.ToolID, c.res.AgentID, c.res.OperationID = env.ToolID, c.agent(), env.OperationID
 	c.res.AuditSalt = c.auditSalt()
 	c.res.Provenance, c.res.TaskClass = env.Provenance, env.TaskClass
 	if c.res.AutonomyMode == "" {
@@ -369,6 +386,9 @@ func (c *call) audit(k *Kernel) *auditRecord {
 	}
 	if c.token != nil {
 		a.TokenHash = c.token.Hash
+	} else {
+		a.ClaimedAgentID, a.ClaimedTokenID = a.AgentID, a.CapabilityTokenID
+		a.AgentID, a.CapabilityTokenID = "", ""
 	}
 	if ap := c.approval; ap != nil {
 		a.ApprovalID, a.ApprovalState, a.ApprovedBy, a.ApprovalReason = ap.ID, ap.State, ap.DecidedBy, ap.Reason

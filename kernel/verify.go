@@ -29,7 +29,7 @@ import (
 // verified. The export's payload lines are skipped (VerifyExport checks
 // them).
 func VerifyLedgerExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (ledger.Report, error) {
-	pr := publicLines(r, nil)
+	pr := publicLines(r, &payloadLines{})
 	defer pr.Close()
 	return verifyLedgerExport(pr, origin, pub, progress)
 }
@@ -178,21 +178,42 @@ func (rc *receiptChecker) finish(err error) error {
 
 // LedgerCheck is the outcome of a ledger verification, as kernelctl prints
 // it and GET /v1/admin/ledger/verify sends it.
+//
+// A ledger is intact only when its latest checkpoint signs every entry:
+// the kernel stores a checkpoint of the whole ledger in every group commit
+// that appends (afterBatch), so in an honest ledger or export the latest
+// checkpoint's size is the number of entries. Entries after it (or any
+// entry when there is no checkpoint) are signed by nothing: whoever holds
+// the file could have appended or rewritten them, so they make the ledger
+// not intact, with BadSeq the first of them.
 type LedgerCheck struct {
 	Intact      bool    `json:"intact"`
-	Entries     uint64  `json:"entries"`               // entries verified (all of them, when intact)
+	Entries     uint64  `json:"entries"`               // entries verified: all of them when intact, else those before the finding
 	Checkpoints uint64  `json:"checkpoints,omitempty"` // checkpoints verified, when intact
 	Root        string  `json:"root,omitempty"`        // Merkle root of all entries, when intact
 	BadSeq      *uint64 `json:"bad_seq,omitempty"`     // the first bad entry, when one is
 	Reason      string  `json:"reason,omitempty"`      // what is wrong, when not intact
+	// Latest is the latest checkpoint, once every checkpoint verified: when
+	// intact, and when entries follow it that nothing signs.
+	Latest *CheckpointSummary `json:"latest_checkpoint,omitempty"`
 	// Payloads reports the audit payloads beside the chain (erase.go),
 	// when intact.
 	Payloads *PayloadReport `json:"payloads,omitempty"`
 }
 
+// CheckpointSummary is what a checkpoint signs: the tree size, its Merkle
+// root (blake3:<hex>) and the origin (the kernel id).
+type CheckpointSummary struct {
+	Size   uint64 `json:"size"`
+	Root   string `json:"root"`
+	Origin string `json:"origin"`
+}
+
 // CheckOf reads a verification's outcome: a finding about the ledger (an
 // entry, tree node, checkpoint or fork) makes a LedgerCheck that is not
-// intact; any other error (reading failed) is returned.
+// intact; any other error (reading failed) is returned. A ledger that
+// verified is intact only if its latest checkpoint is of all its entries
+// (see LedgerCheck).
 func CheckOf(rep ledger.Report, err error) (LedgerCheck, error) {
 	var (
 		ve *ledger.VerifyError
@@ -202,11 +223,35 @@ func CheckOf(rep ledger.Report, err error) (LedgerCheck, error) {
 	)
 	switch {
 	case err == nil:
-		return LedgerCheck{Intact: true, Entries: rep.Entries, Checkpoints: rep.Checkpoints, Root: digest.Format(rep.Root)}, nil
+		return checkSigned(rep), nil
 	case errors.As(err, &ve):
 		return LedgerCheck{Entries: ve.Seq, BadSeq: &ve.Seq, Reason: err.Error()}, nil
 	case errors.As(err, &ne), errors.As(err, &ce), errors.As(err, &fe):
 		return LedgerCheck{Entries: rep.Entries, Reason: err.Error()}, nil
 	}
 	return LedgerCheck{}, err
+}
+
+// checkSigned is the LedgerCheck of a ledger that verified: intact when
+// its latest checkpoint signs every entry, or when it has no entries.
+func checkSigned(rep ledger.Report) LedgerCheck {
+	var latest *CheckpointSummary
+	signed := uint64(0)
+	if rep.Checkpoints > 0 {
+		latest = &CheckpointSummary{Size: rep.Latest.Size, Root: digest.Format(rep.Latest.Root), Origin: rep.Latest.Origin}
+		signed = rep.Latest.Size
+	}
+	if signed >= rep.Entries { // a checkpoint beyond the entries fails verification
+		return LedgerCheck{Intact: true, Entries: rep.Entries, Checkpoints: rep.Checkpoints, Root: digest.Format(rep.Root), Latest: latest}
+	}
+	bad, n := signed, rep.Entries
+	what, verb, them := fmt.Sprintf("entries %d..%d", bad, n-1), "follow", "them"
+	if n-bad == 1 {
+		what, verb, them = fmt.Sprintf("entry %d", bad), "follows", "it"
+	}
+	reason := fmt.Sprintf("ledger: %s %s the latest checkpoint (size %d): no checkpoint signs %s", what, verb, signed, them)
+	if latest == nil {
+		reason = fmt.Sprintf("ledger: %s but no checkpoint: nothing signs %s", what, them)
+	}
+	return LedgerCheck{Entries: bad, BadSeq: &bad, Reason: reason, Latest: latest}
 }

@@ -2,11 +2,14 @@ package kernel
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +146,142 @@ func TestVerifyLedgerExport(t *testing.T) {
 		if !errors.As(err, &ce) {
 			t.Fatalf("%s: %v, want a checkpoint error", name, err)
 		}
+	}
+}
+
+// exportLines returns the lines of in's export, each with its newline.
+func exportLines(t *testing.T, in *Inspector) [][]byte {
+	t.Helper()
+	var exp bytes.Buffer
+	if err := in.Export(&exp); err != nil {
+		t.Fatal(err)
+	}
+	return slices.Collect(bytes.Lines(exp.Bytes()))
+}
+
+// isCheckpointLine reports whether an export line holds a checkpoint.
+func isCheckpointLine(line []byte) bool { return bytes.HasPrefix(line, []byte(`{"checkpoint":`)) }
+
+// A ledger is intact only when its latest checkpoint signs every entry:
+// entries after it, or entries with no checkpoint, are refused, naming the
+// unsigned range, in an export and in a database. An intact ledger reports
+// its latest checkpoint.
+func TestVerifyUnsignedEntries(t *testing.T) {
+	h := newHarness(t)
+	h.burst(8)
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": "x", "content": "y"}, key("k")))
+	n := h.headSize()
+	cps := h.checkpoints()
+	lines := exportLines(t, h.k.Inspector())
+
+	// Honest: the latest checkpoint is of every entry, and reported.
+	for name, verify := range map[string]func() (LedgerCheck, error){
+		"database": func() (LedgerCheck, error) { return h.k.Inspector().Verify(nil) },
+		"export": func() (LedgerCheck, error) {
+			return VerifyExport(bytes.NewReader(bytes.Join(lines, nil)), h.k.ID(), h.k.ReceiptKey(), nil)
+		},
+	} {
+		c, err := verify()
+		if err != nil || !c.Intact || c.Latest == nil {
+			t.Fatalf("honest %s: %+v %v", name, c, err)
+		}
+		if want := (CheckpointSummary{Size: n, Root: c.Root, Origin: h.k.ID()}); *c.Latest != want {
+			t.Fatalf("honest %s: latest checkpoint %+v, want %+v", name, *c.Latest, want)
+		}
+	}
+	if len(cps) < 3 || cps[len(cps)-2].Size >= n || cps[0].Size != 0 {
+		t.Fatalf("checkpoints %+v of a ledger of %d entries", cps, n)
+	}
+	prev := cps[len(cps)-2].Size
+	lastGroup := fmt.Sprintf("entries %d..%d follow the latest checkpoint (size %d): no checkpoint signs them", prev, n-1, prev)
+	if n-prev == 1 { // the fs.write call alone
+		lastGroup = fmt.Sprintf("entry %d follows the latest checkpoint (size %d): no checkpoint signs it", prev, prev)
+	}
+
+	// keep returns the export with only the checkpoint lines keep says.
+	keep := func(keep func(i, of int) bool) []byte {
+		var out []byte
+		i, of := 0, len(cps)
+		for _, l := range lines {
+			if isCheckpointLine(l) {
+				i++
+				if !keep(i-1, of) {
+					continue
+				}
+			}
+			out = append(out, l...)
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		export []byte
+		bad    uint64
+		reason string
+		latest uint64 // its size; 0 with none: no checkpoint
+		none   bool
+	}{
+		{"the last checkpoint dropped", keep(func(i, of int) bool { return i < of-1 }), prev, lastGroup, prev, false},
+		{"only the size-0 checkpoint", keep(func(i, _ int) bool { return i == 0 }), 0,
+			fmt.Sprintf("entries 0..%d follow the latest checkpoint (size 0): no checkpoint signs them", n-1), 0, false},
+		{"no checkpoint", keep(func(int, int) bool { return false }), 0,
+			fmt.Sprintf("entries 0..%d but no checkpoint: nothing signs them", n-1), 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := VerifyExport(bytes.NewReader(tc.export), h.k.ID(), h.k.ReceiptKey(), nil)
+			if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != tc.bad || !strings.Contains(c.Reason, tc.reason) {
+				t.Fatalf("got %+v %v, want entry %d bad with %q", c, err, tc.bad, tc.reason)
+			}
+			if tc.none != (c.Latest == nil) || (c.Latest != nil && c.Latest.Size != tc.latest) {
+				t.Fatalf("latest checkpoint %+v, want size %d", c.Latest, tc.latest)
+			}
+		})
+	}
+
+	// Two entries appended to the database after the last checkpoint
+	// (whoever holds the file can): the database and its export say so.
+	h.k.Close()
+	db, err := bbolt.Open(filepath.Join(h.data, DBFile), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for range 2 {
+			if _, err := ledger.Append(tx, ledger.KindPolicyLoaded, time.Now(), json.RawMessage(`{"forged":true}`)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := OpenInspector(h.data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	want := fmt.Sprintf("entries %d..%d follow the latest checkpoint (size %d): no checkpoint signs them", n, n+1, n)
+	for name, verify := range map[string]func() (LedgerCheck, error){
+		"database": func() (LedgerCheck, error) { return in.Verify(nil) },
+		"export": func() (LedgerCheck, error) {
+			return VerifyExport(bytes.NewReader(bytes.Join(exportLines(t, in), nil)), h.k.ID(), h.k.ReceiptKey(), nil)
+		},
+	} {
+		c, err := verify()
+		if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != n || c.Reason != "ledger: "+want || c.Latest == nil || c.Latest.Size != n {
+			t.Fatalf("appended, %s: %+v %v, want entry %d bad with %q", name, c, err, n, want)
+		}
+	}
+	// Nor does the kernel open on it: its next group commit would sign
+	// the appended entries.
+	in.Close()
+	if k, err := Open(context.Background(), Config{DataDir: h.data}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("entries %d..%d were not appended by this kernel", n, n+1)) {
+		if k != nil {
+			k.Close()
+		}
+		t.Fatalf("Open on entries beyond the latest checkpoint: %v", err)
 	}
 }

@@ -18,12 +18,32 @@
 // allowed or denied, leaves a Record (host, port, method, allowed, bytes up
 // and down, reason) for the call's audit record.
 //
+// The records stay bounded without losing one that matters: every allowed
+// request's record is kept, and a proxy allows at most Options.MaxAllowed
+// requests (default 10,000; later ones are refused with ReasonLimit).
+// Refused requests (denied, malformed, over a limit) are kept in full up
+// to Options.MaxRefusedRecords (default 100); later ones are only counted,
+// by reason, in Dropped. So a command cannot push the record of its real
+// connection out with a flood of refused ones.
+//
 // Options.ByteBudget bounds the bytes relayed through the proxy as a whole
 // (up + down, payload only: tunnelled bytes, the forwarded request and the
 // origin's response). The byte that would exceed the budget is never
 // relayed: the connection carrying it is cut, every other open connection
 // is closed too, and later requests are refused with 403. BudgetExceeded
 // reports it, so the caller can fail the call with budget_exceeded.
+//
+// Options.MaxConns bounds the client connections open at once (default
+// 64). The proxy accepts a connection only when one of those slots is
+// free; until then later connections wait unaccepted in the socket's listen
+// queue, where they cost the proxy's process no file descriptor (a client
+// whose connect finds that queue full waits in connect, or gets EAGAIN if
+// it does not block). A proxy thus holds at most 1 + 2 × MaxConns
+// descriptors (the listener; per connection the client's and the
+// origin's), whatever the sandboxed command does. An Accept error that can
+// pass (EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED, EINTR, EAGAIN, a
+// timeout) is retried after a pause doubling from 5 ms to 1 s; it never
+// ends Serve.
 //
 // Host names are resolved by the proxy (Options.Dial), never by the
 // sandboxed client, so the predicate sees the name the client asked for.
@@ -44,6 +64,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -67,10 +88,19 @@ type Options struct {
 	// HeaderTimeout bounds reading the client's request head (default 10 s).
 	HeaderTimeout time.Duration
 
-	// MaxRecords bounds the records kept (default 10,000); requests beyond
-	// it are still checked and counted, and Dropped says how many records
-	// were not kept.
-	MaxRecords int
+	// MaxConns is the number of client connections handled at once
+	// (default 64); more wait, unaccepted, until one ends.
+	MaxConns int
+
+	// MaxAllowed is the number of requests the proxy allows (default
+	// 10,000), each with its record; later requests are refused with
+	// ReasonLimit.
+	MaxAllowed int
+
+	// MaxRefusedRecords is the number of refused requests whose records
+	// are kept (default 100); later refused requests are counted in
+	// Dropped instead.
+	MaxRefusedRecords int
 }
 
 // Record is one proxied request.
@@ -94,6 +124,7 @@ const (
 	ReasonBadRequest     = "malformed proxy request"
 	ReasonUnsupported    = "unsupported proxy request"
 	ReasonProxyClosed    = "proxy closed"
+	ReasonLimit          = "connection limit reached" // Options.MaxAllowed
 	reasonDialPrefix     = "dial: "
 	reasonUpstreamPrefix = "upstream: "
 )
@@ -113,11 +144,19 @@ type Proxy struct {
 
 	mu        sync.Mutex
 	records   []Record
-	dropped   int
+	allowed   int // allowed requests so far
+	refused   int // records of refused requests kept
+	drops     Drops
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	closed    bool
 	wg        sync.WaitGroup
+
+	// slots holds a token per client connection being handled (at most
+	// MaxConns); done is closed by Close, releasing a serve loop waiting
+	// for a slot or pausing after an Accept error.
+	slots chan struct{}
+	done  chan struct{}
 }
 
 // New returns a Proxy; serve it with Serve.
@@ -128,14 +167,21 @@ func New(opts Options) *Proxy {
 	if opts.HeaderTimeout <= 0 {
 		opts.HeaderTimeout = 10 * time.Second
 	}
-	if opts.MaxRecords <= 0 {
-		opts.MaxRecords = 10000
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 64
+	}
+	if opts.MaxAllowed <= 0 {
+		opts.MaxAllowed = 10000
+	}
+	if opts.MaxRefusedRecords <= 0 {
+		opts.MaxRefusedRecords = 100
 	}
 	if opts.Dial == nil {
 		d := &net.Dialer{Timeout: opts.DialTimeout}
 		opts.Dial = d.DialContext
 	}
-	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
+	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
+		slots: make(chan struct{}, opts.MaxConns), done: make(chan struct{})}
 }
 
 // Listen creates a unix socket at path (mode 0600; path must not exist),
@@ -166,8 +212,10 @@ func Listen(path string, opts Options) (*Proxy, error) {
 // SocketPath is the unix socket made by Listen ("" for a Proxy from New).
 func (p *Proxy) SocketPath() string { return p.path }
 
-// Serve accepts connections on l until l or the Proxy is closed. It returns
-// nil after Close.
+// Serve accepts connections on l until l or the Proxy is closed, at most
+// Options.MaxConns at a time (over all listeners). It returns nil after
+// Close, and an error only for an Accept error that cannot pass (see the
+// package comment).
 func (p *Proxy) Serve(l net.Listener) error {
 	if err := p.track(l); err != nil {
 		return err
@@ -193,27 +241,44 @@ func (p *Proxy) serve(l net.Listener) error {
 		p.mu.Unlock()
 		l.Close()
 	}()
+	var pause time.Duration
 	for {
+		// Take a slot before accepting: a connection beyond MaxConns stays
+		// in the listen queue, costing no descriptor here.
+		select {
+		case p.slots <- struct{}{}:
+		case <-p.done:
+			return nil
+		}
 		c, err := l.Accept()
 		if err != nil {
+			<-p.slots
 			p.mu.Lock()
 			closed := p.closed
 			p.mu.Unlock()
 			if closed || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
-				continue
+			if !temporary(err) {
+				return fmt.Errorf("netproxy: accept: %w", err)
 			}
-			return fmt.Errorf("netproxy: accept: %w", err)
+			// Out of descriptors (or memory) for now: the connection
+			// waits in the queue while handlers end and free some.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(pause):
+			case <-p.done:
+				return nil
+			}
+			continue
 		}
+		pause = 0
 		cc := &conn{client: c, rec: -1}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			c.Close()
+			<-p.slots
 			return nil
 		}
 		p.conns[cc] = struct{}{}
@@ -221,17 +286,35 @@ func (p *Proxy) serve(l net.Listener) error {
 		p.mu.Unlock()
 		go func() {
 			defer p.wg.Done()
+			defer func() { <-p.slots }()
 			defer p.forget(cc)
 			p.handle(cc)
 		}()
 	}
 }
 
+// temporary reports whether an Accept error may pass: the process or the
+// system is out of descriptors, buffers or memory for now, or the
+// connection went away before it was accepted.
+func temporary(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+		syscall.ECONNABORTED, syscall.EINTR, syscall.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // Close stops the listeners, cuts every open connection and waits for the
 // handlers to finish. Records stay readable.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
-	p.closed = true
+	if !p.closed {
+		p.closed = true
+		close(p.done)
+	}
 	for l := range p.listeners {
 		l.Close()
 	}
@@ -243,10 +326,11 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// Records returns a copy of the records so far, in arrival order. The byte
-// counts of connections still open are their counts so far, and their
-// reason is the one already known: a connection cut (for the budget, say)
-// shows why at once, not only once its handler has finished.
+// Records returns a copy of the records kept so far (every allowed
+// request's, the first MaxRefusedRecords refused ones'), in arrival order.
+// The byte counts of connections still open are their counts so far, and
+// their reason is the one already known: a connection cut (for the budget,
+// say) shows why at once, not only once its handler has finished.
 func (p *Proxy) Records() []Record {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -264,12 +348,29 @@ func (p *Proxy) Records() []Record {
 	return out
 }
 
-// Dropped is the number of requests whose records were not kept because of
-// MaxRecords.
-func (p *Proxy) Dropped() int {
+// Drops counts the refused requests whose records were not kept
+// (Options.MaxRefusedRecords).
+type Drops struct {
+	Total int `json:"total"`
+	// ByReason splits Total by the constant part of the reason the record
+	// would have had (ReasonDenied, ReasonBadRequest, … without the detail
+	// after ": "); nil when Total is 0.
+	ByReason map[string]int `json:"by_reason,omitempty"`
+}
+
+// Dropped counts the refused requests whose records were not kept. Every
+// allowed request's record is kept.
+func (p *Proxy) Dropped() Drops {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dropped
+	d := Drops{Total: p.drops.Total}
+	if d.Total > 0 {
+		d.ByReason = make(map[string]int, len(p.drops.ByReason))
+		for k, n := range p.drops.ByReason {
+			d.ByReason[k] = n
+		}
+	}
+	return d
 }
 
 // Reached reports whether the proxy has connected a client to an origin
@@ -335,13 +436,44 @@ func (p *Proxy) forget(c *conn) {
 	p.mu.Unlock()
 }
 
-// record appends r as the record of c.
+// record keeps r, a refused request's record, as the record of c, or
+// counts it in the drops beyond MaxRefusedRecords.
 func (p *Proxy) record(c *conn, r Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.records) >= p.opts.MaxRecords {
-		p.dropped++
-		return
+	p.keep(c, r)
+}
+
+// admit allows r's request, keeping its record, unless MaxAllowed
+// requests were allowed already: then r is kept refused with ReasonLimit
+// and admit returns false.
+func (p *Proxy) admit(c *conn, r Record) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.allowed >= p.opts.MaxAllowed {
+		r.Reason = ReasonLimit
+		p.keep(c, r)
+		return false
+	}
+	p.allowed++
+	r.Allowed = true
+	p.keep(c, r)
+	return true
+}
+
+// keep appends r as the record of c; p.mu is held.
+func (p *Proxy) keep(c *conn, r Record) {
+	if !r.Allowed {
+		if p.refused >= p.opts.MaxRefusedRecords {
+			why, _, _ := strings.Cut(r.Reason, ": ")
+			if p.drops.ByReason == nil {
+				p.drops.ByReason = map[string]int{}
+			}
+			p.drops.Total++
+			p.drops.ByReason[why]++
+			return
+		}
+		p.refused++
 	}
 	p.records = append(p.records, r)
 	c.rec = len(p.records) - 1
@@ -443,8 +575,10 @@ func (p *Proxy) handle(c *conn) {
 		reply(c.client, http.StatusForbidden, ReasonBudgetRefused)
 		return
 	}
-	rec.Allowed = true
-	p.record(c, rec)
+	if !p.admit(c, rec) {
+		reply(c.client, http.StatusForbidden, ReasonLimit)
+		return
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DialTimeout)
 	u, err := p.opts.Dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))

@@ -42,7 +42,7 @@ type fixture struct {
 	tls   *httptest.Server
 }
 
-func newFixture(t *testing.T, budget int64, allow func(string, int) bool) *fixture {
+func newFixture(t *testing.T, budget int64, allow func(string, int) bool, opts ...func(*netproxy.Options)) *fixture {
 	t.Helper()
 	f := &fixture{plain: httptest.NewServer(origin()), tls: httptest.NewTLSServer(origin())}
 	t.Cleanup(f.plain.Close)
@@ -61,7 +61,11 @@ func newFixture(t *testing.T, budget int64, allow func(string, int) bool) *fixtu
 	}
 	_ = plainPort
 	sock := filepath.Join(t.TempDir(), "proxy.sock")
-	p, err := netproxy.Listen(sock, netproxy.Options{Allow: allow, ByteBudget: budget, Dial: dial})
+	o := netproxy.Options{Allow: allow, ByteBudget: budget, Dial: dial}
+	for _, f := range opts {
+		f(&o)
+	}
+	p, err := netproxy.Listen(sock, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,15 @@ func (c *decisionCache) get(key []byte) (Decision, bool) {
 	return d, ok
 }
 
+// maxCachedInput is the largest input remembered: larger ones (a command's
+// delta of thousands of paths) are decided afresh each time, so that the
+// cache's two generations hold at most about 2 × cacheGeneration × 64 KiB.
+const maxCachedInput = 64 << 10
+
 func (c *decisionCache) put(key []byte, d Decision) {
+	if len(key) > maxCachedInput {
+		return
+	}
 	d.RiskBasis = slices.Clone(d.RiskBasis)
 	c.mu.Lock()
 	c.putLocked(string(key), d)

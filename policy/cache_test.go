@@ -65,6 +65,19 @@ func TestDecisionCacheBounded(t *testing.T) {
 	if _, ok := c.get([]byte("k0")); ok {
 		t.Fatal("the first decision is still there")
 	}
+	// Inputs over maxCachedInput are decided afresh, never kept.
+	big := make([]byte, maxCachedInput+1)
+	c.put(big, Decision{AutonomyMode: Autopilot})
+	if _, ok := c.get(big); ok {
+		t.Fatal("an input over maxCachedInput was kept")
+	}
+	if _, ok := c.get(big[:maxCachedInput]); ok {
+		t.Fatal("a prefix of it found a decision")
+	}
+	c.put(big[:maxCachedInput], Decision{AutonomyMode: Autopilot})
+	if _, ok := c.get(big[:maxCachedInput]); !ok {
+		t.Fatal("an input of maxCachedInput bytes was not kept")
+	}
 }
 
 // A policy that reads the clock (or the network, or a random number) may

@@ -4,11 +4,15 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"encoding/json"
+	"encoding/json/jsontext"
+	jsonv2 "encoding/json/v2"
 	"errors"
 	"fmt"
 
 	"github.com/lestrrat-go/jwx/v4/jwa"
 	"github.com/lestrrat-go/jwx/v4/jwk"
+
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 // JWKS returns a JWK Set (RFC 7517) publishing keys for receipt
@@ -77,85 +81,129 @@ func thumbprint(k jwk.Key) (string, error) {
 }
 
 // verificationKey returns the Ed25519 key that the JWKS document jwks
-// publishes under kid, refusing keys that are not Ed25519 signature keys
-// for EdDSA or whose thumbprint is not kid.
+// publishes under kid (signatureKeys).
 func verificationKey(jwks []byte, kid string) (ed25519.PublicKey, error) {
-	set, err := parseJWKS(jwks)
+	keys, err := signatureKeys(jwks)
 	if err != nil {
 		return nil, err
 	}
-	k, ok := set.LookupKeyID(kid)
-	if !ok {
-		return nil, fmt.Errorf("kid %q is not in the JWKS", kid)
+	for _, k := range keys {
+		if k.kid == kid {
+			return k.pub, nil
+		}
 	}
-	return checkKey(k, kid)
+	return nil, fmt.Errorf("kid %q is not in the JWKS as an Ed25519 signature key", kid)
 }
 
-// checkKey returns the Ed25519 public key of JWKS key k, published under
-// kid, refusing a key that is not an Ed25519 signature key for EdDSA or
-// whose thumbprint is not kid.
-func checkKey(k jwk.Key, kid string) (ed25519.PublicKey, error) {
-	if alg, ok := k.Algorithm(); ok && alg.String() != algEdDSA {
-		return nil, fmt.Errorf("JWKS key %q is for alg %q, not %s", kid, alg, algEdDSA)
-	}
-	if use, ok := k.KeyUsage(); ok && use != string(jwk.ForSignature) {
-		return nil, fmt.Errorf("JWKS key %q has use %q, not sig", kid, use)
-	}
-	pk, err := k.PublicKey()
-	if err != nil {
-		return nil, fmt.Errorf("JWKS key %q: %w", kid, err)
-	}
-	pub, err := jwk.Export[ed25519.PublicKey](pk)
-	if err != nil {
-		return nil, fmt.Errorf("JWKS key %q is not an Ed25519 public key: %w", kid, err)
-	}
-	if tp, err := thumbprint(pk); err != nil || tp != kid {
-		return nil, fmt.Errorf("JWKS key %q is not the key its kid names (thumbprint %s)", kid, tp)
-	}
-	return pub, nil
-}
-
-// PublicKey returns the key of a JWKS document that holds exactly one, as
-// the kernel's does, checked as Verify checks the key it picks.
+// PublicKey returns the Ed25519 key of a JWKS document that holds exactly
+// one (signatureKeys), as the kernel's does.
 func PublicKey(jwks []byte) (ed25519.PublicKey, error) {
-	set, err := parseJWKS(jwks)
+	keys, err := signatureKeys(jwks)
 	if err != nil {
 		return nil, err
 	}
-	if set.Len() != 1 {
-		return nil, fmt.Errorf("JWKS holds %d keys, want exactly one", set.Len())
+	if len(keys) != 1 {
+		return nil, fmt.Errorf("JWKS holds %d Ed25519 signature keys, want exactly one", len(keys))
 	}
-	k, _ := set.Key(0)
-	kid, ok := k.KeyID()
-	if !ok {
-		return nil, errors.New("JWKS key has no kid")
-	}
-	return checkKey(k, kid)
+	return keys[0].pub, nil
 }
 
-// parseJWKS parses a JWKS document, refusing duplicate kids and a key
-// whose "x" is not the one unpadded base64url text of its bytes (jwx
-// decodes it leniently; the console's verifier refuses such a key too).
-func parseJWKS(jwks []byte) (jwk.Set, error) {
-	set, err := jwk.Parse(jwks, jwk.WithRejectDuplicateKID(true))
-	if err != nil {
+// jwksKey is an Ed25519 signature key of a JWKS document.
+type jwksKey struct {
+	kid string
+	pub ed25519.PublicKey
+}
+
+// signatureKeys returns the Ed25519 signature keys of a JWKS document by
+// the rule of docs/formats.md ("The kernel's JWKS"), which the console's
+// verifier applies too:
+//
+//   - the document is strict JSON (strictjson.Check) holding an object
+//     whose "keys" is an array of objects; other members are ignored;
+//   - a key whose kty is not "OKP", whose crv is not "Ed25519", that has
+//     a use other than "sig" or an alg other than "EdDSA" is not one:
+//     it is skipped unread (an ES256 key beside the kernel's, say);
+//   - every Ed25519 signature key must be well formed, or the document is
+//     refused: x the unpadded base64url of 32 bytes, spelled canonically;
+//     kid its RFC 7638 thumbprint; no "d" (a private key published);
+//   - no two of them have the same kid, and there is at least one.
+func signatureKeys(jwks []byte) ([]jwksKey, error) {
+	if err := strictjson.Check(jwks); err != nil {
 		return nil, fmt.Errorf("JWKS: %w", err)
 	}
 	var doc struct {
-		Keys []struct {
-			X *string `json:"x"`
-		} `json:"keys"`
+		Keys *[]map[string]jsontext.Value `json:"keys"`
 	}
-	if err := json.Unmarshal(jwks, &doc); err != nil {
-		return nil, fmt.Errorf("JWKS: %w", err)
+	if err := jsonv2.Unmarshal(jwks, &doc); err != nil {
+		return nil, fmt.Errorf("JWKS: %v", err)
 	}
-	for i, k := range doc.Keys {
-		if k.X == nil {
-			continue // not an OKP key: checkKey refuses it if it is the one used
+	if doc.Keys == nil {
+		return nil, errors.New("JWKS: no keys array")
+	}
+	var out []jwksKey
+	for i, m := range *doc.Keys {
+		if m == nil {
+			return nil, fmt.Errorf("JWKS key %d is not an object", i+1)
 		}
-		if err := canonicalBase64URL([]byte(*k.X)); err != nil {
-			return nil, fmt.Errorf("JWKS key %d: x %w", i+1, err)
+		kty, _ := member(m, "kty")
+		crv, _ := member(m, "crv")
+		use, hasUse := member(m, "use")
+		alg, hasAlg := member(m, "alg")
+		// A member that is not a string reads as "": not the value wanted.
+		if kty != "OKP" || crv != "Ed25519" || hasUse && use != "sig" || hasAlg && alg != algEdDSA {
+			continue
 		}
+		k, err := ed25519Key(m)
+		if err != nil {
+			return nil, fmt.Errorf("JWKS key %d: %w", i+1, err)
+		}
+		for _, o := range out {
+			if o.kid == k.kid {
+				return nil, fmt.Errorf("JWKS keys %q: two Ed25519 keys have this kid", k.kid)
+			}
+		}
+		out = append(out, k)
 	}
-	return set, nil
+	if len(out) == 0 {
+		return nil, errors.New("the JWKS holds no Ed25519 signature key")
+	}
+	return out, nil
+}
+
+// member returns the value of member name of the JWK m if it is a string
+// ("" if not), and whether m has the member.
+func member(m map[string]jsontext.Value, name string) (string, bool) {
+	v, ok := m[name]
+	var s string
+	if ok && v.Kind() == '"' {
+		_ = jsonv2.Unmarshal(v, &s) // a valid string: strictjson.Check passed
+	}
+	return s, ok
+}
+
+// ed25519Key checks the JWK m of an Ed25519 signature key.
+func ed25519Key(m map[string]jsontext.Value) (jwksKey, error) {
+	if _, ok := m["d"]; ok {
+		return jwksKey{}, errors.New("holds a private key (d)")
+	}
+	x, _ := member(m, "x")
+	if x == "" {
+		return jwksKey{}, errors.New("has no x string")
+	}
+	if err := canonicalBase64URL([]byte(x)); err != nil {
+		return jwksKey{}, fmt.Errorf("x %w", err)
+	}
+	pub, _ := b64.AppendDecode(nil, []byte(x))
+	if len(pub) != ed25519.PublicKeySize {
+		return jwksKey{}, fmt.Errorf("x is %d bytes, want %d", len(pub), ed25519.PublicKeySize)
+	}
+	kid, _ := member(m, "kid")
+	want, err := keyID(pub)
+	if err != nil {
+		return jwksKey{}, err
+	}
+	if kid != want {
+		return jwksKey{}, fmt.Errorf("kid %q is not the key's thumbprint %s", kid, want)
+	}
+	return jwksKey{kid: kid, pub: pub}, nil
 }

@@ -2,7 +2,7 @@ package receipts
 
 import (
 	"crypto/ed25519"
-	"encoding/json"
+	jsonv2 "encoding/json/v2"
 	"errors"
 	"fmt"
 	"strconv"
@@ -64,13 +64,17 @@ func ParseID(id string) (seq uint64, hashPrefix string, ok bool) {
 // Summarize returns what the audit entry e says about its call, in the
 // fields of a JWS receipt: ReceiptID is ID(e.Seq, e.Hash), IssuedAt the
 // entry's time, LedgerSeq and LedgerEntryHash the entry's. It checks
-// neither the entry's hash nor its place in the ledger.
+// neither the entry's hash nor its place in the ledger. The body's members
+// are matched to Receipt's fields by exact name; one that names a field
+// must be of its type (null reads as none), others are ignored.
 func Summarize(e ledger.Entry) (*Receipt, error) {
 	if e.Kind != ledger.KindAudit {
 		return nil, fmt.Errorf("receipts: entry %d is a %s entry, not an audit record", e.Seq, e.Kind)
 	}
 	var r Receipt
-	if err := json.Unmarshal(e.Body, &r); err != nil {
+	// encoding/json/v2: names match exactly ("TOOL_ID" is not tool_id), as
+	// the console's verifier reads them.
+	if err := jsonv2.Unmarshal(e.Body, &r); err != nil {
 		return nil, fmt.Errorf("receipts: audit record %d: %w", e.Seq, err)
 	}
 	r.ReceiptID, r.LedgerSeq, r.LedgerEntryHash, r.IssuedAt = ID(e.Seq, e.Hash), e.Seq, e.Hash, e.Time
@@ -88,12 +92,14 @@ type Proven struct {
 // VerifyLogged checks a receipt proven by the log (the JSON of a Logged)
 // with nothing but jwks, the kernel's JWKS document:
 //
-//  1. it is exactly a Logged object (no unknown or duplicate members) of
-//     format Format;
+//  1. it is exactly a Logged object (strictjson: no unknown or duplicate
+//     members; every member present and not null) of format Format;
 //  2. entry is exactly the canonical record of a well-formed ledger entry
-//     whose entry_hash recomputes (ledger.ParseEntry), of kind audit;
+//     whose entry_hash recomputes (ledger.ParseEntry), of kind audit, whose
+//     body Summarize reads (its receipt fields of their types);
 //  3. checkpoint is a C2SP signed note with a valid Ed25519 signature, under
-//     the key name equal to its origin, by an Ed25519 key of jwks;
+//     the key name equal to its origin, by an Ed25519 signature key of
+//     jwks (signatureKeys), of a size at most 2^53-1;
 //  4. the inclusion proof is for the entry (leaf_index = seq, leaf_hash =
 //     entry_hash) in the checkpoint's tree (tree_size = its size) and
 //     leads to its root (RFC 9162 §2.1.3.2).
@@ -105,10 +111,52 @@ func VerifyLogged(raw, jwks []byte) (*Proven, error) {
 	return p, nil
 }
 
+// wireLogged is a Logged as read: every member required, none null (a
+// missing or null leaf_index or proof must not read as 0 or empty, which
+// the console's verifier could not agree with).
+type wireLogged struct {
+	Format    *string `json:"format"`
+	Entry     *string `json:"entry"`
+	Inclusion *struct {
+		LeafIndex *uint64   `json:"leaf_index"`
+		TreeSize  *uint64   `json:"tree_size"`
+		LeafHash  *string   `json:"leaf_hash"`
+		Proof     *[]string `json:"proof"`
+	} `json:"inclusion"`
+	Checkpoint *string `json:"checkpoint"`
+}
+
+// decodeLogged reads a Logged from its JSON by strictjson, every member
+// present and not null.
+func decodeLogged(raw []byte) (Logged, error) {
+	var w wireLogged
+	if err := strictjson.Unmarshal(raw, &w); err != nil {
+		return Logged{}, fmt.Errorf("receipt: %v", err)
+	}
+	in := w.Inclusion
+	if w.Format == nil || w.Entry == nil || in == nil || w.Checkpoint == nil {
+		return Logged{}, errors.New("receipt: format, entry, inclusion and checkpoint are required and not null")
+	}
+	if in.LeafIndex == nil || in.TreeSize == nil || in.LeafHash == nil || in.Proof == nil {
+		return Logged{}, errors.New("receipt: inclusion's leaf_index, tree_size, leaf_hash and proof are required and not null")
+	}
+	return Logged{
+		Format:     *w.Format,
+		Entry:      *w.Entry,
+		Inclusion:  ledger.Inclusion{LeafIndex: *in.LeafIndex, TreeSize: *in.TreeSize, LeafHash: *in.LeafHash, Proof: *in.Proof},
+		Checkpoint: *w.Checkpoint,
+	}, nil
+}
+
+// maxExact bounds the tree sizes a receipt may name: every integer up to
+// 2^53-1 is exact in every JSON reader (RFC 8785 numbers are doubles),
+// as ledger sequence numbers are.
+const maxExact = 1<<53 - 1
+
 func verifyLogged(raw, jwks []byte) (*Proven, error) {
-	var l Logged
-	if err := strictjson.Unmarshal(raw, &l); err != nil {
-		return nil, fmt.Errorf("receipt: %v", err)
+	l, err := decodeLogged(raw)
+	if err != nil {
+		return nil, err
 	}
 	if l.Format != Format {
 		return nil, fmt.Errorf("receipt format %q, want %q", l.Format, Format)
@@ -125,6 +173,9 @@ func verifyLogged(raw, jwks []byte) (*Proven, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cp.Size > maxExact {
+		return nil, fmt.Errorf("the checkpoint's size %d exceeds %d", cp.Size, uint64(maxExact))
+	}
 	in := l.Inclusion
 	switch {
 	case in.LeafIndex != e.Seq:
@@ -140,19 +191,20 @@ func verifyLogged(raw, jwks []byte) (*Proven, error) {
 	return &Proven{Entry: e, Receipt: r, Checkpoint: cp, Key: pub}, nil
 }
 
-// openCheckpoint checks the signed note against the Ed25519 keys of jwks
-// under the key name equal to its origin.
+// openCheckpoint checks the signed note against the Ed25519 signature keys
+// of jwks (signatureKeys) under the key name equal to its origin.
 func openCheckpoint(signed, jwks []byte) (ledger.Checkpoint, ed25519.PublicKey, error) {
 	unverified, err := ledger.PeekCheckpoint(signed)
 	if err != nil {
 		return ledger.Checkpoint{}, nil, err
 	}
-	keys, err := publicKeys(jwks)
+	keys, err := signatureKeys(jwks)
 	if err != nil {
 		return ledger.Checkpoint{}, nil, err
 	}
 	var first error
-	for _, pub := range keys {
+	for _, k := range keys {
+		pub := k.pub
 		v, err := ledger.NewCheckpointVerifier(unverified.Origin, pub)
 		if err != nil {
 			return ledger.Checkpoint{}, nil, err
@@ -165,32 +217,5 @@ func openCheckpoint(signed, jwks []byte) (ledger.Checkpoint, ed25519.PublicKey, 
 			first = err
 		}
 	}
-	if first == nil {
-		first = errors.New("the JWKS holds no key")
-	}
 	return ledger.Checkpoint{}, nil, first
-}
-
-// publicKeys returns the Ed25519 signature keys of a JWKS document, each
-// checked as Verify checks the key it picks (kid = thumbprint, alg EdDSA,
-// use sig).
-func publicKeys(jwks []byte) ([]ed25519.PublicKey, error) {
-	set, err := parseJWKS(jwks)
-	if err != nil {
-		return nil, err
-	}
-	var out []ed25519.PublicKey
-	for i := range set.Len() {
-		k, _ := set.Key(i)
-		kid, ok := k.KeyID()
-		if !ok {
-			return nil, fmt.Errorf("JWKS key %d has no kid", i)
-		}
-		pub, err := checkKey(k, kid)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pub)
-	}
-	return out, nil
 }

@@ -284,8 +284,9 @@ func TestVerifyRefuses(t *testing.T) {
 		{"oversized", strings.Repeat("A", maxJWS) + "." + parts[1] + "." + parts[2], set, "exceeds"},
 		{"JWKS not JSON", good, []byte("nope"), "JWKS"},
 		{"JWKS with a duplicate kid", good, []byte(`{"keys":[` + jwkOf(t, key) + `,` + jwkOf(t, key) + `]}`), "JWKS"},
-		{"JWKS key for another alg", good, []byte(`{"keys":[` + strings.Replace(jwkOf(t, key), `"EdDSA"`, `"ES256"`, 1) + `]}`), "alg"},
-		{"JWKS key for encryption", good, []byte(`{"keys":[` + strings.Replace(jwkOf(t, key), `"sig"`, `"enc"`, 1) + `]}`), "use"},
+		// Keys for another alg or use are not signature keys: skipped.
+		{"JWKS key for another alg", good, []byte(`{"keys":[` + strings.Replace(jwkOf(t, key), `"EdDSA"`, `"ES256"`, 1) + `]}`), "no Ed25519 signature key"},
+		{"JWKS key for encryption", good, []byte(`{"keys":[` + strings.Replace(jwkOf(t, key), `"sig"`, `"enc"`, 1) + `]}`), "no Ed25519 signature key"},
 		// The same key, its x respelled (jwx alone decodes these to it).
 		{"JWKS key's x with unused bits set", good, []byte(`{"keys":[` + respellX(t, jwkOf(t, key), respell) + `]}`), "JWKS key 1: x is not canonical base64url"},
 		{"JWKS key's x padded", good, []byte(`{"keys":[` + respellX(t, jwkOf(t, key), func(x string) string { return x + "=" }) + `]}`), "JWKS key 1: x is not unpadded base64url"},

@@ -204,6 +204,7 @@ func (e *execSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if proxy != nil {
 		proxy.Close()
 		c.Note("net_connections", proxy.Records())
+		c.Note("net_connections_dropped", proxy.Dropped())
 		c.Charge(BudgetNetBytes, proxy.BytesUsed())
 		reached = proxy.Reached()
 	}

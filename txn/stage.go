@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,6 +78,7 @@ type Stage struct {
 	mu      sync.Mutex
 	closed  bool
 	effects []Effect
+	touched []*syscalls.Resource // the fs resources effects were staged for (Touched)
 	roots   map[string]*os.Root
 	kvSeen  map[string]bool
 	pools   map[string]string // root path -> staging pool dir (WriteFrom)
@@ -131,6 +133,7 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name,
 		OldHash: old, NewHash: digest.Sum(content), Size: int64(len(content)),
 	})
+	s.touched = append(s.touched, r)
 	_, err = f.Write(content)
 	if err == nil {
 		err = f.Chmod(perm)
@@ -203,7 +206,7 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 	var sum [digest.Size]byte
 	h.Sum(sum[:0])
 	e := Effect{Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name, OldHash: old, NewHash: digest.Format(sum), Size: n}
-	s.effects = append(s.effects, e)
+	s.effects, s.touched = append(s.effects, e), append(s.touched, r)
 	return e.NewHash, nil
 }
 
@@ -218,6 +221,7 @@ func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 		return err
 	}
 	s.effects = append(s.effects, Effect{Op: OpMkdir, Root: r.RootPath, Path: r.Rel, Mode: uint32(perm.Perm())})
+	s.touched = append(s.touched, r)
 	return nil
 }
 
@@ -245,6 +249,7 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 		Op: OpDelete, Root: r.RootPath, Path: r.Rel, Stage: s.name(TrashPrefix, r.Rel),
 		OldHash: old, Size: fi.Size(),
 	})
+	s.touched = append(s.touched, r)
 	return nil
 }
 
@@ -268,6 +273,17 @@ func (s *Stage) PutKV(key string, value json.RawMessage) (uint64, error) {
 		NewHash: digest.Sum(value), Size: int64(len(value)),
 	})
 	return v + 1, nil
+}
+
+// Touched returns the fs resources effects were staged for so far, in
+// staging order, as the syscall resolved them (Access says write or
+// delete; a made directory is a write): what a call changed, for a
+// syscall that changes what its arguments do not name (proc.exec's
+// delta, which the kernel decides again by policy before it commits).
+func (s *Stage) Touched() []*syscalls.Resource {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.touched)
 }
 
 // Effects closes the stage and returns what it holds, in staging order,

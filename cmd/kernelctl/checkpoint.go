@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -77,30 +74,18 @@ func printProof(w io.Writer, summary string, hashes []string) {
 	}
 }
 
-// openSigned checks a checkpoint's signature with pub and returns it.
+// openSigned checks a checkpoint's signature with pub, under the key name
+// sc.Origin, which must be the checkpoint's origin, and returns it.
 func openSigned(sc kernel.SignedCheckpoint, pub ed25519.PublicKey) (ledger.Checkpoint, error) {
 	v, err := ledger.NewCheckpointVerifier(sc.Origin, pub)
 	if err != nil {
 		return ledger.Checkpoint{}, err
 	}
-	return ledger.OpenCheckpoint([]byte(sc.Note), v)
-}
-
-// seenCheckpoint is what ledger checkpoint remembers per origin.
-type seenCheckpoint struct {
-	Note   string `json:"note"`
-	SeenAt string `json:"seen_at"`
-}
-
-func defaultStateDir() string {
-	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
-		return filepath.Join(d, "capkernel", "checkpoints")
+	cp, err := ledger.OpenCheckpoint([]byte(sc.Note), v)
+	if err == nil && cp.Origin != sc.Origin {
+		return ledger.Checkpoint{}, fmt.Errorf("checkpoint of origin %q signed under the key name %q", cp.Origin, sc.Origin)
 	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(home, ".local", "state", "capkernel", "checkpoints")
+	return cp, err
 }
 
 func ledgerCheckpointCmd() *cobra.Command {
@@ -113,10 +98,11 @@ func ledgerCheckpointCmd() *cobra.Command {
 		Long: `checkpoint fetches the kernel's latest signed checkpoint (--stable: the latest
 one marked stable, the one witnesses share), checks its signature with the kernel's
 key (--pubkey FILE to pin it) and, like rekor-cli loginfo, remembers it in
---state DIR (one file per origin). On every later call it proves the new
-checkpoint consistent with the remembered one: a smaller tree, another root for
-the same size or a failed consistency proof means the ledger was rewritten, and
-exits 1 without forgetting the old checkpoint.`,
+--state DIR, per origin and per signing key. On every later call it proves the
+new checkpoint consistent with the ones remembered for its origin and its key: a
+smaller tree, another root for the same size or a failed consistency proof means
+the ledger was rewritten, and a key seen under another origin signs another
+history under a new name; either exits 1 without forgetting the old checkpoint.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -133,13 +119,13 @@ exits 1 without forgetting the old checkpoint.`,
 			if err != nil {
 				return fmt.Errorf("checkpoint signature: %w", err)
 			}
-			consistency := "first checkpoint seen for this origin"
+			consistency := "not remembered (--state \"\")"
 			if stateDir != "" {
-				path := filepath.Join(stateDir, url64(cp.Origin))
-				if consistency, err = checkAgainstSeen(ctx, h, path, cp, pub); err != nil {
+				st := checkpointState{dir: stateDir}
+				if consistency, err = st.check(ctx, h, cp, pub); err != nil {
 					return err
 				}
-				if err := saveSeen(path, sc.Note); err != nil {
+				if err := st.save(cp, sc.Note, pub); err != nil {
 					return err
 				}
 			}
@@ -159,60 +145,6 @@ exits 1 without forgetting the old checkpoint.`,
 	cmd.Flags().StringVar(&pubkeyFile, "pubkey", "", "pin the kernel's receipt public key (PEM or JWKS) instead of asking the kernel")
 	cmd.Flags().StringVar(&stateDir, "state", defaultStateDir(), "where seen checkpoints are remembered (empty: remember nothing)")
 	return cmd
-}
-
-// url64 names a state file after an origin without path separators.
-func url64(origin string) string {
-	return strings.NewReplacer("/", "_", "\\", "_", "..", "__").Replace(origin) + ".json"
-}
-
-// checkAgainstSeen proves cp consistent with the checkpoint remembered in
-// path, if any, and says how.
-func checkAgainstSeen(ctx context.Context, h history, path string, cp ledger.Checkpoint, pub ed25519.PublicKey) (string, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return "first checkpoint seen for this origin", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	var seen seenCheckpoint
-	if err := json.Unmarshal(b, &seen); err != nil {
-		return "", fmt.Errorf("%s: %w", path, err)
-	}
-	old, err := openSigned(kernel.SignedCheckpoint{Origin: cp.Origin, Note: seen.Note}, pub)
-	if err != nil {
-		return "", fmt.Errorf("remembered checkpoint %s: %w", path, err)
-	}
-	switch {
-	case cp.Size < old.Size:
-		return "", fmt.Errorf("INCONSISTENT: the ledger has %d entries in its checkpoint, fewer than the %d of the checkpoint seen at %s (truncated or rewritten)", cp.Size, old.Size, seen.SeenAt)
-	case cp.Size == old.Size:
-		if cp.Root != old.Root {
-			return "", fmt.Errorf("FORK: two signed checkpoints of size %d with roots %s (seen at %s) and %s", cp.Size, digest.Format(old.Root), seen.SeenAt, digest.Format(cp.Root))
-		}
-		return fmt.Sprintf("same as the checkpoint seen at %s", seen.SeenAt), nil
-	}
-	p, err := h.ProveConsistency(ctx, old.Size, cp.Size)
-	if err != nil {
-		return "", err
-	}
-	if err := p.Verify(old.Root, cp.Root); err != nil {
-		return "", fmt.Errorf("INCONSISTENT with the checkpoint of size %d seen at %s: %w", old.Size, seen.SeenAt, err)
-	}
-	return fmt.Sprintf("proved an extension of the checkpoint of size %d seen at %s (%d hashes)", old.Size, seen.SeenAt, len(p.Proof)), nil
-}
-
-func saveSeen(path, note string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(seenCheckpoint{Note: note, SeenAt: time.Now().UTC().Format(time.RFC3339)})
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // signedRootAt returns the root of the tree of size entries, proven against

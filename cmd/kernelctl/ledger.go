@@ -41,8 +41,13 @@ With --export FILE (an export of ledger export, "-" for standard input) and
 /.well-known/jwks.json) it needs no data dir and no server: anyone holding the
 public key can check the export. The origin (kernel id) is read from the
 export's first checkpoint unless --origin names it; the key must have signed
-every checkpoint either way. An export proves nothing about entries after its
-last checkpoint: compare that checkpoint with one you got independently
+every checkpoint either way.
+
+The ledger is intact only if its latest checkpoint signs every entry (the
+kernel signs one in every group commit): entries after it, or entries with
+no checkpoint at all, fail as signed by nothing. verify prints that latest
+checkpoint (size, root, origin): an export cut off after an earlier
+checkpoint still verifies, so compare it with one you got independently
 (ledger checkpoint remembers the last it saw).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -82,8 +87,11 @@ last checkpoint: compare that checkpoint with one you got independently
 				return fmt.Errorf("ledger TAMPERED: %s", check.Reason)
 			}
 			if !t.json {
-				fmt.Fprintf(cmd.OutOrStdout(), "ledger intact: %d entries, %d checkpoints, root %s\nverified: entry hashes, hash chain, Merkle tree, checkpoint signatures, receipt signatures and their audit records\n",
-					check.Entries, check.Checkpoints, check.Root)
+				fmt.Fprintf(cmd.OutOrStdout(), "ledger intact: %d entries, %d checkpoints, root %s\n", check.Entries, check.Checkpoints, check.Root)
+				if c := check.Latest; c != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "latest checkpoint: size %d, root %s, origin %s\n", c.Size, c.Root, c.Origin)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "verified: entry hashes, hash chain, Merkle tree, checkpoint signatures, receipt signatures and their audit records")
 				if p := check.Payloads; p != nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "audit payloads: %d records with commitments, %d parts open their commitments, %d parts not kept (commitments_only), %d records erased (%d erasure records)",
 						p.Records, p.Opened, p.NotKept, p.Erased, p.ErasureRecords)

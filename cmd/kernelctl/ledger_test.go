@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -132,9 +133,23 @@ func TestLedgerProofsOverServer(t *testing.T) {
 	// Export over HTTP, verified offline; another key is refused.
 	exp := filepath.Join(dir, "ledger.jsonl")
 	os.WriteFile(exp, []byte(must(append([]string{"ledger", "export"}, srv...)...)), 0o644)
-	if out := must("ledger", "verify", "--export", exp, "--pubkey", filepath.Join(data, kernel.ReceiptPublicKeyFile)); !strings.Contains(out, "ledger intact") {
+	pub := filepath.Join(data, kernel.ReceiptPublicKeyFile)
+	if out := must("ledger", "verify", "--export", exp, "--pubkey", pub); !strings.Contains(out, "ledger intact") || !strings.Contains(out, "latest checkpoint: size ") {
 		t.Fatalf("verify --export:\n%s", out)
 	}
+	var check kernel.LedgerCheck
+	if err := json.Unmarshal([]byte(must("ledger", "verify", "--export", exp, "--pubkey", pub, "--json")), &check); err != nil {
+		t.Fatal(err)
+	}
+	if c := check.Latest; !check.Intact || c == nil || c.Size != check.Entries || c.Root != check.Root || c.Origin != latest.Origin {
+		t.Fatalf("verify --export --json: %+v, latest checkpoint %+v", check, c)
+	}
+	// Without its last checkpoint line the export's last entries are
+	// signed by nothing.
+	cut := filepath.Join(dir, "cut.jsonl")
+	whole, _ := os.ReadFile(exp)
+	os.WriteFile(cut, whole[:bytes.LastIndex(whole, []byte(`{"checkpoint":`))], 0o644)
+	fail("no checkpoint signs", "ledger", "verify", "--export", cut, "--pubkey", pub)
 	other := filepath.Join(dir, "other")
 	run(t, "init", "--data", other)
 	fail("TAMPERED", "ledger", "verify", "--export", exp, "--pubkey", filepath.Join(other, kernel.ReceiptPublicKeyFile))

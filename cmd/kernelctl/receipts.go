@@ -171,14 +171,20 @@ type ReceiptCheck struct {
 	Signature   string `json:"signature"`           // "ok …" or the failure
 	LedgerMatch string `json:"ledger_match"`        // "ok", "not checked" or the failure
 	Inclusion   string `json:"inclusion,omitempty"` // with --prove or a bundle: "ok …" or the failure
-	// Commitments, for a result envelope with its audit_salt: whether the
-	// receipt's record commits to the envelope's result (and --args).
+	// Envelope, for a result envelope: "ok …" when its fields (operation,
+	// tool, agent, status, error class, outcome, ledger refs, result_hash)
+	// are those of the receipt's audit record, else what differs.
+	Envelope string `json:"envelope,omitempty"`
+	// Commitments, for a result envelope (or --args): whether the
+	// receipt's record commits to the envelope's result (and --args),
+	// opened with the envelope's audit_salt.
 	Commitments string `json:"commitments,omitempty"`
 }
 
 func (c ReceiptCheck) ok(needLedger, needInclusion bool) bool {
 	return strings.HasPrefix(c.Signature, "ok") && (!needLedger || strings.HasPrefix(c.LedgerMatch, "ok")) &&
-		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok")) && (c.Commitments == "" || strings.HasPrefix(c.Commitments, "ok"))
+		(!needInclusion || strings.HasPrefix(c.Inclusion, "ok")) &&
+		(c.Envelope == "" || strings.HasPrefix(c.Envelope, "ok")) && (c.Commitments == "" || strings.HasPrefix(c.Commitments, "ok"))
 }
 
 func receiptsVerifyCmd() *cobra.Command {
@@ -197,9 +203,14 @@ the entry to the checkpoint's root.
 FILE may hold the receipt (receipts bundle, GET /v1/receipts/{id}/bundle) or a
 result envelope (its "receipt"): it verifies entirely offline. A receipt id
 (r<seq>-<hex>) is fetched from the data dir or server, proven under the newest
-checkpoint, and verified the same way. A result envelope's receipt is also
-opened with the envelope's audit_salt: its record must commit to exactly the
-envelope's result, and with --args FILE (the args object sent) to those args.
+checkpoint, and verified the same way. A result envelope is read strictly (no
+duplicate or unknown member, names matched exactly) and must be the call its
+receipt attests: its operation, tool, agent, status, error class, outcome,
+commit delta, mode, risk, ledger_seq, receipt_id, state_snapshot_id and
+result_hash are the audit record's, and the record's result commitment opens
+with the envelope's audit_salt on exactly the envelope's result (and, with
+--args FILE, the args object sent, on those args). An envelope without its
+audit_salt is refused: nothing else ties its result to the record.
 
 Receipts of format v1 (older ledgers) are still checked: a compact JWS (a file
 or its UUID) has its signature checked, then the ledger entry it names is
@@ -240,12 +251,26 @@ Exit 1 on any failure.`,
 			default:
 				return &usageError{errors.New("receipts verify: give --jwks FILE, or --data/--server to fetch the key")}
 			}
-			if b, ok := readBundle(args[0]); ok {
-				check := verifyBundleFile(b, jwks)
-				if strings.HasPrefix(check.Signature, "ok") {
-					check.Commitments = openEnvelope(args[0], argsFile)
+			if statErr == nil {
+				b, err := os.ReadFile(args[0])
+				if err != nil {
+					return err
 				}
-				return reportCheck(cmd, t.json, check, true, true)
+				f, ok, err := readReceiptFile(b)
+				if err != nil {
+					return fmt.Errorf("%s: %w", args[0], err)
+				}
+				if ok {
+					check := verifyBundleFile(f.Receipt, jwks)
+					switch {
+					case !strings.HasPrefix(check.Signature, "ok"):
+					case f.Envelope != nil:
+						check.Envelope, check.Commitments = checkEnvelope(f.Envelope, argsFile)
+					case argsFile != "":
+						check.Commitments = "not checked: --args needs a result envelope"
+					}
+					return reportCheck(cmd, t.json, check, true, true)
+				}
 			}
 			if _, _, ok := receipts.ParseID(args[0]); ok && h != nil {
 				// A receipt proven by the log: fetch it under the newest
@@ -301,6 +326,9 @@ func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger
 		if check.Inclusion != "" {
 			fmt.Fprintf(cmd.OutOrStdout(), "inclusion:    %s\n", check.Inclusion)
 		}
+		if check.Envelope != "" {
+			fmt.Fprintf(cmd.OutOrStdout(), "envelope:     %s\n", check.Envelope)
+		}
 		if check.Commitments != "" {
 			fmt.Fprintf(cmd.OutOrStdout(), "commitments:  %s\n", check.Commitments)
 		}
@@ -333,42 +361,6 @@ func proveReceipt(ctx context.Context, h history, r *receipts.Receipt, pub ed255
 		return err.Error()
 	}
 	return fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d, %d hashes)", r.LedgerSeq, cp.Origin, cp.Size, len(p.Proof))
-}
-
-// readBundle returns the receipt file holds if it is one that verifies on
-// its own: a receipt proven by the log (receipts bundle, or the "receipt"
-// of a result envelope), or a receipt bundle of format v1.
-func readBundle(file string) ([]byte, bool) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, false
-	}
-	var probe struct {
-		Format  string          `json:"format"`
-		Receipt json.RawMessage `json:"receipt"`
-	}
-	if json.Unmarshal(b, &probe) != nil {
-		return nil, false
-	}
-	switch {
-	case probe.Format == receipts.Format || probe.Format == kernel.BundleFormat:
-		return b, true
-	case probe.Format == "" && len(probe.Receipt) > 0 && probe.Receipt[0] == '{':
-		return readReceiptObject(probe.Receipt)
-	}
-	return nil, false
-}
-
-// readReceiptObject returns the "receipt" member of a result envelope if
-// it is a receipt proven by the log.
-func readReceiptObject(b []byte) ([]byte, bool) {
-	var probe struct {
-		Format string `json:"format"`
-	}
-	if json.Unmarshal(b, &probe) != nil || probe.Format != receipts.Format {
-		return nil, false
-	}
-	return b, true
 }
 
 func verifyBundleFile(b, jwks []byte) ReceiptCheck {

@@ -763,6 +763,139 @@ function canonicalize(v) {
   }
   throw new Error("JCS: cannot serialize a " + typeof v);
 }
+var MAX_DEPTH = 1e4;
+var NUMBER = /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
+var utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+function parseStrict(input, { maxDepth = MAX_DEPTH, plainIntegers = false } = {}) {
+  let text = input;
+  if (typeof input !== "string") {
+    try {
+      text = utf8.decode(input);
+    } catch {
+      throw new Error("JSON: not UTF-8");
+    }
+  }
+  if (!text.isWellFormed()) throw new Error("JSON: a lone surrogate (not UTF-8)");
+  let i = 0;
+  const fail = (what) => {
+    throw new Error("JSON: " + what + " at offset " + i);
+  };
+  const ws = () => {
+    while (i < text.length && (text[i] === " " || text[i] === "	" || text[i] === "\n" || text[i] === "\r")) i++;
+  };
+  const str = () => {
+    i++;
+    let out = "";
+    for (; ; ) {
+      const j = i;
+      while (i < text.length && text[i] !== '"' && text[i] !== "\\" && text.charCodeAt(i) >= 32) i++;
+      out += text.slice(j, i);
+      if (i >= text.length) fail("unterminated string");
+      const c = text[i];
+      if (c === '"') {
+        i++;
+        return out;
+      }
+      if (c !== "\\") fail("control character in a string");
+      const e = text[i + 1];
+      const short = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "	" }[e];
+      if (short !== void 0) {
+        out += short;
+        i += 2;
+        continue;
+      }
+      if (e !== "u") fail("bad escape");
+      const unit = (at) => /^[0-9a-fA-F]{4}$/.test(text.slice(at, at + 4)) ? parseInt(text.slice(at, at + 4), 16) : fail("bad \\u escape");
+      const u = unit(i + 2);
+      i += 6;
+      if (u >= 56320 && u <= 57343) fail("\\u escape of a lone surrogate");
+      if (u >= 55296 && u <= 56319) {
+        const lo = text.slice(i, i + 2) === "\\u" ? unit(i + 2) : -1;
+        if (lo < 56320 || lo > 57343) fail("\\u escape of a lone surrogate");
+        out += String.fromCharCode(u, lo);
+        i += 6;
+        continue;
+      }
+      out += String.fromCharCode(u);
+    }
+  };
+  const scalar = () => {
+    const c = text[i];
+    if (c === '"') return str();
+    NUMBER.lastIndex = i;
+    const m = NUMBER.exec(text);
+    if (m) {
+      if (plainIntegers && (m[2] || m[3] || c === "-")) fail("number " + m[0] + " is not a non-negative integer in plain digits");
+      i += m[0].length;
+      return Number(m[0]);
+    }
+    for (const [lit, v2] of [["true", true], ["false", false], ["null", null]]) {
+      if (text.startsWith(lit, i)) {
+        i += lit.length;
+        return v2;
+      }
+    }
+    return fail("invalid character " + JSON.stringify(c ?? "end of input"));
+  };
+  const value = () => {
+    const stack = [];
+    let done;
+    const put = (v2) => {
+      const top = stack.at(-1);
+      if (!top) done = { v: v2 };
+      else if (Array.isArray(top.out)) top.out.push(v2);
+      else Object.defineProperty(top.out, top.name, { value: v2, writable: true, enumerable: true, configurable: true });
+    };
+    const member = (top) => {
+      ws();
+      if (text[i] !== '"') fail("expected a member name");
+      const name = str();
+      if (top.names.has(name)) fail("duplicate member name " + JSON.stringify(name));
+      top.names.add(name);
+      top.name = name;
+      ws();
+      if (text[i] !== ":") fail("expected :");
+      i++;
+    };
+    for (; ; ) {
+      ws();
+      const c = text[i];
+      if (c === "{" || c === "[") {
+        if (stack.length >= maxDepth) fail("nesting deeper than " + maxDepth);
+        i++;
+        ws();
+        const top = { out: c === "{" ? {} : [], names: /* @__PURE__ */ new Set(), close: c === "{" ? "}" : "]" };
+        if (text[i] !== top.close) {
+          stack.push(top);
+          if (c === "{") member(top);
+          continue;
+        }
+        i++;
+        put(top.out);
+      } else {
+        put(scalar());
+      }
+      for (; ; ) {
+        if (done) return done.v;
+        const top = stack.at(-1);
+        ws();
+        if (text[i] === ",") {
+          i++;
+          if (!Array.isArray(top.out)) member(top);
+          break;
+        }
+        if (text[i] !== top.close) fail("expected , or " + top.close);
+        i++;
+        stack.pop();
+        put(top.out);
+      }
+    }
+  };
+  const v = value();
+  ws();
+  if (i !== text.length) fail("data after the JSON value");
+  return v;
+}
 function hex(b) {
   return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
 }
@@ -814,15 +947,23 @@ function parseHash(s, what) {
   if (typeof s !== "string" || !/^blake3:[0-9a-f]{64}$/.test(s)) throw new Error(what + " is not blake3:<64 hex>");
   return unhex(s.slice(7));
 }
+var BODY_DEPTH = 1e3;
+function validTime(t) {
+  const [y, mo, d, h, mi, s] = [t.slice(0, 4), t.slice(5, 7), t.slice(8, 10), t.slice(11, 13), t.slice(14, 16), t.slice(17, 19)].map(Number);
+  const leap = y % 4 === 0 && (y % 100 !== 0 || y % 400 === 0);
+  const days = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][mo - 1];
+  return mo >= 1 && mo <= 12 && d >= 1 && d <= days && h <= 23 && mi <= 59 && s <= 59;
+}
 function parseEntry(record) {
-  const e = JSON.parse(record);
+  if (typeof record !== "string") throw new Error("the record is not a string");
+  const e = parseStrict(record, { maxDepth: BODY_DEPTH + 1 });
   if (canonicalize(e) !== record) throw new Error("the record is not canonical JSON");
   const fields = ["body", "entry_hash", "kind", "prev_hash", "seq", "time"];
   const got = Object.keys(e).sort();
   if (got.join() !== fields.join()) throw new Error("record fields are " + got.join(",") + ", want " + fields.join(","));
   if (!Number.isSafeInteger(e.seq) || e.seq < 0) throw new Error("seq is not a non-negative integer below 2^53");
   if (typeof e.kind !== "string" || !/^[a-z][a-z0-9_]*$/.test(e.kind) || e.kind.length > 64) throw new Error("kind is malformed");
-  if (typeof e.time !== "string" || !/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$/.test(e.time)) throw new Error("time is not RFC 3339 UTC with nine fractional digits");
+  if (typeof e.time !== "string" || !/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$/.test(e.time) || !validTime(e.time)) throw new Error("time is not a valid RFC 3339 UTC time with nine fractional digits");
   parseHash(e.prev_hash, "prev_hash");
   if (e.body === null || typeof e.body !== "object" || Array.isArray(e.body)) throw new Error("body is not an object");
   const pre = canonicalize({ body: e.body, kind: e.kind, prev_hash: e.prev_hash, seq: e.seq, time: e.time });
@@ -892,29 +1033,44 @@ function verifyConsistency(size1, size2, root1, root2, proof) {
   if (!equalBytes(fr, root1)) throw new Error("the proof does not lead to the old root");
   if (!equalBytes(sr, root2)) throw new Error("the proof does not lead to the new root");
 }
+var NOTE_SPACE = /[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]/;
+function checkLine(what, l) {
+  if (l === "") throw new Error(what + " is empty");
+  if (/[\x00-\x1f\x7f]/.test(l)) throw new Error(what + " " + JSON.stringify(l.slice(0, 40)) + " holds a control character");
+}
 function parseCheckpoint(note) {
-  const sep = note.indexOf("\n\n");
+  if (typeof note !== "string") throw new Error("the checkpoint is not a string");
+  if (/[\x00-\x09\x0b-\x1f]/.test(note)) throw new Error("the note holds a control character");
+  const sep = note.lastIndexOf("\n\n");
   if (sep < 0) throw new Error("the note has no signature block");
   const text = note.slice(0, sep + 1);
+  const block = note.slice(sep + 2);
+  if (!block.endsWith("\n")) throw new Error("the signature block does not end with a newline");
   const lines = text.slice(0, -1).split("\n");
   if (lines.length < 3) throw new Error("the checkpoint has fewer than three lines");
   const [origin, sizeLine, rootLine] = lines;
-  if (!origin || /[\x00-\x1f]/.test(origin)) throw new Error("bad origin line");
+  checkLine("the origin", origin);
   if (!/^(0|[1-9][0-9]*)$/.test(sizeLine)) throw new Error("bad size line " + JSON.stringify(sizeLine));
   const size = Number(sizeLine);
   if (!Number.isSafeInteger(size)) throw new Error("size is too large");
   const root = b64decode(rootLine);
   if (root.length !== 32 || b64encode(root) !== rootLine) throw new Error("bad root line");
-  if (lines.slice(3).some((l) => l === "")) throw new Error("empty extension line");
+  lines.slice(3).forEach((l, i) => checkLine("extension line " + (i + 1), l));
+  const sigLines = block.slice(0, -1).split("\n");
+  if (sigLines.length > 100) throw new Error("the note has more than 100 signatures");
   const sigs = [];
-  for (const l of note.slice(sep + 2).split("\n")) {
-    if (l === "") continue;
-    const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(l);
-    if (!m) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
-    const raw = b64decode(m[2]);
-    if (b64encode(raw) !== m[2]) throw new Error("the signature by " + m[1] + " is not canonical base64");
+  for (const l of sigLines) {
+    if (!l.startsWith("— ")) throw new Error("bad signature line " + JSON.stringify(l.slice(0, 40)));
+    const rest = l.slice(2);
+    const sp = rest.indexOf(" ");
+    const name = sp < 0 ? rest : rest.slice(0, sp);
+    const b64 = sp < 0 ? "" : rest.slice(sp + 1);
+    if (name === "" || NOTE_SPACE.test(name) || name.includes("+")) throw new Error("bad signer name " + JSON.stringify(name.slice(0, 40)));
+    if (!/^[A-Za-z0-9+/]+={0,2}$/.test(b64) || b64.length % 4 !== 0) throw new Error("the signature by " + name + " is not base64");
+    const raw = b64decode(b64);
+    if (b64encode(raw) !== b64) throw new Error("the signature by " + name + " is not canonical base64");
     if (raw.length < 5) throw new Error("short signature");
-    sigs.push({ name: m[1], keyID: raw.slice(0, 4), sig: raw.slice(4) });
+    sigs.push({ name, keyID: raw.slice(0, 4), sig: raw.slice(4) });
   }
   return { text, origin, size, root, sigs };
 }
@@ -966,14 +1122,9 @@ async function verifyReceipt(jws, jwks2) {
   if (typeof h.kid !== "string") throw new Error("the header has no kid");
   const want = canonicalize({ alg: "EdDSA", kid: h.kid, typ: "capkernel-receipt+jws" });
   if (header !== want) throw new Error("the header is not exactly " + want);
-  const jwk = (jwks2.keys || []).find((k) => k.kid === h.kid);
-  if (!jwk) throw new Error("no key " + h.kid + " in the JWKS");
-  if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") {
-    throw new Error("key " + h.kid + " is not an Ed25519 signature key");
-  }
-  const pub = b64urlDecode(jwk.x);
-  if (pub.length !== 32) throw new Error("the key is not 32 bytes");
-  if (await thumbprint(pub) !== h.kid) throw new Error("the kid is not the key's thumbprint");
+  const key = (await jwksKeys(jwks2)).find((k) => k.kid === h.kid);
+  if (!key) throw new Error("no key " + h.kid + " in the JWKS as an Ed25519 signature key");
+  const pub = key.pub;
   const sig = b64urlDecode(parts[2]);
   const ok = sig.length === 64 && await crypto.subtle.verify("Ed25519", await importEd25519(pub), sig, enc.encode(parts[0] + "." + parts[1]));
   if (!ok) throw new Error("the Ed25519 signature does not verify");
@@ -985,6 +1136,14 @@ async function verifyReceipt(jws, jwks2) {
     if (!RECEIPT_REQUIRED.includes(f) && !RECEIPT_OPTIONAL.includes(f)) throw new Error("unknown receipt field " + f);
   }
   return { receipt: r, pub };
+}
+function checkSummary(body) {
+  for (const f of [...RECEIPT_REQUIRED, ...RECEIPT_OPTIONAL]) {
+    const x = body[f];
+    if (!Object.hasOwn(body, f) || x === null) continue;
+    const ok = f === "risk_score" ? typeof x === "number" : f === "ledger_seq" ? Number.isInteger(x) && x >= 0 && x < 2 ** 64 : typeof x === "string";
+    if (!ok) throw new Error("the body's " + f + " is " + JSON.stringify(x) + ", not of its type");
+  }
 }
 var AGREEING = [
   "operation_id",
@@ -1000,23 +1159,36 @@ var AGREEING = [
   "risk_score",
   "error_class"
 ];
+function isObject(v) {
+  return v !== null && typeof v === "object" && !Array.isArray(v);
+}
 async function jwksKeys(jwks2) {
+  if (isText(jwks2)) jwks2 = parseStrict(jwks2);
+  if (!isObject(jwks2) || !Array.isArray(jwks2.keys)) throw new Error("the JWKS has no keys array");
   const out = [];
-  for (const jwk of jwks2 && jwks2.keys || []) {
-    if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || jwk.use && jwk.use !== "sig" || jwk.alg && jwk.alg !== "EdDSA") continue;
-    const pub = b64urlDecode(jwk.x);
-    if (pub.length !== 32) throw new Error("key " + jwk.kid + " is not 32 bytes");
-    if (await thumbprint(pub) !== jwk.kid) throw new Error("the kid " + jwk.kid + " is not the key's thumbprint");
-    out.push(pub);
+  for (const [i, k] of jwks2.keys.entries()) {
+    const n = "JWKS key " + (i + 1);
+    if (!isObject(k)) throw new Error(n + " is not an object");
+    if (k.kty !== "OKP" || k.crv !== "Ed25519" || Object.hasOwn(k, "use") && k.use !== "sig" || Object.hasOwn(k, "alg") && k.alg !== "EdDSA") continue;
+    if (Object.hasOwn(k, "d")) throw new Error(n + " holds a private key (d)");
+    if (typeof k.x !== "string" || k.x === "") throw new Error(n + " has no x string");
+    const pub = b64urlDecode(k.x);
+    if (pub.length !== 32) throw new Error(n + ": x is " + pub.length + " bytes, want 32");
+    const kid = await thumbprint(pub);
+    if (k.kid !== kid) throw new Error(n + ": kid " + JSON.stringify(k.kid) + " is not the key's thumbprint " + kid);
+    if (out.some((o) => o.kid === kid)) throw new Error("JWKS keys " + JSON.stringify(kid) + ": two Ed25519 keys have this kid");
+    out.push({ kid, pub });
   }
-  if (out.length === 0) throw new Error("the JWKS has no Ed25519 signature key");
+  if (out.length === 0) throw new Error("the JWKS holds no Ed25519 signature key");
   return out;
 }
 function receiptID(seq, h) {
   return "r" + seq + "-" + h.slice(7, 23);
 }
+var INCLUSION_FIELDS = ["leaf_hash", "leaf_index", "proof", "tree_size"];
 function checkInclusion(inc, entry, cp) {
-  inc = inc || {};
+  const got = isObject(inc) ? Object.keys(inc).sort() : [];
+  if (got.join() !== INCLUSION_FIELDS.join()) throw new Error("inclusion members are " + got.join(",") + ", want " + INCLUSION_FIELDS.join(","));
   if (inc.leaf_index !== entry.seq) throw new Error("leaf_index " + inc.leaf_index + " is not the entry's seq " + entry.seq);
   if (inc.leaf_hash !== entry.entry_hash) throw new Error("leaf_hash is not the entry's hash");
   if (inc.tree_size !== cp.size) throw new Error("tree_size " + inc.tree_size + " is not the checkpoint's size " + cp.size);
@@ -1039,12 +1211,13 @@ async function verifyLogged(receipt, jwks2, run) {
     if (typeof receipt.entry !== "string") throw new Error("entry is not a string");
     entry = parseEntry(receipt.entry);
     if (entry.kind !== "audit") throw new Error("the entry is of kind " + entry.kind + ", not audit");
+    checkSummary(entry.body);
     return "receipt " + receiptID(entry.seq, entry.entry_hash) + ": " + entry.body.tool_id + " by " + entry.body.agent_id + ", seq " + entry.seq;
   });
   const cpOK = await run("checkpoint", async () => {
     if (typeof receipt.checkpoint !== "string") throw new Error("checkpoint is not a string");
     let last;
-    for (const pub of await jwksKeys(jwks2)) {
+    for (const { pub } of await jwksKeys(jwks2)) {
       try {
         cp = await verifyCheckpoint(receipt.checkpoint, pub);
         return cp.origin + " size " + cp.size + ", signed by " + await thumbprint(pub);
@@ -1063,7 +1236,19 @@ var CHECKS = [
   ["checkpoint", "Checkpoint signed by the kernel's key"],
   ["inclusion", "Inclusion proof leads to the checkpoint's root"]
 ];
+function isText(doc) {
+  return typeof doc === "string" || doc instanceof Uint8Array || doc instanceof ArrayBuffer;
+}
 async function verifyBundle(bundle, jwks2) {
+  if (isText(bundle)) {
+    try {
+      bundle = parseStrict(bundle, { plainIntegers: true });
+    } catch (e) {
+      const checks2 = CHECKS_V2.map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
+      Object.assign(checks2[0], { ok: false, detail: "the receipt: " + e.message });
+      return { ok: false, format: void 0, checks: checks2 };
+    }
+  }
   const v2 = bundle && bundle.format === RECEIPT_FORMAT;
   const checks = (v2 ? CHECKS_V2 : CHECKS).map(([id, label]) => ({ id, label, ok: null, detail: "skipped: an earlier check failed" }));
   const set = (id, ok, detail) => Object.assign(checks.find((c) => c.id === id), { ok, detail });
@@ -1607,17 +1792,16 @@ async function verifyCurrent() {
 }
 async function readFile(input) {
   const f = input.files && input.files[0];
-  return f ? f.text() : null;
+  return f ? new Uint8Array(await f.arrayBuffer()) : null;
 }
 async function verifyUpload(ev) {
   ev.preventDefault();
   const box = $("#verify-checks");
   try {
-    const text = await readFile($("#bundle-file")) ?? $("#bundle-text").value;
-    if (!text.trim()) throw new Error("give a bundle file or paste one");
-    const bundle = JSON.parse(text);
-    const keysText = await readFile($("#jwks-file"));
-    renderChecks(box, await verifyBundle(bundle, keysText ? JSON.parse(keysText) : await jwks()));
+    const bundle = await readFile($("#bundle-file")) ?? $("#bundle-text").value;
+    if (bundle.length === 0 || typeof bundle === "string" && !bundle.trim()) throw new Error("give a bundle file or paste one");
+    const keys2 = await readFile($("#jwks-file"));
+    renderChecks(box, await verifyBundle(bundle, keys2 ?? await jwks()));
   } catch (e) {
     box.replaceChildren(el("p", { class: "verdict fail", "data-verdict": "fail" }, "Not verified: " + e.message));
     box.setAttribute("data-verdict", "fail");

@@ -495,20 +495,23 @@ async function verifyCurrent() {
 
 // ---- verify an uploaded bundle ----
 
+// readFile returns the bytes of the file chosen in input, or null: the
+// verifier decodes them itself, refusing what is not UTF-8.
 async function readFile(input) {
   const f = input.files && input.files[0];
-  return f ? f.text() : null;
+  return f ? new Uint8Array(await f.arrayBuffer()) : null;
 }
 
 async function verifyUpload(ev) {
   ev.preventDefault();
   const box = $("#verify-checks");
   try {
-    const text = (await readFile($("#bundle-file"))) ?? $("#bundle-text").value;
-    if (!text.trim()) throw new Error("give a bundle file or paste one");
-    const bundle = JSON.parse(text);
-    const keysText = await readFile($("#jwks-file"));
-    renderChecks(box, await verifyBundle(bundle, keysText ? JSON.parse(keysText) : await jwks()));
+    // The texts go to the verifier as they are: it parses them strictly
+    // (JSON.parse would keep the last of two members of one name).
+    const bundle = (await readFile($("#bundle-file"))) ?? $("#bundle-text").value;
+    if (bundle.length === 0 || (typeof bundle === "string" && !bundle.trim())) throw new Error("give a bundle file or paste one");
+    const keys = await readFile($("#jwks-file"));
+    renderChecks(box, await verifyBundle(bundle, keys ?? (await jwks())));
   } catch (e) {
     box.replaceChildren(el("p", { class: "verdict fail", "data-verdict": "fail" }, "Not verified: " + e.message));
     box.setAttribute("data-verdict", "fail");

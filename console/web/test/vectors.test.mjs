@@ -119,8 +119,12 @@ test("receipt JWS", async () => {
   const sig = v.b64urlDecode(s);
   sig[0] ^= 1;
   await assert.rejects(v.verifyReceipt([h, p, v.b64urlEncode(sig)].join("."), jwks), /signature does not verify/);
+  // A key whose kid is not its thumbprint: the JWKS is refused.
   const other = { keys: [{ ...jwks.keys[0], kid: "x" }] };
-  await assert.rejects(v.verifyReceipt(jws, other), /no key/);
+  await assert.rejects(v.verifyReceipt(jws, other), /not the key's thumbprint/);
+  // A kid the JWKS has no Ed25519 key for.
+  const es256 = { kty: "EC", crv: "P-256", kid: "es", x: "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", y: "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0" };
+  await assert.rejects(v.verifyReceipt(jws.replace(/^[^.]+/, v.b64urlEncode(new TextEncoder().encode('{"alg":"EdDSA","kid":"es","typ":"capkernel-receipt+jws"}'))), { keys: [...jwks.keys, es256] }), /no key es/);
   // A 64-byte signature ends in a digit with four unused bits: the same
   // bytes respelled are refused, as the Go verifier refuses them.
   const respelled = [h, p, s.slice(0, -1) + flipLowBit(s.slice(-1))].join(".");
@@ -151,4 +155,22 @@ test("receipt proven by the log (v2)", async () => {
   const other = { keys: [{ ...jwks.keys[0], x: v.b64urlEncode(new Uint8Array(32).fill(7)) }] };
   const out = await v.verifyBundle(receipt, other);
   assert.equal(out.checks.find((c) => c.id === "checkpoint").ok, false);
+});
+
+// The vectors both verifiers rule on (receipts/testdata/verify_vectors.json,
+// which receipts.TestVerifyVectors checks against VerifyLogged): each
+// receipt's bytes and its JWKS's text go in as they are, so the console
+// parses them as a page given the files would.
+test("verify vectors shared with the Go verifier", async () => {
+  const d = json("receipts/testdata/verify_vectors.json");
+  assert.ok(d.cases.length >= 50);
+  const failures = [];
+  for (const c of d.cases) {
+    const bytes = c.receipt_base64 !== undefined ? Buffer.from(c.receipt_base64, "base64") : new TextEncoder().encode(c.receipt);
+    const jwks = d.jwks[c.jwks];
+    assert.equal(typeof jwks, "string", c.name);
+    const out = await v.verifyBundle(new Uint8Array(bytes), jwks);
+    if (out.ok !== c.ok) failures.push(c.name + " (" + c.rule + "): " + JSON.stringify(out.checks.filter((x) => x.ok === false)));
+  }
+  assert.deepEqual(failures, [], "cases ruled on otherwise than the Go verifier does");
 });
