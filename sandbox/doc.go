@@ -39,17 +39,34 @@
 //     /etc/ssh, /etc/ssl/private, /etc/sudoers are never there. The
 //     snapshot is rebuilt when the host's entries change;
 //   - a fresh /proc (the sandbox's pid namespace only), a minimal /dev
-//     (null, zero, full, random, urandom, tty, pts, shm), and an empty
-//     private tmpfs /tmp;
+//     (null, zero, full, random, urandom, tty, pts), read-only but for
+//     those and /dev/shm, an empty tmpfs of DevShmSize (64 MiB), and an
+//     empty private tmpfs /tmp of Limits.Tmp (DefaultTmp, 512 MiB);
+//     the sandbox's own root directory, which holds the mount points, is
+//     made read-only once everything is mounted. So every file system the
+//     command can write is bounded: /tmp and /dev/shm by their sizes
+//     (ENOSPC), rw roots by the staging watchdog (see Limits);
 //   - Profile.ReadOnly paths, read-only;
 //   - each root at its own path, outer roots before the roots nested in
 //     them: r roots read-only, rw roots through the staging layer;
-//   - deny overlays, last: inside every bound root, each directory named
-//     .ssh, .aws or .gnupg is covered by an empty read-only tmpfs and each
-//     regular file named .env or .env.* by /dev/null (unopenable:
-//     nodev). This covers the host user's ~/.ssh, ~/.aws and ~/.gnupg
-//     whenever their home is, or is under, a root. The roots are walked
-//     for these names at every run, without following links.
+//   - deny overlays, last: inside every bound root, each directory whose
+//     name is a secret (Secret: .env, .env.*, .ssh, .aws, .gnupg, *.pem,
+//     id_rsa*, id_dsa*, id_ecdsa*, id_ed25519* — the policy's
+//     secret_component) is covered by an empty read-only tmpfs, hiding
+//     everything in it, and each regular file so named by /dev/null
+//     (unopenable: nodev), in r and rw roots alike, whatever the staging.
+//     This covers the host user's ~/.ssh, ~/.aws and ~/.gnupg whenever
+//     their home is, or is under, a root. The roots are walked for these
+//     names at every run, without following links; a symbolic link so
+//     named is left as it is (a bind over it would land on its target;
+//     what it points to inside a root is hidden there by its own name,
+//     and nothing outside the roots is there to reach). Every socket,
+//     fifo and device node in a bound root is covered by /dev/null too,
+//     whatever its name: connect(2) to it is refused and open(2) fails,
+//     so no host service listening on a socket file in a root (a
+//     docker.sock, an agent's socket) is reachable under any posture.
+//     A directory holding one is thus protected like a secret's
+//     (ErrProtected).
 //
 // Nothing else of the host is visible: not /root, /home, /var, /run, the
 // kernel's own files, or any sibling of a root. The working directory is
@@ -60,7 +77,12 @@
 // HTTPS_PROXY, ALL_PROXY (and their lower-case forms) are set to the
 // relay and NO_PROXY is emptied.
 //
-// The network: NetOff unshares the network namespace (loopback only).
+// The network: NetOff unshares the network namespace (loopback only);
+// with the special files of the roots covered (above), a NetOff command
+// can reach no process outside the sandbox but through what the caller
+// hands it (stdin, Command.Channel) and the rw roots' staged files,
+// which only the caller reads (abstract unix sockets belong to the
+// network namespace, so the host's are out of reach too).
 // NetAllowlist does too, and binds Profile.ProxySocket (a netproxy unix
 // socket) at /run/capkernel/proxy.sock; the sandbox's init starts socat
 // listening on 127.0.0.1:Options.ProxyPort (3128) and relaying each
@@ -137,7 +159,9 @@
 // child (stdin and stderr passed through), forwards SIGTERM, SIGINT and
 // SIGHUP to it, reaps orphans and exits with its status. Because bwrap
 // waits for that init, and the kernel for bwrap, Result's CPU time is the
-// whole tree's (bwrap's own init is killed unreaped, which would lose it).
+// whole tree's (bwrap's own init is killed unreaped, which would lose it);
+// the init kills and reaps whatever is left once the command has exited,
+// so background processes are counted too (see Limits).
 // The command, as a background job of a non-interactive shell, starts
 // with SIGINT and SIGQUIT ignored (POSIX). Between the kernel and the
 // command there are thus bwrap (one process, plus its sandbox child) and
@@ -197,9 +221,23 @@
 // command starts, see above): CPUTime as RLIMIT_CPU (soft = the limit
 // rounded up to whole seconds: SIGXCPU; hard one second later: SIGKILL),
 // FileSize as RLIMIT_FSIZE (SIGXFSZ), OpenFiles as RLIMIT_NOFILE, Memory
-// as RLIMIT_AS, Processes as RLIMIT_NPROC. Go's os/exec cannot set a
+// as RLIMIT_AS (DefaultMemory, 16 GiB, unless set), Processes as
+// RLIMIT_NPROC. Go's os/exec cannot set a
 // child's rlimits and bwrap has no option for them; setting them on the
 // init from outside saves a prlimit(1) process per run.
+//
+// Memory is bounded per process, as address space: an allocation past
+// it fails (ENOMEM: malloc returns NULL, mmap fails), which the command
+// sees and reports as it does (a MemoryError, an exit status); the run is
+// not killed for it and LimitExceeded does not say so. Address space, not
+// memory used, because the only tree-wide bound, a memory cgroup, would
+// have to hold the command from its first fork, and a process moved into
+// a cgroup waits for an RCU grace period (the pids cgroup's forker thread
+// cannot be reused: a memory cgroup's OOM killer would pick the kernel,
+// whose thread it holds). The default is generous because runtimes
+// reserve far more address space than they use (node 20 does not start
+// under 8 GiB). The RAM a command can hold is thus at most Processes
+// times Memory, plus /tmp and /dev/shm.
 //
 // RLIMIT_NPROC counts, thanks to the user namespaces, only the sandbox's
 // processes — but the kernel does not enforce it at all for processes of
@@ -238,8 +276,27 @@
 //
 // RLIMIT_CPU bounds each process, not the tree; the tree's CPU time is
 // reported (UserTime, SystemTime), and Command.Timeout bounds wall time.
-// CPU spent by processes still running when the command exits (killed
-// with the namespace) is not counted.
+// What is counted: bwrap's own, the init's, and every process of the
+// sandbox the init has reaped — the command, its descendants, and the
+// processes still running when the command exits, which the init kills
+// and reaps before it exits (initScript). Not counted: processes still
+// alive when the kernel ends the run by SIGKILL (a timeout or
+// cancellation past its grace, a limit, the staging watchdog), which die
+// with the namespace unreaped by the init; such a run fails anyway, and
+// its CPU is bounded by its wall time (Command.Timeout) times the CPUs.
+//
+// The delta's caps (Limits.DeltaFiles, DeltaBytes) are checked when the
+// delta is made, after the command has exited; while it runs, a staging
+// watchdog bounds its writes: every 50 ms (longer when a sample's walk
+// takes more than 5 ms: ten times the walk) it sums the bytes of the
+// regular files in the rw roots' staging (per file the smaller of its
+// size and its allocated blocks) and, once they exceed DeltaBytes above
+// what the staging held at the start (the copies' bytes, nothing for an
+// overlay), kills the run: DeltaErr is ErrDeltaTooLarge, Delta nil, and
+// the staging is removed before Run returns. So the staging takes at most
+// DeltaBytes, plus what the command writes in one interval (each file at
+// most Limits.FileSize), plus the directories' own blocks, on the disk
+// holding Options.StagingDir.
 //
 // Output: the first Limits.Stdout and Limits.Stderr bytes (1 MiB each by
 // default) are kept, the rest is read and dropped, with the Truncated

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/capkernel/capkernel/sandbox"
 )
 
@@ -139,20 +141,35 @@ func TestDenyOverlays(t *testing.T) {
 					"proj/deep/.ssh/key":   secret,
 					"proj/ok.txt":          "visible",
 					"proj/.environment.md": "visible too",
+					// The policy's other secret names (secret_component),
+					// as files and as directories.
+					"certs/server.pem":       secret,
+					"deploy/id_rsa":          secret,
+					"deploy/id_ed25519.pub":  secret,
+					"id_dsa_old":             secret,
+					"id_ecdsa":               secret,
+					"bundle.pem/inner.txt":   secret,
+					"proj/.env.d/x":          secret,
+					"sub/.env/inside":        secret,
+					"proj/id_rsa_keys/k.txt": secret,
+					"certs/readme.txt":       "visible",
 				})
 				before := treeHash(t, home)
 				s := newSandbox(t, sandbox.Options{Staging: mode})
 				p := sandbox.Profile{Roots: []sandbox.Root{{Path: home, Writable: writable}}}
 				res := run(t, s, p, `
-for f in .ssh/id_rsa .ssh/config .aws/credentials .gnupg/secring.gpg .env proj/.env proj/.env.local proj/deep/.ssh/key; do
+for f in .ssh/id_rsa .ssh/config .aws/credentials .gnupg/secring.gpg .env proj/.env proj/.env.local proj/deep/.ssh/key \
+	certs/server.pem deploy/id_rsa deploy/id_ed25519.pub id_dsa_old id_ecdsa bundle.pem/inner.txt proj/.env.d/x proj/id_rsa_keys/k.txt sub/.env/inside; do
 	cat "$f" 2>/dev/null
 done
-ls -A .ssh .aws .gnupg proj/deep/.ssh
+ls -A .ssh .aws .gnupg proj/deep/.ssh bundle.pem proj/.env.d proj/id_rsa_keys
 cat proj/ok.txt proj/.environment.md
 grep -r TOPSECRET . 2>/dev/null
 echo pwned > .ssh/authorized_keys 2>/dev/null && echo wrote-ssh
 echo pwned > .env 2>/dev/null && echo wrote-env
 echo pwned > proj/.env.local 2>/dev/null && echo wrote-env-local
+echo pwned > certs/server.pem 2>/dev/null && echo wrote-pem
+echo pwned > bundle.pem/new 2>/dev/null && echo wrote-pem-dir
 rm -rf .ssh 2>/dev/null
 true`)
 				out := string(res.Stdout) + string(res.Stderr)
@@ -162,7 +179,7 @@ true`)
 				if !strings.Contains(out, "visiblevisible too") {
 					t.Fatalf("ordinary files hidden too: %s", out)
 				}
-				for _, w := range []string{"wrote-ssh", "wrote-env", "wrote-env-local"} {
+				for _, w := range []string{"wrote-ssh", "wrote-env", "wrote-env-local", "wrote-pem", "wrote-pem-dir"} {
 					if strings.Contains(out, w) {
 						t.Errorf("%s: a write into a hidden path succeeded", w)
 					}
@@ -317,5 +334,102 @@ func TestSetupFailure(t *testing.T) {
 		sandbox.Profile{Roots: []sandbox.Root{{Path: t.TempDir()}}}, sandbox.Command{Argv: []string{"sh", "-c", "echo 'bwrap: fake' >&2; exit 1"}})
 	if err != nil || res.ExitCode != 1 {
 		t.Fatalf("Run = %+v, %v", res, err)
+	}
+}
+
+// Secret is the policy's secret_component, name by name (the kernel's
+// tests check it against the rego rule itself).
+func TestSecret(t *testing.T) {
+	for name, want := range map[string]bool{
+		".env": true, ".env.local": true, ".env.": true, ".ssh": true, ".aws": true, ".gnupg": true,
+		"server.pem": true, ".pem": true, "id_rsa": true, "id_rsa.pub": true, "id_dsa": true,
+		"id_ecdsa_sk": true, "id_ed25519": true,
+		".environment": false, "env": false, "x.pem.bak": false, "id_rs": false, "my_id_rsa": false,
+		".ssh2": false, "aws": false, "pem": false, "ID_RSA": false, "": false,
+	} {
+		if got := sandbox.Secret(name); got != want {
+			t.Errorf("Secret(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// A command that removes a directory holding a hidden secret (here a .pem
+// file and an id_rsa) never takes the secret along: the delta deletes at
+// most the visible siblings, or is refused whole (ErrProtected).
+func TestDeleteHiddenKept(t *testing.T) {
+	requireSandbox(t)
+	for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+		for _, dir := range []string{"certs", "deploy"} {
+			t.Run(fmt.Sprintf("%v/%s", mode, dir), func(t *testing.T) {
+				ws := t.TempDir()
+				mkTree(t, ws, map[string]string{"certs/server.pem": "k", "certs/a.txt": "a", "deploy/id_rsa": "k", "deploy/b.txt": "b"})
+				res := run(t, newSandbox(t, sandbox.Options{Staging: mode}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}},
+					"rm -rf "+dir+" 2>/dev/null; mv "+dir+" moved 2>/dev/null; true")
+				if res.DeltaErr != nil {
+					if !errors.Is(res.DeltaErr, sandbox.ErrProtected) {
+						t.Fatal(res.DeltaErr)
+					}
+					return
+				}
+				for _, c := range res.Delta.Changes {
+					if c.Kind == sandbox.Deleted && (c.Rel == dir || sandbox.Secret(filepath.Base(c.Rel))) {
+						t.Errorf("delta deletes %s", c.Rel)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A unix socket or fifo in a root reaches a host process whatever the
+// network posture: the sandbox covers every one, in r and rw roots.
+func TestSpecialFilesCovered(t *testing.T) {
+	requireSandbox(t)
+	needCommand(t, "socat")
+	for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+		for _, writable := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/rw=%v", mode, writable), func(t *testing.T) {
+				ws := t.TempDir()
+				mkTree(t, ws, map[string]string{"sub/ok.txt": "ok"})
+				// A host service listening on a socket file in the root.
+				ln, err := net.Listen("unix", filepath.Join(ws, "sub", "svc.sock"))
+				must(t, err)
+				defer ln.Close()
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						c.Write([]byte("HOST-SERVICE-REACHED\n"))
+						c.Close()
+					}
+				}()
+				must(t, unix.Mkfifo(filepath.Join(ws, "sub", "pipe"), 0o666))
+				go func() { // a host reader of the fifo
+					f, err := os.OpenFile(filepath.Join(ws, "sub", "pipe"), os.O_RDONLY, 0)
+					if err == nil {
+						f.Close()
+					}
+				}()
+				defer func() { // unblock the reader
+					if f, err := os.OpenFile(filepath.Join(ws, "sub", "pipe"), os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+						f.Close()
+					}
+				}()
+				s := newSandbox(t, sandbox.Options{Staging: mode})
+				res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: writable}}}, `
+socat -u UNIX-CONNECT:sub/svc.sock - 2>&1
+[ -p sub/pipe ] && (echo x > sub/pipe) 2>/dev/null && echo fifo-opened
+cat sub/ok.txt`)
+				out := string(res.Stdout)
+				if strings.Contains(out, "HOST-SERVICE-REACHED") || strings.Contains(out, "fifo-opened") {
+					t.Fatalf("a host service was reached through a special file: %s", out)
+				}
+				if !strings.Contains(out, "ok") {
+					t.Fatalf("the root's files are gone too: %s", out)
+				}
+			})
+		}
 	}
 }

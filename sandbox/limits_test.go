@@ -2,10 +2,12 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -318,4 +320,101 @@ func TestHelperKernel(t *testing.T) {
 	s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: os.Getenv("HELPER_WS"), Writable: true}}},
 		sandbox.Command{Argv: []string{"sh", "-c", "echo x > a; echo y > b; setsid sleep 1" + os.Getenv("HELPER_MARK") + " & sleep " + os.Getenv("HELPER_MARK")}})
 	t.Fatal("the helper's run returned")
+}
+
+// The staging cannot grow much past Limits.DeltaBytes while the command
+// runs: the staging watchdog kills the run, the delta fails
+// ErrDeltaTooLarge, and the staging is gone when Run returns.
+func TestStagingWatchdog(t *testing.T) {
+	requireSandbox(t)
+	for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ws, stage := t.TempDir(), t.TempDir()
+			mkTree(t, ws, map[string]string{"big.bin": strings.Repeat("x", 4<<20)}) // counted in the copy's start
+			s := newSandbox(t, sandbox.Options{Staging: mode, StagingDir: stage})
+			const limit = 8 << 20
+			res, err := s.Run(context.Background(), sandbox.Profile{
+				Roots:  []sandbox.Root{{Path: ws, Writable: true}},
+				Limits: sandbox.Limits{DeltaBytes: limit},
+			}, sandbox.Command{Argv: []string{"sh", "-c", `
+i=0
+while [ $i -lt 200 ]; do
+	i=$((i+1))
+	head -c 1048576 /dev/zero > f$i || exit 3
+	sleep 0.01
+done
+echo wrote-all`}, Timeout: 60 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Close()
+			if !errors.Is(res.DeltaErr, sandbox.ErrDeltaTooLarge) || res.Delta != nil {
+				t.Fatalf("DeltaErr %v, delta %v; stdout %s", res.DeltaErr, res.Delta, res.Stdout)
+			}
+			if strings.Contains(string(res.Stdout), "wrote-all") {
+				t.Fatalf("the command wrote 200 MiB into its staging with a %d-byte delta limit: %v", limit, res.DeltaErr)
+			}
+			if ents, _ := os.ReadDir(stage); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), "capsandbox-run-") }) {
+				t.Fatalf("staging left after the run: %v", ents)
+			}
+			// An ordinary run under the same limit is untouched.
+			res2 := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: sandbox.Limits{DeltaBytes: limit}},
+				"head -c 1048576 /dev/zero > small; sleep 0.2")
+			if res2.DeltaErr != nil || len(res2.Delta.Changes) != 1 {
+				t.Fatalf("small write: %v %+v", res2.DeltaErr, res2.Delta)
+			}
+		})
+	}
+}
+
+// Processes still running when the command exits are killed and reaped by
+// the sandbox's init, so their CPU time is in the Result (a background
+// busy loop is charged, not only the command).
+func TestCPUTimeOfBackground(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
+sh -c 'while :; do :; done' &
+p=$!
+# Wait until the loop has used 0.5 s of CPU (utime, in USER_HZ = 100 ticks).
+while [ "$(cut -d' ' -f14 /proc/$p/stat)" -lt 50 ]; do sleep 0.05; done
+exit 0`)
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	if res.CPUTime() < 500*time.Millisecond {
+		t.Fatalf("CPU time %v: the background loop's 0.5 s was not charged", res.CPUTime())
+	}
+}
+
+// Memory: every process has RLIMIT_AS (DefaultMemory unless set), and no
+// RAM-backed file system the command can write is unbounded: /tmp is
+// Limits.Tmp, /dev/shm DevShmSize, / and /dev are read-only.
+func TestMemoryBounds(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	s := newSandbox(t, sandbox.Options{})
+	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
+awk '/^Max address space/ {print "as", $(NF-2), $(NF-1)}' /proc/self/limits
+head -c 600000000 /dev/zero > /tmp/big 2>/dev/null && echo tmp-unbounded
+rm -f /tmp/big
+head -c 100000000 /dev/zero > /dev/shm/big 2>/dev/null && echo shm-unbounded
+rm -f /dev/shm/big
+echo x > /dev/x 2>/dev/null && echo dev-writable
+echo x > /x 2>/dev/null && echo root-writable
+echo x > /run/x 2>/dev/null && echo run-writable
+echo ok > /tmp/small && echo ok > /dev/shm/small && cat /tmp/small /dev/shm/small
+echo y > /dev/null && echo null-ok`)
+	want := fmt.Sprintf("as %d %d\nok\nok\nnull-ok\n", sandbox.DefaultMemory, sandbox.DefaultMemory)
+	if string(res.Stdout) != want {
+		t.Fatalf("inside:\n%s\nwant:\n%s", res.Stdout, want)
+	}
+	// A smaller /tmp and address space, as set, and an allocation past
+	// the address space fails in the command.
+	res = run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}, Limits: sandbox.Limits{Tmp: 1 << 20, Memory: 512 << 20}}, `
+head -c 2000000 /dev/zero > /tmp/big 2>/dev/null || echo tmp-full
+python3 -c 'b = bytearray(1 << 30)' 2>/dev/null || echo alloc-refused`)
+	if string(res.Stdout) != "tmp-full\nalloc-refused\n" {
+		t.Fatalf("inside: %s %s", res.Stdout, res.Stderr)
+	}
 }

@@ -12,13 +12,28 @@ import (
 	"time"
 )
 
-// Names hidden inside every bound root: directories (an empty read-only
-// tmpfs over them) and files (/dev/null, unopenable, over them).
-var (
-	denyDirs = []string{".ssh", ".aws", ".gnupg"}
-)
-
-func denyFile(name string) bool { return name == ".env" || strings.HasPrefix(name, ".env.") }
+// Secret reports whether a path component names a secret: ".env" or
+// ".env.*", ".ssh", ".aws", ".gnupg", a name ending in ".pem", or one
+// starting with "id_rsa", "id_dsa", "id_ecdsa" or "id_ed25519". It is the
+// Go twin of secret_component in policy/rego/capkernel.rego (the policy
+// refuses fs calls on any path with such a component) and must agree with
+// it; it depends on name alone. Inside every bound root the sandbox hides
+// each directory (and so everything in it) and each file so named.
+func Secret(name string) bool {
+	switch name {
+	case ".env", ".ssh", ".aws", ".gnupg":
+		return true
+	}
+	if strings.HasPrefix(name, ".env.") || strings.HasSuffix(name, ".pem") {
+		return true
+	}
+	for _, p := range []string{"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // systemDirs are bound read-only when they are directories and recreated
 // as the same symlinks when they are links (merged /usr).
@@ -34,6 +49,7 @@ type rootPlan struct {
 	work   string          // overlay work dir
 	merged string          // the directory bound at Path (overlay mount point or the copy)
 	size   int64           // rw: entries plus content bytes / 4 KiB seen by walkDenies, counted up to smallRoot+1
+	copied int64           // copy staging: content bytes copied (where the staging watchdog starts)
 }
 
 // smallRoot is the size (entries, plus a unit per 4 KiB of file content)
@@ -234,8 +250,9 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 	return p, nil
 }
 
-// walkDenies finds .ssh, .aws, .gnupg directories and .env files in a root,
-// without following symbolic links, and without entering nested roots.
+// walkDenies finds the directories and files a root hides (Secret names,
+// and every socket, fifo and device), without following symbolic links,
+// and without entering nested roots.
 func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 	return filepath.WalkDir(r.real, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -252,13 +269,23 @@ func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 			if r.skip[rel] {
 				return fs.SkipDir // a nested root, walked on its own
 			}
-			if slices.Contains(denyDirs, d.Name()) {
+			if Secret(d.Name()) {
 				deny(rel, true)
 				return fs.SkipDir
 			}
 			return nil
 		}
-		if d.Type().IsRegular() && denyFile(d.Name()) {
+		switch t := d.Type(); {
+		case t&fs.ModeSymlink != 0:
+			// Never followed, and never covered: a bind over a link
+			// would land on its target. Whatever it points to in a
+			// root is hidden there by its own name.
+		case t.IsRegular() && Secret(d.Name()):
+			deny(rel, false)
+		case !t.IsRegular():
+			// A socket (or fifo, or device) reaches a host service
+			// whatever the network posture: /dev/null over it refuses
+			// connect(2) and open(2).
 			deny(rel, false)
 		}
 		if r.Writable && r.size <= smallRoot {
@@ -309,7 +336,16 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []
 	if !etcMounted {
 		a = append(a, etc.binds...)
 	}
-	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp")
+	// No tmpfs the command can write is unbounded: /dev is read-only but
+	// for its binds (the devices, /dev/pts) and /dev/shm, sized; /tmp is
+	// sized; the root (which holds the mount points) is made read-only
+	// last.
+	a = append(a, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+		"--size", strconv.Itoa(DevShmSize), "--tmpfs", "/dev/shm")
+	if p.limits.Tmp > 0 {
+		a = append(a, "--size", strconv.FormatInt(p.limits.Tmp, 10))
+	}
+	a = append(a, "--tmpfs", "/tmp")
 	for _, ro := range p.readOnly {
 		a = append(a, "--ro-bind", ro[0], ro[1])
 	}
@@ -334,7 +370,7 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []
 		env = setEnv(env, "HTTP_PROXY", url, "HTTPS_PROXY", url, "http_proxy", url, "https_proxy", url,
 			"ALL_PROXY", url, "all_proxy", url, "NO_PROXY", "", "no_proxy", "")
 	}
-	a = append(a, "--chdir", p.dir, "--clearenv")
+	a = append(a, "--remount-ro", "/", "--chdir", p.dir, "--clearenv")
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)
@@ -401,7 +437,15 @@ func setEnv(env []string, kv ...string) []string {
 // probe connection reaches the proxy). Then it runs the command as its
 // child, with the original stdin and stderr, forwards SIGTERM, SIGINT and
 // SIGHUP to it, reaps orphans while it waits, and exits with the
-// command's status (128+n for signal n). Once ready it writes "started"
+// command's status (128+n for signal n) — but first it kills every other
+// process of the namespace (kill -KILL -1: the command's background
+// processes, the relay) and reaps them, so that their CPU time reaches
+// its own rusage, and so bwrap's and the kernel's: the namespace's
+// teardown would reap them unaccounted. While any process but itself is
+// left in the sandbox's /proc it kills again and waits for a 1 ms sleep
+// of its own (dash's wait reaps every child that has exited meanwhile),
+// at most 2000 times (then it exits, and the teardown kills the rest).
+// Once ready it writes "started"
 // to fd 3, which it closes before the command runs: the command can
 // neither fake nor hide a setup failure.
 //
@@ -452,5 +496,13 @@ while :; do
 	wait "$child"; rc=$?
 	if [ "$rc" -gt 128 ] && kill -0 "$child"; then continue; fi
 	break
+done
+kill -KILL -1 2>/dev/null
+i=0
+while set -- /proc/[0-9]*; [ "$#" -gt 1 ] && [ "$i" -lt 2000 ]; do
+	kill -KILL -1 2>/dev/null
+	sleep 0.001 2>/dev/null &
+	wait "$!"
+	i=$((i+1))
 done
 exit "$rc"`

@@ -264,6 +264,16 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 	if pl.limits.Processes > 0 {
 		limitCh = watchProcesses(k, pl.limits.Processes, watchStop)
 	}
+	// The staging watchdog (stagewatch.go) ends a run whose staging has
+	// grown past what its delta could ever be.
+	var stageCh <-chan int64
+	if st != nil && pl.limits.DeltaBytes > 0 {
+		var base int64
+		for _, r := range pl.writable() {
+			base += r.copied
+		}
+		stageCh = watchStaging(pl.writable(), base, pl.limits.DeltaBytes, watchStop)
+	}
 	var waitErr error
 loop:
 	for {
@@ -274,6 +284,10 @@ loop:
 		case what := <-limitCh:
 			limitCh = nil
 			res.LimitExceeded = what
+			k.kill()
+		case n := <-stageCh:
+			stageCh = nil
+			res.DeltaErr = fmt.Errorf("%w: the command wrote %d bytes of files into its staging while it ran, more than %d (killed)", ErrDeltaTooLarge, n, pl.limits.DeltaBytes)
 			k.kill()
 		case <-runCtx.Done():
 			if ctx.Err() != nil {
@@ -323,6 +337,12 @@ loop:
 	}
 	if releaseErr != nil {
 		return nil, fmt.Errorf("sandbox: setup: %w", releaseErr)
+	}
+	if res.DeltaErr != nil {
+		// The staging watchdog ended the run: its staging goes now, not
+		// when the caller closes the Result, to give the disk back.
+		st.remove()
+		return res, nil
 	}
 	if !ok && !res.Killed() && spare && !ready && res.Signal != "" {
 		// The init never said "ready", so it never had its "go": the

@@ -52,7 +52,8 @@ type Limits struct {
 	FileSize  int64         // RLIMIT_FSIZE in bytes (SIGXFSZ / EFBIG beyond it); default none
 	Processes int           // RLIMIT_NPROC and the supervisor's process watchdog; default 256
 	OpenFiles int           // RLIMIT_NOFILE; default none
-	Memory    int64         // RLIMIT_AS in bytes, per process; default none
+	Memory    int64         // RLIMIT_AS in bytes, per process (ENOMEM beyond it); default DefaultMemory
+	Tmp       int64         // size in bytes of the tmpfs at /tmp (ENOSPC beyond it); default DefaultTmp
 
 	Stdout int64 // bytes of stdout kept; default 1 MiB
 	Stderr int64 // bytes of stderr kept; default 1 MiB
@@ -67,7 +68,17 @@ const (
 	DefaultOutput     = 1 << 20
 	DefaultDeltaFiles = 10000
 	DefaultDeltaBytes = 1 << 30
+	// DefaultMemory is generous on purpose: it is address space, not
+	// memory used, and runtimes reserve far more than they use (node 20
+	// does not start with 8 GiB; the JVM reserves its heap, a quarter of
+	// the host's RAM, up front).
+	DefaultMemory = 16 << 30
+	DefaultTmp    = 512 << 20
 )
+
+// DevShmSize is the size of the tmpfs at /dev/shm (POSIX shared memory,
+// semaphores), the only writable place under /dev: 64 MiB, as Docker's.
+const DevShmSize = 64 << 20
 
 // Profile is what a run may see and use.
 type Profile struct {
@@ -292,8 +303,8 @@ var (
 	ErrSpecialFile   = errors.New("sandbox: special file in the delta")
 	ErrOverlay       = errors.New("sandbox: unsupported overlay upper entry")
 	// ErrProtected refuses a delta that deletes a directory holding a
-	// path the command could not see (a denied .env, .ssh, .aws or .gnupg,
-	// or a nested root).
+	// path the command could not see (a hidden secret, see Secret, a
+	// covered socket, fifo or device, or a nested root).
 	ErrProtected = errors.New("sandbox: the delta deletes a path hidden from the command")
 )
 
@@ -383,7 +394,7 @@ type Result struct {
 	StdoutTruncated bool
 	StderrTruncated bool
 	Duration        time.Duration
-	UserTime        time.Duration // CPU time of the whole process tree
+	UserTime        time.Duration // CPU time of the whole process tree, background processes the init killed at the end included (doc.go, Limits)
 	SystemTime      time.Duration
 
 	TimedOut      bool   // Command.Timeout expired: SIGTERM, then SIGKILL after the grace
@@ -392,7 +403,7 @@ type Result struct {
 
 	Staging  StagingMode // the mode used for rw roots (StagingOverlay or StagingCopy)
 	Delta    *Delta      // the writes to rw roots; nil if the run was killed or DeltaErr is set
-	DeltaErr error       // why the delta could not be made (ErrDeltaTooLarge, ErrSymlink, …)
+	DeltaErr error       // why the delta could not be made (ErrDeltaTooLarge, ErrSymlink, …); ErrDeltaTooLarge also when the staging watchdog killed the run (its staging is then already removed)
 
 	stage *stageDir
 }
@@ -506,6 +517,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.DeltaBytes == 0 {
 		l.DeltaBytes = DefaultDeltaBytes
+	}
+	if l.Memory == 0 {
+		l.Memory = DefaultMemory
+	}
+	if l.Tmp == 0 {
+		l.Tmp = DefaultTmp
 	}
 	return l
 }

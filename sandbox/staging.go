@@ -239,6 +239,7 @@ func setupCopy(st *stageDir, r *rootPlan) (map[string]stamp, error) {
 				}
 				return err
 			}
+			r.copied += fi.Size()
 		case fi.Mode()&fs.ModeSymlink != 0:
 			target, err := os.Readlink(src)
 			if err != nil {
