@@ -70,13 +70,20 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 }
 
-// heartbeat is how often an idle event stream gets a comment, so proxies
-// and the browser keep it open.
-const heartbeat = 15 * time.Second
+// defaultHeartbeat is how often an idle event stream gets a comment, so
+// proxies and the browser keep it open, and re-checks its session.
+const defaultHeartbeat = 15 * time.Second
+
+// EventEnded is the last event of a stream whose session ended or whose
+// credential no longer verifies; its data is an ErrorBody saying why.
+const EventEnded = "ended"
 
 // events streams the kernel's tool.* events as Server-Sent Events, without
-// the escalated approvals the session may not see. The stream ends when
-// the session does.
+// the escalated approvals the session may not see. The session is checked
+// (Console.check: it still exists, has not expired, its credential still
+// verifies) on every heartbeat and before each event is written; once it
+// fails, the stream sends "event: ended" with the reason and ends, the
+// event in hand unsent, and the session is gone.
 func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
@@ -89,15 +96,27 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 	w.WriteHeader(http.StatusOK)
 	fmt.Fprint(w, ": capkernel console events\n\n")
 	flusher.Flush()
-	tick := time.NewTicker(heartbeat)
+	tick := time.NewTicker(c.heartbeat)
 	defer tick.Stop()
+	// live reports whether the session may still read, ending the stream
+	// with "event: ended" when it may not.
+	live := func() bool {
+		err := c.check(s)
+		if err == nil {
+			return true
+		}
+		b, _ := json.Marshal(ErrorBody{Error: err.Error()})
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", EventEnded, b)
+		flusher.Flush()
+		return false
+	}
 	var dropped uint64
 	for {
 		select {
 		case <-r.Context().Done():
 			return
 		case <-tick.C:
-			if !c.alive(s) {
+			if !live() {
 				return
 			}
 			fmt.Fprint(w, ": keep-alive\n\n")
@@ -111,6 +130,9 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			if e, ok = s.access.Event(e); !ok {
 				continue
 			}
+			if !live() {
+				return
+			}
 			b, err := json.Marshal(e)
 			if err != nil {
 				continue
@@ -123,13 +145,6 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		flusher.Flush()
 	}
-}
-
-// alive reports whether session s still exists and has not expired.
-func (c *Console) alive(s *session) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sessions[s.id] == s && c.now().Before(s.expires)
 }
 
 // Receipts is the body of GET /console/api/receipts.

@@ -21,14 +21,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 //go:embed assets
@@ -39,8 +42,14 @@ const Prefix = "/console/"
 
 // Limits of the console's sessions.
 const (
-	SessionTTL  = 8 * time.Hour // at most; never past the credential's own expiry
-	MaxSessions = 1024          // the oldest is dropped beyond this
+	SessionTTL = 8 * time.Hour // at most; never past the credential's own expiry
+	// MaxSessionsPerCredential is how many sessions one credential (one
+	// token, the admin credential) holds at once: signing in once more
+	// drops that credential's own oldest session, never another's.
+	MaxSessionsPerCredential = 8
+	// MaxSessions bounds all sessions, the last resort once many
+	// credentials sign in: see Console.add.
+	MaxSessions = 1024
 	cookieName  = "capk_console"
 	csrfHeader  = "X-CSRF-Token"
 	maxBody     = 64 << 10
@@ -67,8 +76,15 @@ type Console struct {
 	static http.Handler
 
 	mu       sync.Mutex
-	sessions map[string]*session
+	sessions map[string]*session   // by id
+	byCred   map[string][]*session // each credential's sessions, oldest first
 	now      func() time.Time
+	// maxPerCred and maxSessions are MaxSessionsPerCredential and
+	// MaxSessions (tests set them lower).
+	maxPerCred, maxSessions int
+	// heartbeat is the event stream's (defaultHeartbeat; tests set it
+	// shorter).
+	heartbeat time.Duration
 }
 
 type session struct {
@@ -91,7 +107,8 @@ func New(k *kernel.Kernel) *Console {
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
 	}
-	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, now: time.Now,
+	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, byCred: map[string][]*session{}, now: time.Now, heartbeat: defaultHeartbeat,
+		maxPerCred: MaxSessionsPerCredential, maxSessions: MaxSessions,
 		static: http.StripPrefix(strings.TrimSuffix(Prefix, "/"), http.FileServerFS(sub))}
 	c.routes()
 	return c
@@ -224,29 +241,116 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 	}
 	c.mu.Lock()
 	s := c.sessions[ck.Value]
-	if s != nil && !c.now().Before(s.expires) {
-		delete(c.sessions, s.id)
-		s = nil
-	}
 	c.mu.Unlock()
 	if s == nil {
-		writeError(w, http.StatusUnauthorized, "the session has ended; sign in again")
+		writeError(w, http.StatusUnauthorized, errEnded.Error())
 		return nil, false
 	}
-	if s.role != RoleAdmin {
-		if _, err := c.k.VerifyBearer(s.cred); err != nil {
-			c.drop(s.id)
-			writeError(w, http.StatusUnauthorized, "the credential no longer verifies: "+err.Error())
-			return nil, false
-		}
+	if err := c.check(s); err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return nil, false
 	}
 	return s, true
 }
 
-func (c *Console) drop(id string) {
+// errEnded: the session was signed out, evicted or expired.
+var errEnded = errors.New("the session has ended; sign in again")
+
+// check reports why session s may no longer be used, nil while it may:
+// it ended (signed out, evicted, expired: errEnded), or its credential no
+// longer verifies (a revoked or expired token, an admin credential that
+// is no longer the kernel's). A session that fails is dropped. Every
+// request and the event stream (on each heartbeat and before each event)
+// check it.
+func (c *Console) check(s *session) error {
 	c.mu.Lock()
-	delete(c.sessions, id)
+	live := c.sessions[s.id] == s
 	c.mu.Unlock()
+	if !live {
+		return errEnded
+	}
+	var err error
+	switch {
+	case !c.now().Before(s.expires):
+		err = errEnded
+	case s.role == RoleAdmin:
+		if !c.k.IsAdmin(s.cred) {
+			err = errors.New("the credential no longer verifies: it is not this kernel's admin credential")
+		}
+	default:
+		if _, verr := c.k.VerifyBearer(s.cred); verr != nil {
+			err = fmt.Errorf("the credential no longer verifies: %w", verr)
+		}
+	}
+	if err != nil {
+		c.drop(s)
+	}
+	return err
+}
+
+// drop ends session s (if it has not ended already).
+func (c *Console) drop(s *session) {
+	c.mu.Lock()
+	if c.sessions[s.id] == s {
+		c.remove(s)
+	}
+	c.mu.Unlock()
+}
+
+// remove deletes s, a kept session, from both indexes; c.mu is held.
+func (c *Console) remove(s *session) {
+	delete(c.sessions, s.id)
+	own := slices.DeleteFunc(c.byCred[s.cred], func(o *session) bool { return o == s })
+	if len(own) == 0 {
+		delete(c.byCred, s.cred)
+		return
+	}
+	c.byCred[s.cred] = own
+}
+
+// add keeps the new session s. A credential holds at most maxPerCred
+// sessions: beyond that its own oldest is dropped, so signing in again
+// and again with one credential signs out nobody else. Once all
+// sessions number maxSessions (which takes at least
+// maxSessions/maxPerCred credentials), the sessions that would fail
+// their next check (expired, credential no longer verifying) are dropped
+// first; then, as the last resort, the oldest session of the credential
+// holding the most sessions, so a credential loses a session to another
+// only when none holds more than it does.
+func (c *Console) add(s *session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if own := c.byCred[s.cred]; len(own) >= c.maxPerCred {
+		c.remove(own[0])
+	}
+	if len(c.sessions) >= c.maxSessions {
+		now := c.now()
+		for _, o := range c.sessions {
+			if !now.Before(o.expires) || !c.verifies(o) {
+				c.remove(o)
+			}
+		}
+	}
+	if len(c.sessions) >= c.maxSessions {
+		var most []*session
+		for _, own := range c.byCred {
+			if len(own) > len(most) || len(own) == len(most) && own[0].created.Before(most[0].created) {
+				most = own
+			}
+		}
+		c.remove(most[0])
+	}
+	c.sessions[s.id] = s
+	c.byCred[s.cred] = append(c.byCred[s.cred], s)
+}
+
+// verifies reports whether s's credential still verifies.
+func (c *Console) verifies(s *session) bool {
+	if s.role == RoleAdmin {
+		return c.k.IsAdmin(s.cred)
+	}
+	_, err := c.k.VerifyBearer(s.cred)
+	return err == nil
 }
 
 // LoginRequest is the body of POST /console/api/login.
@@ -313,18 +417,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.id, s.csrf = randomID(), randomID()
-	c.mu.Lock()
-	if len(c.sessions) >= MaxSessions {
-		var oldest *session
-		for _, o := range c.sessions {
-			if oldest == nil || o.created.Before(oldest.created) {
-				oldest = o
-			}
-		}
-		delete(c.sessions, oldest.id)
-	}
-	c.sessions[s.id] = s
-	c.mu.Unlock()
+	c.add(s)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: s.id, Path: Prefix, Expires: s.expires,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
@@ -340,8 +433,13 @@ func info(s *session) SessionInfo {
 		CanDecide: s.canDecide(), CanRevoke: s.role == RoleAdmin, ReadsAll: s.access.All}
 }
 
+// logout ends the session. Its body is {} (read strictly like every
+// other body, so a body the rules refuse signs nobody out).
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
-	c.drop(s.id)
+	if !readJSON(w, r, &struct{}{}) {
+		return
+	}
+	c.drop(s)
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	writeJSON(w, http.StatusOK, map[string]bool{"signed_out": true})
@@ -378,11 +476,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// readJSON decodes a small JSON body strictly into v.
+// readJSON decodes a small JSON body into v by the strictjson rules, as
+// every body of the HTTP API is read (docs/http.md "Strict JSON"): one
+// value, no duplicate member names, names matched exactly, no member v
+// does not define. A refusal is 400 naming the member (413 over maxBody).
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err == nil {
+		err = strictjson.Unmarshal(data, v)
+	}
+	if err != nil {
 		status := http.StatusBadRequest
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

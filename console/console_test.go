@@ -331,3 +331,126 @@ func TestAssetsMatchSources(t *testing.T) {
 		}
 	}
 }
+
+// TestBodiesAreStrict: every console body is read by the strictjson rules
+// of POST /v1/approvals (docs/http.md "Strict JSON"): a duplicate or
+// case-variant member, an unknown one or a second value is refused with
+// 400 and changes nothing. Plain encoding/json took the last of
+// {"decision":"deny","Decision":"allow"} and allowed the call.
+func TestBodiesAreStrict(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, "k-strict")
+	approver, admin, fresh := w.client(), w.client(), w.client()
+	if approver.login(w.alice.Token) != 200 || admin.login(w.admin) != 200 {
+		t.Fatal("login")
+	}
+	decide := "/console/api/approvals/" + a.ID
+	revoke := "/console/api/tokens/" + w.bob.ID + "/revoke"
+	tests := []struct {
+		name    string
+		c       *client
+		path    string
+		body    rawBody
+		message string
+	}{
+		{"decision: duplicate", approver, decide, `{"decision":"deny","decision":"allow"}`, `duplicate member name "decision"`},
+		{"decision: case variant", approver, decide, `{"decision":"deny","Decision":"allow","reason":"looks like a deny"}`, `"Decision"`},
+		{"decision: case variant alone", approver, decide, `{"DECISION":"allow"}`, `unknown field "DECISION"`},
+		{"decision: escaped duplicate", approver, decide, `{"decision":"deny","\u0064ecision":"allow"}`, `duplicate member name "decision"`},
+		{"decision: second value", approver, decide, `{"decision":"deny"} {"decision":"allow"}`, "malformed JSON"},
+		{"decision: unknown member", approver, decide, `{"decision":"allow","approver":"admin"}`, `unknown field "approver"`},
+		{"revoke: duplicate", admin, revoke, `{"reason":"a","reason":"b"}`, `duplicate member name "reason"`},
+		{"revoke: case variant", admin, revoke, `{"Reason":"gone"}`, `unknown field "Reason"`},
+		{"login: case variant", fresh, "/console/api/login", rawBody(`{"Credential":"` + w.alice.Token + `"}`), `unknown field "Credential"`},
+		{"login: duplicate", fresh, "/console/api/login", rawBody(`{"credential":"x","credential":"` + w.alice.Token + `"}`), `duplicate member name "credential"`},
+		{"logout: duplicate", approver, "/console/api/logout", `{"a":1,"a":2}`, "request body"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, out := tt.c.do(http.MethodPost, tt.path, tt.body)
+			if msg, _ := out["error"].(string); status != http.StatusBadRequest || !strings.Contains(msg, tt.message) {
+				t.Errorf("%s: %d %v, want 400 mentioning %s", tt.path, status, out, tt.message)
+			}
+		})
+	}
+	if st, _ := w.k.Operation(op); st.State != kernel.OpAwaitingApproval {
+		t.Fatalf("after refused decisions the call is %s, want still awaiting approval", st.State)
+	}
+	if _, err := w.k.VerifyBearer(w.bob.Token); err != nil {
+		t.Fatalf("a refused revocation revoked: %v", err)
+	}
+	if status, _ := fresh.do(http.MethodGet, "/console/api/session", nil); status != http.StatusUnauthorized {
+		t.Fatalf("a refused login signed in: %d", status)
+	}
+	if status, _ := approver.do(http.MethodGet, "/console/api/session", nil); status != http.StatusOK {
+		t.Fatalf("a refused logout signed out: %d", status)
+	}
+	if status, out := approver.do(http.MethodPost, decide, DecisionRequest{Decision: "deny", Reason: "strict"}); status != 200 || out["state"] != kernel.ApprovalDenied {
+		t.Fatalf("a proper decision: %d %v", status, out)
+	}
+}
+
+// TestSessionsPerCredential: signing in again and again with one
+// credential drops that credential's own oldest sessions, never
+// another's (an approver signed the admin out with 1030 sign-ins). Once
+// all sessions are taken, those whose credential no longer verifies go
+// first, then the oldest of the credential holding the most. The caps are
+// lowered to 3 a credential and 6 in all.
+func TestSessionsPerCredential(t *testing.T) {
+	var con *Console
+	w := newWorldWith(t, kernel.Config{}, func(c *Console) { con, c.maxPerCred, c.maxSessions = c, 3, 6 })
+	signIn := func(cred string) *client {
+		t.Helper()
+		c := w.client()
+		if st := c.login(cred); st != http.StatusOK {
+			t.Fatalf("login: %d", st)
+		}
+		return c
+	}
+	alive := func(c *client) bool {
+		t.Helper()
+		st, _ := c.do(http.MethodGet, "/console/api/session", nil)
+		return st == http.StatusOK
+	}
+	count := func() int {
+		con.mu.Lock()
+		defer con.mu.Unlock()
+		return len(con.sessions)
+	}
+	admin, alice := signIn(w.admin), signIn(w.alice.Token)
+	var bob []*client
+	for range 10 * con.maxSessions {
+		bob = append(bob, signIn(w.bob.Token))
+	}
+	if !alive(admin) || !alive(alice) {
+		t.Fatal("one approver's sign-ins signed out the admin or another approver")
+	}
+	for i, c := range bob {
+		if want := i >= len(bob)-3; alive(c) != want {
+			t.Fatalf("bob's session %d of %d alive: %v, want %v (his own 3 newest)", i, len(bob), !want, want)
+		}
+	}
+	if n := count(); n != 5 {
+		t.Fatalf("%d sessions, want 5", n)
+	}
+	// Full at 6; dave's sign-in takes the oldest session of bob, who
+	// holds the most.
+	carol := signIn(w.carol.Token)
+	dave := signIn(w.dave.Token)
+	if !alive(admin) || !alive(alice) || !alive(carol) || alive(bob[len(bob)-3]) || !alive(bob[len(bob)-2]) {
+		t.Fatal("a full table did not drop the oldest session of the credential holding the most")
+	}
+	// Bob revoked: his 2 sessions go before anyone else's.
+	if err := w.k.Revoke(context.Background(), w.bob.ID, "bob left"); err != nil {
+		t.Fatal(err)
+	}
+	dave2 := signIn(w.dave.Token)
+	if n := count(); n != 5 {
+		t.Fatalf("%d sessions after a revoked credential's were swept, want 5", n)
+	}
+	for name, c := range map[string]*client{"admin": admin, "alice": alice, "carol": carol, "dave": dave, "dave again": dave2} {
+		if !alive(c) {
+			t.Errorf("%s was signed out while a revoked credential's sessions were there to drop", name)
+		}
+	}
+}

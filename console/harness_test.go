@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +39,13 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	return newWorldWith(t, kernel.Config{}, nil)
+}
+
+// newWorldWith is newWorld with the kernel's cfg (DataDir and Observer
+// are set here) and a change to the console before it serves.
+func newWorldWith(t *testing.T, cfg kernel.Config, console func(*Console)) *world {
+	t.Helper()
 	dir := t.TempDir()
 	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
 	if err := os.Mkdir(ws, 0o755); err != nil {
@@ -52,14 +60,19 @@ func newWorld(t *testing.T) *world {
 	}
 	reg := prometheus.NewRegistry()
 	m := telemetry.NewMetrics(reg)
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, Observer: m})
+	cfg.DataDir, cfg.Observer = data, m
+	k, err := kernel.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Watch(k)
 	api := httpapi.New(k)
 	api.ServeMetrics(reg, httpapi.MetricsAdmin)
-	api.ServeConsole(New(k))
+	con := New(k)
+	if console != nil {
+		console(con)
+	}
+	api.ServeConsole(con)
 	w := &world{t: t, k: k, srv: httptest.NewServer(api), ws: ws, admin: ini.AdminCredential}
 	t.Cleanup(func() {
 		w.srv.CloseClientConnections()
@@ -126,14 +139,21 @@ func (w *world) client() *client {
 	return &client{w: w, hc: &http.Client{Jar: jar}, origin: w.srv.URL}
 }
 
-// do sends a request; for POST the body is JSON with the client's
-// Origin and CSRF token.
+// rawBody is a request body sent as it is, not encoded as JSON.
+type rawBody string
+
+// do sends a request; for POST the body is JSON (body encoded, or a
+// rawBody as it is) with the client's Origin and CSRF token.
 func (c *client) do(method, path string, body any) (int, map[string]any) {
 	c.w.t.Helper()
 	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
+	switch b := body.(type) {
+	case nil:
+	case rawBody:
+		rd = strings.NewReader(string(b))
+	default:
+		j, _ := json.Marshal(b)
+		rd = bytes.NewReader(j)
 	}
 	req, _ := http.NewRequest(method, c.w.srv.URL+path, rd)
 	if method != http.MethodGet {

@@ -40,18 +40,30 @@ type accessFixture struct {
 
 func newAccessFixture(t *testing.T) *accessFixture {
 	t.Helper()
+	return newAccessFixtureWith(t, kernel.Config{}, nil)
+}
+
+// newAccessFixtureWith is newAccessFixture with the kernel's cfg (DataDir
+// is set here) and a change to the API server before it serves.
+func newAccessFixtureWith(t *testing.T, cfg kernel.Config, api func(*httpapi.Server)) *accessFixture {
+	t.Helper()
 	root := t.TempDir()
 	dir := filepath.Join(root, "data")
 	ir, err := kernel.Init(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: dir})
+	cfg.DataDir = dir
+	k, err := kernel.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { k.Close() })
-	srv := httptest.NewServer(httpapi.New(k))
+	s := httpapi.New(k)
+	if api != nil {
+		api(s)
+	}
+	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	f := &accessFixture{k: k, srv: srv, admin: ir.AdminCredential}
 	mk := func(agent string) party {

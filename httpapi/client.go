@@ -424,7 +424,10 @@ func (c *Client) Decide(ctx context.Context, id, decision, reason string) (kerne
 
 // Events streams the events f selects to fn until ctx ends, the stream
 // ends or fn returns an error. dropped, if set, is told the total of
-// events lost so far whenever the kernel reports a loss.
+// events lost so far whenever the kernel reports a loss. When the server
+// ends the stream because the credential no longer verifies (revoked or
+// expired), Events returns an *APIError of Status 401 with the
+// refusal's class (token_revoked, token_invalid).
 func (c *Client) Events(ctx context.Context, f kernel.EventFilter, fn func(kernel.Event) error, dropped func(uint64)) error {
 	return c.Follow(ctx, f, nil, fn, dropped)
 }
@@ -475,6 +478,11 @@ func (c *Client) Follow(ctx context.Context, f kernel.EventFilter, ready func(),
 		case strings.HasPrefix(line, "data: "):
 			data = strings.TrimPrefix(line, "data: ")
 		case line == "" && data != "":
+			if kind == EventEnded {
+				// The credential no longer verifies: the refusal a new
+				// request would get.
+				return apiError(http.StatusUnauthorized, []byte(data))
+			}
 			if kind == "dropped" {
 				var d struct {
 					Dropped uint64 `json:"dropped"`

@@ -206,9 +206,17 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// heartbeat is how often an idle event stream sends a comment, so proxies
-// and clients see it is alive.
-const heartbeat = 15 * time.Second
+// defaultHeartbeat is how often an idle GET /v1/events stream sends a comment,
+// so proxies and clients see it is alive, and re-verifies its credential.
+const defaultHeartbeat = 15 * time.Second
+
+// streamWriteTimeout bounds one write of an event stream: the stream
+// outlives the server's write timeout, a stalled reader does not.
+const streamWriteTimeout = 30 * time.Second
+
+// EventEnded is the event that ends a GET /v1/events stream whose
+// credential no longer verifies; its data is an ErrorBody.
+const EventEnded = "ended"
 
 // eventStream answers GET /v1/events?session=&agent=&kind=a,b with
 // Server-Sent Events. The admin and auditor tokens see every agent's
@@ -217,11 +225,18 @@ const heartbeat = 15 * time.Second
 // "id: <seq>", "event: <kind>", "data: <json>"; when the client fell
 // behind and events were lost, an "event: dropped" with {"dropped": N}
 // (the total so far) comes before the next event.
+//
+// The credential is verified again on every heartbeat and before each
+// event is written: once it no longer verifies (the token was revoked or
+// expired, or the admin credential is no longer the kernel's), the
+// stream sends "event: ended" with the refusal as an ErrorBody and ends,
+// and the event in hand is not sent.
 func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	c, ok := s.who(w, r)
 	if !ok {
 		return
 	}
+	cred := bearer(r)
 	q := r.URL.Query()
 	f := kernel.EventFilter{SessionID: q.Get("session"), AgentID: q.Get("agent")}
 	if k := q.Get("kind"); k != "" {
@@ -252,24 +267,33 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	if err := rc.Flush(); err != nil {
 		return
 	}
-	tick := time.NewTicker(heartbeat)
+	tick := time.NewTicker(s.heartbeat)
 	defer tick.Stop()
 	var reported uint64
 	write := func(format string, args ...any) bool {
-		// Each write gets its own deadline: the stream outlives the
-		// server's write timeout, a stalled reader does not.
-		_ = rc.SetWriteDeadline(time.Now().Add(heartbeat * 2))
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 		if _, err := fmt.Fprintf(w, format, args...); err != nil {
 			return false
 		}
 		return rc.Flush() == nil
+	}
+	// verified reports whether the credential still verifies, ending the
+	// stream with "event: ended" when it does not.
+	verified := func() bool {
+		refusal := s.reverify(c, cred)
+		if refusal == nil {
+			return true
+		}
+		b, _ := json.Marshal(ErrorBody{Error: *refusal})
+		write("event: %s\ndata: %s\n\n", EventEnded, b)
+		return false
 	}
 	for {
 		select {
 		case <-r.Context().Done():
 			return
 		case <-tick.C:
-			if !write(": keep-alive\n\n") {
+			if !verified() || !write(": keep-alive\n\n") {
 				return
 			}
 		case e, ok := <-sub.C:
@@ -278,6 +302,9 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 			}
 			if e, ok = acc.Event(e); !ok || e.Approval != nil && !kernel.SeesApproval(c.role(), e.Approval.RequiredRole) {
 				continue
+			}
+			if !verified() {
+				return
 			}
 			if d := sub.Dropped(); d != reported {
 				reported = d
@@ -291,4 +318,21 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// reverify checks again the credential cred a stream was opened with as
+// c: nil while it still verifies, else the refusal a new request with it
+// would get.
+func (s *Server) reverify(c caller, cred string) *kernel.Error {
+	if c.admin {
+		if s.isAdmin(cred) {
+			return nil
+		}
+		return &kernel.Error{Class: kernel.ErrTokenInvalid, Message: msgWrongAdmin}
+	}
+	if _, err := s.k.VerifyBearer(cred); err != nil {
+		class, reason := tokenRefusal(err)
+		return &kernel.Error{Class: class, Message: "the bearer capability token: " + reason}
+	}
+	return nil
 }

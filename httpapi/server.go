@@ -54,11 +54,14 @@ type Server struct {
 	// local is the control socket's admin credential (socket.go); empty
 	// for a server on TCP.
 	local string
+	// heartbeat is the GET /v1/events heartbeat (defaultHeartbeat; tests set
+	// it shorter).
+	heartbeat time.Duration
 }
 
 // New returns the API of k.
 func New(k *kernel.Kernel) *Server {
-	s := &Server{k: k, mux: http.NewServeMux()}
+	s := &Server{k: k, mux: http.NewServeMux(), heartbeat: defaultHeartbeat}
 	s.mux.HandleFunc("POST /v1/syscalls", s.call)
 	s.mux.HandleFunc("GET /v1/syscalls", s.tools)
 	s.mux.HandleFunc("GET /v1/policy", s.policy)

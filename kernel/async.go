@@ -92,8 +92,9 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	// is refused there), belonging to no agent.
 	agent := ""
 	if class == "" {
-		if _, cl, _ := k.verifyToken(c.env); cl == "" {
-			agent = c.env.AgentID
+		if tok, cl, _ := k.verifyToken(c.env); cl == "" {
+			// A refusal Start records itself is the agent's own call.
+			c.token, agent = tok, c.env.AgentID
 		}
 	}
 	if agent == "" {
@@ -151,6 +152,8 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	if done == nil {
 		k.ops.mu.Unlock()
 		cancel(nil)
+		// Refused for now, not for its id: a retry later may name it.
+		c.disown()
 		err = fmt.Errorf("%w (%d, at most %d of one agent with its sub-agents); retry later or call synchronously", ErrTooManyBackground, MaxBackground, MaxBackgroundPerAgent)
 		return "", k.publishResult(c, k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
 	}

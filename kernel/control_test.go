@@ -527,6 +527,13 @@ func TestBackgroundSlotsPerAgent(t *testing.T) {
 	if err := start(gated(-1, as(sub))); !errors.Is(err, ErrTooManyBackground) {
 		t.Fatalf("a sub-agent's call past its parent's slots: %v", err)
 	}
+	// The refusal is the agent's own (its token verified), under an id of
+	// its own: the id asked for stays free for a retry.
+	later := newID()
+	raw, _ := json.Marshal(h.env("echo", map[string]any{"text": "later"}, opID(later)))
+	if _, refused, err := h.k.Start(context.Background(), raw); !errors.Is(err, ErrTooManyBackground) || refused.AgentID != h.agent || refused.OperationID == later {
+		t.Fatalf("past the slots: %v, agent %q, operation %s (asked %s)", err, refused.AgentID, refused.OperationID, later)
+	}
 	other, otherJTI := h.mint("agent-b", captoken.Capability{Tools: []string{"echo"}})
 	if err := start(&Envelope{ToolID: "echo", AgentID: "agent-b", CapabilityToken: other, CapabilityTokenID: otherJTI,
 		PolicyHash: h.k.PolicyHash(), Args: json.RawMessage(`{"text":"x"}`)}); err != nil {
@@ -542,6 +549,19 @@ func TestBackgroundSlotsPerAgent(t *testing.T) {
 	for _, a := range pending {
 		if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleApprover), "deny", "done"); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// Slots free again, the retry with the id asked for runs.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		id, _, err := h.k.Start(context.Background(), raw)
+		if err == nil {
+			if id != later {
+				t.Fatalf("the retry ran as %s, want %s", id, later)
+			}
+			break
+		}
+		if !errors.Is(err, ErrTooManyBackground) || time.Now().After(deadline) {
+			t.Fatalf("the retry: %v", err)
 		}
 	}
 }

@@ -814,6 +814,47 @@ func TestExecDeltaDecided(t *testing.T) {
 	}
 }
 
+// TestExecDeltaNotSessionConfirmed: a proc.exec the session's user
+// confirmed (the policy lets EXECUTE be) may not write under a sensitive
+// path, which the policy keeps for an approver (docs/policy.md, Session
+// confirmation), as it would for fs.write; a plain write commits.
+func TestExecDeltaNotSessionConfirmed(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join("..", "policy", "rego", "capkernel.rego"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "capkernel.rego"), b, 0o644)
+	os.WriteFile(filepath.Join(dir, "data.json"), []byte(`{"capkernel":{"config":{"sensitive_paths":[".git/"],"confirmation":{"default":{"EXECUTE":"prompt"},"session":{"EXECUTE":true}}}}}`), 0o644)
+	for _, tc := range []struct {
+		name, script, class string
+	}{
+		{"a git hook", "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit", ErrPolicyDenied},
+		{"a plain write", "echo x > out.txt", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newExecHarness(t, func(c *Config) { c.PolicyDir = dir })
+			os.MkdirAll(filepath.Join(h.ws, ".git"), 0o755)
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+			before := snapshot(t, h.ws)
+			a, res := h.gated("proc.exec", execArgs("sh", "-c", tc.script), key("s"), session("sess-1"))
+			if !a.SessionConfirm {
+				t.Fatalf("the call may not be confirmed in its session: %+v", a)
+			}
+			if _, err := h.k.ConfirmInSession(a.ID, h.token, "sess-1", "allow", "ok"); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
+			if errClass(r) != tc.class {
+				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
+			}
+			if tc.class != "" {
+				sameTree(t, before, snapshot(t, h.ws))
+			}
+		})
+	}
+}
+
 // A descriptor the kernel's process inherited open reaches no command:
 // the sandbox marks them close-on-exec (a command wrote through one to a
 // file outside its roots: found by review). The kernel runs in a child

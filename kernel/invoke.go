@@ -1138,7 +1138,8 @@ func (c *call) unusable(class, msg string) (string, string) {
 // directory too, or delete). A delta the policy refuses (a secret path)
 // or decides stricter than the mode the call ran under (a write under a
 // sensitive path by an autopilot call, a deleted directory by one a plain
-// approver allowed) is refused, policy_denied: nothing of it is applied.
+// approver allowed), or that a session's user may not confirm when one
+// confirmed the call, is refused, policy_denied: nothing of it is applied.
 // A decision that fails refuses it too.
 func (k *Kernel) decideDelta(ctx context.Context, c *call, touched []*syscalls.Resource) (class, msg string) {
 	if len(touched) == 0 {
@@ -1157,6 +1158,13 @@ func (k *Kernel) decideDelta(ctx context.Context, c *call, touched []*syscalls.R
 	d, err := k.policy.Decide(ctx, &in)
 	if err != nil {
 		return ErrPolicyDenied, "deciding the command's changes: " + err.Error() + "; nothing of them is applied"
+	}
+	if c.approval != nil && c.approval.Channel == ChannelSession && d.AutonomyMode != policy.Autopilot && !d.SessionConfirm {
+		// Confirmed by the session's user, as the policy let the call
+		// be; its changes the policy keeps for an approver (a sensitive
+		// path), as it would an fs.write of them.
+		return ErrPolicyDenied, fmt.Sprintf("the policy decides the command's changes %s (%s) and does not let the session confirm them, as it did the call: nothing of them is applied",
+			d.AutonomyMode, strings.Join(d.RiskBasis, "; "))
 	}
 	if d.AutonomyMode != policy.NoGo && policy.Stricter(d.AutonomyMode, c.res.AutonomyMode) == c.res.AutonomyMode {
 		return "", ""

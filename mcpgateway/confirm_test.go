@@ -102,7 +102,7 @@ func testElicitation(t *testing.T, version string) {
 		}
 		sc, cc := net.Pipe()
 		ct := &mcp.IOTransport{Reader: cc, Writer: cc}
-		if _, err := g.server.Connect(ctx, lineTransport{in: sc, out: sc}, nil); err != nil {
+		if _, err := g.server.Connect(ctx, lineTransport{in: sc, out: sc, seals: g.seals}, nil); err != nil {
 			t.Fatal(err)
 		}
 		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: version})

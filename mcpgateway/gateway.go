@@ -30,7 +30,8 @@ const (
 	MetaIdempotencyKey = "capkernel/idempotency_key"
 	// MetaRequestID is the JSON-RPC id of the tools/call, which the
 	// gateway's transports copy into the call's _meta (overwriting any
-	// the client put there) for the handler to derive the key from.
+	// the client put there), under MetaSeal, for the handler to derive
+	// the key from.
 	MetaRequestID = "capkernel/request_id"
 	// MetaReceiptID, MetaOperationID and MetaLedgerSeq name the call's
 	// receipt, operation and audit entry in a result's _meta.
@@ -48,8 +49,9 @@ const (
 	MetaInvalid = "capkernel/invalid_meta"
 	// MetaRawMessage goes with MetaInvalid: the client's JSON-RPC message
 	// exactly as it came (base64), which the gateway hands to the kernel
-	// to refuse and audit. Both are the transports' alone: the gateway
-	// drops them from a client's _meta.
+	// to refuse and audit. Both are the transports' alone, under
+	// MetaSeal: the gateway drops them from a client's _meta, and its
+	// handler ignores them unless sealed.
 	MetaRawMessage = "capkernel/raw_message"
 	// MetaReplayed, in a result's _meta, is true when the result is the
 	// recorded outcome of an earlier call with the same idempotency key,
@@ -85,6 +87,7 @@ type Gateway struct {
 	pending                 pendingCalls // calls that asked their client (confirm.go)
 	inflight                inflight     // tools/calls in flight over HTTP (lean.go)
 	handles                 *handleMode  // nil unless the token is in handle mode
+	seals                   *sealer      // seals the transports' marks (seal.go)
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -124,7 +127,7 @@ func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: newWarmInvoker(c.Invoker), token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
 		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
-		pending: pendingCalls{by: map[string]*pendingCall{}},
+		pending: pendingCalls{by: map[string]*pendingCall{}}, seals: newSealer(),
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version},
 			&mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}}),
 	}
@@ -175,17 +178,25 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 // serveIO serves one client reading newline-delimited JSON-RPC messages
 // from in and writing answers to out, until in ends or ctx is done.
 func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) error {
-	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}})
+	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals})
 	if g.handles != nil {
 		g.handles.end(g.session)
 	}
 	return err
 }
 
-// handle runs one tools/call through the kernel. Every call, a malformed
-// one included, goes to the kernel, which refuses what it must and audits
-// it: the gateway refuses nothing on its own, so no call goes unrecorded.
+// handle runs one tools/call the SDK serves through the kernel, with the
+// marks its _meta holds under a seal that verifies (a client's own are
+// ignored: whatever path its message took, no client sets them).
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	return g.call(ctx, req, g.seals.marksOf(req.Params.Meta))
+}
+
+// call runs one tools/call through the kernel, with the transports' marks
+// mk. Every call, a malformed one included, goes to the kernel, which
+// refuses what it must and audits it: the gateway refuses nothing on its
+// own, so no call goes unrecorded.
+func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) (*mcp.CallToolResult, error) {
 	p := req.Params
 	session := g.sessionOf(req.Session)
 	if p.RequestState != "" {
@@ -195,11 +206,7 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	if g.handles != nil {
 		tool = kernelTool(p.Name)
 	}
-	reqID := ""
-	if v, ok := p.Meta[MetaRequestID]; ok {
-		b, _ := json.Marshal(v)
-		reqID = string(b)
-	}
+	reqID := mk.requestID
 	// The provenance is part of the policy input, so it holds nothing
 	// that differs from call to call (the JSON-RPC id is in the derived
 	// idempotency key): the kernel's decision cache answers a session's
@@ -236,15 +243,14 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		e.Provenance = mustMarshal(prov)
 		env, err = withMember(e, "idempotency_key", mustMarshal(key))
 	}
-	if why, ok := p.Meta[MetaInvalid].(string); ok && env == nil {
+	if why := mk.invalid; why != "" && env == nil {
 		// The client's message breaks the strictjson rules: the envelope
 		// carries it byte for byte in provenance.mcp_message, where the
 		// kernel finds the same fault, refuses and audits the call. A
 		// message that cannot be had (never from the transports) is sent
 		// as the reason, which is no JSON: refused all the same.
-		raw, _ := p.Meta[MetaRawMessage].(string)
-		msg, derr := base64.StdEncoding.DecodeString(raw)
-		if derr != nil || raw == "" {
+		msg, derr := base64.StdEncoding.DecodeString(mk.raw)
+		if derr != nil || mk.raw == "" {
 			msg = []byte(why)
 		}
 		pb := mustMarshal(prov)
@@ -398,12 +404,12 @@ func meta(res *kernel.Result) mcp.Meta {
 	return m
 }
 
-// tagParams returns tools/call params with _meta[MetaRequestID] = id;
-// params that are not an object are left for the SDK to refuse. The
-// transports call it only on messages that obey the strictjson rules
-// (prepare); the marks only they may set are dropped from the client's
-// _meta.
-func tagParams(params json.RawMessage, id any) json.RawMessage {
+// tagParams returns tools/call params with _meta[MetaRequestID] = id,
+// sealed (MetaSeal); params that are not an object are left for the SDK
+// to refuse. The transports call it only on messages that obey the
+// strictjson rules (prepare); the marks only they may set are dropped
+// from the client's _meta.
+func tagParams(s *sealer, params json.RawMessage, id any) json.RawMessage {
 	var p map[string]json.RawMessage
 	if err := json.Unmarshal(params, &p); err != nil || p == nil {
 		return params
@@ -420,6 +426,7 @@ func tagParams(params json.RawMessage, id any) json.RawMessage {
 		m = map[string]any{}
 	}
 	m[MetaRequestID] = id
+	m[MetaSeal] = s.seal(marks{requestID: idJSON(id)})
 	b, err := jsonNoHTML(m)
 	if err != nil {
 		return params

@@ -113,7 +113,7 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 		}
 		// The lean path takes only bodies that obey the strictjson rules;
 		// any other is read by them here (prepare).
-		body, reject := prepare(body)
+		body, reject := prepare(g.seals, body)
 		if reject != nil {
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Content-Length", strconv.Itoa(len(reject)))
@@ -148,35 +148,35 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 
 // tagBody returns a POSTed JSON-RPC message with a tools/call request's
 // id copied into its params' _meta (tagParams); any other body as it came.
-// The common call, whose params have no _meta, is tagged by splicing
-// (spliceRequestID); any other goes the full way, which decodes only the
-// envelope's members, leaving params and the rest as raw bytes. Either
-// way the SDK decodes the message again, so tagging must cost little.
-func tagBody(body []byte) []byte {
-	if !bytes.Contains(body, []byte(`"tools/call"`)) {
+// The method is read by its decoded value (readMessage), so every
+// spelling of tools/call is tagged. The common call, whose params have no
+// _meta, is tagged by splicing (spliceRequestID); any other goes the full
+// way, which decodes only the envelope's members, leaving params and the
+// rest as raw bytes. Either way the SDK decodes the message again, so
+// tagging must cost little.
+func tagBody(s *sealer, body []byte) []byte {
+	m, ok := readMessage(body)
+	if !ok || !isString(m.method, "tools/call") {
 		return body
 	}
-	if out, ok := spliceRequestID(body); ok {
+	id, ok := requestID(json.RawMessage(m.id))
+	if !ok {
+		return body
+	}
+	if out, ok := spliceRequestID(s, body, m, id); ok {
 		return out
 	}
-	return tagFull(body)
+	return tagFull(s, body, id)
 }
 
-// tagFull tags a tools/call request's body by decoding its members.
-func tagFull(body []byte) []byte {
+// tagFull tags tools/call request body, of JSON-RPC id id, by decoding
+// its members.
+func tagFull(s *sealer, body []byte, id any) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(body, &m) != nil {
 		return body
 	}
-	var method string
-	if json.Unmarshal(m["method"], &method) != nil || method != "tools/call" {
-		return body
-	}
-	id, ok := requestID(m["id"])
-	if !ok {
-		return body
-	}
-	m["params"] = tagParams(m["params"], id)
+	m["params"] = tagParams(s, m["params"], id)
 	// Without HTML escaping, as the client sent it: each <, > or &
 	// escaped would grow the message sixfold, past what the SDK reads.
 	out, err := jsonNoHTML(m)
@@ -205,106 +205,67 @@ func requestID(raw json.RawMessage) (id any, ok bool) {
 	return nil, false
 }
 
-// spliceRequestID tags a tools/call request whose params are an object
-// with no _meta member by inserting "_meta":{MetaRequestID: id} as the
-// params' first member, every other byte as it came: the same message, to
-// the SDK, as the full way makes. ok is false for any other body (a batch,
-// a duplicate member name or invalid UTF-8 anywhere in the envelope's or
-// params' members, params with _meta, trailing data), which the full way
-// tags or leaves as it came.
-func spliceRequestID(body []byte) (out []byte, ok bool) {
-	dec := jsontext.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.ReadToken(); err != nil || t.Kind() != '{' {
+// spliceRequestID tags m, tools/call request body of JSON-RPC id id
+// (read by readMessage), when its params are an object with no _meta
+// member, by inserting "_meta":{MetaRequestID: id, MetaSeal: its seal} as
+// the params' first member, every other byte as it came: the same message, to the SDK, as
+// the full way makes. ok is false for any other params, which the full
+// way tags or leaves as they came.
+func spliceRequestID(s *sealer, body []byte, m rpcMessage, id any) (out []byte, ok bool) {
+	if m.params.Kind() != '{' {
 		return nil, false
 	}
-	var method, rawID, params jsontext.Value
-	paramsAt := -1
-	for dec.PeekKind() != '}' {
-		name, err := dec.ReadToken()
-		if err != nil {
-			return nil, false
-		}
-		n := name.String() // before the next read, which reuses the buffer
-		v, err := dec.ReadValue()
-		if err != nil {
-			return nil, false
-		}
-		// v is the decoder's until its next read: keep body's bytes.
-		end := int(dec.InputOffset())
-		v = jsontext.Value(body[end-len(v) : end])
-		switch n {
-		case "method":
-			method = v
-		case "id":
-			rawID = v
-		case "params":
-			params, paramsAt = v, end-len(v)
-		}
-	}
-	if _, err := dec.ReadToken(); err != nil {
-		return nil, false
-	}
-	if _, err := dec.ReadToken(); err != io.EOF {
-		return nil, false
-	}
-	if string(method) != `"tools/call"` || params.Kind() != '{' {
-		return nil, false
-	}
-	id, ok := requestID(json.RawMessage(rawID))
-	if !ok {
-		return nil, false
-	}
-	members := false
-	pd := jsontext.NewDecoder(bytes.NewReader(params))
-	pd.ReadToken()
-	for pd.PeekKind() != '}' {
-		name, err := pd.ReadToken()
-		if err != nil || name.String() == "_meta" {
-			return nil, false
-		}
-		if err := pd.SkipValue(); err != nil {
-			return nil, false
-		}
+	members, hasMeta := false, false
+	if !readObject(m.params, func(name string, _ jsontext.Value, _ int) {
 		members = true
-	}
-	idJSON, err := json.Marshal(id)
-	if err != nil {
+		hasMeta = hasMeta || name == "_meta"
+	}) || hasMeta {
 		return nil, false
 	}
-	out = make([]byte, 0, len(body)+len(MetaRequestID)+len(idJSON)+16)
-	out = append(out, body[:paramsAt+1]...)
+	idj := idJSON(id)
+	if idj == "" {
+		return nil, false
+	}
+	seal := s.seal(marks{requestID: idj})
+	out = make([]byte, 0, len(body)+len(MetaRequestID)+len(idj)+len(MetaSeal)+len(seal)+24)
+	out = append(out, body[:m.paramsAt+1]...)
 	out = append(out, `"_meta":{"`...)
-	out = append(append(append(out, MetaRequestID...), `":`...), idJSON...)
-	out = append(out, '}')
+	out = append(append(append(out, MetaRequestID...), `":`...), idj...)
+	out = append(append(append(append(append(out, `,"`...), MetaSeal...), `":"`...), seal...), `"}`...)
 	if members {
 		out = append(out, ',')
 	}
-	return append(out, body[paramsAt+1:]...), true
+	return append(out, body[m.paramsAt+1:]...), true
 }
 
-// messageID reads a single JSON-RPC message's method and the id it names:
-// a request's own id, or the requestId of notifications/cancelled, as the
-// key of the calls in flight (the id's JSON as the SDK reads it). ok is
-// false for a batch, a body that is not JSON or a message without one.
+// messageID reads a single JSON-RPC message's method and the id it names
+// when the method (decoded, in any spelling) is tools/call or
+// notifications/cancelled: a request's own id, or the requestId of
+// notifications/cancelled, as the key of the calls in flight (the id's
+// JSON as the SDK reads it). ok is false for any other message, a batch,
+// a body that is not JSON or a message without such an id.
 func messageID(body []byte) (method, key string, ok bool) {
-	if !bytes.Contains(body, []byte(`"tools/call"`)) && !bytes.Contains(body, []byte(`"notifications/cancelled"`)) {
+	m, ok := readMessage(body)
+	if !ok {
 		return "", "", false
 	}
-	var m struct {
-		Method string          `json:"method"`
-		ID     json.RawMessage `json:"id"`
-		Params struct {
-			RequestID json.RawMessage `json:"requestId"`
-		} `json:"params"`
-	}
-	if json.Unmarshal(body, &m) != nil {
+	raw := m.id
+	switch {
+	case isString(m.method, "tools/call"):
+		method = "tools/call"
+	case isString(m.method, "notifications/cancelled"):
+		method, raw = "notifications/cancelled", nil
+		if m.params.Kind() != '{' || !readObject(m.params, func(name string, v jsontext.Value, _ int) {
+			if name == "requestId" {
+				raw = v
+			}
+		}) {
+			return "", "", false
+		}
+	default:
 		return "", "", false
 	}
-	raw := m.ID
-	if m.Method == "notifications/cancelled" {
-		raw = m.Params.RequestID
-	}
-	id, ok := requestID(raw)
+	id, ok := requestID(json.RawMessage(raw))
 	if !ok {
 		return "", "", false
 	}
@@ -312,7 +273,7 @@ func messageID(body []byte) (method, key string, ok bool) {
 	if err != nil {
 		return "", "", false
 	}
-	return m.Method, string(b), true
+	return method, string(b), true
 }
 
 // sessionByID returns the server's session of id, or nil.

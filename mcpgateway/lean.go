@@ -63,7 +63,7 @@ func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte)
 	if ip == nil || ip.ProtocolVersion >= leanProtocolLimit || r.Header.Get(protocolVersionHeader) != ip.ProtocolVersion {
 		return false
 	}
-	req := &mcp.CallToolRequest{Session: ss, Params: &mcp.CallToolParamsRaw{Name: c.name, Arguments: c.args, Meta: mcp.Meta{MetaRequestID: c.id}}}
+	req := &mcp.CallToolRequest{Session: ss, Params: &mcp.CallToolParamsRaw{Name: c.name, Arguments: c.args}}
 	if g.confirmable(req) {
 		return false
 	}
@@ -78,7 +78,8 @@ func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte)
 	}
 	defer g.inflight.done(ss.ID(), c.key)
 	g.inflight.watch(ss)
-	res, _ := g.handle(ctx, req) // handle answers every call with a result
+	// The lean path is a transport: it gives call the call's id itself.
+	res, _ := g.call(ctx, req, marks{requestID: idJSON(c.id)}) // call answers every call with a result
 	msg, err := leanResponse(c, res)
 	if err != nil {
 		// Never for the gateway's own results; the SDK would answer a
@@ -165,7 +166,8 @@ func acceptsJSONAndSSE(values []string) bool {
 
 // leanRequest reads body as a plain tools/call: one JSON object with
 // exactly the members jsonrpc ("2.0"), id (a string, or an integer of at
-// most 2^53 in magnitude written as one), method ("tools/call") and
+// most 2^53 in magnitude written as one), method ("tools/call", in any
+// spelling: isString) and
 // params, which has a name (a string) and may have arguments (an object),
 // nothing else (no _meta: no progress token, idempotency key or trace
 // context), no duplicate member name or invalid UTF-8 anywhere, nothing
@@ -212,7 +214,7 @@ func leanRequest(body []byte) (c leanCall, ok bool) {
 	if _, err := dec.ReadToken(); err != io.EOF {
 		return c, false
 	}
-	if string(version) != `"2.0"` || string(method) != `"tools/call"` || name == nil {
+	if string(version) != `"2.0"` || !isString(method, "tools/call") || name == nil {
 		return c, false
 	}
 	switch rawID.Kind() {

@@ -82,7 +82,7 @@ func TestMetaStrictJSON(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := `{"jsonrpc":"2.0","id":"r-` + tc.name + `","method":"tools/call","params":` + tc.params + `}`
-			prepared, reject := prepare([]byte(msg))
+			prepared, reject := prepare(g.seals, []byte(msg))
 			var m struct{ Params mcp.CallToolParamsRaw }
 			if err := json.Unmarshal(prepared, &m); err != nil || reject != nil {
 				t.Fatalf("prepared %s: %v %s", prepared, err, reject)

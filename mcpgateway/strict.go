@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -33,7 +35,7 @@ import (
 // error response to answer instead (-32700 for bytes that are no JSON,
 // -32600 for a message another reader could read differently; in a batch,
 // one such message has the whole batch refused, none of it run).
-func prepare(msg []byte) (out, reject []byte) {
+func prepare(s *sealer, msg []byte) (out, reject []byte) {
 	fault := strictjson.Check(msg)
 	if errors.Is(fault, strictjson.ErrSyntax) {
 		return nil, errorResponse(nil, jsonrpc.CodeParseError, "parse error: "+fault.Error())
@@ -41,9 +43,9 @@ func prepare(msg []byte) (out, reject []byte) {
 	trimmed := bytes.TrimLeft(msg, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '[' {
 		if fault == nil {
-			return tagBody(msg), nil
+			return tagBody(s, msg), nil
 		}
-		return refuse(msg, fault)
+		return refuse(s, msg, fault)
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(msg, &elems); err != nil {
@@ -51,10 +53,10 @@ func prepare(msg []byte) (out, reject []byte) {
 	}
 	out = append(out, '[')
 	for i, e := range elems {
-		o, r := tagBody(e), []byte(nil)
+		o, r := tagBody(s, e), []byte(nil)
 		err := strictjson.Check(e)
 		if err != nil {
-			o, r = refuse(e, err)
+			o, r = refuse(s, e, err)
 		}
 		if r != nil {
 			return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: batch element %d: %v", i, err))
@@ -71,43 +73,52 @@ func prepare(msg []byte) (out, reject []byte) {
 // rules (fault). A tools/call request, as the SDK would read it (the last
 // of duplicate members), becomes refusedCall; any other message is
 // rejected with -32600, answered to its id when it has one.
-func refuse(msg []byte, fault error) (out, reject []byte) {
-	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params json.RawMessage `json:"params"`
-	}
-	if json.Unmarshal(msg, &m) != nil {
+func refuse(s *sealer, msg []byte, fault error) (out, reject []byte) {
+	// As the SDK reads it: exact names, the last of duplicates, the
+	// method decoded.
+	m, ok := readMessage(msg, sdkReading...)
+	if !ok {
 		return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
 	}
-	id, isRequest := requestID(m.ID)
-	if m.Method != "tools/call" || !isRequest {
-		if !isRequest || m.Method == "" {
+	id, isRequest := requestID(json.RawMessage(m.id))
+	if !isString(m.method, "tools/call") || !isRequest {
+		if !isRequest || m.method == nil {
 			// A response of the client's is not answered with its id,
 			// which names a request of the gateway's.
 			id = nil
 		}
 		return nil, errorResponse(id, jsonrpc.CodeInvalidRequest, "invalid request: "+fault.Error())
 	}
-	var p struct {
-		Name json.RawMessage `json:"name"`
-	}
-	json.Unmarshal(m.Params, &p)
 	var name string
-	json.Unmarshal(p.Name, &name)
-	return refusedCall(id, name, fault.Error(), msg), nil
+	if m.params.Kind() == '{' {
+		readObject(m.params, func(n string, v jsontext.Value, _ int) {
+			if n == "name" {
+				name = ""
+				json.Unmarshal(v, &name)
+			}
+		}, sdkReading...)
+	}
+	return refusedCall(s, id, name, fault.Error(), msg), nil
 }
+
+// sdkReading reads JSON as the SDK does a message that breaks the
+// strictjson rules: the last of duplicate members, invalid UTF-8 replaced.
+var sdkReading = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
 
 // refusedCall is a tools/call request with the given id for tool name
 // whose _meta says the client's message (raw, kept byte for byte in
 // base64) broke the strictjson rules (why): the gateway sends the kernel
 // an envelope carrying raw in its provenance, where the kernel finds the
-// same fault, refuses the call and audits it.
-func refusedCall(id any, name, why string, raw []byte) []byte {
+// same fault, refuses the call and audits it. The marks are sealed
+// (MetaSeal) as the SDK will hand them to the handler: why as valid
+// UTF-8, which JSON carries unchanged.
+func refusedCall(s *sealer, id any, name, why string, raw []byte) []byte {
+	why = strings.ToValidUTF8(why, "\uFFFD")
+	mk := marks{requestID: idJSON(id), invalid: why, raw: base64.StdEncoding.EncodeToString(raw)}
 	m := map[string]any{
 		"jsonrpc": "2.0", "id": id, "method": "tools/call",
 		"params": map[string]any{"name": name, "_meta": map[string]any{
-			MetaInvalid: why, MetaRawMessage: base64.StdEncoding.EncodeToString(raw), MetaRequestID: id,
+			MetaInvalid: mk.invalid, MetaRawMessage: mk.raw, MetaRequestID: id, MetaSeal: s.seal(mk),
 		}},
 	}
 	b, err := jsonNoHTML(m)
@@ -139,15 +150,16 @@ const MaxLineBytes = mcp.DefaultMaxLineLength
 // with an error as JSON-RPC 2.0 requires and the session goes on; the
 // SDK's transport ends the session on its first undecodable message.
 type lineTransport struct {
-	in  io.Reader
-	out io.WriteCloser
+	in    io.Reader
+	out   io.WriteCloser
+	seals *sealer
 }
 
 // Connect starts reading the client's lines.
 func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	pr, pw := io.Pipe()
 	out := &lockedWriter{w: t.out}
-	go screenLines(t.in, pw, out)
+	go screenLines(t.in, pw, out, t.seals)
 	// The SDK reads the prepared lines, which may be longer than the
 	// client's by the tags (a refused call's message in base64).
 	c, err := (&mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: 3 * MaxLineBytes}).Connect(ctx)
@@ -159,7 +171,7 @@ func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 
 // screenLines reads in line by line until it ends, writing each prepared
 // line to sdk and each rejection to out; it ends sdk's input with in's.
-func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer) {
+func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer) {
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		line, tooLong, err := readLine(br)
@@ -172,7 +184,7 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer) {
 		} else if line = bytes.TrimSpace(line); len(line) > 0 {
 			// Trimmed: the SDK refuses what follows a message, and
 			// whitespace there is still JSON.
-			prepared, reject := prepare(line)
+			prepared, reject := prepare(s, line)
 			if reject == nil {
 				if err := decodable(prepared); err != nil {
 					reject = errorResponse(nil, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error())

@@ -43,6 +43,10 @@ var strictCases = []strictCase{
 	{"invalid UTF-8 in the name", "{\"jsonrpc\":\"2.0\",\"id\":17,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\xff\"}}", "17", 0, `invalid UTF-8`},
 	{"lone surrogate in the args", `{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":"echo","arguments":{"text":"\ud800"}}}`, "18", 0, `surrogate`},
 	{"a list with two cursors", `{"jsonrpc":"2.0","id":19,"method":"tools/list","params":{"cursor":"a","cursor":"b"}}`, "19", -32600, ""},
+	{"escaped method, two names", `{"jsonrpc":"2.0","id":22,"method":"tools\u002fcall","params":{"name":"echo","name":"fs.read"}}`, "22", 0, `duplicate member name "name"`},
+	// The SDK reads member names exactly: "Method" is no method, so this
+	// is a tools/list, not a call.
+	{"a call's method in other case", `{"jsonrpc":"2.0","id":23,"method":"tools/list","Method":"tools/call","params":{"name":"echo","name":"x"}}`, "23", -32600, ""},
 	{"no JSON", `garbage{`, "null", -32700, ""},
 	{"a call after them", `{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`, "30", 0, ""},
 }
@@ -223,7 +227,7 @@ func TestPrepareBatch(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out, reject := prepare([]byte(c.batch))
+			out, reject := prepare(newSealer(), []byte(c.batch))
 			if c.reject {
 				if reject == nil || out != nil {
 					t.Fatalf("prepared %s, want a rejection", out)
@@ -295,7 +299,7 @@ func TestStdioLinesSDKCannotRead(t *testing.T) {
 			t.Errorf("answer %s, want -32600", a)
 		}
 	}
-	if tagged := tagFull([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<&>"}}}`)); !bytes.Contains(tagged, []byte(`"<&>"`)) {
+	if tagged := tagFull(g.seals, []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"<&>"}}}`), int64(1)); !bytes.Contains(tagged, []byte(`"<&>"`)) {
 		t.Errorf("tagFull escaped the args: %s", tagged)
 	}
 }
