@@ -78,18 +78,23 @@ func text(r *mcp.CallToolResult) string {
 	return b.String()
 }
 
-// A real MCP client over stdio (against the data dir) and over HTTP
-// (against a served kernel) sees only the token's tools, and every call is
-// a governed, receipted kernel call.
+// A real MCP client over stdio and over HTTP (against a served kernel, by
+// its URL; over stdio also by its data dir, through the control socket)
+// sees only the token's tools, and every call is a governed, receipted
+// kernel call.
 func TestMCPGateway(t *testing.T) {
-	for _, mode := range []string{"stdio", "http"} {
+	for _, mode := range []string{"stdio", "http", "stdio-data"} {
 		t.Run(mode, func(t *testing.T) {
 			sv := initServed(t)
 			ws := filepath.Join(sv.dir, "ws")
 			os.MkdirAll(ws, 0o755)
 			os.WriteFile(filepath.Join(ws, "a.txt"), []byte("hello mcp"), 0o644)
 			tok := mintCLI(t, sv.server, sv.admin, "--agent", "mcp-agent", "--tools", "echo,fs.read,fs.write", "--fs", ws+":rw")
-			cs := mcpSession(t, mode == "http", "--server", sv.url, "--token", tok.file)
+			at := []string{"--server", sv.url}
+			if mode == "stdio-data" {
+				at = []string{"--data", sv.server.data}
+			}
+			cs := mcpSession(t, mode == "http", append(at, "--token", tok.file)...)
 			ctx := context.Background()
 
 			tools, err := cs.ListTools(ctx, nil)

@@ -94,8 +94,11 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 		} else if !in.Valid {
 			return nil, fmt.Errorf("%s: %s: %s", verb, in.Class, in.Reason)
 		}
+		// Calls go with the agent's token as the bearer too: over the
+		// control socket a request without one is the admin's, which
+		// makes no calls.
 		bearer := t.client(tok)
-		ak.invoker, ak.tools = clientInvoker{c}, bearer.Tools
+		ak.invoker, ak.tools = clientInvoker{bearer}, bearer.Tools
 		if in.Claims != nil && in.Claims.Cap.Handles {
 			ak.handles = clientHandles{bearer}
 		}
