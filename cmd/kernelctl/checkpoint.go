@@ -99,10 +99,12 @@ func ledgerCheckpointCmd() *cobra.Command {
 one marked stable, the one witnesses share), checks its signature with the kernel's
 key (--pubkey FILE to pin it) and, like rekor-cli loginfo, remembers it in
 --state DIR, per origin and per signing key. On every later call it proves the
-new checkpoint consistent with the ones remembered for its origin and its key: a
-smaller tree, another root for the same size or a failed consistency proof means
-the ledger was rewritten, and a key seen under another origin signs another
-history under a new name; either exits 1 without forgetting the old checkpoint.`,
+new checkpoint consistent with the ones remembered for its origin and its key:
+another root for the same size or a failed consistency proof means the ledger
+was rewritten, and a key seen under another origin signs another history under a
+new name; either exits 1 without forgetting the old checkpoint. An older
+checkpoint (--stable after the latest) must be proved a prefix of the one
+remembered, which stays remembered.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -122,11 +124,14 @@ history under a new name; either exits 1 without forgetting the old checkpoint.`
 			consistency := "not remembered (--state \"\")"
 			if stateDir != "" {
 				st := checkpointState{dir: stateDir}
-				if consistency, err = st.check(ctx, h, cp, pub); err != nil {
+				var older bool
+				if consistency, older, err = st.check(ctx, h, cp, pub); err != nil {
 					return err
 				}
-				if err := st.save(cp, sc.Note, pub); err != nil {
-					return err
+				if !older {
+					if err := st.save(cp, sc.Note, pub); err != nil {
+						return err
+					}
 				}
 			}
 			if t.json {

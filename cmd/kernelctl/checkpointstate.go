@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,24 +66,25 @@ func (s checkpointState) keyPath(pub ed25519.PublicKey) string {
 }
 
 // check proves cp, signed by pub, consistent with the checkpoints
-// remembered for its origin and for pub, and says how.
-func (s checkpointState) check(ctx context.Context, h history, cp ledger.Checkpoint, pub ed25519.PublicKey) (string, error) {
+// remembered for its origin and for pub, and says how; older reports that
+// cp is a proven prefix of one of them, which it must not replace.
+func (s checkpointState) check(ctx context.Context, h history, cp ledger.Checkpoint, pub ed25519.PublicKey) (how string, older bool, err error) {
 	byKey, keyFile, err := s.seenByKey(pub)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if byKey != nil && byKey.Origin != cp.Origin {
 		old, _ := ledger.PeekCheckpoint([]byte(byKey.Note))
-		return "", fmt.Errorf("ORIGIN CHANGED: key %s signed the checkpoint of origin %q (size %d) seen at %s, and now one of origin %q (size %d): "+
+		return "", false, fmt.Errorf("ORIGIN CHANGED: key %s signed the checkpoint of origin %q (size %d) seen at %s, and now one of origin %q (size %d): "+
 			"a key signs one ledger, so this is another history under a new name (remove %s to accept it as a new ledger)",
 			keyFingerprint(pub), byKey.Origin, old.Size, byKey.SeenAt, cp.Origin, cp.Size, keyFile)
 	}
 	originFile := s.originPath(cp.Origin)
 	byOrigin, err := loadSeen(originFile)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	how := "first checkpoint seen for this origin and key"
+	how = "first checkpoint seen for this origin and key"
 	for _, seen := range []*seenCheckpoint{byOrigin, byKey} {
 		if seen == nil || (seen == byKey && byOrigin != nil && byOrigin.Note == byKey.Note) {
 			continue
@@ -92,14 +94,16 @@ func (s checkpointState) check(ctx context.Context, h history, cp ledger.Checkpo
 			file = keyFile
 		}
 		got, err := checkAgainstSeen(ctx, h, file, seen, cp, pub)
-		if err != nil {
-			return "", err
+		if errors.Is(err, errOlder) {
+			older = true
+		} else if err != nil {
+			return "", false, err
 		}
 		if seen == byOrigin || byOrigin == nil {
 			how = got
 		}
 	}
-	return how, nil
+	return how, older, nil
 }
 
 // seenByKey returns the checkpoint remembered for pub and its file, or
@@ -169,8 +173,13 @@ func loadSeen(path string) (*seenCheckpoint, error) {
 	return &seen, nil
 }
 
+// errOlder is checkAgainstSeen's answer for a checkpoint consistent with
+// the one remembered but older, which is not remembered in its place.
+var errOlder = errors.New("older than the checkpoint remembered")
+
 // checkAgainstSeen proves cp consistent with seen, the checkpoint
-// remembered in path, and says how.
+// remembered in path, and says how (with errOlder when cp is a proven
+// prefix of seen).
 func checkAgainstSeen(ctx context.Context, h history, path string, seen *seenCheckpoint, cp ledger.Checkpoint, pub ed25519.PublicKey) (string, error) {
 	old, err := openSigned(kernel.SignedCheckpoint{Origin: cp.Origin, Note: seen.Note}, pub)
 	if err != nil {
@@ -178,7 +187,21 @@ func checkAgainstSeen(ctx context.Context, h history, path string, seen *seenChe
 	}
 	switch {
 	case cp.Size < old.Size:
-		return "", fmt.Errorf("INCONSISTENT: the ledger has %d entries in its checkpoint, fewer than the %d of the checkpoint seen at %s (truncated or rewritten)", cp.Size, old.Size, seen.SeenAt)
+		// An older checkpoint (the stable one after the latest, or a
+		// cached answer): it must be a prefix of the one seen, which the
+		// kernel proves; a truncated or rewritten ledger cannot.
+		p, err := h.ProveConsistency(ctx, cp.Size, old.Size)
+		var unreachable *url.Error
+		if errors.As(err, &unreachable) {
+			return "", err // no answer, no evidence either way
+		}
+		if err != nil {
+			return "", fmt.Errorf("INCONSISTENT: the checkpoint has %d entries, fewer than the %d of the checkpoint seen at %s, and the kernel proves no extension of it to that one (truncated or rewritten): %v", cp.Size, old.Size, seen.SeenAt, err)
+		}
+		if err := p.Verify(cp.Root, old.Root); err != nil {
+			return "", fmt.Errorf("INCONSISTENT: the checkpoint of size %d is no prefix of the checkpoint of size %d seen at %s (rewritten): %w", cp.Size, old.Size, seen.SeenAt, err)
+		}
+		return fmt.Sprintf("older than the checkpoint of size %d seen at %s, which is proved an extension of it (%d hashes); that one stays remembered", old.Size, seen.SeenAt, len(p.Proof)), errOlder
 	case cp.Size == old.Size:
 		if cp.Root != old.Root {
 			return "", fmt.Errorf("FORK: two signed checkpoints of size %d with roots %s (seen at %s) and %s", cp.Size, digest.Format(old.Root), seen.SeenAt, digest.Format(cp.Root))

@@ -136,3 +136,41 @@ func TestCheckpointRememberedPerKey(t *testing.T) {
 		})
 	}
 }
+
+// An older checkpoint than the one remembered (the stable one, marked at
+// start, after the latest was seen) is proven a prefix of it and passes,
+// and the newer one stays remembered.
+func TestCheckpointOlderThanSeen(t *testing.T) {
+	sv := initServed(t)
+	tok := mintCLI(t, sv.server, sv.admin, "--agent", "a1", "--tools", "echo")
+	mustRun(t, "call", "echo", "--token", tok.file, "--arg-str", "text=x", "--server", sv.url)
+	state := t.TempDir()
+	checkpoint := func(extra ...string) kernel.SignedCheckpoint {
+		t.Helper()
+		out, stderr, code := run(t, append([]string{"ledger", "checkpoint", "--server", sv.url, "--state", state, "--json"}, extra...)...)
+		var sc struct {
+			kernel.SignedCheckpoint
+			Consistency string `json:"consistency"`
+		}
+		if err := json.Unmarshal([]byte(out), &sc); code != 0 || err != nil {
+			t.Fatalf("ledger checkpoint %v: exit %d %v\n%s%s", extra, code, err, out, stderr)
+		}
+		return sc.SignedCheckpoint
+	}
+	latest := checkpoint()
+	stable := checkpoint("--stable")
+	size := func(sc kernel.SignedCheckpoint) uint64 {
+		cp, err := ledger.PeekCheckpoint([]byte(sc.Note))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cp.Size
+	}
+	if size(stable) >= size(latest) {
+		t.Fatalf("the stable checkpoint (size %d) is not older than the latest (size %d)", size(stable), size(latest))
+	}
+	seen, err := loadSeen(checkpointState{dir: state}.originPath(latest.Origin))
+	if err != nil || seen == nil || seen.Note != latest.Note {
+		t.Fatalf("remembered after the older one: %+v %v, want the latest", seen, err)
+	}
+}
