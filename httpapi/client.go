@@ -263,7 +263,7 @@ func (c *Client) Export(ctx context.Context, w io.Writer) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return &APIError{Status: resp.StatusCode, Class: kernel.ErrInternal, Message: strings.TrimSpace(string(b))}
+		return apiError(resp.StatusCode, b)
 	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		return fmt.Errorf("GET /v1/ledger/export: %w", err)

@@ -42,15 +42,18 @@ func TestAuditVerbsOverServer(t *testing.T) {
 	if out, _, code := run(t, "receipts", "verify", envFile, "--jwks", jwksFile, "--args", guessFile); code != 1 || !strings.Contains(out, "does not commit") {
 		t.Fatalf("a guessed argument: exit %d\n%s", code, out)
 	}
+	var stderr string
 	export := func(token string) (string, int) {
-		out, _, code := run(t, append([]string{"ledger", "export", "--token", token}, srv...)...)
+		out, errOut, code := run(t, append([]string{"ledger", "export", "--token", token}, srv...)...)
+		stderr = errOut
 		return out, code
 	}
 	if out, code := export(aud.file); code != 0 || !strings.Contains(out, secret) {
 		t.Fatalf("auditor export: exit %d, secret there: %v", code, strings.Contains(out, secret))
 	}
-	if _, code := export(a.file); code != 1 {
-		t.Fatalf("an agent's export: exit %d, want 1", code)
+	// Refused with the API's class and message, not its JSON body.
+	if _, code := export(a.file); code != 1 || !strings.Contains(stderr, "refused (permission_denied, HTTP 403): exporting the ledger") {
+		t.Fatalf("an agent's export: exit %d, want 1, permission_denied:\n%s", code, stderr)
 	}
 	if out := mustRun(t, append([]string{"ledger", "tail", "-n", "50", "--token", a.file}, srv...)...); strings.Contains(out, secret) || !strings.Contains(out, "args_commitment") {
 		t.Fatalf("tail shows the public records:\n%s", out)
