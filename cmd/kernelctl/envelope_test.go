@@ -78,6 +78,11 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 	}
 	bare := filepath.Join(dir, "bare.json")
 	os.WriteFile(bare, members["receipt"], 0o600)
+	var rid string
+	json.Unmarshal(members["receipt_id"], &rid)
+	showOut, _, _ := run(t, "receipts", "show", rid, "--server", s.url, "--admin-token", sv.adminFile, "--json")
+	show := filepath.Join(dir, "show.json")
+	os.WriteFile(show, []byte(showOut), 0o600)
 	forged := `{"text":"FORGED"}`
 
 	for _, c := range []struct {
@@ -91,6 +96,7 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 		{"honest error", errFile, false, 0, "envelope:     ok"},
 		{"honest replay", replayFile, false, 0, "commitments:  ok"},
 		{"bare receipt", bare, false, 0, "inclusion:    ok"},
+		{"receipts show output", show, false, 1, "receipts bundle ID"},
 		{"no audit_salt", edit("nosalt", map[string]string{"audit_salt": ""}), false, 1, "no audit_salt"},
 		{"forged result, no audit_salt", edit("forged-nosalt", map[string]string{"audit_salt": "", "result": forged}), false, 1, "no audit_salt"},
 		{"forged result", edit("forged", map[string]string{"result": forged}), false, 1, "does not commit to this result"},

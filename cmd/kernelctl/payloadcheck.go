@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -50,6 +51,13 @@ func readReceiptFile(b []byte) (f receiptFile, ok bool, err error) {
 		return receiptFile{Receipt: b}, true, nil
 	}
 	raw, has := top["receipt"]
+	_, seq := top["seq"]
+	_, status := top["status"]
+	if has && seq && !status && bytes.HasPrefix(raw, []byte("{")) {
+		// receipts show --json of a receipt proven by the log: what it
+		// says, read from its entry, with no proof to verify.
+		return f, false, errors.New("this is receipts show output: what a receipt says, without the proof that it is in the log; verify the receipt by its id (receipts verify ID --server URL) or save its bundle (receipts bundle ID > FILE) and verify that")
+	}
 	if !has || !bytes.HasPrefix(raw, []byte("{")) {
 		// A v1 envelope carries its JWS receipt as a string.
 		return f, false, nil

@@ -462,7 +462,7 @@ func receiptArg(ctx context.Context, arg string, h history) (string, error) {
 	if json.Unmarshal(holder.Receipt, &jws) == nil && jws != "" {
 		return jws, nil
 	}
-	return "", fmt.Errorf("%s holds no receipt (want a compact JWS, a result envelope or receipts show --json)", arg)
+	return "", fmt.Errorf("%s holds no receipt (want a receipt, its bundle, a result envelope, a compact JWS or the receipts show --json of a JWS receipt)", arg)
 }
 
 // matchLedger fetches the entry r attests, recomputes its hash and
