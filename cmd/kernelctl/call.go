@@ -169,8 +169,7 @@ func printResult(cmd *cobra.Command, r *kernel.Result, asJSON bool) error {
 	} else if len(r.Result) > 0 {
 		var v any
 		if json.Unmarshal(r.Result, &v) == nil {
-			b, _ := json.MarshalIndent(v, "", "  ")
-			fmt.Fprintf(w, "%s\n", b)
+			printJSON(w, v)
 		}
 	}
 	if r.CommitDeltaID != "" {

@@ -346,24 +346,19 @@ func readSecret(path string) (string, error) {
 	return s, nil
 }
 
-// printJSON writes v as indented JSON.
-func printJSON(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
-	return err
-}
+// printJSON writes v as indented JSON. Both print <, > and & as they are
+// (encoding/json escapes them for HTML pages, which a terminal or a file
+// is not: a fetched page's markup would be unreadable).
+func printJSON(w io.Writer, v any) error { return encodeJSON(w, v, "  ") }
 
 // printJSONLine writes v as one line of JSON.
-func printJSONLine(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
-	return err
+func printJSONLine(w io.Writer, v any) error { return encodeJSON(w, v, "") }
+
+func encodeJSON(w io.Writer, v any, indent string) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", indent)
+	return enc.Encode(v)
 }
 
 // exitOnFailStop ends the process with status 1 when k fails stop (a

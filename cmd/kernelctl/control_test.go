@@ -133,6 +133,11 @@ func TestApprovalsOverServer(t *testing.T) {
 	if code != http.StatusGatewayTimeout || r.Error.Class != kernel.ErrApprovalTimeout {
 		t.Fatalf("unanswered: %d %+v", code, r.Error)
 	}
+	// kernelctl call says the kernel ended it, and why.
+	if _, stderr, code := run(t, "call", "fs.write", "--token", tok.file, "--arg-str", "path=Makefile", "--arg-str", "content=late",
+		"--idempotency-key", "k2b", "--server", s.url); code != 1 || !strings.Contains(stderr, ": expired: no decision within 3s") {
+		t.Fatalf("unanswered call: exit %d %s", code, stderr)
+	}
 
 	// Cancelled while waiting: by operation (the agent's own token), and
 	// by session; 404 for an unknown or finished operation.

@@ -86,7 +86,11 @@ func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, 
 					ticker = time.NewTicker(waitLineEvery)
 					continue
 				}
-				fmt.Fprintf(w, "approval %s: %s by %s\n", a.ID, a.State, orDash(a.DecidedBy))
+				if a.DecidedBy == "" { // expired or abandoned: the kernel's doing
+					fmt.Fprintf(w, "approval %s: %s: %s\n", a.ID, a.State, orDash(a.Reason))
+				} else {
+					fmt.Fprintf(w, "approval %s: %s by %s\n", a.ID, a.State, a.DecidedBy)
+				}
 				return
 			case <-tc:
 				fmt.Fprintf(w, "still waiting for approval %s (%s so far)\n", held, time.Since(since).Round(time.Second))
