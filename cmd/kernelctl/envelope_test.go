@@ -52,11 +52,12 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 	if err := json.Unmarshal(okRaw, &members); err != nil {
 		t.Fatal(err)
 	}
-	// edit writes the ok envelope with members set (nil: removed).
-	edit := func(name string, set map[string]string) string {
+	// editFile writes the envelope in file with members set ("": removed).
+	editFile := func(file, name string, set map[string]string) string {
+		raw, _ := os.ReadFile(file)
 		m := map[string]json.RawMessage{}
-		for k, v := range members {
-			m[k] = v
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
 		}
 		for k, v := range set {
 			if v == "" {
@@ -70,6 +71,8 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 		os.WriteFile(f, b, 0o600)
 		return f
 	}
+	// edit writes the ok envelope with members set.
+	edit := func(name string, set map[string]string) string { return editFile(okFile, name, set) }
 	// prefix writes the ok envelope with text inserted as its first members.
 	prefix := func(name, text string) string {
 		f := filepath.Join(dir, name+".json")
@@ -107,6 +110,7 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 		{"another receipt id", edit("rid", map[string]string{"receipt_id": `"r999-0000000000000000"`}), false, 1, "receipt_id is"},
 		{"another outcome", edit("outcome", map[string]string{"tx_outcome": `"committed"`}), false, 1, `tx_outcome is "committed"`},
 		{"an error claimed", edit("status", map[string]string{"status": `"error"`}), false, 1, `status is "error"`},
+		{"an error with a forged result", editFile(errFile, "err-result", map[string]string{"result": forged}), false, 1, "both an error and a result"},
 		{"another result_hash", edit("hash", map[string]string{"result_hash": `"blake3:1111111111111111111111111111111111111111111111111111111111111111"`}), false, 1, "result_hash is"},
 		{"duplicate result", prefix("dup", `"result":`+forged), false, 1, "duplicate member name"},
 		{"case-variant result", prefix("case", `"Result":`+forged), false, 1, `unknown field "Result"`},

@@ -95,6 +95,11 @@ func matchEnvelope(res *kernel.Result, c *kernel.CallRecord, part []byte) string
 		errClass = res.Error.Class
 	}
 	var bad []string
+	if res.Error != nil && len(res.Result) > 0 {
+		// The result part of an error is the error alone (kernel.ResultPart):
+		// a result beside it is nothing the record commits to.
+		bad = append(bad, "it holds both an error and a result, and the record commits to the error alone")
+	}
 	for _, f := range [][3]string{
 		{"operation_id", res.OperationID, c.OperationID},
 		{"tool_id", res.ToolID, c.ToolID},
