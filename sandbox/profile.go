@@ -251,13 +251,22 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 }
 
 // walkDenies finds the directories and files a root hides (Secret names,
-// and every socket, fifo and device), without following symbolic links,
-// and without entering nested roots.
+// every socket, fifo and device, and every directory the kernel cannot
+// list), without following symbolic links, and without entering nested
+// roots.
 func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 	return filepath.WalkDir(r.real, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == r.real {
 				return fmt.Errorf("sandbox: root %s: %w", r.Path, err)
+			}
+			if d != nil && d.IsDir() {
+				// A directory the kernel may enter but not list (mode
+				// 0311, another user's 0711) still opens its files by
+				// name: what it holds cannot be checked, so all of it
+				// is hidden.
+				deny(filepath.ToSlash(strings.TrimPrefix(path, r.real+"/")), true)
+				return fs.SkipDir
 			}
 			return nil // unreadable here, unreadable in the sandbox too
 		}
