@@ -120,14 +120,17 @@ func TestExecStagingBounded(t *testing.T) {
 	assertNoStaging(t, h.ws)
 }
 
-// /tmp is a bounded tmpfs: a command cannot hold 600 MB of RAM there (in
-// files under RLIMIT_FSIZE).
+// /tmp is a bounded tmpfs (sandbox.DefaultTmp, 2 GiB): a command cannot
+// hold 2.5 GB of RAM there, in files of 250 MB (under proc.exec's 256 MiB
+// RLIMIT_FSIZE, so that only the tmpfs can stop them). The first 1 GB
+// goes in: /tmp holds a build's caches.
 func TestExecTmpBounded(t *testing.T) {
 	h := newExecHarness(t)
 	e := decodeExec(t, h.invoke("proc.exec", execArgs("sh", "-c",
-		"for i in 1 2 3; do head -c 200000000 /dev/zero > /tmp/big$i 2>/dev/null || exit 0; done; echo unbounded"), key("tmp")))
-	if strings.Contains(e.Stdout, "unbounded") {
-		t.Fatalf("wrote 600 MB into /tmp: %s", e.Stdout)
+		"for i in $(seq 10); do head -c 250000000 /dev/zero > /tmp/big$i || { echo stopped at $i; exit 0; }; done; echo unbounded"), key("tmp")))
+	var at int
+	if _, err := fmt.Sscanf(e.Stdout, "stopped at %d", &at); err != nil || at < 5 {
+		t.Fatalf("/tmp: %q", e.Stdout)
 	}
 }
 

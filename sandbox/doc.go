@@ -41,7 +41,7 @@
 //   - a fresh /proc (the sandbox's pid namespace only), a minimal /dev
 //     (null, zero, full, random, urandom, tty, pts), read-only but for
 //     those and /dev/shm, an empty tmpfs of DevShmSize (64 MiB), and an
-//     empty private tmpfs /tmp of Limits.Tmp (DefaultTmp, 512 MiB);
+//     empty private tmpfs /tmp of Limits.Tmp (DefaultTmp, 2 GiB);
 //     the sandbox's own root directory, which holds the mount points, is
 //     made read-only once everything is mounted. So every file system the
 //     command can write is bounded: /tmp and /dev/shm by their sizes

@@ -80,7 +80,10 @@ const (
 	// 20 does not start with 8 GiB; the JVM reserves its heap, a quarter
 	// of the host's RAM, up front).
 	DefaultAddressSpace = 16 << 30
-	DefaultTmp          = 512 << 20
+	// DefaultTmp holds a build's caches (HOME is /tmp: a Go build of a
+	// large module fills over 512 MiB of GOCACHE there); where runs get a
+	// memory cgroup, its pages count against DefaultMemory too.
+	DefaultTmp = 2 << 30
 )
 
 // DevShmSize is the size of the tmpfs at /dev/shm (POSIX shared memory,
