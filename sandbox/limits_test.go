@@ -396,7 +396,7 @@ func TestMemoryBounds(t *testing.T) {
 	s := newSandbox(t, sandbox.Options{})
 	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, `
 awk '/^Max address space/ {print "as", $(NF-2), $(NF-1)}' /proc/self/limits
-head -c 600000000 /dev/zero > /tmp/big 2>/dev/null && echo tmp-unbounded
+head -c 2300000000 /dev/zero > /tmp/big 2>/dev/null && echo tmp-unbounded
 rm -f /tmp/big
 head -c 100000000 /dev/zero > /dev/shm/big 2>/dev/null && echo shm-unbounded
 rm -f /dev/shm/big
