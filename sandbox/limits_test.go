@@ -367,6 +367,47 @@ echo wrote-all`}, Timeout: 60 * time.Second})
 	}
 }
 
+// The watchdog also ends a run that makes more entries than a delta may
+// hold (whose walk would slow it), and one whose staging's file system
+// runs low, as a file the command unlinked but keeps writing (in no walk)
+// makes it. The commands write in steps for seconds, far past where the
+// watchdog must have stopped them.
+func TestStagingWatchdogEntriesAndRoom(t *testing.T) {
+	requireSandbox(t)
+	room := t.TempDir()
+	if err := syscall.Mount("tmpfs", room, "tmpfs", 0, "size=256m"); err != nil {
+		t.Skipf("mounting a tmpfs for the staging: %v", err)
+	}
+	defer syscall.Unmount(room, syscall.MNT_DETACH)
+	for _, tc := range []struct {
+		name, script, why string
+		lim               sandbox.Limits
+		stage             string
+	}{
+		{"entries", `for j in $(seq 100); do for k in $(seq 50); do : > e${j}_$k; done; sleep 0.02; done; echo wrote-all`, "entries in its staging", sandbox.Limits{DeltaFiles: 500}, ""},
+		{"unlinked", `exec 3>hidden; rm hidden; for i in $(seq 50); do head -c 10000000 /dev/zero >&3; sleep 0.02; done; echo wrote-all`, "bytes left", sandbox.Limits{}, room},
+	} {
+		for _, mode := range []sandbox.StagingMode{sandbox.StagingOverlay, sandbox.StagingCopy} {
+			t.Run(tc.name+"/"+mode.String(), func(t *testing.T) {
+				stage := tc.stage
+				if stage == "" {
+					stage = t.TempDir()
+				}
+				s := newSandbox(t, sandbox.Options{Staging: mode, StagingDir: stage})
+				res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: t.TempDir(), Writable: true}}, Limits: tc.lim},
+					sandbox.Command{Argv: []string{"sh", "-c", tc.script}, Timeout: 60 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer res.Close()
+				if !errors.Is(res.DeltaErr, sandbox.ErrDeltaTooLarge) || !strings.Contains(res.DeltaErr.Error(), tc.why) || strings.Contains(string(res.Stdout), "wrote-all") {
+					t.Fatalf("DeltaErr %v; stdout %s", res.DeltaErr, res.Stdout)
+				}
+			})
+		}
+	}
+}
+
 // Processes still running when the command exits are killed and reaped by
 // the sandbox's init, so their CPU time is in the Result (a background
 // busy loop is charged, not only the command).

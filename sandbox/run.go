@@ -293,13 +293,13 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 	}
 	// The staging watchdog (stagewatch.go) ends a run whose staging has
 	// grown past what its delta could ever be.
-	var stageCh <-chan int64
-	if st != nil && pl.limits.DeltaBytes > 0 {
+	var stageCh <-chan string
+	if st != nil && (pl.limits.DeltaBytes > 0 || pl.limits.DeltaFiles > 0) {
 		var base int64
 		for _, r := range pl.writable() {
 			base += r.copied
 		}
-		stageCh = watchStaging(pl.writable(), base, pl.limits.DeltaBytes, watchStop)
+		stageCh = watchStaging(pl.writable(), base, pl.limits, watchStop)
 	}
 	var waitErr error
 loop:
@@ -312,9 +312,9 @@ loop:
 			limitCh = nil
 			res.LimitExceeded = what
 			k.kill()
-		case n := <-stageCh:
+		case why := <-stageCh:
 			stageCh = nil
-			res.DeltaErr = fmt.Errorf("%w: the command wrote %d bytes of files into its staging while it ran, more than %d (killed)", ErrDeltaTooLarge, n, pl.limits.DeltaBytes)
+			res.DeltaErr = fmt.Errorf("%w: %s (killed)", ErrDeltaTooLarge, why)
 			k.kill()
 		case <-runCtx.Done():
 			if ctx.Err() != nil {
