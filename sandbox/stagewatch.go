@@ -34,8 +34,8 @@ const (
 )
 
 // stageFloor is the room the staging's file system must keep while a
-// command runs: 2% of it, at least 64 MiB.
-func stageFloor(total int64) int64 { return max(64<<20, total/50) }
+// command runs: 2% of it, at least 64 MiB and at most 4 GiB.
+func stageFloor(total int64) int64 { return max(64<<20, min(total/50, 4<<30)) }
 
 // stageUse is what a sample found: bytes of regular files (per file the
 // smaller of its size and its allocated blocks, so a sparse file counts
