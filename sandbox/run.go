@@ -294,12 +294,13 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 	// The staging watchdog (stagewatch.go) ends a run whose staging has
 	// grown past what its delta could ever be.
 	var stageCh <-chan string
+	var stageDone <-chan struct{}
 	if st != nil && (pl.limits.DeltaBytes > 0 || pl.limits.DeltaFiles > 0) {
 		var base int64
 		for _, r := range pl.writable() {
 			base += r.copied
 		}
-		stageCh = watchStaging(pl.writable(), base, pl.limits, watchStop)
+		stageCh, stageDone = watchStaging(pl.writable(), base, pl.limits, watchStop)
 	}
 	var waitErr error
 loop:
@@ -327,6 +328,9 @@ loop:
 		}
 	}
 	close(watchStop)
+	if stageDone != nil {
+		<-stageDone // it reads the roots' plans, which a retry rewrites
+	}
 	k.stop()
 	k.waitGone(5 * time.Second)
 	// A command whose fork the pids cgroup refused may end on its own

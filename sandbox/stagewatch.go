@@ -98,10 +98,12 @@ func freeRoom(roots []*rootPlan) (avail, total int64, ok bool) {
 // watchStaging samples the staging of the rw roots while the run goes on
 // and reports, once, why it must end: over lim's bytes or entries above
 // what it held at the start (base bytes), or its file system below
-// stageFloor.
-func watchStaging(roots []*rootPlan, base int64, lim Limits, stop <-chan struct{}) <-chan string {
-	ch := make(chan string, 1)
+// stageFloor. done is closed once the watchdog has returned (after stop is
+// closed): the roots' plans are reused, by a retried run, only then.
+func watchStaging(roots []*rootPlan, base int64, lim Limits, stop <-chan struct{}) (why <-chan string, done <-chan struct{}) {
+	ch, end := make(chan string, 1), make(chan struct{})
 	go func() {
+		defer close(end)
 		t := time.NewTimer(stageWatchInterval)
 		defer t.Stop()
 		baseEntries := stageBytes(roots).entries
@@ -127,5 +129,5 @@ func watchStaging(roots []*rootPlan, base int64, lim Limits, stop <-chan struct{
 			t.Reset(min(max(stageWatchInterval, 10*time.Since(start)), stageWatchMax))
 		}
 	}()
-	return ch
+	return ch, end
 }
