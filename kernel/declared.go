@@ -36,8 +36,10 @@ type upstreamCall struct {
 // call, as the built-in syscalls' are: every fs path through os.Root
 // under the token's roots (traversal, absolute paths outside them and
 // symlinks leading out are scope_denied, before the upstream is called),
-// every host against the token's net patterns and net.fetch's SSRF rules,
-// every kv key as named. A call of another syscall is left alone.
+// every host against the token's net patterns and net.fetch's SSRF rules
+// (the first request only: a call reaching a host is marked undeclared
+// too), every kv key against the token's kv scopes. A call of another
+// syscall is left alone.
 func (k *Kernel) resolveDeclared(ctx context.Context, c *call) error {
 	t, ok := upstream.Of(c.entry)
 	if !ok {
@@ -62,9 +64,14 @@ func (k *Kernel) resolveDeclared(ctx context.Context, c *call) error {
 			c.up.resources = append(c.up.resources, res)
 			c.up.locks = append(c.up.locks, lock)
 		case syscalls.KindKV:
-			op := "read"
-			if r.Arg.Mode == "rw" {
+			op, write := "read", r.Arg.Mode == "rw"
+			if write {
 				op = "write"
+			}
+			// The token's kv scopes bound a declared key as they bound
+			// kv.get's and kv.put's.
+			if !c.token.Claims.Cap.AllowsKey(r.Value, write) {
+				return kvScopeError(r.Value, write)
 			}
 			c.up.resources = append(c.up.resources, policy.Resource{Kind: "kv", Op: op, Key: r.Value})
 		default:
@@ -78,6 +85,10 @@ func (k *Kernel) resolveDeclared(ctx context.Context, c *call) error {
 			if err := k.checkUpstreamHost(ctx, c, hp); err != nil {
 				return err
 			}
+			// The upstream dials by itself: a redirect it follows, or any
+			// request past the one named, reaches what the kernel never
+			// saw, so the call's effect is not wholly declared.
+			c.up.undeclared = true
 			c.up.resources = append(c.up.resources, policy.Resource{Kind: "net", Op: "connect", Host: hp.Host, Port: hp.Port})
 		}
 	}

@@ -213,7 +213,8 @@ func TestUpstreamFaithfulResults(t *testing.T) {
 
 // TestUpstreamDeclaredNet: a declared URL is checked against the token's
 // net patterns and net.fetch's SSRF rules before server-everything
-// fetches it; a declared kv key reaches the policy input.
+// fetches it; a declared kv key must be in the token's kv scopes, and
+// reaches the policy input.
 func TestUpstreamDeclaredNet(t *testing.T) {
 	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
 		"ev": {Command: upstreamtest.ReferenceServer(t, "server-everything", "stdio"), Declare: "everything", Resources: []upstream.Declaration{
@@ -236,7 +237,20 @@ func TestUpstreamDeclaredNet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"mcp.*"}, Net: tc.net})
 			before := h.headSize()
-			r := h.invoke("mcp.ev.gzip_file_as_resource", map[string]any{"name": "x.gz", "data": tc.data})
+			args := map[string]any{"name": "x.gz", "data": tc.data}
+			var r *Result
+			if tc.class == ErrUpstreamError {
+				// A call that reaches a host is not wholly declared (the
+				// upstream may follow a redirect elsewhere): an approver
+				// decides it (confirmation.undeclared, default prompt).
+				a, res := h.gated("mcp.ev.gzip_file_as_resource", args)
+				if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleApprover), "allow", "ok"); err != nil {
+					t.Fatal(err)
+				}
+				r = <-res
+			} else {
+				r = h.invoke("mcp.ev.gzip_file_as_resource", args)
+			}
 			if errClass(r) != tc.class {
 				t.Fatalf("class %q (%+v), want %q", errClass(r), r.Error, tc.class)
 			}
@@ -245,6 +259,11 @@ func TestUpstreamDeclaredNet(t *testing.T) {
 			}
 		})
 	}
+	// A declared kv key is bounded by the token's kv scopes, as kv.get's.
+	if r := h.invoke("mcp.ev.echo", map[string]any{"message": "progress"}); errClass(r) != ErrScopeDenied {
+		t.Fatalf("a key outside the token's kv scopes: %+v", r.Error)
+	}
+	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"mcp.*"}, KV: []captoken.KVScope{{Keys: "prog*", Mode: "r"}}})
 	before := h.headSize()
 	mustOK(t, h.invoke("mcp.ev.echo", map[string]any{"message": "progress"}))
 	if a := h.audits(before); len(a) != 1 || fmt.Sprint(a[0].PolicyInput.Resources) != "[{kv read    false false progress  0}]" {
