@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -334,18 +335,21 @@ func (*fsPatch) Execute(_ context.Context, c *Call) (Output, error) {
 	if !r.Exists {
 		return Output{}, fmt.Errorf("fs.patch %s: no such file", a.Path)
 	}
-	data, err := r.Root.ReadFile(r.Rel)
+	data, err := readRegular(r.Root, r.Rel)
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.patch %s: %w", a.Path, err)
 	}
-	switch n := strings.Count(string(data), a.Old); n {
-	case 1:
-	case 0:
+	// Occurrences that overlap count too ("aa" occurs twice in "aaa"):
+	// an old text that matches at two places is not unique.
+	text := string(data)
+	i := strings.Index(text, a.Old)
+	switch {
+	case i < 0:
 		return Output{}, argsError("old string not found in %s", a.Path)
-	default:
-		return Output{}, argsError("old string occurs %d times in %s; it must be unique", n, a.Path)
+	case strings.Contains(text[i+1:], a.Old):
+		return Output{}, argsError("old string occurs more than once in %s; it must be unique", a.Path)
 	}
-	return stageWrite(c, a.Path, []byte(strings.Replace(string(data), a.Old, a.New, 1)), 0)
+	return stageWrite(c, a.Path, []byte(text[:i]+a.New+text[i+len(a.Old):]), 0)
 }
 
 type fsDelete struct{}
@@ -377,4 +381,23 @@ func (*fsDelete) Execute(_ context.Context, c *Call) (Output, error) {
 		return Output{}, err
 	}
 	return output(map[string]any{"path": a.Path, "was_dir": r.IsDir})
+}
+
+// readRegular reads the regular file rel of root. It opens without
+// blocking (a fifo put there by anyone would otherwise hold the call and
+// its locks until a writer came) and refuses anything else.
+func readRegular(root *os.Root, rel string) ([]byte, error) {
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	}
+	return io.ReadAll(f)
 }

@@ -66,6 +66,7 @@ func (m kvMap) GetKV(key string) (json.RawMessage, uint64, bool, error) {
 //	dup.txt     "x=1\nx=1\n"
 //	patch.txt   "alpha beta gamma"
 //	sub/a.txt   "A"
+//	sub/aaa.txt "aaa"
 //	list/a/     directory
 //	list/b.txt  "abc"
 //	list/c      -> b.txt
@@ -76,12 +77,13 @@ func builtinFixture(t testing.TB) (root string, w *syscalls.Workspace) {
 	t.Helper()
 	root = t.TempDir()
 	files := map[string][]byte{
-		"hello.txt":  []byte("hello world"),
-		"bin.dat":    {0xff, 0x00, 0x01},
-		"dup.txt":    []byte("x=1\nx=1\n"),
-		"patch.txt":  []byte("alpha beta gamma"),
-		"sub/a.txt":  []byte("A"),
-		"list/b.txt": []byte("abc"),
+		"hello.txt":   []byte("hello world"),
+		"bin.dat":     {0xff, 0x00, 0x01},
+		"dup.txt":     []byte("x=1\nx=1\n"),
+		"patch.txt":   []byte("alpha beta gamma"),
+		"sub/a.txt":   []byte("A"),
+		"sub/aaa.txt": []byte("aaa"),
+		"list/b.txt":  []byte("abc"),
 	}
 	for name, content := range files {
 		p := filepath.Join(root, name)
@@ -283,7 +285,9 @@ func TestBuiltins(t *testing.T) {
 			want:   fmt.Sprintf(`{"path":"patch.txt","size":17,"hash":%q}`, digest.Sum([]byte("alpha BETA! gamma"))),
 			staged: []string{`write patch.txt real=patch.txt perm=0 "alpha BETA! gamma"`}},
 		{name: "patch no match", id: "fs.patch", args: `{"path":"patch.txt","old":"delta","new":"x"}`, wantErr: "not found", argsErr: true},
-		{name: "patch two matches", id: "fs.patch", args: `{"path":"dup.txt","old":"x=1","new":"x=2"}`, wantErr: "occurs 2 times", argsErr: true},
+		{name: "patch two matches", id: "fs.patch", args: `{"path":"dup.txt","old":"x=1","new":"x=2"}`, wantErr: "occurs more than once", argsErr: true},
+		{name: "patch two overlapping matches", id: "fs.patch", args: `{"path":"sub/aaa.txt","old":"aa","new":"X"}`, wantErr: "occurs more than once", argsErr: true},
+		{name: "patch a fifo", id: "fs.patch", args: `{"path":"fifo","old":"a","new":"b"}`, wantErr: "not a regular file"},
 		{name: "patch a missing file", id: "fs.patch", args: `{"path":"nope.txt","old":"a","new":"b"}`, wantErr: "no such file"},
 
 		{name: "delete a file", id: "fs.delete", args: `{"path":"sub/a.txt"}`,

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/zeebo/blake3"
 
@@ -373,7 +374,9 @@ var errNotRegular = errors.New("not a regular file")
 // nothing exists there (nor can: a parent is not a directory, as when a
 // proc.exec delta replaces the file f with a directory and writes f/y).
 func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
-	f, err := root.Open(rel)
+	// O_NONBLOCK: a fifo put there by anyone opens at once (and is
+	// refused below) rather than blocking the call, its locks held.
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if absent(err) {
 		return "", 0, nil
 	}

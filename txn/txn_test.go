@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -480,6 +482,30 @@ func TestStageDiscard(t *testing.T) {
 	defer closeAll()
 	if left, _ := stagingLeft(open, e.ws); len(left) != 0 || e.read("f") != "<absent>" {
 		t.Errorf("after Discard: staging %v, f %q", left, e.read("f"))
+	}
+}
+
+// TestStageOverFifo: staging a write over a fifo (put in the workspace by
+// anyone) is refused at once, and so is checking a precondition on one:
+// opening it for its old content blocked the call, its locks held, until
+// a writer came.
+func TestStageOverFifo(t *testing.T) {
+	e := newEnv(t)
+	if err := syscall.Mkfifo(filepath.Join(e.ws, "p"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root, syncer := e.stageRoot(t)
+	s := NewStage("op", KV{View: e.db.View}, syncer)
+	defer s.Discard()
+	done := make(chan error, 1)
+	go func() { done <- s.WriteFile(&syscalls.Resource{Root: root, RootPath: e.ws, Rel: "p"}, []byte("x"), 0) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errNotRegular) {
+			t.Fatalf("WriteFile over a fifo: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WriteFile over a fifo blocked")
 	}
 }
 
