@@ -88,6 +88,9 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	if child.Subject == "" {
 		child.Subject = p.Subject
 	}
+	if !validAgentID(child.Subject) {
+		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: agentIDRule}
+	}
 	if child.Cap.Tools == nil {
 		child.Cap.Tools = p.Cap.Tools
 	}

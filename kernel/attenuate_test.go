@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,6 +62,8 @@ func TestAttenuateRefuses(t *testing.T) {
 		{"another agent", AttenuateRequest{Parent: parent, AgentID: "agent-2"}, ErrScopeDenied},
 		{"a prefix that is not a sub-agent", AttenuateRequest{Parent: parent, AgentID: h.agent + "x/sub"}, ErrScopeDenied},
 		{"an empty sub-agent name", AttenuateRequest{Parent: parent, AgentID: h.agent + "/"}, ErrScopeDenied},
+		{"a sub-agent id no call would take", AttenuateRequest{Parent: parent, AgentID: h.agent + "/" + strings.Repeat("x", 300)}, ErrInvalidArgs},
+		{"a control character", AttenuateRequest{Parent: parent, AgentID: h.agent + "/a\nb"}, ErrInvalidArgs},
 	}
 	before := h.headSize()
 	for _, c := range cases {

@@ -98,6 +98,8 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	switch {
 	case req.AgentID == "":
 		return nil, errors.New("mint: agent_id is required (the agent, or for a role token the person, the token is for)")
+	case !validAgentID(req.AgentID):
+		return nil, errors.New("mint: " + agentIDRule)
 	case req.TTLSeconds == 0:
 		ttl = time.Hour
 	case req.TTLSeconds < 0 || ttl > MaxTokenTTL:

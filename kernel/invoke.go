@@ -317,6 +317,15 @@ func (k *Kernel) verifyToken(env *Envelope) (tok *captoken.Token, class, msg str
 	return tok, "", ""
 }
 
+// agentIDRule is what an agent id must be: in an envelope, and in the
+// tokens minted and attenuated for one (a token for another id could make
+// no call).
+const agentIDRule = "agent_id must be at most 255 bytes with no control characters"
+
+func validAgentID(id string) bool {
+	return len(id) <= 255 && !strings.ContainsFunc(id, unicode.IsControl)
+}
+
 // checkEnvelope validates the envelope fields the later steps rely on.
 func (k *Kernel) checkEnvelope(c *call) error {
 	env := c.env
@@ -329,8 +338,8 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("autonomy_mode %q is not one of no_go, soft_gate, autopilot, escalated", env.AutonomyMode)
 	case env.RiskScore != nil && !(*env.RiskScore >= 0 && *env.RiskScore <= 1):
 		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
-	case len(env.AgentID) > 255 || strings.ContainsFunc(env.AgentID, unicode.IsControl):
-		return errors.New("agent_id must be at most 255 bytes with no control characters")
+	case !validAgentID(env.AgentID):
+		return errors.New(agentIDRule)
 	case len(env.IdempotencyKey) > 255 || strings.ContainsFunc(env.IdempotencyKey, unicode.IsControl):
 		return errors.New("idempotency_key must be at most 255 bytes with no control characters")
 	case len(env.PreconditionRefs) > MaxPreconditions:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -214,7 +215,7 @@ func runAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, argv, 
 func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, channel *os.File, argv, readOnly []string, noSandbox bool) (int, error) {
 	if noSandbox {
 		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		c.Env = append(os.Environ(), "CAPKERNEL_IPC_FD=3", "CAPKERNEL_SESSION_ID="+s.ID)
+		c.Env = append(agentEnviron(os.Environ()), "CAPKERNEL_IPC_FD=3", "CAPKERNEL_SESSION_ID="+s.ID)
 		c.ExtraFiles = []*os.File{channel}
 		c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
 		err := c.Run()
@@ -254,4 +255,18 @@ func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, chan
 		return 0, fmt.Errorf("run: %w", err)
 	}
 	return res.ExitCode, nil
+}
+
+// agentEnviron is env without what would let the agent reach the kernel
+// past its token: kernelctl's own settings (CAPKERNEL_*: the admin
+// credential, the server, the data dir). The rest of the user's
+// environment is the agent's, as --no-sandbox says.
+func agentEnviron(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "CAPKERNEL_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

@@ -134,12 +134,15 @@ func TestRunAgentLeavesAnswersUnread(t *testing.T) {
 }
 
 // Without bubblewrap, --no-sandbox runs the agent as a plain child with
-// the channel on fd 3.
+// the channel on fd 3, in the user's environment less kernelctl's own
+// settings (the admin credential among them).
 func TestRunNoSandbox(t *testing.T) {
 	f := newRunFixture(t)
-	script := `printf '%s\n' '{"op":"tool_call","tool_call_id":"n1","tool":"fs.read","args":{"path":"notes.txt"}}' >&$CAPKERNEL_IPC_FD; head -n 1 <&$CAPKERNEL_IPC_FD; echo fd=$CAPKERNEL_IPC_FD; exit 3`
-	out, stderr, code := run(t, "run", "--data", f.data, "--token", f.token, "--no-sandbox", "--", "/bin/sh", "-c", script)
-	if code != 3 || !strings.Contains(out, `"tool_call_id":"n1","ok":true`) || !strings.Contains(out, "fd=3") {
+	script := `printf '%s\n' '{"op":"tool_call","tool_call_id":"n1","tool":"fs.read","args":{"path":"notes.txt"}}' >&$CAPKERNEL_IPC_FD; head -n 1 <&$CAPKERNEL_IPC_FD; echo fd=$CAPKERNEL_IPC_FD; echo "admin=$CAPKERNEL_ADMIN_TOKEN user=$RUN_TEST_USER"; exit 3`
+	cmd := exec.Command(kernelctl, "run", "--data", f.data, "--token", f.token, "--no-sandbox", "--", "/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "CAPKERNEL_ADMIN_TOKEN=ADMIN-SECRET", "RUN_TEST_USER=kept")
+	out, stderr, code := runExec(t, cmd)
+	if code != 3 || !strings.Contains(out, `"tool_call_id":"n1","ok":true`) || !strings.Contains(out, "fd=3") || !strings.Contains(out, "admin= user=kept") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
 	}
 }
