@@ -939,6 +939,11 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		if err != nil {
 			return err
 		}
+		// Charged here, where it was checked: the next call of the
+		// batch checks against it.
+		if err := txn.Spend(tx, in, effects); err != nil {
+			return err
+		}
 		committed = true
 		c.setOutcome(out, "", "", Committed)
 		c.res.CommitDeltaID = deltaID

@@ -223,6 +223,31 @@ func TestDiskWriteBudget(t *testing.T) {
 	assertNoStaging(t, h.ws)
 }
 
+// TestDiskWriteBudgetUnderConcurrency: 30 writes of 40 bytes at once, on a
+// token with 100 bytes of disk_write_bytes, which the store groups into
+// few commits: at most 2 commit, and the token is charged no more than
+// its limit. Each call of a batch was checked against the usage from
+// before the batch, its charge made in a later step: 15 committed, 600
+// bytes (found by review).
+func TestDiskWriteBudgetUnderConcurrency(t *testing.T) {
+	h := newHarness(t)
+	tok, jti := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}},
+		Budgets: map[string]int64{"disk_write_bytes": 100}})
+	use := func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti }
+	classes := outcomes(30, func(i int) *Result {
+		return h.invoke("fs.write", map[string]any{"path": fmt.Sprintf("f%d", i), "content": strings.Repeat("x", 40)}, key(fmt.Sprint("b", i)), use)
+	})
+	if classes[""] != 2 || classes[ErrBudgetExceeded] != 28 {
+		t.Fatalf("outcomes %v, want 2 ok and 28 budget_exceeded", classes)
+	}
+	h.tokensBeforeAndAfterRestart(t, func(when string, infos []TokenInfo) {
+		i := slices.IndexFunc(infos, func(ti TokenInfo) bool { return ti.ID == jti })
+		if i < 0 || infos[i].Used["disk_write_bytes"] != 80 {
+			t.Fatalf("%s: token %s: %+v, want 80 bytes used", when, jti, infos)
+		}
+	})
+}
+
 // TestParallelDisjointAndOverlapping: disjoint writes all commit; writes
 // racing on one kv key serialize into distinct versions.
 func TestParallelDisjointAndOverlapping(t *testing.T) {

@@ -71,9 +71,9 @@ func (d *Decision) withSeq(seq uint64) []byte {
 // applied, the delta is stored under d.DeltaID, the intent lists its
 // effects for Apply (and for redo after a crash), the idempotency key takes
 // result (the full result envelope; a reference to it when PutOperation
-// stored the same bytes in tx first) and the budgets are charged for what
-// the effects used. The caller has run CanCommit in the same tx; any error
-// here comes after a write and is a store.Abort.
+// stored the same bytes in tx first). The caller has run CanCommit and
+// Spend (which charges the budgets) in the same tx; any error here comes
+// after a write and is a store.Abort.
 func Commit(tx *bbolt.Tx, d *Decision, delta, result []byte) error {
 	return abortIf(commit(tx, d, delta, result))
 }
@@ -114,7 +114,19 @@ func commit(tx *bbolt.Tx, d *Decision, delta, result []byte) error {
 			return err
 		}
 	}
-	return charge(tx, in.accounts(nil), spent(in, effects))
+	return nil
+}
+
+// Spend charges in tx what a call that CanCommit admitted spends (its
+// reservation settled against the bytes it wrote, and what it used
+// running). Call it right after CanCommit, in the same step of a group
+// commit: every call of the batch checks and charges in turn, so a later
+// one sees what an earlier one spent (checked in one step and charged in
+// another, each call of a batch was checked against the usage from before
+// the batch, and concurrent writes overspent a budget). Commit charges
+// nothing.
+func Spend(tx *bbolt.Tx, in *Intent, effects []Effect) error {
+	return abortIf(charge(tx, in.accounts(nil), spent(in, effects)))
 }
 
 // Rollback undoes a prepared intent in tx: the intent and its idempotency

@@ -105,6 +105,9 @@ func (e *env) commit(in *Intent, effects []Effect, result string) string {
 		if err := CanCommit(tx, in, nil, nil, effects); err != nil {
 			return err
 		}
+		if err := Spend(tx, in, effects); err != nil {
+			return err
+		}
 		d, err := Decide(in, effects, id)
 		if err != nil {
 			return err
