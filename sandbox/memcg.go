@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -68,36 +66,7 @@ func checkWritable(dir string) error {
 }
 
 // ownMemCgroup is the directory of this process's memory cgroup.
-func ownMemCgroup() (dir string, v1 bool, err error) {
-	f, err := os.Open("/proc/self/cgroup")
-	if err != nil {
-		return "", false, err
-	}
-	defer f.Close()
-	var unified string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		parts := strings.SplitN(s.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, ctl := range strings.Split(parts[1], ",") {
-			if ctl == "memory" {
-				return filepath.Join("/sys/fs/cgroup/memory", parts[2]), true, nil
-			}
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			unified = parts[2]
-		}
-	}
-	if unified != "" {
-		d := filepath.Join("/sys/fs/cgroup", unified)
-		if b, err := os.ReadFile(filepath.Join(d, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " memory ") {
-			return d, false, nil
-		}
-	}
-	return "", false, errors.New("no writable memory cgroup for this process")
-}
+func ownMemCgroup() (dir string, v1 bool, err error) { return ownCgroup("memory") }
 
 // newMemCgroup makes an empty run cgroup under the kernel's memory cgroup.
 func newMemCgroup() (*memCgroup, error) {

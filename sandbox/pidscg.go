@@ -136,10 +136,13 @@ func sweepStale(parent string) {
 	}
 }
 
-// ownPidsCgroup is the directory of this process's pids cgroup: the cgroup
-// v1 pids hierarchy (v1 true), else the unified (v2) one when it offers
-// pids to its children.
-func ownPidsCgroup() (dir string, v1 bool, err error) {
+// ownPidsCgroup is the directory of this process's pids cgroup.
+func ownPidsCgroup() (dir string, v1 bool, err error) { return ownCgroup("pids") }
+
+// ownCgroup is the directory of this process's cgroup for controller: the
+// cgroup v1 hierarchy of that controller (v1 true), else the unified (v2)
+// one when it offers the controller to its children.
+func ownCgroup(controller string) (dir string, v1 bool, err error) {
 	f, err := os.Open("/proc/self/cgroup")
 	if err != nil {
 		return "", false, err
@@ -154,8 +157,8 @@ func ownPidsCgroup() (dir string, v1 bool, err error) {
 			continue
 		}
 		for _, ctl := range strings.Split(parts[1], ",") {
-			if ctl == "pids" {
-				return filepath.Join("/sys/fs/cgroup/pids", parts[2]), true, nil
+			if ctl == controller {
+				return filepath.Join("/sys/fs/cgroup", controller, parts[2]), true, nil
 			}
 		}
 		if parts[0] == "0" && parts[1] == "" {
@@ -164,9 +167,9 @@ func ownPidsCgroup() (dir string, v1 bool, err error) {
 	}
 	if unified != "" {
 		d := filepath.Join("/sys/fs/cgroup", unified)
-		if b, err := os.ReadFile(filepath.Join(d, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " pids ") {
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.subtree_control")); err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " "+controller+" ") {
 			return d, false, nil
 		}
 	}
-	return "", false, fmt.Errorf("no writable pids cgroup for this process")
+	return "", false, fmt.Errorf("no writable %s cgroup for this process", controller)
 }
