@@ -212,8 +212,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, t := range tokens {
-		if t.Revoked || time.Unix(t.ExpiresAt, 0).Before(now) {
-			continue // only live tokens: the series of dead ones would grow forever
+		if t.Revoked || time.Unix(t.ExpiresAt, 0).Before(now) || t.Parent != "" {
+			// Only live tokens: the series of dead ones would grow
+			// forever. Only minted ones (the admin's): a bearer attenuates
+			// as many children as it likes, each a series of its own, and
+			// their calls are charged to the minted ancestor's budgets.
+			continue
 		}
 		for b, l := range t.Limits {
 			ch <- prometheus.MustNewConstMetric(descBudgetLimit, prometheus.GaugeValue, float64(l), t.ID, t.AgentID, b)

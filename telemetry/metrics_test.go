@@ -90,6 +90,15 @@ func TestMetricsOfCalls(t *testing.T) {
 	if n := histCount(t, reg, "capkernel_group_commit_batch_size", ""); n == 0 {
 		t.Error("no group commits observed")
 	}
+	// A token attenuated from it has a series of no budget of its own: its
+	// call is charged to (and shown as) the parent's.
+	child, err := k.Attenuate(context.Background(), kernel.AttenuateRequest{Parent: tok.Token, AgentID: tok.AgentID + "/c", Budgets: map[string]int64{"calls": 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := call(k, child, "fs.read", `{"path":"a.txt"}`, ""); r.Status != kernel.StatusOK {
+		t.Fatalf("the child's call: %+v", r.Error)
+	}
 	// State gauges: the ledger's size and the token's budget.
 	h, err := k.Inspector().Head()
 	if err != nil {
@@ -101,7 +110,7 @@ func TestMetricsOfCalls(t *testing.T) {
 capkernel_ledger_entries ` + strconv.FormatUint(h.Size, 10) + `
 # HELP capkernel_token_budget_used Budget units charged to a capability token (its own calls and its attenuated children's), for budgets it limits.
 # TYPE capkernel_token_budget_used gauge
-capkernel_token_budget_used{agent="a1",budget="calls",jti="` + tok.ID + `"} 3
+capkernel_token_budget_used{agent="a1",budget="calls",jti="` + tok.ID + `"} 4
 `)
 	if err := testutil.GatherAndCompare(reg, want, "capkernel_ledger_entries", "capkernel_token_budget_used"); err != nil {
 		t.Error(err)
