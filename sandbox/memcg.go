@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 )
 
@@ -73,8 +72,8 @@ func newMemCgroup() (*memCgroup, error) {
 	if err := MemoryCgroup(); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(memParent, fmt.Sprintf("capkernel-sandbox-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	dir, err := makeRunCgroup(memParent)
+	if err != nil {
 		return nil, err
 	}
 	return &memCgroup{dir: dir, v1: memParentV1}, nil
@@ -115,17 +114,7 @@ func (c *memCgroup) oomKilled() bool {
 	if c.v1 {
 		name = "memory.oom_control"
 	}
-	b, err := os.ReadFile(filepath.Join(c.dir, name))
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if n, ok := strings.CutPrefix(l, "oom_kill "); ok {
-			v, err := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
-			return err == nil && v > 0
-		}
-	}
-	return false
+	return eventCount(filepath.Join(c.dir, name), "oom_kill")
 }
 
 // remove deletes the cgroup once its processes are gone (pidsCgroup.remove).

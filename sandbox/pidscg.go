@@ -57,11 +57,34 @@ func newPidsCgroup() (*pidsCgroup, error) {
 	if parentErr != nil {
 		return nil, parentErr
 	}
-	dir := filepath.Join(parent, fmt.Sprintf("capkernel-sandbox-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	dir, err := makeRunCgroup(parent)
+	if err != nil {
 		return nil, err
 	}
 	return &pidsCgroup{dir: dir}, nil
+}
+
+// makeRunCgroup makes a run's cgroup under parent, named for this process
+// (sweepStale removes those of a kernel that is gone).
+func makeRunCgroup(parent string) (string, error) {
+	dir := filepath.Join(parent, fmt.Sprintf("capkernel-sandbox-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
+	return dir, os.Mkdir(dir, 0o755)
+}
+
+// eventCount reports whether the counter key of the cgroup's events file
+// (lines "key count") is above zero.
+func eventCount(file, key string) bool {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if n, ok := strings.CutPrefix(l, key+" "); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
+			return err == nil && v > 0
+		}
+	}
+	return false
 }
 
 // setMax sets the cgroup's pids.max (no grace period: cheap).
@@ -71,19 +94,7 @@ func (c *pidsCgroup) setMax(max int) error {
 
 // refused reports whether the cgroup has refused a fork for its pids.max:
 // the "max" count of its pids.events (cgroup v1 and v2) is above zero.
-func (c *pidsCgroup) refused() bool {
-	b, err := os.ReadFile(filepath.Join(c.dir, "pids.events"))
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if n, ok := strings.CutPrefix(l, "max "); ok {
-			v, err := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
-			return err == nil && v > 0
-		}
-	}
-	return false
-}
+func (c *pidsCgroup) refused() bool { return eventCount(filepath.Join(c.dir, "pids.events"), "max") }
 
 // remove deletes the cgroup once its processes are gone (removeCgroupDir).
 func (c *pidsCgroup) remove() { removeCgroupDir(c.dir) }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -513,30 +514,14 @@ type Delta struct {
 func (d *Delta) Empty() bool { return d == nil || len(d.Changes) == 0 }
 
 func (l Limits) withDefaults() Limits {
-	if l.Processes == 0 {
-		l.Processes = DefaultProcesses
-	}
-	if l.Stdout == 0 {
-		l.Stdout = DefaultOutput
-	}
-	if l.Stderr == 0 {
-		l.Stderr = DefaultOutput
-	}
-	if l.DeltaFiles == 0 {
-		l.DeltaFiles = DefaultDeltaFiles
-	}
-	if l.DeltaBytes == 0 {
-		l.DeltaBytes = DefaultDeltaBytes
-	}
-	if l.Memory == 0 {
-		l.Memory = DefaultMemory
-	}
-	if l.AddressSpace == 0 {
-		l.AddressSpace = DefaultAddressSpace
-	}
-	if l.Tmp == 0 {
-		l.Tmp = DefaultTmp
-	}
+	l.Processes = cmp.Or(l.Processes, DefaultProcesses)
+	l.Stdout = cmp.Or(l.Stdout, DefaultOutput)
+	l.Stderr = cmp.Or(l.Stderr, DefaultOutput)
+	l.DeltaFiles = cmp.Or(l.DeltaFiles, DefaultDeltaFiles)
+	l.DeltaBytes = cmp.Or(l.DeltaBytes, DefaultDeltaBytes)
+	l.Memory = cmp.Or(l.Memory, DefaultMemory)
+	l.AddressSpace = cmp.Or(l.AddressSpace, DefaultAddressSpace)
+	l.Tmp = cmp.Or(l.Tmp, DefaultTmp)
 	return l
 }
 

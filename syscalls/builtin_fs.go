@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -335,7 +334,7 @@ func (*fsPatch) Execute(_ context.Context, c *Call) (Output, error) {
 	if !r.Exists {
 		return Output{}, fmt.Errorf("fs.patch %s: no such file", a.Path)
 	}
-	data, err := readRegular(r.Root, r.Rel)
+	data, err := r.readRegular()
 	if err != nil {
 		return Output{}, fmt.Errorf("fs.patch %s: %w", a.Path, err)
 	}
@@ -383,14 +382,16 @@ func (*fsDelete) Execute(_ context.Context, c *Call) (Output, error) {
 	return output(map[string]any{"path": a.Path, "was_dir": r.IsDir})
 }
 
-// readRegular reads the regular file rel of root. It opens without
-// blocking (a fifo put there by anyone would otherwise hold the call and
-// its locks until a writer came) and refuses anything else.
-func readRegular(root *os.Root, rel string) ([]byte, error) {
-	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+// readRegular reads r's file, opened as fs.read opens it (openRead:
+// without blocking, so that a fifo put there by anyone does not hold the
+// call and its locks until a writer comes), and refuses anything but a
+// regular file.
+func (r *Resource) readRegular() ([]byte, error) {
+	fd, err := r.openRead()
 	if err != nil {
 		return nil, err
 	}
+	f := os.NewFile(uintptr(fd), r.Rel)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
