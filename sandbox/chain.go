@@ -45,11 +45,14 @@ type chain struct {
 	cmd     *exec.Cmd
 	f       *forker // the forker it was forked from; nil: a locked goroutine's thread
 	mountNS bool    // it has a user and a mount namespace of its own (chainSpec.mountNS)
-	// etcMounted: the /etc directories are bound into the snapshot in
-	// its mount namespace already (mountEtcDirs): bwrap need not bind them.
-	etcMounted bool
-	done       chan struct{} // closed once the chain has exited and been reaped
-	waitErr    error         // the chain's Wait, once done is closed
+	// ahead is what a spare chain has made ahead of its run: bwrap need
+	// not make it (bwrapArgs).
+	ahead ahead
+	// netNS: the chain has a network namespace of its own (netns.go),
+	// so a run with the full network posture cannot use it.
+	netNS   bool
+	done    chan struct{} // closed once the chain has exited and been reaped
+	waitErr error         // the chain's Wait, once done is closed
 
 	startR, relW, infoR, argsW, stdinW *os.File
 	ends                               []*os.File // every end the kernel holds
@@ -74,6 +77,18 @@ type chainSpec struct {
 	env     []string // the prefix's environment
 	channel *os.File // Command.Channel, or nil
 	mountNS bool     // the prefix makes a user and a mount namespace of the chain's own (overlays are mounted there)
+	netNS   bool     // the prefix makes a network namespace of the chain's own too (spareChainSpec)
+}
+
+// ahead is what a spare chain has made in its namespaces before its run.
+type ahead struct {
+	// mounted: the /etc directories are bound into the snapshot and the
+	// sandbox's /dev is made (dev.go), in the chain's mount namespace
+	// (mountAhead).
+	mounted bool
+	// loopback: the chain's own network namespace has its loopback
+	// interface up (netns.go): bwrap need not --unshare-net.
+	loopback bool
 }
 
 // startChain starts a chain (see chain) from f's thread, or, with f nil,
@@ -84,7 +99,7 @@ type chainSpec struct {
 // and exited would end the thread, and the chain with it). The chain
 // holds a reference to etc until close.
 func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc func(), f *forker) (*chain, error) {
-	c := &chain{f: f, mountNS: sp.mountNS, done: make(chan struct{}), etc: etc, releaseEtc: releaseEtc,
+	c := &chain{f: f, mountNS: sp.mountNS, netNS: sp.netNS, done: make(chan struct{}), etc: etc, releaseEtc: releaseEtc,
 		stdout: &sink{}, stderr: &sink{}}
 	var child []*os.File // ends only the chain keeps: closed here once it has started
 	pipe := func() (r, w *os.File, err error) {
@@ -381,16 +396,18 @@ func (s *sink) attach(w io.Writer) {
 }
 
 // takeSpareChain returns the Sandbox's spare chain if it can serve a run
-// whose /etc snapshot is etc (and that mounts overlays, if overlay), else
-// nil: a stale or dead spare is discarded; an overlay run of a kernel
-// whose spares have no mount namespace (sparesMountNS) leaves the spare,
-// and its making, to the next plain run. A spare being
+// whose /etc snapshot is etc (and that mounts overlays, if overlay; that
+// has the host's network, if fullNet), else nil: a stale or dead spare is
+// discarded; an overlay run of a kernel whose spares have no mount
+// namespace (sparesMountNS), and a run with the host's network on a
+// kernel whose spares have a network namespace of their own, leave the
+// spare, and its making, to the next plain run. A spare being
 // made is waited for (until ctx is done, or spareWait has passed): it is
 // further on than a chain the run would start now, which would also
 // compete with it for the CPU; one that takes longer is stuck, and the run
 // starts its own.
-func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay bool) *chain {
-	if overlay && !sparesMountNS() {
+func (s *Sandbox) takeSpareChain(ctx context.Context, etc *etcSnap, overlay, fullNet bool) *chain {
+	if overlay && !sparesMountNS() || fullNet && sparesMountNS() {
 		return nil
 	}
 	s.mu.Lock()
@@ -480,31 +497,35 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 			s.mu.Unlock()
 		}
 	}
-	c, err := s.startChain(t, s.plainChainSpec(t), etc, releaseEtc, f)
+	c, err := s.startChain(t, s.spareChainSpec(t), etc, releaseEtc, f)
 	if err != nil {
 		return nil, err
 	}
 	c.joinMemCgroup()
-	// The /etc directories are bound into the snapshot here, in the
-	// chain's own mount namespace, off the run's path: bwrap's one
-	// recursive bind of the snapshot then carries them (read-only, as it
-	// makes every mount below a read-only bind). Where that fails the run
-	// binds them itself.
-	if c.mountNS && len(etc.binds) > 0 {
+	// The /etc directories are bound into the snapshot and the sandbox's
+	// /dev is made, in the chain's own mount namespace, and the loopback
+	// of its network namespace is set up, off the run's path: bwrap's one
+	// recursive, read-only bind of the snapshot carries the /etc
+	// directories (read-only, as it makes every mount below a read-only
+	// bind), one bind carries /dev, and bwrap makes no network namespace.
+	// Where one fails the run makes it itself.
+	if c.mountNS {
 		// A chain that never runs bwrap serves no run: it is not kept.
 		if err := c.waitExec(t); err != nil {
 			c.end()
 			return nil, err
 		}
-		c.etcMounted = s.mountEtcDirs(t, c, etc) == nil
+		c.ahead.mounted = s.mountAhead(t, c, etc) == nil
+		c.ahead.loopback = c.netNS && loopbackUp(c.cmd.Process.Pid) == nil
 	}
 	return c, nil
 }
 
-// mountEtcDirs binds etc's directories (etcDirBinds) at their places in
-// the snapshot, read-only, in the chain's mount namespace: nsenter and
-// mount, as mountOverlays does, from an fstab beside the snapshot.
-func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
+// mountAhead binds etc's directories (etcDirBinds) at their places in the
+// snapshot, read-only, and makes the sandbox's /dev (devFstab), in the
+// chain's mount namespace: nsenter and mount, as mountOverlays does, from
+// an fstab beside the snapshot.
+func (s *Sandbox) mountAhead(t *tools, c *chain, etc *etcSnap) error {
 	tm := *t
 	var err error
 	if tm.nsenter, err = s.lookPath("nsenter"); err != nil {
@@ -513,11 +534,13 @@ func (s *Sandbox) mountEtcDirs(t *tools, c *chain, etc *etcSnap) error {
 	if tm.mount, err = s.lookPath("mount"); err != nil {
 		return err
 	}
-	fstab, err := etc.bindsFstab()
+	fstab, err := etc.aheadFstab()
 	if err != nil {
 		return err
 	}
-	return nsenterMount(&tm, c, fstab, "none")
+	// Not "none,…": mount(8) reads a list that starts with "no" as the
+	// types it must not mount.
+	return nsenterMount(&tm, c, fstab, "devpts,none")
 }
 
 // fstabEscaper escapes what would split or end an fstab field. One for
@@ -543,6 +566,17 @@ func (s *Sandbox) plainChainSpec(t *tools) chainSpec {
 // the mount namespace of their own that overlay runs need (a root
 // kernel's do: plainChainSpec).
 func sparesMountNS() bool { return os.Geteuid() == 0 }
+
+// spareChainSpec is the spec of a spare chain: plainChainSpec's, and a
+// root kernel's starts in a network namespace of its own too (netns.go).
+func (s *Sandbox) spareChainSpec(t *tools) chainSpec {
+	sp := s.plainChainSpec(t)
+	if sp.mountNS {
+		sp.prefix = []string{t.unshare, "--user", "--map-root-user", "--mount", "--net", "--"}
+		sp.netNS = true
+	}
+	return sp
+}
 
 // overlayChainSpec is the spec of a chain that starts in a new user
 // namespace mapping only the kernel's own ids (to root inside) and a new

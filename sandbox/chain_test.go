@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -76,9 +79,10 @@ func TestSpareChain(t *testing.T) {
 		}
 	}
 	// A root kernel's spare has the /etc directories bound into the
-	// snapshot already: there, read-only, as the run's own binds were.
-	if os.Geteuid() == 0 && !spare.etcMounted {
-		t.Error("the spare chain has not bound the /etc directories")
+	// snapshot already: there, read-only, as the run's own binds were;
+	// its /dev made, and its loopback up (TestSpareChainMadeAhead).
+	if os.Geteuid() == 0 && (!spare.ahead.mounted || !spare.ahead.loopback) {
+		t.Errorf("the spare chain has not made ahead what it should: %+v", spare.ahead)
 	}
 	script := `echo from the spare; test -s /etc/ssl/certs/ca-certificates.crt && echo certs; touch /etc/ssl/certs/x 2>/dev/null || echo read-only`
 	if res := run("sh", "-c", script); string(res.Stdout) != "from the spare\ncerts\nread-only\n" || res.ExitCode != 0 {
@@ -96,6 +100,76 @@ func TestSpareChain(t *testing.T) {
 	case <-next.done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close left the spare chain running")
+	}
+}
+
+// What a root kernel's spare chain makes ahead — the sandbox's /dev, its
+// network namespace with the loopback up — is what bwrap makes itself
+// (--dev, --unshare-net) on a chain started for the run: the same
+// command sees the same /dev, the same device nodes work, /dev is
+// read-only but for /dev/shm and a pty, the loopback answers and nothing
+// else is reachable; and a run with the host's network never takes such a
+// spare.
+func TestSpareChainMadeAhead(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"bash", "curl"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Skipf("%s is not installed", c)
+		}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "reached") }))
+	defer srv.Close()
+	s := New(Options{StagingDir: t.TempDir()})
+	defer s.Close()
+	p := Profile{Roots: []Root{{Path: t.TempDir()}}}
+	script := `ls -A /dev | tr '\n' ' '; echo
+echo x > /dev/null && echo null
+test "$(head -c 4 /dev/urandom | wc -c)" = 4 && echo urandom
+test "$(head -c 3 /dev/zero | od -An -tx1 | tr -d ' ')" = 000000 && echo zero
+echo x > /dev/full 2>/dev/null || echo full
+touch /dev/x 2>/dev/null || echo dev-read-only
+echo y > /dev/shm/y && echo shm
+test -c /dev/pts/ptmx && test -L /dev/ptmx && test -L /dev/fd && echo pts
+bash -c 'exec 3<>/dev/tcp/127.0.0.1/9' 2>&1 | grep -q 'Connection refused' && echo loopback-up
+curl -sS --max-time 5 ` + srv.URL + ` 2>/dev/null || echo host-unreachable
+`
+	run := func(net NetMode) string {
+		t.Helper()
+		p.Net = net
+		res, err := s.Run(context.Background(), p, Command{Argv: []string{"sh", "-c", script}, Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Close()
+		return string(res.Stdout) + string(res.Stderr)
+	}
+	fresh := run(NetOff) // the Sandbox's first run: a chain of its own
+	spare := waitSpareChain(t, s)
+	if os.Geteuid() == 0 && (!spare.ahead.mounted || !spare.ahead.loopback || !spare.netNS) {
+		t.Fatalf("the spare chain has not made ahead what it should: %+v", spare.ahead)
+	}
+	ahead := run(NetOff)
+	if spare.cmd.ProcessState == nil {
+		t.Fatal("the run did not take the spare chain")
+	}
+	want := "null\nurandom\nzero\nfull\ndev-read-only\nshm\npts\nloopback-up\nhost-unreachable\n"
+	if !strings.HasSuffix(fresh, want) || !strings.HasPrefix(fresh, "core fd full null ptmx pts random shm stderr stdin stdout tty urandom zero \n") {
+		t.Errorf("on a chain of its own:\n%s", fresh)
+	}
+	if ahead != fresh {
+		t.Errorf("on the spare chain:\n%s\non a chain of its own:\n%s", ahead, fresh)
+	}
+	next := waitSpareChain(t, s)
+	if full := run(NetFull); !strings.HasSuffix(full, "reached") {
+		t.Errorf("the full posture did not reach the host's server: %s", full)
+	}
+	s.mu.Lock()
+	kept := s.spareChain == next
+	s.mu.Unlock()
+	if os.Geteuid() == 0 && !kept {
+		t.Error("a run with the host's network took the spare chain (its network namespace is the spare's own)")
 	}
 }
 
@@ -174,14 +248,14 @@ func TestSpareChainBeingMade(t *testing.T) {
 		if cancelled {
 			cancel()
 		}
-		c := s.takeSpareChain(ctx, etc, false)
+		c := s.takeSpareChain(ctx, etc, false, false)
 		cancel()
 		if cancelled {
 			if c != nil {
 				t.Fatal("a cancelled run waited for the spare chain")
 			}
 			<-made
-			c = s.takeSpareChain(context.Background(), etc, false)
+			c = s.takeSpareChain(context.Background(), etc, false, false)
 		}
 		if c == nil || c.exited() {
 			t.Fatalf("cancelled %v: took %v, want the spare chain that was being made", cancelled, c)

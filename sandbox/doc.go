@@ -77,7 +77,9 @@
 // HTTPS_PROXY, ALL_PROXY (and their lower-case forms) are set to the
 // relay and NO_PROXY is emptied.
 //
-// The network: NetOff unshares the network namespace (loopback only);
+// The network: NetOff runs in a network namespace of its own, holding
+// only the loopback interface, up (a spare chain's made ahead: netns.go;
+// otherwise bwrap's --unshare-net);
 // with the special files of the roots covered (above), a NetOff command
 // can reach no process outside the sandbox but through what the caller
 // hands it (stdin, Command.Channel) and the rw roots' staged files,
@@ -91,7 +93,8 @@
 // in Limits.Processes). socat was chosen for the relay because it is a Debian
 // package that needs nothing from the caller's binary (a re-executed Go
 // helper would have had to be bound into every sandbox). NetFull shares
-// the host's network namespace.
+// the host's network namespace (and is never run on a spare chain that
+// has a network namespace of its own).
 //
 // # How a run is put together
 //
@@ -144,11 +147,15 @@
 // third of the runs of BenchmarkExecVsBareBwrap found no spare chain
 // ready (and started unshare and bwrap on their path) while each spare
 // made its own. A root kernel's spare also has the /etc directories
-// below bound into the snapshot, read-only, in its
-// mount namespace (nsenter and mount, off the run's path): bwrap's one
-// recursive, read-only, nosuid, nodev bind of the snapshot carries them,
-// instead of a bind of each (each costs bwrap a mount, a remount and a
-// read of the mount table: ~0.1 ms per directory measured). The spare
+// below bound into the snapshot, read-only, and the sandbox's /dev made
+// (dev.go), in its mount namespace (nsenter and mount, off the run's
+// path): bwrap's one recursive, read-only, nosuid, nodev bind of the
+// snapshot carries them, instead of a bind of each (each costs bwrap a
+// mount, a remount and a read of the mount table: ~0.1 ms per directory
+// measured), and one bind carries /dev, instead of --dev's tmpfs, node
+// binds and devpts (~0.7 ms measured); and it has a network namespace of
+// its own with the loopback up (netns.go), instead of the one
+// --unshare-net makes on the path (~0.5–0.8 ms measured). The spare
 // holds a process, an OS thread and, on cgroup v1, a pids cgroup of its
 // own until the Sandbox is closed; making it costs CPU off the run's path
 // (unshare, bwrap and, for the /etc binds, nsenter and mount: measured

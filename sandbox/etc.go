@@ -119,28 +119,31 @@ func (c *etcCache) close() {
 type etcSnap struct {
 	st    *stageDir
 	dir   string
+	dev   string   // the skeleton of the sandbox's /dev (dev.go), made with the snapshot
 	binds []string // etcDirBinds, as the host was when the snapshot was made
 	sig   string
 	refs  int
 
 	fstabOnce sync.Once
-	fstab     string // bindsFstab's file, once written
+	fstab     string // aheadFstab's file, once written
 	fstabErr  error
 }
 
-// bindsFstab returns the fstab binding the snapshot's directories (binds)
-// at their places in it, read-only (mountEtcDirs), written beside the
-// snapshot once: the spare chains of a snapshot share it, so making one
+// aheadFstab returns the fstab binding the snapshot's directories (binds)
+// at their places in it, read-only, and making its /dev (devFstab), which
+// a spare chain mounts ahead (mountAhead), written beside the snapshot
+// once: the spare chains of a snapshot share it, so making one
 // writes and removes no file (on the disk of the kernel's database, whose
 // fsyncs a file made and removed per chain slowed).
-func (e *etcSnap) bindsFstab() (string, error) {
+func (e *etcSnap) aheadFstab() (string, error) {
 	e.fstabOnce.Do(func() {
 		var b strings.Builder
 		for i := 0; i+2 < len(e.binds); i += 3 {
 			dst := filepath.Join(e.dir, strings.TrimPrefix(e.binds[i+2], "/etc"))
 			fmt.Fprintf(&b, "%s %s none rbind,ro 0 0\n", fstabEscape(e.binds[i+1]), fstabEscape(dst))
 		}
-		e.fstab = filepath.Join(e.st.path, "fstab-etc-dirs")
+		b.WriteString(devFstab(e.dev))
+		e.fstab = filepath.Join(e.st.path, "fstab-ahead")
 		e.fstabErr = os.WriteFile(e.fstab, []byte(b.String()), 0o600)
 	})
 	return e.fstab, e.fstabErr
@@ -235,6 +238,10 @@ func buildEtc(parent string, uid int) (*etcSnap, error) {
 			err = os.MkdirAll(filepath.Join(dir, d), 0o755)
 		}
 	}
+	dev := filepath.Join(st.path, "dev")
+	if err == nil {
+		err = makeDevSkeleton(dev)
+	}
 	if err == nil {
 		err = os.Chmod(st.path, 0o755) // bwrap binds it as the kernel's user
 	}
@@ -242,7 +249,7 @@ func buildEtc(parent string, uid int) (*etcSnap, error) {
 		st.remove()
 		return nil, fmt.Errorf("sandbox: /etc snapshot: %w", err)
 	}
-	return &etcSnap{st: st, dir: dir, binds: etcDirBinds()}, nil
+	return &etcSnap{st: st, dir: dir, dev: dev, binds: etcDirBinds()}, nil
 }
 
 // copyEtcEntry copies one entry: a top-level link into /usr stays a link

@@ -314,9 +314,10 @@ const (
 	sandboxProxySock = sandboxProxyDir + "/proxy.sock"
 )
 
-// bwrapArgs is bwrap's options for the plan; etcMounted: the chain has
-// the /etc directories bound into the snapshot already (mountEtcDirs).
-func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []string {
+// bwrapArgs is bwrap's options for the plan, on a chain that has made
+// ahead what ah says (its /etc binds and /dev, its network namespace's
+// loopback): bwrap makes the rest.
+func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, ah ahead) []string {
 	id := strconv.Itoa(s.uid())
 	a := []string{
 		"--die-with-parent", "--new-session",
@@ -325,7 +326,7 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []
 		"--hostname", "sandbox",
 		"--cap-drop", "ALL", "--info-fd", strconv.Itoa(infoFD),
 	}
-	if p.net != NetFull {
+	if p.net != NetFull && !ah.loopback {
 		a = append(a, "--unshare-net")
 	}
 	a = append(a, "--ro-bind", "/usr", "/usr")
@@ -342,15 +343,21 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, etcMounted bool) []
 		}
 	}
 	a = append(a, "--ro-bind", etc.dir, "/etc")
-	if !etcMounted {
+	if !ah.mounted {
 		a = append(a, etc.binds...)
+	}
+	a = append(a, "--proc", "/proc")
+	if ah.mounted {
+		// Devices allowed (--dev-bind): the nodes of the /dev made ahead.
+		a = append(a, "--dev-bind", etc.dev, "/dev")
+	} else {
+		a = append(a, "--dev", "/dev")
 	}
 	// No tmpfs the command can write is unbounded: /dev is read-only but
 	// for its binds (the devices, /dev/pts) and /dev/shm, sized; /tmp is
 	// sized; the root (which holds the mount points) is made read-only
 	// last.
-	a = append(a, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-		"--size", strconv.Itoa(DevShmSize), "--tmpfs", "/dev/shm")
+	a = append(a, "--remount-ro", "/dev", "--size", strconv.Itoa(DevShmSize), "--tmpfs", "/dev/shm")
 	if p.limits.Tmp > 0 {
 		a = append(a, "--size", strconv.FormatInt(p.limits.Tmp, 10))
 	}

@@ -125,7 +125,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 	overlay := st != nil && mode != StagingCopy
 	var ch *chain
 	if pl.cmd.Channel == nil && !fresh {
-		ch = s.takeSpareChain(ctx, etc, overlay)
+		ch = s.takeSpareChain(ctx, etc, overlay, pl.net == NetFull)
 	}
 	spare := ch != nil
 	var f *forker
@@ -217,7 +217,7 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 			return abort(err)
 		}
 	}
-	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.etcMounted), pl.stdin); err != nil {
+	if err := ch.setArgs(s.bwrapArgs(pl, t, etc, ch.ahead), pl.stdin); err != nil {
 		return abort(err)
 	}
 	// bwrap reports the sandbox's init as soon as it has made it. Without
