@@ -508,7 +508,8 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 	// recursive, read-only bind of the snapshot carries the /etc
 	// directories (read-only, as it makes every mount below a read-only
 	// bind), one bind carries /dev, and bwrap makes no network namespace.
-	// Where one fails the run makes it itself.
+	// Where the mounts fail the run makes them on its path (or fails);
+	// where the loopback fails, bwrap makes a network namespace.
 	if c.mountNS {
 		// A chain that never runs bwrap serves no run: it is not kept.
 		if err := c.waitExec(t); err != nil {

@@ -104,12 +104,13 @@ func TestSpareChain(t *testing.T) {
 }
 
 // What a root kernel's spare chain makes ahead — the sandbox's /dev, its
-// network namespace with the loopback up — is what bwrap makes itself
-// (--dev, --unshare-net) on a chain started for the run: the same
-// command sees the same /dev, the same device nodes work, /dev is
-// read-only but for /dev/shm and a pty, the loopback answers and nothing
-// else is reachable; and a run with the host's network never takes such a
-// spare.
+// network namespace with the loopback up — is what a chain started for
+// the run has: the same command sees the same /dev, the same device nodes
+// work, /dev is read-only but for /dev/shm and a pty, the host's nodes
+// cannot be changed (chmod of a node the sandbox user, the host's uid 0,
+// owns: a no-op mode, so a failure of this test changes nothing), the
+// loopback answers and nothing else is reachable; and a run with the
+// host's network never takes such a spare.
 func TestSpareChainMadeAhead(t *testing.T) {
 	if err := Available(); err != nil {
 		t.Fatal(err)
@@ -129,6 +130,7 @@ echo x > /dev/null && echo null
 test "$(head -c 4 /dev/urandom | wc -c)" = 4 && echo urandom
 test "$(head -c 3 /dev/zero | od -An -tx1 | tr -d ' ')" = 000000 && echo zero
 echo x > /dev/full 2>/dev/null || echo full
+chmod 0666 /dev/full 2>/dev/null || echo host-node-unchanged
 touch /dev/x 2>/dev/null || echo dev-read-only
 echo y > /dev/shm/y && echo shm
 test -c /dev/pts/ptmx && test -L /dev/ptmx && test -L /dev/fd && echo pts
@@ -154,7 +156,7 @@ curl -sS --max-time 5 ` + srv.URL + ` 2>/dev/null || echo host-unreachable
 	if spare.cmd.ProcessState == nil {
 		t.Fatal("the run did not take the spare chain")
 	}
-	want := "null\nurandom\nzero\nfull\ndev-read-only\nshm\npts\nloopback-up\nhost-unreachable\n"
+	want := "null\nurandom\nzero\nfull\nhost-node-unchanged\ndev-read-only\nshm\npts\nloopback-up\nhost-unreachable\n"
 	if !strings.HasSuffix(fresh, want) || !strings.HasPrefix(fresh, "core fd full null ptmx pts random shm stderr stdin stdout tty urandom zero \n") {
 		t.Errorf("on a chain of its own:\n%s", fresh)
 	}

@@ -40,7 +40,9 @@
 //     snapshot is rebuilt when the host's entries change;
 //   - a fresh /proc (the sandbox's pid namespace only), a minimal /dev
 //     (null, zero, full, random, urandom, tty, pts), read-only but for
-//     those and /dev/shm, an empty tmpfs of DevShmSize (64 MiB), and an
+//     the devices themselves (a root kernel's nodes are read-only binds
+//     too: dev.go), its pts and /dev/shm, an empty tmpfs of DevShmSize
+//     (64 MiB), and an
 //     empty private tmpfs /tmp of Limits.Tmp (DefaultTmp, 2 GiB);
 //     the sandbox's own root directory, which holds the mount points, is
 //     made read-only once everything is mounted. So every file system the
@@ -125,8 +127,9 @@
 // run's /etc snapshot (so CleanupStale finds a chain a killed kernel left
 // behind). So each Sandbox keeps one chain started ahead of its next run
 // — unshare's and bwrap's execs done, bwrap blocked reading its options,
-// in unshare's namespaces: no sandbox, no mount, nothing of any run's yet
-// — and a run without Command.Channel takes it (1–2 ms less per run on
+// in unshare's namespaces: no sandbox and nothing of any run's yet, only
+// what every run has (a root kernel's: the /etc binds, the /dev of
+// dev.go, a network namespace with its loopback up; see below) — and a run without Command.Channel takes it (1–2 ms less per run on
 // the loaded 2-core machine; an ordinary user's run with overlays starts
 // its own, since that spare has no namespaces of its own); the next one
 // is started once that run has ended (with Command.Spare, when the caller

@@ -34,6 +34,10 @@ func loopbackUp(pid int) error {
 		return fmt.Errorf("sandbox: loopback of pid %d: %w", pid, err)
 	}
 	defer unix.Close(fd)
+	// A spare chain waits for the answer: never for ever.
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		return fmt.Errorf("sandbox: loopback of pid %d: %w", pid, err)
+	}
 	// RTM_NEWLINK: struct nlmsghdr, struct ifinfomsg.
 	msg := make([]byte, unix.SizeofNlMsghdr+unix.SizeofIfInfomsg)
 	ne := binary.NativeEndian

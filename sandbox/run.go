@@ -38,7 +38,10 @@ func (s *Sandbox) Run(ctx context.Context, p Profile, c Command) (*Result, error
 		mode = StagingOverlay // nothing staged
 	}
 	overlay := mode != StagingCopy && len(pl.writable()) > 0
-	t, err := s.tools(overlay, overlay || os.Geteuid() == 0, pl.net == NetAllowlist)
+	// A root kernel's chains mount the sandbox's /dev in their own mount
+	// namespace (mountAhead): nsenter and mount, as overlays do.
+	root := os.Geteuid() == 0
+	t, err := s.tools(overlay || root, overlay || root, pl.net == NetAllowlist)
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +215,15 @@ func (s *Sandbox) run(ctx context.Context, pl *plan, t *tools, mode StagingMode,
 		}
 	}
 	joinMem := pl.limits.Memory > 0 && k.mem == nil && MemoryCgroup() == nil
+	if ch.mountNS && !ch.ahead.mounted {
+		// A chain started for the run, or a spare whose mounts failed:
+		// bwrap's --dev would bind the host's nodes writable, to a
+		// sandbox user that owns them (dev.go). Made now, or no run.
+		if err := s.mountAhead(t, ch, etc); err != nil {
+			return abort(fmt.Errorf("sandbox: making the sandbox's /dev: %w", err))
+		}
+		ch.ahead.mounted = true
+	}
 	if overlay {
 		if err := mountOverlays(t, ch, st, pl.writable()); err != nil {
 			return abort(err)
