@@ -38,7 +38,10 @@
 //     /etc/ld.so.conf.d, /etc/terminfo and the like. /etc/shadow,
 //     /etc/ssh, /etc/ssl/private, /etc/sudoers are never there. The
 //     snapshot is rebuilt when the host's entries change;
-//   - a fresh /proc (the sandbox's pid namespace only), a minimal /dev
+//   - a fresh /proc (the sandbox's pid namespace only), read-only (a
+//     root kernel's sandbox user is the host's uid 0, which may write any
+//     sysctl whose mode lets its owner: kernel/core_pattern among them),
+//     a minimal /dev
 //     (null, zero, full, random, urandom, tty, pts), read-only but for
 //     the devices themselves (a root kernel's nodes are read-only binds
 //     too: dev.go), its pts and /dev/shm, an empty tmpfs of DevShmSize

@@ -250,6 +250,23 @@ func TestPidNamespace(t *testing.T) {
 	}
 }
 
+// /proc is read-only: a root kernel's sandbox user is the host's uid 0,
+// which the kernel lets write any sysctl its mode lets the owner write
+// (vm/swappiness, kernel/core_pattern…). The writes are of the value read,
+// so a failure of this test changes nothing on the host; the init's pid is
+// still read.
+func TestProcReadOnly(t *testing.T) {
+	requireSandbox(t)
+	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: t.TempDir()}}},
+		`v=$(cat /proc/sys/vm/swappiness) && { echo "$v" > /proc/sys/vm/swappiness; } 2>/dev/null || echo sysctl-refused
+c=$(cat /proc/sys/kernel/core_pattern) && { echo "$c" > /proc/sys/kernel/core_pattern; } 2>/dev/null || echo core-pattern-refused
+{ echo 0 > /proc/self/oom_score_adj; } 2>/dev/null || echo proc-refused
+tr '\0' ' ' < /proc/1/cmdline | grep -o capkernel-init`)
+	if want := "sysctl-refused\ncore-pattern-refused\nproc-refused\ncapkernel-init\n"; string(res.Stdout) != want {
+		t.Fatalf("stdout %q, want %q (stderr %q)", res.Stdout, want, res.Stderr)
+	}
+}
+
 func TestStdinAndExit(t *testing.T) {
 	requireSandbox(t)
 	ws := t.TempDir()

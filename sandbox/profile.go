@@ -346,7 +346,12 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, ah ahead) []string 
 	if !ah.mounted {
 		a = append(a, etc.binds...)
 	}
-	a = append(a, "--proc", "/proc")
+	// /proc read-only: a root kernel's sandbox user is the host's uid 0,
+	// and the kernel grants the owner's write to sysctls by uid alone
+	// (/proc/sys/kernel/core_pattern among them, which bwrap does not
+	// cover: it covers what its own user may write, and finds /proc/sys
+	// itself unwritable); so are /proc/sysrq-trigger and the like.
+	a = append(a, "--proc", "/proc", "--remount-ro", "/proc")
 	if ah.mounted {
 		// Devices allowed (--dev-bind): the nodes of the /dev made ahead.
 		a = append(a, "--dev-bind", etc.dev, "/dev")
