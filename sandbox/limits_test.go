@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -372,6 +373,51 @@ echo wrote-all`}, Timeout: 60 * time.Second})
 // runs low, as a file the command unlinked but keeps writing (in no walk)
 // makes it. The commands write in steps for seconds, far past where the
 // watchdog must have stopped them.
+// The staging watchdog's walk, made as the kernel's user while the
+// command runs, resolves no path through a link the command made: a
+// command swapping an unreadable directory of its staging for a link to a
+// host file (renameat2 RENAME_EXCHANGE, three processes, for 4 s) never
+// gets the kernel to chmod that file — a walk by path did, within a
+// second or two (review rev-uid0 #1).
+func TestStagingWatchdogFollowsNoLink(t *testing.T) {
+	requireSandbox(t)
+	needCommand(t, "perl")
+	if runtime.GOARCH != "amd64" {
+		t.Skip("renameat2 is syscall 316 on amd64 only")
+	}
+	base := t.TempDir()
+	rw := filepath.Join(base, "rw")
+	mkTree(t, rw, map[string]string{"a.txt": "a"})
+	victim := filepath.Join(base, "outside", "victim")
+	must(t, os.MkdirAll(filepath.Dir(victim), 0o700))
+	must(t, os.WriteFile(victim, []byte("host file\n"), 0o600))
+	s := newSandbox(t, sandbox.Options{StagingDir: base, Staging: sandbox.StagingCopy})
+	script := `perl -e '
+my ($target, $secs) = @ARGV;
+for my $i (1..3) {
+  next if fork();
+  my ($x, $y) = ("A$i", "B$i");
+  mkdir $x; chmod 077, $x; symlink $target, $y;
+  my $end = time + $secs;
+  while (time < $end) { syscall(316, -100, $x, -100, $y, 2) for 1..1000 }
+  unlink $x, $y; rmdir $x; rmdir $y;
+  exit 0;
+}
+1 while wait() > 0;
+' ` + victim + ` 4`
+	res, err := s.Run(context.Background(), sandbox.Profile{Roots: []sandbox.Root{{Path: rw, Writable: true}}},
+		sandbox.Command{Argv: []string{"sh", "-c", script}, Dir: rw, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Close()
+	fi, err := os.Stat(victim)
+	must(t, err)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the watchdog changed a host file outside the staging to %v (exit %d, stderr %q)", fi.Mode(), res.ExitCode, res.Stderr)
+	}
+}
+
 func TestStagingWatchdogEntriesAndRoom(t *testing.T) {
 	requireSandbox(t)
 	room := t.TempDir()

@@ -1,11 +1,15 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+	"path"
+	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Staging watchdog. The delta's caps (Limits.DeltaBytes, DeltaFiles) are
@@ -43,44 +47,85 @@ func stageFloor(total int64) int64 { return max(64<<20, min(total/50, 4<<30)) }
 // it) and entries (files, directories and the rest).
 type stageUse struct{ bytes, entries int64 }
 
-// stageBytes samples the rw roots' staging. A directory the kernel cannot
-// read is made readable to it (ensureAccess) and read once more: a
-// command cannot hide its writes from the watchdog by taking its own
-// access to them away.
+// stageBytes samples the rw roots' staging. The walk never resolves a
+// path the command could have made a symbolic link: each directory is
+// opened from the staging's own descriptor by openat2 with
+// RESOLVE_BENEATH and RESOLVE_NO_SYMLINKS, each file is measured by
+// fstatat without following, and no descriptor is held while a
+// subdirectory is walked (a deep tree costs no descriptors). The command
+// runs meanwhile and may swap a directory for a link at any moment; a
+// walk by path would follow it out of the staging (and, making a
+// directory readable, chmod what it points to: a host file). A directory
+// the kernel cannot read is made readable to it through a descriptor of
+// that very directory (makeReadable), so a command cannot hide its writes
+// from the watchdog by taking its own access to them away.
 func stageBytes(roots []*rootPlan) stageUse {
 	var u stageUse
 	for _, r := range roots {
-		dirUse(r.upper, &u)
+		root, err := unix.Open(r.upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		dirUse(root, ".", &u)
+		unix.Close(root)
 	}
 	return u
 }
 
-func dirUse(dir string, u *stageUse) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		ensureDirAccess(dir)
-		if ents, err = os.ReadDir(dir); err != nil {
-			return
-		}
+// beneath resolves a path below the directory it starts from, through
+// no link of any kind and no mount point.
+const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// dirUse adds what the directory rel (below root) holds to u.
+func dirUse(root int, rel string, u *stageUse) {
+	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: beneath}
+	fd, err := unix.Openat2(root, rel, how)
+	if errors.Is(err, unix.EACCES) {
+		makeReadable(root, rel)
+		fd, err = unix.Openat2(root, rel, how)
 	}
-	u.entries += int64(len(ents))
+	if err != nil {
+		return
+	}
+	dir := os.NewFile(uintptr(fd), rel)
+	ents, _ := dir.ReadDir(-1)
+	var subdirs []string
 	for _, e := range ents {
-		p := filepath.Join(dir, e.Name())
+		u.entries++
 		switch t := e.Type(); {
 		case t.IsDir():
-			dirUse(p, u)
+			subdirs = append(subdirs, path.Join(rel, e.Name()))
 		case t.IsRegular():
-			fi, err := e.Info()
-			if err != nil {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 				continue
 			}
-			size := fi.Size()
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				size = min(size, st.Blocks*512)
-			}
-			u.bytes += size
+			// The smaller of its size and its allocated blocks: a sparse
+			// file counts what it takes on disk.
+			u.bytes += min(st.Size, st.Blocks*512)
 		}
 	}
+	dir.Close()
+	for _, d := range subdirs {
+		dirUse(root, d, u)
+	}
+}
+
+// makeReadable gives the kernel's user read and search access to the
+// directory rel below root (ensureAccess's rule), changing the mode of the
+// inode it opened without following anything: chmod of its descriptor's
+// /proc/self/fd link, which names that inode and no path.
+func makeReadable(root int, rel string) {
+	fd, err := unix.Openat2(root, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: beneath})
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&0o500 == 0o500 {
+		return
+	}
+	unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), st.Mode&0o7777|0o700)
 }
 
 // freeRoom is the room left, and the size, of the file system holding

@@ -1,0 +1,54 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// makeReadable changes the directory it names below the staging, by a
+// descriptor of that very inode, and nothing a link there points to; the
+// walk counts what is below the staging only.
+func TestMakeReadableAndWalkFollowNoLink(t *testing.T) {
+	base := t.TempDir()
+	stage := filepath.Join(base, "stage")
+	outside := filepath.Join(base, "outside")
+	for _, d := range []string{filepath.Join(stage, "d"), outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(outside, "big"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stage, "d", "f"), []byte("12345"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(stage, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Join(stage, "d"), outside} {
+		if err := os.Chmod(d, 0o055); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	makeReadable(root, "link")
+	makeReadable(root, "d")
+	for d, want := range map[string]os.FileMode{filepath.Join(stage, "d"): 0o755, outside: 0o055} {
+		if fi, err := os.Lstat(d); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v (%v), want %v", d, fi.Mode().Perm(), err, want)
+		}
+	}
+	var u stageUse
+	dirUse(root, ".", &u)
+	if u.bytes > 5 || u.entries != 3 { // d, link, d/f; at most f's 5 bytes
+		t.Errorf("walk: %+v, want at most d/f's 5 bytes in 3 entries, nothing of the link's target", u)
+	}
+}
