@@ -40,7 +40,7 @@ import (
 // The chain's descriptors: 0 stdin (a pipe, written by the run), 1 and 2
 // stdout and stderr (to sinks the run attaches), 3 the init's "ready" and
 // "started", 5 the release, 6 Command.Channel, 8 bwrap's
-// info fd (infoFD), 9 bwrap's options.
+// info fd (infoFD), 9 bwrap's options, 10 the seccomp filter (seccompFD).
 type chain struct {
 	cmd     *exec.Cmd
 	f       *forker // the forker it was forked from; nil: a locked goroutine's thread
@@ -70,6 +70,10 @@ type chain struct {
 
 // argsFD is the fd on which bwrap reads its options (--args).
 const argsFD = 9
+
+// seccompFD is the fd on which bwrap reads the seccomp filter (--seccomp,
+// seccomp.go): a pipe holding it whole, written when the chain starts.
+const seccompFD = 10
 
 // chainSpec is what a chain is started with.
 type chainSpec struct {
@@ -116,9 +120,22 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 		}
 		return nil, err
 	}
-	var startW, relR, infoW, argsR, stdinR *os.File
+	var startW, relR, infoW, argsR, stdinR, filterR *os.File
 	var err error
 	if c.startR, startW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	filter, err := seccompProgram()
+	if err != nil {
+		return fail(err)
+	}
+	var filterW *os.File
+	if filterR, filterW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	_, err = filterW.Write(filter) // a few hundred bytes: the pipe holds them
+	filterW.Close()
+	if err != nil {
 		return fail(err)
 	}
 	if relR, c.relW, err = pipe(); err != nil {
@@ -133,14 +150,14 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 	if stdinR, c.stdinW, err = pipe(); err != nil {
 		return fail(err)
 	}
-	child = []*os.File{startW, relR, infoW, argsR, stdinR}
+	child = []*os.File{startW, relR, infoW, argsR, stdinR, filterR}
 
 	argv := slices.Concat(sp.prefix, []string{t.bwrap, "--args", strconv.Itoa(argsFD), "--", "/bin/sh", "-c", initScript, "capkernel-init", etc.dir})
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = sp.env
 	cmd.Stdin = stdinR
 	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
-	cmd.ExtraFiles = []*os.File{startW, nil, relR, sp.channel, nil, infoW, argsR}
+	cmd.ExtraFiles = []*os.File{startW, nil, relR, sp.channel, nil, infoW, argsR, filterR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// A process of the sandbox that escaped the kill could hold the
 	// output pipes after the chain has exited.

@@ -24,7 +24,10 @@
 // # The profile
 //
 // The command runs as uid/gid 1000 ("sandbox"; 0 with Options.RootInside)
-// with no capabilities, in new user, mount, pid, ipc, uts and (where the
+// with no capabilities — but to the host's checks by uid alone it is the
+// kernel's uid, the host's root on a root kernel — under a seccomp filter
+// (seccomp.go: no keyrings, leases, inotify or fanotify, no other ABI),
+// without core files, in new user, mount, pid, ipc, uts and (where the
 // kernel allows) cgroup namespaces, in a new session, in a file system
 // that holds only:
 //

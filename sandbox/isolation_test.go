@@ -254,16 +254,60 @@ func TestPidNamespace(t *testing.T) {
 // which the kernel lets write any sysctl its mode lets the owner write
 // (vm/swappiness, kernel/core_pattern…). The writes are of the value read,
 // so a failure of this test changes nothing on the host; the init's pid is
-// still read.
+// still read. No core files either (their helper would run as root).
 func TestProcReadOnly(t *testing.T) {
 	requireSandbox(t)
 	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: t.TempDir()}}},
 		`v=$(cat /proc/sys/vm/swappiness) && { echo "$v" > /proc/sys/vm/swappiness; } 2>/dev/null || echo sysctl-refused
 c=$(cat /proc/sys/kernel/core_pattern) && { echo "$c" > /proc/sys/kernel/core_pattern; } 2>/dev/null || echo core-pattern-refused
 { echo 0 > /proc/self/oom_score_adj; } 2>/dev/null || echo proc-refused
-tr '\0' ' ' < /proc/1/cmdline | grep -o capkernel-init`)
-	if want := "sysctl-refused\ncore-pattern-refused\nproc-refused\ncapkernel-init\n"; string(res.Stdout) != want {
+tr '\0' ' ' < /proc/1/cmdline | grep -o capkernel-init
+echo core files $(ulimit -Hc)`)
+	if want := "sysctl-refused\ncore-pattern-refused\nproc-refused\ncapkernel-init\ncore files 0\n"; string(res.Stdout) != want {
 		t.Fatalf("stdout %q, want %q (stderr %q)", res.Stdout, want, res.Stderr)
+	}
+}
+
+// The seccomp filter (seccomp.go): keyrings, leases, inotify and
+// fanotify, and any other ABI's system calls are refused, the rest works.
+// Each probe, if it were let through, would leave nothing behind: the key
+// goes to the process's own keyring, the lease and the instances end with
+// the process.
+func TestSeccompFilter(t *testing.T) {
+	requireSandbox(t)
+	needCommand(t, "python3")
+	ws := t.TempDir()
+	mkTree(t, ws, map[string]string{"f.txt": "x"})
+	x32 := "print('abi-refused')"
+	if runtime.GOARCH == "amd64" {
+		x32 = fmt.Sprintf("print('abi-refused' if call(0x40000000 | %d) == errno.EPERM else 'abi-allowed')", unix.SYS_GETPID)
+	}
+	script := fmt.Sprintf(`
+import ctypes, errno, fcntl, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    return 0 if r >= 0 else ctypes.get_errno()
+print('add_key', errno.errorcode.get(call(%d, b'user', b'capk-probe', b'x', 1, -2), 'ok'))
+print('request_key', errno.errorcode.get(call(%d, b'user', b'capk-probe', None, 0), 'ok'))
+print('keyctl', errno.errorcode.get(call(%d, 0, -2, 0), 'ok'))
+print('inotify_init1', errno.errorcode.get(call(%d, 0), 'ok'))
+print('fanotify_init', errno.errorcode.get(call(%d, 0, 0), 'ok'))
+fd = os.open('f.txt', os.O_RDONLY)
+try:
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    print('lease ok')
+except OSError as e:
+    print('lease', errno.errorcode[e.errno])
+print('getfl', 'ok' if fcntl.fcntl(fd, fcntl.F_GETFL) >= 0 else 'failed')
+%s
+`, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL, unix.SYS_INOTIFY_INIT1, unix.SYS_FANOTIFY_INIT, x32)
+	must(t, os.WriteFile(filepath.Join(ws, "probe.py"), []byte(script), 0o644))
+	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, "cd "+ws+" && python3 probe.py")
+	want := "add_key EPERM\nrequest_key EPERM\nkeyctl EPERM\ninotify_init1 ENOSYS\nfanotify_init EPERM\nlease EPERM\ngetfl ok\nabi-refused\n"
+	if string(res.Stdout) != want {
+		t.Fatalf("stdout:\n%s\nwant:\n%s\nstderr %s", res.Stdout, want, res.Stderr)
 	}
 }
 

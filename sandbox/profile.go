@@ -324,7 +324,7 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, ah ahead) []string 
 		"--unshare-user", "--uid", id, "--gid", id, "--disable-userns",
 		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--hostname", "sandbox",
-		"--cap-drop", "ALL", "--info-fd", strconv.Itoa(infoFD),
+		"--cap-drop", "ALL", "--info-fd", strconv.Itoa(infoFD), "--seccomp", strconv.Itoa(seccompFD),
 	}
 	if p.net != NetFull && !ah.loopback {
 		a = append(a, "--unshare-net")

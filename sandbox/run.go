@@ -435,7 +435,9 @@ func (s *Sandbox) release(k *killer, l Limits) error {
 		res      int
 		cur, max uint64
 	}
-	var rs []rlimit
+	// No core files: where the host's core_pattern pipes to a helper,
+	// each crash in the sandbox would start it, as the host's root.
+	rs := []rlimit{{"RLIMIT_CORE", unix.RLIMIT_CORE, 0, 0}}
 	if l.CPUTime > 0 {
 		// Soft: SIGXCPU at the limit rounded up to whole seconds; hard:
 		// SIGKILL one second later.

@@ -1,0 +1,15 @@
+package sandbox
+
+import "golang.org/x/sys/unix"
+
+const (
+	auditArch = unix.AUDIT_ARCH_X86_64
+	abiBit    = 0x40000000 // __X32_SYSCALL_BIT: the x32 ABI's calls
+	sysFcntl  = unix.SYS_FCNTL
+)
+
+var deniedCalls = []deniedCall{
+	{unix.SYS_ADD_KEY, unix.EPERM}, {unix.SYS_REQUEST_KEY, unix.EPERM}, {unix.SYS_KEYCTL, unix.EPERM},
+	{unix.SYS_FANOTIFY_INIT, unix.EPERM},
+	{unix.SYS_INOTIFY_INIT, unix.ENOSYS}, {unix.SYS_INOTIFY_INIT1, unix.ENOSYS},
+}

@@ -1,0 +1,15 @@
+package sandbox
+
+import "golang.org/x/sys/unix"
+
+const (
+	auditArch = unix.AUDIT_ARCH_AARCH64
+	abiBit    = 0
+	sysFcntl  = unix.SYS_FCNTL
+)
+
+var deniedCalls = []deniedCall{
+	{unix.SYS_ADD_KEY, unix.EPERM}, {unix.SYS_REQUEST_KEY, unix.EPERM}, {unix.SYS_KEYCTL, unix.EPERM},
+	{unix.SYS_FANOTIFY_INIT, unix.EPERM},
+	{unix.SYS_INOTIFY_INIT1, unix.ENOSYS},
+}
