@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -784,7 +783,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	var rels = map[string][]string{}
 	for _, r := range c.fs {
 		// Real paths, so that two spellings of one file share a lock.
-		fsKeys = append(fsKeys, path.Join(r.RealRoot, r.Real))
+		fsKeys = append(fsKeys, r.LockNames()...)
 		rels[r.RootPath] = append(rels[r.RootPath], r.Rel)
 	}
 	for _, r := range resources {

@@ -2,7 +2,6 @@ package kernel
 
 import (
 	"errors"
-	"path"
 
 	"go.etcd.io/bbolt"
 
@@ -33,7 +32,7 @@ func (k *Kernel) holdPreconditions(c *call, resources []*syscalls.Resource) (unl
 	}
 	var fsKeys, kvKeys []string
 	for _, r := range c.fs {
-		fsKeys = append(fsKeys, path.Join(r.RealRoot, r.Real))
+		fsKeys = append(fsKeys, r.LockNames()...)
 	}
 	for _, r := range resources {
 		if r.Root == nil {

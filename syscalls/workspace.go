@@ -127,11 +127,15 @@ type Resource struct {
 	RealRoot string   // the root directory with symlinks resolved
 	Rel      string   // slash-separated, cleaned, relative to the root; "." is the root
 	Real     string   // Rel with symlinks inside the root resolved (see Resolve)
-	Exists   bool
-	IsDir    bool
-	Size     int64
-	Access   Access
-	dir      syscall.RawConn // the root directory's (the Workspace's), for openRead; nil for none
+	// Link, for a read through a symlink as the last component, is the
+	// link itself in Real's form (the resolved parent plus the name):
+	// what a write or delete of the link acts on; "" otherwise.
+	Link   string
+	Exists bool
+	IsDir  bool
+	Size   int64
+	Access Access
+	dir    syscall.RawConn // the root directory's (the Workspace's), for openRead; nil for none
 }
 
 // ScopeError is a path outside the token's scopes; the kernel reports it as
@@ -277,7 +281,24 @@ func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	r.IsDir, r.Size, r.Real = fi.IsDir(), fi.Size(), real
+	if dir, err := m.realRel(path.Dir(r.Rel)); err == nil {
+		r.Link = joinRel(dir, path.Base(r.Rel))
+	}
 	return r, nil
+}
+
+// LockNames returns the absolute paths a call on r locks (kernel's path
+// locks): Real's and, for a read through a link, the link's own (Link),
+// which a write or delete of the link locks; holding both, a read with a
+// precondition cannot have the link replaced between its check and its
+// open. (A link among the parent directories is not locked: the
+// precondition's guarantee covers the last name.)
+func (r *Resource) LockNames() []string {
+	names := []string{path.Join(r.RealRoot, r.Real)}
+	if r.Link != "" && r.Link != r.Real {
+		names = append(names, path.Join(r.RealRoot, r.Link))
+	}
+	return names
 }
 
 // maxLinks bounds the symlinks followed while resolving one path.
