@@ -254,7 +254,8 @@ func TestPidNamespace(t *testing.T) {
 // which the kernel lets write any sysctl its mode lets the owner write
 // (vm/swappiness, kernel/core_pattern…). The writes are of the value read,
 // so a failure of this test changes nothing on the host; the init's pid is
-// still read. No core files either (their helper would run as root).
+// still read. RLIMIT_CORE is 1 byte, soft and hard: no core file, no
+// piped dump (its helper would run as root).
 func TestProcReadOnly(t *testing.T) {
 	requireSandbox(t)
 	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: t.TempDir()}}},
@@ -262,14 +263,15 @@ func TestProcReadOnly(t *testing.T) {
 c=$(cat /proc/sys/kernel/core_pattern) && { echo "$c" > /proc/sys/kernel/core_pattern; } 2>/dev/null || echo core-pattern-refused
 { echo 0 > /proc/self/oom_score_adj; } 2>/dev/null || echo proc-refused
 tr '\0' ' ' < /proc/1/cmdline | grep -o capkernel-init
-echo core files $(ulimit -Hc)`)
-	if want := "sysctl-refused\ncore-pattern-refused\nproc-refused\ncapkernel-init\ncore files 0\n"; string(res.Stdout) != want {
+awk '/^Max core file size/ {print "core", $5, $6}' /proc/self/limits`)
+	if want := "sysctl-refused\ncore-pattern-refused\nproc-refused\ncapkernel-init\ncore 1 1\n"; string(res.Stdout) != want {
 		t.Fatalf("stdout %q, want %q (stderr %q)", res.Stdout, want, res.Stderr)
 	}
 }
 
 // The seccomp filter (seccomp.go): keyrings, leases, inotify and
-// fanotify, and any other ABI's system calls are refused, the rest works.
+// fanotify, changing RLIMIT_CORE, and any other ABI's system calls are
+// refused, the rest works (other limits set, RLIMIT_CORE read).
 // Each probe, if it were let through, would leave nothing behind: the key
 // goes to the process's own keyring, the lease and the instances end with
 // the process.
@@ -301,11 +303,21 @@ try:
 except OSError as e:
     print('lease', errno.errorcode[e.errno])
 print('getfl', 'ok' if fcntl.fcntl(fd, fcntl.F_GETFL) >= 0 else 'failed')
+import resource
+for how, f in (('setrlimit', lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))), ('prlimit', lambda: resource.prlimit(0, resource.RLIMIT_CORE, (0, 0)))):
+    try:
+        f()
+        print(how, 'core ok')
+    except (OSError, ValueError): # Python says EPERM of setrlimit as ValueError
+        print(how, 'core refused')
+resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+print('core limit', resource.getrlimit(resource.RLIMIT_CORE), 'nofile ok')
 %s
 `, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL, unix.SYS_INOTIFY_INIT1, unix.SYS_FANOTIFY_INIT, x32)
 	must(t, os.WriteFile(filepath.Join(ws, "probe.py"), []byte(script), 0o644))
 	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, "cd "+ws+" && python3 probe.py")
-	want := "add_key EPERM\nrequest_key EPERM\nkeyctl EPERM\ninotify_init1 ENOSYS\nfanotify_init EPERM\nlease EPERM\ngetfl ok\nabi-refused\n"
+	want := "add_key EPERM\nrequest_key EPERM\nkeyctl EPERM\ninotify_init1 ENOSYS\nfanotify_init EPERM\nlease EPERM\ngetfl ok\n" +
+		"setrlimit core refused\nprlimit core refused\ncore limit (1, 1) nofile ok\nabi-refused\n"
 	if string(res.Stdout) != want {
 		t.Fatalf("stdout:\n%s\nwant:\n%s\nstderr %s", res.Stdout, want, res.Stderr)
 	}

@@ -435,9 +435,12 @@ func (s *Sandbox) release(k *killer, l Limits) error {
 		res      int
 		cur, max uint64
 	}
-	// No core files: where the host's core_pattern pipes to a helper,
-	// each crash in the sandbox would start it, as the host's root.
-	rs := []rlimit{{"RLIMIT_CORE", unix.RLIMIT_CORE, 0, 0}}
+	// No core dumps: 1 byte is less than a core file's least (a page),
+	// and the value the kernel takes for "no piped dump" — where the
+	// host's core_pattern pipes to a helper, a crash would start it as the
+	// host's root, and for a pipe any other limit, 0 included, is no
+	// limit. The seccomp filter keeps the command from changing it.
+	rs := []rlimit{{"RLIMIT_CORE", unix.RLIMIT_CORE, coreLimit, coreLimit}}
 	if l.CPUTime > 0 {
 		// Soft: SIGXCPU at the limit rounded up to whole seconds; hard:
 		// SIGKILL one second later.

@@ -20,20 +20,27 @@ import (
 //     (fcntl F_SETLEASE: the token's r roots, /usr), stalling or failing
 //     the host's and other agents' opens of it for 45 s at a time;
 //   - use up that uid's inotify and fanotify instances, counted with the
-//     host's processes of that uid (128 by default).
+//     host's processes of that uid (128 by default);
+//   - change its RLIMIT_CORE (coreLimit, set by release), with which a
+//     crash would start a piped core_pattern helper as the host's root.
 // These fail: EPERM, and ENOSYS for inotify_init and inotify_init1 (a
-// file watcher takes it for a platform without inotify, and polls). So
-// does every system call of another ABI than the kernel's (32-bit x86,
-// x32), whose numbers the filter does not know: 32-bit programs do not
-// run in the sandbox.
+// tool that watches files takes it for a platform without inotify: tail
+// -f polls, Node's fs.watch throws ENOSYS). So does every system call of
+// another ABI than the kernel's (32-bit x86, x32), whose numbers the
+// filter does not know: 32-bit programs do not run in the sandbox.
 
 // seccompData offsets (struct seccomp_data, little-endian: the arches
-// below are).
+// below are): args[i]'s low 32 bits at seccompArg(i), its high at +4.
 const (
 	seccompNr   = 0
 	seccompArch = 4
-	seccompArg1 = 16 + 8 // args[1], its low 32 bits
 )
+
+func seccompArg(i uint32) uint32 { return 16 + 8*i }
+
+// coreLimit is the sandbox's RLIMIT_CORE, soft and hard (release): see
+// there. The filter refuses changing it.
+const coreLimit = 1
 
 // A denied system call and the errno it fails with.
 type deniedCall struct {
@@ -64,9 +71,26 @@ func seccompProgram() ([]byte, error) {
 		}
 		a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, d.nr, to, "")
 	}
-	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, sysFcntl, "", "allow")
-	a.ins(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, seccompArg1, "", "")
-	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, unix.F_SETLEASE, "eperm", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, sysFcntl, "fcntl", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, sysSetrlimit, "setrlimit", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, sysPrlimit64, "prlimit64", "")
+	a.ins(unix.BPF_RET|unix.BPF_K, unix.SECCOMP_RET_ALLOW, "", "")
+	// fcntl(fd, cmd, …): cmd F_SETLEASE.
+	a.label("fcntl")
+	a.ins(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, seccompArg(1), "", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, unix.F_SETLEASE, "eperm", "allow")
+	// setrlimit(resource, …): RLIMIT_CORE.
+	a.label("setrlimit")
+	a.ins(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, seccompArg(0), "", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, unix.RLIMIT_CORE, "eperm", "allow")
+	// prlimit64(pid, resource, new, old): RLIMIT_CORE with a new limit.
+	a.label("prlimit64")
+	a.ins(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, seccompArg(1), "", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, unix.RLIMIT_CORE, "", "allow")
+	a.ins(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, seccompArg(2), "", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, 0, "", "eperm")
+	a.ins(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, seccompArg(2)+4, "", "")
+	a.ins(unix.BPF_JMP|unix.BPF_JEQ|unix.BPF_K, 0, "allow", "eperm")
 	a.label("allow")
 	a.ins(unix.BPF_RET|unix.BPF_K, unix.SECCOMP_RET_ALLOW, "", "")
 	a.label("eperm")

@@ -3,9 +3,11 @@ package sandbox
 import "golang.org/x/sys/unix"
 
 const (
-	auditArch = unix.AUDIT_ARCH_X86_64
-	abiBit    = 0x40000000 // __X32_SYSCALL_BIT: the x32 ABI's calls
-	sysFcntl  = unix.SYS_FCNTL
+	auditArch    = unix.AUDIT_ARCH_X86_64
+	abiBit       = 0x40000000 // __X32_SYSCALL_BIT: the x32 ABI's calls
+	sysFcntl     = unix.SYS_FCNTL
+	sysSetrlimit = unix.SYS_SETRLIMIT
+	sysPrlimit64 = unix.SYS_PRLIMIT64
 )
 
 var deniedCalls = []deniedCall{

@@ -3,9 +3,11 @@ package sandbox
 import "golang.org/x/sys/unix"
 
 const (
-	auditArch = unix.AUDIT_ARCH_AARCH64
-	abiBit    = 0
-	sysFcntl  = unix.SYS_FCNTL
+	auditArch    = unix.AUDIT_ARCH_AARCH64
+	abiBit       = 0
+	sysFcntl     = unix.SYS_FCNTL
+	sysSetrlimit = unix.SYS_SETRLIMIT
+	sysPrlimit64 = unix.SYS_PRLIMIT64
 )
 
 var deniedCalls = []deniedCall{

@@ -44,8 +44,14 @@ func stageFloor(total int64) int64 { return max(64<<20, min(total/50, 4<<30)) }
 // stageUse is what a sample found: bytes of regular files (per file the
 // smaller of its size and its allocated blocks, so a sparse file counts
 // what it takes on disk, and no file more than the delta would count for
-// it) and entries (files, directories and the rest).
-type stageUse struct{ bytes, entries int64 }
+// it) and entries (files, directories and the rest); tooLong, a directory
+// whose path in the staging is too long to open by its path (longer than
+// PATH_MAX): what is below it could not be counted, and no delta holding
+// it could be applied, so the run is ended.
+type stageUse struct {
+	bytes, entries int64
+	tooLong        string
+}
 
 // stageBytes samples the rw roots' staging. The walk never resolves a
 // path the command could have made a symbolic link: each directory is
@@ -57,8 +63,10 @@ type stageUse struct{ bytes, entries int64 }
 // walk by path would follow it out of the staging (and, making a
 // directory readable, chmod what it points to: a host file). A directory
 // the kernel cannot read is made readable to it through a descriptor of
-// that very directory (makeReadable), so a command cannot hide its writes
-// from the watchdog by taking its own access to them away.
+// that very directory (makeReadable; a directory it can open but not
+// search, by fchmod of the descriptor it opened), so a command cannot
+// hide its writes from the watchdog by taking its own access to them
+// away.
 func stageBytes(roots []*rootPlan) stageUse {
 	var u stageUse
 	for _, r := range roots {
@@ -72,6 +80,11 @@ func stageBytes(roots []*rootPlan) stageUse {
 	return u
 }
 
+// searchesAll: the kernel's user reads and searches every directory
+// whatever its mode (root's CAP_DAC_READ_SEARCH), and the walk changes no
+// mode. A variable for the tests.
+var searchesAll = os.Geteuid() == 0
+
 // beneath resolves a path below the directory it starts from, through
 // no link of any kind and no mount point.
 const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
@@ -84,8 +97,17 @@ func dirUse(root int, rel string, u *stageUse) {
 		makeReadable(root, rel)
 		fd, err = unix.Openat2(root, rel, how)
 	}
+	if errors.Is(err, unix.ENAMETOOLONG) && u.tooLong == "" {
+		u.tooLong = rel
+	}
 	if err != nil {
 		return
+	}
+	var st unix.Stat_t
+	if !searchesAll && unix.Fstat(fd, &st) == nil && st.Mode&0o500 != 0o500 {
+		// Readable, not searchable (0400): its entries could not be
+		// measured.
+		unix.Fchmod(fd, st.Mode&0o7777|0o700)
 	}
 	dir := os.NewFile(uintptr(fd), rel)
 	ents, _ := dir.ReadDir(-1)
@@ -161,6 +183,9 @@ func watchStaging(roots []*rootPlan, base int64, lim Limits, stop <-chan struct{
 			start := time.Now()
 			u := stageBytes(roots)
 			switch avail, total, ok := freeRoom(roots); {
+			case u.tooLong != "":
+				ch <- fmt.Sprintf("the command made a path in its staging longer than the kernel can open by its path (%d bytes and more, under %.64q…): it cannot be measured or applied", len(u.tooLong), u.tooLong)
+				return
 			case lim.DeltaBytes > 0 && u.bytes-base > lim.DeltaBytes:
 				ch <- fmt.Sprintf("the command wrote %d bytes of files into its staging while it ran, more than %d", u.bytes-base, lim.DeltaBytes)
 				return

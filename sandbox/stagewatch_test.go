@@ -3,6 +3,7 @@ package sandbox
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -51,4 +52,62 @@ func TestMakeReadableAndWalkFollowNoLink(t *testing.T) {
 	if u.bytes > 5 || u.entries != 3 { // d, link, d/f; at most f's 5 bytes
 		t.Errorf("walk: %+v, want at most d/f's 5 bytes in 3 entries, nothing of the link's target", u)
 	}
+}
+
+// A directory the command left readable but not searchable (0400) is made
+// searchable by the descriptor the walk opened, where the kernel's user
+// needs it (not root: searchesAll); a path too long to open by its path is
+// reported, not skipped.
+func TestWalkUnsearchableAndTooLong(t *testing.T) {
+	stage := t.TempDir()
+	d := filepath.Join(stage, "d")
+	if err := os.MkdirAll(filepath.Join(d, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "sub", "f"), []byte("12345"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(d, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	root, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	defer func(v bool) { searchesAll = v }(searchesAll)
+	searchesAll = false
+	var u stageUse
+	dirUse(root, ".", &u)
+	if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the 0400 directory: %v (%v), want 0700", fi.Mode().Perm(), err)
+	}
+	if u.entries != 3 || u.tooLong != "" {
+		t.Errorf("walk: %+v, want d, d/sub, d/sub/f", u)
+	}
+
+	// 20 levels of 250-byte names: past PATH_MAX, made by descriptor.
+	name := strings.Repeat("n", 250)
+	fd, err := unix.Open(stage, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	u = stageUse{}
+	dirUse(root, ".", &u)
+	if u.tooLong == "" || len(u.tooLong) < unix.PathMax {
+		t.Errorf("walk past PATH_MAX: tooLong %d bytes, want the first path past %d", len(u.tooLong), unix.PathMax)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(stage, name)) })
 }
