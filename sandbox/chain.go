@@ -125,7 +125,7 @@ func (s *Sandbox) startChain(t *tools, sp chainSpec, etc *etcSnap, releaseEtc fu
 	if c.startR, startW, err = pipe(); err != nil {
 		return fail(err)
 	}
-	filter, err := seccompProgram()
+	filter, err := seccompFilter()
 	if err != nil {
 		return fail(err)
 	}
@@ -544,13 +544,8 @@ func (s *Sandbox) makeSpareChain(t *tools, withForker bool) (*chain, error) {
 // chain's mount namespace: nsenter and mount, as mountOverlays does, from
 // an fstab beside the snapshot.
 func (s *Sandbox) mountAhead(t *tools, c *chain, etc *etcSnap) error {
-	tm := *t
-	var err error
-	if tm.nsenter, err = s.lookPath("nsenter"); err != nil {
-		return err
-	}
-	if tm.mount, err = s.lookPath("mount"); err != nil {
-		return err
+	if t.nsenter == "" || t.mount == "" {
+		return errors.New("sandbox: nsenter and mount are needed to make the sandbox's /dev")
 	}
 	fstab, err := etc.aheadFstab()
 	if err != nil {
@@ -558,7 +553,7 @@ func (s *Sandbox) mountAhead(t *tools, c *chain, etc *etcSnap) error {
 	}
 	// Not "none,…": mount(8) reads a list that starts with "no" as the
 	// types it must not mount.
-	return nsenterMount(&tm, c, fstab, "devpts,none")
+	return nsenterMount(t, c, fstab, "devpts,none")
 }
 
 // fstabEscaper escapes what would split or end an fstab field. One for

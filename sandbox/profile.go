@@ -348,9 +348,9 @@ func (s *Sandbox) bwrapArgs(p *plan, t *tools, etc *etcSnap, ah ahead) []string 
 	}
 	// /proc read-only: a root kernel's sandbox user is the host's uid 0,
 	// and the kernel grants the owner's write to sysctls by uid alone
-	// (/proc/sys/kernel/core_pattern among them, which bwrap does not
-	// cover: it covers what its own user may write, and finds /proc/sys
-	// itself unwritable); so are /proc/sysrq-trigger and the like.
+	// (/proc/sys/kernel/core_pattern among them), which bwrap leaves
+	// open: it covers what its own user may write, and finds /proc/sys
+	// itself unwritable.
 	a = append(a, "--proc", "/proc", "--remount-ro", "/proc")
 	if ah.mounted {
 		// Devices allowed (--dev-bind): the nodes of the /dev made ahead.

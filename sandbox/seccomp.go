@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,6 +51,9 @@ type deniedCall struct {
 
 // errNoSeccomp: no filter is known for this architecture.
 var errNoSeccomp = errors.New("sandbox: no seccomp filter for this architecture")
+
+// seccompFilter is seccompProgram's, assembled once.
+var seccompFilter = sync.OnceValues(seccompProgram)
 
 // seccompProgram returns the filter as bwrap reads it: struct sock_filter
 // instructions, native-endian.
