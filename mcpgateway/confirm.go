@@ -179,7 +179,7 @@ func (g *Gateway) resume(ctx context.Context, req *mcp.CallToolRequest, session 
 		<-pc.done
 	}
 	pc.cancel()
-	return result(pc.res, pc.err, pc.tool, pc.name), nil
+	return result(pc.res, pc.err, pc.tool, pc.name, g.typed[pc.name]), nil
 }
 
 // decide records the user's answer: accept with "allow" allows, accept

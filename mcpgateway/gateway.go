@@ -82,6 +82,7 @@ type Gateway struct {
 	session                 string // the session of a stdio server, which has one client
 	server                  *mcp.Server
 	served                  map[string]bool
+	typed                   map[string]bool // the served tools that declare an outputSchema
 	progressEvery           time.Duration
 	confirmer               Confirmer
 	pending                 pendingCalls // calls that asked their client (confirm.go)
@@ -126,7 +127,7 @@ const DefaultProgressInterval = 10 * time.Second
 func New(c Config) *Gateway {
 	g := &Gateway{
 		invoker: newWarmInvoker(c.Invoker), token: c.Token, tokenID: c.TokenID, agentID: c.AgentID, policyHash: c.PolicyHash,
-		session: c.StdioSession, served: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
+		session: c.StdioSession, served: map[string]bool{}, typed: map[string]bool{}, progressEvery: c.ProgressInterval, confirmer: c.Confirmer,
 		pending: pendingCalls{by: map[string]*pendingCall{}}, seals: newSealer(),
 		server: mcp.NewServer(&mcp.Implementation{Name: "capkernel", Version: c.Version},
 			&mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}}),
@@ -139,6 +140,7 @@ func New(c Config) *Gateway {
 	} else {
 		for _, t := range c.Tools {
 			g.served[t.Name] = true
+			g.typed[t.Name] = outputSchema(t.OutputSchema) != nil
 			g.server.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, OutputSchema: outputSchema(t.OutputSchema)}, g.handle)
 		}
 	}
@@ -159,6 +161,10 @@ func New(c Config) *Gateway {
 	})
 	return g
 }
+
+// derivedKeyPrefix starts the idempotency keys the gateway derives from a
+// session and a JSON-RPC id; no client key goes to the kernel with it.
+const derivedKeyPrefix = "mcp:"
 
 // sessionOf is the session id of ss: the MCP session's, or the stdio
 // server's own.
@@ -189,7 +195,17 @@ func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) erro
 // marks its _meta holds under a seal that verifies (a client's own are
 // ignored: whatever path its message took, no client sets them).
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	return g.call(ctx, req, g.seals.marksOf(req.Params.Meta))
+	mk := g.seals.marksOf(req.Params.Meta)
+	if req.Session != nil && mk.requestID != "" {
+		// Over HTTP: the client's DELETE of the session ends the call
+		// (tagHTTP), as it ends a lean one.
+		c, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if g.inflight.attach(req.Session.ID(), inflightKey(mk.requestID), cancel) {
+			ctx = c
+		}
+	}
+	return g.call(ctx, req, mk)
 }
 
 // call runs one tools/call through the kernel, with the transports' marks
@@ -232,9 +248,15 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 	switch key := p.Meta[MetaIdempotencyKey].(type) {
 	case string:
 		e.IdempotencyKey = key
+		if strings.HasPrefix(key, derivedKeyPrefix) {
+			// The gateway's namespace: a key derived for another
+			// session (whose id the audit records show) is not the
+			// client's to take.
+			e.IdempotencyKey = "client:" + key
+		}
 	case nil:
 		if reqID != "" {
-			e.IdempotencyKey = "mcp:" + session + ":" + reqID
+			e.IdempotencyKey = derivedKeyPrefix + session + ":" + reqID
 		}
 	default:
 		// Not a string: the envelope carries the client's value as it
@@ -274,17 +296,21 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 		if ask != nil {
 			return ask, nil
 		}
-		return result(res, err, tool, p.Name), nil
+		return result(res, err, tool, p.Name, g.typed[p.Name]), nil
 	}
 	res, err := g.invoker.Invoke(ctx, env)
-	return result(res, err, tool, p.Name), nil
+	return result(res, err, tool, p.Name, g.typed[p.Name]), nil
 }
 
 // result is the MCP result of a call of tool, which the client named
-// name, from the kernel's result or the invoker's error.
-func result(res *kernel.Result, err error, tool, name string) *mcp.CallToolResult {
+// name, from the kernel's result or the invoker's error; typed: the tool
+// declares an outputSchema, which clients hold an error's structured
+// content to as well (the TypeScript SDK throws when it does not match),
+// so its errors have none: the class, message and receipt are in the text
+// and _meta.
+func result(res *kernel.Result, err error, tool, name string, typed bool) *mcp.CallToolResult {
 	if err != nil {
-		return errorResult(kernel.ErrInternal, "the kernel did not answer: "+err.Error(), nil)
+		res = &kernel.Result{Status: kernel.StatusError, Error: &kernel.Error{Class: kernel.ErrInternal, Message: "the kernel did not answer: " + err.Error()}}
 	}
 	if res.Status != kernel.StatusOK {
 		class, msg := kernel.ErrInternal, "result envelope without an error"
@@ -296,7 +322,11 @@ func result(res *kernel.Result, err error, tool, name string) *mcp.CallToolResul
 			// the tool: answer as for any unknown tool name.
 			msg = strings.ReplaceAll(msg, strconv.Quote(tool), strconv.Quote(name))
 		}
-		return errorResult(class, msg, res)
+		r := errorResult(class, msg, res)
+		if typed {
+			r.StructuredContent = nil
+		}
+		return r
 	}
 	return okResult(res)
 }

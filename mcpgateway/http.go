@@ -94,6 +94,14 @@ func checkOrigins(allowed []string, h http.Handler) http.Handler {
 // rejects is answered 400 with its JSON-RPC error.
 func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete {
+			// The client ends its session: its calls end with it (the
+			// SDK's close would wait for those it serves; a gated one
+			// would wait for an approver, then act).
+			if sid := r.Header.Get(sessionIDHeader); sid != "" && g.sessionByID(sid) != nil {
+				g.inflight.endSession(sid)
+			}
+		}
 		if r.Method != http.MethodPost {
 			h.ServeHTTP(w, r)
 			return
@@ -122,7 +130,11 @@ func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
 			return
 		}
 		sid := r.Header.Get(sessionIDHeader)
-		if m, key, ok := messageID(body); ok && sid != "" {
+		for _, msg := range messages(body) {
+			m, key, ok := messageID(msg)
+			if !ok || sid == "" {
+				continue
+			}
 			switch m {
 			case "tools/call":
 				// In flight while the SDK serves its POST: the same id
@@ -274,6 +286,32 @@ func messageID(body []byte) (method, key string, ok bool) {
 		return "", "", false
 	}
 	return method, string(b), true
+}
+
+// messages returns the JSON-RPC messages of body: its elements when it is
+// a batch (protocol 2025-03-26), else body itself.
+func messages(body []byte) []json.RawMessage {
+	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '[' {
+		return []json.RawMessage{body}
+	}
+	var elems []json.RawMessage
+	if json.Unmarshal(body, &elems) != nil {
+		return nil
+	}
+	return elems
+}
+
+// inflightKey is messageID's key of the request whose id, as a sealed mark
+// holds it, is requestID (idJSON's form).
+func inflightKey(requestID string) string {
+	var id any
+	if json.Unmarshal([]byte(requestID), &id) != nil {
+		return requestID
+	}
+	if b, err := jsonNoHTML(id); err == nil {
+		return string(b)
+	}
+	return requestID
 }
 
 // sessionByID returns the server's session of id, or nil.

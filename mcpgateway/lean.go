@@ -357,6 +357,37 @@ func (f *inflight) done(session, id string) {
 	}
 }
 
+// attach gives call id of session, which the SDK serves (start recorded
+// it without a cancel), the cancel that ends it with its session
+// (endSession): the SDK's own end of a session waits for the calls it
+// serves instead. It reports whether it did.
+func (f *inflight) attach(session, id string, cancel context.CancelFunc) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.by[session][id]
+	if !ok || c != nil {
+		return false
+	}
+	f.by[session][id] = cancel
+	return true
+}
+
+// endSession cancels every call of session in flight (its client ended
+// it: DELETE).
+func (f *inflight) endSession(session string) {
+	f.mu.Lock()
+	var cancels []context.CancelFunc
+	for _, c := range f.by[session] {
+		if c != nil {
+			cancels = append(cancels, c)
+		}
+	}
+	f.mu.Unlock()
+	for _, c := range cancels {
+		c()
+	}
+}
+
 // cancel cancels lean call id of session, if it is in flight.
 func (f *inflight) cancel(session, id string) {
 	f.mu.Lock()

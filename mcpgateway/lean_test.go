@@ -161,7 +161,7 @@ func TestLeanAnswersAsTheSDK(t *testing.T) {
 		{"progress token", `{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"echo","arguments":{},"_meta":{"progressToken":"p"}}}`, nil, 200},
 		{"unknown member", `{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"echo"},"x":1}`, nil, 200},
 		{"duplicate member name", `{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":"echo","name":"echo","arguments":{"text":"x"}}}`, nil, 200},
-		{"fractional id", `{"jsonrpc":"2.0","id":22.5,"method":"tools/call","params":{"name":"echo"}}`, nil, 200},
+		{"fractional id, refused (TestFractionalIDRefused)", `{"jsonrpc":"2.0","id":22.5,"method":"tools/call","params":{"name":"echo"}}`, nil, 400},
 		{"unserved tool", `{"jsonrpc":"2.0","id":23,"method":"tools/call","params":{"name":"fs.read","arguments":{"path":"a"}}}`, nil, 200},
 		{"batch", `[{"jsonrpc":"2.0","id":24,"method":"tools/call","params":{"name":"echo"}}]`, nil, 400},
 		{"unknown session", `{"jsonrpc":"2.0","id":25,"method":"tools/call","params":{"name":"echo"}}`, []string{"Mcp-Session-Id", "nope"}, 404},

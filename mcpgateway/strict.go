@@ -42,6 +42,9 @@ func prepare(s *sealer, msg []byte) (out, reject []byte) {
 	}
 	trimmed := bytes.TrimLeft(msg, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '[' {
+		if fractionalID(msg) {
+			return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, errFractionalID)
+		}
 		if fault == nil {
 			return tagBody(s, msg), nil
 		}
@@ -53,6 +56,9 @@ func prepare(s *sealer, msg []byte) (out, reject []byte) {
 	}
 	out = append(out, '[')
 	for i, e := range elems {
+		if fractionalID(e) {
+			return nil, errorResponse(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("invalid request: batch element %d: %s", i, errFractionalID))
+		}
 		o, r := tagBody(s, e), []byte(nil)
 		err := strictjson.Check(e)
 		if err != nil {
@@ -67,6 +73,26 @@ func prepare(s *sealer, msg []byte) (out, reject []byte) {
 		out = append(out, o...)
 	}
 	return append(out, ']'), nil
+}
+
+// errFractionalID is the refusal of a request whose id is a number with a
+// fraction.
+const errFractionalID = "invalid request: a request id must be a string or an integer"
+
+// fractionalID reports whether msg is a JSON-RPC message whose id is a
+// number but no integer: the SDK takes it, cut to an integer, so two ids
+// would be one (and no idempotency key could be derived from it); it is
+// refused instead.
+func fractionalID(msg []byte) bool {
+	m, ok := readMessage(msg, jsontext.AllowDuplicateNames(true))
+	if !ok || m.id.Kind() != '0' {
+		return false
+	}
+	var f float64
+	if json.Unmarshal(m.id, &f) != nil {
+		return false // out of range: the SDK refuses it
+	}
+	return f != float64(int64(f))
 }
 
 // refuse handles a single message that is JSON but breaks the strictjson

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/mcpgateway"
 	"github.com/capkernel/capkernel/upstream/upstreamtest"
 )
 
@@ -78,6 +79,13 @@ func TestMCPGatewayUpstream(t *testing.T) {
 		r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp.fs.read_text_file", Arguments: map[string]any{"path": c.path}})
 		if err != nil || !r.IsError || !strings.Contains(text(r), c.want) {
 			t.Fatalf("%s: %v %s", c.path, err, text(r))
+		}
+		// The tool declares an outputSchema, which clients hold an
+		// error's structured content to as well (the TypeScript SDK's
+		// callTool threw on each of these refusals): none; its receipt
+		// is in _meta.
+		if r.StructuredContent != nil || r.Meta[mcpgateway.MetaReceiptID] == nil {
+			t.Errorf("%s: structured content %v, receipt %v in _meta", c.path, r.StructuredContent, r.Meta[mcpgateway.MetaReceiptID])
 		}
 	}
 	if r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp.fs.read_text_file", Arguments: map[string]any{"path": "mid.txt", "head": 1}}); err != nil || r.IsError {
