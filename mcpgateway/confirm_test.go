@@ -61,28 +61,42 @@ func TestElicitationConfirms(t *testing.T) {
 	}
 }
 
-func testElicitation(t *testing.T, version string) {
-	ctx := context.Background()
+// newGatedWriteGateway opens a kernel whose policy gates fs.write
+// (sessionPolicy) with approvals expiring after timeout, and a gateway for
+// agent-1's token of fs.write on a fresh workspace ws (cfg.Token, its jti
+// cfg.TokenID); confirm makes the gateway ask its clients (ConfirmerOf).
+func newGatedWriteGateway(t *testing.T, timeout time.Duration, confirm bool) (k *kernel.Kernel, g *Gateway, ws string, cfg Config) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	if _, err := kernel.Init(dir); err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.Open(ctx, kernel.Config{DataDir: dir, PolicyDir: sessionPolicy(t), ApprovalTimeout: 2 * time.Second})
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: dir, PolicyDir: sessionPolicy(t), ApprovalTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer k.Close()
-	ws := t.TempDir()
+	t.Cleanup(func() { k.Close() })
+	ws = t.TempDir()
 	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour),
 		Cap: captoken.Capability{Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defs, _ := k.Tools(tok, "mcp")
-	cfg := Config{Invoker: kernelInvoker{k}, Token: tok, TokenID: cl.ID, AgentID: "agent-1", PolicyHash: k.PolicyHash(),
-		StdioSession: "sess-1", Confirmer: ConfirmerOf(k)}
-	json.Unmarshal(defs, &cfg.Tools)
-	g := New(cfg)
+	cfg = Config{Invoker: kernelInvoker{k}, Token: tok, TokenID: cl.ID, AgentID: "agent-1", PolicyHash: k.PolicyHash(), StdioSession: "sess-1"}
+	if confirm {
+		cfg.Confirmer = ConfirmerOf(k)
+	}
+	if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
+		t.Fatal(err)
+	}
+	return k, New(cfg), ws, cfg
+}
+
+func testElicitation(t *testing.T, version string) {
+	ctx := context.Background()
+	k, g, _, cfg := newGatedWriteGateway(t, 2*time.Second, true)
+	tok := cfg.Token
 
 	var mu sync.Mutex
 	var asked []string
@@ -128,7 +142,7 @@ func testElicitation(t *testing.T, version string) {
 	}
 	e := <-events.C
 	if e.Approval == nil || e.Approval.State != kernel.ApprovalAllowed || e.Approval.Channel != kernel.ChannelSession ||
-		e.Approval.DecidedBy != "session:sess-1" || e.Approval.TokenID != cl.ID || e.Approval.ExpiresAt == "" || e.Approval.PolicyHash != k.PolicyHash() {
+		e.Approval.DecidedBy != "session:sess-1" || e.Approval.TokenID != cfg.TokenID || e.Approval.ExpiresAt == "" || e.Approval.PolicyHash != k.PolicyHash() {
 		t.Fatalf("resolved event: %+v", e.Approval)
 	}
 	info, err := k.Inspector().Receipt(r.Meta[MetaReceiptID].(string))

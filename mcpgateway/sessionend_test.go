@@ -2,7 +2,6 @@ package mcpgateway
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,32 +24,11 @@ import (
 // calls it served: the DELETE hung, and the write ran once an approver
 // allowed it (review rev-mcp #1).
 func TestDeleteEndsSessionCalls(t *testing.T) {
-	ctx := context.Background()
-	dir := filepath.Join(t.TempDir(), "data")
-	if _, err := kernel.Init(dir); err != nil {
-		t.Fatal(err)
-	}
-	k, err := kernel.Open(ctx, kernel.Config{DataDir: dir, PolicyDir: sessionPolicy(t), ApprovalTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	ws := t.TempDir()
-	tok, cl, err := k.MintToken(captoken.Claims{Subject: "agent-1", Expiry: time.Now().Add(time.Hour),
-		Cap: captoken.Capability{Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: ws, Mode: "rw"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, g, ws, _ := newGatedWriteGateway(t, time.Minute, false)
 	alice, err := k.Mint(kernel.TokenRequest{AgentID: "alice", Role: captoken.RoleApprover})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defs, _ := k.Tools(tok, "mcp")
-	cfg := Config{Invoker: kernelInvoker{k}, Token: tok, TokenID: cl.ID, AgentID: "agent-1", PolicyHash: k.PolicyHash(), StdioSession: "s1"}
-	if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
-		t.Fatal(err)
-	}
-	g := New(cfg)
 	for _, c := range []struct{ name, meta string }{{"sdk", `,"_meta":{"progressToken":"p"}`}, {"lean", ``}} {
 		t.Run(c.name, func(t *testing.T) {
 			m := newRawMCP(t, g)
