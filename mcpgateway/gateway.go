@@ -195,17 +195,15 @@ func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) erro
 // marks its _meta holds under a seal that verifies (a client's own are
 // ignored: whatever path its message took, no client sets them).
 func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	mk := g.seals.marksOf(req.Params.Meta)
-	if req.Session != nil && mk.requestID != "" {
+	if req.Session != nil && req.Session.ID() != "" {
 		// Over HTTP: the client's DELETE of the session ends the call
 		// (tagHTTP), as it ends a lean one.
 		c, cancel := context.WithCancel(ctx)
 		defer cancel()
-		if g.inflight.attach(req.Session.ID(), inflightKey(mk.requestID), cancel) {
-			ctx = c
-		}
+		defer g.inflight.running(req.Session.ID(), cancel)()
+		ctx = c
 	}
-	return g.call(ctx, req, mk)
+	return g.call(ctx, req, g.seals.marksOf(req.Params.Meta))
 }
 
 // call runs one tools/call through the kernel, with the transports' marks

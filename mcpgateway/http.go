@@ -301,19 +301,6 @@ func messages(body []byte) []json.RawMessage {
 	return elems
 }
 
-// inflightKey is messageID's key of the request whose id, as a sealed mark
-// holds it, is requestID (idJSON's form).
-func inflightKey(requestID string) string {
-	var id any
-	if json.Unmarshal([]byte(requestID), &id) != nil {
-		return requestID
-	}
-	if b, err := jsonNoHTML(id); err == nil {
-		return string(b)
-	}
-	return requestID
-}
-
 // sessionByID returns the server's session of id, or nil.
 func (g *Gateway) sessionByID(id string) *mcp.ServerSession {
 	for s := range g.server.Sessions() {

@@ -325,6 +325,7 @@ type inflight struct {
 	mu      sync.Mutex
 	by      map[string]map[string]context.CancelFunc // session → id → cancel (nil: the SDK's call)
 	watched map[*mcp.ServerSession]bool
+	sdk     map[string]map[*context.CancelFunc]bool // session → the SDK's calls running (running)
 }
 
 // start records call id of session, reporting false when one with that id
@@ -357,23 +358,34 @@ func (f *inflight) done(session, id string) {
 	}
 }
 
-// attach gives call id of session, which the SDK serves (start recorded
-// it without a cancel), the cancel that ends it with its session
-// (endSession): the SDK's own end of a session waits for the calls it
-// serves instead. It reports whether it did.
-func (f *inflight) attach(session, id string, cancel context.CancelFunc) bool {
+// running records a call the SDK serves in session (Gateway.handle),
+// with the cancel that ends it with its session (endSession), until the
+// returned release: as long as the call runs, whether or not its POST is
+// still open, and whatever its id (the SDK's own end of a session waits
+// for the calls it serves instead).
+func (f *inflight) running(session string, cancel context.CancelFunc) (release func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, ok := f.by[session][id]
-	if !ok || c != nil {
-		return false
+	if f.sdk == nil {
+		f.sdk = map[string]map[*context.CancelFunc]bool{}
 	}
-	f.by[session][id] = cancel
-	return true
+	if f.sdk[session] == nil {
+		f.sdk[session] = map[*context.CancelFunc]bool{}
+	}
+	p := &cancel
+	f.sdk[session][p] = true
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		delete(f.sdk[session], p)
+		if len(f.sdk[session]) == 0 {
+			delete(f.sdk, session)
+		}
+	}
 }
 
-// endSession cancels every call of session in flight (its client ended
-// it: DELETE).
+// endSession cancels every call of session in flight, on either path (its
+// client ended it: DELETE).
 func (f *inflight) endSession(session string) {
 	f.mu.Lock()
 	var cancels []context.CancelFunc
@@ -381,6 +393,9 @@ func (f *inflight) endSession(session string) {
 		if c != nil {
 			cancels = append(cancels, c)
 		}
+	}
+	for p := range f.sdk[session] {
+		cancels = append(cancels, *p)
 	}
 	f.mu.Unlock()
 	for _, c := range cancels {

@@ -22,20 +22,33 @@ import (
 // cancelled, its approval abandoned, and it never writes — the DELETE is
 // answered at once. The SDK's own close of a session waited for the
 // calls it served: the DELETE hung, and the write ran once an approver
-// allowed it (review rev-mcp #1).
+// allowed it (review rev-mcp #1); and the calls were found by their id and
+// POST, so an id past 2^53 (kept as a float64) or a POST the client had
+// dropped escaped the DELETE (rev-last #1, #2).
 func TestDeleteEndsSessionCalls(t *testing.T) {
 	k, g, ws, _ := newGatedWriteGateway(t, time.Minute, false)
 	alice, err := k.Mint(kernel.TokenRequest{AgentID: "alice", Role: captoken.RoleApprover})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ name, meta string }{{"sdk", `,"_meta":{"progressToken":"p"}`}, {"lean", ``}} {
+	progress := `,"_meta":{"progressToken":"p"}`
+	for _, c := range []struct {
+		name, id, meta string
+		abandon        bool // the client drops its POST before the DELETE
+	}{
+		{"sdk", "70", progress, false},
+		{"lean", "70", "", false},
+		{"sdk, id past 2^53", "1764219000123456789", progress, false},
+		{"sdk, POST abandoned", "71", progress, true},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := newRawMCP(t, g)
-			file := c.name + ".txt"
-			body := `{"jsonrpc":"2.0","id":70,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"` + file + `","content":"x"}` + c.meta + `}}`
+			file := strings.NewReplacer(" ", "_", ",", "", "^", "").Replace(c.name) + ".txt"
+			body := `{"jsonrpc":"2.0","id":` + c.id + `,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"` + file + `","content":"x"}` + c.meta + `}}`
+			post, drop := context.WithCancel(context.Background())
+			defer drop()
 			go func() {
-				req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
+				req, _ := http.NewRequestWithContext(post, http.MethodPost, m.url, strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("Accept", "application/json, text/event-stream")
 				req.Header.Set("Mcp-Session-Id", m.cs.ID())
@@ -53,6 +66,10 @@ func TestDeleteEndsSessionCalls(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatal("the call never asked for an approval")
 				}
+			}
+			if c.abandon {
+				drop()
+				time.Sleep(100 * time.Millisecond) // the SDK's handler of the POST returns
 			}
 			req, _ := http.NewRequest(http.MethodDelete, m.url, nil)
 			req.Header.Set("Mcp-Session-Id", m.cs.ID())
