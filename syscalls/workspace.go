@@ -127,10 +127,11 @@ type Resource struct {
 	RealRoot string   // the root directory with symlinks resolved
 	Rel      string   // slash-separated, cleaned, relative to the root; "." is the root
 	Real     string   // Rel with symlinks inside the root resolved (see Resolve)
-	// Link, for a read through a symlink as the last component, is the
-	// link itself in Real's form (the resolved parent plus the name):
-	// what a write or delete of the link acts on; "" otherwise.
-	Link   string
+	// Links, for a read through a symlink as the last component, are
+	// that link and every link it leads through to Real, each in Real's
+	// form (its resolved parent plus its name): what a write or delete of
+	// that link acts on; nil otherwise.
+	Links  []string
 	Exists bool
 	IsDir  bool
 	Size   int64
@@ -265,7 +266,7 @@ func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 		r.Real = joinRel(dir, path.Base(r.Rel))
 		return r, nil
 	}
-	real, err := m.realRel(r.Rel)
+	real, err := m.follow(r.Rel, &r.Links)
 	switch {
 	case isEscape(err):
 		return nil, &ScopeError{Path: p, Reason: "is a symlink leading outside its root"}
@@ -281,22 +282,21 @@ func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	r.IsDir, r.Size, r.Real = fi.IsDir(), fi.Size(), real
-	if dir, err := m.realRel(path.Dir(r.Rel)); err == nil {
-		r.Link = joinRel(dir, path.Base(r.Rel))
-	}
 	return r, nil
 }
 
 // LockNames returns the absolute paths a call on r locks (kernel's path
-// locks): Real's and, for a read through a link, the link's own (Link),
-// which a write or delete of the link locks; holding both, a read with a
-// precondition cannot have the link replaced between its check and its
-// open. (A link among the parent directories is not locked: the
-// precondition's guarantee covers the last name.)
+// locks): Real's and, for a read through links, each link's own (Links),
+// which a write or delete of that link locks; holding them all, a read
+// with a precondition cannot have a link of its chain replaced between
+// its check and its open. (A link among the parent directories is not
+// locked: the precondition's guarantee covers the last name's chain.)
 func (r *Resource) LockNames() []string {
 	names := []string{path.Join(r.RealRoot, r.Real)}
-	if r.Link != "" && r.Link != r.Real {
-		names = append(names, path.Join(r.RealRoot, r.Link))
+	for _, l := range r.Links {
+		if l != r.Real {
+			names = append(names, path.Join(r.RealRoot, l))
+		}
 	}
 	return names
 }
@@ -310,7 +310,12 @@ var errEscapes = errors.New("path escapes from parent")
 // Directories on the way are resolved by the kernel through os.Root (opened
 // with O_PATH, so nothing is read); a symlink as the last component is
 // followed here, by its text, from its directory's real path.
-func (m *mount) realRel(rel string) (string, error) {
+func (m *mount) realRel(rel string) (string, error) { return m.follow(rel, nil) }
+
+// follow is realRel, appending to links, when not nil, each symlink it
+// follows as the last component, in realRel's form (its directory's real
+// path plus its name), the first the one rel names.
+func (m *mount) follow(rel string, links *[]string) (string, error) {
 	if rel == "." {
 		// The root itself, the parent of every top-level name: its real
 		// path is the mount's by definition, without the four system
@@ -341,6 +346,9 @@ func (m *mount) realRel(rel string) (string, error) {
 			if dir, err = m.realRel(d); err != nil {
 				return "", err
 			}
+		}
+		if links != nil {
+			*links = append(*links, joinRel(dir, path.Base(rel)))
 		}
 		rel = path.Join(dir, filepath.ToSlash(target))
 		if rel == ".." || strings.HasPrefix(rel, "../") {
