@@ -21,7 +21,8 @@ import (
 // Before, a read locked only the file reached (9 of 40 reads of a single
 // link returned the replacement: review rev-ops #3), then also the link
 // it named, not a link that one led to, nor a dangling link under a
-// linked directory by its resolved name (1 in 400: rev-last #3, #4).
+// linked directory by its resolved name (1 in 400: rev-last #3, #4), nor
+// the missing name a dangling link leads to (rev-final).
 func TestPreconditionReadThroughLinkHoldsTheLink(t *testing.T) {
 	original := txn.Precondition{Ref: "fs:link", Hash: digest.Sum([]byte("original"))}
 	for _, c := range []struct {
@@ -29,7 +30,7 @@ func TestPreconditionReadThroughLinkHoldsTheLink(t *testing.T) {
 		setup   func(t *testing.T, ws string)
 		read    string
 		pre     txn.Precondition
-		replace string // the link the write replaces
+		replace string // the name the write replaces or makes
 	}{
 		{"a link to the file", func(t *testing.T, ws string) { relink(t, ws, "link", "a.txt") }, "link", original, "link"},
 		{"a link to a link to the file", func(t *testing.T, ws string) {
@@ -41,6 +42,10 @@ func TestPreconditionReadThroughLinkHoldsTheLink(t *testing.T) {
 			relink(t, ws, "d", "real")
 			relink(t, ws, "real/l", "missing")
 		}, "d/l", txn.Precondition{Ref: "fs:d/l", Absent: true}, "d/l"},
+		{"a dangling link, its target made", func(t *testing.T, ws string) {
+			os.Remove(filepath.Join(ws, "missing"))
+			relink(t, ws, "l", "missing")
+		}, "l", txn.Precondition{Ref: "fs:l", Absent: true}, "missing"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t)

@@ -128,9 +128,10 @@ type Resource struct {
 	Rel      string   // slash-separated, cleaned, relative to the root; "." is the root
 	Real     string   // Rel with symlinks inside the root resolved (see Resolve)
 	// Links, for a read through a symlink as the last component, are
-	// that link and every link it leads through to Real, each in Real's
-	// form (its resolved parent plus its name): what a write or delete of
-	// that link acts on; nil otherwise.
+	// that link and every link it leads through to Real (for a dangling
+	// one, to the missing name, which is last), each in Real's form (its
+	// resolved parent plus its name): what a write or delete of that name
+	// acts on; nil otherwise.
 	Links  []string
 	Exists bool
 	IsDir  bool
@@ -314,7 +315,8 @@ func (m *mount) realRel(rel string) (string, error) { return m.follow(rel, nil) 
 
 // follow is realRel, appending to links, when not nil, each symlink it
 // follows as the last component, in realRel's form (its directory's real
-// path plus its name), the first the one rel names.
+// path plus its name), the first the one rel names; for a dangling link,
+// last, the missing name it leads to, in the same form.
 func (m *mount) follow(rel string, links *[]string) (string, error) {
 	if rel == "." {
 		// The root itself, the parent of every top-level name: its real
@@ -325,6 +327,15 @@ func (m *mount) follow(rel string, links *[]string) (string, error) {
 	for range maxLinks {
 		fi, err := m.root.Lstat(rel)
 		if err != nil {
+			if links != nil && len(*links) > 0 && errors.Is(err, fs.ErrNotExist) {
+				// A dangling link: the missing name it leads to, as a
+				// write creating it locks it (resolve).
+				missing := rel
+				if dir, err := m.realRel(path.Dir(rel)); err == nil {
+					missing = joinRel(dir, path.Base(rel))
+				}
+				*links = append(*links, missing)
+			}
 			return "", err
 		}
 		if fi.Mode()&fs.ModeSymlink == 0 {
