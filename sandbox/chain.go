@@ -585,7 +585,7 @@ func sparesMountNS() bool { return os.Geteuid() == 0 }
 func (s *Sandbox) spareChainSpec(t *tools) chainSpec {
 	sp := s.plainChainSpec(t)
 	if sp.mountNS {
-		sp.prefix = []string{t.unshare, "--user", "--map-root-user", "--mount", "--net", "--"}
+		sp.prefix = unsharePrefix(t, "--net")
 		sp.netNS = true
 	}
 	return sp
@@ -600,10 +600,17 @@ func (s *Sandbox) spareChainSpec(t *tools) chainSpec {
 // tables (tens of milliseconds for a large heap).
 func overlayChainSpec(t *tools) chainSpec {
 	return chainSpec{
-		prefix:  []string{t.unshare, "--user", "--map-root-user", "--mount", "--"},
+		prefix:  unsharePrefix(t),
 		env:     []string{"PATH=" + hostPath},
 		mountNS: true,
 	}
+}
+
+// unsharePrefix is the command that starts a chain in a new user
+// namespace mapping the kernel's ids to root, a new mount namespace and
+// the more namespaces more names (unshare's options), and execs bwrap.
+func unsharePrefix(t *tools, more ...string) []string {
+	return append(append([]string{t.unshare, "--user", "--map-root-user", "--mount"}, more...), "--")
 }
 
 // hostPath is the PATH of the chain's processes before bwrap.
