@@ -107,6 +107,19 @@ func (p *pendingCalls) add(pc *pendingCall) string {
 	return state
 }
 
+// holds reports whether a call of session is pending: running, or
+// ended less than pendingGrace ago, its client yet to resume it.
+func (p *pendingCalls) holds(session string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pc := range p.by {
+		if pc.session == session {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *pendingCalls) take(state string) *pendingCall {
 	p.mu.Lock()
 	defer p.mu.Unlock()

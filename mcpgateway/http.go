@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -28,6 +29,14 @@ type HTTPOptions struct {
 	// answered 403, as the MCP transport specification requires, so that
 	// no web page a user visits can drive the gateway.
 	AllowedOrigins []string
+	// SessionIdle, if not zero, ends a session once it has been idle
+	// that long: no request of it served (a GET holding its stream open
+	// counts as one being served), no call of it running or waiting to
+	// be resumed. Its calls and handles end with it, as with its
+	// client's DELETE; the client's next request is answered 404, and
+	// it starts a new session. Zero keeps every session until its client
+	// ends it or the gateway stops.
+	SessionIdle time.Duration
 }
 
 // CheckOrigin reports whether an Origin header value is allowed: absent
@@ -72,7 +81,11 @@ func (g *Gateway) HTTPHandler(o HTTPOptions) http.Handler {
 		// passes on may be larger by the tags (the raw params of a
 		// refused _meta, in base64), which the SDK must not refuse.
 		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: 3 * MaxHTTPBody})
-	return checkOrigins(o.AllowedOrigins, g.tagHTTP(h))
+	var idle *idleSessions
+	if o.SessionIdle > 0 {
+		idle = newIdleSessions(o.SessionIdle, g.busy, g.endSession)
+	}
+	return checkOrigins(o.AllowedOrigins, g.tagHTTP(h, idle))
 }
 
 // checkOrigins answers 403 to a request whose Origin is not allowed (see
@@ -91,9 +104,20 @@ func checkOrigins(allowed []string, h http.Handler) http.Handler {
 // lean path (lean.go) and reads every other body as the stdio transport
 // reads a line (prepare: the strictjson rules, and each tools/call's
 // JSON-RPC id copied into its _meta) before h serves it; a body prepare
-// rejects is answered 400 with its JSON-RPC error.
-func (g *Gateway) tagHTTP(h http.Handler) http.Handler {
+// rejects is answered 400 with its JSON-RPC error. With idle set, every
+// request of a live session is one of its activity, and a session the
+// SDK makes is tracked from its first answer.
+func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := r.Header.Get(sessionIDHeader); idle != nil && sid != "" && g.sessionByID(sid) != nil {
+			defer idle.begin(sid)()
+		} else if idle != nil && sid == "" {
+			defer func() {
+				if sid := w.Header().Get(sessionIDHeader); sid != "" {
+					idle.track(sid)
+				}
+			}()
+		}
 		if r.Method == http.MethodDelete {
 			// The client ends its session: its calls end with it (the
 			// SDK's close would wait for those it serves; a gated one
@@ -299,6 +323,21 @@ func messages(body []byte) []json.RawMessage {
 		return nil
 	}
 	return elems
+}
+
+// endSession ends the server's session of id, if it is live, as its
+// client's DELETE does: its calls first, then the SDK's session.
+func (g *Gateway) endSession(id string) {
+	if ss := g.sessionByID(id); ss != nil {
+		g.inflight.endSession(id)
+		ss.Close()
+	}
+}
+
+// busy reports whether a call of session runs, on either path, or waits
+// for its client to resume it.
+func (g *Gateway) busy(session string) bool {
+	return g.inflight.busy(session) || g.pending.holds(session)
 }
 
 // sessionByID returns the server's session of id, or nil.

@@ -403,6 +403,13 @@ func (f *inflight) endSession(session string) {
 	}
 }
 
+// busy reports whether a call of session is in flight, on either path.
+func (f *inflight) busy(session string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.by[session]) > 0 || len(f.sdk[session]) > 0
+}
+
 // cancel cancels lean call id of session, if it is in flight.
 func (f *inflight) cancel(session, id string) {
 	f.mu.Lock()

@@ -23,7 +23,7 @@ const drainMCP = 30 * time.Second
 func mcpCmd() *cobra.Command {
 	var t target
 	var tokenFile, httpAddr string
-	var progressEvery time.Duration
+	var progressEvery, sessionIdle time.Duration
 	var origins []string
 	cmd := &cobra.Command{
 		Use:   "mcp --data DIR|--server URL --token FILE [--http 127.0.0.1:PORT]",
@@ -41,7 +41,9 @@ every --progress-interval when the client gave a progressToken, so a client that
 resets its request timeout on progress never times out while a human decides.
 
 Over HTTP, a request with an Origin header that is not a loopback origin or
-one given by --allow-origin is answered 403; request bodies are limited to 8 MiB.
+one given by --allow-origin is answered 403; request bodies are limited to 8 MiB;
+a session idle for --session-idle (no request of it served, no call of it
+running) ends, its calls and handles with it, and its client starts another.
 
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
@@ -90,7 +92,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			if httpAddr == "" {
 				return g.ServeStdio(ctx)
 			}
-			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins}), httpAddr)
+			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins, SessionIdle: sessionIdle}), httpAddr)
 		},
 	}
 	t.addTarget(cmd, false)
@@ -100,6 +102,8 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 	cmd.Flags().StringArrayVar(&origins, "allow-origin", nil,
 		"with --http, a browser origin (scheme://host[:port]) allowed besides loopback ones; repeatable")
 	cmd.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this loopback address instead of stdio (port 0 picks one)")
+	cmd.Flags().DurationVar(&sessionIdle, "session-idle", mcpgateway.DefaultSessionIdle,
+		"with --http, end a session idle this long (no request of it served, no call of it running; 0 never)")
 	cmd.AddCommand(mcpDeclarationsCmd())
 	return cmd
 }

@@ -1,0 +1,89 @@
+package mcpgateway
+
+import (
+	"sync"
+	"time"
+)
+
+// DefaultSessionIdle is how long `kernelctl mcp --http` keeps an HTTP
+// session that is idle (see HTTPOptions.SessionIdle).
+const DefaultSessionIdle = time.Hour
+
+// idleSessions ends the HTTP sessions that are idle: no request of theirs
+// has been served for idle (a POST, or a GET holding a stream open: a
+// client that listens is not idle) and no call of theirs runs (a gated
+// call outlives its request while it waits for an approver or for its
+// client's answer). Every request passes through the gateway (tagHTTP),
+// those the lean path answers too, which the SDK never sees: its own
+// SessionTimeout would end sessions busy there, so none is set.
+type idleSessions struct {
+	idle time.Duration
+	busy func(session string) bool // a call of session runs or may be resumed
+	end  func(session string)      // ends session, if it is live
+
+	mu sync.Mutex
+	by map[string]*idleSession
+}
+
+type idleSession struct {
+	refs  int         // requests of the session being served
+	timer *time.Timer // counts idle down while refs is 0
+}
+
+func newIdleSessions(idle time.Duration, busy func(string) bool, end func(string)) *idleSessions {
+	return &idleSessions{idle: idle, busy: busy, end: end, by: map[string]*idleSession{}}
+}
+
+// record returns session's record, made with its timer running (under mu).
+func (s *idleSessions) record(session string) *idleSession {
+	r := s.by[session]
+	if r == nil {
+		r = &idleSession{}
+		r.timer = time.AfterFunc(s.idle, func() { s.fire(session, r) })
+		s.by[session] = r
+	}
+	return r
+}
+
+// track starts the idle count of a new session.
+func (s *idleSessions) track(session string) {
+	s.mu.Lock()
+	s.record(session)
+	s.mu.Unlock()
+}
+
+// begin marks a request of session as being served until the returned
+// done: the session is not idle meanwhile, and its idle count starts
+// again from done.
+func (s *idleSessions) begin(session string) (done func()) {
+	s.mu.Lock()
+	r := s.record(session)
+	r.refs++
+	r.timer.Stop()
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if r.refs--; r.refs == 0 && s.by[session] == r {
+			r.timer.Reset(s.idle)
+		}
+	}
+}
+
+// fire ends session r once its idle count ran out, unless a request of it
+// began meanwhile or a call of it runs (then the count starts again).
+func (s *idleSessions) fire(session string, r *idleSession) {
+	s.mu.Lock()
+	if s.by[session] != r || r.refs > 0 {
+		s.mu.Unlock()
+		return
+	}
+	if s.busy(session) {
+		r.timer.Reset(s.idle)
+		s.mu.Unlock()
+		return
+	}
+	delete(s.by, session)
+	s.mu.Unlock()
+	s.end(session)
+}
