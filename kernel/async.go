@@ -125,7 +125,8 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	family := agentFamily(agent)
 	if !inUse && !used && k.ops.running < MaxBackground && k.ops.byAgent[family] < MaxBackgroundPerAgent {
 		var ok bool
-		done, ok = k.inflight.add(id, &inflight{agent: agent, session: sessionOf(c.env.Provenance), cancel: cancel})
+		session, _ := sessionOf(c.env.Provenance) // the pipeline refuses a stale state
+		done, ok = k.inflight.add(id, &inflight{agent: agent, session: session, cancel: cancel})
 		inUse = !ok
 	}
 	if done != nil && !c.minted {

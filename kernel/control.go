@@ -19,20 +19,34 @@ import (
 // without a session id are not capped. Waiting for an approval does not
 // hold a slot.
 
-// sessionOf reads provenance.session_id, if it is a string.
-func sessionOf(prov json.RawMessage) string {
+// sessionOf reads provenance.session_id, if it is a string, and whether
+// the provenance has ProvenanceRequestState.
+func sessionOf(prov json.RawMessage) (session string, staleState bool) {
 	if len(prov) == 0 {
-		return ""
+		return "", false
 	}
 	var p struct {
-		SessionID any `json:"session_id"`
+		SessionID    any             `json:"session_id"`
+		RequestState json.RawMessage `json:"mcp_request_state"`
 	}
 	if json.Unmarshal(prov, &p) != nil {
-		return ""
+		return "", false
 	}
 	s, _ := p.SessionID.(string)
-	return s
+	return s, p.RequestState != nil
 }
+
+// ProvenanceRequestState is the provenance member the MCP gateway gives a
+// tools/call retry whose requestState (the MCP multi round-trip, SEP-2322)
+// names no call of its session waiting for the client's answer: the
+// kernel refuses every envelope that has one, invalid_args with
+// StaleRequestState, so that such a refusal is audited as every refused
+// call is, though only the gateway knows the states it handed out.
+const ProvenanceRequestState = "mcp_request_state"
+
+// StaleRequestState is the message of the refusal of an envelope with
+// ProvenanceRequestState.
+const StaleRequestState = "requestState names no call of this session waiting for an answer (unknown, answered already or expired)"
 
 // sessionGate is one session's slots and queue.
 type sessionGate struct {

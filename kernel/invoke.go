@@ -31,6 +31,7 @@ type call struct {
 	start      time.Time
 	envHash    string // digest of the raw envelope, when it could not be decoded
 	argsHash   string
+	staleState bool // provenance has ProvenanceRequestState
 	token      *captoken.Token
 	entry      *syscalls.Entry
 	args       map[string]any       // env.Args decoded (jcs.Decode), as the input schema sees them
@@ -151,6 +152,11 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, class, msg)
 	}
 	c.token = tok
+	// A retry of an MCP call naming no call that waits for its client's
+	// answer: the agent's own refused call.
+	if c.staleState {
+		return k.deny(ctx, c, ErrInvalidArgs, StaleRequestState)
+	}
 	// From here the call can be cancelled by operation id or session.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -354,7 +360,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 			return err
 		}
 	}
-	c.session = sessionOf(env.Provenance)
+	c.session, c.staleState = sessionOf(env.Provenance)
 	if c.canonArgs == nil {
 		// A call that came through neither decode nor invoke.
 		var err error

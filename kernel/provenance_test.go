@@ -2,7 +2,11 @@ package kernel
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -47,5 +51,44 @@ func TestCallScopedProvenanceLeftOutOfPolicyInput(t *testing.T) {
 	}
 	if !bytes.Equal(inputs[0], inputs[1]) {
 		t.Fatalf("policy inputs differ:\n%s\n%s", inputs[0], inputs[1])
+	}
+}
+
+// An envelope whose provenance has ProvenanceRequestState (the MCP
+// gateway's retry naming no call waiting for its client) is refused,
+// invalid_args, and audited as the verified agent's call; nothing runs.
+// Whatever the member holds, null included; a nested one of that name is
+// only data.
+func TestStaleRequestStateRefused(t *testing.T) {
+	h := newHarness(t)
+	for i, tc := range []struct {
+		prov    string
+		refused bool
+	}{
+		{`{"session_id":"s1","mcp_request_state":"bogus"}`, true},
+		{`{"mcp_request_state":null}`, true},
+		{`{"mcp_request_state":{"a":1},"source":"mcp"}`, true},
+		{`{"session_id":"s1","nested":{"mcp_request_state":"x"}}`, false},
+	} {
+		path := "stale.txt"
+		r := h.k.Invoke(context.Background(), h.env("fs.write", map[string]any{"path": path, "content": "x"}, func(e *Envelope) {
+			e.Provenance = json.RawMessage(tc.prov)
+		}, key(fmt.Sprint("stale-", i))))
+		if !tc.refused {
+			if r.Status != StatusOK {
+				t.Errorf("%s: %+v", tc.prov, r.Error)
+			}
+			os.Remove(filepath.Join(h.ws, path))
+			continue
+		}
+		if r.Status == StatusOK || r.Error.Class != ErrInvalidArgs || r.Error.Message != StaleRequestState {
+			t.Fatalf("%s: %s %+v", tc.prov, r.Status, r.Error)
+		}
+		if r.ReceiptID == "" || r.AgentID != h.agent {
+			t.Errorf("%s: refusal not audited as the agent's call: receipt %q, agent %q", tc.prov, r.ReceiptID, r.AgentID)
+		}
+		if _, err := os.Stat(filepath.Join(h.ws, path)); !os.IsNotExist(err) {
+			t.Fatalf("%s: the refused call wrote: %v", tc.prov, err)
+		}
 	}
 }

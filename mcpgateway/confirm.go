@@ -102,7 +102,7 @@ func (p *pendingCalls) add(pc *pendingCall) string {
 	p.mu.Unlock()
 	go func() {
 		<-pc.done
-		time.AfterFunc(pendingGrace, func() { p.take(state) })
+		time.AfterFunc(pendingGrace, func() { p.take(state, pc.session) })
 	}()
 	return state
 }
@@ -120,10 +120,16 @@ func (p *pendingCalls) holds(session string) bool {
 	return false
 }
 
-func (p *pendingCalls) take(state string) *pendingCall {
+// take returns the call of session pending under state, which it
+// forgets, or nil when state names none of session's (another session's
+// stays pending).
+func (p *pendingCalls) take(state, session string) *pendingCall {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc := p.by[state]
+	if pc == nil || pc.session != session {
+		return nil
+	}
 	delete(p.by, state)
 	return pc
 }
@@ -171,15 +177,12 @@ func (g *Gateway) invokeConfirmable(ctx context.Context, session, op, tool, name
 	}
 }
 
-// resume takes up a call that asked its client (req carries the
-// requestState and the answer): it records a clear answer as the session
-// user's decision and returns the call's result once the kernel has it.
-func (g *Gateway) resume(ctx context.Context, req *mcp.CallToolRequest, session string) (*mcp.CallToolResult, error) {
+// resume takes up pc, a call that asked its client (req, the client's
+// retry, carries its requestState and the answer): it records a clear
+// answer as the session user's decision and returns the call's result
+// once the kernel has it.
+func (g *Gateway) resume(ctx context.Context, req *mcp.CallToolRequest, pc *pendingCall) (*mcp.CallToolResult, error) {
 	p := req.Params
-	pc := g.pending.take(p.RequestState)
-	if pc == nil || pc.session != session {
-		return errorResult(kernel.ErrInvalidArgs, "requestState names no call of this session waiting for an answer (unknown, answered already or expired)", nil), nil
-	}
 	if ans, ok := p.InputResponses[confirmInput].(*mcp.ElicitResult); ok {
 		g.decide(pc, ans)
 	}

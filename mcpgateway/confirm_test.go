@@ -95,7 +95,7 @@ func newGatedWriteGateway(t *testing.T, timeout time.Duration, confirm bool) (k 
 
 func testElicitation(t *testing.T, version string) {
 	ctx := context.Background()
-	k, g, _, cfg := newGatedWriteGateway(t, 2*time.Second, true)
+	k, g, ws, cfg := newGatedWriteGateway(t, 2*time.Second, true)
 	tok := cfg.Token
 
 	var mu sync.Mutex
@@ -160,10 +160,22 @@ func testElicitation(t *testing.T, version string) {
 	}
 	<-events.C
 
-	// A retry naming no waiting call is refused.
+	// A retry naming no waiting call is refused by the kernel, audited
+	// (rev-mcp #4: the gateway refused it alone, unrecorded); nothing runs.
 	r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "x.txt", "content": "x"}, RequestState: "bogus"})
-	if err != nil || !r.IsError || !strings.Contains(r.Content[0].(*mcp.TextContent).Text, "requestState names no call") {
+	if err != nil || !r.IsError || r.Content[0].(*mcp.TextContent).Text != kernel.ErrInvalidArgs+": "+kernel.StaleRequestState {
 		t.Fatalf("unknown requestState: %v %v", r, err)
+	}
+	rid, _ := r.Meta[MetaReceiptID].(string)
+	info, err = k.Inspector().Receipt(rid)
+	if err != nil {
+		t.Fatalf("the refusal of an unknown requestState has no receipt (%q): %v", rid, err)
+	}
+	if b, _ := json.Marshal(info); !strings.Contains(string(b), `"error_class":"invalid_args"`) || !strings.Contains(string(b), `"tool_id":"fs.write"`) || !strings.Contains(string(b), `"agent_id":"agent-1"`) {
+		t.Fatalf("the audit record of the refusal: %s", b)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "x.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a refused retry wrote x.txt: %v", err)
 	}
 
 	// pending waits for the one pending approval.
@@ -225,5 +237,26 @@ func testElicitation(t *testing.T, version string) {
 	}
 	if r := <-done; r.IsError || len(asked) != n {
 		t.Fatalf("write confirmed by the session: %v, asked %d times", r.Content[0], len(asked)-n)
+	}
+}
+
+// A requestState is taken by its own session only: another session naming
+// it (refused, as any unknown state) leaves the call pending for its own.
+func TestPendingTakenByItsSessionOnly(t *testing.T) {
+	p := &pendingCalls{by: map[string]*pendingCall{}}
+	pc := &pendingCall{session: "a", done: make(chan struct{})}
+	defer close(pc.done)
+	state := p.add(pc)
+	if p.take(state, "b") != nil {
+		t.Fatal("session b took session a's pending call")
+	}
+	if !p.holds("a") || p.holds("b") {
+		t.Fatal("holds: want a's call pending, none of b's")
+	}
+	if p.take(state, "a") != pc {
+		t.Fatal("session a could not take its own call after b named its state")
+	}
+	if p.take(state, "a") != nil {
+		t.Fatal("a state was taken twice")
 	}
 }

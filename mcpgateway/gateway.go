@@ -214,7 +214,9 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 	p := req.Params
 	session := g.sessionOf(req.Session)
 	if p.RequestState != "" {
-		return g.resume(ctx, req, session)
+		if pc := g.pending.take(p.RequestState, session); pc != nil {
+			return g.resume(ctx, req, pc)
+		}
 	}
 	tool := p.Name
 	if g.handles != nil {
@@ -226,6 +228,12 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 	// idempotency key): the kernel's decision cache answers a session's
 	// repeated question without evaluating the policy again.
 	prov := map[string]any{"session_id": session, "source": "mcp"}
+	if p.RequestState != "" {
+		// A retry naming no call of this session that waits for its
+		// answer: the kernel refuses it (kernel.ProvenanceRequestState)
+		// and audits the refusal; nothing runs.
+		prov[kernel.ProvenanceRequestState] = p.RequestState
+	}
 	args := json.RawMessage(p.Arguments)
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
@@ -278,7 +286,7 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 		env, err = withMember(e, "provenance", pb)
 	}
 	if env == nil {
-		if g.confirmable(req) {
+		if g.confirmable(req) && p.RequestState == "" {
 			e.OperationID = newOperationID()
 		}
 		e.Provenance = mustMarshal(prov)
