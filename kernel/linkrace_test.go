@@ -96,3 +96,63 @@ func relink(t *testing.T, ws, rel, target string) {
 		t.Fatal(err)
 	}
 }
+
+// A read with a precondition under a linked parent directory reads the
+// file its precondition was checked on, while something outside the
+// kernel flips the link between two directories (d -> one, d -> two):
+// it opened the path again, through whatever d was by then, and could
+// return two's content under a precondition on one's (left out before:
+// a link among the parent directories was not held). Each read now
+// answers one's content, or is refused.
+func TestPreconditionReadUnderFlippingParentLink(t *testing.T) {
+	h := newHarness(t)
+	for _, d := range []string{"one", "two"} {
+		h.write(d+"/a.txt", d)
+	}
+	relink(t, h.ws, "d", "one")
+	pre := func(e *Envelope) {
+		e.PreconditionRefs = []txn.Precondition{{Ref: "fs:d/a.txt", Hash: digest.Sum([]byte("one"))}}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tmp := filepath.Join(h.ws, "d.next")
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.Remove(tmp)
+			if err := os.Symlink([]string{"one", "two"}[i%2], tmp); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := os.Rename(tmp, filepath.Join(h.ws, "d")); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	ok := 0
+	for i := range 3000 {
+		r := h.invoke("fs.read", map[string]any{"path": "d/a.txt"}, pre)
+		if r.Status != StatusOK {
+			continue
+		}
+		ok++
+		var out struct {
+			Content string `json:"content"`
+		}
+		if err := json.Unmarshal(r.Result, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Content != "one" {
+			t.Fatalf("read %d: %q under the precondition on one's content", i, out.Content)
+		}
+	}
+	if ok == 0 {
+		t.Fatal("no read ran: the precondition never held")
+	}
+}
