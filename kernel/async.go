@@ -192,9 +192,11 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	return id, nil, nil
 }
 
-// forgetResult drops the result and audit salt of the finished operation
-// id from memory, as forgetResult (erase.go) does in the stored copies, so
-// that no read of the operation serves a payload after its erasure.
+// forgetResult drops from memory what an erasure removes (Result.erase:
+// the result, audit salt, provenance, risk basis and error message) of
+// the finished operation id, as forgetResult (erase.go) does in the
+// stored copies, so that no read of the operation serves a payload after
+// its erasure.
 func (o *operations) forgetResult(id string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

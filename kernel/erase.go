@@ -188,7 +188,7 @@ func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
 	if !r.erase() {
 		return nil
 	}
-	b, err := storedEnvelope(r)
+	b, err := storedEnvelope(r, DepthFull)
 	if err != nil {
 		return err
 	}
@@ -501,15 +501,25 @@ func (i *Inspector) verifyPayloads(check *LedgerCheck) error {
 // of an erased operation: the message is part of the erased result.
 const ErasedMessage = "(erased with the audit payload)"
 
-// erase removes from r what an erasure of its audit payload removes — the
-// result, the salt and an error's message, all parts of the erased
-// payload; status, error class, result_hash and the rest stay — and
-// reports whether anything was left to remove.
-func (r *Result) erase() bool {
-	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0
-	r.Result, r.AuditSalt, r.RiskBasis = nil, "", nil
-	if r.Error != nil && r.Error.Message != ErasedMessage {
-		r.Error = &Error{Class: r.Error.Class, Message: ErasedMessage}
+// NotKeptMessage replaces an error's message in the stored result
+// envelope of a call audited at depth commitments_only: the message is
+// part of the result, which that depth never stores.
+const NotKeptMessage = "(not kept: audit depth commitments_only)"
+
+// erase removes from r what an erasure of its audit payload removes
+// (withhold) and reports whether anything was left to remove.
+func (r *Result) erase() bool { return r.withhold(ErasedMessage) }
+
+// withhold removes from r what its audit payload holds: the result, the
+// salt, the provenance and risk basis (the context part: the caller
+// chose the one, the other may quote args) and an error's message (part
+// of the result), which becomes msg; status, error class, result_hash and
+// the rest stay. It reports whether anything changed.
+func (r *Result) withhold(msg string) bool {
+	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0 || r.Provenance != nil
+	r.Result, r.AuditSalt, r.RiskBasis, r.Provenance = nil, "", nil, nil
+	if r.Error != nil && r.Error.Message != msg {
+		r.Error = &Error{Class: r.Error.Class, Message: msg}
 		changed = true
 	}
 	return changed

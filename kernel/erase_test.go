@@ -277,6 +277,101 @@ func TestCommitmentsOnly(t *testing.T) {
 	}
 }
 
+// TestCommitmentsOnlyStoresNoParts: at depth commitments_only no part of
+// a call reaches the store, the stored result envelope included (GET
+// /v1/operations and an idempotent replay answer it): no keyed read's
+// content, no written path or content hash, no error message quoting the
+// args, no provenance. Before, the envelope kept them all. A replay
+// answers that envelope, and replay verify accepts it.
+func TestCommitmentsOnlyStoresNoParts(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Audit = &AuditConfig{Depth: map[string]string{"*": DepthCommitmentsOnly}}
+	})
+	const (
+		content = "memo-the-merger-closes-friday"
+		missing = "layoffs-list-2027.txt"
+		wpath   = "termination-bob.txt"
+		prov    = "user-said-my-ssn-is-078-05-1120"
+	)
+	h.write("memo.txt", content)
+	withProv := func(e *Envelope) { e.Provenance = json.RawMessage(`{"prompt":"` + prov + `"}`) }
+	read := h.invoke("fs.read", map[string]any{"path": "memo.txt"}, key("k-read"), withProv)
+	mustOK(t, read)
+	failed := h.invoke("fs.read", map[string]any{"path": missing}, withProv)
+	if failed.Status == StatusOK || !strings.Contains(failed.Error.Message, missing) {
+		t.Fatalf("read of a missing file: %+v", failed.Error)
+	}
+	write := h.invoke("fs.write", map[string]any{"path": wpath, "content": "1234"}, key("k-write"), withProv)
+	mustOK(t, write)
+	if !bytes.Contains(read.Result, []byte(content)) || write.AuditSalt == "" {
+		t.Fatalf("the caller's own envelope lacks its result or salt: %s %q", read.Result, write.AuditSalt)
+	}
+	secrets := []string{content, missing, wpath, digest.Sum([]byte("1234")), prov}
+	for _, r := range []*Result{read, failed, write} {
+		stored, err := h.k.Inspector().Operation(r.OperationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range secrets {
+			if bytes.Contains(stored, []byte(s)) {
+				t.Errorf("operation %s (%s) stores %q: %s", r.OperationID, r.ToolID, s, stored)
+			}
+		}
+		if bytes.Contains(stored, []byte(r.AuditSalt)) {
+			t.Errorf("operation %s stores its audit salt: %s", r.OperationID, stored)
+		}
+	}
+	// Once the calls are finished (closed: a write's intent, which holds
+	// its recovery context, goes when it is applied), no bucket holds
+	// them; the deltas bucket alone keeps the written path and content
+	// digest, for workspace verify (docs/formats.md "Erasure").
+	cfg := func(c *Config) { c.Audit = &AuditConfig{Depth: map[string]string{"*": DepthCommitmentsOnly}} }
+	h.k.Close()
+	h.open(cfg)
+	h.k.View(func(tx *bbolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
+			return b.ForEach(func(k, v []byte) error {
+				for i, s := range secrets {
+					if string(name) == "deltas" && i >= 2 && i <= 3 {
+						continue
+					}
+					if bytes.Contains(v, []byte(s)) || bytes.Contains(k, []byte(s)) {
+						t.Errorf("bucket %s key %q holds %q", name, k, s)
+					}
+				}
+				return nil
+			})
+		})
+	})
+	// A replay of a kept key answers the stored envelope: the outcome
+	// without the parts.
+	for _, tc := range []struct {
+		orig *Result
+		tool string
+		args map[string]any
+	}{
+		{read, "fs.read", map[string]any{"path": "memo.txt"}},
+		{write, "fs.write", map[string]any{"path": wpath, "content": "1234"}},
+	} {
+		again := h.invoke(tc.tool, tc.args, key(map[string]string{"fs.read": "k-read", "fs.write": "k-write"}[tc.tool]))
+		if !again.Replayed || again.OperationID != tc.orig.OperationID || again.Status != StatusOK || again.Result != nil ||
+			again.AuditSalt != "" || again.ResultHash != tc.orig.ResultHash || again.TxOutcome != tc.orig.TxOutcome || again.CommitDeltaID != tc.orig.CommitDeltaID {
+			t.Fatalf("replay of %s: %+v", tc.tool, again)
+		}
+	}
+	mustVerify(t, h.k.Inspector())
+	if rep, err := h.k.Inspector().ReplayVerify(); err != nil || len(rep.Problems) != 0 || rep.Replays != 2 {
+		t.Fatalf("replay verify: %+v %v", rep, err)
+	}
+	// Erasure still takes the salt, and the message reads as erased.
+	if _, err := h.k.Erase(context.Background(), failed.OperationID, "subject asked"); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := h.k.Inspector().Operation(failed.OperationID); !bytes.Contains(stored, []byte(ErasedMessage)) {
+		t.Fatalf("erased commitments_only operation: %s", stored)
+	}
+}
+
 // TestRetention: retention rules erase old payloads at start and on their
 // schedule, per tool and per agent, and record each erasure.
 func TestRetention(t *testing.T) {
@@ -356,8 +451,9 @@ func TestAuditConfigRefused(t *testing.T) {
 // GET /v1/operations/{id} and Wait answer from).
 func TestErasureForgetsOperationInMemory(t *testing.T) {
 	h := newHarness(t)
-	const secret = "pin 4711"
-	data, err := json.Marshal(h.env("fs.write", map[string]any{"path": "pin.txt", "content": secret}, key("w1")))
+	const secret, prov = "pin 4711", "user-said-my-ssn-is-078-05-1120"
+	data, err := json.Marshal(h.env("fs.write", map[string]any{"path": "pin.txt", "content": secret}, key("w1"),
+		func(e *Envelope) { e.Provenance = json.RawMessage(`{"prompt":"` + prov + `"}`) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,8 +478,13 @@ func TestErasureForgetsOperationInMemory(t *testing.T) {
 		t.Fatalf("after erasure the operation still serves result %s, salt %q (result_hash %s, want %s)",
 			st.Result.Result, st.Result.AuditSalt, st.Result.ResultHash, w.ResultHash)
 	}
-	if again, _ := h.k.Wait(ctx, id); again.Result != nil || again.AuditSalt != "" {
+	if again, _ := h.k.Wait(ctx, id); again.Result != nil || again.AuditSalt != "" || again.Provenance != nil {
 		t.Fatalf("Wait after erasure: %+v", again)
+	}
+	// The provenance is part of the erased context: neither copy keeps
+	// it (before, both did).
+	if stored, err := h.k.Inspector().Operation(id); err != nil || bytes.Contains(stored, []byte(prov)) {
+		t.Fatalf("stored operation after erasure: %s %v", stored, err)
 	}
 }
 

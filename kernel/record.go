@@ -226,14 +226,14 @@ func (r *recording) Work() (err error) {
 		cp.AuditSalt, cp.RiskBasis = "", nil
 		res = &cp
 	}
-	if r.stored, err = storedEnvelope(res); err != nil {
+	if r.stored, err = storedEnvelope(res, r.depth); err != nil {
 		return err
 	}
 	if r.op = txn.PackOperation(r.stored); len(r.after) == 0 {
 		return nil
 	}
 	r.envelope = r.stored
-	if leanStored(&c.res) {
+	if leanStored(&c.res) && r.depth != DepthCommitmentsOnly {
 		r.envelope, err = json.Marshal(&c.res)
 	}
 	return err
@@ -263,17 +263,24 @@ func logged(a ledger.Appended) (*receipts.Logged, error) {
 	return &receipts.Logged{Format: receipts.Format, Entry: a.RecordText(), Inclusion: in, Checkpoint: a.Batch.SignedNote()}, nil
 }
 
-// storedEnvelope is the result envelope kept for r's operation id. A
-// no_op call's result is left out (its result_hash stays): reads would
-// otherwise copy every byte they return into the kernel's database. So
-// are its state_snapshot_id and receipt_id, which name its audit entry
-// (at ledger_seq) and are read back from it (withLedgerRefs).
-func storedEnvelope(r *Result) ([]byte, error) {
+// storedEnvelope is the result envelope kept for r's operation id, of a
+// call audited at depth. A no_op call's result is left out (its
+// result_hash stays): reads would otherwise copy every byte they return
+// into the kernel's database. So are its state_snapshot_id and
+// receipt_id, which name its audit entry (at ledger_seq) and are read
+// back from it (withLedgerRefs). At depth commitments_only the envelope
+// keeps what an erasure leaves (Result.withhold, NotKeptMessage): that
+// depth stores no part of the call, and this envelope is also what the
+// operation's idempotency key answers.
+func storedEnvelope(r *Result, depth string) ([]byte, error) {
 	s := *r
 	if s.LedgerSeq > 0 {
 		s.StateSnapshotID, s.ReceiptID = "", ""
 	}
-	if leanStored(r) {
+	switch {
+	case depth == DepthCommitmentsOnly:
+		s.withhold(NotKeptMessage)
+	case leanStored(r):
 		s.Result = nil
 	}
 	return json.Marshal(&s)
@@ -579,7 +586,8 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		salt = NewSalt() // an intent written before commitments
 	}
 	r.AuditSalt = salt
-	ae, err := newAuditEntry(&a, r, nil, salt, k.depthOf(a.ToolID), args)
+	depth := k.depthOf(a.ToolID)
+	ae, err := newAuditEntry(&a, r, nil, salt, depth, args)
 	if err != nil {
 		return err
 	}
@@ -591,7 +599,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	if err := putPayload(tx, a2.Seq, ae.payload); err != nil {
 		return err
 	}
-	b, err := storedEnvelope(r)
+	b, err := storedEnvelope(r, depth)
 	if err != nil {
 		return err
 	}

@@ -145,10 +145,12 @@ func (i *Inspector) ReplayVerify() (*ReplayReport, error) {
 			case !ok || !settled(o):
 				rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayOrphan, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
 					Detail: fmt.Sprintf("operation %s replays %s, which has no committed record", r.OperationID, r.ReplayOf)})
-			case erased.erased[o.Seq]:
-				// The original's salt went with its payload: the replay
-				// commits under a salt of its own, so only the call's
-				// identity (below) can be compared.
+			case erased.erased[o.Seq] || o.PayloadDepth == DepthCommitmentsOnly:
+				// The original's salt went with its payload, or its
+				// stored envelope never kept it (depth commitments_only,
+				// storedEnvelope): the replay commits under a salt of its
+				// own, so only the call's identity (below) can be
+				// compared.
 				if o.AgentID != r.AgentID || o.IdempotencyKey != r.IdempotencyKey || o.ToolID != r.ToolID || o.CapabilityTokenID != r.CapabilityTokenID {
 					rep.Problems = append(rep.Problems, ReplayProblem{Kind: ProblemReplayMismatch, AgentID: r.AgentID, Key: r.IdempotencyKey, Seq: r.Seq,
 						Detail: fmt.Sprintf("replay %s (%s %s) answers a different call: %s (%s %s)", r.OperationID, r.ToolID, r.CapabilityTokenID, o.OperationID, o.ToolID, o.CapabilityTokenID)})
