@@ -3,6 +3,7 @@ package kernel
 import (
 	"fmt"
 	"path"
+	"strings"
 	"time"
 )
 
@@ -33,7 +34,9 @@ type AuditConfig struct {
 
 // RetentionRule erases the payloads of audit records older than OlderThan
 // whose tool matches Tool (a pattern as in AuditConfig.Depth) and whose
-// agent is Agent; an empty Tool or Agent matches every one.
+// agent is Agent; an empty Tool or Agent matches every one. A record of a
+// call by handle refused before the handle resolved names no tool: every
+// Tool pattern matches it.
 type RetentionRule struct {
 	OlderThan string `json:"older_than"` // Go duration, e.g. "720h"
 	Tool      string `json:"tool,omitempty"`
@@ -109,12 +112,28 @@ func (p *auditPolicy) depthOf(tool string) string {
 	return depth
 }
 
+// strictest is the strictest depth p sets for any tool: commitments_only
+// if a pattern says so, else full.
+func (p *auditPolicy) strictest() string {
+	if p != nil {
+		for _, d := range p.depth {
+			if d == DepthCommitmentsOnly {
+				return d
+			}
+		}
+	}
+	return DepthFull
+}
+
 // matches reports whether rule r covers a record of tool and agent.
 func (r retention) matches(tool, agent string) bool {
 	if r.Agent != "" && r.Agent != agent {
 		return false
 	}
-	if r.Tool == "" {
+	if r.Tool == "" || strings.HasPrefix(tool, HandlePrefix) {
+		// A call by a handle refused before the handle resolved is
+		// recorded under the handle (so its record reveals no tool):
+		// every tool rule covers it, erring towards erasing.
 		return true
 	}
 	ok, _ := path.Match(r.Tool, tool)

@@ -372,6 +372,86 @@ func TestCommitmentsOnlyStoresNoParts(t *testing.T) {
 	}
 }
 
+// TestRefusedHandleCallDepth: a call by handle refused before the handle
+// resolves still names the handle, yet its record is kept at the depth of
+// the handle's tool when the kernel knows it (here fs.write's
+// commitments_only: an expired handle of the caller's own token), at the
+// strictest depth configured when it does not (a handle no table
+// holds), and every retention rule by tool covers it. Before, such a
+// record was kept at depth full, file content and all, and no tool rule
+// ever matched it.
+func TestRefusedHandleCallDepth(t *testing.T) {
+	clk := &clock{t: time.Now()}
+	depth := map[string]string{"fs.write": DepthCommitmentsOnly}
+	h := newHarness(t, func(c *Config) { c.Now = clk.now; c.Audit = &AuditConfig{Depth: depth} })
+	tok, cl, err := h.k.MintToken(captoken.Claims{Subject: h.agent, IssuedAt: clk.now(), NotBefore: clk.now(), Expiry: clk.now().Add(24 * time.Hour),
+		Cap: captoken.Capability{Tools: []string{"*"}, Handles: true, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := h.k.Handles(tok, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byTool := map[string]string{}
+	for _, x := range hs {
+		byTool[x.Tool] = x.Handle
+	}
+	call := func(handle, content string) *Result {
+		return h.invoke("fs.write", map[string]any{"path": "a.txt", "content": content}, func(e *Envelope) {
+			e.ToolID, e.CapabilityToken, e.CapabilityTokenID = handle, tok, cl.ID
+			e.Provenance = json.RawMessage(`{"session_id":"s1"}`)
+			e.IdempotencyKey = "k-" + content
+		})
+	}
+	mustOK(t, call(byTool["fs.write"], "by-handle-ok"))
+	clk.add(90 * time.Minute) // the handle (1h) expired; the token (24h) is valid
+	for _, tc := range []struct {
+		name, handle string
+	}{
+		{"expired handle of fs.write", byTool["fs.write"]},
+		{"expired handle of fs.read, at depth full", byTool["fs.read"]},
+		{"a handle no table holds", HandlePrefix + strings.Repeat("a", 26)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := call(tc.handle, "content-that-must-not-be-kept")
+			if errClass(bad) != ErrToolNotFound || bad.ToolID != tc.handle {
+				t.Fatalf("refused: %+v", bad)
+			}
+			e, p := h.entryOf(bad)
+			full := tc.handle == byTool["fs.read"]
+			if kept := p != nil && p.Args != nil; kept != full {
+				t.Fatalf("record %s keeps payload %+v, want args kept: %v", e.Body, p, full)
+			}
+		})
+	}
+	// Retention by tool covers the refused handle calls, whose records do
+	// not name their tool.
+	h.k.Close()
+	clk.add(2 * time.Hour)
+	h.open(func(c *Config) {
+		c.Now = clk.now
+		c.Audit = &AuditConfig{Depth: depth, Retention: []RetentionRule{{OlderThan: "1h", Tool: "fs.read"}}}
+	})
+	n := 0
+	for _, e := range h.entries(ledger.KindAudit, 0) {
+		var a recordOwner
+		if json.Unmarshal(e.Body, &a) != nil || !strings.HasPrefix(a.ToolID, HandlePrefix) {
+			continue
+		}
+		n++
+		var p *Payload
+		h.k.View(func(tx *bbolt.Tx) (err error) { p, err = getPayload(tx, e.Seq); return err })
+		if p != nil {
+			t.Errorf("retention by tool kept the payload of refused handle call %s: %+v", a.OperationID, p)
+		}
+	}
+	if n != 3 {
+		t.Fatalf("%d refused handle calls recorded, want 3", n)
+	}
+	mustVerify(t, h.k.Inspector())
+}
+
 // TestRetention: retention rules erase old payloads at start and on their
 // schedule, per tool and per agent, and record each erasure.
 func TestRetention(t *testing.T) {

@@ -156,6 +156,19 @@ func (h *handles) dropToken(jti string) {
 	}
 }
 
+// boundTool returns the tool of handle h when the table still holds its
+// binding to the token jti, expired or not, or false: what the audit
+// record of a call refused before its handle resolved may go by.
+func (h *handles) boundTool(handle, jti string) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, ok := h.by[handle]
+	if !ok || b.jti != jti {
+		return "", false
+	}
+	return b.tool, true
+}
+
 // resolveTool returns the tool c addresses: the handle's tool for a
 // handle bound to c's session and token and not expired; the name itself
 // for a token not in handle mode; else false, which the pipeline answers

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -135,7 +136,7 @@ func (k *Kernel) internal(c *call, err error) *Result {
 // batch's tree edge in memory.
 func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) error, after ...func(*bbolt.Tx, []byte) error) (*Result, error) {
 	c.fill(k)
-	r := &recording{k: k, c: c, before: before, after: after, depth: k.depthOf(c.env.ToolID)}
+	r := &recording{k: k, c: c, before: before, after: after, depth: k.recordDepth(c)}
 	var err error
 	if r.planned, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.canonArgs); err != nil {
 		return nil, err
@@ -157,6 +158,25 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 		return nil, k.failStop("making the receipt of the committed record of operation "+c.res.OperationID+" in", k.db.Path(), err)
 	}
 	return &c.res, nil
+}
+
+// recordDepth is the audit depth of c's record: its tool's. A call by a
+// handle refused before the handle resolved (an expired or ended handle,
+// another session's, a token refused) still names the handle: its depth
+// is that of the handle's tool when the handle table still binds it to
+// c's verified token, else the strictest depth configured, since the
+// tool is unknown.
+func (k *Kernel) recordDepth(c *call) string {
+	id := c.env.ToolID
+	if !strings.HasPrefix(id, HandlePrefix) {
+		return k.depthOf(id)
+	}
+	if c.token != nil {
+		if tool, ok := k.handles.boundTool(id, c.token.Claims.ID); ok {
+			return k.depthOf(tool)
+		}
+	}
+	return k.audit.strictest()
 }
 
 // recording is one record's state across its transaction's steps (a
