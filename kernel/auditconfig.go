@@ -5,6 +5,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/capkernel/capkernel/captoken"
 )
 
 // AuditConfig is kernel.json's "audit" section: how much of each call's
@@ -34,9 +36,11 @@ type AuditConfig struct {
 
 // RetentionRule erases the payloads of audit records older than OlderThan
 // whose tool matches Tool (a pattern as in AuditConfig.Depth) and whose
-// agent is Agent; an empty Tool or Agent matches every one. A record of a
-// call by handle refused before the handle resolved names no tool: every
-// Tool pattern matches it.
+// agent is Agent or one of its sub-agents (Agent/…); an empty Tool or
+// Agent matches every one. A record of a call whose token did not verify
+// is taken for the agent its envelope claimed (claimed_agent_id). A
+// record of a call by handle refused before the handle resolved names no
+// tool: every Tool pattern matches it.
 type RetentionRule struct {
 	OlderThan string `json:"older_than"` // Go duration, e.g. "720h"
 	Tool      string `json:"tool,omitempty"`
@@ -125,9 +129,11 @@ func (p *auditPolicy) strictest() string {
 	return DepthFull
 }
 
-// matches reports whether rule r covers a record of tool and agent.
+// matches reports whether rule r covers a record of tool and agent: a
+// rule's agent covers its sub-agents (agent/…, captoken.SubAgent), whose
+// tokens were attenuated from its own.
 func (r retention) matches(tool, agent string) bool {
-	if r.Agent != "" && r.Agent != agent {
+	if r.Agent != "" && !captoken.SubAgent(r.Agent, agent) {
 		return false
 	}
 	if r.Tool == "" || strings.HasPrefix(tool, HandlePrefix) {

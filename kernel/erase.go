@@ -178,7 +178,19 @@ type recordOwner struct {
 	OperationID    string `json:"operation_id"`
 	ToolID         string `json:"tool_id"`
 	AgentID        string `json:"agent_id"`
+	ClaimedAgentID string `json:"claimed_agent_id"`
 	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// agent is the agent a retention rule takes the record for: its own, or,
+// for a call whose token did not verify (expired, revoked), the agent its
+// envelope claimed. Anyone may claim any agent; erasing such a refusal's
+// payload under that agent's rule errs towards erasing.
+func (o *recordOwner) agent() string {
+	if o.AgentID != "" {
+		return o.AgentID
+	}
+	return o.ClaimedAgentID
 }
 
 // forgetResult rewrites the stored result envelope r of the operation of
@@ -263,7 +275,7 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 			if err := json.Unmarshal(e.Body, &who); err != nil {
 				return abortIf(fmt.Errorf("audit record %d: %w", seq, err))
 			}
-			if !r.matches(who.ToolID, who.AgentID) {
+			if !r.matches(who.ToolID, who.agent()) {
 				continue
 			}
 			seqs = append(seqs, seq)

@@ -452,6 +452,52 @@ func TestRefusedHandleCallDepth(t *testing.T) {
 	mustVerify(t, h.k.Inspector())
 }
 
+// TestRetentionByAgent: a rule for agent X covers X's records, those of
+// its sub-agents (X/…), and those of calls that claimed X but whose token
+// no longer verified (revoked, expired), which carry the args as any
+// other; not another agent's. Before, only records with agent_id X
+// matched.
+func TestRetentionByAgent(t *testing.T) {
+	clk := &clock{t: time.Now()}
+	h := newHarness(t, func(c *Config) { c.Now = clk.now })
+	own := h.invoke("echo", map[string]any{"text": "first-secret"})
+	mustOK(t, own)
+	as := func(agent string) func(*Envelope) {
+		tok, jti := h.mint(agent, captoken.Capability{Tools: []string{"*"}})
+		return func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = agent, tok, jti }
+	}
+	sub := h.invoke("echo", map[string]any{"text": "sub-agent-secret"}, as(h.agent+"/sub"))
+	mustOK(t, sub)
+	other := h.invoke("echo", map[string]any{"text": "other-agent-secret"}, as(h.agent+"-other"))
+	mustOK(t, other)
+	if err := h.k.Revoke(context.Background(), h.jti, "rotated"); err != nil {
+		t.Fatal(err)
+	}
+	refused := h.invoke("echo", map[string]any{"text": "sent-after-revocation"})
+	if refused.Status == StatusOK || refused.AgentID != "" {
+		t.Fatalf("a revoked token's call: %+v", refused)
+	}
+	if _, p := h.entryOf(refused); p == nil || !bytes.Contains(p.Args, []byte("sent-after-revocation")) {
+		t.Fatalf("the refused call's payload: %+v", p)
+	}
+	h.k.Close()
+	clk.add(2 * time.Hour)
+	h.open(func(c *Config) {
+		c.Now = clk.now
+		c.Audit = &AuditConfig{Retention: []RetentionRule{{OlderThan: "1h", Agent: h.agent}}}
+	})
+	for _, tc := range []struct {
+		name string
+		r    *Result
+		kept bool
+	}{{"own call", own, false}, {"sub-agent's call", sub, false}, {"revoked token's call", refused, false}, {"another agent's call", other, true}} {
+		if _, p := h.entryOf(tc.r); (p != nil) != tc.kept {
+			t.Errorf("%s: payload %+v, want kept %v", tc.name, p, tc.kept)
+		}
+	}
+	mustVerify(t, h.k.Inspector())
+}
+
 // TestRetention: retention rules erase old payloads at start and on their
 // schedule, per tool and per agent, and record each erasure.
 func TestRetention(t *testing.T) {
