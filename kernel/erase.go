@@ -354,7 +354,7 @@ type PayloadReport struct {
 	NotKept        int `json:"not_kept"`         // parts never kept (depth commitments_only)
 	Erased         int `json:"erased"`           // records whose payloads an erasure record removed
 	ErasureRecords int `json:"erasure_records"`  // erasure records
-	Absent         int `json:"absent,omitempty"` // export verification: records kept in full whose payload the export does not carry
+	Absent         int `json:"absent,omitempty"` // export verification: records kept in full, not erased, whose payload the export does not carry
 }
 
 // payloadTally counts, as verified entries stream by in seq order, the

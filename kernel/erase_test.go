@@ -131,6 +131,11 @@ func TestCommitmentsAndErasure(t *testing.T) {
 	if err != nil || !off.Intact || off.Payloads == nil || off.Payloads.Erased != 1 || off.Payloads.Opened < 4 {
 		t.Fatalf("offline export verification: %+v %v", off, err)
 	}
+	// The erased payload is reported as erased only, not also as one the
+	// export lacks (before, it counted as both).
+	if off.Payloads.Absent != 0 {
+		t.Fatalf("offline export verification counts the erased payload as absent: %+v", off.Payloads)
+	}
 	// The export carries the kept payloads; tampering with one is found
 	// offline; without payload lines it is the public export, intact.
 	if !bytes.Contains(exported, []byte(`{"payload":`)) || bytes.Contains(exported, []byte(`"args":{"content":"pin 4711"`)) {

@@ -127,8 +127,8 @@ func exportWithPayloads(tx *bbolt.Tx, w io.Writer) error {
 // none may be of an entry that is no audit record with commitments or of
 // a record an erasure record names (tampering otherwise, at that seq). It
 // reports the records with commitments, the parts opened, those not kept,
-// the records erased and the records whose payload the export does not
-// carry.
+// the records erased and the records kept in full, not erased, whose
+// payload the export does not carry.
 //
 // Lines are read whole whatever their length, as ledger.VerifyExport
 // reads them: memory grows with the longest line (a payload line holds a
@@ -145,7 +145,9 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 	}}
 	pr := publicLines(r, lines)
 	t := &payloadTally{}
-	absent := 0
+	// The records kept in full without a payload line; an erasure record
+	// naming one comes after it, so they are told apart at the end.
+	var absent []uint64
 	open := func(e ledger.Entry) error {
 		if e.Kind != ledger.KindAudit {
 			return nil
@@ -160,7 +162,7 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 		mu.Unlock()
 		if p == nil {
 			if depth == DepthFull {
-				absent++
+				absent = append(absent, e.Seq)
 			}
 			return nil
 		}
@@ -186,7 +188,11 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 			return LedgerCheck{Entries: check.Entries, BadSeq: &seq, Reason: fmt.Sprintf("export: a payload for audit record %d, which an erasure record says was erased (tampered)", seq)}, nil
 		}
 	}
-	t.rep.Absent = absent
+	for _, seq := range absent {
+		if !t.erased[seq] { // an erased record's payload is reported as erased
+			t.rep.Absent++
+		}
+	}
 	check.Payloads = &t.rep
 	return check, nil
 }
