@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -500,6 +502,49 @@ func TestRetentionByAgent(t *testing.T) {
 			t.Errorf("%s: payload %+v, want kept %v", tc.name, p, tc.kept)
 		}
 	}
+	mustVerify(t, h.k.Inspector())
+}
+
+// TestCompactionDropsErasedBytes: an erased payload's bytes stay in
+// kernel.db's freed pages until bbolt reuses them; the remedy
+// docs/formats.md gives, a bbolt compaction of the stopped kernel's file,
+// leaves none, and the kernel opens the compacted file and verifies it.
+func TestCompactionDropsErasedBytes(t *testing.T) {
+	h := newHarness(t)
+	const secret = "patient-4711-diagnosis-secret"
+	r := h.invoke("echo", map[string]any{"text": secret})
+	mustOK(t, r)
+	if _, err := h.k.Erase(context.Background(), r.OperationID, "data subject request"); err != nil {
+		t.Fatal(err)
+	}
+	h.k.Close()
+	path := filepath.Join(h.data, DBFile)
+	src, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := bbolt.Open(path+".compact", 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bbolt.Compact(dst, src, 0)
+	src.Close()
+	dst.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".compact", path); err != nil {
+		t.Fatal(err)
+	}
+	if db, err := os.ReadFile(path); err != nil || bytes.Contains(db, []byte(secret)) {
+		t.Fatalf("the compacted kernel.db still holds the erased secret (%v)", err)
+	}
+	h.open()
+	c := mustVerify(t, h.k.Inspector())
+	if c.Payloads == nil || c.Payloads.Erased != 1 {
+		t.Fatalf("payload report after compaction %+v", c.Payloads)
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "after compaction"}))
 	mustVerify(t, h.k.Inspector())
 }
 
