@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -244,6 +246,28 @@ func TestApprovalRecheck(t *testing.T) {
 	}
 	if _, err := h.k.Inspector().Receipts(ReceiptFilter{}); err != nil {
 		t.Fatal(err)
+	}
+	// So does a sub-agent's call whose parent or grandparent token was
+	// revoked while it waited (rev-console #2: only the token's own id was
+	// checked, and the call ran); nothing is written.
+	for _, revoke := range []string{"parent", "grandparent"} {
+		h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 5 * time.Second })
+		child := h.attenuate(AttenuateRequest{Parent: h.token, AgentID: h.agent + "/helper"})
+		grandchild := h.attenuate(AttenuateRequest{Parent: child.Token, AgentID: child.AgentID + "/deeper"})
+		a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r-"+revoke), as(grandchild))
+		jti := map[string]string{"parent": child.ID, "grandparent": h.jti}[revoke]
+		if err := h.k.Revoke(context.Background(), jti, "leaked"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "allow", "ok"); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-res; errClass(r) != ErrApprovalDenied || !strings.Contains(r.Error.Message, jti) {
+			t.Fatalf("%s revoked while waiting: %+v", revoke, r.Error)
+		}
+		if _, err := os.Stat(filepath.Join(h.ws, "Makefile")); !os.IsNotExist(err) {
+			t.Fatalf("%s revoked: the call wrote: %v", revoke, err)
+		}
 	}
 
 	h2 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond; c.ApprovalValidity = time.Nanosecond })
