@@ -261,8 +261,9 @@ func checkDecision(decision, reason string) error {
 // Decide records an approver's decision ("allow" or "deny") on approval
 // id. approverToken must be an approver token of this kernel; for an
 // escalated call, one with role escalation; and its subject must not be
-// the agent that made the call. Refused attempts are recorded in the
-// ledger too. It returns the request as decided, or an error wrapping
+// the agent that made the call. Refused attempts on an approval pending
+// or recently decided are recorded in the ledger too; one naming no such
+// approval is not (ErrNotFound, whatever the token). It returns the request as decided, or an error wrapping
 // ErrNotFound, ErrApprovalForbidden (also for a bad token) or
 // ErrApprovalConflict (someone decided first; the request says how).
 func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalRequest, error) {
@@ -280,6 +281,12 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		}
 	}
 	k.approvals.mu.Unlock()
+	if a == nil && done == nil {
+		// Nothing to decide: answered whoever asks, and not recorded (an
+		// id of anyone's choosing, with any credential or none, would
+		// otherwise be written into the ledger).
+		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
+	}
 	tok, err := k.verifier.VerifyBearer(approverToken, k.cfg.Now())
 	refuse := func(why string) (ApprovalRequest, error) {
 		by := ""
@@ -297,10 +304,8 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return refuse("approver token: " + err.Error())
 	case tok.Claims.Cap.Role == "" || tok.Claims.Cap.Role == captoken.RoleAuditor:
 		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
-	case a == nil && done != nil:
-		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
 	case a == nil:
-		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
+		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
 	case a.req.RequiredRole == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:
 		return refuse(fmt.Sprintf("approval %s is for an escalated call; %s holds role %s, not escalation", id, tok.Claims.Subject, tok.Claims.Cap.Role))
 	case captoken.SubAgent(tok.Claims.Subject, a.req.AgentID):

@@ -175,8 +175,25 @@ func TestApprovalRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, <-res)
-	if _, err := h.k.Decide("no-such-id", h.approver("carol", captoken.RoleEscalation), "allow", ""); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("unknown id: %v", err)
+	// An id naming no approval is not found, whatever the credential,
+	// and nothing is recorded: anyone could otherwise write an id of their
+	// choosing into the ledger (rev-audit #1, rev-console #7).
+	head := h.headSize()
+	for name, tok := range map[string]string{
+		"an approver":  h.approver("carol", captoken.RoleEscalation),
+		"garbage":      "not-a-token",
+		"none":         "",
+		"an auditor's": h.approver("dave", captoken.RoleAuditor),
+		"the admin's":  AdminPrefix + "x",
+	} {
+		for _, id := range []string{"no-such-id", strings.Repeat("x", 60<<10)} {
+			if _, err := h.k.Decide(id, tok, "allow", ""); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("unknown id of %d bytes, %s token: %v", len(id), name, err)
+			}
+		}
+	}
+	if got := h.headSize(); got != head {
+		t.Fatalf("decisions on unknown ids wrote %d ledger entries", got-head)
 	}
 	if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "maybe", ""); err == nil {
 		t.Fatal("decision maybe accepted")
