@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -351,4 +352,40 @@ func TestDecidedApprovalsKeepNoContent(t *testing.T) {
 			t.Fatalf("decided (%q) requests hold the call's content: %s", decision, listed)
 		}
 	}
+}
+
+// An approver's view of a waiting write reads the files it would change
+// without waiting on them: a FIFO at the path (any process can put one
+// there) is shown as there but unreadable, at once, instead of holding
+// the view until a writer comes (rev-console #6).
+func TestApprovalDetailOfFIFO(t *testing.T) {
+	h := newHarness(t)
+	if err := syscall.Mkfifo(filepath.Join(h.ws, "Makefile"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("fifo"))
+	detail := make(chan ApprovalDetail, 1)
+	go func() {
+		d, err := h.k.ApprovalDetail(a.ID)
+		if err != nil {
+			t.Error(err)
+		}
+		detail <- d
+	}()
+	select {
+	case d := <-detail:
+		if len(d.Files) != 1 || !d.Files[0].Exists || !d.Files[0].Binary || d.Files[0].Content != "" {
+			t.Fatalf("the FIFO shown as %+v", d.Files)
+		}
+	case <-time.After(10 * time.Second):
+		// Unblock the view so the test can end.
+		if f, err := os.OpenFile(filepath.Join(h.ws, "Makefile"), os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("the view of a write to a FIFO did not answer in 10 s")
+	}
+	if _, err := h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "deny", "cleanup"); err != nil {
+		t.Fatal(err)
+	}
+	<-res
 }
