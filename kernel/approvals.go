@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -403,7 +404,9 @@ func inputSummary(c *call) string {
 }
 
 // projectedEffects lists what the call would change, as far as its
-// declared resources tell.
+// declared resources tell: a file by the path it resolved to (its root as
+// the token names it, then the path with every link and ".." resolved),
+// which is where the write lands however the agent spelled it.
 func projectedEffects(c *call) []string {
 	out := []string{}
 	for _, r := range c.entry.Def.Resources {
@@ -411,6 +414,12 @@ func projectedEffects(c *call) []string {
 			continue
 		}
 		name, _ := c.args[r.Arg].(string)
+		for _, f := range c.fs {
+			if f.Arg == r.Arg {
+				name = path.Join(f.RootPath, f.Real)
+				break
+			}
+		}
 		out = append(out, fmt.Sprintf("%s %s:%s", r.Access, r.Kind, name))
 	}
 	if r := c.reach; r != nil {

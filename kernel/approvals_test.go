@@ -66,6 +66,9 @@ func TestApprovalAllowDenyTimeout(t *testing.T) {
 	if a.State != ApprovalPending || a.Mode != "soft_gate" || a.RequiredRole != captoken.RoleApprover || len(a.ProjectedEffects) != 1 {
 		t.Fatalf("request %+v", a)
 	}
+	if want := "write fs:" + h.ws + "/Makefile"; a.ProjectedEffects[0] != want {
+		t.Fatalf("effects %q, want %q", a.ProjectedEffects, want)
+	}
 	if _, err := h.k.Decide(a.ID, alice, "allow", "looks right"); err != nil {
 		t.Fatal(err)
 	}
@@ -388,4 +391,26 @@ func TestApprovalDetailOfFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-res
+}
+
+// An approver is shown where a write lands, not how the agent spelled it:
+// a path through "..", hidden characters or a linked directory is shown
+// resolved (rev-console #3: "README.md\x1b[8m/../.github/workflows/ci.yml"
+// showed as "write fs:README.md" in a terminal, and the approved write
+// went to the workflow).
+func TestApprovalEffectsResolved(t *testing.T) {
+	h := newHarness(t)
+	relink(t, h.ws, "linked", ".")
+	for _, c := range []struct{ spelled, lands string }{
+		{"README.md\x1b[8m/../Makefile", "Makefile"},
+		{"docs/../Makefile", "Makefile"},
+		{"linked/Makefile", "Makefile"},
+	} {
+		a, res := h.gated("fs.write", map[string]any{"path": c.spelled, "content": "x"}, key(newID()))
+		if want := "write fs:" + h.ws + "/" + c.lands; len(a.ProjectedEffects) != 1 || a.ProjectedEffects[0] != want {
+			t.Errorf("%q: effects %q, want %q", c.spelled, a.ProjectedEffects, want)
+		}
+		h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "deny", "cleanup")
+		<-res
+	}
 }
