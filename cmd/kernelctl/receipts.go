@@ -26,7 +26,6 @@ func receiptsCmd() *cobra.Command {
 	return cmd
 }
 
-
 func receiptsListCmd() *cobra.Command {
 	var t target
 	var f kernel.ReceiptFilter
