@@ -5,11 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // Chromium is Debian's (make chromium installs it); the browser tests need
@@ -125,5 +132,93 @@ func TestBrowser(t *testing.T) {
 		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
 			t.Errorf("screenshot %s.png: %v (%d bytes)", s, err, len(b))
 		}
+	}
+}
+
+// TestBrowserCookieOfAnotherPort: the operator signs in in Chromium, then
+// opens a page served on another port of the console's loopback host,
+// which makes the browser send that server the console's cookie: cookies
+// are not scoped by port, and SameSite=Strict counts every port of
+// 127.0.0.1 as the same site. That cookie, replayed outside the browser,
+// opens no session: GET /console/api/session is 401 and gives no key out,
+// and the agent's own gated call cannot be approved with it. (Before the
+// session key, the cookie alone gave the CSRF token and every action of
+// the session: the agent approved its own fs.write as the approver.)
+func TestBrowserCookieOfAnotherPort(t *testing.T) {
+	node := needBrowser(t)
+	w := newWorld(t)
+	var mu sync.Mutex
+	var got string // the Cookie header the other server received
+	other := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, Prefix) {
+			mu.Lock()
+			got = r.Header.Get("Cookie")
+			mu.Unlock()
+			rw.Write([]byte("seen"))
+			return
+		}
+		rw.Header().Set("Content-Type", "text/html")
+		rw.Write([]byte(`<!doctype html><title>dev preview</title>
+<script>fetch("/console/x", {credentials: "include"}).then((r) => r.text()).then((t) => {
+  const d = document.createElement("p"); d.id = "done"; d.textContent = t; document.body.append(d); });</script>`))
+	}))
+	defer other.Close()
+	cfg, _ := json.Marshal(map[string]any{"url": w.srv.URL, "credential": w.alice.Token, "other": other.URL, "chromium": chromium})
+	cfgFile := filepath.Join(t.TempDir(), "otherport.json")
+	if err := os.WriteFile(cfgFile, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), browserRun)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "browser/otherport.mjs", cfgFile)
+	cmd.Dir = "web"
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("browser run failed (%v):\n%s", err, out)
+	}
+	t.Logf("browser:\n%s", out)
+	mu.Lock()
+	cookie := got
+	mu.Unlock()
+	if !strings.Contains(cookie, cookieName+"=") {
+		t.Fatalf("the other port's server got no console cookie (Cookie %q): the premise of this test no longer holds", cookie)
+	}
+
+	// Outside the browser, with the cookie the other server got.
+	send := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, w.srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Cookie", cookie)
+		if method == http.MethodPost {
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Origin", w.srv.URL)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, b := send(http.MethodGet, "/console/api/session", ""); st != http.StatusUnauthorized || strings.Contains(b, `"key"`) || strings.Contains(b, `"role"`) {
+		t.Errorf("GET /console/api/session with the cookie alone: %d %s, want 401 and nothing of the session", st, b)
+	}
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "pwned.txt", "content": "the agent approved itself\n"}, "otherport-1")
+	if st, b := send(http.MethodPost, "/console/api/approvals/"+a.ID, `{"decision":"allow","reason":"lgtm"}`); st != http.StatusUnauthorized {
+		t.Errorf("a decision with the cookie alone: %d %s, want 401", st, b)
+	}
+	if st, _ := w.k.Operation(op); st.State != kernel.OpAwaitingApproval {
+		t.Fatalf("after the decision with the cookie alone the call is %s, want still awaiting approval", st.State)
+	}
+	if _, err := w.k.Decide(a.ID, w.alice.Token, "deny", "test over"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.k.Wait(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(w.ws, "pwned.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pwned.txt: %v, want none", err)
 	}
 }

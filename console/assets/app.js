@@ -1,4 +1,4 @@
-// node_modules/diff/libesm/diff/base.js
+// ../../../../main/console/web/node_modules/diff/libesm/diff/base.js
 var Diff = class {
   diff(oldStr, newStr, options = {}) {
     let callback;
@@ -200,7 +200,7 @@ var Diff = class {
   }
 };
 
-// node_modules/diff/libesm/diff/line.js
+// ../../../../main/console/web/node_modules/diff/libesm/diff/line.js
 var LineDiff = class extends Diff {
   constructor() {
     super(...arguments);
@@ -248,11 +248,11 @@ function tokenize(value, options) {
   return retLines;
 }
 
-// node_modules/@noble/hashes/_u64.js
+// ../../../../main/console/web/node_modules/@noble/hashes/_u64.js
 var fromNumH = (n) => n / 2 ** 32 | 0;
 var fromNumL = (n) => n >>> 0;
 
-// node_modules/@noble/hashes/utils.js
+// ../../../../main/console/web/node_modules/@noble/hashes/utils.js
 function isBytes(a) {
   return a instanceof Uint8Array || ArrayBuffer.isView(a) && a.constructor.name === "Uint8Array" && "BYTES_PER_ELEMENT" in a && a.BYTES_PER_ELEMENT === 1;
 }
@@ -352,7 +352,7 @@ function createHasher(hashCons, info = {}) {
   return Object.freeze(hashC);
 }
 
-// node_modules/@noble/hashes/_md.js
+// ../../../../main/console/web/node_modules/@noble/hashes/_md.js
 var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
   1779033703,
   3144134277,
@@ -364,7 +364,7 @@ var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
   1541459225
 ]);
 
-// node_modules/@noble/hashes/_blake.js
+// ../../../../main/console/web/node_modules/@noble/hashes/_blake.js
 function G1s(a, b, c, d, x) {
   a = a + b + x | 0;
   d = rotr(d ^ a, 16);
@@ -380,7 +380,7 @@ function G2s(a, b, c, d, x) {
   return { a, b, c, d };
 }
 
-// node_modules/@noble/hashes/blake2.js
+// ../../../../main/console/web/node_modules/@noble/hashes/blake2.js
 var _BLAKE2 = class {
   buffer;
   buffer32;
@@ -502,7 +502,7 @@ function _compress(s, offset, msg, rounds, v0, v1, v2, v3, v4, v5, v6, v7, v8, v
   return { v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 };
 }
 
-// node_modules/@noble/hashes/blake3.js
+// ../../../../main/console/web/node_modules/@noble/hashes/blake3.js
 var B3_Flags = {
   CHUNK_START: 1,
   CHUNK_END: 2,
@@ -1346,6 +1346,8 @@ function openPayload(body, payload, { erased = false, withheld = false } = {}) {
 var $ = (sel) => document.querySelector(sel);
 var session = null;
 var events = null;
+var KEY = "capkernel.console.key";
+var KEY_HEADER = "X-Console-Key";
 var pending = /* @__PURE__ */ new Map();
 var decided = /* @__PURE__ */ new Map();
 function el(tag, attrs = {}, ...children) {
@@ -1373,11 +1375,14 @@ var APIError = class extends Error {
     this.body = body;
   }
 };
+function keyHeaders() {
+  const key = sessionStorage.getItem(KEY);
+  return key ? { [KEY_HEADER]: key } : {};
+}
 async function api(method, path, body) {
-  const opts = { method, credentials: "same-origin", headers: {} };
+  const opts = { method, credentials: "same-origin", headers: keyHeaders() };
   if (method !== "GET") {
     opts.headers["Content-Type"] = "application/json";
-    if (session) opts.headers["X-CSRF-Token"] = session.csrf;
     opts.body = JSON.stringify(body ?? {});
   }
   const resp = await fetch(path, opts);
@@ -1431,7 +1436,8 @@ function signedIn(s) {
 }
 function signedOut(msg) {
   session = null;
-  if (events) events.close();
+  sessionStorage.removeItem(KEY);
+  if (events) events.abort();
   events = null;
   pending.clear();
   touched.clear();
@@ -1574,26 +1580,73 @@ function resolved(a) {
   renderApprovals();
 }
 function connectEvents() {
-  if (events) events.close();
-  events = new EventSource("/console/api/events");
-  const onEvent = (ev) => {
-    const e = JSON.parse(ev.data);
-    logEvent(e);
-    if (e.kind === "tool.confirmation_requested" && e.approval) {
-      touched.set(e.approval.approval_id, loads);
-      pending.set(e.approval.approval_id, e.approval);
-      renderApprovals();
-    } else if (e.kind === "tool.confirmation_resolved" && e.approval) {
-      resolved(e.approval);
+  if (events) events.abort();
+  events = new AbortController();
+  streamEvents(events.signal);
+}
+var RECONNECT_MS = 3e3;
+async function streamEvents(signal) {
+  while (!signal.aborted) {
+    try {
+      const resp = await fetch("/console/api/events", { credentials: "same-origin", headers: keyHeaders(), signal });
+      if (resp.status === 401) {
+        if (!signal.aborted) signedOut("The session has ended; sign in again.");
+        return;
+      }
+      if (resp.ok && resp.body) {
+        if (session) loadApprovals();
+        await readEvents(resp.body, signal);
+      }
+    } catch {
     }
-  };
-  for (const k of ["tool.called", "tool.completed", "tool.failed", "tool.input_invalid", "tool.denied", "tool.confirmation_requested", "tool.confirmation_resolved"]) {
-    events.addEventListener(k, onEvent);
+    if (signal.aborted) return;
+    await new Promise((r) => setTimeout(r, RECONNECT_MS));
   }
-  events.addEventListener("dropped", () => loadApprovals());
-  events.addEventListener("open", () => {
-    if (session) loadApprovals();
-  });
+}
+async function readEvents(body, signal) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "", kind = "", data = [];
+  for (; ; ) {
+    const { value, done } = await reader.read();
+    if (done || signal.aborted) return;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, nl).replace(/\r$/, "");
+      buf = buf.slice(nl + 1);
+      if (line === "") {
+        if (data.length) onEvent(kind || "message", data.join("\n"));
+        kind = "";
+        data = [];
+      } else if (line.startsWith("event:")) kind = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+  }
+}
+function onEvent(kind, data) {
+  if (kind === "ended") {
+    let why = "";
+    try {
+      why = JSON.parse(data).error;
+    } catch {
+    }
+    signedOut("The session has ended" + (why ? ": " + why : "") + "; sign in again.");
+    return;
+  }
+  if (kind === "dropped") {
+    loadApprovals();
+    return;
+  }
+  if (!kind.startsWith("tool.")) return;
+  const e = JSON.parse(data);
+  logEvent(e);
+  if (kind === "tool.confirmation_requested" && e.approval) {
+    touched.set(e.approval.approval_id, loads);
+    pending.set(e.approval.approval_id, e.approval);
+    renderApprovals();
+  } else if (kind === "tool.confirmation_resolved" && e.approval) {
+    resolved(e.approval);
+  }
 }
 function logEvent(e) {
   const ol = $("#events");
@@ -1900,7 +1953,9 @@ async function login(ev) {
   const credential = input.value;
   input.value = "";
   try {
-    signedIn(await api("POST", "/console/api/login", { credential }));
+    const { key, ...s } = await api("POST", "/console/api/login", { credential });
+    sessionStorage.setItem(KEY, key);
+    signedIn(s);
     say("Signed in.");
   } catch (e) {
     say("Sign-in failed: " + e.message, true);
@@ -1931,6 +1986,7 @@ function start() {
   $("#tokens-refresh").addEventListener("click", loadTokens);
   $("#revoke-form").addEventListener("submit", confirmRevoke);
   $("#revoke-cancel").addEventListener("click", () => $("#revoke-dialog").close());
-  api("GET", "/console/api/session").then(signedIn, () => signedOut());
+  if (sessionStorage.getItem(KEY)) api("GET", "/console/api/session").then(signedIn, () => signedOut());
+  else signedOut();
 }
 start();
