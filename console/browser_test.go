@@ -3,20 +3,27 @@ package console
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // Chromium is Debian's (make chromium installs it); the browser tests need
@@ -221,4 +228,151 @@ func TestBrowserCookieOfAnotherPort(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(w.ws, "pwned.txt")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pwned.txt: %v, want none", err)
 	}
+}
+
+// TestBrowserLedgerOriginChange: the Ledger view, in Chromium, remembers
+// the checkpoints it verified per signing key, as kernelctl ledger
+// checkpoint does. A server in front of the kernel hands the page
+// checkpoints signed with one key: the kernel's history (origin
+// ck-real, size 5), then another, shorter history of that key under a new
+// origin, which the page refuses (ORIGIN CHANGED) and does not remember,
+// then the first again, still consistent. Its JWKS lists another key
+// first: the page takes the key the signature names. (The page used to
+// take the JWKS's first key, skip the check for a new origin and
+// remember the new history from then on.)
+func TestBrowserLedgerOriginChange(t *testing.T) {
+	node := needBrowser(t)
+	w := newWorld(t)
+	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{9}, ed25519.SeedSize))
+	decoy := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{3}, ed25519.SeedSize))
+	var set struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	for _, pub := range []ed25519.PublicKey{decoy.Public().(ed25519.PublicKey), key.Public().(ed25519.PublicKey)} {
+		one, err := receipts.JWKS(pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s struct {
+			Keys []json.RawMessage `json:"keys"`
+		}
+		if err := json.Unmarshal(one, &s); err != nil {
+			t.Fatal(err)
+		}
+		set.Keys = append(set.Keys, s.Keys...)
+	}
+	jwks, _ := json.Marshal(set)
+	sign := func(origin string, size uint64, root byte) kernel.SignedCheckpoint {
+		s, err := ledger.NewCheckpointSigner(origin, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp := ledger.Checkpoint{Origin: origin, Size: size, Root: [32]byte(bytes.Repeat([]byte{root}, 32))}
+		note, err := ledger.SignCheckpoint(s, cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kernel.SignedCheckpoint{Origin: origin, Size: size, Root: digest.Format(cp.Root), Note: string(note)}
+	}
+	checkpoints := map[string]kernel.SignedCheckpoint{
+		"/test/real":   sign("ck-real", 5, 1),
+		"/test/forged": sign("ck-forged", 2, 2),
+	}
+	var mu sync.Mutex
+	current := checkpoints["/test/real"]
+	target, _ := url.Parse(w.srv.URL)
+	kernelProxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/test/real", "/test/forged":
+			mu.Lock()
+			current = checkpoints[r.URL.Path]
+			mu.Unlock()
+		case "/v1/ledger/checkpoint":
+			mu.Lock()
+			json.NewEncoder(rw).Encode(current)
+			mu.Unlock()
+		case "/.well-known/jwks.json":
+			rw.Write(jwks)
+		case "/v1/ledger/proof/consistency":
+			http.Error(rw, `{"error":"no such proof"}`, http.StatusBadRequest) // no test phase needs one
+		default:
+			kernelProxy.ServeHTTP(rw, r)
+		}
+	}))
+	defer front.Close()
+	phases := []string{"/test/real", "/test/real", "/test/forged", "/test/real"}
+	cfg, _ := json.Marshal(map[string]any{"url": front.URL, "credential": w.admin, "phases": phases, "chromium": chromium})
+	cfgFile := filepath.Join(t.TempDir(), "ledger.json")
+	if err := os.WriteFile(cfgFile, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), browserRun)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "browser/ledger.mjs", cfgFile)
+	cmd.Dir = "web"
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("browser run failed (%v):\n%s", err, out)
+	}
+	type check struct{ Class, Text string }
+	var got []struct {
+		Checks     []check
+		Remembered string
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(line, "PHASE "); ok {
+			var p struct {
+				Checks     []check
+				Remembered string
+			}
+			if err := json.Unmarshal([]byte(rest), &p); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			got = append(got, p)
+		}
+	}
+	if len(got) != len(phases) {
+		t.Fatalf("%d phases reported, want %d:\n%s", len(got), len(phases), out)
+	}
+	want := []struct {
+		classes []string
+		text    string // in the second check
+	}{
+		{[]string{"pass", "skip"}, "first checkpoint this browser has seen"},
+		{[]string{"pass", "pass"}, "same as the checkpoint seen"},
+		{[]string{"pass", "fail"}, `ORIGIN CHANGED: key ` + receiptsKID(t, key) + ` signed the checkpoint of origin "ck-real" (size 5)`},
+		{[]string{"pass", "pass"}, "same as the checkpoint seen"},
+	}
+	for i, p := range got {
+		var classes []string
+		for _, c := range p.Checks {
+			classes = append(classes, c.Class)
+		}
+		if !slices.Equal(classes, want[i].classes) || !strings.Contains(p.Checks[1].Text, want[i].text) {
+			t.Errorf("phase %d (%s): checks %+v, want %v with %q", i+1, phases[i], p.Checks, want[i].classes, want[i].text)
+		}
+		if strings.Contains(p.Remembered, "ck-forged") {
+			t.Errorf("phase %d (%s): the page remembers the forged history: %s", i+1, phases[i], p.Remembered)
+		}
+	}
+}
+
+// receiptsKID is the kid the kernel's JWKS gives key's public key.
+func receiptsKID(t *testing.T, key ed25519.PrivateKey) string {
+	t.Helper()
+	one, err := receipts.JWKS(key.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Keys []struct {
+			Kid string `json:"kid"`
+		} `json:"keys"`
+	}
+	if err := json.Unmarshal(one, &s); err != nil || len(s.Keys) != 1 {
+		t.Fatalf("JWKS %s: %v", one, err)
+	}
+	return s.Keys[0].Kid
 }

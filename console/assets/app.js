@@ -1302,6 +1302,83 @@ async function verifyBundle(bundle, jwks2) {
   return { ok: checks.every((c) => c.ok === true), format: BUNDLE_FORMAT, checks };
 }
 
+// src/witness.js
+var STATE = "capkernel.console.checkpoints";
+var LEGACY = "capkernel.console.checkpoint";
+async function signerOf(note, keys2) {
+  const cp = parseCheckpoint(note);
+  for (const key of keys2) {
+    const id = await noteKeyID(cp.origin, key.pub);
+    if (cp.sigs.some((s) => s.name === cp.origin && hex(s.keyID) === hex(id))) return { key, cp: await verifyCheckpoint(note, key.pub) };
+  }
+  throw new Error("no key of the JWKS signs the checkpoint under its origin " + JSON.stringify(cp.origin));
+}
+function load(store) {
+  try {
+    const st = JSON.parse(store.getItem(STATE) || "{}");
+    if (st && typeof st.keys === "object" && st.keys !== null) return st;
+  } catch {
+  }
+  return { keys: {} };
+}
+async function seenFor(store, st, key) {
+  if (Object.hasOwn(st.keys, key.kid)) return st.keys[key.kid];
+  const legacy = store.getItem(LEGACY);
+  if (!legacy) return null;
+  try {
+    const cp = await verifyCheckpoint(legacy, key.pub);
+    return { origin: cp.origin, note: legacy, seen_at: "an earlier visit" };
+  } catch {
+    return null;
+  }
+}
+async function witness(note, jwks2, store, prove, now = /* @__PURE__ */ new Date()) {
+  const checks = [];
+  const { key, cp } = await signerOf(note, await jwksKeys(jwks2));
+  checks.push(["Signature by the kernel's key", true, `${cp.origin}, key ${key.kid}`]);
+  const label = "Consistent with the last one seen";
+  const st = load(store);
+  const seen = await seenFor(store, st, key);
+  let remember = true;
+  const other = Object.entries(st.keys).find(([kid, r]) => kid !== key.kid && r.origin === cp.origin);
+  try {
+    if (seen && seen.origin !== cp.origin) {
+      const old = parseCheckpoint(seen.note);
+      throw new Error(`ORIGIN CHANGED: key ${key.kid} signed the checkpoint of origin ${JSON.stringify(seen.origin)} (size ${old.size}) seen at ${seen.seen_at}, and now one of origin ${JSON.stringify(cp.origin)} (size ${cp.size}): a key signs one ledger, so this is another history under a new name`);
+    }
+    if (!seen && other) {
+      throw new Error(`KEY CHANGED: origin ${JSON.stringify(cp.origin)} was seen signed by key ${other[0]} at ${other[1].seen_at}, and is now signed by key ${key.kid}`);
+    }
+    if (!seen) {
+      checks.push([label, null, "first checkpoint this browser has seen for this key"]);
+    } else {
+      const old = await verifyCheckpoint(seen.note, key.pub).catch((e) => {
+        throw new Error("the remembered checkpoint does not verify: " + e.message);
+      });
+      if (cp.size < old.size) {
+        verifyConsistency(cp.size, old.size, cp.root, old.root, await prove(cp.size, old.size));
+        checks.push([label, true, `older than the checkpoint of size ${old.size} seen at ${seen.seen_at}, which is proved an extension of it; that one stays remembered`]);
+        remember = false;
+      } else if (cp.size === old.size) {
+        if (hex(cp.root) !== hex(old.root)) throw new Error(`FORK: two signed checkpoints of size ${cp.size} with roots ${hex(old.root)} (seen at ${seen.seen_at}) and ${hex(cp.root)}`);
+        checks.push([label, true, `same as the checkpoint seen at ${seen.seen_at}`]);
+      } else {
+        verifyConsistency(old.size, cp.size, old.root, cp.root, await prove(old.size, cp.size));
+        checks.push([label, true, `size ${old.size} → ${cp.size}, proved an extension of the checkpoint seen at ${seen.seen_at}`]);
+      }
+    }
+  } catch (e) {
+    checks.push([label, false, e.message]);
+    remember = false;
+  }
+  if (remember) {
+    st.keys[key.kid] = { origin: cp.origin, note, seen_at: now.toISOString() };
+    store.setItem(STATE, JSON.stringify(st));
+    store.removeItem(LEGACY);
+  }
+  return { checks, kid: key.kid, remembered: remember };
+}
+
 // src/commitments.js
 var PARTS = ["args", "result", "policy_input", "context"];
 var CONTEXT = "capkernel audit commitment v1 ";
@@ -1451,21 +1528,21 @@ function signedOut(msg) {
 var loads = 0;
 var touched = /* @__PURE__ */ new Map();
 async function loadApprovals() {
-  const load = ++loads;
+  const load2 = ++loads;
   try {
     const out = await api("GET", "/console/api/approvals?all=true");
     session.canDecide = out.can_decide;
     const listed = /* @__PURE__ */ new Set();
     for (const a of out.approvals) {
       listed.add(a.approval_id);
-      if ((touched.get(a.approval_id) ?? 0) >= load) continue;
+      if ((touched.get(a.approval_id) ?? 0) >= load2) continue;
       if (a.state === "pending") pending.set(a.approval_id, a);
       else {
         pending.delete(a.approval_id);
         decided.set(a.approval_id, a);
       }
     }
-    for (const id of [...pending.keys()]) if (!listed.has(id) && (touched.get(id) ?? 0) < load) pending.delete(id);
+    for (const id of [...pending.keys()]) if (!listed.has(id) && (touched.get(id) ?? 0) < load2) pending.delete(id);
     renderApprovals();
   } catch (e) {
     say("Loading approvals failed: " + e.message, true);
@@ -1860,38 +1937,19 @@ async function verifyUpload(ev) {
     box.setAttribute("data-verdict", "fail");
   }
 }
-var LAST_SEEN = "capkernel.console.checkpoint";
 async function refreshCheckpoint() {
   const box = $("#ledger-checks");
   try {
     const resp = await fetch("/v1/ledger/checkpoint", { credentials: "omit" });
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const cp = await resp.json();
-    const keys2 = await jwks();
-    const pub = b64urlDecode(keys2.keys[0].x);
-    const checks = [];
-    const parsed = await verifyCheckpoint(cp.note, pub);
-    checks.push(["Signature by the kernel's key", true, parsed.origin]);
-    const last = localStorage.getItem(LAST_SEEN);
-    if (last) {
-      try {
-        const prev = parseCheckpoint(last);
-        if (prev.origin !== parsed.origin) {
-          checks.push(["Consistent with the last one seen", null, "another kernel's checkpoint was seen last"]);
-        } else {
-          const pr = await fetch(`/v1/ledger/proof/consistency?from=${prev.size}&to=${parsed.size}`, { credentials: "omit" });
-          if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
-          const p = await pr.json();
-          verifyConsistency(prev.size, parsed.size, prev.root, parsed.root, p.proof.map((h) => Uint8Array.from(h.slice(7).match(/../g), (x) => parseInt(x, 16))));
-          checks.push(["Consistent with the last one seen", true, `size ${prev.size} → ${parsed.size}`]);
-        }
-      } catch (e) {
-        checks.push(["Consistent with the last one seen", false, e.message]);
-      }
-    } else {
-      checks.push(["Consistent with the last one seen", null, "first checkpoint this browser has seen"]);
-    }
-    if (!checks.some((c) => c[1] === false)) localStorage.setItem(LAST_SEEN, cp.note);
+    const prove = async (from, to) => {
+      const pr = await fetch(`/v1/ledger/proof/consistency?from=${from}&to=${to}`, { credentials: "omit" });
+      if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
+      const p = await pr.json();
+      return p.proof.map((h) => unhex(h.slice(7)));
+    };
+    const { checks } = await witness(cp.note, await jwks(), localStorage, prove);
     $("#checkpoint").replaceChildren(...kv([["Number", cp.number], ["Origin", cp.origin], ["Size", cp.size], ["Root", cp.root], ["Verifier key", cp.verifier_key]]).children);
     box.replaceChildren(el("ul", { class: "checks" }, checks.map(([label, ok, detail]) => el("li", { class: ok === true ? "pass" : ok === false ? "fail" : "skip" }, el("strong", {}, label), el("br"), detail))));
   } catch (e) {

@@ -7,7 +7,8 @@
 // HttpOnly cookie binding it to this browser. The cookie alone is no
 // session: cookies are not scoped by port.
 import { diffLines } from "diff";
-import { verifyBundle, verifyCheckpoint, verifyConsistency, b64urlDecode, parseCheckpoint, parseEntry } from "./verify.js";
+import { verifyBundle, parseEntry, unhex } from "./verify.js";
+import { witness } from "./witness.js";
 import { openPayload, PARTS } from "./commitments.js";
 
 const $ = (sel) => document.querySelector(sel);
@@ -593,39 +594,23 @@ async function verifyUpload(ev) {
 
 // ---- ledger ----
 
-const LAST_SEEN = "capkernel.console.checkpoint"; // the last verified checkpoint note (public data)
-
+// refreshCheckpoint verifies the kernel's latest checkpoint in the page:
+// signed by the JWKS key its signature names, and consistent with the
+// last one this browser verified for that key (witness.js: a key signs
+// one ledger, under one origin).
 async function refreshCheckpoint() {
   const box = $("#ledger-checks");
   try {
     const resp = await fetch("/v1/ledger/checkpoint", { credentials: "omit" });
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const cp = await resp.json();
-    const keys = await jwks();
-    const pub = b64urlDecode(keys.keys[0].x);
-    const checks = [];
-    const parsed = await verifyCheckpoint(cp.note, pub);
-    checks.push(["Signature by the kernel's key", true, parsed.origin]);
-    const last = localStorage.getItem(LAST_SEEN);
-    if (last) {
-      try {
-        const prev = parseCheckpoint(last);
-        if (prev.origin !== parsed.origin) {
-          checks.push(["Consistent with the last one seen", null, "another kernel's checkpoint was seen last"]);
-        } else {
-          const pr = await fetch(`/v1/ledger/proof/consistency?from=${prev.size}&to=${parsed.size}`, { credentials: "omit" });
-          if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
-          const p = await pr.json();
-          verifyConsistency(prev.size, parsed.size, prev.root, parsed.root, p.proof.map((h) => Uint8Array.from(h.slice(7).match(/../g), (x) => parseInt(x, 16))));
-          checks.push(["Consistent with the last one seen", true, `size ${prev.size} → ${parsed.size}`]);
-        }
-      } catch (e) {
-        checks.push(["Consistent with the last one seen", false, e.message]);
-      }
-    } else {
-      checks.push(["Consistent with the last one seen", null, "first checkpoint this browser has seen"]);
-    }
-    if (!checks.some((c) => c[1] === false)) localStorage.setItem(LAST_SEEN, cp.note);
+    const prove = async (from, to) => {
+      const pr = await fetch(`/v1/ledger/proof/consistency?from=${from}&to=${to}`, { credentials: "omit" });
+      if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
+      const p = await pr.json();
+      return p.proof.map((h) => unhex(h.slice(7)));
+    };
+    const { checks } = await witness(cp.note, await jwks(), localStorage, prove);
     $("#checkpoint").replaceChildren(...kv([["Number", cp.number], ["Origin", cp.origin], ["Size", cp.size], ["Root", cp.root], ["Verifier key", cp.verifier_key]]).children);
     box.replaceChildren(el("ul", { class: "checks" }, checks.map(([label, ok, detail]) =>
       el("li", { class: ok === true ? "pass" : ok === false ? "fail" : "skip" }, el("strong", {}, label), el("br"), detail))));
