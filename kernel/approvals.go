@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -261,8 +262,9 @@ func checkDecision(decision, reason string) error {
 // Decide records an approver's decision ("allow" or "deny") on approval
 // id. approverToken must be an approver token of this kernel; for an
 // escalated call, one with role escalation; and its subject must not be
-// the agent that made the call. Refused attempts are recorded in the
-// ledger too. It returns the request as decided, or an error wrapping
+// the agent that made the call. Refused attempts on an approval pending
+// or recently decided are recorded in the ledger too; one naming no such
+// approval is not (ErrNotFound, whatever the token). It returns the request as decided, or an error wrapping
 // ErrNotFound, ErrApprovalForbidden (also for a bad token) or
 // ErrApprovalConflict (someone decided first; the request says how).
 func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalRequest, error) {
@@ -280,6 +282,12 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		}
 	}
 	k.approvals.mu.Unlock()
+	if a == nil && done == nil {
+		// Nothing to decide: answered whoever asks, and not recorded (an
+		// id of anyone's choosing, with any credential or none, would
+		// otherwise be written into the ledger).
+		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
+	}
 	tok, err := k.verifier.VerifyBearer(approverToken, k.cfg.Now())
 	refuse := func(why string) (ApprovalRequest, error) {
 		by := ""
@@ -297,10 +305,8 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return refuse("approver token: " + err.Error())
 	case tok.Claims.Cap.Role == "" || tok.Claims.Cap.Role == captoken.RoleAuditor:
 		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
-	case a == nil && done != nil:
-		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
 	case a == nil:
-		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
+		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
 	case a.req.RequiredRole == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:
 		return refuse(fmt.Sprintf("approval %s is for an escalated call; %s holds role %s, not escalation", id, tok.Claims.Subject, tok.Claims.Cap.Role))
 	case captoken.SubAgent(tok.Claims.Subject, a.req.AgentID):
@@ -363,13 +369,16 @@ func (k *Kernel) checkApproval(c *call) string {
 	if a == nil || a.State != ApprovalAllowed {
 		return ""
 	}
+	revoked := k.revokedLine(c.token)
 	switch {
 	case a.OperationID != c.env.OperationID || a.ToolID != c.env.ToolID || a.ArgsHash != c.argsHash || a.CapabilityTokenID != c.token.Claims.ID:
 		return fmt.Sprintf("approval %s was given for another action", a.ID)
 	case a.PolicyHash != k.policy.Hash():
 		return fmt.Sprintf("approval %s was given under policy %s; the active policy is %s", a.ID, a.PolicyHash, k.policy.Hash())
-	case k.isRevoked(c.token.Claims.ID):
+	case revoked == c.token.Claims.ID:
 		return fmt.Sprintf("capability token %s was revoked after approval %s", c.token.Claims.ID, a.ID)
+	case revoked != "":
+		return fmt.Sprintf("capability token %s's ancestor %s was revoked after approval %s", c.token.Claims.ID, revoked, a.ID)
 	case !k.cfg.Now().Before(c.approvalExpires):
 		return fmt.Sprintf("approval %s expired at %s", a.ID, a.ExpiresAt)
 	}
@@ -395,7 +404,9 @@ func inputSummary(c *call) string {
 }
 
 // projectedEffects lists what the call would change, as far as its
-// declared resources tell.
+// declared resources tell: a file by the path it resolved to (its root as
+// the token names it, then the path with every link and ".." resolved),
+// which is where the write lands however the agent spelled it.
 func projectedEffects(c *call) []string {
 	out := []string{}
 	for _, r := range c.entry.Def.Resources {
@@ -403,6 +414,12 @@ func projectedEffects(c *call) []string {
 			continue
 		}
 		name, _ := c.args[r.Arg].(string)
+		for _, f := range c.fs {
+			if f.Arg == r.Arg {
+				name = path.Join(f.RootPath, f.Real)
+				break
+			}
+		}
 		out = append(out, fmt.Sprintf("%s %s:%s", r.Access, r.Kind, name))
 	}
 	if r := c.reach; r != nil {

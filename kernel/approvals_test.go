@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,6 +65,9 @@ func TestApprovalAllowDenyTimeout(t *testing.T) {
 	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "all:\n"}, key("w1"))
 	if a.State != ApprovalPending || a.Mode != "soft_gate" || a.RequiredRole != captoken.RoleApprover || len(a.ProjectedEffects) != 1 {
 		t.Fatalf("request %+v", a)
+	}
+	if want := "write fs:" + h.ws + "/Makefile"; a.ProjectedEffects[0] != want {
+		t.Fatalf("effects %q, want %q", a.ProjectedEffects, want)
 	}
 	if _, err := h.k.Decide(a.ID, alice, "allow", "looks right"); err != nil {
 		t.Fatal(err)
@@ -173,8 +179,25 @@ func TestApprovalRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, <-res)
-	if _, err := h.k.Decide("no-such-id", h.approver("carol", captoken.RoleEscalation), "allow", ""); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("unknown id: %v", err)
+	// An id naming no approval is not found, whatever the credential,
+	// and nothing is recorded: anyone could otherwise write an id of their
+	// choosing into the ledger (rev-audit #1, rev-console #7).
+	head := h.headSize()
+	for name, tok := range map[string]string{
+		"an approver":  h.approver("carol", captoken.RoleEscalation),
+		"garbage":      "not-a-token",
+		"none":         "",
+		"an auditor's": h.approver("dave", captoken.RoleAuditor),
+		"the admin's":  AdminPrefix + "x",
+	} {
+		for _, id := range []string{"no-such-id", strings.Repeat("x", 60<<10)} {
+			if _, err := h.k.Decide(id, tok, "allow", ""); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("unknown id of %d bytes, %s token: %v", len(id), name, err)
+			}
+		}
+	}
+	if got := h.headSize(); got != head {
+		t.Fatalf("decisions on unknown ids wrote %d ledger entries", got-head)
 	}
 	if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "maybe", ""); err == nil {
 		t.Fatal("decision maybe accepted")
@@ -245,6 +268,28 @@ func TestApprovalRecheck(t *testing.T) {
 	if _, err := h.k.Inspector().Receipts(ReceiptFilter{}); err != nil {
 		t.Fatal(err)
 	}
+	// So does a sub-agent's call whose parent or grandparent token was
+	// revoked while it waited (rev-console #2: only the token's own id was
+	// checked, and the call ran); nothing is written.
+	for _, revoke := range []string{"parent", "grandparent"} {
+		h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 5 * time.Second })
+		child := h.attenuate(AttenuateRequest{Parent: h.token, AgentID: h.agent + "/helper"})
+		grandchild := h.attenuate(AttenuateRequest{Parent: child.Token, AgentID: child.AgentID + "/deeper"})
+		a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r-"+revoke), as(grandchild))
+		jti := map[string]string{"parent": child.ID, "grandparent": h.jti}[revoke]
+		if err := h.k.Revoke(context.Background(), jti, "leaked"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "allow", "ok"); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-res; errClass(r) != ErrApprovalDenied || !strings.Contains(r.Error.Message, jti) {
+			t.Fatalf("%s revoked while waiting: %+v", revoke, r.Error)
+		}
+		if _, err := os.Stat(filepath.Join(h.ws, "Makefile")); !os.IsNotExist(err) {
+			t.Fatalf("%s revoked: the call wrote: %v", revoke, err)
+		}
+	}
 
 	h2 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond; c.ApprovalValidity = time.Nanosecond })
 	a, res = h2.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r2"))
@@ -309,5 +354,63 @@ func TestDecidedApprovalsKeepNoContent(t *testing.T) {
 		if strings.Contains(string(listed), secret) || strings.Contains(string(listed), a.ArgsHash) {
 			t.Fatalf("decided (%q) requests hold the call's content: %s", decision, listed)
 		}
+	}
+}
+
+// An approver's view of a waiting write reads the files it would change
+// without waiting on them: a FIFO at the path (any process can put one
+// there) is shown as there but unreadable, at once, instead of holding
+// the view until a writer comes (rev-console #6).
+func TestApprovalDetailOfFIFO(t *testing.T) {
+	h := newHarness(t)
+	if err := syscall.Mkfifo(filepath.Join(h.ws, "Makefile"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("fifo"))
+	detail := make(chan ApprovalDetail, 1)
+	go func() {
+		d, err := h.k.ApprovalDetail(a.ID)
+		if err != nil {
+			t.Error(err)
+		}
+		detail <- d
+	}()
+	select {
+	case d := <-detail:
+		if len(d.Files) != 1 || !d.Files[0].Exists || !d.Files[0].Binary || d.Files[0].Content != "" {
+			t.Fatalf("the FIFO shown as %+v", d.Files)
+		}
+	case <-time.After(10 * time.Second):
+		// Unblock the view so the test can end.
+		if f, err := os.OpenFile(filepath.Join(h.ws, "Makefile"), os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("the view of a write to a FIFO did not answer in 10 s")
+	}
+	if _, err := h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "deny", "cleanup"); err != nil {
+		t.Fatal(err)
+	}
+	<-res
+}
+
+// An approver is shown where a write lands, not how the agent spelled it:
+// a path through "..", hidden characters or a linked directory is shown
+// resolved (rev-console #3: "README.md\x1b[8m/../.github/workflows/ci.yml"
+// showed as "write fs:README.md" in a terminal, and the approved write
+// went to the workflow).
+func TestApprovalEffectsResolved(t *testing.T) {
+	h := newHarness(t)
+	relink(t, h.ws, "linked", ".")
+	for _, c := range []struct{ spelled, lands string }{
+		{"README.md\x1b[8m/../Makefile", "Makefile"},
+		{"docs/../Makefile", "Makefile"},
+		{"linked/Makefile", "Makefile"},
+	} {
+		a, res := h.gated("fs.write", map[string]any{"path": c.spelled, "content": "x"}, key(newID()))
+		if want := "write fs:" + h.ws + "/" + c.lands; len(a.ProjectedEffects) != 1 || a.ProjectedEffects[0] != want {
+			t.Errorf("%q: effects %q, want %q", c.spelled, a.ProjectedEffects, want)
+		}
+		h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "deny", "cleanup")
+		<-res
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
+	"syscall"
 	"unicode/utf8"
 
 	"github.com/capkernel/capkernel/digest"
@@ -76,10 +78,12 @@ func (k *Kernel) ApprovalDetail(id string) (ApprovalDetail, error) {
 }
 
 // fileState reads r as it is now, through its root (never following a
-// link out of it).
+// link out of it). Only a regular file is read; anything else is shown as
+// there but unreadable. The open does not wait (O_NONBLOCK), so a FIFO
+// put at the path does not hold the view until a writer comes.
 func fileState(r *syscalls.Resource) FileState {
 	st := FileState{Root: r.RootPath, Path: r.Rel}
-	f, err := r.Root.Open(r.Real)
+	f, err := r.Root.OpenFile(r.Real, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			st.Exists, st.Binary = true, true // there, but unreadable: show nothing
@@ -88,7 +92,7 @@ func fileState(r *syscalls.Resource) FileState {
 	}
 	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil || fi.IsDir() {
+	if err != nil || !fi.Mode().IsRegular() {
 		st.Exists, st.Binary = true, true
 		return st
 	}

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -43,6 +44,25 @@ const (
 // name is meant to be low-cardinality, and a refused call's tool id is
 // whatever the caller sent.
 const maxToolName = 128
+
+// maxAttr bounds each string attribute a span takes from a call: its
+// tool id, session, tool call id and the other ids are what the caller
+// sent, verified or not (a refused call's tool id may be a megabyte),
+// and a span is held in the export queue until the collector takes it.
+const maxAttr = 256
+
+// clip is s cut to at most maxAttr bytes, at a character boundary and
+// marked with a trailing "…" when cut.
+func clip(s string) string {
+	if len(s) <= maxAttr {
+		return s
+	}
+	n := maxAttr - len("…")
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
 
 // Tracer is a kernel.Observer that records each call as a span of its
 // TracerProvider. The spans are made when the call is reported, with
@@ -95,15 +115,15 @@ func callAttrs(attrs []attribute.KeyValue, r *kernel.CallReport, toolCallID stri
 	}
 	attrs = append(attrs,
 		semconv.GenAIOperationNameExecuteTool,
-		semconv.GenAIToolName(r.ToolID),
-		semconv.GenAIToolCallID(toolCallID),
-		semconv.GenAIAgentID(r.AgentID),
-		AttrOperationID.String(r.OperationID),
+		semconv.GenAIToolName(clip(r.ToolID)),
+		semconv.GenAIToolCallID(clip(toolCallID)),
+		semconv.GenAIAgentID(clip(r.AgentID)),
+		AttrOperationID.String(clip(r.OperationID)),
 		AttrOutcome.String(outcome),
 		AttrReplayed.Bool(r.Replayed),
 	)
 	if r.SessionID != "" {
-		attrs = append(attrs, semconv.GenAIConversationID(r.SessionID))
+		attrs = append(attrs, semconv.GenAIConversationID(clip(r.SessionID)))
 	}
 	if r.AutonomyMode != "" {
 		attrs = append(attrs, AttrMode.String(r.AutonomyMode))
@@ -115,7 +135,7 @@ func callAttrs(attrs []attribute.KeyValue, r *kernel.CallReport, toolCallID stri
 		attrs = append(attrs, AttrSideEffect.String(r.SideEffect))
 	}
 	if r.TokenID != "" {
-		attrs = append(attrs, AttrTokenID.String(r.TokenID))
+		attrs = append(attrs, AttrTokenID.String(clip(r.TokenID)))
 	}
 	if r.LedgerSeq != 0 {
 		attrs = append(attrs, AttrLedgerSeq.Int64(int64(r.LedgerSeq)))

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -457,6 +458,38 @@ func TestDirectMatchesSDK(t *testing.T) {
 						}
 					}
 				}
+			}
+		})
+	}
+}
+
+// Every string a span takes from a call is bounded (maxAttr bytes, cut at
+// a character boundary): a refused call's tool id, session or tool call
+// id is whatever its sender put there, a megabyte each made the span
+// queue hold gigabytes (rev-console #4). Short ones are kept whole.
+func TestCallSpanAttributesBounded(t *testing.T) {
+	for _, p := range paths() {
+		t.Run(p.name, func(t *testing.T) {
+			huge := strings.Repeat("é", 1<<19) // 1 MiB of two-byte characters
+			r := report(`{"tool_call_id":"`+huge+`"}`, context.Background())
+			r.ToolID, r.SessionID, r.AgentID, r.OperationID, r.TokenID = huge, huge, huge, huge, huge
+			r.Status, r.ErrorClass, r.TxOutcome, r.Stages = kernel.StatusError, kernel.ErrTokenInvalid, kernel.NoOp, r.Stages[:1]
+			p.tr.CallDone(r)
+			spans := p.rec.Ended()
+			call := spans[len(spans)-1]
+			for _, a := range call.Attributes() {
+				if v := a.Value.AsString(); len(v) > maxAttr || !utf8.ValidString(v) {
+					t.Errorf("attribute %s: %d bytes (valid UTF-8: %v)", a.Key, len(v), utf8.ValidString(v))
+				}
+			}
+			if got := attrs(call)["gen_ai.tool.name"].AsString(); !strings.HasSuffix(got, "…") || !strings.HasPrefix(huge, strings.TrimSuffix(got, "…")) {
+				t.Errorf("gen_ai.tool.name %.40q…: want the tool id's start, marked as cut", got)
+			}
+			short := report("", context.Background())
+			p.tr.CallDone(short)
+			spans = p.rec.Ended()
+			if got := attrs(spans[len(spans)-1])["gen_ai.tool.name"].AsString(); got != "fs.write" {
+				t.Errorf("a short tool id: %q", got)
 			}
 		})
 	}

@@ -63,8 +63,10 @@ func approvalsListCmd() *cobra.Command {
 			tw := newTable(cmd.OutOrStdout())
 			fmt.Fprintln(tw, "APPROVAL\tSTATE\tMODE\tROLE\tAGENT\tTOOL\tEFFECTS\tDECIDE BY\tDECIDED BY")
 			for _, a := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Mode, a.RequiredRole, a.AgentID, a.ToolID,
-					ellipsize(strings.Join(a.ProjectedEffects, ", "), 40), clip(a.DecideBy, 19), orDash(a.DecidedBy))
+				// The effects whole: cut, a long path could hide where
+				// the write lands.
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Mode, a.RequiredRole, cell(a.AgentID), cell(a.ToolID),
+					cell(strings.Join(a.ProjectedEffects, ", ")), clip(a.DecideBy, 19), cell(orDash(a.DecidedBy)))
 			}
 			return tw.Flush()
 		},
@@ -227,6 +229,7 @@ token (--token) only its own agent.`,
 			n := 0
 			out := cmd.OutOrStdout()
 			if !t.json {
+				out = terminalSafe{out}
 				fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", "TIME", "KIND", "AGENT", "SESSION", "TOOL", "OPERATION", "DETAIL")
 			}
 			err = c.Events(ctx, f, func(e kernel.Event) error {
@@ -237,7 +240,7 @@ token (--token) only its own agent.`,
 					if e.Approval != nil {
 						detail = strings.TrimSpace(fmt.Sprintf("%s %s %s", e.Approval.ID, e.Approval.State, e.Approval.DecidedBy))
 					}
-					fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", clip(e.Time, 23), e.Kind, e.AgentID, orDash(e.SessionID), e.ToolID, e.OperationID, detail)
+					fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", clip(e.Time, 23), e.Kind, cell(e.AgentID), cell(orDash(e.SessionID)), cell(e.ToolID), cell(e.OperationID), cell(detail))
 				}
 				// Stop at once: events already read from the stream must
 				// not be printed past --count.

@@ -74,7 +74,7 @@ func TestApprovalsOverServer(t *testing.T) {
 		}
 	}
 	list := must(append([]string{"approvals", "list", "--token", alice}, srv...)...)
-	if !strings.Contains(list, st.Approval.ID) || !strings.Contains(list, "write fs:Makefile") {
+	if !strings.Contains(list, st.Approval.ID) || !strings.Contains(list, "write fs:"+filepath.Join(ws, "Makefile")) {
 		t.Fatalf("approvals list:\n%s", list)
 	}
 	if code, body := s.get("/v1/approvals", tok.Token); code != http.StatusForbidden {

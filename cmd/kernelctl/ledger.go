@@ -315,7 +315,9 @@ func printEntry(w io.Writer, e ledger.Entry, asJSON bool) error {
 	if asJSON {
 		return writeRecord(w, e)
 	}
-	_, err := fmt.Fprintf(w, "%d\t%s\t%-16s\t%s\t%s\n", e.Seq, clip(e.Time, 23), e.Kind, ellipsize(e.Hash, 20), ellipsize(string(e.Body), 120))
+	// The body is JSON (no tab, newline or C0 control unescaped), but
+	// C1 and bidirectional controls pass JSON as they are.
+	_, err := fmt.Fprintf(terminalSafe{w}, "%d\t%s\t%-16s\t%s\t%s\n", e.Seq, clip(e.Time, 23), e.Kind, ellipsize(e.Hash, 20), ellipsize(string(e.Body), 120))
 	return err
 }
 

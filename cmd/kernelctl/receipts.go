@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
@@ -26,8 +25,6 @@ func receiptsCmd() *cobra.Command {
 	cmd.AddCommand(receiptsListCmd(), receiptsShowCmd(), receiptsVerifyCmd(), receiptsBundleCmd(), receiptsJWKSCmd())
 	return cmd
 }
-
-func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 2, 4, 2, ' ', 0) }
 
 func receiptsListCmd() *cobra.Command {
 	var t target
@@ -66,7 +63,7 @@ func receiptsListCmd() *cobra.Command {
 			fmt.Fprintln(tw, "SEQ\tRECEIPT\tISSUED\tAGENT\tTOOL\tOUTCOME\tERROR")
 			for _, r := range list {
 				p := r.Receipt
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Seq, r.ReceiptID, clip(p.IssuedAt, 19), p.AgentID, p.ToolID, p.TxOutcome, p.ErrorClass)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Seq, r.ReceiptID, clip(p.IssuedAt, 19), cell(p.AgentID), cell(p.ToolID), p.TxOutcome, p.ErrorClass)
 			}
 			return tw.Flush()
 		},
