@@ -120,3 +120,53 @@ func TestHistoryReadRules(t *testing.T) {
 		t.Errorf("auditor reads the erased operation: %d %s", s, body)
 	}
 }
+
+// TestRefusedDecisionsAreRecorded: a decision by a session whose
+// credential decides nothing (an auditor, the admin) reaches the kernel,
+// which refuses it and records the refusal in the ledger exactly as the
+// same attempt over POST /v1/approvals/{id} (docs/http.md: each refusal
+// is recorded). The console used to answer 403 itself, unrecorded.
+func TestRefusedDecisionsAreRecorded(t *testing.T) {
+	w := newWorld(t)
+	op, a := w.gated(w.agent, "fs.write", map[string]any{"path": "refused.txt", "content": "x"}, "k-refused")
+	head := func() uint64 {
+		t.Helper()
+		h, err := w.k.Inspector().Head()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h.Size
+	}
+	for _, tt := range []struct{ name, cred string }{{"auditor", w.dave.Token}, {"admin", w.admin}} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := w.client()
+			if st := c.login(tt.cred); st != http.StatusOK {
+				t.Fatalf("login: %d", st)
+			}
+			before := head()
+			st, out := c.do(http.MethodPost, "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow", Reason: "mine"})
+			console := head() - before
+			req, _ := http.NewRequest(http.MethodPost, w.srv.URL+"/v1/approvals/"+a.ID, strings.NewReader(`{"decision":"allow","reason":"mine"}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+tt.cred)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			api := head() - before - console
+			if st != resp.StatusCode || st/100 != 4 {
+				t.Fatalf("console %d %v, /v1 %d: want the same refusal from both", st, out, resp.StatusCode)
+			}
+			if console != api || api == 0 {
+				t.Errorf("the refusal added %d ledger entries through the console and %d over /v1, want the same, not 0", console, api)
+			}
+		})
+	}
+	if st, _ := w.k.Operation(op); st.State != kernel.OpAwaitingApproval {
+		t.Fatalf("after refused decisions the call is %s, want still awaiting approval", st.State)
+	}
+	if _, err := w.k.Decide(a.ID, w.alice.Token, "deny", "test over"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -43,16 +43,15 @@ type DecisionRequest struct {
 	Reason   string `json:"reason"`
 }
 
-// decide records the session's decision with its credential; the kernel
-// checks the role and that the approver is not the calling agent. 409
-// with the request as decided when someone decided first.
+// decide hands the session's decision, with its credential, to the
+// kernel, which checks the role (the admin credential and auditors decide
+// nothing) and that the approver is not the calling agent, and records
+// each refusal in the ledger, as for POST /v1/approvals/{id}: the console
+// refuses no decision itself. 409 with the request as decided when
+// someone decided first.
 func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	var req DecisionRequest
 	if !readJSON(w, r, &req) {
-		return
-	}
-	if s.role == RoleAdmin || s.role == RoleAuditor {
-		writeError(w, http.StatusForbidden, "only an approver credential may decide approvals")
 		return
 	}
 	a, err := c.k.Decide(r.PathValue("id"), s.cred, req.Decision, req.Reason)

@@ -5,12 +5,17 @@
 // load nothing from any other origin.
 //
 // Access: an operator signs in with an approver, escalation, auditor or
-// admin credential (POST /console/api/login), which the server keeps; the
-// browser gets only an HttpOnly, SameSite=Strict session cookie (Secure
-// over TLS) and a CSRF token held in the page's memory. Every
-// state-changing request must come from the console's own origin, carry a
-// JSON body and the session's CSRF token. docs/console.md is the
-// reference.
+// admin credential (POST /console/api/login), which the server keeps. The
+// sign-in answers with the session's key, which the page keeps in its
+// tab's sessionStorage (scoped to the console's origin, port included)
+// and sends in the X-Console-Key header of every console API request,
+// and sets an HttpOnly, SameSite=Strict cookie binding the session to the
+// browser (Secure over TLS). A request needs both: cookies are not
+// scoped by port, so any server on another port of the console's host
+// that the browser visits receives the cookie, which alone opens no
+// session and yields no key. Every state-changing request must also come
+// from the console's own origin and carry a JSON body. docs/console.md is
+// the reference.
 package console
 
 import (
@@ -51,7 +56,7 @@ const (
 	// credentials sign in: see Console.add.
 	MaxSessions = 1024
 	cookieName  = "capk_console"
-	csrfHeader  = "X-CSRF-Token"
+	keyHeader   = "X-Console-Key"
 	maxBody     = 64 << 10
 )
 
@@ -88,11 +93,16 @@ type Console struct {
 }
 
 type session struct {
-	id, csrf string
-	cred     string // the credential signed in with; never sent back
-	role     string
-	subject  string
-	jti      string // of a token credential
+	// id is the session's key: the page's secret, sent in X-Console-Key
+	// and given out once, in the answer to the sign-in.
+	id string
+	// browser is the value of the cookie the session was signed in with:
+	// a request must carry it too.
+	browser string
+	cred    string // the credential signed in with; never sent back
+	role    string
+	subject string
+	jti     string // of a token credential
 	// access is what the credential may read of the history
 	// (kernel.Access): everything for the admin and auditors, the
 	// public parts for approvers, who act for no agent.
@@ -166,22 +176,18 @@ func (c *Console) read(h handler) http.HandlerFunc {
 	}
 }
 
-// mutate wraps a state-changing endpoint: same origin, a JSON body, a live
-// session and its CSRF token.
+// mutate wraps a state-changing endpoint: same origin, a JSON body and a
+// live session. The session's key in its header is what a forged form or
+// a request of another origin cannot send, so it is the CSRF token too.
 func (c *Console) mutate(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !checkRequest(w, r) {
 			return
 		}
 		s, ok := c.session(w, r)
-		if !ok {
-			return
+		if ok {
+			h(w, r, s)
 		}
-		if got := r.Header.Get(csrfHeader); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
-			writeError(w, http.StatusForbidden, "missing or wrong "+csrfHeader)
-			return
-		}
-		h(w, r, s)
 	}
 }
 
@@ -231,19 +237,27 @@ func checkRequest(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// session returns the live session of r's cookie, re-checking its
-// credential (a revoked or expired token ends the session).
+// session returns the live session whose key r's X-Console-Key header
+// holds, when r also carries the session's cookie, re-checking its
+// credential (a revoked or expired token ends the session). Anything
+// else is 401: no key, a key of no session, or a key without its cookie
+// (the key alone, taken from a page, is no more a session than the
+// cookie alone).
 func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, bool) {
-	ck, err := r.Cookie(cookieName)
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, "sign in first")
+	key := r.Header.Get(keyHeader)
+	if key == "" {
+		writeError(w, http.StatusUnauthorized, "sign in first: no "+keyHeader+" header")
 		return nil, false
 	}
 	c.mu.Lock()
-	s := c.sessions[ck.Value]
+	s := c.sessions[key]
 	c.mu.Unlock()
 	if s == nil {
 		writeError(w, http.StatusUnauthorized, errEnded.Error())
+		return nil, false
+	}
+	if !hasCookie(r, s.browser) {
+		writeError(w, http.StatusUnauthorized, "the session's cookie is missing: it was signed in from another browser, or its cookie was replaced; sign in again")
 		return nil, false
 	}
 	if err := c.check(s); err != nil {
@@ -251,6 +265,35 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 		return nil, false
 	}
 	return s, true
+}
+
+// hasCookie reports whether one of r's cookies of the console's name has
+// the value v. All of them count: a page on another port of the host can
+// add one of a longer path, which the browser sends first.
+func hasCookie(r *http.Request, v string) bool {
+	for _, ck := range r.CookiesNamed(cookieName) {
+		if subtle.ConstantTimeCompare([]byte(ck.Value), []byte(v)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// browserOf returns the browser binding of a sign-in: the value of r's
+// console cookie when a live session is bound to it, so that the
+// browser's other tabs stay signed in, else a new random one (a value
+// planted by a page on another port is never adopted).
+func (c *Console) browserOf(r *http.Request) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ck := range r.CookiesNamed(cookieName) {
+		for _, s := range c.sessions {
+			if subtle.ConstantTimeCompare([]byte(ck.Value), []byte(s.browser)) == 1 {
+				return s.browser
+			}
+		}
+	}
+	return randomID()
 }
 
 // errEnded: the session was signed out, evicted or expired.
@@ -360,9 +403,12 @@ type LoginRequest struct {
 
 // SessionInfo is what the page learns of its session.
 type SessionInfo struct {
+	// Key is the session's key, which every later request sends in the
+	// X-Console-Key header. It is in the answer to the sign-in only,
+	// never in GET /console/api/session's.
+	Key       string `json:"key,omitempty"`
 	Role      string `json:"role"`
 	Subject   string `json:"subject"`
-	CSRF      string `json:"csrf"`
 	ExpiresAt string `json:"expires_at"`
 	// CanDecide: the session may approve or deny (approver and
 	// escalation credentials), so the page can offer it from the start.
@@ -416,37 +462,41 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			s.expires = tok.Claims.Expiry
 		}
 	}
-	s.id, s.csrf = randomID(), randomID()
+	s.id, s.browser = randomID(), c.browserOf(r)
 	c.add(s)
+	// A browser session cookie (no Expires): it binds the browser's
+	// sessions, each of which ends on its own clock; no page may read it.
 	http.SetCookie(w, &http.Cookie{
-		Name: cookieName, Value: s.id, Path: Prefix, Expires: s.expires,
+		Name: cookieName, Value: s.browser, Path: Prefix,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
-	writeJSON(w, http.StatusOK, info(s))
+	out := info(s)
+	out.Key = s.id
+	writeJSON(w, http.StatusOK, out)
 }
 
 // canDecide reports whether the session's credential may decide approvals.
 func (s *session) canDecide() bool { return s.role == RoleApprover || s.role == RoleEscalation }
 
 func info(s *session) SessionInfo {
-	return SessionInfo{Role: s.role, Subject: s.subject, CSRF: s.csrf, ExpiresAt: s.expires.UTC().Format(time.RFC3339),
+	return SessionInfo{Role: s.role, Subject: s.subject, ExpiresAt: s.expires.UTC().Format(time.RFC3339),
 		CanDecide: s.canDecide(), CanRevoke: s.role == RoleAdmin, ReadsAll: s.access.All}
 }
 
 // logout ends the session. Its body is {} (read strictly like every
-// other body, so a body the rules refuse signs nobody out).
+// other body, so a body the rules refuse signs nobody out). The cookie
+// stays: it binds the browser's other tabs' sessions too.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	if !readJSON(w, r, &struct{}{}) {
 		return
 	}
 	c.drop(s)
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	writeJSON(w, http.StatusOK, map[string]bool{"signed_out": true})
 }
 
-// whoami answers the page after a reload: the session's role and its
-// CSRF token (readable only by the console's own origin: no CORS).
+// whoami answers the page after a reload: the session's role and what it
+// may do. It never answers with the key: a request gets here only with
+// it.
 func (c *Console) whoami(w http.ResponseWriter, _ *http.Request, s *session) {
 	writeJSON(w, http.StatusOK, info(s))
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -60,7 +61,13 @@ func TestLogin(t *testing.T) {
 	}
 }
 
-func TestSessionCookie(t *testing.T) {
+// TestSessionNeedsKeyAndCookie: a session is its key, given once in the
+// sign-in's answer and sent in X-Console-Key, together with the cookie
+// binding it to the browser. Neither alone opens it: cookies are not
+// scoped by port, so a server on another port of the console's host gets
+// the cookie (TestBrowserCookieOfAnotherPort), and GET
+// /console/api/session never gives the key out.
+func TestSessionNeedsKeyAndCookie(t *testing.T) {
 	w := newWorld(t)
 	c := w.client()
 	req, _ := http.NewRequest("POST", w.srv.URL+"/console/api/login", strings.NewReader(`{"credential":"`+w.alice.Token+`"}`))
@@ -73,31 +80,98 @@ func TestSessionCookie(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	ck := resp.Cookies()
-	if len(ck) != 1 || !ck[0].HttpOnly || ck[0].SameSite != http.SameSiteStrictMode || ck[0].Path != Prefix || ck[0].Secure {
-		t.Fatalf("cookie %+v: want HttpOnly, SameSite=Strict, Path=%s, not Secure over plain HTTP", ck, Prefix)
+	if len(ck) != 1 || !ck[0].HttpOnly || ck[0].SameSite != http.SameSiteStrictMode || ck[0].Path != Prefix || ck[0].Secure || !ck[0].Expires.IsZero() || ck[0].MaxAge != 0 {
+		t.Fatalf("cookie %+v: want a browser session cookie, HttpOnly, SameSite=Strict, Path=%s, not Secure over plain HTTP", ck, Prefix)
 	}
 	if strings.Contains(string(body), w.alice.Token) || strings.Contains(ck[0].Value, w.alice.Token) {
 		t.Fatal("the credential came back to the browser")
 	}
-	// Signing out ends the session server-side: the old cookie is dead.
-	c.csrf = regexp.MustCompile(`"csrf":"([^"]+)"`).FindStringSubmatch(string(body))[1]
-	if status, _ := c.do("POST", "/console/api/logout", map[string]any{}); status != 200 {
-		t.Fatalf("logout: %d", status)
+	var login SessionInfo
+	if err := json.Unmarshal(body, &login); err != nil || len(login.Key) != 43 || login.Key == ck[0].Value {
+		t.Fatalf("sign-in answer %s: want a key of its own (%v)", body, err)
 	}
-	req, _ = http.NewRequest("GET", w.srv.URL+"/console/api/session", nil)
-	req.AddCookie(ck[0])
-	resp, err = http.DefaultClient.Do(req)
+	cookie := ck[0].Name + "=" + ck[0].Value
+	get := func(header map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", w.srv.URL+"/console/api/session", nil)
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	tests := []struct {
+		name   string
+		header map[string]string
+		status int
+	}{
+		{"cookie alone", map[string]string{"Cookie": cookie}, 401},
+		{"key alone", map[string]string{keyHeader: login.Key}, 401},
+		{"key with another cookie", map[string]string{keyHeader: login.Key, "Cookie": cookieName + "=" + login.Key}, 401},
+		{"cookie as the key", map[string]string{keyHeader: ck[0].Value, "Cookie": cookie}, 401},
+		{"key and cookie", map[string]string{keyHeader: login.Key, "Cookie": cookie}, 200},
+		{"key and cookie behind a planted one", map[string]string{keyHeader: login.Key, "Cookie": cookieName + "=planted; " + cookie}, 200},
+	}
+	for _, tt := range tests {
+		status, b := get(tt.header)
+		if status != tt.status {
+			t.Errorf("%s: %d %s, want %d", tt.name, status, b, tt.status)
+		}
+		if strings.Contains(b, login.Key) || strings.Contains(b, `"key"`) {
+			t.Errorf("%s: the answer gives the key out: %s", tt.name, b)
+		}
+	}
+
+	// Another tab of the same browser signs in on its own (its own key)
+	// under the same cookie, so the first tab stays signed in; signing
+	// out ends only that tab's session.
+	c.key = login.Key
+	tab := &client{w: w, origin: w.srv.URL}
+	tab.hc = &http.Client{Jar: c.hc.Jar, Transport: keyTransport{tab}}
+	if tab.login(w.dave.Token) != 200 {
+		t.Fatal("second tab: login")
+	}
+	if st, out := c.do("GET", "/console/api/session", nil); st != 200 || out["role"] != RoleApprover {
+		t.Fatalf("first tab after the second signed in: %d %v", st, out)
+	}
+	if st, _ := tab.do("POST", "/console/api/logout", map[string]any{}); st != 200 {
+		t.Fatalf("logout: %d", st)
+	}
+	if st, _ := tab.do("GET", "/console/api/session", nil); st != 401 {
+		t.Fatalf("a signed-out key still works: %d", st)
+	}
+	if st, _ := c.do("GET", "/console/api/session", nil); st != 200 {
+		t.Fatalf("the other tab's sign-out signed this one out: %d", st)
+	}
+}
+
+// TestPlantedCookieIsNotAdopted: a cookie a page on another port of the
+// host set before the operator signs in is not the session's binding
+// (its planter would hold the cookie of the session to come).
+func TestPlantedCookieIsNotAdopted(t *testing.T) {
+	w := newWorld(t)
+	planted := randomID()
+	req, _ := http.NewRequest("POST", w.srv.URL+"/console/api/login", strings.NewReader(`{"credential":"`+w.alice.Token+`"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Origin", w.srv.URL)
+	req.Header.Set("Cookie", cookieName+"="+planted)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 401 {
-		t.Fatalf("a signed-out cookie still works: %d", resp.StatusCode)
+	if ck := resp.Cookies(); resp.StatusCode != 200 || len(ck) != 1 || ck[0].Value == planted {
+		t.Fatalf("sign-in with a planted cookie: %d, cookies %+v: want a new binding", resp.StatusCode, ck)
 	}
 }
 
-// TestStateChangingRequestsAreGuarded: a decision without the CSRF
-// token, from another origin, or not as JSON, is refused and decides
+// TestStateChangingRequestsAreGuarded: a decision without the session's
+// key, from another origin, or not as JSON, is refused and decides
 // nothing.
 func TestStateChangingRequestsAreGuarded(t *testing.T) {
 	w := newWorld(t)
@@ -106,6 +180,8 @@ func TestStateChangingRequestsAreGuarded(t *testing.T) {
 	if c.login(w.alice.Token) != 200 {
 		t.Fatal("login")
 	}
+	// The browser's cookies, without the page's key unless a case sends it.
+	plain := &http.Client{Jar: c.hc.Jar}
 	path := w.srv.URL + "/console/api/approvals/" + a.ID
 	body := `{"decision":"allow","reason":"ok"}`
 	tests := []struct {
@@ -114,19 +190,19 @@ func TestStateChangingRequestsAreGuarded(t *testing.T) {
 		status  int
 		message string
 	}{
-		{"no CSRF token", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/json"}, 403, "X-CSRF-Token"},
-		{"wrong CSRF token", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/json", csrfHeader: "x" + c.csrf}, 403, "X-CSRF-Token"},
-		{"foreign origin", map[string]string{"Origin": "http://evil.example", "Content-Type": "application/json", csrfHeader: c.csrf}, 403, "cross-origin"},
-		{"no origin", map[string]string{"Content-Type": "application/json", csrfHeader: c.csrf}, 403, "cross-origin"},
-		{"form post", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/x-www-form-urlencoded", csrfHeader: c.csrf}, 415, "application/json"},
-		{"text/plain", map[string]string{"Origin": w.srv.URL, "Content-Type": "text/plain", csrfHeader: c.csrf}, 415, "application/json"},
+		{"no key", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/json"}, 401, keyHeader},
+		{"wrong key", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/json", keyHeader: "x" + c.key}, 401, "sign in again"},
+		{"foreign origin", map[string]string{"Origin": "http://evil.example", "Content-Type": "application/json", keyHeader: c.key}, 403, "cross-origin"},
+		{"no origin", map[string]string{"Content-Type": "application/json", keyHeader: c.key}, 403, "cross-origin"},
+		{"form post", map[string]string{"Origin": w.srv.URL, "Content-Type": "application/x-www-form-urlencoded", keyHeader: c.key}, 415, "application/json"},
+		{"text/plain", map[string]string{"Origin": w.srv.URL, "Content-Type": "text/plain", keyHeader: c.key}, 415, "application/json"},
 	}
 	for _, tt := range tests {
 		req, _ := http.NewRequest("POST", path, strings.NewReader(body))
 		for k, v := range tt.header {
 			req.Header.Set(k, v)
 		}
-		resp, err := c.hc.Do(req)
+		resp, err := plain.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

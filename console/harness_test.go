@@ -126,24 +126,39 @@ func (w *world) gated(tok *kernel.MintedToken, tool string, args map[string]any,
 }
 
 // client is a browser-like HTTP client with a cookie jar, sending the
-// console's own Origin unless told otherwise.
+// console's own Origin unless told otherwise, and, like the page, its
+// session key in every request once signed in.
 type client struct {
 	w      *world
 	hc     *http.Client
-	csrf   string
+	key    string
 	origin string
 }
 
 func (w *world) client() *client {
 	jar, _ := cookiejar.New(nil)
-	return &client{w: w, hc: &http.Client{Jar: jar}, origin: w.srv.URL}
+	c := &client{w: w, origin: w.srv.URL}
+	c.hc = &http.Client{Jar: jar, Transport: keyTransport{c}}
+	return c
+}
+
+// keyTransport adds the client's session key to each request, as the
+// page does from its sessionStorage.
+type keyTransport struct{ c *client }
+
+func (t keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.c.key != "" && r.Header.Get(keyHeader) == "" {
+		r = r.Clone(r.Context())
+		r.Header.Set(keyHeader, t.c.key)
+	}
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // rawBody is a request body sent as it is, not encoded as JSON.
 type rawBody string
 
 // do sends a request; for POST the body is JSON (body encoded, or a
-// rawBody as it is) with the client's Origin and CSRF token.
+// rawBody as it is) with the client's Origin.
 func (c *client) do(method, path string, body any) (int, map[string]any) {
 	c.w.t.Helper()
 	var rd io.Reader
@@ -161,9 +176,6 @@ func (c *client) do(method, path string, body any) (int, map[string]any) {
 		if c.origin != "" {
 			req.Header.Set("Origin", c.origin)
 		}
-		if c.csrf != "" {
-			req.Header.Set(csrfHeader, c.csrf)
-		}
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -175,12 +187,12 @@ func (c *client) do(method, path string, body any) (int, map[string]any) {
 	return resp.StatusCode, out
 }
 
-// login signs c in with cred and keeps the CSRF token.
+// login signs c in with cred and keeps the session key.
 func (c *client) login(cred string) int {
 	c.w.t.Helper()
 	status, out := c.do(http.MethodPost, "/console/api/login", LoginRequest{Credential: cred})
 	if status == http.StatusOK {
-		c.csrf, _ = out["csrf"].(string)
+		c.key, _ = out["key"].(string)
 	}
 	return status
 }

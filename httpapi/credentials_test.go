@@ -90,8 +90,9 @@ func TestCredentialErrors(t *testing.T) {
 
 // Admin and token requests with a fault in them are answered with what is
 // wrong, on which input, and change nothing: a revocation of something
-// that is not a token id records nothing (it could never apply). A refused
-// approval decision is the exception: docs/http.md has it recorded.
+// that is not a token id records nothing (it could never apply), nor does
+// a decision on an approval that does not exist, refused (docs/http.md
+// records refused decisions on approvals that do).
 func TestRequestErrorsSayWhat(t *testing.T) {
 	f := newFixture(t)
 	admin := "Authorization: Bearer " + f.admin
@@ -108,7 +109,7 @@ func TestRequestErrorsSayWhat(t *testing.T) {
 		{"mint, no agent", "POST", "/v1/tokens", []byte(`{"tools":["echo"]}`), admin, 400, "invalid_args", "agent_id is required", false},
 		{"mint, a body over the limit", "POST", "/v1/tokens", []byte(`{"agent_id":"` + strings.Repeat("x", 2<<20) + `"}`), admin, 413, "invalid_args", "over the 1048576-byte limit", false},
 		{"attenuate, no parent", "POST", "/v1/tokens/attenuate", []byte(`{}`), "", 401, "token_invalid", "parent is required", false},
-		{"decide, the admin credential", "POST", "/v1/approvals/a1", []byte(`{"decision":"allow"}`), admin, 403, "permission_denied", "the admin credential cannot decide approvals", true},
+		{"decide, the admin credential", "POST", "/v1/approvals/a1", []byte(`{"decision":"allow"}`), admin, 403, "permission_denied", "the admin credential cannot decide approvals", false},
 		{"entries, limit 0", "GET", "/v1/ledger/entries?limit=0", nil, admin, 400, "invalid_args", `limit "0" is below 1`, false},
 		{"an endpoint's path, another method", "PUT", "/v1/syscalls", []byte(`{}`), "", 405, "invalid_args", "/v1/syscalls takes GET or POST, not PUT", false},
 		{"no endpoint", "GET", "/v1/nothing", nil, "", 404, "invalid_args", "no endpoint GET /v1/nothing", false},

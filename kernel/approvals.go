@@ -264,7 +264,9 @@ func checkDecision(decision, reason string) error {
 // escalated call, one with role escalation; and its subject must not be
 // the agent that made the call. Refused attempts on an approval pending
 // or recently decided are recorded in the ledger too; one naming no such
-// approval is not (ErrNotFound, whatever the token). It returns the request as decided, or an error wrapping
+// approval is answered as any other (ErrApprovalForbidden for a
+// credential that decides nothing, else ErrNotFound) but not recorded.
+// It returns the request as decided, or an error wrapping
 // ErrNotFound, ErrApprovalForbidden (also for a bad token) or
 // ErrApprovalConflict (someone decided first; the request says how).
 func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalRequest, error) {
@@ -282,14 +284,14 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		}
 	}
 	k.approvals.mu.Unlock()
-	if a == nil && done == nil {
-		// Nothing to decide: answered whoever asks, and not recorded (an
-		// id of anyone's choosing, with any credential or none, would
-		// otherwise be written into the ledger).
-		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
-	}
 	tok, err := k.verifier.VerifyBearer(approverToken, k.cfg.Now())
 	refuse := func(why string) (ApprovalRequest, error) {
+		if a == nil && done == nil {
+			// No approval of that id: the refusal is not recorded (an
+			// id of anyone's choosing, with any credential or none,
+			// would be written into the ledger).
+			return ApprovalRequest{}, fmt.Errorf("%w: %s", ErrApprovalForbidden, why)
+		}
 		by := ""
 		if tok != nil {
 			by = tok.Claims.Subject
@@ -305,6 +307,8 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return refuse("approver token: " + err.Error())
 	case tok.Claims.Cap.Role == "" || tok.Claims.Cap.Role == captoken.RoleAuditor:
 		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
+	case a == nil && done == nil:
+		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
 	case a == nil:
 		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
 	case a.req.RequiredRole == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:

@@ -179,20 +179,24 @@ func TestApprovalRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, <-res)
-	// An id naming no approval is not found, whatever the credential,
-	// and nothing is recorded: anyone could otherwise write an id of their
-	// choosing into the ledger (rev-audit #1, rev-console #7).
+	// An id naming no approval is not found (a credential that decides
+	// nothing is told so), and nothing is recorded: anyone could otherwise
+	// write an id of their choosing into the ledger (rev-audit #1,
+	// rev-console #7).
 	head := h.headSize()
-	for name, tok := range map[string]string{
-		"an approver":  h.approver("carol", captoken.RoleEscalation),
-		"garbage":      "not-a-token",
-		"none":         "",
-		"an auditor's": h.approver("dave", captoken.RoleAuditor),
-		"the admin's":  AdminPrefix + "x",
+	for _, c := range []struct {
+		name, tok string
+		want      error
+	}{
+		{"an approver", h.approver("carol", captoken.RoleEscalation), ErrNotFound},
+		{"garbage", "not-a-token", ErrApprovalForbidden},
+		{"none", "", ErrApprovalForbidden},
+		{"an auditor's", h.approver("dave", captoken.RoleAuditor), ErrApprovalForbidden},
+		{"the admin's", AdminPrefix + "x", ErrApprovalForbidden},
 	} {
 		for _, id := range []string{"no-such-id", strings.Repeat("x", 60<<10)} {
-			if _, err := h.k.Decide(id, tok, "allow", ""); !errors.Is(err, ErrNotFound) {
-				t.Fatalf("unknown id of %d bytes, %s token: %v", len(id), name, err)
+			if _, err := h.k.Decide(id, c.tok, "allow", ""); !errors.Is(err, c.want) {
+				t.Fatalf("unknown id of %d bytes, %s token: %v, want %v", len(id), c.name, err, c.want)
 			}
 		}
 	}

@@ -124,6 +124,9 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			// would wait for an approver, then act).
 			if sid := r.Header.Get(sessionIDHeader); sid != "" && g.sessionByID(sid) != nil {
 				g.inflight.endSession(sid)
+				if idle != nil {
+					defer idle.ended(sid)
+				}
 			}
 		}
 		if r.Method != http.MethodPost {

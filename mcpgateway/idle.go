@@ -28,6 +28,7 @@ type idleSessions struct {
 type idleSession struct {
 	refs  int         // requests of the session being served
 	timer *time.Timer // counts idle down while refs is 0
+	ended bool        // its client ended it (DELETE): forgotten once refs is 0
 }
 
 func newIdleSessions(idle time.Duration, busy func(string) bool, end func(string)) *idleSessions {
@@ -64,9 +65,23 @@ func (s *idleSessions) begin(session string) (done func()) {
 	return func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if r.refs--; r.refs == 0 && s.by[session] == r {
+		switch r.refs--; {
+		case r.refs > 0 || s.by[session] != r:
+		case r.ended:
+			delete(s.by, session)
+		default:
 			r.timer.Reset(s.idle)
 		}
+	}
+}
+
+// ended marks session as ended by its client: its record goes when its
+// last request is served, rather than when its count runs out.
+func (s *idleSessions) ended(session string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.by[session]; r != nil {
+		r.ended = true
 	}
 }
 

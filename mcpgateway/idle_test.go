@@ -224,3 +224,61 @@ func TestIdleSessionKeptWhileListening(t *testing.T) {
 	waitEnded(t, g, id)
 	cs.Close()
 }
+
+// The idle counts themselves: a session is ended once, after idle with no
+// request served and no call busy; a busy one is counted again; one its
+// client ended is forgotten once its last request is served, never ended
+// again nor kept until its count runs out.
+func TestIdleSessionsCount(t *testing.T) {
+	var mu sync.Mutex
+	ended := map[string]int{}
+	busy := map[string]bool{"busy": true}
+	s := newIdleSessions(50*time.Millisecond, func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return busy[id]
+	}, func(id string) {
+		mu.Lock()
+		ended[id]++
+		mu.Unlock()
+	})
+	s.track("idle")
+	s.track("busy")
+	done := s.begin("deleted")
+	s.ended("deleted")
+	done()
+	s.mu.Lock()
+	_, kept := s.by["deleted"]
+	s.mu.Unlock()
+	if kept {
+		t.Error("a session its client ended is still counted after its last request")
+	}
+	wait := func(id string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			mu.Lock()
+			n := ended[id]
+			mu.Unlock()
+			if n > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("session %s was not ended", id)
+			}
+		}
+	}
+	wait("idle")
+	time.Sleep(150 * time.Millisecond) // the busy one's count ran out too, more than once
+	mu.Lock()
+	if ended["idle"] != 1 || ended["busy"] != 0 || ended["deleted"] != 0 {
+		t.Fatalf("ended %v: want the idle session once, neither the busy nor the deleted one", ended)
+	}
+	busy["busy"] = false
+	mu.Unlock()
+	wait("busy")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.by) != 0 {
+		t.Errorf("records left: %v", s.by)
+	}
+}

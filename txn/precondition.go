@@ -83,7 +83,8 @@ func CheckFile(p Precondition, r *syscalls.Resource) error {
 	var got string
 	var err error
 	if r.Pinned {
-		got, _, err = hashOpened(r.Open())
+		f, oerr := r.Open()
+		got, _, err = hashOpened(r.Rel, f, oerr)
 	} else {
 		got, _, err = hashFile(r.Root, r.Rel)
 	}

@@ -1,4 +1,4 @@
-// node_modules/diff/libesm/diff/base.js
+// ../../../../main/console/web/node_modules/diff/libesm/diff/base.js
 var Diff = class {
   diff(oldStr, newStr, options = {}) {
     let callback;
@@ -200,7 +200,7 @@ var Diff = class {
   }
 };
 
-// node_modules/diff/libesm/diff/line.js
+// ../../../../main/console/web/node_modules/diff/libesm/diff/line.js
 var LineDiff = class extends Diff {
   constructor() {
     super(...arguments);
@@ -248,11 +248,11 @@ function tokenize(value, options) {
   return retLines;
 }
 
-// node_modules/@noble/hashes/_u64.js
+// ../../../../main/console/web/node_modules/@noble/hashes/_u64.js
 var fromNumH = (n) => n / 2 ** 32 | 0;
 var fromNumL = (n) => n >>> 0;
 
-// node_modules/@noble/hashes/utils.js
+// ../../../../main/console/web/node_modules/@noble/hashes/utils.js
 function isBytes(a) {
   return a instanceof Uint8Array || ArrayBuffer.isView(a) && a.constructor.name === "Uint8Array" && "BYTES_PER_ELEMENT" in a && a.BYTES_PER_ELEMENT === 1;
 }
@@ -352,7 +352,7 @@ function createHasher(hashCons, info = {}) {
   return Object.freeze(hashC);
 }
 
-// node_modules/@noble/hashes/_md.js
+// ../../../../main/console/web/node_modules/@noble/hashes/_md.js
 var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
   1779033703,
   3144134277,
@@ -364,7 +364,7 @@ var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
   1541459225
 ]);
 
-// node_modules/@noble/hashes/_blake.js
+// ../../../../main/console/web/node_modules/@noble/hashes/_blake.js
 function G1s(a, b, c, d, x) {
   a = a + b + x | 0;
   d = rotr(d ^ a, 16);
@@ -380,7 +380,7 @@ function G2s(a, b, c, d, x) {
   return { a, b, c, d };
 }
 
-// node_modules/@noble/hashes/blake2.js
+// ../../../../main/console/web/node_modules/@noble/hashes/blake2.js
 var _BLAKE2 = class {
   buffer;
   buffer32;
@@ -502,7 +502,7 @@ function _compress(s, offset, msg, rounds, v0, v1, v2, v3, v4, v5, v6, v7, v8, v
   return { v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 };
 }
 
-// node_modules/@noble/hashes/blake3.js
+// ../../../../main/console/web/node_modules/@noble/hashes/blake3.js
 var B3_Flags = {
   CHUNK_START: 1,
   CHUNK_END: 2,
@@ -1302,6 +1302,83 @@ async function verifyBundle(bundle, jwks2) {
   return { ok: checks.every((c) => c.ok === true), format: BUNDLE_FORMAT, checks };
 }
 
+// src/witness.js
+var STATE = "capkernel.console.checkpoints";
+var LEGACY = "capkernel.console.checkpoint";
+async function signerOf(note, keys2) {
+  const cp = parseCheckpoint(note);
+  for (const key of keys2) {
+    const id = await noteKeyID(cp.origin, key.pub);
+    if (cp.sigs.some((s) => s.name === cp.origin && hex(s.keyID) === hex(id))) return { key, cp: await verifyCheckpoint(note, key.pub) };
+  }
+  throw new Error("no key of the JWKS signs the checkpoint under its origin " + JSON.stringify(cp.origin));
+}
+function load(store) {
+  try {
+    const st = JSON.parse(store.getItem(STATE) || "{}");
+    if (st && typeof st.keys === "object" && st.keys !== null) return st;
+  } catch {
+  }
+  return { keys: {} };
+}
+async function seenFor(store, st, key) {
+  if (Object.hasOwn(st.keys, key.kid)) return st.keys[key.kid];
+  const legacy = store.getItem(LEGACY);
+  if (!legacy) return null;
+  try {
+    const cp = await verifyCheckpoint(legacy, key.pub);
+    return { origin: cp.origin, note: legacy, seen_at: "an earlier visit" };
+  } catch {
+    return null;
+  }
+}
+async function witness(note, jwks2, store, prove, now = /* @__PURE__ */ new Date()) {
+  const checks = [];
+  const { key, cp } = await signerOf(note, await jwksKeys(jwks2));
+  checks.push(["Signature by the kernel's key", true, `${cp.origin}, key ${key.kid}`]);
+  const label = "Consistent with the last one seen";
+  const st = load(store);
+  const seen = await seenFor(store, st, key);
+  let remember = true;
+  const other = Object.entries(st.keys).find(([kid, r]) => kid !== key.kid && r.origin === cp.origin);
+  try {
+    if (seen && seen.origin !== cp.origin) {
+      const old = parseCheckpoint(seen.note);
+      throw new Error(`ORIGIN CHANGED: key ${key.kid} signed the checkpoint of origin ${JSON.stringify(seen.origin)} (size ${old.size}) seen at ${seen.seen_at}, and now one of origin ${JSON.stringify(cp.origin)} (size ${cp.size}): a key signs one ledger, so this is another history under a new name`);
+    }
+    if (!seen && other) {
+      throw new Error(`KEY CHANGED: origin ${JSON.stringify(cp.origin)} was seen signed by key ${other[0]} at ${other[1].seen_at}, and is now signed by key ${key.kid}`);
+    }
+    if (!seen) {
+      checks.push([label, null, "first checkpoint this browser has seen for this key"]);
+    } else {
+      const old = await verifyCheckpoint(seen.note, key.pub).catch((e) => {
+        throw new Error("the remembered checkpoint does not verify: " + e.message);
+      });
+      if (cp.size < old.size) {
+        verifyConsistency(cp.size, old.size, cp.root, old.root, await prove(cp.size, old.size));
+        checks.push([label, true, `older than the checkpoint of size ${old.size} seen at ${seen.seen_at}, which is proved an extension of it; that one stays remembered`]);
+        remember = false;
+      } else if (cp.size === old.size) {
+        if (hex(cp.root) !== hex(old.root)) throw new Error(`FORK: two signed checkpoints of size ${cp.size} with roots ${hex(old.root)} (seen at ${seen.seen_at}) and ${hex(cp.root)}`);
+        checks.push([label, true, `same as the checkpoint seen at ${seen.seen_at}`]);
+      } else {
+        verifyConsistency(old.size, cp.size, old.root, cp.root, await prove(old.size, cp.size));
+        checks.push([label, true, `size ${old.size} → ${cp.size}, proved an extension of the checkpoint seen at ${seen.seen_at}`]);
+      }
+    }
+  } catch (e) {
+    checks.push([label, false, e.message]);
+    remember = false;
+  }
+  if (remember) {
+    st.keys[key.kid] = { origin: cp.origin, note, seen_at: now.toISOString() };
+    store.setItem(STATE, JSON.stringify(st));
+    store.removeItem(LEGACY);
+  }
+  return { checks, kid: key.kid, remembered: remember };
+}
+
 // src/commitments.js
 var PARTS = ["args", "result", "policy_input", "context"];
 var CONTEXT = "capkernel audit commitment v1 ";
@@ -1346,6 +1423,8 @@ function openPayload(body, payload, { erased = false, withheld = false } = {}) {
 var $ = (sel) => document.querySelector(sel);
 var session = null;
 var events = null;
+var KEY = "capkernel.console.key";
+var KEY_HEADER = "X-Console-Key";
 var pending = /* @__PURE__ */ new Map();
 var decided = /* @__PURE__ */ new Map();
 function el(tag, attrs = {}, ...children) {
@@ -1373,11 +1452,14 @@ var APIError = class extends Error {
     this.body = body;
   }
 };
+function keyHeaders() {
+  const key = sessionStorage.getItem(KEY);
+  return key ? { [KEY_HEADER]: key } : {};
+}
 async function api(method, path, body) {
-  const opts = { method, credentials: "same-origin", headers: {} };
+  const opts = { method, credentials: "same-origin", headers: keyHeaders() };
   if (method !== "GET") {
     opts.headers["Content-Type"] = "application/json";
-    if (session) opts.headers["X-CSRF-Token"] = session.csrf;
     opts.body = JSON.stringify(body ?? {});
   }
   const resp = await fetch(path, opts);
@@ -1431,7 +1513,8 @@ function signedIn(s) {
 }
 function signedOut(msg) {
   session = null;
-  if (events) events.close();
+  sessionStorage.removeItem(KEY);
+  if (events) events.abort();
   events = null;
   pending.clear();
   touched.clear();
@@ -1445,21 +1528,21 @@ function signedOut(msg) {
 var loads = 0;
 var touched = /* @__PURE__ */ new Map();
 async function loadApprovals() {
-  const load = ++loads;
+  const load2 = ++loads;
   try {
     const out = await api("GET", "/console/api/approvals?all=true");
     session.canDecide = out.can_decide;
     const listed = /* @__PURE__ */ new Set();
     for (const a of out.approvals) {
       listed.add(a.approval_id);
-      if ((touched.get(a.approval_id) ?? 0) >= load) continue;
+      if ((touched.get(a.approval_id) ?? 0) >= load2) continue;
       if (a.state === "pending") pending.set(a.approval_id, a);
       else {
         pending.delete(a.approval_id);
         decided.set(a.approval_id, a);
       }
     }
-    for (const id of [...pending.keys()]) if (!listed.has(id) && (touched.get(id) ?? 0) < load) pending.delete(id);
+    for (const id of [...pending.keys()]) if (!listed.has(id) && (touched.get(id) ?? 0) < load2) pending.delete(id);
     renderApprovals();
   } catch (e) {
     say("Loading approvals failed: " + e.message, true);
@@ -1574,26 +1657,73 @@ function resolved(a) {
   renderApprovals();
 }
 function connectEvents() {
-  if (events) events.close();
-  events = new EventSource("/console/api/events");
-  const onEvent = (ev) => {
-    const e = JSON.parse(ev.data);
-    logEvent(e);
-    if (e.kind === "tool.confirmation_requested" && e.approval) {
-      touched.set(e.approval.approval_id, loads);
-      pending.set(e.approval.approval_id, e.approval);
-      renderApprovals();
-    } else if (e.kind === "tool.confirmation_resolved" && e.approval) {
-      resolved(e.approval);
+  if (events) events.abort();
+  events = new AbortController();
+  streamEvents(events.signal);
+}
+var RECONNECT_MS = 3e3;
+async function streamEvents(signal) {
+  while (!signal.aborted) {
+    try {
+      const resp = await fetch("/console/api/events", { credentials: "same-origin", headers: keyHeaders(), signal });
+      if (resp.status === 401) {
+        if (!signal.aborted) signedOut("The session has ended; sign in again.");
+        return;
+      }
+      if (resp.ok && resp.body) {
+        if (session) loadApprovals();
+        await readEvents(resp.body, signal);
+      }
+    } catch {
     }
-  };
-  for (const k of ["tool.called", "tool.completed", "tool.failed", "tool.input_invalid", "tool.denied", "tool.confirmation_requested", "tool.confirmation_resolved"]) {
-    events.addEventListener(k, onEvent);
+    if (signal.aborted) return;
+    await new Promise((r) => setTimeout(r, RECONNECT_MS));
   }
-  events.addEventListener("dropped", () => loadApprovals());
-  events.addEventListener("open", () => {
-    if (session) loadApprovals();
-  });
+}
+async function readEvents(body, signal) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "", kind = "", data = [];
+  for (; ; ) {
+    const { value, done } = await reader.read();
+    if (done || signal.aborted) return;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, nl).replace(/\r$/, "");
+      buf = buf.slice(nl + 1);
+      if (line === "") {
+        if (data.length) onEvent(kind || "message", data.join("\n"));
+        kind = "";
+        data = [];
+      } else if (line.startsWith("event:")) kind = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+  }
+}
+function onEvent(kind, data) {
+  if (kind === "ended") {
+    let why = "";
+    try {
+      why = JSON.parse(data).error;
+    } catch {
+    }
+    signedOut("The session has ended" + (why ? ": " + why : "") + "; sign in again.");
+    return;
+  }
+  if (kind === "dropped") {
+    loadApprovals();
+    return;
+  }
+  if (!kind.startsWith("tool.")) return;
+  const e = JSON.parse(data);
+  logEvent(e);
+  if (kind === "tool.confirmation_requested" && e.approval) {
+    touched.set(e.approval.approval_id, loads);
+    pending.set(e.approval.approval_id, e.approval);
+    renderApprovals();
+  } else if (kind === "tool.confirmation_resolved" && e.approval) {
+    resolved(e.approval);
+  }
 }
 function logEvent(e) {
   const ol = $("#events");
@@ -1807,38 +1937,19 @@ async function verifyUpload(ev) {
     box.setAttribute("data-verdict", "fail");
   }
 }
-var LAST_SEEN = "capkernel.console.checkpoint";
 async function refreshCheckpoint() {
   const box = $("#ledger-checks");
   try {
     const resp = await fetch("/v1/ledger/checkpoint", { credentials: "omit" });
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const cp = await resp.json();
-    const keys2 = await jwks();
-    const pub = b64urlDecode(keys2.keys[0].x);
-    const checks = [];
-    const parsed = await verifyCheckpoint(cp.note, pub);
-    checks.push(["Signature by the kernel's key", true, parsed.origin]);
-    const last = localStorage.getItem(LAST_SEEN);
-    if (last) {
-      try {
-        const prev = parseCheckpoint(last);
-        if (prev.origin !== parsed.origin) {
-          checks.push(["Consistent with the last one seen", null, "another kernel's checkpoint was seen last"]);
-        } else {
-          const pr = await fetch(`/v1/ledger/proof/consistency?from=${prev.size}&to=${parsed.size}`, { credentials: "omit" });
-          if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
-          const p = await pr.json();
-          verifyConsistency(prev.size, parsed.size, prev.root, parsed.root, p.proof.map((h) => Uint8Array.from(h.slice(7).match(/../g), (x) => parseInt(x, 16))));
-          checks.push(["Consistent with the last one seen", true, `size ${prev.size} → ${parsed.size}`]);
-        }
-      } catch (e) {
-        checks.push(["Consistent with the last one seen", false, e.message]);
-      }
-    } else {
-      checks.push(["Consistent with the last one seen", null, "first checkpoint this browser has seen"]);
-    }
-    if (!checks.some((c) => c[1] === false)) localStorage.setItem(LAST_SEEN, cp.note);
+    const prove = async (from, to) => {
+      const pr = await fetch(`/v1/ledger/proof/consistency?from=${from}&to=${to}`, { credentials: "omit" });
+      if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
+      const p = await pr.json();
+      return p.proof.map((h) => unhex(h.slice(7)));
+    };
+    const { checks } = await witness(cp.note, await jwks(), localStorage, prove);
     $("#checkpoint").replaceChildren(...kv([["Number", cp.number], ["Origin", cp.origin], ["Size", cp.size], ["Root", cp.root], ["Verifier key", cp.verifier_key]]).children);
     box.replaceChildren(el("ul", { class: "checks" }, checks.map(([label, ok, detail]) => el("li", { class: ok === true ? "pass" : ok === false ? "fail" : "skip" }, el("strong", {}, label), el("br"), detail))));
   } catch (e) {
@@ -1900,7 +2011,9 @@ async function login(ev) {
   const credential = input.value;
   input.value = "";
   try {
-    signedIn(await api("POST", "/console/api/login", { credential }));
+    const { key, ...s } = await api("POST", "/console/api/login", { credential });
+    sessionStorage.setItem(KEY, key);
+    signedIn(s);
     say("Signed in.");
   } catch (e) {
     say("Sign-in failed: " + e.message, true);
@@ -1931,6 +2044,7 @@ function start() {
   $("#tokens-refresh").addEventListener("click", loadTokens);
   $("#revoke-form").addEventListener("submit", confirmRevoke);
   $("#revoke-cancel").addEventListener("click", () => $("#revoke-dialog").close());
-  api("GET", "/console/api/session").then(signedIn, () => signedOut());
+  if (sessionStorage.getItem(KEY)) api("GET", "/console/api/session").then(signedIn, () => signedOut());
+  else signedOut();
 }
 start();

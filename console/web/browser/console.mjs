@@ -59,6 +59,10 @@ async function signIn(ctx, credential) {
   return page;
 }
 
+// SESSION_KEY is where the page keeps its session key (sessionStorage);
+// a fetch in the page sends it as the page's own requests do.
+const SESSION_KEY = "capkernel.console.key";
+
 async function shot(page, name) {
   await page.screenshot({ path: join(cfg.artifacts, name + ".png"), fullPage: true });
 }
@@ -153,13 +157,16 @@ test("a denied call is refused and writes nothing", async () => {
 });
 
 test("a list fetched before a live request arrives does not hide it", async () => {
-  // A page of its own, opened once signed in: it signs in from the cookie,
-  // and every approvals list fetch held below is this page's. (Holding on
-  // the sign-in page itself and reloading it could count that page's late
-  // fetch as one of the new page's two, and start the call before the new
-  // page's event stream was open.)
-  await (await signIn(alice, cfg.alice)).close();
+  // A page of its own, holding the signed-in tab's session key (as that
+  // tab's reload would), and every approvals list fetch held below is
+  // this page's. (Holding on the sign-in page itself and reloading it
+  // could count that page's late fetch as one of the new page's two, and
+  // start the call before the new page's event stream was open.)
+  const first = await signIn(alice, cfg.alice);
+  const key = await first.evaluate((k) => sessionStorage.getItem(k), SESSION_KEY);
+  await first.close();
   const page = await alice.newPage();
+  await page.addInitScript(([k, v]) => sessionStorage.setItem(k, v), [SESSION_KEY, key]);
   // Hold every approvals list the page fetches: each is answered by the
   // server at once, but delivered only after the call below was shown
   // live, as a slow network would.
@@ -172,7 +179,7 @@ test("a list fetched before a live request arrives does not hide it", async () =
     await gate;
     await route.fulfill({ response: resp });
   });
-  await page.goto(cfg.url + "/console"); // signs in from the cookie: one list fetch, and one when the event stream opens
+  await page.goto(cfg.url + "/console"); // signed in by its key: one list fetch, and one when the event stream opens
   await expectSoon(() => held.length >= 2, "the page fetched the approvals list twice");
   const id = await startCall("fs.write", { path: join(cfg.ws, "stale.txt"), content: "stale\n" });
   await card(page, id).waitFor();
@@ -248,7 +255,7 @@ test("a receipt is verified in the page, and a tampered one refused", async () =
   assert.equal(await page.locator('#detail-checks li[data-state="fail"]').count(), 0);
   await shot(page, "history");
 
-  const bundle = await page.evaluate(async (id) => (await fetch(`/console/api/receipts/${id}/bundle`)).json(), approved.receipt_id);
+  const bundle = await page.evaluate(async ([id, k]) => (await fetch(`/console/api/receipts/${id}/bundle`, { headers: { "X-Console-Key": sessionStorage.getItem(k) } })).json(), [approved.receipt_id, SESSION_KEY]);
   const verify = async (b) => {
     await page.getByRole("button", { name: "Verify", exact: true }).first().click();
     await page.getByLabel("or paste the bundle JSON").fill(JSON.stringify(b));
@@ -267,19 +274,19 @@ test("a receipt is verified in the page, and a tampered one refused", async () =
   await page.close();
 });
 
-test("CSRF: a request without the token, and one from a foreign origin, are refused", async () => {
+test("CSRF: a request without the session key, and one from a foreign origin, are refused", async () => {
   const page = await signIn(alice, cfg.alice);
   const id = await startCall("fs.write", { path: join(cfg.ws, "csrf.txt"), content: "forged\n" });
   await card(page, id).waitFor();
   const approval = await card(page, id).getAttribute("data-id");
   const path = "/console/api/approvals/" + encodeURIComponent(approval);
 
-  // Same origin, signed in, but no X-CSRF-Token.
-  const noToken = await page.evaluate(async (path) => {
+  // Same origin, signed in (the cookie goes along), but no X-Console-Key.
+  const noKey = await page.evaluate(async (path) => {
     const r = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: '{"decision":"allow"}' });
     return r.status;
   }, path);
-  assert.equal(noToken, 403);
+  assert.equal(noKey, 401);
 
   // Another origin of the same site (another port of 127.0.0.1): the
   // browser sends the SameSite=Strict cookie along, so only the origin
@@ -295,7 +302,7 @@ test("CSRF: a request without the token, and one from a foreign origin, are refu
     page.locator("form").evaluate((f) => f.submit()),
   ]);
   assert.equal(resp.status(), 403);
-  assert.match(await resp.text(), /cross-origin|Content-Type|CSRF/i);
+  assert.match(await resp.text(), /cross-origin|Content-Type|X-Console-Key/i);
 
   // The call is still waiting: nothing decided it. Deny it properly.
   await page.goto(cfg.url + "/console");
@@ -357,10 +364,16 @@ test("an approver does not see another agent's payload", async () => {
   await page.locator('#detail-commitments[data-verdict="withheld"]').waitFor();
   assert.doesNotMatch(await page.locator("#history-detail").textContent(), /status: final/);
   // Nor from the console's API, whatever the page asks.
-  const answers = await page.evaluate(async ([rid, op]) => Promise.all(
+  const answers = await page.evaluate(async ([rid, op, k]) => Promise.all(
     [`/console/api/receipts/${rid}/record`, `/console/api/operations/${op}`, `/console/api/receipts?agent=${"a1"}`, `/console/api/receipts/${rid}/bundle`]
-      .map(async (p) => (await fetch(p)).text())), [approved.receipt_id, approved.operation_id]);
-  for (const a of answers) assert.doesNotMatch(a, /status: final/);
+      .map(async (p) => {
+        const r = await fetch(p, { headers: { "X-Console-Key": sessionStorage.getItem(k) } });
+        return [r.status, await r.text()];
+      })), [approved.receipt_id, approved.operation_id, SESSION_KEY]);
+  for (const [status, a] of answers) {
+    assert.notEqual(status, 401, "the page's own key was refused");
+    assert.doesNotMatch(a, /status: final/);
+  }
   await page.close();
 });
 

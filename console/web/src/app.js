@@ -1,14 +1,21 @@
 // The operator's console page. Everything it shows comes from the
 // console API (/console/api/...) and the kernel's public ledger
-// endpoints, all on this origin. The session lives in an HttpOnly
-// cookie; the CSRF token is kept in this module's memory only.
+// endpoints, all on this origin. The session is its key, which the
+// sign-in answers with once and this tab keeps in its sessionStorage
+// (scoped to this origin, port included, and to this tab), sent in the
+// X-Console-Key header of every console API request, together with the
+// HttpOnly cookie binding it to this browser. The cookie alone is no
+// session: cookies are not scoped by port.
 import { diffLines } from "diff";
-import { verifyBundle, verifyCheckpoint, verifyConsistency, b64urlDecode, parseCheckpoint, parseEntry } from "./verify.js";
+import { verifyBundle, parseEntry, unhex } from "./verify.js";
+import { witness } from "./witness.js";
 import { openPayload, PARTS } from "./commitments.js";
 
 const $ = (sel) => document.querySelector(sel);
-let session = null; // {role, subject, csrf, canDecide, can_revoke, reads_all}
-let events = null; // EventSource
+let session = null; // {role, subject, canDecide, can_revoke, reads_all}
+let events = null; // the AbortController of the event stream
+const KEY = "capkernel.console.key"; // in sessionStorage: this tab's session key
+const KEY_HEADER = "X-Console-Key";
 const pending = new Map(); // approval_id -> request
 const decided = new Map();
 
@@ -42,11 +49,16 @@ class APIError extends Error {
   }
 }
 
+// keyHeaders are the headers that carry this tab's session key.
+function keyHeaders() {
+  const key = sessionStorage.getItem(KEY);
+  return key ? { [KEY_HEADER]: key } : {};
+}
+
 async function api(method, path, body) {
-  const opts = { method, credentials: "same-origin", headers: {} };
+  const opts = { method, credentials: "same-origin", headers: keyHeaders() };
   if (method !== "GET") {
     opts.headers["Content-Type"] = "application/json";
-    if (session) opts.headers["X-CSRF-Token"] = session.csrf;
     opts.body = JSON.stringify(body ?? {});
   }
   const resp = await fetch(path, opts);
@@ -108,7 +120,8 @@ function signedIn(s) {
 
 function signedOut(msg) {
   session = null;
-  if (events) events.close();
+  sessionStorage.removeItem(KEY);
+  if (events) events.abort();
   events = null;
   pending.clear();
   touched.clear();
@@ -270,27 +283,88 @@ function resolved(a) {
 // ---- live events ----
 
 function connectEvents() {
-  if (events) events.close();
-  events = new EventSource("/console/api/events");
-  const onEvent = (ev) => {
-    const e = JSON.parse(ev.data);
-    logEvent(e);
-    if (e.kind === "tool.confirmation_requested" && e.approval) {
-      touched.set(e.approval.approval_id, loads);
-      pending.set(e.approval.approval_id, e.approval);
-      renderApprovals();
-    } else if (e.kind === "tool.confirmation_resolved" && e.approval) {
-      resolved(e.approval);
+  if (events) events.abort();
+  events = new AbortController();
+  streamEvents(events.signal);
+}
+
+const RECONNECT_MS = 3000; // as EventSource's default
+
+// streamEvents reads the console's event stream (Server-Sent Events)
+// with fetch, which sends the session key (EventSource cannot send a
+// header), until signal aborts. Like EventSource it reconnects after a
+// pause when the stream breaks, and reloads the approvals list whenever
+// it (re)opens, as events may have been missed meanwhile. A 401, or the
+// stream's "ended" event, signs the page out.
+async function streamEvents(signal) {
+  while (!signal.aborted) {
+    try {
+      const resp = await fetch("/console/api/events", { credentials: "same-origin", headers: keyHeaders(), signal });
+      if (resp.status === 401) {
+        if (!signal.aborted) signedOut("The session has ended; sign in again.");
+        return;
+      }
+      if (resp.ok && resp.body) {
+        if (session) loadApprovals();
+        await readEvents(resp.body, signal);
+      }
+    } catch {
+      // a broken stream: reconnect below
     }
-  };
-  for (const k of ["tool.called", "tool.completed", "tool.failed", "tool.input_invalid", "tool.denied", "tool.confirmation_requested", "tool.confirmation_resolved"]) {
-    events.addEventListener(k, onEvent);
+    if (signal.aborted) return;
+    await new Promise((r) => setTimeout(r, RECONNECT_MS));
   }
-  events.addEventListener("dropped", () => loadApprovals());
-  // After a reconnection, events may have been missed: reload the list.
-  events.addEventListener("open", () => {
-    if (session) loadApprovals();
-  });
+}
+
+// readEvents parses the stream's events (lines "event:" and "data:",
+// a blank line ending each; comments start with ":") and hands each to
+// onEvent until the stream ends.
+async function readEvents(body, signal) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "", kind = "", data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done || signal.aborted) return;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, nl).replace(/\r$/, "");
+      buf = buf.slice(nl + 1);
+      if (line === "") {
+        if (data.length) onEvent(kind || "message", data.join("\n"));
+        kind = "";
+        data = [];
+      } else if (line.startsWith("event:")) kind = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+  }
+}
+
+function onEvent(kind, data) {
+  if (kind === "ended") {
+    let why = "";
+    try {
+      why = JSON.parse(data).error;
+    } catch {
+      // the reason is optional
+    }
+    signedOut("The session has ended" + (why ? ": " + why : "") + "; sign in again.");
+    return;
+  }
+  if (kind === "dropped") {
+    loadApprovals();
+    return;
+  }
+  if (!kind.startsWith("tool.")) return;
+  const e = JSON.parse(data);
+  logEvent(e);
+  if (kind === "tool.confirmation_requested" && e.approval) {
+    touched.set(e.approval.approval_id, loads);
+    pending.set(e.approval.approval_id, e.approval);
+    renderApprovals();
+  } else if (kind === "tool.confirmation_resolved" && e.approval) {
+    resolved(e.approval);
+  }
 }
 
 function logEvent(e) {
@@ -520,39 +594,23 @@ async function verifyUpload(ev) {
 
 // ---- ledger ----
 
-const LAST_SEEN = "capkernel.console.checkpoint"; // the last verified checkpoint note (public data)
-
+// refreshCheckpoint verifies the kernel's latest checkpoint in the page:
+// signed by the JWKS key its signature names, and consistent with the
+// last one this browser verified for that key (witness.js: a key signs
+// one ledger, under one origin).
 async function refreshCheckpoint() {
   const box = $("#ledger-checks");
   try {
     const resp = await fetch("/v1/ledger/checkpoint", { credentials: "omit" });
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const cp = await resp.json();
-    const keys = await jwks();
-    const pub = b64urlDecode(keys.keys[0].x);
-    const checks = [];
-    const parsed = await verifyCheckpoint(cp.note, pub);
-    checks.push(["Signature by the kernel's key", true, parsed.origin]);
-    const last = localStorage.getItem(LAST_SEEN);
-    if (last) {
-      try {
-        const prev = parseCheckpoint(last);
-        if (prev.origin !== parsed.origin) {
-          checks.push(["Consistent with the last one seen", null, "another kernel's checkpoint was seen last"]);
-        } else {
-          const pr = await fetch(`/v1/ledger/proof/consistency?from=${prev.size}&to=${parsed.size}`, { credentials: "omit" });
-          if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
-          const p = await pr.json();
-          verifyConsistency(prev.size, parsed.size, prev.root, parsed.root, p.proof.map((h) => Uint8Array.from(h.slice(7).match(/../g), (x) => parseInt(x, 16))));
-          checks.push(["Consistent with the last one seen", true, `size ${prev.size} → ${parsed.size}`]);
-        }
-      } catch (e) {
-        checks.push(["Consistent with the last one seen", false, e.message]);
-      }
-    } else {
-      checks.push(["Consistent with the last one seen", null, "first checkpoint this browser has seen"]);
-    }
-    if (!checks.some((c) => c[1] === false)) localStorage.setItem(LAST_SEEN, cp.note);
+    const prove = async (from, to) => {
+      const pr = await fetch(`/v1/ledger/proof/consistency?from=${from}&to=${to}`, { credentials: "omit" });
+      if (!pr.ok) throw new Error("fetching the consistency proof: HTTP " + pr.status);
+      const p = await pr.json();
+      return p.proof.map((h) => unhex(h.slice(7)));
+    };
+    const { checks } = await witness(cp.note, await jwks(), localStorage, prove);
     $("#checkpoint").replaceChildren(...kv([["Number", cp.number], ["Origin", cp.origin], ["Size", cp.size], ["Root", cp.root], ["Verifier key", cp.verifier_key]]).children);
     box.replaceChildren(el("ul", { class: "checks" }, checks.map(([label, ok, detail]) =>
       el("li", { class: ok === true ? "pass" : ok === false ? "fail" : "skip" }, el("strong", {}, label), el("br"), detail))));
@@ -617,7 +675,9 @@ async function login(ev) {
   const credential = input.value;
   input.value = ""; // the page keeps no copy of the credential
   try {
-    signedIn(await api("POST", "/console/api/login", { credential }));
+    const { key, ...s } = await api("POST", "/console/api/login", { credential });
+    sessionStorage.setItem(KEY, key);
+    signedIn(s);
     say("Signed in.");
   } catch (e) {
     say("Sign-in failed: " + e.message, true);
@@ -651,7 +711,9 @@ function start() {
   $("#tokens-refresh").addEventListener("click", loadTokens);
   $("#revoke-form").addEventListener("submit", confirmRevoke);
   $("#revoke-cancel").addEventListener("click", () => $("#revoke-dialog").close());
-  api("GET", "/console/api/session").then(signedIn, () => signedOut());
+  // A tab with no session key has no session: the cookie alone is none.
+  if (sessionStorage.getItem(KEY)) api("GET", "/console/api/session").then(signedIn, () => signedOut());
+  else signedOut();
 }
 
 start();

@@ -444,7 +444,9 @@ export function parseCheckpoint(note) {
   return { text, origin, size, root, sigs };
 }
 
-async function noteKeyID(name, pub) {
+// noteKeyID is the key id of a C2SP signed note's Ed25519 key pub under
+// the key name name: the first 4 bytes of SHA-256(name "\n" 0x01 pub).
+export async function noteKeyID(name, pub) {
   const h = new Uint8Array(await crypto.subtle.digest("SHA-256", concat(enc.encode(name + "\n"), new Uint8Array([1]), pub)));
   return h.slice(0, 4);
 }
