@@ -10,29 +10,13 @@
 // artifacts (where screenshots go), chromium (the executable)}.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { launch, signIn as signInAt } from "./chromium.mjs";
 
 const cfg = JSON.parse(readFileSync(process.argv[2], "utf8"));
 
-// Chromium as a test harness: no network of its own, no first-run UI, a
-// fresh profile per browser (launchPersistentContext takes the
-// --user-data-dir).
-const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
-const profiles = [];
-
-async function browser() {
-  const dir = mkdtempSync(join(tmpdir(), "capkernel-chromium-"));
-  profiles.push(dir);
-  const ctx = await chromium.launchPersistentContext(dir, {
-    executablePath: cfg.chromium, headless: true, args: ARGS, viewport: { width: 1366, height: 768 },
-  });
-  ctx.setDefaultTimeout(20000);
-  return ctx;
-}
+const browser = () => launch(cfg.chromium, { viewport: { width: 1366, height: 768 } });
 
 let alice, bob; // two people's browsers (separate profiles, separate cookies)
 
@@ -44,19 +28,13 @@ before(async () => {
 after(async () => {
   await alice?.close();
   await bob?.close();
-  for (const d of profiles) rmSync(d, { recursive: true, force: true });
 });
 
 // signIn opens the console in a new page of ctx, signed out, and signs
 // in through the form.
 async function signIn(ctx, credential) {
   await ctx.clearCookies();
-  const page = await ctx.newPage();
-  await page.goto(cfg.url + "/console");
-  await page.getByLabel("Credential").fill(credential);
-  await page.getByRole("button", { name: "Sign in" }).click();
-  await page.locator("#who-text").waitFor({ state: "visible" });
-  return page;
+  return signInAt(ctx, cfg.url, credential);
 }
 
 // SESSION_KEY is where the page keeps its session key (sessionStorage);

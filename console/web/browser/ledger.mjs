@@ -6,23 +6,13 @@
 // "PHASE <json>": {checks: [{class, text}], remembered: the witness's
 // localStorage item}.
 // Run: node browser/ledger.mjs CONFIG, CONFIG {url, credential, phases, chromium}.
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { readFileSync } from "node:fs";
+import { launch, signIn } from "./chromium.mjs";
 
 const cfg = JSON.parse(readFileSync(process.argv[2], "utf8"));
-const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
-const dir = mkdtempSync(join(tmpdir(), "capkernel-chromium-"));
-const ctx = await chromium.launchPersistentContext(dir, { executablePath: cfg.chromium, headless: true, args: ARGS });
+const ctx = await launch(cfg.chromium);
 try {
-  ctx.setDefaultTimeout(20000);
-  const page = await ctx.newPage();
-  await page.goto(cfg.url + "/console");
-  await page.getByLabel("Credential").fill(cfg.credential);
-  await page.getByRole("button", { name: "Sign in" }).click();
-  await page.locator("#who-text").waitFor({ state: "visible" });
+  const page = await signIn(ctx, cfg.url, cfg.credential);
   for (const [i, phase] of cfg.phases.entries()) {
     const resp = await fetch(cfg.url + phase);
     if (!resp.ok) throw new Error(`phase ${phase}: HTTP ${resp.status}`);
@@ -39,5 +29,4 @@ try {
   }
 } finally {
   await ctx.close();
-  rmSync(dir, { recursive: true, force: true });
 }

@@ -6,23 +6,13 @@
 // browser_test.go (TestBrowserCookieOfAnotherPort) serves both and checks
 // that what the other server got opens no session.
 // Run: node browser/otherport.mjs CONFIG, CONFIG {url, credential, other, chromium}.
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { readFileSync } from "node:fs";
+import { launch, signIn } from "./chromium.mjs";
 
 const cfg = JSON.parse(readFileSync(process.argv[2], "utf8"));
-const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
-const dir = mkdtempSync(join(tmpdir(), "capkernel-chromium-"));
-const ctx = await chromium.launchPersistentContext(dir, { executablePath: cfg.chromium, headless: true, args: ARGS });
+const ctx = await launch(cfg.chromium);
 try {
-  ctx.setDefaultTimeout(20000);
-  const page = await ctx.newPage();
-  await page.goto(cfg.url + "/console");
-  await page.getByLabel("Credential").fill(cfg.credential);
-  await page.getByRole("button", { name: "Sign in" }).click();
-  await page.locator("#who-text").waitFor({ state: "visible" });
+  const page = await signIn(ctx, cfg.url, cfg.credential);
   console.log("signed in as", await page.locator("#who-text").textContent());
   const other = await ctx.newPage();
   await other.goto(cfg.other + "/");
@@ -35,5 +25,4 @@ try {
   console.log("the console's tab after a reload:", await page.locator("#who-text").textContent());
 } finally {
   await ctx.close();
-  rmSync(dir, { recursive: true, force: true });
 }
