@@ -1,4 +1,4 @@
-// ../../../../main/console/web/node_modules/diff/libesm/diff/base.js
+// node_modules/diff/libesm/diff/base.js
 var Diff = class {
   diff(oldStr, newStr, options = {}) {
     let callback;
@@ -200,7 +200,7 @@ var Diff = class {
   }
 };
 
-// ../../../../main/console/web/node_modules/diff/libesm/diff/line.js
+// node_modules/diff/libesm/diff/line.js
 var LineDiff = class extends Diff {
   constructor() {
     super(...arguments);
@@ -248,11 +248,11 @@ function tokenize(value, options) {
   return retLines;
 }
 
-// ../../../../main/console/web/node_modules/@noble/hashes/_u64.js
+// node_modules/@noble/hashes/_u64.js
 var fromNumH = (n) => n / 2 ** 32 | 0;
 var fromNumL = (n) => n >>> 0;
 
-// ../../../../main/console/web/node_modules/@noble/hashes/utils.js
+// node_modules/@noble/hashes/utils.js
 function isBytes(a) {
   return a instanceof Uint8Array || ArrayBuffer.isView(a) && a.constructor.name === "Uint8Array" && "BYTES_PER_ELEMENT" in a && a.BYTES_PER_ELEMENT === 1;
 }
@@ -352,7 +352,7 @@ function createHasher(hashCons, info = {}) {
   return Object.freeze(hashC);
 }
 
-// ../../../../main/console/web/node_modules/@noble/hashes/_md.js
+// node_modules/@noble/hashes/_md.js
 var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
   1779033703,
   3144134277,
@@ -364,7 +364,7 @@ var SHA256_IV = /* @__PURE__ */ Uint32Array.from([
   1541459225
 ]);
 
-// ../../../../main/console/web/node_modules/@noble/hashes/_blake.js
+// node_modules/@noble/hashes/_blake.js
 function G1s(a, b, c, d, x) {
   a = a + b + x | 0;
   d = rotr(d ^ a, 16);
@@ -380,7 +380,7 @@ function G2s(a, b, c, d, x) {
   return { a, b, c, d };
 }
 
-// ../../../../main/console/web/node_modules/@noble/hashes/blake2.js
+// node_modules/@noble/hashes/blake2.js
 var _BLAKE2 = class {
   buffer;
   buffer32;
@@ -502,7 +502,7 @@ function _compress(s, offset, msg, rounds, v0, v1, v2, v3, v4, v5, v6, v7, v8, v
   return { v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 };
 }
 
-// ../../../../main/console/web/node_modules/@noble/hashes/blake3.js
+// node_modules/@noble/hashes/blake3.js
 var B3_Flags = {
   CHUNK_START: 1,
   CHUNK_END: 2,
