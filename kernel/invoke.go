@@ -252,7 +252,14 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	c.policyEnc = encodePolicyInput(c.input, c.canonArgs)
 	var d policy.Decision
 	if c.policyEnc.err == nil {
-		d, err = k.policy.DecideJSON(ctx, c.policyEnc.full)
+		// A policy that reads no args decides on what else the call
+		// is: its decision is remembered for every call alike but in
+		// args.
+		key := c.policyEnc.full
+		if k.policy.ArgsFree() && c.policyEnc.noArgs != nil {
+			key = c.policyEnc.noArgs
+		}
+		d, err = k.policy.DecideKeyed(ctx, c.policyEnc.full, key)
 	} else {
 		d, err = k.policy.Decide(ctx, c.input)
 	}

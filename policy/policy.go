@@ -122,6 +122,8 @@ type Engine struct {
 	// cache remembers decisions by input; nil when a rule calls a
 	// nondeterministic builtin, so that every call is evaluated.
 	cache *decisionCache
+	// argsFree: no rule reads the input's args (readsArgs).
+	argsFree bool
 }
 
 // Load compiles a bundle: the embedded default when dir is "", otherwise
@@ -157,7 +159,7 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", b.name, err)
 	}
-	e := &Engine{hash: b.hash(), query: q}
+	e := &Engine{hash: b.hash(), query: q, argsFree: !readsArgs(modules)}
 	if nondeterministic(modules) == "" {
 		e.cache = newDecisionCache()
 	}
@@ -194,12 +196,25 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 // the audit record, so the input is encoded once per call). Equal inputs
 // should be encoded alike for the decision cache to find them.
 func (e *Engine) DecideJSON(ctx context.Context, key []byte) (Decision, error) {
+	return e.DecideKeyed(ctx, key, key)
+}
+
+// ArgsFree reports whether no rule of the bundle reads the input's args
+// (a syntactic test that errs towards reading them): then inputs that
+// differ only in args are decided alike, and DecideKeyed may remember
+// their decisions under the input without its args.
+func (e *Engine) ArgsFree() bool { return e.argsFree }
+
+// DecideKeyed is DecideJSON of the input in, remembered under key: in
+// itself, or, when the bundle is ArgsFree, in without its "args" member
+// (the decision of every input that differs from in only in args).
+func (e *Engine) DecideKeyed(ctx context.Context, in, key []byte) (Decision, error) {
 	if e.cache != nil {
 		if d, ok := e.cache.get(key); ok {
 			return d, nil
 		}
 	}
-	v, err := ast.ValueFromReader(bytes.NewReader(key))
+	v, err := ast.ValueFromReader(bytes.NewReader(in))
 	if err != nil {
 		return Decision{}, fmt.Errorf("policy input: %w", err)
 	}

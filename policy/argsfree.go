@@ -1,0 +1,95 @@
+package policy
+
+import (
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// readsArgs reports whether a rule of modules may read the input's args:
+// whether the input appears anywhere but as the head of a reference whose
+// next term is a constant string other than "args" (input.tool_id,
+// input.resources[_].path) or as object.get's object with such a key
+// (object.get(input, "side_effect", "")). The test is syntactic and errs one way: the
+// input whole (as a value, an argument, an iteration or a with target),
+// a key chosen at evaluation time (input[k]) and an import of the input
+// count as reading args. A policy that does not read them decides inputs
+// that differ only in args alike, so the kernel has its decisions
+// remembered without them (Engine.DecideKeyed): agents' calls differ in
+// their args far more often than in anything a policy reads.
+func readsArgs(modules []*ast.Module) bool {
+	reads := false
+	var vis *ast.GenericVisitor
+	vis = ast.NewGenericVisitor(func(x any) bool {
+		switch v := x.(type) {
+		case ast.Call:
+			if !objectGetOfInput(v) {
+				return reads
+			}
+			for _, t := range v[3:] {
+				vis.Walk(t)
+			}
+			return true
+		case ast.Ref:
+			if !v[0].Equal(ast.InputRootDocument) {
+				return reads // its terms, input among them, are walked
+			}
+			if len(v) < 2 {
+				reads = true
+				return true
+			}
+			if key, ok := v[1].Value.(ast.String); !ok || key == "args" {
+				reads = true
+				return true
+			}
+			// The head is no bare input; what selects further down
+			// (input.resources[input.args.i]) is walked.
+			for _, t := range v[2:] {
+				vis.Walk(t)
+			}
+			return true
+		case ast.Var:
+			if v.Equal(ast.InputRootDocument.Value) {
+				reads = true
+			}
+		}
+		return reads
+	})
+	for _, m := range modules {
+		vis.Walk(m)
+		if reads {
+			break
+		}
+	}
+	return reads
+}
+
+// objectGet is the reference of the builtin object.get.
+var objectGet = ast.RefTerm(ast.VarTerm("object"), ast.StringTerm("get"))
+
+// objectGetOfInput reports whether call is object.get(input, key, …) with
+// key a constant string other than "args", or a path whose first key is.
+func objectGetOfInput(call ast.Call) bool {
+	if len(call) < 3 || !call[0].Equal(objectGet) {
+		return false
+	}
+	switch in := call[1].Value.(type) {
+	case ast.Var:
+		if !in.Equal(ast.InputRootDocument.Value) {
+			return false
+		}
+	case ast.Ref:
+		if len(in) != 1 || !in[0].Equal(ast.InputRootDocument) {
+			return false
+		}
+	default:
+		return false
+	}
+	key := call[2]
+	if path, ok := key.Value.(*ast.Array); ok {
+		if path.Len() == 0 {
+			return false // the input whole
+		}
+		key = path.Elem(0)
+	}
+	k, ok := key.Value.(ast.String)
+	return ok && k != "args"
+}
