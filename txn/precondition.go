@@ -83,8 +83,7 @@ func CheckFile(p Precondition, r *syscalls.Resource) error {
 	var got string
 	var err error
 	if r.Pinned {
-		f, oerr := r.Open()
-		got, _, err = hashOpened(r.Rel, f, oerr)
+		got, _, err = hashOpened(r.Open())
 	} else {
 		got, _, err = hashFile(r.Root, r.Rel)
 	}
