@@ -421,9 +421,6 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 			return nil, err
 		}
 		r.Arg = ra.Arg
-		// A read under preconditions opens what was resolved, checked
-		// and locked, whatever link among its parents changes meanwhile.
-		r.Pinned = ra.Access == syscalls.AccessRead && len(c.env.PreconditionRefs) > 0
 		out = append(out, r)
 		c.fs = append(c.fs, r)
 	}
@@ -446,18 +443,6 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The ref of a path the call reads is checked on the very file
-		// the read opens (resolved once: a link changed between two
-		// resolutions would part them).
-		for _, o := range out {
-			if o.Pinned && o.RootPath == r.RootPath && o.Rel == r.Rel {
-				cp := *o
-				cp.Arg, cp.Access = "", syscalls.AccessStat
-				r = &cp
-				break
-			}
-		}
-		r.Pinned = true
 		if c.pre == nil {
 			c.pre = map[int]*syscalls.Resource{}
 		}

@@ -387,10 +387,11 @@ func (*fsDelete) Execute(_ context.Context, c *Call) (Output, error) {
 // call and its locks until a writer comes), and refuses anything but a
 // regular file.
 func (r *Resource) readRegular() ([]byte, error) {
-	f, err := r.Open()
+	fd, err := r.openRead()
 	if err != nil {
 		return nil, err
 	}
+	f := os.NewFile(uintptr(fd), r.Rel)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {

@@ -1,7 +1,6 @@
 package syscalls
 
 import (
-	"errors"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -12,16 +11,6 @@ import (
 // openat2Missing is set once openat2(2) is found missing (Linux before
 // 5.6, or refused by a seccomp filter); openRead then takes os.Root's way.
 var openat2Missing atomic.Bool
-
-// Open opens r's file for reading as fs.read does (openRead): a Pinned
-// resource's Real, else its Rel, never leaving the root.
-func (r *Resource) Open() (*os.File, error) {
-	fd, err := r.openRead()
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), r.Rel), nil
-}
 
 // openRead opens r's file for reading (O_NONBLOCK: opening a FIFO must not
 // wait for a writer) and returns its descriptor, which the caller closes.
@@ -35,24 +24,10 @@ func (r *Resource) Open() (*os.File, error) {
 // descriptor in a File registered with the runtime, which costs an audited
 // read a handful of allocations and a failed epoll_ctl(2). Without
 // openat2, it falls back to r.Root.OpenFile.
-//
-// A Pinned read opens Real instead, with RESOLVE_NO_SYMLINKS as well: the
-// file the kernel resolved and checked the preconditions of, under its
-// locks, or an error when a link appeared on that path since (only a
-// change made outside the kernel can do that); for a dangling link, the
-// missing name it leads to. Without openat2 it opens Real through
-// r.Root, refusing a link as its last component (O_NOFOLLOW).
 func (r *Resource) openRead() (int, error) {
-	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
-	rel, resolve := r.Rel, uint64(unix.RESOLVE_BENEATH|unix.RESOLVE_NO_MAGICLINKS)
-	if r.Pinned {
-		rel, resolve, flags = r.Real, resolve|unix.RESOLVE_NO_SYMLINKS, flags|unix.O_NOFOLLOW
-		if !r.Exists && len(r.Links) > 0 {
-			rel = r.Links[len(r.Links)-1]
-		}
-	}
+	const flags = unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
 	if r.dir != nil && !openat2Missing.Load() {
-		o := &openat2Call{rel: rel, how: unix.OpenHow{Flags: uint64(flags), Resolve: resolve}}
+		o := &openat2Call{rel: r.Rel, how: unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS}}
 		// Control keeps the directory's descriptor open (and so its
 		// number not reused by another open) until run returns.
 		if err := r.dir.Control(o.run); err != nil {
@@ -68,20 +43,12 @@ func (r *Resource) openRead() (int, error) {
 		case unix.EXDEV:
 			// RESOLVE_BENEATH's refusal: the path leaves the root.
 			return -1, &os.PathError{Op: "openat2", Path: r.Rel, Err: errEscapes}
-		case unix.ELOOP:
-			if r.Pinned {
-				return -1, &os.PathError{Op: "openat2", Path: r.Rel, Err: errLinkAppeared}
-			}
-			fallthrough
 		default:
 			return -1, &os.PathError{Op: "openat2", Path: r.Rel, Err: o.err}
 		}
 	}
-	f, err := r.Root.OpenFile(rel, flags, 0)
+	f, err := r.Root.OpenFile(r.Rel, flags, 0)
 	if err != nil {
-		if r.Pinned && errors.Is(err, unix.ELOOP) {
-			err = &os.PathError{Op: "open", Path: r.Rel, Err: errLinkAppeared}
-		}
 		return -1, err
 	}
 	defer f.Close()
@@ -91,10 +58,6 @@ func (r *Resource) openRead() (int, error) {
 	}
 	return fd, nil
 }
-
-// errLinkAppeared is why a Pinned read fails when a symbolic link is on
-// the path it resolved.
-var errLinkAppeared = errors.New("a symbolic link appeared on the path the call's preconditions were checked on; read again")
 
 // openat2Call is one openat2(2) of rel under a directory's descriptor,
 // in one allocation for RawConn.Control.

@@ -132,13 +132,7 @@ type Resource struct {
 	// one, to the missing name, which is last), each in Real's form (its
 	// resolved parent plus its name): what a write or delete of that name
 	// acts on; nil otherwise.
-	Links []string
-	// Pinned, set by the kernel on a read it holds preconditions for,
-	// makes the read open Real, the path the kernel resolved, checked and
-	// locked, with no symbolic link on it (openRead), rather than Rel,
-	// which a link among its parent directories, replaced since, could
-	// lead elsewhere.
-	Pinned bool
+	Links  []string
 	Exists bool
 	IsDir  bool
 	Size   int64
@@ -297,7 +291,7 @@ func (w *Workspace) resolve(p string, a Access) (*Resource, error) {
 // which a write or delete of that link locks; holding them all, a read
 // with a precondition cannot have a link of its chain replaced between
 // its check and its open. (A link among the parent directories is not
-// locked: such a read opens Real itself, Pinned.)
+// locked: the precondition's guarantee covers the last name's chain.)
 func (r *Resource) LockNames() []string {
 	names := []string{path.Join(r.RealRoot, r.Real)}
 	for _, l := range r.Links {

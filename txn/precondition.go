@@ -76,17 +76,9 @@ func (p Precondition) Validate() error {
 	return nil
 }
 
-// CheckFile checks an fs precondition against the resolved resource r:
-// the file it reaches, or, Pinned, its Real with no link on the way (as
-// the read it guards opens it).
+// CheckFile checks an fs precondition against the resolved resource r.
 func CheckFile(p Precondition, r *syscalls.Resource) error {
-	var got string
-	var err error
-	if r.Pinned {
-		got, _, err = hashOpened(r.Open())
-	} else {
-		got, _, err = hashFile(r.Root, r.Rel)
-	}
+	got, _, err := hashFile(r.Root, r.Rel)
 	switch {
 	case err != nil:
 		return refuse(ClassPrecondition, "%s: %v", p.Ref, err)

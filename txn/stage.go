@@ -376,20 +376,14 @@ var errNotRegular = errors.New("not a regular file")
 func hashFile(root *os.Root, rel string) (string, fs.FileMode, error) {
 	// O_NONBLOCK: a fifo put there by anyone opens at once (and is
 	// refused below) rather than blocking the call, its locks held.
-	return hashOpened(root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0))
-}
-
-// hashOpened is hashFile of the file f its opening gave, or of the error
-// err: "" for one that does not exist.
-func hashOpened(f *os.File, err error) (string, fs.FileMode, error) {
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if absent(err) {
 		return "", 0, nil
 	}
 	if err != nil {
-		return "", 0, fmt.Errorf("read %w", err)
+		return "", 0, fmt.Errorf("read %s: %w", rel, err)
 	}
 	defer f.Close()
-	rel := f.Name()
 	fi, err := f.Stat()
 	if err != nil {
 		return "", 0, fmt.Errorf("stat %s: %w", rel, err)
