@@ -366,8 +366,8 @@ func orNobody(s string) string {
 }
 
 // checkApproval is the re-check of an allowed approval before execution
-// and at commit: still this action, same policy, token not revoked, not
-// expired. It returns "" or why the approval no longer holds.
+// and at commit: still this action, same policy, token (and every
+// ancestor of it) not revoked, token not expired, approval not expired. It returns "" or why the approval no longer holds.
 func (k *Kernel) checkApproval(c *call) string {
 	a := c.approval
 	if a == nil || a.State != ApprovalAllowed {
@@ -383,6 +383,9 @@ func (k *Kernel) checkApproval(c *call) string {
 		return fmt.Sprintf("capability token %s was revoked after approval %s", c.token.Claims.ID, a.ID)
 	case revoked != "":
 		return fmt.Sprintf("capability token %s's ancestor %s was revoked after approval %s", c.token.Claims.ID, revoked, a.ID)
+	case !k.cfg.Now().Before(c.token.Claims.Expiry.Add(k.cfg.TokenLeeway)):
+		// As verification would refuse it now (exp plus the leeway).
+		return fmt.Sprintf("capability token %s expired at %s, after approval %s", c.token.Claims.ID, c.token.Claims.Expiry.UTC().Format(time.RFC3339), a.ID)
 	case !k.cfg.Now().Before(c.approvalExpires):
 		return fmt.Sprintf("approval %s expired at %s", a.ID, a.ExpiresAt)
 	}

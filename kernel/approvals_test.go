@@ -295,6 +295,23 @@ func TestApprovalRecheck(t *testing.T) {
 		}
 	}
 
+	// So does a call whose token expired while it waited (rev-key #2:
+	// only revocation was re-checked, and the call committed).
+	clk := &clock{t: time.Now()}
+	he := newHarness(t, func(c *Config) { c.ApprovalTimeout = 30 * time.Second; c.Now = clk.now })
+	short := he.attenuate(AttenuateRequest{Parent: he.token, AgentID: he.agent, TTLSeconds: 60})
+	a, res = he.gated("fs.write", map[string]any{"path": "Makefile", "content": "after expiry"}, key("r-exp"), as(short))
+	clk.add(5 * time.Minute)
+	if _, err := he.k.Decide(a.ID, he.approver("alice", captoken.RoleApprover), "allow", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-res; errClass(r) != ErrApprovalDenied || !strings.Contains(r.Error.Message, "expired") {
+		t.Fatalf("token expired while waiting: %+v", r.Error)
+	}
+	if _, err := os.Stat(filepath.Join(he.ws, "Makefile")); !os.IsNotExist(err) {
+		t.Fatalf("token expired: the call wrote: %v", err)
+	}
+
 	h2 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond; c.ApprovalValidity = time.Nanosecond })
 	a, res = h2.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r2"))
 	h2.k.Decide(a.ID, h2.approver("alice", captoken.RoleApprover), "allow", "ok")
