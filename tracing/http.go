@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"net/http"
+	"strings"
 
 	"go.opentelemetry.io/otel/propagation"
 )
@@ -15,6 +16,10 @@ func FromHTTP(r *http.Request) context.Context {
 	// make the canonical form of "traceparent" on every request.
 	if len(r.Header["Traceparent"]) == 0 {
 		return r.Context()
+	}
+	if ts := r.Header["Tracestate"]; len(ts) > 0 && len(strings.Join(ts, ",")) > maxTracestate {
+		// Dropped, as from an envelope (carrier).
+		return traceContext.Extract(r.Context(), propagation.MapCarrier{"traceparent": r.Header.Get("Traceparent")})
 	}
 	return traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 }

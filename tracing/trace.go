@@ -190,13 +190,20 @@ func provenanceOf(p []byte) provenance {
 	return provenance{Traceparent: str("traceparent"), Tracestate: str("tracestate"), ToolCallID: str("tool_call_id")}
 }
 
-// carrier is the trace context of p as a propagation carrier.
+// maxTracestate is the longest tracestate a call's span carries on: W3C
+// Trace Context has every platform propagate at least 512 characters and
+// lets it drop a longer one, which anyone's call (a refused one too) may
+// send, to be held in the span queue and exported with each span.
+const maxTracestate = 512
+
+// carrier is the trace context of p as a propagation carrier: its
+// tracestate left out when longer than maxTracestate.
 func (p provenance) carrier() propagation.MapCarrier {
 	if p.Traceparent == "" {
 		return nil
 	}
 	c := propagation.MapCarrier{"traceparent": p.Traceparent}
-	if p.Tracestate != "" {
+	if p.Tracestate != "" && len(p.Tracestate) <= maxTracestate {
 		c["tracestate"] = p.Tracestate
 	}
 	return c

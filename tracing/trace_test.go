@@ -179,12 +179,20 @@ func testCallSpanError(t *testing.T, p path) {
 }
 
 func TestParent(t *testing.T) {
-	header := func() context.Context {
+	headerWith := func(state string) context.Context {
 		r, _ := http.NewRequest("POST", "http://127.0.0.1/v1/syscalls", nil)
 		r.Header.Set("traceparent", headerParent)
-		r.Header.Set("tracestate", "vendor=x")
+		r.Header.Set("tracestate", state)
 		return FromHTTP(r)
 	}
+	header := func() context.Context { return headerWith("vendor=x") }
+	// A tracestate past 512 bytes (valid: 32 members of a long value) is
+	// dropped, the parent kept (rev-key #6: 16 KB rode every span).
+	var long []string
+	for i := range 32 {
+		long = append(long, fmt.Sprintf("v%d=%s", i, strings.Repeat("x", 200)))
+	}
+	longState := strings.Join(long, ",")
 	tests := []struct {
 		name       string
 		prov       string
@@ -198,6 +206,8 @@ func TestParent(t *testing.T) {
 		{"provenance", `{"traceparent":"` + agentParent + `","tracestate":"agent=1"}`, context.Background(), agentTrace, agentSpan, "agent=1", true},
 		{"http header", "", header(), headerTrace, headerSpan, "vendor=x", true},
 		{"http header wins over provenance", `{"traceparent":"` + agentParent + `"}`, header(), headerTrace, headerSpan, "vendor=x", true},
+		{"a long tracestate in the provenance dropped", `{"traceparent":"` + agentParent + `","tracestate":"` + longState + `"}`, context.Background(), agentTrace, agentSpan, "", true},
+		{"a long tracestate header dropped", "", headerWith(longState), headerTrace, headerSpan, "", true},
 		{"invalid traceparent starts a trace", `{"traceparent":"00-zz-11-01"}`, context.Background(), "", "", "", true},
 		{"traceparent not a string", `{"traceparent":5}`, context.Background(), "", "", "", true},
 		{"provenance not an object", `[1]`, context.Background(), "", "", "", true},
