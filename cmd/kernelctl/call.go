@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -158,7 +159,8 @@ func printResult(cmd *cobra.Command, r *kernel.Result, asJSON bool) error {
 	if asJSON {
 		return printJSON(cmd.OutOrStdout(), r)
 	}
-	w := cmd.OutOrStdout()
+	// The result holds what the call read or was sent: terminal safe.
+	w := io.Writer(terminalSafe{cmd.OutOrStdout()})
 	replayed := ""
 	if r.Replayed {
 		replayed = " (replayed)"

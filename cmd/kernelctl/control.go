@@ -99,7 +99,7 @@ func decideCmd(verb, decision string) *cobra.Command {
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), a)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "approval %s %s by %s (%s %s of %s)\n", a.ID, a.State, a.DecidedBy, a.ToolID, a.OperationID, a.AgentID)
+			fmt.Fprintf(terminalSafe{cmd.OutOrStdout()}, "approval %s %s by %s (%s %s of %s)\n", a.ID, a.State, a.DecidedBy, a.ToolID, a.OperationID, a.AgentID)
 			return nil
 		},
 	}

@@ -156,7 +156,7 @@ func printReceipt(w io.Writer, r *receipts.Receipt, extra ...[2]string) {
 		{"approval_id", r.ApprovalID}, {"approved_by", r.ApprovedBy}, {"approval_reason", r.ApprovalReason},
 	}, extra...) {
 		if kv[1] != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
+			fmt.Fprintf(tw, "%s\t%s\n", kv[0], cell(kv[1]))
 		}
 	}
 	tw.Flush()

@@ -58,7 +58,7 @@ Exit 1 with the problems listed when any is found.`,
 					tw := newTable(w)
 					fmt.Fprintln(tw, "SEQ\tPROBLEM\tAGENT\tKEY\tDETAIL")
 					for _, p := range rep.Problems {
-						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p.Seq, p.Kind, p.AgentID, p.Key, p.Detail)
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p.Seq, p.Kind, cell(p.AgentID), cell(p.Key), cell(p.Detail))
 					}
 					tw.Flush()
 				}
@@ -108,7 +108,7 @@ func replayShowCmd() *cobra.Command {
 					if c.ErrorClass != "" {
 						status += " (" + c.ErrorClass + ")"
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Seq, clip(c.Time, 23), c.OperationID, c.ToolID, status, c.TxOutcome, c.ResultHash, c.ReplayOf)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Seq, clip(c.Time, 23), c.OperationID, cell(c.ToolID), status, c.TxOutcome, c.ResultHash, c.ReplayOf)
 				}
 			}
 			return tw.Flush()
@@ -174,7 +174,7 @@ each counted apart. Nothing is written.`,
 				tw := newTable(w)
 				fmt.Fprintln(tw, "SEQ\tOPERATION\tAGENT\tTOOL\tMODE\tRISK\tBASIS")
 				for _, c := range out.Changes {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s -> %s\t%.2f -> %.2f\t%s\n", c.Seq, c.OperationID, c.AgentID, c.ToolID, c.OldMode, c.NewMode, c.OldRisk, c.NewRisk, strings.Join(c.NewBasis, "; "))
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s -> %s\t%.2f -> %.2f\t%s\n", c.Seq, c.OperationID, cell(c.AgentID), cell(c.ToolID), c.OldMode, c.NewMode, c.OldRisk, c.NewRisk, cell(strings.Join(c.NewBasis, "; ")))
 				}
 				return tw.Flush()
 			}

@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // Text an agent or caller chose reaches the terminal with no character a
@@ -46,5 +49,21 @@ func TestTerminalSafe(t *testing.T) {
 	tw.Flush()
 	if bytes.Count(b.Bytes(), []byte("\n")) != 1 {
 		t.Errorf("one row became %q", b.String())
+	}
+}
+
+// receipts show prints each field on its row however its value is made:
+// a refused call's tool_id is whatever its sender put there (rev-key #3:
+// "fs.read\ntx_outcome    committed" printed a forged row above the real
+// one).
+func TestPrintReceiptRows(t *testing.T) {
+	var b bytes.Buffer
+	printReceipt(&b, &receipts.Receipt{ReceiptID: "r1", ToolID: "fs.read\ntx_outcome    committed\napproved_by   alice\u202e", TxOutcome: "no_op"})
+	out := b.String()
+	if n := strings.Count(out, "\n"); n != 5 {
+		t.Errorf("%d rows, want 5 (receipt_id, tool_id, tx_outcome, risk_score, ledger_seq):\n%s", n, out)
+	}
+	if strings.Contains(out, "\u202e") || strings.Count(out, "tx_outcome") != 2 || !strings.Contains(out, `\u202e`) {
+		t.Errorf("the tool_id row:\n%s", out)
 	}
 }

@@ -75,7 +75,7 @@ the kernel's record of what it wrote. Exit 1 when anything disagrees.`,
 						if p.Kind == "kv" {
 							name = p.Key
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Kind, p.Root, name, p.OperationID, p.Want, p.Found)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Kind, cell(p.Root), cell(name), p.OperationID, p.Want, p.Found)
 					}
 					tw.Flush()
 				}
