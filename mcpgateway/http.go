@@ -125,7 +125,14 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			if sid := r.Header.Get(sessionIDHeader); sid != "" && g.sessionByID(sid) != nil {
 				g.inflight.endSession(sid)
 				if idle != nil {
-					defer idle.ended(sid)
+					defer func() {
+						// Only once the SDK has ended it: a DELETE it
+						// refuses (a bad protocol header) leaves the
+						// session live, counted as any other.
+						if g.sessionByID(sid) == nil {
+							idle.ended(sid)
+						}
+					}()
 				}
 			}
 		}

@@ -28,6 +28,7 @@ type idleSessions struct {
 type idleSession struct {
 	refs  int         // requests of the session being served
 	timer *time.Timer // counts idle down while refs is 0
+	last  time.Time   // when the last request of it was served, or it began
 	ended bool        // its client ended it (DELETE): forgotten once refs is 0
 }
 
@@ -39,7 +40,7 @@ func newIdleSessions(idle time.Duration, busy func(string) bool, end func(string
 func (s *idleSessions) record(session string) *idleSession {
 	r := s.by[session]
 	if r == nil {
-		r = &idleSession{}
+		r = &idleSession{last: time.Now()}
 		r.timer = time.AfterFunc(s.idle, func() { s.fire(session, r) })
 		s.by[session] = r
 	}
@@ -59,19 +60,29 @@ func (s *idleSessions) track(session string) {
 func (s *idleSessions) begin(session string) (done func()) {
 	s.mu.Lock()
 	r := s.record(session)
-	r.refs++
-	r.timer.Stop()
+	s.started(r)
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		switch r.refs--; {
-		case r.refs > 0 || s.by[session] != r:
-		case r.ended:
-			delete(s.by, session)
-		default:
-			r.timer.Reset(s.idle)
-		}
+		s.served(session, r)
+		s.mu.Unlock()
+	}
+}
+
+// started and served are begin's and done's steps (under mu).
+func (s *idleSessions) started(r *idleSession) {
+	r.refs++
+	r.timer.Stop()
+}
+
+func (s *idleSessions) served(session string, r *idleSession) {
+	switch r.refs--; {
+	case r.refs > 0 || s.by[session] != r:
+	case r.ended:
+		delete(s.by, session)
+	default:
+		r.last = time.Now()
+		r.timer.Reset(s.idle)
 	}
 }
 
@@ -86,10 +97,18 @@ func (s *idleSessions) ended(session string) {
 }
 
 // fire ends session r once its idle count ran out, unless a request of it
-// began meanwhile or a call of it runs (then the count starts again).
+// began meanwhile, or one was served since the count started (a timer
+// that fired as a request came waited for the lock while it was served:
+// the count goes on from that request), or a call of it runs (then the
+// count starts again).
 func (s *idleSessions) fire(session string, r *idleSession) {
 	s.mu.Lock()
 	if s.by[session] != r || r.refs > 0 {
+		s.mu.Unlock()
+		return
+	}
+	if left := s.idle - time.Since(r.last); left > 0 {
+		r.timer.Reset(left)
 		s.mu.Unlock()
 		return
 	}

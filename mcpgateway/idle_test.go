@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -280,5 +281,51 @@ func TestIdleSessionsCount(t *testing.T) {
 	defer s.mu.Unlock()
 	if len(s.by) != 0 {
 		t.Errorf("records left: %v", s.by)
+	}
+}
+
+// A DELETE the SDK refuses (a protocol header it does not take) leaves the
+// session live and counted: it still ends once idle (rev-gate #4: its
+// record was dropped as if ended, so it never was).
+func TestIdleSessionRefusedDelete(t *testing.T) {
+	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: testIdle}))
+	t.Cleanup(srv.Close)
+	s := newRawSession(t, srv.URL)
+	req, _ := http.NewRequest(http.MethodDelete, srv.URL, nil)
+	req.Header.Set(sessionIDHeader, s.id)
+	req.Header.Set(protocolVersionHeader, "1999-01-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode < 400 || !live(g, s.id) {
+		t.Fatalf("DELETE with a bad protocol header: %d, session live %v; want refused and live", resp.StatusCode, live(g, s.id))
+	}
+	waitEnded(t, g, s.id)
+}
+
+// A timer that runs out as a request comes waits for the lock while the
+// request is served; then it counts on from that request instead of
+// ending the session just used (rev-gate #5).
+func TestIdleCountAfterRequest(t *testing.T) {
+	var ended atomic.Int32
+	s := newIdleSessions(50*time.Millisecond, func(string) bool { return false }, func(string) { ended.Add(1) })
+	s.track("x")
+	s.mu.Lock()
+	time.Sleep(150 * time.Millisecond) // the count ran out: fire waits for the lock
+	r := s.record("x")
+	s.started(r) // a request, served whole before fire gets the lock
+	s.served("x", r)
+	s.mu.Unlock()
+	time.Sleep(10 * time.Millisecond)
+	if n := ended.Load(); n != 0 {
+		t.Fatalf("ended %d time(s) 10 ms after a request was served (idle 50 ms)", n)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ended.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("never ended once idle after the request")
+		}
 	}
 }
