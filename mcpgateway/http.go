@@ -122,7 +122,7 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			// The client ends its session: its calls end with it (the
 			// SDK's close would wait for those it serves; a gated one
 			// would wait for an approver, then act).
-			if sid := r.Header.Get(sessionIDHeader); sid != "" && g.sessionByID(sid) != nil {
+			if sid := r.Header.Get(sessionIDHeader); sid != "" && deleteTaken(r, g.sessionByID(sid)) {
 				g.inflight.endSession(sid)
 				if idle != nil {
 					defer func() {
@@ -333,6 +333,22 @@ func messages(body []byte) []json.RawMessage {
 		return nil
 	}
 	return elems
+}
+
+// deleteTaken reports whether the SDK will take r, a DELETE of live
+// session ss, rather than refuse it before it ends ss (a non-loopback Host
+// on a loopback address, a protocol header naming another version than
+// the session's): only then are the session's calls ended ahead of it.
+func deleteTaken(r *http.Request, ss *mcp.ServerSession) bool {
+	if ss == nil {
+		return false
+	}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && a != nil && isLoopback(a.String()) && !isLoopback(r.Host) {
+		return false
+	}
+	v := r.Header.Get(protocolVersionHeader)
+	ip := ss.InitializeParams()
+	return v == "" || v >= leanProtocolLimit || ip != nil && v == ip.ProtocolVersion
 }
 
 // endSession ends the server's session of id, if it is live, as its

@@ -285,13 +285,19 @@ func TestIdleSessionsCount(t *testing.T) {
 }
 
 // A DELETE the SDK refuses (a protocol header it does not take) leaves the
-// session live and counted: it still ends once idle (rev-gate #4: its
-// record was dropped as if ended, so it never was).
+// session live, its calls running, and counted: it still ends once idle
+// (rev-gate #4: its calls were cancelled and its record dropped as if it
+// had ended, so it never was).
 func TestIdleSessionRefusedDelete(t *testing.T) {
-	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+	gt := newGate()
+	k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{Invoker: gt})
+	gt.inner = kernelInvoker{k}
 	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: testIdle}))
 	t.Cleanup(srv.Close)
 	s := newRawSession(t, srv.URL)
+	answered := make(chan int, 1)
+	go func() { answered <- s.echo("2") }()
+	gt.wait(t, gt.entered)
 	req, _ := http.NewRequest(http.MethodDelete, srv.URL, nil)
 	req.Header.Set(sessionIDHeader, s.id)
 	req.Header.Set(protocolVersionHeader, "1999-01-01")
@@ -302,6 +308,13 @@ func TestIdleSessionRefusedDelete(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode < 400 || !live(g, s.id) {
 		t.Fatalf("DELETE with a bad protocol header: %d, session live %v; want refused and live", resp.StatusCode, live(g, s.id))
+	}
+	gt.release <- struct{}{}
+	if err := <-gt.ended; err != nil {
+		t.Fatalf("a refused DELETE cancelled the session's call: %v", err)
+	}
+	if st := <-answered; st != http.StatusOK {
+		t.Fatalf("the call: %d", st)
 	}
 	waitEnded(t, g, s.id)
 }
