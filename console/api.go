@@ -261,11 +261,7 @@ func (c *Console) operation(w http.ResponseWriter, r *http.Request, s *session) 
 	notFound := fmt.Errorf("operation %q: %w", id, kernel.ErrNotFound)
 	// The kernel's memory of recent calls first (erasure rewrites it as
 	// it rewrites the operations table), then the table.
-	if st, live := c.k.Operation(id); live {
-		if !s.access.Full(st.AgentID) {
-			lookupError(w, notFound)
-			return
-		}
+	if st, ok := c.k.OperationFor(id, s.access); ok {
 		writeJSON(w, http.StatusOK, st)
 		return
 	}

@@ -338,7 +338,7 @@ func (s *Server) operation(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if st, ok := s.k.Operation(r.PathValue("id")); ok && acc.Full(st.AgentID) {
+	if st, ok := s.k.OperationFor(r.PathValue("id"), acc); ok {
 		if st.State != kernel.OpDone {
 			writeJSON(w, http.StatusAccepted, st)
 			return

@@ -234,6 +234,25 @@ type OperationStatus struct {
 	Result      *Result          `json:"result,omitempty"`   // when done
 }
 
+// OperationFor is Operation as reader acc may see it: nothing (false)
+// unless acc reads the calling agent's records in full; and to a reader
+// other than that agent (the admin, an auditor) the result of a call
+// audited at depth commitments_only as it is stored, none of the call's
+// parts in it (Result.withhold), since those are kept in memory for the
+// caller alone.
+func (k *Kernel) OperationFor(id string, acc Access) (OperationStatus, bool) {
+	st, ok := k.Operation(id)
+	if !ok || !acc.Full(st.AgentID) {
+		return OperationStatus{}, false
+	}
+	if st.Result != nil && acc.Agent != st.AgentID && k.depthOf(st.Result.ToolID) == DepthCommitmentsOnly {
+		r := *st.Result
+		r.withhold(NotKeptMessage)
+		st.Result = &r
+	}
+	return st, true
+}
+
 // Operation reports the background call id, if Start began it within the
 // retention period.
 func (k *Kernel) Operation(id string) (OperationStatus, bool) {

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"strings"
@@ -101,5 +102,48 @@ func TestStoredPayloadRoundTrip(t *testing.T) {
 		if err != nil || string(back.PolicyInput) != in || string(back.Args) != args {
 			t.Fatalf("%s: read back %s / %s, %v", in, back.PolicyInput, back.Args, err)
 		}
+	}
+}
+
+// A background call's result, kept in memory for its caller, is shown to
+// the admin and auditors as it is stored: at depth commitments_only none
+// of the call's parts (rev-gate #3: GET /v1/operations served them the
+// file content, the provenance and the salt for an hour).
+func TestBackgroundResultAtCommitmentsOnly(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Audit = &AuditConfig{Depth: map[string]string{"*": DepthCommitmentsOnly}}
+	})
+	h.write("memo.txt", "memo-the-merger-closes-friday")
+	env := h.env("fs.read", map[string]any{"path": "memo.txt"}, opID(newID()),
+		func(e *Envelope) { e.Provenance = json.RawMessage(`{"prompt":"ssn-078-05-1120"}`) })
+	raw, _ := json.Marshal(env)
+	id, _, err := h.k.Start(context.Background(), raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.k.Wait(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		acc   Access
+		parts bool
+	}{
+		{"the calling agent", Access{Agent: h.agent}, true},
+		{"the admin or an auditor", AccessAll, false},
+	} {
+		st, ok := h.k.OperationFor(id, c.acc)
+		if !ok || st.Result == nil {
+			t.Fatalf("%s: %v %+v", c.name, ok, st)
+		}
+		b, _ := json.Marshal(st.Result)
+		for _, part := range []string{"memo-the-merger", "ssn-078", `"audit_salt"`} {
+			if strings.Contains(string(b), part) != c.parts {
+				t.Errorf("%s: %s in the result: %v, want %v: %s", c.name, part, !c.parts, c.parts, b)
+			}
+		}
+	}
+	if _, ok := h.k.OperationFor(id, Access{Agent: "someone-else"}); ok {
+		t.Error("another agent sees the operation")
 	}
 }
