@@ -389,6 +389,34 @@ func (k *Kernel) checkApproval(c *call) string {
 	case !k.cfg.Now().Before(c.approvalExpires):
 		return fmt.Sprintf("approval %s expired at %s", a.ID, a.ExpiresAt)
 	}
+	return k.movedSince(c, a)
+}
+
+// movedSince says how a file c writes or deletes no longer resolves to
+// where approval a was given for it (its projected effects), or "": a
+// directory on its path replaced by a link while the call waited would
+// otherwise take the approved write elsewhere.
+func (k *Kernel) movedSince(c *call, a *ApprovalRequest) string {
+	var ws *syscalls.Workspace
+	for _, r := range c.fs {
+		if r.Arg == "" || !r.Access.Writes() {
+			continue
+		}
+		name, _ := c.args[r.Arg].(string)
+		if ws == nil {
+			var err error
+			if ws, err = k.workspace(c.token); err != nil {
+				return fmt.Sprintf("%s: %v", name, err)
+			}
+		}
+		now, err := ws.Resolve(name, r.Access)
+		switch {
+		case err != nil:
+			return fmt.Sprintf("%s no longer resolves as when approval %s was given: %v", name, a.ID, err)
+		case now.RealRoot != r.RealRoot || now.Real != r.Real:
+			return fmt.Sprintf("%s now leads to %s, not to %s as when approval %s was given", name, path.Join(now.RootPath, now.Real), path.Join(r.RootPath, r.Real), a.ID)
+		}
+	}
 	return ""
 }
 

@@ -435,3 +435,27 @@ func TestApprovalEffectsResolved(t *testing.T) {
 		<-res
 	}
 }
+
+// An approved write lands where the approver was shown, or not at all: a
+// directory on its path replaced by a link while the call waited (outside
+// the kernel) fails the re-check before anything is staged (rev-key #1:
+// the write followed the link into .github/workflows).
+func TestApprovalPathMovedWhileWaiting(t *testing.T) {
+	h := newHarness(t)
+	h.write(".ci/README.md", "ci notes")
+	h.write(".github/workflows/keep.yml", "keep")
+	a, res := h.gated("fs.write", map[string]any{"path": ".ci/build.yml", "content": "evil"}, key(newID()))
+	if err := os.RemoveAll(filepath.Join(h.ws, ".ci")); err != nil {
+		t.Fatal(err)
+	}
+	relink(t, h.ws, ".ci", ".github/workflows")
+	if _, err := h.k.Decide(a.ID, h.approver("alice", captoken.RoleApprover), "allow", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-res; errClass(r) != ErrApprovalDenied || !strings.Contains(r.Error.Message, ".github/workflows/build.yml") {
+		t.Fatalf("the call: %+v", r.Error)
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, ".github/workflows/build.yml")); !os.IsNotExist(err) {
+		t.Fatalf("the approved write landed in .github/workflows: %v", err)
+	}
+}
