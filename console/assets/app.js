@@ -1321,16 +1321,17 @@ function load(store) {
   }
   return { keys: {} };
 }
-async function seenFor(store, st, key) {
-  if (Object.hasOwn(st.keys, key.kid)) return st.keys[key.kid];
-  const legacy = store.getItem(LEGACY);
-  if (!legacy) return null;
+async function legacyOf(store, key) {
+  const note = store.getItem(LEGACY);
+  if (!note) return null;
+  let origin;
   try {
-    const cp = await verifyCheckpoint(legacy, key.pub);
-    return { origin: cp.origin, note: legacy, seen_at: "an earlier visit" };
+    origin = parseCheckpoint(note).origin;
   } catch {
     return null;
   }
+  const mine = await verifyCheckpoint(note, key.pub).then(() => true, () => false);
+  return { note, origin, mine };
 }
 async function witness(note, jwks2, store, prove, now = /* @__PURE__ */ new Date()) {
   const checks = [];
@@ -1338,9 +1339,12 @@ async function witness(note, jwks2, store, prove, now = /* @__PURE__ */ new Date
   checks.push(["Signature by the kernel's key", true, `${cp.origin}, key ${key.kid}`]);
   const label = "Consistent with the last one seen";
   const st = load(store);
-  const seen = await seenFor(store, st, key);
+  const legacy = await legacyOf(store, key);
+  let seen = Object.hasOwn(st.keys, key.kid) ? st.keys[key.kid] : null;
+  if (!seen && legacy?.mine) seen = { origin: legacy.origin, note: legacy.note, seen_at: "an earlier visit" };
   let remember = true;
-  const other = Object.entries(st.keys).find(([kid, r]) => kid !== key.kid && r.origin === cp.origin);
+  let other = Object.entries(st.keys).find(([kid, r]) => kid !== key.kid && r.origin === cp.origin);
+  if (!other && legacy && !legacy.mine && legacy.origin === cp.origin) other = ["(another key)", { seen_at: "an earlier visit" }];
   try {
     if (seen && seen.origin !== cp.origin) {
       const old = parseCheckpoint(seen.note);
@@ -1374,7 +1378,7 @@ async function witness(note, jwks2, store, prove, now = /* @__PURE__ */ new Date
   if (remember) {
     st.keys[key.kid] = { origin: cp.origin, note, seen_at: now.toISOString() };
     store.setItem(STATE, JSON.stringify(st));
-    store.removeItem(LEGACY);
+    if (legacy?.mine) store.removeItem(LEGACY);
   }
   return { checks, kid: key.kid, remembered: remember };
 }

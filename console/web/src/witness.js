@@ -17,7 +17,8 @@ export const STATE = "capkernel.console.checkpoints";
 
 // LEGACY is the item earlier versions kept: one note, of whichever key.
 // It stands for the record of the key that signed it until that key's
-// next checkpoint is remembered.
+// next checkpoint is remembered (and refuses another key's checkpoint of
+// its origin, KEY CHANGED, as a record would).
 export const LEGACY = "capkernel.console.checkpoint";
 
 // signerOf returns the key of keys (jwksKeys' [{kid, pub}]) whose key id
@@ -43,18 +44,19 @@ function load(store) {
   return { keys: {} };
 }
 
-// seenFor returns what is remembered for key: its record, else the
-// legacy note when key signed it.
-async function seenFor(store, st, key) {
-  if (Object.hasOwn(st.keys, key.kid)) return st.keys[key.kid];
-  const legacy = store.getItem(LEGACY);
-  if (!legacy) return null;
+// legacyOf returns the legacy note, if any, with its origin and whether
+// key signed it (mine); null when there is none or it is unreadable.
+async function legacyOf(store, key) {
+  const note = store.getItem(LEGACY);
+  if (!note) return null;
+  let origin;
   try {
-    const cp = await verifyCheckpoint(legacy, key.pub);
-    return { origin: cp.origin, note: legacy, seen_at: "an earlier visit" };
+    origin = parseCheckpoint(note).origin;
   } catch {
-    return null; // another key's, or unreadable
+    return null;
   }
+  const mine = await verifyCheckpoint(note, key.pub).then(() => true, () => false);
+  return { note, origin, mine };
 }
 
 // witness checks the checkpoint note (the kernel's GET
@@ -70,9 +72,16 @@ export async function witness(note, jwks, store, prove, now = new Date()) {
   checks.push(["Signature by the kernel's key", true, `${cp.origin}, key ${key.kid}`]);
   const label = "Consistent with the last one seen";
   const st = load(store);
-  const seen = await seenFor(store, st, key);
+  const legacy = await legacyOf(store, key);
+  // What is remembered for key: its record, else the legacy note when
+  // key signed it.
+  let seen = Object.hasOwn(st.keys, key.kid) ? st.keys[key.kid] : null;
+  if (!seen && legacy?.mine) seen = { origin: legacy.origin, note: legacy.note, seen_at: "an earlier visit" };
   let remember = true;
-  const other = Object.entries(st.keys).find(([kid, r]) => kid !== key.kid && r.origin === cp.origin);
+  // Another key's record of this origin; the legacy note counts as one
+  // when another key signed it.
+  let other = Object.entries(st.keys).find(([kid, r]) => kid !== key.kid && r.origin === cp.origin);
+  if (!other && legacy && !legacy.mine && legacy.origin === cp.origin) other = ["(another key)", { seen_at: "an earlier visit" }];
   try {
     if (seen && seen.origin !== cp.origin) {
       const old = parseCheckpoint(seen.note);
@@ -107,7 +116,8 @@ export async function witness(note, jwks, store, prove, now = new Date()) {
   if (remember) {
     st.keys[key.kid] = { origin: cp.origin, note, seen_at: now.toISOString() };
     store.setItem(STATE, JSON.stringify(st));
-    store.removeItem(LEGACY);
+    // The legacy note goes once its own key's record replaces it.
+    if (legacy?.mine) store.removeItem(LEGACY);
   }
   return { checks, kid: key.kid, remembered: remember };
 }

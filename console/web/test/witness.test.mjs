@@ -139,7 +139,17 @@ test("the note earlier versions remembered stands for its key", async () => {
   out = await witness(await kernelKey.sign(ORIGIN, 17, root(17)), jwks, s, prove);
   assert.equal(verdict(out), true, out.checks[1][2]);
   assert.equal(s.has(LEGACY), false, "the legacy note is replaced by the key's record");
-  // Another key's legacy note says nothing about this key.
+  // Another key's legacy note of another origin says nothing about this
+  // key, and stays.
   const t = store({ [LEGACY]: await otherKey.sign("elsewhere", 2, other) });
   assert.equal(verdict(await witness(await kernelKey.sign(ORIGIN, 8, root(8)), jwks, t, prove)), null);
+  assert.ok(t.has(LEGACY), "another key's legacy note is kept");
+  // Another key's legacy note of this origin refuses this key's
+  // checkpoint (KEY CHANGED), as a record of that key would, and stays
+  // (rev-key #5: it was taken for no record, then deleted).
+  const u = store({ [LEGACY]: await otherKey.sign(ORIGIN, 17, root(17)) });
+  out = await witness(await kernelKey.sign(ORIGIN, 8, other), { keys: [otherKey.jwk, kernelKey.jwk] }, u, prove);
+  assert.match(out.checks[1][2], /^KEY CHANGED/);
+  assert.equal(out.remembered, false);
+  assert.ok(u.has(LEGACY), "the legacy note of the key that signed the origin is kept");
 });
