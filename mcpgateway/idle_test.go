@@ -82,6 +82,18 @@ func waitEnded(t *testing.T, g *Gateway, id string) {
 
 const testIdle = 300 * time.Millisecond
 
+// newIdleGate is a gateway ending sessions idle for testIdle, whose calls
+// gt holds, and a raw session of it.
+func newIdleGate(t *testing.T) (*gate, *Gateway, *rawSession) {
+	t.Helper()
+	gt := newGate()
+	k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{Invoker: gt})
+	gt.inner = kernelInvoker{k}
+	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: testIdle}))
+	t.Cleanup(srv.Close)
+	return gt, g, newRawSession(t, srv.URL)
+}
+
 // A session no request has touched for SessionIdle ends, tracked from its
 // initialize (a client that goes away without a DELETE, and without
 // another request, even notifications/initialized), and one used since ends that long after its last
@@ -134,12 +146,7 @@ func TestIdleSessionKeptWhileCallRuns(t *testing.T) {
 		{"SDK's path, request dropped", `,"_meta":{"progressToken":"p1"}`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gt := newGate()
-			k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{Invoker: gt})
-			gt.inner = kernelInvoker{k}
-			srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: testIdle}))
-			t.Cleanup(srv.Close)
-			s := newRawSession(t, srv.URL)
+			gt, g, s := newIdleGate(t)
 			ctx, drop := context.WithCancel(context.Background())
 			defer drop()
 			answered := make(chan int, 1)
@@ -289,16 +296,11 @@ func TestIdleSessionsCount(t *testing.T) {
 // (rev-gate #4: its calls were cancelled and its record dropped as if it
 // had ended, so it never was).
 func TestIdleSessionRefusedDelete(t *testing.T) {
-	gt := newGate()
-	k, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{Invoker: gt})
-	gt.inner = kernelInvoker{k}
-	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: testIdle}))
-	t.Cleanup(srv.Close)
-	s := newRawSession(t, srv.URL)
+	gt, g, s := newIdleGate(t)
 	answered := make(chan int, 1)
 	go func() { answered <- s.echo("2") }()
 	gt.wait(t, gt.entered)
-	req, _ := http.NewRequest(http.MethodDelete, srv.URL, nil)
+	req, _ := http.NewRequest(http.MethodDelete, s.url, nil)
 	req.Header.Set(sessionIDHeader, s.id)
 	req.Header.Set(protocolVersionHeader, "1999-01-01")
 	resp, err := http.DefaultClient.Do(req)
