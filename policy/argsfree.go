@@ -7,8 +7,10 @@ import (
 // readsArgs reports whether a rule of modules may read the input's args:
 // whether the input appears anywhere but as the head of a reference whose
 // next term is a constant string other than "args" (input.tool_id,
-// input.resources[_].path) or as object.get's object with such a key
-// (object.get(input, "side_effect", "")). The test is syntactic and errs one way: the
+// input.resources[_].path) or as the builtin object.get's object with
+// such a key or a path of constant strings starting with one
+// (object.get(input, "side_effect", "")). The test is syntactic and errs
+// one way: a with modifier anywhere, the
 // input whole (as a value, an argument, an iteration or a with target),
 // a key chosen at evaluation time (input[k]) and an import of the input
 // count as reading args. A policy that does not read them decides inputs
@@ -17,11 +19,25 @@ import (
 // their args far more often than in anything a policy reads.
 func readsArgs(modules []*ast.Module) bool {
 	reads := false
+	// object.get is the builtin unless a rule of the bundle is named
+	// object.… (a rule of the package shadows the builtin).
+	builtinGet := !definesObject(modules)
 	var vis *ast.GenericVisitor
 	vis = ast.NewGenericVisitor(func(x any) bool {
 		switch v := x.(type) {
+		case *ast.With:
+			// Replacing a value or a function for a query: what it
+			// makes read is not followed here.
+			reads = true
+			return true
+		case *ast.Head:
+			// The visitor does not walk a head's reference (p[k].q).
+			for _, t := range v.Reference {
+				vis.Walk(t)
+			}
+			return reads
 		case ast.Call:
-			if !objectGetOfInput(v) {
+			if !builtinGet || !objectGetOfInput(v) {
 				return reads
 			}
 			for _, t := range v[3:] {
@@ -88,8 +104,28 @@ func objectGetOfInput(call ast.Call) bool {
 		if path.Len() == 0 {
 			return false // the input whole
 		}
+		for i := range path.Len() {
+			if _, ok := path.Elem(i).Value.(ast.String); !ok {
+				return false // a key made at evaluation
+			}
+		}
 		key = path.Elem(0)
 	}
 	k, ok := key.Value.(ast.String)
 	return ok && k != "args"
+}
+
+// definesObject reports whether a rule of modules is named object or
+// object.… (which would stand for the builtin object.get in its package).
+func definesObject(modules []*ast.Module) bool {
+	for _, m := range modules {
+		for _, r := range m.Rules {
+			for ; r != nil; r = r.Else {
+				if ref := r.Head.Ref(); len(ref) > 0 && ref[0].Equal(ast.VarTerm("object")) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

@@ -41,6 +41,15 @@ x if f(input.resources[0]) == "a"`, true},
 		{"an import", "import input.args as a\nx if a.text == \"danger\"", true},
 		{"an import of the input", "import input\nx if input.tool_id == \"echo\"", true},
 		{"input as a name in data", `x if data.input.args == 1`, false},
+		// rev-last2 #1: each was judged free of args, and the kernel
+		// answered a call with args the policy refuses with another
+		// call's decision.
+		{"object.get of a path reading args further on", `x if object.get(input, ["tool_id", input.args.danger], "") == ""`, true},
+		{"a rule head's reference reading args", "p[input.args.k].q := true\nx if p.y.q", true},
+		{"a rule named object.get", "object.get(a, b, c) := a.args.danger\nx if object.get(input, \"tool_id\", \"\") == \"1\"", true},
+		{"a with on object.get", "g(a, b, c) := a.args.danger\nx if { object.get(input, \"tool_id\", \"\") == \"1\" with object.get as g }", true},
+		{"a with on the input", `x if { y with input as {"tool_id": "echo"} }
+y if input.tool_id == "echo"`, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			src := "package capkernel\n" + c.rules + "\n" + allow + "\n"
