@@ -57,7 +57,7 @@ func (h *harness) gated(tool string, args any, mods ...func(*Envelope)) (Approva
 func (h *harness) ledgerKinds(kind string) []ledger.Entry { return h.entries(kind, 0) }
 
 func TestApprovalAllowDenyTimeout(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 2 * time.Second })
 	alice := h.approver("alice", captoken.RoleApprover)
 
 	// allow: the write happens, and the approver and reason reach the
@@ -259,7 +259,7 @@ func forgeApprover(t *testing.T) string {
 // the call waited, or an approval that expired, fails closed; and it
 // never carries over to another call.
 func TestApprovalRecheck(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 2 * time.Second })
 	alice := h.approver("alice", captoken.RoleApprover)
 	a, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r1"))
 	if err := h.k.Revoke(context.Background(), h.jti, "leaked"); err != nil {
@@ -312,7 +312,7 @@ func TestApprovalRecheck(t *testing.T) {
 		t.Fatalf("token expired: the call wrote: %v", err)
 	}
 
-	h2 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond; c.ApprovalValidity = time.Nanosecond })
+	h2 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 2 * time.Second; c.ApprovalValidity = time.Nanosecond })
 	a, res = h2.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("r2"))
 	h2.k.Decide(a.ID, h2.approver("alice", captoken.RoleApprover), "allow", "ok")
 	if r := <-res; errClass(r) != ErrApprovalDenied {
@@ -323,7 +323,7 @@ func TestApprovalRecheck(t *testing.T) {
 	}
 
 	// The same action again asks again: approvals are not reusable.
-	h3 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	h3 := newHarness(t, func(c *Config) { c.ApprovalTimeout = 2 * time.Second })
 	alice = h3.approver("alice", captoken.RoleApprover)
 	a1, res := h3.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("same"))
 	h3.k.Decide(a1.ID, alice, "allow", "once")
@@ -346,7 +346,7 @@ func TestApprovalRecheck(t *testing.T) {
 // approver can read holds nothing of what the call carried, allowed,
 // denied or expired (the content is the call's audit payload then).
 func TestDecidedApprovalsKeepNoContent(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 300 * time.Millisecond })
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = 2 * time.Second })
 	alice := h.approver("alice", captoken.RoleApprover)
 	const secret = "pin-4711-secret"
 	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationResolved}}, 8)

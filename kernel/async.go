@@ -245,12 +245,23 @@ func (k *Kernel) OperationFor(id string, acc Access) (OperationStatus, bool) {
 	if !ok || !acc.Full(st.AgentID) {
 		return OperationStatus{}, false
 	}
-	if st.Result != nil && acc.Agent != st.AgentID && k.depthOf(st.Result.ToolID) == DepthCommitmentsOnly {
+	if st.Result != nil && acc.Agent != st.AgentID && k.resultDepth(st.Result.ToolID) == DepthCommitmentsOnly {
 		r := *st.Result
 		r.withhold(NotKeptMessage)
 		st.Result = &r
 	}
 	return st, true
+}
+
+// resultDepth is the audit depth a finished call of tool was recorded
+// at, as far as its result tells: its tool's, or, for a call by a handle
+// refused before the handle resolved (its tool is the handle), the
+// strictest depth configured, which recordDepth may have taken.
+func (k *Kernel) resultDepth(tool string) string {
+	if strings.HasPrefix(tool, HandlePrefix) {
+		return k.audit.strictest()
+	}
+	return k.depthOf(tool)
 }
 
 // Operation reports the background call id, if Start began it within the
