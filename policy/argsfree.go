@@ -116,12 +116,27 @@ func objectGetOfInput(call ast.Call) bool {
 }
 
 // definesObject reports whether a rule of modules is named object or
-// object.… (which would stand for the builtin object.get in its package).
+// object.…, or an import is named object (its alias, or its path's last
+// key): either would stand for the builtin object.get where it is seen.
 func definesObject(modules []*ast.Module) bool {
+	object := ast.VarTerm("object")
 	for _, m := range modules {
+		for _, imp := range m.Imports {
+			if imp.Alias != "" {
+				if imp.Alias.Equal(object.Value) {
+					return true
+				}
+				continue
+			}
+			if ref, ok := imp.Path.Value.(ast.Ref); ok && len(ref) > 0 {
+				if last := ref[len(ref)-1]; last.Equal(object) || last.Equal(ast.StringTerm("object")) {
+					return true
+				}
+			}
+		}
 		for _, r := range m.Rules {
 			for ; r != nil; r = r.Else {
-				if ref := r.Head.Ref(); len(ref) > 0 && ref[0].Equal(ast.VarTerm("object")) {
+				if ref := r.Head.Ref(); len(ref) > 0 && ref[0].Equal(object) {
 					return true
 				}
 			}

@@ -81,3 +81,56 @@ y if input.tool_id == "echo"`, true},
 		t.Error("the default policy reads no args, yet its engine says it does")
 	}
 }
+
+// Bundles of several modules whose decision depends on input.args.danger
+// through an import that stands for the builtin object.get (rev-args: each
+// was judged free of args, and a call with the dangerous args was answered
+// with a harmless call's cached autopilot). Each is judged to read args,
+// or at least decides the dangerous args alike with or without the cache.
+func TestReadsArgsThroughImports(t *testing.T) {
+	const decide = `
+default decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": []}
+decision := {"autonomy_mode": "no_go", "risk_score": 1, "risk_basis": ["danger"]} if danger
+`
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+	}{
+		{"an import named object", map[string]string{
+			"p.rego":   "package capkernel\nimport data.lib as object\ndanger if object.get(input, \"tool_id\", \"\") == true\n" + decide,
+			"lib.rego": "package lib\nget(a, b, c) := a.args.danger\n",
+		}},
+		{"an import whose path ends in object", map[string]string{
+			"p.rego":   "package capkernel\nimport data.lib.object\ndanger if object.get(input, \"tool_id\", \"\") == true\n" + decide,
+			"lib.rego": "package lib.object\nget(a, b, c) := a.args.danger\n",
+		}},
+		{"an import of a rule named object", map[string]string{
+			"p.rego":   "package capkernel\nimport data.lib.o as object\ndanger if object.get(input, [\"tool_id\"], \"\") == true\n" + decide,
+			"lib.rego": "package lib\no.get(a, b, c) := a.args.danger\n",
+		}},
+		{"its own package imported as object", map[string]string{
+			"p.rego": "package capkernel\nimport data.capkernel as object\nget(a, b, c) := a.args.danger\ndanger if object.get(input, \"tool_id\", \"\") == true\n" + decide,
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, src := range c.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e, err := Load(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			bad := []byte(`{"agent_id":"a","args":{"danger":true},"resources":[],"side_effect":"READ","tool_id":"echo"}`)
+			if d, err := e.DecideKeyed(ctx, bad, bad); err != nil || d.AutonomyMode != NoGo {
+				t.Fatalf("the bundle does not refuse the dangerous args: %+v %v", d, err)
+			}
+			if e.ArgsFree() {
+				t.Fatal("a bundle reading input.args through an import named object is taken for one reading none")
+			}
+		})
+	}
+}
