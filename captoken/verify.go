@@ -260,6 +260,16 @@ func (v *Verifier) checkCall(c Claims, b Binding, now time.Time) *Error {
 		return invalid("token jti %q does not match capability_token_id %q", short(c.ID), short(b.TokenID))
 	case c.Subject != b.AgentID:
 		return invalid("token sub %q does not match agent_id %q", short(c.Subject), short(b.AgentID))
+	}
+	return v.Current(c, now)
+}
+
+// Current checks what verification checks of claims c that can change
+// with time: c is not expired, not before its start, and neither the token
+// nor its parent nor another ancestor is revoked. The kernel checks it
+// again before a call that waited for an approval runs.
+func (v *Verifier) Current(c Claims, now time.Time) *Error {
+	switch {
 	case !now.Before(c.Expiry.Add(v.leeway)):
 		return invalid("token expired at %s", c.Expiry.Format(time.RFC3339))
 	case now.Before(c.NotBefore.Add(-v.leeway)):

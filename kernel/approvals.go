@@ -373,19 +373,15 @@ func (k *Kernel) checkApproval(c *call) string {
 	if a == nil || a.State != ApprovalAllowed {
 		return ""
 	}
-	revoked := k.revokedLine(c.token)
+	current := k.verifier.Current(c.token.Claims, k.cfg.Now())
 	switch {
 	case a.OperationID != c.env.OperationID || a.ToolID != c.env.ToolID || a.ArgsHash != c.argsHash || a.CapabilityTokenID != c.token.Claims.ID:
 		return fmt.Sprintf("approval %s was given for another action", a.ID)
 	case a.PolicyHash != k.policy.Hash():
 		return fmt.Sprintf("approval %s was given under policy %s; the active policy is %s", a.ID, a.PolicyHash, k.policy.Hash())
-	case revoked == c.token.Claims.ID:
-		return fmt.Sprintf("capability token %s was revoked after approval %s", c.token.Claims.ID, a.ID)
-	case revoked != "":
-		return fmt.Sprintf("capability token %s's ancestor %s was revoked after approval %s", c.token.Claims.ID, revoked, a.ID)
-	case !k.cfg.Now().Before(c.token.Claims.Expiry.Add(k.cfg.TokenLeeway)):
-		// As verification would refuse it now (exp plus the leeway).
-		return fmt.Sprintf("capability token %s expired at %s, after approval %s", c.token.Claims.ID, c.token.Claims.Expiry.UTC().Format(time.RFC3339), a.ID)
+	case current != nil:
+		// Revoked (the token or an ancestor) or expired since.
+		return fmt.Sprintf("approval %s no longer holds: %s", a.ID, current.Reason)
 	case !k.cfg.Now().Before(c.approvalExpires):
 		return fmt.Sprintf("approval %s expired at %s", a.ID, a.ExpiresAt)
 	}

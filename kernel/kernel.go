@@ -420,26 +420,6 @@ func (k *Kernel) isRevoked(jti string) bool {
 	return k.revoked[jti]
 }
 
-// revokedLine returns the id of the first revoked token of tok's line,
-// tok itself, its parent or another ancestor (what verification refuses
-// as token_revoked), or "" when none is.
-func (k *Kernel) revokedLine(tok *captoken.Token) string {
-	cp := tok.Claims.Cap
-	ids := make([]string, 0, 2+len(cp.Ancestors))
-	ids = append(ids, tok.Claims.ID, cp.Parent)
-	for _, a := range cp.Ancestors {
-		ids = append(ids, a.ID)
-	}
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	for _, id := range ids {
-		if id != "" && k.revoked[id] {
-			return id
-		}
-	}
-	return ""
-}
-
 // View runs fn in a read-only transaction of the kernel's bbolt file, for
 // inspection (ledger entries, stored operations and deltas).
 func (k *Kernel) View(fn func(*bbolt.Tx) error) error { return k.db.View(fn) }

@@ -168,15 +168,12 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 // tool is unknown.
 func (k *Kernel) recordDepth(c *call) string {
 	id := c.env.ToolID
-	if !strings.HasPrefix(id, HandlePrefix) {
-		return k.depthOf(id)
-	}
-	if c.token != nil {
+	if strings.HasPrefix(id, HandlePrefix) && c.token != nil {
 		if tool, ok := k.handles.boundTool(id, c.token.Claims.ID); ok {
 			return k.depthOf(tool)
 		}
 	}
-	return k.audit.strictest()
+	return k.resultDepth(id)
 }
 
 // recording is one record's state across its transaction's steps (a

@@ -109,7 +109,14 @@ func checkOrigins(allowed []string, h http.Handler) http.Handler {
 // SDK makes is tracked from its first answer.
 func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if sid := r.Header.Get(sessionIDHeader); idle != nil && sid != "" && g.sessionByID(sid) != nil {
+		// The request's session, looked up once (the lookup scans the
+		// server's sessions).
+		sid := r.Header.Get(sessionIDHeader)
+		var ss *mcp.ServerSession
+		if sid != "" {
+			ss = g.sessionByID(sid)
+		}
+		if idle != nil && ss != nil {
 			defer idle.begin(sid)()
 		} else if idle != nil && sid == "" {
 			defer func() {
@@ -122,7 +129,7 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			// The client ends its session: its calls end with it (the
 			// SDK's close would wait for those it serves; a gated one
 			// would wait for an approver, then act).
-			if sid := r.Header.Get(sessionIDHeader); sid != "" && deleteTaken(r, g.sessionByID(sid)) {
+			if deleteTaken(r, ss) {
 				g.inflight.endSession(sid)
 				if idle != nil {
 					defer func() {
@@ -150,7 +157,7 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			http.Error(w, "request body over "+strconv.Itoa(MaxHTTPBody)+" bytes", http.StatusRequestEntityTooLarge)
 			return
 		}
-		if g.serveLean(w, r, body) {
+		if g.serveLean(w, r, ss, body) {
 			return
 		}
 		// The lean path takes only bodies that obey the strictjson rules;
@@ -163,7 +170,6 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			w.Write(reject)
 			return
 		}
-		sid := r.Header.Get(sessionIDHeader)
 		for _, msg := range messages(body) {
 			m, key, ok := messageID(msg)
 			if !ok || sid == "" {
@@ -173,7 +179,7 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			case "tools/call":
 				// In flight while the SDK serves its POST: the same id
 				// on the lean path meanwhile is a duplicate.
-				if g.sessionByID(sid) != nil {
+				if ss != nil {
 					if !g.inflight.start(sid, key, nil) {
 						writeDuplicate(w, key)
 						return

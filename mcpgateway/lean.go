@@ -42,22 +42,19 @@ type leanCall struct {
 }
 
 // serveLean serves r, whose body has been read, when it is a plain
-// tools/call (see leanRequest) in a live session of g's server that
-// negotiated a protocol version before leanProtocolLimit, to a client that
+// tools/call (see leanRequest) in ss, r's live session of g's server (nil
+// for none), when ss negotiated a protocol version before
+// leanProtocolLimit, to a client that
 // declared no elicitation (a call that may ask its client goes to the
 // SDK, whose stream carries the question), for a tool g serves. It reports
 // whether it answered; when not, it has written nothing.
-func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, body []byte) bool {
-	if g.handles != nil || !leanHeaders(r) {
-		return false
+func (g *Gateway) serveLean(w http.ResponseWriter, r *http.Request, ss *mcp.ServerSession, body []byte) bool {
+	if ss == nil || g.handles != nil || !leanHeaders(r) {
+		return false // no live session: the SDK answers 404
 	}
 	c, ok := leanRequest(body)
 	if !ok || !g.served[c.name] {
 		return false
-	}
-	ss := g.sessionByID(r.Header.Get(sessionIDHeader))
-	if ss == nil {
-		return false // the SDK answers 404
 	}
 	ip := ss.InitializeParams()
 	if ip == nil || ip.ProtocolVersion >= leanProtocolLimit || r.Header.Get(protocolVersionHeader) != ip.ProtocolVersion {

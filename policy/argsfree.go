@@ -7,20 +7,20 @@ import (
 // readsArgs reports whether a rule of modules may read the input's args:
 // whether the input appears anywhere but as the head of a reference whose
 // next term is a constant string other than "args" (input.tool_id,
-// input.resources[_].path) or as the builtin object.get's object with
+// input.resources[_].path), or as the builtin object.get's object with
 // such a key or a path of constant strings starting with one
 // (object.get(input, "side_effect", "")). The test is syntactic and errs
-// one way: a with modifier anywhere, the
-// input whole (as a value, an argument, an iteration or a with target),
-// a key chosen at evaluation time (input[k]) and an import of the input
-// count as reading args. A policy that does not read them decides inputs
-// that differ only in args alike, so the kernel has its decisions
-// remembered without them (Engine.DecideKeyed): agents' calls differ in
-// their args far more often than in anything a policy reads.
+// one way: the input whole (a value, an argument, an iteration), a key
+// chosen at evaluation time (input[k]), an import of the input, a with
+// modifier anywhere, and a rule or import named object (which would stand
+// for the builtin) all count as reading args. A policy that does not read
+// them decides inputs that differ only in args alike, so the kernel has
+// its decisions remembered without them (Engine.DecideKeyed): agents'
+// calls differ in their args far more often than in anything a policy
+// reads.
 func readsArgs(modules []*ast.Module) bool {
 	reads := false
-	// object.get is the builtin unless a rule of the bundle is named
-	// object.… (a rule of the package shadows the builtin).
+	// object.get is the builtin unless a rule or import is named object.
 	builtinGet := !definesObject(modules)
 	var vis *ast.GenericVisitor
 	vis = ast.NewGenericVisitor(func(x any) bool {
