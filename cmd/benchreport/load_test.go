@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -95,5 +96,47 @@ func TestEvalArgsNeverRepeat(t *testing.T) {
 	}
 	if len(seen) != total || total == 0 {
 		t.Errorf("%d calls sent %d distinct bodies", total, len(seen))
+	}
+}
+
+// TestFixedBodyMadeOncePerWorker: a fixed target's body is made once for
+// each worker, whatever the number of calls, and sent on every call; any
+// other target's is made for each call.
+func TestFixedBodyMadeOncePerWorker(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got[string(b)]++
+		mu.Unlock()
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	for _, fixed := range []bool{true, false} {
+		clear(got)
+		var made [3]int
+		tg := target{name: "t", url: srv.URL, pid: os.Getpid(), fixed: fixed, want: []byte("ok"),
+			body: func(w, i int) []byte {
+				mu.Lock()
+				made[w]++
+				mu.Unlock()
+				return []byte(strconv.Itoa(w))
+			}}
+		p, err := measure(http.DefaultClient, tg, 3, 0, 50*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		calls := got["0"] + got["1"] + got["2"]
+		for w, n := range made {
+			if fixed && n != 1 || !fixed && n != got[strconv.Itoa(w)] {
+				t.Errorf("fixed %v: worker %d made its body %d times in %d calls", fixed, w, n, got[strconv.Itoa(w)])
+			}
+		}
+		mu.Unlock()
+		if calls < p.Calls || p.Calls < 3 {
+			t.Errorf("fixed %v: server saw %d calls, measure counted %d", fixed, calls, p.Calls)
+		}
 	}
 }

@@ -108,7 +108,7 @@ func echoTarget(name string, ks *proc, data string) (target, error) {
 		return target{}, err
 	}
 	return target{name: name, url: ks.url + "/v1/syscalls", pid: ks.pid, want: []byte(`"status":"ok"`),
-		body: sessionCall(tok, ph, "echo", same(`{"text":"hello"}`))}, nil
+		body: sessionCall(tok, ph, "echo", same(`{"text":"hello"}`)), fixed: true}, nil
 }
 
 // sumRounds takes the rounds in ps of one target at one concurrency
