@@ -39,7 +39,8 @@ func widens(field, format string, a ...any) error {
 
 // Narrows reports whether child grants nothing parent does not: every
 // tool pattern of child is covered by one of parent's; every fs root lies
-// inside a parent root of at least its mode; every net pattern is covered
+// inside a parent root that is its base, and no path is writable for
+// child that is read-only for parent (fsWidening); every net pattern is covered
 // by one of parent's; every kv scope lies inside a parent scope of at
 // least its mode; every budget parent limits is limited in child, no
 // higher; child's autonomy ceiling is at least as strict; child's validity
@@ -60,10 +61,8 @@ func Narrows(parent, child Claims) error {
 			return widens("tools", "%q is not within the parent's tools %q", t, p.Tools)
 		}
 	}
-	for _, r := range c.FS {
-		if !coversRoot(p.FS, r) {
-			return widens("fs", "%s:%s (base %q) is not within a parent root of that mode and base (%v)", r.Path, r.Mode, r.Base, p.FS)
-		}
+	if why := fsWidening(p.FS, c.FS); why != "" {
+		return widens("fs", "%s", why)
 	}
 	for _, n := range c.Net {
 		ok, err := coversHost(p.Net, n)
@@ -153,34 +152,59 @@ func coversTool(ps []string, t string) bool {
 	return false
 }
 
-// coversRoot reports whether r lies inside a root of roots whose mode
-// grants at least r's, and names that root's base as its own.
-func coversRoot(roots []FSRoot, r FSRoot) bool {
-	for _, p := range roots {
-		if r.Mode == "rw" && p.Mode != "rw" {
-			continue
-		}
-		if within(r.Path, p.Path) && r.Base == p.BaseOrPath() {
-			return true
+// fsWidening says how roots cs grant a path more than roots ps, or
+// returns "". Each root of cs must lie inside a root of ps that is its
+// base (see FSRoot.Base). A token's mode at a path is that of the deepest
+// of its roots holding the path: a read-only root inside a writable one
+// keeps its files read-only (syscalls.Workspace refuses writes by the
+// innermost root). Either token's mode changes only at a root's path, so
+// comparing the two at every root path of either, where cs grants
+// anything, compares them at every path: a child's rw root over the
+// parent's read-only one inside it (or over the root holding it) is
+// refused unless the child keeps that root read-only too.
+func fsWidening(ps, cs []FSRoot) string {
+	for _, r := range cs {
+		if !slices.ContainsFunc(ps, func(p FSRoot) bool { return within(r.Path, p.Path) && r.Base == p.BaseOrPath() }) {
+			return fmt.Sprintf("%s:%s (base %q) is not within a parent root of that base (%v)", r.Path, r.Mode, r.Base, ps)
 		}
 	}
-	return false
+	for _, roots := range [][]FSRoot{cs, ps} {
+		for _, z := range roots {
+			c, ok := deepestRoot(cs, z.Path, "rw")
+			if !ok || c.Mode != "rw" {
+				continue
+			}
+			if p, _ := deepestRoot(ps, z.Path, "r"); p.Mode != "rw" {
+				return fmt.Sprintf("%s would be writable for the child (its root %s:rw) and is read-only for the parent (its root %s:%s)", z.Path, c.Path, p.Path, p.Mode)
+			}
+		}
+	}
+	return ""
 }
 
-// CoveringRoot returns the deepest root of roots that r lies inside with
-// at least r's mode, or false.
-func CoveringRoot(roots []FSRoot, r FSRoot) (FSRoot, bool) {
+// deepestRoot returns the root of roots whose path is the longest holding
+// path p, or false; of roots with that same path, one of mode tie if any,
+// so that a doubled root is read as the more permissive one in a child and
+// the less in a parent.
+func deepestRoot(roots []FSRoot, p, tie string) (FSRoot, bool) {
 	var best FSRoot
 	found := false
-	for _, p := range roots {
-		if (r.Mode == "rw" && p.Mode != "rw") || !within(r.Path, p.Path) {
+	for _, r := range roots {
+		if !within(p, r.Path) {
 			continue
 		}
-		if !found || len(p.Path) > len(best.Path) {
-			best, found = p, true
+		if !found || len(r.Path) > len(best.Path) || (r.Path == best.Path && r.Mode == tie) {
+			best, found = r, true
 		}
 	}
 	return best, found
+}
+
+// CoveringRoot returns the deepest root of roots that r lies inside, or
+// false: the root whose base an attenuated r takes. Whether r's mode is
+// granted there is Narrows' to judge.
+func CoveringRoot(roots []FSRoot, r FSRoot) (FSRoot, bool) {
+	return deepestRoot(roots, r.Path, "")
 }
 
 // within reports whether the clean absolute path p is dir or lies below it.

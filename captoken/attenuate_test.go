@@ -12,7 +12,7 @@ func TestNarrows(t *testing.T) {
 		Subject: "a", Audience: "k", ID: "P", IssuedAt: t0, NotBefore: t0, Expiry: t0.Add(time.Hour),
 		Cap: Capability{
 			Tools:     []string{"fs.*", "echo", "mcp.gh.*"},
-			FS:        []FSRoot{{Path: "/srv/work", Mode: "rw"}, {Path: "/srv/ref", Mode: "r"}},
+			FS:        []FSRoot{{Path: "/srv/work", Mode: "rw"}, {Path: "/srv/work/locked", Mode: "r"}, {Path: "/srv/ref", Mode: "r"}},
 			Net:       []string{"*.example.com", "api.other.org:443", "192.0.2.1"},
 			KV:        []KVScope{{Keys: "a/*", Mode: "rw"}, {Keys: "shared/*", Mode: "r"}, {Keys: "motd", Mode: "r"}},
 			Budgets:   map[string]int64{BudgetCalls: 100, BudgetNetBytes: 1 << 20},
@@ -55,6 +55,27 @@ func TestNarrows(t *testing.T) {
 		{"path outside", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv", Mode: "r", Base: "/srv"}} }, "fs"},
 		{"sibling path with shared prefix", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/workshop", Mode: "r", Base: "/srv/work"}} }, "fs"},
 		{"mode upgraded", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/ref/x", Mode: "rw", Base: "/srv/ref"}} }, "fs"},
+		// The parent's /srv/work/locked is read-only inside its writable
+		// /srv/work: the innermost root decides a path's mode.
+		{"rw root over the parent's read-only root", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work", Mode: "rw", Base: "/srv/work"}} }, "fs"},
+		{"rw root inside the parent's read-only root", func(c *Claims) {
+			c.Cap.FS = []FSRoot{{Path: "/srv/work/locked/x", Mode: "rw", Base: "/srv/work"}}
+		}, "fs"},
+		{"rw root on the parent's read-only root", func(c *Claims) {
+			c.Cap.FS = []FSRoot{{Path: "/srv/work/locked", Mode: "rw", Base: "/srv/work/locked"}}
+		}, "fs"},
+		{"rw root keeping the read-only root", func(c *Claims) {
+			c.Cap.FS = []FSRoot{{Path: "/srv/work", Mode: "rw", Base: "/srv/work"}, {Path: "/srv/work/locked", Mode: "r", Base: "/srv/work"}}
+		}, ""},
+		{"read-only root kept, doubled rw", func(c *Claims) {
+			c.Cap.FS = []FSRoot{{Path: "/srv/work", Mode: "rw", Base: "/srv/work"}, {Path: "/srv/work/locked", Mode: "r", Base: "/srv/work/locked"}, {Path: "/srv/work/locked", Mode: "rw", Base: "/srv/work/locked"}}
+		}, "fs"},
+		{"rw root beside the read-only root", func(c *Claims) {
+			c.Cap.FS = []FSRoot{{Path: "/srv/work/lockedx", Mode: "rw", Base: "/srv/work"}}
+		}, ""},
+		{"read-only root inside the read-only root", func(c *Claims) {
+			c.Cap.FS = []FSRoot{{Path: "/srv/work/locked/x", Mode: "r", Base: "/srv/work/locked"}}
+		}, ""},
 		{"base dropped", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r"}} }, "fs"},
 		{"base moved up", func(c *Claims) { c.Cap.FS = []FSRoot{{Path: "/srv/work/sub", Mode: "r", Base: "/srv"}} }, "fs"},
 		{"the parent's own agent", func(c *Claims) { c.Subject = "a" }, ""},

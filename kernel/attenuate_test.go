@@ -258,3 +258,49 @@ func TestTokenIDsAreUUIDs(t *testing.T) {
 		t.Fatalf("Revoke of custom-jti-1: %v, head %d → %d", err, before, h.headSize())
 	}
 }
+
+// A read-only root inside a writable one keeps its files read-only for
+// the token, and for every attenuation of it: a child may not have the
+// inner root writable, nor take the outer root without the inner one;
+// one keeping both writes beside the inner root and not inside it.
+func TestAttenuateKeepsNestedReadOnlyRoot(t *testing.T) {
+	h := newHarness(t)
+	ro := filepath.Join(h.ws, "ro")
+	h.write("ro/f", "original")
+	ptok, pjti := h.mint(h.agent, captoken.Capability{
+		Tools: []string{"fs.*"},
+		FS:    []captoken.FSRoot{{Path: h.ws, Mode: "rw"}, {Path: ro, Mode: "r"}},
+	})
+	write := func(tok, jti, path string) *Result {
+		a, _ := json.Marshal(map[string]any{"path": path, "content": "overwritten"})
+		return h.k.Invoke(context.Background(), &Envelope{ToolID: "fs.write", Args: a, AgentID: h.agent,
+			CapabilityToken: tok, CapabilityTokenID: jti, PolicyHash: h.k.PolicyHash(), IdempotencyKey: "k-" + newID()})
+	}
+	if r := write(ptok, pjti, "ro/f"); r.Error == nil || r.Error.Class != ErrScopeDenied {
+		t.Fatalf("the parent's own write in its read-only root: %+v", r.Error)
+	}
+	for _, c := range []struct {
+		name string
+		fs   []captoken.FSRoot
+	}{
+		{"the read-only root writable", []captoken.FSRoot{{Path: ro, Mode: "rw"}}},
+		{"below the read-only root writable", []captoken.FSRoot{{Path: filepath.Join(ro, "sub"), Mode: "rw"}}},
+		{"the writable root without the read-only one", []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}},
+	} {
+		_, err := h.k.Attenuate(context.Background(), AttenuateRequest{Parent: ptok, FS: c.fs})
+		var ae *AttenuateError
+		if !errors.As(err, &ae) || ae.Class != ErrScopeDenied || !strings.Contains(ae.Message, "read-only for the parent") {
+			t.Errorf("%s: Attenuate = %v, want scope_denied saying the path is read-only for the parent", c.name, err)
+		}
+	}
+	child := h.attenuate(AttenuateRequest{Parent: ptok, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}, {Path: ro, Mode: "r"}}})
+	if r := write(child.Token, child.ID, "ro/f"); r.Error == nil || r.Error.Class != ErrScopeDenied {
+		t.Errorf("the child's write in the read-only root: %+v", r.Error)
+	}
+	if r := write(child.Token, child.ID, "beside"); r.Status != StatusOK {
+		t.Errorf("the child's write beside the read-only root: %+v", r.Error)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ro, "f")); string(b) != "original" {
+		t.Errorf("ro/f is %q", b)
+	}
+}
