@@ -118,13 +118,17 @@ type Record struct {
 
 // Reasons recorded in Record.Reason.
 const (
-	ReasonDenied         = "host not allowed"
-	ReasonBudget         = "net byte budget exceeded"
-	ReasonBudgetRefused  = "net byte budget exhausted"
-	ReasonBadRequest     = "malformed proxy request"
-	ReasonUnsupported    = "unsupported proxy request"
-	ReasonProxyClosed    = "proxy closed"
-	ReasonLimit          = "connection limit reached" // Options.MaxAllowed
+	ReasonDenied        = "host not allowed"
+	ReasonBudget        = "net byte budget exceeded"
+	ReasonBudgetRefused = "net byte budget exhausted"
+	ReasonBadRequest    = "malformed proxy request"
+	ReasonUnsupported   = "unsupported proxy request"
+	ReasonProxyClosed   = "proxy closed"
+	ReasonLimit         = "connection limit reached" // Options.MaxAllowed
+	// ReasonAddress: the host was allowed, but the dialer refused every
+	// address it resolved to (ErrSpecialAddress: loopback, private and
+	// other special-purpose ranges, the SSRF guard).
+	ReasonAddress        = "address not allowed"
 	reasonDialPrefix     = "dial: "
 	reasonUpstreamPrefix = "upstream: "
 )
@@ -461,6 +465,20 @@ func (p *Proxy) admit(c *conn, r Record) bool {
 	return true
 }
 
+// refuseAddress turns c's admitted request into a refused one: the
+// dialer refused its host's addresses (err). An audit looking for refused
+// requests finds it there, not among the allowed ones with a failed dial.
+// It still counts against MaxAllowed, which bounds the dials (and DNS
+// lookups) one proxy makes and the records it keeps.
+func (p *Proxy) refuseAddress(c *conn, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.rec >= 0 && c.rec < len(p.records) {
+		r := &p.records[c.rec]
+		r.Allowed, r.Reason = false, ReasonAddress+": "+err.Error()
+	}
+}
+
 // keep appends r as the record of c; p.mu is held.
 func (p *Proxy) keep(c *conn, r Record) {
 	if !r.Allowed {
@@ -583,7 +601,12 @@ func (p *Proxy) handle(c *conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DialTimeout)
 	u, err := p.opts.Dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	cancel()
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrSpecialAddress):
+		p.refuseAddress(c, err)
+		reply(c.client, http.StatusForbidden, ReasonAddress)
+		return
+	case err != nil:
 		c.setReason(reasonDialPrefix + err.Error())
 		reply(c.client, http.StatusBadGateway, "dial failed")
 		return

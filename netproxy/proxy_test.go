@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -182,6 +183,61 @@ func TestReached(t *testing.T) {
 		if f.proxy.Reached() != tc.reached {
 			t.Fatalf("%s: Reached = %v", tc.name, !tc.reached)
 		}
+	}
+}
+
+// A host the allowlist admits whose address the dialer's guard refuses
+// (an SSRF attempt: a name resolving to loopback) is answered 403 and
+// recorded refused, with the guard's reason, beside a dial that merely
+// failed (502, recorded allowed with its error), for CONNECT and plain
+// HTTP alike.
+func TestGuardRefusalRecordedRefused(t *testing.T) {
+	f := newFixture(t, 0, allowHosts("inward.test", "allowed.test"), func(o *netproxy.Options) {
+		next := o.Dial
+		o.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if host, _, _ := net.SplitHostPort(addr); host == "inward.test" {
+				return nil, &netproxy.AddrError{Host: host, Addr: netip.MustParseAddr("127.0.0.1")}
+			}
+			return next(ctx, network, addr)
+		}
+	})
+	closed := httptest.NewServer(origin())
+	closed.Close()
+	c := f.client()
+	for _, u := range []string{
+		fmt.Sprintf("http://inward.test:%d/echo", port(f.plain)),
+		fmt.Sprintf("https://inward.test:%d/echo", port(f.tls)),
+		fmt.Sprintf("http://allowed.test:%d/echo", port(closed)),
+	} {
+		resp, err := c.Get(u)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		want := http.StatusForbidden
+		if strings.Contains(u, "allowed.test") {
+			want = http.StatusBadGateway
+		}
+		// A refused CONNECT fails the client's Get with the status in
+		// its error; a plain request gets the response.
+		if err == nil && resp.StatusCode != want || err != nil && !strings.Contains(err.Error(), http.StatusText(want)) {
+			t.Errorf("%s: %v %v, want %d", u, resp, err, want)
+		}
+	}
+	recs := f.proxy.Records()
+	if len(recs) != 3 {
+		t.Fatalf("%d records: %+v", len(recs), recs)
+	}
+	for i, r := range recs[:2] {
+		if r.Allowed || !strings.HasPrefix(r.Reason, netproxy.ReasonAddress+": ") || !strings.Contains(r.Reason, "127.0.0.1") {
+			t.Errorf("record %d of a guard refusal: %+v", i, r)
+		}
+	}
+	if r := recs[2]; !r.Allowed || !strings.HasPrefix(r.Reason, "dial: ") {
+		t.Errorf("record of a failed dial: %+v", r)
+	}
+	if f.proxy.Reached() {
+		t.Error("Reached after refused and failed dials")
 	}
 }
 
