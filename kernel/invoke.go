@@ -137,7 +137,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	env := c.env
 	k.observe(c)
 	if err := k.db.Err(); err != nil {
-		return k.stopped(c, err) // failstop.go: nothing runs once durability failed
+		return k.notRun(c, err) // failstop.go: nothing runs once durability failed
 	}
 	// 1. The envelope's own fields.
 	if err := k.checkEnvelope(c); err != nil {
