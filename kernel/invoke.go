@@ -377,10 +377,14 @@ func (k *Kernel) checkEnvelope(c *call) error {
 	if c.canonArgs == nil {
 		// A call that came through neither decode nor invoke.
 		var err error
-		if c.canonArgs, err = jcs.Canonicalize(env.Args); err != nil {
+		if c.canonArgs, err = jcs.CanonicalizeExact(env.Args); err != nil {
 			return fmt.Errorf("args: %v", err)
 		}
 	}
+	// From here on every step, the syscall included, reads the args it
+	// hashes, audits and shows the policy: the same value as the text the
+	// caller sent (no number was rounded: CanonicalizeExact), in one form.
+	env.Args = c.canonArgs
 	c.argsHash = digest.Sum(c.canonArgs)
 	v, err := jcs.Decode(c.canonArgs)
 	if err != nil {
