@@ -252,12 +252,12 @@ type Receipt struct {
 	// A record with commitments holds these instead of the plain hashes
 	// (docs/formats.md "Payloads and commitments"); its context
 	// commitment stands for its provenance, notes and risk_basis.
-	ArgsCommitment    string `json:"args_commitment"`
-	ResultCommitment  string `json:"result_commitment"`
-	ContextCommitment string `json:"context_commitment"`
-	LedgerSeq        *uint64 `json:"-"`
-	LedgerEntryHash  string  `json:"-"`
-	IssuedAt         string  `json:"-"`
+	ArgsCommitment    string  `json:"args_commitment"`
+	ResultCommitment  string  `json:"result_commitment"`
+	ContextCommitment string  `json:"context_commitment"`
+	LedgerSeq         *uint64 `json:"-"`
+	LedgerEntryHash   string  `json:"-"`
+	IssuedAt          string  `json:"-"`
 }
 
 // LoggedReceipt is a receipt proven by the log (capkernel-receipt/v2).
