@@ -755,6 +755,12 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	if class != "" {
 		return k.deny(ctx, c, class, msg)
 	}
+	// Until its charge is recorded (netbudget.go).
+	release, refused := k.netTurns.hold(ctx, c)
+	if refused != nil {
+		return k.deny(ctx, c, refused.Class, refused.Message)
+	}
+	defer release()
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	c.lap(StageExecute)
 	c.setOutcome(out, class, msg, NoOp)
@@ -834,6 +840,13 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		}
 	}()
 
+	// Until its charge is recorded at commit, rollback or settle
+	// (netbudget.go).
+	release, refused := k.netTurns.hold(ctx, c)
+	if refused != nil {
+		return k.deny(ctx, c, refused.Class, refused.Message)
+	}
+	defer release()
 	if class, msg := c.checkFiles(); class != "" {
 		return k.deny(ctx, c, class, msg)
 	}

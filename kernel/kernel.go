@@ -50,6 +50,7 @@ type Kernel struct {
 	lw         *ledger.Writer    // every audit entry is appended through it (receipts.Logged)
 	verifier   *captoken.Verifier
 	locks      *pathLocks
+	netTurns   netBudgetLocks // calls spending one net_bytes budget take turns (netbudget.go)
 	syncer     *txn.Syncer
 	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
 	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
