@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"sort"
 
 	"go.etcd.io/bbolt"
@@ -98,7 +99,7 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 			if err == nil {
 				var left []Conflict
 				left, err = removeStaging(in, roots.open)
-				conflicts = append(conflicts, left...)
+				conflicts = append(conflicts, unreported(in, conflicts, left)...)
 			}
 			if err != nil {
 				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
@@ -191,6 +192,24 @@ func removeStaging(in *Intent, root func(string) (*os.Root, error)) ([]Conflict,
 		}
 	}
 	return left, nil
+}
+
+// unreported returns the conflicts of left (staging files left by
+// removeStaging) but those of a staging or trash file whose effect of in
+// is among refused already: one refusal is reported once.
+func unreported(in *Intent, refused, left []Conflict) []Conflict {
+	seen := map[[2]string]bool{}
+	for _, c := range refused {
+		if c.Reason != ConflictRefused {
+			continue
+		}
+		for _, e := range in.Effects {
+			if e.Op == c.Op && e.Root == c.Root && e.Path == c.Path {
+				seen[[2]string{e.Root, e.Stage}] = true
+			}
+		}
+	}
+	return slices.DeleteFunc(left, func(c Conflict) bool { return seen[[2]string{c.Root, c.Path}] })
 }
 
 type rootCache map[string]*os.Root
