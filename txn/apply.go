@@ -244,6 +244,11 @@ func refusal(op string, e Effect, err error) Conflict {
 	return Conflict{OperationID: op, Op: e.Op, Root: e.Root, Path: e.Path, Reason: ConflictRefused, Want: want, Error: err.Error()}
 }
 
+// Refused reports whether err, from Apply, is a refusal by the file
+// system that trying again cannot cure (see lasting): Redo reports such
+// an effect as a ConflictRefused instead of failing.
+func Refused(err error) bool { return lasting(err) }
+
 // lasting reports whether err is a refusal by the file system that trying
 // again cannot cure: no permission (EACCES, EPERM: a directory without
 // write permission, a sticky directory, an immutable or append-only
