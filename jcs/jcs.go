@@ -34,6 +34,11 @@ const MaxDepth = 1000
 // Canonicalize returns the RFC 8785 canonical form of the JSON text data.
 func Canonicalize(data []byte) ([]byte, error) {
 	p := parser{in: data, out: make([]byte, 0, len(data))}
+	return p.document()
+}
+
+// document canonicalizes p.in, one JSON value with white space around.
+func (p *parser) document() ([]byte, error) {
 	p.skipSpace()
 	if p.pos == len(p.in) {
 		return nil, p.errorf("empty input")
@@ -48,6 +53,18 @@ func Canonicalize(data []byte) ([]byte, error) {
 	return p.out, nil
 }
 
+// CanonicalizeExact is Canonicalize refusing, besides, a number more
+// precise than an IEEE-754 double: one whose decimal value is not that of
+// its canonical form (9007199254740993, read as 9007199254740992;
+// 1.0 and 0.10 are exact, the doubles 1 and 0.1). RFC 8785 rounds such a
+// number, as RFC 7493 (I-JSON) allows of input it advises against; where
+// the original text is acted on too (a syscall's args), rounding would
+// hash and audit another number than the one acted on.
+func CanonicalizeExact(data []byte) ([]byte, error) {
+	p := parser{in: data, out: make([]byte, 0, len(data)), exact: true}
+	return p.document()
+}
+
 // Marshal encodes v with encoding/json and returns its canonical form.
 func Marshal(v any) ([]byte, error) {
 	b, err := json.Marshal(v)
@@ -58,9 +75,10 @@ func Marshal(v any) ([]byte, error) {
 }
 
 type parser struct {
-	in  []byte
-	pos int
-	out []byte
+	in    []byte
+	pos   int
+	out   []byte
+	exact bool // refuse numbers more precise than a double (CanonicalizeExact)
 }
 
 func (p *parser) errorf(format string, args ...any) error {
@@ -475,12 +493,75 @@ func (p *parser) number() error {
 			return p.errorf("invalid number")
 		}
 	}
-	f, err := strconv.ParseFloat(string(p.in[start:p.pos]), 64)
+	in := p.in[start:p.pos]
+	f, err := strconv.ParseFloat(string(in), 64)
 	if err != nil || math.IsInf(f, 0) {
-		return fmt.Errorf("jcs: number %s at offset %d is not a finite IEEE-754 double", p.in[start:p.pos], start)
+		return fmt.Errorf("jcs: number %s at offset %d is not a finite IEEE-754 double", in, start)
 	}
+	n := len(p.out)
 	p.out = AppendNumber(p.out, f)
+	if out := p.out[n:]; p.exact && !bytes.Equal(out, in) && !sameDecimal(out, in) {
+		return fmt.Errorf("jcs: number %s at offset %d is more precise than an IEEE-754 double: it would be read as %s (send it as a string)", in, start, out)
+	}
 	return nil
+}
+
+// sameDecimal reports whether the JSON numbers a and b (valid number
+// text) have the same decimal value: 1.0, 1e0 and 10e-1 have, while
+// 9007199254740993 and the double it is read as, 9007199254740992, have
+// not.
+func sameDecimal(a, b []byte) bool {
+	an, ad, ae := decimal(a)
+	bn, bd, be := decimal(b)
+	if ad == "" || bd == "" {
+		return ad == bd // zero, of either sign
+	}
+	return an == bn && ad == bd && ae == be
+}
+
+// decimal returns the value of the JSON number text s as a sign, its
+// significant digits (no leading or trailing zeros; "" for zero) and the
+// power of ten of the last of them. The exponent saturates far beyond any
+// double's, so that a huge one neither overflows nor equals another.
+func decimal(s []byte) (neg bool, digits string, exp int64) {
+	if s[0] == '-' {
+		neg, s = true, s[1:]
+	}
+	var d []byte
+	i := 0
+	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		d = append(d, s[i])
+	}
+	if i < len(s) && s[i] == '.' {
+		for i++; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+			d = append(d, s[i])
+			exp--
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		sign := int64(1)
+		if s[i] == '+' || s[i] == '-' {
+			if s[i] == '-' {
+				sign = -1
+			}
+			i++
+		}
+		var e int64
+		for ; i < len(s); i++ {
+			if e < 1e9 {
+				e = e*10 + int64(s[i]-'0')
+			}
+		}
+		exp += sign * e
+	}
+	for len(d) > 0 && d[0] == '0' {
+		d = d[1:]
+	}
+	for len(d) > 0 && d[len(d)-1] == '0' {
+		d, exp = d[:len(d)-1], exp+1
+	}
+	return neg, string(d), exp
 }
 
 // AppendNumber appends f as ECMAScript's Number.prototype.toString prints

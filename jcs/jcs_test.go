@@ -187,3 +187,46 @@ func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
 }
+
+// TestCanonicalizeExact: numbers whose value a double holds exactly, in
+// whatever spelling, canonicalize as Canonicalize does; one more precise
+// than a double (which Canonicalize rounds, as RFC 8785 does) is refused,
+// naming the number and what it would be read as.
+func TestCanonicalizeExact(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string // want "" for a refusal
+	}{
+		{`1`, `1`},
+		{`1.0`, `1`},
+		{`-0.0`, `0`},
+		{`0e-99999999999`, `0`},
+		{`10e-1`, `1`},
+		{`0.10`, `0.1`},
+		{`1E30`, `1e+30`},
+		{`4.50`, `4.5`},
+		{`2e-3`, `0.002`},
+		{`9007199254740992`, `9007199254740992`},
+		{`0.30000000000000004`, `0.30000000000000004`},
+		{`5e-324`, `5e-324`},
+		{`9007199254740993`, ""},
+		{`-9007199254740993`, ""},
+		{`333333333.33333329`, ""},
+		{`1.00000000000000000000001`, ""},
+		{`1e-400`, ""},
+		{`1e-99999999999`, ""},
+		{`0.1000000000000000055511151231257827`, ""},
+		{`{"a":[1,{"b":9007199254740993}]}`, ""},
+		{`{"b":2.50,"a":[1.0]}`, `{"a":[1],"b":2.5}`},
+	} {
+		got, err := CanonicalizeExact([]byte(tc.in))
+		switch {
+		case tc.want == "" && (err == nil || !strings.Contains(err.Error(), "more precise than an IEEE-754 double")):
+			t.Errorf("%s: %s, %v, want refused as more precise than a double", tc.in, got, err)
+		case tc.want != "" && (err != nil || string(got) != tc.want):
+			t.Errorf("%s: %s, %v, want %s", tc.in, got, err, tc.want)
+		}
+		if plain, err := Canonicalize([]byte(tc.in)); tc.want != "" && string(plain) != string(got) {
+			t.Errorf("%s: Canonicalize %s (%v), CanonicalizeExact %s", tc.in, plain, err, got)
+		}
+	}
+}

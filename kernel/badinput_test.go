@@ -170,3 +170,33 @@ func TestOperationIDReused(t *testing.T) {
 		t.Fatalf("calls without an operation id: %s %q and %s %q", a.Status, a.OperationID, b.Status, b.OperationID)
 	}
 }
+
+// An envelope built in Go (the local kernelctl call, an embedding
+// program) may hold bytes that JSON could not carry: an idempotency key
+// or agent id that is not UTF-8 is refused and audited, since records
+// hold text where "k\xff" and "k\xfe" would read as one key while the
+// idempotency table told them apart.
+func TestInvalidUTF8Refused(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name string
+		mod  func(*Envelope)
+	}{
+		{"idempotency key", key("k\xff")},
+		{"another key of the same text", key("k\xfe")},
+		{"agent id", func(e *Envelope) { e.AgentID = h.agent + "\xff" }},
+	} {
+		before := h.headSize()
+		r := h.k.Invoke(context.Background(), h.env("fs.write", map[string]any{"path": "f.txt", "content": "x"}, tc.mod))
+		if errClass(r) != ErrInvalidArgs || r.TxOutcome != NoOp || !strings.Contains(r.Error.Message, "UTF-8") {
+			t.Errorf("%s: %s %s %+v, want invalid_args no_op naming UTF-8", tc.name, errClass(r), r.TxOutcome, r.Error)
+		}
+		if a := h.audits(before); len(a) != 1 {
+			t.Errorf("%s: %d audit records, want 1", tc.name, len(a))
+		}
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, "f.txt")); !os.IsNotExist(err) {
+		t.Errorf("f.txt written: %v", err)
+	}
+	mustVerify(t, h.k.Inspector())
+}

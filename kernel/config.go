@@ -27,7 +27,8 @@ import (
 )
 
 // Config configures Open. Only DataDir is required; settings left zero come
-// from the data dir's kernel.json, then from the defaults below.
+// from the data dir's kernel.json, then from the defaults below. A relative
+// DataDir or SandboxDir is resolved against the working directory at Open.
 type Config struct {
 	DataDir string
 	// PolicyDir, when set, replaces the embedded default policy bundle.
@@ -157,7 +158,10 @@ type InitResult struct {
 
 // Init makes a new data dir: kernel id, issuer and receipt keys (Ed25519,
 // PKCS #8 PEM), an admin credential and kernel.json. It refuses a dir that
-// already holds a kernel.
+// already holds a kernel. What it writes is durable when it returns: the
+// files and their directories are fsynced, kernel.json last, so a power
+// loss never leaves a kernel.json whose keys are lost (a ledger whose
+// checkpoints no key on the disk verifies).
 func Init(dir string) (*InitResult, error) {
 	if _, err := os.Stat(filepath.Join(dir, ConfigFile)); err == nil {
 		return nil, fmt.Errorf("init: %s already holds a kernel (%s exists)", dir, ConfigFile)
@@ -187,12 +191,35 @@ func Init(dir string) (*InitResult, error) {
 	if err := os.WriteFile(filepath.Join(dir, AdminFile), []byte(res.AdminCredential+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
+	if err := syncPaths(dir, IssuerKeyFile, ReceiptKeyFile, ReceiptPublicKeyFile, AdminFile, "keys", "."); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
 	s := settings{KernelID: id, Issuer: res.Issuer, AdminCredentialHash: digest.Sum([]byte(res.AdminCredential))}
 	b, _ := json.MarshalIndent(s, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, ConfigFile), append(b, '\n'), 0o600); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
+	if err := syncPaths(dir, ConfigFile, "."); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
 	return res, nil
+}
+
+// syncPaths fsyncs each of names, files or directories under dir, in
+// order.
+func syncPaths(dir string, names ...string) error {
+	for _, n := range names {
+		f, err := os.Open(filepath.Join(dir, n))
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("fsync %s: %w", f.Name(), err)
+		}
+	}
+	return nil
 }
 
 func writeNewKey(path string) error {

@@ -161,7 +161,9 @@ func checkObject(field string, raw json.RawMessage, required bool) ([]byte, erro
 		// envelope's bytes are the caller's) without re-encoding.
 		return bytes.Clone(raw), nil
 	}
-	c, err := jcs.Canonicalize(raw)
+	// Exact: a number more precise than a double would be hashed and
+	// audited as the double while its text reached the syscall.
+	c, err := jcs.CanonicalizeExact(raw)
 	if err != nil {
 		return nil, fmt.Errorf("envelope: %s: %v", field, err)
 	}

@@ -19,7 +19,8 @@ import (
 // unknown to this process (after a failed fsync, neither the file nor the
 // page cache can be trusted). The kernel then accepts no more calls: the
 // calls caught in the failure are answered internal with tx_outcome
-// unknown, every later call is refused the same way without running, the
+// unknown, every later call is refused without running (internal, no_op,
+// unrecorded), the
 // failure is logged once, and the process that serves the kernel (kernelctl
 // serve, mcp, run) exits non-zero so that its supervisor restarts it. The
 // next Open decides every interrupted operation from what is durable
@@ -65,13 +66,28 @@ func (k *Kernel) watchFailure(stop <-chan struct{}) {
 	}
 }
 
-// stopped is the answer to a call caught in, or made after, a fail stop:
-// internal, naming the failed operation and file, with tx_outcome unknown
-// and no receipt (nothing about the call could be recorded).
+// stopped is the answer to a call caught in a fail stop: internal, naming
+// the failed operation and file, with tx_outcome unknown and no receipt
+// (nothing about the call could be recorded; the next start decides it
+// and writes its one record).
 func (k *Kernel) stopped(c *call, err error) *Result {
-	c.fill(k)
-	c.setOutcome(nil, ErrInternal, fmt.Sprintf("the kernel failed stop: %v; this call's outcome is decided when the kernel restarts: "+
+	return k.unrecorded(c, fmt.Sprintf("the kernel failed stop: %v; this call's outcome is decided when the kernel restarts: "+
 		"repeat it with the same idempotency_key then to learn it", err), TxUnknown)
+}
+
+// notRun is the answer to a call made after a fail stop: it did not run,
+// so its tx_outcome is no_op, and nothing records it, now or at the next
+// start (no receipt, no audit record): the message says so.
+func (k *Kernel) notRun(c *call, err error) *Result {
+	return k.unrecorded(c, fmt.Sprintf("the kernel had failed stop before this call: %v; the call did not run and is not recorded: "+
+		"repeat it once the kernel has restarted", err), NoOp)
+}
+
+// unrecorded is an internal answer with message msg and outcome tx that
+// no audit record or receipt backs.
+func (k *Kernel) unrecorded(c *call, msg, tx string) *Result {
+	c.fill(k)
+	c.setOutcome(nil, ErrInternal, msg, tx)
 	c.res.ReceiptID, c.res.Receipt, c.res.LedgerSeq, c.res.StateSnapshotID = "", nil, 0, ""
 	c.res.ResultHash = resultHash(&c.res, nil)
 	return &c.res

@@ -61,8 +61,8 @@ func TestApplyFailureFailsStop(t *testing.T) {
 				t.Fatal("the kernel did not fail stop")
 			}
 			later := h.invoke("fs.write", map[string]any{"path": "g.txt", "content": "g"}, key("k2"))
-			if errClass(later) != ErrInternal || later.TxOutcome != TxUnknown {
-				t.Fatalf("a call after the fail stop: %+v", later)
+			if errClass(later) != ErrInternal || later.TxOutcome != NoOp || later.Receipt != nil || !strings.Contains(later.Error.Message, "did not run") {
+				t.Fatalf("a call after the fail stop: %+v %+v, want internal, no_op, unrecorded, saying it did not run", later, later.Error)
 			}
 			if _, err := os.Stat(filepath.Join(h.ws, "g.txt")); !os.IsNotExist(err) {
 				t.Fatalf("a call after the fail stop ran: %v", err)

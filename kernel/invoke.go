@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"go.etcd.io/bbolt"
@@ -137,7 +138,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	env := c.env
 	k.observe(c)
 	if err := k.db.Err(); err != nil {
-		return k.stopped(c, err) // failstop.go: nothing runs once durability failed
+		return k.notRun(c, err) // failstop.go: nothing runs once durability failed
 	}
 	// 1. The envelope's own fields.
 	if err := k.checkEnvelope(c); err != nil {
@@ -332,10 +333,14 @@ func (k *Kernel) verifyToken(env *Envelope) (tok *captoken.Token, class, msg str
 // agentIDRule is what an agent id must be: in an envelope, and in the
 // tokens minted and attenuated for one (a token for another id could make
 // no call).
-const agentIDRule = "agent_id must be at most 255 bytes with no control characters"
+const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control characters"
 
+// validAgentID reports whether id obeys agentIDRule. Invalid UTF-8 is
+// refused because records hold text: two ids differing only in invalid
+// bytes would read as one id in the audit, while the idempotency table
+// told them apart.
 func validAgentID(id string) bool {
-	return len(id) <= 255 && !strings.ContainsFunc(id, unicode.IsControl)
+	return len(id) <= 255 && utf8.ValidString(id) && !strings.ContainsFunc(id, unicode.IsControl)
 }
 
 // checkEnvelope validates the envelope fields the later steps rely on.
@@ -352,8 +357,9 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
 	case !validAgentID(env.AgentID):
 		return errors.New(agentIDRule)
-	case len(env.IdempotencyKey) > 255 || strings.ContainsFunc(env.IdempotencyKey, unicode.IsControl):
-		return errors.New("idempotency_key must be at most 255 bytes with no control characters")
+	case len(env.IdempotencyKey) > 255 || !utf8.ValidString(env.IdempotencyKey) || strings.ContainsFunc(env.IdempotencyKey, unicode.IsControl):
+		// UTF-8 as agent_id is (validAgentID).
+		return errors.New("idempotency_key must be at most 255 bytes of UTF-8 with no control characters")
 	case len(env.PreconditionRefs) > MaxPreconditions:
 		return fmt.Errorf("%d precondition refs; the limit is %d", len(env.PreconditionRefs), MaxPreconditions)
 	}
@@ -371,10 +377,14 @@ func (k *Kernel) checkEnvelope(c *call) error {
 	if c.canonArgs == nil {
 		// A call that came through neither decode nor invoke.
 		var err error
-		if c.canonArgs, err = jcs.Canonicalize(env.Args); err != nil {
+		if c.canonArgs, err = jcs.CanonicalizeExact(env.Args); err != nil {
 			return fmt.Errorf("args: %v", err)
 		}
 	}
+	// From here on every step, the syscall included, reads the args it
+	// hashes, audits and shows the policy: the same value as the text the
+	// caller sent (no number was rounded: CanonicalizeExact), in one form.
+	env.Args = c.canonArgs
 	c.argsHash = digest.Sum(c.canonArgs)
 	v, err := jcs.Decode(c.canonArgs)
 	if err != nil {
@@ -750,7 +760,7 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 			return k.denyErr(ctx, c, err)
 		}
 	}
-	unlock, class, msg := k.holdPreconditions(c, resources)
+	unlock, class, msg := k.holdPreconditions(ctx, c, resources)
 	defer unlock()
 	if class != "" {
 		return k.deny(ctx, c, class, msg)
@@ -826,7 +836,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		}
 	}
 	locks := k.locks.plan(fsKeys, kvKeys)
-	k.locks.lock(locks)
+	if err := k.locks.lock(ctx, locks); err != nil {
+		class, msg := endedWaiting(ctx, c, "for its paths' locks")
+		return k.deny(ctx, c, class, msg)
+	}
 	held := true // until finish takes the locks over
 	defer func() {
 		if held {
@@ -874,6 +887,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		var te *txn.Error
 		if errors.As(err, &te) {
 			return k.deny(ctx, c, te.Class, te.Message)
+		}
+		if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			class, msg := endedWaiting(ctx, c, "to be prepared")
+			return k.deny(ctx, c, class, msg)
 		}
 		if err != nil {
 			return k.deny(ctx, c, ErrInternal, "prepare: "+err.Error())
@@ -1183,6 +1200,16 @@ func failure(ctx context.Context, c *call, timeout time.Duration, err error) (cl
 		return ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, err)
 	}
 	return ErrExecution, err.Error()
+}
+
+// endedWaiting is the class and message of a call whose context ended
+// while it waited (what it waited for), before anything of it ran:
+// timeout or cancelled, as if it had ended while running.
+func endedWaiting(ctx context.Context, c *call, what string) (class, msg string) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ErrTimeout, fmt.Sprintf("%s timed out while it waited %s, before it ran", c.env.ToolID, what)
+	}
+	return ErrCancelled, fmt.Sprintf("%s was cancelled while it waited %s, before it ran: %v", c.env.ToolID, what, context.Cause(ctx))
 }
 
 // accounts are the budgets c is charged to: its token's, then those of

@@ -96,6 +96,18 @@ var (
 // the policy bundle (recording it in the ledger) and returns a kernel ready
 // for calls. A data dir is owned by one process at a time.
 func Open(ctx context.Context, cfg Config) (*Kernel, error) {
+	// Relative dirs are resolved now: the sandbox, which changes its
+	// root, and anything run from another directory need absolute ones.
+	for _, d := range []*string{&cfg.DataDir, &cfg.SandboxDir} {
+		if *d == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*d)
+		if err != nil {
+			return nil, fmt.Errorf("resolving %s: %w", *d, err)
+		}
+		*d = abs
+	}
 	s, err := loadSettings(cfg.DataDir)
 	if err != nil {
 		return nil, err

@@ -1,8 +1,13 @@
 package kernel
 
 import (
+	"context"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/capkernel/capkernel/txn"
 )
 
 // TestPathLocksOnWait: a call that must wait for a stripe another call
@@ -28,9 +33,9 @@ func TestPathLocksOnWait(t *testing.T) {
 			if !tc.waits && conflict(held, want) {
 				t.Skip("the two keys hash onto one stripe")
 			}
-			l.lock(held)
+			l.lock(context.Background(), held)
 			got := make(chan struct{})
-			go func() { l.lock(want); close(got) }()
+			go func() { l.lock(context.Background(), want); close(got) }()
 			if tc.waits {
 				select {
 				case <-waited:
@@ -64,4 +69,123 @@ func conflict(a, b lockSet) bool {
 		}
 	}
 	return false
+}
+
+// TestPathLocksShareAndCancel: shared holders of a stripe hold it
+// together and an exclusive one waits for both; a wait ends when its
+// context does, giving back the stripes taken so far (a later call takes
+// them at once) and leaving the held ones held.
+func TestPathLocksShareAndCancel(t *testing.T) {
+	l := newPathLocks()
+	ctx := context.Background()
+	dir := l.plan([]string{"/ws/d"}, nil)                                      // d exclusive
+	a, b := l.plan([]string{"/ws/d/a"}, nil), l.plan([]string{"/ws/d/b"}, nil) // d shared
+	if conflict(a, b) {
+		t.Skip("the two files hash onto one stripe")
+	}
+	if err := l.lock(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.lock(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := l.lock(short, dir); err != context.DeadlineExceeded {
+		t.Fatalf("exclusive lock of a directory two calls hold shared: %v, want the deadline", err)
+	}
+	l.unlock(a)
+	short2, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel2()
+	if err := l.lock(short2, dir); err != context.DeadlineExceeded {
+		t.Fatalf("exclusive lock while one shared holder remains: %v, want the deadline", err)
+	}
+	l.unlock(b)
+	if err := l.lock(ctx, dir); err != nil {
+		t.Fatalf("exclusive lock once both are gone: %v", err)
+	}
+	l.unlock(dir)
+
+	// A two-stripe set whose second stripe is held: the first, taken
+	// before the wait, is given back when the wait ends.
+	x, y := l.plan([]string{"/x"}, nil), l.plan([]string{"/y"}, nil)
+	both := l.plan([]string{"/x", "/y"}, nil)
+	if len(both.idx) != 2 || conflict(x, y) {
+		t.Skip("the two keys hash onto one stripe")
+	}
+	second := x
+	if x.idx[0] == both.idx[0] {
+		second = y
+	}
+	if err := l.lock(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	short3, cancel3 := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel3()
+	if err := l.lock(short3, both); err != context.DeadlineExceeded {
+		t.Fatalf("lock of a set with a held stripe: %v", err)
+	}
+	first := y
+	if second.idx[0] == y.idx[0] {
+		first = x
+	}
+	if !l.stripes[first.idx[0]].TryAcquire(stripeWeight) {
+		t.Fatal("the stripe taken before the wait was not given back")
+	}
+	l.stripes[first.idx[0]].Release(stripeWeight)
+	l.unlock(second)
+}
+
+// A call waiting for a path another call holds ends when it is cancelled,
+// at once and while the path is still held, answered cancelled (not
+// internal), audited, with nothing written and its key free; a read with
+// a precondition waiting the same way ends alike.
+func TestCancelWhileWaitingForLock(t *testing.T) {
+	h := newHarness(t)
+	h.write("c.txt", "old")
+	real, err := filepath.EvalSymlinks(filepath.Join(h.ws, "c.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.k.locks.plan([]string{real}, nil)
+	if err := h.k.locks.lock(context.Background(), held); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		env  *Envelope
+	}{
+		{"keyed write", h.env("fs.write", map[string]any{"path": "c.txt", "content": "new"}, key("c"))},
+		{"read under a precondition", h.env("fs.read", map[string]any{"path": "c.txt"}, func(e *Envelope) {
+			e.PreconditionRefs = []txn.Precondition{mustPre(`{"ref":"fs:c.txt","absent":true}`)}
+		})},
+	} {
+		tc.env.OperationID = newID()
+		before := h.headSize()
+		out := make(chan *Result, 1)
+		go func() { out <- h.k.Invoke(context.Background(), tc.env) }()
+		for start := time.Now(); !h.k.Cancel(tc.env.OperationID, ""); time.Sleep(5 * time.Millisecond) {
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("%s: never in flight", tc.name)
+			}
+		}
+		var r *Result
+		select {
+		case r = <-out:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: still waiting for the held lock 10 s after it was cancelled", tc.name)
+		}
+		if errClass(r) != ErrCancelled || r.TxOutcome != NoOp || !strings.Contains(r.Error.Message, "while it waited for its paths' locks") {
+			t.Errorf("%s: %s %s %+v, want cancelled no_op while waiting for the locks", tc.name, errClass(r), r.TxOutcome, r.Error)
+		}
+		if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != ErrCancelled {
+			t.Errorf("%s: audit records %+v, want one cancelled", tc.name, a)
+		}
+	}
+	h.k.locks.unlock(held)
+	if got := h.read("c.txt"); got != "old" {
+		t.Fatalf("c.txt = %q", got)
+	}
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": "c.txt", "content": "new"}, key("c")))
+	mustVerify(t, h.k.Inspector())
 }

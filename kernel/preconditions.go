@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"context"
 	"errors"
 
 	"go.etcd.io/bbolt"
@@ -26,7 +27,7 @@ import (
 // precondition refs and checks them. It returns the function releasing the
 // locks (a no-op for a call without refs) and, when a ref does not hold,
 // its error class and message.
-func (k *Kernel) holdPreconditions(c *call, resources []*syscalls.Resource) (unlock func(), class, msg string) {
+func (k *Kernel) holdPreconditions(ctx context.Context, c *call, resources []*syscalls.Resource) (unlock func(), class, msg string) {
 	if len(c.env.PreconditionRefs) == 0 {
 		return func() {}, "", ""
 	}
@@ -45,7 +46,10 @@ func (k *Kernel) holdPreconditions(c *call, resources []*syscalls.Resource) (unl
 		}
 	}
 	locks := k.locks.plan(fsKeys, kvKeys)
-	k.locks.lock(locks)
+	if err := k.locks.lock(ctx, locks); err != nil {
+		class, msg = endedWaiting(ctx, c, "for its paths' locks")
+		return func() {}, class, msg
+	}
 	unlock = func() { k.locks.unlock(locks) }
 	if class, msg = c.checkFiles(); class != "" {
 		return unlock, class, msg

@@ -417,7 +417,8 @@ func workload(url, tok, jti, policyHash string, workers, perWorker int) []*sent 
 				mu.Lock()
 				all = append(all, c)
 				mu.Unlock()
-				if err != nil || (r.Error != nil && r.TxOutcome == kernel.TxUnknown) {
+				// Caught in a fail stop (unknown), or refused after one.
+				if err != nil || (r.Error != nil && r.Error.Class == kernel.ErrInternal) {
 					if refused++; refused >= 3 {
 						return // the kernel is gone or failed stop
 					}
