@@ -140,6 +140,10 @@ func checkCreate(root *os.Root, rel string, pool *mountID) error {
 // is not append-only.
 func checkWritable(fd int, dir string, self entry, mode uint32) error {
 	err := unix.Faccessat2(fd, ".", mode, unix.AT_EACCESS)
+	if errors.Is(err, unix.ENOSYS) {
+		// Before Linux 5.8: x/sys emulates AT_EACCESS from the mode bits.
+		err = unix.Faccessat(fd, ".", mode, unix.AT_EACCESS)
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, unix.EROFS):
