@@ -78,7 +78,7 @@ func TestApplyRefusedBeforeCommit(t *testing.T) {
 		{name: "fs.delete under a read-only bind mount", setup: func(t *testing.T, h *harness) {
 			h.write("config/x.txt", "x")
 			obstacles.ReadOnly(t, h.ws, filepath.Join(h.ws, "config"))
-		}, tool: "fs.delete", args: map[string]any{"path": "config/x.txt"}, path: "config", reason: "read-only file system", keep: "x.txt"},
+		}, tool: "fs.delete", args: map[string]any{"path": "config/x.txt"}, path: "config/x.txt", reason: "directory config is on a read-only file system", keep: "x.txt"},
 		{name: "fs.delete of a mount point", setup: func(t *testing.T, h *harness) {
 			obstacles.Tmpfs(t, h.ws, filepath.Join(h.ws, "mnt"))
 			h.write("mnt/keep.txt", "on the mount")
@@ -143,7 +143,7 @@ func TestApplyRefusedAsNobody(t *testing.T) {
 		os.Chmod(filepath.Join(h.ws, "ro"), 0o555)
 		t.Cleanup(func() { os.Chmod(filepath.Join(h.ws, "ro"), 0o755) })
 		r := h.invoke("fs.delete", map[string]any{"path": "ro/f.txt"}, key("del"))
-		h.refusedBeforeCommit(r, "ro", "not writable")
+		h.refusedBeforeCommit(r, "ro/f.txt", "directory ro is not writable")
 	})
 	t.Run("fs.write over another user's file in a sticky directory", func(t *testing.T) {
 		dir, ok := obstacles.Nobody(t, func(dir string) {

@@ -67,7 +67,7 @@ func checkReplace(root *os.Root, rel string) error {
 		return fmt.Errorf("stat %s: %w", path.Dir(rel), err)
 	}
 	if parent.attrs&unix.STATX_ATTR_APPEND != 0 {
-		return notApplicable(rel, unix.EPERM, "its directory is append-only (chattr +a)")
+		return notApplicable(rel, unix.EPERM, "directory %s is append-only (chattr +a): nothing in it can be removed or renamed", path.Dir(rel))
 	}
 	_, err = checkEntry(fd, path.Base(rel), rel, parent)
 	return err
@@ -89,7 +89,7 @@ func checkDelete(root *os.Root, rel string) error {
 	if err != nil {
 		return fmt.Errorf("stat %s: %w", path.Dir(rel), err)
 	}
-	if err := checkWritable(fd, path.Dir(rel), parent, unix.W_OK|unix.X_OK); err != nil {
+	if err := checkWritable(fd, rel, path.Dir(rel), parent, unix.W_OK|unix.X_OK); err != nil {
 		return err
 	}
 	e, err := checkEntry(fd, path.Base(rel), rel, parent)
@@ -124,7 +124,7 @@ func checkCreate(root *os.Root, rel string, pool *mountID) error {
 	if pool != nil && parent.mount.id != pool.id {
 		return notApplicable(rel, unix.EXDEV, "%s is on another mount than the top of the workspace root, where the call's files are staged: it cannot be written by proc.exec (fs.write can)", d)
 	}
-	if err := checkWritable(fd, d, parent, unix.W_OK|unix.X_OK); err != nil {
+	if err := checkWritable(fd, rel, d, parent, unix.W_OK|unix.X_OK); err != nil {
 		return err
 	}
 	if d != path.Dir(rel) {
@@ -137,8 +137,12 @@ func checkCreate(root *os.Root, rel string, pool *mountID) error {
 // checkWritable checks that directory dir (descriptor fd, entry self)
 // grants the kernel's user mode (faccessat with the effective ids: a
 // read-only file system and an immutable directory refuse root too) and
-// is not append-only.
-func checkWritable(fd int, dir string, self entry, mode uint32) error {
+// is not append-only; a refusal names target, the entry to change.
+func checkWritable(fd int, target, dir string, self entry, mode uint32) error {
+	label := "directory " + dir
+	if dir == "." {
+		label = "the root directory"
+	}
 	err := unix.Faccessat2(fd, ".", mode, unix.AT_EACCESS)
 	if errors.Is(err, unix.ENOSYS) {
 		// Before Linux 5.8: x/sys emulates AT_EACCESS from the mode bits.
@@ -147,16 +151,16 @@ func checkWritable(fd int, dir string, self entry, mode uint32) error {
 	switch {
 	case err == nil:
 	case errors.Is(err, unix.EROFS):
-		return notApplicable(dir, err, "it is on a read-only file system")
+		return notApplicable(target, err, "%s is on a read-only file system", label)
 	case errors.Is(err, unix.EPERM):
-		return notApplicable(dir, err, "the directory is immutable (chattr +i)")
+		return notApplicable(target, err, "%s is immutable (chattr +i)", label)
 	case errors.Is(err, unix.EACCES):
-		return notApplicable(dir, err, "the directory is not writable by the kernel's user (uid %d)", os.Geteuid())
+		return notApplicable(target, err, "%s is not writable by the kernel's user (uid %d)", label, os.Geteuid())
 	default:
 		return fmt.Errorf("access %s: %w", dir, err)
 	}
 	if self.attrs&unix.STATX_ATTR_APPEND != 0 {
-		return notApplicable(dir, unix.EPERM, "the directory is append-only (chattr +a): nothing in it can be removed or renamed")
+		return notApplicable(target, unix.EPERM, "%s is append-only (chattr +a): nothing in it can be removed or renamed", label)
 	}
 	return nil
 }
@@ -189,14 +193,14 @@ func checkEntry(fd int, name, where string, dir entry) (entry, error) {
 func checkTree(dirfd int, name, where string, self entry) error {
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.EACCES) {
-		return notApplicable(where, err, "the directory cannot be listed by the kernel's user (uid %d)", os.Geteuid())
+		return notApplicable(where, err, "directory %s cannot be listed by the kernel's user (uid %d)", where, os.Geteuid())
 	}
 	if err != nil {
 		return fmt.Errorf("open %s: %w", where, err)
 	}
 	f := os.NewFile(uintptr(fd), where)
 	defer f.Close()
-	if err := checkWritable(fd, where, self, unix.R_OK|unix.W_OK|unix.X_OK); err != nil {
+	if err := checkWritable(fd, where, where, self, unix.R_OK|unix.W_OK|unix.X_OK); err != nil {
 		return err
 	}
 	names, err := f.Readdirnames(-1)
