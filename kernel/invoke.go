@@ -264,6 +264,11 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	} else {
 		d, err = k.policy.Decide(ctx, c.input)
 	}
+	if err != nil && ctx.Err() != nil {
+		// The evaluation was stopped by the call's end, not refused.
+		class, msg := endedWaiting(ctx, c, "for its policy decision")
+		return k.deny(ctx, c, class, msg)
+	}
 	if err != nil {
 		d = policy.Decision{AutonomyMode: policy.NoGo, RiskScore: 1, RiskBasis: []string{"policy error: " + err.Error()}}
 	}
