@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
 )
 
@@ -200,5 +203,49 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 		if code != 1 || !strings.Contains(out, "receipt "+rid+"\n") || !strings.Contains(out, "signature:    not ok") {
 			t.Errorf("%s under another kernel's key: exit %d, want 1 naming %s:\n%s%s", filepath.Base(f), code, rid, out, stderr)
 		}
+	}
+}
+
+// An audit record from before commitments holds its risk_basis and
+// provenance in its body: matchEnvelope compares them with the envelope's
+// directly (a replay of such a call carries its record under a receipt
+// proven by the log).
+func TestMatchEnvelopePlainContext(t *testing.T) {
+	const entryHash = "blake3:abababababababababababababababababababababababababababababababab"
+	honest := func() *kernel.Result {
+		return &kernel.Result{
+			ToolID: "fs.write", AgentID: "a1", OperationID: "op1", Status: "ok", Result: json.RawMessage(`{"written":1}`),
+			TxOutcome: "committed", AutonomyMode: "autopilot", RiskScore: 0.5, RiskBasis: []string{"writes a file"},
+			Provenance: json.RawMessage(`{ "source" : "user" }`),
+			LedgerSeq:  7, ReceiptID: receipts.ID(7, entryHash), StateSnapshotID: "7:" + entryHash,
+		}
+	}
+	part := kernel.ResultPart(honest())
+	sum := digest.Sum(part)
+	body := `{"agent_id":"a1","autonomy_mode":"autopilot","operation_id":"op1","provenance":{"source":"user"},"result_hash":"` + sum + `",` +
+		`"risk_basis":["writes a file"],"risk_score":0.5,"status":"ok","tool_id":"fs.write","tx_outcome":"committed"}`
+	c, err := kernel.DecodeCall(ledger.Entry{Seq: 7, Kind: ledger.KindAudit, Hash: entryHash, Body: json.RawMessage(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(r *kernel.Result)
+		want string
+	}{
+		{"honest", func(*kernel.Result) {}, "ok ("},
+		{"risk_basis forged", func(r *kernel.Result) { r.RiskBasis = []string{"approved by the CISO"} }, `risk_basis is ["approved by the CISO"], the record's ["writes a file"]`},
+		{"risk_basis dropped", func(r *kernel.Result) { r.RiskBasis = nil }, `risk_basis is [], the record's ["writes a file"]`},
+		{"provenance changed", func(r *kernel.Result) { r.Provenance = json.RawMessage(`{"source":"CISO"}`) }, `provenance is {"source":"CISO"}, the record's {"source":"user"}`},
+		{"provenance removed", func(r *kernel.Result) { r.Provenance = nil }, `provenance is none, the record's {"source":"user"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := honest()
+			r.ResultHash = sum
+			tc.edit(r)
+			if got := matchEnvelope(r, c, part); !strings.Contains(got, tc.want) {
+				t.Fatalf("got %s\nwant %s", got, tc.want)
+			}
+		})
 	}
 }
