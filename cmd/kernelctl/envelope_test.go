@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/ed25519"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -245,6 +246,50 @@ func TestMatchEnvelopePlainContext(t *testing.T) {
 			tc.edit(r)
 			if got := matchEnvelope(r, c, part); !strings.Contains(got, tc.want) {
 				t.Fatalf("got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// The stored envelope of an erased call (or of one at audit depth
+// commitments_only) has lost its result, or its error's message, and its
+// audit_salt: matchEnvelope says it is that call so, not another call.
+func TestMatchEnvelopeResultGone(t *testing.T) {
+	const entryHash = "blake3:abababababababababababababababababababababababababababababababab"
+	body := `{"agent_id":"a1","autonomy_mode":"autopilot","error_class":"%s","operation_id":"op1","payload_depth":"full",` +
+		`"result_commitment":"blake3:1212121212121212121212121212121212121212121212121212121212121212","risk_score":0.5,"status":"%s","tool_id":"fs.read","tx_outcome":"no_op"}`
+	for _, tc := range []struct {
+		name, status string
+		err          *kernel.Error
+		want         string
+	}{
+		{"result erased", "ok", nil, "the call audit record 7 attests, with its result erased"},
+		{"error message erased", "error", &kernel.Error{Class: "execution_error", Message: kernel.ErasedMessage}, "with its error message erased"},
+		{"error message not kept", "error", &kernel.Error{Class: "execution_error", Message: kernel.NotKeptMessage}, "with its error message not kept"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			class := ""
+			if tc.err != nil {
+				class = tc.err.Class
+			}
+			c, err := kernel.DecodeCall(ledger.Entry{Seq: 7, Kind: ledger.KindAudit, Hash: entryHash, Body: json.RawMessage(fmt.Sprintf(body, class, tc.status))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &kernel.Result{
+				ToolID: "fs.read", AgentID: "a1", OperationID: "op1", Status: tc.status, Error: tc.err,
+				TxOutcome: "no_op", AutonomyMode: "autopilot", RiskScore: 0.5, ResultHash: "blake3:" + strings.Repeat("34", 32),
+				LedgerSeq: 7, ReceiptID: receipts.ID(7, entryHash), StateSnapshotID: "7:" + entryHash,
+			}
+			got := matchEnvelope(r, c, kernel.ResultPart(r))
+			if !strings.HasPrefix(got, "refused: the envelope is the call") || !strings.Contains(got, tc.want) {
+				t.Fatalf("got %s\nwant %s", got, tc.want)
+			}
+			// With its salt it is no erased envelope: the result_hash must
+			// recompute.
+			r.AuditSalt = strings.Repeat("00", 32)
+			if got := matchEnvelope(r, c, kernel.ResultPart(r)); !strings.Contains(got, "is not the call") {
+				t.Fatalf("with a salt: %s", got)
 			}
 		})
 	}
