@@ -153,7 +153,8 @@ CAPKERNEL_IPC_FD (6 in the sandbox, 3 with --no-sandbox):
 
 Every tool_call is a call envelope under --token, governed, audited and
 receipted by the kernel; several may be in flight, matched by tool_call_id.
-A malformed line is answered invalid_args (and still audited); a crashing or
+A malformed line is answered invalid_args, and audited as the run's own
+refused call (never sent on as it came); a crashing or
 garbage-writing agent cannot hurt the kernel. run exits with the agent's
 status once every call it made has been answered. See docs/runner.md.
 
