@@ -295,11 +295,16 @@ func (k *Kernel) load(ctx context.Context) error {
 	}
 	for _, c := range k.Recovered.Conflicts {
 		why := "its target no longer holds the content it was staged against"
-		if c.Reason == txn.ConflictStaging {
+		switch {
+		case c.Reason == txn.ConflictStaging:
 			why = "its staging file does not hold the committed content (damaged after it was synced)"
+		case c.Reason == txn.ConflictRefused && c.Op == txn.OpCleanup:
+			why = "the file system refuses to remove this staging file; it is left"
+		case c.Reason == txn.ConflictRefused:
+			why = "the file system refuses it for good (" + c.Error + ")"
 		}
 		k.cfg.Logger.Warn("recovery did not apply a committed effect: "+why+" (kernelctl workspace verify names it)",
-			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "reason", c.Reason, "want", c.Want, "found", c.Found)
+			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "reason", c.Reason, "want", c.Want, "found", c.Found, "error", c.Error)
 	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
