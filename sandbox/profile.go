@@ -169,15 +169,16 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	walked := append(slices.Clone(p.roots), roDirs...)
 	for _, a := range roDirs {
-		for _, b := range append(slices.Clone(p.roots), roDirs...) {
-			if a != b && within(b.Path, a.Path) && b.Path != a.Path {
+		for _, b := range walked {
+			if b.Path != a.Path && within(b.Path, a.Path) {
 				a.skip[filepath.ToSlash(strings.TrimPrefix(b.Path, a.Path+"/"))] = true
 			}
 		}
 	}
 	denied := map[string]bool{}
-	for _, r := range append(slices.Clone(p.roots), roDirs...) {
+	for _, r := range walked {
 		if err := walkDenies(r, func(rel string, dir bool) {
 			r.skip[rel] = true
 			path := filepath.Join(r.Path, filepath.FromSlash(rel))
