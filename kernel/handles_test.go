@@ -222,7 +222,6 @@ func TestHandleTableBounded(t *testing.T) {
 		t.Fatalf("%d entries, %d counted for the token after expiry, want 1 and 1", n, m)
 	}
 
-
 	// Attenuations, which a holder makes at will, count with their root
 	// token: they do not add sessions of their own, and another family
 	// still gets handles.
