@@ -13,12 +13,35 @@ import (
 const MaxChainDepth = 8
 
 // Ancestor is a token a token was attenuated from, as the attenuated token
-// carries it: its jti, so that revoking it revokes the descendant, and its
-// budget limits, so that a descendant's use is charged to it too. Both are
-// fixed when the ancestor is minted, so carrying them is exact.
+// carries it: its jti, so that revoking it revokes the descendant; its
+// budget limits, so that a descendant's use is charged to it too; and,
+// when one of its fs roots is read-only, its fs roots (path and mode, no
+// base), so that the kernel refuses at every call a descendant's write
+// that lands, links resolved then, where the ancestor's innermost root is
+// read-only (see AsAncestor). All are fixed when the ancestor is minted,
+// so carrying them is exact.
 type Ancestor struct {
 	ID      string           `json:"jti"`
 	Budgets map[string]int64 `json:"budgets,omitempty"`
+	FS      []FSRoot         `json:"fs,omitempty"`
+}
+
+// AsAncestor returns parent as its children carry it in Capability.Ancestors
+// (Narrows refuses a child carrying anything else): its jti, budget limits
+// and, when one of them is read-only, its fs roots without their bases.
+// A read-only root's writable roots inside it travel too, since they keep
+// the parent's writes there legitimate; an ancestor whose roots are all
+// writable makes nothing read-only and carries none. Tokens minted before
+// fs was carried have ancestors without it, which restrict nothing.
+func AsAncestor(parent Claims) Ancestor {
+	a := Ancestor{ID: parent.ID, Budgets: parent.Cap.Budgets}
+	if slices.ContainsFunc(parent.Cap.FS, func(r FSRoot) bool { return r.Mode != "rw" }) {
+		a.FS = make([]FSRoot, len(parent.Cap.FS))
+		for i, r := range parent.Cap.FS {
+			a.FS[i] = FSRoot{Path: r.Path, Mode: r.Mode}
+		}
+	}
+	return a
 }
 
 // A WideningError says how a child capability would grant more than its
@@ -45,7 +68,8 @@ func widens(field, format string, a ...any) error {
 // least its mode; every budget parent limits is limited in child, no
 // higher; child's autonomy ceiling is at least as strict; child's validity
 // window lies inside parent's; neither is an approver token; and child
-// names parent as its last ancestor, within MaxChainDepth; and child's
+// names parent as its last ancestor, within MaxChainDepth, carrying each
+// ancestor's fs roots as parent does and parent's as AsAncestor; and child's
 // agent is parent's or one of its sub-agents (SubAgent). The error is a
 // *WideningError for the first widening found.
 func Narrows(parent, child Claims) error {
@@ -108,9 +132,14 @@ func Narrows(parent, child Claims) error {
 	case n != len(p.Ancestors)+1:
 		return widens("ancestors", "the child's chain is not the parent's chain plus the parent")
 	}
-	for i, a := range p.Ancestors {
+	for i, a := range append(p.Ancestors[:len(p.Ancestors):len(p.Ancestors)], AsAncestor(parent)) {
 		if c.Ancestors[i].ID != a.ID {
 			return widens("ancestors", "the child's ancestor %d is %q, the parent's is %q", i, c.Ancestors[i].ID, a.ID)
+		}
+		// The fs roots keep what is read-only for each ancestor so at
+		// every call; a child carrying others would shed that.
+		if !slices.Equal(c.Ancestors[i].FS, a.FS) {
+			return widens("ancestors", "the child's ancestor %d (%q) carries the fs roots %v, not %v", i, a.ID, c.Ancestors[i].FS, a.FS)
 		}
 	}
 	return nil

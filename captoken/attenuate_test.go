@@ -2,6 +2,7 @@ package captoken
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 )
@@ -18,7 +19,7 @@ func TestNarrows(t *testing.T) {
 			Budgets:   map[string]int64{BudgetCalls: 100, BudgetNetBytes: 1 << 20},
 			Autonomy:  "soft_gate",
 			Parent:    "G",
-			Ancestors: []Ancestor{{ID: "G", Budgets: map[string]int64{BudgetCalls: 1000}}},
+			Ancestors: []Ancestor{{ID: "G", Budgets: map[string]int64{BudgetCalls: 1000}, FS: []FSRoot{{Path: "/srv", Mode: "rw"}, {Path: "/srv/work/locked", Mode: "r"}}}},
 		},
 	}
 	ok := func() Claims {
@@ -26,7 +27,7 @@ func TestNarrows(t *testing.T) {
 		c.ID, c.Subject = "C", "a/sub-agent"
 		c.Cap.Budgets = map[string]int64{BudgetCalls: 10, BudgetNetBytes: 1024}
 		c.Cap.Parent = "P"
-		c.Cap.Ancestors = append(c.Cap.Ancestors, Ancestor{ID: "P", Budgets: parent.Cap.Budgets})
+		c.Cap.Ancestors = append(c.Cap.Ancestors, AsAncestor(parent))
 		for i := range c.Cap.FS {
 			c.Cap.FS[i].Base = c.Cap.FS[i].Path
 		}
@@ -110,6 +111,15 @@ func TestNarrows(t *testing.T) {
 		{"other parent", func(c *Claims) { c.Cap.Parent = "X"; c.Cap.Ancestors[1].ID = "X" }, "ancestors"},
 		{"chain rewritten", func(c *Claims) { c.Cap.Ancestors[0].ID = "Z" }, "ancestors"},
 		{"chain dropped", func(c *Claims) { c.Cap.Ancestors = c.Cap.Ancestors[1:] }, "ancestors"},
+		// The ancestors' fs roots keep their read-only paths read-only at
+		// every call (the kernel's workspace); a child cannot shed them.
+		{"the parent's fs roots dropped", func(c *Claims) { c.Cap.Ancestors[1].FS = nil }, "ancestors"},
+		{"the parent's read-only root dropped", func(c *Claims) {
+			c.Cap.Ancestors[1].FS = []FSRoot{{Path: "/srv/work", Mode: "rw"}, {Path: "/srv/ref", Mode: "r"}}
+		}, "ancestors"},
+		{"the parent's read-only root made writable", func(c *Claims) { c.Cap.Ancestors[1].FS[1].Mode = "rw" }, "ancestors"},
+		{"a grandparent's fs roots dropped", func(c *Claims) { c.Cap.Ancestors[0].FS = nil }, "ancestors"},
+		{"the parent's fs roots with a base", func(c *Claims) { c.Cap.Ancestors[1].FS[0].Base = "/srv/work" }, "ancestors"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -203,6 +213,33 @@ func TestAllowsKey(t *testing.T) {
 	for _, bad := range []KVScope{{Keys: "", Mode: "r"}, {Keys: "a*b", Mode: "r"}, {Keys: "a\x00", Mode: "r"}, {Keys: "a", Mode: "w"}} {
 		if validKVScope(bad) == nil {
 			t.Errorf("kv scope %+v accepted", bad)
+		}
+	}
+}
+
+// TestAsAncestor: a parent carries its fs roots, without bases, to its
+// children when one of them is read-only (its writable ones too: they
+// are the exceptions inside the read-only ones), and none otherwise.
+func TestAsAncestor(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fs   []FSRoot
+		want []FSRoot
+	}{
+		{"no roots", nil, nil},
+		{"all writable", []FSRoot{{Path: "/a", Mode: "rw"}, {Path: "/b", Mode: "rw", Base: "/b"}}, nil},
+		{"a read-only root", []FSRoot{{Path: "/a", Mode: "rw", Base: "/"}, {Path: "/a/ro", Mode: "r", Base: "/"}},
+			[]FSRoot{{Path: "/a", Mode: "rw"}, {Path: "/a/ro", Mode: "r"}}},
+		{"a writable root inside a read-only one", []FSRoot{{Path: "/a", Mode: "r"}, {Path: "/a/w", Mode: "rw"}},
+			[]FSRoot{{Path: "/a", Mode: "r"}, {Path: "/a/w", Mode: "rw"}}},
+	} {
+		p := Claims{ID: "P", Cap: Capability{FS: c.fs, Budgets: map[string]int64{BudgetCalls: 3}}}
+		a := AsAncestor(p)
+		if a.ID != "P" || a.Budgets[BudgetCalls] != 3 || !slices.Equal(a.FS, c.want) {
+			t.Errorf("%s: AsAncestor = %+v, want fs %v", c.name, a, c.want)
+		}
+		if len(c.fs) > 0 && a.FS != nil && &a.FS[0] == &p.Cap.FS[0] {
+			t.Errorf("%s: AsAncestor shares the parent's fs slice", c.name)
 		}
 	}
 }

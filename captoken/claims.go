@@ -116,7 +116,9 @@ var autonomyModes = []string{"", "autopilot", "soft_gate", "escalated", "no_go"}
 // holds at least one valid pattern; every fs root is absolute and clean
 // with mode "r" or "rw"; every net pattern is valid; every kv scope is
 // valid (KVScope); budget keys are known
-// and values >= 0; autonomy is a known mode. It says nothing about whether
+// and values >= 0; ancestors are at most MaxChainDepth, end in the
+// parent, and their fs roots are absolute and clean with mode "r" or
+// "rw" and no base; autonomy is a known mode. It says nothing about whether
 // the token is currently valid or for whom; that is Verify's job.
 func (c Claims) Validate() error {
 	if err := c.validate(); err != nil {
@@ -165,11 +167,8 @@ func (c Capability) validate() error {
 		}
 	}
 	for i, r := range c.FS {
-		if !filepath.IsAbs(r.Path) || filepath.Clean(r.Path) != r.Path {
-			return fmt.Errorf("cap.fs[%d].path %q is not an absolute, clean path", i, r.Path)
-		}
-		if r.Mode != "r" && r.Mode != "rw" {
-			return fmt.Errorf("cap.fs[%d].mode %q is not r or rw", i, r.Mode)
+		if err := validFSRoot(fmt.Sprintf("cap.fs[%d]", i), r); err != nil {
+			return err
 		}
 		if r.Base != "" && (!filepath.IsAbs(r.Base) || filepath.Clean(r.Base) != r.Base || !within(r.Path, r.Base)) {
 			return fmt.Errorf("cap.fs[%d].base %q is not an absolute, clean path containing %q", i, r.Base, r.Path)
@@ -209,10 +208,30 @@ func (c Capability) validate() error {
 					return fmt.Errorf("cap.ancestors[%d].budgets[%q] = %d is not a known budget >= 0", i, k, v)
 				}
 			}
+			for j, r := range a.FS {
+				if err := validFSRoot(fmt.Sprintf("cap.ancestors[%d].fs[%d]", i, j), r); err != nil {
+					return err
+				}
+				if r.Base != "" {
+					return fmt.Errorf("cap.ancestors[%d].fs[%d] has a base (%q); an ancestor's roots carry path and mode only", i, j, r.Base)
+				}
+			}
 		}
 	}
 	if !slices.Contains(autonomyModes, c.Autonomy) {
 		return fmt.Errorf("cap.autonomy %q is not autopilot, soft_gate, escalated or no_go", c.Autonomy)
+	}
+	return nil
+}
+
+// validFSRoot checks r's path (absolute and clean) and mode ("r" or
+// "rw"), naming it name in the error.
+func validFSRoot(name string, r FSRoot) error {
+	if !filepath.IsAbs(r.Path) || filepath.Clean(r.Path) != r.Path {
+		return fmt.Errorf("%s.path %q is not an absolute, clean path", name, r.Path)
+	}
+	if r.Mode != "r" && r.Mode != "rw" {
+		return fmt.Errorf("%s.mode %q is not r or rw", name, r.Mode)
 	}
 	return nil
 }
@@ -228,7 +247,7 @@ func (c Claims) clone() Claims {
 	if c.Cap.Ancestors != nil {
 		as := make([]Ancestor, len(c.Cap.Ancestors))
 		for i, a := range c.Cap.Ancestors {
-			as[i] = Ancestor{ID: a.ID, Budgets: maps.Clone(a.Budgets)}
+			as[i] = Ancestor{ID: a.ID, Budgets: maps.Clone(a.Budgets), FS: slices.Clone(a.FS)}
 		}
 		c.Cap.Ancestors = as
 	}

@@ -44,6 +44,26 @@ func TestClaimsValidate(t *testing.T) {
 		{"bad net pattern", func(c *Claims) { c.Cap.Net = []string{"api.example.com:http"} }, "cap.net[0]"},
 		{"unknown budget", func(c *Claims) { c.Cap.Budgets = map[string]int64{"tokens": 5} }, `unknown key "tokens"`},
 		{"negative budget", func(c *Claims) { c.Cap.Budgets = map[string]int64{BudgetNetBytes: -1} }, "is negative"},
+		{"an ancestor's fs roots", func(c *Claims) {
+			c.Cap.Parent = "p"
+			c.Cap.Ancestors = []Ancestor{{ID: "p", FS: []FSRoot{{Path: "/srv", Mode: "rw"}, {Path: "/srv/ro", Mode: "r"}}}}
+		}, ""},
+		{"an ancestor's relative fs root", func(c *Claims) {
+			c.Cap.Parent = "p"
+			c.Cap.Ancestors = []Ancestor{{ID: "p", FS: []FSRoot{{Path: "srv/ro", Mode: "r"}}}}
+		}, `cap.ancestors[0].fs[0].path "srv/ro" is not an absolute, clean path`},
+		{"an ancestor's unclean fs root", func(c *Claims) {
+			c.Cap.Parent = "p"
+			c.Cap.Ancestors = []Ancestor{{ID: "p", FS: []FSRoot{{Path: "/srv", Mode: "rw"}, {Path: "/srv/ro/", Mode: "r"}}}}
+		}, `cap.ancestors[0].fs[1].path "/srv/ro/" is not an absolute, clean path`},
+		{"an ancestor's fs mode w", func(c *Claims) {
+			c.Cap.Parent = "p"
+			c.Cap.Ancestors = []Ancestor{{ID: "p", FS: []FSRoot{{Path: "/srv", Mode: "w"}}}}
+		}, `cap.ancestors[0].fs[0].mode "w" is not r or rw`},
+		{"an ancestor's fs root with a base", func(c *Claims) {
+			c.Cap.Parent = "p"
+			c.Cap.Ancestors = []Ancestor{{ID: "p", FS: []FSRoot{{Path: "/srv/ro", Mode: "r", Base: "/srv"}}}}
+		}, "cap.ancestors[0].fs[0] has a base"},
 		{"unknown autonomy", func(c *Claims) { c.Cap.Autonomy = "Autopilot" }, `cap.autonomy "Autopilot"`},
 	}
 	for _, tt := range tests {

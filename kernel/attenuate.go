@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -13,6 +12,7 @@ import (
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/syscalls"
 )
 
 // KindTokenAttenuated is the ledger kind of the record of an attenuated
@@ -83,7 +83,7 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 		Cap: captoken.Capability{
 			Tools: req.Tools, FS: req.FS, Net: req.Net, KV: req.KV, Autonomy: req.Autonomy, Handles: req.Handles || p.Cap.Handles,
 			Budgets: map[string]int64{}, Parent: p.ID,
-			Ancestors: append(append([]captoken.Ancestor(nil), p.Cap.Ancestors...), captoken.Ancestor{ID: p.ID, Budgets: p.Cap.Budgets}),
+			Ancestors: append(append([]captoken.Ancestor(nil), p.Cap.Ancestors...), captoken.AsAncestor(p)),
 		},
 	}
 	if child.Subject == "" {
@@ -131,7 +131,10 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error()}
 	}
 	// Narrows compares paths as spelled; the workspace takes a path's
-	// mode from the real paths of its roots (syscalls.Workspace).
+	// mode from the real paths of its roots (syscalls.Workspace). This
+	// gives a clear refusal now; the links resolved at each call (the
+	// ancestors' fs roots the child carries) hold the child to it when a
+	// link is made, or completed, later.
 	if err := captoken.WritableWidening(realRoots(p.Cap.FS), realRoots(child.Cap.FS)); err != nil {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error() + " (with links resolved)"}
 	}
@@ -167,22 +170,12 @@ func (k *Kernel) recordAttenuation(ctx context.Context, c captoken.Claims, tok s
 	})
 }
 
-// realRoots returns roots with each path's links resolved: those of its
-// deepest existing directory, the missing rest kept as spelled.
+// realRoots returns roots with each path's links resolved
+// (syscalls.ResolveLinks).
 func realRoots(roots []captoken.FSRoot) []captoken.FSRoot {
 	out := make([]captoken.FSRoot, len(roots))
 	for i, r := range roots {
-		rest := ""
-		for q := r.Path; ; q = filepath.Dir(q) {
-			if p, err := filepath.EvalSymlinks(q); err == nil {
-				r.Path = filepath.Join(p, rest)
-				break
-			}
-			if filepath.Dir(q) == q {
-				break
-			}
-			rest = filepath.Join(filepath.Base(q), rest)
-		}
+		r.Path = syscalls.ResolveLinks(r.Path)
 		out[i] = r
 	}
 	return out

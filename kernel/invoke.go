@@ -531,8 +531,9 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 	return nil
 }
 
-// workspace returns the opened roots of tok's fs scopes, shared by every
-// token with the same roots.
+// workspace returns the opened roots of tok's fs scopes, holding it to
+// its ancestors' read-only paths (ancestorRoots), shared by every token
+// with the same roots and ancestors' roots.
 func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
 	fsr := tok.Claims.Cap.FS
 	if len(fsr) == 0 {
@@ -544,6 +545,7 @@ func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
 	for _, r := range fsr {
 		key = append(append(append(append(append(append(key, r.Mode...), 0), r.Path...), 0), r.Base...), 0)
 	}
+	key = appendAncestorsKey(key, tok.Claims.Cap.Ancestors)
 	k.mu.RLock()
 	w, ok := k.workspaces[string(key)]
 	k.mu.RUnlock()
@@ -559,7 +561,7 @@ func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
 	if w, ok := k.workspaces[string(key)]; ok {
 		return w, nil
 	}
-	w, err := syscalls.OpenWorkspace(roots)
+	w, err := syscalls.OpenAttenuatedWorkspace(roots, ancestorRoots(tok.Claims.Cap.Ancestors))
 	if err != nil {
 		return nil, &syscalls.ScopeError{Reason: err.Error()}
 	}

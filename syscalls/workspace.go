@@ -24,10 +24,30 @@ type RootSpec struct {
 	Base string
 }
 
+// AncestorRoots are the fs roots of a token the workspace's token was
+// attenuated from (captoken.Ancestor.FS): a path's mode for that token is
+// that of the innermost of these roots holding it, and a write or delete
+// the workspace's token makes must not land where that mode is read-only.
+type AncestorRoots struct {
+	Roots []RootSpec // Path and Writable; Base is not used
+}
+
 // Workspace is a set of roots opened with os.Root, through which every
 // file access of a call goes. It is safe for concurrent use.
 type Workspace struct {
-	mounts []mount
+	mounts    []mount
+	ancestors []ancestor
+}
+
+// ancestor is an AncestorRoots with each root's path resolved.
+type ancestor struct {
+	roots []ancestorRoot
+}
+
+type ancestorRoot struct {
+	path     string // as the ancestor names it
+	real     string // with links resolved when the workspace was opened (ResolveLinks)
+	writable bool
 }
 
 type mount struct {
@@ -41,7 +61,31 @@ type mount struct {
 // OpenWorkspace opens roots. Each must be an absolute path to an existing
 // directory.
 func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
+	return OpenAttenuatedWorkspace(roots, nil)
+}
+
+// OpenAttenuatedWorkspace opens roots as OpenWorkspace does, for a token
+// attenuated from ancestors: besides its own roots' modes, Resolve then
+// refuses a write or delete whose physical target lies where one of the
+// ancestors' innermost root is read-only, or a delete taking such a root
+// with it. The ancestors' root paths are resolved now (ResolveLinks), as
+// the roots are opened now: a link changed later moves neither.
+//
+// This holds a child to its ancestors' read-only paths however its own
+// roots came to reach them: through a link made, or completed, after
+// attenuation compared the roots' real paths.
+func OpenAttenuatedWorkspace(roots []RootSpec, ancestors []AncestorRoots) (*Workspace, error) {
 	w := &Workspace{}
+	for _, a := range ancestors {
+		an := ancestor{roots: make([]ancestorRoot, len(a.Roots))}
+		for i, r := range a.Roots {
+			if !filepath.IsAbs(r.Path) {
+				return nil, fmt.Errorf("root %q of an ancestor token is not absolute", r.Path)
+			}
+			an.roots[i] = ancestorRoot{path: filepath.Clean(r.Path), real: ResolveLinks(r.Path), writable: r.Writable}
+		}
+		w.ancestors = append(w.ancestors, an)
+	}
 	for _, r := range roots {
 		if !filepath.IsAbs(r.Path) {
 			w.Close()
@@ -195,7 +239,50 @@ func (w *Workspace) checkWritable(p string, r *Resource) error {
 	if inner != nil && !inner.Writable {
 		return &ScopeError{Path: p, Reason: "lies in root " + inner.Path + ", which is read-only for this token"}
 	}
+	for _, a := range w.ancestors {
+		if err := a.checkWritable(p, abs, r.Access); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// checkWritable refuses a write or delete of the physical path abs that
+// lies where a's innermost root is read-only, or a delete that would take
+// one of a's read-only roots with it. A path outside all of a's roots is
+// a's to refuse only through the token's own roots, which lie in them.
+func (a *ancestor) checkWritable(p, abs string, access Access) error {
+	var inner *ancestorRoot
+	for i := range a.roots {
+		m := &a.roots[i]
+		// Of two roots at one path the read-only one counts, as
+		// attenuation reads a doubled root of a parent (captoken.Narrows).
+		if within(abs, m.real) && (inner == nil || len(m.real) > len(inner.real) || (m.real == inner.real && !m.writable)) {
+			inner = m
+		}
+		if access == AccessDelete && !m.writable && within(m.real, abs) {
+			return &ScopeError{Path: p, Reason: "would delete " + m.path + ", which is read-only for a token this one was attenuated from"}
+		}
+	}
+	if inner != nil && !inner.writable {
+		return &ScopeError{Path: p, Reason: "lies in " + inner.path + ", which is read-only for a token this one was attenuated from"}
+	}
+	return nil
+}
+
+// ResolveLinks returns the absolute path p with its links resolved: those
+// of its deepest existing directory, the missing rest kept as spelled.
+func ResolveLinks(p string) string {
+	rest := ""
+	for q := filepath.Clean(p); ; q = filepath.Dir(q) {
+		if real, err := filepath.EvalSymlinks(q); err == nil {
+			return filepath.Join(real, rest)
+		}
+		if filepath.Dir(q) == q {
+			return filepath.Clean(p)
+		}
+		rest = filepath.Join(filepath.Base(q), rest)
+	}
 }
 
 // within reports whether path p is dir or inside it.
