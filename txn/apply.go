@@ -181,6 +181,17 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 // describes; it returns the conflict it finds, if any.
 func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later []int) (*Conflict, error) {
 	e := effects[i]
+	if dir := linkedParent(r, e.Path); dir != "" {
+		// Staged paths have no link among their directories (the kernel
+		// stages at the resolved path): one put there since would lead
+		// the effect elsewhere, or out of the root, where nothing was
+		// checked. Reported, never followed.
+		c := refusal(operationID, e, fmt.Errorf("its directory %s is now a symbolic link", dir))
+		if e.Op == OpWrite {
+			r.Remove(e.Stage)
+		}
+		return &c, nil
+	}
 	cur, mode, present, err := currentHash(r, e.Path)
 	if err != nil {
 		return nil, err
@@ -240,6 +251,20 @@ func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later [
 		err = nil
 	}
 	return c, err
+}
+
+// linkedParent returns the first directory of rel's path under r that is
+// a symbolic link, or "".
+func linkedParent(r *os.Root, rel string) string {
+	for i := range len(rel) {
+		if rel[i] != '/' {
+			continue
+		}
+		if fi, err := r.Lstat(rel[:i]); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return rel[:i]
+		}
+	}
+	return ""
 }
 
 // refusal is the conflict reporting effect e of operation op refused by

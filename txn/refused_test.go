@@ -560,3 +560,49 @@ func TestRedoWriteWithoutItsDirectory(t *testing.T) {
 		t.Errorf("g = %q: the intent's other write was not applied", got)
 	}
 }
+
+// TestRedoWriteUnderLinkedDirectory: a decided write whose directory was
+// replaced by a symbolic link after the commit — out of the root, or to
+// another directory in it — is reported as refused, naming the link, and
+// neither follows it nor blocks the intent's other effects.
+func TestRedoWriteUnderLinkedDirectory(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		inside bool
+	}{{"link out of the root", false}, {"link inside the root", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := t.TempDir()
+			s := newStager(t, ws)
+			s.must("mkdir", "d", "")
+			s.must("writefrom", "d/f", "x")
+			s.must("write", "g", "g")
+			effects := s.stage.Effects()
+			target, link := t.TempDir(), ""
+			link = target
+			if tc.inside {
+				target = filepath.Join(ws, "e")
+				os.Mkdir(target, 0o755)
+				link = "e"
+			}
+			os.RemoveAll(filepath.Join(ws, "d"))
+			if err := os.Symlink(link, filepath.Join(ws, "d")); err != nil {
+				t.Fatal(err)
+			}
+			open, closeAll := OpenRoots()
+			defer closeAll()
+			conflicts, err := Redo("op", effects, open)
+			if err != nil {
+				t.Fatalf("Redo: %v, want the write reported", err)
+			}
+			if len(conflicts) != 1 || conflicts[0].Reason != ConflictRefused || conflicts[0].Path != "d/f" || !strings.Contains(conflicts[0].Error, "d is now a symbolic link") {
+				t.Fatalf("conflicts %+v, want d/f refused: its directory is a link", conflicts)
+			}
+			if _, err := os.Lstat(filepath.Join(target, "f")); err == nil {
+				t.Error("the write followed the link")
+			}
+			if got, _ := os.ReadFile(filepath.Join(ws, "g")); string(got) != "g" {
+				t.Errorf("g = %q: the intent's other write was not applied", got)
+			}
+		})
+	}
+}
