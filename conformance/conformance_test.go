@@ -204,6 +204,22 @@ func TestSuiteDetectsViolations(t *testing.T) {
 			mustFail: []string{"DESIGN-RCPT-002"},
 		},
 		{
+			name: "notes reported that the call never had",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, bytes.Replace(body, []byte(`"risk_basis":`), []byte(`"notes":{"approved_by":"CISO"},"risk_basis":`), 1)
+			},
+			run:      "RCPT-002",
+			mustFail: []string{"DESIGN-RCPT-002"},
+		},
+		{
+			name: "notes dropped",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, regexp.MustCompile(`"notes":\{[^}]*\},`).ReplaceAll(body, nil)
+			},
+			run:      "REPLAY-010",
+			mustFail: []string{"TOOL01-INV-REPLAY-010"},
+		},
+		{
 			name: "ledger entries served with a rewritten body",
 			entries: func(body []byte) []byte {
 				return bytes.ReplaceAll(body, []byte(`"task_class":"`), []byte(`"task_class":"x`))
