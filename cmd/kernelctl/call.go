@@ -46,7 +46,8 @@ prints the whole result envelope. A call the kernel holds for an approval says
 so on stderr at once (its operation and approval ids, and how to decide it),
 then every 15 s while it waits; with --data of a stopped kernel, the kernel runs
 in this process and serves its control socket meanwhile, so
-"kernelctl approvals approve ID --data DIR" decides it from another terminal. With --async (and --server) it prints only the
+"kernelctl approvals approve ID --data DIR" decides it from another terminal.
+With --async (and --server, or --data of a running kernel) it prints only the
 operation id: the call runs on in the kernel, waits there for an approval if it
 needs one, and kernelctl wait OP prints its result.`,
 		Args: cobra.ExactArgs(1),
@@ -112,7 +113,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				}
 			} else {
 				if async {
-					return &usageError{errors.New("call --async needs --server: a background call outlives this process only in a running kernel")}
+					return &usageError{errors.New("call --async needs a running kernel (--server URL, or --data DIR of a served kernel): a background call outlives this process only there")}
 				}
 				k, err := t.openKernel(cmd.Context())
 				if err != nil {
