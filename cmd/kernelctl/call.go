@@ -58,7 +58,7 @@ needs one, and kernelctl wait OP prints its result.`,
 			if tokenFile == "" {
 				return &usageError{errors.New("call: --token FILE (or - for stdin) is required")}
 			}
-			tok, err := readSecret(tokenFile)
+			tok, err := readToken("--token", tokenFile)
 			if err != nil {
 				return err
 			}
@@ -263,10 +263,10 @@ func parsePreconditions(specs []string) ([]txn.Precondition, error) {
 // peekToken reads sub and jti from a token's payload without verifying it:
 // the kernel verifies; the client only fills the envelope.
 func peekToken(tok string) (sub, jti string, err error) {
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 {
-		return "", "", errors.New("the token is not a compact JWS")
+	if err := tokenForm(tok); err != nil {
+		return "", "", fmt.Errorf("the token is not a compact JWS: %w", err)
 	}
+	parts := strings.Split(tok, ".")
 	b, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
 		return "", "", fmt.Errorf("the token's payload: %v", err)
@@ -300,7 +300,7 @@ func toolsCmd() *cobra.Command {
 			default:
 				return usagef("--format %q is not openai, anthropic or mcp", format)
 			}
-			tok, err := readSecret(tokenFile)
+			tok, err := readToken("--token", tokenFile)
 			if err != nil {
 				return err
 			}

@@ -212,9 +212,9 @@ func (t *target) openHistory(verb string) (history, error) {
 		return localHistory{in}, nil
 	}
 	if t.readToken != "" {
-		tok, err := readSecret(t.readToken)
+		tok, err := readToken("--token", t.readToken)
 		if err != nil {
-			return nil, fmt.Errorf("--token: %w", err)
+			return nil, err
 		}
 		return remoteHistory{t.client(tok)}, nil
 	}

@@ -25,7 +25,7 @@ func (t *target) controlClient(verb, tokenFile string) (*httpapi.Client, error) 
 		return nil, fmt.Errorf("%s: no kernel is running on %s (approvals, events and cancellation live in a running kernel: kernelctl serve, mcp or run on that data dir, or give --server URL)", verb, t.data)
 	}
 	if tokenFile != "" {
-		tok, err := readSecret(tokenFile)
+		tok, err := readToken("--token", tokenFile)
 		if err != nil {
 			return nil, err
 		}

@@ -76,7 +76,7 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 	if tokenFile == "" {
 		return nil, &usageError{fmt.Errorf("%s: --token FILE (or - for stdin) is required", verb)}
 	}
-	tok, err := readSecret(tokenFile)
+	tok, err := readToken("--token", tokenFile)
 	if err != nil {
 		return nil, err
 	}

@@ -176,7 +176,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 			if ttl < 0 || ttl%time.Second != 0 {
 				return &usageError{fmt.Errorf("token attenuate: --ttl %s must be a positive whole number of seconds", ttl)}
 			}
-			parent, err := readSecret(parentFile)
+			parent, err := readToken("--parent", parentFile)
 			if err != nil {
 				return err
 			}
