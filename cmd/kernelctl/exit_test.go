@@ -166,3 +166,36 @@ func TestCredentialErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestServerURL: a --server (or CAPKERNEL_SERVER) that is not an http or
+// https URL with a host, such as the HOST:PORT --listen takes, is a usage
+// error naming where it came from and suggesting http://HOST:PORT, where
+// the URL parser or the transport failed with exit 1.
+func TestServerURL(t *testing.T) {
+	noScheme := func(from, s string) string {
+		return from + ` "` + s + `" is not a kernel's URL: it needs the scheme http:// or https:// and a host (did you mean http://` + s + `?)`
+	}
+	for _, c := range []struct {
+		name   string
+		env    []string
+		args   []string
+		stderr string
+	}{
+		{"ip:port", nil, []string{"ledger", "head", "--server", "127.0.0.1:7391"}, noScheme("--server", "127.0.0.1:7391")},
+		{"localhost:port", nil, []string{"ledger", "head", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"call", nil, []string{"call", "echo", "--token", "t", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"another scheme", nil, []string{"receipts", "list", "--server", "ftp://127.0.0.1:7391"}, `--server "ftp://127.0.0.1:7391" is not a kernel's URL: it needs the scheme http:// or https:// and a host (e.g. http://127.0.0.1:7070)`},
+		{"no host", nil, []string{"receipts", "list", "--server", "http://"}, `--server "http://" is not a kernel's URL`},
+		{"env", []string{envServer + "=localhost:7391"}, []string{"ledger", "head"}, noScheme("env "+envServer, "localhost:7391")},
+		{"demo", nil, []string{"demo", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"conformance", []string{envAdmin + "=" + kernel.AdminPrefix + "x"}, []string{"conformance", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"conformance env", []string{envAdmin + "=" + kernel.AdminPrefix + "x", envServer + "=127.0.0.1:7391"}, []string{"conformance"}, noScheme("env "+envServer, "127.0.0.1:7391")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, stderr, code := runEnv(t, c.env, c.args...)
+			if code != 2 || !strings.Contains(stderr, c.stderr) || !strings.Contains(stderr, "--help)") {
+				t.Fatalf("kernelctl %s: exit %d (want 2)\n%s%s\nwant stderr with %q", strings.Join(c.args, " "), code, out, stderr, c.stderr)
+			}
+		})
+	}
+}
