@@ -82,6 +82,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				env.Provenance, _ = json.Marshal(map[string]string{"session_id": session})
 			}
 			var res *kernel.Result
+			status := 0 // the HTTP status of the answer, over the API
 			if t.remote() {
 				// The capability token is the bearer: over the control socket
 				// a request without one acts as the admin, whom calls refuse.
@@ -106,7 +107,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				}
 				// A call held for an approval says so on stderr at once.
 				stop := announceApproval(cmd.Context(), c, sub, env.OperationID, cmd.ErrOrStderr())
-				res, _, err = c.Call(cmd.Context(), raw)
+				res, status, err = c.Call(cmd.Context(), raw)
 				stop()
 				if err != nil {
 					return err
@@ -139,7 +140,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				return err
 			}
 			if res.Error != nil {
-				return fmt.Errorf("%s: %s", res.Error.Class, res.Error.Message)
+				return callFailed(res, status)
 			}
 			return nil
 		},
@@ -168,7 +169,7 @@ func printResult(cmd *cobra.Command, r *kernel.Result, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s %s%s  tx=%s  mode=%s  risk=%.2f  operation=%s\n", r.ToolID, r.Status, replayed, r.TxOutcome, r.AutonomyMode, r.RiskScore, r.OperationID)
 	if r.Error != nil {
-		fmt.Fprintf(w, "error %s: %s\n", r.Error.Class, r.Error.Message)
+		fmt.Fprintf(w, "error %s: %s\n", r.Error.Class, unstutter(r.Error.Message, "", r.Error.Class))
 	} else if len(r.Result) > 0 {
 		var v any
 		if json.Unmarshal(r.Result, &v) == nil {

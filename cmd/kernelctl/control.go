@@ -134,7 +134,7 @@ func waitCmd() *cobra.Command {
 						return err
 					}
 					if st.Result.Error != nil {
-						return fmt.Errorf("%s: %s", st.Result.Error.Class, st.Result.Error.Message)
+						return callFailed(st.Result, 0)
 					}
 					return nil
 				}

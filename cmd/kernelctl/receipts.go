@@ -433,7 +433,7 @@ func receiptArg(ctx context.Context, arg string, h history) (string, error) {
 	b, err := os.ReadFile(arg)
 	if err != nil {
 		if h == nil {
-			return "", fmt.Errorf("%s: %w (a receipt id needs --data or --server)", arg, err)
+			return "", &usageError{fmt.Errorf("%s: %w (a receipt id needs --data or --server)", arg, err)}
 		}
 		info, err := h.Receipt(ctx, arg)
 		if err != nil {
