@@ -42,7 +42,7 @@ e.g. an approval timeout too long for the two approval_timeout cases (serve
 
 Prints one line per case as it ends, then the evidence of failures and the
 summary "conformance: N passed, N failed, N skipped"; exit status 1 when a case
-fails.`,
+fails, or when --run matches no case id.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			from := "--server"

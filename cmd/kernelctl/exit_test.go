@@ -66,6 +66,11 @@ func TestExitCodes(t *testing.T) {
 		{"ttl too long", append(mint, "--ttl", "2400h"), true, 2, "--ttl 2400h0m0s is longer than a token may live"},
 		{"unknown budget", append(mint, "--budget", "foo=1"), true, 2, `cap.budgets has unknown key "foo"`},
 		{"outcome bogus", []string{"receipts", "list", "--outcome", "bogus"}, true, 2, `outcome "bogus" is not one of committed`},
+		// Flags that would filter nothing, or pass vacuously, are refused.
+		{"limit negative", []string{"receipts", "list", "--limit", "-3"}, true, 2, "--limit -3: want 1 or more (without --limit, every receipt is listed)"},
+		{"limit zero", []string{"receipts", "list", "--limit", "0"}, true, 2, "--limit 0: want 1 or more"},
+		{"since negative", []string{"receipts", "list", "--since", "-1h"}, true, 2, "--since -1h: a duration is how long ago, and it is negative"},
+		{"conformance matching nothing", []string{"conformance", "--server", sv.url, "--run", "NOSUCH"}, false, 1, `kernelctl conformance: no case id matches "NOSUCH" (the ids are in docs/conformance.md)`},
 		{"format foo", []string{"tools", "--token", tokFile, "--format", "foo"}, true, 2, `--format "foo" is not openai, anthropic or mcp`},
 		{"revoke not a jti", []string{"token", "revoke", "not-a-jti"}, true, 1, `"not-a-jti" is not a token id`},
 		{"revoke an upper-case jti", []string{"token", "revoke", "01A21C2B-7F01-7EE8-90F2-5CACA2498B1C"}, true, 1,
