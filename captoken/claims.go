@@ -103,7 +103,7 @@ func (r FSRoot) BaseOrPath() string {
 const (
 	BudgetCalls          = "calls"            // number of calls
 	BudgetCPUMillis      = "cpu_ms"           // CPU time of executed processes, in milliseconds
-	BudgetDiskWriteBytes = "disk_write_bytes" // bytes written to files
+	BudgetDiskWriteBytes = "disk_write_bytes" // bytes written to files and kv values
 	BudgetNetBytes       = "net_bytes"        // bytes sent and received over the network
 )
 

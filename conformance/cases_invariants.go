@@ -776,6 +776,10 @@ func replayCases() []Case {
 			if _, ok := t.ReadFile(dir + "/o.txt"); ok {
 				t.Failf("the refused call wrote")
 			}
+			// The refusal is audited, and its receipt agrees with its
+			// envelope (its record's context may hold the id it named,
+			// a note the envelope does not carry).
+			t.Audit(r)
 		}),
 		c("TOOL01-INV-REPLAY-011", "another agent using the same key and args is not served the first agent's outcome", func(t *T) {
 			t.NeedTool("kv.put", "each agent's put must get its own version")

@@ -176,6 +176,33 @@ func TestSuiteDetectsViolations(t *testing.T) {
 			run:      "AUDIT-006|RCPT-002",
 			mustFail: []string{"TOOL01-INV-AUDIT-006", "DESIGN-RCPT-002"},
 		},
+		// Each envelope field the receipt's record attests only through
+		// its context commitment, or that the call never set, reported
+		// otherwise: the receipt check opens the commitment.
+		{
+			name: "risk_basis reported other than recorded",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, regexp.MustCompile(`"risk_basis":\[[^\]]*\]`).ReplaceAll(body, []byte(`"risk_basis":["approved by the CISO"]`))
+			},
+			run:      "RCPT-002|REPLAY-010",
+			mustFail: []string{"DESIGN-RCPT-002", "TOOL01-INV-REPLAY-010"},
+		},
+		{
+			name: "a provenance reported that the call never had",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, bytes.Replace(body, []byte(`"risk_basis":`), []byte(`"provenance":{"approved_by":"CISO"},"risk_basis":`), 1)
+			},
+			run:      "RCPT-002",
+			mustFail: []string{"DESIGN-RCPT-002"},
+		},
+		{
+			name: "a task_class reported that the call never had",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, bytes.Replace(body, []byte(`"risk_basis":`), []byte(`"task_class":"admin","risk_basis":`), 1)
+			},
+			run:      "RCPT-002",
+			mustFail: []string{"DESIGN-RCPT-002"},
+		},
 		{
 			name: "ledger entries served with a rewritten body",
 			entries: func(body []byte) []byte {

@@ -246,15 +246,18 @@ type Receipt struct {
 	CommitDeltaID     string   `json:"commit_delta_id"`
 	PolicyHash        string   `json:"policy_hash"`
 	AutonomyMode      string   `json:"autonomy_mode"`
+	TaskClass         string   `json:"task_class"`
 	RiskScore         *float64 `json:"risk_score"`
 	ErrorClass        string   `json:"error_class"`
 	// A record with commitments holds these instead of the plain hashes
-	// (docs/formats.md "Payloads and commitments").
-	ArgsCommitment   string  `json:"args_commitment"`
-	ResultCommitment string  `json:"result_commitment"`
-	LedgerSeq        *uint64 `json:"-"`
-	LedgerEntryHash  string  `json:"-"`
-	IssuedAt         string  `json:"-"`
+	// (docs/formats.md "Payloads and commitments"); its context
+	// commitment stands for its provenance, notes and risk_basis.
+	ArgsCommitment    string  `json:"args_commitment"`
+	ResultCommitment  string  `json:"result_commitment"`
+	ContextCommitment string  `json:"context_commitment"`
+	LedgerSeq         *uint64 `json:"-"`
+	LedgerEntryHash   string  `json:"-"`
+	IssuedAt          string  `json:"-"`
 }
 
 // LoggedReceipt is a receipt proven by the log (capkernel-receipt/v2).
@@ -334,6 +337,7 @@ func (t *T) VerifyReceipt(r *Resp) *Receipt {
 	cmp("tx_outcome", rc.TxOutcome, res.TxOutcome)
 	cmp("commit_delta_id", rc.CommitDeltaID, res.CommitDeltaID)
 	cmp("autonomy_mode", rc.AutonomyMode, res.AutonomyMode)
+	cmp("task_class", rc.TaskClass, res.TaskClass)
 	cmp("error_class", rc.ErrorClass, res.errClass())
 	if res.ReceiptID != "" {
 		cmp("receipt_id", rc.ReceiptID, res.ReceiptID)
@@ -348,10 +352,72 @@ func (t *T) VerifyReceipt(r *Resp) *Receipt {
 	if !argsOK || !hashRE.MatchString(rc.PolicyHash) {
 		diffs = append(diffs, "args_hash or policy_hash missing or malformed")
 	}
+	if rc.ContextCommitment != "" {
+		diffs = append(diffs, t.contextDiffs(res, &rc)...)
+	}
 	if len(diffs) > 0 {
 		t.Failf("receipt disagrees with the result envelope: %s", strings.Join(diffs, "; "))
 	}
 	return &rc
+}
+
+// contextDiffs says how the result envelope res's risk_basis and
+// provenance differ from those rc's record commits to (docs/formats.md,
+// "Receipts", step 4). The context commitment opens under res's
+// audit_salt on the canonical {"provenance","risk_basis"} of res when the
+// record's context holds nothing else; a record whose context also holds
+// notes, which an envelope does not carry, is read in full (the admin
+// credential gets its payload, which OpenBody checks against the
+// commitments) and its risk_basis and provenance compared.
+func (t *T) contextDiffs(res *Result, rc *Receipt) []string {
+	basis := res.RiskBasis
+	if basis == nil {
+		basis = []string{}
+	}
+	part := map[string]any{"risk_basis": basis}
+	if len(res.Provenance) > 0 {
+		part["provenance"] = res.Provenance
+	}
+	b, err := jcs.Marshal(part)
+	if err != nil {
+		return []string{fmt.Sprintf("the envelope's provenance is not JSON: %v", err)}
+	}
+	if commitment(res.AuditSalt, "context", b) == rc.ContextCommitment {
+		return nil
+	}
+	e := t.Entry(*rc.LedgerSeq)
+	if e.Hash != rc.LedgerEntryHash {
+		return []string{fmt.Sprintf("the receipt names entry %d with hash %s, the ledger has %s", e.Seq, rc.LedgerEntryHash, e.Hash)}
+	}
+	if len(e.Payload) == 0 {
+		return []string{fmt.Sprintf("the record does not commit to the envelope's context %s under its audit_salt, and its payload (to show notes) is not served", b)}
+	}
+	body := t.OpenBody(e)
+	if _, ok := body["notes"]; !ok {
+		return []string{fmt.Sprintf("the record does not commit to the envelope's context %s under its audit_salt, and holds no notes", b)}
+	}
+	var diffs []string
+	var recorded []string
+	if err := json.Unmarshal(body["risk_basis"], &recorded); err != nil || !slices.Equal(recorded, basis) {
+		diffs = append(diffs, fmt.Sprintf("risk_basis %s ≠ result's %q", body["risk_basis"], basis))
+	}
+	if have, want := canonicalOf(body["provenance"]), canonicalOf(res.Provenance); have != want {
+		diffs = append(diffs, fmt.Sprintf("provenance %s ≠ result's %s", have, want))
+	}
+	return diffs
+}
+
+// canonicalOf returns the canonical JSON of raw, "" for none, or raw
+// itself when it is not JSON.
+func canonicalOf(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	b, err := jcs.Canonicalize(raw)
+	if err != nil {
+		return string(raw)
+	}
+	return string(b)
 }
 
 // ---- Ledger.

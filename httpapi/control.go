@@ -117,7 +117,14 @@ func (s *Server) sessionHandles(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	hs, err := s.k.Handles(tok.Raw, id)
-	if err != nil {
+	switch {
+	case errors.Is(err, kernel.ErrHandleRole):
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, err.Error())
+		return
+	case errors.Is(err, kernel.ErrHandleLimit):
+		writeError(w, http.StatusTooManyRequests, kernel.ErrConcurrencyExceeded, err.Error())
+		return
+	case err != nil:
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, err.Error())
 		return
 	}

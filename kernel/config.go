@@ -27,7 +27,8 @@ import (
 )
 
 // Config configures Open. Only DataDir is required; settings left zero come
-// from the data dir's kernel.json, then from the defaults below.
+// from the data dir's kernel.json, then from the defaults below. A relative
+// DataDir or SandboxDir is resolved against the working directory at Open.
 type Config struct {
 	DataDir string
 	// PolicyDir, when set, replaces the embedded default policy bundle.

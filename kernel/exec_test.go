@@ -913,3 +913,21 @@ func TestExecKeepsHiddenPaths(t *testing.T) {
 		})
 	}
 }
+
+// A kernel opened on a relative data dir (kernelctl serve --data D, as
+// README allows) runs proc.exec: the sandbox's dirs under it are made
+// absolute at Open, where bwrap, which changes its root, could not find a
+// relative one.
+func TestRelativeDataDir(t *testing.T) {
+	h := newExecHarness(t, func(c *Config) {
+		t.Chdir(filepath.Dir(c.DataDir))
+		c.DataDir = filepath.Base(c.DataDir)
+	})
+	if !filepath.IsAbs(h.k.cfg.DataDir) || !filepath.IsAbs(h.k.cfg.SandboxDir) {
+		t.Fatalf("data dir %q, sandbox dir %q: not absolute", h.k.cfg.DataDir, h.k.cfg.SandboxDir)
+	}
+	mustOK(t, h.invoke("proc.exec", with(execArgs("sh", "-c", "echo hi > made.txt"), "commit_on", "success"), key("rel")))
+	if got := h.read("made.txt"); got != "hi\n" {
+		t.Fatalf("made.txt = %q", got)
+	}
+}

@@ -109,7 +109,14 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result 
 			return nil
 		}
 	}
-	return k.stopped(c, k.failStop("apply of committed operation "+c.env.OperationID+" to", rootNames(stage), err))
+	op := "apply of committed operation " + c.env.OperationID + " to"
+	if txn.Refused(err) {
+		// No repair is needed: the next start reports the effect as
+		// apply_refused and goes on.
+		op = "apply (refused for good by the file system: the next start reports it as apply_refused) of committed operation " +
+			c.env.OperationID + " to"
+	}
+	return k.stopped(c, k.failStop(op, rootNames(stage), err))
 }
 
 // finish ends a committed and applied call after it is answered. The

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -44,17 +46,44 @@ type binding struct {
 // handles is the kernel's handle table. It lives in memory: a kernel
 // restart ends every session, and with it every handle.
 type handles struct {
-	mu    sync.Mutex
-	by    map[string]binding              // handle → binding
-	owner map[[2]string]map[string]string // (session, jti) → tool → handle
+	mu       sync.Mutex
+	by       map[string]binding              // handle → binding
+	owner    map[[2]string]map[string]string // (session, jti) → tool → handle; never empty
+	sessions map[string]int                  // jti → its (session, jti) entries in owner
+	swept    time.Time                       // when sweepLocked last ran
 }
 
 func newHandles() *handles {
-	return &handles{by: map[string]binding{}, owner: map[[2]string]map[string]string{}}
+	return &handles{by: map[string]binding{}, owner: map[[2]string]map[string]string{}, sessions: map[string]int{}}
 }
 
-// ErrNoSession refuses handles outside a session: a handle is bound to one.
-var ErrNoSession = errors.New("handles: a session id is required")
+// Bounds of the handle table, which any token's holder can ask to grow:
+// each (session, token) entry holds a handle per tool for up to an hour.
+const (
+	// MaxSessionIDBytes bounds a session id given handles.
+	MaxSessionIDBytes = 256
+	// MaxHandleSessions bounds the sessions one token holds handles in.
+	MaxHandleSessions = 1024
+	// MaxHandleEntries bounds the (session, token) entries of the table.
+	MaxHandleEntries = 65536
+)
+
+var (
+	// ErrNoSession refuses handles outside a session: a handle is bound
+	// to one.
+	ErrNoSession = errors.New("handles: a session id is required")
+	// ErrSessionID refuses a session id over MaxSessionIDBytes, or not
+	// UTF-8 without control characters.
+	ErrSessionID = errors.New("handles: a session id is at most 256 bytes of UTF-8 without control characters")
+	// ErrHandleRole refuses an approver's or auditor's token: it calls no
+	// tool.
+	ErrHandleRole = errors.New("handles: approver and auditor tokens call no tools, so they get no handles")
+	// ErrHandleLimit refuses handles in a new session once the token
+	// holds them in MaxHandleSessions sessions, or the table holds
+	// MaxHandleEntries: end sessions (POST /v1/sessions/{id}/end) or wait
+	// for their handles to expire.
+	ErrHandleLimit = errors.New("handles: too many sessions hold handles")
+)
 
 // Handles returns the handles the session sees for the tools token may
 // call, minting those it lacks: the same handle for a tool while it
@@ -65,8 +94,22 @@ func (k *Kernel) Handles(token, session string) ([]Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if session == "" {
+	switch {
+	case session == "":
 		return nil, ErrNoSession
+	case len(session) > MaxSessionIDBytes || !utf8.ValidString(session) || strings.ContainsFunc(session, unicode.IsControl):
+		return nil, ErrSessionID
+	case tok.Claims.Cap.Role != "":
+		return nil, ErrHandleRole
+	}
+	var tools []syscalls.Definition
+	for _, d := range k.registry.List() {
+		if tok.AllowsTool(d.ID) {
+			tools = append(tools, d)
+		}
+	}
+	if len(tools) == 0 {
+		return []Handle{}, nil // nothing to bind, nothing kept
 	}
 	now := k.cfg.Now()
 	exp := now.Add(DefaultHandleTTL)
@@ -80,14 +123,15 @@ func (k *Kernel) Handles(token, session string) ([]Handle, error) {
 	t.sweepLocked(now)
 	mine := t.owner[key]
 	if mine == nil {
+		if t.sessions[key[1]] >= MaxHandleSessions || len(t.owner) >= MaxHandleEntries {
+			return nil, ErrHandleLimit
+		}
 		mine = map[string]string{}
 		t.owner[key] = mine
+		t.sessions[key[1]]++
 	}
 	var out []Handle
-	for _, d := range k.registry.List() {
-		if !tok.AllowsTool(d.ID) {
-			continue
-		}
+	for _, d := range tools {
 		h, ok := mine[d.ID]
 		if b, live := t.by[h]; !ok || !live || !now.Before(b.expires) {
 			delete(t.by, h)
@@ -120,14 +164,30 @@ func (k *Kernel) EndSession(session, jti string) int {
 				n++
 			}
 		}
-		delete(t.owner, key)
+		t.forgetLocked(key)
 	}
 	return n
 }
 
+// forgetLocked removes the entry key from owner. The caller holds h.mu.
+func (h *handles) forgetLocked(key [2]string) {
+	if _, ok := h.owner[key]; !ok {
+		return
+	}
+	delete(h.owner, key)
+	if h.sessions[key[1]]--; h.sessions[key[1]] <= 0 {
+		delete(h.sessions, key[1])
+	}
+}
+
 // sweepLocked forgets expired handles, so that sessions nobody ends do
-// not grow the table without bound. The caller holds h.mu.
+// not hold their entries: at most once a second, since it walks the whole
+// table. The caller holds h.mu.
 func (h *handles) sweepLocked(now time.Time) {
+	if now.Sub(h.swept) < time.Second && !now.Before(h.swept) {
+		return
+	}
+	h.swept = now
 	for hd, b := range h.by {
 		if now.Before(b.expires) {
 			continue
@@ -136,7 +196,7 @@ func (h *handles) sweepLocked(now time.Time) {
 		key := [2]string{b.session, b.jti}
 		delete(h.owner[key], b.tool)
 		if len(h.owner[key]) == 0 {
-			delete(h.owner, key)
+			h.forgetLocked(key)
 		}
 	}
 }
@@ -152,7 +212,7 @@ func (h *handles) dropToken(jti string) {
 		for _, hd := range mine {
 			delete(h.by, hd)
 		}
-		delete(h.owner, key)
+		h.forgetLocked(key)
 	}
 }
 

@@ -3,7 +3,10 @@ package kernel
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -166,4 +169,56 @@ func TestHandlesConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// The handle table, which any token's holder can ask to grow, is bounded:
+// session ids of at most MaxSessionIDBytes, no entry for a token that
+// may call no tool or for an approver's, at most MaxHandleSessions
+// sessions a token (until one ends or its handles expire, which a later
+// request sweeps).
+func TestHandleTableBounded(t *testing.T) {
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := newHarness(t, func(c *Config) { c.Now = clock })
+	for _, s := range []string{strings.Repeat("s", MaxSessionIDBytes+1), "a\x00b", "bad\xff"} {
+		if _, err := h.k.Handles(h.token, s); !errors.Is(err, ErrSessionID) {
+			t.Errorf("session %.20q: %v, want ErrSessionID", s, err)
+		}
+	}
+	if _, err := h.k.Handles(h.approver("alice", captoken.RoleApprover), "s"); !errors.Is(err, ErrHandleRole) {
+		t.Errorf("an approver's token: %v, want ErrHandleRole", err)
+	}
+	none, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"no.such.tool"}})
+	if hs, err := h.k.Handles(none, "s"); err != nil || len(hs) != 0 {
+		t.Errorf("a token calling no tool: %v %v, want no handles", hs, err)
+	}
+	if n := len(h.k.handles.owner); n != 0 {
+		t.Fatalf("%d table entries after refusals and a token without tools, want 0", n)
+	}
+
+	for i := range MaxHandleSessions {
+		if _, err := h.k.Handles(h.token, fmt.Sprint("s", i)); err != nil {
+			t.Fatalf("session %d: %v", i, err)
+		}
+	}
+	if _, err := h.k.Handles(h.token, "one-too-many"); !errors.Is(err, ErrHandleLimit) {
+		t.Fatalf("session %d: %v, want ErrHandleLimit", MaxHandleSessions+1, err)
+	}
+	if _, err := h.k.Handles(h.token, "s7"); err != nil {
+		t.Fatalf("a session that holds handles already: %v", err)
+	}
+	h.k.EndSession("s7", "")
+	if _, err := h.k.Handles(h.token, "one-too-many"); err != nil {
+		t.Fatalf("after a session ended: %v", err)
+	}
+	mu.Lock()
+	now = now.Add(DefaultHandleTTL + time.Second)
+	mu.Unlock()
+	if _, err := h.k.Handles(h.token, "after-expiry"); err != nil {
+		t.Fatalf("after every handle expired: %v", err)
+	}
+	if n, m := len(h.k.handles.owner), h.k.handles.sessions[h.jti]; n != 1 || m != 1 {
+		t.Fatalf("%d entries, %d counted for the token after expiry, want 1 and 1", n, m)
+	}
 }

@@ -264,6 +264,11 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	} else {
 		d, err = k.policy.Decide(ctx, c.input)
 	}
+	if err != nil && ctx.Err() != nil {
+		// The evaluation was stopped by the call's end, not refused.
+		class, msg := ctxClass(ctx, "while it waited for its policy decision, before it ran")
+		return k.deny(ctx, c, class, msg)
+	}
 	if err != nil {
 		d = policy.Decision{AutonomyMode: policy.NoGo, RiskScore: 1, RiskBasis: []string{"policy error: " + err.Error()}}
 	}
@@ -765,6 +770,12 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	if class != "" {
 		return k.deny(ctx, c, class, msg)
 	}
+	// Until its charge is recorded (netbudget.go).
+	release, refused := k.netTurns.hold(ctx, c)
+	if refused != nil {
+		return k.deny(ctx, c, refused.Class, refused.Message)
+	}
+	defer release()
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	c.lap(StageExecute)
 	c.setOutcome(out, class, msg, NoOp)
@@ -837,7 +848,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	locks := k.locks.plan(fsKeys, kvKeys)
 	if err := k.locks.lock(ctx, locks); err != nil {
-		class, msg := endedWaiting(ctx, c, "for its paths' locks")
+		class, msg := ctxClass(ctx, "while it waited for its paths' locks, before it ran")
 		return k.deny(ctx, c, class, msg)
 	}
 	held := true // until finish takes the locks over
@@ -847,6 +858,13 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		}
 	}()
 
+	// Until its charge is recorded at commit, rollback or settle
+	// (netbudget.go).
+	release, refused := k.netTurns.hold(ctx, c)
+	if refused != nil {
+		return k.deny(ctx, c, refused.Class, refused.Message)
+	}
+	defer release()
 	if class, msg := c.checkFiles(); class != "" {
 		return k.deny(ctx, c, class, msg)
 	}
@@ -889,7 +907,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 			return k.deny(ctx, c, te.Class, te.Message)
 		}
 		if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			class, msg := endedWaiting(ctx, c, "to be prepared")
+			class, msg := ctxClass(ctx, "while it waited to be prepared, before it ran")
 			return k.deny(ctx, c, class, msg)
 		}
 		if err != nil {
@@ -1200,16 +1218,6 @@ func failure(ctx context.Context, c *call, timeout time.Duration, err error) (cl
 		return ErrCancelled, fmt.Sprintf("%s was cancelled: %v", c.env.ToolID, err)
 	}
 	return ErrExecution, err.Error()
-}
-
-// endedWaiting is the class and message of a call whose context ended
-// while it waited (what it waited for), before anything of it ran:
-// timeout or cancelled, as if it had ended while running.
-func endedWaiting(ctx context.Context, c *call, what string) (class, msg string) {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return ErrTimeout, fmt.Sprintf("%s timed out while it waited %s, before it ran", c.env.ToolID, what)
-	}
-	return ErrCancelled, fmt.Sprintf("%s was cancelled while it waited %s, before it ran: %v", c.env.ToolID, what, context.Cause(ctx))
 }
 
 // accounts are the budgets c is charged to: its token's, then those of

@@ -50,6 +50,7 @@ type Kernel struct {
 	lw         *ledger.Writer    // every audit entry is appended through it (receipts.Logged)
 	verifier   *captoken.Verifier
 	locks      *pathLocks
+	netTurns   netBudgetLocks // calls spending one net_bytes budget take turns (netbudget.go)
 	syncer     *txn.Syncer
 	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
 	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
@@ -96,6 +97,18 @@ var (
 // the policy bundle (recording it in the ledger) and returns a kernel ready
 // for calls. A data dir is owned by one process at a time.
 func Open(ctx context.Context, cfg Config) (*Kernel, error) {
+	// Relative dirs are resolved now: the sandbox, which changes its
+	// root, and anything run from another directory need absolute ones.
+	for _, d := range []*string{&cfg.DataDir, &cfg.SandboxDir} {
+		if *d == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*d)
+		if err != nil {
+			return nil, fmt.Errorf("resolving %s: %w", *d, err)
+		}
+		*d = abs
+	}
 	s, err := loadSettings(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -282,11 +295,16 @@ func (k *Kernel) load(ctx context.Context) error {
 	}
 	for _, c := range k.Recovered.Conflicts {
 		why := "its target no longer holds the content it was staged against"
-		if c.Reason == txn.ConflictStaging {
+		switch {
+		case c.Reason == txn.ConflictStaging:
 			why = "its staging file does not hold the committed content (damaged after it was synced)"
+		case c.Reason == txn.ConflictRefused && c.Op == txn.OpCleanup:
+			why = "the file system refuses to remove this staging file; it is left"
+		case c.Reason == txn.ConflictRefused:
+			why = "the file system refuses it for good (" + c.Error + ")"
 		}
 		k.cfg.Logger.Warn("recovery did not apply a committed effect: "+why+" (kernelctl workspace verify names it)",
-			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "reason", c.Reason, "want", c.Want, "found", c.Found)
+			"operation_id", c.OperationID, "op", c.Op, "root", c.Root, "path", c.Path, "reason", c.Reason, "want", c.Want, "found", c.Found, "error", c.Error)
 	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {

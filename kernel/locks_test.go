@@ -151,6 +151,16 @@ func TestCancelWhileWaitingForLock(t *testing.T) {
 	if err := h.k.locks.lock(context.Background(), held); err != nil {
 		t.Fatal(err)
 	}
+	// Cancelled once it waits for the lock (not while the policy decides).
+	waiting := make(chan struct{}, 1)
+	hurry := h.k.locks.onWait
+	h.k.locks.onWait = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+		hurry()
+	}
 	for _, tc := range []struct {
 		name string
 		env  *Envelope
@@ -164,10 +174,13 @@ func TestCancelWhileWaitingForLock(t *testing.T) {
 		before := h.headSize()
 		out := make(chan *Result, 1)
 		go func() { out <- h.k.Invoke(context.Background(), tc.env) }()
-		for start := time.Now(); !h.k.Cancel(tc.env.OperationID, ""); time.Sleep(5 * time.Millisecond) {
-			if time.Since(start) > 10*time.Second {
-				t.Fatalf("%s: never in flight", tc.name)
-			}
+		select {
+		case <-waiting:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: never waited for the held lock", tc.name)
+		}
+		if !h.k.Cancel(tc.env.OperationID, "") {
+			t.Fatalf("%s: not in flight while it waits", tc.name)
 		}
 		var r *Result
 		select {

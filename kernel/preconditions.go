@@ -47,7 +47,7 @@ func (k *Kernel) holdPreconditions(ctx context.Context, c *call, resources []*sy
 	}
 	locks := k.locks.plan(fsKeys, kvKeys)
 	if err := k.locks.lock(ctx, locks); err != nil {
-		class, msg = endedWaiting(ctx, c, "for its paths' locks")
+		class, msg = ctxClass(ctx, "while it waited for its paths' locks, before it ran")
 		return func() {}, class, msg
 	}
 	unlock = func() { k.locks.unlock(locks) }

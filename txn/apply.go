@@ -13,7 +13,12 @@ import (
 // Apply makes decided effects visible: staged files are renamed onto their
 // targets, deleted targets are moved aside and removed, directories are
 // made, and a cleanup effect removes a staging pool emptied by the
-// renames. It is idempotent, so recovery can run it again after a crash,
+// renames. A directory is made with owner rwx added to its mode, and is
+// given its final mode only after every other effect has landed, so that
+// a directory the call made read-only still takes the files the call put
+// in it. A removal never crosses into another file system mounted below
+// the removed entry (see removeTree). It is idempotent, so recovery can
+// run it again after a crash,
 // and the kernel after a failed attempt: a staging file that is gone was
 // renamed already, a target that is gone (or whose parent is no longer a
 // directory) was deleted already, and a delete is skipped once a later
@@ -24,35 +29,77 @@ import (
 func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 	later := laterWrites(effects)
 	for i, e := range effects {
-		if e.Op != OpWrite && e.Op != OpDelete && e.Op != OpMkdir && e.Op != OpCleanup {
+		if !onDisk(e.Op) {
 			continue
 		}
 		r, err := root(e.Root)
+		if err == nil {
+			err = applyEffect(r, effects, i, later)
+		}
 		if err != nil {
 			return fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
 		}
-		switch e.Op {
-		case OpWrite:
-			err = r.Rename(e.Stage, e.Path)
-		case OpDelete:
-			if !landed(r, effects, later[i]) {
-				err = r.Rename(e.Path, e.Stage)
-			}
-			if err == nil || absent(err) {
-				err = r.RemoveAll(e.Stage)
-			}
-		case OpMkdir:
-			err = r.Mkdir(e.Path, fs.FileMode(e.Mode).Perm())
-			if errors.Is(err, fs.ErrExist) {
-				err = nil
-			} else if err == nil {
+	}
+	return finalModes(effects, root, func(e Effect, err error) error {
+		return fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
+	})
+}
+
+// onDisk reports whether op is an effect Apply carries out in a root.
+func onDisk(op string) bool {
+	return op == OpWrite || op == OpDelete || op == OpMkdir || op == OpCleanup
+}
+
+// applyEffect carries out effects[i] under r, as Apply does; later is
+// laterWrites(effects). Nothing at a path counts as done.
+func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
+	var err error
+	switch e := effects[i]; e.Op {
+	case OpWrite:
+		err = r.Rename(e.Stage, e.Path)
+	case OpDelete:
+		if !landed(r, effects, later[i]) {
+			err = r.Rename(e.Path, e.Stage)
+		}
+		if err == nil || absent(err) {
+			err = removeTree(r, e.Stage)
+		}
+	case OpMkdir:
+		// Owner rwx until finalModes: see Apply.
+		err = r.Mkdir(e.Path, fs.FileMode(e.Mode).Perm()|0o700)
+		if errors.Is(err, fs.ErrExist) {
+			err = nil
+		}
+	case OpCleanup:
+		err = removeTree(r, e.Stage)
+	}
+	if absent(err) {
+		return nil
+	}
+	return err
+}
+
+// finalModes gives each directory a mkdir of effects made its mode, the
+// deepest first (a parent made unsearchable would hide its children
+// from chmod); a path that is not a directory is left. A failure is
+// passed to fail, which returns the error that stops finalModes or nil
+// to go on.
+func finalModes(effects []Effect, root func(dir string) (*os.Root, error), fail func(Effect, error) error) error {
+	for _, e := range slices.Backward(effects) {
+		if e.Op != OpMkdir {
+			continue
+		}
+		r, err := root(e.Root)
+		if err == nil {
+			var fi fs.FileInfo
+			if fi, err = r.Lstat(e.Path); err == nil && fi.IsDir() {
 				err = r.Chmod(e.Path, fs.FileMode(e.Mode).Perm())
 			}
-		case OpCleanup:
-			err = r.RemoveAll(e.Stage)
 		}
 		if err != nil && !absent(err) {
-			return fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
+			if err := fail(e, err); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -77,73 +124,150 @@ func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 // is renamed only when it holds the committed content (NewHash): one
 // damaged since it was synced (a lost or torn write, a change by hand) is
 // removed and the effect is reported as a Conflict (ConflictStaging), the
-// target left as it was. Staging and trash files of the effects are gone
-// afterwards, and a second Redo of the same effects changes nothing.
+// target left as it was. An effect the file system refuses for a reason
+// that trying again cannot cure (see lasting: a read-only file system, a
+// mount point, an immutable file, a directory without write permission)
+// is left undone and reported as a Conflict (ConflictRefused, its error
+// in Error); the other effects still apply, so one refused effect never
+// blocks recovery. Staging and trash files of the effects are gone
+// afterwards (but those the file system refuses to remove), and a second
+// Redo of the same effects changes nothing. An error is returned only for
+// a failure that may pass (a disk error, a full disk) or for a root that
+// cannot be opened.
 func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root, error)) ([]Conflict, error) {
 	var conflicts []Conflict
+	refuse := func(e Effect, err error) error {
+		if !lasting(err) {
+			return fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
+		}
+		conflicts = append(conflicts, refusal(operationID, e, err))
+		return nil
+	}
 	later := laterWrites(effects)
 	for i, e := range effects {
-		if e.Op != OpWrite && e.Op != OpDelete {
-			if err := Apply([]Effect{e}, root); err != nil {
-				return conflicts, err
-			}
+		if !onDisk(e.Op) {
 			continue
 		}
 		r, err := root(e.Root)
 		if err != nil {
 			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
 		}
-		cur, mode, present, err := currentHash(r, e.Path)
-		if err != nil {
-			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
+		var c *Conflict
+		if e.Op == OpWrite || e.Op == OpDelete {
+			c, err = redoEffect(operationID, r, effects, i, later)
+		} else {
+			err = applyEffect(r, effects, i, later)
 		}
-		conflict := func(reason, want, found string) {
-			conflicts = append(conflicts, Conflict{OperationID: operationID, Op: e.Op, Root: e.Root, Path: e.Path, Reason: reason, Want: want, Found: found})
+		if c != nil {
+			conflicts = append(conflicts, *c)
 		}
-		switch e.Op {
-		case OpWrite:
-			if _, serr := r.Lstat(e.Stage); absent(serr) {
-				continue // renamed already
-			}
-			switch {
-			case e.OldHash == "" && !present, e.OldHash != "" && cur == e.OldHash:
-				var staged string
-				staged, _, err = hashFile(r, e.Stage)
-				if errors.Is(err, errNotRegular) {
-					err = nil // staged is "": damaged
-				}
-				switch {
-				case err != nil:
-				case staged == e.NewHash:
-					err = r.Rename(e.Stage, e.Path)
-				default:
-					conflict(ConflictStaging, e.NewHash, staged)
-					err = r.RemoveAll(e.Stage)
-				}
-			case cur == e.NewHash && present:
-				err = r.Remove(e.Stage)
-			default:
-				conflict(ConflictTarget, e.OldHash, cur)
-				err = r.Remove(e.Stage)
-			}
-		case OpDelete:
-			switch {
-			case !present, landed(r, effects, later[i]):
-			case e.OldHash == "" && !mode.IsRegular(), e.OldHash != "" && mode.IsRegular() && cur == e.OldHash:
-				err = r.Rename(e.Path, e.Stage)
-			case madeLater(effects[i+1:], e, cur, mode):
-			default:
-				conflict(ConflictTarget, e.OldHash, cur)
-			}
-			if err == nil || absent(err) {
-				err = r.RemoveAll(e.Stage)
-			}
+		if err == nil {
+			continue
 		}
-		if err != nil && !absent(err) {
-			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
+		if err := refuse(e, err); err != nil {
+			return conflicts, err
+		}
+		if e.Op == OpWrite {
+			// The write is not applied: its staging file goes, if the
+			// file system lets it (Recover's removeStaging tries again).
+			r.Remove(e.Stage)
 		}
 	}
-	return conflicts, nil
+	err := finalModes(effects, root, refuse)
+	return conflicts, err
+}
+
+// redoEffect redoes the write or delete effects[i] under r, as Redo
+// describes; it returns the conflict it finds, if any.
+func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later []int) (*Conflict, error) {
+	e := effects[i]
+	cur, mode, present, err := currentHash(r, e.Path)
+	if err != nil {
+		return nil, err
+	}
+	var c *Conflict
+	conflict := func(reason, want, found string) {
+		c = &Conflict{OperationID: operationID, Op: e.Op, Root: e.Root, Path: e.Path, Reason: reason, Want: want, Found: found}
+	}
+	switch e.Op {
+	case OpWrite:
+		if _, serr := r.Lstat(e.Stage); absent(serr) {
+			return nil, nil // renamed already
+		}
+		switch {
+		case e.OldHash == "" && !present, e.OldHash != "" && cur == e.OldHash:
+			var staged string
+			staged, _, err = hashFile(r, e.Stage)
+			if errors.Is(err, errNotRegular) {
+				err = nil // staged is "": damaged
+			}
+			switch {
+			case err != nil:
+			case staged == e.NewHash:
+				err = r.Rename(e.Stage, e.Path)
+			default:
+				conflict(ConflictStaging, e.NewHash, staged)
+				err = r.RemoveAll(e.Stage)
+			}
+		case cur == e.NewHash && present:
+			err = r.Remove(e.Stage)
+		default:
+			conflict(ConflictTarget, e.OldHash, cur)
+			err = r.Remove(e.Stage)
+		}
+	case OpDelete:
+		switch {
+		case !present, landed(r, effects, later[i]):
+		case e.OldHash == "" && !mode.IsRegular(), e.OldHash != "" && mode.IsRegular() && cur == e.OldHash:
+			err = r.Rename(e.Path, e.Stage)
+		case madeLater(effects[i+1:], e, cur, mode):
+		default:
+			conflict(ConflictTarget, e.OldHash, cur)
+		}
+		if err == nil || absent(err) {
+			err = removeTree(r, e.Stage)
+		}
+	}
+	if absent(err) {
+		err = nil
+	}
+	return c, err
+}
+
+// refusal is the conflict reporting effect e of operation op refused by
+// the file system with err.
+func refusal(op string, e Effect, err error) Conflict {
+	want := e.NewHash
+	if e.Op == OpDelete {
+		want = e.OldHash
+	}
+	return Conflict{OperationID: op, Op: e.Op, Root: e.Root, Path: e.Path, Reason: ConflictRefused, Want: want, Error: err.Error()}
+}
+
+// Refused reports whether err, from Apply, is a refusal by the file
+// system that trying again cannot cure (see lasting): Redo reports such
+// an effect as a ConflictRefused instead of failing.
+func Refused(err error) bool { return lasting(err) }
+
+// lasting reports whether err is a refusal by the file system that trying
+// again cannot cure: no permission (EACCES, EPERM: a directory without
+// write permission, a sticky directory, an immutable or append-only
+// file), a mount point or another file system (EBUSY, EXDEV), a read-only
+// file system (EROFS), or an entry the operation cannot take (ENOTEMPTY,
+// EISDIR, ELOOP, ENAMETOOLONG, EMLINK, EINVAL). A disk error (EIO), a
+// full disk or quota (ENOSPC, EDQUOT) and anything else may pass, or mean
+// that what is on the disk cannot be trusted: they are not lasting.
+func lasting(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.EACCES, syscall.EPERM, syscall.EBUSY, syscall.EXDEV, syscall.EROFS, syscall.ENOTEMPTY,
+		syscall.EISDIR, syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EMLINK, syscall.EINVAL:
+		return true
+	}
+	return false
 }
 
 // laterWrites returns, for each delete of effects, the index of the first

@@ -196,11 +196,14 @@ func Finish(tx *bbolt.Tx, operationID string) error {
 }
 
 // spent is the budget the call uses beyond the call itself: the bytes its
-// effects write and what its execution consumed (in.Used).
+// effects write and what its execution consumed (in.Used). Bytes written
+// are a written file's content and a kv put's value (its JSON bytes, as
+// stored); neither a file's path nor a kv key counts, and deletions and
+// directories are free.
 func spent(in *Intent, effects []Effect) Usage {
 	var wrote int64
 	for _, e := range effects {
-		if e.Op == OpWrite {
+		if e.Op == OpWrite || e.Op == OpKVPut {
 			wrote += e.Size
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
+	"slices"
 	"sort"
 
 	"go.etcd.io/bbolt"
@@ -21,7 +23,9 @@ type Recovered struct {
 	// Conflicts are effects of decided intents that recovery did not
 	// apply because their target no longer held the content they were
 	// staged against, or their staging file no longer held the committed
-	// content (see Redo).
+	// content, or the file system refused them for good (see Redo); and
+	// staging files, of any intent, that the file system refused to
+	// remove (Op OpCleanup, Reason ConflictRefused).
 	Conflicts []Conflict
 }
 
@@ -31,7 +35,13 @@ type Recovered struct {
 // staged against Want ("" for a write of a new file, and for a delete of
 // a directory or a link); or
 // ConflictStaging, the staging file holds content of digest Found instead
-// of the committed content Want, and the target was left as it was.
+// of the committed content Want, and the target was left as it was; or
+// ConflictRefused, the file system refused the effect for a reason that
+// trying again cannot cure (Error says which: a read-only file system, a
+// mount point, an immutable file, a directory without write permission),
+// Want being the effect's new content (a write) or its pre-image (a
+// delete); for Op OpCleanup, Path is a staging file that could not be
+// removed and is left.
 type Conflict struct {
 	OperationID string `json:"operation_id"`
 	Op          string `json:"op"`
@@ -40,12 +50,14 @@ type Conflict struct {
 	Reason      string `json:"reason"`
 	Want        string `json:"want"`
 	Found       string `json:"found"`
+	Error       string `json:"error,omitempty"`
 }
 
 // Conflict reasons.
 const (
 	ConflictTarget  = "target_changed"  // the target no longer holds the pre-image
 	ConflictStaging = "staging_damaged" // the staged content is not the committed content
+	ConflictRefused = "apply_refused"   // the file system refuses the effect for good
 )
 
 // Recover finishes what a crash or a fail stop interrupted; run it at
@@ -85,7 +97,9 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 		case Decided:
 			conflicts, err := Redo(in.OperationID, in.Effects, roots.open)
 			if err == nil {
-				err = removeStaging(in, roots.open)
+				var left []Conflict
+				left, err = removeStaging(in, roots.open)
+				conflicts = append(conflicts, unreported(in, conflicts, left)...)
 			}
 			if err != nil {
 				return rec, fmt.Errorf("txn: redo operation %s: %w", in.OperationID, err)
@@ -99,9 +113,11 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 			}
 			rec.Redone = append(rec.Redone, *in)
 		case Prepared:
-			if err := removeStaging(in, roots.open); err != nil {
+			left, err := removeStaging(in, roots.open)
+			if err != nil {
 				return rec, fmt.Errorf("txn: roll back operation %s: %w", in.OperationID, err)
 			}
+			rec.Conflicts = append(rec.Conflicts, left...)
 			if err := db.Update(ctx, func(tx *bbolt.Tx) error {
 				if !in.External {
 					if err := Rollback(tx, in); err != nil {
@@ -124,37 +140,76 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 	return rec, nil
 }
 
-// removeStaging deletes every staging file of in from its staging dirs.
-func removeStaging(in *Intent, root func(string) (*os.Root, error)) error {
+// removeStaging deletes every staging file of in from its staging dirs
+// (never crossing into another file system: removeTree). One the file
+// system refuses to remove for good (lasting) is left and reported as a
+// ConflictRefused of op OpCleanup, so that it never blocks recovery.
+func removeStaging(in *Intent, root func(string) (*os.Root, error)) ([]Conflict, error) {
+	var left []Conflict
+	leave := func(d StageDir, name string, err error) error {
+		if !lasting(err) {
+			return err
+		}
+		left = append(left, Conflict{OperationID: in.OperationID, Op: OpCleanup, Root: d.Root, Path: path.Join(d.Dir, name),
+			Reason: ConflictRefused, Error: err.Error()})
+		return nil
+	}
 	for _, d := range in.Dirs {
 		r, err := root(d.Root)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return err
+			return left, err
 		}
 		f, err := r.Open(d.Dir)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return err
+			if err := leave(d, "", err); err != nil {
+				return left, err
+			}
+			continue
 		}
 		names, err := f.Readdirnames(-1)
 		f.Close()
 		if err != nil {
-			return err
+			if err := leave(d, "", err); err != nil {
+				return left, err
+			}
+			continue
 		}
 		for _, n := range names {
-			if isStaging(n, in.OperationID) {
-				if err := r.RemoveAll(d.Dir + "/" + n); err != nil {
-					return err
+			if !isStaging(n, in.OperationID) {
+				continue
+			}
+			if err := removeTree(r, path.Join(d.Dir, n)); err != nil && !absent(err) {
+				if err := leave(d, n, err); err != nil {
+					return left, err
 				}
 			}
 		}
 	}
-	return nil
+	return left, nil
+}
+
+// unreported returns the conflicts of left (staging files left by
+// removeStaging) but those of a staging or trash file whose effect of in
+// is among refused already: one refusal is reported once.
+func unreported(in *Intent, refused, left []Conflict) []Conflict {
+	seen := map[[2]string]bool{}
+	for _, c := range refused {
+		if c.Reason != ConflictRefused {
+			continue
+		}
+		for _, e := range in.Effects {
+			if e.Op == c.Op && e.Root == c.Root && e.Path == c.Path {
+				seen[[2]string{e.Root, e.Stage}] = true
+			}
+		}
+	}
+	return slices.DeleteFunc(left, func(c Conflict) bool { return seen[[2]string{c.Root, c.Path}] })
 }
 
 type rootCache map[string]*os.Root

@@ -82,7 +82,8 @@ type Stage struct {
 	touched []*syscalls.Resource // the fs resources effects were staged for (Touched)
 	roots   map[string]*os.Root
 	kvSeen  map[string]bool
-	pools   map[string]string // root path -> staging pool dir (WriteFrom)
+	pools   map[string]string  // root path -> staging pool dir (WriteFrom)
+	tops    map[string]mountID // root path -> the mount of its top (WriteFrom)
 }
 
 // NewStage starts staging for operation opID; kv reads current versions.
@@ -90,7 +91,7 @@ type Stage struct {
 // (Syncer.Watch), so that the Syncer's later rounds report any writeback
 // error of what is staged there; sync must not be nil.
 func NewStage(opID string, kv syscalls.KVReader, sync *Syncer) *Stage {
-	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
+	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}, tops: map[string]mountID{}}
 }
 
 var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
@@ -101,12 +102,18 @@ func (s *Stage) name(prefix, rel string) string {
 
 // WriteFile stages content for r: a new file beside the target. perm 0
 // keeps the mode of an existing file (0644 for a new one). The caller makes
-// staged files durable (Syncer) before it commits.
+// staged files durable (Syncer) before it commits. A target Apply could
+// not replace (a mount point, an immutable file, another user's file in
+// a sticky directory: see checkReplace) is refused with a
+// *NotApplicableError.
 func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errStageClosed
+	}
+	if err := checkReplace(r.Root, r.Rel); err != nil {
+		return err
 	}
 	old, oldMode, err := hashFile(r.Root, r.Rel)
 	if err != nil {
@@ -166,12 +173,22 @@ func (s *Stage) use(r *syscalls.Resource) error {
 // directory at the top of r's root (.capk-stage-<op>-pool), so the target's
 // parent may be a directory that an earlier Mkdir of this stage makes; the
 // content is streamed, never held in memory. Apply renames it into place
-// and a cleanup effect, added by Effects, removes the pool.
+// and a cleanup effect, added by Effects, removes the pool. A target Apply
+// could not write (on another mount than the pool, in a directory the
+// kernel's user cannot write: see checkCreate) is refused with a
+// *NotApplicableError.
 func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return "", errStageClosed
+	}
+	top, err := s.top(r)
+	if err != nil {
+		return "", err
+	}
+	if err := checkCreate(r.Root, r.Rel, &top); err != nil {
+		return "", err
 	}
 	old, _, err := hashFile(r.Root, r.Rel)
 	if err != nil && !errors.Is(err, errNotRegular) {
@@ -211,12 +228,17 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 	return e.NewHash, nil
 }
 
-// Mkdir stages making directory r (absent now) with mode perm.
+// Mkdir stages making directory r (absent now) with mode perm. A
+// directory Apply could not make (see checkCreate) is refused with a
+// *NotApplicableError.
 func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errStageClosed
+	}
+	if err := checkCreate(r.Root, r.Rel, nil); err != nil {
+		return err
 	}
 	if err := s.use(r); err != nil {
 		return err
@@ -227,6 +249,9 @@ func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 }
 
 // Delete stages the removal of r (a file, a symlink or a directory tree).
+// An entry Apply could not remove, or a tree holding one (a mount point,
+// an immutable file, a directory the kernel's user cannot write: see
+// checkDelete), is refused with a *NotApplicableError.
 func (s *Stage) Delete(r *syscalls.Resource) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -236,6 +261,9 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 	fi, err := r.Root.Lstat(r.Rel)
 	if err != nil {
 		return fmt.Errorf("delete %s: %w", r.Rel, err)
+	}
+	if err := checkDelete(r.Root, r.Rel); err != nil {
+		return err
 	}
 	var old string
 	if fi.Mode().IsRegular() {
@@ -252,6 +280,25 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 	})
 	s.touched = append(s.touched, r)
 	return nil
+}
+
+// top returns the mount of the top of r's root, where WriteFrom's pool
+// goes.
+func (s *Stage) top(r *syscalls.Resource) (mountID, error) {
+	if m, ok := s.tops[r.RootPath]; ok {
+		return m, nil
+	}
+	dir, err := openDir(r.Root, ".")
+	if err != nil {
+		return mountID{}, fmt.Errorf("open %s: %w", r.RootPath, err)
+	}
+	defer dir.Close()
+	e, err := statEntry(int(dir.Fd()), "")
+	if err != nil {
+		return mountID{}, fmt.Errorf("stat %s: %w", r.RootPath, err)
+	}
+	s.tops[r.RootPath] = e.mount
+	return e.mount, nil
 }
 
 // PutKV stages value under key and returns the version it will have.

@@ -260,8 +260,10 @@ func TestCommitAndRollback(t *testing.T) {
 			}
 		}
 		u, err := usageOf(tx, "tok")
-		if err != nil || u[BudgetCalls] != 3 || u[BudgetDiskWriteBytes] != 0 {
-			t.Errorf("usage after two commits and a rollback: %v %v, want 3 calls and no disk bytes", u, err)
+		// The two kv values ({"n":1}, {"n":2}) are charged; op-c's
+		// reservation is released.
+		if err != nil || u[BudgetCalls] != 3 || u[BudgetDiskWriteBytes] != 14 {
+			t.Errorf("usage after two commits and a rollback: %v %v, want 3 calls and 14 disk bytes", u, err)
 		}
 		return nil
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -72,8 +73,9 @@ func readReceiptFile(b []byte) (f receiptFile, ok bool, err error) {
 // checkEnvelope checks that res, a result envelope whose receipt verified,
 // is the call its receipt's audit record attests, and opens the record's
 // commitments with res's audit_salt. match is "ok …" or every field that
-// differs; commitments is "ok …" or why the result (and, with argsFile,
-// the args the call sent) is not shown to be the record's.
+// differs; commitments is "ok …" or why the result, its risk_basis and
+// provenance (and, with argsFile, the args the call sent) are not shown
+// to be the record's.
 func checkEnvelope(res *kernel.Result, argsFile string) (match, commitments string) {
 	e, err := ledger.ParseEntry([]byte(res.Receipt.Entry))
 	if err != nil {
@@ -87,8 +89,31 @@ func checkEnvelope(res *kernel.Result, argsFile string) (match, commitments stri
 	return matchEnvelope(res, c, part), openEnvelope(res, c, e, part, argsFile)
 }
 
+// resultGone says how res lost its result ("" when it did not): the
+// stored envelope of an erased operation, or of a call at audit depth
+// commitments_only, keeps no result and no audit_salt (docs/formats.md
+// "Erasure"), and an error's message is replaced, so its result part
+// no longer hashes to its result_hash.
+func resultGone(res *kernel.Result) string {
+	if res.AuditSalt != "" {
+		return ""
+	}
+	switch {
+	case res.Error != nil && res.Error.Message == kernel.ErasedMessage:
+		return "its error message erased with the audit payload"
+	case res.Error != nil && res.Error.Message == kernel.NotKeptMessage:
+		return "its error message not kept (audit depth commitments_only)"
+	case res.Error == nil && len(res.Result) == 0 && res.Status == kernel.StatusOK:
+		return "its result erased (or not kept at audit depth commitments_only)"
+	}
+	return ""
+}
+
 // matchEnvelope compares the fields of res with those of c, its receipt's
 // audit record, and res's result_hash with the hash of its result part.
+// A record from before commitments holds risk_basis and provenance in
+// its body: they are compared here (a later record commits to them in its
+// context part, opened by openEnvelope).
 func matchEnvelope(res *kernel.Result, c *kernel.CallRecord, part []byte) string {
 	errClass := ""
 	if res.Error != nil {
@@ -119,25 +144,68 @@ func matchEnvelope(res *kernel.Result, c *kernel.CallRecord, part []byte) string
 			bad = append(bad, fmt.Sprintf("%s is %q, the record's %q", f[0], f[1], f[2]))
 		}
 	}
+	if c.PayloadDepth == "" {
+		bad = append(bad, plainContextDiffs(res, c)...)
+	}
+	gone := resultGone(res)
 	// result_hash hashes the result part the record commits to (opened
-	// below); a record from before commitments holds the hash itself.
-	if sum := digest.Sum(part); res.ResultHash != sum {
+	// below); a record from before commitments holds the hash itself. An
+	// envelope whose result is gone cannot recompute it.
+	if sum := digest.Sum(part); gone == "" && res.ResultHash != sum {
 		bad = append(bad, fmt.Sprintf("result_hash is %q, but the envelope's result hashes to %s", res.ResultHash, sum))
 	}
 	if c.PayloadDepth == "" && c.ResultHash != "" && res.ResultHash != c.ResultHash {
 		bad = append(bad, fmt.Sprintf("result_hash is %q, the record's %q", res.ResultHash, c.ResultHash))
 	}
-	if len(bad) > 0 {
+	switch {
+	case len(bad) > 0:
 		return fmt.Sprintf("the envelope is not the call audit record %d attests: %s", c.Seq, strings.Join(bad, "; "))
+	case gone != "":
+		return fmt.Sprintf("refused: the envelope is the call audit record %d attests, with %s: its other fields are the record's, "+
+			"but its result_hash cannot be recomputed from it (its receipt alone still verifies)", c.Seq, gone)
 	}
-	return fmt.Sprintf("ok (operation, tool, agent, outcome, ledger refs and result_hash are those of audit record %d)", c.Seq)
+	return fmt.Sprintf("ok (operation, tool, agent, status, outcome, mode, risk, ledger refs and result_hash are those of audit record %d; "+
+		"replayed is not attested: a replay carries its original's receipt)", c.Seq)
+}
+
+// plainContextDiffs compares res's risk_basis and provenance with those a
+// record from before commitments holds in its body.
+func plainContextDiffs(res *kernel.Result, c *kernel.CallRecord) []string {
+	var bad []string
+	if !slices.Equal(res.RiskBasis, c.RiskBasis) {
+		bad = append(bad, fmt.Sprintf("risk_basis is %s, the record's %s", quoteList(res.RiskBasis), quoteList(c.RiskBasis)))
+	}
+	if have, want := canonicalOrRaw(res.Provenance), canonicalOrRaw(c.Provenance); have != want {
+		bad = append(bad, fmt.Sprintf("provenance is %s, the record's %s", orNone(have), orNone(want)))
+	}
+	return bad
+}
+
+// contextPart is the context part of res's audit record as res carries
+// it: {"provenance","risk_basis"} (provenance absent when res has none,
+// risk_basis [] when none), the members of the part a result envelope
+// holds. A record whose context also holds notes does not open on it.
+func contextPart(res *kernel.Result) ([]byte, error) {
+	ctx := struct {
+		Provenance json.RawMessage `json:"provenance,omitempty"`
+		RiskBasis  []string        `json:"risk_basis"`
+	}{res.Provenance, res.RiskBasis}
+	if ctx.RiskBasis == nil {
+		ctx.RiskBasis = []string{}
+	}
+	b, err := json.Marshal(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("provenance: %v", err)
+	}
+	return jcs.Canonicalize(b)
 }
 
 // openEnvelope shows that c's audit record (entry e) commits to part,
-// res's result part, and with argsFile to those args: by opening its
-// commitments with res's audit_salt, or, for a record from before
-// commitments, by its plain hashes. A record committing to a result needs
-// the salt: without it nothing ties the envelope's result to the record.
+// res's result part, to res's risk_basis and provenance (its context
+// part), and with argsFile to those args: by opening its commitments with
+// res's audit_salt, or, for a record from before commitments, by its plain
+// hashes. A record committing to a result needs the salt: without it
+// nothing ties the envelope's result to the record.
 func openEnvelope(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry, part []byte, argsFile string) string {
 	var args []byte
 	what := "this result"
@@ -158,7 +226,10 @@ func openEnvelope(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry, part
 		if err := kernel.CheckPayload(e, p); err != nil {
 			return err.Error()
 		}
-		return fmt.Sprintf("ok (audit record %d commits to %s under the envelope's audit_salt)", c.Seq, what)
+		if msg := openContext(res, c, e); msg != "" {
+			return fmt.Sprintf("refused: audit record %d commits to %s under the envelope's audit_salt, but %s", c.Seq, what, msg)
+		}
+		return fmt.Sprintf("ok (audit record %d commits to %s, its risk_basis and provenance under the envelope's audit_salt)", c.Seq, what)
 	case c.PayloadDepth == "" && c.ResultHash != "":
 		// A record from before commitments: matchEnvelope compared the
 		// hashes of the result.
@@ -174,4 +245,66 @@ func openEnvelope(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry, part
 		return fmt.Sprintf("ok (audit record %d, from before commitments, holds the hash of %s)", c.Seq, what)
 	}
 	return fmt.Sprintf("refused: audit record %d attests no result, so nothing attests the envelope's", c.Seq)
+}
+
+// openContext opens the context commitment of c's record (entry e) with
+// res's audit_salt on res's risk_basis and provenance, and says what is
+// not shown ("" when it opens). It names the field it can tell is not the
+// record's: a provenance the record does not have when the part opens
+// without it.
+func openContext(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry) string {
+	if c.Commitments.Context == "" {
+		if len(res.RiskBasis) == 0 && len(res.Provenance) == 0 {
+			return ""
+		}
+		return "it commits to no context, so nothing attests the envelope's risk_basis and provenance"
+	}
+	ctx, err := contextPart(res)
+	if err != nil {
+		return "the envelope's risk_basis and provenance do not make a context part: " + err.Error()
+	}
+	if kernel.CheckPayload(e, kernel.Payload{Salt: res.AuditSalt, Context: ctx}) == nil {
+		return ""
+	}
+	if len(res.Provenance) > 0 {
+		bare := *res
+		bare.Provenance = nil
+		if b, err := contextPart(&bare); err == nil && kernel.CheckPayload(e, kernel.Payload{Salt: res.AuditSalt, Context: b}) == nil {
+			return fmt.Sprintf("provenance %s is not the record's: the record has none (its context commitment opens on the envelope's risk_basis alone)",
+				canonicalOrRaw(res.Provenance))
+		}
+	}
+	return fmt.Sprintf("not to its risk_basis %s and provenance %s: its context_commitment %s does not open on %s. "+
+		"Either is not the record's, or the record's context also holds notes, which a result envelope does not carry "+
+		"(net.fetch, proc.exec with network access, a call by handle): then only the record's payload shows them",
+		quoteList(res.RiskBasis), orNone(canonicalOrRaw(res.Provenance)), c.Commitments.Context, ctx)
+}
+
+// canonicalOrRaw returns the canonical JSON of raw, raw itself when it is
+// not JSON, or "" for none.
+func canonicalOrRaw(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	if b, err := jcs.Canonicalize(raw); err == nil {
+		return string(b)
+	}
+	return string(raw)
+}
+
+// orNone returns s, or "none" for "".
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// quoteList writes list as a JSON array ([] for none).
+func quoteList(list []string) string {
+	if list == nil {
+		list = []string{}
+	}
+	b, _ := json.Marshal(list)
+	return string(b)
 }

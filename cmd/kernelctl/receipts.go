@@ -178,12 +178,13 @@ type ReceiptCheck struct {
 	LedgerMatch string `json:"ledger_match"`        // "ok", "not checked" or the failure
 	Inclusion   string `json:"inclusion,omitempty"` // with --prove or a bundle: "ok …" or the failure
 	// Envelope, for a result envelope: "ok …" when its fields (operation,
-	// tool, agent, status, error class, outcome, ledger refs, result_hash)
-	// are those of the receipt's audit record, else what differs.
+	// tool, agent, status, error class, outcome, mode, risk, ledger refs,
+	// result_hash) are those of the receipt's audit record, else what
+	// differs, or why they are not all shown (a result erased).
 	Envelope string `json:"envelope,omitempty"`
 	// Commitments, for a result envelope (or --args): whether the
-	// receipt's record commits to the envelope's result (and --args),
-	// opened with the envelope's audit_salt.
+	// receipt's record commits to the envelope's result, its risk_basis
+	// and provenance (and --args), opened with the envelope's audit_salt.
 	Commitments string `json:"commitments,omitempty"`
 }
 
@@ -212,11 +213,15 @@ result envelope (its "receipt"): it verifies entirely offline. A receipt id
 checkpoint, and verified the same way. A result envelope is read strictly (no
 duplicate or unknown member, names matched exactly) and must be the call its
 receipt attests: its operation, tool, agent, status, error class, outcome,
-commit delta, mode, risk, ledger_seq, receipt_id, state_snapshot_id and
-result_hash are the audit record's, and the record's result commitment opens
+commit delta, mode, task class, risk, ledger_seq, receipt_id, state_snapshot_id
+and result_hash are the audit record's, the record's result commitment opens
 with the envelope's audit_salt on exactly the envelope's result (and, with
---args FILE, the args object sent, on those args). An envelope without its
-audit_salt is refused: nothing else ties its result to the record.
+--args FILE, the args object sent, on those args), and its context commitment
+on the envelope's risk_basis and provenance. An envelope without its
+audit_salt is refused: nothing else ties its result to the record. So is one
+whose record's context also holds notes (net.fetch, proc.exec with network
+access, a call by handle), which an envelope does not carry. replayed is not
+attested: a replay carries its original's receipt.
 
 Receipts of format v1 (older ledgers) are still checked: a compact JWS (a file
 or its UUID) has its signature checked, then the ledger entry it names is
@@ -299,6 +304,9 @@ Exit 1 on any failure.`,
 			r, pub, err := receipts.VerifyJWKS(jws, jwks)
 			if err != nil {
 				check.Signature = err.Error()
+				if d, err := receipts.Decode(jws); err == nil {
+					check.ReceiptID = d.ReceiptID // what it claims, to say which receipt failed
+				}
 			} else {
 				check.ReceiptID = r.ReceiptID
 				if h != nil {
@@ -328,7 +336,11 @@ func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger
 			return err
 		}
 	} else {
-		fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", check.ReceiptID, check.Signature, check.LedgerMatch)
+		id := check.ReceiptID
+		if id == "" {
+			id = "(no id: none could be read from it)"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", id, check.Signature, check.LedgerMatch)
 		if check.Inclusion != "" {
 			fmt.Fprintf(cmd.OutOrStdout(), "inclusion:    %s\n", check.Inclusion)
 		}
@@ -372,7 +384,7 @@ func proveReceipt(ctx context.Context, h history, r *receipts.Receipt, pub ed255
 func verifyBundleFile(b, jwks []byte) ReceiptCheck {
 	c, err := kernel.VerifyBundle(b, jwks)
 	if err != nil {
-		return ReceiptCheck{Signature: "not ok: " + err.Error(), LedgerMatch: "not checked", Inclusion: err.Error()}
+		return ReceiptCheck{ReceiptID: claimedID(b), Signature: "not ok: " + err.Error(), LedgerMatch: "not checked", Inclusion: err.Error()}
 	}
 	sig := "ok"
 	if c.Format == receipts.Format {
@@ -382,6 +394,34 @@ func verifyBundleFile(b, jwks []byte) ReceiptCheck {
 		ReceiptID: c.Receipt.ReceiptID, Signature: sig, LedgerMatch: "ok (the receipt's audit record)",
 		Inclusion: fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d)", c.Receipt.LedgerSeq, c.Checkpoint.Origin, c.Checkpoint.Size),
 	}
+}
+
+// claimedID returns the receipt id that b, a receipt or bundle that did
+// not verify, claims: from its entry's seq and entry_hash (a receipt proven
+// by the log) or its JWS payload (a v1 bundle), read without checking
+// them, so that the report says which receipt failed; "" when b names
+// none.
+func claimedID(b []byte) string {
+	var f struct {
+		Entry   string `json:"entry"`
+		Receipt string `json:"receipt"`
+	}
+	if json.Unmarshal(b, &f) != nil {
+		return ""
+	}
+	if f.Receipt != "" {
+		if r, err := receipts.Decode(f.Receipt); err == nil {
+			return r.ReceiptID
+		}
+	}
+	var e struct {
+		Seq  *uint64 `json:"seq"`
+		Hash string  `json:"entry_hash"`
+	}
+	if json.Unmarshal([]byte(f.Entry), &e) != nil || e.Seq == nil || e.Hash == "" {
+		return ""
+	}
+	return receipts.ID(*e.Seq, e.Hash)
 }
 
 func receiptsBundleCmd() *cobra.Command {

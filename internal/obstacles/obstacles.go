@@ -1,0 +1,82 @@
+// Package obstacles sets up, for tests, what makes a file system refuse a
+// change for good: a mount (Tmpfs), a read-only bind mount (ReadOnly), a
+// chattr flag (Chattr), and an unprivileged user (Nobody: permission
+// checks bind a non-root process only). Each needs root; without it the
+// test is skipped.
+package obstacles
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// Tmpfs mounts a small tmpfs at dir (made first). When t ends, every
+// mount under base is detached: a mount may have moved with a renamed
+// directory.
+func Tmpfs(t testing.TB, base, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("mount tmpfs at %s: %v", dir, err)
+	}
+	unmountUnder(t, base)
+}
+
+// Bind bind-mounts src at dst (which must exist), read-only if ro. When t
+// ends, every mount under base is detached.
+func Bind(t testing.TB, base, src, dst string, ro bool) {
+	t.Helper()
+	if err := syscall.Mount(src, dst, "", syscall.MS_BIND, ""); err != nil {
+		t.Skipf("bind %s at %s: %v", src, dst, err)
+	}
+	unmountUnder(t, base)
+	if !ro {
+		return
+	}
+	if err := syscall.Mount("", dst, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, ""); err != nil {
+		t.Skipf("remount %s read-only: %v", dst, err)
+	}
+}
+
+// ReadOnly bind-mounts dir on itself, read-only.
+func ReadOnly(t testing.TB, base, dir string) { Bind(t, base, dir, dir, true) }
+
+func unmountUnder(t testing.TB, base string) {
+	t.Cleanup(func() {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		var points []string
+		for l := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], base+"/") {
+				points = append(points, f[4])
+			}
+		}
+		// The deepest first.
+		slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+		for _, p := range points {
+			syscall.Unmount(p, syscall.MNT_DETACH)
+		}
+	})
+}
+
+// Chattr sets flags (as chattr(1) takes them: "+i", "+a") on path. When t
+// ends, the immutable and append-only flags are cleared on everything
+// under base, so that it can be removed.
+func Chattr(t testing.TB, base, flags, path string) {
+	t.Helper()
+	if out, err := exec.Command("chattr", flags, path).CombinedOutput(); err != nil {
+		t.Skipf("chattr %s %s: %v %s", flags, path, err, out)
+	}
+	t.Cleanup(func() {
+		filepath.Walk(base, func(p string, _ os.FileInfo, _ error) error {
+			exec.Command("chattr", "-i", "-a", p).Run()
+			return nil
+		})
+	})
+}
