@@ -72,6 +72,7 @@ func approvalsListCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	jsonShape(cmd, `one JSON array of the approvals (GET /v1/approvals wraps the same array in {"approvals": [...]})`)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "approver token file (default: the admin credential)")
 	cmd.Flags().BoolVar(&all, "all", false, "include recent decisions")
 	return cmd

@@ -79,6 +79,7 @@ func receiptsListCmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.ToolID, "tool", "", "only this tool's")
 	cmd.Flags().StringVar(&f.TxOutcome, "outcome", "", "committed, rolled_back, no_op, ok or error")
 	cmd.Flags().StringVar(&since, "since", "", "only receipts issued since TIME (RFC 3339, or a duration ago such as 1h)")
+	jsonShape(cmd, `one JSON array of the receipts (GET /v1/receipts wraps the same array in {"receipts": [...]})`)
 	cmd.Flags().IntVar(&f.Limit, "limit", 0, "at most this many, 1 or more (default: all)")
 	return cmd
 }
