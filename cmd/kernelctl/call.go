@@ -264,22 +264,39 @@ func parsePreconditions(specs []string) ([]txn.Precondition, error) {
 // peekToken reads sub and jti from a token's payload without verifying it:
 // the kernel verifies; the client only fills the envelope.
 func peekToken(tok string) (sub, jti string, err error) {
-	if err := tokenForm(tok); err != nil {
-		return "", "", fmt.Errorf("the token is not a compact JWS: %w", err)
-	}
-	parts := strings.Split(tok, ".")
-	b, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return "", "", fmt.Errorf("the token's payload: %v", err)
-	}
 	var c struct {
 		Sub string `json:"sub"`
 		JTI string `json:"jti"`
 	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		return "", "", fmt.Errorf("the token's payload: %v", err)
+	err = peekPayload(tok, &c)
+	return c.Sub, c.JTI, err
+}
+
+// peekPayload decodes a token's payload into v without verifying it.
+func peekPayload(tok string, v any) error {
+	if err := tokenForm(tok); err != nil {
+		return fmt.Errorf("the token is not a compact JWS: %w", err)
 	}
-	return c.Sub, c.JTI, nil
+	b, err := base64.RawURLEncoding.DecodeString(strings.Split(tok, ".")[1])
+	if err != nil {
+		return fmt.Errorf("the token's payload: %v", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("the token's payload: %v", err)
+	}
+	return nil
+}
+
+// handleMode reports whether tok's payload, unverified, puts it in
+// handle mode (token mint --handles): it calls its syscalls only through
+// a session's handles, never by name.
+func handleMode(tok string) bool {
+	var c struct {
+		Cap struct {
+			Handles bool `json:"handles"`
+		} `json:"cap"`
+	}
+	return peekPayload(tok, &c) == nil && c.Cap.Handles
 }
 
 func toolsCmd() *cobra.Command {
@@ -288,6 +305,10 @@ func toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools --token FILE|- [--format openai|anthropic|mcp] --server URL|--data DIR",
 		Short: "Print the syscall definitions a token may call, in an LLM's tool format",
+		Long: `tools prints the definitions of the syscalls the token may call by name, in
+the tool format of an LLM API. A token in handle mode (token mint --handles)
+calls only through a session's handles, never by name: tools refuses it (exit 1)
+and points to POST /v1/sessions/{id}/handles.`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := t.check("tools"); err != nil {
@@ -304,6 +325,12 @@ func toolsCmd() *cobra.Command {
 			tok, err := readToken("--token", tokenFile)
 			if err != nil {
 				return err
+			}
+			// The kernel lists the syscalls a handle-mode token covers by
+			// name, and refuses them by name: a model given that list
+			// would call only names that fail.
+			if handleMode(tok) {
+				return fmt.Errorf("--token %s is in handle mode (minted --handles): it calls its syscalls only through a session's handles, never by the names tools would list; get them with POST /v1/sessions/{id}/handles (docs/http.md) and call one with kernelctl call HANDLE --session ID", tokenFile)
 			}
 			var out json.RawMessage
 			if t.remote() {
