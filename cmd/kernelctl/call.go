@@ -309,7 +309,7 @@ func toolsCmd() *cobra.Command {
 the tool format of an LLM API. A token in handle mode (token mint --handles)
 calls only through a session's handles, never by name: tools refuses it (exit 1)
 and points to POST /v1/sessions/{id}/handles.`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := t.check("tools"); err != nil {
 				return err
