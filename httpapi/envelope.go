@@ -5,6 +5,7 @@ import (
 	"encoding/json/jsontext"
 	"github.com/capkernel/capkernel/jcs"
 	"math"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -67,6 +68,10 @@ func appendResult(b []byte, r *kernel.Result) (_ []byte, ok bool) {
 	e.float(r.RiskScore)
 	e.name(`,"risk_basis":`)
 	e.strs(r.RiskBasis)
+	if len(r.Notes) > 0 {
+		e.name(`,"notes":`)
+		e.notes(r.Notes)
+	}
 	e.name(`,"tx_outcome":`)
 	e.str(r.TxOutcome)
 	if r.CommitDeltaID != "" {
@@ -243,6 +248,33 @@ func plainRaw(raw []byte) bool {
 		}
 	}
 	return true
+}
+
+// notes appends the notes object, its names in byte order as
+// encoding/json sorts a map's keys; a name that is not plain ASCII hands
+// the whole object to encoding/json, whose order is the reference.
+func (e *resultEncoder) notes(m map[string]json.RawMessage) {
+	names := make([]string, 0, len(m))
+	for name := range m {
+		for i := range len(name) {
+			if name[i] < 0x20 || name[i] >= utf8.RuneSelf || name[i] == '"' || name[i] == '\\' || name[i] == '<' || name[i] == '>' || name[i] == '&' {
+				e.b = e.marshal(e.b, m)
+				return
+			}
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	e.name(`{`)
+	for i, name := range names {
+		if i > 0 {
+			e.name(`,`)
+		}
+		e.str(name)
+		e.name(`:`)
+		e.raw(m[name])
+	}
+	e.name(`}`)
 }
 
 // marshal appends encoding/json's encoding of v to b; after a failure b

@@ -55,6 +55,13 @@ func fill(t *testing.T, v reflect.Value, name string) {
 		v.SetUint(math.MaxUint64 - 7)
 	case reflect.Float64:
 		v.SetFloat(0.25)
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		for _, k := range []string{"b_" + name, "a_" + name} {
+			e := reflect.New(v.Type().Elem()).Elem()
+			fill(t, e, k)
+			v.SetMapIndex(reflect.ValueOf(k), e)
+		}
 	case reflect.Slice:
 		if v.Type() == reflect.TypeFor[json.RawMessage]() {
 			v.SetBytes([]byte(`{"` + name + `":[1,2.5,"x",{"y":null},true]}`))
@@ -142,6 +149,14 @@ func TestAppendResult(t *testing.T) {
 		{"float third", func(r *kernel.Result) { r.RiskScore = 1.0 / 3 }},
 		{"float NaN", func(r *kernel.Result) { r.RiskScore = math.NaN() }},
 		{"float Inf", func(r *kernel.Result) { r.RiskScore = math.Inf(1) }},
+		{"notes", func(r *kernel.Result) {
+			r.Notes = map[string]json.RawMessage{"net_connections": json.RawMessage(`[{"host":"a.test","allowed":true}]`), "handle": json.RawMessage(`"/object/x"`)}
+		}},
+		{"notes with odd names", func(r *kernel.Result) {
+			r.Notes = map[string]json.RawMessage{"é": json.RawMessage(`1`), "a<b": json.RawMessage(`2`), "Z": json.RawMessage(` [ 3 ] `), "": json.RawMessage(`4`)}
+		}},
+		{"notes with invalid raw", func(r *kernel.Result) { r.Notes = map[string]json.RawMessage{"a": json.RawMessage(`{`)} }},
+		{"empty notes", func(r *kernel.Result) { r.Notes = map[string]json.RawMessage{} }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -161,6 +176,7 @@ func FuzzAppendResult(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string, raw []byte, x float64) {
 		r := realistic()
 		r.AgentID, r.Receipt.Entry, r.Result, r.RiskScore = s, s, raw, x
+		r.Notes = map[string]json.RawMessage{s: raw, "handle": json.RawMessage(`"h"`)}
 		checkAppendResult(t, r)
 	})
 }

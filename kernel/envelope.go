@@ -37,25 +37,30 @@ type Envelope struct {
 
 // Result is a result envelope (docs/http.md).
 type Result struct {
-	ToolID          string           `json:"tool_id"`
-	AgentID         string           `json:"agent_id"`
-	OperationID     string           `json:"operation_id"`
-	StateSnapshotID string           `json:"state_snapshot_id"`
-	Status          string           `json:"status"`
-	Result          json.RawMessage  `json:"result,omitempty"`
-	Error           *Error           `json:"error,omitempty"`
-	ResultHash      string           `json:"result_hash"`
-	Provenance      json.RawMessage  `json:"provenance,omitempty"`
-	TaskClass       string           `json:"task_class,omitempty"`
-	AutonomyMode    string           `json:"autonomy_mode"`
-	RiskScore       float64          `json:"risk_score"`
-	RiskBasis       []string         `json:"risk_basis"`
-	TxOutcome       string           `json:"tx_outcome"`
-	CommitDeltaID   string           `json:"commit_delta_id,omitempty"`
-	ReceiptID       string           `json:"receipt_id,omitempty"`
-	Receipt         *receipts.Logged `json:"receipt,omitempty"` // the call's audit entry proven by the log; absent from stored envelopes
-	LedgerSeq       uint64           `json:"ledger_seq"`
-	Replayed        bool             `json:"replayed"`
+	ToolID          string          `json:"tool_id"`
+	AgentID         string          `json:"agent_id"`
+	OperationID     string          `json:"operation_id"`
+	StateSnapshotID string          `json:"state_snapshot_id"`
+	Status          string          `json:"status"`
+	Result          json.RawMessage `json:"result,omitempty"`
+	Error           *Error          `json:"error,omitempty"`
+	ResultHash      string          `json:"result_hash"`
+	Provenance      json.RawMessage `json:"provenance,omitempty"`
+	TaskClass       string          `json:"task_class,omitempty"`
+	AutonomyMode    string          `json:"autonomy_mode"`
+	RiskScore       float64         `json:"risk_score"`
+	RiskBasis       []string        `json:"risk_basis"`
+	// Notes are the details the syscall added to the call's audit record
+	// (proc.exec's net_connections, a handle's name, …): with risk_basis
+	// and provenance, what the record's context commitment commits to,
+	// so that the caller can open it (docs/formats.md).
+	Notes         map[string]json.RawMessage `json:"notes,omitempty"`
+	TxOutcome     string                     `json:"tx_outcome"`
+	CommitDeltaID string                     `json:"commit_delta_id,omitempty"`
+	ReceiptID     string                     `json:"receipt_id,omitempty"`
+	Receipt       *receipts.Logged           `json:"receipt,omitempty"` // the call's audit entry proven by the log; absent from stored envelopes
+	LedgerSeq     uint64                     `json:"ledger_seq"`
+	Replayed      bool                       `json:"replayed"`
 	// AuditSalt is the salt of the call's audit record (64 hex digits):
 	// with it the caller checks that the record commits to exactly its
 	// args, result, policy input and context (docs/formats.md).

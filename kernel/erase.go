@@ -528,8 +528,8 @@ func (r *Result) erase() bool { return r.withhold(ErasedMessage) }
 // of the result), which becomes msg; status, error class, result_hash and
 // the rest stay. It reports whether anything changed.
 func (r *Result) withhold(msg string) bool {
-	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0 || r.Provenance != nil
-	r.Result, r.AuditSalt, r.RiskBasis, r.Provenance = nil, "", nil, nil
+	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0 || r.Provenance != nil || r.Notes != nil
+	r.Result, r.AuditSalt, r.RiskBasis, r.Provenance, r.Notes = nil, "", nil, nil, nil
 	if r.Error != nil && r.Error.Message != msg {
 		r.Error = &Error{Class: r.Error.Class, Message: msg}
 		changed = true

@@ -425,6 +425,9 @@ func (c *call) audit(k *Kernel) *auditRecord {
 		}
 	}
 	c.mu.Unlock()
+	// The answer carries the notes its record commits to (read-only from
+	// here on, shared by both).
+	r.Notes = a.Notes
 	a.setOutcome(r)
 	return a
 }

@@ -25,7 +25,9 @@ import (
 	"sync"
 	"syscall"
 	"unicode"
+	"unicode/utf8"
 
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/strictjson"
 )
@@ -118,8 +120,9 @@ type Session struct {
 // once, and writes one tool_response line per non-blank line to w, in
 // the order calls finish. It returns once every call it started has been
 // answered. No input makes it panic or stop early: a line that is not a
-// well-formed tool_call is answered invalid_args, and is still sent to
-// the kernel as it came so that the refusal is audited. Errors writing to
+// well-formed tool_call (or is over MaxLine) is answered invalid_args,
+// and the kernel records the refusal under the session's token (refuse);
+// no byte the agent wrote is ever sent as an envelope. Errors writing to
 // w (the agent is gone) drop the responses; the calls are in the ledger.
 func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 	maxLine, maxInFlight := s.MaxLine, s.MaxInFlight
@@ -144,11 +147,7 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 			}
 			break
 		}
-		if tooLong {
-			out.send(ToolResponse{Error: kernel.ErrInvalidArgs, Message: fmt.Sprintf("line %d is over %d bytes; it was skipped", n, maxLine)})
-			continue
-		}
-		if len(bytes.TrimSpace(line)) == 0 {
+		if !tooLong && len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		select {
@@ -162,6 +161,10 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
+			if tooLong {
+				out.send(s.refuse(ctx, n, 0, "", "", fmt.Sprintf("line %d is over %d bytes; it was skipped", n, maxLine)))
+				return
+			}
 			out.send(s.handle(ctx, n, line))
 		}()
 	}
@@ -176,30 +179,25 @@ func (s *Session) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 // handle runs one line and returns its response.
 func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
 	var tc ToolCall
-	problem := ""
 	err := strictjson.Unmarshal(line, &tc)
 	if err == nil && tc.Op == OpListTools {
 		return s.listTools(ctx, n, &tc)
 	}
 	if err != nil {
-		problem = fmt.Sprintf("line %d is not a tool_call object: %v", n, err)
-	} else if problem = check(&tc); problem != "" {
-		problem = fmt.Sprintf("line %d: %s", n, problem)
+		return s.refuse(ctx, n, len(line), digest.Sum(line), tc.ToolCallID, fmt.Sprintf("line %d is not a tool_call object: %v", n, err))
 	}
-	env := line // refused as it came: the kernel audits what the agent sent
-	if problem == "" {
-		var err error
-		if env, err = s.envelope(&tc); err != nil {
-			env, problem = line, fmt.Sprintf("line %d: %v", n, err)
-		}
+	if problem := check(&tc); problem != "" {
+		return s.refuse(ctx, n, len(line), digest.Sum(line), tc.ToolCallID, fmt.Sprintf("line %d: %s", n, problem))
+	}
+	env, err := s.envelope(&tc)
+	if err != nil {
+		return s.refuse(ctx, n, len(line), digest.Sum(line), tc.ToolCallID, fmt.Sprintf("line %d: %v", n, err))
 	}
 	res, err := s.Invoker.Invoke(ctx, env)
 	resp := ToolResponse{ToolCallID: tc.ToolCallID}
 	switch {
 	case err != nil:
 		resp.Error, resp.Message = kernel.ErrInternal, "the kernel did not answer: "+err.Error()
-	case problem != "":
-		resp.Error, resp.Message, resp.ReceiptID = kernel.ErrInvalidArgs, problem, res.ReceiptID
 	default:
 		resp.ReceiptID, resp.OperationID = res.ReceiptID, res.OperationID
 		if res.Status == kernel.StatusOK {
@@ -213,11 +211,66 @@ func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
 	return resp
 }
 
+// InvalidLineTool is the tool_id of the envelope by which a session has
+// the kernel record a line it refuses. No syscall can be named so (their
+// ids are lowercase labels joined by dots), so the kernel refuses it,
+// tool_not_found, once it has verified the run's token: the refusal is
+// audited as the run's agent's call, in its session, and executes
+// nothing. Nothing of the line but its digest reaches the kernel.
+const InvalidLineTool = "runner:invalid_line"
+
+// maxProblem bounds the description of a refused line kept in the
+// refusal's provenance.
+const maxProblem = 1 << 10
+
+// refuse answers line n (size bytes, whose digest is sum; sum is "" for
+// a line too long to keep) invalid_args with problem, and has the kernel
+// record the refusal: an envelope of the session's own, under its token
+// and session, calling InvalidLineTool, whose provenance.invalid_line
+// holds the line's number, size, digest and problem. id is the tool_call_id
+// the line gave, if any: the answer carries it, and the provenance too
+// when it is a valid one.
+func (s *Session) refuse(ctx context.Context, n, size int, sum, id, problem string) ToolResponse {
+	resp := ToolResponse{ToolCallID: id, Error: kernel.ErrInvalidArgs, Message: problem}
+	what := map[string]any{"line": n, "problem": clip(problem, maxProblem)}
+	if sum != "" {
+		what["bytes"], what["digest"] = size, sum
+	}
+	prov := map[string]any{"session_id": s.ID, "source": "runner", "invalid_line": what}
+	if validID(id) {
+		prov["tool_call_id"] = id
+	}
+	env, err := s.marshalEnvelope(InvalidLineTool, json.RawMessage("{}"), "", prov)
+	if err != nil {
+		resp.Error, resp.Message = kernel.ErrInternal, "recording the refusal of "+problem+": "+err.Error()
+		return resp
+	}
+	res, err := s.Invoker.Invoke(ctx, env)
+	if err != nil {
+		resp.Error, resp.Message = kernel.ErrInternal, "the kernel did not answer (recording the refusal of "+problem+"): "+err.Error()
+		return resp
+	}
+	resp.ReceiptID, resp.OperationID = res.ReceiptID, res.OperationID
+	return resp
+}
+
+// clip returns s cut to at most max bytes, at a character boundary.
+func clip(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
+}
+
 // listTools answers a list_tools line: the session's handles.
 func (s *Session) listTools(ctx context.Context, n int, tc *ToolCall) ToolResponse {
 	resp := ToolResponse{Op: "tool_list", ToolCallID: tc.ToolCallID}
 	switch {
-	case tc.ToolCallID == "" || len(tc.ToolCallID) > MaxToolCallID || strings.ContainsFunc(tc.ToolCallID, unicode.IsControl):
+	case !validID(tc.ToolCallID):
 		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools needs a tool_call_id (1 to %d bytes, no control characters)", n, MaxToolCallID)
 	case tc.Tool != "" || len(tc.Args) > 0:
 		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools takes only op and tool_call_id", n)
@@ -247,23 +300,39 @@ func check(tc *ToolCall) string {
 		return "tool_call_id holds a control character"
 	case tc.Tool == "":
 		return "tool is missing or empty"
+	case len(tc.Args) > 0 && tc.Args[0] != '{':
+		return "args is not a JSON object"
 	}
 	return ""
 }
 
+// validID reports whether id is a tool_call_id: 1 to MaxToolCallID bytes
+// without control characters.
+func validID(id string) bool {
+	return id != "" && len(id) <= MaxToolCallID && !strings.ContainsFunc(id, unicode.IsControl)
+}
+
+// envelope is the call envelope of a well-formed tool_call.
 func (s *Session) envelope(tc *ToolCall) ([]byte, error) {
 	args := tc.Args
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
-	prov, err := json.Marshal(map[string]string{"session_id": s.ID, "tool_call_id": tc.ToolCallID, "source": "runner"})
+	prov := map[string]any{"session_id": s.ID, "tool_call_id": tc.ToolCallID, "source": "runner"}
+	return s.marshalEnvelope(tc.Tool, args, "runner:"+s.ID+":"+tc.ToolCallID, prov)
+}
+
+// marshalEnvelope is a call envelope under the session's token: always
+// the session's own, whatever the agent wrote.
+func (s *Session) marshalEnvelope(tool string, args json.RawMessage, key string, provenance map[string]any) ([]byte, error) {
+	prov, err := json.Marshal(provenance)
 	if err != nil {
 		return nil, err
 	}
 	return json.Marshal(kernel.Envelope{
-		ToolID: tc.Tool, Args: args, AgentID: s.AgentID,
+		ToolID: tool, Args: args, AgentID: s.AgentID,
 		CapabilityToken: s.Token, CapabilityTokenID: s.TokenID, PolicyHash: s.PolicyHash,
-		IdempotencyKey: "runner:" + s.ID + ":" + tc.ToolCallID, Provenance: prov,
+		IdempotencyKey: key, Provenance: prov,
 	})
 }
 

@@ -162,10 +162,7 @@ func TestMalformedLines(t *testing.T) {
 			if r.OK || r.Error != kernel.ErrInvalidArgs {
 				t.Fatalf("malformed line answered %+v", r)
 			}
-			// All but the oversized line reached the kernel and were audited.
-			if r.ReceiptID == "" && !strings.Contains(r.Message, "over 256 bytes") {
-				t.Fatalf("malformed line without a receipt: %+v", r)
-			}
+			f.checkRefusal(t, r)
 		}
 	}
 	if bad != 13 {
@@ -173,8 +170,77 @@ func TestMalformedLines(t *testing.T) {
 	}
 }
 
+// checkRefusal checks that the refusal of a line, answered r, is in the
+// ledger as the session's own call: its agent, its token, its session,
+// the tool InvalidLineTool refused tool_not_found, and the problem.
+func (f *fixture) checkRefusal(t *testing.T, r ToolResponse) {
+	t.Helper()
+	if r.ReceiptID == "" {
+		t.Fatalf("refused line without a receipt: %+v", r)
+	}
+	info, err := f.k.Inspector().Receipt(r.ReceiptID)
+	if err != nil {
+		t.Fatalf("receipt %s of %+v: %v", r.ReceiptID, r, err)
+	}
+	rc := info.Receipt
+	if rc.AgentID != f.s.AgentID || rc.CapabilityTokenID != f.s.TokenID || rc.ToolID != InvalidLineTool || rc.ErrorClass != kernel.ErrToolNotFound || rc.TxOutcome != kernel.NoOp {
+		t.Fatalf("refusal recorded as %+v; want agent %s, token %s, tool %s, tool_not_found, no_op", rc, f.s.AgentID, f.s.TokenID, InvalidLineTool)
+	}
+	views, err := f.k.Inspector().EntryViews(info.Seq, 1, kernel.AccessAll)
+	if err != nil || len(views) != 1 || views[0].Payload == nil {
+		t.Fatalf("audit record %d: %v %v", info.Seq, views, err)
+	}
+	var ctx struct {
+		Provenance struct {
+			SessionID   string `json:"session_id"`
+			Source      string `json:"source"`
+			InvalidLine struct {
+				Line    int    `json:"line"`
+				Problem string `json:"problem"`
+			} `json:"invalid_line"`
+		} `json:"provenance"`
+	}
+	if err := json.Unmarshal(views[0].Payload.Context, &ctx); err != nil {
+		t.Fatalf("audit record %d context %s: %v", info.Seq, views[0].Payload.Context, err)
+	}
+	p := ctx.Provenance
+	if p.SessionID != f.s.ID || p.Source != "runner" || p.InvalidLine.Line == 0 || p.InvalidLine.Problem != r.Message {
+		t.Fatalf("refusal's provenance %+v; want session %s and the problem %q", p, f.s.ID, r.Message)
+	}
+}
+
+// A line holding a whole call envelope under another agent's token is a
+// malformed tool_call: refused under the run's own token and session,
+// never run under the token it names (rev-runner #2: it was sent to the
+// kernel as it came, which ran it as the other agent, with the session
+// and provenance the agent wrote).
+func TestEnvelopeLineRunsNothing(t *testing.T) {
+	f := newFixture(t)
+	other := filepath.Join(filepath.Dir(f.ws), "other")
+	os.MkdirAll(other, 0o755)
+	m, err := f.k.Mint(kernel.TokenRequest{AgentID: "victim", Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: other, Mode: "rw"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, _ := json.Marshal(kernel.Envelope{
+		ToolID: "fs.write", Args: json.RawMessage(`{"path":"planted.txt","content":"by the run's agent"}`),
+		AgentID: m.AgentID, CapabilityToken: m.Token, CapabilityTokenID: m.ID, PolicyHash: f.k.PolicyHash(),
+		IdempotencyKey: "forged-1", Provenance: json.RawMessage(`{"session_id":"another-run","source":"runner","tool_call_id":"x"}`),
+	})
+	got := f.serve(t, string(env))
+	if b, err := os.ReadFile(filepath.Join(other, "planted.txt")); err == nil {
+		t.Fatalf("the run's agent wrote %q as agent %q", b, m.AgentID)
+	}
+	rs := got[""]
+	if len(rs) != 1 || rs[0].Error != kernel.ErrInvalidArgs {
+		t.Fatalf("answers %v", got)
+	}
+	f.checkRefusal(t, rs[0])
+}
+
 // Many calls in flight at once are matched by tool_call_id; a repeated
-// tool_call_id is answered from the first call, never run twice.
+// tool_call_id is answered from the first call when it committed, and
+// runs again when it did not.
 func TestInFlightAndRepeats(t *testing.T) {
 	f := newFixture(t)
 	f.s.MaxInFlight = 4
@@ -195,6 +261,18 @@ func TestInFlightAndRepeats(t *testing.T) {
 	}
 	if r := again["c8"][0]; r.OK || r.Error != kernel.ErrIdempotencyConflict {
 		t.Fatalf("c8 repeated with other args: %+v", r)
+	}
+	// Only committed outcomes are kept: a call that failed runs again,
+	// as a new operation (docs/runner.md), while a read that succeeded
+	// is replayed.
+	first := f.serve(t, call("r1", "fs.read", `{"path":"missing.txt"}`), call("r2", "fs.read", `{"path":"a.txt"}`))
+	second := f.serve(t, call("r1", "fs.read", `{"path":"missing.txt"}`), call("r2", "fs.read", `{"path":"a.txt"}`))
+	a, b := first["r1"][0], second["r1"][0]
+	if a.Error != kernel.ErrExecution || b.Error != kernel.ErrExecution || a.OperationID == b.OperationID {
+		t.Fatalf("a failed call repeated: %+v then %+v; want execution_error twice, under two operation ids", a, b)
+	}
+	if a, b := first["r2"][0], second["r2"][0]; !a.OK || !b.OK || a.OperationID != b.OperationID {
+		t.Fatalf("a read repeated: %+v then %+v; want the first replayed", a, b)
 	}
 }
 

@@ -54,7 +54,11 @@
 //     made read-only once everything is mounted. So every file system the
 //     command can write is bounded: /tmp and /dev/shm by their sizes
 //     (ENOSPC), rw roots by the staging watchdog (see Limits);
-//   - Profile.ReadOnly paths, read-only;
+//   - Profile.ReadOnly paths, read-only, outer before inner: a directory
+//     gets the deny overlays a root gets (below), and is refused when it
+//     is "/" or is, holds or lies in a proc or sysfs mount; any path is
+//     refused when a component of it (as given, or with its links
+//     resolved) names a secret, or when it is a socket, fifo or device;
 //   - each root at its own path, outer roots before the roots nested in
 //     them: r roots read-only, rw roots through the staging layer;
 //   - deny overlays, last: inside every bound root, each directory whose

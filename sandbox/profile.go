@@ -50,6 +50,9 @@ type rootPlan struct {
 	merged string          // the directory bound at Path (overlay mount point or the copy)
 	size   int64           // rw: entries plus content bytes / 4 KiB seen by walkDenies, counted up to smallRoot+1
 	copied int64           // copy staging: content bytes copied (where the staging watchdog starts)
+	// readOnly marks a Profile.ReadOnly directory, planned as an r root
+	// only to be walked for what it hides.
+	readOnly bool
 }
 
 // smallRoot is the size (entries, plus a unit per 4 KiB of file content)
@@ -159,8 +162,23 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 			}
 		}
 	}
+	// Read-only paths: a directory is bound, and hidden in, as an r root
+	// is (walkDenies), leaving the roots and the read-only directories
+	// nested in it to their own walks.
+	roDirs, err := p.planReadOnly(pr.ReadOnly)
+	if err != nil {
+		return nil, err
+	}
+	walked := append(slices.Clone(p.roots), roDirs...)
+	for _, a := range roDirs {
+		for _, b := range walked {
+			if b.Path != a.Path && within(b.Path, a.Path) {
+				a.skip[filepath.ToSlash(strings.TrimPrefix(b.Path, a.Path+"/"))] = true
+			}
+		}
+	}
 	denied := map[string]bool{}
-	for _, r := range p.roots {
+	for _, r := range walked {
 		if err := walkDenies(r, func(rel string, dir bool) {
 			r.skip[rel] = true
 			path := filepath.Join(r.Path, filepath.FromSlash(rel))
@@ -171,17 +189,6 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 		}); err != nil {
 			return nil, err
 		}
-	}
-
-	for _, ro := range pr.ReadOnly {
-		if !filepath.IsAbs(ro) {
-			return nil, fmt.Errorf("sandbox: read-only path %q is not absolute", ro)
-		}
-		real, err := filepath.EvalSymlinks(ro)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
-		}
-		p.readOnly = append(p.readOnly, [2]string{real, filepath.Clean(ro)})
 	}
 
 	// Working directory: inside a root, existing, reached without leaving it.
@@ -250,15 +257,147 @@ func makePlan(pr Profile, c Command) (*plan, error) {
 	return p, nil
 }
 
-// walkDenies finds the directories and files a root hides (Secret names,
-// every socket, fifo and device, and every directory the kernel cannot
-// list), without following symbolic links, and without entering nested
-// roots.
+// planReadOnly checks the Profile.ReadOnly paths and sets p.readOnly, in
+// the order they are bound: outer directories before the paths in them,
+// which an outer bind would cover otherwise. A path is refused when it is
+// "/" (which holds everything the sandbox leaves out), when a component
+// of it, as given or with its links resolved, names a secret (Secret),
+// when it is a socket, fifo or device, which reaches a host service or
+// device whatever the network posture, and when it is, holds or lies in a
+// proc or sysfs mount (the host's /proc/PID/root of a process of the
+// kernel's user is the host's whole file system). It returns the directories, as
+// read-only root plans for walkDenies.
+func (p *plan) planReadOnly(paths []string) ([]*rootPlan, error) {
+	var dirs []*rootPlan
+	var mounts []string
+	seen := map[string]bool{}
+	for _, ro := range paths {
+		if !filepath.IsAbs(ro) {
+			return nil, fmt.Errorf("sandbox: read-only path %q is not absolute", ro)
+		}
+		dest := filepath.Clean(ro)
+		if dest == "/" {
+			return nil, errors.New(`sandbox: read-only path "/" cannot be bound`)
+		}
+		real, err := filepath.EvalSymlinks(dest)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
+		}
+		for _, path := range []string{dest, real} {
+			if name := secretComponent(path); name != "" {
+				return nil, fmt.Errorf("sandbox: read-only path %s: %q names a secret, which the sandbox never shows", dest, name)
+			}
+		}
+		if real == "/" {
+			return nil, fmt.Errorf(`sandbox: read-only path %s is "/", which cannot be bound`, dest)
+		}
+		fi, err := os.Stat(real)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
+		}
+		if !fi.IsDir() && !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("sandbox: read-only path %s is a %s: the sandbox binds no sockets, fifos or devices", dest, fileKind(fi.Mode()))
+		}
+		if fi.IsDir() {
+			if mounts == nil {
+				if mounts, err = kernelFSMounts(); err != nil {
+					return nil, fmt.Errorf("sandbox: read-only path %s: %w", dest, err)
+				}
+			}
+			for _, m := range mounts {
+				if within(m, real) || within(real, m) {
+					return nil, fmt.Errorf("sandbox: read-only path %s holds or is in %s, a proc or sysfs mount: its process links lead out of any sandbox", dest, m)
+				}
+			}
+		}
+		if seen[dest] {
+			continue
+		}
+		seen[dest] = true
+		p.readOnly = append(p.readOnly, [2]string{real, dest})
+		if fi.IsDir() {
+			dirs = append(dirs, &rootPlan{Root: Root{Path: dest}, real: real, readOnly: true, skip: map[string]bool{}})
+		}
+	}
+	slices.SortStableFunc(p.readOnly, func(a, b [2]string) int { return depth(a[1]) - depth(b[1]) })
+	return dirs, nil
+}
+
+// kernelFSMounts returns the mount points of the proc and sysfs file
+// systems in this process's mount namespace (/proc/self/mountinfo).
+func kernelFSMounts() ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	out := []string{} // not nil: read
+	for line := range strings.Lines(string(b)) {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPER
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 || (g[0] != "proc" && g[0] != "sysfs") {
+			continue
+		}
+		out = append(out, unescapeMount(f[4]))
+	}
+	return out, nil
+}
+
+// unescapeMount decodes the octal escapes (\040 for a space, …) of a
+// mountinfo path.
+func unescapeMount(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// secretComponent returns the first component of path that names a
+// secret, or "".
+func secretComponent(path string) string {
+	for name := range strings.SplitSeq(path, "/") {
+		if Secret(name) {
+			return name
+		}
+	}
+	return ""
+}
+
+// fileKind names the type of a file that is neither a directory nor a
+// regular file.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeNamedPipe != 0:
+		return "fifo"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
+}
+
+// walkDenies finds the directories and files a root, or a read-only
+// directory, hides (Secret names, every socket, fifo and device, and
+// every directory the kernel cannot list), without following symbolic
+// links, and without entering nested roots.
 func walkDenies(r *rootPlan, deny func(rel string, dir bool)) error {
 	return filepath.WalkDir(r.real, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == r.real {
-				return fmt.Errorf("sandbox: root %s: %w", r.Path, err)
+				what := "root"
+				if r.readOnly {
+					what = "read-only path"
+				}
+				return fmt.Errorf("sandbox: %s %s: %w", what, r.Path, err)
 			}
 			if d != nil && d.IsDir() {
 				// A directory the kernel may enter but not list (mode

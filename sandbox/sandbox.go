@@ -98,7 +98,10 @@ type Profile struct {
 	ProxySocket string            // NetAllowlist: the host path of the proxy's unix socket
 	Env         map[string]string // the whole environment; PATH defaults to DefaultPath
 	Limits      Limits
-	ReadOnly    []string // extra host paths bound read-only at the same path (toolchains, …)
+	// ReadOnly are extra host paths (toolchains, …) bound read-only at the
+	// same path, hidden in and refused as doc.go says: a directory hides
+	// what a root hides (secret names, sockets, fifos, devices).
+	ReadOnly []string
 }
 
 // DefaultPath is the PATH of a run whose Env sets none.

@@ -167,9 +167,11 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 		{"honest write with its risk_basis", writeFile, false, 0, "its risk_basis and provenance under the envelope's audit_salt"},
 		// Not attested, and said so: a replay carries its original's receipt.
 		{"replayed set", edit("replayed", map[string]string{"replayed": "true"}), false, 0, "replayed is not attested"},
-		// An honest envelope whose record's context holds notes cannot
-		// show its risk_basis: refused, saying why.
-		{"context with notes", notesFile, false, 1, "the record's context also holds notes"},
+		// An honest envelope whose record's context holds notes carries
+		// them: its context opens; without them it does not, saying why.
+		{"context with notes", notesFile, false, 0, "its risk_basis and provenance under the envelope's audit_salt"},
+		{"notes removed", editFile(notesFile, "notes-removed", map[string]string{"notes": ""}), false, 1, "lacks those of a net.fetch"},
+		{"notes forged", editFile(notesFile, "notes-forged", map[string]string{"notes": `{"requested_operation_id":"x"}`}), false, 1, "with the notes it carries"},
 		// The replay of an erased call is that call, its result erased.
 		{"erased replay", erasedFile, false, 1, "the call audit record"},
 		{"erased replay says erased", erasedFile, false, 1, "with its result erased"},

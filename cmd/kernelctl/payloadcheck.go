@@ -182,14 +182,14 @@ func plainContextDiffs(res *kernel.Result, c *kernel.CallRecord) []string {
 }
 
 // contextPart is the context part of res's audit record as res carries
-// it: {"provenance","risk_basis"} (provenance absent when res has none,
-// risk_basis [] when none), the members of the part a result envelope
-// holds. A record whose context also holds notes does not open on it.
+// it: {"notes","provenance","risk_basis"} (notes and provenance absent
+// when res has none, risk_basis [] when none).
 func contextPart(res *kernel.Result) ([]byte, error) {
 	ctx := struct {
-		Provenance json.RawMessage `json:"provenance,omitempty"`
-		RiskBasis  []string        `json:"risk_basis"`
-	}{res.Provenance, res.RiskBasis}
+		Notes      map[string]json.RawMessage `json:"notes,omitempty"`
+		Provenance json.RawMessage            `json:"provenance,omitempty"`
+		RiskBasis  []string                   `json:"risk_basis"`
+	}{res.Notes, res.Provenance, res.RiskBasis}
 	if ctx.RiskBasis == nil {
 		ctx.RiskBasis = []string{}
 	}
@@ -274,9 +274,9 @@ func openContext(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry) strin
 				canonicalOrRaw(res.Provenance))
 		}
 	}
-	return fmt.Sprintf("not to its risk_basis %s and provenance %s: its context_commitment %s does not open on %s. "+
-		"Either is not the record's, or the record's context also holds notes, which a result envelope does not carry "+
-		"(net.fetch, proc.exec with network access, a call by handle): then only the record's payload shows them",
+	return fmt.Sprintf("not to its risk_basis %s and provenance %s, with the notes it carries: its context_commitment %s does not open on %s. "+
+		"One of them is not the record's (an envelope from a kernel that did not yet return notes lacks those of a "+
+		"net.fetch, a proc.exec with network access or a call by handle: then only the record's payload shows them)",
 		quoteList(res.RiskBasis), orNone(canonicalOrRaw(res.Provenance)), c.Commitments.Context, ctx)
 }
 

@@ -153,7 +153,8 @@ CAPKERNEL_IPC_FD (6 in the sandbox, 3 with --no-sandbox):
 
 Every tool_call is a call envelope under --token, governed, audited and
 receipted by the kernel; several may be in flight, matched by tool_call_id.
-A malformed line is answered invalid_args (and still audited); a crashing or
+A malformed line is answered invalid_args, and audited as the run's own
+refused call (never sent on as it came); a crashing or
 garbage-writing agent cannot hurt the kernel. run exits with the agent's
 status once every call it made has been answered. See docs/runner.md.
 
@@ -173,6 +174,11 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 				}
 				readOnly[i] = abs
 			}
+			if !noSandbox {
+				if err := checkReadOnly(readOnly, t.data, tokenFile); err != nil {
+					return err
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			ak, err := t.agentKernel(ctx, "run", tokenFile)
@@ -181,7 +187,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 			}
 			defer ak.close()
 			s := &runner.Session{Invoker: ak.invoker, Token: ak.token, TokenID: ak.jti, AgentID: ak.sub, PolicyHash: ak.policyHash, ID: uuid.Must(uuid.NewV7()).String(), Handles: ak.handles}
-			return runAgent(ctx, cmd, s, argv, readOnly, noSandbox)
+			return runAgent(ctx, cmd, s, argv, readOnly, noSandbox, t.stagingDir())
 		},
 	}
 	t.addTarget(cmd, false)
@@ -194,7 +200,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 // runAgent starts the agent with its end of a socketpair, serves the
 // other end until the agent is gone and its calls are answered, and
 // returns the agent's status.
-func runAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, argv, readOnly []string, noSandbox bool) error {
+func runAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, argv, readOnly []string, noSandbox bool, staging string) error {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("run: channel: %w", err)
@@ -204,7 +210,7 @@ func runAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, argv, 
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(context.WithoutCancel(ctx), ours, ours) }()
 
-	code, err := startAgent(ctx, cmd, s, theirs, argv, readOnly, noSandbox)
+	code, err := startAgent(ctx, cmd, s, theirs, argv, readOnly, noSandbox, staging)
 	// Every holder of the agent's end is gone once the agent (and, in
 	// the sandbox, everything it started) has ended: closing ours makes
 	// the channel end after the lines already written are read.
@@ -221,7 +227,10 @@ func runAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, argv, 
 	return nil
 }
 
-func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, channel *os.File, argv, readOnly []string, noSandbox bool) (int, error) {
+// startAgent runs the agent; sandboxed, its staging (what it writes in
+// its working directory) goes under staging ("": the temp dir) and is
+// removed when it ends.
+func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, channel *os.File, argv, readOnly []string, noSandbox bool, staging string) (int, error) {
 	if noSandbox {
 		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		c.Env = append(agentEnviron(os.Environ()), "CAPKERNEL_IPC_FD=3", "CAPKERNEL_SESSION_ID="+s.ID)
@@ -246,7 +255,7 @@ func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, chan
 		return 0, err
 	}
 	defer os.RemoveAll(scratch)
-	sb := sandbox.New(sandbox.Options{})
+	sb := sandbox.New(sandbox.Options{StagingDir: staging})
 	defer sb.Close()
 	p := sandbox.Profile{
 		Roots: []sandbox.Root{{Path: scratch, Writable: true}},
@@ -263,7 +272,26 @@ func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, chan
 	if err != nil {
 		return 0, fmt.Errorf("run: %w", err)
 	}
+	// The working directory's writes are discarded: nothing applies them.
+	if err := res.Close(); err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl run: removing the agent's staging: %v\n", err)
+	}
 	return res.ExitCode, nil
+}
+
+// stagingDir is where a sandboxed agent's writes are staged: the data
+// dir's sandbox dir, whose leftovers of a killed run the kernel removes
+// when it opens (kernel.Config.SandboxDir); "" (the temp dir) for
+// --server, where no data dir is at hand.
+func (t *target) stagingDir() string {
+	if t.data == "" {
+		return ""
+	}
+	dir, err := filepath.Abs(filepath.Join(t.data, "sandbox"))
+	if err != nil {
+		return ""
+	}
+	return dir
 }
 
 // agentEnviron is env without what would let the agent reach the kernel
