@@ -168,6 +168,24 @@ func fsWidening(ps, cs []FSRoot) string {
 			return fmt.Sprintf("%s:%s (base %q) is not within a parent root of that base (%v)", r.Path, r.Mode, r.Base, ps)
 		}
 	}
+	return modeWidening(ps, cs)
+}
+
+// WritableWidening is Narrows' test of fs modes alone (see fsWidening):
+// a *WideningError naming a path roots cs make writable that roots ps
+// keep read-only, or nil. The kernel runs it again on the roots' real
+// paths, links resolved, since a root's path may pass a link that puts
+// a read-only root below another that its spelling does not contain.
+func WritableWidening(ps, cs []FSRoot) error {
+	if why := modeWidening(ps, cs); why != "" {
+		return widens("fs", "%s", why)
+	}
+	return nil
+}
+
+// modeWidening is fsWidening's comparison of the two tokens' modes at
+// every root path of either.
+func modeWidening(ps, cs []FSRoot) string {
 	for _, roots := range [][]FSRoot{cs, ps} {
 		for _, z := range roots {
 			c, ok := deepestRoot(cs, z.Path, "rw")

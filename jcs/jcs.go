@@ -53,13 +53,15 @@ func (p *parser) document() ([]byte, error) {
 	return p.out, nil
 }
 
-// CanonicalizeExact is Canonicalize refusing, besides, a number more
-// precise than an IEEE-754 double: one whose decimal value is not that of
-// its canonical form (9007199254740993, read as 9007199254740992;
-// 1.0 and 0.10 are exact, the doubles 1 and 0.1). RFC 8785 rounds such a
-// number, as RFC 7493 (I-JSON) allows of input it advises against; where
-// the original text is acted on too (a syscall's args), rounding would
-// hash and audit another number than the one acted on.
+// CanonicalizeExact is Canonicalize refusing, besides, a number whose
+// decimal value is not that of its canonical form: one with more digits
+// than the shortest form of its double keeps (9007199254740993, whose
+// form is 9007199254740992; 2^60, 1152921504606846976, a double itself,
+// whose form is 1152921504606847000), while 1.0 and 0.10 (forms 1 and
+// 0.1) pass. RFC 8785 rewrites such a number, as RFC 7493 (I-JSON)
+// allows of input it advises against; where the text is acted on too (a
+// syscall's args), the record would hash and audit another decimal than
+// the one sent, which an integer reader takes for another number.
 func CanonicalizeExact(data []byte) ([]byte, error) {
 	p := parser{in: data, out: make([]byte, 0, len(data)), exact: true}
 	return p.document()
@@ -78,7 +80,7 @@ type parser struct {
 	in    []byte
 	pos   int
 	out   []byte
-	exact bool // refuse numbers more precise than a double (CanonicalizeExact)
+	exact bool // refuse numbers that are not the decimal of their canonical form (CanonicalizeExact)
 }
 
 func (p *parser) errorf(format string, args ...any) error {
@@ -501,7 +503,7 @@ func (p *parser) number() error {
 	n := len(p.out)
 	p.out = AppendNumber(p.out, f)
 	if out := p.out[n:]; p.exact && !bytes.Equal(out, in) && !sameDecimal(out, in) {
-		return fmt.Errorf("jcs: number %s at offset %d is more precise than an IEEE-754 double: it would be read as %s (send it as a string)", in, start, out)
+		return fmt.Errorf("jcs: number %s at offset %d is not the decimal its canonical form %s is (it has more digits than a double's shortest form keeps): send it as a string", in, start, out)
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // The syscall acts on the args the kernel hashes, audits and shows the
-// policy: a number more precise than a double (which canonical JSON would
+// policy: a number that is not the decimal of its canonical form (which would
 // round) is refused, audited, before anything runs, and any other
 // spelling reaches the syscall in its canonical form, so that what kv.put
 // stores is what its record says and a repeat is compared on it.
@@ -16,7 +16,7 @@ func TestArgsActedOnAsAudited(t *testing.T) {
 	raw := func(s string) json.RawMessage { return json.RawMessage(s) }
 	before := h.headSize()
 	r := h.invoke("kv.put", raw(`{"key":"n","value":9007199254740993}`), key("big"))
-	if errClass(r) != ErrInvalidArgs || r.TxOutcome != NoOp || !strings.Contains(r.Error.Message, "more precise than an IEEE-754 double") {
+	if errClass(r) != ErrInvalidArgs || r.TxOutcome != NoOp || !strings.Contains(r.Error.Message, "is not the decimal its canonical form") {
 		t.Fatalf("kv.put of 9007199254740993: %s %s %+v, want invalid_args no_op", errClass(r), r.TxOutcome, r.Error)
 	}
 	if a := h.audits(before); len(a) != 1 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -129,6 +130,11 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	if err := captoken.Narrows(p, child); err != nil {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error()}
 	}
+	// Narrows compares paths as spelled; the workspace takes a path's
+	// mode from the real paths of its roots (syscalls.Workspace).
+	if err := captoken.WritableWidening(realRoots(p.Cap.FS), realRoots(child.Cap.FS)); err != nil {
+		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error() + " (with links resolved)"}
+	}
 	tok, c, err := k.MintToken(child)
 	if err != nil {
 		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: err.Error()}
@@ -159,4 +165,25 @@ func (k *Kernel) recordAttenuation(ctx context.Context, c captoken.Claims, tok s
 		_, err := ledger.Append(tx, KindTokenAttenuated, k.cfg.Now(), body)
 		return abortIf(err)
 	})
+}
+
+// realRoots returns roots with each path's links resolved: those of its
+// deepest existing directory, the missing rest kept as spelled.
+func realRoots(roots []captoken.FSRoot) []captoken.FSRoot {
+	out := make([]captoken.FSRoot, len(roots))
+	for i, r := range roots {
+		rest := ""
+		for q := r.Path; ; q = filepath.Dir(q) {
+			if p, err := filepath.EvalSymlinks(q); err == nil {
+				r.Path = filepath.Join(p, rest)
+				break
+			}
+			if filepath.Dir(q) == q {
+				break
+			}
+			rest = filepath.Join(filepath.Base(q), rest)
+		}
+		out[i] = r
+	}
+	return out
 }

@@ -304,3 +304,41 @@ func TestAttenuateKeepsNestedReadOnlyRoot(t *testing.T) {
 		t.Errorf("ro/f is %q", b)
 	}
 }
+
+// A root token's root spelled through a link holds, really, a read-only
+// root its spelling does not contain (proj → ws, ws/ro:r): an attenuation
+// to proj:rw alone is refused, as ws:rw alone is, since the workspace
+// takes a path's mode from the roots' real paths; one keeping ws/ro:r, or
+// rooted beside it, is granted.
+func TestAttenuateResolvesLinkedRoots(t *testing.T) {
+	h := newHarness(t)
+	ro := filepath.Join(h.ws, "ro")
+	h.write("ro/f", "original")
+	proj := filepath.Join(filepath.Dir(h.ws), "proj")
+	if err := os.Symlink(h.ws, proj); err != nil {
+		t.Fatal(err)
+	}
+	ptok, _ := h.mint(h.agent, captoken.Capability{
+		Tools: []string{"fs.*"},
+		FS:    []captoken.FSRoot{{Path: proj, Mode: "rw"}, {Path: ro, Mode: "r"}},
+	})
+	for _, c := range []struct {
+		name string
+		fs   []captoken.FSRoot
+		ok   bool
+	}{
+		{"the linked root writable alone", []captoken.FSRoot{{Path: proj, Mode: "rw"}}, false},
+		{"a new directory under the link", []captoken.FSRoot{{Path: filepath.Join(proj, "ro", "new"), Mode: "rw"}}, false},
+		{"keeping the read-only root", []captoken.FSRoot{{Path: proj, Mode: "rw"}, {Path: ro, Mode: "r"}}, true},
+		{"beside the read-only root", []captoken.FSRoot{{Path: filepath.Join(proj, "other"), Mode: "rw"}}, true},
+	} {
+		_, err := h.k.Attenuate(context.Background(), AttenuateRequest{Parent: ptok, FS: c.fs})
+		var ae *AttenuateError
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("%s: %v, want granted", c.name, err)
+		case !c.ok && (!errors.As(err, &ae) || ae.Class != ErrScopeDenied || !strings.Contains(ae.Message, "read-only for the parent")):
+			t.Errorf("%s: %v, want scope_denied naming the read-only path", c.name, err)
+		}
+	}
+}

@@ -166,7 +166,7 @@ func checkObject(field string, raw json.RawMessage, required bool) ([]byte, erro
 		// envelope's bytes are the caller's) without re-encoding.
 		return bytes.Clone(raw), nil
 	}
-	// Exact: a number more precise than a double would be hashed and
+	// Exact: a number whose canonical form is another decimal would be hashed and
 	// audited as the double while its text reached the syscall.
 	c, err := jcs.CanonicalizeExact(raw)
 	if err != nil {

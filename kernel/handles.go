@@ -11,6 +11,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -49,12 +50,13 @@ type handles struct {
 	mu       sync.Mutex
 	by       map[string]binding              // handle → binding
 	owner    map[[2]string]map[string]string // (session, jti) → tool → handle; never empty
-	sessions map[string]int                  // jti → its (session, jti) entries in owner
+	family   map[[2]string]string            // (session, jti) → the token's family (see family)
+	sessions map[string]int                  // token family (root jti) → its entries in owner
 	swept    time.Time                       // when sweepLocked last ran
 }
 
 func newHandles() *handles {
-	return &handles{by: map[string]binding{}, owner: map[[2]string]map[string]string{}, sessions: map[string]int{}}
+	return &handles{by: map[string]binding{}, owner: map[[2]string]map[string]string{}, family: map[[2]string]string{}, sessions: map[string]int{}}
 }
 
 // Bounds of the handle table, which any token's holder can ask to grow:
@@ -62,7 +64,9 @@ func newHandles() *handles {
 const (
 	// MaxSessionIDBytes bounds a session id given handles.
 	MaxSessionIDBytes = 256
-	// MaxHandleSessions bounds the sessions one token holds handles in.
+	// MaxHandleSessions bounds the sessions one token family (a root
+	// token and every attenuation of it, which its holders make at will)
+	// holds handles in.
 	MaxHandleSessions = 1024
 	// MaxHandleEntries bounds the (session, token) entries of the table.
 	MaxHandleEntries = 65536
@@ -78,8 +82,8 @@ var (
 	// ErrHandleRole refuses an approver's or auditor's token: it calls no
 	// tool.
 	ErrHandleRole = errors.New("handles: approver and auditor tokens call no tools, so they get no handles")
-	// ErrHandleLimit refuses handles in a new session once the token
-	// holds them in MaxHandleSessions sessions, or the table holds
+	// ErrHandleLimit refuses handles in a new session once the token's
+	// family holds them in MaxHandleSessions sessions, or the table holds
 	// MaxHandleEntries: end sessions (POST /v1/sessions/{id}/end) or wait
 	// for their handles to expire.
 	ErrHandleLimit = errors.New("handles: too many sessions hold handles")
@@ -123,12 +127,14 @@ func (k *Kernel) Handles(token, session string) ([]Handle, error) {
 	t.sweepLocked(now)
 	mine := t.owner[key]
 	if mine == nil {
-		if t.sessions[key[1]] >= MaxHandleSessions || len(t.owner) >= MaxHandleEntries {
+		fam := family(tok.Claims)
+		if t.sessions[fam] >= MaxHandleSessions || len(t.owner) >= MaxHandleEntries {
 			return nil, ErrHandleLimit
 		}
 		mine = map[string]string{}
 		t.owner[key] = mine
-		t.sessions[key[1]]++
+		t.family[key] = fam
+		t.sessions[fam]++
 	}
 	var out []Handle
 	for _, d := range tools {
@@ -174,10 +180,21 @@ func (h *handles) forgetLocked(key [2]string) {
 	if _, ok := h.owner[key]; !ok {
 		return
 	}
+	fam := h.family[key]
 	delete(h.owner, key)
-	if h.sessions[key[1]]--; h.sessions[key[1]] <= 0 {
-		delete(h.sessions, key[1])
+	delete(h.family, key)
+	if h.sessions[fam]--; h.sessions[fam] <= 0 {
+		delete(h.sessions, fam)
 	}
+}
+
+// family names the tokens that count together against MaxHandleSessions:
+// a root token's jti, shared by every attenuation of it.
+func family(c captoken.Claims) string {
+	if a := c.Cap.Ancestors; len(a) > 0 {
+		return a[0].ID
+	}
+	return c.ID
 }
 
 // sweepLocked forgets expired handles, so that sessions nobody ends do

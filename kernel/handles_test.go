@@ -221,4 +221,22 @@ func TestHandleTableBounded(t *testing.T) {
 	if n, m := len(h.k.handles.owner), h.k.handles.sessions[h.jti]; n != 1 || m != 1 {
 		t.Fatalf("%d entries, %d counted for the token after expiry, want 1 and 1", n, m)
 	}
+
+	// Attenuations, which a holder makes at will, count with their root
+	// token: they do not add sessions of their own, and another family
+	// still gets handles.
+	h2 := newHarness(t)
+	for i := range MaxHandleSessions {
+		if _, err := h2.k.Handles(h2.token, fmt.Sprint("t", i)); err != nil {
+			t.Fatalf("session t%d: %v", i, err)
+		}
+	}
+	child := h2.attenuate(AttenuateRequest{Parent: h2.token, Tools: []string{"echo"}})
+	if _, err := h2.k.Handles(child.Token, "child-session"); !errors.Is(err, ErrHandleLimit) {
+		t.Fatalf("an attenuation of a token at its limit: %v, want ErrHandleLimit", err)
+	}
+	other, _ := h2.mint("agent-2", captoken.Capability{Tools: []string{"echo"}})
+	if _, err := h2.k.Handles(other, "other-session"); err != nil {
+		t.Fatalf("another family while one is at its limit: %v", err)
+	}
 }

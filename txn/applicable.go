@@ -189,7 +189,8 @@ func checkEntry(fd int, name, where string, dir entry) (entry, error) {
 
 // checkTree checks every entry under directory name of dirfd (entry
 // self, shown as where) as checkEntry does, and that each directory of
-// the tree can be listed and written.
+// the tree can be listed and, when it holds entries to remove, written
+// (an empty one goes with its parent's permission alone).
 func checkTree(dirfd int, name, where string, self entry) error {
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.EACCES) {
@@ -200,12 +201,15 @@ func checkTree(dirfd int, name, where string, self entry) error {
 	}
 	f := os.NewFile(uintptr(fd), where)
 	defer f.Close()
-	if err := checkWritable(fd, where, where, self, unix.R_OK|unix.W_OK|unix.X_OK); err != nil {
-		return err
-	}
 	names, err := f.Readdirnames(-1)
 	if err != nil {
 		return fmt.Errorf("list %s: %w", where, err)
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	if err := checkWritable(fd, where, where, self, unix.W_OK|unix.X_OK); err != nil {
+		return err
 	}
 	for _, n := range names {
 		p := where + "/" + n

@@ -205,6 +205,14 @@ func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later [
 			case err != nil:
 			case staged == e.NewHash:
 				err = r.Rename(e.Stage, e.Path)
+				if absent(err) {
+					// The staging file is there (above), so the target's
+					// directory is missing or is no directory (its mkdir was
+					// refused, or something else stands there): the write
+					// cannot land, and is reported, never taken for done.
+					rc := refusal(operationID, e, err)
+					c, err = &rc, r.Remove(e.Stage)
+				}
 			default:
 				conflict(ConflictStaging, e.NewHash, staged)
 				err = r.RemoveAll(e.Stage)

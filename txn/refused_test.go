@@ -394,6 +394,13 @@ func TestStageRefusesAsNobody(t *testing.T) {
 			plantAs(t, dir, map[string]string{"d": "/", "d/ro": "/", "d/ro/f.txt": "x"}, 0o755)
 			os.Chmod(filepath.Join(dir, "d/ro"), 0o555)
 		}, op: "delete", rel: "d", errno: syscall.EACCES},
+		{name: "delete of an empty read-only directory", setup: func(t *testing.T, dir string) {
+			plantAs(t, dir, map[string]string{"e": "/"}, 0o555)
+		}, op: "delete", rel: "e"},
+		{name: "delete of a tree holding an empty read-only directory", setup: func(t *testing.T, dir string) {
+			plantAs(t, dir, map[string]string{"t": "/", "t/e": "/"}, 0o755)
+			os.Chmod(filepath.Join(dir, "t/e"), 0o555)
+		}, op: "delete", rel: "t"},
 		{name: "write over another user's file in a sticky directory", setup: sticky,
 			op: "write", rel: "shared/other.txt", errno: syscall.EPERM},
 		{name: "delete of another user's file in a sticky directory", setup: sticky,
@@ -523,5 +530,33 @@ func TestApplyReadOnlyNewDir(t *testing.T) {
 			}
 			check(t, ws, "Redo")
 		}
+	}
+}
+
+// TestRedoWriteWithoutItsDirectory: a decided write whose directory is
+// no longer one at redo (a file stands where its mkdir was to make it) is
+// reported as refused, naming the path, not taken for a write renamed
+// already and dropped with its staged content unreported.
+func TestRedoWriteWithoutItsDirectory(t *testing.T) {
+	ws := t.TempDir()
+	s := newStager(t, ws)
+	s.must("mkdir", "d", "")
+	s.must("writefrom", "d/f", "x")
+	s.must("write", "g", "g")
+	effects := s.stage.Effects()
+	if err := os.WriteFile(filepath.Join(ws, "d"), []byte("in the way"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open, closeAll := OpenRoots()
+	defer closeAll()
+	conflicts, err := Redo("op", effects, open)
+	if err != nil {
+		t.Fatalf("Redo: %v", err)
+	}
+	if len(conflicts) != 1 || conflicts[0].Reason != ConflictRefused || conflicts[0].Path != "d/f" || !strings.Contains(conflicts[0].Error, "not a directory") {
+		t.Fatalf("conflicts %+v, want d/f refused: not a directory", conflicts)
+	}
+	if got, _ := os.ReadFile(filepath.Join(ws, "g")); string(got) != "g" {
+		t.Errorf("g = %q: the intent's other write was not applied", got)
 	}
 }
