@@ -35,7 +35,7 @@ func tokenForm(tok string) error {
 	case strings.HasPrefix(tok, "{"):
 		return errors.New("it holds JSON, not the token alone (token mint --json prints JSON; save what token mint prints without --json)")
 	case looksLikeAdmin(tok):
-		return errors.New("it holds the admin credential (give it with --admin-token FILE or env " + envAdmin + "); a capability token is what token mint prints")
+		return errors.New("it holds the admin credential, which makes no calls; give a capability token, what token mint prints (the verbs that take the admin credential take it with --admin-token FILE or env " + envAdmin + ")")
 	}
 	for i, r := range tok {
 		if !isBase64URL(r) && r != '.' {
