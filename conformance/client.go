@@ -68,12 +68,15 @@ type Result struct {
 	AutonomyMode    string          `json:"autonomy_mode"`
 	RiskScore       *float64        `json:"risk_score"`
 	RiskBasis       []string        `json:"risk_basis"`
-	TxOutcome       string          `json:"tx_outcome"`
-	CommitDeltaID   string          `json:"commit_delta_id"`
-	ReceiptID       string          `json:"receipt_id"`
-	Receipt         json.RawMessage `json:"receipt"` // a receipt proven by the log (docs/formats.md)
-	Replayed        *bool           `json:"replayed"`
-	AuditSalt       string          `json:"audit_salt"` // opens the commitments of the call's audit record
+	// Notes are the details the record's context holds besides
+	// risk_basis and provenance (net.fetch's connections, a handle).
+	Notes         map[string]json.RawMessage `json:"notes"`
+	TxOutcome     string                     `json:"tx_outcome"`
+	CommitDeltaID string                     `json:"commit_delta_id"`
+	ReceiptID     string                     `json:"receipt_id"`
+	Receipt       json.RawMessage            `json:"receipt"` // a receipt proven by the log (docs/formats.md)
+	Replayed      *bool                      `json:"replayed"`
+	AuditSalt     string                     `json:"audit_salt"` // opens the commitments of the call's audit record
 
 	raw map[string]json.RawMessage
 }

@@ -53,7 +53,9 @@ type Config struct {
 	// new temporary directory, which works when the kernel runs on this
 	// host.
 	Workspace string
-	// Run selects cases by id; nil runs every case.
+	// Run selects cases by id; nil runs every case. A Run that selects no
+	// case is an error of the run (Report.Error): a mistyped pattern in CI
+	// would otherwise pass with nothing checked.
 	Run *regexp.Regexp
 	// HTTP is the client used; nil means one with a 2-minute timeout.
 	HTTP *http.Client
@@ -176,11 +178,22 @@ var groups = []func() []Case{
 }
 
 // Run runs the selected cases against cfg.Server, one after another, and
-// returns the report. It returns early (Report.Error set) only when the
+// returns the report. It returns early (Report.Error set) only when
+// cfg.Run selects no case (before it contacts the endpoint) or the
 // endpoint cannot be used at all.
 func Run(ctx context.Context, cfg Config) (rep Report) {
 	rep = Report{Version: Version, Server: cfg.Server, Started: time.Now().UTC()}
 	defer func() { rep.Duration = time.Since(rep.Started) }()
+	var cases []Case
+	for _, c := range Cases() {
+		if cfg.Run == nil || cfg.Run.MatchString(c.ID) {
+			cases = append(cases, c)
+		}
+	}
+	if len(cases) == 0 {
+		rep.Error = fmt.Sprintf("conformance: no case id matches %q (the ids are in docs/conformance.md)", cfg.Run)
+		return rep
+	}
 	env, err := setup(ctx, cfg)
 	if err != nil {
 		rep.Error = err.Error()
@@ -189,12 +202,6 @@ func Run(ctx context.Context, cfg Config) (rep Report) {
 	rep.Workspace = env.ws
 	if env.tmp != "" {
 		defer os.RemoveAll(env.tmp)
-	}
-	var cases []Case
-	for _, c := range Cases() {
-		if cfg.Run == nil || cfg.Run.MatchString(c.ID) {
-			cases = append(cases, c)
-		}
 	}
 	if cfg.Started != nil {
 		cfg.Started(env.plan(cases))

@@ -204,6 +204,22 @@ func TestSuiteDetectsViolations(t *testing.T) {
 			mustFail: []string{"DESIGN-RCPT-002"},
 		},
 		{
+			name: "notes reported that the call never had",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, bytes.Replace(body, []byte(`"risk_basis":`), []byte(`"notes":{"approved_by":"CISO"},"risk_basis":`), 1)
+			},
+			run:      "RCPT-002",
+			mustFail: []string{"DESIGN-RCPT-002"},
+		},
+		{
+			name: "notes dropped",
+			rewrite: func(status int, body []byte) (int, []byte) {
+				return status, regexp.MustCompile(`"notes":\{[^}]*\},`).ReplaceAll(body, nil)
+			},
+			run:      "REPLAY-010",
+			mustFail: []string{"TOOL01-INV-REPLAY-010"},
+		},
+		{
 			name: "ledger entries served with a rewritten body",
 			entries: func(body []byte) []byte {
 				return bytes.ReplaceAll(body, []byte(`"task_class":"`), []byte(`"task_class":"x`))
@@ -250,18 +266,23 @@ func TestSuiteDetectsViolations(t *testing.T) {
 	}
 }
 
-// Run refuses to start without an endpoint or a working admin credential.
+// Run refuses to start without an endpoint, a working admin credential
+// or a case to run.
 func TestRunSetupErrors(t *testing.T) {
-	url, _ := inProcess(t, nil)
+	url, admin := inProcess(t, nil)
 	for _, cfg := range []Config{
 		{AdminToken: "x"},
 		{Server: url},
 		{Server: url, AdminToken: "ckadmin_wrong", Workspace: t.TempDir()},
 		{Server: "http://127.0.0.1:1", AdminToken: "x", Workspace: t.TempDir()},
+		{Server: url, AdminToken: admin, Workspace: t.TempDir(), Run: regexp.MustCompile("NOSUCH")},
 	} {
 		rep := Run(context.Background(), cfg)
 		if rep.Error == "" || rep.OK() || len(rep.Cases) != 0 {
 			t.Errorf("%+v: ran (%s)", cfg, rep.Summary())
 		}
+	}
+	if rep := Run(context.Background(), Config{Run: regexp.MustCompile("NOSUCH")}); rep.Error != `conformance: no case id matches "NOSUCH" (the ids are in docs/conformance.md)` {
+		t.Errorf("a pattern matching no case: error %q", rep.Error)
 	}
 }

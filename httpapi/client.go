@@ -79,10 +79,19 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 	return nil
 }
 
+// send sends a request carrying the credential as its bearer.
 func (c *Client) send(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	return c.sendHeader(ctx, method, path, body, nil)
+}
+
+// sendHeader is send with the extra request headers in header.
+func (c *Client) sendHeader(ctx context.Context, method, path string, body io.Reader, header http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, body)
 	if err != nil {
 		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -326,17 +335,13 @@ func (c *Client) ScanViews(ctx context.Context, from uint64, fn func(kernel.Entr
 }
 
 // Start sends a call envelope with Prefer: respond-async and returns the
-// operation id the kernel runs it under.
+// operation id the kernel runs it under. Like every request of c it
+// carries the credential as its bearer: over the control socket a call
+// without one would act as the admin, whom calls refuse.
 func (c *Client) Start(ctx context.Context, envelope []byte) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/syscalls", bytes.NewReader(envelope))
+	resp, err := c.sendHeader(ctx, http.MethodPost, "/v1/syscalls", bytes.NewReader(envelope), http.Header{"Prefer": {"respond-async"}})
 	if err != nil {
 		return "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Prefer", "respond-async")
-	resp, err := c.httpClient().Do(req)
-	if err != nil {
-		return "", fmt.Errorf("POST /v1/syscalls: %w", err)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

@@ -181,7 +181,7 @@ func (s *Session) handle(ctx context.Context, n int, line []byte) ToolResponse {
 	var tc ToolCall
 	err := strictjson.Unmarshal(line, &tc)
 	if err == nil && tc.Op == OpListTools {
-		return s.listTools(ctx, n, &tc)
+		return s.listTools(ctx, n, line, &tc)
 	}
 	if err != nil {
 		return s.refuse(ctx, n, len(line), digest.Sum(line), tc.ToolCallID, fmt.Sprintf("line %d is not a tool_call object: %v", n, err))
@@ -266,24 +266,30 @@ func clip(s string, max int) string {
 	return s + "…"
 }
 
-// listTools answers a list_tools line: the session's handles.
-func (s *Session) listTools(ctx context.Context, n int, tc *ToolCall) ToolResponse {
+// listTools answers a list_tools line: the session's handles. A line it
+// refuses is recorded as any refused line is (refuse).
+func (s *Session) listTools(ctx context.Context, n int, line []byte, tc *ToolCall) ToolResponse {
 	resp := ToolResponse{Op: "tool_list", ToolCallID: tc.ToolCallID}
+	problem := ""
 	switch {
 	case !validID(tc.ToolCallID):
-		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools needs a tool_call_id (1 to %d bytes, no control characters)", n, MaxToolCallID)
+		problem = fmt.Sprintf("line %d: list_tools needs a tool_call_id (1 to %d bytes, no control characters)", n, MaxToolCallID)
 	case tc.Tool != "" || len(tc.Args) > 0:
-		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools takes only op and tool_call_id", n)
+		problem = fmt.Sprintf("line %d: list_tools takes only op and tool_call_id", n)
 	case s.Handles == nil:
-		resp.Error, resp.Message = kernel.ErrInvalidArgs, fmt.Sprintf("line %d: list_tools lists tool handles, and the session's token is not in handle mode", n)
-	default:
-		hs, err := s.Handles.Handles(ctx, s.ID)
-		if err != nil {
-			resp.Error, resp.Message = kernel.ErrTokenInvalid, "listing the session's tool handles: "+err.Error()
-			break
-		}
-		resp.OK, resp.Tools = true, hs
+		problem = fmt.Sprintf("line %d: list_tools lists tool handles, and the session's token is not in handle mode", n)
 	}
+	if problem != "" {
+		r := s.refuse(ctx, n, len(line), digest.Sum(line), tc.ToolCallID, problem)
+		r.Op = resp.Op
+		return r
+	}
+	hs, err := s.Handles.Handles(ctx, s.ID)
+	if err != nil {
+		resp.Error, resp.Message = kernel.ErrTokenInvalid, "listing the session's tool handles: "+err.Error()
+		return resp
+	}
+	resp.OK, resp.Tools = true, hs
 	return resp
 }
 

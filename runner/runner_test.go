@@ -67,7 +67,7 @@ func (f *fixture) serve(t *testing.T, lines ...string) map[string][]ToolResponse
 	sc := bufio.NewScanner(strings.NewReader(out.String()))
 	for sc.Scan() {
 		var r ToolResponse
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Op != "tool_response" {
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Op != "tool_response" && r.Op != "tool_list" {
 			t.Fatalf("response line %q: %v", sc.Text(), err)
 		}
 		got[r.ToolCallID] = append(got[r.ToolCallID], r)
@@ -144,6 +144,9 @@ func TestMalformedLines(t *testing.T) {
 		`{"op":"tool_call","tool_call_id":"x7","tool":"echo","args":{"text":"extra"},"sudo":true}`,
 		"{\"op\":\"tool_call\",\"tool_call_id\":\"x8\",\"tool\":\"echo\",\"args\":{\"text\":\"\xff\"}}",
 		`{"op":"tool_call","tool_call_id":"x9","tool":"echo","args":{"text":"a","text":"b"}}`,
+		`{"op":"list_tools"}`,
+		`{"op":"list_tools","tool_call_id":"l1","tool":"fs.write","args":{"path":"x"}}`,
+		`{"op":"list_tools","tool_call_id":"l2"}`, // the fixture's token is not in handle mode
 		"",
 		"   ",
 		call("after", "echo", `{"text":"still here"}`),
@@ -165,8 +168,8 @@ func TestMalformedLines(t *testing.T) {
 			f.checkRefusal(t, r)
 		}
 	}
-	if bad != 13 {
-		t.Fatalf("%d malformed lines answered, want 13 (blank lines are skipped): %v", bad, got)
+	if bad != 16 {
+		t.Fatalf("%d malformed lines answered, want 16 (blank lines are skipped): %v", bad, got)
 	}
 }
 

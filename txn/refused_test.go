@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -558,5 +559,79 @@ func TestRedoWriteWithoutItsDirectory(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(ws, "g")); string(got) != "g" {
 		t.Errorf("g = %q: the intent's other write was not applied", got)
+	}
+}
+
+// TestRedoUnderLinkOut: decided effects whose directory was replaced by
+// a symbolic link leading out of the root after the commit (a write, a
+// mkdir under it) are reported as refused, naming the escape, and do not
+// block the intent's other effects or a second recovery: os.Root refuses
+// the path, with an error recovery takes for lasting. (A link within the
+// root is followed, as the live apply follows one: the kernel stages
+// paths as spelled, links among their directories included.)
+func TestRedoUnderLinkOut(t *testing.T) {
+	ws := t.TempDir()
+	if err := os.Mkdir(filepath.Join(ws, "p"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := newStager(t, ws)
+	s.must("mkdir", "d", "")
+	s.must("writefrom", "d/f", "x")
+	s.must("mkdir", "p/new", "")
+	s.must("write", "g", "g")
+	effects := s.stage.Effects()
+	out := t.TempDir()
+	for _, dir := range []string{"d", "p"} {
+		os.RemoveAll(filepath.Join(ws, dir))
+		if err := os.Symlink(out, filepath.Join(ws, dir)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open, closeAll := OpenRoots()
+	defer closeAll()
+	for range 2 {
+		conflicts, err := Redo("op", effects, open)
+		if err != nil {
+			t.Fatalf("Redo: %v, want the escaping effects reported", err)
+		}
+		var paths []string
+		for _, c := range conflicts {
+			if c.Reason == ConflictRefused && strings.Contains(c.Error, escapes) {
+				paths = append(paths, c.Path)
+			}
+		}
+		if !slices.Contains(paths, "d/f") || !slices.Contains(paths, "p/new") {
+			t.Fatalf("conflicts %+v, want d/f and p/new refused as escaping the root", conflicts)
+		}
+		if entries, _ := os.ReadDir(out); len(entries) != 0 {
+			t.Fatalf("the effects followed the link out of the root: %v", entries)
+		}
+		if got, _ := os.ReadFile(filepath.Join(ws, "g")); string(got) != "g" {
+			t.Fatalf("g = %q: the intent's other write was not applied", got)
+		}
+	}
+}
+
+// TestRedoThroughExistingLink: a write staged through a link that was
+// there at staging (d → sub, path d/f as the agent spelled it) is redone
+// through it, landing in sub/f as the live apply would.
+func TestRedoThroughExistingLink(t *testing.T) {
+	ws := t.TempDir()
+	if err := os.Mkdir(filepath.Join(ws, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub", filepath.Join(ws, "d")); err != nil {
+		t.Fatal(err)
+	}
+	s := newStager(t, ws)
+	s.must("write", "d/f", "x")
+	open, closeAll := OpenRoots()
+	defer closeAll()
+	conflicts, err := Redo("op", s.stage.Effects(), open)
+	if err != nil || len(conflicts) != 0 {
+		t.Fatalf("Redo: %v %+v, want the write applied through the link", err, conflicts)
+	}
+	if got, _ := os.ReadFile(filepath.Join(ws, "sub", "f")); string(got) != "x" {
+		t.Fatalf("sub/f = %q", got)
 	}
 }

@@ -46,7 +46,8 @@ prints the whole result envelope. A call the kernel holds for an approval says
 so on stderr at once (its operation and approval ids, and how to decide it),
 then every 15 s while it waits; with --data of a stopped kernel, the kernel runs
 in this process and serves its control socket meanwhile, so
-"kernelctl approvals approve ID --data DIR" decides it from another terminal. With --async (and --server) it prints only the
+"kernelctl approvals approve ID --data DIR" decides it from another terminal.
+With --async (and --server, or --data of a running kernel) it prints only the
 operation id: the call runs on in the kernel, waits there for an approval if it
 needs one, and kernelctl wait OP prints its result.`,
 		Args: cobra.ExactArgs(1),
@@ -57,7 +58,7 @@ needs one, and kernelctl wait OP prints its result.`,
 			if tokenFile == "" {
 				return &usageError{errors.New("call: --token FILE (or - for stdin) is required")}
 			}
-			tok, err := readSecret(tokenFile)
+			tok, err := readToken("--token", tokenFile)
 			if err != nil {
 				return err
 			}
@@ -81,6 +82,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				env.Provenance, _ = json.Marshal(map[string]string{"session_id": session})
 			}
 			var res *kernel.Result
+			status := 0 // the HTTP status of the answer, over the API
 			if t.remote() {
 				// The capability token is the bearer: over the control socket
 				// a request without one acts as the admin, whom calls refuse.
@@ -105,14 +107,14 @@ needs one, and kernelctl wait OP prints its result.`,
 				}
 				// A call held for an approval says so on stderr at once.
 				stop := announceApproval(cmd.Context(), c, sub, env.OperationID, cmd.ErrOrStderr())
-				res, _, err = c.Call(cmd.Context(), raw)
+				res, status, err = c.Call(cmd.Context(), raw)
 				stop()
 				if err != nil {
 					return err
 				}
 			} else {
 				if async {
-					return &usageError{errors.New("call --async needs --server: a background call outlives this process only in a running kernel")}
+					return &usageError{errors.New("call --async needs a running kernel (--server URL, or --data DIR of a served kernel): a background call outlives this process only there")}
 				}
 				k, err := t.openKernel(cmd.Context())
 				if err != nil {
@@ -138,7 +140,7 @@ needs one, and kernelctl wait OP prints its result.`,
 				return err
 			}
 			if res.Error != nil {
-				return fmt.Errorf("%s: %s", res.Error.Class, res.Error.Message)
+				return callFailed(res, status)
 			}
 			return nil
 		},
@@ -167,7 +169,7 @@ func printResult(cmd *cobra.Command, r *kernel.Result, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s %s%s  tx=%s  mode=%s  risk=%.2f  operation=%s\n", r.ToolID, r.Status, replayed, r.TxOutcome, r.AutonomyMode, r.RiskScore, r.OperationID)
 	if r.Error != nil {
-		fmt.Fprintf(w, "error %s: %s\n", r.Error.Class, r.Error.Message)
+		fmt.Fprintf(w, "error %s: %s\n", r.Error.Class, unstutter(r.Error.Message, "", r.Error.Class))
 	} else if len(r.Result) > 0 {
 		var v any
 		if json.Unmarshal(r.Result, &v) == nil {
@@ -262,22 +264,39 @@ func parsePreconditions(specs []string) ([]txn.Precondition, error) {
 // peekToken reads sub and jti from a token's payload without verifying it:
 // the kernel verifies; the client only fills the envelope.
 func peekToken(tok string) (sub, jti string, err error) {
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 {
-		return "", "", errors.New("the token is not a compact JWS")
-	}
-	b, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return "", "", fmt.Errorf("the token's payload: %v", err)
-	}
 	var c struct {
 		Sub string `json:"sub"`
 		JTI string `json:"jti"`
 	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		return "", "", fmt.Errorf("the token's payload: %v", err)
+	err = peekPayload(tok, &c)
+	return c.Sub, c.JTI, err
+}
+
+// peekPayload decodes a token's payload into v without verifying it.
+func peekPayload(tok string, v any) error {
+	if err := tokenForm(tok); err != nil {
+		return fmt.Errorf("the token is not a compact JWS: %w", err)
 	}
-	return c.Sub, c.JTI, nil
+	b, err := base64.RawURLEncoding.DecodeString(strings.Split(tok, ".")[1])
+	if err != nil {
+		return fmt.Errorf("the token's payload: %v", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("the token's payload: %v", err)
+	}
+	return nil
+}
+
+// handleMode reports whether tok's payload, unverified, puts it in
+// handle mode (token mint --handles): it calls its syscalls only through
+// a session's handles, never by name.
+func handleMode(tok string) bool {
+	var c struct {
+		Cap struct {
+			Handles bool `json:"handles"`
+		} `json:"cap"`
+	}
+	return peekPayload(tok, &c) == nil && c.Cap.Handles
 }
 
 func toolsCmd() *cobra.Command {
@@ -286,7 +305,11 @@ func toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools --token FILE|- [--format openai|anthropic|mcp] --server URL|--data DIR",
 		Short: "Print the syscall definitions a token may call, in an LLM's tool format",
-		Args:  cobra.NoArgs,
+		Long: `tools prints the definitions of the syscalls the token may call by name, in
+the tool format of an LLM API. A token in handle mode (token mint --handles)
+calls only through a session's handles, never by name: tools refuses it (exit 1)
+and points to POST /v1/sessions/{id}/handles.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := t.check("tools"); err != nil {
 				return err
@@ -299,9 +322,15 @@ func toolsCmd() *cobra.Command {
 			default:
 				return usagef("--format %q is not openai, anthropic or mcp", format)
 			}
-			tok, err := readSecret(tokenFile)
+			tok, err := readToken("--token", tokenFile)
 			if err != nil {
 				return err
+			}
+			// The kernel lists the syscalls a handle-mode token covers by
+			// name, and refuses them by name: a model given that list
+			// would call only names that fail.
+			if handleMode(tok) {
+				return fmt.Errorf("--token %s is in handle mode (minted --handles): it calls its syscalls only through a session's handles, never by the names tools would list; get them with POST /v1/sessions/{id}/handles (docs/http.md) and call one with kernelctl call HANDLE --session ID", tokenFile)
 			}
 			var out json.RawMessage
 			if t.remote() {

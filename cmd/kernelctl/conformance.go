@@ -42,14 +42,18 @@ e.g. an approval timeout too long for the two approval_timeout cases (serve
 
 Prints one line per case as it ends, then the evidence of failures and the
 summary "conformance: N passed, N failed, N skipped"; exit status 1 when a case
-fails.`,
+fails, or when --run matches no case id.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			from := "--server"
 			if server == "" {
-				server = os.Getenv("CAPKERNEL_SERVER")
+				server, from = os.Getenv(envServer), "env "+envServer
 			}
 			if server == "" {
 				return &usageError{errors.New("--server URL is required")}
+			}
+			if err := checkServerURL(from, server); err != nil {
+				return err
 			}
 			admin := os.Getenv("CAPKERNEL_ADMIN_TOKEN")
 			if adminFile != "" {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 
@@ -80,7 +81,7 @@ func (t *target) check(verb string) error {
 			return &usageError{fmt.Errorf("%s: %s and %s are both set: give --data DIR or --server URL to choose", verb, envData, envServer)}
 		}
 		t.data, t.server = d, s
-		t.serverFrom = envServer
+		t.serverFrom = "env " + envServer
 	}
 	switch {
 	case t.data == "" && t.server == "":
@@ -88,12 +89,34 @@ func (t *target) check(verb string) error {
 	case t.data != "" && t.server != "":
 		return &usageError{fmt.Errorf("%s: give --data DIR or --server URL, not both", verb)}
 	}
+	if t.server != "" {
+		if err := checkServerURL(t.serverFrom, t.server); err != nil {
+			return err
+		}
+	}
 	if t.data != "" {
 		if c, ok := httpapi.ControlClient(t.data); ok {
 			t.socket = c
 		}
 	}
 	return nil
+}
+
+// checkServerURL checks that server, given by from (a flag or an
+// environment variable), is the URL of a kernel: http or https and a
+// host. A HOST:PORT, as --listen takes, is a usage error suggesting
+// http://HOST:PORT, where it failed later in the URL parser or the
+// transport with errors that named neither from nor the cause.
+func checkServerURL(from, server string) error {
+	u, err := url.Parse(server)
+	if err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
+		return nil
+	}
+	hint := "e.g. http://127.0.0.1:7070"
+	if !strings.Contains(server, "://") {
+		hint = "did you mean http://" + server + "?"
+	}
+	return usagef("%s %q is not a kernel's URL: it needs the scheme http:// or https:// and a host (%s)", from, server, hint)
 }
 
 // remote reports whether the verb acts through the API: on --server, or
@@ -212,9 +235,9 @@ func (t *target) openHistory(verb string) (history, error) {
 		return localHistory{in}, nil
 	}
 	if t.readToken != "" {
-		tok, err := readSecret(t.readToken)
+		tok, err := readToken("--token", t.readToken)
 		if err != nil {
-			return nil, fmt.Errorf("--token: %w", err)
+			return nil, err
 		}
 		return remoteHistory{t.client(tok)}, nil
 	}

@@ -25,7 +25,7 @@ func (t *target) controlClient(verb, tokenFile string) (*httpapi.Client, error) 
 		return nil, fmt.Errorf("%s: no kernel is running on %s (approvals, events and cancellation live in a running kernel: kernelctl serve, mcp or run on that data dir, or give --server URL)", verb, t.data)
 	}
 	if tokenFile != "" {
-		tok, err := readSecret(tokenFile)
+		tok, err := readToken("--token", tokenFile)
 		if err != nil {
 			return nil, err
 		}
@@ -72,6 +72,7 @@ func approvalsListCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	jsonShape(cmd, `one JSON array of the approvals (GET /v1/approvals wraps the same array in {"approvals": [...]})`)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "approver token file (default: the admin credential)")
 	cmd.Flags().BoolVar(&all, "all", false, "include recent decisions")
 	return cmd
@@ -134,7 +135,7 @@ func waitCmd() *cobra.Command {
 						return err
 					}
 					if st.Result.Error != nil {
-						return fmt.Errorf("%s: %s", st.Result.Error.Class, st.Result.Error.Message)
+						return callFailed(st.Result, 0)
 					}
 					return nil
 				}

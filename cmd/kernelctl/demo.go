@@ -39,6 +39,11 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 			if t.data != "" && t.server != "" {
 				return &usageError{errors.New("demo: give --data or --server, not both")}
 			}
+			if t.server != "" {
+				if err := checkServerURL("--server", t.server); err != nil {
+					return err
+				}
+			}
 			tmp, err := os.MkdirTemp("", "capkernel-demo-")
 			if err != nil {
 				return err

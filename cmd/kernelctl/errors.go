@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/capkernel/capkernel/httpapi"
+	"github.com/capkernel/capkernel/kernel"
 )
 
 // usageError marks a command line the command cannot run (exit status 2).
@@ -21,6 +22,22 @@ func (e *usageError) Unwrap() error { return e.err }
 
 // usagef returns a usageError with a formatted message.
 func usagef(format string, args ...any) error { return &usageError{fmt.Errorf(format, args...)} }
+
+// resultError is the failure of a call answered with an error result
+// (exit status 1): its class and message, and the HTTP status of the
+// answer, 0 for a call made in this process.
+type resultError struct {
+	class, message string
+	status         int
+}
+
+// callFailed returns the resultError of r, answered with HTTP status
+// (0: none).
+func callFailed(r *kernel.Result, status int) error {
+	return &resultError{class: r.Error.Class, message: r.Error.Message, status: status}
+}
+
+func (e *resultError) Error() string { return e.class + ": " + e.message }
 
 // exitCode is the exit status err ends kernelctl with, as the README
 // promises: 2 for a command line the command cannot run, including a
@@ -39,9 +56,6 @@ func exitCode(err error) int {
 		return 2
 	case errors.As(err, &api) && api.Status == http.StatusBadRequest:
 		return 2
-	// Cobra reports unknown commands and bad argument counts as plain errors.
-	case strings.HasPrefix(err.Error(), "unknown command"), strings.Contains(err.Error(), " arg(s)"):
-		return 2
 	}
 	return 1
 }
@@ -58,12 +72,18 @@ func errorLine(cmd *cobra.Command, err error) string {
 	}
 	msg := err.Error()
 	var api *httpapi.APIError
-	if errors.As(err, &api) {
+	var res *resultError
+	switch {
+	case errors.As(err, &api):
 		msg = fmt.Sprintf("refused (%s, HTTP %d): %s", api.Class, api.Status, unstutter(api.Message, verb, api.Class))
 		if api.Status == http.StatusUnauthorized && cmd != nil {
 			msg += credentialSource(cmd)
 		}
-	} else {
+	case errors.As(err, &res) && res.status != 0:
+		msg = fmt.Sprintf("%s (HTTP %d): %s", res.class, res.status, unstutter(res.message, verb, res.class))
+	case errors.As(err, &res):
+		msg = res.class + ": " + unstutter(res.message, verb, res.class)
+	default:
 		msg = unstutter(msg, verb, "")
 	}
 	var ue *usageError
@@ -127,6 +147,25 @@ func helpCmd() *cobra.Command {
 			}
 			return target.Help()
 		},
+	}
+}
+
+// argsAreUsage makes the argument-count errors of c and every command
+// under it (cobra's "accepts 1 arg(s), received 0") usage errors, which
+// exit 2 and point to the command's --help as unknown flags do.
+func argsAreUsage(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		argsAreUsage(sub)
+	}
+	if c.Args == nil {
+		return
+	}
+	check := c.Args
+	c.Args = func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return &usageError{err}
+		}
+		return nil
 	}
 }
 

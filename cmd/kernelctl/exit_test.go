@@ -34,6 +34,10 @@ func TestExitCodes(t *testing.T) {
 	os.WriteFile(tokFile, []byte(mustRun(t, "token", "mint", "--data", stopped, "--agent", "a", "--tools", "echo")), 0o600)
 	garbage := filepath.Join(dir, "garbage")
 	os.WriteFile(garbage, []byte("garbage.x.y\n"), 0o600)
+	// A token of the served kernel, which the stopped one does not trust,
+	// and the reverse.
+	servedTok := filepath.Join(dir, "served.token")
+	os.WriteFile(servedTok, []byte(mustRun(t, "token", "mint", "--data", sv.server.data, "--agent", "a", "--tools", "echo")), 0o600)
 	// The three ways to reach a kernel.
 	targets := map[string][]string{
 		"data":   {"--data", stopped},
@@ -62,8 +66,31 @@ func TestExitCodes(t *testing.T) {
 		{"ttl too long", append(mint, "--ttl", "2400h"), true, 2, "--ttl 2400h0m0s is longer than a token may live"},
 		{"unknown budget", append(mint, "--budget", "foo=1"), true, 2, `cap.budgets has unknown key "foo"`},
 		{"outcome bogus", []string{"receipts", "list", "--outcome", "bogus"}, true, 2, `outcome "bogus" is not one of committed`},
+		// Flags that would filter nothing, or pass vacuously, are refused.
+		{"limit negative", []string{"receipts", "list", "--limit", "-3"}, true, 2, "--limit -3: want 1 or more (without --limit, every receipt is listed)"},
+		{"limit zero", []string{"receipts", "list", "--limit", "0"}, true, 2, "--limit 0: want 1 or more"},
+		{"since negative", []string{"receipts", "list", "--since", "-1h"}, true, 2, "--since -1h: a duration is how long ago, and it is negative"},
+		{"conformance matching nothing", []string{"conformance", "--server", sv.url, "--run", "NOSUCH"}, false, 1, `kernelctl conformance: no case id matches "NOSUCH" (the ids are in docs/conformance.md)`},
 		{"format foo", []string{"tools", "--token", tokFile, "--format", "foo"}, true, 2, `--format "foo" is not openai, anthropic or mcp`},
 		{"revoke not a jti", []string{"token", "revoke", "not-a-jti"}, true, 1, `"not-a-jti" is not a token id`},
+		{"revoke an upper-case jti", []string{"token", "revoke", "01A21C2B-7F01-7EE8-90F2-5CACA2498B1C"}, true, 1,
+			`"01A21C2B-7F01-7EE8-90F2-5CACA2498B1C" is not a token id: the kernel's are lower-case UUIDs (did you mean 01a21c2b-7f01-7ee8-90f2-5caca2498b1c?)`},
+		// Argument counts are usage errors pointing to --help, as
+		// unknown flags are.
+		{"call without a tool", []string{"call"}, false, 2, "kernelctl call: accepts 1 arg(s), received 0 (see kernelctl call --help)"},
+		{"receipts show without an id", []string{"receipts", "show"}, false, 2, "(see kernelctl receipts show --help)"},
+		{"token revoke without a jti", []string{"token", "revoke"}, false, 2, "(see kernelctl token revoke --help)"},
+		{"completion without a shell", []string{"completion"}, false, 2, "give a command: one of bash, fish, powershell, zsh (see kernelctl completion --help)"},
+		{"completion extra argument", []string{"completion", "bash", "x"}, false, 2, "(see kernelctl completion bash --help)"},
+		// A receipt id or a bundle file with nothing to verify it against
+		// is the same mistake, and the same usage error.
+		{"receipt id without a target", []string{"receipts", "verify", "r1-0123abcd", "--jwks", garbage}, false, 2, "(a receipt id needs --data or --server) (see kernelctl receipts verify --help)"},
+		{"bundle without a key", []string{"receipts", "verify", garbage}, false, 2, "give --jwks FILE, or --data/--server to fetch the key"},
+		// A call's error line names its class once, and the HTTP status
+		// of the answer when there is one.
+		{"call refused over the server", []string{"call", "echo", "--token", tokFile, "--arg", "text=x", "--server", sv.url}, false, 1, "kernelctl call: token_invalid (HTTP 401): "},
+		{"call refused over the socket", []string{"call", "echo", "--token", tokFile, "--arg", "text=x", "--data", sv.server.data}, false, 1, "kernelctl call: token_invalid (HTTP 401): "},
+		{"call refused in process", []string{"call", "echo", "--token", servedTok, "--arg", "text=x", "--data", stopped}, false, 1, "kernelctl call: token_invalid: "},
 		{"an argument twice", []string{"call", "echo", "--token", tokFile, "--arg-str", "text=x", "--arg-str", "text=y"}, true, 2, `--arg-str "text=y": argument text is given twice`},
 		{"inspect garbage", []string{"token", "inspect", garbage}, true, 1, "the kernel refuses this token (token_invalid): token is not a compact JWS"},
 		{"no such receipt", []string{"receipts", "show", "01a2173e-0000-7000-8000-000000000000"}, true, 1, ""},
@@ -162,6 +189,39 @@ func TestCredentialErrors(t *testing.T) {
 			out, stderr, code := runEnv(t, c.env, c.args...)
 			if code != c.code || !strings.Contains(stderr, c.stderr) {
 				t.Fatalf("kernelctl %s: exit %d (want %d)\n%s%s\nwant stderr with %q", strings.Join(c.args, " "), code, c.code, out, stderr, c.stderr)
+			}
+		})
+	}
+}
+
+// TestServerURL: a --server (or CAPKERNEL_SERVER) that is not an http or
+// https URL with a host, such as the HOST:PORT --listen takes, is a usage
+// error naming where it came from and suggesting http://HOST:PORT, where
+// the URL parser or the transport failed with exit 1.
+func TestServerURL(t *testing.T) {
+	noScheme := func(from, s string) string {
+		return from + ` "` + s + `" is not a kernel's URL: it needs the scheme http:// or https:// and a host (did you mean http://` + s + `?)`
+	}
+	for _, c := range []struct {
+		name   string
+		env    []string
+		args   []string
+		stderr string
+	}{
+		{"ip:port", nil, []string{"ledger", "head", "--server", "127.0.0.1:7391"}, noScheme("--server", "127.0.0.1:7391")},
+		{"localhost:port", nil, []string{"ledger", "head", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"call", nil, []string{"call", "echo", "--token", "t", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"another scheme", nil, []string{"receipts", "list", "--server", "ftp://127.0.0.1:7391"}, `--server "ftp://127.0.0.1:7391" is not a kernel's URL: it needs the scheme http:// or https:// and a host (e.g. http://127.0.0.1:7070)`},
+		{"no host", nil, []string{"receipts", "list", "--server", "http://"}, `--server "http://" is not a kernel's URL`},
+		{"env", []string{envServer + "=localhost:7391"}, []string{"ledger", "head"}, noScheme("env "+envServer, "localhost:7391")},
+		{"demo", nil, []string{"demo", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"conformance", []string{envAdmin + "=" + kernel.AdminPrefix + "x"}, []string{"conformance", "--server", "localhost:7391"}, noScheme("--server", "localhost:7391")},
+		{"conformance env", []string{envAdmin + "=" + kernel.AdminPrefix + "x", envServer + "=127.0.0.1:7391"}, []string{"conformance"}, noScheme("env "+envServer, "127.0.0.1:7391")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, stderr, code := runEnv(t, c.env, c.args...)
+			if code != 2 || !strings.Contains(stderr, c.stderr) || !strings.Contains(stderr, "--help)") {
+				t.Fatalf("kernelctl %s: exit %d (want 2)\n%s%s\nwant stderr with %q", strings.Join(c.args, " "), code, out, stderr, c.stderr)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/capkernel/capkernel/httpapi"
@@ -21,6 +22,15 @@ func TestHandlesOverServer(t *testing.T) {
 		t.Fatalf("handles: %d %s", status, body)
 	}
 	h := list.Handles[0].Handle
+	// kernelctl tools would list names the token cannot call: it refuses
+	// the token, pointing to the handles, and call takes a handle.
+	if _, stderr, code := run(t, "tools", "--token", tok.file, "--server", sv.url); code != 1 ||
+		!strings.Contains(stderr, "is in handle mode (minted --handles): it calls its syscalls only through a session's handles") || !strings.Contains(stderr, "POST /v1/sessions/{id}/handles") {
+		t.Fatalf("tools with a handle-mode token: exit %d: %s", code, stderr)
+	}
+	if out := mustRun(t, "call", h, "--token", tok.file, "--session", "s1", "--arg", "text=hi", "--server", sv.url); !strings.HasPrefix(out, "echo ok") {
+		t.Fatalf("call HANDLE --session: %s", out)
+	}
 	_, pb := sv.get("/v1/policy", "")
 	var pol struct {
 		PolicyHash string `json:"policy_hash"`

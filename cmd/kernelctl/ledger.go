@@ -304,6 +304,7 @@ func ledgerTailCmd() *cobra.Command {
 	}
 	t.addTarget(cmd, true)
 	t.addReadToken(cmd)
+	jsonShape(cmd, "one JSON object a line, an entry each (JSON Lines, as -f goes on printing them), not one document")
 	cmd.Flags().Uint64VarP(&n, "lines", "n", 10, "how many of the last entries")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing entries as they are appended (polls --server)")
 	cmd.Flags().DurationVar(&every, "poll", 500*time.Millisecond, "how often -f asks for new entries")

@@ -30,7 +30,11 @@ func main() {
 	root.Version = version()
 	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 	root.SetHelpCommand(helpCmd())
+	// The completion command is added now (cobra adds it when it runs),
+	// so that the rules below hold for it too.
+	root.InitDefaultCompletionCmd()
 	requireSubcommand(root)
+	argsAreUsage(root)
 	cmd, err := root.ExecuteC()
 	if err == nil {
 		return

@@ -15,7 +15,8 @@ import (
 // mcpDeclarationsCmd prints the shipped declarations of the MCP reference
 // servers (upstream/declarations.json).
 func mcpDeclarationsCmd() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "declarations [NAME]",
 		Short: "Print the shipped resource declarations of the MCP reference servers",
 		Long: `declarations prints, as JSON, the resource declarations the kernel ships for
@@ -44,4 +45,8 @@ server's "resources" list alone, ready to edit into kernel.json. See docs/mcp.md
 			return err
 		},
 	}
+	// It prints JSON anyway; --json, which every verb printing a result
+	// takes, is accepted so that scripts may give it.
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (it does without --json too)")
+	return cmd
 }

@@ -47,6 +47,11 @@ func receiptsListCmd() *cobra.Command {
 				}
 				f.Since = ts
 			}
+			// 0, the default, lists every receipt; a limit given must
+			// be one, as the API's ?limit= is.
+			if cmd.Flags().Changed("limit") && f.Limit < 1 {
+				return usagef("--limit %d: want 1 or more (without --limit, every receipt is listed)", f.Limit)
+			}
 			h, err := t.openHistory("receipts list")
 			if err != nil {
 				return err
@@ -74,7 +79,8 @@ func receiptsListCmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.ToolID, "tool", "", "only this tool's")
 	cmd.Flags().StringVar(&f.TxOutcome, "outcome", "", "committed, rolled_back, no_op, ok or error")
 	cmd.Flags().StringVar(&since, "since", "", "only receipts issued since TIME (RFC 3339, or a duration ago such as 1h)")
-	cmd.Flags().IntVar(&f.Limit, "limit", 0, "at most this many")
+	jsonShape(cmd, `one JSON array of the receipts (GET /v1/receipts wraps the same array in {"receipts": [...]})`)
+	cmd.Flags().IntVar(&f.Limit, "limit", 0, "at most this many, 1 or more (default: all)")
 	return cmd
 }
 
@@ -102,9 +108,13 @@ func ellipsize(s string, n int) string {
 	return strings.TrimRight(string(r[:cut]), " \t,;:") + "…"
 }
 
-// parseSince reads an RFC 3339 time or a duration before now.
+// parseSince reads an RFC 3339 time or a duration before now, which may
+// not be negative (a time to come, which nothing was issued since).
 func parseSince(s string) (time.Time, error) {
 	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("--since %s: a duration is how long ago, and it is negative (1h: the last hour)", s)
+		}
 		return time.Now().Add(-d), nil
 	}
 	t, err := time.Parse(time.RFC3339, s)
@@ -473,7 +483,7 @@ func receiptArg(ctx context.Context, arg string, h history) (string, error) {
 	b, err := os.ReadFile(arg)
 	if err != nil {
 		if h == nil {
-			return "", fmt.Errorf("%s: %w (a receipt id needs --data or --server)", arg, err)
+			return "", &usageError{fmt.Errorf("%s: %w (a receipt id needs --data or --server)", arg, err)}
 		}
 		info, err := h.Receipt(ctx, arg)
 		if err != nil {

@@ -115,6 +115,7 @@ func replayShowCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
+	jsonShape(cmd, "one JSON array, a history per agent that used KEY")
 	cmd.Flags().StringVar(&agent, "agent", "", "only this agent's key")
 	return cmd
 }

@@ -76,7 +76,7 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 	if tokenFile == "" {
 		return nil, &usageError{fmt.Errorf("%s: --token FILE (or - for stdin) is required", verb)}
 	}
-	tok, err := readSecret(tokenFile)
+	tok, err := readToken("--token", tokenFile)
 	if err != nil {
 		return nil, err
 	}
@@ -165,6 +165,15 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 			if err := t.check("run"); err != nil {
 				return err
 			}
+			// --ro, as every path on the command line, is relative to
+			// the working directory; the sandbox binds absolute paths.
+			for i, p := range readOnly {
+				abs, err := filepath.Abs(p)
+				if err != nil {
+					return usagef("--ro %s: %v", p, err)
+				}
+				readOnly[i] = abs
+			}
 			if !noSandbox {
 				if err := checkReadOnly(readOnly, t.data, tokenFile); err != nil {
 					return err
@@ -183,7 +192,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 	}
 	t.addTarget(cmd, false)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the agent's capability token (- for stdin)")
-	cmd.Flags().StringArrayVar(&readOnly, "ro", nil, "host path the agent may read, bound read-only at the same path (repeatable)")
+	cmd.Flags().StringArrayVar(&readOnly, "ro", nil, "host path the agent may read, bound read-only at the same (absolute) path; relative to the working directory (repeatable)")
 	cmd.Flags().BoolVar(&noSandbox, "no-sandbox", false, "run the agent as a plain child process (it keeps the user's authority)")
 	return cmd
 }

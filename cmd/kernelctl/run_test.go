@@ -89,6 +89,23 @@ func TestRunAgentHasNoAmbientAuthority(t *testing.T) {
 	}
 }
 
+// run --ro takes a path relative to the working directory, as every path
+// flag does, and binds it read-only at its absolute path.
+func TestRunReadOnlyRelative(t *testing.T) {
+	requireBwrap(t)
+	f := newRunFixture(t)
+	ro := filepath.Join(f.dir, "rodir")
+	os.MkdirAll(ro, 0o755)
+	os.WriteFile(filepath.Join(ro, "hint.txt"), []byte("read me\n"), 0o644)
+	cmd := exec.Command(kernelctl, "run", "--data", f.data, "--token", f.token, "--ro", "./rodir", "--",
+		"/bin/sh", "-c", `cat "$1"/hint.txt; echo x > "$1"/hint.txt 2>/dev/null && echo WROTE; true`, "agent", ro)
+	cmd.Dir = f.dir
+	out, stderr, code := runExec(t, cmd)
+	if code != 0 || !strings.Contains(out, "read me") || strings.Contains(out, "WROTE") {
+		t.Fatalf("run --ro ./rodir: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
+	}
+}
+
 // An agent writing garbage, then a good call, then dying by a signal with
 // a call in flight: run answers what it can, exits with the agent's
 // status, and the kernel's ledger verifies.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -39,8 +40,8 @@ func serveCmd() *cobra.Command {
 		Short: "Serve the kernel's HTTP API",
 		Long: `serve opens the data dir (one server per data dir: a second one fails at once)
 and serves the HTTP API. It listens on loopback by default; any other address
-needs --tls-cert and --tls-key. It prints "serving <kernel id> on <URL>" when
-ready.
+needs --tls-cert and --tls-key (PEM files, read before it listens: a wrong one
+is a usage error, exit 2). It prints "serving <kernel id> on <URL>" when ready.
 
 On SIGTERM or SIGINT it stops accepting, lets calls in flight finish (commit or
 roll back) for up to --drain, then closes the database cleanly. A second signal,
@@ -65,6 +66,16 @@ transaction that was interrupted.`,
 			if err := tf.check(); err != nil {
 				return &usageError{err}
 			}
+			// The key pair is loaded before anything listens, so that a
+			// wrong file fails serve before its ready line.
+			var pair *tls.Certificate
+			if cert != "" {
+				p, err := loadKeyPair(cert, key)
+				if err != nil {
+					return err
+				}
+				pair = &p
+			}
 			// --policy is relative to the working directory (kernel.json's
 			// policy_dir is relative to the data dir).
 			pd, err := bundleDir("--policy", policyDir)
@@ -77,7 +88,7 @@ transaction that was interrupted.`,
 				return err
 			}
 			defer tel.close()
-			return serve(cmd, cfg, tel, listen, cert, key, pprofAddr, drain)
+			return serve(cmd, cfg, tel, listen, pair, pprofAddr, drain)
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", os.Getenv("CAPKERNEL_DATA"), "kernel data dir (env CAPKERNEL_DATA)")
@@ -126,7 +137,27 @@ func useServerGC() {
 	}
 }
 
-func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, cert, key, pprofAddr string, drain time.Duration) error {
+// loadKeyPair reads the certificate of --tls-cert and the key of
+// --tls-key; its errors name the flag and the file that is wrong, and are
+// usage errors, as a missing --policy dir is.
+func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, usagef("--tls-cert %s: %v", certFile, unwrapPath(err))
+	}
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, usagef("--tls-key %s: %v", keyFile, unwrapPath(err))
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, usagef("--tls-cert %s with --tls-key %s: %v", certFile, keyFile, err)
+	}
+	return pair, nil
+}
+
+// serve serves cfg's kernel on listen, over TLS with pair unless it is nil.
+func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen string, pair *tls.Certificate, pprofAddr string, drain time.Duration) error {
 	useServerGC()
 	// Signals are caught before the kernel opens, so none is lost.
 	sigs := make(chan os.Signal, 2)
@@ -162,8 +193,9 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 	// give up, so that only calls doing work hold the drain.
 	srv.RegisterOnShutdown(k.Drain)
 	scheme := "http"
-	if cert != "" {
+	if pair != nil {
 		scheme = "https"
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*pair}}
 	}
 	if pprofAddr != "" {
 		pln, err := net.Listen("tcp", pprofAddr)
@@ -186,8 +218,9 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen, 
 	tel.log.Info("serving", "kernel_id", k.ID(), "url", scheme+"://"+ln.Addr().String(), "policy_hash", k.PolicyHash())
 	served := make(chan error, 1)
 	go func() {
-		if cert != "" {
-			served <- srv.ServeTLS(ln, cert, key)
+		if pair != nil {
+			// The certificate is srv.TLSConfig's, loaded already.
+			served <- srv.ServeTLS(ln, "", "")
 		} else {
 			served <- srv.Serve(ln)
 		}

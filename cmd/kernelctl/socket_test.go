@@ -158,7 +158,7 @@ func tokenID(t *testing.T, file string) string {
 
 // kernelctl call --data DIR of a running kernel goes through the control
 // socket with the capability token as the bearer (a request without one
-// would act as the admin, whom calls refuse). A call the kernel holds for
+// would act as the admin, whom calls refuse), an --async call too. A call the kernel holds for
 // an approval says so on stderr at once, with its operation and approval
 // ids, and ends once an approver decides. The demo runs there too.
 func TestCallThroughControlSocket(t *testing.T) {
@@ -172,6 +172,12 @@ func TestCallThroughControlSocket(t *testing.T) {
 
 	if out := mustRun(t, "call", "echo", "--token", tokFile, "--arg", "text=hi", "--data", data); !strings.HasPrefix(out, "echo ok") {
 		t.Fatalf("call over the control socket: %s", out)
+	}
+	// --async sends the token as the bearer too: it prints the operation
+	// id, and wait prints the call's result.
+	op := strings.TrimSpace(mustRun(t, "call", "echo", "--token", tokFile, "--arg", "text=later", "--async", "--data", data))
+	if out := mustRun(t, "wait", op, "--data", data); !strings.HasPrefix(out, "echo ok") || !strings.Contains(out, "later") {
+		t.Fatalf("wait %s over the control socket: %s", op, out)
 	}
 
 	cmd, out, _, m := startHeldCall(t, gatedFile, data, `\(soft_gate, needs an approver with role approver; decide by `)

@@ -176,7 +176,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 			if ttl < 0 || ttl%time.Second != 0 {
 				return &usageError{fmt.Errorf("token attenuate: --ttl %s must be a positive whole number of seconds", ttl)}
 			}
-			parent, err := readSecret(parentFile)
+			parent, err := readToken("--parent", parentFile)
 			if err != nil {
 				return err
 			}
@@ -372,7 +372,11 @@ issues (a UUID).`,
 // revokeTarget returns the jti arg names: arg itself when it is a jti of
 // the kernel's form (a UUID), else the jti of the token arg is or holds.
 func revokeTarget(arg string) (string, error) {
-	if _, err := uuid.Parse(arg); err == nil && len(arg) == 36 {
+	if u, err := uuid.Parse(arg); err == nil && len(arg) == 36 {
+		// The kernel issues, and matches, the lower-case form only.
+		if u.String() != arg {
+			return "", fmt.Errorf("%q is not a token id: the kernel's are lower-case UUIDs (did you mean %s?)", arg, u)
+		}
 		return arg, nil
 	}
 	tok, err := tokenArg(arg)
