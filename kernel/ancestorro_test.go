@@ -273,3 +273,30 @@ func writeFile(t *testing.T, p, content string) {
 		t.Fatal(err)
 	}
 }
+
+// Workspaces are shared by tokens with the same roots; a child held to
+// its parent's read-only root does not share one with a child of the
+// same roots whose parent has none, whichever calls first.
+func TestAncestorReadOnlyWorkspaceNotShared(t *testing.T) {
+	h := newHarness(t)
+	h.write("ro/f", "original")
+	proj := filepath.Join(filepath.Dir(h.ws), "proj")
+	if err := os.Mkdir(proj, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	strict, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"fs.*"}, FS: []captoken.FSRoot{{Path: proj, Mode: "rw"}, {Path: filepath.Join(h.ws, "ro"), Mode: "r"}}})
+	loose, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"fs.*"}, FS: []captoken.FSRoot{{Path: proj, Mode: "rw"}}})
+	held := h.attenuate(AttenuateRequest{Parent: strict, FS: []captoken.FSRoot{{Path: proj, Mode: "rw"}}})
+	free := h.attenuate(AttenuateRequest{Parent: loose, FS: []captoken.FSRoot{{Path: proj, Mode: "rw"}}})
+	if err := os.Remove(proj); err != nil {
+		t.Fatal(err)
+	}
+	symlink(t, h.ws, proj)
+	f := filepath.Join(proj, "ro", "f")
+	// The loose parent's child writes there, as its parent may.
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": f, "content": "by free"}, as(free), key("free")))
+	wantAncestorReadOnly(t, "the held child's write after the free one's", h.invoke("fs.write", map[string]any{"path": f, "content": "by held"}, as(held), key("held")))
+	if got := h.read("ro/f"); got != "by free" {
+		t.Errorf("ro/f is %q", got)
+	}
+}
