@@ -1,10 +1,12 @@
 package kernel
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capkernel/capkernel/captoken"
 )
@@ -299,4 +301,52 @@ func TestAncestorReadOnlyWorkspaceNotShared(t *testing.T) {
 	if got := h.read("ro/f"); got != "by free" {
 		t.Errorf("ro/f is %q", got)
 	}
+}
+
+// An ancestor's read-only root spelled through a link that dangles while
+// the child's workspace is open (l → proj/sub, not made yet) is resolved
+// at each write, not once: when proj/sub/ro is made afterwards, under the
+// child's own writable root, the child may neither write in it nor delete
+// the directory holding it, as the parent may not.
+func TestAncestorReadOnlyLinkCompletedLater(t *testing.T) {
+	h := newHarness(t)
+	base := filepath.Dir(h.ws)
+	proj, l := filepath.Join(base, "proj"), filepath.Join(base, "l")
+	if err := os.Mkdir(proj, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	symlink(t, filepath.Join(proj, "sub"), l)
+	ptok, pjti := h.mint(h.agent, captoken.Capability{Tools: []string{"fs.*"},
+		FS: []captoken.FSRoot{{Path: proj, Mode: "rw"}, {Path: filepath.Join(l, "ro"), Mode: "r"}}})
+	child := h.attenuate(AttenuateRequest{Parent: ptok, FS: []captoken.FSRoot{{Path: proj, Mode: "rw"}}})
+	as := func(tok, jti string) func(*Envelope) {
+		return func(e *Envelope) { e.CapabilityToken, e.CapabilityTokenID = tok, jti }
+	}
+	// The child's workspace opens, and is kept, while l dangles.
+	mustOK(t, h.invoke("fs.list", map[string]any{"path": proj}, as(child.Token, child.ID)))
+	writeFile(t, filepath.Join(proj, "sub", "ro", "f"), "original")
+	target := filepath.Join(proj, "sub", "ro", "f")
+	for _, c := range []struct {
+		who       string
+		tok, jti  string
+		tool      string
+		args      map[string]any
+		wantWords string
+	}{
+		{"the parent's write", ptok, pjti, "fs.write", map[string]any{"path": target, "content": "by parent"}, "read-only for this token"},
+		{"the child's write", child.Token, child.ID, "fs.write", map[string]any{"path": target, "content": "by child"}, "attenuated from"},
+		{"the child's delete of the directory holding it", child.Token, child.ID, "fs.delete", map[string]any{"path": filepath.Join(proj, "sub")}, "attenuated from"},
+	} {
+		// Refused at the scope check, before any approval could be asked.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r := h.k.Invoke(ctx, h.env(c.tool, c.args, as(c.tok, c.jti), key(newID())))
+		cancel()
+		if errClass(r) != ErrScopeDenied || !strings.Contains(r.Error.Message, c.wantWords) {
+			t.Errorf("%s: %s %+v, want scope_denied (%s)", c.who, errClass(r), r.Error, c.wantWords)
+		}
+	}
+	if got, _ := os.ReadFile(target); string(got) != "original" {
+		t.Fatalf("%s = %q", target, got)
+	}
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": filepath.Join(proj, "beside.txt"), "content": "ok"}, as(child.Token, child.ID), key(newID())))
 }

@@ -46,7 +46,6 @@ type ancestor struct {
 
 type ancestorRoot struct {
 	path     string // as the ancestor names it
-	real     string // with links resolved when the workspace was opened (ResolveLinks)
 	writable bool
 }
 
@@ -68,8 +67,10 @@ func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
 // attenuated from ancestors: besides its own roots' modes, Resolve then
 // refuses a write or delete whose physical target lies where one of the
 // ancestors' innermost root is read-only, or a delete taking such a root
-// with it. The ancestors' root paths are resolved now (ResolveLinks), as
-// the roots are opened now: a link changed later moves neither.
+// with it. The ancestors' root paths are resolved (ResolveLinks) at each
+// such check, not once: a path through a link that dangles when the
+// workspace opens comes to lead somewhere once its target is made, by
+// the host or by the token's own calls.
 //
 // This holds a child to its ancestors' read-only paths however its own
 // roots came to reach them: through a link made, or completed, after
@@ -82,7 +83,7 @@ func OpenAttenuatedWorkspace(roots []RootSpec, ancestors []AncestorRoots) (*Work
 			if !filepath.IsAbs(r.Path) {
 				return nil, fmt.Errorf("root %q of an ancestor token is not absolute", r.Path)
 			}
-			an.roots[i] = ancestorRoot{path: filepath.Clean(r.Path), real: ResolveLinks(r.Path), writable: r.Writable}
+			an.roots[i] = ancestorRoot{path: filepath.Clean(r.Path), writable: r.Writable}
 		}
 		w.ancestors = append(w.ancestors, an)
 	}
@@ -253,14 +254,16 @@ func (w *Workspace) checkWritable(p string, r *Resource) error {
 // a's to refuse only through the token's own roots, which lie in them.
 func (a *ancestor) checkWritable(p, abs string, access Access) error {
 	var inner *ancestorRoot
+	innerReal := ""
 	for i := range a.roots {
 		m := &a.roots[i]
+		real := ResolveLinks(m.path)
 		// Of two roots at one path the read-only one counts, as
 		// attenuation reads a doubled root of a parent (captoken.Narrows).
-		if within(abs, m.real) && (inner == nil || len(m.real) > len(inner.real) || (m.real == inner.real && !m.writable)) {
-			inner = m
+		if within(abs, real) && (inner == nil || len(real) > len(innerReal) || (real == innerReal && !m.writable)) {
+			inner, innerReal = m, real
 		}
-		if access == AccessDelete && !m.writable && within(m.real, abs) {
+		if access == AccessDelete && !m.writable && within(real, abs) {
 			return &ScopeError{Path: p, Reason: "would delete " + m.path + ", which is read-only for a token this one was attenuated from"}
 		}
 	}
