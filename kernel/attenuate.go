@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -138,6 +141,9 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	if err := captoken.WritableWidening(realRoots(p.Cap.FS), realRoots(child.Cap.FS)); err != nil {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error() + " (with links resolved)"}
 	}
+	if msg := unsteadyReadOnly(child.Cap); msg != "" {
+		return nil, &AttenuateError{Class: ErrScopeDenied, Message: "captoken: attenuation widens fs: " + msg}
+	}
 	tok, c, err := k.MintToken(child)
 	if err != nil {
 		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: err.Error()}
@@ -179,4 +185,76 @@ func realRoots(roots []captoken.FSRoot) []captoken.FSRoot {
 		out[i] = r
 	}
 	return out
+}
+
+// unsteadyReadOnly says why a read-only root of one of c's ancestors
+// cannot be held to where it is, or returns "": its path passes a link
+// that dangles (where it will lead is not known yet), or a link lying in
+// one of c's writable roots (c could delete it, and the path would then
+// lead elsewhere while the ancestor keeps its directory open). The
+// workspace resolves the ancestors' roots at each check
+// (syscalls.OpenAttenuatedWorkspace); these two are what it could not
+// follow.
+func unsteadyReadOnly(c captoken.Capability) string {
+	var writable []string
+	for _, r := range realRoots(c.FS) {
+		if r.Mode == "rw" {
+			writable = append(writable, r.Path)
+		}
+	}
+	for _, a := range c.Ancestors {
+		for _, r := range a.FS {
+			if r.Mode != "r" {
+				continue
+			}
+			if link, dangles := linksOnPath(r.Path, writable); link != "" {
+				if dangles {
+					return fmt.Sprintf("the read-only root %s of a token this one is attenuated from passes the link %s, which leads nowhere yet", r.Path, link)
+				}
+				return fmt.Sprintf("the read-only root %s of a token this one is attenuated from passes the link %s, which lies in a writable root of this token", r.Path, link)
+			}
+		}
+	}
+	return ""
+}
+
+// linksOnPath follows the absolute path p component by component and
+// returns the first link met that dangles (dangles true) or lies in one
+// of the dirs writable, or "". A path missing from some component on,
+// through no link, is met by no link there.
+func linksOnPath(p string, writable []string) (link string, dangles bool) {
+	cur, rest := "/", strings.Split(strings.TrimPrefix(filepath.Clean(p), "/"), "/")
+	for hops := 0; len(rest) > 0; {
+		next := filepath.Join(cur, rest[0])
+		rest = rest[1:]
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return "", false // missing from here on: no link
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return next, true // a loop leads nowhere
+		}
+		for _, w := range writable {
+			if next == w || strings.HasPrefix(next, w+"/") {
+				return next, false
+			}
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return next, true
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(cur, target)
+		}
+		if _, err := os.Stat(target); err != nil {
+			return next, true
+		}
+		cur = "/"
+		rest = append(strings.Split(strings.TrimPrefix(filepath.Clean(target), "/"), "/"), rest...)
+	}
+	return "", false
 }
