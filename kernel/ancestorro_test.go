@@ -326,12 +326,13 @@ func TestAncestorReadOnlyUnsteadyLinks(t *testing.T) {
 			symlink(t, filepath.Join(proj, "x", "sub"), filepath.Join(base, "l"))
 			return filepath.Join(base, "l", "ro")
 		}, "widens fs"}, // the resolved paths already show it
+		// A link leading out of the child's root: no call can remove it.
 		{"through a link in the child's writable root, leading out", func(t *testing.T, base, proj string) string {
 			writeFile(t, filepath.Join(base, "other", "ro", "f"), "original")
 			symlink(t, filepath.Join(base, "other"), filepath.Join(proj, "x"))
 			symlink(t, filepath.Join(proj, "x"), filepath.Join(base, "l"))
 			return filepath.Join(base, "l", "ro")
-		}, "lies in a writable root of this token"},
+		}, ""},
 		{"through a link in the child's writable root, dangling", func(t *testing.T, base, proj string) string {
 			symlink(t, "real", filepath.Join(proj, "x"))
 			symlink(t, filepath.Join(proj, "x", "sub"), filepath.Join(base, "l"))
@@ -370,5 +371,29 @@ func TestAncestorReadOnlyUnsteadyLinks(t *testing.T) {
 				t.Fatalf("a write beside: %+v", r.Error)
 			}
 		})
+	}
+}
+
+// A ".." after a link climbs from where the link led, as the file system
+// follows it: l → w/s/x/../../../other passes w/s/x → a/b, so the
+// read-only root l/ro is w/other/ro, and the link x, which a child given
+// w/s could remove (it leads into w/s), is on its way: refused, where a
+// walk of the link's text, "..", cancelling "x", missed it.
+func TestAncestorReadOnlyLinkBeforeDotDot(t *testing.T) {
+	h := newHarness(t)
+	base := filepath.Dir(h.ws)
+	w := filepath.Join(base, "w")
+	if err := os.MkdirAll(filepath.Join(w, "s", "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(w, "other", "ro", "f"), "original")
+	symlink(t, "a/b", filepath.Join(w, "s", "x"))
+	symlink(t, w+"/s/x/../../../other", filepath.Join(base, "l")) // not cleaned: the text keeps its ".."
+	ptok, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"fs.*"},
+		FS: []captoken.FSRoot{{Path: w, Mode: "rw"}, {Path: filepath.Join(w, "s"), Mode: "rw"}, {Path: filepath.Join(base, "l", "ro"), Mode: "r"}}})
+	_, err := h.k.Attenuate(context.Background(), AttenuateRequest{Parent: ptok, FS: []captoken.FSRoot{{Path: filepath.Join(w, "s"), Mode: "rw"}}})
+	var ae *AttenuateError
+	if !errors.As(err, &ae) || ae.Class != ErrScopeDenied || !strings.Contains(ae.Message, filepath.Join(w, "s", "x")+", which lies in a writable root") {
+		t.Fatalf("Attenuate: %v, want scope_denied naming the removable link w/s/x", err)
 	}
 }

@@ -190,8 +190,9 @@ func realRoots(roots []captoken.FSRoot) []captoken.FSRoot {
 // unsteadyReadOnly says why a read-only root of one of c's ancestors
 // cannot be held to where it is, or returns "": its path passes a link
 // that dangles (where it will lead is not known yet), or a link lying in
-// one of c's writable roots (c could delete it, and the path would then
-// lead elsewhere while the ancestor keeps its directory open). The
+// one of c's writable roots and leading into it (c could delete it, and
+// the path would then lead elsewhere while the ancestor keeps its
+// directory open). The
 // workspace resolves the ancestors' roots at each check
 // (syscalls.OpenAttenuatedWorkspace); these two are what it could not
 // follow.
@@ -211,22 +212,34 @@ func unsteadyReadOnly(c captoken.Capability) string {
 				if dangles {
 					return fmt.Sprintf("the read-only root %s of a token this one is attenuated from passes the link %s, which leads nowhere yet", r.Path, link)
 				}
-				return fmt.Sprintf("the read-only root %s of a token this one is attenuated from passes the link %s, which lies in a writable root of this token", r.Path, link)
+				return fmt.Sprintf("the read-only root %s of a token this one is attenuated from passes the link %s, which lies in a writable root of this token and could be removed", r.Path, link)
 			}
 		}
 	}
 	return ""
 }
 
-// linksOnPath follows the absolute path p component by component and
-// returns the first link met that dangles (dangles true) or lies in one
-// of the dirs writable, or "". A path missing from some component on,
-// through no link, is met by no link there.
+// linksOnPath follows the absolute path p component by component, as the
+// file system does (a ".." after a link climbs from where the link led),
+// and returns the first link met that dangles (dangles true) or that a
+// token with the writable dirs could remove: one lying in one of them
+// whose target lies in the same one (a link leading out of its root can
+// be removed by no call: the workspace refuses it). It returns "" when
+// there is none; a path missing from some component on, through no link,
+// is met by no link there.
 func linksOnPath(p string, writable []string) (link string, dangles bool) {
-	cur, rest := "/", strings.Split(strings.TrimPrefix(filepath.Clean(p), "/"), "/")
+	cur, rest := "/", strings.Split(filepath.Clean(p), "/")
 	for hops := 0; len(rest) > 0; {
-		next := filepath.Join(cur, rest[0])
+		comp := rest[0]
 		rest = rest[1:]
+		switch comp {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, comp)
 		fi, err := os.Lstat(next)
 		if err != nil {
 			return "", false // missing from here on: no link
@@ -238,23 +251,26 @@ func linksOnPath(p string, writable []string) (link string, dangles bool) {
 		if hops++; hops > 40 {
 			return next, true // a loop leads nowhere
 		}
-		for _, w := range writable {
-			if next == w || strings.HasPrefix(next, w+"/") {
-				return next, false
-			}
-		}
 		target, err := os.Readlink(next)
 		if err != nil {
 			return next, true
 		}
-		if !filepath.IsAbs(target) {
-			target = filepath.Join(cur, target)
-		}
-		if _, err := os.Stat(target); err != nil {
+		real, err := filepath.EvalSymlinks(next)
+		if err != nil {
 			return next, true
 		}
-		cur = "/"
-		rest = append(strings.Split(strings.TrimPrefix(filepath.Clean(target), "/"), "/"), rest...)
+		for _, w := range writable {
+			if inDir(next, w) && inDir(real, w) {
+				return next, false
+			}
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
 	}
 	return "", false
 }
+
+// inDir reports whether the clean absolute path p is dir or lies in it.
+func inDir(p, dir string) bool { return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/") }
