@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -138,11 +135,12 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	// gives a clear refusal now; the links resolved at each call (the
 	// ancestors' fs roots the child carries) hold the child to it when a
 	// link is made, or completed, later.
-	if err := captoken.WritableWidening(realRoots(p.Cap.FS), realRoots(child.Cap.FS)); err != nil {
+	childReal := realRoots(child.Cap.FS)
+	if err := captoken.WritableWidening(realRoots(p.Cap.FS), childReal); err != nil {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error() + " (with links resolved)"}
 	}
-	if msg := unsteadyReadOnly(child.Cap); msg != "" {
-		return nil, &AttenuateError{Class: ErrScopeDenied, Message: "captoken: attenuation widens fs: " + msg}
+	if msg := unsteadyReadOnly(child.Cap.Ancestors, childReal); msg != "" {
+		return nil, &AttenuateError{Class: ErrScopeDenied, Message: (&captoken.WideningError{Field: "fs", Reason: msg}).Error()}
 	}
 	tok, c, err := k.MintToken(child)
 	if err != nil {
@@ -187,28 +185,27 @@ func realRoots(roots []captoken.FSRoot) []captoken.FSRoot {
 	return out
 }
 
-// unsteadyReadOnly says why a read-only root of one of c's ancestors
-// cannot be held to where it is, or returns "": its path passes a link
-// that dangles (where it will lead is not known yet), or a link lying in
-// one of c's writable roots and leading into it (c could delete it, and
-// the path would then lead elsewhere while the ancestor keeps its
-// directory open). The
-// workspace resolves the ancestors' roots at each check
-// (syscalls.OpenAttenuatedWorkspace); these two are what it could not
-// follow.
-func unsteadyReadOnly(c captoken.Capability) string {
+// unsteadyReadOnly says why a read-only root of one of ancestors cannot
+// be held to where it is, for a child whose roots are childReal (links
+// resolved), or returns "": its path passes a link that dangles (where it
+// will lead is not known yet), or a link the child could remove
+// (syscalls.RemovableLink: the path would then lead elsewhere while the
+// ancestor keeps its directory open). The workspace resolves the
+// ancestors' roots at each check (syscalls.OpenAttenuatedWorkspace);
+// these two are what it could not follow.
+func unsteadyReadOnly(ancestors []captoken.Ancestor, childReal []captoken.FSRoot) string {
 	var writable []string
-	for _, r := range realRoots(c.FS) {
+	for _, r := range childReal {
 		if r.Mode == "rw" {
 			writable = append(writable, r.Path)
 		}
 	}
-	for _, a := range c.Ancestors {
+	for _, a := range ancestors {
 		for _, r := range a.FS {
 			if r.Mode != "r" {
 				continue
 			}
-			if link, dangles := linksOnPath(r.Path, writable); link != "" {
+			if link, dangles := syscalls.RemovableLink(r.Path, writable); link != "" {
 				if dangles {
 					return fmt.Sprintf("the read-only root %s of a token this one is attenuated from passes the link %s, which leads nowhere yet", r.Path, link)
 				}
@@ -218,59 +215,3 @@ func unsteadyReadOnly(c captoken.Capability) string {
 	}
 	return ""
 }
-
-// linksOnPath follows the absolute path p component by component, as the
-// file system does (a ".." after a link climbs from where the link led),
-// and returns the first link met that dangles (dangles true) or that a
-// token with the writable dirs could remove: one lying in one of them
-// whose target lies in the same one (a link leading out of its root can
-// be removed by no call: the workspace refuses it). It returns "" when
-// there is none; a path missing from some component on, through no link,
-// is met by no link there.
-func linksOnPath(p string, writable []string) (link string, dangles bool) {
-	cur, rest := "/", strings.Split(filepath.Clean(p), "/")
-	for hops := 0; len(rest) > 0; {
-		comp := rest[0]
-		rest = rest[1:]
-		switch comp {
-		case "", ".":
-			continue
-		case "..":
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, comp)
-		fi, err := os.Lstat(next)
-		if err != nil {
-			return "", false // missing from here on: no link
-		}
-		if fi.Mode()&os.ModeSymlink == 0 {
-			cur = next
-			continue
-		}
-		if hops++; hops > 40 {
-			return next, true // a loop leads nowhere
-		}
-		target, err := os.Readlink(next)
-		if err != nil {
-			return next, true
-		}
-		real, err := filepath.EvalSymlinks(next)
-		if err != nil {
-			return next, true
-		}
-		for _, w := range writable {
-			if inDir(next, w) && inDir(real, w) {
-				return next, false
-			}
-		}
-		if filepath.IsAbs(target) {
-			cur = "/"
-		}
-		rest = append(strings.Split(target, "/"), rest...)
-	}
-	return "", false
-}
-
-// inDir reports whether the clean absolute path p is dir or lies in it.
-func inDir(p, dir string) bool { return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/") }

@@ -36,17 +36,7 @@ type AncestorRoots struct {
 // file access of a call goes. It is safe for concurrent use.
 type Workspace struct {
 	mounts    []mount
-	ancestors []ancestor
-}
-
-// ancestor is an AncestorRoots with each root's path resolved.
-type ancestor struct {
-	roots []ancestorRoot
-}
-
-type ancestorRoot struct {
-	path     string // as the ancestor names it
-	writable bool
+	ancestors []AncestorRoots // their paths clean
 }
 
 type mount struct {
@@ -78,14 +68,14 @@ func OpenWorkspace(roots []RootSpec) (*Workspace, error) {
 func OpenAttenuatedWorkspace(roots []RootSpec, ancestors []AncestorRoots) (*Workspace, error) {
 	w := &Workspace{}
 	for _, a := range ancestors {
-		an := ancestor{roots: make([]ancestorRoot, len(a.Roots))}
+		roots := make([]RootSpec, len(a.Roots))
 		for i, r := range a.Roots {
 			if !filepath.IsAbs(r.Path) {
 				return nil, fmt.Errorf("root %q of an ancestor token is not absolute", r.Path)
 			}
-			an.roots[i] = ancestorRoot{path: filepath.Clean(r.Path), writable: r.Writable}
+			roots[i] = RootSpec{Path: filepath.Clean(r.Path), Writable: r.Writable}
 		}
-		w.ancestors = append(w.ancestors, an)
+		w.ancestors = append(w.ancestors, AncestorRoots{Roots: roots})
 	}
 	for _, r := range roots {
 		if !filepath.IsAbs(r.Path) {
@@ -240,8 +230,8 @@ func (w *Workspace) checkWritable(p string, r *Resource) error {
 	if inner != nil && !inner.Writable {
 		return &ScopeError{Path: p, Reason: "lies in root " + inner.Path + ", which is read-only for this token"}
 	}
-	for _, a := range w.ancestors {
-		if err := a.checkWritable(p, abs, r.Access); err != nil {
+	for i := range w.ancestors {
+		if err := w.ancestors[i].checkWritable(p, abs, r.Access); err != nil {
 			return err
 		}
 	}
@@ -252,23 +242,23 @@ func (w *Workspace) checkWritable(p string, r *Resource) error {
 // lies where a's innermost root is read-only, or a delete that would take
 // one of a's read-only roots with it. A path outside all of a's roots is
 // a's to refuse only through the token's own roots, which lie in them.
-func (a *ancestor) checkWritable(p, abs string, access Access) error {
-	var inner *ancestorRoot
+func (a *AncestorRoots) checkWritable(p, abs string, access Access) error {
+	var inner *RootSpec
 	innerReal := ""
-	for i := range a.roots {
-		m := &a.roots[i]
-		real := ResolveLinks(m.path)
+	for i := range a.Roots {
+		m := &a.Roots[i]
+		real := ResolveLinks(m.Path)
 		// Of two roots at one path the read-only one counts, as
 		// attenuation reads a doubled root of a parent (captoken.Narrows).
-		if within(abs, real) && (inner == nil || len(real) > len(innerReal) || (real == innerReal && !m.writable)) {
+		if within(abs, real) && (inner == nil || len(real) > len(innerReal) || (real == innerReal && !m.Writable)) {
 			inner, innerReal = m, real
 		}
-		if access == AccessDelete && !m.writable && within(real, abs) {
-			return &ScopeError{Path: p, Reason: "would delete " + m.path + ", which is read-only for a token this one was attenuated from"}
+		if access == AccessDelete && !m.Writable && within(real, abs) {
+			return &ScopeError{Path: p, Reason: "would delete " + m.Path + ", which is read-only for a token this one was attenuated from"}
 		}
 	}
-	if inner != nil && !inner.writable {
-		return &ScopeError{Path: p, Reason: "lies in " + inner.path + ", which is read-only for a token this one was attenuated from"}
+	if inner != nil && !inner.Writable {
+		return &ScopeError{Path: p, Reason: "lies in " + inner.Path + ", which is read-only for a token this one was attenuated from"}
 	}
 	return nil
 }
@@ -286,6 +276,59 @@ func ResolveLinks(p string) string {
 		}
 		rest = filepath.Join(filepath.Base(q), rest)
 	}
+}
+
+// RemovableLink follows the absolute path p component by component, as
+// the file system does (a ".." after a link climbs from where the link
+// led), and returns the first link met that dangles (dangles true) or
+// that a token writing in the dirs writable could remove: one lying in
+// one of them whose target lies in the same one (a link leading out of
+// its root no call can remove: Resolve refuses it). It returns "" when
+// there is none; a path missing from some component on, through no link,
+// is met by no link there.
+func RemovableLink(p string, writable []string) (link string, dangles bool) {
+	cur, rest := "/", strings.Split(filepath.Clean(p), "/")
+	for hops := 0; len(rest) > 0; {
+		comp := rest[0]
+		rest = rest[1:]
+		switch comp {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, comp)
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return "", false // missing from here on: no link
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return next, true // a loop leads nowhere
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return next, true
+		}
+		real, err := filepath.EvalSymlinks(next)
+		if err != nil {
+			return next, true
+		}
+		for _, w := range writable {
+			if within(next, w) && within(real, w) {
+				return next, false
+			}
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	return "", false
 }
 
 // within reports whether path p is dir or inside it.
