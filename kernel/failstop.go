@@ -108,6 +108,9 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result 
 		if err = txn.Apply(effects, stage.Root); err == nil {
 			return nil
 		}
+		if errors.Is(err, txn.ErrNotDurable) {
+			break // a second fsync would pass: see txn.ErrNotDurable
+		}
 	}
 	op := "apply of committed operation " + c.env.OperationID + " to"
 	if txn.Refused(err) {

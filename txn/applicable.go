@@ -51,26 +51,29 @@ func openDir(root *os.Root, rel string) (*os.File, error) {
 // it: rel, if present, is no mount point, not immutable or append-only,
 // nor another user's in a sticky directory, and its directory is not
 // append-only. That the directory is writable, the staging file's
-// creation there shows.
-func checkReplace(root *os.Root, rel string) error {
+// creation there shows. It returns the mount of rel's directory; ok is
+// false when that directory does not exist.
+func checkReplace(root *os.Root, rel string) (m mountID, ok bool, err error) {
 	dir, err := openDir(root, path.Dir(rel))
 	if absent(err) {
-		return nil // the staging file's creation says so
+		return mountID{}, false, nil // the staging file's creation says so
 	}
 	if err != nil {
-		return fmt.Errorf("open %s: %w", path.Dir(rel), err)
+		return mountID{}, false, fmt.Errorf("open %s: %w", path.Dir(rel), err)
 	}
 	defer dir.Close()
 	fd := int(dir.Fd())
 	parent, err := statEntry(fd, "")
 	if err != nil {
-		return fmt.Errorf("stat %s: %w", path.Dir(rel), err)
+		return mountID{}, false, fmt.Errorf("stat %s: %w", path.Dir(rel), err)
 	}
 	if parent.attrs&unix.STATX_ATTR_APPEND != 0 {
-		return notApplicable(rel, unix.EPERM, "directory %s is append-only (chattr +a): nothing in it can be removed or renamed", path.Dir(rel))
+		return mountID{}, false, notApplicable(rel, unix.EPERM, "directory %s is append-only (chattr +a): nothing in it can be removed or renamed", path.Dir(rel))
 	}
-	_, err = checkEntry(fd, path.Base(rel), rel, parent)
-	return err
+	if _, err = checkEntry(fd, path.Base(rel), rel, parent); err != nil {
+		return mountID{}, false, err
+	}
+	return parent.mount, true, nil
 }
 
 // checkDelete checks that rel can be moved aside and removed: its
@@ -78,25 +81,25 @@ func checkReplace(root *os.Root, rel string) error {
 // entry under it is a mount point, immutable or append-only, another
 // user's in a sticky directory, or in a directory the kernel's user
 // cannot list and write.
-func checkDelete(root *os.Root, rel string) error {
+func checkDelete(root *os.Root, rel string) (mountID, error) {
 	dir, err := openDir(root, path.Dir(rel))
 	if err != nil {
-		return fmt.Errorf("open %s: %w", path.Dir(rel), err)
+		return mountID{}, fmt.Errorf("open %s: %w", path.Dir(rel), err)
 	}
 	defer dir.Close()
 	fd := int(dir.Fd())
 	parent, err := statEntry(fd, "")
 	if err != nil {
-		return fmt.Errorf("stat %s: %w", path.Dir(rel), err)
+		return mountID{}, fmt.Errorf("stat %s: %w", path.Dir(rel), err)
 	}
 	if err := checkWritable(fd, rel, path.Dir(rel), parent, unix.W_OK|unix.X_OK); err != nil {
-		return err
+		return mountID{}, err
 	}
 	e, err := checkEntry(fd, path.Base(rel), rel, parent)
-	if err != nil || !e.isDir() {
-		return err
+	if err == nil && e.isDir() {
+		err = checkTree(fd, path.Base(rel), rel, e)
 	}
-	return checkTree(fd, path.Base(rel), rel, e)
+	return parent.mount, err
 }
 
 // checkCreate checks that rel, absent or replaced, can be made: the
@@ -104,8 +107,9 @@ func checkDelete(root *os.Root, rel string) error {
 // are made by earlier effects of the call) is writable, and rel, if
 // present, passes checkReplace's entry checks. With a pool (proc.exec's
 // staging files, at the top of root), that directory must be on the
-// pool's mount, since a file is renamed from the pool into it.
-func checkCreate(root *os.Root, rel string, pool *mountID) error {
+// pool's mount, since a file is renamed from the pool into it. It returns
+// that directory's mount, which rel's directory will be on.
+func checkCreate(root *os.Root, rel string, pool *mountID) (mountID, error) {
 	d := path.Dir(rel)
 	dir, err := openDir(root, d)
 	for absent(err) && d != "." {
@@ -113,25 +117,24 @@ func checkCreate(root *os.Root, rel string, pool *mountID) error {
 		dir, err = openDir(root, d)
 	}
 	if err != nil {
-		return fmt.Errorf("open %s: %w", d, err)
+		return mountID{}, fmt.Errorf("open %s: %w", d, err)
 	}
 	defer dir.Close()
 	fd := int(dir.Fd())
 	parent, err := statEntry(fd, "")
 	if err != nil {
-		return fmt.Errorf("stat %s: %w", d, err)
+		return mountID{}, fmt.Errorf("stat %s: %w", d, err)
 	}
 	if pool != nil && parent.mount.id != pool.id {
-		return notApplicable(rel, unix.EXDEV, "%s is on another mount than the top of the workspace root, where the call's files are staged: it cannot be written by proc.exec (fs.write can)", d)
+		return mountID{}, notApplicable(rel, unix.EXDEV, "%s is on another mount than the top of the workspace root, where the call's files are staged: it cannot be written by proc.exec (fs.write can)", d)
 	}
 	if err := checkWritable(fd, rel, d, parent, unix.W_OK|unix.X_OK); err != nil {
-		return err
+		return mountID{}, err
 	}
-	if d != path.Dir(rel) {
-		return nil
+	if d == path.Dir(rel) {
+		_, err = checkEntry(fd, path.Base(rel), rel, parent)
 	}
-	_, err = checkEntry(fd, path.Base(rel), rel, parent)
-	return err
+	return parent.mount, err
 }
 
 // checkWritable checks that directory dir (descriptor fd, entry self)

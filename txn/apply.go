@@ -34,7 +34,7 @@ func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 		}
 		r, err := root(e.Root)
 		if err == nil {
-			err = applyEffect(r, effects, i, later)
+			err = change(r, e, func() error { return applyEffect(r, effects, i, later) })
 		}
 		if err != nil {
 			return fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
@@ -153,11 +153,13 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
 		}
 		var c *Conflict
-		if e.Op == OpWrite || e.Op == OpDelete {
-			c, err = redoEffect(operationID, r, effects, i, later)
-		} else {
-			err = applyEffect(r, effects, i, later)
-		}
+		err = change(r, e, func() (err error) {
+			if e.Op == OpWrite || e.Op == OpDelete {
+				c, err = redoEffect(operationID, r, effects, i, later)
+				return err
+			}
+			return applyEffect(r, effects, i, later)
+		})
 		if c != nil {
 			conflicts = append(conflicts, *c)
 		}

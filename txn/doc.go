@@ -61,8 +61,14 @@
 //     open file: a descriptor opened per round would return 0 after
 //     another process's syncfs (a sandboxed `sync -f`) consumed the error,
 //     and the commit would follow content that never reached the disk.
-//     Staging into a file system mounted below a root is not covered:
-//     only the root's file system is synced.
+//   - An effect in a directory on another mount than the top of its root
+//     (a file system mounted below the root, Effect.Mounted), which the
+//     root's syncfs does not reach, is made durable by fsync instead, at
+//     the same points: fs.write's staging file and its directory before
+//     the commit, the directory after Apply's or Redo's change, each
+//     through a descriptor opened before the change (see mounted.go).
+//     proc.exec writes nothing there (its staging pool is at the top of
+//     the root: see Stage.WriteFrom).
 //
 // # No recycled inodes
 //

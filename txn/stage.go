@@ -49,6 +49,10 @@ type Effect struct {
 	NewHash string          `json:"new_hash,omitempty"`
 	Size    int64           `json:"size"`
 	Mode    uint32          `json:"mode,omitempty"` // OpMkdir: permission bits
+	// Mounted says that Path's directory is on another mount than the top
+	// of Root, which the Syncer's syncfs of Root's file system does not
+	// reach: the effect is made durable by fsync (see mounted.go).
+	Mounted bool `json:"mounted,omitempty"`
 }
 
 func (e Effect) change() DeltaChange {
@@ -82,8 +86,7 @@ type Stage struct {
 	touched []*syscalls.Resource // the fs resources effects were staged for (Touched)
 	roots   map[string]*os.Root
 	kvSeen  map[string]bool
-	pools   map[string]string  // root path -> staging pool dir (WriteFrom)
-	tops    map[string]mountID // root path -> the mount of its top (WriteFrom)
+	pools   map[string]string // root path -> staging pool dir (WriteFrom)
 }
 
 // NewStage starts staging for operation opID; kv reads current versions.
@@ -91,7 +94,7 @@ type Stage struct {
 // (Syncer.Watch), so that the Syncer's later rounds report any writeback
 // error of what is staged there; sync must not be nil.
 func NewStage(opID string, kv syscalls.KVReader, sync *Syncer) *Stage {
-	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}, tops: map[string]mountID{}}
+	return &Stage{opID: opID, kv: kv, sync: sync, roots: map[string]*os.Root{}, kvSeen: map[string]bool{}, pools: map[string]string{}}
 }
 
 var errStageClosed = errors.New("txn: the call's transaction is over; nothing more can be staged")
@@ -112,9 +115,15 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	if s.closed {
 		return errStageClosed
 	}
-	if err := checkReplace(r.Root, r.Rel); err != nil {
+	top, err := s.top(r)
+	if err != nil {
 		return err
 	}
+	dirMount, ok, err := checkReplace(r.Root, r.Rel)
+	if err != nil {
+		return err
+	}
+	mounted := ok && dirMount.id != top.id
 	old, oldMode, err := hashFile(r.Root, r.Rel)
 	if err != nil {
 		return err
@@ -129,6 +138,17 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		return err
 	}
 	name := s.name(StagePrefix, r.Rel)
+	e := Effect{
+		Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name,
+		OldHash: old, NewHash: digest.Sum(content), Size: int64(len(content)), Mounted: mounted,
+	}
+	// On another mount, the staging file and its name are fsynced here,
+	// through descriptors opened before they are written (see mounted.go).
+	dir, err := openMounted(r.Root, e)
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", r.Rel, err)
+	}
+	defer dir.close()
 	f, err := r.Root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%s: parent directory does not exist", r.Rel)
@@ -137,17 +157,20 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		return fmt.Errorf("stage %s: %w", r.Rel, err)
 	}
 	// The entry goes in before the write so Discard removes a partial file.
-	s.effects = append(s.effects, Effect{
-		Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name,
-		OldHash: old, NewHash: digest.Sum(content), Size: int64(len(content)),
-	})
+	s.effects = append(s.effects, e)
 	s.touched = append(s.touched, r)
 	_, err = f.Write(content)
 	if err == nil {
 		err = f.Chmod(perm)
 	}
+	if err == nil && mounted {
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		err = dir.sync()
 	}
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", r.Rel, err)
@@ -187,7 +210,7 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 	if err != nil {
 		return "", err
 	}
-	if err := checkCreate(r.Root, r.Rel, &top); err != nil {
+	if _, err := checkCreate(r.Root, r.Rel, &top); err != nil {
 		return "", err
 	}
 	old, _, err := hashFile(r.Root, r.Rel)
@@ -237,13 +260,18 @@ func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 	if s.closed {
 		return errStageClosed
 	}
-	if err := checkCreate(r.Root, r.Rel, nil); err != nil {
+	top, err := s.top(r)
+	if err != nil {
+		return err
+	}
+	dirMount, err := checkCreate(r.Root, r.Rel, nil)
+	if err != nil {
 		return err
 	}
 	if err := s.use(r); err != nil {
 		return err
 	}
-	s.effects = append(s.effects, Effect{Op: OpMkdir, Root: r.RootPath, Path: r.Rel, Mode: uint32(perm.Perm())})
+	s.effects = append(s.effects, Effect{Op: OpMkdir, Root: r.RootPath, Path: r.Rel, Mode: uint32(perm.Perm()), Mounted: dirMount.id != top.id})
 	s.touched = append(s.touched, r)
 	return nil
 }
@@ -262,7 +290,12 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 	if err != nil {
 		return fmt.Errorf("delete %s: %w", r.Rel, err)
 	}
-	if err := checkDelete(r.Root, r.Rel); err != nil {
+	top, err := s.top(r)
+	if err != nil {
+		return err
+	}
+	dirMount, err := checkDelete(r.Root, r.Rel)
+	if err != nil {
 		return err
 	}
 	var old string
@@ -276,29 +309,21 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 	}
 	s.effects = append(s.effects, Effect{
 		Op: OpDelete, Root: r.RootPath, Path: r.Rel, Stage: s.name(TrashPrefix, r.Rel),
-		OldHash: old, Size: fi.Size(),
+		OldHash: old, Size: fi.Size(), Mounted: dirMount.id != top.id,
 	})
 	s.touched = append(s.touched, r)
 	return nil
 }
 
 // top returns the mount of the top of r's root, where WriteFrom's pool
-// goes.
+// goes and the Syncer's syncfs of r's root reaches (the Syncer watches
+// r's root first).
 func (s *Stage) top(r *syscalls.Resource) (mountID, error) {
-	if m, ok := s.tops[r.RootPath]; ok {
-		return m, nil
-	}
-	dir, err := openDir(r.Root, ".")
+	fs, err := s.sync.fs.watch(r.Root)
 	if err != nil {
-		return mountID{}, fmt.Errorf("open %s: %w", r.RootPath, err)
+		return mountID{}, fmt.Errorf("stage %s: %w", r.Rel, err)
 	}
-	defer dir.Close()
-	e, err := statEntry(int(dir.Fd()), "")
-	if err != nil {
-		return mountID{}, fmt.Errorf("stat %s: %w", r.RootPath, err)
-	}
-	s.tops[r.RootPath] = e.mount
-	return e.mount, nil
+	return fs.top, nil
 }
 
 // PutKV stages value under key and returns the version it will have.

@@ -198,43 +198,57 @@ func (s *Syncer) round(batch []*syncReq) {
 // would then return 0 for a round whose files never reached the disk.
 type fileSystems struct {
 	mu     sync.Mutex
-	dev    map[*os.Root]uint64 // the file system of each root seen
+	seen   map[*os.Root]rootFS // each root seen
 	files  map[uint64]*os.File // one descriptor per file system, by device
 	closed bool
 }
 
+// rootFS is where a root's directory is: its file system's device and its
+// mount.
+type rootFS struct {
+	dev uint64
+	top mountID
+}
+
 var errSyncerClosed = errors.New("txn: the syncer is closed")
 
-// watch returns the device of root's file system, opening and keeping a
-// descriptor of it first if it is new.
-func (f *fileSystems) watch(root *os.Root) (uint64, error) {
+// watch returns the device of root's file system and the mount of its
+// directory, opening and keeping a descriptor of the file system first if
+// it is new.
+func (f *fileSystems) watch(root *os.Root) (rootFS, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if d, ok := f.dev[root]; ok {
-		return d, nil
+	if fs, ok := f.seen[root]; ok {
+		return fs, nil
 	}
 	if f.closed {
-		return 0, errSyncerClosed
+		return rootFS{}, errSyncerClosed
 	}
 	dir, err := root.Open(".")
 	if err != nil {
-		return 0, fmt.Errorf("open %s for syncfs: %w", root.Name(), err)
+		return rootFS{}, fmt.Errorf("open %s for syncfs: %w", root.Name(), err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(dir.Fd()), &st); err != nil {
 		dir.Close()
-		return 0, fmt.Errorf("stat %s: %w", root.Name(), err)
+		return rootFS{}, fmt.Errorf("stat %s: %w", root.Name(), err)
 	}
-	if f.dev == nil {
-		f.dev, f.files = map[*os.Root]uint64{}, map[uint64]*os.File{}
+	e, err := statEntry(int(dir.Fd()), "")
+	if err != nil {
+		dir.Close()
+		return rootFS{}, fmt.Errorf("stat %s: %w", root.Name(), err)
+	}
+	if f.seen == nil {
+		f.seen, f.files = map[*os.Root]rootFS{}, map[uint64]*os.File{}
 	}
 	if _, ok := f.files[st.Dev]; ok {
 		dir.Close() // the file system's descriptor is older
 	} else {
 		f.files[st.Dev] = dir
 	}
-	f.dev[root] = st.Dev
-	return st.Dev, nil
+	fs := rootFS{dev: st.Dev, top: e.mount}
+	f.seen[root] = fs
+	return fs, nil
 }
 
 // sync runs syncfs(2) once for each file system holding roots.
@@ -242,11 +256,11 @@ func (f *fileSystems) sync(roots []*os.Root) error {
 	var errs []error
 	names := map[uint64]string{} // a root naming each file system
 	for _, root := range roots {
-		d, err := f.watch(root)
+		fs, err := f.watch(root)
 		if err != nil {
 			errs = append(errs, err)
-		} else if _, ok := names[d]; !ok {
-			names[d] = root.Name()
+		} else if _, ok := names[fs.dev]; !ok {
+			names[fs.dev] = root.Name()
 		}
 	}
 	for d, name := range names {
@@ -269,5 +283,5 @@ func (f *fileSystems) close() {
 	for _, file := range f.files {
 		file.Close()
 	}
-	f.dev, f.files, f.closed = nil, nil, true
+	f.seen, f.files, f.closed = nil, nil, true
 }

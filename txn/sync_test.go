@@ -111,10 +111,14 @@ func TestSyncerOneDescriptorPerFileSystem(t *testing.T) {
 // TestSyncfsErrorSeenBySyncer: a writeback error of staged content that
 // another process's syncfs has already consumed still fails the Syncer's
 // Sync, and every Sync after it, although the next syncfs returns 0. It
-// runs TestSyncfsErrorChild in a private mount namespace (as
-// root): ext4 on a loop device whose image lies on a small tmpfs, so that
-// writing back more than the tmpfs holds fails with ENOSPC.
-func TestSyncfsErrorSeenBySyncer(t *testing.T) {
+// runs TestSyncfsErrorChild in a private mount namespace (as root) on a
+// file system whose writeback fails (failingExt4).
+func TestSyncfsErrorSeenBySyncer(t *testing.T) { runInMountNamespace(t, "TestSyncfsErrorChild") }
+
+// runInMountNamespace runs the test child of this binary in a private
+// mount namespace (as root), with CAPK_SYNCFS_CHILD naming a directory
+// for it, and passes on its skip or failure.
+func runInMountNamespace(t *testing.T, child string) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (mount, loop devices)")
 	}
@@ -123,39 +127,56 @@ func TestSyncfsErrorSeenBySyncer(t *testing.T) {
 			t.Skipf("%s is not installed", tool)
 		}
 	}
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestSyncfsErrorChild$", "-test.v")
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", os.Args[0], "-test.run=^"+child+"$", "-test.v")
 	cmd.Env = append(os.Environ(), "CAPK_SYNCFS_CHILD="+t.TempDir())
 	out, err := cmd.CombinedOutput()
-	if skip := regexp.MustCompile(`--- SKIP: TestSyncfsErrorChild.*\n\s*(.*)`).FindSubmatch(out); skip != nil {
+	if skip := regexp.MustCompile(`--- SKIP: ` + child + `.*\n\s*(.*)`).FindSubmatch(out); skip != nil {
 		t.Skipf("%s", skip[1])
 	}
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestSyncfsErrorChild")) {
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+child)) {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	t.Logf("%s", bytes.Join(regexp.MustCompile(`(?m)^\s*sync_test.go.*$`).FindAll(out, -1), []byte("\n")))
+	t.Logf("%s", bytes.Join(regexp.MustCompile(`(?m)^\s*\w+_test.go:.*$`).FindAll(out, -1), []byte("\n")))
 }
 
-// TestSyncfsErrorChild is the child of TestSyncfsErrorSeenBySyncer, in its
-// own mount namespace: the mounts, and the loop device (autoclear), go
-// away with it.
-func TestSyncfsErrorChild(t *testing.T) {
-	dir := os.Getenv("CAPK_SYNCFS_CHILD")
-	if dir == "" {
-		t.Skip("run by TestSyncfsErrorSeenBySyncer")
-	}
-	img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "m")
+// failingExt4 mounts, at mnt, an ext4 file system on a loop device whose
+// image lies on a small tmpfs mounted at dir, so that writing back more
+// than the tmpfs holds (bigContent) fails with ENOSPC. It runs in a child
+// of runInMountNamespace: the mounts, and the loop device (autoclear),
+// go away with it. mnt may lie under dir.
+func failingExt4(t *testing.T, dir, mnt string) {
+	img := filepath.Join(dir, "img")
 	for _, c := range [][]string{
 		{"mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", dir},
 		{"truncate", "-s", "32M", img},
 		{"mkfs.ext4", "-q", "-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=0", img},
-		{"mkdir", mnt},
+		{"mkdir", "-p", mnt},
 		{"mount", "-o", "loop", img, mnt},
 	} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Skipf("%s: %v %s", strings.Join(c, " "), err, out)
 		}
 	}
-	defer exec.Command("umount", mnt).Run()
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+}
+
+// bigContent is more than failingExt4's tmpfs holds.
+func bigContent() []byte {
+	big := make([]byte, 12<<20)
+	for i := range big {
+		big[i] = byte(i * 7919 >> 3)
+	}
+	return big
+}
+
+// TestSyncfsErrorChild is the child of TestSyncfsErrorSeenBySyncer.
+func TestSyncfsErrorChild(t *testing.T) {
+	dir := os.Getenv("CAPK_SYNCFS_CHILD")
+	if dir == "" {
+		t.Skip("run by TestSyncfsErrorSeenBySyncer")
+	}
+	mnt := filepath.Join(dir, "m")
+	failingExt4(t, dir, mnt)
 	root, err := os.OpenRoot(mnt)
 	if err != nil {
 		t.Fatal(err)
@@ -166,11 +187,7 @@ func TestSyncfsErrorChild(t *testing.T) {
 	defer s.Close()
 	stage := NewStage("op", KV{View: e.db.View}, s)
 	// More than the tmpfs under the image holds: its writeback fails.
-	big := make([]byte, 12<<20)
-	for i := range big {
-		big[i] = byte(i * 7919 >> 3)
-	}
-	if err := stage.WriteFile(&syscalls.Resource{Root: root, RootPath: mnt, Rel: "big"}, big, 0); err != nil {
+	if err := stage.WriteFile(&syscalls.Resource{Root: root, RootPath: mnt, Rel: "big"}, bigContent(), 0); err != nil {
 		t.Fatal(err)
 	}
 	// Another process's syncfs (a sandboxed `sync -f`, say) sees the

@@ -1,0 +1,82 @@
+package txn
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+
+	"golang.org/x/sys/unix"
+)
+
+// A root's file system is made durable by the Syncer's syncfs of it, which
+// does not reach a file system mounted below the root. An effect whose
+// directory is on another mount than the top of its root (Effect.Mounted)
+// is made durable by fsync instead: WriteFile fsyncs the staging file and
+// its directory before the commit, Apply and Redo fsync the directory
+// once the effect is done. Each directory is opened before the change it
+// covers, since Linux reports a writeback error to an fsync only through a
+// descriptor opened before the error (as for syncfs: see fileSystems).
+
+// ErrNotDurable is wrapped by the error of a failed fsync of an effect on
+// another mount. Trying again cannot cure it: Linux reports the writeback
+// error once, and a second fsync returns 0 although the change never
+// reached the disk. Apply's caller fails stop instead.
+var ErrNotDurable = errors.New("txn: an fsync failed, so the change may not be on disk")
+
+// mountedDir is the directory of an effect on another mount, opened for
+// its fsync; the zero mountedDir, for any other effect, does nothing.
+type mountedDir struct {
+	f    *os.File
+	path string
+}
+
+// openMounted opens the directory of e under r if e is Mounted. A missing
+// directory is no error (there is nothing there to change, and nothing to
+// make durable): the effect itself reports what it finds.
+func openMounted(r *os.Root, e Effect) (mountedDir, error) {
+	if !e.Mounted {
+		return mountedDir{}, nil
+	}
+	dir := path.Dir(e.Path)
+	f, err := r.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if absent(err) {
+		return mountedDir{}, nil
+	}
+	if err != nil {
+		return mountedDir{}, fmt.Errorf("open %s (on another mount than the root, made durable by fsync): %w", dir, err)
+	}
+	return mountedDir{f: f, path: dir}, nil
+}
+
+// sync fsyncs the directory, if one is open.
+func (d mountedDir) sync() error {
+	if d.f == nil {
+		return nil
+	}
+	if err := d.f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s (on another mount than the root): %w: %w", d.path, ErrNotDurable, err)
+	}
+	return nil
+}
+
+// close closes the directory, if one is open.
+func (d mountedDir) close() {
+	if d.f != nil {
+		d.f.Close()
+	}
+}
+
+// change runs an effect's change between opening its directory (if it is
+// Mounted) and fsyncing it.
+func change(r *os.Root, e Effect, do func() error) error {
+	d, err := openMounted(r, e)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	if err := do(); err != nil {
+		return err
+	}
+	return d.sync()
+}
