@@ -78,9 +78,8 @@ func (*fsRead) Execute(_ context.Context, c *Call) (Output, error) {
 	// Read one byte past the limit to learn whether there is more, into a
 	// buffer of the size the file had (it may have changed since).
 	size := st.Size
-	want := min(limit+1, max(size-a.Offset, 0)+1)
 	bp := readBufs.Get().(*[]byte)
-	data, err := preadUpTo(*bp, fd, a.Offset, limit+1, want)
+	data, err := preadUpTo(*bp, fd, a.Offset, limit+1, max(size-a.Offset, 0))
 	// readResult copies the bytes into the result: the buffer is free
 	// after it, unless it grew large.
 	defer func() {

@@ -83,15 +83,21 @@ func (o *openat2Call) run(dir uintptr) {
 const openat2Tries = 16
 
 // preadUpTo appends to b[:0] the file fd from offset off to its end or to
-// max bytes, growing b to hint bytes to begin with (at most 1 MiB: hint
-// may be stale or large).
-func preadUpTo(b []byte, fd int, off, max, hint int64) ([]byte, error) {
-	b = slices.Grow(b[:0], int(min(hint, max, 1<<20)))
+// max bytes; known is how many bytes from off the file held when it was
+// stat'd. b is grown to hold those and one more to begin with (at most 1
+// MiB: known may be stale or large). A read that returns fewer bytes than
+// asked, once known bytes are in, ends it: the file ends there (a read of
+// a regular file is short only at its end), and one read returning 0 to
+// say so is saved. A short read before that (a FUSE or network file
+// system may return one anywhere) reads on.
+func preadUpTo(b []byte, fd int, off, max, known int64) ([]byte, error) {
+	b = slices.Grow(b[:0], int(min(known+1, max, 1<<20)))
 	for int64(len(b)) < max {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
-		n, err := unix.Pread(fd, b[len(b):min(int64(cap(b)), max)], off+int64(len(b)))
+		ask := b[len(b):min(int64(cap(b)), max)]
+		n, err := unix.Pread(fd, ask, off+int64(len(b)))
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -101,6 +107,9 @@ func preadUpTo(b []byte, fd int, off, max, hint int64) ([]byte, error) {
 			return b, nil
 		}
 		b = b[:len(b)+n]
+		if n < len(ask) && int64(len(b)) >= known {
+			return b, nil
+		}
 	}
 	return b, nil
 }

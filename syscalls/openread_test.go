@@ -174,3 +174,40 @@ func BenchmarkFSRead(b *testing.B) {
 		})
 	}
 }
+
+// TestPreadUpTo: whatever the size the file was stat'd at (known), the
+// read returns what the file holds from the offset, up to max bytes.
+func TestPreadUpTo(t *testing.T) {
+	content := strings.Repeat("0123456789", 500) // 5,000 bytes
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name            string
+		off, max, known int64
+	}{
+		{"the size stat'd", 0, 1 << 20, 5000},
+		{"the file grew since", 0, 1 << 20, 100},
+		{"the file grew since, from an offset", 4000, 1 << 20, 10},
+		{"the file shrank since", 0, 1 << 20, 9000},
+		{"nothing known", 0, 1 << 20, 0},
+		{"up to max", 0, 1001, 5000},
+		{"up to max, the file grew", 100, 1001, 10},
+		{"past the end", 6000, 1 << 20, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, b := range [][]byte{nil, make([]byte, 0, 64<<10)} {
+				got, err := preadUpTo(b, int(f.Fd()), c.off, c.max, c.known)
+				want := content[min(c.off, 5000):min(c.off+c.max, 5000)]
+				if err != nil || string(got) != want {
+					t.Fatalf("buffer of %d: %d bytes, %v; want %d bytes", cap(b), len(got), err, len(want))
+				}
+			}
+		})
+	}
+}
