@@ -171,10 +171,15 @@ func (a Access) Receipt(r ReceiptInfo) ReceiptInfo {
 // Event returns e as a sees it, and whether a may see it at all: a
 // capability token sees only its own agent's events; approver tokens see
 // every agent's, without messages (which may quote arguments) except on
-// the approval requests they decide; the admin and auditors see all.
+// the approval requests they decide; the admin and auditors see all, but
+// the message of a call audited at depth commitments_only, which only
+// its agent sees (NotKeptMessage stands for it).
 func (a Access) Event(e Event) (Event, bool) {
 	switch {
 	case a.Full(e.AgentID):
+		if e.own && a.Agent != e.AgentID {
+			e.Message = NotKeptMessage
+		}
 		return e, true
 	case a.Agent != "":
 		return e, false

@@ -57,6 +57,10 @@ type operation struct {
 	done     chan struct{}
 	result   *Result
 	finished time.Time
+	// erased says that the call's record was erased while it ran (its
+	// record commits before its result is kept here): the result is
+	// kept erased.
+	erased bool
 }
 
 type operations struct {
@@ -178,15 +182,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		} else {
 			r = k.publishResult(c, k.run(ctx, c))
 		}
-		k.ops.mu.Lock()
-		k.ops.running--
-		if k.ops.byAgent[family]--; k.ops.byAgent[family] == 0 {
-			delete(k.ops.byAgent, family)
-		}
-		op.result, op.finished = r, time.Now()
-		k.ops.order = append(k.ops.order, id)
-		k.ops.prune()
-		k.ops.mu.Unlock()
+		k.ops.finish(id, op, r, family)
 		close(op.done)
 	}()
 	return id, nil, nil
@@ -194,17 +190,46 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 
 // forgetResult drops from memory what an erasure removes (Result.erase:
 // the result, audit salt, provenance, risk basis and error message) of
-// the finished operation id, as forgetResult (erase.go) does in the
-// stored copies, so that no read of the operation serves a payload after
-// its erasure.
+// operation id, as forgetResult (erase.go) does in the stored copies, so
+// that no read of the operation serves a payload after its erasure. An
+// operation still running is marked, and its result is kept erased when
+// it comes.
 func (o *operations) forgetResult(id string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if op := o.byID[id]; op != nil && op.result != nil {
-		r := *op.result
-		r.erase()
-		op.result = &r
+	op := o.byID[id]
+	if op == nil {
+		return
 	}
+	op.erased = true
+	if op.result != nil {
+		op.result = erased(op.result)
+	}
+}
+
+// finish keeps r as the result of the background call id (op, of agent
+// family family), erased if the call's record was erased while it ran
+// (forgetResult).
+func (o *operations) finish(id string, op *operation, r *Result, family string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.running--
+	if o.byAgent[family]--; o.byAgent[family] == 0 {
+		delete(o.byAgent, family)
+	}
+	if op.erased {
+		r = erased(r)
+	}
+	op.result, op.finished = r, time.Now()
+	o.order = append(o.order, id)
+	o.prune()
+}
+
+// erased returns a copy of r with what an erasure removes removed.
+func erased(r *Result) *Result {
+	cp := *r
+	cp.erase()
+	return &cp
 }
 
 // prune forgets finished operations past their retention (under mu).
@@ -256,9 +281,11 @@ func (k *Kernel) OperationFor(id string, acc Access) (OperationStatus, bool) {
 // resultDepth is the audit depth a finished call of tool was recorded
 // at, as far as its result tells: its tool's, or, for a call by a handle
 // refused before the handle resolved (its tool is the handle), the
-// strictest depth configured, which recordDepth may have taken.
+// strictest depth configured, which recordDepth may have taken; the
+// strictest too for a call whose envelope did not decode as far as its
+// tool id (tool ""), whose error may quote any tool's args.
 func (k *Kernel) resultDepth(tool string) string {
-	if strings.HasPrefix(tool, HandlePrefix) {
+	if tool == "" || strings.HasPrefix(tool, HandlePrefix) {
 		return k.audit.strictest()
 	}
 	return k.depthOf(tool)

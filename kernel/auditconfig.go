@@ -136,10 +136,11 @@ func (r retention) matches(tool, agent string) bool {
 	if r.Agent != "" && !captoken.SubAgent(r.Agent, agent) {
 		return false
 	}
-	if r.Tool == "" || strings.HasPrefix(tool, HandlePrefix) {
+	if r.Tool == "" || tool == "" || strings.HasPrefix(tool, HandlePrefix) {
 		// A call by a handle refused before the handle resolved is
-		// recorded under the handle (so its record reveals no tool):
-		// every tool rule covers it, erring towards erasing.
+		// recorded under the handle (so its record reveals no tool), one
+		// whose envelope did not decode as far as its tool id under
+		// none: every tool rule covers them, erring towards erasing.
 		return true
 	}
 	ok, _ := path.Match(r.Tool, tool)

@@ -525,11 +525,13 @@ func (r *Result) erase() bool { return r.withhold(ErasedMessage) }
 // withhold removes from r what its audit payload holds: the result, the
 // salt, the provenance and risk basis (the context part: the caller
 // chose the one, the other may quote args) and an error's message (part
-// of the result), which becomes msg; status, error class, result_hash and
-// the rest stay. It reports whether anything changed.
+// of the result), which becomes msg; and the result_hash, the plain hash
+// of the result, against which a reader could test guesses of a short
+// one (a PIN). Status, error class and the rest stay. It reports whether
+// anything changed.
 func (r *Result) withhold(msg string) bool {
-	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0 || r.Provenance != nil || r.Notes != nil
-	r.Result, r.AuditSalt, r.RiskBasis, r.Provenance, r.Notes = nil, "", nil, nil, nil
+	changed := r.Result != nil || r.AuditSalt != "" || len(r.RiskBasis) > 0 || r.Provenance != nil || r.Notes != nil || r.ResultHash != ""
+	r.Result, r.AuditSalt, r.RiskBasis, r.Provenance, r.Notes, r.ResultHash = nil, "", nil, nil, nil, ""
 	if r.Error != nil && r.Error.Message != msg {
 		r.Error = &Error{Class: r.Error.Class, Message: msg}
 		changed = true

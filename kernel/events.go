@@ -48,6 +48,10 @@ type Event struct {
 	// were executing, this one included.
 	SessionRunning int              `json:"session_running,omitempty"`
 	Approval       *ApprovalRequest `json:"approval,omitempty"` // confirmation events
+	// own says that Message is the calling agent's alone: the call is
+	// audited at depth commitments_only, and the message, part of its
+	// result, may quote its args (Access.Event).
+	own bool
 }
 
 // EventFilter selects events; zero fields match everything.
@@ -175,9 +179,10 @@ func (k *Kernel) publishResult(c *call, r *Result) *Result {
 	}
 	if r.Error != nil {
 		e.ErrorClass, e.Message = r.Error.Class, r.Error.Message
+		e.own = k.recordDepth(c) == DepthCommitmentsOnly
 	}
 	e.TxOutcome, e.Replayed = r.TxOutcome, r.Replayed
 	k.events.publish(e)
-	k.observed(c, r)
+	k.observed(c, r, e.own)
 	return r
 }

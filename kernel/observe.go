@@ -54,7 +54,7 @@ type CallReport struct {
 	AutonomyMode string // the effective mode; empty when refused before step 6
 	Status       string // ok or error
 	ErrorClass   string
-	ErrorMessage string // the error's message, when Status is error
+	ErrorMessage string // the error's message, when Status is error; NotKeptMessage for a call audited at depth commitments_only
 	TxOutcome    string
 	LedgerSeq    uint64 // the sequence number of the call's audit record; 0 if none
 	Replayed     bool
@@ -122,7 +122,7 @@ func (c *call) lap(stage string) {
 // observed reports call c, whose result is r, to the Observer: the time
 // since the last stage goes to commit after a transaction's record, and
 // to ledger otherwise (the record of every call ends its pipeline).
-func (k *Kernel) observed(c *call, r *Result) {
+func (k *Kernel) observed(c *call, r *Result, own bool) {
 	o := k.cfg.Observer
 	if o == nil {
 		return
@@ -147,6 +147,9 @@ func (k *Kernel) observed(c *call, r *Result) {
 	}
 	if r.Error != nil {
 		rep.ErrorClass, rep.ErrorMessage = r.Error.Class, r.Error.Message
+		if own {
+			rep.ErrorMessage = NotKeptMessage // see Event.own: logs keep no part of the call
+		}
 	}
 	rep.Start, rep.End = c.obs.stages[0].Start, c.obs.last
 	o.CallDone(rep)

@@ -46,7 +46,7 @@ var Parts = []string{PartArgs, PartResult, PartPolicyInput, PartContext}
 // kernel keeps beside its commitments.
 const (
 	DepthFull            = "full"             // every part and the salt
-	DepthCommitmentsOnly = "commitments_only" // the salt alone: the parts are never stored
+	DepthCommitmentsOnly = "commitments_only" // nothing: neither the parts nor the salt is stored
 )
 
 // SaltSize is the length in bytes of an audit record's salt.
@@ -195,7 +195,7 @@ func CommitPart(salt, name string, b []byte) (string, error) {
 // payload to keep (nil for none), both computed before the transaction.
 type sealed struct {
 	commitments Commitments
-	payload     []byte // the kept Payload as stored (packPayload)
+	payload     []byte // the kept Payload as stored (packPayload); nil for none
 }
 
 // seal computes a's commitments under salt from the call's parts (each
@@ -241,7 +241,11 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 		}
 	}
 	if depth == DepthCommitmentsOnly {
-		p, noArgs, known = Payload{Salt: salt}, nil, true
+		// No payload: kept, the salt alone would let every reader of it
+		// test guesses of a short part (a PIN, which of a known set of
+		// files) against the record's public commitments. The agent
+		// holds it in its envelope.
+		return s, nil
 	}
 	if !known && p.Args != nil && p.PolicyInput != nil {
 		b, err := marshalPayload(&p)
