@@ -3,6 +3,8 @@ package mcpgateway
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -25,6 +27,13 @@ type Confirmer interface {
 	// ConfirmInSession records the session user's decision, as
 	// kernel.Kernel.ConfirmInSession.
 	ConfirmInSession(id, token, session, decision, reason string) (kernel.ApprovalRequest, error)
+	// Reread returns res, the result the kernel answered a call with, as
+	// the call's agent may read it now: res itself while the call's
+	// audit payload is kept; once an erasure removed that payload, the
+	// call's result envelope as the kernel stores it since (without the
+	// result, audit salt, provenance, risk basis and error message),
+	// with res's receipt and replayed flag, and erased true.
+	Reread(res *kernel.Result) (now *kernel.Result, erased bool, err error)
 }
 
 // ConfirmerOf is the Confirmer of an in-process kernel.
@@ -49,6 +58,51 @@ func (c kernelConfirmer) Watch(session string) (<-chan kernel.ApprovalRequest, f
 func (c kernelConfirmer) ConfirmInSession(id, token, session, decision, reason string) (kernel.ApprovalRequest, error) {
 	return c.k.ConfirmInSession(id, token, session, decision, reason)
 }
+
+func (c kernelConfirmer) Reread(res *kernel.Result) (*kernel.Result, bool, error) {
+	if res.LedgerSeq == 0 {
+		return res, false, nil // no audit record: nothing to erase
+	}
+	in := c.k.Inspector()
+	// A call's audit record keeps a payload (at depth commitments_only
+	// the salt alone) until an erasure removes it, in the transaction
+	// that rewrites the stored envelope: a payload still there means
+	// res is as the kernel would answer it now. The stored envelope
+	// cannot tell at depth commitments_only, where it holds none of the
+	// parts, erased or not.
+	kept, err := payloadKept(in, res.LedgerSeq)
+	if err != nil || kept {
+		return res, false, err
+	}
+	b, err := in.Operation(res.OperationID)
+	if err != nil {
+		return nil, false, err
+	}
+	var now kernel.Result
+	if err := json.Unmarshal(b, &now); err != nil {
+		return nil, false, fmt.Errorf("operation %s: stored result envelope: %w", res.OperationID, err)
+	}
+	// The receipt is the audit entry, which an erasure leaves whole.
+	now.Receipt, now.Replayed = res.Receipt, res.Replayed
+	return &now, true, nil
+}
+
+// payloadKept reports whether the audit record seq still holds its
+// payload.
+func payloadKept(in *kernel.Inspector, seq uint64) (bool, error) {
+	kept := false
+	err := in.ScanViews(seq, kernel.AccessAll, func(v kernel.EntryView) error {
+		kept = v.Seq == seq && v.Payload != nil
+		return errScanned
+	})
+	if errors.Is(err, errScanned) {
+		err = nil
+	}
+	return kept, err
+}
+
+// errScanned ends payloadKept's scan at its first entry.
+var errScanned = errors.New("scanned")
 
 // Elicitation answers and what they decide.
 const (
@@ -195,7 +249,20 @@ func (g *Gateway) resume(ctx context.Context, req *mcp.CallToolRequest, pc *pend
 		<-pc.done
 	}
 	pc.cancel()
-	return result(pc.res, pc.err, pc.tool, pc.name, g.typed[pc.name]), nil
+	if pc.err != nil {
+		return result(nil, pc.err, pc.tool, pc.name, g.typed[pc.name]), nil
+	}
+	// The call may have ended long before the retry, and been erased
+	// since: the result is read again rather than served as held.
+	res, erased, err := g.confirmer.Reread(pc.res)
+	if err != nil {
+		return errorResult(kernel.ErrInternal, fmt.Sprintf("operation %s ended, but its result could not be read again: %v", pc.res.OperationID, err), nil), nil
+	}
+	r := result(res, nil, pc.tool, pc.name, g.typed[pc.name])
+	if erased && !r.IsError {
+		r.Content = []mcp.Content{&mcp.TextContent{Text: kernel.ErasedMessage}}
+	}
+	return r, nil
 }
 
 // decide records the user's answer: accept with "allow" allows, accept

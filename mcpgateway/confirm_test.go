@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/kernel"
 )
 
@@ -64,14 +65,15 @@ func TestElicitationConfirms(t *testing.T) {
 // newGatedWriteGateway opens a kernel whose policy gates fs.write
 // (sessionPolicy) with approvals expiring after timeout, and a gateway for
 // agent-1's token of fs.write on a fresh workspace ws (cfg.Token, its jti
-// cfg.TokenID); confirm makes the gateway ask its clients (ConfirmerOf).
-func newGatedWriteGateway(t *testing.T, timeout time.Duration, confirm bool) (k *kernel.Kernel, g *Gateway, ws string, cfg Config) {
+// cfg.TokenID); confirm makes the gateway ask its clients (ConfirmerOf);
+// audit, when not nil, is the kernel's audit configuration.
+func newGatedWriteGateway(t *testing.T, timeout time.Duration, confirm bool, audit *kernel.AuditConfig) (k *kernel.Kernel, g *Gateway, ws string, cfg Config) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	if _, err := kernel.Init(dir); err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: dir, PolicyDir: sessionPolicy(t), ApprovalTimeout: timeout})
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: dir, PolicyDir: sessionPolicy(t), ApprovalTimeout: timeout, Audit: audit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +97,7 @@ func newGatedWriteGateway(t *testing.T, timeout time.Duration, confirm bool) (k 
 
 func testElicitation(t *testing.T, version string) {
 	ctx := context.Background()
-	k, g, ws, cfg := newGatedWriteGateway(t, 2*time.Second, true)
+	k, g, ws, cfg := newGatedWriteGateway(t, 2*time.Second, true, nil)
 	tok := cfg.Token
 
 	var mu sync.Mutex
@@ -258,5 +260,110 @@ func TestPendingTakenByItsSessionOnly(t *testing.T) {
 	}
 	if p.take(state, "a") != nil {
 		t.Fatal("a state was taken twice")
+	}
+}
+
+// A call that asked its client and ended before the client came back is
+// answered on the retry as the kernel lets its caller read it then:
+// as the kernel answered it while its audit payload is kept (at depth
+// commitments_only too, where the caller alone holds the parts), and,
+// once an erasure removed that payload, as the kernel stores it after the
+// erasure, without the result, the audit salt or an error's message: the
+// gateway served the copy it held (rev-leaks #7), from which a short
+// erased secret was one brute force away (fs.write's content hash).
+func TestResumeAfterErasure(t *testing.T) {
+	const content = "4711"
+	commitmentsOnly := &kernel.AuditConfig{Depth: map[string]string{"fs.write": kernel.DepthCommitmentsOnly}}
+	cases := []struct {
+		name     string
+		audit    *kernel.AuditConfig
+		decision string // the approver's, before the client answers
+		erase    bool   // the admin erases the call before the client answers
+		want     string // the retry's text; "" for the written file's result
+	}{
+		{"allowed, kept", nil, "allow", false, ""},
+		{"allowed, erased", nil, "allow", true, kernel.ErasedMessage},
+		{"denied, erased", nil, "deny", true, kernel.ErrApprovalDenied + ": " + kernel.ErasedMessage},
+		{"commitments_only, kept", commitmentsOnly, "allow", false, ""},
+		{"commitments_only, erased", commitmentsOnly, "allow", true, kernel.ErasedMessage},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			k, g, _, _ := newGatedWriteGateway(t, time.Minute, true, tc.audit)
+			approver, err := k.Mint(kernel.TokenRequest{AgentID: "person-1", Role: captoken.RoleApprover})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ended := k.Subscribe(kernel.EventFilter{SessionID: "sess-1", Kinds: []string{kernel.EventCompleted, kernel.EventFailed, kernel.EventDenied}}, 16)
+			defer ended.Close()
+			var op string
+			opts := &mcp.ClientOptions{ElicitationHandler: func(_ context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				// Before the user answers, an approver decides, the call
+				// ends, and (erase) the admin erases it.
+				var ar kernel.ApprovalRequest
+				for deadline := time.Now().Add(10 * time.Second); ar.ID == "" && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+					if p := k.Approvals(false); len(p) == 1 {
+						ar = p[0]
+					}
+				}
+				op = ar.OperationID
+				if _, err := k.Decide(ar.ID, approver.Token, tc.decision, "reason naming "+content); err != nil {
+					return nil, err
+				}
+				for e := range ended.C {
+					if e.OperationID == op {
+						break
+					}
+				}
+				if tc.erase {
+					if _, err := k.Erase(ctx, op, "the subject asked"); err != nil {
+						return nil, err
+					}
+				}
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "allow"}}, nil
+			}}
+			sc, cc := net.Pipe()
+			if _, err := g.server.Connect(ctx, lineTransport{in: sc, out: sc, seals: g.seals}, nil); err != nil {
+				t.Fatal(err)
+			}
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(ctx, &mcp.IOTransport{Reader: cc, Writer: cc},
+				&mcp.ClientSessionOptions{ProtocolVersion: "2026-07-28"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			args := map[string]any{"path": "pin.txt", "content": content}
+			r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fs.write", Arguments: args})
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := r.Content[0].(*mcp.TextContent).Text
+			salt, _ := r.Meta[MetaAuditSalt].(string)
+			if r.Meta[MetaOperationID] != op || r.Meta[MetaReceiptID] == nil {
+				t.Fatalf("the retry's _meta %v names no receipt of operation %s", r.Meta, op)
+			}
+			if tc.want != "" {
+				if text != tc.want || salt != "" {
+					t.Fatalf("after the erasure the retry got %q, salt %q; want %q and no salt", text, salt, tc.want)
+				}
+				return
+			}
+			if r.IsError || !strings.Contains(text, `"hash":"`+digest.Sum([]byte(content))+`"`) {
+				t.Fatalf("the retry of a kept call got %q, want the write's result", text)
+			}
+			info, err := k.Inspector().Receipt(r.Meta[MetaReceiptID].(string))
+			if err != nil {
+				t.Fatal(err)
+			}
+			es, err := k.Inspector().Entries(info.Seq, 1)
+			if err != nil || len(es) != 1 {
+				t.Fatalf("audit entry %d: %v", info.Seq, err)
+			}
+			sent, _ := json.Marshal(args)
+			if err := kernel.CheckPayload(es[0], kernel.Payload{Salt: salt, Args: sent}); err != nil {
+				t.Fatalf("the retry's salt %q does not open the record: %v", salt, err)
+			}
+		})
 	}
 }

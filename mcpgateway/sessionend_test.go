@@ -26,7 +26,7 @@ import (
 // POST, so an id past 2^53 (kept as a float64) or a POST the client had
 // dropped escaped the DELETE (rev-last #1, #2).
 func TestDeleteEndsSessionCalls(t *testing.T) {
-	k, g, ws, _ := newGatedWriteGateway(t, time.Minute, false)
+	k, g, ws, _ := newGatedWriteGateway(t, time.Minute, false, nil)
 	alice, err := k.Mint(kernel.TokenRequest{AgentID: "alice", Role: captoken.RoleApprover})
 	if err != nil {
 		t.Fatal(err)

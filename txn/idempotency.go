@@ -82,7 +82,11 @@ func Lookup(tx *bbolt.Tx, k IdemKey, c Call) (replay json.RawMessage, err error)
 	case r.ToolID != c.ToolID:
 		return nil, refuse(ClassConflict, "idempotency key %q was used for tool %s, not %s", k.Key, r.ToolID, c.ToolID)
 	case r.ArgsHash != c.ArgsHash:
-		return nil, refuse(ClassConflict, "idempotency key %q was used with other args (%s)", k.Key, r.ArgsHash)
+		// Not the stored args_hash: the plain hash of the first call's
+		// args, which the refusal would carry to the caller and into
+		// the conflict's own audit record, beyond the first call's
+		// erasure (the caller knows its own args).
+		return nil, refuse(ClassConflict, "idempotency key %q was used with other args", k.Key)
 	case r.TokenID != c.TokenID:
 		return nil, refuse(ClassConflict, "idempotency key %q was used under capability token %s", k.Key, r.TokenID)
 	case !r.Done:

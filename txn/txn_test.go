@@ -199,6 +199,50 @@ func TestPrepare(t *testing.T) {
 	}
 }
 
+// TestConflictMessageHidesArgsHash: a repeat of a key that differs from
+// the key's first call is refused with a message naming the key and what
+// differs, never the first call's args_hash. That hash is the plain BLAKE3
+// of the first call's arguments: the refusal reaches the caller, the
+// conflict's own audit record and its stored envelope, which outlive an
+// erasure of the first call, and a short erased secret would be
+// recovered from it by trying every value (rev-leaks #3).
+func TestConflictMessageHidesArgsHash(t *testing.T) {
+	first := Call{ToolID: "fs.write", ArgsHash: digest.Sum([]byte(`{"content":"4711","path":"pin.txt"}`)), TokenID: "tok"}
+	cases := []struct {
+		name string
+		mod  func(c *Call)
+		msg  string
+	}{
+		{"other tool", func(c *Call) { c.ToolID = "fs.delete" }, `idempotency key "k" was used for tool fs.write, not fs.delete`},
+		{"other args", func(c *Call) { c.ArgsHash = digest.Sum([]byte(`{"content":"x","path":"pin.txt"}`)) }, `idempotency key "k" was used with other args`},
+		{"other token", func(c *Call) { c.TokenID = "tok-2" }, `idempotency key "k" was used under capability token tok`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			p := newPrepare("op-0", "k")
+			p.Call = first
+			if _, err := e.prepare(p); err != nil {
+				t.Fatal(err)
+			}
+			e.commit(&p.Intent, nil, `{"stored":true}`)
+			again := first
+			tc.mod(&again)
+			e.view(func(tx *bbolt.Tx) error {
+				_, err := Lookup(tx, IdemKey{AgentID: "agent", Key: "k"}, again)
+				var te *Error
+				if !errors.As(err, &te) || te.Class != ClassConflict || te.Message != tc.msg {
+					t.Fatalf("repeat with %s: %v, want %s: %s", tc.name, err, ClassConflict, tc.msg)
+				}
+				if strings.Contains(te.Message, first.ArgsHash) {
+					t.Fatalf("the refusal carries the first call's args_hash: %s", te.Message)
+				}
+				return nil
+			})
+		})
+	}
+}
+
 // TestCommitAndRollback: a commit applies kv puts, stores the delta,
 // numbers the commit, and makes the key replay its result; a rollback
 // frees the key and releases the reservation except the call itself.
