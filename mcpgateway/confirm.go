@@ -64,12 +64,11 @@ func (c kernelConfirmer) Reread(res *kernel.Result) (*kernel.Result, bool, error
 		return res, false, nil // no audit record: nothing to erase
 	}
 	in := c.k.Inspector()
-	// A call's audit record keeps a payload (at depth commitments_only
-	// the salt alone) until an erasure removes it, in the transaction
-	// that rewrites the stored envelope: a payload still there means
-	// res is as the kernel would answer it now. The stored envelope
-	// cannot tell at depth commitments_only, where it holds none of the
-	// parts, erased or not.
+	// A call's audit record at depth full keeps its payload until an
+	// erasure removes it, in the transaction that rewrites the stored
+	// envelope: a payload still there means res is as the kernel would
+	// answer it now. At depth commitments_only nothing is kept, so
+	// nothing can be erased (kernel.ErrNothingToErase): res stands.
 	kept, err := payloadKept(in, res.LedgerSeq)
 	if err != nil || kept {
 		return res, false, err
@@ -88,11 +87,20 @@ func (c kernelConfirmer) Reread(res *kernel.Result) (*kernel.Result, bool, error
 }
 
 // payloadKept reports whether the audit record seq still holds its
-// payload.
+// payload, or never held one to erase (depth commitments_only).
 func payloadKept(in *kernel.Inspector, seq uint64) (bool, error) {
 	kept := false
 	err := in.ScanViews(seq, kernel.AccessAll, func(v kernel.EntryView) error {
-		kept = v.Seq == seq && v.Payload != nil
+		if v.Seq != seq {
+			return errScanned
+		}
+		var body struct {
+			Depth string `json:"payload_depth"`
+		}
+		if err := json.Unmarshal(v.Body, &body); err != nil {
+			return fmt.Errorf("audit record %d: %w", seq, err)
+		}
+		kept = v.Payload != nil || body.Depth == kernel.DepthCommitmentsOnly
 		return errScanned
 	})
 	if errors.Is(err, errScanned) {
