@@ -543,7 +543,7 @@ func (r *report) writesMarkdown(w func(string, ...any)) {
 	}
 	w("The file systems: %s.", r.fsLines())
 	w("")
-	w("Each fs.write makes its staged content a new inode and frees the inode it replaces (txn/doc.go, \"No recycled inodes\"). ext4 without a journal does not reuse an inode freed less than 60 s before (360 s while its inode table block is unwritten), and each create scans its group's inode bitmap from the start, testing every such inode on the way (fs/ext4/ialloc.c, `find_inode_bit` and `recently_deleted`), while with a journal it takes the first free inode: %s.", r.createLine())
+	w("Each fs.write makes its staged content a new inode and frees the one it replaces (txn/doc.go, \"No recycled inodes\"), and ext4 without a journal reuses no inode freed less than 60 s before (360 s while its inode table block is unwritten): each create scans its block group's inode bitmap from the start and tests every such inode on the way, whoever freed it, where with a journal it takes the first free inode (fs/ext4/ialloc.c, `find_inode_bit` and `recently_deleted`). %s", r.createLine())
 	w("")
 }
 
@@ -565,13 +565,16 @@ func (r *report) fsLines() string {
 func (r *report) createLine() string {
 	var parts []string
 	for _, fs := range r.Writes {
-		if fs.Skipped != "" || fs.Create.Fresh == 0 {
-			continue
+		switch {
+		case fs.Skipped != "" || fs.Create.Fresh == 0:
+		case len(parts) == 0:
+			parts = append(parts, fmt.Sprintf("%s µs of CPU per create in a new directory and %s µs in one whose %s files had just been removed on %s", µs(fs.Create.Fresh), µs(fs.Create.Churned), num(createChurn), fs.Where))
+		default:
+			parts = append(parts, fmt.Sprintf("%s and %s µs on %s", µs(fs.Create.Fresh), µs(fs.Create.Churned), fs.Where))
 		}
-		parts = append(parts, fmt.Sprintf("%s µs in a new directory and %s µs in one whose %s files had just been removed on %s", µs(fs.Create.Fresh), µs(fs.Create.Churned), num(createChurn), fs.Where))
 	}
 	if len(parts) == 0 {
-		return "the create loop was not measured"
+		return "The create loop was not measured."
 	}
-	return fmt.Sprintf("an empty file's create took %s (CPU of the creating thread, over %d creates in each, measured in this run)", strings.Join(parts, ", against "), createCount)
+	return fmt.Sprintf("A loop of %d creates of an empty file (open with O_CREAT|O_EXCL, close; CPU of the creating thread), measured in this run, took %s.", createCount, strings.Join(parts, ", against "))
 }
