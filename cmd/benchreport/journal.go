@@ -98,12 +98,12 @@ func (r *report) measureWrites(benchtime string) error {
 		return err
 	}
 	r.Go = append(r.Go, disk.Go...)
-	r.Writes = []writesFS{disk, r.measureJournaled(benchtime)}
+	r.Writes = []writesFS{disk, measureJournaled(benchtime)}
 	return nil
 }
 
 // measureJournaled is measureWrites' run on a journaled ext4.
-func (r *report) measureJournaled(benchtime string) writesFS {
+func measureJournaled(benchtime string) writesFS {
 	j := writesFS{Where: onJournal}
 	skip := func(err error) writesFS {
 		// One line: the reason ends the section's line about it.
