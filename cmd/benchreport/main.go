@@ -19,11 +19,14 @@
 // (memory.go).
 //
 // Run it from the module root (make bench-report does). -telemetry-only,
-// -gateway-only and -memory-only run one of those sections alone and
-// print it.
+// -gateway-only, -memory-only and -writes-only run one of those sections
+// alone and print it. The durable writes (section 4) are measured on the
+// machine's disk and, run as root with mkfs.ext4 and loop devices, on a
+// journaled ext4 the report makes on a loop device and removes (journal.go).
 //
 //	go run ./cmd/benchreport [-duration 3s] [-out docs/benchmarks.md]
 //	go run ./cmd/benchreport -gateway-only [-gateway-profile FILE]
+//	go run ./cmd/benchreport -writes-only [-benchtime 2s]
 package main
 
 import (
@@ -66,6 +69,7 @@ func main() {
 	memoryOnly := flag.Bool("memory-only", false, "only measure serve's memory under 200 clients; print that section, write nothing")
 	profile := flag.String("profile", "", "write a CPU profile of kernelctl serve during fs.read at c=32 to this file (go tool pprof bin/kernelctl FILE)")
 	gatewayOnly := flag.Bool("gateway-only", false, "only compare the MCP gateway with the kernel's HTTP API; print that section, write nothing")
+	writesOnly := flag.Bool("writes-only", false, "only measure the durable writes against bare bbolt on the machine's disk and on a journaled ext4 on a loop device (section 4); print that section, write nothing")
 	gatewayProfile := flag.String("gateway-profile", "", "write a CPU profile of the gateway's server process during tools/call at c=8 to this file")
 	serveGatewayData := flag.String("serve-gateway", "", "internal: be the gateway comparison's server process on this data dir")
 	gatewayPprof := flag.String("gateway-pprof", "", "internal: with -serve-gateway, serve the profiler on this address")
@@ -94,6 +98,20 @@ func main() {
 				return err
 			}
 			r.memoryMarkdown(printLine)
+			return nil
+		}
+	case *writesOnly:
+		section = func(r *report, _, _ string, _ time.Duration) error {
+			if err := r.measureWrites(*benchtime); err != nil {
+				return err
+			}
+			if err := r.measureDiskCreates(); err != nil {
+				return err
+			}
+			r.writesMarkdown(printLine)
+			for _, g := range r.writesGoals() {
+				printLine("%s: %s (met: %s)", g.goal, g.measured, g.met)
+			}
 			return nil
 		}
 	case *gatewayOnly:
@@ -441,21 +459,29 @@ func fetchProfile(addr, file string, d time.Duration) error {
 	return f.Close()
 }
 
-// measureInProcess runs the go test benchmarks the report quotes.
+// measureInProcess runs the go test benchmarks the report quotes, the
+// durable writes on two file systems (measureWrites) after Invoke, and
+// last the create loop on the machine's disk, whose freed inodes would
+// slow the benchmarks' creates after it there.
 func (r *report) measureInProcess(benchtime string) error {
 	runs := []struct {
 		what, pkg, pattern, benchtime string
 		env                           []string
 	}{
 		{"in-process Invoke", "./kernel/", "^BenchmarkInvoke$/^(echo|fs.read-1KiB)$", benchtime, nil},
-		{"durable writes", "./kernel/", "^BenchmarkInvoke$/^fs.write-1KiB$/^p=(1|32)$", benchtime, nil},
-		{"bare bbolt writes", "./kernel/", "^BenchmarkBaselineBoltPut$/^p=(1|32)$", benchtime, nil},
 		{"ledger at 1M entries", "./ledger/", "^BenchmarkLedger1M$/^(InclusionProof|VerifyInclusion|VerifyWith|Export|VerifyExport)$", "1s", nil},
 		{"proc.exec vs bare bwrap", "./kernel/", "^BenchmarkExecVsBareBwrap$/^(r-root|rw-empty)$", "100x", nil},
 		{"upstream MCP call vs direct", "./kernel/", "^BenchmarkUpstreamEcho$", benchtime, []string{"CAPKERNEL_NPM_TESTS=1"}},
 		{"audit storage per call", "./kernel/", "^BenchmarkAuditStorage$", "3000x", nil},
 	}
-	for _, run := range runs {
+	for i, run := range runs {
+		// The durable writes come second, where they came when
+		// the report measured them on the disk only.
+		if i == 1 {
+			if err := r.measureWrites(benchtime); err != nil {
+				return err
+			}
+		}
 		step("%s (go test -bench)", run.what)
 		rs, err := goBench(run.pkg, run.pattern, run.benchtime, run.env...)
 		if err != nil {
@@ -463,7 +489,7 @@ func (r *report) measureInProcess(benchtime string) error {
 		}
 		r.Go = append(r.Go, rs...)
 	}
-	return nil
+	return r.measureDiskCreates()
 }
 
 // readMachine records what the numbers were measured on.

@@ -21,6 +21,7 @@ type report struct {
 	Gateway               []point // measureGateway's rounds
 	Memory                []memoryPoint
 	Go                    []result
+	Writes                []writesFS // section 4: the machine's disk, then the journaled ext4
 }
 
 func (r *report) point(target string, c int) (point, bool) {
@@ -158,17 +159,7 @@ func (r *report) markdown() []byte {
 		}
 	}
 	w("")
-	w("## 4. Durable writes: fs.write 1 KiB against bare bbolt")
-	w("")
-	w("fs.write runs as a transaction (intent, staged content, commit, audit record), all durable. The baseline is one bbolt `Update` with one 1 KiB `Put` per operation, fsync each (`BenchmarkBaselineBoltPut`).")
-	w("")
-	w("| p | fs.write calls/s | bare bbolt puts/s | ratio |")
-	w("|---:|---:|---:|---:|")
-	for _, p := range []int{1, 32} {
-		n, base := fmt.Sprintf("BenchmarkInvoke/fs.write-1KiB/p=%d", p), fmt.Sprintf("BenchmarkBaselineBoltPut/p=%d", p)
-		w("| %d | %s | %s | %s |", p, r.metric(n, "calls/s"), r.metric(base, "calls/s"), r.ratio(n, "calls/s", base, "calls/s"))
-	}
-	w("")
+	r.writesMarkdown(w)
 	w("## 5. Ledger at one million entries")
 	w("")
 	w("`BenchmarkLedger1M`: one million 300-byte audit entries with a signed checkpoint every 1,000.")
@@ -250,13 +241,7 @@ func (r *report) goals() []goal {
 	add("serial work on the sequencer per call ≤ 15 µs (fs.read, p=32)", v, ok, " µs", v <= 15)
 	v, ok = get("BenchmarkInvoke/fs.read-1KiB/p=32", "allocs/op")
 	add("allocations per fs.read ≤ 150 (p=32)", v, ok, "", v <= 150)
-	w, ok1 := get("BenchmarkInvoke/fs.write-1KiB/p=32", "calls/s")
-	bb, ok2 := get("BenchmarkBaselineBoltPut/p=32", "calls/s")
-	q, ok := 0.0, ok1 && ok2 && bb > 0
-	if ok {
-		q = w / bb
-	}
-	add("durable fs.write 1 KiB at p=32 ≥ 1.5× bare bbolt Update+fsync", q, ok, "×", q >= 1.5)
+	out = append(out, r.writesGoals()...)
 	v, ok = get("BenchmarkLedger1M/VerifyWith", "entries/s")
 	add("ledger verification (chain, tree, every signature) ≥ 1 M entries/s", v, ok, " entries/s", v >= 1e6)
 	v, ok = get("BenchmarkExecVsBareBwrap/r-root", "ratio")
