@@ -34,6 +34,20 @@ func TestRefs(t *testing.T) {
 		{"a number", []Arg{{Pointer: "/p", Kind: "fs"}}, `{"p":3}`, "declared fs argument /p is a number, not a string", ""},
 		{"an array element not a string", []Arg{{Pointer: "/p/*", Kind: "fs"}}, `{"p":["a",{}]}`, "declared fs argument /p/1 is an object, not a string", ""},
 		{"a scalar in the way", []Arg{{Pointer: "/p/x", Kind: "net"}}, `{"p":"s"}`, "declared net argument /p/x: /p is a string, not an object or array", ""},
+		// Names a case-insensitive decoder (Go's encoding/json) takes for
+		// the declared one, which the kernel would not check.
+		{"a folded twin", []Arg{{Pointer: "/source", Kind: "fs"}}, `{"source":"ok.txt","ſource":"/etc/passwd"}`,
+			`args: members "source" and "ſource" of / differ only in case, which a decoder ignoring case takes for one`, ""},
+		{"an ASCII twin", []Arg{{Pointer: "/source", Kind: "fs"}}, `{"SOURCE":"/etc/passwd","source":"ok.txt"}`,
+			`args: members "SOURCE" and "source" of / differ only in case, which a decoder ignoring case takes for one`, ""},
+		{"a folded name alone", []Arg{{Pointer: "/source", Kind: "fs", Optional: true}}, `{"ſource":"/etc/passwd"}`,
+			`member "ſource" of / differs from the declared fs argument /source only in case: name it "source"`, ""},
+		{"a folded name under a wildcard", []Arg{{Pointer: "/edits/*/to", Kind: "fs"}}, `{"edits":[{"TO":"/etc/passwd"}]}`,
+			`member "TO" of /edits/0/ differs from the declared fs argument /edits/*/to only in case: name it "to"`, ""},
+		{"twins deep in other args", []Arg{{Pointer: "/p", Kind: "fs"}}, `{"p":"a","opts":{"k":1,"K":2}}`,
+			`args: members "K" and "k" of /opts/ differ only in case, which a decoder ignoring case takes for one`, ""},
+		{"the Kelvin sign", []Arg{{Pointer: "/key", Kind: "kv"}}, `{"key":"a","Key":"b"}`,
+			"args: members \"key\" and \"\u212aey\" of / differ only in case, which a decoder ignoring case takes for one", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
