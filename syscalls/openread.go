@@ -86,10 +86,11 @@ const openat2Tries = 16
 // max bytes; known is how many bytes from off the file held when it was
 // stat'd. b is grown to hold those and one more to begin with (at most 1
 // MiB: known may be stale or large). A read that returns fewer bytes than
-// asked, once known bytes are in, ends it: the file ends there (a read of
-// a regular file is short only at its end), and one read returning 0 to
-// say so is saved. A short read before that (a FUSE or network file
-// system may return one anywhere) reads on.
+// asked and ends exactly at known bytes ends it: the file is still the
+// size stat'd, and one read returning 0 to say so is saved. Any other
+// short read reads on until a read returns 0: procfs and sysfs files
+// stat as 0 or 4096 bytes and return a buffer's worth a read, and a FUSE
+// or network file system may return one anywhere.
 func preadUpTo(b []byte, fd int, off, max, known int64) ([]byte, error) {
 	b = slices.Grow(b[:0], int(min(known+1, max, 1<<20)))
 	for int64(len(b)) < max {
@@ -107,7 +108,7 @@ func preadUpTo(b []byte, fd int, off, max, known int64) ([]byte, error) {
 			return b, nil
 		}
 		b = b[:len(b)+n]
-		if n < len(ask) && int64(len(b)) >= known {
+		if n < len(ask) && known > 0 && int64(len(b)) == known {
 			return b, nil
 		}
 	}

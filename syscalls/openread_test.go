@@ -176,7 +176,9 @@ func BenchmarkFSRead(b *testing.B) {
 }
 
 // TestPreadUpTo: whatever the size the file was stat'd at (known), the
-// read returns what the file holds from the offset, up to max bytes.
+// read returns what the file holds from the offset, up to max bytes; a
+// procfs file, which stats as 0 bytes and returns a buffer's worth a
+// read, is read whole.
 func TestPreadUpTo(t *testing.T) {
 	content := strings.Repeat("0123456789", 500) // 5,000 bytes
 	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
@@ -209,5 +211,35 @@ func TestPreadUpTo(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPreadUpToProcfs: a procfs file stats as 0 bytes and returns one
+// buffer's worth a read; fs.read's reading takes it all, as a plain read
+// to the end does.
+func TestPreadUpToProcfs(t *testing.T) {
+	// Long enough to take several reads: the mappings of this process,
+	// with their sizes.
+	const name = "/proc/self/smaps"
+	f, err := os.Open(name)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	got, err := preadUpTo(nil, int(f.Fd()), 0, 1<<24, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The mappings may change between the two reads; their count of
+	// lines hardly does, and a cut read loses most of them.
+	if len(whole) < 16<<10 {
+		t.Skipf("%s holds only %d bytes", name, len(whole))
+	}
+	if n, m := strings.Count(string(got), "\n"), strings.Count(string(whole), "\n"); n < m*9/10 {
+		t.Fatalf("%d bytes (%d lines) read of %s, which holds %d bytes (%d lines)", len(got), n, name, len(whole), m)
 	}
 }
