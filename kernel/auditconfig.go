@@ -22,7 +22,7 @@ import (
 type AuditConfig struct {
 	// Depth maps tool id patterns ("fs.write", "fs.*", "*") to a depth:
 	// DepthFull (the default) keeps every part; DepthCommitmentsOnly keeps
-	// none, only the salt. The most specific pattern wins: an exact id,
+	// none, nor the salt. The most specific pattern wins: an exact id,
 	// then the longest glob.
 	Depth map[string]string `json:"depth,omitempty"`
 	// Retention rules erase payloads older than a duration, of the tools

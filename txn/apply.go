@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strings"
 	"syscall"
 )
 
@@ -56,7 +57,9 @@ func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
 	var err error
 	switch e := effects[i]; e.Op {
 	case OpWrite:
-		err = r.Rename(e.Stage, e.Path)
+		if err = r.Rename(e.Stage, e.Path); absent(err) {
+			err = renamedAlready(r, effects, i)
+		}
 	case OpDelete:
 		if !landed(r, effects, later[i]) {
 			err = r.Rename(e.Path, e.Stage)
@@ -79,6 +82,30 @@ func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
 	return err
 }
 
+// renamedAlready answers a write, effects[i], whose staging file is gone:
+// nil when it was renamed already (by an earlier attempt of Apply): its
+// target holds its content, or a later effect of the same call at or
+// above its path may have changed it since. Anything else — the staging
+// file removed, or hidden by a mount that appeared over its directory —
+// is an error: the committed content is not where the call put it, and
+// Redo reports what it finds.
+func renamedAlready(r *os.Root, effects []Effect, i int) error {
+	e := effects[i]
+	for _, l := range effects[i+1:] {
+		if l.Root == e.Root && l.Path != "" && (l.Path == e.Path || strings.HasPrefix(e.Path, l.Path+"/")) {
+			return nil
+		}
+	}
+	cur, _, present, err := currentHash(r, e.Path)
+	switch {
+	case err != nil:
+		return err
+	case present && cur == e.NewHash:
+		return nil
+	}
+	return fmt.Errorf("staging file %s is gone and %s does not hold the committed content %s", e.Stage, e.Path, e.NewHash)
+}
+
 // finalModes gives each directory a mkdir of effects made its mode, the
 // deepest first (a parent made unsearchable would hide its children
 // from chmod); a path that is not a directory is left. A failure is
@@ -94,6 +121,9 @@ func finalModes(effects []Effect, root func(dir string) (*os.Root, error), fail 
 			var fi fs.FileInfo
 			if fi, err = r.Lstat(e.Path); err == nil && fi.IsDir() {
 				err = r.Chmod(e.Path, fs.FileMode(e.Mode).Perm())
+				if err == nil && e.Mounted {
+					err = syncPath(r, e.Path)
+				}
 			}
 		}
 		if err != nil && !absent(err) {
@@ -143,6 +173,11 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 		conflicts = append(conflicts, refusal(operationID, e, err))
 		return nil
 	}
+	// Which effects lie on another mount than their root's top is read
+	// now, where the changes land, not taken from the intent: an intent
+	// decided by a build before Effect.Mounted has none, and a mount may
+	// have come or gone since the staging.
+	effects = mountedNow(effects, root)
 	later := laterWrites(effects)
 	for i, e := range effects {
 		if !onDisk(e.Op) {
@@ -160,6 +195,12 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 			}
 			return applyEffect(r, effects, i, later)
 		})
+		if err == nil && c == nil && e.Mounted && e.Op == OpWrite {
+			// The staging file was fsynced when it was staged only by
+			// builds that knew of Effect.Mounted: the written file is,
+			// here. An unseen writeback error reaches a new descriptor.
+			err = syncPath(r, e.Path)
+		}
 		if c != nil {
 			conflicts = append(conflicts, *c)
 		}
@@ -272,9 +313,13 @@ func Refused(err error) bool { return lasting(err) }
 // file system (EROFS), an entry the operation cannot take (ENOTEMPTY,
 // EISDIR, ELOOP, ENAMETOOLONG, EMLINK, EINVAL), or a path that now leads
 // out of its root (os.Root refuses to follow it). A disk error (EIO), a
-// full disk or quota (ENOSPC, EDQUOT) and anything else may pass, or mean
+// full disk or quota (ENOSPC, EDQUOT), a failed fsync of a change made
+// (ErrNotDurable, whatever its errno) and anything else may pass, or mean
 // that what is on the disk cannot be trusted: they are not lasting.
 func lasting(err error) bool {
+	if errors.Is(err, ErrNotDurable) {
+		return false // an fsync failed after the change: see ErrNotDurable
+	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) && pe.Err.Error() == escapes {
 		return true

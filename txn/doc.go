@@ -67,6 +67,11 @@
 //     the same points: fs.write's staging file and its directory before
 //     the commit, the directory after Apply's or Redo's change, each
 //     through a descriptor opened before the change (see mounted.go).
+//     Redo decides which effects lie on another mount when it redoes
+//     them, not from the intent (a mount may have come or gone since, and
+//     intents decided before Effect.Mounted do not say), and fsyncs the
+//     file a write put there too, since its staging file may never have
+//     been fsynced.
 //     proc.exec writes nothing there (its staging pool is at the top of
 //     the root: see Stage.WriteFrom).
 //

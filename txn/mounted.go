@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,8 +55,15 @@ func (d mountedDir) sync() error {
 	if d.f == nil {
 		return nil
 	}
-	if err := d.f.Sync(); err != nil {
-		return fmt.Errorf("fsync %s (on another mount than the root): %w: %w", d.path, ErrNotDurable, err)
+	return fsync(d.f, d.path)
+}
+
+// fsync fsyncs f (named name), wrapping a failure in ErrNotDurable.
+// EINVAL, a file system that has no sync (9p, vboxsf, for directories),
+// is none to make, as a syncfs of it returns 0.
+func fsync(f *os.File, name string) error {
+	if err := f.Sync(); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("fsync %s (on another mount than the root): %w: %w", name, ErrNotDurable, err)
 	}
 	return nil
 }
@@ -79,4 +87,72 @@ func change(r *os.Root, e Effect, do func() error) error {
 		return err
 	}
 	return d.sync()
+}
+
+// syncPath fsyncs rel under r, a regular file or a directory (anything
+// else, or nothing there, has nothing to sync).
+func syncPath(r *os.Root, rel string) error {
+	f, err := r.OpenFile(rel, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if absent(err) || errors.Is(err, unix.ELOOP) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s for fsync: %w", rel, err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !(fi.Mode().IsRegular() || fi.IsDir()) {
+		return err
+	}
+	return fsync(f, rel)
+}
+
+// mountedNow returns effects with Mounted set for each write, delete and
+// mkdir whose directory (its nearest existing one) lies on another mount
+// than the top of its root now, and cleared for the others. An effect
+// whose directory cannot be read keeps its flag: the effect itself meets
+// the same error and reports it.
+func mountedNow(effects []Effect, root func(dir string) (*os.Root, error)) []Effect {
+	out := slices.Clone(effects)
+	tops := map[string]mountID{}
+	for i := range out {
+		e := &out[i]
+		if e.Op != OpWrite && e.Op != OpDelete && e.Op != OpMkdir {
+			continue
+		}
+		r, err := root(e.Root)
+		if err != nil {
+			continue
+		}
+		top, ok := tops[e.Root]
+		if !ok {
+			if top, err = mountOf(r, "."); err != nil {
+				continue
+			}
+			tops[e.Root] = top
+		}
+		d := path.Dir(e.Path)
+		m, err := mountOf(r, d)
+		for absent(err) && d != "." {
+			d = path.Dir(d)
+			m, err = mountOf(r, d)
+		}
+		if err == nil {
+			e.Mounted = m.id != top.id
+		}
+	}
+	return out
+}
+
+// mountOf returns the mount of directory rel under r.
+func mountOf(r *os.Root, rel string) (mountID, error) {
+	dir, err := openDir(r, rel)
+	if err != nil {
+		return mountID{}, err
+	}
+	defer dir.Close()
+	e, err := statEntry(int(dir.Fd()), "")
+	if err != nil {
+		return mountID{}, fmt.Errorf("stat %s: %w", rel, err)
+	}
+	return e.mount, nil
 }

@@ -1,6 +1,7 @@
 package txn
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/internal/obstacles"
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -111,5 +113,89 @@ func TestMountedEffects(t *testing.T) {
 		os.WriteFile(filepath.Join(ws, "m/gone.txt"), []byte("old"), 0o644)
 		os.WriteFile(filepath.Join(ws, "m/old.txt"), []byte("old"), 0o644)
 		os.WriteFile(filepath.Join(ws, "top.txt"), []byte("old"), 0o644)
+	}
+}
+
+// TestRedoMountedOldIntent: Redo of a write into a file system mounted
+// below the root, by an intent that does not say so (decided by a build
+// before Effect.Mounted, whose staging file was never fsynced), fsyncs
+// the written file: its failed writeback fails the Redo (so recovery
+// does not finish the intent) with ErrNotDurable, which is never taken
+// for a lasting refusal. It runs TestRedoMountedOldIntentChild in a
+// private mount namespace (as root).
+func TestRedoMountedOldIntent(t *testing.T) {
+	runInMountNamespace(t, "TestRedoMountedOldIntentChild")
+}
+
+// TestRedoMountedOldIntentChild is the child of TestRedoMountedOldIntent.
+func TestRedoMountedOldIntentChild(t *testing.T) {
+	dir := os.Getenv("CAPK_SYNCFS_CHILD")
+	if dir == "" {
+		t.Skip("run by TestRedoMountedOldIntent")
+	}
+	ws := filepath.Join(dir, "ws")
+	failingExt4(t, dir, filepath.Join(ws, "m"))
+	root, err := os.OpenRoot(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	content := bigContent()
+	stage := "m/" + StagePrefix + "op-0"
+	if err := root.WriteFile(stage, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var effects []Effect // as the old build encoded it: no "mounted"
+	if err := json.Unmarshal([]byte(`[{"op":"write","root":"`+ws+`","path":"m/big","stage":"`+stage+`","new_hash":"`+digest.Sum(content)+`","size":12582912}]`), &effects); err != nil {
+		t.Fatal(err)
+	}
+	rs := recoveryRoots{roots: rootCache{}}
+	defer rs.close()
+	conflicts, err := Redo("op", effects, rs.open)
+	if !errors.Is(err, ErrNotDurable) || !errors.Is(err, unix.ENOSPC) || len(conflicts) > 0 || Refused(err) {
+		t.Fatalf("Redo: conflicts %v, %v; want the written file's failed fsync (ErrNotDurable, ENOSPC), not refused", conflicts, err)
+	}
+	t.Logf("Redo: %v", err)
+}
+
+// TestApplyStagingGone: Apply of a write whose staging file is gone is
+// done only when its target holds the committed content (an earlier
+// attempt renamed it); otherwise (the file removed, or hidden by a mount
+// that appeared over its directory) it fails, where it returned nil and
+// the committed content was nowhere.
+func TestApplyStagingGone(t *testing.T) {
+	ws := t.TempDir()
+	root, err := os.OpenRoot(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	e := newEnv(t)
+	s := NewSyncer()
+	defer s.Close()
+	res := &syscalls.Resource{Root: root, RootPath: ws, Rel: "f.txt"}
+	for _, tc := range []struct {
+		name  string
+		after func(effects []Effect) // between the stage and Apply
+		ok    bool
+	}{
+		{"applied twice", func(ef []Effect) {
+			if err := Apply(ef, func(string) (*os.Root, error) { return root, nil }); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"staging file removed", func(ef []Effect) { os.Remove(filepath.Join(ws, ef[0].Stage)) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stage := NewStage("op-"+tc.name[:3], KV{View: e.db.View}, s)
+			if err := stage.WriteFile(res, []byte("committed "+tc.name), 0); err != nil {
+				t.Fatal(err)
+			}
+			effects := stage.Effects()
+			tc.after(effects)
+			if err := Apply(effects, stage.Root); (err == nil) != tc.ok {
+				t.Fatalf("Apply: %v, want ok %v", err, tc.ok)
+			}
+		})
 	}
 }

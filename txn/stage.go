@@ -164,7 +164,7 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		err = f.Chmod(perm)
 	}
 	if err == nil && mounted {
-		err = f.Sync()
+		err = fsync(f, name)
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
