@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/bbolt"
 )
 
 // messages is an Observer keeping the error messages it is told.
@@ -138,5 +140,38 @@ func TestRetentionToolRuleCoversUnknownTool(t *testing.T) {
 		if got := r.matches(c.tool, "agent-1"); got != c.want {
 			t.Errorf("tool %q: matches %v, want %v", c.tool, got, c.want)
 		}
+	}
+}
+
+// TestOldSaltOnlyPayloadNotServed: a record at depth commitments_only
+// written by a build that kept the salt alone is served without it (the
+// salt would let a reader test guesses of a short part against the
+// record's commitments), and an erasure of its operation removes it.
+func TestOldSaltOnlyPayloadNotServed(t *testing.T) {
+	cfg := func(c *Config) {
+		c.Audit = &AuditConfig{Depth: map[string]string{"fs.write": DepthCommitmentsOnly}}
+	}
+	h := newHarness(t, cfg)
+	w := h.invoke("fs.write", map[string]any{"path": "pin.txt", "content": "4711"}, key("w1"))
+	mustOK(t, w)
+	// What builds before fc670a8 stored at this depth.
+	old := packPayload(appendPayload(nil, &Payload{Salt: w.AuditSalt}, nil))
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error { return putPayload(tx, w.LedgerSeq, old) }); err != nil {
+		t.Fatal(err)
+	}
+	h.k.Close()
+	h.open(cfg)
+	views, err := h.k.Inspector().EntryViews(w.LedgerSeq, 1, AccessAll)
+	if err != nil || len(views) != 1 || views[0].Payload != nil {
+		t.Fatalf("the auditor's view: %+v %v", views, err)
+	}
+	mustVerify(t, h.k.Inspector())
+	if _, err := h.k.Erase(context.Background(), w.OperationID, "purge the old salt"); err != nil {
+		t.Fatal(err)
+	}
+	var p *Payload
+	h.k.View(func(tx *bbolt.Tx) (err error) { p, err = getPayload(tx, w.LedgerSeq); return err })
+	if p != nil {
+		t.Fatalf("after the erasure the store keeps %+v", p)
 	}
 }

@@ -371,6 +371,13 @@ func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 // stored form can decode to other valid text; only the commitments tell,
 // and a reader serves no part they do not vouch for.
 func openedPayload(tx *bbolt.Tx, seq uint64, c Commitments, depth string) (*Payload, error) {
+	if depth == DepthCommitmentsOnly {
+		// Nothing is kept at that depth. Builds before fc670a8 stored the
+		// salt alone there, which would let a reader test guesses of a
+		// short part against the commitments: it is never served (an
+		// erasure of the operation removes it).
+		return nil, nil
+	}
 	p, err := getPayload(tx, seq)
 	if err != nil || p == nil {
 		return p, err
