@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -118,6 +119,78 @@ func TestHistoryReadRules(t *testing.T) {
 	}
 	if s, body := dave.raw("/console/api/operations/" + op); s != http.StatusOK || strings.Contains(body, `"audit_salt"`) {
 		t.Errorf("auditor reads the erased operation: %d %s", s, body)
+	}
+}
+
+// TestCommitmentsOnlyRecord: the record endpoint's answer for a call
+// audited at depth commitments_only, where the kernel stores no payload,
+// not even the salt. The auditor reads it in full with no payload and no
+// erasure record, and its depth, which is what tells the page "not kept"
+// from a missing payload (commitments.js payloadState); the approver reads
+// its public part. An erasure of it is refused, and the record reads the
+// same after.
+func TestCommitmentsOnlyRecord(t *testing.T) {
+	w := newWorldWith(t, kernel.Config{Audit: &kernel.AuditConfig{Depth: map[string]string{"fs.*": kernel.DepthCommitmentsOnly}}}, nil)
+	op, a := w.gated(w.agent, "fs.read", map[string]any{"path": "notes.txt"}, "")
+	alice, dave := w.client(), w.client()
+	for who, c := range map[string]*client{w.alice.Token: alice, w.dave.Token: dave} {
+		if s := c.login(who); s != http.StatusOK {
+			t.Fatalf("login: %d", s)
+		}
+	}
+	if s, out := alice.do("POST", "/console/api/approvals/"+a.ID, DecisionRequest{Decision: "allow", Reason: "ok"}); s != http.StatusOK {
+		t.Fatalf("approve: %d %v", s, out)
+	}
+	res, err := w.k.Wait(context.Background(), op)
+	if err != nil || res.Status != kernel.StatusOK {
+		t.Fatalf("the approved call: %+v %v", res, err)
+	}
+	check := func(t *testing.T, c *client, full bool) {
+		t.Helper()
+		s, body := c.raw("/console/api/receipts/" + res.ReceiptID + "/record")
+		var rec Record
+		if err := json.Unmarshal([]byte(body), &rec); s != http.StatusOK || err != nil {
+			t.Fatalf("record: %d %v %s", s, err, body)
+		}
+		var b struct {
+			Depth string `json:"payload_depth"`
+			Args  string `json:"args_commitment"`
+		}
+		if err := json.Unmarshal(rec.Entry.Body, &b); err != nil || b.Depth != kernel.DepthCommitmentsOnly || !strings.HasPrefix(b.Args, "blake3:") {
+			t.Errorf("record body: depth %q, args_commitment %q (%v), want %q and a commitment", b.Depth, b.Args, err, kernel.DepthCommitmentsOnly)
+		}
+		if rec.Full != full || rec.Entry.Payload != nil || rec.Erasure != nil {
+			t.Errorf("record: full %v, payload %+v, erasure %+v; want full %v, no payload, no erasure", rec.Full, rec.Entry.Payload, rec.Erasure, full)
+		}
+		if strings.Contains(body, "status: draft") {
+			t.Errorf("record holds the content read: %s", body)
+		}
+	}
+	t.Run("auditor", func(t *testing.T) { check(t, dave, true) })
+	t.Run("approver", func(t *testing.T) { check(t, alice, false) })
+	if _, err := w.k.Erase(context.Background(), op, "right to erasure"); !errors.Is(err, kernel.ErrNothingToErase) {
+		t.Fatalf("erasure of a commitments_only call: %v, want ErrNothingToErase", err)
+	}
+	t.Run("auditor after the refused erasure", func(t *testing.T) { check(t, dave, true) })
+}
+
+// TestErasable: the record endpoint looks for an erasure record only for
+// a record with commitments at a depth that stores a payload; at
+// commitments_only nothing is stored, so nothing was erased and the ledger
+// is not scanned on every view of such a record.
+func TestErasable(t *testing.T) {
+	for _, tt := range []struct {
+		body string
+		want bool
+	}{
+		{`{"payload_depth":"full","args_commitment":"blake3:00"}`, true},
+		{`{"payload_depth":"commitments_only","args_commitment":"blake3:00"}`, false},
+		{`{"args_hash":"sha256:00"}`, false}, // before commitments: no payload beside the chain
+		{`not json`, false},
+	} {
+		if got := erasable(json.RawMessage(tt.body)); got != tt.want {
+			t.Errorf("erasable(%s) = %v, want %v", tt.body, got, tt.want)
+		}
 	}
 }
 

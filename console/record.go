@@ -21,11 +21,15 @@ type Record struct {
 	// (Entry.Withheld).
 	Entry kernel.EntryView `json:"entry"`
 	// Full: the session reads this record in full. When it does and
-	// Entry has no payload, the payload was erased (Erasure) or, with no
-	// erasure record naming it, is missing: tampering.
+	// Entry has no payload, either its depth is commitments_only (the
+	// kernel stores no payload there, not even the salt), or the payload
+	// was erased (Erasure), or, with no erasure record naming it, it is
+	// missing: tampering.
 	Full bool `json:"full"`
 	// Erasure is the erasure record that removed the payload, when one
-	// names this record (erasure records are public).
+	// names this record (erasure records are public). It is not looked
+	// for when the record's depth is commitments_only: such a record has
+	// no payload to erase (kernel.ErrNothingToErase).
 	Erasure *ledger.Entry `json:"erasure,omitempty"`
 }
 
@@ -50,7 +54,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	out := Record{Entry: views[0], Full: s.access.Full(info.Receipt.AgentID)}
-	if out.Entry.Payload == nil && sealed(out.Entry.Body) {
+	if out.Entry.Payload == nil && erasable(out.Entry.Body) {
 		if out.Erasure, err = erasureOf(in, seq); err != nil {
 			writeError(w, http.StatusInternalServerError, err.Error())
 			return
@@ -59,13 +63,16 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// sealed reports whether an audit body holds commitments (it has a
-// payload_depth), so its payload may have been erased.
-func sealed(body json.RawMessage) bool {
+// erasable reports whether an erasure record may name the audit record
+// of body: it holds commitments (it has a payload_depth) at a depth that
+// stores a payload. At depth commitments_only nothing is stored, so
+// nothing was erased, and the ledger is not scanned for an erasure on
+// every view of such a record.
+func erasable(body json.RawMessage) bool {
 	var b struct {
 		Depth string `json:"payload_depth"`
 	}
-	return json.Unmarshal(body, &b) == nil && b.Depth != ""
+	return json.Unmarshal(body, &b) == nil && b.Depth != "" && b.Depth != kernel.DepthCommitmentsOnly
 }
 
 // erasureOf returns the erasure record naming audit entry seq, or nil. An

@@ -1388,6 +1388,19 @@ var PARTS = ["args", "result", "policy_input", "context"];
 var CONTEXT = "capkernel audit commitment v1 ";
 var enc2 = new TextEncoder();
 var TAMPERED = ["mismatch", "missing"];
+function payloadState(rec) {
+  const depth = rec.entry.body.payload_depth;
+  const p = rec.entry.payload;
+  if (rec.erasure) return { state: "erased", message: "Erased: the payload was removed, and the record still verifies by its commitments." };
+  if (!rec.full) return { state: "withheld", message: "Withheld: your credential reads another agent's record only as its public part (its commitments)." };
+  if (!p && depth === "commitments_only") {
+    return { state: "not_kept", message: "Commitments only: nothing is kept, not even the salt; the agent holds the salt in the result envelope its call returned." };
+  }
+  if (!p && depth) return { state: "missing", message: "No payload kept, and no erasure record names this record." };
+  if (!p) return { state: "none", message: "This record predates commitments: its parts are in its body." };
+  if (depth === "commitments_only") return { state: "kept", message: "Commitments only: the salt is kept, the parts never were." };
+  return { state: "kept", message: "Kept beside the chain:" };
+}
 function partKey(salt, part) {
   if (typeof salt !== "string" || !/^[0-9a-f]{64}$/.test(salt)) throw new Error("the salt is not 32 bytes of lowercase hex");
   return blake3(unhex(salt), { context: enc2.encode(CONTEXT + part) });
@@ -1815,10 +1828,8 @@ async function showPayload(r) {
     if (current !== r) return;
     currentRecord = rec;
     const p = rec.entry.payload;
-    let st, msg;
-    if (rec.erasure) {
-      st = "erased";
-      msg = "Erased: the payload was removed, and the record still verifies by its commitments.";
+    const { state: st, message: msg } = payloadState(rec);
+    if (st === "erased") {
       const b = rec.erasure.body;
       er.append(el("h5", {}, "Erasure record"), kv([
         ["Seq", rec.erasure.seq],
@@ -1828,15 +1839,7 @@ async function showPayload(r) {
         ["Operation", b.operation_id],
         ["Records", (b.seqs || []).join(", ")]
       ]));
-    } else if (!rec.full) {
-      st = "withheld";
-      msg = "Withheld: your credential reads another agent's record only as its public part (its commitments).";
-    } else if (!p) {
-      st = rec.entry.body.payload_depth ? "missing" : "none";
-      msg = rec.entry.body.payload_depth ? "No payload kept, and no erasure record names this record." : "This record predates commitments: its parts are in its body.";
-    } else {
-      st = "kept";
-      msg = rec.entry.body.payload_depth === "commitments_only" ? "Commitments only: the salt is kept, the parts never were." : "Kept beside the chain:";
+    } else if (st === "kept") {
       for (const part of PARTS) {
         if (p[part] !== void 0) box.append(el("h5", {}, PART_LABELS[part]), el("pre", { "data-part": part }, JSON.stringify(p[part], null, 2)));
       }

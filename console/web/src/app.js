@@ -9,7 +9,7 @@
 import { diffLines } from "diff";
 import { verifyBundle, parseEntry, unhex } from "./verify.js";
 import { witness } from "./witness.js";
-import { openPayload, PARTS } from "./commitments.js";
+import { openPayload, payloadState, PARTS } from "./commitments.js";
 
 const $ = (sel) => document.querySelector(sel);
 let session = null; // {role, subject, canDecide, can_revoke, reads_all}
@@ -446,9 +446,10 @@ let currentRecord = null; // the Record of the receipt shown
 
 const PART_LABELS = { args: "Arguments", result: "Result", policy_input: "Policy input", context: "Context" };
 
-// showPayload shows the record's payload as the session may read it:
-// every part kept (auditors, the admin), erased (with the erasure
-// record), or withheld (another agent's record, for an approver).
+// showPayload shows the record's payload as the session may read it
+// (payloadState): every part kept (auditors, the admin), erased (with the
+// erasure record), withheld (another agent's record, for an approver), or
+// not kept (depth commitments_only).
 async function showPayload(r) {
   const state = $("#detail-payload-state"), box = $("#detail-payload"), er = $("#detail-erasure");
   state.textContent = "Loading…";
@@ -461,22 +462,12 @@ async function showPayload(r) {
     if (current !== r) return;
     currentRecord = rec;
     const p = rec.entry.payload;
-    let st, msg;
-    if (rec.erasure) {
-      st = "erased";
-      msg = "Erased: the payload was removed, and the record still verifies by its commitments.";
+    const { state: st, message: msg } = payloadState(rec);
+    if (st === "erased") {
       const b = rec.erasure.body;
       er.append(el("h5", {}, "Erasure record"), kv([["Seq", rec.erasure.seq], ["Time", fmtTime(rec.erasure.time)], ["By", b.by], ["Reason", b.reason],
         ["Operation", b.operation_id], ["Records", (b.seqs || []).join(", ")]]));
-    } else if (!rec.full) {
-      st = "withheld";
-      msg = "Withheld: your credential reads another agent's record only as its public part (its commitments).";
-    } else if (!p) {
-      st = rec.entry.body.payload_depth ? "missing" : "none";
-      msg = rec.entry.body.payload_depth ? "No payload kept, and no erasure record names this record." : "This record predates commitments: its parts are in its body.";
-    } else {
-      st = "kept";
-      msg = rec.entry.body.payload_depth === "commitments_only" ? "Commitments only: the salt is kept, the parts never were." : "Kept beside the chain:";
+    } else if (st === "kept") {
       for (const part of PARTS) {
         if (p[part] !== undefined) box.append(el("h5", {}, PART_LABELS[part]), el("pre", { "data-part": part }, JSON.stringify(p[part], null, 2)));
       }

@@ -58,10 +58,13 @@ test("openPayload: every part state", () => {
   out = c.openPayload(body, { salt: payload.salt, args: payload.args }, {});
   assert.equal(states(out), "matches,missing,missing,missing");
   assert.equal(out.tampered, true);
-  // commitments_only keeps the salt alone.
-  out = c.openPayload({ ...body, payload_depth: "commitments_only" }, { salt: payload.salt });
-  assert.equal(states(out), "not_kept,not_kept,not_kept,not_kept");
-  assert.equal(out.ok, true);
+  // commitments_only keeps nothing, not even the salt; a record written
+  // before the kernel stopped keeping the salt has it alone.
+  for (const p of [null, { salt: payload.salt }]) {
+    out = c.openPayload({ ...body, payload_depth: "commitments_only" }, p);
+    assert.equal(states(out), "not_kept,not_kept,not_kept,not_kept");
+    assert.equal(out.ok, true);
+  }
   // Another agent's record read by an approver.
   out = c.openPayload(body, null, { withheld: true });
   assert.equal(states(out), "withheld,withheld,withheld,withheld");
@@ -73,4 +76,29 @@ test("openPayload: every part state", () => {
   // A part the record never committed to.
   out = c.openPayload(noCtx, payload);
   assert.equal(out.parts[3].state, "mismatch");
+});
+
+test("payloadState: what the record view says of each record", () => {
+  const { body, payload } = record();
+  const only = { ...body, payload_depth: "commitments_only" };
+  const erasure = { seq: 9, kind: "erasure", body: { seqs: [3], by: "admin", reason: "r" } };
+  const cases = [
+    // [name, record, state, message]
+    ["kept", { entry: { body, payload }, full: true }, "kept", /^Kept beside the chain/],
+    ["erased", { entry: { body }, full: true, erasure }, "erased", /^Erased/],
+    ["erased, read by an approver", { entry: { body }, full: false, erasure }, "erased", /^Erased/],
+    ["withheld", { entry: { body }, full: false }, "withheld", /^Withheld/],
+    // The kernel stores no payload at commitments_only: not tampering.
+    ["commitments_only", { entry: { body: only }, full: true }, "not_kept", /^Commitments only: nothing is kept, not even the salt/],
+    ["commitments_only, read by an approver", { entry: { body: only }, full: false }, "withheld", /^Withheld/],
+    ["commitments_only with the salt of an older kernel", { entry: { body: only, payload: { salt: payload.salt } }, full: true }, "kept",
+      /^Commitments only: the salt is kept, the parts never were/],
+    ["missing", { entry: { body }, full: true }, "missing", /^No payload kept, and no erasure record names this record/],
+    ["before commitments", { entry: { body: { args_hash: "sha256:00" } }, full: true }, "none", /predates commitments/],
+  ];
+  for (const [name, rec, state, message] of cases) {
+    const got = c.payloadState(rec);
+    assert.equal(got.state, state, name);
+    assert.match(got.message, message, name);
+  }
 });
