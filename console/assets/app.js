@@ -1393,12 +1393,11 @@ function payloadState(rec) {
   const p = rec.entry.payload;
   if (rec.erasure) return { state: "erased", message: "Erased: the payload was removed, and the record still verifies by its commitments." };
   if (!rec.full) return { state: "withheld", message: "Withheld: your credential reads another agent's record only as its public part (its commitments)." };
-  if (!p && depth === "commitments_only") {
+  if (depth === "commitments_only") {
     return { state: "not_kept", message: "Commitments only: nothing is kept, not even the salt; the agent holds the salt in the result envelope its call returned." };
   }
   if (!p && depth) return { state: "missing", message: "No payload kept, and no erasure record names this record." };
   if (!p) return { state: "none", message: "This record predates commitments: its parts are in its body." };
-  if (depth === "commitments_only") return { state: "kept", message: "Commitments only: the salt is kept, the parts never were." };
   return { state: "kept", message: "Kept beside the chain:" };
 }
 function partKey(salt, part) {

@@ -36,21 +36,19 @@ export const TAMPERED = ["mismatch", "missing"];
 //   missing   committed, no payload and no erasure record: tampered
 //   kept      the payload is here (its parts are shown)
 //
-// A commitments_only record has no payload (the kernel stores none), so
-// it is told apart from a missing one by its depth, not by the payload.
+// A commitments_only record has no payload (the kernel serves none, not
+// even the salt an older kernel stored there alone), so it is told apart
+// from a missing one by its depth, not by the payload.
 export function payloadState(rec) {
   const depth = rec.entry.body.payload_depth;
   const p = rec.entry.payload;
   if (rec.erasure) return { state: "erased", message: "Erased: the payload was removed, and the record still verifies by its commitments." };
   if (!rec.full) return { state: "withheld", message: "Withheld: your credential reads another agent's record only as its public part (its commitments)." };
-  if (!p && depth === "commitments_only") {
+  if (depth === "commitments_only") {
     return { state: "not_kept", message: "Commitments only: nothing is kept, not even the salt; the agent holds the salt in the result envelope its call returned." };
   }
   if (!p && depth) return { state: "missing", message: "No payload kept, and no erasure record names this record." };
   if (!p) return { state: "none", message: "This record predates commitments: its parts are in its body." };
-  // A commitments_only record written before the kernel stopped keeping
-  // the salt still has its salt-only payload.
-  if (depth === "commitments_only") return { state: "kept", message: "Commitments only: the salt is kept, the parts never were." };
   return { state: "kept", message: "Kept beside the chain:" };
 }
 

@@ -91,8 +91,10 @@ test("payloadState: what the record view says of each record", () => {
     // The kernel stores no payload at commitments_only: not tampering.
     ["commitments_only", { entry: { body: only }, full: true }, "not_kept", /^Commitments only: nothing is kept, not even the salt/],
     ["commitments_only, read by an approver", { entry: { body: only }, full: false }, "withheld", /^Withheld/],
-    ["commitments_only with the salt of an older kernel", { entry: { body: only, payload: { salt: payload.salt } }, full: true }, "kept",
-      /^Commitments only: the salt is kept, the parts never were/],
+    // The kernel serves none of an older kernel's salt-only payload; a
+    // payload at that depth says nothing more.
+    ["commitments_only with a payload", { entry: { body: only, payload: { salt: payload.salt } }, full: true }, "not_kept",
+      /^Commitments only: nothing is kept, not even the salt/],
     ["missing", { entry: { body }, full: true }, "missing", /^No payload kept, and no erasure record names this record/],
     ["before commitments", { entry: { body: { args_hash: "sha256:00" } }, full: true }, "none", /predates commitments/],
   ];
