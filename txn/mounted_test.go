@@ -26,22 +26,12 @@ func TestMountedWriteErrorSeen(t *testing.T) {
 // TestMountedWriteErrorChild is the child of TestMountedWriteErrorSeen:
 // the root is a tmpfs, with failingExt4 mounted at m inside it.
 func TestMountedWriteErrorChild(t *testing.T) {
-	dir := os.Getenv("CAPK_SYNCFS_CHILD")
-	if dir == "" {
-		t.Skip("run by TestMountedWriteErrorSeen")
-	}
-	ws := filepath.Join(dir, "ws")
-	failingExt4(t, dir, filepath.Join(ws, "m"))
-	root, err := os.OpenRoot(ws)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
+	ws, root := failingRoot(t, "TestMountedWriteErrorSeen", "ws", "ws/m")
 	e := newEnv(t)
 	s := NewSyncer()
 	defer s.Close()
 	stage := NewStage("op", KV{View: e.db.View}, s)
-	err = stage.WriteFile(&syscalls.Resource{Root: root, RootPath: ws, Rel: "m/big"}, bigContent(), 0)
+	err := stage.WriteFile(&syscalls.Resource{Root: root, RootPath: ws, Rel: "m/big"}, bigContent(), 0)
 	if err == nil {
 		err = s.Sync(stage.FileRoots()...)
 	}
@@ -129,17 +119,7 @@ func TestRedoMountedOldIntent(t *testing.T) {
 
 // TestRedoMountedOldIntentChild is the child of TestRedoMountedOldIntent.
 func TestRedoMountedOldIntentChild(t *testing.T) {
-	dir := os.Getenv("CAPK_SYNCFS_CHILD")
-	if dir == "" {
-		t.Skip("run by TestRedoMountedOldIntent")
-	}
-	ws := filepath.Join(dir, "ws")
-	failingExt4(t, dir, filepath.Join(ws, "m"))
-	root, err := os.OpenRoot(ws)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
+	ws, root := failingRoot(t, "TestRedoMountedOldIntent", "ws", "ws/m")
 	content := bigContent()
 	stage := "m/" + StagePrefix + "op-0"
 	if err := root.WriteFile(stage, content, 0o644); err != nil {

@@ -169,19 +169,28 @@ func bigContent() []byte {
 	return big
 }
 
-// TestSyncfsErrorChild is the child of TestSyncfsErrorSeenBySyncer.
-func TestSyncfsErrorChild(t *testing.T) {
+// failingRoot starts a child of runInMountNamespace (the test parent):
+// it skips unless parent runs it, mounts failingExt4 at mnt and opens ws
+// as a root (both relative to the child's directory), closed when t
+// ends. It returns ws's path and the root.
+func failingRoot(t *testing.T, parent, ws, mnt string) (string, *os.Root) {
 	dir := os.Getenv("CAPK_SYNCFS_CHILD")
 	if dir == "" {
-		t.Skip("run by TestSyncfsErrorSeenBySyncer")
+		t.Skip("run by " + parent)
 	}
-	mnt := filepath.Join(dir, "m")
-	failingExt4(t, dir, mnt)
-	root, err := os.OpenRoot(mnt)
+	failingExt4(t, dir, filepath.Join(dir, mnt))
+	ws = filepath.Join(dir, ws)
+	root, err := os.OpenRoot(ws)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer root.Close()
+	t.Cleanup(func() { root.Close() })
+	return ws, root
+}
+
+// TestSyncfsErrorChild is the child of TestSyncfsErrorSeenBySyncer.
+func TestSyncfsErrorChild(t *testing.T) {
+	mnt, root := failingRoot(t, "TestSyncfsErrorSeenBySyncer", "m", "m")
 	e := newEnv(t)
 	s := NewSyncer()
 	defer s.Close()
