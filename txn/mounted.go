@@ -14,10 +14,15 @@ import (
 // does not reach a file system mounted below the root. An effect whose
 // directory is on another mount than the top of its root (Effect.Mounted)
 // is made durable by fsync instead: WriteFile fsyncs the staging file and
-// its directory before the commit, Apply and Redo fsync the directory
-// once the effect is done. Each directory is opened before the change it
-// covers, since Linux reports a writeback error to an fsync only through a
-// descriptor opened before the error (as for syncfs: see fileSystems).
+// its directory before the commit; Apply and Redo fsync the directory
+// once the effect is done, and a directory the effects made once its
+// final mode is set (finalModes). Each directory is opened before the
+// change it covers, since Linux reports a writeback error to an fsync only
+// through a descriptor opened before the error, once it has been seen (as
+// for syncfs: see fileSystems). Redo decides Mounted anew (mountedNow) and
+// fsyncs the file a write put there too: an intent decided by a build
+// before Effect.Mounted neither says it nor had its staging file fsynced,
+// and an error no one has seen is reported to a new descriptor.
 
 // ErrNotDurable is wrapped by the error of a failed fsync of an effect on
 // another mount. Trying again cannot cure it: Linux reports the writeback
@@ -58,6 +63,13 @@ func (d mountedDir) sync() error {
 	return fsync(d.f, d.path)
 }
 
+// close closes the directory, if one is open.
+func (d mountedDir) close() {
+	if d.f != nil {
+		d.f.Close()
+	}
+}
+
 // fsync fsyncs f (named name), wrapping a failure in ErrNotDurable.
 // EINVAL, a file system that has no sync (9p, vboxsf, for directories),
 // is none to make, as a syncfs of it returns 0.
@@ -66,13 +78,6 @@ func fsync(f *os.File, name string) error {
 		return fmt.Errorf("fsync %s (on another mount than the root): %w: %w", name, ErrNotDurable, err)
 	}
 	return nil
-}
-
-// close closes the directory, if one is open.
-func (d mountedDir) close() {
-	if d.f != nil {
-		d.f.Close()
-	}
 }
 
 // change runs an effect's change between opening its directory (if it is
