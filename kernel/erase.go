@@ -194,23 +194,26 @@ func (o *recordOwner) agent() string {
 }
 
 // forgetResult rewrites the stored result envelope r of the operation of
-// record o without what erasure removes (Result.erase), in the operations table and in the idempotency table: the stored
-// copies of an erased payload.
+// record o without what erasure removes (Result.erase), in the operations
+// table and in the idempotency table: the stored copies of an erased
+// payload. The key's row also forgets the args hash (txn.EraseResult),
+// even when the envelope had nothing left to remove: compared with a
+// repeat's, it would confirm guesses of the erased args.
 func forgetResult(tx *bbolt.Tx, o recordOwner, r *Result) error {
-	if !r.erase() {
-		return nil
-	}
+	changed := r.erase()
 	b, err := storedEnvelope(r, DepthFull)
 	if err != nil {
 		return err
 	}
-	if err := txn.PutOperation(tx, o.OperationID, txn.PackOperation(b)); err != nil {
-		return err
+	if changed {
+		if err := txn.PutOperation(tx, o.OperationID, txn.PackOperation(b)); err != nil {
+			return err
+		}
 	}
 	if o.IdempotencyKey == "" {
 		return nil
 	}
-	return txn.ReplaceResult(tx, txn.IdemKey{AgentID: o.AgentID, Key: o.IdempotencyKey}, o.OperationID, b)
+	return txn.EraseResult(tx, txn.IdemKey{AgentID: o.AgentID, Key: o.IdempotencyKey}, o.OperationID, b)
 }
 
 func (k *Kernel) appendErasure(tx *bbolt.Tx, e *Erasure) error {

@@ -7,11 +7,14 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// ReplaceResult replaces the stored result envelope of key k when the key
-// is done and held by operation id; otherwise it does nothing. Erasing an
-// audit payload uses it to drop the copy of the result kept for replays:
-// a repeat then answers with the outcome (status, hashes) without it.
-func ReplaceResult(tx *bbolt.Tx, k IdemKey, id string, result json.RawMessage) error {
+// EraseResult turns the row of key k into its erased form when the key is
+// done and held by operation id; otherwise it does nothing. Erasing an
+// audit payload uses it: result replaces the stored result envelope (the
+// copy kept for replays, now without what the erasure removed), and the
+// row forgets the call's args_hash. From then on Lookup answers every
+// repeat of the key by the same tool and token with result, whatever its
+// args (see Lookup for why).
+func EraseResult(tx *bbolt.Tx, k IdemKey, id string, result json.RawMessage) error {
 	v := tx.Bucket(bucketIdem).Get(k.bytes())
 	if v == nil {
 		return nil
@@ -23,5 +26,9 @@ func ReplaceResult(tx *bbolt.Tx, k IdemKey, id string, result json.RawMessage) e
 	if !r.Done || r.OperationID != id {
 		return nil
 	}
-	return putIdem(tx, k, done(tx, r.Call, id, result))
+	c := r.Call
+	c.ArgsHash = ""
+	e := done(tx, c, id, result)
+	e.ArgsErased = true
+	return putIdem(tx, k, e)
 }

@@ -23,6 +23,8 @@ func (k IdemKey) bytes() []byte {
 
 // Call identifies what an idempotency key was first used for. A repeat
 // replays only when all three fields match; any difference is a conflict.
+// The row of an erased operation keeps no ArgsHash (EraseResult), and a
+// repeat of its key is then compared by tool and token only (Lookup).
 type Call struct {
 	ToolID   string `json:"tool_id"`
 	ArgsHash string `json:"args_hash"`
@@ -33,11 +35,14 @@ type Call struct {
 // only where the operations table holds another one for OperationID (the
 // lean copy of a read, without its result); where that table holds the
 // same bytes, Result is empty and the envelope is read from there, so a
-// keyed call's outcome is stored once.
+// keyed call's outcome is stored once. ArgsErased marks the erased form
+// (EraseResult): the operation's audit payload was erased, and the row's
+// ArgsHash with it.
 type idemRecord struct {
 	Call
 	OperationID string          `json:"operation_id"`
 	Done        bool            `json:"done"`
+	ArgsErased  bool            `json:"args_erased,omitempty"`
 	Result      json.RawMessage `json:"result,omitempty"`
 }
 
@@ -69,6 +74,13 @@ func (r *idemRecord) outcome(tx *bbolt.Tx, k IdemKey) (json.RawMessage, error) {
 
 // Lookup reports what a key holds for call c: the stored result envelope of
 // a finished twin (replay), or an *Error (conflict, in flight), or nothing.
+// A twin is a call of the same tool, args hash and token; a key whose
+// operation was erased (EraseResult) takes every call of the same tool and
+// token for its twin, whatever its args. The erased args are not kept to
+// compare with, and an answer that depended on them would let whoever
+// holds a token of the agent (and every auditor of the repeats' records)
+// test guesses of a short one, a PIN, until one replays. A retry is still
+// answered with the stored outcome, and no repeat of the key runs again.
 func Lookup(tx *bbolt.Tx, k IdemKey, c Call) (replay json.RawMessage, err error) {
 	v := tx.Bucket(bucketIdem).Get(k.bytes())
 	if v == nil {
@@ -81,7 +93,7 @@ func Lookup(tx *bbolt.Tx, k IdemKey, c Call) (replay json.RawMessage, err error)
 	switch {
 	case r.ToolID != c.ToolID:
 		return nil, refuse(ClassConflict, "idempotency key %q was used for tool %s, not %s", k.Key, r.ToolID, c.ToolID)
-	case r.ArgsHash != c.ArgsHash:
+	case !r.ArgsErased && r.ArgsHash != c.ArgsHash:
 		// Not the stored args_hash: the plain hash of the first call's
 		// args, which the refusal would carry to the caller and into
 		// the conflict's own audit record, beyond the first call's
@@ -104,7 +116,8 @@ func putIdem(tx *bbolt.Tx, k IdemKey, r idemRecord) error {
 	return tx.Bucket(bucketIdem).Put(k.bytes(), v)
 }
 
-// IdemEntry is one row of the idempotency table.
+// IdemEntry is one row of the idempotency table. Its ArgsHash is empty in
+// the row of an erased operation (EraseResult).
 type IdemEntry struct {
 	Key IdemKey
 	Call

@@ -596,7 +596,7 @@ func TestFileRoots(t *testing.T) {
 
 // TestOutcomeStoredOnce: a key's committed outcome is kept once — in the
 // operations table when PutOperation stored the same envelope first — and
-// every reader (Lookup, ForEachIdem, ReplaceResult) sees the same bytes
+// every reader (Lookup, ForEachIdem, EraseResult) sees the same bytes
 // whichever table holds them; an envelope the operations table does not
 // hold (a lean copy of a read) stays with the key.
 func TestOutcomeStoredOnce(t *testing.T) {
@@ -681,7 +681,7 @@ func TestOutcomeStoredOnce(t *testing.T) {
 						return err
 					}
 				}
-				return ReplaceResult(tx, k, "op-x", []byte(tc.afterErase))
+				return EraseResult(tx, k, "op-x", []byte(tc.afterErase))
 			}); err != nil {
 				t.Fatal(err)
 			}
