@@ -28,6 +28,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -250,10 +251,15 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		// it, without holding up the reconnection.
 		go sess.Close()
 	}
+	// A message may be the cap plus room for the JSON-RPC envelope around
+	// a result at the cap.
+	limit := c.cfg.maxResult() + 64<<10
 	var t mcp.Transport
 	if c.cfg.URL != "" {
-		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1,
-			HTTPClient: &http.Client{Transport: sentTransport{http.DefaultTransport}}}
+		// MaxEventSize bounds the standalone SSE stream's events too,
+		// which answer no request.
+		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1, MaxEventSize: limit,
+			HTTPClient: &http.Client{Transport: sentTransport{base: http.DefaultTransport, limit: limit}}}
 	} else {
 		cmd := exec.Command(c.cfg.Command[0], c.cfg.Command[1:]...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
@@ -261,9 +267,7 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 		cmd.Stderr = os.Stderr
-		// The frame limit leaves room for the JSON-RPC envelope around
-		// a result at the cap.
-		t = &stdioTransport{cmd: cmd, limit: c.cfg.maxResult() + 64<<10, log: c.log}
+		t = &stdioTransport{cmd: cmd, limit: limit, log: c.log}
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel", Version: "1"}, &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
@@ -480,9 +484,12 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 	var werr *jsonrpc.Error
 	switch {
 	case errors.As(err, &werr) && werr.Code == codeTooLarge:
-		var d struct{ Bytes int }
+		var d struct {
+			Bytes int
+			Cut   bool
+		}
 		json.Unmarshal(werr.Data, &d)
-		return syscalls.Output{}, t.tooLarge(d.Bytes)
+		return syscalls.Output{}, t.tooLarge(d.Bytes, d.Cut)
 	case errors.As(err, &werr):
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, werr.Message, werr.Code)}
@@ -502,7 +509,7 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 	}
 	if res.IsError {
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
-			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, text(res.Content))}
+			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, cut(text(res.Content), maxErrorText))}
 	}
 	if res.Content == nil {
 		res.Content = []mcp.Content{}
@@ -512,21 +519,43 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, fmt.Errorf("mcp server %s, tool %s: encoding the result: %w", t.conn.name, t.name, err)
 	}
 	if max := t.conn.cfg.maxResult(); len(b) > max {
-		return syscalls.Output{}, t.tooLarge(len(b))
+		return syscalls.Output{}, t.tooLarge(len(b), false)
 	}
 	return syscalls.Output{Result: b}, nil
 }
 
 // tooLarge is the failure of a call whose result is over the server's
-// cap. The upstream answered, so a mutating tool has acted (or failed):
-// its outcome is unknown to the caller, and the call is never sent again.
-func (t *tool) tooLarge(size int) error {
-	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %d bytes; the limit is %d bytes (max_result_bytes): the result is withheld; both connections stay open",
-		t.conn.name, t.name, size, t.conn.cfg.maxResult())
+// cap: size bytes, or more when the transport cut it there. The upstream
+// answered, so a mutating tool has acted (or failed): its outcome is
+// unknown to the caller, and the call is never sent again.
+func (t *tool) tooLarge(size int, cut bool) error {
+	what := fmt.Sprintf("%d bytes", size)
+	if cut {
+		what = fmt.Sprintf("over %d bytes (the kernel stopped reading there)", size-1)
+	}
+	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %s; the limit is %d bytes (max_result_bytes): the result is withheld; both connections stay open",
+		t.conn.name, t.name, what, t.conn.cfg.maxResult())
 	if t.def.SideEffect.Mutating() {
 		return &syscalls.Failure{Class: syscalls.FailUnknown, Message: msg + "; the tool answered, so it may have acted"}
 	}
 	return &syscalls.Failure{Class: syscalls.FailUpstreamError, Message: msg}
+}
+
+// maxErrorText bounds the text of an isError answer kept in the call's
+// error message, which goes into the audit record and to the caller.
+const maxErrorText = 8 << 10
+
+// cut returns s whole if it has at most n bytes, else its first n bytes
+// or fewer (ending on a UTF-8 character boundary) and a note of the cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return fmt.Sprintf("%s… (cut: the text is %d bytes; the first %d are kept)", s[:i], len(s), i)
 }
 
 // text joins the text parts of content.

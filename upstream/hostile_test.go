@@ -1,0 +1,185 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capkernel/capkernel/syscalls"
+)
+
+// rpc is the part of a JSON-RPC request the hostile servers look at.
+type rpc struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		Name string `json:"name"`
+	} `json:"params"`
+}
+
+// hostile serves s over streamable HTTP, letting answer take any POST
+// first: it reports whether it answered the request m itself.
+func hostile(t *testing.T, s *mcp.Server, opts *mcp.StreamableHTTPOptions, answer func(w http.ResponseWriter, m rpc) bool) string {
+	t.Helper()
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, opts)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var m rpc
+			json.Unmarshal(body, &m)
+			if answer(w, m) {
+				return
+			}
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// objectTools adds tools named names to s, each with an empty object
+// schema and an answer of the text "ok".
+func objectTools(s *mcp.Server, names ...string) {
+	for _, n := range names {
+		s.AddTool(&mcp.Tool{Name: n, InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
+			})
+	}
+}
+
+// start connects to the servers of cfg, and closes them at the end of t.
+func start(t *testing.T, cfg map[string]Server) (*syscalls.Registry, *Set) {
+	t.Helper()
+	reg := syscalls.NewRegistry()
+	set, err := Start(context.Background(), reg, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	return reg, set
+}
+
+// call runs tool id of reg with empty arguments.
+func call(t *testing.T, reg *syscalls.Registry, id string) (syscalls.Output, error) {
+	t.Helper()
+	e, ok := reg.Get(id)
+	if !ok {
+		t.Fatalf("%s is not in the table", id)
+	}
+	return e.New().Execute(context.Background(), &syscalls.Call{Args: json.RawMessage(`{}`)})
+}
+
+// failure is err's class and message, or "" and err's text.
+func failure(err error) (string, string) {
+	var f *syscalls.Failure
+	if errors.As(err, &f) {
+		return f.Class, f.Message
+	}
+	if err == nil {
+		return "", ""
+	}
+	return "", err.Error()
+}
+
+// sseMode makes TestHTTPResultCap's upstream answer with an SSE stream.
+var sseMode atomic.Bool
+
+// TestHTTPResultCap: an HTTP upstream's answer over max_result_bytes is
+// cut where it passes the cap (plus room for the envelope), whether it
+// comes as a JSON body or as an SSE event, and the call fails as too
+// large — outcome_unknown for a mutating tool — with the session still
+// usable; an isError answer's text is cut before it becomes the error
+// message.
+func TestHTTPResultCap(t *testing.T) {
+	const total = 64 << 20 // what the upstream would send
+	var wrote atomic.Int64
+	s := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
+	objectTools(s, "huge", "fine", "loud")
+	url := hostile(t, s, &mcp.StreamableHTTPOptions{JSONResponse: true}, func(w http.ResponseWriter, m rpc) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		switch m.Params.Name {
+		case "loud":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"isError":true,"content":[{"type":"text","text":"%s"}]}}`, m.ID, strings.Repeat("é", 1<<19))
+			return true
+		case "huge":
+		default:
+			return false
+		}
+		sse := sseMode.Load()
+		head := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"`, m.ID)
+		if sse {
+			w.Header().Set("Content-Type", "text/event-stream")
+			head = "event: message\ndata: " + head
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		wrote.Store(0)
+		n, _ := io.WriteString(w, head)
+		wrote.Add(int64(n))
+		chunk := bytes.Repeat([]byte("A"), 1<<20)
+		for wrote.Load() < total {
+			n, err := w.Write(chunk)
+			wrote.Add(int64(n))
+			if err != nil {
+				return true
+			}
+		}
+		io.WriteString(w, `"}]}}`)
+		if sse {
+			io.WriteString(w, "\n\n")
+		}
+		return true
+	})
+	reg, _ := start(t, map[string]Server{
+		"n": {URL: url, SideEffect: syscalls.None, MaxResultBytes: 2 << 20},
+		"w": {URL: url, SideEffect: syscalls.Write, MaxResultBytes: 2 << 20},
+	})
+	for _, tc := range []struct {
+		name, server string
+		sse          bool
+		class        string
+	}{
+		{"json NONE", "n", false, syscalls.FailUpstreamError},
+		{"json WRITE", "w", false, syscalls.FailUnknown},
+		{"sse NONE", "n", true, syscalls.FailUpstreamError},
+		{"sse WRITE", "w", true, syscalls.FailUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sseMode.Store(tc.sse)
+			_, err := call(t, reg, "mcp."+tc.server+".huge")
+			class, msg := failure(err)
+			if class != tc.class || !strings.Contains(msg, "max_result_bytes") || !strings.Contains(msg, "over") {
+				t.Errorf("a %d MiB result over a 2 MiB cap: %v", total>>20, err)
+			}
+			if wrote.Load() >= total {
+				t.Errorf("the kernel read the whole %d MiB answer", total>>20)
+			}
+			t.Logf("the upstream wrote %d KiB of %d MiB", wrote.Load()>>10, total>>20)
+			if out, err := call(t, reg, "mcp."+tc.server+".fine"); err != nil {
+				t.Errorf("the next call on the session: %s, %v", out.Result, err)
+			}
+		})
+	}
+	t.Run("isError text", func(t *testing.T) {
+		_, err := call(t, reg, "mcp.n.loud")
+		class, msg := failure(err)
+		if class != syscalls.FailUpstreamError || len(msg) > 2*maxErrorText || !strings.Contains(msg, "cut: the text is 1048576 bytes") || !strings.HasPrefix(msg, "mcp server n, tool loud reported an error: éé") {
+			t.Errorf("an isError answer of 1 MiB text: %s %.200s… (%d bytes)", class, msg, len(msg))
+		}
+	})
+}
