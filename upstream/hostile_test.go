@@ -12,10 +12,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/upstream/upstreamtest"
 )
 
 // rpc is the part of a JSON-RPC request the hostile servers look at.
@@ -180,6 +182,67 @@ func TestHTTPResultCap(t *testing.T) {
 		class, msg := failure(err)
 		if class != syscalls.FailUpstreamError || len(msg) > 2*maxErrorText || !strings.Contains(msg, "cut: the text is 1048576 bytes") || !strings.HasPrefix(msg, "mcp server n, tool loud reported an error: éé") {
 			t.Errorf("an isError answer of 1 MiB text: %s %.200s… (%d bytes)", class, msg, len(msg))
+		}
+	})
+}
+
+// closed runs set.Close and fails t if it has not returned within 30 s.
+func closed(t *testing.T, set *Set) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { set.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close has not returned after 30 s")
+	}
+}
+
+// TestCloseInFlight: closing ends what is in flight on a session first,
+// so Close never waits for an upstream: a refresh's tools/list the
+// upstream never answers, a call it never answers (outcome_unknown for a
+// mutating tool).
+func TestCloseInFlight(t *testing.T) {
+	t.Run("refresh never answered", func(t *testing.T) {
+		s := mcp.NewServer(&mcp.Implementation{Name: "stall", Version: "1"}, nil)
+		objectTools(s, "t")
+		var lists atomic.Int64
+		block := make(chan struct{})
+		s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+			return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+				if method == "tools/list" && lists.Add(1) > 1 {
+					<-block
+				}
+				return next(ctx, method, req)
+			}
+		})
+		url := hostile(t, s, nil, func(http.ResponseWriter, rpc) bool { return false })
+		t.Cleanup(func() { close(block) }) // before the server's Close, which waits for it
+		_, set := start(t, map[string]Server{"web": {URL: url}})
+		objectTools(s, "u") // tools/list_changed: the kernel lists again
+		for deadline := time.Now().Add(30 * time.Second); lists.Load() < 2; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no refresh after tools/list_changed")
+			}
+		}
+		closed(t, set)
+	})
+	t.Run("call in flight", func(t *testing.T) {
+		up := upstreamtest.New()
+		srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return up.MCP }, nil))
+		t.Cleanup(srv.Close)
+		t.Cleanup(func() { up.Release("z") }) // the cancellation may not reach it
+		reg, set := start(t, map[string]Server{"web": {URL: srv.URL}})
+		slow, _ := reg.Get("mcp.web.slow")
+		done := make(chan error, 1)
+		go func() {
+			_, err := slow.New().Execute(context.Background(), &syscalls.Call{Args: json.RawMessage(`{"id":"z"}`)})
+			done <- err
+		}()
+		<-up.Started()
+		closed(t, set)
+		if class, msg := failure(<-done); class != syscalls.FailUnknown {
+			t.Fatalf("a mutating call cut by Close: %s %s", class, msg)
 		}
 	})
 }

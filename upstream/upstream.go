@@ -192,7 +192,9 @@ func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, l
 			return nil, err
 		}
 		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n), dial: make(chan struct{}, 1)}
+		c.life, c.end = context.WithCancel(context.WithoutCancel(ctx))
 		if _, err := c.connect(ctx); err != nil {
+			c.end()
 			set.Close()
 			return nil, err
 		}
@@ -202,12 +204,18 @@ func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, l
 }
 
 // Close disconnects every server (stopping stdio commands) and removes
-// their tools from the table.
+// their tools from the table. It ends what is in flight on each session
+// first — a call so cut is outcome_unknown for a mutating tool — so it
+// never waits for an upstream's answer; the servers are closed at once,
+// each within the SDK's own bounds (an HTTP session's DELETE waits 5 s at
+// most; a stdio command is killed 4 s after its stdin is closed).
 func (s *Set) Close() error {
-	var errs []error
-	for _, c := range s.conns {
-		errs = append(errs, c.close())
+	errs := make([]error, len(s.conns))
+	var wg sync.WaitGroup
+	for i, c := range s.conns {
+		wg.Go(func() { errs[i] = c.close() })
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -218,6 +226,12 @@ type conn struct {
 	cfg  Server
 	reg  *syscalls.Registry
 	log  *slog.Logger
+
+	// life ends when the conn is closed (end), before its session's
+	// Close, which waits for every request in flight: every request
+	// made on the conn's sessions ends with it.
+	life context.Context
+	end  context.CancelFunc
 
 	dial    chan struct{} // a token: serializes connects, waited for within a call's time
 	refresh sync.Mutex    // serializes tool-table refreshes
@@ -275,12 +289,14 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 			// Not on the session's reading goroutine: listing waits
 			// for a response that goroutine must read.
 			go func() {
-				if err := c.load(context.WithoutCancel(ctx), req.Session); err != nil {
+				if err := c.load(c.life, req.Session); err != nil {
 					c.log.Warn("refreshing the tools after tools/list_changed failed", "err", err)
 				}
 			}()
 		},
 	})
+	ctx, stop := c.within(ctx)
+	defer stop()
 	sess, err := client.Connect(ctx, t, nil)
 	if err != nil {
 		return nil, fmt.Errorf("mcp server %s: connect: %w", c.name, err)
@@ -297,6 +313,14 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		return nil, err
 	}
 	return sess, nil
+}
+
+// within returns ctx, ended too when the conn is closed, and the function
+// releasing it.
+func (c *conn) within(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.life, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // load lists the session's tools and makes them the server's syscalls in
@@ -424,7 +448,10 @@ func (c *conn) markDead(sess *mcp.ClientSession, err error) {
 	}
 }
 
+// close ends the conn: what is in flight on its session first (see
+// life), then the session, and removes its tools from the table.
 func (c *conn) close() error {
+	c.end()
 	c.mu.Lock()
 	c.closed = true
 	sess := c.sess
@@ -451,8 +478,10 @@ func (t *tool) Definition() syscalls.Definition { return t.def }
 // live connection (the session was broken or is being reconnected) is
 // sent once more on a new session, within the call's time; if none can be
 // had, it is upstream_unavailable and nothing was sent. Once the request
-// has been written, a lost answer is outcome_unknown for a mutating tool:
-// the server may have acted, so the kernel never sends it again.
+// has been written, a lost answer — the connection broke, the call's time
+// ran out, the kernel closed the server — is outcome_unknown for a
+// mutating tool: the server may have acted, so the kernel never sends it
+// again.
 func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, error) {
 	var res *mcp.CallToolResult
 	var err error
@@ -467,9 +496,10 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 			return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
 				Message: fmt.Sprintf("mcp server %s: %v; nothing was sent", t.conn.name, err)}
 		}
-		var cctx context.Context
-		cctx, sent = withSent(ctx)
+		cctx, stop := t.conn.within(ctx)
+		cctx, sent = withSent(cctx)
 		res, err = sess.CallTool(cctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
+		stop()
 		if errors.Is(err, mcp.ErrConnectionClosed) || err != nil && !sent.Load() && ctx.Err() == nil {
 			// Marked now, not when the session's reader notices: the next
 			// call must reconnect, not fail on the dead session too. A
