@@ -246,3 +246,128 @@ func TestCloseInFlight(t *testing.T) {
 		}
 	})
 }
+
+// lister is an upstream whose every tools/list page is page(n, cursor),
+// n counting the pages served.
+func lister(t *testing.T, page func(n int64, cursor string) *mcp.ListToolsResult) string {
+	s := mcp.NewServer(&mcp.Implementation{Name: "lister", Version: "1"}, nil)
+	objectTools(s, "t")
+	var n atomic.Int64
+	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method != "tools/list" {
+				return next(ctx, method, req)
+			}
+			return page(n.Add(1), req.(*mcp.ListToolsRequest).Params.Cursor), nil
+		}
+	})
+	return hostile(t, s, nil, func(http.ResponseWriter, rpc) bool { return false })
+}
+
+// someTools is k tools named p0, p1, … with an empty object schema.
+func someTools(p string, k int) []*mcp.Tool {
+	ts := make([]*mcp.Tool, k)
+	for i := range ts {
+		ts[i] = &mcp.Tool{Name: fmt.Sprint(p, i), InputSchema: json.RawMessage(`{"type":"object"}`)}
+	}
+	return ts
+}
+
+// TestConnectBounds: an upstream can hold a connection (and so
+// kernel.Open) only within bounds: a handshake or a listing that does not
+// end in its time, a listing of more than maxListPages pages or maxTools
+// tools, or one that gives a cursor twice, fails the connection.
+func TestConnectBounds(t *testing.T) {
+	defer func(h, l time.Duration) { handshakeTimeout, listTimeout = h, l }(handshakeTimeout, listTimeout)
+	handshakeTimeout, listTimeout = 300*time.Millisecond, 300*time.Millisecond
+	silent := func(t *testing.T) string {
+		stop := make(chan struct{})
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-stop:
+			case <-r.Context().Done():
+			}
+		}))
+		t.Cleanup(srv.Close)
+		t.Cleanup(func() { close(stop) })
+		return srv.URL
+	}
+	tests := []struct {
+		name string
+		url  func(t *testing.T) string
+		want string
+	}{
+		{"handshake never answered", silent, "the MCP handshake did not end within 300ms"},
+		{"tools/list never answered", func(t *testing.T) string {
+			s := mcp.NewServer(&mcp.Implementation{Name: "slowlist", Version: "1"}, nil)
+			objectTools(s, "t")
+			stop := make(chan struct{})
+			s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+				return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+					if method == "tools/list" {
+						select {
+						case <-stop:
+						case <-ctx.Done():
+						}
+					}
+					return next(ctx, method, req)
+				}
+			})
+			url := hostile(t, s, nil, func(http.ResponseWriter, rpc) bool { return false })
+			t.Cleanup(func() { close(stop) })
+			return url
+		}, "the listing did not end within 300ms (page 1)"},
+		{"a cursor repeated", func(t *testing.T) string {
+			return lister(t, func(n int64, _ string) *mcp.ListToolsResult {
+				return &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 5), NextCursor: "again"}
+			})
+		}, "page 2 gives a cursor given before"},
+		{"pages without end", func(t *testing.T) string {
+			return lister(t, func(n int64, _ string) *mcp.ListToolsResult {
+				return &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 5), NextCursor: fmt.Sprint(n)}
+			})
+		}, "more than 100 pages"},
+		{"too many tools", func(t *testing.T) string {
+			return lister(t, func(n int64, _ string) *mcp.ListToolsResult {
+				r := &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 2000)}
+				if n < 6 {
+					r.NextCursor = fmt.Sprint(n)
+				}
+				return r
+			})
+		}, "more than 10000 tools"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			url := tc.url(t)
+			done := make(chan error, 1)
+			go func() {
+				set, err := Start(context.Background(), syscalls.NewRegistry(), map[string]Server{"web": {URL: url}}, nil)
+				if err == nil {
+					set.Close()
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Start: %v; want an error saying %q", err, tc.want)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Start has not returned after 30 s")
+			}
+		})
+	}
+	// Within the bounds: 100 pages, 10000 tools.
+	url := lister(t, func(n int64, _ string) *mcp.ListToolsResult {
+		r := &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 100)}
+		if n < 100 {
+			r.NextCursor = fmt.Sprint(n)
+		}
+		return r
+	})
+	reg, _ := start(t, map[string]Server{"web": {URL: url}})
+	if n := len(reg.List()); n != 10000 {
+		t.Fatalf("%d tools in the table, want 10000", n)
+	}
+}

@@ -166,6 +166,23 @@ func (s Server) class(tool string) syscalls.SideEffect {
 	return syscalls.Execute
 }
 
+// Bounds on what one upstream server can make the kernel do at a
+// connection (and again at each refresh of its tools): the MCP handshake
+// and the listing of its tools (every page) must each end within their
+// time, and the listing may have at most maxListPages pages, maxTools
+// tools in all, and no cursor twice. Past one, the connection (at Open:
+// kernel.Open) or the refresh fails.
+const (
+	maxListPages = 100
+	maxTools     = 10000
+)
+
+// handshakeTimeout and listTimeout are variables for the tests.
+var (
+	handshakeTimeout = 30 * time.Second
+	listTimeout      = 30 * time.Second
+)
+
 // Set is the connected upstream servers of a kernel.
 type Set struct {
 	conns []*conn
@@ -191,7 +208,8 @@ func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, l
 			set.Close()
 			return nil, err
 		}
-		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n), dial: make(chan struct{}, 1)}
+		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n), dial: make(chan struct{}, 1),
+			handshake: handshakeTimeout, listing: listTimeout}
 		c.life, c.end = context.WithCancel(context.WithoutCancel(ctx))
 		if _, err := c.connect(ctx); err != nil {
 			c.end()
@@ -226,6 +244,8 @@ type conn struct {
 	cfg  Server
 	reg  *syscalls.Registry
 	log  *slog.Logger
+
+	handshake, listing time.Duration // the bounds of a connection's steps
 
 	// life ends when the conn is closed (end), before its session's
 	// Close, which waits for every request in flight: every request
@@ -297,8 +317,13 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	})
 	ctx, stop := c.within(ctx)
 	defer stop()
-	sess, err := client.Connect(ctx, t, nil)
+	hctx, cancel := context.WithTimeout(ctx, c.handshake)
+	defer cancel()
+	sess, err := client.Connect(hctx, t, nil)
 	if err != nil {
+		if ctx.Err() == nil && hctx.Err() != nil {
+			return nil, fmt.Errorf("mcp server %s: connect: the MCP handshake did not end within %v: %w", c.name, c.handshake, err)
+		}
 		return nil, fmt.Errorf("mcp server %s: connect: %w", c.name, err)
 	}
 	c.mu.Lock()
@@ -328,12 +353,9 @@ func (c *conn) within(ctx context.Context) (context.Context, func()) {
 func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
 	c.refresh.Lock()
 	defer c.refresh.Unlock()
-	var tools []*mcp.Tool
-	for t, err := range sess.Tools(ctx, nil) {
-		if err != nil {
-			return fmt.Errorf("mcp server %s: tools/list: %w", c.name, err)
-		}
-		tools = append(tools, t)
+	tools, err := c.list(ctx, sess)
+	if err != nil {
+		return err
 	}
 	ids := map[string][]string{}
 	for _, t := range tools {
@@ -371,6 +393,38 @@ func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
 		c.log.Warn("tool left out", "err", err)
 	}
 	return nil
+}
+
+// list lists the session's tools, page by page, within the bounds on a
+// listing (see maxListPages).
+func (c *conn) list(ctx context.Context, sess *mcp.ClientSession) ([]*mcp.Tool, error) {
+	lctx, cancel := context.WithTimeout(ctx, c.listing)
+	defer cancel()
+	var tools []*mcp.Tool
+	seen := map[string]bool{"": true}
+	cursor := ""
+	for page := 1; ; page++ {
+		res, err := sess.ListTools(lctx, &mcp.ListToolsParams{Cursor: cursor})
+		switch {
+		case err != nil && ctx.Err() == nil && lctx.Err() != nil:
+			return nil, fmt.Errorf("mcp server %s: tools/list: the listing did not end within %v (page %d): %w", c.name, c.listing, page, err)
+		case err != nil:
+			return nil, fmt.Errorf("mcp server %s: tools/list: %w", c.name, err)
+		}
+		tools = append(tools, res.Tools...)
+		switch {
+		case len(tools) > maxTools:
+			return nil, fmt.Errorf("mcp server %s: tools/list: more than %d tools", c.name, maxTools)
+		case res.NextCursor == "":
+			return tools, nil
+		case seen[res.NextCursor]:
+			return nil, fmt.Errorf("mcp server %s: tools/list: page %d gives a cursor given before", c.name, page)
+		case page == maxListPages:
+			return nil, fmt.Errorf("mcp server %s: tools/list: more than %d pages", c.name, maxListPages)
+		}
+		cursor = res.NextCursor
+		seen[cursor] = true
+	}
 }
 
 // definition makes the syscall definition of upstream tool t.
