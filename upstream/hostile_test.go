@@ -371,3 +371,53 @@ func TestConnectBounds(t *testing.T) {
 		t.Fatalf("%d tools in the table, want 10000", n)
 	}
 }
+
+// TestRefreshCoalesced: tools/list_changed notifications that come while
+// a refresh waits for the upstream add one refresh after it, not one
+// each.
+func TestRefreshCoalesced(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "chatty", Version: "1"}, nil)
+	objectTools(s, "t")
+	var lists atomic.Int64
+	block := make(chan struct{})
+	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "tools/list" && lists.Add(1) == 2 {
+				<-block // the first refresh waits
+			}
+			return next(ctx, method, req)
+		}
+	})
+	url := hostile(t, s, nil, func(http.ResponseWriter, rpc) bool { return false })
+	reg, set := start(t, map[string]Server{"web": {URL: url}})
+	c := set.conns[0]
+	c.mu.Lock()
+	sess := c.sess
+	c.mu.Unlock()
+	c.refreshTools(sess)
+	for deadline := time.Now().Add(30 * time.Second); lists.Load() < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refresh never listed")
+		}
+	}
+	objectTools(s, "u")
+	for range 50 {
+		c.refreshTools(sess)
+	}
+	close(block)
+	for deadline := time.Now().Add(30 * time.Second); !refreshIdle(c); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refreshes never ended")
+		}
+	}
+	if _, ok := reg.Get("mcp.web.u"); !ok || lists.Load() > 3 {
+		t.Fatalf("after 51 refreshes asked while one waited: %d tools/list requests (want 3: Open's, the waiting one, one after it); mcp.web.u listed: %v", lists.Load(), ok)
+	}
+}
+
+// refreshIdle reports whether no refresh of c runs.
+func refreshIdle(c *conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.refreshing
+}

@@ -255,10 +255,39 @@ type conn struct {
 
 	dial    chan struct{} // a token: serializes connects, waited for within a call's time
 	refresh sync.Mutex    // serializes tool-table refreshes
-	mu      sync.Mutex    // guards sess, dead, closed
+	mu      sync.Mutex    // guards sess, dead, closed, refreshing, pending
 	sess    *mcp.ClientSession
 	dead    error // why sess ended (nil while it lives)
 	closed  bool
+
+	refreshing bool               // a refresh runs
+	pending    *mcp.ClientSession // the session of the refresh wanted after it
+}
+
+// refreshTools lists sess's tools again after tools/list_changed, on a
+// goroutine of its own (not the session's reading goroutine: listing
+// waits for a response that goroutine must read). Refreshes coalesce: at
+// most one runs and one waits per server, so a notification while one
+// waits adds nothing — the waiting one lists what changed.
+func (c *conn) refreshTools(sess *mcp.ClientSession) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refreshing {
+		c.pending = sess
+		return
+	}
+	c.refreshing = true
+	go func() {
+		for sess != nil {
+			if err := c.load(c.life, sess); err != nil && c.life.Err() == nil {
+				c.log.Warn("refreshing the tools after tools/list_changed failed", "err", err)
+			}
+			c.mu.Lock()
+			sess, c.pending = c.pending, nil
+			c.refreshing = sess != nil
+			c.mu.Unlock()
+		}
+	}()
 }
 
 // connect starts a new session, unless a live one exists, and loads the
@@ -305,14 +334,8 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel", Version: "1"}, &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
-		ToolListChangedHandler: func(ctx context.Context, req *mcp.ToolListChangedRequest) {
-			// Not on the session's reading goroutine: listing waits
-			// for a response that goroutine must read.
-			go func() {
-				if err := c.load(c.life, req.Session); err != nil {
-					c.log.Warn("refreshing the tools after tools/list_changed failed", "err", err)
-				}
-			}()
+		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
+			c.refreshTools(req.Session)
 		},
 	})
 	ctx, stop := c.within(ctx)
