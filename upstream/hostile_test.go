@@ -358,7 +358,8 @@ func TestConnectBounds(t *testing.T) {
 			}
 		})
 	}
-	// Within the bounds: 100 pages, 10000 tools.
+	// Within the bounds: 100 pages, 10000 tools, in the default time.
+	listTimeout = 30 * time.Second
 	url := lister(t, func(n int64, _ string) *mcp.ListToolsResult {
 		r := &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 100)}
 		if n < 100 {
