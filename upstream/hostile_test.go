@@ -279,7 +279,6 @@ func someTools(p string, k int) []*mcp.Tool {
 // tools, or one that gives a cursor twice, fails the connection.
 func TestConnectBounds(t *testing.T) {
 	defer func(h, l time.Duration) { handshakeTimeout, listTimeout = h, l }(handshakeTimeout, listTimeout)
-	handshakeTimeout, listTimeout = 300*time.Millisecond, 300*time.Millisecond
 	silent := func(t *testing.T) string {
 		stop := make(chan struct{})
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -293,11 +292,12 @@ func TestConnectBounds(t *testing.T) {
 		return srv.URL
 	}
 	tests := []struct {
-		name string
-		url  func(t *testing.T) string
-		want string
+		name  string
+		url   func(t *testing.T) string
+		short bool // the handshake and the listing have 300 ms, not 30 s
+		want  string
 	}{
-		{"handshake never answered", silent, "the MCP handshake did not end within 300ms"},
+		{"handshake never answered", silent, true, "the MCP handshake did not end within 300ms"},
 		{"tools/list never answered", func(t *testing.T) string {
 			s := mcp.NewServer(&mcp.Implementation{Name: "slowlist", Version: "1"}, nil)
 			objectTools(s, "t")
@@ -316,17 +316,17 @@ func TestConnectBounds(t *testing.T) {
 			url := hostile(t, s, nil, func(http.ResponseWriter, rpc) bool { return false })
 			t.Cleanup(func() { close(stop) })
 			return url
-		}, "the listing did not end within 300ms (page 1)"},
+		}, true, "the listing did not end within 300ms (page 1)"},
 		{"a cursor repeated", func(t *testing.T) string {
 			return lister(t, func(n int64, _ string) *mcp.ListToolsResult {
 				return &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 5), NextCursor: "again"}
 			})
-		}, "page 2 gives a cursor given before"},
+		}, false, "page 2 gives a cursor given before"},
 		{"pages without end", func(t *testing.T) string {
 			return lister(t, func(n int64, _ string) *mcp.ListToolsResult {
 				return &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 5), NextCursor: fmt.Sprint(n)}
 			})
-		}, "more than 100 pages"},
+		}, false, "more than 100 pages"},
 		{"too many tools", func(t *testing.T) string {
 			return lister(t, func(n int64, _ string) *mcp.ListToolsResult {
 				r := &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 2000)}
@@ -335,10 +335,14 @@ func TestConnectBounds(t *testing.T) {
 				}
 				return r
 			})
-		}, "more than 10000 tools"},
+		}, false, "more than 10000 tools"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			handshakeTimeout, listTimeout = 30*time.Second, 30*time.Second
+			if tc.short {
+				handshakeTimeout, listTimeout = 300*time.Millisecond, 300*time.Millisecond
+			}
 			url := tc.url(t)
 			done := make(chan error, 1)
 			go func() {
@@ -358,8 +362,7 @@ func TestConnectBounds(t *testing.T) {
 			}
 		})
 	}
-	// Within the bounds: 100 pages, 10000 tools, in the default time.
-	listTimeout = 30 * time.Second
+	// Within the bounds: 100 pages, 10000 tools.
 	url := lister(t, func(n int64, _ string) *mcp.ListToolsResult {
 		r := &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 100)}
 		if n < 100 {
