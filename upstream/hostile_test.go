@@ -425,3 +425,33 @@ func refreshIdle(c *conn) bool {
 	defer c.mu.Unlock()
 	return !c.refreshing
 }
+
+// TestHTTPSessionGone: an HTTP upstream that restarted has forgotten the
+// kernel's session and answers a call on it 404 without running it; the
+// call (of a mutating tool) is sent once on a new session, not
+// outcome_unknown.
+func TestHTTPSessionGone(t *testing.T) {
+	var handler atomic.Pointer[http.Handler]
+	var adds atomic.Int64
+	boot := func() {
+		s := mcp.NewServer(&mcp.Implementation{Name: "restarts", Version: "1"}, nil)
+		s.AddTool(&mcp.Tool{Name: "add", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				adds.Add(1)
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil
+			})
+		var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+		handler.Store(&h)
+	}
+	boot()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }))
+	t.Cleanup(srv.Close)
+	reg, _ := start(t, map[string]Server{"w": {URL: srv.URL, SideEffect: syscalls.Write}})
+	if _, err := call(t, reg, "mcp.w.add"); err != nil {
+		t.Fatal(err)
+	}
+	boot() // the upstream restarts: its sessions are gone
+	if out, err := call(t, reg, "mcp.w.add"); err != nil || adds.Load() != 2 {
+		t.Fatalf("the call after the restart: %s, %v; the upstream ran add %d times, want 2", out.Result, err, adds.Load())
+	}
+}

@@ -58,8 +58,12 @@ func (c sentConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	return err
 }
 
-// sentTransport marks requests whose bytes an HTTP connection took, and
-// bounds what a response can make the kernel read (see cappedBody).
+// sentTransport marks requests whose bytes an HTTP connection took —
+// unless the server answered 404 to a request naming its session
+// (Mcp-Session-Id): by the streamable HTTP transport, it has not processed
+// it (the session is gone, as after the server restarted), so the call is
+// sent again on a new session. It also bounds what a response can make the
+// kernel read (see cappedBody).
 type sentTransport struct {
 	base  http.RoundTripper
 	limit int // the most bytes of one message in a response
@@ -67,14 +71,16 @@ type sentTransport struct {
 
 func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var id json.RawMessage
+	var st *sendState
 	if req.Method == http.MethodPost {
 		if f, ok := req.Context().Value(sentKey{}).(*atomic.Bool); ok {
+			st = &sendState{sent: f}
 			trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 				// A request whose write failed part way may still have
 				// reached the server: only an error before any byte left
 				// would be safe to count as unsent, and the trace cannot
 				// tell, so any attempt to write counts.
-				f.Store(true)
+				st.wrote()
 			}}
 			req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 		}
@@ -84,9 +90,34 @@ func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return resp, err
 	}
+	if st != nil && resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
+		st.refused()
+	}
 	resp.Body = &cappedBody{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10), limit: t.limit, id: id,
 		sse: strings.HasPrefix(strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Type"))), "text/event-stream")}
 	return resp, nil
+}
+
+// sendState is the sent flag of one HTTP request: written, unless refused.
+type sendState struct {
+	mu      sync.Mutex // orders wrote (on the connection's writer) and refused
+	sent    *atomic.Bool
+	refusal bool
+}
+
+func (s *sendState) wrote() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.refusal {
+		s.sent.Store(true)
+	}
+}
+
+func (s *sendState) refused() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refusal = true
+	s.sent.Store(false)
 }
 
 // requestID is the JSON-RPC id of the request req's body carries (a
