@@ -455,3 +455,41 @@ func TestHTTPSessionGone(t *testing.T) {
 		t.Fatalf("the call after the restart: %s, %v; the upstream ran add %d times, want 2", out.Result, err, adds.Load())
 	}
 }
+
+// TestOutputSchemas: an upstream tool's output schema is listed only if it
+// is a JSON object schema with "type": "object" within the kernel's
+// subset ($schema dropped); any other is left out with the tool kept.
+func TestOutputSchemas(t *testing.T) {
+	tests := []struct{ tool, schema, want string }{
+		{"plain", `{"type":"object","properties":{"sum":{"type":"integer"}},"required":["sum"]}`, `{"properties":{"sum":{"type":"integer"}},"required":["sum"],"type":"object"}`},
+		{"dialect", `{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object"}`, `{"type":"object"}`},
+		{"string", `{"type":"string"}`, ""},
+		{"array", `{"type":"array","items":{"type":"string"}}`, ""},
+		{"untyped", `{"properties":{"a":{"type":"string"}}}`, ""},
+		{"wide", `{"type":"object","properties":{"v":{"anyOf":[{"type":"string"},{"type":"integer"}]}}}`, ""},
+		{"bad_properties", `{"type":"object","properties":[]}`, ""},
+		{"none", "", ""},
+	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "outs", Version: "1"}, nil)
+	for _, tc := range tests {
+		tool := &mcp.Tool{Name: tc.tool, InputSchema: json.RawMessage(`{"type":"object"}`)}
+		if tc.schema != "" {
+			tool.OutputSchema = json.RawMessage(tc.schema)
+		}
+		s.AddTool(tool, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{}, nil
+		})
+	}
+	url := hostile(t, s, nil, func(http.ResponseWriter, rpc) bool { return false })
+	reg, _ := start(t, map[string]Server{"w": {URL: url}})
+	for _, tc := range tests {
+		e, ok := reg.Get("mcp.w." + tc.tool)
+		if !ok {
+			t.Errorf("%s: left out of the table", tc.tool)
+			continue
+		}
+		if got := string(e.Def.OutputSchema); got != tc.want {
+			t.Errorf("%s: output schema %s listed as %q, want %q", tc.tool, tc.schema, got, tc.want)
+		}
+	}
+}

@@ -472,8 +472,12 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 	}
 	var out json.RawMessage
 	if t.OutputSchema != nil {
-		if out, err = json.Marshal(t.OutputSchema); err != nil {
-			return syscalls.Definition{}, fmt.Errorf("output schema: %w", err)
+		if out, err = outputSchema(t.OutputSchema); err != nil {
+			// The tool can be called without it; listed, a schema
+			// MCP clients cannot take would make them refuse the
+			// whole tool list (the TypeScript SDK does).
+			c.log.Warn("output schema left out", "tool", t.Name, "err", err)
+			out = nil
 		}
 	}
 	se := c.cfg.class(t.Name)
@@ -492,6 +496,41 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 		// as outcome_unknown, not as a rollback.
 		SelfTimed: true,
 	}, nil
+}
+
+// outputSchema returns an upstream tool's output schema as the kernel
+// lists it, or an error unless it is what an MCP output schema must be —
+// a JSON object schema with "type": "object" — within the kernel's schema
+// subset, checked exactly as input schemas are: by registering it as one
+// (in a registry of its own, so that nothing else sees it). $schema is
+// dropped, as from input schemas.
+func outputSchema(v any) (json.RawMessage, error) {
+	var schema map[string]any
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = json.Unmarshal(b, &schema)
+	}
+	if err != nil || schema == nil {
+		return nil, fmt.Errorf("output schema is not a JSON object")
+	}
+	delete(schema, "$schema")
+	if b, err = json.Marshal(schema); err != nil {
+		return nil, err
+	}
+	probe := schemaProbe{syscalls.Definition{ID: "output", InputSchema: b, SideEffect: syscalls.None}}
+	if err := syscalls.NewRegistry().Register(func() syscalls.Syscall { return probe }); err != nil {
+		return nil, fmt.Errorf("output schema, checked as an input schema: %s", strings.TrimPrefix(err.Error(), "register output: "))
+	}
+	return b, nil
+}
+
+// schemaProbe is a syscall made only to check a schema (outputSchema).
+type schemaProbe struct{ def syscalls.Definition }
+
+func (p schemaProbe) Definition() syscalls.Definition { return p.def }
+
+func (schemaProbe) Execute(context.Context, *syscalls.Call) (syscalls.Output, error) {
+	return syscalls.Output{}, errors.New("a schema probe is never called")
 }
 
 // session returns a live session, reconnecting once if the last one died.
