@@ -675,12 +675,12 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 // answered, so a mutating tool has acted (or failed): its outcome is
 // unknown to the caller, and the call is never sent again.
 func (t *tool) tooLarge(size int, cut bool) error {
-	what := fmt.Sprintf("%d bytes", size)
+	what, read := fmt.Sprint(size), ""
 	if cut {
-		what = fmt.Sprintf("over %d bytes (the kernel stopped reading there)", size-1)
+		what, read = fmt.Sprint("over ", size-1), " (read no further than that)"
 	}
-	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %s; the limit is %d bytes (max_result_bytes): the result is withheld; both connections stay open",
-		t.conn.name, t.name, what, t.conn.cfg.maxResult())
+	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %s bytes; the limit is %d bytes (max_result_bytes): the result is withheld%s; both connections stay open",
+		t.conn.name, t.name, what, t.conn.cfg.maxResult(), read)
 	if t.def.SideEffect.Mutating() {
 		return &syscalls.Failure{Class: syscalls.FailUnknown, Message: msg + "; the tool answered, so it may have acted"}
 	}
