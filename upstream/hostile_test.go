@@ -493,3 +493,33 @@ func TestOutputSchemas(t *testing.T) {
 		}
 	}
 }
+
+// TestRefreshBounded: a refresh after tools/list_changed is bounded as a
+// connection's listing is; one past a bound fails and leaves the table
+// as it was.
+func TestRefreshBounded(t *testing.T) {
+	url := lister(t, func(n int64, cursor string) *mcp.ListToolsResult {
+		if n == 1 {
+			return &mcp.ListToolsResult{Tools: someTools("first", 2)}
+		}
+		return &mcp.ListToolsResult{Tools: someTools(fmt.Sprint("p", n, "_"), 5), NextCursor: "again"}
+	})
+	reg, set := start(t, map[string]Server{"web": {URL: url}})
+	c := set.conns[0]
+	c.mu.Lock()
+	sess := c.sess
+	c.mu.Unlock()
+	c.refreshTools(sess)
+	for deadline := time.Now().Add(30 * time.Second); !refreshIdle(c); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refresh has not ended after 30 s")
+		}
+	}
+	var ids []string
+	for _, d := range reg.List() {
+		ids = append(ids, d.ID)
+	}
+	if strings.Join(ids, " ") != "mcp.web.first0 mcp.web.first1" {
+		t.Fatalf("table after a refresh past its bounds: %v", ids)
+	}
+}
