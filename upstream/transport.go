@@ -2,7 +2,9 @@ package upstream
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os/exec"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,7 +24,9 @@ import (
 )
 
 // codeTooLarge is the JSON-RPC error code of the response the framer puts
-// in place of a stdio frame over its limit; its data is {"bytes": size}.
+// in place of a stdio frame over its limit, and cappedBody in place of an
+// HTTP message over it; its data is {"bytes": size}, with "cut": true when
+// the message was cut at size bytes (its whole size is not known).
 const codeTooLarge = -32099
 
 // sentKey marks a call's context; the transports set the flag once the
@@ -52,21 +58,164 @@ func (c sentConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	return err
 }
 
-// sentTransport marks requests whose bytes an HTTP connection took.
-type sentTransport struct{ base http.RoundTripper }
+// sentTransport marks requests whose bytes an HTTP connection took —
+// unless the server answered 404 to a request naming its session
+// (Mcp-Session-Id): by the streamable HTTP transport, it has not processed
+// it (the session is gone, as after the server restarted), so the call is
+// sent again on a new session. It also bounds what a response can make the
+// kernel read (see cappedBody).
+type sentTransport struct {
+	base  http.RoundTripper
+	limit int // the most bytes of one message in a response
+}
 
 func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if f, ok := req.Context().Value(sentKey{}).(*atomic.Bool); ok && req.Method == http.MethodPost {
-		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-			// A request whose write failed part way may still have
-			// reached the server: only an error before any byte left
-			// would be safe to count as unsent, and the trace cannot
-			// tell, so any attempt to write counts.
-			f.Store(true)
-		}}
-		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+	var id json.RawMessage
+	var st *sendState
+	if req.Method == http.MethodPost {
+		if f, ok := req.Context().Value(sentKey{}).(*atomic.Bool); ok {
+			st = &sendState{sent: f}
+			trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+				// A request whose write failed part way may still have
+				// reached the server: only an error before any byte left
+				// would be safe to count as unsent, and the trace cannot
+				// tell, so any attempt to write counts.
+				st.wrote()
+			}}
+			req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+		}
+		id = requestID(req)
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	if st != nil && resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
+		st.refused()
+	}
+	resp.Body = &cappedBody{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10), limit: t.limit, id: id,
+		sse: strings.HasPrefix(strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Type"))), "text/event-stream")}
+	return resp, nil
+}
+
+// sendState is the sent flag of one HTTP request: written, unless refused.
+type sendState struct {
+	mu      sync.Mutex // orders wrote (on the connection's writer) and refused
+	sent    *atomic.Bool
+	refusal bool
+}
+
+func (s *sendState) wrote() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.refusal {
+		s.sent.Store(true)
+	}
+}
+
+func (s *sendState) refused() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refusal = true
+	s.sent.Store(false)
+}
+
+// requestID is the JSON-RPC id of the request req's body carries (a
+// number or a string), or nil.
+func requestID(req *http.Request) json.RawMessage {
+	if req.GetBody == nil {
+		return nil
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil
+	}
+	defer body.Close()
+	var m struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.NewDecoder(body).Decode(&m) != nil || len(m.ID) == 0 || len(m.ID) >= 256 || m.ID[0] != '"' && m.ID[0] != '-' && (m.ID[0] < '0' || m.ID[0] > '9') {
+		return nil
+	}
+	return m.ID
+}
+
+// cappedBody is an HTTP response body read so that no message in it makes
+// the SDK read more than limit bytes: a whole body (a JSON response), or
+// one event of an SSE stream, is passed on only once it has ended within
+// the limit. One over the limit is cut there and the body ends: in its
+// place comes an error response (code codeTooLarge, as the stdio framer's)
+// to the request the body answers, or, with no request id, a read error.
+type cappedBody struct {
+	body  io.ReadCloser
+	r     *bufio.Reader
+	limit int
+	id    json.RawMessage // the request's JSON-RPC id, if any
+	sse   bool
+	out   []byte
+	err   error // the error after out
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	for len(b.out) == 0 {
+		if b.err != nil {
+			return 0, b.err
+		}
+		b.out, b.err = b.next()
+	}
+	n := copy(p, b.out)
+	b.out = b.out[n:]
+	return n, nil
+}
+
+func (b *cappedBody) Close() error { return b.body.Close() }
+
+// next reads the next whole message: the body, or one SSE event.
+func (b *cappedBody) next() ([]byte, error) {
+	if !b.sse {
+		buf, err := io.ReadAll(io.LimitReader(b.r, int64(b.limit)+1))
+		if len(buf) > b.limit {
+			return b.tooLarge()
+		}
+		if err == nil {
+			err = io.EOF
+		}
+		return buf, err
+	}
+	var ev []byte
+	for {
+		start := len(ev)
+		for {
+			chunk, err := b.r.ReadSlice('\n')
+			if len(ev)+len(chunk) > b.limit {
+				return b.tooLarge()
+			}
+			ev = append(ev, chunk...)
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			if err != nil {
+				return ev, err
+			}
+			break
+		}
+		if len(bytes.TrimRight(ev[start:], "\r\n")) == 0 {
+			return ev, nil // a blank line ends the event
+		}
+	}
+}
+
+// tooLarge ends the body with the answer for a message over the limit.
+func (b *cappedBody) tooLarge() ([]byte, error) {
+	if b.id == nil {
+		return nil, fmt.Errorf("an upstream message over %d bytes was cut", b.limit)
+	}
+	resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the upstream's answer is over %d bytes; it was cut there","data":{"bytes":%d,"cut":true}}}`,
+		b.id, codeTooLarge, b.limit, b.limit+1)
+	if b.sse {
+		resp = slices.Concat([]byte("event: message\ndata: "), resp, []byte("\n\n"))
+	}
+	return resp, io.EOF
 }
 
 // stdioTransport runs a command and speaks MCP over its stdin/stdout, with

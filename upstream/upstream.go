@@ -28,6 +28,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -165,6 +166,23 @@ func (s Server) class(tool string) syscalls.SideEffect {
 	return syscalls.Execute
 }
 
+// Bounds on what one upstream server can make the kernel do at a
+// connection (and again at each refresh of its tools): the MCP handshake
+// and the listing of its tools (every page) must each end within their
+// time, and the listing may have at most maxListPages pages, maxTools
+// tools in all, and no cursor twice. Past one, the connection (at Open:
+// kernel.Open) or the refresh fails.
+const (
+	maxListPages = 100
+	maxTools     = 10000
+)
+
+// handshakeTimeout and listTimeout are variables for the tests.
+var (
+	handshakeTimeout = 30 * time.Second
+	listTimeout      = 30 * time.Second
+)
+
 // Set is the connected upstream servers of a kernel.
 type Set struct {
 	conns []*conn
@@ -190,8 +208,11 @@ func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, l
 			set.Close()
 			return nil, err
 		}
-		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n), dial: make(chan struct{}, 1)}
+		c := &conn{name: n, cfg: cfg[n], reg: reg, log: log.With("mcp_server", n), dial: make(chan struct{}, 1),
+			handshake: handshakeTimeout, listing: listTimeout}
+		c.life, c.end = context.WithCancel(context.WithoutCancel(ctx))
 		if _, err := c.connect(ctx); err != nil {
+			c.end()
 			set.Close()
 			return nil, err
 		}
@@ -201,12 +222,18 @@ func Start(ctx context.Context, reg *syscalls.Registry, cfg map[string]Server, l
 }
 
 // Close disconnects every server (stopping stdio commands) and removes
-// their tools from the table.
+// their tools from the table. It ends what is in flight on each session
+// first — a call so cut is outcome_unknown for a mutating tool — so it
+// never waits for an upstream's answer; the servers are closed at once,
+// each within the SDK's own bounds (an HTTP session's DELETE waits 5 s at
+// most; a stdio command is killed 4 s after its stdin is closed).
 func (s *Set) Close() error {
-	var errs []error
-	for _, c := range s.conns {
-		errs = append(errs, c.close())
+	errs := make([]error, len(s.conns))
+	var wg sync.WaitGroup
+	for i, c := range s.conns {
+		wg.Go(func() { errs[i] = c.close() })
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -218,12 +245,49 @@ type conn struct {
 	reg  *syscalls.Registry
 	log  *slog.Logger
 
+	handshake, listing time.Duration // the bounds of a connection's steps
+
+	// life ends when the conn is closed (end), before its session's
+	// Close, which waits for every request in flight: every request
+	// made on the conn's sessions ends with it.
+	life context.Context
+	end  context.CancelFunc
+
 	dial    chan struct{} // a token: serializes connects, waited for within a call's time
 	refresh sync.Mutex    // serializes tool-table refreshes
-	mu      sync.Mutex    // guards sess, dead, closed
+	mu      sync.Mutex    // guards sess, dead, closed, refreshing, pending
 	sess    *mcp.ClientSession
 	dead    error // why sess ended (nil while it lives)
 	closed  bool
+
+	refreshing bool               // a refresh runs
+	pending    *mcp.ClientSession // the session of the refresh wanted after it
+}
+
+// refreshTools lists sess's tools again after tools/list_changed, on a
+// goroutine of its own (not the session's reading goroutine: listing
+// waits for a response that goroutine must read). Refreshes coalesce: at
+// most one runs and one waits per server, so a notification while one
+// waits adds nothing — the waiting one lists what changed.
+func (c *conn) refreshTools(sess *mcp.ClientSession) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refreshing {
+		c.pending = sess
+		return
+	}
+	c.refreshing = true
+	go func() {
+		for sess != nil {
+			if err := c.load(c.life, sess); err != nil && c.life.Err() == nil {
+				c.log.Warn("refreshing the tools after tools/list_changed failed", "err", err)
+			}
+			c.mu.Lock()
+			sess, c.pending = c.pending, nil
+			c.refreshing = sess != nil
+			c.mu.Unlock()
+		}
+	}()
 }
 
 // connect starts a new session, unless a live one exists, and loads the
@@ -250,10 +314,15 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		// it, without holding up the reconnection.
 		go sess.Close()
 	}
+	// A message may be the cap plus room for the JSON-RPC envelope around
+	// a result at the cap.
+	limit := c.cfg.maxResult() + 64<<10
 	var t mcp.Transport
 	if c.cfg.URL != "" {
-		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1,
-			HTTPClient: &http.Client{Transport: sentTransport{http.DefaultTransport}}}
+		// MaxEventSize bounds the standalone SSE stream's events too,
+		// which answer no request.
+		t = &mcp.StreamableClientTransport{Endpoint: c.cfg.URL, MaxRetries: -1, MaxEventSize: limit,
+			HTTPClient: &http.Client{Transport: sentTransport{base: http.DefaultTransport, limit: limit}}}
 	} else {
 		cmd := exec.Command(c.cfg.Command[0], c.cfg.Command[1:]...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
@@ -261,24 +330,23 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 		cmd.Stderr = os.Stderr
-		// The frame limit leaves room for the JSON-RPC envelope around
-		// a result at the cap.
-		t = &stdioTransport{cmd: cmd, limit: c.cfg.maxResult() + 64<<10, log: c.log}
+		t = &stdioTransport{cmd: cmd, limit: limit, log: c.log}
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "capkernel", Version: "1"}, &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
-		ToolListChangedHandler: func(ctx context.Context, req *mcp.ToolListChangedRequest) {
-			// Not on the session's reading goroutine: listing waits
-			// for a response that goroutine must read.
-			go func() {
-				if err := c.load(context.WithoutCancel(ctx), req.Session); err != nil {
-					c.log.Warn("refreshing the tools after tools/list_changed failed", "err", err)
-				}
-			}()
+		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
+			c.refreshTools(req.Session)
 		},
 	})
-	sess, err := client.Connect(ctx, t, nil)
+	ctx, stop := c.within(ctx)
+	defer stop()
+	hctx, cancel := context.WithTimeout(ctx, c.handshake)
+	defer cancel()
+	sess, err := client.Connect(hctx, t, nil)
 	if err != nil {
+		if ctx.Err() == nil && hctx.Err() != nil {
+			return nil, fmt.Errorf("mcp server %s: connect: the MCP handshake did not end within %v: %w", c.name, c.handshake, err)
+		}
 		return nil, fmt.Errorf("mcp server %s: connect: %w", c.name, err)
 	}
 	c.mu.Lock()
@@ -295,17 +363,22 @@ func (c *conn) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	return sess, nil
 }
 
+// within returns ctx, ended too when the conn is closed, and the function
+// releasing it.
+func (c *conn) within(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.life, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 // load lists the session's tools and makes them the server's syscalls in
 // one step.
 func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
 	c.refresh.Lock()
 	defer c.refresh.Unlock()
-	var tools []*mcp.Tool
-	for t, err := range sess.Tools(ctx, nil) {
-		if err != nil {
-			return fmt.Errorf("mcp server %s: tools/list: %w", c.name, err)
-		}
-		tools = append(tools, t)
+	tools, err := c.list(ctx, sess)
+	if err != nil {
+		return err
 	}
 	ids := map[string][]string{}
 	for _, t := range tools {
@@ -345,6 +418,38 @@ func (c *conn) load(ctx context.Context, sess *mcp.ClientSession) error {
 	return nil
 }
 
+// list lists the session's tools, page by page, within the bounds on a
+// listing (see maxListPages).
+func (c *conn) list(ctx context.Context, sess *mcp.ClientSession) ([]*mcp.Tool, error) {
+	lctx, cancel := context.WithTimeout(ctx, c.listing)
+	defer cancel()
+	var tools []*mcp.Tool
+	seen := map[string]bool{"": true}
+	cursor := ""
+	for page := 1; ; page++ {
+		res, err := sess.ListTools(lctx, &mcp.ListToolsParams{Cursor: cursor})
+		switch {
+		case err != nil && ctx.Err() == nil && lctx.Err() != nil:
+			return nil, fmt.Errorf("mcp server %s: tools/list: the listing did not end within %v (page %d): %w", c.name, c.listing, page, err)
+		case err != nil:
+			return nil, fmt.Errorf("mcp server %s: tools/list: %w", c.name, err)
+		}
+		tools = append(tools, res.Tools...)
+		switch {
+		case len(tools) > maxTools:
+			return nil, fmt.Errorf("mcp server %s: tools/list: more than %d tools", c.name, maxTools)
+		case res.NextCursor == "":
+			return tools, nil
+		case seen[res.NextCursor]:
+			return nil, fmt.Errorf("mcp server %s: tools/list: page %d gives a cursor given before", c.name, page)
+		case page == maxListPages:
+			return nil, fmt.Errorf("mcp server %s: tools/list: more than %d pages", c.name, maxListPages)
+		}
+		cursor = res.NextCursor
+		seen[cursor] = true
+	}
+}
+
 // definition makes the syscall definition of upstream tool t.
 func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 	var schema map[string]any
@@ -367,8 +472,12 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 	}
 	var out json.RawMessage
 	if t.OutputSchema != nil {
-		if out, err = json.Marshal(t.OutputSchema); err != nil {
-			return syscalls.Definition{}, fmt.Errorf("output schema: %w", err)
+		if out, err = outputSchema(t.OutputSchema); err != nil {
+			// The tool can be called without it; listed, a schema
+			// MCP clients cannot take would make them refuse the
+			// whole tool list (the TypeScript SDK does).
+			c.log.Warn("output schema left out", "tool", t.Name, "err", err)
+			out = nil
 		}
 	}
 	se := c.cfg.class(t.Name)
@@ -387,6 +496,41 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 		// as outcome_unknown, not as a rollback.
 		SelfTimed: true,
 	}, nil
+}
+
+// outputSchema returns an upstream tool's output schema as the kernel
+// lists it, or an error unless it is what an MCP output schema must be —
+// a JSON object schema with "type": "object" — within the kernel's schema
+// subset, checked exactly as input schemas are: by registering it as one
+// (in a registry of its own, so that nothing else sees it). $schema is
+// dropped, as from input schemas.
+func outputSchema(v any) (json.RawMessage, error) {
+	var schema map[string]any
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = json.Unmarshal(b, &schema)
+	}
+	if err != nil || schema == nil {
+		return nil, fmt.Errorf("output schema is not a JSON object")
+	}
+	delete(schema, "$schema")
+	if b, err = json.Marshal(schema); err != nil {
+		return nil, err
+	}
+	probe := schemaProbe{syscalls.Definition{ID: "output", InputSchema: b, SideEffect: syscalls.None}}
+	if err := syscalls.NewRegistry().Register(func() syscalls.Syscall { return probe }); err != nil {
+		return nil, fmt.Errorf("output schema, checked as an input schema: %s", strings.TrimPrefix(err.Error(), "register output: "))
+	}
+	return b, nil
+}
+
+// schemaProbe is a syscall made only to check a schema (outputSchema).
+type schemaProbe struct{ def syscalls.Definition }
+
+func (p schemaProbe) Definition() syscalls.Definition { return p.def }
+
+func (schemaProbe) Execute(context.Context, *syscalls.Call) (syscalls.Output, error) {
+	return syscalls.Output{}, errors.New("a schema probe is never called")
 }
 
 // session returns a live session, reconnecting once if the last one died.
@@ -420,7 +564,10 @@ func (c *conn) markDead(sess *mcp.ClientSession, err error) {
 	}
 }
 
+// close ends the conn: what is in flight on its session first (see
+// life), then the session, and removes its tools from the table.
 func (c *conn) close() error {
+	c.end()
 	c.mu.Lock()
 	c.closed = true
 	sess := c.sess
@@ -447,8 +594,10 @@ func (t *tool) Definition() syscalls.Definition { return t.def }
 // live connection (the session was broken or is being reconnected) is
 // sent once more on a new session, within the call's time; if none can be
 // had, it is upstream_unavailable and nothing was sent. Once the request
-// has been written, a lost answer is outcome_unknown for a mutating tool:
-// the server may have acted, so the kernel never sends it again.
+// has been written, a lost answer — the connection broke, the call's time
+// ran out, the kernel closed the server — is outcome_unknown for a
+// mutating tool: the server may have acted, so the kernel never sends it
+// again.
 func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, error) {
 	var res *mcp.CallToolResult
 	var err error
@@ -463,9 +612,10 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 			return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamUnavailable,
 				Message: fmt.Sprintf("mcp server %s: %v; nothing was sent", t.conn.name, err)}
 		}
-		var cctx context.Context
-		cctx, sent = withSent(ctx)
+		cctx, stop := t.conn.within(ctx)
+		cctx, sent = withSent(cctx)
 		res, err = sess.CallTool(cctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
+		stop()
 		if errors.Is(err, mcp.ErrConnectionClosed) || err != nil && !sent.Load() && ctx.Err() == nil {
 			// Marked now, not when the session's reader notices: the next
 			// call must reconnect, not fail on the dead session too. A
@@ -480,9 +630,12 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 	var werr *jsonrpc.Error
 	switch {
 	case errors.As(err, &werr) && werr.Code == codeTooLarge:
-		var d struct{ Bytes int }
+		var d struct {
+			Bytes int
+			Cut   bool
+		}
 		json.Unmarshal(werr.Data, &d)
-		return syscalls.Output{}, t.tooLarge(d.Bytes)
+		return syscalls.Output{}, t.tooLarge(d.Bytes, d.Cut)
 	case errors.As(err, &werr):
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, werr.Message, werr.Code)}
@@ -502,7 +655,7 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 	}
 	if res.IsError {
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
-			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, text(res.Content))}
+			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, cut(text(res.Content), maxErrorText))}
 	}
 	if res.Content == nil {
 		res.Content = []mcp.Content{}
@@ -512,21 +665,43 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, fmt.Errorf("mcp server %s, tool %s: encoding the result: %w", t.conn.name, t.name, err)
 	}
 	if max := t.conn.cfg.maxResult(); len(b) > max {
-		return syscalls.Output{}, t.tooLarge(len(b))
+		return syscalls.Output{}, t.tooLarge(len(b), false)
 	}
 	return syscalls.Output{Result: b}, nil
 }
 
 // tooLarge is the failure of a call whose result is over the server's
-// cap. The upstream answered, so a mutating tool has acted (or failed):
-// its outcome is unknown to the caller, and the call is never sent again.
-func (t *tool) tooLarge(size int) error {
-	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %d bytes; the limit is %d bytes (max_result_bytes): the result is withheld; both connections stay open",
-		t.conn.name, t.name, size, t.conn.cfg.maxResult())
+// cap: size bytes, or more when the transport cut it there. The upstream
+// answered, so a mutating tool has acted (or failed): its outcome is
+// unknown to the caller, and the call is never sent again.
+func (t *tool) tooLarge(size int, cut bool) error {
+	what, read := fmt.Sprint(size), ""
+	if cut {
+		what, read = fmt.Sprint("over ", size-1), " (read no further than that)"
+	}
+	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %s bytes; the limit is %d bytes (max_result_bytes): the result is withheld%s; both connections stay open",
+		t.conn.name, t.name, what, t.conn.cfg.maxResult(), read)
 	if t.def.SideEffect.Mutating() {
 		return &syscalls.Failure{Class: syscalls.FailUnknown, Message: msg + "; the tool answered, so it may have acted"}
 	}
 	return &syscalls.Failure{Class: syscalls.FailUpstreamError, Message: msg}
+}
+
+// maxErrorText bounds the text of an isError answer kept in the call's
+// error message, which goes into the audit record and to the caller.
+const maxErrorText = 8 << 10
+
+// cut returns s whole if it has at most n bytes, else its first n bytes
+// or fewer (ending on a UTF-8 character boundary) and a note of the cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return fmt.Sprintf("%s… (cut: the text is %d bytes; the first %d are kept)", s[:i], len(s), i)
 }
 
 // text joins the text parts of content.
