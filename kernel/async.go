@@ -90,6 +90,17 @@ func agentFamily(agent string) string {
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
 	c.caller = ctx // the call runs on its own context; the caller's values still identify it
+	if !k.calls.enter() {
+		return "", k.publishResult(c, k.closingAnswer(c)), ErrKernelClosing
+	}
+	// The call leaves the gate when it ends: here if it is refused, in
+	// its goroutine if it runs.
+	launched := false
+	defer func() {
+		if !launched {
+			k.calls.leave()
+		}
+	}()
 	// The call is its agent's only if its token verifies: anyone can
 	// send an envelope naming any agent and any id. A named id is
 	// reserved only for such a call; another runs under a new one (and
@@ -171,8 +182,10 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	// recorded, and served, under it.
 	c.reserved = !c.minted
 	k.background.Add(1)
+	launched = true
 	go func() {
 		defer k.background.Done()
+		defer k.calls.leave()
 		defer done()
 		defer cancel(nil)
 		ctx := bctx

@@ -88,6 +88,10 @@ func (c *call) canonResult() []byte {
 func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 	c, class, msg := k.decode(data)
 	c.caller = ctx
+	if !k.calls.enter() {
+		return k.publishResult(c, k.closingAnswer(c))
+	}
+	defer k.calls.leave()
 	if class != "" {
 		return k.publishResult(c, k.deny(ctx, c, class, msg))
 	}
@@ -100,6 +104,13 @@ func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 // malformed — leaves an audit record and a receipt in the ledger.
 func (k *Kernel) Invoke(ctx context.Context, env *Envelope) *Result {
 	c := &call{start: k.cfg.Now(), env: env, caller: ctx}
+	if !k.calls.enter() {
+		if c.env == nil {
+			c.env = &Envelope{}
+		}
+		return k.publishResult(c, k.closingAnswer(c))
+	}
+	defer k.calls.leave()
 	return k.publishResult(c, k.invoke(ctx, c))
 }
 

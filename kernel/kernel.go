@@ -66,6 +66,7 @@ type Kernel struct {
 	approvals  approvals
 	ops        operations
 	background sync.WaitGroup // calls begun by Start
+	calls      gate           // every call running, for Close
 	sandbox    *sandbox.Sandbox
 
 	mu         sync.RWMutex
@@ -313,9 +314,13 @@ func (k *Kernel) load(ctx context.Context) error {
 	})
 }
 
-// Close waits for queued writes, then closes the bbolt file and the
-// workspaces. Calls made after Close fail.
+// Close admits no more calls (one that comes is answered, unrecorded,
+// that the kernel is closing), cancels the calls in flight
+// (ErrKernelClosing) and waits for their records, then closes the
+// upstream servers, waits for queued writes and closes the bbolt file and
+// the workspaces. Calls made after Close fail.
 func (k *Kernel) Close() error {
+	k.calls.close(func() { k.inflight.cancelAll(ErrKernelClosing) })
 	if k.upstreams != nil {
 		k.upstreams.Close()
 		k.upstreams = nil
