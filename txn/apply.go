@@ -35,7 +35,7 @@ func Apply(effects []Effect, root func(dir string) (*os.Root, error)) error {
 		}
 		r, err := root(e.Root)
 		if err == nil {
-			err = change(r, e, func() error { return applyEffect(r, effects, i, later) })
+			err = change(r, e, false, func() error { return applyEffect(r, effects, i, later) })
 		}
 		if err != nil {
 			return fmt.Errorf("apply %s %s: %w", e.Op, e.Path, err)
@@ -58,7 +58,10 @@ func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
 	switch e := effects[i]; e.Op {
 	case OpWrite:
 		if err = r.Rename(e.Stage, e.Path); absent(err) {
-			err = renamedAlready(r, effects, i)
+			var done bool
+			if done, err = renamedAlready(r, effects, i); err == nil && !done {
+				err = fmt.Errorf("staging file %s is gone and %s does not hold the committed content %s", e.Stage, e.Path, e.NewHash)
+			}
 		}
 	case OpDelete:
 		if !landed(r, effects, later[i]) {
@@ -82,28 +85,41 @@ func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
 	return err
 }
 
-// renamedAlready answers a write, effects[i], whose staging file is gone:
-// nil when it was renamed already (by an earlier attempt of Apply): its
-// target holds its content, or a later effect of the same call at or
-// above its path may have changed it since. Anything else — the staging
-// file removed, or hidden by a mount that appeared over its directory —
-// is an error: the committed content is not where the call put it, and
-// Redo reports what it finds.
-func renamedAlready(r *os.Root, effects []Effect, i int) error {
+// renamedAlready reports, of a write, effects[i], whose staging file is
+// gone, whether it was renamed already (by an earlier attempt of Apply,
+// or before a crash): its target holds its content, or a later effect of
+// the same call at or above its path may have changed it since. Anything
+// else — the staging file removed, or hidden by a mount that appeared
+// over its directory — means the committed content is not where the call
+// put it.
+func renamedAlready(r *os.Root, effects []Effect, i int) (bool, error) {
 	e := effects[i]
 	for _, l := range effects[i+1:] {
 		if l.Root == e.Root && l.Path != "" && (l.Path == e.Path || strings.HasPrefix(e.Path, l.Path+"/")) {
-			return nil
+			return true, nil
 		}
 	}
 	cur, _, present, err := currentHash(r, e.Path)
-	switch {
-	case err != nil:
-		return err
-	case present && cur == e.NewHash:
-		return nil
+	return present && cur == e.NewHash, err
+}
+
+// chmodDurably gives directory e.Path, which mkdir e made, its final
+// mode; on another mount than its root (Mounted) it is opened first and
+// fsynced after, since the final mode may deny the kernel's user the read
+// an open after it needs.
+func chmodDurably(r *os.Root, e Effect) error {
+	var d mountedDir
+	if e.Mounted {
+		var err error
+		if d, err = openSyncDir(r, e.Path); err != nil {
+			return err
+		}
+		defer d.close()
 	}
-	return fmt.Errorf("staging file %s is gone and %s does not hold the committed content %s", e.Stage, e.Path, e.NewHash)
+	if err := r.Chmod(e.Path, fs.FileMode(e.Mode).Perm()); err != nil {
+		return err
+	}
+	return d.sync(false)
 }
 
 // finalModes gives each directory a mkdir of effects made its mode, the
@@ -120,10 +136,7 @@ func finalModes(effects []Effect, root func(dir string) (*os.Root, error), fail 
 		if err == nil {
 			var fi fs.FileInfo
 			if fi, err = r.Lstat(e.Path); err == nil && fi.IsDir() {
-				err = r.Chmod(e.Path, fs.FileMode(e.Mode).Perm())
-				if err == nil && e.Mounted {
-					err = syncPath(r, e.Path)
-				}
+				err = chmodDurably(r, e)
 			}
 		}
 		if err != nil && !absent(err) {
@@ -188,19 +201,13 @@ func Redo(operationID string, effects []Effect, root func(dir string) (*os.Root,
 			return conflicts, fmt.Errorf("redo %s %s: %w", e.Op, e.Path, err)
 		}
 		var c *Conflict
-		err = change(r, e, func() (err error) {
+		err = change(r, e, true, func() (err error) {
 			if e.Op == OpWrite || e.Op == OpDelete {
 				c, err = redoEffect(operationID, r, effects, i, later)
 				return err
 			}
 			return applyEffect(r, effects, i, later)
 		})
-		if err == nil && c == nil && e.Mounted && e.Op == OpWrite {
-			// The staging file was fsynced when it was staged only by
-			// builds that knew of Effect.Mounted: the written file is,
-			// here. An unseen writeback error reaches a new descriptor.
-			err = syncPath(r, e.Path)
-		}
 		if c != nil {
 			conflicts = append(conflicts, *c)
 		}
@@ -235,7 +242,11 @@ func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later [
 	switch e.Op {
 	case OpWrite:
 		if _, serr := r.Lstat(e.Stage); absent(serr) {
-			return nil, nil // renamed already
+			done, err := renamedAlready(r, effects, i)
+			if err == nil && !done {
+				conflict(ConflictStaging, e.NewHash, cur)
+			}
+			return c, err
 		}
 		switch {
 		case e.OldHash == "" && !present, e.OldHash != "" && cur == e.OldHash:

@@ -14,15 +14,16 @@ import (
 // does not reach a file system mounted below the root. An effect whose
 // directory is on another mount than the top of its root (Effect.Mounted)
 // is made durable by fsync instead: WriteFile fsyncs the staging file and
-// its directory before the commit; Apply and Redo fsync the directory
-// once the effect is done, and a directory the effects made once its
-// final mode is set (finalModes). Each directory is opened before the
-// change it covers, since Linux reports a writeback error to an fsync only
-// through a descriptor opened before the error, once it has been seen (as
-// for syncfs: see fileSystems). Redo decides Mounted anew (mountedNow) and
-// fsyncs the file a write put there too: an intent decided by a build
-// before Effect.Mounted neither says it nor had its staging file fsynced,
-// and an error no one has seen is reported to a new descriptor.
+// its directory before the commit; Apply fsyncs the directory once the
+// effect is done, and a directory the effects made once its final mode is
+// set (finalModes). Each is opened before the change it covers, since
+// Linux reports a writeback error to an fsync only through a descriptor
+// opened before the error, once it has been seen (as for syncfs: see
+// fileSystems). Redo decides Mounted anew (mountedNow) and syncs the
+// directory's whole file system (syncfs through it): an intent decided by
+// a build before Effect.Mounted neither says it nor had its staging file
+// fsynced, and the file it wrote may be one its mode keeps the kernel's
+// user from opening.
 
 // ErrNotDurable is wrapped by the error of a failed fsync of an effect on
 // another mount. Trying again cannot cure it: Linux reports the writeback
@@ -44,7 +45,12 @@ func openMounted(r *os.Root, e Effect) (mountedDir, error) {
 	if !e.Mounted {
 		return mountedDir{}, nil
 	}
-	dir := path.Dir(e.Path)
+	return openSyncDir(r, path.Dir(e.Path))
+}
+
+// openSyncDir opens directory dir under r for a later sync; nothing
+// there is no error, and no directory.
+func openSyncDir(r *os.Root, dir string) (mountedDir, error) {
 	f, err := r.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
 	if absent(err) {
 		return mountedDir{}, nil
@@ -55,12 +61,20 @@ func openMounted(r *os.Root, e Effect) (mountedDir, error) {
 	return mountedDir{f: f, path: dir}, nil
 }
 
-// sync fsyncs the directory, if one is open.
-func (d mountedDir) sync() error {
-	if d.f == nil {
+// sync fsyncs the directory, if one is open; with whole, it syncs the
+// directory's whole file system (syncfs), which covers the content of a
+// file the change put there too, whatever its mode.
+func (d mountedDir) sync(whole bool) error {
+	switch {
+	case d.f == nil:
 		return nil
+	case !whole:
+		return fsync(d.f, d.path)
 	}
-	return fsync(d.f, d.path)
+	if err := unix.Syncfs(int(d.f.Fd())); err != nil {
+		return fmt.Errorf("syncfs of %s (on another mount than the root): %w: %w", d.path, ErrNotDurable, err)
+	}
+	return nil
 }
 
 // close closes the directory, if one is open.
@@ -81,8 +95,8 @@ func fsync(f *os.File, name string) error {
 }
 
 // change runs an effect's change between opening its directory (if it is
-// Mounted) and fsyncing it.
-func change(r *os.Root, e Effect, do func() error) error {
+// Mounted) and syncing it (see mountedDir.sync for whole).
+func change(r *os.Root, e Effect, whole bool, do func() error) error {
 	d, err := openMounted(r, e)
 	if err != nil {
 		return err
@@ -91,24 +105,7 @@ func change(r *os.Root, e Effect, do func() error) error {
 	if err := do(); err != nil {
 		return err
 	}
-	return d.sync()
-}
-
-// syncPath fsyncs rel under r, a regular file or a directory (anything
-// else, or nothing there, has nothing to sync).
-func syncPath(r *os.Root, rel string) error {
-	f, err := r.OpenFile(rel, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if absent(err) || errors.Is(err, unix.ELOOP) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("open %s for fsync: %w", rel, err)
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !(fi.Mode().IsRegular() || fi.IsDir()) {
-		return err
-	}
-	return fsync(f, rel)
+	return d.sync(whole)
 }
 
 // mountedNow returns effects with Mounted set for each write, delete and

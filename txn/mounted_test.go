@@ -141,8 +141,9 @@ func TestRedoMountedOldIntentChild(t *testing.T) {
 // TestApplyStagingGone: Apply of a write whose staging file is gone is
 // done only when its target holds the committed content (an earlier
 // attempt renamed it); otherwise (the file removed, or hidden by a mount
-// that appeared over its directory) it fails, where it returned nil and
-// the committed content was nowhere.
+// that appeared over its directory) it fails, and Redo reports a
+// staging_damaged conflict, where both took the write for done and the
+// committed content was nowhere.
 func TestApplyStagingGone(t *testing.T) {
 	ws := t.TempDir()
 	root, err := os.OpenRoot(ws)
@@ -175,6 +176,11 @@ func TestApplyStagingGone(t *testing.T) {
 			tc.after(effects)
 			if err := Apply(effects, stage.Root); (err == nil) != tc.ok {
 				t.Fatalf("Apply: %v, want ok %v", err, tc.ok)
+			}
+			// Recovery's Redo says the same: a conflict, not a write done.
+			conflicts, err := Redo("op", effects, stage.Root)
+			if err != nil || (len(conflicts) == 0) != tc.ok || !tc.ok && conflicts[0].Reason != ConflictStaging {
+				t.Fatalf("Redo: %+v, %v; want a %s conflict: %v", conflicts, err, ConflictStaging, !tc.ok)
 			}
 		})
 	}

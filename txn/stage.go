@@ -170,7 +170,7 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 		err = cerr
 	}
 	if err == nil {
-		err = dir.sync()
+		err = dir.sync(false)
 	}
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", r.Rel, err)
