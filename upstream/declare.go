@@ -201,9 +201,6 @@ func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, nil, &syscalls.ArgsError{Violations: []string{"args: " + err.Error()}}
 	}
-	if err := foldedTwins(doc, ""); err != nil {
-		return nil, nil, &syscalls.ArgsError{Violations: []string{err.Error()}}
-	}
 	var out []Ref
 	for i := range t.Args {
 		a := &t.Args[i]
@@ -234,15 +231,16 @@ func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 					}
 					return nil
 				}
+				for _, k := range slices.Sorted(maps.Keys(x)) {
+					if k != tok && fold(k) == fold(tok) {
+						// A decoder matching names loosely may take it for
+						// tok (see fold): the kernel would check one member
+						// and the upstream act on the other.
+						return fmt.Errorf("member %q of %s differs from the declared %s argument %s only in case, '_' or '-': name it %q, once", k, where+"/", a.Kind, a.Pointer, tok)
+					}
+				}
 				if m, ok := x[tok]; ok {
 					return walk(m, toks[1:], where+"/"+escape(tok), x, tok)
-				}
-				for k := range x {
-					if fold(k) == fold(tok) {
-						// The upstream's decoder may take it for tok (see
-						// foldedTwins); the kernel would check nothing.
-						return fmt.Errorf("member %q of %s differs from the declared %s argument %s only in case: name it %q", k, where+"/", a.Kind, a.Pointer, tok)
-					}
 				}
 				return nil
 			case []any:
@@ -273,41 +271,17 @@ func (t *Tool) Refs(args json.RawMessage) ([]Ref, any, error) {
 	return out, doc, nil
 }
 
-// foldedTwins refuses an object anywhere in v (at where) holding two
-// member names that differ only in case under Unicode simple folding
-// ("source" and "ſource", "key" and "KEY"). A decoder that matches names
-// case-insensitively, as Go's encoding/json does (the last match wins),
-// would take either for the other: the upstream could act on the member
-// the kernel did not check.
-func foldedTwins(v any, where string) error {
-	switch x := v.(type) {
-	case map[string]any:
-		seen := make(map[string]string, len(x))
-		for _, k := range slices.Sorted(maps.Keys(x)) {
-			f := fold(k)
-			if other, ok := seen[f]; ok {
-				return fmt.Errorf("args: members %q and %q of %s differ only in case, which a decoder ignoring case takes for one", other, k, where+"/")
-			}
-			seen[f] = k
-			if err := foldedTwins(x[k], where+"/"+escape(k)); err != nil {
-				return err
-			}
-		}
-	case []any:
-		for i, m := range x {
-			if err := foldedTwins(m, where+"/"+strconv.Itoa(i)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// fold returns s with each rune replaced by the least rune of its Unicode
-// simple folding orbit: fold(a) == fold(b) exactly when
-// strings.EqualFold(a, b).
+// fold returns s with '_' and '-' left out and each rune replaced by the
+// least rune of its Unicode simple folding orbit: names equal under fold
+// are ones a decoder matching names loosely takes for one another. Go's
+// encoding/json matches them case-insensitively under that folding ("ſ"
+// is "s", the last match winning); encoding/json/v2's case-insensitive
+// matching also ignores '_' and '-'.
 func fold(s string) string {
 	return strings.Map(func(r rune) rune {
+		if r == '_' || r == '-' {
+			return -1
+		}
 		least := r
 		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
 			least = min(least, f)
