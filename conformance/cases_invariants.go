@@ -617,8 +617,7 @@ func replayCases() []Case {
 			if first.R.Replayed != nil && *first.R.Replayed {
 				t.Failf("the first call is marked replayed")
 			}
-			// A withheld replay (depth commitments_only) keeps no result_hash.
-			if second.R.OperationID != first.R.OperationID || (second.R.ResultHash != first.R.ResultHash && !withheld(second.R)) || second.R.CommitDeltaID != first.R.CommitDeltaID {
+			if second.R.OperationID != first.R.OperationID || second.R.ResultHash != first.R.ResultHash || second.R.CommitDeltaID != first.R.CommitDeltaID {
 				t.Failf("the repeat's operation/result/delta differ from the original's")
 			}
 			get := t.Call(tok, "kv.get", map[string]any{"key": args["key"]}, nil)

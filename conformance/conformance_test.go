@@ -99,18 +99,13 @@ func TestCaseTable(t *testing.T) {
 // inProcess serves a real kernel with the real HTTP API through handler
 // wrap (nil: unchanged) and returns the URL and the admin credential.
 func inProcess(t *testing.T, wrap func(http.Handler) http.Handler) (string, string) {
-	return inProcessWith(t, wrap, nil)
-}
-
-// inProcessWith is inProcess with the kernel's audit configuration.
-func inProcessWith(t *testing.T, wrap func(http.Handler) http.Handler, audit *kernel.AuditConfig) (string, string) {
 	t.Helper()
 	data := filepath.Join(t.TempDir(), "data")
 	ir, err := kernel.Init(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, ApprovalTimeout: 2 * time.Second, Audit: audit})
+	k, err := kernel.Open(context.Background(), kernel.Config{DataDir: data, ApprovalTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,17 +284,5 @@ func TestRunSetupErrors(t *testing.T) {
 	}
 	if rep := Run(context.Background(), Config{Run: regexp.MustCompile("NOSUCH")}); rep.Error != `conformance: no case id matches "NOSUCH" (the ids are in docs/conformance.md)` {
 		t.Errorf("a pattern matching no case: error %q", rep.Error)
-	}
-}
-
-// TestSuiteAtCommitmentsOnly: a kernel auditing kv.put at depth
-// commitments_only answers a repeat of a key with the stored envelope,
-// which keeps no result and no result_hash (docs/formats.md): the replay
-// case takes that envelope as conforming.
-func TestSuiteAtCommitmentsOnly(t *testing.T) {
-	url, admin := inProcessWith(t, nil, &kernel.AuditConfig{Depth: map[string]string{"kv.put": kernel.DepthCommitmentsOnly}})
-	rep := Run(context.Background(), Config{Server: url, AdminToken: admin, Workspace: t.TempDir(), Run: regexp.MustCompile("REPLAY-002$")})
-	if rep.Error != "" || rep.Failed > 0 || rep.Passed != 1 {
-		t.Fatalf("%+v", rep)
 	}
 }

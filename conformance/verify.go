@@ -91,14 +91,6 @@ func (t *T) CheckEnvelope(r *Resp) {
 	}
 }
 
-// withheld reports whether r is a replay answered with an envelope that
-// keeps none of the call's parts: of a call audited at depth
-// commitments_only, or erased (docs/formats.md): no result, no salt and
-// an empty result_hash.
-func withheld(r *Result) bool {
-	return r.Replayed != nil && *r.Replayed && r.AuditSalt == "" && r.ResultHash == "" && (len(r.Result) == 0 || string(r.Result) == "null")
-}
-
 // envelopeProblem says what a result envelope lacks.
 func envelopeProblem(r *Result) error {
 	var missing []string
@@ -113,7 +105,7 @@ func envelopeProblem(r *Result) error {
 	switch {
 	case r.Status != "ok" && r.Status != "error":
 		return fmt.Errorf("status %q is not ok or error", r.Status)
-	case !hashRE.MatchString(r.ResultHash) && !withheld(r):
+	case !hashRE.MatchString(r.ResultHash):
 		return fmt.Errorf("result_hash %q is not blake3:<64 hex>", r.ResultHash)
 	case r.OperationID == "":
 		return errors.New("empty operation_id")
@@ -127,8 +119,8 @@ func envelopeProblem(r *Result) error {
 		return fmt.Errorf("committed without a commit_delta_id (%q)", r.CommitDeltaID)
 	case r.TxOutcome != "committed" && r.CommitDeltaID != "":
 		return fmt.Errorf("commit_delta_id %q on a %s call", r.CommitDeltaID, r.TxOutcome)
-	case r.Status == "ok" && (r.Error != nil || !withheld(r) && (len(r.Result) == 0 || r.Result[0] != '{')):
-		return errors.New("status ok needs a result object and no error (but in a withheld replay)")
+	case r.Status == "ok" && (r.Error != nil || len(r.Result) == 0 || r.Result[0] != '{'):
+		return errors.New("status ok needs a result object and no error")
 	case r.Status == "error" && (r.Error == nil || r.Error.Class == "" || r.Error.Message == ""):
 		return errors.New("status error needs error {class, message}")
 	case r.Status == "error" && !slices.Contains(errorClasses, r.Error.Class):
