@@ -414,8 +414,11 @@ func TestRefreshCoalesced(t *testing.T) {
 			t.Fatal("the refreshes never ended")
 		}
 	}
-	if _, ok := reg.Get("mcp.web.u"); !ok || lists.Load() > 3 {
-		t.Fatalf("after 51 refreshes asked while one waited: %d tools/list requests (want 3: Open's, the waiting one, one after it); mcp.web.u listed: %v", lists.Load(), ok)
+	// Adding tool u makes the server send its own tools/list_changed
+	// (debounced), which may reach the client only after the pending
+	// refresh ran: one more refresh, at most.
+	if _, ok := reg.Get("mcp.web.u"); !ok || lists.Load() > 4 {
+		t.Fatalf("after 51 refreshes asked while one waited: %d tools/list requests (want at most 4: Open's, the waiting one, one after it, and one for the server's own notification); mcp.web.u listed: %v", lists.Load(), ok)
 	}
 }
 
