@@ -57,6 +57,10 @@ func (k *Kernel) Tools(token, format string) (json.RawMessage, error) {
 // refusal. Like every call, it leaves an audit record and a receipt.
 func (k *Kernel) Refuse(ctx context.Context, data []byte, class, msg string) *Result {
 	c := &call{start: k.cfg.Now(), env: salvage(data), envHash: digest.Sum(data)}
+	if !k.calls.enter() {
+		return k.closingAnswer(c)
+	}
+	defer k.calls.leave()
 	return k.deny(ctx, c, class, msg)
 }
 
