@@ -93,14 +93,20 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	if !k.calls.enter() {
 		return "", k.publishResult(c, k.closingAnswer(c)), ErrKernelClosing
 	}
-	// The call leaves the gate when it ends: here if it is refused, in
-	// its goroutine if it runs.
+	// The call leaves the gate once recorded, before its event and
+	// Observer report (an Observer may call Close): here if it is
+	// refused, in its goroutine if it runs.
+	leave := sync.OnceFunc(k.calls.leave)
 	launched := false
 	defer func() {
 		if !launched {
-			k.calls.leave()
+			leave()
 		}
 	}()
+	report := func(r *Result) *Result {
+		leave()
+		return k.publishResult(c, r)
+	}
 	// The call is its agent's only if its token verifies: anyone can
 	// send an envelope naming any agent and any id. A named id is
 	// reserved only for such a call; another runs under a new one (and
@@ -126,7 +132,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	used := false
 	if !c.minted {
 		if err := k.db.View(func(tx *bbolt.Tx) error { used = txn.OperationUsed(tx, id); return nil }); err != nil {
-			return "", k.publishResult(c, k.deny(ctx, c, ErrInternal, err.Error())), err
+			return "", report(k.deny(ctx, c, ErrInternal, err.Error())), err
 		}
 	}
 	c.background = true
@@ -155,7 +161,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		if err != nil {
 			k.ops.mu.Unlock()
 			cancel(nil)
-			return "", k.publishResult(c, k.deny(ctx, c, ErrInternal, err.Error())), err
+			return "", report(k.deny(ctx, c, ErrInternal, err.Error())), err
 		}
 	}
 	if inUse || used {
@@ -163,7 +169,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		cancel(nil)
 		err = fmt.Errorf("%w: %s", ErrOperationInUse, id)
 		c.disown()
-		return "", k.publishResult(c, k.deny(ctx, c, ErrInvalidArgs, err.Error())), err
+		return "", report(k.deny(ctx, c, ErrInvalidArgs, err.Error())), err
 	}
 	if done == nil {
 		k.ops.mu.Unlock()
@@ -171,7 +177,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		// Refused for now, not for its id: a retry later may name it.
 		c.disown()
 		err = fmt.Errorf("%w (%d, at most %d of one agent with its sub-agents); retry later or call synchronously", ErrTooManyBackground, MaxBackground, MaxBackgroundPerAgent)
-		return "", k.publishResult(c, k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
+		return "", report(k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())), err
 	}
 	k.ops.byID[id] = op
 	k.ops.running++
@@ -185,16 +191,16 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 	launched = true
 	go func() {
 		defer k.background.Done()
-		defer k.calls.leave()
 		defer done()
 		defer cancel(nil)
 		ctx := bctx
 		var r *Result
 		if class != "" {
-			r = k.publishResult(c, k.deny(ctx, c, class, msg))
+			r = k.deny(ctx, c, class, msg)
 		} else {
-			r = k.publishResult(c, k.run(ctx, c))
+			r = k.run(ctx, c)
 		}
+		r = report(r)
 		k.ops.finish(id, op, r, family)
 		close(op.done)
 	}()

@@ -144,18 +144,22 @@ type inflight struct {
 }
 
 type registry struct {
-	mu    sync.Mutex
-	calls map[string]*inflight // by operation id
+	mu      sync.Mutex
+	calls   map[string]*inflight // by operation id
+	closing error                // cancelAll's cause, once it ran
 }
 
 // add registers f under op and returns the function that unregisters it,
 // or ok false, registering nothing, when a call with that operation id is
-// in flight already.
+// in flight already. After cancelAll, f is cancelled as it registers.
 func (r *registry) add(op string, f *inflight) (remove func(), ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.calls[op]; dup {
 		return nil, false
+	}
+	if r.closing != nil {
+		f.cancel(r.closing)
 	}
 	r.calls[op] = f
 	return func() {

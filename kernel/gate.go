@@ -64,10 +64,13 @@ func (k *Kernel) closingAnswer(c *call) *Result {
 	return k.unrecorded(c, "the kernel is closing: the call did not run and is not recorded; repeat it once the kernel runs again", NoOp)
 }
 
-// cancelAll cancels every call in flight with cause.
+// cancelAll cancels every call in flight with cause, and every call
+// registered from now on as it registers (add): a call the gate admitted
+// before it closed may register only after this.
 func (r *registry) cancelAll(cause error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.closing = cause
 	for _, f := range r.calls {
 		f.cancel(cause)
 	}

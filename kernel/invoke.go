@@ -91,11 +91,16 @@ func (k *Kernel) InvokeJSON(ctx context.Context, data []byte) *Result {
 	if !k.calls.enter() {
 		return k.publishResult(c, k.closingAnswer(c))
 	}
-	defer k.calls.leave()
+	var r *Result
 	if class != "" {
-		return k.publishResult(c, k.deny(ctx, c, class, msg))
+		r = k.deny(ctx, c, class, msg)
+	} else {
+		r = k.run(ctx, c)
 	}
-	return k.publishResult(c, k.run(ctx, c))
+	// Recorded: the call leaves the gate before its event and Observer
+	// report, so that an Observer may call Close.
+	k.calls.leave()
+	return k.publishResult(c, r)
 }
 
 // Invoke runs one call through the pipeline and returns its result
@@ -110,8 +115,9 @@ func (k *Kernel) Invoke(ctx context.Context, env *Envelope) *Result {
 		}
 		return k.publishResult(c, k.closingAnswer(c))
 	}
-	defer k.calls.leave()
-	return k.publishResult(c, k.invoke(ctx, c))
+	r := k.invoke(ctx, c)
+	k.calls.leave() // see InvokeJSON
+	return k.publishResult(c, r)
 }
 
 func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
