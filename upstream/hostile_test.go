@@ -526,3 +526,59 @@ func TestRefreshBounded(t *testing.T) {
 		t.Fatalf("table after a refresh past its bounds: %v", ids)
 	}
 }
+
+// TestSentAfter404: a 404 to a request naming its session takes back only
+// the call's own tools/call (the server did not process it); a 404 to a
+// later message of the call — its notifications/cancelled after a
+// timeout, the session lost after the server ran the call — leaves the
+// call sent, so a mutating call is outcome_unknown, never sent again.
+func TestSentAfter404(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "session not found", http.StatusNotFound)
+	}))
+	defer srv.Close()
+	tr := sentTransport{base: http.DefaultTransport, limit: 1 << 20}
+	post := func(ctx context.Context, body string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Mcp-Session-Id", "S1")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	ctx, sent := withSent(context.Background())
+	post(ctx, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"act"}}`)
+	if sent.Load() {
+		t.Fatal("a tools/call the server answered 404 (session not found) counts as sent")
+	}
+	sent.Store(true) // the call went out on a new session, and the server ran it
+	post(ctx, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`)
+	if !sent.Load() {
+		t.Fatal("a 404 to the call's notifications/cancelled took back a call that was sent")
+	}
+}
+
+// TestRPCErrorMessageCapped: a JSON-RPC error's message is cut as an
+// isError answer's text is, before it becomes the failure message (the
+// audit record's, the caller's).
+func TestRPCErrorMessageCapped(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
+	objectTools(s, "rpcerr")
+	url := hostile(t, s, &mcp.StreamableHTTPOptions{JSONResponse: true}, func(w http.ResponseWriter, m rpc) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"%s"}}`, m.ID, strings.Repeat("x", 1<<20))
+		return true
+	})
+	reg, _ := start(t, map[string]Server{"n": {URL: url, SideEffect: syscalls.None}})
+	_, err := call(t, reg, "mcp.n.rpcerr")
+	if class, msg := failure(err); class != syscalls.FailUpstreamError || len(msg) > 2*maxErrorText {
+		t.Fatalf("class %q, a %d-byte message from a 1 MiB JSON-RPC error", class, len(msg))
+	}
+}

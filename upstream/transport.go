@@ -71,6 +71,7 @@ type sentTransport struct {
 
 func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var id json.RawMessage
+	var method string
 	var st *sendState
 	if req.Method == http.MethodPost {
 		if f, ok := req.Context().Value(sentKey{}).(*atomic.Bool); ok {
@@ -84,13 +85,16 @@ func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}}
 			req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 		}
-		id = requestID(req)
+		id, method = requestOf(req)
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		return resp, err
 	}
-	if st != nil && resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
+	// Only the tools/call itself may be taken back: a later message of
+	// the same call (its notifications/cancelled, after a timeout)
+	// answered 404 says nothing of whether the call ran.
+	if st != nil && method == "tools/call" && resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
 		st.refused()
 	}
 	resp.Body = &cappedBody{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10), limit: t.limit, id: id,
@@ -120,24 +124,28 @@ func (s *sendState) refused() {
 	s.sent.Store(false)
 }
 
-// requestID is the JSON-RPC id of the request req's body carries (a
-// number or a string), or nil.
-func requestID(req *http.Request) json.RawMessage {
+// requestOf returns the JSON-RPC id (a number or a string; nil for none)
+// and method of the message req's body carries.
+func requestOf(req *http.Request) (json.RawMessage, string) {
 	if req.GetBody == nil {
-		return nil
+		return nil, ""
 	}
 	body, err := req.GetBody()
 	if err != nil {
-		return nil
+		return nil, ""
 	}
 	defer body.Close()
 	var m struct {
-		ID json.RawMessage `json:"id"`
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
 	}
-	if json.NewDecoder(body).Decode(&m) != nil || len(m.ID) == 0 || len(m.ID) >= 256 || m.ID[0] != '"' && m.ID[0] != '-' && (m.ID[0] < '0' || m.ID[0] > '9') {
-		return nil
+	if json.NewDecoder(body).Decode(&m) != nil {
+		return nil, ""
 	}
-	return m.ID
+	if len(m.ID) == 0 || len(m.ID) >= 256 || m.ID[0] != '"' && m.ID[0] != '-' && (m.ID[0] < '0' || m.ID[0] > '9') {
+		return nil, m.Method
+	}
+	return m.ID, m.Method
 }
 
 // cappedBody is an HTTP response body read so that no message in it makes

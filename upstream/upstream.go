@@ -638,7 +638,7 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, t.tooLarge(d.Bytes, d.Cut)
 	case errors.As(err, &werr):
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
-			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, werr.Message, werr.Code)}
+			Message: fmt.Sprintf("mcp server %s, tool %s: %s (code %d)", t.conn.name, t.name, cut(werr.Message, maxErrorText), werr.Code)}
 	case err != nil && !sent.Load() && ctx.Err() != nil:
 		return syscalls.Output{}, err // never sent: timeout or cancelled
 	case err != nil && !sent.Load():
