@@ -77,6 +77,16 @@ func orRoot(at string) string {
 	return at
 }
 
+// CheckSchema returns what Register would refuse of raw as an input
+// schema: outside the subset, not "type": "object", or not compiling. It
+// is for schemas the kernel passes on to clients without validating
+// anything against them (an upstream tool's output schema), which must
+// meet the same bar.
+func CheckSchema(raw json.RawMessage) error {
+	_, _, err := compileSchema("check", raw)
+	return err
+}
+
 // compileSchema checks raw against the subset and compiles it. Schemas are
 // compiled from memory only: nothing is ever loaded from a file or URL.
 func compileSchema(id string, raw json.RawMessage) (*jsonschema.Schema, map[string]any, error) {

@@ -218,8 +218,7 @@ func (b *cappedBody) tooLarge() ([]byte, error) {
 	if b.id == nil {
 		return nil, fmt.Errorf("an upstream message over %d bytes was cut", b.limit)
 	}
-	resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the upstream's answer is over %d bytes; it was cut there","data":{"bytes":%d,"cut":true}}}`,
-		b.id, codeTooLarge, b.limit, b.limit+1)
+	resp := tooLargeResponse(b.id, fmt.Sprintf("the upstream's answer is over %d bytes; it was cut there", b.limit), b.limit+1, true)
 	if b.sse {
 		resp = slices.Concat([]byte("event: message\ndata: "), resp, []byte("\n\n"))
 	}
@@ -357,9 +356,19 @@ func (f *framer) oversize(head []byte, err error) ([]byte, error) {
 		f.log.Warn("upstream frame over the limit dropped: it answers no request", "bytes", size, "limit", f.limit)
 		return nil, err
 	}
-	resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the upstream's answer is %d bytes; the frame limit is %d bytes","data":{"bytes":%d}}}`+"\n",
-		s.id, codeTooLarge, size, f.limit, size)
-	return resp, err
+	resp := tooLargeResponse(s.id, fmt.Sprintf("the upstream's answer is %d bytes; the frame limit is %d bytes", size, f.limit), size, false)
+	return append(resp, '\n'), err
+}
+
+// tooLargeResponse is the error response (code codeTooLarge) that stands
+// for an answer to request id over the limit, saying msg: its data is
+// {"bytes": size}, with "cut": true when the answer was cut at size bytes.
+func tooLargeResponse(id json.RawMessage, msg string, size int, cut bool) []byte {
+	data := fmt.Sprintf(`{"bytes":%d}`, size)
+	if cut {
+		data = fmt.Sprintf(`{"bytes":%d,"cut":true}`, size)
+	}
+	return fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":%q,"data":%s}}`, id, codeTooLarge, msg, data)
 }
 
 // idScanner finds the top-level "id" member of a JSON object fed to it in

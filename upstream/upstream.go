@@ -501,9 +501,8 @@ func (c *conn) definition(id string, t *mcp.Tool) (syscalls.Definition, error) {
 // outputSchema returns an upstream tool's output schema as the kernel
 // lists it, or an error unless it is what an MCP output schema must be —
 // a JSON object schema with "type": "object" — within the kernel's schema
-// subset, checked exactly as input schemas are: by registering it as one
-// (in a registry of its own, so that nothing else sees it). $schema is
-// dropped, as from input schemas.
+// subset, checked exactly as input schemas are (syscalls.CheckSchema).
+// $schema is dropped, as from input schemas.
 func outputSchema(v any) (json.RawMessage, error) {
 	var schema map[string]any
 	b, err := json.Marshal(v)
@@ -517,20 +516,10 @@ func outputSchema(v any) (json.RawMessage, error) {
 	if b, err = json.Marshal(schema); err != nil {
 		return nil, err
 	}
-	probe := schemaProbe{syscalls.Definition{ID: "output", InputSchema: b, SideEffect: syscalls.None}}
-	if err := syscalls.NewRegistry().Register(func() syscalls.Syscall { return probe }); err != nil {
-		return nil, fmt.Errorf("output schema, checked as an input schema: %s", strings.TrimPrefix(err.Error(), "register output: "))
+	if err := syscalls.CheckSchema(b); err != nil {
+		return nil, fmt.Errorf("output schema, checked as an input schema: %w", err)
 	}
 	return b, nil
-}
-
-// schemaProbe is a syscall made only to check a schema (outputSchema).
-type schemaProbe struct{ def syscalls.Definition }
-
-func (p schemaProbe) Definition() syscalls.Definition { return p.def }
-
-func (schemaProbe) Execute(context.Context, *syscalls.Call) (syscalls.Output, error) {
-	return syscalls.Output{}, errors.New("a schema probe is never called")
 }
 
 // session returns a live session, reconnecting once if the last one died.
