@@ -45,7 +45,9 @@ func fill(t *testing.T, v reflect.Value, name string) {
 		fill(t, v.Elem(), name)
 	case reflect.Struct:
 		for i := range v.NumField() {
-			fill(t, v.Field(i), v.Type().Field(i).Name)
+			if f := v.Type().Field(i); f.IsExported() { // the others are not encoded
+				fill(t, v.Field(i), f.Name)
+			}
 		}
 	case reflect.String:
 		v.SetString("value of " + name)

@@ -195,7 +195,11 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	default:
 		res = s.k.InvokeJSON(ctx, data)
 	}
-	if status == 0 {
+	switch {
+	case status != 0:
+	case res.KernelClosing():
+		status = http.StatusServiceUnavailable // not run: a retry to the next kernel may run it
+	default:
 		status = StatusOf(errClass(res))
 	}
 	writeResult(w, status, res)

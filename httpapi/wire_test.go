@@ -206,3 +206,34 @@ func TestAnswersDeclareLength(t *testing.T) {
 		}
 	}
 }
+
+// TestClosingAnswers503: once the kernel closes, a call over HTTP,
+// synchronous or background, is answered 503 with its result envelope
+// saying it did not run: the status a client retries on.
+func TestClosingAnswers503(t *testing.T) {
+	f := newFixture(t)
+	env := f.envelope(t)
+	if err := f.k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, async := range []bool{false, true} {
+		req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/syscalls", bytes.NewReader(env))
+		req.Header.Set("Content-Type", "application/json")
+		if async {
+			req.Header.Set("Prefer", "respond-async")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r kernel.Result
+		err = json.NewDecoder(resp.Body).Decode(&r)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusServiceUnavailable || errClassOf(&r) != kernel.ErrInternal || !strings.Contains(r.Error.Message, "did not run") {
+			t.Errorf("async %v: status %d, %+v; want 503 and the call not run", async, resp.StatusCode, r.Error)
+		}
+	}
+}

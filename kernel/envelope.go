@@ -65,7 +65,15 @@ type Result struct {
 	// with it the caller checks that the record commits to exactly its
 	// args, result, policy input and context (docs/formats.md).
 	AuditSalt string `json:"audit_salt,omitempty"`
+
+	closing bool // the answer to a call that came while the kernel closed
 }
+
+// KernelClosing reports whether r answers a call that came while the
+// kernel was closing (Kernel.Close): the call did not run and is not
+// recorded, and the same call may be made again once a kernel serves the
+// data dir again (HTTP answers it 503).
+func (r *Result) KernelClosing() bool { return r.closing }
 
 // decodeStored decodes a stored result envelope into r. Envelopes stored
 // by kernels that signed a JWS receipt per call carry it as a string; it

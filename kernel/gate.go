@@ -61,7 +61,9 @@ func (g *gate) close(cancel func()) {
 // closingAnswer is the answer to a call that came after Close began: it
 // did not run, and no record backs it (the store is closing).
 func (k *Kernel) closingAnswer(c *call) *Result {
-	return k.unrecorded(c, "the kernel is closing: the call did not run and is not recorded; repeat it once the kernel runs again", NoOp)
+	r := k.unrecorded(c, "the kernel is closing: the call did not run and is not recorded; repeat it once the kernel runs again", NoOp)
+	r.closing = true
+	return r
 }
 
 // cancelAll cancels every call in flight with cause, and every call
