@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/upstream"
@@ -95,7 +96,7 @@ func TestMCPUpstreamTools(t *testing.T) {
 	}))
 	for _, srv := range []string{"std", "web"} {
 		t.Run(srv, func(t *testing.T) {
-			want := map[string]string{"add": "EXECUTE", "fail": "EXECUTE", "slow": "EXECUTE", "list_items": "EXECUTE", "exit": "EXECUTE", "big": "EXECUTE"}
+			want := map[string]string{"add": "EXECUTE", "fail": "EXECUTE", "slow": "EXECUTE", "list_items": "EXECUTE", "exit": "EXECUTE", "big": "EXECUTE", "number": "EXECUTE"}
 			if srv == "web" {
 				want["add"] = "NONE"
 			}
@@ -423,6 +424,65 @@ func TestMCPUpstreamTimeout(t *testing.T) {
 // cap — upstream_error for a READ tool, outcome_unknown for a mutating
 // one, which answered and so may have acted — and the next call on the
 // same server works.
+// TestMCPUpstreamExactNumbers: a result holding a number that a double
+// cannot hold (the SDK would hand on 9007199254740993 as
+// 9007199254740992) is withheld, over stdio and HTTP, for a reading tool
+// (upstream_error) and a mutating one (outcome_unknown: it answered, so
+// it may have acted); a number a double holds passes through as the
+// decimal it is.
+func TestMCPUpstreamExactNumbers(t *testing.T) {
+	_, url := httpServer(t)
+	read := map[string]syscalls.SideEffect{"number": syscalls.Read}
+	h := newHarness(t, execPolicy(t), withServers(map[string]upstream.Server{
+		"stdr": func() upstream.Server { s := stdioServer(nil); s.Tools = read; return s }(),
+		"stdw": stdioServer(nil),
+		"webr": {URL: url, Tools: read},
+		"webw": {URL: url},
+	}))
+	for _, srv := range []string{"stdr", "stdw", "webr", "webw"} {
+		t.Run(srv, func(t *testing.T) {
+			class := ErrUpstreamError
+			if strings.HasSuffix(srv, "w") {
+				class = ErrOutcomeUnknown
+			}
+			for i, text := range []string{"9007199254740993", "[1, 12345678901234567890]", "0.10000000000000000001"} {
+				before := h.headSize()
+				r := h.invoke("mcp."+srv+".number", map[string]string{"text": text}, key(fmt.Sprint(srv, "-inexact-", i)))
+				if errClass(r) != class || !strings.Contains(r.Error.Message, "is not the decimal its canonical form") || r.Result != nil {
+					t.Fatalf("%s: class %q, want %q: %+v %s", text, errClass(r), class, r.Error, r.Result)
+				}
+				if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != class {
+					t.Fatalf("audit %+v", a)
+				}
+			}
+			for i, text := range []string{"9007199254740992", "1.50", "-0", "1e300", "[2, 0.1]"} {
+				r := h.invoke("mcp."+srv+".number", map[string]string{"text": text}, key(fmt.Sprint(srv, "-exact-", i)))
+				mustOK(t, r)
+				var out struct {
+					N json.RawMessage `json:"n"`
+				}
+				if err := json.Unmarshal(mustMember(t, r.Result, "structuredContent"), &out); err != nil {
+					t.Fatal(err)
+				}
+				got, _ := jcs.CanonicalizeExact(out.N)
+				if want, _ := jcs.CanonicalizeExact([]byte(text)); string(got) != string(want) {
+					t.Errorf("%s came as %s", text, out.N)
+				}
+			}
+		})
+	}
+}
+
+// mustMember returns member name of the JSON object b.
+func mustMember(t *testing.T, b []byte, name string) json.RawMessage {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil || m[name] == nil {
+		t.Fatalf("no %s in %s (%v)", name, b, err)
+	}
+	return m[name]
+}
+
 func TestMCPUpstreamResultCap(t *testing.T) {
 	const max = 64 << 10
 	_, url := httpServer(t)

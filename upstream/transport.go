@@ -47,15 +47,99 @@ func markSent(ctx context.Context) {
 	}
 }
 
-// sentConn marks tools/call requests written by a stdio connection.
-type sentConn struct{ mcp.Connection }
+// answerKey marks a call's context with the slot its tools/call answer's
+// result goes to, as it came (answerConn): the SDK decodes a result's
+// numbers into float64s, and only the bytes tell one that was rounded.
+type answerKey struct{}
 
-func (c sentConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+// answer is the slot of one call's raw result.
+type answer struct {
+	mu     sync.Mutex
+	conn   *answerConn // nil until its request is written
+	id     jsonrpc.ID
+	result json.RawMessage
+}
+
+// withAnswer returns ctx carrying a slot for the raw result of the
+// tools/call sent with it.
+func withAnswer(ctx context.Context) (context.Context, *answer) {
+	a := new(answer)
+	return context.WithValue(ctx, answerKey{}, a), a
+}
+
+// raw returns the result as it came, or nil if none came (yet).
+func (a *answer) raw() json.RawMessage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.result
+}
+
+// set keeps result, the answer's as it came; a nil slot keeps nothing.
+func (a *answer) set(result json.RawMessage) {
+	if a != nil {
+		a.mu.Lock()
+		a.result = result
+		a.mu.Unlock()
+	}
+}
+
+// done forgets the slot's request on its connection: an answer that comes
+// after it (the call was cancelled) is nobody's.
+func (a *answer) done() {
+	a.mu.Lock()
+	c, id := a.conn, a.id
+	a.mu.Unlock()
+	if c != nil {
+		c.mu.Lock()
+		delete(c.waiting, id)
+		c.mu.Unlock()
+	}
+}
+
+// answerConn is a stdio connection to an upstream: it marks a call's
+// tools/call request written (markSent), and keeps the result of its
+// answer, as it came, for the call whose context has a slot (withAnswer).
+// (Over HTTP, the round trip does both: sentTransport, cappedBody.)
+type answerConn struct {
+	mcp.Connection
+
+	mu      sync.Mutex
+	waiting map[jsonrpc.ID]*answer
+}
+
+func (c *answerConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	a, _ := ctx.Value(answerKey{}).(*answer)
+	req, ok := msg.(*jsonrpc.Request)
+	if a == nil || !ok || req.Method != "tools/call" || !req.ID.IsValid() {
+		a = nil
+	} else {
+		// Before the write: the answer may come before Write returns.
+		a.mu.Lock()
+		a.conn, a.id = c, req.ID
+		a.mu.Unlock()
+		c.mu.Lock()
+		c.waiting[req.ID] = a
+		c.mu.Unlock()
+	}
 	err := c.Connection.Write(ctx, msg)
 	if err == nil {
 		markSent(ctx)
+	} else if a != nil {
+		a.done()
 	}
 	return err
+}
+
+func (c *answerConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	msg, err := c.Connection.Read(ctx)
+	if resp, ok := msg.(*jsonrpc.Response); ok && resp.Result != nil {
+		c.mu.Lock()
+		a := c.waiting[resp.ID]
+		delete(c.waiting, resp.ID)
+		c.mu.Unlock()
+		a.set(resp.Result)
+	}
+	return msg, err
 }
 
 // sentTransport marks requests whose bytes an HTTP connection took —
@@ -87,6 +171,10 @@ func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		id, method = requestOf(req)
 	}
+	var ans *answer
+	if method == "tools/call" && id != nil {
+		ans, _ = req.Context().Value(answerKey{}).(*answer)
+	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		return resp, err
@@ -97,7 +185,7 @@ func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if st != nil && method == "tools/call" && resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
 		st.refused()
 	}
-	resp.Body = &cappedBody{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10), limit: t.limit, id: id,
+	resp.Body = &cappedBody{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10), limit: t.limit, id: id, answer: ans,
 		sse: strings.HasPrefix(strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Type"))), "text/event-stream")}
 	return resp, nil
 }
@@ -155,13 +243,14 @@ func requestOf(req *http.Request) (json.RawMessage, string) {
 // place comes an error response (code codeTooLarge, as the stdio framer's)
 // to the request the body answers, or, with no request id, a read error.
 type cappedBody struct {
-	body  io.ReadCloser
-	r     *bufio.Reader
-	limit int
-	id    json.RawMessage // the request's JSON-RPC id, if any
-	sse   bool
-	out   []byte
-	err   error // the error after out
+	body   io.ReadCloser
+	r      *bufio.Reader
+	limit  int
+	id     json.RawMessage // the request's JSON-RPC id, if any
+	answer *answer         // where the result of the answer to a tools/call goes, if any
+	sse    bool
+	out    []byte
+	err    error // the error after out
 }
 
 func (b *cappedBody) Read(p []byte) (int, error) {
@@ -178,8 +267,49 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 
 func (b *cappedBody) Close() error { return b.body.Close() }
 
-// next reads the next whole message: the body, or one SSE event.
+// next reads the next whole message, the body or one SSE event, and
+// keeps the result it holds for the call (keep).
 func (b *cappedBody) next() ([]byte, error) {
+	msg, err := b.message()
+	b.keep(msg)
+	return msg, err
+}
+
+// keep puts the result of msg in the call's slot when msg is the answer
+// to the body's tools/call request: the JSON-RPC response of the body, or
+// of the event's data read as the SDK reads it (its data lines, each
+// trimmed of white space, joined with newlines). The SDK gets msg only
+// after this, so the slot holds the result before CallTool returns.
+func (b *cappedBody) keep(msg []byte) {
+	if b.answer == nil {
+		return
+	}
+	if b.sse {
+		var data []byte
+		seen := false
+		for line := range bytes.Lines(msg) {
+			name, value, ok := bytes.Cut(bytes.TrimRight(line, "\r\n"), []byte(":"))
+			if !ok || string(name) != "data" {
+				continue
+			}
+			if seen {
+				data = append(data, '\n')
+			}
+			data, seen = append(data, bytes.TrimSpace(value)...), true
+		}
+		msg = data
+	}
+	var r struct {
+		ID     json.RawMessage `json:"id"`
+		Result json.RawMessage `json:"result"`
+	}
+	if json.Unmarshal(msg, &r) == nil && r.Result != nil && bytes.Equal(r.ID, b.id) {
+		b.answer.set(r.Result)
+	}
+}
+
+// message reads the next whole message: the body, or one SSE event.
+func (b *cappedBody) message() ([]byte, error) {
 	if !b.sse {
 		buf, err := io.ReadAll(io.LimitReader(b.r, int64(b.limit)+1))
 		if len(buf) > b.limit {
@@ -255,7 +385,7 @@ func (t *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 		w.Close()
 		return nil, err
 	}
-	return sentConn{c}, nil
+	return &answerConn{Connection: c, waiting: map[jsonrpc.ID]*answer{}}, nil
 }
 
 // procWriter is the command's stdin; closing it ends the command: stdin

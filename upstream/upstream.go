@@ -33,6 +33,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -591,6 +592,7 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 	var res *mcp.CallToolResult
 	var err error
 	var sent *atomic.Bool
+	var ans *answer
 	for attempt := 0; ; attempt++ {
 		var sess *mcp.ClientSession
 		sess, err = t.conn.session(ctx)
@@ -603,7 +605,9 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		}
 		cctx, stop := t.conn.within(ctx)
 		cctx, sent = withSent(cctx)
+		cctx, ans = withAnswer(cctx)
 		res, err = sess.CallTool(cctx, &mcp.CallToolParams{Name: t.name, Arguments: c.Args})
+		ans.done()
 		stop()
 		if errors.Is(err, mcp.ErrConnectionClosed) || err != nil && !sent.Load() && ctx.Err() == nil {
 			// Marked now, not when the session's reader notices: the next
@@ -646,6 +650,9 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, cut(text(res.Content), maxErrorText))}
 	}
+	if err := exactNumbers(ans.raw()); err != nil {
+		return syscalls.Output{}, t.withheld(err.Error())
+	}
 	if res.Content == nil {
 		res.Content = []mcp.Content{}
 	}
@@ -660,20 +667,48 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 }
 
 // tooLarge is the failure of a call whose result is over the server's
-// cap: size bytes, or more when the transport cut it there. The upstream
-// answered, so a mutating tool has acted (or failed): its outcome is
-// unknown to the caller, and the call is never sent again.
+// cap: size bytes, or more when the transport cut it there.
 func (t *tool) tooLarge(size int, cut bool) error {
 	what, read := fmt.Sprint(size), ""
 	if cut {
 		what, read = fmt.Sprint("over ", size-1), " (read no further than that)"
 	}
-	msg := fmt.Sprintf("mcp server %s, tool %s: the result is %s bytes; the limit is %d bytes (max_result_bytes): the result is withheld%s; both connections stay open",
-		t.conn.name, t.name, what, t.conn.cfg.maxResult(), read)
+	return t.withheld(fmt.Sprintf("the result is %s bytes; the limit is %d bytes (max_result_bytes): the result is withheld%s; both connections stay open",
+		what, t.conn.cfg.maxResult(), read))
+}
+
+// withheld is the failure of a call whose answer came but whose result
+// the kernel does not pass on, for the reason why. The upstream answered,
+// so a mutating tool has acted (or failed): its outcome is unknown to the
+// caller, and the call is never sent again.
+func (t *tool) withheld(why string) error {
+	msg := fmt.Sprintf("mcp server %s, tool %s: %s", t.conn.name, t.name, why)
 	if t.def.SideEffect.Mutating() {
 		return &syscalls.Failure{Class: syscalls.FailUnknown, Message: msg + "; the tool answered, so it may have acted"}
 	}
 	return &syscalls.Failure{Class: syscalls.FailUpstreamError, Message: msg}
+}
+
+// exactNumbers refuses a result, as it came, that holds a number the
+// result passed on could not: one that reads as an IEEE-754 double of
+// another decimal value (9007199254740993 reads as 9007199254740992). The
+// SDK decodes numbers into float64s, and the kernel audits results in
+// RFC 8785's form, whose numbers are doubles: such a number would reach
+// the agent, and the record, as another number than the upstream sent. A
+// result refused on other grounds (jcs.Canonicalize's too) is left to the
+// checks that come after.
+func exactNumbers(raw json.RawMessage) error {
+	if raw == nil {
+		return nil
+	}
+	_, err := jcs.CanonicalizeExact(raw)
+	if err == nil {
+		return nil
+	}
+	if _, other := jcs.Canonicalize(raw); other != nil {
+		return nil
+	}
+	return fmt.Errorf("the result is withheld: %v", strings.TrimPrefix(err.Error(), "jcs: "))
 }
 
 // maxErrorText bounds the text of an isError answer kept in the call's

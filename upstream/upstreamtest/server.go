@@ -34,6 +34,9 @@ type Server struct {
 //   - exit {}: ends the process (for a server over stdio)
 //   - big {n integer}: a text of n bytes
 //   - wide {}: a schema outside the kernel's subset (anyOf)
+//   - number {text string}: structured content {"n": N}, N the number
+//     text as given (so a test can send 9007199254740993, which a double
+//     cannot hold)
 func New() *Server {
 	s := &Server{
 		MCP:     mcp.NewServer(&mcp.Implementation{Name: "upstreamtest", Version: "1"}, nil),
@@ -53,6 +56,17 @@ func New() *Server {
 			Content:           []mcp.Content{&mcp.TextContent{Text: fmt.Sprint(in.A + in.B)}},
 			StructuredContent: map[string]int{"sum": in.A + in.B},
 		}, nil
+	})
+	s.MCP.AddTool(&mcp.Tool{Name: "number",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`),
+	}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		s.count("number")
+		var in struct{ Text string }
+		if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+			return nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: in.Text}},
+			StructuredContent: json.RawMessage(`{"n":` + in.Text + `}`)}, nil
 	})
 	s.MCP.AddTool(&mcp.Tool{Name: "fail", InputSchema: json.RawMessage(`{"type":"object"}`)},
 		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
