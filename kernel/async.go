@@ -1,9 +1,11 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +37,14 @@ var (
 const (
 	asyncRetention = time.Hour
 	asyncKeep      = 10000
+	// asyncKeepBytes bounds the bytes of the finished results kept in
+	// memory, and asyncKeepBytesPerAgent those of one agent family
+	// (agentFamily), so that no agent fills the kernel's memory with
+	// results, nor pushes out other agents' (resultBytes counts them):
+	// past a bound the oldest go first, and the operations table answers
+	// for them, as for any after asyncRetention.
+	asyncKeepBytes         = 256 << 20
+	asyncKeepBytesPerAgent = asyncKeepBytes / 4
 	// MaxBackground bounds the background calls running at once, so that
 	// async requests cannot pile up goroutines and waits without end.
 	MaxBackground = 1024
@@ -54,8 +64,10 @@ const (
 
 type operation struct {
 	agent    string
+	family   string // agentFamily(agent)
 	done     chan struct{}
 	result   *Result
+	size     int // resultBytes(result), once finished
 	finished time.Time
 	// erased says that the call's record was erased while it ran (its
 	// record commits before its result is kept here): the result is
@@ -69,6 +81,17 @@ type operations struct {
 	order   []string // finished ids, oldest first, for pruning
 	running int
 	byAgent map[string]int // running calls per agent family (agentFamily)
+
+	kept        int            // bytes of the finished results in byID
+	keptByAgent map[string]int // the same per agent family
+	// maxKept and maxKeptPerAgent are asyncKeepBytes and
+	// asyncKeepBytesPerAgent (tests make them smaller).
+	maxKept, maxKeptPerAgent int
+}
+
+func newOperations() operations {
+	return operations{byID: map[string]*operation{}, byAgent: map[string]int{}, keptByAgent: map[string]int{},
+		maxKept: asyncKeepBytes, maxKeptPerAgent: asyncKeepBytesPerAgent}
 }
 
 // agentFamily is the agent whose background slots a call of agent uses:
@@ -125,7 +148,7 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 		c.env.OperationID, c.minted = newID(), true
 	}
 	id = c.env.OperationID
-	op := &operation{agent: agent, done: make(chan struct{})}
+	op := &operation{agent: agent, family: agentFamily(agent), done: make(chan struct{})}
 	// An id a finished call has (stored, or still in memory) is refused
 	// here too, not only by the pipeline: registered, the refused call
 	// would stand in memory for the call that owns the id.
@@ -222,7 +245,7 @@ func (o *operations) forgetResult(id string) {
 	}
 	op.erased = true
 	if op.result != nil {
-		op.result = erased(op.result)
+		o.keep(op, erased(op.result))
 	}
 }
 
@@ -239,9 +262,48 @@ func (o *operations) finish(id string, op *operation, r *Result, family string) 
 	if op.erased {
 		r = erased(r)
 	}
-	op.result, op.finished = r, time.Now()
+	op.finished = time.Now()
+	o.keep(op, kept(r))
 	o.order = append(o.order, id)
-	o.prune()
+	o.prune(op.family)
+}
+
+// keep makes r the result of op, counting its bytes (under mu).
+func (o *operations) keep(op *operation, r *Result) {
+	o.kept -= op.size
+	o.keptByAgent[op.family] -= op.size
+	op.result, op.size = r, resultBytes(r)
+	o.kept += op.size
+	o.keptByAgent[op.family] += op.size
+}
+
+// kept returns a copy of r that holds no memory of the call's: r points
+// into the call (its envelope, args and payload), and a result kept an
+// hour must not keep those.
+func kept(r *Result) *Result {
+	cp := *r
+	cp.Result, cp.Provenance = bytes.Clone(r.Result), bytes.Clone(r.Provenance)
+	cp.Notes = maps.Clone(r.Notes)
+	for k, v := range cp.Notes {
+		cp.Notes[k] = bytes.Clone(v)
+	}
+	return &cp
+}
+
+// resultBytes is about the memory a kept result holds: its variable
+// parts and a share for the rest.
+func resultBytes(r *Result) int {
+	n := 1<<10 + len(r.Result) + len(r.Provenance)
+	for k, v := range r.Notes {
+		n += len(k) + len(v)
+	}
+	if r.Error != nil {
+		n += len(r.Error.Message)
+	}
+	if r.Receipt != nil {
+		n += len(r.Receipt.Entry) + len(r.Receipt.Checkpoint)
+	}
+	return n
 }
 
 // erased returns a copy of r with what an erasure removes removed.
@@ -251,22 +313,38 @@ func erased(r *Result) *Result {
 	return &cp
 }
 
-// prune forgets finished operations past their retention (under mu).
-func (o *operations) prune() {
-	n := 0
-	for _, id := range o.order {
+// prune forgets finished operations past their retention, past asyncKeep
+// of them, and, oldest first, those over the byte bounds: those of agent
+// family family over its own, then any over the total (under mu).
+func (o *operations) prune(family string) {
+	drop := func(id string, op *operation) {
+		delete(o.byID, id)
+		o.kept -= op.size
+		if o.keptByAgent[op.family] -= op.size; o.keptByAgent[op.family] <= 0 {
+			delete(o.keptByAgent, op.family)
+		}
+	}
+	left := o.order[:0]
+	for i, id := range o.order {
 		op := o.byID[id]
 		if op == nil || op.result == nil {
-			n++
 			continue
 		}
-		if len(o.order)-n <= asyncKeep && time.Since(op.finished) < asyncRetention {
+		over := o.keptByAgent[family] > o.maxKeptPerAgent || o.kept > o.maxKept
+		if len(o.order)-i > asyncKeep || time.Since(op.finished) >= asyncRetention ||
+			over && (op.family == family || o.kept > o.maxKept) {
+			drop(id, op)
+			continue
+		}
+		if !over {
+			// The rest finished later, within the count: all are kept.
+			left = append(left, o.order[i:]...)
 			break
 		}
-		delete(o.byID, id)
-		n++
+		left = append(left, id)
 	}
-	o.order = o.order[n:]
+	clear(o.order[len(left):])
+	o.order = left
 }
 
 // OperationStatus is what Operation knows of a background call.

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -563,5 +565,73 @@ func TestBackgroundSlotsPerAgent(t *testing.T) {
 		if !errors.Is(err, ErrTooManyBackground) || time.Now().After(deadline) {
 			t.Fatalf("the retry: %v", err)
 		}
+	}
+}
+
+// TestBackgroundResultsBounded: the finished results of background calls
+// are kept in memory within a byte bound per agent family and in all,
+// the oldest going first (the operations table still answers for them);
+// one agent's results do not push out another's; and a kept result
+// holds none of its call's memory (its envelope, args and payload: an
+// echo of n bytes keeps about n, not three times that).
+func TestBackgroundResultsBounded(t *testing.T) {
+	h := newHarness(t)
+	const text = 256 << 10
+	h.k.ops.mu.Lock()
+	h.k.ops.maxKept, h.k.ops.maxKeptPerAgent = 12*text, 4*text
+	h.k.ops.mu.Unlock()
+	tokB, jtiB := h.mint("other", captoken.Capability{Tools: []string{"echo"}})
+	start := func(agent string) string {
+		env := h.env("echo", map[string]any{"text": strings.Repeat("x", text)})
+		if agent == "other" {
+			env.AgentID, env.CapabilityToken, env.CapabilityTokenID = agent, tokB, jtiB
+		}
+		raw, _ := json.Marshal(env)
+		id, _, err := h.k.Start(context.Background(), raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := h.k.Wait(context.Background(), id); err != nil || r.Status != StatusOK {
+			t.Fatalf("%v %+v", err, r)
+		}
+		return id
+	}
+	other := start("other")
+	start(h.agent) // first uses (the payload coder's tables) out of the measure
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	var mine []string
+	for range 10 {
+		mine = append(mine, start(h.agent))
+	}
+	h.k.ops.mu.Lock()
+	kept, perAgent := h.k.ops.kept, maps.Clone(h.k.ops.keptByAgent)
+	h.k.ops.mu.Unlock()
+	if perAgent[h.agent] > 4*text || kept > 12*text {
+		t.Errorf("kept %d bytes, %v by agent; bounds %d in all, %d an agent", kept, perAgent, 12*text, 4*text)
+	}
+	if _, ok := h.k.Operation(other); !ok {
+		t.Error("another agent's result was pushed out")
+	}
+	if _, ok := h.k.Operation(mine[0]); ok {
+		t.Error("the oldest result is still in memory past the bound")
+	}
+	if env, err := h.k.Inspector().Operation(mine[0]); err != nil || !strings.Contains(string(env), `"status":"ok"`) {
+		t.Errorf("the operations table lost the call it no longer keeps in memory: %v %.200s", err, env)
+	}
+	st, ok := h.k.Operation(mine[9])
+	if !ok || st.Result == nil || len(st.Result.Result) < text {
+		t.Fatalf("the newest result: %v %+v", ok, st)
+	}
+	// Nothing of the calls behind the kept results: the heap holds about
+	// their bytes, not their envelopes and args too (three times that).
+	if grew := heap() - before; grew > 2*uint64(perAgent[h.agent]) {
+		t.Errorf("the heap grew %d bytes for %d bytes of results kept", grew, perAgent[h.agent])
 	}
 }

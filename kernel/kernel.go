@@ -124,7 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: map[string]*syscalls.Workspace{},
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}},
-		ops: operations{byID: map[string]*operation{}, byAgent: map[string]int{}}, audit: audit,
+		ops: newOperations(), audit: audit,
 	}
 	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
 		return nil, err
