@@ -115,8 +115,9 @@ func TestUndecodableEnvelopeStrictestDepth(t *testing.T) {
 // lands before the call has kept its result in memory (its record
 // commits first) still takes the erased parts from that result.
 func TestErasureWhileRunning(t *testing.T) {
-	o := &operations{byID: map[string]*operation{}, byAgent: map[string]int{"a": 1}, running: 1}
-	op := &operation{agent: "a", done: make(chan struct{})}
+	o := newOperations()
+	o.byAgent["a"], o.running = 1, 1
+	op := &operation{agent: "a", family: "a", done: make(chan struct{})}
 	o.byID["op"] = op
 	o.forgetResult("op") // the erasure, between the record and the result
 	r := &Result{Status: StatusOK, Result: json.RawMessage(`{"pin":"4711"}`), ResultHash: "blake3:00", AuditSalt: "00",

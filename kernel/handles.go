@@ -26,6 +26,9 @@ const DefaultHandleTTL = time.Hour
 
 var handleEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
+// handleNameLen is the length of a handle's name: 128 bits in base32.
+var handleNameLen = handleEncoding.EncodedLen(16)
+
 // Handle is a per-session name of a tool a token may call: what a session
 // in handle mode sees instead of the tool's id.
 type Handle struct {

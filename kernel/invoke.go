@@ -216,6 +216,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	tool, ok := k.resolveTool(c)
 	entry, found := k.registry.Get(tool)
 	if !ok || !found {
+		c.publicClaims() // the message names what the record may
 		return k.deny(ctx, c, ErrToolNotFound, fmt.Sprintf("no syscall %q", env.ToolID))
 	}
 	if tool != env.ToolID {

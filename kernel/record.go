@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"go.etcd.io/bbolt"
 
 	"github.com/capkernel/capkernel/digest"
@@ -20,6 +21,7 @@ import (
 	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/receipts"
 	"github.com/capkernel/capkernel/store"
+	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
 )
 
@@ -99,6 +101,7 @@ func (k *Kernel) deny(ctx context.Context, c *call, class, msg string) *Result {
 	if c.token == nil {
 		c.disown() // anyone may send an envelope naming any id
 	}
+	c.publicClaims()
 	c.setOutcome(nil, class, msg, NoOp)
 	if _, err := k.record(context.WithoutCancel(ctx), c, nil); err != nil {
 		return k.internal(c, err)
@@ -632,6 +635,51 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		return txn.Settle(tx, in, b)
 	}
 	return nil
+}
+
+// publicClaims puts what the envelope claims and nothing vouches for in
+// a form its record may publish: a tool id that is neither a syscall id's
+// nor a handle's form, and, for a call whose token did not verify, an
+// agent id that breaks agentIDRule and a capability token id that is no
+// UUID in canonical form, become the digest of their bytes
+// ("blake3:<hex>", which stays as it is). Such a record is public and its
+// body is never erased: kept as sent, these members would publish
+// whatever a client put there — its token, pasted in the wrong field, or
+// a megabyte of text of anyone's choosing.
+func (c *call) publicClaims() {
+	env := c.env
+	if !validToolForm(env.ToolID) {
+		env.ToolID = digest.Sum([]byte(env.ToolID))
+	}
+	if c.token != nil {
+		return
+	}
+	if !validAgentID(env.AgentID) {
+		env.AgentID = digest.Sum([]byte(env.AgentID))
+	}
+	if u, err := uuid.Parse(env.CapabilityTokenID); env.CapabilityTokenID != "" && !isDigest(env.CapabilityTokenID) && (err != nil || u.String() != env.CapabilityTokenID) {
+		env.CapabilityTokenID = digest.Sum([]byte(env.CapabilityTokenID))
+	}
+}
+
+// validToolForm reports whether id may stand in a record as sent: empty,
+// a syscall id's form, a handle's, a front end's name for a call no
+// syscall serves ("front:what", each part a syscall id's form, at most 64
+// bytes: runner.InvalidLineTool), or a digest publicClaims made.
+func validToolForm(id string) bool {
+	if name, ok := strings.CutPrefix(id, HandlePrefix); ok {
+		return len(name) == handleNameLen && strings.Trim(name, "abcdefghijklmnopqrstuvwxyz234567") == ""
+	}
+	if front, what, ok := strings.Cut(id, ":"); ok && len(id) <= 64 && syscalls.ValidID(front) && syscalls.ValidID(what) {
+		return true
+	}
+	return id == "" || syscalls.ValidID(id) || isDigest(id)
+}
+
+// isDigest reports whether s is a digest in its text form.
+func isDigest(s string) bool {
+	_, err := digest.Parse(s)
+	return err == nil
 }
 
 // salvage reads what it can of an envelope that failed strict decoding, so

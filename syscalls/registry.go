@@ -17,6 +17,10 @@ import (
 // single underscores between them ("fs.read", "mcp.git_hub.list_issues").
 var idPattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*(\.[a-z][a-z0-9]*(_[a-z0-9]+)*)*$`)
 
+// ValidID reports whether id has the form of a syscall id (idPattern, at
+// most 255 bytes), registered or not.
+func ValidID(id string) bool { return len(id) <= 255 && idPattern.MatchString(id) }
+
 // MaxToolName is the longest tool name LLM providers accept; an id whose
 // tool name (see ToolName) is longer is refused.
 const MaxToolName = 64

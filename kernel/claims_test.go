@@ -1,0 +1,79 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/capkernel/capkernel/digest"
+)
+
+// TestPublicClaims: what an envelope claims and nothing vouches for
+// reaches its (public, never erased) record only in the form of its
+// member — a token pasted as the token id or as the tool id, or a
+// megabyte of text as the agent or tool id, is recorded as its digest,
+// in the record, the result and its message alike — while claims of the
+// right form are recorded as sent.
+func TestPublicClaims(t *testing.T) {
+	h := newHarness(t)
+	big := strings.Repeat("A", 1<<20)
+	envelope := func(mod func(m map[string]any)) []byte {
+		m := map[string]any{"tool_id": "echo", "args": map[string]string{"text": "x"}, "agent_id": h.agent,
+			"capability_token": h.token, "capability_token_id": h.jti, "policy_hash": h.k.PolicyHash()}
+		mod(m)
+		b, _ := json.Marshal(m)
+		return b
+	}
+	tests := []struct {
+		name    string
+		data    []byte
+		refuse  bool   // through Refuse, as a front end's refusal before decoding
+		secret  string // what no record may hold
+		tool    string // the tool id recorded
+		agent   string // the agent id claimed in the record
+		tokenID string // the token id claimed in the record
+	}{
+		{name: "token and token id swapped", secret: h.token,
+			data: envelope(func(m map[string]any) { m["capability_token"], m["capability_token_id"] = h.jti, h.token }),
+			tool: "echo", agent: h.agent, tokenID: digest.Sum([]byte(h.token))},
+		{name: "token as the tool id", secret: h.token,
+			data: envelope(func(m map[string]any) { m["tool_id"] = h.token }),
+			tool: digest.Sum([]byte(h.token))},
+		{name: "a megabyte as the agent and tool id", secret: big, refuse: true,
+			data: envelope(func(m map[string]any) { m["agent_id"], m["tool_id"] = big, big+"t" }),
+			tool: digest.Sum([]byte(big + "t")), agent: digest.Sum([]byte(big)), tokenID: h.jti},
+		{name: "claims of the right form kept", secret: "\x00",
+			data: envelope(func(m map[string]any) { m["tool_id"], m["capability_token"] = "no.such_tool", "x" }),
+			tool: "no.such_tool", agent: h.agent, tokenID: h.jti},
+		{name: "a handle's form kept", secret: "\x00",
+			data: envelope(func(m map[string]any) { m["tool_id"] = HandlePrefix + strings.Repeat("a", handleNameLen) }),
+			tool: HandlePrefix + strings.Repeat("a", handleNameLen)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := h.headSize()
+			var r *Result
+			if tt.refuse {
+				r = h.k.Refuse(context.Background(), tt.data, ErrInvalidArgs, "refused by the front end")
+			} else {
+				r = h.k.InvokeJSON(context.Background(), tt.data)
+			}
+			if r.Status == StatusOK || r.ToolID != tt.tool || strings.Contains(r.Error.Message, tt.secret) {
+				t.Fatalf("result %s %+v", r.ToolID, r.Error)
+			}
+			es := h.entries("", before)
+			for _, e := range es {
+				b, _ := json.Marshal(e)
+				if strings.Contains(string(b), tt.secret) || len(b) > 16<<10 {
+					t.Fatalf("ledger entry %d (%d bytes) holds what the envelope claimed: %.300s", e.Seq, len(b), b)
+				}
+			}
+			a := h.audits(before)
+			if len(a) != 1 || a[0].ToolID != tt.tool || a[0].ClaimedAgentID+a[0].AgentID != tt.agent && tt.agent != "" ||
+				a[0].ClaimedTokenID+a[0].CapabilityTokenID != tt.tokenID && tt.tokenID != "" {
+				t.Fatalf("record %+v", a)
+			}
+		})
+	}
+}
