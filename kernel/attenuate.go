@@ -71,7 +71,7 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	now := k.cfg.Now().Truncate(time.Second)
 	exp := p.Expiry
 	switch ttl := time.Duration(req.TTLSeconds) * time.Second; {
-	case req.TTLSeconds < 0 || ttl > MaxTokenTTL:
+	case !validTTL(req.TTLSeconds):
 		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: fmt.Sprintf("ttl_seconds %d is outside 1..%d", req.TTLSeconds, int64(MaxTokenTTL/time.Second))}
 	case req.TTLSeconds > 0:
 		exp = now.Add(ttl)

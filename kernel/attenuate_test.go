@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -59,6 +60,8 @@ func TestAttenuateRefuses(t *testing.T) {
 		{"no parent", AttenuateRequest{}, ErrTokenInvalid},
 		{"revoked parent", AttenuateRequest{Parent: revoked}, ErrTokenRevoked},
 		{"negative ttl", AttenuateRequest{Parent: parent, TTLSeconds: -1}, ErrInvalidArgs},
+		// 2^64 ns and 0.29 s: as a time.Duration it wrapped to 0.29 s.
+		{"a ttl that wraps around", AttenuateRequest{Parent: parent, TTLSeconds: 18446744074}, ErrInvalidArgs},
 		{"another agent", AttenuateRequest{Parent: parent, AgentID: "agent-2"}, ErrScopeDenied},
 		{"a prefix that is not a sub-agent", AttenuateRequest{Parent: parent, AgentID: h.agent + "x/sub"}, ErrScopeDenied},
 		{"an empty sub-agent name", AttenuateRequest{Parent: parent, AgentID: h.agent + "/"}, ErrScopeDenied},
@@ -339,6 +342,24 @@ func TestAttenuateResolvesLinkedRoots(t *testing.T) {
 			t.Errorf("%s: %v, want granted", c.name, err)
 		case !c.ok && (!errors.As(err, &ae) || ae.Class != ErrScopeDenied || !strings.Contains(ae.Message, "read-only for the parent")):
 			t.Errorf("%s: %v, want scope_denied naming the read-only path", c.name, err)
+		}
+	}
+}
+
+// TestMintTTLRange: Mint refuses a ttl_seconds outside 1..MaxTokenTTL,
+// also one so large that it wraps around as a time.Duration (2^64 ns and
+// 0.29 s minted a token of 0.29 s, 2^64 ns and an hour one of an hour).
+func TestMintTTLRange(t *testing.T) {
+	h := newHarness(t)
+	max := int64(MaxTokenTTL / time.Second)
+	for _, ttl := range []int64{-1, max + 1, 18446744074, 18446744074 + 3600, math.MaxInt64} {
+		if m, err := h.k.Mint(TokenRequest{AgentID: "a", Tools: []string{"echo"}, TTLSeconds: ttl}); err == nil {
+			t.Errorf("ttl_seconds %d: minted a token expiring %s", ttl, m.ExpiresAt)
+		}
+	}
+	for _, ttl := range []int64{0, 1, max} {
+		if _, err := h.k.Mint(TokenRequest{AgentID: "a", Tools: []string{"echo"}, TTLSeconds: ttl}); err != nil {
+			t.Errorf("ttl_seconds %d: %v", ttl, err)
 		}
 	}
 }

@@ -67,6 +67,11 @@ func (k *Kernel) Refuse(ctx context.Context, data []byte, class, msg string) *Re
 // MaxTokenTTL bounds the lifetime Mint gives a token.
 const MaxTokenTTL = 90 * 24 * time.Hour
 
+// validTTL reports whether ttl_seconds s is within 0..MaxTokenTTL (0: the
+// default), compared in seconds: as a time.Duration a huge s wraps around
+// to a small lifetime.
+func validTTL(s int64) bool { return s >= 0 && s <= int64(MaxTokenTTL/time.Second) }
+
 // TokenRequest asks for a capability token: what `kernelctl token mint`
 // and POST /v1/tokens send. The JSON field names are the wire format.
 type TokenRequest struct {
@@ -106,7 +111,7 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 		return nil, errors.New("mint: " + agentIDRule)
 	case req.TTLSeconds == 0:
 		ttl = time.Hour
-	case req.TTLSeconds < 0 || ttl > MaxTokenTTL:
+	case !validTTL(req.TTLSeconds):
 		return nil, fmt.Errorf("mint: ttl_seconds %d is outside 1..%d", req.TTLSeconds, int64(MaxTokenTTL/time.Second))
 	}
 	now := k.cfg.Now()
