@@ -111,9 +111,24 @@ type approvals struct {
 	mu      sync.Mutex
 	pending map[string]*approval
 	recent  []ApprovalRequest // decided, newest last, bounded
+	byAgent map[string]int    // pending requests per agent family (agentFamily)
 }
 
+// MaxPendingApprovalsPerAgent bounds the approval requests pending for
+// one agent with its sub-agents, calls synchronous and background alike
+// (a background call's request holds its background slot too): each
+// holds a waiting call and what the console shows of it, and the
+// approvers' queue is everyone's.
+const MaxPendingApprovalsPerAgent = MaxBackgroundPerAgent
+
 const keepDecided = 256
+
+// release ends one pending request of agent family family (under mu).
+func (a *approvals) release(family string) {
+	if a.byAgent[family]--; a.byAgent[family] <= 0 {
+		delete(a.byAgent, family)
+	}
+}
 
 // Approvals lists pending approval requests, oldest first, and with all
 // the most recent decided ones too.
@@ -150,7 +165,20 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	// Only a soft_gate may be confirmed in the session, never an
 	// escalated call, whatever the policy says; and only in a session.
 	a.req.SessionConfirm = c.sessionConfirm && c.res.AutonomyMode == policy.SoftGate && c.session != ""
+	family := agentFamily(c.env.AgentID)
+	k.approvals.mu.Lock()
+	full := k.approvals.byAgent[family] >= MaxPendingApprovalsPerAgent
+	if !full {
+		k.approvals.byAgent[family]++ // held until closeApproval
+	}
+	k.approvals.mu.Unlock()
+	if full {
+		return k.deny(ctx, c, ErrConcurrencyExceeded, fmt.Sprintf("%d approval requests of %s (with its sub-agents) are pending, the most there may be; retry once some are decided", MaxPendingApprovalsPerAgent, family))
+	}
 	if err := k.appendApproval(KindApprovalRequested, a.req.ledgerBody()); err != nil {
+		k.approvals.mu.Lock()
+		k.approvals.release(family)
+		k.approvals.mu.Unlock()
 		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
 	}
 	requested := a.req
@@ -239,6 +267,7 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
 	}
 	delete(k.approvals.pending, a.req.ID)
+	k.approvals.release(agentFamily(a.req.AgentID))
 	k.approvals.recent = append(k.approvals.recent, a.req.decided())
 	if len(k.approvals.recent) > keepDecided {
 		k.approvals.recent = k.approvals.recent[len(k.approvals.recent)-keepDecided:]

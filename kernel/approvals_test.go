@@ -459,3 +459,48 @@ func TestApprovalPathMovedWhileWaiting(t *testing.T) {
 		t.Fatalf("the approved write landed in .github/workflows: %v", err)
 	}
 }
+
+// TestPendingApprovalsBounded: one agent with its sub-agents holds at
+// most MaxPendingApprovalsPerAgent pending approval requests, synchronous
+// calls included (only background calls were counted): one more is
+// refused at once, concurrency_exceeded and audited, while another
+// agent's request still goes to the approvers; a decision frees a place.
+func TestPendingApprovalsBounded(t *testing.T) {
+	h := newHarness(t)
+	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 2*MaxPendingApprovalsPerAgent)
+	defer sub.Close()
+	results := make(chan *Result, MaxPendingApprovalsPerAgent+1)
+	for i := range MaxPendingApprovalsPerAgent {
+		env := h.env("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key(fmt.Sprint("p", i)))
+		go func() { results <- h.k.Invoke(context.Background(), env) }()
+	}
+	var first ApprovalRequest
+	for i := range MaxPendingApprovalsPerAgent {
+		select {
+		case e := <-sub.C:
+			if i == 0 {
+				first = *e.Approval
+			}
+		case r := <-results:
+			t.Fatalf("a call ended before its approval: %+v", r.Error)
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%d approval requests, want %d", i, MaxPendingApprovalsPerAgent)
+		}
+	}
+	r := h.invoke("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("one-more"))
+	if errClass(r) != ErrConcurrencyExceeded || r.ReceiptID == "" {
+		t.Fatalf("one approval more: %+v", r.Error)
+	}
+	// Another agent's request is not refused.
+	tok, jti := h.mint("other", captoken.Capability{Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+	_, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "y"}, key("other"), func(e *Envelope) {
+		e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "other", tok, jti
+	})
+	if _, err := h.k.Decide(first.ID, h.approver("alice", captoken.RoleApprover), "deny", "no"); err != nil {
+		t.Fatal(err)
+	}
+	<-results
+	_, _ = h.gated("fs.write", map[string]any{"path": "Makefile", "content": "x"}, key("after a decision"))
+	h.k.Close() // ends the calls still waiting
+	<-res
+}
