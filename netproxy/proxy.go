@@ -45,6 +45,14 @@
 // timeout) is retried after a pause doubling from 5 ms to 1 s; it never
 // ends Serve.
 //
+// The proxy runs in the kernel's process, so what it buffers for a client
+// is bounded: a request head (request line and header fields) of more than
+// Options.MaxHeaderBytes (default 64 KiB) is answered "431 Request Header
+// Fields Too Large" after reading that much of it, and recorded refused
+// with ReasonHeadTooLarge; an origin's response head of more than that is
+// answered 502, its record's reason saying so. Bodies and tunnels are
+// streamed, never buffered whole.
+//
 // Host names are resolved by the proxy (Options.Dial), never by the
 // sandboxed client, so the predicate sees the name the client asked for.
 // An SSRF guard on the dialed address (refusing loopback, private or
@@ -57,6 +65,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -87,6 +96,16 @@ type Options struct {
 
 	// HeaderTimeout bounds reading the client's request head (default 10 s).
 	HeaderTimeout time.Duration
+
+	// MaxHeaderBytes bounds a request head a client sends (request line
+	// and header fields, line ends included) and a response head an
+	// origin sends, as http.Server's MaxHeaderBytes bounds a request's
+	// (default 64 KiB, net.fetch's bound on a response head). A larger
+	// request head is answered 431 and recorded refused with
+	// ReasonHeadTooLarge; a larger response head is answered 502 and
+	// recorded with the reason "upstream: response head …". The proxy
+	// reads no further byte of it either way.
+	MaxHeaderBytes int
 
 	// MaxConns is the number of client connections handled at once
 	// (default 64); more wait, unaccepted, until one ends.
@@ -122,6 +141,7 @@ const (
 	ReasonBudget        = "net byte budget exceeded"
 	ReasonBudgetRefused = "net byte budget exhausted"
 	ReasonBadRequest    = "malformed proxy request"
+	ReasonHeadTooLarge  = "request head too large" // Options.MaxHeaderBytes
 	ReasonUnsupported   = "unsupported proxy request"
 	ReasonProxyClosed   = "proxy closed"
 	ReasonLimit         = "connection limit reached" // Options.MaxAllowed
@@ -170,6 +190,9 @@ func New(opts Options) *Proxy {
 	}
 	if opts.HeaderTimeout <= 0 {
 		opts.HeaderTimeout = 10 * time.Second
+	}
+	if opts.MaxHeaderBytes <= 0 {
+		opts.MaxHeaderBytes = 64 << 10
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 64
@@ -562,15 +585,23 @@ func (c *conn) setReason(why string) {
 
 func (p *Proxy) handle(c *conn) {
 	c.client.SetReadDeadline(time.Now().Add(p.opts.HeaderTimeout))
-	br := bufio.NewReader(c.client)
+	// http.ReadRequest has no limit of its own: the head is read through
+	// a limit, lifted once it is read, as http.Server does.
+	head := &io.LimitedReader{R: c.client, N: int64(p.opts.MaxHeaderBytes)}
+	br := bufio.NewReader(head)
 	req, err := http.ReadRequest(br)
 	if err != nil {
-		if !errors.Is(err, io.EOF) {
+		switch {
+		case head.N <= 0:
+			p.record(c, Record{Reason: fmt.Sprintf("%s: more than %d bytes", ReasonHeadTooLarge, p.opts.MaxHeaderBytes), Start: time.Now()})
+			reply(c.client, http.StatusRequestHeaderFieldsTooLarge, ReasonHeadTooLarge)
+		case !errors.Is(err, io.EOF):
 			p.record(c, Record{Method: "", Reason: ReasonBadRequest + ": " + err.Error(), Start: time.Now()})
 			reply(c.client, http.StatusBadRequest, ReasonBadRequest)
 		}
 		return
 	}
+	head.N = math.MaxInt64 // the body or the tunnel
 	c.client.SetReadDeadline(time.Time{})
 
 	host, port, perr := target(req)
@@ -710,14 +741,21 @@ func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
 		}
 		return
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(up), req)
+	head := &io.LimitedReader{R: up, N: int64(p.opts.MaxHeaderBytes)}
+	resp, err := http.ReadResponse(bufio.NewReader(head), req)
 	if err != nil {
-		if !errors.Is(err, ErrBudget) {
+		switch {
+		case errors.Is(err, ErrBudget):
+		case head.N <= 0:
+			c.setReason(fmt.Sprintf("%sresponse head larger than %d bytes", reasonUpstreamPrefix, p.opts.MaxHeaderBytes))
+			reply(c.client, http.StatusBadGateway, "upstream response head too large")
+		default:
 			c.setReason(reasonUpstreamPrefix + err.Error())
 			reply(c.client, http.StatusBadGateway, "bad upstream response")
 		}
 		return
 	}
+	head.N = math.MaxInt64 // the body
 	defer resp.Body.Close()
 	resp.Close = true
 	if err := resp.Write(c.client); err != nil && !errors.Is(err, ErrBudget) && !errors.Is(err, net.ErrClosed) {
