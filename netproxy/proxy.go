@@ -26,6 +26,17 @@
 // by reason, in Dropped. So a command cannot push the record of its real
 // connection out with a flood of refused ones.
 //
+// Each record keeps a bounded part of what a client or an origin sent: a
+// host longer than MaxHostBytes, or with a byte no host name has, is
+// refused (ReasonUnsupported); a method is cut to MaxMethodBytes and a
+// reason's detail (a quoted request line, an origin's error) to
+// MaxReasonDetail. The records Records returns stay within
+// Options.MaxRecordBytes of JSON (default 1 MiB): the refused ones first,
+// then the allowed ones in arrival order; the allowed requests beyond are
+// counted in Dropped with the bytes they relayed. (With the default
+// limits 100 refused records take at most about 220 KiB, and 1 MiB holds a few
+// thousand allowed records.)
+//
 // Options.ByteBudget bounds the bytes relayed through the proxy as a whole
 // (up + down, payload only: tunnelled bytes, the forwarded request and the
 // origin's response). The byte that would exceed the budget is never
@@ -62,6 +73,7 @@ package netproxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -75,6 +87,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // Options configure a Proxy.
@@ -120,15 +133,37 @@ type Options struct {
 	// are kept (default 100); later refused requests are counted in
 	// Dropped instead.
 	MaxRefusedRecords int
+
+	// MaxRecordBytes bounds the records Records returns, as the sum of
+	// their JSON encodings' lengths (default 1 MiB): every refused
+	// request's record kept (MaxRefusedRecords) is returned, then the
+	// allowed ones in arrival order while the sum stays within the bound;
+	// later allowed ones are counted in Dropped (Drops.Allowed, with
+	// their bytes) instead.
+	MaxRecordBytes int
 }
+
+// Bounds of what one Record keeps of what a client or an origin sent.
+const (
+	// MaxHostBytes is the longest host a request may name: the longest
+	// DNS name. A longer host, or one with a byte that is not a letter,
+	// digit, '.', '-', '_', ':' or '%', is refused (ReasonUnsupported).
+	MaxHostBytes = 253
+	// MaxMethodBytes is the most of a request's method a Record keeps.
+	MaxMethodBytes = 32
+	// MaxReasonDetail is the most of a reason's detail (what follows the
+	// constant part and ": ") a Record keeps; a longer detail is cut at
+	// a UTF-8 boundary and ends with "…".
+	MaxReasonDetail = 256
+)
 
 // Record is one proxied request.
 type Record struct {
-	Host       string    `json:"host"`
+	Host       string    `json:"host"` // at most MaxHostBytes
 	Port       int       `json:"port"`
-	Method     string    `json:"method"` // CONNECT, or the plain-HTTP method
+	Method     string    `json:"method"` // CONNECT, or the plain-HTTP method (its first MaxMethodBytes)
 	Allowed    bool      `json:"allowed"`
-	Reason     string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally
+	Reason     string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally (detail cut at MaxReasonDetail)
 	BytesUp    int64     `json:"bytes_up"`         // client → origin
 	BytesDown  int64     `json:"bytes_down"`       // origin → client
 	Start      time.Time `json:"start"`
@@ -202,6 +237,9 @@ func New(opts Options) *Proxy {
 	}
 	if opts.MaxRefusedRecords <= 0 {
 		opts.MaxRefusedRecords = 100
+	}
+	if opts.MaxRecordBytes <= 0 {
+		opts.MaxRecordBytes = 1 << 20
 	}
 	if opts.Dial == nil {
 		d := &net.Dialer{Timeout: opts.DialTimeout}
@@ -353,18 +391,48 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// Records returns a copy of the records kept so far (every allowed
-// request's, the first MaxRefusedRecords refused ones'), in arrival order.
-// The byte counts of connections still open are their counts so far, and
-// their reason is the one already known: a connection cut (for the budget,
-// say) shows why at once, not only once its handler has finished.
+// Records returns a copy of the records kept so far, in arrival order:
+// the first MaxRefusedRecords refused requests', and the allowed requests'
+// within MaxRecordBytes. The byte counts of connections still open are
+// their counts so far, and their reason is the one already known: a
+// connection cut (for the budget, say) shows why at once, not only once
+// its handler has finished.
 func (p *Proxy) Records() []Record {
+	recs, _ := p.report()
+	return recs
+}
+
+// Drops counts the requests whose records Records does not return.
+type Drops struct {
+	// Total is the number of requests not itemised: the refused ones
+	// beyond Options.MaxRefusedRecords plus Allowed.
+	Total int `json:"total"`
+	// ByReason splits the refused ones of Total by the constant part of
+	// the reason the record would have had (ReasonDenied,
+	// ReasonBadRequest, … without the detail after ": "); nil when there
+	// are none.
+	ByReason map[string]int `json:"by_reason,omitempty"`
+	// Allowed is the number of allowed requests whose records did not
+	// fit in Options.MaxRecordBytes, and BytesUp and BytesDown the
+	// bytes they relayed.
+	Allowed   int   `json:"allowed,omitempty"`
+	BytesUp   int64 `json:"bytes_up,omitempty"`
+	BytesDown int64 `json:"bytes_down,omitempty"`
+}
+
+// Dropped counts the requests whose records Records does not return.
+func (p *Proxy) Dropped() Drops {
+	_, d := p.report()
+	return d
+}
+
+// report makes what Records and Dropped return.
+func (p *Proxy) report() ([]Record, Drops) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := append([]Record(nil), p.records...)
+	all := append([]Record(nil), p.records...)
 	for c := range p.conns {
-		if c.rec >= 0 && c.rec < len(out) {
-			r := &out[c.rec]
+		if c.rec >= 0 && c.rec < len(all) {
+			r := &all[c.rec]
 			r.BytesUp = c.up.Load()
 			r.BytesDown = c.down.Load()
 			if why := c.reason(); why != "" && r.Reason == "" {
@@ -372,24 +440,6 @@ func (p *Proxy) Records() []Record {
 			}
 		}
 	}
-	return out
-}
-
-// Drops counts the refused requests whose records were not kept
-// (Options.MaxRefusedRecords).
-type Drops struct {
-	Total int `json:"total"`
-	// ByReason splits Total by the constant part of the reason the record
-	// would have had (ReasonDenied, ReasonBadRequest, … without the detail
-	// after ": "); nil when Total is 0.
-	ByReason map[string]int `json:"by_reason,omitempty"`
-}
-
-// Dropped counts the refused requests whose records were not kept. Every
-// allowed request's record is kept.
-func (p *Proxy) Dropped() Drops {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	d := Drops{Total: p.drops.Total}
 	if d.Total > 0 {
 		d.ByReason = make(map[string]int, len(p.drops.ByReason))
@@ -397,7 +447,42 @@ func (p *Proxy) Dropped() Drops {
 			d.ByReason[k] = n
 		}
 	}
-	return d
+	p.mu.Unlock()
+
+	// The refused records are few (MaxRefusedRecords) and each bounded:
+	// they come first, so that a flood of allowed requests cannot push
+	// them out; the allowed ones share what is left, in arrival order.
+	size := func(r *Record) int {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return 0
+		}
+		return len(b) + 1 // the comma of the list
+	}
+	sizes := make([]int, len(all))
+	left := p.opts.MaxRecordBytes
+	for i := range all {
+		sizes[i] = size(&all[i])
+		if !all[i].Allowed {
+			left -= sizes[i]
+		}
+	}
+	out := all[:0]
+	for i, r := range all {
+		if r.Allowed {
+			if sizes[i] > left {
+				left = 0 // keep the arrival order: no later one either
+				d.Total++
+				d.Allowed++
+				d.BytesUp += r.BytesUp
+				d.BytesDown += r.BytesDown
+				continue
+			}
+			left -= sizes[i]
+		}
+		out = append(out, r)
+	}
+	return out, d
 }
 
 // Reached reports whether the proxy has connected a client to an origin
@@ -498,12 +583,17 @@ func (p *Proxy) refuseAddress(c *conn, err error) {
 	defer p.mu.Unlock()
 	if c.rec >= 0 && c.rec < len(p.records) {
 		r := &p.records[c.rec]
-		r.Allowed, r.Reason = false, ReasonAddress+": "+err.Error()
+		r.Allowed, r.Reason = false, clip(ReasonAddress+": "+err.Error())
 	}
 }
 
-// keep appends r as the record of c; p.mu is held.
+// keep appends r as the record of c, within the bounds of a Record;
+// p.mu is held.
 func (p *Proxy) keep(c *conn, r Record) {
+	r.Reason = clip(r.Reason)
+	if len(r.Method) > MaxMethodBytes {
+		r.Method = r.Method[:MaxMethodBytes] // a token: ASCII
+	}
 	if !r.Allowed {
 		if p.refused >= p.opts.MaxRefusedRecords {
 			why, _, _ := strings.Cut(r.Reason, ": ")
@@ -518,6 +608,28 @@ func (p *Proxy) keep(c *conn, r Record) {
 	}
 	p.records = append(p.records, r)
 	c.rec = len(p.records) - 1
+}
+
+// clip cuts the detail of reason (what follows its constant part and
+// ": ") to MaxReasonDetail bytes: details quote what a client or an
+// origin sent (a malformed request line, a bad response), and a record
+// keeps only a bounded part of that.
+func clip(reason string) string {
+	why, detail, found := strings.Cut(reason, ": ")
+	if !found {
+		why, detail = "", reason
+	}
+	if len(detail) <= MaxReasonDetail {
+		return reason
+	}
+	n := MaxReasonDetail
+	for n > 0 && !utf8.RuneStart(detail[n]) {
+		n--
+	}
+	if !found {
+		return detail[:n] + "…"
+	}
+	return why + ": " + detail[:n] + "…"
 }
 
 // conn is one client connection and, once dialed, its origin connection.
@@ -578,7 +690,7 @@ func (c *conn) reason() string {
 func (c *conn) setReason(why string) {
 	c.mu.Lock()
 	if c.why == "" {
-		c.why = why
+		c.why = clip(why)
 	}
 	c.mu.Unlock()
 }
@@ -684,7 +796,9 @@ func target(req *http.Request) (string, int, error) {
 		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 	}
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if host == "" || strings.ContainsAny(host, " /\\@\x00") {
+	if host == "" || len(host) > MaxHostBytes || strings.IndexFunc(host, func(r rune) bool {
+		return !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || strings.ContainsRune(".-_:%", r))
+	}) >= 0 {
 		return "", 0, fmt.Errorf("bad host %q", host)
 	}
 	n, err := strconv.Atoi(port)
