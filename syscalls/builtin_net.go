@@ -128,11 +128,17 @@ func (f *fetchSys) Definition() Definition {
 	}
 }
 
-// countingConn counts the bytes a connection carries.
+// countingConn counts the bytes a connection carries. With a cap
+// (cap > 0), a write that would take the count past it sends nothing
+// and fails with errNetBudget.
 type countingConn struct {
 	net.Conn
-	n *atomic.Int64
+	n   *atomic.Int64
+	cap int64
 }
+
+// errNetBudget is what a capped countingConn's refused write returns.
+var errNetBudget = fail(FailBudget, "budget net_bytes: a redirect would send past what is left")
 
 func (c countingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
@@ -141,6 +147,9 @@ func (c countingConn) Read(b []byte) (int, error) {
 }
 
 func (c countingConn) Write(b []byte) (int, error) {
+	if c.cap > 0 && c.n.Load()+int64(len(b)) > c.cap {
+		return 0, errNetBudget
+	}
 	n, err := c.Conn.Write(b)
 	c.n.Add(int64(n))
 	return n, err
@@ -189,6 +198,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	var wire atomic.Int64
 	defer func() { c.Charge(BudgetNetBytes, wire.Load()) }()
 	guard := &netproxy.Guard{Explicit: g.NamesHost, Lookup: f.o.Lookup, Timeout: timeout}
+	var dials atomic.Int32
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -196,7 +206,15 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			if err != nil {
 				return nil, err
 			}
-			return countingConn{Conn: conn, n: &wire}, nil
+			cc := countingConn{Conn: conn, n: &wire}
+			if limited && dials.Add(1) > 1 {
+				// Only the first request may overdraw the budget (by
+				// its head: its size is known once it is sent); a
+				// redirect's hop (one connection each) sends nothing
+				// past it.
+				cc.cap = left
+			}
+			return cc, nil
 		},
 		TLSClientConfig:        f.o.TLS,
 		DisableKeepAlives:      true,
@@ -236,6 +254,12 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			if !g.AllowsHost(hp.Host, hp.Port) {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "host not allowed"})
 				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", req.URL.Redacted(), hp.Host, hp.Port)
+			}
+			// A 307 or 308 re-sends the body: the hop goes only if it
+			// and a byte of its head fit in what is left.
+			if spent, body := wire.Load(), max(req.ContentLength, 0); limited && spent+body >= left {
+				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "net_bytes budget"})
+				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", req.URL.Redacted(), spent, left, body)
 			}
 			trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method})
 			hops = append(hops, req.URL.Redacted())
