@@ -14,8 +14,10 @@ import (
 // Guard dials TCP connections for the kernel (net.fetch's HTTP client and
 // the allowlist proxy's Options.Dial) and refuses, on the address actually
 // dialed, loopback, private, link-local, metadata and other special-purpose
-// addresses unless Explicit says the host was named explicitly by the
-// capability token. The check runs in the dialer's Control hook, after
+// addresses, and every address of the kernel host's own interfaces (a
+// service listening on all interfaces is as near as one on loopback),
+// unless Explicit says the host was named explicitly by the capability
+// token. The check runs in the dialer's Control hook, after
 // resolution, on the IP the socket is about to connect to, so a DNS name
 // that resolves (or rebinds) to such an address is refused like the
 // address itself.
@@ -37,10 +39,16 @@ var ErrSpecialAddress = errors.New("address in a loopback, private, link-local, 
 type AddrError struct {
 	Host string
 	Addr netip.Addr
+	// Own: Addr is an address of one of the kernel host's interfaces.
+	Own bool
 }
 
 func (e *AddrError) Error() string {
-	return fmt.Sprintf("%s resolves to %s: %v, which only a token pattern naming %s (or the address) explicitly may reach", e.Host, e.Addr, ErrSpecialAddress, e.Host)
+	what := ErrSpecialAddress.Error()
+	if e.Own {
+		what = "an address of the kernel host's own interfaces"
+	}
+	return fmt.Sprintf("%s resolves to %s: %s, which only a token pattern naming %s (or the address) explicitly may reach", e.Host, e.Addr, what, e.Host)
 }
 
 func (e *AddrError) Unwrap() error { return ErrSpecialAddress }
@@ -86,6 +94,26 @@ func Special(a netip.Addr) bool {
 	return false
 }
 
+// ownAddr reports whether a is an address of one of this host's
+// interfaces. The interfaces are listed at every dial: addresses come and
+// go (DHCP, containers' veths), and one netlink dump costs little next to
+// a connect.
+func ownAddr(a netip.Addr) (bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false, fmt.Errorf("listing the host's own addresses: %w", err)
+	}
+	a = a.Unmap().WithZone("")
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 // DialContext connects to addr ("host:port") over TCP, refusing special
 // addresses for hosts not named explicitly. Each resolved address is tried
 // in turn; the refusal of one is the error when none connects.
@@ -129,8 +157,20 @@ func (g *Guard) DialContext(ctx context.Context, network, addr string) (net.Conn
 			if err != nil {
 				return fmt.Errorf("dialing %q: %w", address, err)
 			}
-			if !explicit && Special(ap.Addr()) {
+			if explicit {
+				return nil
+			}
+			if Special(ap.Addr()) {
 				return &AddrError{Host: host, Addr: ap.Addr().Unmap()}
+			}
+			// Fails closed: an address not known not to be the host's
+			// own is not dialed.
+			own, err := ownAddr(ap.Addr())
+			if err != nil {
+				return err
+			}
+			if own {
+				return &AddrError{Host: host, Addr: ap.Addr().Unmap(), Own: true}
 			}
 			return nil
 		},

@@ -71,3 +71,61 @@ func TestGuardDial(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardRefusesOwnAddresses: every address of this host's interfaces
+// is refused unless named explicitly, special or not: a service listening
+// on all interfaces is reached through them as through loopback. Before,
+// an address outside the special ranges (here eth0's) was dialed under *.
+func TestGuardRefusesOwnAddresses(t *testing.T) {
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ia := range ifaddrs {
+		n, ok := ia.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		a, _ := netip.AddrFromSlice(n.IP)
+		a = a.Unmap()
+		if own, err := ownAddr(a); !own || err != nil {
+			t.Errorf("ownAddr(%s) = %v, %v; want true", a, own, err)
+		}
+		if a.IsLinkLocalUnicast() {
+			continue // needs a zone to dial
+		}
+		for _, explicit := range []bool{false, true} {
+			g := &Guard{Explicit: func(string, int) bool { return explicit }}
+			c, err := g.DialContext(context.Background(), "tcp", net.JoinHostPort(a.String(), port))
+			if c != nil {
+				c.Close()
+			}
+			if explicit && err != nil {
+				t.Errorf("%s named explicitly: %v", a, err)
+			}
+			if !explicit && !errors.Is(err, ErrSpecialAddress) {
+				t.Errorf("%s under a wildcard: %v, want ErrSpecialAddress", a, err)
+			}
+		}
+	}
+	for _, a := range []string{"8.8.8.8", "2606:4700::1111"} {
+		if own, err := ownAddr(netip.MustParseAddr(a)); own || err != nil {
+			t.Errorf("ownAddr(%s) = %v, %v; want false", a, own, err)
+		}
+	}
+}
