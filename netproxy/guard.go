@@ -59,22 +59,39 @@ var metadata = []netip.Addr{
 	netip.MustParseAddr("fd00:ec2::254"),   // AWS IPv6
 }
 
+// specialPrefixes are the ranges of the IANA special-purpose address
+// registries (RFC 6890) that are not globally reachable, beyond those the
+// netip predicates in Special cover, and the prefixes that translate or
+// tunnel to IPv4 (which reach the IPv4 specials).
 var specialPrefixes = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("64:ff9b::/96"), // NAT64 can reach IPv4 specials
-	netip.MustParsePrefix("2002::/16"),    // 6to4 likewise
+	netip.MustParsePrefix("100.64.0.0/10"),   // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
+	netip.MustParsePrefix("192.0.2.0/24"),    // documentation (TEST-NET-1, RFC 5737)
+	netip.MustParsePrefix("192.88.99.0/24"),  // 6to4 relay anycast (deprecated, RFC 7526)
+	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking
+	netip.MustParsePrefix("198.51.100.0/24"), // documentation (TEST-NET-2)
+	netip.MustParsePrefix("203.0.113.0/24"),  // documentation (TEST-NET-3)
+	netip.MustParsePrefix("240.0.0.0/4"),     // reserved
+	netip.MustParsePrefix("64:ff9b::/96"),    // NAT64 can reach IPv4 specials
+	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64 (RFC 8215) likewise
+	netip.MustParsePrefix("100::/64"),        // discard-only (RFC 6666)
+	netip.MustParsePrefix("2001::/32"),       // Teredo tunnels to IPv4
+	netip.MustParsePrefix("2001:2::/48"),     // benchmarking
+	netip.MustParsePrefix("2001:10::/28"),    // ORCHID (deprecated)
+	netip.MustParsePrefix("2001:db8::/32"),   // documentation
+	netip.MustParsePrefix("2002::/16"),       // 6to4 tunnels to IPv4
+	netip.MustParsePrefix("3fff::/20"),       // documentation (RFC 9637)
+	netip.MustParsePrefix("5f00::/16"),       // SRv6 SIDs (RFC 9602)
+	netip.MustParsePrefix("fec0::/10"),       // site-local (deprecated)
 }
 
 // Special reports whether a is an address the guard refuses by default:
 // unspecified, loopback, private (RFC 1918, unique local), link-local
 // (169.254/16 holds the cloud metadata endpoint), multicast, broadcast,
-// carrier-grade NAT, benchmarking and reserved ranges, NAT64 and 6to4
-// prefixes, and known metadata addresses. IPv4-mapped IPv6 addresses are
-// judged as IPv4.
+// carrier-grade NAT, documentation, benchmarking, discard-only, site-local
+// and reserved ranges, the NAT64, 6to4 and Teredo prefixes, and known
+// metadata addresses. IPv4-mapped IPv6 addresses are judged as IPv4.
 func Special(a netip.Addr) bool {
 	a = a.Unmap()
 	if !a.IsValid() || a.IsUnspecified() || a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() ||
