@@ -111,6 +111,25 @@ func Special(a netip.Addr) bool {
 	return false
 }
 
+// LookupCost is what a DNS lookup of host costs a byte budget: the bytes
+// of the name, the payload a lookup carries to whoever serves the name's
+// zone, resolved or not (chosen data, for a name under a wildcard
+// pattern). As for the proxy's bytes, the protocol's own framing (the
+// query's header, the resolver's packets) is not counted: what a budget
+// bounds is the data that leaves.
+func LookupCost(host string) int64 { return int64(len(host)) }
+
+type lookupChargeKey struct{}
+
+// WithLookupCharge returns a ctx for Guard.DialContext carrying charge:
+// before it resolves a host name (not an IP literal), the Guard calls
+// charge(LookupCost(host)), and an error from it refuses the dial with
+// that error, nothing resolved. The proxy and net.fetch charge lookups to
+// their byte budgets this way.
+func WithLookupCharge(ctx context.Context, charge func(n int64) error) context.Context {
+	return context.WithValue(ctx, lookupChargeKey{}, charge)
+}
+
 // ownAddr reports whether a is an address of one of this host's
 // interfaces. The interfaces are listed at every dial: addresses come and
 // go (DHCP, containers' veths), and one netlink dump costs little next to
@@ -148,6 +167,11 @@ func (g *Guard) DialContext(ctx context.Context, network, addr string) (net.Conn
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
 	} else {
+		if charge, ok := ctx.Value(lookupChargeKey{}).(func(int64) error); ok {
+			if err := charge(LookupCost(host)); err != nil {
+				return nil, err
+			}
+		}
 		lookup := g.Lookup
 		if lookup == nil {
 			lookup = func(ctx context.Context, h string) ([]netip.Addr, error) {

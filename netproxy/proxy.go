@@ -39,10 +39,14 @@
 //
 // Options.ByteBudget bounds the bytes relayed through the proxy as a whole
 // (up + down, payload only: tunnelled bytes, the forwarded request and the
-// origin's response). The byte that would exceed the budget is never
-// relayed: the connection carrying it is cut, every other open connection
-// is closed too, and later requests are refused with 403. BudgetExceeded
-// reports it, so the caller can fail the call with budget_exceeded.
+// origin's response), and the DNS lookups the proxy makes for them, each
+// charged LookupCost (a name carries data to whoever serves its zone, even
+// one that does not resolve). The byte that would exceed the budget is
+// never relayed: the connection carrying it is cut, every other open
+// connection is closed too, and later requests are refused with 403; a
+// lookup the budget cannot pay for whole is not made, and its request is
+// refused with 403 (ReasonBudgetRefused). BudgetExceeded reports it, so
+// the caller can fail the call with budget_exceeded.
 //
 // Options.MaxConns bounds the client connections open at once (default
 // 64). The proxy accepts a connection only when one of those slots is
@@ -98,10 +102,15 @@ type Options struct {
 	Allow func(host string, port int) bool
 
 	// ByteBudget is the total number of payload bytes (both directions,
-	// all connections) the proxy relays; 0 means unlimited.
+	// all connections) the proxy relays, DNS lookups included at
+	// LookupCost each; 0 means unlimited.
 	ByteBudget int64
 
-	// Dial connects to the origin; nil uses a net.Dialer with DialTimeout.
+	// Dial connects to the origin; nil uses a Guard that refuses no
+	// address (Explicit always true) with DialTimeout. The proxy passes
+	// it a ctx with a lookup charge (WithLookupCharge) that takes the
+	// lookup's cost from ByteBudget, or refuses it when the budget cannot
+	// pay for all of it: a Guard charges it, another Dial may not.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	// DialTimeout bounds Dial (default 10 s).
@@ -242,8 +251,8 @@ func New(opts Options) *Proxy {
 		opts.MaxRecordBytes = 1 << 20
 	}
 	if opts.Dial == nil {
-		d := &net.Dialer{Timeout: opts.DialTimeout}
-		opts.Dial = d.DialContext
+		g := &Guard{Explicit: func(string, int) bool { return true }, Timeout: opts.DialTimeout}
+		opts.Dial = g.DialContext
 	}
 	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
 		slots: make(chan struct{}, opts.MaxConns), done: make(chan struct{})}
@@ -489,8 +498,9 @@ func (p *Proxy) report() ([]Record, Drops) {
 // (a dial that succeeded): from then on the client may have acted there.
 func (p *Proxy) Reached() bool { return p.reached.Load() }
 
-// BytesUsed is the number of payload bytes relayed so far (never more than
-// a non-zero ByteBudget).
+// BytesUsed is the number of payload bytes relayed so far plus the cost
+// of the DNS lookups made (LookupCost), never more than a non-zero
+// ByteBudget.
 func (p *Proxy) BytesUsed() int64 { return p.used.Load() }
 
 // BudgetExceeded reports whether a connection was cut or refused because
@@ -518,6 +528,26 @@ func (p *Proxy) take(n int) int {
 		}
 		if p.used.CompareAndSwap(u, u+k) {
 			return int(k)
+		}
+	}
+}
+
+// spend takes n bytes of the budget for a DNS lookup, all or none: when
+// the budget cannot pay for all of them, nothing is taken, the budget is
+// marked exceeded and spend returns ErrBudget.
+func (p *Proxy) spend(n int64) error {
+	if p.opts.ByteBudget <= 0 {
+		p.used.Add(n)
+		return nil
+	}
+	for {
+		u := p.used.Load()
+		if u+n > p.opts.ByteBudget {
+			p.exceeded.Store(true)
+			return ErrBudget
+		}
+		if p.used.CompareAndSwap(u, u+n) {
+			return nil
 		}
 	}
 }
@@ -573,17 +603,18 @@ func (p *Proxy) admit(c *conn, r Record) bool {
 	return true
 }
 
-// refuseAddress turns c's admitted request into a refused one: the
-// dialer refused its host's addresses (err). An audit looking for refused
-// requests finds it there, not among the allowed ones with a failed dial.
-// It still counts against MaxAllowed, which bounds the dials (and DNS
-// lookups) one proxy makes and the records it keeps.
-func (p *Proxy) refuseAddress(c *conn, err error) {
+// refuse turns c's admitted request into a refused one: the dialer
+// refused its host's addresses (ReasonAddress), or the budget could not
+// pay for its DNS lookup (ReasonBudgetRefused). An audit looking for
+// refused requests finds it there, not among the allowed ones with a
+// failed dial. It still counts against MaxAllowed, which bounds the dials
+// (and DNS lookups) one proxy makes and the records it keeps.
+func (p *Proxy) refuse(c *conn, reason string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c.rec >= 0 && c.rec < len(p.records) {
 		r := &p.records[c.rec]
-		r.Allowed, r.Reason = false, clip(ReasonAddress+": "+err.Error())
+		r.Allowed, r.Reason = false, clip(reason)
 	}
 }
 
@@ -741,13 +772,17 @@ func (p *Proxy) handle(c *conn) {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DialTimeout)
+	ctx, cancel := context.WithTimeout(WithLookupCharge(context.Background(), p.spend), p.opts.DialTimeout)
 	u, err := p.opts.Dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	cancel()
 	switch {
 	case errors.Is(err, ErrSpecialAddress):
-		p.refuseAddress(c, err)
+		p.refuse(c, ReasonAddress+": "+err.Error())
 		reply(c.client, http.StatusForbidden, ReasonAddress)
+		return
+	case errors.Is(err, ErrBudget):
+		p.refuse(c, ReasonBudgetRefused+": the DNS lookup of "+host+" costs more than is left")
+		reply(c.client, http.StatusForbidden, ReasonBudgetRefused)
 		return
 	case err != nil:
 		c.setReason(reasonDialPrefix + err.Error())

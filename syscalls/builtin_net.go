@@ -128,13 +128,14 @@ func (f *fetchSys) Definition() Definition {
 	}
 }
 
-// countingConn counts the bytes a connection carries. With a cap
-// (cap > 0), a write that would take the count past it sends nothing
-// and fails with errNetBudget.
+// countingConn counts the bytes a connection carries. A capped one
+// sends nothing of a write that would take the count past limit, and
+// fails it with errNetBudget.
 type countingConn struct {
 	net.Conn
-	n   *atomic.Int64
-	cap int64
+	n      *atomic.Int64
+	capped bool
+	limit  int64
 }
 
 // errNetBudget is what a capped countingConn's refused write returns.
@@ -147,7 +148,7 @@ func (c countingConn) Read(b []byte) (int, error) {
 }
 
 func (c countingConn) Write(b []byte) (int, error) {
-	if c.cap > 0 && c.n.Load()+int64(len(b)) > c.cap {
+	if c.capped && c.n.Load()+int64(len(b)) > c.limit {
 		return 0, errNetBudget
 	}
 	n, err := c.Conn.Write(b)
@@ -193,16 +194,24 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if limited && left-int64(len(body)) < limit {
 		limit = left - int64(len(body))
 	}
-	// Wire bytes (headers included) are counted; net_bytes is charged
-	// with them, whatever the outcome.
-	var wire atomic.Int64
-	defer func() { c.Charge(BudgetNetBytes, wire.Load()) }()
+	// Wire bytes (headers included) are counted, and each DNS lookup
+	// costs netproxy.LookupCost (the name goes to the resolver, resolved
+	// or not); net_bytes is charged with both, whatever the outcome.
+	var wire, dns atomic.Int64
+	defer func() { c.Charge(BudgetNetBytes, wire.Load()+dns.Load()) }()
+	lookup := func(n int64) error {
+		if spent := wire.Load() + dns.Load(); limited && spent+n > left {
+			return fail(FailBudget, "budget net_bytes: a DNS lookup costs %d, %d of %d are spent", n, spent, left)
+		}
+		dns.Add(n)
+		return nil
+	}
 	guard := &netproxy.Guard{Explicit: g.NamesHost, Lookup: f.o.Lookup, Timeout: timeout}
 	var dials atomic.Int32
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := guard.DialContext(ctx, network, addr)
+			conn, err := guard.DialContext(netproxy.WithLookupCharge(ctx, lookup), network, addr)
 			if err != nil {
 				return nil, err
 			}
@@ -212,7 +221,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 				// its head: its size is known once it is sent); a
 				// redirect's hop (one connection each) sends nothing
 				// past it.
-				cc.cap = left
+				cc.capped, cc.limit = true, left-dns.Load()
 			}
 			return cc, nil
 		},
@@ -236,7 +245,9 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if hp, err := target(first); err == nil {
 		trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: method})
 	}
-	defer func() { c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load()}) }()
+	defer func() {
+		c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load(), "dns_bytes": dns.Load()})
+	}()
 	client := &http.Client{
 		Transport: tr,
 		Timeout:   timeout,
@@ -257,7 +268,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			}
 			// A 307 or 308 re-sends the body: the hop goes only if it
 			// and a byte of its head fit in what is left.
-			if spent, body := wire.Load(), max(req.ContentLength, 0); limited && spent+body >= left {
+			if spent, body := wire.Load()+dns.Load(), max(req.ContentLength, 0); limited && spent+body >= left {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "net_bytes budget"})
 				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", req.URL.Redacted(), spent, left, body)
 			}
@@ -333,7 +344,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	}
 	out := map[string]any{
 		"status": resp.StatusCode, "headers": headers, "truncated": truncated, "final_url": resp.Request.URL.Redacted(),
-		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": wire.Load(),
+		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": wire.Load() + dns.Load(),
 	}
 	putText(out, "body", data)
 	return output(out)

@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/capkernel/capkernel/netproxy"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -177,6 +179,64 @@ func TestFetchRedirectsKeepTheBudget(t *testing.T) {
 			}
 			if tt.left >= 0 && (got.Load() > tt.left || h.charged[syscalls.BudgetNetBytes] > tt.left+1<<10) {
 				t.Fatalf("the server received %d bytes and %d were charged under a net_bytes budget of %d", got.Load(), h.charged[syscalls.BudgetNetBytes], tt.left)
+			}
+		})
+	}
+}
+
+// TestFetchChargesLookups: a DNS lookup costs net_bytes
+// (netproxy.LookupCost), resolved or not, and one the budget cannot pay
+// for is not made. Before, a name that did not resolve cost nothing, and a
+// token with 1 byte left sent names to the resolver without limit.
+func TestFetchChargesLookups(t *testing.T) {
+	var got atomic.Int64
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }), &got)
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	const name, nx = "srv.test", "chunk00-data.nx.test"
+	var lookups atomic.Int32
+	o := syscalls.FetchOptions{Lookup: func(_ context.Context, host string) ([]netip.Addr, error) {
+		lookups.Add(1)
+		if host == name {
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		}
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}}
+	tests := []struct {
+		name    string
+		host    string
+		left    int64
+		class   string
+		lookups int32
+		charged int64 // -1: the lookup's cost and the bytes on the wire
+	}{
+		{"a name that does not resolve", nx, -1, "error", 1, netproxy.LookupCost(nx)},
+		{"a budget under the lookup's cost", nx, netproxy.LookupCost(nx) - 1, syscalls.FailBudget, 0, 0},
+		{"a name that resolves", name, 10000, "", 1, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lookups.Store(0)
+			out, err, h := fetch(t, o, tt.left, map[string]any{"url": "http://" + tt.host + ":" + port + "/"})
+			if failClass(err) != tt.class {
+				t.Fatalf("error %v, want class %q", err, tt.class)
+			}
+			if n := lookups.Load(); n != tt.lookups {
+				t.Fatalf("%d lookups, want %d", n, tt.lookups)
+			}
+			charged := h.charged[syscalls.BudgetNetBytes]
+			if tt.charged >= 0 && charged != tt.charged {
+				t.Fatalf("charged %d, want %d", charged, tt.charged)
+			}
+			if tt.charged < 0 {
+				var res struct {
+					NetBytes int64 `json:"net_bytes"`
+				}
+				if err := json.Unmarshal(out.Result, &res); err != nil {
+					t.Fatal(err)
+				}
+				if res.NetBytes != charged || charged <= netproxy.LookupCost(tt.host) {
+					t.Fatalf("net_bytes %d, charged %d; want the same, the lookup's %d and the bytes on the wire", res.NetBytes, charged, netproxy.LookupCost(tt.host))
+				}
 			}
 		})
 	}
