@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capkernel/capkernel/netproxy"
 )
@@ -260,17 +261,22 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			}
 			hp, err := target(req.URL)
 			if err != nil {
-				return fail(FailScope, "redirect to %s: %v", req.URL.Redacted(), err)
+				return fail(FailScope, "redirect to %s: %v", clipURL(req.URL.Redacted()), err)
+			}
+			if len(hp.Host) > netproxy.MaxHostBytes {
+				// No DNS name is longer; the record keeps hosts short.
+				trail = append(trail, hop{Host: hp.Host[:netproxy.MaxHostBytes], Port: hp.Port, Method: req.Method, Reason: "host name too long"})
+				return fail(FailScope, "redirect to a host name of %d bytes (at most %d)", len(hp.Host), netproxy.MaxHostBytes)
 			}
 			if !g.AllowsHost(hp.Host, hp.Port) {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "host not allowed"})
-				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", req.URL.Redacted(), hp.Host, hp.Port)
+				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", clipURL(req.URL.Redacted()), hp.Host, hp.Port)
 			}
 			// A 307 or 308 re-sends the body: the hop goes only if it
 			// and a byte of its head fit in what is left.
 			if spent, body := wire.Load()+dns.Load(), max(req.ContentLength, 0); limited && spent+body >= left {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "net_bytes budget"})
-				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", req.URL.Redacted(), spent, left, body)
+				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", clipURL(req.URL.Redacted()), spent, left, body)
 			}
 			trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method})
 			hops = append(hops, req.URL.Redacted())
@@ -295,6 +301,13 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		req.Header.Set(k, s)
 	}
 	resp, err := client.Do(req)
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		// A redirect's error names its Location, as long as an origin
+		// makes it (up to the 64 KiB of a response head): the messages
+		// and the record keep its start.
+		ue.URL = clipURL(ue.URL)
+	}
 	if err != nil && len(trail) > 0 && trail[len(trail)-1].Reason == "" {
 		trail[len(trail)-1].Reason = err.Error()
 	}
@@ -348,6 +361,23 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	}
 	putText(out, "body", data)
 	return output(out)
+}
+
+// maxURLText is the most of a URL that net.fetch's messages and record
+// keep.
+const maxURLText = 1024
+
+// clipURL cuts u to maxURLText bytes (at a UTF-8 boundary), marking the
+// cut with "…".
+func clipURL(u string) string {
+	if len(u) <= maxURLText {
+		return u
+	}
+	n := maxURLText
+	for n > 0 && !utf8.RuneStart(u[n]) {
+		n--
+	}
+	return u[:n] + "…"
 }
 
 // RegisterFetch registers net.fetch with o (defaults filled in).

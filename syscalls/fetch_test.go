@@ -241,3 +241,38 @@ func TestFetchChargesLookups(t *testing.T) {
 		})
 	}
 }
+
+// TestFetchRecordBounds: what an origin puts in a redirect's Location
+// reaches the call's error and its record only in part. Before, an
+// origin's 60 KiB Location went whole into both.
+func TestFetchRecordBounds(t *testing.T) {
+	long := strings.Repeat("l", 60<<10)
+	var got atomic.Int64
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/loop"):
+			http.Redirect(w, r, "/loop/"+long, http.StatusFound)
+		case r.URL.Path == "/far":
+			http.Redirect(w, r, "http://"+strings.Repeat("h", 300)+".test/", http.StatusFound)
+		}
+	}), &got)
+	tests := []struct {
+		name, method, path, class string
+	}{
+		{"a sent request, then too many redirects", "POST", "/loop", syscalls.FailUnknown},
+		{"a GET, then too many redirects", "GET", "/loop", syscalls.FailScope},
+		{"a redirect to a host over 253 bytes", "GET", "/far", syscalls.FailScope},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err, h := fetch(t, syscalls.FetchOptions{}, -1, map[string]any{"url": srv.URL + tt.path, "method": tt.method})
+			if failClass(err) != tt.class {
+				t.Fatalf("error %.300v, want class %q", err, tt.class)
+			}
+			note, _ := json.Marshal(h.notes["net_connections"])
+			if len(err.Error()) > 2<<10 || len(note) > 8<<10 {
+				t.Fatalf("error of %d bytes, net_connections of %d: %.300s", len(err.Error()), len(note), note)
+			}
+		})
+	}
+}
