@@ -7,7 +7,9 @@
 //
 //   - CONNECT host:port — a TCP tunnel, used by clients for HTTPS (TLS runs
 //     end to end between the client and the origin; the proxy sees only the
-//     host name of the CONNECT line and the tunnelled byte counts);
+//     host name of the CONNECT line and the tunnelled byte counts, so the
+//     TLS server name and the Host inside the tunnel may name any site the
+//     allowed host's address serves: a CDN's other customers, say);
 //   - absolute-URI requests (GET http://host:port/path HTTP/1.1, any method)
 //     — plain HTTP, forwarded to the origin in origin form with
 //     "Connection: close", one request per client connection.
