@@ -14,8 +14,10 @@ import (
 // Guard dials TCP connections for the kernel (net.fetch's HTTP client and
 // the allowlist proxy's Options.Dial) and refuses, on the address actually
 // dialed, loopback, private, link-local, metadata and other special-purpose
-// addresses unless Explicit says the host was named explicitly by the
-// capability token. The check runs in the dialer's Control hook, after
+// addresses, and every address of the kernel host's own interfaces (a
+// service listening on all interfaces is as near as one on loopback),
+// unless Explicit says the host was named explicitly by the capability
+// token. The check runs in the dialer's Control hook, after
 // resolution, on the IP the socket is about to connect to, so a DNS name
 // that resolves (or rebinds) to such an address is refused like the
 // address itself.
@@ -37,10 +39,16 @@ var ErrSpecialAddress = errors.New("address in a loopback, private, link-local, 
 type AddrError struct {
 	Host string
 	Addr netip.Addr
+	// Own: Addr is an address of one of the kernel host's interfaces.
+	Own bool
 }
 
 func (e *AddrError) Error() string {
-	return fmt.Sprintf("%s resolves to %s: %v, which only a token pattern naming %s (or the address) explicitly may reach", e.Host, e.Addr, ErrSpecialAddress, e.Host)
+	what := ErrSpecialAddress.Error()
+	if e.Own {
+		what = "an address of the kernel host's own interfaces"
+	}
+	return fmt.Sprintf("%s resolves to %s: %s, which only a token pattern naming %s (or the address) explicitly may reach", e.Host, e.Addr, what, e.Host)
 }
 
 func (e *AddrError) Unwrap() error { return ErrSpecialAddress }
@@ -51,22 +59,39 @@ var metadata = []netip.Addr{
 	netip.MustParseAddr("fd00:ec2::254"),   // AWS IPv6
 }
 
+// specialPrefixes are the ranges of the IANA special-purpose address
+// registries (RFC 6890) that are not globally reachable, beyond those the
+// netip predicates in Special cover, and the prefixes that translate or
+// tunnel to IPv4 (which reach the IPv4 specials).
 var specialPrefixes = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("64:ff9b::/96"), // NAT64 can reach IPv4 specials
-	netip.MustParsePrefix("2002::/16"),    // 6to4 likewise
+	netip.MustParsePrefix("100.64.0.0/10"),   // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
+	netip.MustParsePrefix("192.0.2.0/24"),    // documentation (TEST-NET-1, RFC 5737)
+	netip.MustParsePrefix("192.88.99.0/24"),  // 6to4 relay anycast (deprecated, RFC 7526)
+	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking
+	netip.MustParsePrefix("198.51.100.0/24"), // documentation (TEST-NET-2)
+	netip.MustParsePrefix("203.0.113.0/24"),  // documentation (TEST-NET-3)
+	netip.MustParsePrefix("240.0.0.0/4"),     // reserved
+	netip.MustParsePrefix("64:ff9b::/96"),    // NAT64 can reach IPv4 specials
+	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64 (RFC 8215) likewise
+	netip.MustParsePrefix("100::/64"),        // discard-only (RFC 6666)
+	netip.MustParsePrefix("2001::/32"),       // Teredo tunnels to IPv4
+	netip.MustParsePrefix("2001:2::/48"),     // benchmarking
+	netip.MustParsePrefix("2001:10::/28"),    // ORCHID (deprecated)
+	netip.MustParsePrefix("2001:db8::/32"),   // documentation
+	netip.MustParsePrefix("2002::/16"),       // 6to4 tunnels to IPv4
+	netip.MustParsePrefix("3fff::/20"),       // documentation (RFC 9637)
+	netip.MustParsePrefix("5f00::/16"),       // SRv6 SIDs (RFC 9602)
+	netip.MustParsePrefix("fec0::/10"),       // site-local (deprecated)
 }
 
 // Special reports whether a is an address the guard refuses by default:
 // unspecified, loopback, private (RFC 1918, unique local), link-local
 // (169.254/16 holds the cloud metadata endpoint), multicast, broadcast,
-// carrier-grade NAT, benchmarking and reserved ranges, NAT64 and 6to4
-// prefixes, and known metadata addresses. IPv4-mapped IPv6 addresses are
-// judged as IPv4.
+// carrier-grade NAT, documentation, benchmarking, discard-only, site-local
+// and reserved ranges, the NAT64, 6to4 and Teredo prefixes, and known
+// metadata addresses. IPv4-mapped IPv6 addresses are judged as IPv4.
 func Special(a netip.Addr) bool {
 	a = a.Unmap()
 	if !a.IsValid() || a.IsUnspecified() || a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() ||
@@ -86,6 +111,45 @@ func Special(a netip.Addr) bool {
 	return false
 }
 
+// LookupCost is what a DNS lookup of host costs a byte budget: the bytes
+// of the name, the payload a lookup carries to whoever serves the name's
+// zone, resolved or not (chosen data, for a name under a wildcard
+// pattern). As for the proxy's bytes, the protocol's own framing (the
+// query's header, the resolver's packets) is not counted: what a budget
+// bounds is the data that leaves.
+func LookupCost(host string) int64 { return int64(len(host)) }
+
+type lookupChargeKey struct{}
+
+// WithLookupCharge returns a ctx for Guard.DialContext carrying charge:
+// before it resolves a host name (not an IP literal), the Guard calls
+// charge(LookupCost(host)), and an error from it refuses the dial with
+// that error, nothing resolved. The proxy and net.fetch charge lookups to
+// their byte budgets this way.
+func WithLookupCharge(ctx context.Context, charge func(n int64) error) context.Context {
+	return context.WithValue(ctx, lookupChargeKey{}, charge)
+}
+
+// ownAddr reports whether a is an address of one of this host's
+// interfaces. The interfaces are listed at every dial: addresses come and
+// go (DHCP, containers' veths), and one netlink dump costs little next to
+// a connect.
+func ownAddr(a netip.Addr) (bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false, fmt.Errorf("listing the host's own addresses: %w", err)
+	}
+	a = a.Unmap().WithZone("")
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 // DialContext connects to addr ("host:port") over TCP, refusing special
 // addresses for hosts not named explicitly. Each resolved address is tried
 // in turn; the refusal of one is the error when none connects.
@@ -103,6 +167,11 @@ func (g *Guard) DialContext(ctx context.Context, network, addr string) (net.Conn
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
 	} else {
+		if charge, ok := ctx.Value(lookupChargeKey{}).(func(int64) error); ok {
+			if err := charge(LookupCost(host)); err != nil {
+				return nil, err
+			}
+		}
 		lookup := g.Lookup
 		if lookup == nil {
 			lookup = func(ctx context.Context, h string) ([]netip.Addr, error) {
@@ -129,8 +198,20 @@ func (g *Guard) DialContext(ctx context.Context, network, addr string) (net.Conn
 			if err != nil {
 				return fmt.Errorf("dialing %q: %w", address, err)
 			}
-			if !explicit && Special(ap.Addr()) {
+			if explicit {
+				return nil
+			}
+			if Special(ap.Addr()) {
 				return &AddrError{Host: host, Addr: ap.Addr().Unmap()}
+			}
+			// Fails closed: an address not known not to be the host's
+			// own is not dialed.
+			own, err := ownAddr(ap.Addr())
+			if err != nil {
+				return err
+			}
+			if own {
+				return &AddrError{Host: host, Addr: ap.Addr().Unmap(), Own: true}
 			}
 			return nil
 		},

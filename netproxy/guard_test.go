@@ -17,6 +17,10 @@ func TestSpecial(t *testing.T) {
 		{"192.168.1.1", true}, {"169.254.169.254", true}, {"fe80::1", true}, {"fd00::1", true}, {"0.0.0.0", true},
 		{"::", true}, {"100.64.0.1", true}, {"100.100.100.200", true}, {"fd00:ec2::254", true}, {"224.0.0.1", true},
 		{"255.255.255.255", true}, {"::ffff:127.0.0.1", true}, {"::ffff:10.0.0.1", true}, {"64:ff9b::7f00:1", true},
+		{"192.0.2.2", true}, {"198.51.100.7", true}, {"203.0.113.9", true}, {"::ffff:203.0.113.9", true}, {"192.88.99.1", true},
+		{"64:ff9b:1::a00:1", true}, {"100::1", true}, {"2001::1", true}, {"2001:2::1", true}, {"2001:10::1", true},
+		{"2001:db8::1", true}, {"3fff::1", true}, {"5f00::1", true}, {"fec0::1", true},
+		{"192.0.3.1", false}, {"198.51.101.1", false}, {"2001:4860:4860::8888", false}, {"2a00:1450::1", false},
 		{"93.184.215.14", false}, {"2606:2800:21f:cb07:6820:80da:af6b:8b2c", false}, {"8.8.8.8", false}, {"::ffff:8.8.8.8", false},
 	}
 	for _, tt := range tests {
@@ -68,6 +72,64 @@ func TestGuardDial(t *testing.T) {
 		}
 		if !tt.ok && !errors.Is(err, ErrSpecialAddress) {
 			t.Errorf("%s: error %v is not ErrSpecialAddress", tt.host, err)
+		}
+	}
+}
+
+// TestGuardRefusesOwnAddresses: every address of this host's interfaces
+// is refused unless named explicitly, special or not: a service listening
+// on all interfaces is reached through them as through loopback. Before,
+// an address outside the special ranges (here eth0's) was dialed under *.
+func TestGuardRefusesOwnAddresses(t *testing.T) {
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ia := range ifaddrs {
+		n, ok := ia.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		a, _ := netip.AddrFromSlice(n.IP)
+		a = a.Unmap()
+		if own, err := ownAddr(a); !own || err != nil {
+			t.Errorf("ownAddr(%s) = %v, %v; want true", a, own, err)
+		}
+		if a.IsLinkLocalUnicast() {
+			continue // needs a zone to dial
+		}
+		for _, explicit := range []bool{false, true} {
+			g := &Guard{Explicit: func(string, int) bool { return explicit }}
+			c, err := g.DialContext(context.Background(), "tcp", net.JoinHostPort(a.String(), port))
+			if c != nil {
+				c.Close()
+			}
+			if explicit && err != nil {
+				t.Errorf("%s named explicitly: %v", a, err)
+			}
+			if !explicit && !errors.Is(err, ErrSpecialAddress) {
+				t.Errorf("%s under a wildcard: %v, want ErrSpecialAddress", a, err)
+			}
+		}
+	}
+	for _, a := range []string{"8.8.8.8", "2606:4700::1111"} {
+		if own, err := ownAddr(netip.MustParseAddr(a)); own || err != nil {
+			t.Errorf("ownAddr(%s) = %v, %v; want false", a, own, err)
 		}
 	}
 }

@@ -7,7 +7,9 @@
 //
 //   - CONNECT host:port — a TCP tunnel, used by clients for HTTPS (TLS runs
 //     end to end between the client and the origin; the proxy sees only the
-//     host name of the CONNECT line and the tunnelled byte counts);
+//     host name of the CONNECT line and the tunnelled byte counts, so the
+//     TLS server name and the Host inside the tunnel may name any site the
+//     allowed host's address serves: a CDN's other customers, say);
 //   - absolute-URI requests (GET http://host:port/path HTTP/1.1, any method)
 //     — plain HTTP, forwarded to the origin in origin form with
 //     "Connection: close", one request per client connection.
@@ -26,12 +28,27 @@
 // by reason, in Dropped. So a command cannot push the record of its real
 // connection out with a flood of refused ones.
 //
+// Each record keeps a bounded part of what a client or an origin sent: a
+// host longer than MaxHostBytes, or with a byte no host name has, is
+// refused (ReasonUnsupported); a method is cut to MaxMethodBytes and a
+// reason's detail (a quoted request line, an origin's error) to
+// MaxReasonDetail. The records Records returns stay within
+// Options.MaxRecordBytes of JSON (default 1 MiB): the refused ones first,
+// then the allowed ones in arrival order; the allowed requests beyond are
+// counted in Dropped with the bytes they relayed. (With the default
+// limits 100 refused records take at most about 220 KiB, and 1 MiB holds a few
+// thousand allowed records.)
+//
 // Options.ByteBudget bounds the bytes relayed through the proxy as a whole
 // (up + down, payload only: tunnelled bytes, the forwarded request and the
-// origin's response). The byte that would exceed the budget is never
-// relayed: the connection carrying it is cut, every other open connection
-// is closed too, and later requests are refused with 403. BudgetExceeded
-// reports it, so the caller can fail the call with budget_exceeded.
+// origin's response), and the DNS lookups the proxy makes for them, each
+// charged LookupCost (a name carries data to whoever serves its zone, even
+// one that does not resolve). The byte that would exceed the budget is
+// never relayed: the connection carrying it is cut, every other open
+// connection is closed too, and later requests are refused with 403; a
+// lookup the budget cannot pay for whole is not made, and its request is
+// refused with 403 (ReasonBudgetRefused). BudgetExceeded reports it, so
+// the caller can fail the call with budget_exceeded.
 //
 // Options.MaxConns bounds the client connections open at once (default
 // 64). The proxy accepts a connection only when one of those slots is
@@ -45,6 +62,14 @@
 // timeout) is retried after a pause doubling from 5 ms to 1 s; it never
 // ends Serve.
 //
+// The proxy runs in the kernel's process, so what it buffers for a client
+// is bounded: a request head (request line and header fields) of more than
+// Options.MaxHeaderBytes (default 64 KiB) is answered "431 Request Header
+// Fields Too Large" after reading that much of it, and recorded refused
+// with ReasonHeadTooLarge; an origin's response head of more than that is
+// answered 502, its record's reason saying so. Bodies and tunnels are
+// streamed, never buffered whole.
+//
 // Host names are resolved by the proxy (Options.Dial), never by the
 // sandboxed client, so the predicate sees the name the client asked for.
 // An SSRF guard on the dialed address (refusing loopback, private or
@@ -54,9 +79,11 @@ package netproxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -66,6 +93,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // Options configure a Proxy.
@@ -76,10 +104,15 @@ type Options struct {
 	Allow func(host string, port int) bool
 
 	// ByteBudget is the total number of payload bytes (both directions,
-	// all connections) the proxy relays; 0 means unlimited.
+	// all connections) the proxy relays, DNS lookups included at
+	// LookupCost each; 0 means unlimited.
 	ByteBudget int64
 
-	// Dial connects to the origin; nil uses a net.Dialer with DialTimeout.
+	// Dial connects to the origin; nil uses a Guard that refuses no
+	// address (Explicit always true) with DialTimeout. The proxy passes
+	// it a ctx with a lookup charge (WithLookupCharge) that takes the
+	// lookup's cost from ByteBudget, or refuses it when the budget cannot
+	// pay for all of it: a Guard charges it, another Dial may not.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	// DialTimeout bounds Dial (default 10 s).
@@ -87,6 +120,16 @@ type Options struct {
 
 	// HeaderTimeout bounds reading the client's request head (default 10 s).
 	HeaderTimeout time.Duration
+
+	// MaxHeaderBytes bounds a request head a client sends (request line
+	// and header fields, line ends included) and a response head an
+	// origin sends, as http.Server's MaxHeaderBytes bounds a request's
+	// (default 64 KiB, net.fetch's bound on a response head). A larger
+	// request head is answered 431 and recorded refused with
+	// ReasonHeadTooLarge; a larger response head is answered 502 and
+	// recorded with the reason "upstream: response head …". The proxy
+	// reads no further byte of it either way.
+	MaxHeaderBytes int
 
 	// MaxConns is the number of client connections handled at once
 	// (default 64); more wait, unaccepted, until one ends.
@@ -101,15 +144,37 @@ type Options struct {
 	// are kept (default 100); later refused requests are counted in
 	// Dropped instead.
 	MaxRefusedRecords int
+
+	// MaxRecordBytes bounds the records Records returns, as the sum of
+	// their JSON encodings' lengths (default 1 MiB): every refused
+	// request's record kept (MaxRefusedRecords) is returned, then the
+	// allowed ones in arrival order while the sum stays within the bound;
+	// later allowed ones are counted in Dropped (Drops.Allowed, with
+	// their bytes) instead.
+	MaxRecordBytes int
 }
+
+// Bounds of what one Record keeps of what a client or an origin sent.
+const (
+	// MaxHostBytes is the longest host a request may name: the longest
+	// DNS name. A longer host, or one with a byte that is not a letter,
+	// digit, '.', '-', '_', ':' or '%', is refused (ReasonUnsupported).
+	MaxHostBytes = 253
+	// MaxMethodBytes is the most of a request's method a Record keeps.
+	MaxMethodBytes = 32
+	// MaxReasonDetail is the most of a reason's detail (what follows the
+	// constant part and ": ") a Record keeps; a longer detail is cut at
+	// a UTF-8 boundary and ends with "…".
+	MaxReasonDetail = 256
+)
 
 // Record is one proxied request.
 type Record struct {
-	Host       string    `json:"host"`
+	Host       string    `json:"host"` // at most MaxHostBytes
 	Port       int       `json:"port"`
-	Method     string    `json:"method"` // CONNECT, or the plain-HTTP method
+	Method     string    `json:"method"` // CONNECT, or the plain-HTTP method (its first MaxMethodBytes)
 	Allowed    bool      `json:"allowed"`
-	Reason     string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally
+	Reason     string    `json:"reason,omitempty"` // why denied, or why the connection ended abnormally (detail cut at MaxReasonDetail)
 	BytesUp    int64     `json:"bytes_up"`         // client → origin
 	BytesDown  int64     `json:"bytes_down"`       // origin → client
 	Start      time.Time `json:"start"`
@@ -122,6 +187,7 @@ const (
 	ReasonBudget        = "net byte budget exceeded"
 	ReasonBudgetRefused = "net byte budget exhausted"
 	ReasonBadRequest    = "malformed proxy request"
+	ReasonHeadTooLarge  = "request head too large" // Options.MaxHeaderBytes
 	ReasonUnsupported   = "unsupported proxy request"
 	ReasonProxyClosed   = "proxy closed"
 	ReasonLimit         = "connection limit reached" // Options.MaxAllowed
@@ -171,6 +237,9 @@ func New(opts Options) *Proxy {
 	if opts.HeaderTimeout <= 0 {
 		opts.HeaderTimeout = 10 * time.Second
 	}
+	if opts.MaxHeaderBytes <= 0 {
+		opts.MaxHeaderBytes = 64 << 10
+	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 64
 	}
@@ -180,9 +249,12 @@ func New(opts Options) *Proxy {
 	if opts.MaxRefusedRecords <= 0 {
 		opts.MaxRefusedRecords = 100
 	}
+	if opts.MaxRecordBytes <= 0 {
+		opts.MaxRecordBytes = 1 << 20
+	}
 	if opts.Dial == nil {
-		d := &net.Dialer{Timeout: opts.DialTimeout}
-		opts.Dial = d.DialContext
+		g := &Guard{Explicit: func(string, int) bool { return true }, Timeout: opts.DialTimeout}
+		opts.Dial = g.DialContext
 	}
 	return &Proxy{opts: opts, listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
 		slots: make(chan struct{}, opts.MaxConns), done: make(chan struct{})}
@@ -330,18 +402,48 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// Records returns a copy of the records kept so far (every allowed
-// request's, the first MaxRefusedRecords refused ones'), in arrival order.
-// The byte counts of connections still open are their counts so far, and
-// their reason is the one already known: a connection cut (for the budget,
-// say) shows why at once, not only once its handler has finished.
+// Records returns a copy of the records kept so far, in arrival order:
+// the first MaxRefusedRecords refused requests', and the allowed requests'
+// within MaxRecordBytes. The byte counts of connections still open are
+// their counts so far, and their reason is the one already known: a
+// connection cut (for the budget, say) shows why at once, not only once
+// its handler has finished.
 func (p *Proxy) Records() []Record {
+	recs, _ := p.report()
+	return recs
+}
+
+// Drops counts the requests whose records Records does not return.
+type Drops struct {
+	// Total is the number of requests not itemised: the refused ones
+	// beyond Options.MaxRefusedRecords plus Allowed.
+	Total int `json:"total"`
+	// ByReason splits the refused ones of Total by the constant part of
+	// the reason the record would have had (ReasonDenied,
+	// ReasonBadRequest, … without the detail after ": "); nil when there
+	// are none.
+	ByReason map[string]int `json:"by_reason,omitempty"`
+	// Allowed is the number of allowed requests whose records did not
+	// fit in Options.MaxRecordBytes, and BytesUp and BytesDown the
+	// bytes they relayed.
+	Allowed   int   `json:"allowed,omitempty"`
+	BytesUp   int64 `json:"bytes_up,omitempty"`
+	BytesDown int64 `json:"bytes_down,omitempty"`
+}
+
+// Dropped counts the requests whose records Records does not return.
+func (p *Proxy) Dropped() Drops {
+	_, d := p.report()
+	return d
+}
+
+// report makes what Records and Dropped return.
+func (p *Proxy) report() ([]Record, Drops) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := append([]Record(nil), p.records...)
+	all := append([]Record(nil), p.records...)
 	for c := range p.conns {
-		if c.rec >= 0 && c.rec < len(out) {
-			r := &out[c.rec]
+		if c.rec >= 0 && c.rec < len(all) {
+			r := &all[c.rec]
 			r.BytesUp = c.up.Load()
 			r.BytesDown = c.down.Load()
 			if why := c.reason(); why != "" && r.Reason == "" {
@@ -349,24 +451,6 @@ func (p *Proxy) Records() []Record {
 			}
 		}
 	}
-	return out
-}
-
-// Drops counts the refused requests whose records were not kept
-// (Options.MaxRefusedRecords).
-type Drops struct {
-	Total int `json:"total"`
-	// ByReason splits Total by the constant part of the reason the record
-	// would have had (ReasonDenied, ReasonBadRequest, … without the detail
-	// after ": "); nil when Total is 0.
-	ByReason map[string]int `json:"by_reason,omitempty"`
-}
-
-// Dropped counts the refused requests whose records were not kept. Every
-// allowed request's record is kept.
-func (p *Proxy) Dropped() Drops {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	d := Drops{Total: p.drops.Total}
 	if d.Total > 0 {
 		d.ByReason = make(map[string]int, len(p.drops.ByReason))
@@ -374,15 +458,51 @@ func (p *Proxy) Dropped() Drops {
 			d.ByReason[k] = n
 		}
 	}
-	return d
+	p.mu.Unlock()
+
+	// The refused records are few (MaxRefusedRecords) and each bounded:
+	// they come first, so that a flood of allowed requests cannot push
+	// them out; the allowed ones share what is left, in arrival order.
+	size := func(r *Record) int {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return 0
+		}
+		return len(b) + 1 // the comma of the list
+	}
+	sizes := make([]int, len(all))
+	left := p.opts.MaxRecordBytes
+	for i := range all {
+		sizes[i] = size(&all[i])
+		if !all[i].Allowed {
+			left -= sizes[i]
+		}
+	}
+	out := all[:0]
+	for i, r := range all {
+		if r.Allowed {
+			if sizes[i] > left {
+				left = 0 // keep the arrival order: no later one either
+				d.Total++
+				d.Allowed++
+				d.BytesUp += r.BytesUp
+				d.BytesDown += r.BytesDown
+				continue
+			}
+			left -= sizes[i]
+		}
+		out = append(out, r)
+	}
+	return out, d
 }
 
 // Reached reports whether the proxy has connected a client to an origin
 // (a dial that succeeded): from then on the client may have acted there.
 func (p *Proxy) Reached() bool { return p.reached.Load() }
 
-// BytesUsed is the number of payload bytes relayed so far (never more than
-// a non-zero ByteBudget).
+// BytesUsed is the number of payload bytes relayed so far plus the cost
+// of the DNS lookups made (LookupCost), never more than a non-zero
+// ByteBudget.
 func (p *Proxy) BytesUsed() int64 { return p.used.Load() }
 
 // BudgetExceeded reports whether a connection was cut or refused because
@@ -410,6 +530,26 @@ func (p *Proxy) take(n int) int {
 		}
 		if p.used.CompareAndSwap(u, u+k) {
 			return int(k)
+		}
+	}
+}
+
+// spend takes n bytes of the budget for a DNS lookup, all or none: when
+// the budget cannot pay for all of them, nothing is taken, the budget is
+// marked exceeded and spend returns ErrBudget.
+func (p *Proxy) spend(n int64) error {
+	if p.opts.ByteBudget <= 0 {
+		p.used.Add(n)
+		return nil
+	}
+	for {
+		u := p.used.Load()
+		if u+n > p.opts.ByteBudget {
+			p.exceeded.Store(true)
+			return ErrBudget
+		}
+		if p.used.CompareAndSwap(u, u+n) {
+			return nil
 		}
 	}
 }
@@ -465,22 +605,28 @@ func (p *Proxy) admit(c *conn, r Record) bool {
 	return true
 }
 
-// refuseAddress turns c's admitted request into a refused one: the
-// dialer refused its host's addresses (err). An audit looking for refused
-// requests finds it there, not among the allowed ones with a failed dial.
-// It still counts against MaxAllowed, which bounds the dials (and DNS
-// lookups) one proxy makes and the records it keeps.
-func (p *Proxy) refuseAddress(c *conn, err error) {
+// refuse turns c's admitted request into a refused one: the dialer
+// refused its host's addresses (ReasonAddress), or the budget could not
+// pay for its DNS lookup (ReasonBudgetRefused). An audit looking for
+// refused requests finds it there, not among the allowed ones with a
+// failed dial. It still counts against MaxAllowed, which bounds the dials
+// (and DNS lookups) one proxy makes and the records it keeps.
+func (p *Proxy) refuse(c *conn, reason string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c.rec >= 0 && c.rec < len(p.records) {
 		r := &p.records[c.rec]
-		r.Allowed, r.Reason = false, ReasonAddress+": "+err.Error()
+		r.Allowed, r.Reason = false, clip(reason)
 	}
 }
 
-// keep appends r as the record of c; p.mu is held.
+// keep appends r as the record of c, within the bounds of a Record;
+// p.mu is held.
 func (p *Proxy) keep(c *conn, r Record) {
+	r.Reason = clip(r.Reason)
+	if len(r.Method) > MaxMethodBytes {
+		r.Method = r.Method[:MaxMethodBytes] // a token: ASCII
+	}
 	if !r.Allowed {
 		if p.refused >= p.opts.MaxRefusedRecords {
 			why, _, _ := strings.Cut(r.Reason, ": ")
@@ -495,6 +641,28 @@ func (p *Proxy) keep(c *conn, r Record) {
 	}
 	p.records = append(p.records, r)
 	c.rec = len(p.records) - 1
+}
+
+// clip cuts the detail of reason (what follows its constant part and
+// ": ") to MaxReasonDetail bytes: details quote what a client or an
+// origin sent (a malformed request line, a bad response), and a record
+// keeps only a bounded part of that.
+func clip(reason string) string {
+	why, detail, found := strings.Cut(reason, ": ")
+	if !found {
+		why, detail = "", reason
+	}
+	if len(detail) <= MaxReasonDetail {
+		return reason
+	}
+	n := MaxReasonDetail
+	for n > 0 && !utf8.RuneStart(detail[n]) {
+		n--
+	}
+	if !found {
+		return detail[:n] + "…"
+	}
+	return why + ": " + detail[:n] + "…"
 }
 
 // conn is one client connection and, once dialed, its origin connection.
@@ -555,22 +723,30 @@ func (c *conn) reason() string {
 func (c *conn) setReason(why string) {
 	c.mu.Lock()
 	if c.why == "" {
-		c.why = why
+		c.why = clip(why)
 	}
 	c.mu.Unlock()
 }
 
 func (p *Proxy) handle(c *conn) {
 	c.client.SetReadDeadline(time.Now().Add(p.opts.HeaderTimeout))
-	br := bufio.NewReader(c.client)
+	// http.ReadRequest has no limit of its own: the head is read through
+	// a limit, lifted once it is read, as http.Server does.
+	head := &io.LimitedReader{R: c.client, N: int64(p.opts.MaxHeaderBytes)}
+	br := bufio.NewReader(head)
 	req, err := http.ReadRequest(br)
 	if err != nil {
-		if !errors.Is(err, io.EOF) {
+		switch {
+		case head.N <= 0:
+			p.record(c, Record{Reason: fmt.Sprintf("%s: more than %d bytes", ReasonHeadTooLarge, p.opts.MaxHeaderBytes), Start: time.Now()})
+			reply(c.client, http.StatusRequestHeaderFieldsTooLarge, ReasonHeadTooLarge)
+		case !errors.Is(err, io.EOF):
 			p.record(c, Record{Method: "", Reason: ReasonBadRequest + ": " + err.Error(), Start: time.Now()})
 			reply(c.client, http.StatusBadRequest, ReasonBadRequest)
 		}
 		return
 	}
+	head.N = math.MaxInt64 // the body or the tunnel
 	c.client.SetReadDeadline(time.Time{})
 
 	host, port, perr := target(req)
@@ -598,13 +774,17 @@ func (p *Proxy) handle(c *conn) {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DialTimeout)
+	ctx, cancel := context.WithTimeout(WithLookupCharge(context.Background(), p.spend), p.opts.DialTimeout)
 	u, err := p.opts.Dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	cancel()
 	switch {
 	case errors.Is(err, ErrSpecialAddress):
-		p.refuseAddress(c, err)
+		p.refuse(c, ReasonAddress+": "+err.Error())
 		reply(c.client, http.StatusForbidden, ReasonAddress)
+		return
+	case errors.Is(err, ErrBudget):
+		p.refuse(c, ReasonBudgetRefused+": the DNS lookup of "+host+" costs more than is left")
+		reply(c.client, http.StatusForbidden, ReasonBudgetRefused)
 		return
 	case err != nil:
 		c.setReason(reasonDialPrefix + err.Error())
@@ -653,7 +833,9 @@ func target(req *http.Request) (string, int, error) {
 		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 	}
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if host == "" || strings.ContainsAny(host, " /\\@\x00") {
+	if host == "" || len(host) > MaxHostBytes || strings.IndexFunc(host, func(r rune) bool {
+		return !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || strings.ContainsRune(".-_:%", r))
+	}) >= 0 {
 		return "", 0, fmt.Errorf("bad host %q", host)
 	}
 	n, err := strconv.Atoi(port)
@@ -710,14 +892,21 @@ func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
 		}
 		return
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(up), req)
+	head := &io.LimitedReader{R: up, N: int64(p.opts.MaxHeaderBytes)}
+	resp, err := http.ReadResponse(bufio.NewReader(head), req)
 	if err != nil {
-		if !errors.Is(err, ErrBudget) {
+		switch {
+		case errors.Is(err, ErrBudget):
+		case head.N <= 0:
+			c.setReason(fmt.Sprintf("%sresponse head larger than %d bytes", reasonUpstreamPrefix, p.opts.MaxHeaderBytes))
+			reply(c.client, http.StatusBadGateway, "upstream response head too large")
+		default:
 			c.setReason(reasonUpstreamPrefix + err.Error())
 			reply(c.client, http.StatusBadGateway, "bad upstream response")
 		}
 		return
 	}
+	head.N = math.MaxInt64 // the body
 	defer resp.Body.Close()
 	resp.Close = true
 	if err := resp.Write(c.client); err != nil && !errors.Is(err, ErrBudget) && !errors.Is(err, net.ErrClosed) {

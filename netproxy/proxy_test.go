@@ -21,10 +21,17 @@ import (
 	"github.com/capkernel/capkernel/netproxy"
 )
 
-// origin serves a body of n bytes at /size/<n> and echoes the Host header
-// and the request URI at /echo.
+// origin serves a body of n bytes at /size/<n>, a header field of n
+// bytes at /head/<n>, and echoes the Host header and the request URI at
+// /echo.
 func origin() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s, ok := strings.CutPrefix(r.URL.Path, "/head/"); ok {
+			n, _ := strconv.Atoi(s)
+			w.Header().Set("X-Pad", strings.Repeat("h", n))
+			fmt.Fprint(w, "head")
+			return
+		}
 		if s, ok := strings.CutPrefix(r.URL.Path, "/size/"); ok {
 			n, _ := strconv.Atoi(s)
 			w.Header().Set("Content-Length", strconv.Itoa(n))

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capkernel/capkernel/netproxy"
 )
@@ -128,11 +129,18 @@ func (f *fetchSys) Definition() Definition {
 	}
 }
 
-// countingConn counts the bytes a connection carries.
+// countingConn counts the bytes a connection carries. A capped one
+// sends nothing of a write that would take the count past limit, and
+// fails it with errNetBudget.
 type countingConn struct {
 	net.Conn
-	n *atomic.Int64
+	n      *atomic.Int64
+	capped bool
+	limit  int64
 }
+
+// errNetBudget is what a capped countingConn's refused write returns.
+var errNetBudget = fail(FailBudget, "budget net_bytes: a redirect would send past what is left")
 
 func (c countingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
@@ -141,6 +149,9 @@ func (c countingConn) Read(b []byte) (int, error) {
 }
 
 func (c countingConn) Write(b []byte) (int, error) {
+	if c.capped && c.n.Load()+int64(len(b)) > c.limit {
+		return 0, errNetBudget
+	}
 	n, err := c.Conn.Write(b)
 	c.n.Add(int64(n))
 	return n, err
@@ -184,19 +195,36 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if limited && left-int64(len(body)) < limit {
 		limit = left - int64(len(body))
 	}
-	// Wire bytes (headers included) are counted; net_bytes is charged
-	// with them, whatever the outcome.
-	var wire atomic.Int64
-	defer func() { c.Charge(BudgetNetBytes, wire.Load()) }()
+	// Wire bytes (headers included) are counted, and each DNS lookup
+	// costs netproxy.LookupCost (the name goes to the resolver, resolved
+	// or not); net_bytes is charged with both, whatever the outcome.
+	var wire, dns atomic.Int64
+	defer func() { c.Charge(BudgetNetBytes, wire.Load()+dns.Load()) }()
+	lookup := func(n int64) error {
+		if spent := wire.Load() + dns.Load(); limited && spent+n > left {
+			return fail(FailBudget, "budget net_bytes: a DNS lookup costs %d, %d of %d are spent", n, spent, left)
+		}
+		dns.Add(n)
+		return nil
+	}
 	guard := &netproxy.Guard{Explicit: g.NamesHost, Lookup: f.o.Lookup, Timeout: timeout}
+	var dials atomic.Int32
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := guard.DialContext(ctx, network, addr)
+			conn, err := guard.DialContext(netproxy.WithLookupCharge(ctx, lookup), network, addr)
 			if err != nil {
 				return nil, err
 			}
-			return countingConn{Conn: conn, n: &wire}, nil
+			cc := countingConn{Conn: conn, n: &wire}
+			if limited && dials.Add(1) > 1 {
+				// Only the first request may overdraw the budget (by
+				// its head: its size is known once it is sent); a
+				// redirect's hop (one connection each) sends nothing
+				// past it.
+				cc.capped, cc.limit = true, left-dns.Load()
+			}
+			return cc, nil
 		},
 		TLSClientConfig:        f.o.TLS,
 		DisableKeepAlives:      true,
@@ -218,7 +246,9 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if hp, err := target(first); err == nil {
 		trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: method})
 	}
-	defer func() { c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load()}) }()
+	defer func() {
+		c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load(), "dns_bytes": dns.Load()})
+	}()
 	client := &http.Client{
 		Transport: tr,
 		Timeout:   timeout,
@@ -231,11 +261,22 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			}
 			hp, err := target(req.URL)
 			if err != nil {
-				return fail(FailScope, "redirect to %s: %v", req.URL.Redacted(), err)
+				return fail(FailScope, "redirect to %s: %v", clipURL(req.URL.Redacted()), err)
+			}
+			if len(hp.Host) > netproxy.MaxHostBytes {
+				// No DNS name is longer; the record keeps hosts short.
+				trail = append(trail, hop{Host: hp.Host[:netproxy.MaxHostBytes], Port: hp.Port, Method: req.Method, Reason: "host name too long"})
+				return fail(FailScope, "redirect to a host name of %d bytes (at most %d)", len(hp.Host), netproxy.MaxHostBytes)
 			}
 			if !g.AllowsHost(hp.Host, hp.Port) {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "host not allowed"})
-				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", req.URL.Redacted(), hp.Host, hp.Port)
+				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", clipURL(req.URL.Redacted()), hp.Host, hp.Port)
+			}
+			// A 307 or 308 re-sends the body: the hop goes only if it
+			// and a byte of its head fit in what is left.
+			if spent, body := wire.Load()+dns.Load(), max(req.ContentLength, 0); limited && spent+body >= left {
+				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "net_bytes budget"})
+				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", clipURL(req.URL.Redacted()), spent, left, body)
 			}
 			trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method})
 			hops = append(hops, req.URL.Redacted())
@@ -260,6 +301,13 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		req.Header.Set(k, s)
 	}
 	resp, err := client.Do(req)
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		// A redirect's error names its Location, as long as an origin
+		// makes it (up to the 64 KiB of a response head): the messages
+		// and the record keep its start.
+		ue.URL = clipURL(ue.URL)
+	}
 	if err != nil && len(trail) > 0 && trail[len(trail)-1].Reason == "" {
 		trail[len(trail)-1].Reason = err.Error()
 	}
@@ -309,10 +357,27 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	}
 	out := map[string]any{
 		"status": resp.StatusCode, "headers": headers, "truncated": truncated, "final_url": resp.Request.URL.Redacted(),
-		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": wire.Load(),
+		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": wire.Load() + dns.Load(),
 	}
 	putText(out, "body", data)
 	return output(out)
+}
+
+// maxURLText is the most of a URL that net.fetch's messages and record
+// keep.
+const maxURLText = 1024
+
+// clipURL cuts u to maxURLText bytes (at a UTF-8 boundary), marking the
+// cut with "…".
+func clipURL(u string) string {
+	if len(u) <= maxURLText {
+		return u
+	}
+	n := maxURLText
+	for n > 0 && !utf8.RuneStart(u[n]) {
+		n--
+	}
+	return u[:n] + "…"
 }
 
 // RegisterFetch registers net.fetch with o (defaults filled in).
