@@ -376,7 +376,7 @@ func proveReceipt(ctx context.Context, h history, r *receipts.Receipt, pub ed255
 		return fmt.Sprintf("the proof is for entry %d (%s) in a tree of %d; the receipt names entry %d (%s), the checkpoint %d entries",
 			p.LeafIndex, p.LeafHash, p.TreeSize, r.LedgerSeq, r.LedgerEntryHash, cp.Size)
 	}
-	if err := p.Inclusion.Verify(cp.Root); err != nil {
+	if err := p.Inclusion.VerifyAt(r.LedgerSeq, cp.Size, cp.Root); err != nil {
 		return err.Error()
 	}
 	return fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d, %d hashes)", r.LedgerSeq, cp.Origin, cp.Size, len(p.Proof))
