@@ -337,19 +337,25 @@ func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger
 			return err
 		}
 	} else {
-		id := check.ReceiptID
-		if id == "" {
+		// The id of a receipt that did not verify, and the messages that
+		// quote it, are what its author chose: each value is one cell of
+		// terminal-safe text, so that a forged receipt can neither print
+		// lines of its own nor hide the verdict (ESC [ 8 m).
+		w := terminalSafe{cmd.OutOrStdout()}
+		id := cell(check.ReceiptID)
+		switch {
+		case check.ReceiptID == "":
 			id = "(no id: none could be read from it)"
+		case !strings.HasPrefix(check.Signature, "ok"):
+			id += " (claimed: not verified)"
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", id, check.Signature, check.LedgerMatch)
-		if check.Inclusion != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), "inclusion:    %s\n", check.Inclusion)
-		}
-		if check.Envelope != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), "envelope:     %s\n", check.Envelope)
-		}
-		if check.Commitments != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), "commitments:  %s\n", check.Commitments)
+		fmt.Fprintf(w, "receipt %s\nsignature:    %s\nledger match: %s\n", id, cell(check.Signature), cell(check.LedgerMatch))
+		for _, l := range []struct{ name, value string }{
+			{"inclusion:   ", check.Inclusion}, {"envelope:    ", check.Envelope}, {"commitments: ", check.Commitments},
+		} {
+			if l.value != "" {
+				fmt.Fprintf(w, "%s %s\n", l.name, cell(l.value))
+			}
 		}
 	}
 	if !check.ok(needLedger, needInclusion) {
