@@ -316,7 +316,8 @@ func receiptCases() []Case {
 			if status != 200 {
 				t.Failf("GET /v1/receipts/%s/bundle: %d", rc.ReceiptID, status)
 			}
-			e, err := verifyLogged(b, t.JWKS())
+			_, doc := t.jwks()
+			e, err := verifyLogged(b, doc)
 			if err != nil {
 				t.Failf("bundle: %v", err)
 			}
@@ -333,7 +334,8 @@ func receiptCases() []Case {
 			}
 			l.Entry = strings.Replace(l.Entry, `"tx_outcome":"no_op"`, `"tx_outcome":"committed"`, 1)
 			forged, _ := json.Marshal(l)
-			if _, err := verifyLogged(forged, t.JWKS()); err == nil {
+			_, doc := t.jwks()
+			if _, err := verifyLogged(forged, doc); err == nil {
 				t.Failf("an altered receipt verified")
 			}
 		}),

@@ -327,6 +327,7 @@ type env struct {
 	mu              sync.Mutex
 	tokens          map[string]*Token
 	jwks            map[string]ed25519.PublicKey
+	jwksDoc         []byte // the JWKS document jwks was read from
 }
 
 // setup checks the endpoint can be used and prepares what the cases
