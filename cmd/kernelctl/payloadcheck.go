@@ -87,7 +87,7 @@ func checkEnvelope(res *kernel.Result, argsFile string) (match, commitments stri
 		return err.Error(), "not checked"
 	}
 	if err := exactNumbers(res); err != nil {
-		return "refused: " + err.Error(), "not checked (the envelope holds a number it does not commit to)"
+		return "refused: " + err.Error(), "not checked (the envelope holds a number that canonical JSON rounds, which no commitment tells from the rounded one)"
 	}
 	part := kernel.ResultPart(res)
 	return matchEnvelope(res, c, part), openEnvelope(res, c, e, part, argsFile)
