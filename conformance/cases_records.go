@@ -261,7 +261,7 @@ func recordCases() []Case {
 func receiptCases() []Case {
 	c := func(id, title string, fn func(*T)) Case { return mk(id, gReceipt, cReceipt, title, fn) }
 	return []Case{
-		c("DESIGN-RCPT-001", "the JWKS publishes Ed25519 keys (OKP, EdDSA) whose kid is the RFC 7638 thumbprint, and no private part", func(t *T) {
+		c("DESIGN-RCPT-001", "the JWKS publishes Ed25519 signature keys by the rule of docs/formats.md: strict JSON, x canonical, kid the RFC 7638 thumbprint, no private part, no kid twice", func(t *T) {
 			if len(t.JWKS()) == 0 {
 				t.Failf("no key")
 			}
