@@ -261,7 +261,7 @@ func recordCases() []Case {
 func receiptCases() []Case {
 	c := func(id, title string, fn func(*T)) Case { return mk(id, gReceipt, cReceipt, title, fn) }
 	return []Case{
-		c("DESIGN-RCPT-001", "the JWKS publishes Ed25519 keys (OKP, EdDSA) whose kid is the RFC 7638 thumbprint, and no private part", func(t *T) {
+		c("DESIGN-RCPT-001", "the JWKS publishes Ed25519 signature keys by the rule of docs/formats.md: strict JSON, x canonical, kid the RFC 7638 thumbprint, no private part, no kid twice", func(t *T) {
 			if len(t.JWKS()) == 0 {
 				t.Failf("no key")
 			}
@@ -316,7 +316,8 @@ func receiptCases() []Case {
 			if status != 200 {
 				t.Failf("GET /v1/receipts/%s/bundle: %d", rc.ReceiptID, status)
 			}
-			e, err := verifyLogged(b, t.JWKS())
+			_, doc := t.jwks()
+			e, err := verifyLogged(b, doc)
 			if err != nil {
 				t.Failf("bundle: %v", err)
 			}
@@ -333,7 +334,8 @@ func receiptCases() []Case {
 			}
 			l.Entry = strings.Replace(l.Entry, `"tx_outcome":"no_op"`, `"tx_outcome":"committed"`, 1)
 			forged, _ := json.Marshal(l)
-			if _, err := verifyLogged(forged, t.JWKS()); err == nil {
+			_, doc := t.jwks()
+			if _, err := verifyLogged(forged, doc); err == nil {
 				t.Failf("an altered receipt verified")
 			}
 		}),

@@ -38,7 +38,7 @@ import (
 // Version names the suite's version; a Report carries it so results say
 // what they were run against. It changes whenever a case is added,
 // removed or changes what it checks.
-const Version = "capkernel-conformance/1.0.0"
+const Version = "capkernel-conformance/1.1.0"
 
 // Config says where and what to run.
 type Config struct {
@@ -327,6 +327,7 @@ type env struct {
 	mu              sync.Mutex
 	tokens          map[string]*Token
 	jwks            map[string]ed25519.PublicKey
+	jwksDoc         []byte // the JWKS document jwks was read from
 }
 
 // setup checks the endpoint can be used and prepares what the cases

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // The suite's own receipt verification against the receipts package's
@@ -30,11 +31,7 @@ func TestVerifyReceiptGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := parseJWKS(jwks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e, err := verifyLogged(raw, keys); err != nil || e.Kind != "audit" {
+	if e, err := verifyLogged(raw, jwks); err != nil || e.Kind != "audit" {
 		t.Fatalf("golden receipt: %v", err)
 	}
 	var l LoggedReceipt
@@ -55,11 +52,11 @@ func TestVerifyReceiptGolden(t *testing.T) {
 		m.Inclusion.Proof = append([]string(nil), l.Inclusion.Proof...)
 		edit(&m)
 		b, _ := json.Marshal(m)
-		if _, err := verifyLogged(b, keys); err == nil {
+		if _, err := verifyLogged(b, jwks); err == nil {
 			t.Errorf("%s: verified", name)
 		}
 	}
-	if _, err := parseJWKS(bytes.Replace(jwks, []byte(`"kid":"k`), []byte(`"kid":"X`), 1)); err == nil {
+	if _, err := receipts.SignatureKeys(bytes.Replace(jwks, []byte(`"kid":"k`), []byte(`"kid":"X`), 1)); err == nil {
 		t.Error("a JWKS whose kid is not the thumbprint was accepted")
 	}
 }

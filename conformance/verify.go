@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/base64"
@@ -20,6 +19,7 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/receipts"
 )
 
 // The closed sets of DESIGN.md.
@@ -164,67 +164,41 @@ func argsHash(args any) string {
 	return digest.Sum(c)
 }
 
-// ---- JWKS and receipts (docs/formats.md "Receipts"), verified with
-// crypto/ed25519 alone.
+// ---- JWKS and receipts (docs/formats.md "Receipts"), verified by the
+// contract's rules with the JWKS alone (receipts.SignatureKeys and
+// receipts.VerifyLogged, pure functions of the JWKS and the receipt), so
+// that what the suite accepts is what every verifier accepts.
 
-// JWKS fetches the endpoint's JWK Set and returns its Ed25519 keys by kid,
-// checking each kid is the key's RFC 7638 thumbprint.
+// JWKS fetches the endpoint's JWK Set and returns its Ed25519 signature
+// keys by kid, read by the rule of docs/formats.md ("The kernel's JWKS"):
+// strict JSON, each Ed25519 signature key well formed (x canonical
+// base64url of 32 bytes, kid its RFC 7638 thumbprint, no d) and no kid
+// twice.
 func (t *T) JWKS() map[string]ed25519.PublicKey {
+	keys, _ := t.jwks()
+	return keys
+}
+
+// jwks returns the endpoint's JWKS keys and the document they come from.
+func (t *T) jwks() (map[string]ed25519.PublicKey, []byte) {
 	t.env.mu.Lock()
-	keys := t.env.jwks
+	keys, doc := t.env.jwks, t.env.jwksDoc
 	t.env.mu.Unlock()
 	if keys != nil {
-		return keys
+		return keys, doc
 	}
 	status, b := t.Get("/.well-known/jwks.json", "")
 	if status != http.StatusOK {
 		t.Failf("GET /.well-known/jwks.json: %d", status)
 	}
-	keys, err := parseJWKS(b)
+	keys, err := receipts.SignatureKeys(b)
 	if err != nil {
 		t.Failf("JWKS: %v", err)
 	}
 	t.env.mu.Lock()
-	t.env.jwks = keys
+	t.env.jwks, t.env.jwksDoc = keys, b
 	t.env.mu.Unlock()
-	return keys
-}
-
-func parseJWKS(b []byte) (map[string]ed25519.PublicKey, error) {
-	var set struct {
-		Keys []map[string]any `json:"keys"`
-	}
-	if err := json.Unmarshal(b, &set); err != nil {
-		return nil, err
-	}
-	keys := map[string]ed25519.PublicKey{}
-	for _, k := range set.Keys {
-		kty, _ := k["kty"].(string)
-		crv, _ := k["crv"].(string)
-		x, _ := k["x"].(string)
-		kid, _ := k["kid"].(string)
-		if kty != "OKP" || crv != "Ed25519" {
-			continue
-		}
-		if alg, ok := k["alg"].(string); ok && alg != "EdDSA" {
-			return nil, fmt.Errorf("key %s: alg %q, want EdDSA", kid, alg)
-		}
-		if _, hasD := k["d"]; hasD {
-			return nil, fmt.Errorf("key %s publishes its private part", kid)
-		}
-		pub, err := base64.RawURLEncoding.DecodeString(x)
-		if err != nil || len(pub) != ed25519.PublicKeySize {
-			return nil, fmt.Errorf("key %s: x is not a base64url Ed25519 public key", kid)
-		}
-		if want := thumbprint(x); kid != want {
-			return nil, fmt.Errorf("key kid %q is not its RFC 7638 thumbprint %q", kid, want)
-		}
-		keys[kid] = ed25519.PublicKey(pub)
-	}
-	if len(keys) == 0 {
-		return nil, errors.New("no OKP/Ed25519 key")
-	}
-	return keys, nil
+	return keys, b
 }
 
 func thumbprint(x string) string {
@@ -260,7 +234,8 @@ type Receipt struct {
 	IssuedAt          string  `json:"-"`
 }
 
-// LoggedReceipt is a receipt proven by the log (capkernel-receipt/v2).
+// LoggedReceipt is a receipt proven by the log (capkernel-receipt/v2), as
+// the cases edit one.
 type LoggedReceipt struct {
 	Format     string         `json:"format"`
 	Entry      string         `json:"entry"`
@@ -268,40 +243,25 @@ type LoggedReceipt struct {
 	Checkpoint string         `json:"checkpoint"`
 }
 
-// verifyLogged checks a receipt proven by the log with the JWKS keys
-// alone: the exact members, the entry's canonical bytes and hash, the
-// checkpoint's signature by a published key, and the inclusion proof.
-func verifyLogged(raw []byte, keys map[string]ed25519.PublicKey) (ledger.Entry, error) {
-	var l LoggedReceipt
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&l); err != nil {
+// verifyLogged checks a receipt proven by the log with the JWKS document
+// jwks alone, by every rule of docs/formats.md (receipts.VerifyLogged):
+// the exact members (no unknown, duplicate, case-variant, missing or null
+// one), the entry's canonical bytes, hash and receipt fields, the
+// checkpoint's signature by a JWKS signature key and its size, and the
+// inclusion proof. It returns the audit entry.
+func verifyLogged(raw, jwks []byte) (ledger.Entry, error) {
+	p, err := receipts.VerifyLogged(raw, jwks)
+	if err != nil {
 		return ledger.Entry{}, err
 	}
-	if l.Format != "capkernel-receipt/v2" {
-		return ledger.Entry{}, fmt.Errorf("format %q, want capkernel-receipt/v2", l.Format)
-	}
-	e, err := ledger.ParseEntry([]byte(l.Entry))
-	if err != nil {
-		return e, err
-	}
-	if e.Kind != "audit" {
-		return e, fmt.Errorf("the receipt's entry %d is of kind %q, want audit", e.Seq, e.Kind)
-	}
-	c, _, err := openNote(l.Checkpoint, keys)
-	if err != nil {
-		return e, fmt.Errorf("checkpoint: %v", err)
-	}
-	if err := verifyInclusion(l.Inclusion, Entry{Seq: e.Seq, Hash: e.Hash}, c); err != nil {
-		return e, fmt.Errorf("inclusion: %v", err)
-	}
-	return e, nil
+	return p.Entry, nil
 }
 
 // VerifyReceipt checks r's receipt against the JWKS and its fields against
 // the result envelope, and returns what it attests.
 func (t *T) VerifyReceipt(r *Resp) *Receipt {
-	e, err := verifyLogged(r.R.Receipt, t.JWKS())
+	_, doc := t.jwks()
+	e, err := verifyLogged(r.R.Receipt, doc)
 	if err != nil {
 		t.Failf("receipt: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -73,6 +74,18 @@ func appendField(b []byte, s string) []byte {
 
 var errCheckpointTruncated = errors.New("undecodable checkpoint: truncated")
 
+// maxNoteSignatures is the most signatures a note may carry (note.Open
+// refuses more).
+const maxNoteSignatures = 100
+
+// maxUnpackedCheckpoint bounds the note a packed value of n bytes unpacks
+// to. A signature whose name is empty stands for the origin, so without a
+// bound 2 bytes of a damaged value could stand for a whole origin each (a
+// 1 MB value for ~125 GB). Every note the kernel writes unpacks to less
+// than twice its packed size, and so does any note of up to three
+// signatures under the origin's name or any number under other names.
+func maxUnpackedCheckpoint(n int) int { return 4*n + 256 }
+
 // loadCheckpoint returns the signed note of the stored value v: every
 // reader of the checkpoint bucket goes through it. A packed value that
 // does not decode is an error (damaged or tampered with).
@@ -104,7 +117,11 @@ func loadCheckpoint(v []byte) ([]byte, error) {
 	if k <= 0 || nsig > uint64(len(r)) {
 		return nil, errCheckpointTruncated
 	}
+	if nsig > maxNoteSignatures {
+		return nil, fmt.Errorf("undecodable checkpoint: %d signatures, more than a note holds (%d)", nsig, maxNoteSignatures)
+	}
 	r = r[k:]
+	limit := maxUnpackedCheckpoint(len(v))
 	out := make([]byte, 0, 2*len(v)+64)
 	out = append(out, origin...)
 	out = append(out, '\n')
@@ -123,6 +140,9 @@ func loadCheckpoint(v []byte) ([]byte, error) {
 		}
 		if len(name) == 0 {
 			name = origin
+		}
+		if len(out)+len(name)+base64.StdEncoding.EncodedLen(len(sig))+len("— \n ") > limit {
+			return nil, fmt.Errorf("undecodable checkpoint: unpacks to more than %d bytes out of %d", limit, len(v))
 		}
 		out = append(out, "— "...)
 		out = append(out, name...)

@@ -58,7 +58,9 @@ func ProveConsistency(tx *bbolt.Tx, size1, size2 uint64) (Consistency, error) {
 }
 
 // Verify checks the proof against root, the trusted root of the tree of
-// TreeSize entries.
+// TreeSize entries. It trusts the proof's own LeafIndex and TreeSize: a
+// caller that asked for a given entry or tree size uses VerifyAt, or a
+// proof of another entry, under another root, passes.
 func (in Inclusion) Verify(root [32]byte) error {
 	leaf, err := digest.Parse(in.LeafHash)
 	if err != nil {
@@ -71,14 +73,40 @@ func (in Inclusion) Verify(root [32]byte) error {
 	return VerifyInclusion(in.LeafIndex, in.TreeSize, leaf, p, root)
 }
 
+// VerifyAt checks that the proof is of entry index in the tree of size
+// entries, the ones the caller asked for, and verifies it against root,
+// the trusted root of that tree. A proof of another entry or tree size is
+// refused, whatever its hashes.
+func (in Inclusion) VerifyAt(index, size uint64, root [32]byte) error {
+	if in.LeafIndex != index || in.TreeSize != size {
+		return fmt.Errorf("ledger: inclusion proof of entry %d in the tree of %d entries asked for, the proof is of entry %d in the tree of %d", index, size, in.LeafIndex, in.TreeSize)
+	}
+	return in.Verify(root)
+}
+
 // Verify checks the proof against root1 and root2, the trusted roots of the
-// trees of Size1 and Size2 entries.
+// trees of Size1 and Size2 entries. It trusts the proof's own sizes: a
+// caller that holds roots of given sizes uses VerifySizes, or a proof
+// between other sizes (read with root1 as an inner node) passes.
 func (c Consistency) Verify(root1, root2 [32]byte) error {
 	p, err := parseHashes(c.Proof)
 	if err != nil {
 		return fmt.Errorf("ledger: consistency proof from tree size %d to %d: %w", c.Size1, c.Size2, err)
 	}
 	return VerifyConsistency(c.Size1, c.Size2, p, root1, root2)
+}
+
+// VerifySizes checks that the proof is from the tree of size1 entries to
+// that of size2, the sizes whose roots the caller trusts, and verifies it
+// against root1 and root2, those roots. A proof between other sizes is
+// refused, whatever its hashes: it would prove that root1 is some inner
+// node of the tree of root2, not that the tree of size1 entries is a
+// prefix of it.
+func (c Consistency) VerifySizes(size1, size2 uint64, root1, root2 [32]byte) error {
+	if c.Size1 != size1 || c.Size2 != size2 {
+		return fmt.Errorf("ledger: consistency proof from tree size %d to %d asked for, the proof is from %d to %d", size1, size2, c.Size1, c.Size2)
+	}
+	return c.Verify(root1, root2)
 }
 
 // maxProofHashes bounds a proof in wire form: no tree below 2^64 entries

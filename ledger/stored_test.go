@@ -342,8 +342,8 @@ func TestCheckpointsArePacked(t *testing.T) {
 }
 
 // FuzzCheckpointPack: loadCheckpoint(packCheckpoint(b)) == b for every b,
-// and loadCheckpoint of any bytes returns a note or an error, never a
-// panic.
+// and loadCheckpoint of any bytes returns a note of at most
+// maxUnpackedCheckpoint bytes or an error, never a panic.
 func FuzzCheckpointPack(f *testing.F) {
 	f.Add([]byte("ck-1\n7\nmuF48J0v7EsmEvBavYHobWzmJ3dJVoHgnimWy08IOEE=\n\n— ck-1 ybj+YkBRkdFuWdBELN6BeHGkUmeN3oYtuiuQF8Q/z7G93pfiAfWc6lXt5F2ZecFeW5KiFvMh84XOJmiRHoI3ghvlDwY=\n"))
 	f.Add([]byte("o\n0\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n\n— a AAAA\n— b AAAA\n"))
@@ -356,6 +356,8 @@ func FuzzCheckpointPack(f *testing.F) {
 				t.Fatalf("loadCheckpoint(packCheckpoint(%q)) = %q, %v", b, back, err)
 			}
 		}
-		loadCheckpoint(b)
+		if out, err := loadCheckpoint(b); err == nil && len(b) > 0 && b[0] == checkpointTag && len(out) > maxUnpackedCheckpoint(len(b)) {
+			t.Fatalf("loadCheckpoint(%q): %d bytes out of %d", b, len(out), len(b))
+		}
 	})
 }

@@ -41,7 +41,9 @@ func parseHeader(enc []byte) (header, error) {
 	case !isBase64URL(h.Kid):
 		return header{}, fmt.Errorf("kid %q is not a JWK thumbprint", h.Kid)
 	case string(raw) != string(h.canonical()):
-		return header{}, fmt.Errorf("header %s has parameters other than alg, kid and typ, or is not canonical JSON", raw)
+		// Quoted: the header's strings may hold bidirectional or C1
+		// characters, and the message reaches terminals.
+		return header{}, fmt.Errorf("header %q has parameters other than alg, kid and typ, or is not canonical JSON", raw)
 	}
 	return h, nil
 }

@@ -108,6 +108,22 @@ func PublicKey(jwks []byte) (ed25519.PublicKey, error) {
 	return keys[0].pub, nil
 }
 
+// SignatureKeys returns the Ed25519 signature keys of a JWKS document by
+// kid, read by the rule of docs/formats.md ("The kernel's JWKS") that
+// VerifyLogged applies (signatureKeys): an error for a document the rule
+// refuses, else at least one key.
+func SignatureKeys(jwks []byte) (map[string]ed25519.PublicKey, error) {
+	keys, err := signatureKeys(jwks)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: %w", err)
+	}
+	out := make(map[string]ed25519.PublicKey, len(keys))
+	for _, k := range keys {
+		out[k.kid] = k.pub
+	}
+	return out, nil
+}
+
 // jwksKey is an Ed25519 signature key of a JWKS document.
 type jwksKey struct {
 	kid string

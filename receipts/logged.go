@@ -69,7 +69,7 @@ func ParseID(id string) (seq uint64, hashPrefix string, ok bool) {
 // must be of its type (null reads as none), others are ignored.
 func Summarize(e ledger.Entry) (*Receipt, error) {
 	if e.Kind != ledger.KindAudit {
-		return nil, fmt.Errorf("receipts: entry %d is a %s entry, not an audit record", e.Seq, e.Kind)
+		return nil, fmt.Errorf("receipts: entry %d is a %q entry, not an audit record", e.Seq, e.Kind)
 	}
 	var r Receipt
 	// encoding/json/v2: names match exactly ("TOOL_ID" is not tool_id), as
@@ -181,7 +181,7 @@ func verifyLogged(raw, jwks []byte) (*Proven, error) {
 	case in.LeafIndex != e.Seq:
 		return nil, fmt.Errorf("the proof is for entry %d, the receipt's entry is %d", in.LeafIndex, e.Seq)
 	case in.LeafHash != e.Hash:
-		return nil, fmt.Errorf("the proof's leaf is %s, the entry hash is %s", in.LeafHash, e.Hash)
+		return nil, fmt.Errorf("the proof's leaf is %q, the entry hash is %s", in.LeafHash, e.Hash)
 	case in.TreeSize != cp.Size:
 		return nil, fmt.Errorf("the proof is for a tree of %d entries, the checkpoint's has %d", in.TreeSize, cp.Size)
 	}

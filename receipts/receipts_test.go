@@ -261,6 +261,10 @@ func TestVerifyRefuses(t *testing.T) {
 		{"missing kid", forge(`{"alg":"EdDSA","typ":"`+Type+`"}`, payload, key), set, `kid ""`},
 		{"crit header", forge(`{"alg":"EdDSA","crit":["exp"],"exp":1,"kid":"`+kid+`","typ":"`+Type+`"}`, payload, key), set, "parameters other than"},
 		{"embedded jwk header", forge(`{"alg":"EdDSA","jwk":{"crv":"Ed25519","kty":"OKP","x":"`+b64.EncodeToString(otherPub)+`"},"kid":"`+kid+`","typ":"`+Type+`"}`, payload, key), set, "parameters other than"},
+		// The header is quoted in the error: raw bidirectional or C1
+		// characters in its strings (valid JSON) reach no terminal
+		// (review rev-verify, parseHeader).
+		{"header with raw bidi and C1 characters", forge(`{"alg":"EdDSA","kid":"`+kid+`","typ":"`+Type+`","x":"`+"\u202e\u009b8m"+`"}`, payload, key), set, `\"x\":\"\u202e\u009b8m\"}"`},
 		{"header with whitespace", forge(`{"alg":"EdDSA", "kid":"`+kid+`","typ":"`+Type+`"}`, payload, key), set, "not canonical"},
 		{"unknown payload field", forge(hdr("EdDSA", Type), canonicalPlus(func(m map[string]any) { m["admin"] = true }), key), set, "unknown field"},
 		{"missing payload field", forge(hdr("EdDSA", Type), canonicalPlus(func(m map[string]any) { delete(m, "ledger_seq") }), key), set, "not the canonical JSON"},

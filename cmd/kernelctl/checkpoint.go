@@ -180,7 +180,7 @@ func signedRootAt(ctx context.Context, h history, pub ed25519.PublicKey, size ui
 		if err != nil {
 			return cp, err
 		}
-		if err := p.Verify(r, cp.Root); err != nil {
+		if err := p.VerifySizes(size, cp.Size, r, cp.Root); err != nil {
 			return cp, fmt.Errorf("the root of size %d is not consistent with the signed checkpoint of size %d: %w", size, cp.Size, err)
 		}
 	}
@@ -213,12 +213,18 @@ consistent with the latest signed checkpoint. Exit 1 if anything fails.`,
 			if err != nil {
 				return err
 			}
-			cp, err := signedRootAt(ctx, h, pub, p.TreeSize, p.Root)
+			// Without --size the tree is the one the kernel names (its
+			// latest checkpoint's, which signedRootAt proves); the entry
+			// is always the one asked for.
+			if size == 0 {
+				size = p.TreeSize
+			}
+			cp, err := signedRootAt(ctx, h, pub, size, p.Root)
 			if err != nil {
 				return fmt.Errorf("inclusion proof NOT verified: %w", err)
 			}
 			root, _ := digest.Parse(p.Root)
-			if err := p.Inclusion.Verify(root); err != nil {
+			if err := p.Inclusion.VerifyAt(seq, size, root); err != nil {
 				return fmt.Errorf("inclusion proof NOT verified: %w", err)
 			}
 			if t.json {
@@ -261,7 +267,7 @@ verifies the proof. Exit 1 if anything fails.`,
 			if err != nil {
 				return err
 			}
-			cp, err := signedRootAt(ctx, h, pub, p.Size2, p.Root2)
+			cp, err := signedRootAt(ctx, h, pub, to, p.Root2)
 			if err != nil {
 				return fmt.Errorf("consistency proof NOT verified: %w", err)
 			}
@@ -270,7 +276,7 @@ verifies the proof. Exit 1 if anything fails.`,
 			if err := errors.Join(err1, err2); err != nil {
 				return fmt.Errorf("consistency proof NOT verified: %w", err)
 			}
-			if err := p.Consistency.Verify(r1, r2); err != nil {
+			if err := p.Consistency.VerifySizes(from, to, r1, r2); err != nil {
 				return fmt.Errorf("consistency proof NOT verified: %w", err)
 			}
 			if t.json {

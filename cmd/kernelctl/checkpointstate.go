@@ -198,7 +198,7 @@ func checkAgainstSeen(ctx context.Context, h history, path string, seen *seenChe
 		if err != nil {
 			return "", fmt.Errorf("INCONSISTENT: the checkpoint has %d entries, fewer than the %d of the checkpoint seen at %s, and the kernel proves no extension of it to that one (truncated or rewritten): %v", cp.Size, old.Size, seen.SeenAt, err)
 		}
-		if err := p.Verify(cp.Root, old.Root); err != nil {
+		if err := p.VerifySizes(cp.Size, old.Size, cp.Root, old.Root); err != nil {
 			return "", fmt.Errorf("INCONSISTENT: the checkpoint of size %d is no prefix of the checkpoint of size %d seen at %s (rewritten): %w", cp.Size, old.Size, seen.SeenAt, err)
 		}
 		return fmt.Sprintf("older than the checkpoint of size %d seen at %s, which is proved an extension of it (%d hashes); that one stays remembered", old.Size, seen.SeenAt, len(p.Proof)), errOlder
@@ -212,7 +212,7 @@ func checkAgainstSeen(ctx context.Context, h history, path string, seen *seenChe
 	if err != nil {
 		return "", err
 	}
-	if err := p.Verify(old.Root, cp.Root); err != nil {
+	if err := p.VerifySizes(old.Size, cp.Size, old.Root, cp.Root); err != nil {
 		return "", fmt.Errorf("INCONSISTENT with the checkpoint of size %d seen at %s: %w", old.Size, seen.SeenAt, err)
 	}
 	return fmt.Sprintf("proved an extension of the checkpoint of size %d seen at %s (%d hashes)", old.Size, seen.SeenAt, len(p.Proof)), nil

@@ -158,6 +158,10 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 		{"another error class", editFile(errFile, "err-class", map[string]string{"error": `{"class":"timeout","message":"x"}`}), false, 1, `error class is "timeout"`},
 		{"another error message", editFile(errFile, "err-msg", map[string]string{"error": `{"class":"execution_error","message":"all fine"}`}), false, 1, "does not commit to this result"},
 		{"another audit_salt", edit("salt", map[string]string{"audit_salt": `"` + strings.Repeat("ab", 32) + `"`}), false, 1, "does not commit to this result"},
+		// The salt is 64 lowercase hex digits (docs/formats.md), one
+		// spelling: the console refuses an upper-case one, and so does
+		// kernelctl (review rev-verify F6).
+		{"the audit_salt in upper case", edit("salt-upper", map[string]string{"audit_salt": strings.ToUpper(string(members["audit_salt"]))}), false, 1, "is not 64 lowercase hex digits"},
 		{"a forged risk_basis", edit("basis", map[string]string{"risk_basis": `["approved by the CISO"]`}), false, 1, `not to its risk_basis ["approved by the CISO"]`},
 		{"a risk_basis dropped", editFile(writeFile, "basis-dropped", map[string]string{"risk_basis": `[]`}), false, 1, "not to its risk_basis []"},
 		{"a provenance added", edit("prov-added", map[string]string{"provenance": `{"approved_by":"CISO"}`}), false, 1, `provenance {"approved_by":"CISO"} is not the record's: the record has none`},
@@ -203,7 +207,7 @@ func TestReceiptsVerifyEnvelope(t *testing.T) {
 	os.WriteFile(bundle, []byte(mustRun(t, "receipts", "bundle", rid, "--server", s.url, "--admin-token", sv.adminFile)), 0o600)
 	for _, f := range []string{bundle, bare, okFile} {
 		out, stderr, code := run(t, "receipts", "verify", f, "--jwks", otherJWKS)
-		if code != 1 || !strings.Contains(out, "receipt "+rid+"\n") || !strings.Contains(out, "signature:    not ok") {
+		if code != 1 || !strings.Contains(out, "receipt "+rid+" (claimed: not verified)\n") || !strings.Contains(out, "signature:    not ok") {
 			t.Errorf("%s under another kernel's key: exit %d, want 1 naming %s:\n%s%s", filepath.Base(f), code, rid, out, stderr)
 		}
 	}
@@ -292,6 +296,79 @@ func TestMatchEnvelopeResultGone(t *testing.T) {
 			r.AuditSalt = strings.Repeat("00", 32)
 			if got := matchEnvelope(r, c, kernel.ResultPart(r)); !strings.Contains(got, "is not the call") {
 				t.Fatalf("with a salt: %s", got)
+			}
+		})
+	}
+}
+
+// receipts verify opens commitments on the numbers an envelope (and
+// --args) holds, not on their doubles: a result, provenance or args
+// holding a number that rounds to the recorded one (9007199254740993 for
+// 9007199254740992, 1.0000000000000001 for 1) is refused naming where,
+// as the kernel refuses such args; the envelope as the kernel sent it, and
+// numbers written otherwise but equal (1.0, 1e0), verify (review
+// rev-verify F2).
+func TestReceiptsVerifyExactNumbers(t *testing.T) {
+	sv := initServed(t)
+	s := sv.server
+	tok := mintCLI(t, s, sv.admin, "--agent", "a1", "--tools", "kv.*,echo", "--kv", "*:rw")
+	dir := t.TempDir()
+	post := func(name string, env []byte) string {
+		t.Helper()
+		st, b := s.do(http.MethodPost, "/v1/syscalls", "", env)
+		if st == 0 || !strings.Contains(string(b), `"receipt":{`) || !strings.Contains(string(b), `"status":"ok"`) {
+			t.Fatalf("%s: %d %s", name, st, b)
+		}
+		f := filepath.Join(dir, name+".json")
+		os.WriteFile(f, b, 0o600)
+		return f
+	}
+	big := json.Number("9007199254740992")
+	putFile := post("put", envelopeWith(tok, s, "kv.put", map[string]any{"key": "balance", "value": big}, "k1", nil))
+	getFile := post("get", envelopeWith(tok, s, "kv.get", map[string]any{"key": "balance"}, "", nil))
+	provFile := post("prov", envelopeWith(tok, s, "echo", map[string]any{"text": "x"}, "", map[string]any{"ids": []any{json.Number("1"), big}}))
+	_, jwks := s.get("/.well-known/jwks.json", "")
+	jwksFile := filepath.Join(dir, "jwks.json")
+	os.WriteFile(jwksFile, jwks, 0o600)
+	// replace writes file with old replaced by new, which must occur.
+	replace := func(file, name, old, new string) string {
+		t.Helper()
+		b, _ := os.ReadFile(file)
+		if !strings.Contains(string(b), old) {
+			t.Fatalf("%s holds no %s:\n%s", file, old, b)
+		}
+		f := filepath.Join(dir, name+".json")
+		os.WriteFile(f, []byte(strings.Replace(string(b), old, new, 1)), 0o600)
+		return f
+	}
+	args := func(name, text string) string {
+		f := filepath.Join(dir, name+".args.json")
+		os.WriteFile(f, []byte(text), 0o600)
+		return f
+	}
+	for _, c := range []struct {
+		name, file, args string
+		code             int
+		want             string
+	}{
+		{"honest result", getFile, "", 0, "commitments:  ok"},
+		{"honest args", putFile, args("honest", `{"key":"balance","value":9007199254740992}`), 0, "commits to this result and these args"},
+		{"args written otherwise, same number", putFile, args("other-form", `{"key":"balance","value":9.007199254740992e15}`), 0, "commits to this result and these args"},
+		{"honest provenance", provFile, "", 0, "commitments:  ok"},
+		{"result rounded up", replace(getFile, "result-993", "9007199254740992", "9007199254740993"), "", 1, "result: "},
+		{"result with a fraction", replace(getFile, "result-fraction", "9007199254740992", "9007199254740992.9"), "", 1, "result: "},
+		{"args rounded up", putFile, args("993", `{"key":"balance","value":9007199254740993}`), 1, "--args: "},
+		{"args with a fraction", putFile, args("fraction", `{"key":"balance","value":9007199254740992.4}`), 1, "--args: "},
+		{"provenance rounded", replace(provFile, "prov-rounded", "[1,", "[1.0000000000000001,"), "", 1, "provenance: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := []string{"receipts", "verify", c.file, "--jwks", jwksFile}
+			if c.args != "" {
+				a = append(a, "--args", c.args)
+			}
+			out, stderr, code := run(t, a...)
+			if code != c.code || !strings.Contains(out+stderr, c.want) {
+				t.Fatalf("exit %d, want %d with %q:\n%s%s", code, c.code, c.want, out, stderr)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -85,8 +86,37 @@ func checkEnvelope(res *kernel.Result, argsFile string) (match, commitments stri
 	if err != nil {
 		return err.Error(), "not checked"
 	}
+	if err := exactNumbers(res); err != nil {
+		return "refused: " + err.Error(), "not checked (the envelope holds a number that canonical JSON rounds, which no commitment tells from the rounded one)"
+	}
 	part := kernel.ResultPart(res)
 	return matchEnvelope(res, c, part), openEnvelope(res, c, e, part, argsFile)
+}
+
+// exactNumbers refuses res when its result, provenance or a note holds a
+// number that is not the decimal of its canonical form (jcs.CanonicalizeExact):
+// the parts are canonicalized before their commitments are opened, which
+// rounds every number to a double, so 9007199254740993 in an envelope
+// would open the commitment to 9007199254740992 while every reader of
+// integers (Python, jq, Go) reads the number written. The kernel refuses
+// such numbers in args for the same reason.
+func exactNumbers(res *kernel.Result) error {
+	if len(res.Result) > 0 {
+		if _, err := jcs.CanonicalizeExact(res.Result); err != nil {
+			return fmt.Errorf("result: %w", err)
+		}
+	}
+	if len(res.Provenance) > 0 {
+		if _, err := jcs.CanonicalizeExact(res.Provenance); err != nil {
+			return fmt.Errorf("provenance: %w", err)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(res.Notes)) {
+		if _, err := jcs.CanonicalizeExact(res.Notes[name]); err != nil {
+			return fmt.Errorf("notes %q: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // resultGone says how res lost its result ("" when it did not): the
@@ -214,6 +244,10 @@ func openEnvelope(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry, part
 		if err != nil {
 			return fmt.Sprintf("--args: %v", err)
 		}
+		// Exact, as the kernel reads args (exactNumbers says why).
+		if _, err := jcs.CanonicalizeExact(a); err != nil {
+			return fmt.Sprintf("refused: --args: %v", err)
+		}
 		args, what = a, "this result and these args"
 	}
 	switch {
@@ -221,6 +255,9 @@ func openEnvelope(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry, part
 		if res.AuditSalt == "" {
 			return fmt.Sprintf("refused: the envelope has no audit_salt, so nothing shows that audit record %d commits to its result "+
 				"(the record holds only a salted commitment to it; an envelope whose payload was erased lost its salt: verify its receipt alone)", c.Seq)
+		}
+		if !lowerHexSalt(res.AuditSalt) {
+			return fmt.Sprintf("refused: the envelope's audit_salt %q is not 64 lowercase hex digits (docs/formats.md: one spelling per salt)", res.AuditSalt)
 		}
 		p := kernel.Payload{Salt: res.AuditSalt, Result: part, Args: args}
 		if err := kernel.CheckPayload(e, p); err != nil {
@@ -245,6 +282,22 @@ func openEnvelope(res *kernel.Result, c *kernel.CallRecord, e ledger.Entry, part
 		return fmt.Sprintf("ok (audit record %d, from before commitments, holds the hash of %s)", c.Seq, what)
 	}
 	return fmt.Sprintf("refused: audit record %d attests no result, so nothing attests the envelope's", c.Seq)
+}
+
+// lowerHexSalt reports whether salt is spelled as the contract spells a
+// salt, 64 lowercase hex digits. kernel.CheckPayload decodes upper case
+// too, which would give one payload 2^64 spellings that all open, where
+// the console opens only this one.
+func lowerHexSalt(salt string) bool {
+	if len(salt) != 2*kernel.SaltSize {
+		return false
+	}
+	for _, c := range []byte(salt) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // openContext opens the context commitment of c's record (entry e) with

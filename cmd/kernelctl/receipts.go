@@ -337,19 +337,25 @@ func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger
 			return err
 		}
 	} else {
-		id := check.ReceiptID
-		if id == "" {
+		// The id of a receipt that did not verify, and the messages that
+		// quote it, are what its author chose: each value is one cell of
+		// terminal-safe text, so that a forged receipt can neither print
+		// lines of its own nor hide the verdict (ESC [ 8 m).
+		w := terminalSafe{cmd.OutOrStdout()}
+		id := cell(check.ReceiptID)
+		switch {
+		case check.ReceiptID == "":
 			id = "(no id: none could be read from it)"
+		case !strings.HasPrefix(check.Signature, "ok"):
+			id += " (claimed: not verified)"
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "receipt %s\nsignature:    %s\nledger match: %s\n", id, check.Signature, check.LedgerMatch)
-		if check.Inclusion != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), "inclusion:    %s\n", check.Inclusion)
-		}
-		if check.Envelope != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), "envelope:     %s\n", check.Envelope)
-		}
-		if check.Commitments != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), "commitments:  %s\n", check.Commitments)
+		fmt.Fprintf(w, "receipt %s\nsignature:    %s\nledger match: %s\n", id, cell(check.Signature), cell(check.LedgerMatch))
+		for _, l := range []struct{ name, value string }{
+			{"inclusion:   ", check.Inclusion}, {"envelope:    ", check.Envelope}, {"commitments: ", check.Commitments},
+		} {
+			if l.value != "" {
+				fmt.Fprintf(w, "%s %s\n", l.name, cell(l.value))
+			}
 		}
 	}
 	if !check.ok(needLedger, needInclusion) {
@@ -376,7 +382,7 @@ func proveReceipt(ctx context.Context, h history, r *receipts.Receipt, pub ed255
 		return fmt.Sprintf("the proof is for entry %d (%s) in a tree of %d; the receipt names entry %d (%s), the checkpoint %d entries",
 			p.LeafIndex, p.LeafHash, p.TreeSize, r.LedgerSeq, r.LedgerEntryHash, cp.Size)
 	}
-	if err := p.Inclusion.Verify(cp.Root); err != nil {
+	if err := p.Inclusion.VerifyAt(r.LedgerSeq, cp.Size, cp.Root); err != nil {
 		return err.Error()
 	}
 	return fmt.Sprintf("ok (entry %d under the signed checkpoint of %s, size %d, %d hashes)", r.LedgerSeq, cp.Origin, cp.Size, len(p.Proof))

@@ -2,10 +2,17 @@ package main
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/receipts"
 )
 
@@ -65,5 +72,62 @@ func TestPrintReceiptRows(t *testing.T) {
 	}
 	if strings.Contains(out, "\u202e") || strings.Count(out, "tx_outcome") != 2 || !strings.Contains(out, `\u202e`) {
 		t.Errorf("the tool_id row:\n%s", out)
+	}
+}
+
+// receipts verify of a forged receipt prints what the receipt claims on
+// one line, escaped and marked as a claim: a JWS payload's receipt_id, or
+// the id a v2 receipt's unchecked entry makes, held fake "ok" lines and
+// ESC [ 8 m, which hid the real verdict on a terminal (review rev-verify
+// F4).
+func TestReceiptsVerifyForgedIDSafe(t *testing.T) {
+	fake := "r7-0123456789abcdef\nsignature:    ok (the checkpoint's)\nledger match: ok\n\x1b[8m"
+	payload, err := jcs.Marshal(receipts.Receipt{ReceiptID: fake, TxOutcome: "no_op"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := base64.RawURLEncoding
+	jws := e.EncodeToString([]byte(`{"alg":"EdDSA","kid":"x","typ":"capkernel-receipt+jws"}`)) + "." + e.EncodeToString(payload) + "." + e.EncodeToString(make([]byte, 64))
+	entry, err := json.Marshal(map[string]any{"seq": 7, "entry_hash": "blake3:\x1b[8m\nsignature: ok", "kind": "audit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged, err := json.Marshal(map[string]any{"format": receipts.Format, "entry": string(entry), "checkpoint": "x", "inclusion": map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks, err := receipts.JWKS(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	jwksFile := filepath.Join(dir, "jwks.json")
+	if err := os.WriteFile(jwksFile, jwks, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, content, wantID string
+	}{
+		{"a v1 JWS", jws, `receipt "r7-0123456789abcdef\nsignature:    ok (the checkpoint's)\nledger match: ok\n\x1b[8m" (claimed: not verified)`},
+		{"a v2 receipt", string(logged), `receipt "r7-\x1b[8m\nsignature: " (claimed: not verified)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(dir, "receipt")
+			if err := os.WriteFile(file, []byte(tc.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, stderr, code := run(t, "receipts", "verify", file, "--jwks", jwksFile)
+			if code != 1 || !strings.Contains(stderr, "receipt verification FAILED") {
+				t.Fatalf("exit %d, want 1:\n%s%s", code, out, stderr)
+			}
+			first, _, _ := strings.Cut(out, "\n")
+			if strings.ContainsRune(out, 0x1b) || first != tc.wantID || strings.Count(out, "\nsignature:") != 1 || strings.Contains(out, "\nledger match: ok") {
+				t.Fatalf("printed %q, want the first line %q and one signature line", out, tc.wantID)
+			}
+		})
 	}
 }
