@@ -270,7 +270,8 @@ awk '/^Max core file size/ {print "core", $5, $6}' /proc/self/limits`)
 }
 
 // The seccomp filter (seccomp.go): keyrings, leases, inotify and
-// fanotify, changing RLIMIT_CORE, and any other ABI's system calls are
+// fanotify, ptrace and process_vm_writev (of the init), AIO contexts and
+// io_uring rings, changing RLIMIT_CORE, and any other ABI's system calls are
 // refused, the rest works (other limits set, RLIMIT_CORE read).
 // Each probe, if it were let through, would leave nothing behind: the key
 // goes to the process's own keyring, the lease and the instances end with
@@ -296,6 +297,11 @@ print('request_key', errno.errorcode.get(call(%d, b'user', b'capk-probe', None, 
 print('keyctl', errno.errorcode.get(call(%d, 0, -2, 0), 'ok'))
 print('inotify_init1', errno.errorcode.get(call(%d, 0), 'ok'))
 print('fanotify_init', errno.errorcode.get(call(%d, 0, 0), 'ok'))
+print('ptrace attach init', errno.errorcode.get(call(%d, 16, 1, 0, 0), 'ok'))
+print('process_vm_writev', errno.errorcode.get(call(%d, 1, 0, 0, 0, 0, 0), 'ok'))
+ctx = ctypes.c_ulong(0)
+print('io_setup', errno.errorcode.get(call(%d, 1, ctypes.byref(ctx)), 'ok'))
+print('io_uring_setup', errno.errorcode.get(call(%d, 1, ctypes.create_string_buffer(120)), 'ok'))
 fd = os.open('f.txt', os.O_RDONLY)
 try:
     fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
@@ -313,10 +319,12 @@ for how, f in (('setrlimit', lambda: resource.setrlimit(resource.RLIMIT_CORE, (0
 resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
 print('core limit', resource.getrlimit(resource.RLIMIT_CORE), 'nofile ok')
 %s
-`, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL, unix.SYS_INOTIFY_INIT1, unix.SYS_FANOTIFY_INIT, x32)
+`, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL, unix.SYS_INOTIFY_INIT1, unix.SYS_FANOTIFY_INIT,
+		unix.SYS_PTRACE, unix.SYS_PROCESS_VM_WRITEV, unix.SYS_IO_SETUP, unix.SYS_IO_URING_SETUP, x32)
 	must(t, os.WriteFile(filepath.Join(ws, "probe.py"), []byte(script), 0o644))
 	res := run(t, newSandbox(t, sandbox.Options{}), sandbox.Profile{Roots: []sandbox.Root{{Path: ws}}}, "cd "+ws+" && python3 probe.py")
-	want := "add_key EPERM\nrequest_key EPERM\nkeyctl EPERM\ninotify_init1 ENOSYS\nfanotify_init EPERM\nlease EPERM\ngetfl ok\n" +
+	want := "add_key EPERM\nrequest_key EPERM\nkeyctl EPERM\ninotify_init1 ENOSYS\nfanotify_init EPERM\n" +
+		"ptrace attach init EPERM\nprocess_vm_writev EPERM\nio_setup ENOSYS\nio_uring_setup ENOSYS\nlease EPERM\ngetfl ok\n" +
 		"setrlimit core refused\nprlimit core refused\ncore limit (1, 1) nofile ok\nabi-refused\n"
 	if string(res.Stdout) != want {
 		t.Fatalf("stdout:\n%s\nwant:\n%s\nstderr %s", res.Stdout, want, res.Stderr)

@@ -84,7 +84,17 @@ func (c *memCgroup) join(pid int) error {
 	return os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
 }
 
-// setLimit sets the cgroup's limit to n bytes, swap included.
+// maxTCPBytes bounds the TCP socket buffers of a run on a cgroup v1 host
+// (setLimit).
+const maxTCPBytes = 64 << 20
+
+// setLimit sets the cgroup's limit to n bytes, swap included. On cgroup
+// v1 it also bounds the run's TCP socket buffers, to n or maxTCPBytes
+// if less: v1 charges them to no memory cgroup unless given a limit of
+// their own, and every socket of the host, in any network namespace,
+// draws on one pool (net.ipv4.tcp_mem), so a command queueing data on
+// loopback connections to itself took the host's pool, and every TCP
+// connection of the host stalled (v2 charges them to memory.max).
 func (c *memCgroup) setLimit(n int64) error {
 	v := []byte(strconv.FormatInt(n, 10))
 	if c.v1 {
@@ -93,6 +103,10 @@ func (c *memCgroup) setLimit(n int64) error {
 		}
 		// Memory plus swap: present only with swap accounting.
 		if err := os.WriteFile(filepath.Join(c.dir, "memory.memsw.limit_in_bytes"), v, 0); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		tcp := []byte(strconv.FormatInt(min(n, maxTCPBytes), 10))
+		if err := os.WriteFile(filepath.Join(c.dir, "memory.kmem.tcp.limit_in_bytes"), tcp, 0); err != nil && !os.IsNotExist(err) {
 			return err
 		}
 		return nil

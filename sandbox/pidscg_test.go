@@ -98,3 +98,25 @@ func TestPidsCgroupSweepsStale(t *testing.T) {
 		t.Errorf("a live process's cgroup was removed: %v", err)
 	}
 }
+
+// TestMemCgroupBoundsTCP: on cgroup v1 a run's memory cgroup bounds its
+// TCP socket buffers too (maxTCPBytes, or the memory limit if less),
+// which v1 otherwise charges to no cgroup, only to the host's pool.
+func TestMemCgroupBoundsTCP(t *testing.T) {
+	c, err := newMemCgroup()
+	if err != nil {
+		t.Skipf("no memory cgroup here: %v", err)
+	}
+	defer c.remove()
+	if !c.v1 {
+		t.Skip("cgroup v2 charges socket buffers to memory.max")
+	}
+	for _, n := range []int64{1 << 30, 16 << 20} {
+		if err := c.setLimit(n); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := readCgroupFile(t, c.dir, "memory.kmem.tcp.limit_in_bytes"), strconv.FormatInt(min(n, maxTCPBytes), 10); got != want {
+			t.Errorf("limit %d: TCP buffers bounded at %s, want %s", n, got, want)
+		}
+	}
+}

@@ -23,10 +23,19 @@ import (
 //   - use up that uid's inotify and fanotify instances, counted with the
 //     host's processes of that uid (128 by default);
 //   - change its RLIMIT_CORE (coreLimit, set by release), with which a
-//     crash would start a piped core_pattern helper as the host's root.
+//     crash would start a piped core_pattern helper as the host's root;
+//   - trace, or read and write the memory of, the sandbox's init (ptrace,
+//     process_vm_readv, process_vm_writev: same uid, same namespaces),
+//     making it exit before it has reaped, and so charged, the command's
+//     processes (their CPU went uncounted); strace and gdb do not run in
+//     the sandbox;
+//   - take the host-wide AIO contexts (io_setup: fs.aio-max-nr, which
+//     every process of the host, root's too, then lacks) and io_uring
+//     rings (io_uring_setup, memory outside the run's).
 // These fail: EPERM, and ENOSYS for inotify_init and inotify_init1 (a
 // tool that watches files takes it for a platform without inotify: tail
-// -f polls, Node's fs.watch throws ENOSYS). So does every system call of
+// -f polls, Node's fs.watch throws ENOSYS), io_setup and io_uring_setup
+// (libaio and liburing users fall back to threads). So does every system call of
 // another ABI than the kernel's (32-bit x86, x32), whose numbers the
 // filter does not know: 32-bit programs do not run in the sandbox.
 

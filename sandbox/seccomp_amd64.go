@@ -13,5 +13,7 @@ const (
 var deniedCalls = []deniedCall{
 	{unix.SYS_ADD_KEY, unix.EPERM}, {unix.SYS_REQUEST_KEY, unix.EPERM}, {unix.SYS_KEYCTL, unix.EPERM},
 	{unix.SYS_FANOTIFY_INIT, unix.EPERM},
+	{unix.SYS_PTRACE, unix.EPERM}, {unix.SYS_PROCESS_VM_READV, unix.EPERM}, {unix.SYS_PROCESS_VM_WRITEV, unix.EPERM},
+	{unix.SYS_IO_SETUP, unix.ENOSYS}, {unix.SYS_IO_URING_SETUP, unix.ENOSYS},
 	{unix.SYS_INOTIFY_INIT, unix.ENOSYS}, {unix.SYS_INOTIFY_INIT1, unix.ENOSYS},
 }
