@@ -79,6 +79,36 @@ func TestCommitmentVectors(t *testing.T) {
 	if err := CheckPayload(e, p); err == nil {
 		t.Fatal("another salt opens the record")
 	}
+	// The salt in capitals is another spelling, refused.
+	p.Salt = strings.ToUpper(v[0].Salt)
+	if err := CheckPayload(e, p); err == nil {
+		t.Fatal("the salt in upper case opens the record")
+	}
+}
+
+// TestCheckPayloadExactNumbers: a part holding a number that reads as the
+// double the committed part holds, but is another decimal, does not open
+// the commitment (it did, rounded before hashing).
+func TestCheckPayloadExactNumbers(t *testing.T) {
+	salt := NewSalt()
+	for _, tt := range []struct{ committed, given string }{
+		{`{"n":9007199254740992}`, `{"n":9007199254740993}`},
+		{`{"n":0.1}`, `{"n":0.10000000000000000001}`},
+		{`{"n":1152921504606847000}`, `{"n":1152921504606846976}`},
+	} {
+		c, err := CommitPart(salt, PartArgs, []byte(tt.committed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(map[string]string{"args_commitment": c, "payload_depth": DepthFull})
+		e := ledger.Entry{Kind: ledger.KindAudit, Body: body}
+		if err := CheckPayload(e, Payload{Salt: salt, Args: json.RawMessage(tt.committed)}); err != nil {
+			t.Fatalf("%s: %v", tt.committed, err)
+		}
+		if err := CheckPayload(e, Payload{Salt: salt, Args: json.RawMessage(tt.given)}); err == nil {
+			t.Errorf("%s opens the commitment to %s", tt.given, tt.committed)
+		}
+	}
 }
 
 // TestStoredPayloadRoundTrip: the stored form leaves out the policy

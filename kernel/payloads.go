@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/zeebo/blake3"
 	"go.etcd.io/bbolt"
@@ -137,7 +138,9 @@ func decodeSalt(salt string) (raw [SaltSize]byte, err error) {
 	if len(salt) != 2*SaltSize {
 		return raw, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
 	}
-	if _, err := hex.Decode(raw[:], []byte(salt)); err != nil {
+	// Lowercase only, as the kernel writes it (hex.Decode takes either
+	// case): one salt has one spelling.
+	if _, err := hex.Decode(raw[:], []byte(salt)); err != nil || strings.ToLower(salt) != salt {
 		return raw, fmt.Errorf("salt %q is not %d bytes of lowercase hex", salt, SaltSize)
 	}
 	return raw, nil
@@ -480,7 +483,9 @@ func commitmentsOf(body []byte) (Commitments, string, error) {
 // of p: what a payload's holder (the calling agent, with the salt from
 // its result envelope, or an auditor) runs against a record or a receipt.
 // Parts p leaves out are not checked; a part that does not open its
-// commitment is an error naming it.
+// commitment, or holds a number that is not the decimal of its canonical
+// form (jcs.CanonicalizeExact), is an error naming it, and so is a salt
+// not in lowercase hex.
 func CheckPayload(e ledger.Entry, p Payload) error {
 	if e.Kind != ledger.KindAudit {
 		return fmt.Errorf("entry %d is a %s entry, not an audit record", e.Seq, e.Kind)
@@ -496,7 +501,10 @@ func CheckPayload(e ledger.Entry, p Payload) error {
 			continue
 		}
 		n++
-		canon, err := jcs.Canonicalize(b)
+		// Exact: a number that reads as the double of another decimal
+		// would open the commitment to that double (the kernel takes
+		// none such in: envelope.go checkObject).
+		canon, err := jcs.CanonicalizeExact(b)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
