@@ -187,7 +187,7 @@ type Decision struct {
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	var d Decision
 	if err := decodeBody(w, r, &d); err != nil {
-		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "body must be {\"decision\": \"allow\"|\"deny\", \"reason\": \"…\"}: "+err.Error())
+		writeBodyError(w, "body must be {\"decision\": \"allow\"|\"deny\", \"reason\": \"…\"}", err)
 		return
 	}
 	cred := bearer(r)

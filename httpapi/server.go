@@ -802,17 +802,22 @@ func readBody(r *http.Request, buf []byte, max int64) ([]byte, error) {
 // rules, answering the request itself when it cannot.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err := decodeBody(w, r, v); err != nil {
-		status := http.StatusBadRequest
-		msg := "request body: " + err.Error()
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			status = http.StatusRequestEntityTooLarge
-			msg = fmt.Sprintf("request body is over the %d-byte limit of this endpoint", mbe.Limit)
-		}
-		writeError(w, status, kernel.ErrInvalidArgs, msg)
+		writeBodyError(w, "request body", err)
 		return false
 	}
 	return true
+}
+
+// writeBodyError answers a request whose body decodeBody refused with err:
+// 413 for a body over the limit, else 400 with what, the body's
+// expected form, in front of the reason.
+func writeBodyError(w http.ResponseWriter, what string, err error) {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, kernel.ErrInvalidArgs, fmt.Sprintf("request body is over the %d-byte limit of this endpoint", mbe.Limit))
+		return
+	}
+	writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, what+": "+err.Error())
 }
 
 // decodeBody reads a request body of at most maxAdminBody bytes and
