@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -772,21 +771,23 @@ func putBuffer(bp *[]byte, b []byte) {
 	}
 }
 
-// readBody reads r's body up to max bytes into buf, grown at once to the
-// size the request declares (when it is within max) rather than step by
-// step.
-func readBody(r *http.Request, buf []byte, max int64) ([]byte, error) {
+// readBody reads r's body, up to limit bytes, into buf. The buffer grows
+// with the bytes that arrive, doubling when full, never ahead of them to
+// the length the request declares: a client that declares a large body and
+// stalls holds at most buf, or twice what it sent (the body is read before
+// any credential is checked). The declared length only caps a growth, so
+// that a body of that length ends at EOF without one more.
+func readBody(r *http.Request, buf []byte, limit int64) ([]byte, error) {
 	b := buf[:0]
-	if n := r.ContentLength; n >= 0 && n < max {
-		// One byte more than declared, so that the read ends at EOF
-		// without growing the buffer.
-		b = slices.Grow(b, int(n)+1)
-	}
-	for int64(len(b)) < max {
+	for int64(len(b)) < limit {
 		if len(b) == cap(b) {
-			b = slices.Grow(b, 512)
+			n := int64(max(2*cap(b), 512))
+			if d := r.ContentLength; d >= int64(len(b)) && d < n {
+				n = d + 1 // room for the declared body and the EOF after it
+			}
+			b = append(make([]byte, 0, min(n, limit)), b...)
 		}
-		m, err := r.Body.Read(b[len(b):min(int64(cap(b)), max)])
+		m, err := r.Body.Read(b[len(b):min(int64(cap(b)), limit)])
 		b = b[:len(b)+m]
 		if err == io.EOF {
 			return b, nil
