@@ -97,6 +97,7 @@ func TestDeclaredLengthIsNotAllocated(t *testing.T) {
 		}
 	}
 	grown := int64(heapAlloc()) - int64(before)
+	t.Logf("%d stalled connections declaring %d-byte bodies: heap grew %d KiB", conns, declared, grown>>10)
 	// The pooled buffer (8 KiB) and the connection's own buffers are
 	// what a stalled connection may hold; the declared body is 1 MiB.
 	if limit := int64(conns * 128 << 10); grown > limit {
