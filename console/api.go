@@ -73,6 +73,11 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 // proxies and the browser keep it open, and re-checks its session.
 const defaultHeartbeat = 15 * time.Second
 
+// streamWriteTimeout bounds one write of the event stream: the stream
+// outlives the server's write timeout (kernelctl serve's is 15 minutes, a
+// deadline for the whole response), a reader that stops reading does not.
+const streamWriteTimeout = 30 * time.Second
+
 // EventEnded is the last event of a stream whose session ended or whose
 // credential no longer verifies; its data is an ErrorBody saying why.
 const EventEnded = "ended"
@@ -82,19 +87,24 @@ const EventEnded = "ended"
 // (Console.check: it still exists, has not expired, its credential still
 // verifies) on every heartbeat and before each event is written; once it
 // fails, the stream sends "event: ended" with the reason and ends, the
-// event in hand unsent, and the session is gone.
+// event in hand unsent, and the session is gone. Each write has
+// streamWriteTimeout to go out; the stream ends at the first that fails.
 func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		writeError(w, http.StatusInternalServerError, "streaming is not supported here")
-		return
-	}
 	sub := c.k.Subscribe(kernel.EventFilter{}, 0)
 	defer sub.Close()
+	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	fmt.Fprint(w, ": capkernel console events\n\n")
-	flusher.Flush()
+	write := func(format string, args ...any) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !write(": capkernel console events\n\n") {
+		return
+	}
 	tick := time.NewTicker(c.heartbeat)
 	defer tick.Stop()
 	// live reports whether the session may still read, ending the stream
@@ -105,8 +115,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			return true
 		}
 		b, _ := json.Marshal(ErrorBody{Error: err.Error()})
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", EventEnded, b)
-		flusher.Flush()
+		write("event: %s\ndata: %s\n\n", EventEnded, b)
 		return false
 	}
 	var dropped uint64
@@ -115,10 +124,9 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 		case <-r.Context().Done():
 			return
 		case <-tick.C:
-			if !live() {
+			if !live() || !write(": keep-alive\n\n") {
 				return
 			}
-			fmt.Fprint(w, ": keep-alive\n\n")
 		case e, ok := <-sub.C:
 			if !ok {
 				return
@@ -136,13 +144,16 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			if err != nil {
 				continue
 			}
-			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b)
+			if !write("id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b) {
+				return
+			}
 		}
 		if n := sub.Dropped(); n != dropped {
 			dropped = n
-			fmt.Fprintf(w, "event: dropped\ndata: {\"dropped\":%d}\n\n", n)
+			if !write("event: dropped\ndata: {\"dropped\":%d}\n\n", n) {
+				return
+			}
 		}
-		flusher.Flush()
 	}
 }
 

@@ -27,14 +27,26 @@ type sse struct {
 // the test ends.
 func (c *client) events() *sse {
 	c.w.t.Helper()
+	return openSSE(c.w.t, c.hc, c.w.srv.URL+"/console/api/events", "")
+}
+
+// openSSE opens the event stream at url with hc, sending cred as a bearer
+// credential unless it is empty; the stream is closed when the test ends.
+func openSSE(t *testing.T, hc *http.Client, url, cred string) *sse {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.w.srv.URL+"/console/api/events", nil)
-	resp, err := c.hc.Do(req)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
-		c.w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		c.w.t.Fatalf("GET /console/api/events: %d", resp.StatusCode)
+		cancel()
+		resp.Body.Close()
+		t.Fatalf("GET %s: %d", url, resp.StatusCode)
 	}
 	s := &sse{done: make(chan struct{})}
 	go func() {
@@ -48,7 +60,7 @@ func (c *client) events() *sse {
 			s.mu.Unlock()
 		}
 	}()
-	c.w.t.Cleanup(func() { cancel(); resp.Body.Close(); <-s.done })
+	t.Cleanup(func() { cancel(); resp.Body.Close(); <-s.done })
 	return s
 }
 
@@ -144,6 +156,42 @@ func TestEventStreamEndsWithCredential(t *testing.T) {
 			}
 			if status, _ := leaving.do(http.MethodGet, "/console/api/session", nil); status != http.StatusUnauthorized {
 				t.Errorf("the session outlived its credential: %d", status)
+			}
+		})
+	}
+}
+
+// TestEventStreamsOutliveWriteTimeout: every event stream of the server
+// extends its write deadline before each write, so it outlives the
+// server's WriteTimeout (kernelctl serve: 15 minutes, here 1 s): the
+// event of a call made after the WriteTimeout passed still reaches it.
+// The console's stream kept the deadline the server set when it opened,
+// and was cut (no "event: ended") that long after, every 15 minutes for
+// every open console.
+func TestEventStreamsOutliveWriteTimeout(t *testing.T) {
+	const writeTimeout = time.Second
+	w := newWorldServer(t, kernel.Config{}, func(c *Console) { c.heartbeat = 100 * time.Millisecond },
+		func(s *http.Server) { s.WriteTimeout = writeTimeout })
+	auditor := w.client()
+	if st := auditor.login(w.dave.Token); st != http.StatusOK {
+		t.Fatalf("login: %d", st)
+	}
+	streams := []struct {
+		name string
+		s    *sse
+	}{
+		{"GET /console/api/events", auditor.events()},
+		{"GET /v1/events", openSSE(t, http.DefaultClient, w.srv.URL+"/v1/events", w.dave.Token)},
+	}
+	time.Sleep(writeTimeout + writeTimeout/2) // the server's deadline for the streams has passed
+	op, _ := w.gated(w.agent, "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, "k-late")
+	for _, st := range streams {
+		t.Run(st.name, func(t *testing.T) {
+			st.s.waitFor(t, op)
+			select {
+			case <-st.s.done:
+				t.Fatalf("the stream ended:\n%s", st.s)
+			default:
 			}
 		})
 	}
