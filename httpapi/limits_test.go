@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -192,4 +193,85 @@ func TestCallBodiesReadWhole(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEventStreamLimits: GET /v1/events streams are bounded per agent
+// (with its sub-agents; a person's approver or auditor tokens, the admin
+// credential each count as one) and in all: beyond either bound a stream
+// is refused 429 concurrency_exceeded, and a stream that closes frees its
+// place. Any token opened as many as it liked, each holding a subscription
+// with its event buffer in the kernel.
+func TestEventStreamLimits(t *testing.T) {
+	f := newAccessFixtureWith(t, kernel.Config{}, func(s *httpapi.Server) { httpapi.SetEventStreamLimits(s, 2, 4) })
+	sub, err := f.k.Attenuate(context.Background(), kernel.AttenuateRequest{Parent: f.a.token, AgentID: f.a.agent + "/sub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first func()
+	steps := []struct {
+		name, cred string
+		status     int
+	}{
+		{"agent-a's first", f.a.token, 200},
+		{"agent-a's second", f.a.token, 200},
+		{"agent-a's third: over the agent's bound", f.a.token, 429},
+		{"agent-a's sub-agent, counted with agent-a", sub.Token, 429},
+		{"agent-b's first: another agent", f.b.token, 200},
+		{"the auditor's first, the fourth in all", f.auditor, 200},
+		{"the admin's first: over the bound in all", f.admin, 429},
+		{"the approver's first: over the bound in all", f.approver, 429},
+	}
+	for i, st := range steps {
+		status, body, stop := openEvents(t, f.srv.URL, st.cred)
+		if i == 0 {
+			first = stop
+		}
+		if status != st.status {
+			t.Fatalf("%s: status %d, want %d: %s", st.name, status, st.status, body)
+		}
+		if status == http.StatusTooManyRequests {
+			var eb httpapi.ErrorBody
+			if err := json.Unmarshal(body, &eb); err != nil || eb.Error.Class != kernel.ErrConcurrencyExceeded {
+				t.Fatalf("%s: 429 answer %s is not a %s error body", st.name, body, kernel.ErrConcurrencyExceeded)
+			}
+		}
+	}
+	// Once agent-a's first stream closes (the server sees it when its
+	// handler returns), the admin's stream takes its place.
+	first()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		status, body, _ := openEvents(t, f.srv.URL, f.admin)
+		if status == http.StatusOK {
+			break
+		}
+		if status != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("the admin's stream after one closed: %d %s", status, body)
+		}
+	}
+}
+
+// openEvents opens GET /v1/events with cred: its status, and the body of
+// a refusal; a stream open is closed by stop, or when the test ends.
+func openEvents(t *testing.T, base, cred string) (status int, body []byte, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+cred)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		return resp.StatusCode, body, func() {}
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); resp.Body.Close() }) }
+	t.Cleanup(stop)
+	return resp.StatusCode, nil, stop
 }

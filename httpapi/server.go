@@ -56,11 +56,14 @@ type Server struct {
 	// heartbeat is the GET /v1/events heartbeat (defaultHeartbeat; tests set
 	// it shorter).
 	heartbeat time.Duration
+	// streams counts the open GET /v1/events streams.
+	streams streamCount
 }
 
 // New returns the API of k.
 func New(k *kernel.Kernel) *Server {
-	s := &Server{k: k, mux: http.NewServeMux(), heartbeat: defaultHeartbeat}
+	s := &Server{k: k, mux: http.NewServeMux(), heartbeat: defaultHeartbeat,
+		streams: streamCount{perAgent: MaxEventStreamsPerAgent, max: MaxEventStreams}}
 	s.mux.HandleFunc("POST /v1/syscalls", s.call)
 	s.mux.HandleFunc("GET /v1/syscalls", s.tools)
 	s.mux.HandleFunc("GET /v1/policy", s.policy)
