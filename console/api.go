@@ -89,7 +89,14 @@ const EventEnded = "ended"
 // fails, the stream sends "event: ended" with the reason and ends, the
 // event in hand unsent, and the session is gone. Each write has
 // streamWriteTimeout to go out; the stream ends at the first that fails.
+// A stream beyond maxStreamsPerSession of the session, or maxStreams in
+// all, is refused with 429.
 func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
+	if why := c.openStream(s); why != "" {
+		writeError(w, http.StatusTooManyRequests, why)
+		return
+	}
+	defer c.closeStream(s)
 	sub := c.k.Subscribe(kernel.EventFilter{}, 0)
 	defer sub.Close()
 	rc := http.NewResponseController(w)
@@ -155,6 +162,31 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			}
 		}
 	}
+}
+
+// openStream counts an event stream of s, or says why it may not open
+// (s holds maxStreamsPerSession, or all sessions maxStreams) and counts
+// nothing.
+func (c *Console) openStream(s *session) (refusal string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case s.streams >= c.maxStreamsPerSession:
+		return fmt.Sprintf("this session holds %d event streams open, the most a session may", s.streams)
+	case c.streams >= c.maxStreams:
+		return fmt.Sprintf("the console holds %d event streams open, the most it serves at once; try again later", c.streams)
+	}
+	s.streams++
+	c.streams++
+	return ""
+}
+
+// closeStream uncounts a stream openStream counted.
+func (c *Console) closeStream(s *session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.streams--
+	c.streams--
 }
 
 // Receipts is the body of GET /console/api/receipts.

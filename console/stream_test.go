@@ -196,3 +196,74 @@ func TestEventStreamsOutliveWriteTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestEventStreamLimits: a session holds at most maxStreamsPerSession
+// event streams open (the page's, and the one replacing it after a
+// break) and the console at most maxStreams in all; beyond either a
+// stream is refused 429, which the page retries, and a stream that closes
+// frees its place. A session opened as many as it liked, each a kernel
+// subscription with its event buffer.
+func TestEventStreamLimits(t *testing.T) {
+	w := newWorldWith(t, kernel.Config{}, func(c *Console) { c.maxStreamsPerSession, c.maxStreams = 2, 3 })
+	alice, alice2, bob := w.client(), w.client(), w.client()
+	for _, c := range []*client{alice, alice2} {
+		if st := c.login(w.alice.Token); st != http.StatusOK {
+			t.Fatalf("login: %d", st)
+		}
+	}
+	if st := bob.login(w.bob.Token); st != http.StatusOK {
+		t.Fatalf("login: %d", st)
+	}
+	var first func()
+	steps := []struct {
+		name   string
+		c      *client
+		status int
+	}{
+		{"alice's first", alice, 200},
+		{"alice's second", alice, 200},
+		{"alice's third: over the session's bound", alice, 429},
+		{"alice's other session: its own bound", alice2, 200},
+		{"bob's first: over the bound in all", bob, 429},
+	}
+	for i, st := range steps {
+		status, stop := st.c.openEvents()
+		if i == 0 {
+			first = stop
+		}
+		if status != st.status {
+			t.Fatalf("%s: status %d, want %d", st.name, status, st.status)
+		}
+	}
+	first()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		status, _ := bob.openEvents()
+		if status == http.StatusOK {
+			break
+		}
+		if status != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("bob's stream after one closed: %d", status)
+		}
+	}
+}
+
+// openEvents opens c's GET /console/api/events and answers its status; a
+// stream open is closed by stop, or when the test ends.
+func (c *client) openEvents() (status int, stop func()) {
+	c.w.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.w.srv.URL+"/console/api/events", nil)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.w.t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		return resp.StatusCode, func() {}
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); resp.Body.Close() }) }
+	c.w.t.Cleanup(stop)
+	return resp.StatusCode, stop
+}
