@@ -58,7 +58,7 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 	// page, on another loopback address (127.0.0.2, [::1]) of that port.
 	if err := s.origins.Check(r); err != nil && (r.Header.Get("Sec-Fetch-Site") != "" || !loopbackOrigin(r)) {
 		status, class = http.StatusForbidden, kernel.ErrPermissionDenied
-		msg = fmt.Sprintf("cross-origin request refused (Origin %q, Sec-Fetch-Site %q): only this server's own origin, loopback origins on its port and configured origins may send %s requests",
+		msg = fmt.Sprintf("cross-origin request refused (Origin %q, Sec-Fetch-Site %q): only this server's own origin, configured origins and (from clients that send no Sec-Fetch-Site) loopback origins on its port may send %s requests",
 			r.Header.Get("Origin"), r.Header.Get("Sec-Fetch-Site"), r.Method)
 	} else if why := notJSON(r); why != "" {
 		status, class, msg = http.StatusUnsupportedMediaType, kernel.ErrInvalidArgs, why
