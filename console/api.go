@@ -73,6 +73,11 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 // proxies and the browser keep it open, and re-checks its session.
 const defaultHeartbeat = 15 * time.Second
 
+// streamWriteTimeout bounds one write of the event stream: the stream
+// outlives the server's write timeout (kernelctl serve's is 15 minutes, a
+// deadline for the whole response), a reader that stops reading does not.
+const streamWriteTimeout = 30 * time.Second
+
 // EventEnded is the last event of a stream whose session ended or whose
 // credential no longer verifies; its data is an ErrorBody saying why.
 const EventEnded = "ended"
@@ -82,19 +87,31 @@ const EventEnded = "ended"
 // (Console.check: it still exists, has not expired, its credential still
 // verifies) on every heartbeat and before each event is written; once it
 // fails, the stream sends "event: ended" with the reason and ends, the
-// event in hand unsent, and the session is gone.
+// event in hand unsent, and the session is gone. Each write has
+// streamWriteTimeout to go out; the stream ends at the first that fails.
+// A stream beyond maxStreamsPerSession of the session, or maxStreams in
+// all, is refused with 429.
 func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		writeError(w, http.StatusInternalServerError, "streaming is not supported here")
+	if why := c.openStream(s); why != "" {
+		writeError(w, http.StatusTooManyRequests, why)
 		return
 	}
+	defer c.closeStream(s)
 	sub := c.k.Subscribe(kernel.EventFilter{}, 0)
 	defer sub.Close()
+	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	fmt.Fprint(w, ": capkernel console events\n\n")
-	flusher.Flush()
+	write := func(format string, args ...any) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !write(": capkernel console events\n\n") {
+		return
+	}
 	tick := time.NewTicker(c.heartbeat)
 	defer tick.Stop()
 	// live reports whether the session may still read, ending the stream
@@ -105,8 +122,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			return true
 		}
 		b, _ := json.Marshal(ErrorBody{Error: err.Error()})
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", EventEnded, b)
-		flusher.Flush()
+		write("event: %s\ndata: %s\n\n", EventEnded, b)
 		return false
 	}
 	var dropped uint64
@@ -115,10 +131,9 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 		case <-r.Context().Done():
 			return
 		case <-tick.C:
-			if !live() {
+			if !live() || !write(": keep-alive\n\n") {
 				return
 			}
-			fmt.Fprint(w, ": keep-alive\n\n")
 		case e, ok := <-sub.C:
 			if !ok {
 				return
@@ -136,14 +151,42 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 			if err != nil {
 				continue
 			}
-			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b)
+			if !write("id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b) {
+				return
+			}
 		}
 		if n := sub.Dropped(); n != dropped {
 			dropped = n
-			fmt.Fprintf(w, "event: dropped\ndata: {\"dropped\":%d}\n\n", n)
+			if !write("event: dropped\ndata: {\"dropped\":%d}\n\n", n) {
+				return
+			}
 		}
-		flusher.Flush()
 	}
+}
+
+// openStream counts an event stream of s, or says why it may not open
+// (s holds maxStreamsPerSession, or all sessions maxStreams) and counts
+// nothing.
+func (c *Console) openStream(s *session) (refusal string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case s.streams >= c.maxStreamsPerSession:
+		return fmt.Sprintf("this session holds %d event streams open, the most a session may", s.streams)
+	case c.streams >= c.maxStreams:
+		return fmt.Sprintf("the console holds %d event streams open, the most it serves at once; try again later", c.streams)
+	}
+	s.streams++
+	c.streams++
+	return ""
+}
+
+// closeStream uncounts a stream openStream counted.
+func (c *Console) closeStream(s *session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.streams--
+	c.streams--
 }
 
 // Receipts is the body of GET /console/api/receipts.

@@ -55,9 +55,16 @@ const (
 	// MaxSessions bounds all sessions, the last resort once many
 	// credentials sign in: see Console.add.
 	MaxSessions = 1024
-	cookieName  = "capk_console"
-	keyHeader   = "X-Console-Key"
-	maxBody     = 64 << 10
+	// MaxStreamsPerSession is how many live event streams one session
+	// holds open: the page's, and the one replacing it after a break
+	// before the server saw the old one end.
+	MaxStreamsPerSession = 2
+	// MaxStreams bounds the live event streams of all sessions together:
+	// each holds a kernel subscription with its event buffer.
+	MaxStreams = 1024
+	cookieName = "capk_console"
+	keyHeader  = "X-Console-Key"
+	maxBody    = 64 << 10
 )
 
 // Roles a console session can have.
@@ -87,6 +94,11 @@ type Console struct {
 	// maxPerCred and maxSessions are MaxSessionsPerCredential and
 	// MaxSessions (tests set them lower).
 	maxPerCred, maxSessions int
+	// streams counts the event streams open (guarded by mu), within
+	// maxStreamsPerSession of a session and maxStreams in all
+	// (MaxStreamsPerSession and MaxStreams; tests set them lower).
+	streams                          int
+	maxStreamsPerSession, maxStreams int
 	// heartbeat is the event stream's (defaultHeartbeat; tests set it
 	// shorter).
 	heartbeat time.Duration
@@ -109,6 +121,9 @@ type session struct {
 	access  kernel.Access
 	created time.Time
 	expires time.Time
+	// streams is how many event streams the session holds open (guarded
+	// by Console.mu).
+	streams int
 }
 
 // New returns the console of k.
@@ -119,6 +134,7 @@ func New(k *kernel.Kernel) *Console {
 	}
 	c := &Console{k: k, mux: http.NewServeMux(), sessions: map[string]*session{}, byCred: map[string][]*session{}, now: time.Now, heartbeat: defaultHeartbeat,
 		maxPerCred: MaxSessionsPerCredential, maxSessions: MaxSessions,
+		maxStreamsPerSession: MaxStreamsPerSession, maxStreams: MaxStreams,
 		static: http.StripPrefix(strings.TrimSuffix(Prefix, "/"), http.FileServerFS(sub))}
 	c.routes()
 	return c

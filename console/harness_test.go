@@ -46,6 +46,13 @@ func newWorld(t *testing.T) *world {
 // are set here) and a change to the console before it serves.
 func newWorldWith(t *testing.T, cfg kernel.Config, console func(*Console)) *world {
 	t.Helper()
+	return newWorldServer(t, cfg, console, nil)
+}
+
+// newWorldServer is newWorldWith with a change to the HTTP server before
+// it starts (its timeouts).
+func newWorldServer(t *testing.T, cfg kernel.Config, console func(*Console), server func(*http.Server)) *world {
+	t.Helper()
 	dir := t.TempDir()
 	data, ws := filepath.Join(dir, "data"), filepath.Join(dir, "ws")
 	if err := os.Mkdir(ws, 0o755); err != nil {
@@ -73,7 +80,12 @@ func newWorldWith(t *testing.T, cfg kernel.Config, console func(*Console)) *worl
 		console(con)
 	}
 	api.ServeConsole(con)
-	w := &world{t: t, k: k, srv: httptest.NewServer(api), ws: ws, admin: ini.AdminCredential}
+	srv := httptest.NewUnstartedServer(api)
+	if server != nil {
+		server(srv.Config)
+	}
+	srv.Start()
+	w := &world{t: t, k: k, srv: srv, ws: ws, admin: ini.AdminCredential}
 	t.Cleanup(func() {
 		w.srv.CloseClientConnections()
 		w.srv.Close()

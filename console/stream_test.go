@@ -27,14 +27,26 @@ type sse struct {
 // the test ends.
 func (c *client) events() *sse {
 	c.w.t.Helper()
+	return openSSE(c.w.t, c.hc, c.w.srv.URL+"/console/api/events", "")
+}
+
+// openSSE opens the event stream at url with hc, sending cred as a bearer
+// credential unless it is empty; the stream is closed when the test ends.
+func openSSE(t *testing.T, hc *http.Client, url, cred string) *sse {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.w.srv.URL+"/console/api/events", nil)
-	resp, err := c.hc.Do(req)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
-		c.w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		c.w.t.Fatalf("GET /console/api/events: %d", resp.StatusCode)
+		cancel()
+		resp.Body.Close()
+		t.Fatalf("GET %s: %d", url, resp.StatusCode)
 	}
 	s := &sse{done: make(chan struct{})}
 	go func() {
@@ -48,7 +60,7 @@ func (c *client) events() *sse {
 			s.mu.Unlock()
 		}
 	}()
-	c.w.t.Cleanup(func() { cancel(); resp.Body.Close(); <-s.done })
+	t.Cleanup(func() { cancel(); resp.Body.Close(); <-s.done })
 	return s
 }
 
@@ -147,4 +159,111 @@ func TestEventStreamEndsWithCredential(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEventStreamsOutliveWriteTimeout: every event stream of the server
+// extends its write deadline before each write, so it outlives the
+// server's WriteTimeout (kernelctl serve: 15 minutes, here 1 s): the
+// event of a call made after the WriteTimeout passed still reaches it.
+// The console's stream kept the deadline the server set when it opened,
+// and was cut (no "event: ended") that long after, every 15 minutes for
+// every open console.
+func TestEventStreamsOutliveWriteTimeout(t *testing.T) {
+	const writeTimeout = time.Second
+	w := newWorldServer(t, kernel.Config{}, func(c *Console) { c.heartbeat = 100 * time.Millisecond },
+		func(s *http.Server) { s.WriteTimeout = writeTimeout })
+	auditor := w.client()
+	if st := auditor.login(w.dave.Token); st != http.StatusOK {
+		t.Fatalf("login: %d", st)
+	}
+	streams := []struct {
+		name string
+		s    *sse
+	}{
+		{"GET /console/api/events", auditor.events()},
+		{"GET /v1/events", openSSE(t, http.DefaultClient, w.srv.URL+"/v1/events", w.dave.Token)},
+	}
+	time.Sleep(writeTimeout + writeTimeout/2) // the server's deadline for the streams has passed
+	op, _ := w.gated(w.agent, "fs.write", map[string]any{"path": "notes.txt", "content": "x"}, "k-late")
+	for _, st := range streams {
+		t.Run(st.name, func(t *testing.T) {
+			st.s.waitFor(t, op)
+			select {
+			case <-st.s.done:
+				t.Fatalf("the stream ended:\n%s", st.s)
+			default:
+			}
+		})
+	}
+}
+
+// TestEventStreamLimits: a session holds at most maxStreamsPerSession
+// event streams open (the page's, and the one replacing it after a
+// break) and the console at most maxStreams in all; beyond either a
+// stream is refused 429, which the page retries, and a stream that closes
+// frees its place. A session opened as many as it liked, each a kernel
+// subscription with its event buffer.
+func TestEventStreamLimits(t *testing.T) {
+	w := newWorldWith(t, kernel.Config{}, func(c *Console) { c.maxStreamsPerSession, c.maxStreams = 2, 3 })
+	alice, alice2, bob := w.client(), w.client(), w.client()
+	for _, c := range []*client{alice, alice2} {
+		if st := c.login(w.alice.Token); st != http.StatusOK {
+			t.Fatalf("login: %d", st)
+		}
+	}
+	if st := bob.login(w.bob.Token); st != http.StatusOK {
+		t.Fatalf("login: %d", st)
+	}
+	var first func()
+	steps := []struct {
+		name   string
+		c      *client
+		status int
+	}{
+		{"alice's first", alice, 200},
+		{"alice's second", alice, 200},
+		{"alice's third: over the session's bound", alice, 429},
+		{"alice's other session: its own bound", alice2, 200},
+		{"bob's first: over the bound in all", bob, 429},
+	}
+	for i, st := range steps {
+		status, stop := st.c.openEvents()
+		if i == 0 {
+			first = stop
+		}
+		if status != st.status {
+			t.Fatalf("%s: status %d, want %d", st.name, status, st.status)
+		}
+	}
+	first()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		status, _ := bob.openEvents()
+		if status == http.StatusOK {
+			break
+		}
+		if status != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("bob's stream after one closed: %d", status)
+		}
+	}
+}
+
+// openEvents opens c's GET /console/api/events and answers its status; a
+// stream open is closed by stop, or when the test ends.
+func (c *client) openEvents() (status int, stop func()) {
+	c.w.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.w.srv.URL+"/console/api/events", nil)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.w.t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		return resp.StatusCode, func() {}
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); resp.Body.Close() }) }
+	c.w.t.Cleanup(stop)
+	return resp.StatusCode, stop
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
@@ -187,7 +188,7 @@ type Decision struct {
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	var d Decision
 	if err := decodeBody(w, r, &d); err != nil {
-		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "body must be {\"decision\": \"allow\"|\"deny\", \"reason\": \"…\"}: "+err.Error())
+		writeBodyError(w, "body must be {\"decision\": \"allow\"|\"deny\", \"reason\": \"…\"}", err)
 		return
 	}
 	cred := bearer(r)
@@ -221,6 +222,76 @@ const defaultHeartbeat = 15 * time.Second
 // outlives the server's write timeout, a stalled reader does not.
 const streamWriteTimeout = 30 * time.Second
 
+// Bounds of the GET /v1/events streams open at once. Each holds a
+// subscription, with its event buffer, in the kernel, and every event is
+// offered to every subscription.
+const (
+	// MaxEventStreamsPerAgent is how many streams one agent with its
+	// sub-agents (agent/…: a token's subject up to its first "/") holds;
+	// a person's approver and auditor tokens count as that person's, the
+	// admin credential as one more.
+	MaxEventStreamsPerAgent = 64
+	// MaxEventStreams is how many streams all credentials hold together.
+	MaxEventStreams = 1024
+)
+
+// streamCount counts the open GET /v1/events streams per owner and in
+// all, within its bounds.
+type streamCount struct {
+	mu            sync.Mutex
+	total         int
+	byOwner       map[streamOwner]int
+	perAgent, max int
+}
+
+// streamOwner is whose bound a stream counts against: the admin
+// credential's, or a token's agent family.
+type streamOwner struct {
+	admin bool
+	agent string
+}
+
+func ownerOf(c caller) streamOwner {
+	if c.admin {
+		return streamOwner{admin: true}
+	}
+	family, _, _ := strings.Cut(c.tok.Claims.Subject, "/")
+	return streamOwner{agent: family}
+}
+
+// open counts a stream of o, or says why it may not open (o holds
+// perAgent streams, or all hold max) and counts nothing.
+func (n *streamCount) open(o streamOwner) (refusal string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.byOwner[o] >= n.perAgent:
+		who := "the admin credential"
+		if !o.admin {
+			who = fmt.Sprintf("agent %q with its sub-agents", o.agent)
+		}
+		return fmt.Sprintf("%s holds %d event streams open, the most one agent may; close one first", who, n.byOwner[o])
+	case n.total >= n.max:
+		return fmt.Sprintf("the server holds %d event streams open, the most it serves at once; try again later", n.total)
+	}
+	if n.byOwner == nil {
+		n.byOwner = map[streamOwner]int{}
+	}
+	n.byOwner[o]++
+	n.total++
+	return ""
+}
+
+// close uncounts a stream open counted.
+func (n *streamCount) close(o streamOwner) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.byOwner[o]--; n.byOwner[o] == 0 {
+		delete(n.byOwner, o)
+	}
+	n.total--
+}
+
 // EventEnded is the event that ends a GET /v1/events stream whose
 // credential no longer verifies; its data is an ErrorBody.
 const EventEnded = "ended"
@@ -238,6 +309,10 @@ const EventEnded = "ended"
 // expired, or the admin credential is no longer the kernel's), the
 // stream sends "event: ended" with the refusal as an ErrorBody and ends,
 // and the event in hand is not sent.
+//
+// A stream beyond MaxEventStreamsPerAgent of its credential's agent, or
+// beyond MaxEventStreams in all, is refused with 429
+// concurrency_exceeded.
 func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	c, ok := s.who(w, r)
 	if !ok {
@@ -266,6 +341,12 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 		}
 		f.AgentID = acc.Agent
 	}
+	owner := ownerOf(c)
+	if why := s.streams.open(owner); why != "" {
+		writeError(w, http.StatusTooManyRequests, kernel.ErrConcurrencyExceeded, why)
+		return
+	}
+	defer s.streams.close(owner)
 	sub := s.k.Subscribe(f, 0)
 	defer sub.Close()
 	rc := http.NewResponseController(w)

@@ -20,10 +20,11 @@ import (
 // handler runs, a request of a method other than GET, HEAD or OPTIONS is
 // refused:
 //
-//   - with 403 when it is cross-origin: Sec-Fetch-Site says so, or Origin
-//     is neither this server's own origin (its Host), nor a loopback origin
-//     on the port of the loopback socket the request came in on, nor an
-//     origin added with AllowOrigins;
+//   - with 403 when it is cross-origin: Sec-Fetch-Site says so (cross-site
+//     or same-site), or Origin is neither this server's own origin (its
+//     Host), nor an origin added with AllowOrigins, nor (for a request
+//     without Sec-Fetch-Site) a loopback origin on the port of the loopback
+//     socket the request came in on;
 //   - with 415 when it has a body (or declares a type) that is not
 //     application/json.
 //
@@ -50,9 +51,14 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	status, class, msg := 0, "", ""
-	if err := s.origins.Check(r); err != nil && !loopbackOrigin(r) {
+	// The loopback exception is for clients that do not say where the
+	// request comes from (non-browsers, browsers older than
+	// Sec-Fetch-Site). A browser that says cross-site or same-site is
+	// believed: a loopback origin on this port may be another server's
+	// page, on another loopback address (127.0.0.2, [::1]) of that port.
+	if err := s.origins.Check(r); err != nil && (r.Header.Get("Sec-Fetch-Site") != "" || !loopbackOrigin(r)) {
 		status, class = http.StatusForbidden, kernel.ErrPermissionDenied
-		msg = fmt.Sprintf("cross-origin request refused (Origin %q, Sec-Fetch-Site %q): only this server's own origin, loopback origins on its port and configured origins may send %s requests",
+		msg = fmt.Sprintf("cross-origin request refused (Origin %q, Sec-Fetch-Site %q): only this server's own origin, configured origins and (from clients that send no Sec-Fetch-Site) loopback origins on its port may send %s requests",
 			r.Header.Get("Origin"), r.Header.Get("Sec-Fetch-Site"), r.Method)
 	} else if why := notJSON(r); why != "" {
 		status, class, msg = http.StatusUnsupportedMediaType, kernel.ErrInvalidArgs, why

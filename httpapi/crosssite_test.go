@@ -110,6 +110,7 @@ func TestCallCrossSite(t *testing.T) {
 	u, _ := url.Parse(f.srv.URL)
 	self := f.srv.URL
 	localhost := "http://localhost:" + u.Port()
+	otherLoopback := "http://127.0.0.2:" + u.Port()
 	tests := []struct {
 		name    string
 		headers []string
@@ -131,7 +132,14 @@ func TestCallCrossSite(t *testing.T) {
 		{"loopback on another port", []string{"Content-Type: application/json", "Origin: http://localhost:1"}, 403, kernel.ErrPermissionDenied},
 		{"own origin", []string{"Content-Type: application/json", "Origin: " + self}, 200, ""},
 		{"same-origin by Sec-Fetch-Site", []string{"Content-Type: application/json", "Origin: " + self, "Sec-Fetch-Site: same-origin"}, 200, ""},
-		{"localhost on the server's port", []string{"Content-Type: application/json", "Origin: " + localhost, "Sec-Fetch-Site: cross-site"}, 200, ""},
+		{"localhost on the server's port", []string{"Content-Type: application/json", "Origin: " + localhost}, 200, ""},
+		{"127.0.0.2 on the server's port", []string{"Content-Type: application/json", "Origin: " + otherLoopback}, 200, ""},
+		{"localhost on the server's port, same-origin by Sec-Fetch-Site", []string{"Content-Type: application/json", "Origin: " + localhost, "Sec-Fetch-Site: same-origin"}, 200, ""},
+		// A browser that says cross-site is believed: the page may be
+		// another server's, on the same port of another loopback address.
+		{"localhost on the server's port, cross-site by Sec-Fetch-Site", []string{"Content-Type: application/json", "Origin: " + localhost, "Sec-Fetch-Site: cross-site"}, 403, kernel.ErrPermissionDenied},
+		{"127.0.0.2 on the server's port, cross-site by Sec-Fetch-Site", []string{"Content-Type: application/json", "Origin: " + otherLoopback, "Sec-Fetch-Site: cross-site"}, 403, kernel.ErrPermissionDenied},
+		{"[::1] on the server's port, same-site by Sec-Fetch-Site", []string{"Content-Type: application/json", "Origin: http://[::1]:" + u.Port(), "Sec-Fetch-Site: same-site"}, 403, kernel.ErrPermissionDenied},
 		{"configured origin", []string{"Content-Type: application/json", "Origin: https://console.example.com", "Sec-Fetch-Site: cross-site"}, 200, ""},
 	}
 	for _, tc := range tests {
@@ -166,6 +174,8 @@ func TestCallCrossSite(t *testing.T) {
 // acting.
 func TestAdminCrossSite(t *testing.T) {
 	f := newFixture(t)
+	u, _ := url.Parse(f.srv.URL)
+	localhost := "http://localhost:" + u.Port()
 	auth := "Authorization: Bearer " + f.admin
 	revoked := func(t *testing.T) bool {
 		t.Helper()
@@ -193,6 +203,9 @@ func TestAdminCrossSite(t *testing.T) {
 		{"delete from another origin", "DELETE", "/v1/operations/x", "", []string{auth, "Origin: http://evil.example", "Sec-Fetch-Site: cross-site"}, 403},
 		{"decide from another origin", "POST", "/v1/approvals/x", `{"decision":"allow"}`, []string{"Content-Type: application/json", "Origin: http://evil.example"}, 403},
 		{"decide as a form", "POST", "/v1/approvals/x", `decision=allow`, []string{"Content-Type: application/x-www-form-urlencoded"}, 415},
+		{"cancel from a loopback origin on the server's port, cross-site", "POST", "/v1/sessions/s1/cancel", "", []string{auth, "Origin: " + localhost, "Sec-Fetch-Site: cross-site"}, 403},
+		{"revoke from a loopback origin on the server's port, cross-site", "POST", revoke, `{"reason":"x"}`, []string{auth, "Content-Type: application/json", "Origin: " + localhost, "Sec-Fetch-Site: cross-site"}, 403},
+		{"cancel from a loopback origin on the server's port, no Sec-Fetch-Site", "POST", "/v1/sessions/s1/cancel", "", []string{auth, "Origin: " + localhost}, 200},
 		{"cancel without a body", "POST", "/v1/sessions/s1/cancel", "", []string{auth}, 200},
 		{"a read from another origin", "GET", "/v1/policy", "", []string{"Origin: http://evil.example"}, 200},
 	}

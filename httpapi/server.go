@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,11 +56,14 @@ type Server struct {
 	// heartbeat is the GET /v1/events heartbeat (defaultHeartbeat; tests set
 	// it shorter).
 	heartbeat time.Duration
+	// streams counts the open GET /v1/events streams.
+	streams streamCount
 }
 
 // New returns the API of k.
 func New(k *kernel.Kernel) *Server {
-	s := &Server{k: k, mux: http.NewServeMux(), heartbeat: defaultHeartbeat}
+	s := &Server{k: k, mux: http.NewServeMux(), heartbeat: defaultHeartbeat,
+		streams: streamCount{perAgent: MaxEventStreamsPerAgent, max: MaxEventStreams}}
 	s.mux.HandleFunc("POST /v1/syscalls", s.call)
 	s.mux.HandleFunc("GET /v1/syscalls", s.tools)
 	s.mux.HandleFunc("GET /v1/policy", s.policy)
@@ -772,21 +774,23 @@ func putBuffer(bp *[]byte, b []byte) {
 	}
 }
 
-// readBody reads r's body up to max bytes into buf, grown at once to the
-// size the request declares (when it is within max) rather than step by
-// step.
-func readBody(r *http.Request, buf []byte, max int64) ([]byte, error) {
+// readBody reads r's body, up to limit bytes, into buf. The buffer grows
+// with the bytes that arrive, doubling when full, never ahead of them to
+// the length the request declares: a client that declares a large body and
+// stalls holds at most buf, or twice what it sent (the body is read before
+// any credential is checked). The declared length only caps a growth, so
+// that a body of that length ends at EOF without one more.
+func readBody(r *http.Request, buf []byte, limit int64) ([]byte, error) {
 	b := buf[:0]
-	if n := r.ContentLength; n >= 0 && n < max {
-		// One byte more than declared, so that the read ends at EOF
-		// without growing the buffer.
-		b = slices.Grow(b, int(n)+1)
-	}
-	for int64(len(b)) < max {
+	for int64(len(b)) < limit {
 		if len(b) == cap(b) {
-			b = slices.Grow(b, 512)
+			n := int64(max(2*cap(b), 512))
+			if d := r.ContentLength; d >= int64(len(b)) && d < n {
+				n = d + 1 // room for the declared body and the EOF after it
+			}
+			b = append(make([]byte, 0, min(n, limit)), b...)
 		}
-		m, err := r.Body.Read(b[len(b):min(int64(cap(b)), max)])
+		m, err := r.Body.Read(b[len(b):min(int64(cap(b)), limit)])
 		b = b[:len(b)+m]
 		if err == io.EOF {
 			return b, nil
@@ -802,17 +806,22 @@ func readBody(r *http.Request, buf []byte, max int64) ([]byte, error) {
 // rules, answering the request itself when it cannot.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err := decodeBody(w, r, v); err != nil {
-		status := http.StatusBadRequest
-		msg := "request body: " + err.Error()
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			status = http.StatusRequestEntityTooLarge
-			msg = fmt.Sprintf("request body is over the %d-byte limit of this endpoint", mbe.Limit)
-		}
-		writeError(w, status, kernel.ErrInvalidArgs, msg)
+		writeBodyError(w, "request body", err)
 		return false
 	}
 	return true
+}
+
+// writeBodyError answers a request whose body decodeBody refused with err:
+// 413 for a body over the limit, else 400 with what, the body's
+// expected form, in front of the reason.
+func writeBodyError(w http.ResponseWriter, what string, err error) {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, kernel.ErrInvalidArgs, fmt.Sprintf("request body is over the %d-byte limit of this endpoint", mbe.Limit))
+		return
+	}
+	writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, what+": "+err.Error())
 }
 
 // decodeBody reads a request body of at most maxAdminBody bytes and

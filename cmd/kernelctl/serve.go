@@ -22,6 +22,8 @@ import (
 
 // Server timeouts. A call may run for minutes (proc.exec, approvals), so
 // the write timeout is long; reading a request is not allowed to be slow.
+// The event streams (GET /v1/events, the console's) outlive writeTimeout:
+// each sets its own deadline before every write.
 const (
 	readHeaderTimeout = 10 * time.Second
 	readTimeout       = 60 * time.Second
