@@ -574,6 +574,9 @@ func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
 	for _, r := range fsr {
 		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
 	}
+	if err := k.checkRoots(roots); err != nil {
+		return nil, err
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if w, ok := k.workspaces[string(key)]; ok {

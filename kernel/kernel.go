@@ -37,6 +37,7 @@ import (
 // Kernel is an open data dir serving calls. It is safe for concurrent use.
 type Kernel struct {
 	cfg      Config
+	private  []privateDir // the kernel's own directories, which no root may reach (private.go)
 	settings settings
 	db       *store.DB
 	kv       syscalls.KVReader // the kv store as syscalls read it, made once (a call's would allocate)
@@ -165,6 +166,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 			os.RemoveAll(p)
 		}
 	}
+	k.private = privateDirs(cfg)
 	k.sandbox = sandbox.New(sandbox.Options{Bwrap: cfg.Bwrap, StagingDir: cfg.SandboxDir})
 	if err := syscalls.RegisterExec(k.registry, syscalls.ExecOptions{
 		Sandbox: k.sandbox, EnvAllow: cfg.ExecEnvAllow, MaxOutput: cfg.ExecMaxOutput, Processes: cfg.ExecProcesses,

@@ -1,0 +1,57 @@
+package kernel
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/capkernel/capkernel/captoken"
+)
+
+// TestRootsKeepOutOfKernelDirs: no token's root may reach the kernel's
+// own directories — one that holds the data dir (a grant of its parent),
+// one inside it, one inside the sandbox dir, one reaching it through a
+// bind mount: every call on such a root is scope_denied, the admin
+// credential and kernel.db unread; a root beside them serves as usual.
+func TestRootsKeepOutOfKernelDirs(t *testing.T) {
+	h := newHarness(t)
+	parent := filepath.Dir(h.data)
+	bound := filepath.Join(t.TempDir(), "bound")
+	if err := os.MkdirAll(bound, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mounted := syscall.Mount(h.data, bound, "", syscall.MS_BIND, "") == nil
+	if mounted {
+		t.Cleanup(func() { syscall.Unmount(bound, syscall.MNT_DETACH) })
+	}
+	tests := []struct {
+		name, root, path string
+	}{
+		{"a root that holds the data dir", parent, "data/admin.token"},
+		{"the data dir", h.data, "admin.token"},
+		{"a root inside the data dir", filepath.Join(h.data, "keys"), "receipt.pub"},
+		{"a root inside the sandbox dir", filepath.Join(h.data, "sandbox"), "."},
+	}
+	if mounted {
+		tests = append(tests, struct{ name, root, path string }{"the data dir bound elsewhere", bound, "admin.token"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tok, jti := h.mint("agent-"+strings.ReplaceAll(tt.name, " ", "-"), captoken.Capability{Tools: []string{"fs.read", "fs.list"}, FS: []captoken.FSRoot{{Path: tt.root, Mode: "r"}}})
+			for _, tool := range []string{"fs.read", "fs.list"} {
+				r := h.invoke(tool, map[string]any{"path": tt.path}, func(e *Envelope) {
+					e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "agent-"+strings.ReplaceAll(tt.name, " ", "-"), tok, jti
+				})
+				if errClass(r) != ErrScopeDenied || !strings.Contains(r.Error.Message, "reaches the kernel's") || strings.Contains(string(r.Result), "ckadmin_") {
+					t.Fatalf("%s %s: %+v %s", tool, tt.path, r.Error, r.Result)
+				}
+			}
+		})
+	}
+	h.write("beside.txt", "ok")
+	if r := h.invoke("fs.read", map[string]any{"path": "beside.txt"}); r.Status != StatusOK {
+		t.Fatalf("a root beside the data dir: %+v", r.Error)
+	}
+}
