@@ -300,8 +300,12 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		c.res.RiskBasis = append(c.res.RiskBasis, "the policy does not allow the full network posture (net_full)")
 	}
 	// 7. Idempotency: a finished twin is replayed before any gate (the
-	// prepare transaction checks again, atomically).
-	transactional := c.effect.Mutating() || env.IdempotencyKey != ""
+	// prepare transaction checks again, atomically). An external call
+	// (net.fetch's GET too) is prepared durably before it runs even
+	// without a key: should the kernel stop while its request is out,
+	// recovery records it (outcome_unknown), where a read that stays on
+	// the host leaves nothing that needs recording.
+	transactional := c.effect.Mutating() || env.IdempotencyKey != "" || c.external()
 	if transactional {
 		if r := k.lookupReplay(ctx, c); r != nil {
 			return r
@@ -954,7 +958,8 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	// An external call that ran to its end has had its effect: whatever
 	// refuses it from here on, its key keeps that outcome (a syscall that
 	// failed says whether its effect may have happened: outcome_unknown).
-	effected := in.External && class == ""
+	// An external read (a GET) has none to keep: refused, it rolls back.
+	effected := in.External && class == "" && c.effect.Mutating()
 	if class == "" {
 		class, msg = c.checkFiles()
 	}
@@ -1215,11 +1220,14 @@ func (c *call) unusable(class, msg string) (string, string) {
 }
 
 // external reports whether c's effect happens outside the kernel: a
-// NETWORK call, a syscall whose Definition says External, or one granted
-// a network posture other than off (proc.exec with network: its command
-// may act elsewhere). Its intent is marked so (txn.Intent.External).
+// NETWORK call, a syscall whose Definition says External, one that sends
+// bytes to hosts (its Reach names some: net.fetch's GET sends its URL,
+// headers and body as a POST does), or one granted a network posture
+// other than off (proc.exec with network: its command may act
+// elsewhere). Its intent is marked so (txn.Intent.External): recovery
+// never says such a call did not happen.
 func (c *call) external() bool {
-	return c.effect == syscalls.Network || c.entry.Def.External ||
+	return c.effect == syscalls.Network || c.entry.Def.External || c.reach != nil && len(c.reach.Hosts) > 0 ||
 		(c.grant != nil && c.grant.Network != "" && c.grant.Network != syscalls.NetOff)
 }
 

@@ -50,7 +50,7 @@ func TestNetBytesHoldUnderConcurrency(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		children bool
-		method   string // POST calls carry a key; GET ones none (the shorter path)
+		method   string // POST calls carry a key; GET ones none (prepared all the same: they reach a host)
 		overdraw string // the class of the call that spends the rest
 	}{
 		{"one token, keyed POSTs", false, "POST", ErrOutcomeUnknown},
