@@ -535,3 +535,23 @@ func TestMemoryLimit(t *testing.T) {
 		t.Fatalf("/tmp: LimitExceeded %q, exit %d, stdout %q", res.LimitExceeded, res.ExitCode, res.Stdout)
 	}
 }
+
+// TestDeltaPathBytes: a delta's paths count against a bound of their own
+// (Limits.DeltaPathBytes): many files under long names, each empty, fail
+// ErrDeltaTooLarge where they fit the entry and content caps (their paths
+// went three times into the kernel's database, charged nothing).
+func TestDeltaPathBytes(t *testing.T) {
+	requireSandbox(t)
+	ws := t.TempDir()
+	s := newSandbox(t, sandbox.Options{})
+	long := strings.Repeat("n", 200)
+	script := `mkdir ` + long + ` && cd ` + long + ` && i=0; while [ $i -lt 60 ]; do i=$((i+1)); : > ` + long + `$i; done`
+	res := run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: sandbox.Limits{DeltaPathBytes: 8 << 10}}, script)
+	if !errors.Is(res.DeltaErr, sandbox.ErrDeltaTooLarge) || !strings.Contains(res.DeltaErr.Error(), "bytes of changed paths") {
+		t.Fatalf("61 paths of ~400 bytes under an 8 KiB bound: %v", res.DeltaErr)
+	}
+	res = run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ws, Writable: true}}, Limits: sandbox.Limits{DeltaPathBytes: 64 << 10}}, script)
+	if res.DeltaErr != nil || len(res.Delta.Changes) != 61 {
+		t.Fatalf("the same under 64 KiB: %v", res.DeltaErr)
+	}
+}

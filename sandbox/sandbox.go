@@ -67,6 +67,10 @@ type Limits struct {
 
 	DeltaFiles int   // entries in the delta (added, modified, deleted); default 10,000
 	DeltaBytes int64 // bytes of added and modified file content in the delta; default 1 GiB
+	// DeltaPathBytes bounds the bytes of the delta's paths (and link
+	// targets), which its result, record and stored delta each hold;
+	// default DefaultDeltaPathBytes.
+	DeltaPathBytes int64
 }
 
 // Limit defaults.
@@ -75,7 +79,11 @@ const (
 	DefaultOutput     = 1 << 20
 	DefaultDeltaFiles = 10000
 	DefaultDeltaBytes = 1 << 30
-	DefaultMemory     = 4 << 30
+	// DefaultDeltaPathBytes is DeltaPathBytes's default: paths of 400
+	// bytes on average for DefaultDeltaFiles entries (a tree of 10,000
+	// files under paths of 255-byte names took 39 MB, three times over).
+	DefaultDeltaPathBytes = 4 << 20
+	DefaultMemory         = 4 << 30
 	// DefaultAddressSpace is generous on purpose: it is address space,
 	// not memory used, and runtimes reserve far more than they use (node
 	// 20 does not start with 8 GiB; the JVM reserves its heap, a quarter
@@ -522,6 +530,7 @@ func (l Limits) withDefaults() Limits {
 	l.Stderr = cmp.Or(l.Stderr, DefaultOutput)
 	l.DeltaFiles = cmp.Or(l.DeltaFiles, DefaultDeltaFiles)
 	l.DeltaBytes = cmp.Or(l.DeltaBytes, DefaultDeltaBytes)
+	l.DeltaPathBytes = cmp.Or(l.DeltaPathBytes, DefaultDeltaPathBytes)
 	l.Memory = cmp.Or(l.Memory, DefaultMemory)
 	l.AddressSpace = cmp.Or(l.AddressSpace, DefaultAddressSpace)
 	l.Tmp = cmp.Or(l.Tmp, DefaultTmp)

@@ -302,11 +302,12 @@ func copyFile(src, dst string, fi fs.FileInfo) error {
 // deltaBuilder collects the changes of all rw roots and enforces the caps
 // and the symlink policy.
 type deltaBuilder struct {
-	limits   Limits
-	symlinks SymlinkPolicy
-	changes  []Change
-	bytes    int64
-	deleted  map[string]bool // paths already recorded as deleted
+	limits    Limits
+	symlinks  SymlinkPolicy
+	changes   []Change
+	bytes     int64
+	pathBytes int64           // of the changes' paths and link targets
+	deleted   map[string]bool // paths already recorded as deleted
 }
 
 func (b *deltaBuilder) add(c Change) error {
@@ -324,6 +325,10 @@ func (b *deltaBuilder) add(c Change) error {
 	}
 	if b.limits.DeltaFiles > 0 && len(b.changes) >= b.limits.DeltaFiles {
 		return fmt.Errorf("%w: more than %d changed paths", ErrDeltaTooLarge, b.limits.DeltaFiles)
+	}
+	b.pathBytes += int64(len(c.Root) + 1 + len(c.Rel) + len(c.Target))
+	if b.limits.DeltaPathBytes > 0 && b.pathBytes > b.limits.DeltaPathBytes {
+		return fmt.Errorf("%w: more than %d bytes of changed paths", ErrDeltaTooLarge, b.limits.DeltaPathBytes)
 	}
 	if c.Type == TypeFile && c.Kind != Deleted {
 		b.bytes += c.Size
