@@ -123,3 +123,22 @@ func TestVerifyExportPayloadLines(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyExportCountsNotKept: an export's verification and the
+// database's report the same payloads of the same ledger: the parts of a
+// record at depth commitments_only, which has no payload line, count as
+// not kept in both (the export's said 0).
+func TestVerifyExportCountsNotKept(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Audit = &AuditConfig{Depth: map[string]string{"fs.write": DepthCommitmentsOnly}} })
+	mustOK(t, h.invoke("fs.write", map[string]any{"path": "a.txt", "content": "x"}, key("w")))
+	mustOK(t, h.invoke("echo", map[string]any{"text": "y"}))
+	db := mustVerify(t, h.k.Inspector())
+	var exp bytes.Buffer
+	if err := h.k.Inspector().Export(&exp); err != nil {
+		t.Fatal(err)
+	}
+	c, err := VerifyExport(bytes.NewReader(exp.Bytes()), h.k.ID(), h.k.ReceiptKey(), nil)
+	if err != nil || !c.Intact || c.Payloads == nil || db.Payloads == nil || db.Payloads.NotKept == 0 || *c.Payloads != *db.Payloads {
+		t.Fatalf("the export's payloads %+v (%v), the database's %+v", c.Payloads, err, db.Payloads)
+	}
+}
