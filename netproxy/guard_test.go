@@ -33,21 +33,7 @@ func TestSpecial(t *testing.T) {
 // TestGuardDial: the check is on the address dialed, whatever name led
 // there, and an explicit grant lifts it.
 func TestGuardDial(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
+	port := closingListener(t, "127.0.0.1:0")
 	lookup := func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 	}
@@ -81,21 +67,7 @@ func TestGuardDial(t *testing.T) {
 // on all interfaces is reached through them as through loopback. Before,
 // an address outside the special ranges (here eth0's) was dialed under *.
 func TestGuardRefusesOwnAddresses(t *testing.T) {
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
+	port := closingListener(t, ":0")
 	ifaddrs, err := net.InterfaceAddrs()
 	if err != nil {
 		t.Fatal(err)
@@ -132,4 +104,26 @@ func TestGuardRefusesOwnAddresses(t *testing.T) {
 			t.Errorf("ownAddr(%s) = %v, %v; want false", a, own, err)
 		}
 	}
+}
+
+// closingListener listens on addr, closing every connection it accepts,
+// until the test ends; it returns the port.
+func closingListener(t *testing.T, addr string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
 }
