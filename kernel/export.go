@@ -137,7 +137,7 @@ func exportWithPayloads(tx *bbolt.Tx, w io.Writer) error {
 func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress func(seq uint64)) (LedgerCheck, error) {
 	var mu sync.Mutex
 	payloads := map[uint64]*Payload{}
-	present := map[uint64]bool{}
+	var present seqSet // records with a payload line: a bit each, not a map entry
 	lines := &payloadLines{payload: func(pl *payloadLine) {
 		mu.Lock()
 		payloads[pl.Seq] = pl.Payload
@@ -171,7 +171,7 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 			}
 			return nil
 		}
-		present[e.Seq] = true
+		present.add(e.Seq)
 		return t.open(e.Seq, c, depth, p, nil)
 	}
 	rep, err := verifyLedgerExport(pr, origin, pub, progress, t.entry, open)
@@ -188,8 +188,8 @@ func VerifyExport(r io.Reader, origin string, pub ed25519.PublicKey, progress fu
 		seq := slices.Min(slices.Collect(maps.Keys(payloads)))
 		return LedgerCheck{Entries: check.Entries, BadSeq: &seq, Reason: fmt.Sprintf("export: a payload line for entry %d, which is no audit record with commitments (tampered)", seq)}, nil
 	}
-	for seq := range present {
-		if t.erased[seq] {
+	for seq, erased := range t.erased {
+		if erased && present.has(seq) {
 			return LedgerCheck{Entries: check.Entries, BadSeq: &seq, Reason: fmt.Sprintf("export: a payload for audit record %d, which an erasure record says was erased (tampered)", seq)}, nil
 		}
 	}
@@ -383,4 +383,22 @@ func checkPayloadLine(line []byte) (*payloadLine, error) {
 		return &pl, fmt.Errorf("the payload line for entry %d is not in canonical JSON form (RFC 8785): %w", pl.Seq, err)
 	}
 	return &pl, nil
+}
+
+// seqSet is a set of entry sequence numbers, one bit each: an export's
+// verification keeps one per record, and its memory is to grow with the
+// longest line, not with the ledger.
+type seqSet []uint64
+
+func (s *seqSet) add(seq uint64) {
+	i := seq / 64
+	if i >= uint64(len(*s)) {
+		*s = append(*s, make([]uint64, i+1-uint64(len(*s)))...)
+	}
+	(*s)[i] |= 1 << (seq % 64)
+}
+
+func (s seqSet) has(seq uint64) bool {
+	i := seq / 64
+	return i < uint64(len(s)) && s[i]&(1<<(seq%64)) != 0
 }

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -140,5 +141,36 @@ func TestVerifyExportCountsNotKept(t *testing.T) {
 	c, err := VerifyExport(bytes.NewReader(exp.Bytes()), h.k.ID(), h.k.ReceiptKey(), nil)
 	if err != nil || !c.Intact || c.Payloads == nil || db.Payloads == nil || db.Payloads.NotKept == 0 || *c.Payloads != *db.Payloads {
 		t.Fatalf("the export's payloads %+v (%v), the database's %+v", c.Payloads, err, db.Payloads)
+	}
+}
+
+// TestVerifyExportErasedPayloadBack: an export whose payload line for a
+// record an erasure record names was put back is not intact, the reason
+// naming that record.
+func TestVerifyExportErasedPayloadBack(t *testing.T) {
+	h := newHarness(t)
+	w := h.invoke("fs.write", map[string]any{"path": "notes.txt", "content": "pin 4711"}, key("k"))
+	mustOK(t, w)
+	before := exportLines(t, h.k.Inspector())
+	at := slices.IndexFunc(before, func(l []byte) bool {
+		return bytes.HasPrefix(l, []byte(`{"payload":`)) && bytes.HasSuffix(l, fmt.Appendf(nil, `,"seq":%d}`+"\n", w.LedgerSeq))
+	})
+	if at < 0 {
+		t.Fatal("no payload line for the write")
+	}
+	if _, err := h.k.Erase(context.Background(), w.OperationID, "subject asked"); err != nil {
+		t.Fatal(err)
+	}
+	after := exportLines(t, h.k.Inspector())
+	rec := slices.IndexFunc(after, func(l []byte) bool {
+		return !bytes.HasPrefix(l, []byte(`{"payload":`)) && bytes.Contains(l, fmt.Appendf(nil, `"seq":%d,`, w.LedgerSeq))
+	})
+	if rec < 0 {
+		t.Fatal("no record line for the write")
+	}
+	forged := slices.Concat(after[:rec], [][]byte{before[at]}, after[rec:])
+	c, err := VerifyExport(bytes.NewReader(bytes.Join(forged, nil)), h.k.ID(), h.k.ReceiptKey(), nil)
+	if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != w.LedgerSeq || !strings.Contains(c.Reason, "erasure record says was erased") {
+		t.Fatalf("an erased payload put back: %+v %v", c, err)
 	}
 }
