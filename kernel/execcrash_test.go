@@ -263,49 +263,67 @@ func TestFetchCrash(t *testing.T) {
 	}
 }
 
-// TestFetchGetCrash: a net.fetch GET without an idempotency key, whose
-// request (its URL carrying data) reached the server, is recorded by
-// recovery as outcome_unknown when the kernel dies before it answers: it
-// is prepared durably before it is sent, as a mutating call is (a read
-// took the direct path, which writes nothing before it runs, and the
-// request left no record).
+// TestFetchGetCrash: a net.fetch GET, with or without an idempotency
+// key, whose request (its URL carrying data) reached the server, is
+// recorded by recovery as outcome_unknown when the kernel dies before it
+// answers: it is prepared durably before it is sent, as a mutating call
+// is (a keyless read took the direct path, which writes nothing before it
+// runs, and the request left no record). Being a read it leaves its key
+// free: a repeat with the key runs again (it is not bound to the unknown
+// outcome, as a POST's is).
 func TestFetchGetCrash(t *testing.T) {
-	h := newExecHarness(t)
-	got := make(chan string, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- r.URL.RawQuery
-		select { // the response never comes
-		case <-r.Context().Done():
-		case <-time.After(20 * time.Second):
-		}
-	}))
-	defer srv.Close()
-	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, Net: []string{"127.0.0.1"}})
-	args := json.RawMessage(fmt.Sprintf(`{"url":%q}`, srv.URL+"/leak?d=secret"))
-	env := Envelope{ToolID: "net.fetch", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
-		OperationID: newID(), Args: args}
-	runCrashChild(t, h, env, "", "", func(p *os.Process) {
-		select {
-		case q := <-got:
-			if q != "d=secret" {
-				t.Errorf("the server got %q", q)
+	for _, idem := range []string{"", "get-1"} {
+		t.Run("key "+idem, func(t *testing.T) {
+			h := newExecHarness(t)
+			got := make(chan string, 2)
+			var answer atomic.Bool // the GET hangs until the kernel is killed
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got <- r.URL.RawQuery
+				if !answer.Load() {
+					select { // the response never comes
+					case <-r.Context().Done():
+					case <-time.After(20 * time.Second):
+					}
+					return
+				}
+				w.Write([]byte("fresh"))
+			}))
+			defer srv.Close()
+			h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, Net: []string{"127.0.0.1"}})
+			args := json.RawMessage(fmt.Sprintf(`{"url":%q}`, srv.URL+"/leak?d=secret"))
+			env := Envelope{ToolID: "net.fetch", AgentID: h.agent, CapabilityToken: h.token, CapabilityTokenID: h.jti,
+				OperationID: newID(), Args: args, IdempotencyKey: idem}
+			runCrashChild(t, h, env, "", "", func(p *os.Process) {
+				select {
+				case q := <-got:
+					if q != "d=secret" {
+						t.Errorf("the server got %q", q)
+					}
+				case <-time.After(30 * time.Second):
+					t.Error("the GET never arrived")
+				}
+				p.Kill()
+			})
+			answer.Store(true)
+			h.open(execPolicy(t), func(c *Config) { c.NetLookup = testLookup })
+			if len(h.k.Recovered.Unknown) != 1 {
+				t.Fatalf("recovery %+v", h.k.Recovered)
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("the GET never arrived")
-		}
-		p.Kill()
-	})
-	h.open(execPolicy(t), func(c *Config) { c.NetLookup = testLookup })
-	if len(h.k.Recovered.Unknown) != 1 {
-		t.Fatalf("recovery %+v", h.k.Recovered)
-	}
-	var records []auditRecord
-	for _, a := range h.audits(0) {
-		if a.OperationID == env.OperationID {
-			records = append(records, a)
-		}
-	}
-	if len(records) != 1 || records[0].ErrorClass != ErrOutcomeUnknown {
-		t.Fatalf("the records of the GET that went out: %+v", records)
+			var records []auditRecord
+			for _, a := range h.audits(0) {
+				if a.OperationID == env.OperationID {
+					records = append(records, a)
+				}
+			}
+			if len(records) != 1 || records[0].ErrorClass != ErrOutcomeUnknown {
+				t.Fatalf("the records of the GET that went out: %+v", records)
+			}
+			if idem != "" {
+				r := h.invoke("net.fetch", nil, key(idem), func(e *Envelope) { e.Args = args })
+				if r.Status != StatusOK || r.Replayed {
+					t.Fatalf("the GET repeated with its key: %+v replayed %v", r.Error, r.Replayed)
+				}
+			}
+		})
 	}
 }

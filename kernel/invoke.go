@@ -899,7 +899,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		Intent: txn.Intent{
 			OperationID: c.env.OperationID, AgentID: c.env.AgentID, IdemKey: c.env.IdempotencyKey,
 			TokenID: c.token.Claims.ID, Ancestors: c.accounts()[1:], Reserved: txn.Usage{txn.BudgetCalls: 1},
-			Audit: c.recoveryContext(), External: c.external(),
+			Audit: c.recoveryContext(), External: c.external(), Read: c.external() && !c.effect.Mutating(),
 		},
 		Call:          c.idemCall(),
 		Limits:        txn.Usage(c.token.Claims.Cap.Budgets),

@@ -597,7 +597,13 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 		Error:     &Error{Class: ErrInternal, Message: "the kernel stopped before this call committed; rolled back at recovery"},
 		TxOutcome: RolledBack, AutonomyMode: a.AutonomyMode, RiskScore: a.RiskScore, RiskBasis: a.RiskBasis,
 	}
-	if in.External {
+	switch {
+	case in.External && in.Read:
+		// The request may have gone out; it changed nothing, so its key
+		// was released (txn.Recover) and a repeat runs again.
+		r.Error = &Error{Class: ErrOutcomeUnknown, Message: "the kernel stopped while this call's request was out; " +
+			"whether it reached the other side is unknown; being a read, it changed nothing there, and a repeat runs again"}
+	case in.External:
 		// The request may have reached the other side: never say it did
 		// not happen, and never send it again.
 		r.Error = &Error{Class: ErrOutcomeUnknown, Message: "the kernel stopped while this call's external effect was in flight; " +
@@ -631,7 +637,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	if err := k.storeOperation(tx, r.OperationID, txn.PackOperation(b)); err != nil {
 		return err
 	}
-	if in.External {
+	if in.External && !in.Read {
 		return txn.Settle(tx, in, b)
 	}
 	return nil

@@ -49,6 +49,11 @@ type Intent struct {
 	// read). Recovery never rolls such a call back as if nothing happened:
 	// it records it as outcome_unknown (see Unknown).
 	External bool `json:"external,omitempty"`
+	// Read marks an External call that changes nothing (an HTTP GET): it
+	// too is recorded as outcome_unknown at recovery, since its request
+	// may have gone out, but its idempotency key is released as a
+	// rollback's is, so that a repeat runs again.
+	Read bool `json:"read,omitempty"`
 	// Used is what the execution consumed beyond its staged effects
 	// (cpu_ms, net_bytes); it is charged whether the call commits or not.
 	Used  Usage           `json:"used,omitempty"`

@@ -69,7 +69,9 @@ const (
 // onRollback is called in the same transaction so the caller can audit
 // each one. A prepared External intent (an effect elsewhere may have
 // happened) is not rolled back: onRollback alone ends it, and must call
-// Unknown with the outcome_unknown result it records.
+// Unknown with the outcome_unknown result it records — unless it is a
+// Read, which is rolled back (its key released) before onRollback
+// records it.
 func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Intent) error) (Recovered, error) {
 	var rec Recovered
 	var intents []Intent
@@ -119,7 +121,7 @@ func Recover(ctx context.Context, db *store.DB, onRollback func(*bbolt.Tx, *Inte
 			}
 			rec.Conflicts = append(rec.Conflicts, left...)
 			if err := db.Update(ctx, func(tx *bbolt.Tx) error {
-				if !in.External {
+				if !in.External || in.Read {
 					if err := Rollback(tx, in); err != nil {
 						return err
 					}
