@@ -77,3 +77,39 @@ func TestPublicClaims(t *testing.T) {
 		})
 	}
 }
+
+// TestPublicClaimsOtherMembers: the envelope's other members a record
+// publishes — task_class, state_snapshot_id, idempotency_key and
+// autonomy_mode — reach it only in their own form: a token pasted there,
+// or 200 KiB of text, is refused invalid_args and recorded as its digest,
+// whether or not the call's token verifies; a well-formed value passes.
+func TestPublicClaimsOtherMembers(t *testing.T) {
+	h := newHarness(t)
+	big := strings.Repeat("B", 200<<10)
+	for _, member := range []string{"task_class", "state_snapshot_id", "idempotency_key", "autonomy_mode"} {
+		for _, secret := range []string{h.token, big} {
+			for _, verifies := range []bool{true, false} {
+				m := map[string]any{"tool_id": "echo", "args": map[string]string{"text": "x"}, "agent_id": h.agent,
+					"capability_token": h.token, "capability_token_id": h.jti, "policy_hash": h.k.PolicyHash(), member: secret}
+				if !verifies {
+					m["capability_token"] = "not-a-token"
+				}
+				data, _ := json.Marshal(m)
+				before := h.headSize()
+				r := h.k.InvokeJSON(context.Background(), data)
+				if r.Status == StatusOK {
+					t.Fatalf("%s of %d bytes: the call ran", member, len(secret))
+				}
+				for _, e := range h.entries("", before) {
+					b, _ := json.Marshal(e)
+					if strings.Contains(string(b), secret) || len(b) > 16<<10 {
+						t.Fatalf("%s (token verifies %v): entry %d of %d bytes holds it", member, verifies, e.Seq, len(b))
+					}
+				}
+			}
+		}
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
+		e.TaskClass, e.StateSnapshotID, e.AutonomyMode = "triage", "3:"+digest.Sum([]byte("x")), "autopilot"
+	}))
+}

@@ -366,8 +366,13 @@ const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control
 // refused because records hold text: two ids differing only in invalid
 // bytes would read as one id in the audit, while the idempotency table
 // told them apart.
-func validAgentID(id string) bool {
-	return len(id) <= 255 && utf8.ValidString(id) && !strings.ContainsFunc(id, unicode.IsControl)
+func validAgentID(id string) bool { return validLabel(id) }
+
+// validLabel reports whether s is at most 255 bytes of UTF-8 with no
+// control characters: the rule of the envelope's short text members
+// (agent_id, idempotency_key, task_class).
+func validLabel(s string) bool {
+	return len(s) <= 255 && utf8.ValidString(s) && !strings.ContainsFunc(s, unicode.IsControl)
 }
 
 // checkEnvelope validates the envelope fields the later steps rely on.
@@ -384,9 +389,13 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
 	case !validAgentID(env.AgentID):
 		return errors.New(agentIDRule)
-	case len(env.IdempotencyKey) > 255 || !utf8.ValidString(env.IdempotencyKey) || strings.ContainsFunc(env.IdempotencyKey, unicode.IsControl):
+	case !validLabel(env.IdempotencyKey):
 		// UTF-8 as agent_id is (validAgentID).
 		return errors.New("idempotency_key must be at most 255 bytes of UTF-8 with no control characters")
+	case !validLabel(env.TaskClass):
+		return errors.New("task_class must be at most 255 bytes of UTF-8 with no control characters")
+	case !validSnapshotID(env.StateSnapshotID):
+		return errors.New(`state_snapshot_id must be "<seq>:<entry_hash>" (a result's, or GET /v1/ledger/head's)`)
 	case len(env.PreconditionRefs) > MaxPreconditions:
 		return fmt.Errorf("%d precondition refs; the limit is %d", len(env.PreconditionRefs), MaxPreconditions)
 	}

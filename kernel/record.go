@@ -643,29 +643,55 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	return nil
 }
 
-// publicClaims puts what the envelope claims and nothing vouches for in
-// a form its record may publish: a tool id that is neither a syscall id's
-// nor a handle's form, and, for a call whose token did not verify, an
-// agent id that breaks agentIDRule and a capability token id that is no
-// UUID in canonical form, become the digest of their bytes
-// ("blake3:<hex>", which stays as it is). Such a record is public and its
-// body is never erased: kept as sent, these members would publish
-// whatever a client put there — its token, pasted in the wrong field, or
-// a megabyte of text of anyone's choosing.
+// publicClaims puts what the envelope says and nothing vouches for in a
+// form its record may publish: a tool id that is neither a syscall id's
+// nor a handle's form; an idempotency key, task class or autonomy mode,
+// and a state snapshot id, that break their own rules (checkEnvelope
+// refuses such an envelope, and this is its refusal's record); and, for
+// a call whose token did not verify, an agent id that breaks agentIDRule
+// and a capability token id that is no UUID in canonical form: each
+// becomes the digest of its bytes ("blake3:<hex>", which stays as it
+// is). Such a record is public and its body is never erased: kept as
+// sent, these members would publish whatever a client put there — its
+// token, pasted in the wrong field, or a megabyte of text of anyone's
+// choosing.
 func (c *call) publicClaims() {
 	env := c.env
-	if !validToolForm(env.ToolID) {
-		env.ToolID = digest.Sum([]byte(env.ToolID))
+	type claim struct {
+		v  *string
+		ok func(string) bool
 	}
-	if c.token != nil {
-		return
+	claims := []claim{
+		{&env.ToolID, validToolForm},
+		{&env.IdempotencyKey, validLabel},
+		{&env.TaskClass, validLabel},
+		{&env.AutonomyMode, policy.ValidMode},
+		{&env.StateSnapshotID, validSnapshotID},
 	}
-	if !validAgentID(env.AgentID) {
-		env.AgentID = digest.Sum([]byte(env.AgentID))
+	if c.token == nil {
+		claims = append(claims, claim{&env.AgentID, validAgentID}, claim{&env.CapabilityTokenID, canonicalUUID})
 	}
-	if u, err := uuid.Parse(env.CapabilityTokenID); env.CapabilityTokenID != "" && !isDigest(env.CapabilityTokenID) && (err != nil || u.String() != env.CapabilityTokenID) {
-		env.CapabilityTokenID = digest.Sum([]byte(env.CapabilityTokenID))
+	for _, m := range claims {
+		if *m.v != "" && !m.ok(*m.v) && !isDigest(*m.v) {
+			*m.v = digest.Sum([]byte(*m.v))
+		}
 	}
+}
+
+// canonicalUUID reports whether s is a UUID in canonical form.
+func canonicalUUID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && u.String() == s
+}
+
+// validSnapshotID reports whether s has a state_snapshot_id's form,
+// "<seq>:<entry_hash>" (docs/formats.md), or is empty.
+func validSnapshotID(s string) bool {
+	seq, hash, ok := strings.Cut(s, ":")
+	if !ok || seq == "" || len(seq) > 20 || strings.Trim(seq, "0123456789") != "" {
+		return s == ""
+	}
+	return isDigest(hash)
 }
 
 // validToolForm reports whether id may stand in a record as sent: empty,
