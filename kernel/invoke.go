@@ -549,6 +549,13 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 			}
 			g.Roots = append(g.Roots, syscalls.RootSpec{Path: fr.Path, Writable: fr.Mode == "rw"})
 		}
+		// Checked again at each run, not only when the workspace was
+		// opened: the sandbox binds each root by its path as it resolves
+		// now, and a root swapped for a link since would bind what it
+		// points to.
+		if err := k.checkRoots(g.Roots); err != nil {
+			return err
+		}
 		if r.Dir != "" {
 			d, err := w.Resolve(r.Dir, syscalls.AccessList)
 			if err != nil {

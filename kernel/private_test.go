@@ -55,3 +55,29 @@ func TestRootsKeepOutOfKernelDirs(t *testing.T) {
 		t.Fatalf("a root beside the data dir: %+v", r.Error)
 	}
 }
+
+// TestRootSwappedForKernelDir: a root that passed the check when its
+// token's workspace was opened, then was swapped for a link to the data
+// dir, is refused to proc.exec, which binds roots by the path as it
+// resolves at each run (the workspace's file calls hold the directory
+// opened before, by its descriptor).
+func TestRootSwappedForKernelDir(t *testing.T) {
+	h := newExecHarness(t)
+	sub := filepath.Join(h.ws, "sub")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tok, jti := h.mint("b", captoken.Capability{Tools: []string{"fs.list", "proc.exec"}, FS: []captoken.FSRoot{{Path: sub, Mode: "r"}}})
+	as := func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "b", tok, jti }
+	mustOK(t, h.invoke("fs.list", map[string]any{"path": "."}, as))
+	if err := os.Rename(sub, sub+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(h.data, sub); err != nil {
+		t.Fatal(err)
+	}
+	r := h.invoke("proc.exec", execArgs("cat", "admin.token"), key("swapped"), as)
+	if errClass(r) != ErrScopeDenied || strings.Contains(string(r.Result), "ckadmin_") {
+		t.Fatalf("proc.exec in a root swapped for the data dir: %+v %s", r.Error, r.Result)
+	}
+}
