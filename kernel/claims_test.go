@@ -43,6 +43,12 @@ func TestPublicClaims(t *testing.T) {
 		{name: "a megabyte as the agent and tool id", secret: big, refuse: true,
 			data: envelope(func(m map[string]any) { m["agent_id"], m["tool_id"] = big, big+"t" }),
 			tool: digest.Sum([]byte(big + "t")), agent: digest.Sum([]byte(big)), tokenID: h.jti},
+		{name: "the admin credential as the agent id", secret: AdminPrefix + "s3cr3tAdminCredential",
+			data: envelope(func(m map[string]any) { m["agent_id"] = AdminPrefix + "s3cr3tAdminCredential" }),
+			tool: "echo", agent: digest.Sum([]byte(AdminPrefix + "s3cr3tAdminCredential")), tokenID: h.jti},
+		{name: "the admin credential as the task class", secret: AdminPrefix + "s3cr3tAdminCredential",
+			data: envelope(func(m map[string]any) { m["task_class"], m["tool_id"] = AdminPrefix+"s3cr3tAdminCredential", "no.such_tool" }),
+			tool: "no.such_tool", agent: h.agent, tokenID: h.jti},
 		{name: "claims of the right form kept", secret: "\x00",
 			data: envelope(func(m map[string]any) { m["tool_id"], m["capability_token"] = "no.such_tool", "x" }),
 			tool: "no.such_tool", agent: h.agent, tokenID: h.jti},
@@ -112,4 +118,14 @@ func TestPublicClaimsOtherMembers(t *testing.T) {
 	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
 		e.TaskClass, e.StateSnapshotID, e.AutonomyMode = "triage", "3:"+digest.Sum([]byte("x")), "autopilot"
 	}))
+	// The admin credential obeys the task class's rule; a call carrying it
+	// there runs, and its record (and result) keep its digest.
+	cred := AdminPrefix + "s3cr3tAdminCredential"
+	before := h.headSize()
+	r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) { e.TaskClass = cred })
+	mustOK(t, r)
+	if a := h.audits(before); len(a) != 1 || a[0].TaskClass != digest.Sum([]byte(cred)) || r.TaskClass != a[0].TaskClass {
+		t.Fatalf("task_class recorded %+v, answered %q", a, r.TaskClass)
+	}
+	verifyReceipt(t, h.k, r)
 }

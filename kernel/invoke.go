@@ -170,6 +170,9 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 		return k.deny(ctx, c, class, msg)
 	}
 	c.token = tok
+	// The envelope's members in the form the record will publish: a
+	// well-formed one may still be the admin credential pasted there.
+	c.publicClaims()
 	// A retry of an MCP call naming no call that waits for its client's
 	// answer: the agent's own refused call.
 	if c.staleState {
@@ -360,13 +363,14 @@ func (k *Kernel) verifyToken(env *Envelope) (tok *captoken.Token, class, msg str
 // agentIDRule is what an agent id must be: in an envelope, and in the
 // tokens minted and attenuated for one (a token for another id could make
 // no call).
-const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control characters"
+const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control characters, and not start with " + AdminPrefix
 
 // validAgentID reports whether id obeys agentIDRule. Invalid UTF-8 is
 // refused because records hold text: two ids differing only in invalid
 // bytes would read as one id in the audit, while the idempotency table
-// told them apart.
-func validAgentID(id string) bool { return validLabel(id) }
+// told them apart; the admin credential's prefix, because an id is
+// published, and the credential pasted as one must not be.
+func validAgentID(id string) bool { return validLabel(id) && !strings.HasPrefix(id, AdminPrefix) }
 
 // validLabel reports whether s is at most 255 bytes of UTF-8 with no
 // control characters: the rule of the envelope's short text members

@@ -649,8 +649,9 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 // and a state snapshot id, that break their own rules (checkEnvelope
 // refuses such an envelope, and this is its refusal's record); and, for
 // a call whose token did not verify, an agent id that breaks agentIDRule
-// and a capability token id that is no UUID in canonical form: each
-// becomes the digest of its bytes ("blake3:<hex>", which stays as it
+// and a capability token id that is no UUID in canonical form; and any of
+// them that starts with AdminPrefix (the admin credential pasted there):
+// each becomes the digest of its bytes ("blake3:<hex>", which stays as it
 // is). Such a record is public and its body is never erased: kept as
 // sent, these members would publish whatever a client put there — its
 // token, pasted in the wrong field, or a megabyte of text of anyone's
@@ -672,7 +673,9 @@ func (c *call) publicClaims() {
 		claims = append(claims, claim{&env.AgentID, validAgentID}, claim{&env.CapabilityTokenID, canonicalUUID})
 	}
 	for _, m := range claims {
-		if *m.v != "" && !m.ok(*m.v) && !isDigest(*m.v) {
+		// The admin credential obeys the label rule: it is digested by
+		// its prefix wherever it was pasted.
+		if *m.v != "" && (!m.ok(*m.v) || strings.HasPrefix(*m.v, AdminPrefix)) && !isDigest(*m.v) {
 			*m.v = digest.Sum([]byte(*m.v))
 		}
 	}
