@@ -47,7 +47,9 @@ func TestPublicClaims(t *testing.T) {
 			data: envelope(func(m map[string]any) { m["agent_id"] = AdminPrefix + "s3cr3tAdminCredential" }),
 			tool: "echo", agent: digest.Sum([]byte(AdminPrefix + "s3cr3tAdminCredential")), tokenID: h.jti},
 		{name: "the admin credential as the task class", secret: AdminPrefix + "s3cr3tAdminCredential",
-			data: envelope(func(m map[string]any) { m["task_class"], m["tool_id"] = AdminPrefix+"s3cr3tAdminCredential", "no.such_tool" }),
+			data: envelope(func(m map[string]any) {
+				m["task_class"], m["tool_id"] = AdminPrefix+"s3cr3tAdminCredential", "no.such_tool"
+			}),
 			tool: "no.such_tool", agent: h.agent, tokenID: h.jti},
 		{name: "claims of the right form kept", secret: "\x00",
 			data: envelope(func(m map[string]any) { m["tool_id"], m["capability_token"] = "no.such_tool", "x" }),
