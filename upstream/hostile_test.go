@@ -582,3 +582,41 @@ func TestRPCErrorMessageCapped(t *testing.T) {
 		t.Fatalf("class %q, a %d-byte message from a 1 MiB JSON-RPC error", class, len(msg))
 	}
 }
+
+// TestHTTPAnswerReadAsTheSDK: over HTTP a tools/call answer is checked as
+// the SDK reads it, and one the check cannot read is withheld rather
+// than passed unchecked: an id written as 1.0 (the SDK takes it for 1),
+// a result holding a number a double cannot hold, and a second member
+// "Result" beside "result" (the SDK matches names exactly) all end as
+// upstream_error, never as the rounded number.
+func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
+	objectTools(s, "float-id", "twice", "plain")
+	url := hostile(t, s, &mcp.StreamableHTTPOptions{JSONResponse: true}, func(w http.ResponseWriter, m rpc) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		bad := `{"content":[{"type":"text","text":"n"}],"structuredContent":{"n":9007199254740993}}`
+		good := `{"content":[{"type":"text","text":"n"}],"structuredContent":{"n":1}}`
+		w.Header().Set("Content-Type", "application/json")
+		switch m.Params.Name {
+		case "float-id":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s.0,"result":%s}`, m.ID, bad)
+		case "twice":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s,"Result":%s}`, m.ID, bad, good)
+		default:
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, good)
+		}
+		return true
+	})
+	reg, _ := start(t, map[string]Server{"h": {URL: url, SideEffect: syscalls.Read}})
+	for _, tool := range []string{"float-id", "twice"} {
+		out, err := call(t, reg, "mcp.h."+strings.ReplaceAll(tool, "-", "_"))
+		if class, _ := failure(err); class != syscalls.FailUpstreamError || strings.Contains(string(out.Result), "9007199254740992") {
+			t.Errorf("%s: %s %v", tool, out.Result, err)
+		}
+	}
+	if out, err := call(t, reg, "mcp.h.plain"); err != nil || !strings.Contains(string(out.Result), `"n":1`) {
+		t.Errorf("a plain answer: %s %v", out.Result, err)
+	}
+}

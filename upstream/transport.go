@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/json/jsontext"
+	jsonv2 "encoding/json/v2"
 	"errors"
 	"fmt"
 	"io"
@@ -299,13 +301,37 @@ func (b *cappedBody) keep(msg []byte) {
 		}
 		msg = data
 	}
+	// Member names matched exactly, and a name twice refused (json/v2's
+	// defaults): the SDK matches them exactly too, so a "Result" beside
+	// "result" cannot show this check one result and the SDK another. An
+	// answer read otherwise leaves the slot empty, and Execute withholds
+	// its result (unchecked).
 	var r struct {
-		ID     json.RawMessage `json:"id"`
-		Result json.RawMessage `json:"result"`
+		ID     jsontext.Value `json:"id"`
+		Result jsontext.Value `json:"result"`
 	}
-	if json.Unmarshal(msg, &r) == nil && r.Result != nil && bytes.Equal(r.ID, b.id) {
-		b.answer.set(r.Result)
+	if jsonv2.Unmarshal(msg, &r) == nil && r.Result != nil && sameID(r.ID, b.id) {
+		b.answer.set(json.RawMessage(r.Result))
 	}
+}
+
+// sameID reports whether the JSON-RPC ids a and b name one request as
+// the SDK tells them apart (jsonrpc2.MakeID): strings by their value, and
+// numbers by the int64 of their float64 (1 and 1.0 are one id).
+func sameID(a, b []byte) bool {
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	switch x := va.(type) {
+	case string:
+		y, ok := vb.(string)
+		return ok && x == y
+	case float64:
+		y, ok := vb.(float64)
+		return ok && int64(x) == int64(y)
+	}
+	return false
 }
 
 // message reads the next whole message: the body, or one SSE event.

@@ -650,7 +650,14 @@ func (t *tool) Execute(ctx context.Context, c *syscalls.Call) (syscalls.Output, 
 		return syscalls.Output{}, &syscalls.Failure{Class: syscalls.FailUpstreamError,
 			Message: fmt.Sprintf("mcp server %s, tool %s reported an error: %s", t.conn.name, t.name, cut(text(res.Content), maxErrorText))}
 	}
-	if err := exactNumbers(ans.raw()); err != nil {
+	raw := ans.raw()
+	if raw == nil {
+		// Answered, but not where and as a tools/call answer comes (on
+		// the request's own stream, the members named exactly once): what
+		// the SDK read cannot be checked against what was sent.
+		return syscalls.Output{}, t.withheld("the answer came in a form the kernel does not check (not the response to its request on that request's stream, or with a member named twice): the result is withheld")
+	}
+	if err := exactNumbers(raw); err != nil {
 		return syscalls.Output{}, t.withheld(err.Error())
 	}
 	if res.Content == nil {
@@ -698,9 +705,6 @@ func (t *tool) withheld(why string) error {
 // result refused on other grounds (jcs.Canonicalize's too) is left to the
 // checks that come after.
 func exactNumbers(raw json.RawMessage) error {
-	if raw == nil {
-		return nil
-	}
 	_, err := jcs.CanonicalizeExact(raw)
 	if err == nil {
 		return nil
