@@ -183,6 +183,9 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, kernel.ErrTooManyBackground):
 			writeResult(w, http.StatusTooManyRequests, refused)
 			return
+		case errors.Is(err, kernel.ErrBadOperationID):
+			writeResult(w, http.StatusBadRequest, refused)
+			return
 		case errors.Is(err, kernel.ErrKernelClosing):
 			writeResult(w, http.StatusServiceUnavailable, refused)
 			return

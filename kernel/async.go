@@ -32,6 +32,9 @@ var (
 	// ErrTooManyBackground: MaxBackground background calls are running,
 	// or MaxBackgroundPerAgent of one agent's.
 	ErrTooManyBackground = errors.New("too many background calls running")
+	// ErrBadOperationID: the envelope names an operation_id that is no
+	// UUID in canonical form.
+	ErrBadOperationID = errors.New("bad operation_id")
 )
 
 const (
@@ -108,7 +111,8 @@ func agentFamily(agent string) string {
 // start is refused at once, audited like any other: refused is its
 // result, and err wraps
 // ErrOperationInUse (the refusal gets an operation id of its own, since
-// the one asked for belongs to another call, in flight or finished) or
+// the one asked for belongs to another call, in flight or finished),
+// ErrBadOperationID (the same: no call has such an id) or
 // ErrTooManyBackground.
 func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Result, err error) {
 	c, class, msg := k.decode(data)
@@ -141,11 +145,18 @@ func (k *Kernel) Start(ctx context.Context, data []byte) (id string, refused *Re
 			c.token, agent = tok, c.env.AgentID
 		}
 	}
-	if agent == "" {
+	// An id no call could have is refused now, before anything holds
+	// it (in memory, or in a record), under an id of its own.
+	badID := class == "" && c.env.OperationID != "" && !canonicalUUID(c.env.OperationID)
+	if agent == "" || badID {
 		c.disown()
 	}
 	if c.env.OperationID == "" {
 		c.env.OperationID, c.minted = newID(), true
+	}
+	if badID {
+		err := fmt.Errorf("%w: operation_id is not a UUID in canonical form", ErrBadOperationID)
+		return "", report(k.deny(ctx, c, ErrInvalidArgs, err.Error())), err
 	}
 	id = c.env.OperationID
 	op := &operation{agent: agent, family: agentFamily(agent), done: make(chan struct{})}
@@ -293,7 +304,7 @@ func kept(r *Result) *Result {
 // resultBytes is about the memory a kept result holds: its variable
 // parts and a share for the rest.
 func resultBytes(r *Result) int {
-	n := 1<<10 + len(r.Result) + len(r.Provenance)
+	n := 1<<10 + len(r.OperationID) + len(r.Result) + len(r.Provenance)
 	for k, v := range r.Notes {
 		n += len(k) + len(v)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -633,5 +634,34 @@ func TestBackgroundResultsBounded(t *testing.T) {
 	// their bytes, not their envelopes and args too (three times that).
 	if grew := heap() - before; grew > 2*uint64(perAgent[h.agent]) {
 		t.Errorf("the heap grew %d bytes for %d bytes of results kept", grew, perAgent[h.agent])
+	}
+}
+
+// TestStartRefusesMalformedOperationID: a background call naming an
+// operation_id that is no canonical UUID is refused at once, under an id
+// of its own, and nothing holds the id it named — neither memory (its
+// result was kept under it, uncounted: a megabyte a call) nor the public
+// record; the private note keeps its digest.
+func TestStartRefusesMalformedOperationID(t *testing.T) {
+	h := newHarness(t)
+	for _, bad := range []string{strings.Repeat("z", 30000), strings.Repeat("z", 500<<10), "not-a-uuid"} {
+		env := h.env("echo", map[string]any{"text": "x"}, opID(bad))
+		raw, _ := json.Marshal(env)
+		before := h.headSize()
+		id, refused, err := h.k.Start(context.Background(), raw)
+		if !errors.Is(err, ErrBadOperationID) || id != "" || refused == nil || errClass(refused) != ErrInvalidArgs || refused.OperationID == bad || refused.ReceiptID == "" {
+			t.Fatalf("Start with a %d-byte operation_id: an id of %d bytes, %v, refused %v", len(bad), len(id), err, refused != nil)
+		}
+		if _, ok := h.k.Operation(bad); ok {
+			t.Fatal("the malformed id is held in memory")
+		}
+		for _, e := range h.entries("", before) {
+			if b, _ := json.Marshal(e); strings.Contains(string(b), bad) {
+				t.Fatalf("entry %d holds the malformed id", e.Seq)
+			}
+		}
+		if a := h.audits(before); len(a) != 1 || !strings.Contains(string(a[0].Notes["requested_operation_id"]), digest.Sum([]byte(bad))) {
+			t.Fatalf("the refusal's record: %+v", a)
+		}
 	}
 }

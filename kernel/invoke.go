@@ -1293,7 +1293,13 @@ func (c *call) disown() {
 	if c.minted || c.reserved || c.env.OperationID == "" {
 		return
 	}
-	c.Note("requested_operation_id", c.env.OperationID)
+	// An id of a form no call has (any string up to the envelope's
+	// size) is noted by its digest.
+	requested := c.env.OperationID
+	if !canonicalUUID(requested) {
+		requested = digest.Sum([]byte(requested))
+	}
+	c.Note("requested_operation_id", requested)
 	c.env.OperationID = ""
 }
 
