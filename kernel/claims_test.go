@@ -120,6 +120,12 @@ func TestPublicClaimsOtherMembers(t *testing.T) {
 	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
 		e.TaskClass, e.StateSnapshotID, e.AutonomyMode = "triage", "3:"+digest.Sum([]byte("x")), "autopilot"
 	}))
+	// A session id is published too (approval requests, events): bounded.
+	if r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
+		e.Provenance = json.RawMessage(`{"session_id":"` + strings.Repeat("s", 300) + `"}`)
+	}); errClass(r) != ErrInvalidArgs {
+		t.Fatalf("a session id of 300 bytes: %+v", r.Error)
+	}
 	// The admin credential obeys the task class's rule; a call carrying it
 	// there runs, and its record (and result) keep its digest.
 	cred := AdminPrefix + "s3cr3tAdminCredential"

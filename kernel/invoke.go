@@ -414,6 +414,10 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.session, c.staleState = sessionOf(env.Provenance)
+	if !validLabel(c.session) {
+		// It is published: in approval requests and events.
+		return errors.New("provenance.session_id must be at most 255 bytes of UTF-8 with no control characters")
+	}
 	if c.canonArgs == nil {
 		// A call that came through neither decode nor invoke.
 		var err error

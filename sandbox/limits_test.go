@@ -554,4 +554,13 @@ func TestDeltaPathBytes(t *testing.T) {
 	if res.DeltaErr != nil || len(res.Delta.Changes) != 61 {
 		t.Fatalf("the same under 64 KiB: %v", res.DeltaErr)
 	}
+	// Paths count as JSON holds them: a control character takes six
+	// bytes there. 60 names of 100 such characters are 6 KB raw and 36 KB
+	// escaped, over a 16 KiB bound.
+	ctl := t.TempDir()
+	res = run(t, s, sandbox.Profile{Roots: []sandbox.Root{{Path: ctl, Writable: true}}, Limits: sandbox.Limits{DeltaPathBytes: 16 << 10}},
+		`n=$(printf '%.0s' $(seq 100)); i=0; while [ $i -lt 60 ]; do i=$((i+1)); : > "$n$i"; done`)
+	if !errors.Is(res.DeltaErr, sandbox.ErrDeltaTooLarge) {
+		t.Fatalf("60 names of 100 control characters under a 16 KiB bound: %v", res.DeltaErr)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -326,7 +327,7 @@ func (b *deltaBuilder) add(c Change) error {
 	if b.limits.DeltaFiles > 0 && len(b.changes) >= b.limits.DeltaFiles {
 		return fmt.Errorf("%w: more than %d changed paths", ErrDeltaTooLarge, b.limits.DeltaFiles)
 	}
-	b.pathBytes += int64(len(c.Root) + 1 + len(c.Rel) + len(c.Target))
+	b.pathBytes += int64(jsonLen(c.Root) + 1 + jsonLen(c.Rel) + jsonLen(c.Target))
 	if b.limits.DeltaPathBytes > 0 && b.pathBytes > b.limits.DeltaPathBytes {
 		return fmt.Errorf("%w: more than %d bytes of changed paths", ErrDeltaTooLarge, b.limits.DeltaPathBytes)
 	}
@@ -338,6 +339,27 @@ func (b *deltaBuilder) add(c Change) error {
 	}
 	b.changes = append(b.changes, c)
 	return nil
+}
+
+// jsonLen is about the length of s as a JSON string holds it, which is
+// how the delta's copies (the result, the record, the stored delta) hold
+// a path: a control character, an HTML one or a byte of invalid UTF-8 is
+// six ("\u0001", "\u003c", "\ufffd"), a quote or backslash two.
+func jsonLen(s string) int {
+	n := 0
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1, r < 0x20, r == '<', r == '>', r == '&', r == 0x2028, r == 0x2029:
+			n += 6
+		case r == '"', r == '\\':
+			n += 2
+		default:
+			n += size
+		}
+		i += size
+	}
+	return n
 }
 
 func (b *deltaBuilder) delta() *Delta {
