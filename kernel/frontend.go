@@ -114,6 +114,15 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	case !validTTL(req.TTLSeconds):
 		return nil, fmt.Errorf("mint: ttl_seconds %d is outside 1..%d", req.TTLSeconds, int64(MaxTokenTTL/time.Second))
 	}
+	// A root that reaches the kernel's own directories would be refused
+	// at every call (private.go): said now, to whoever mints it.
+	roots := make([]syscalls.RootSpec, 0, len(req.FS))
+	for _, r := range req.FS {
+		roots = append(roots, syscalls.RootSpec{Path: r.Path})
+	}
+	if err := k.checkRoots(roots); err != nil {
+		return nil, fmt.Errorf("mint: %w", err)
+	}
 	now := k.cfg.Now()
 	tok, c, err := k.MintToken(captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: now.Add(ttl),

@@ -50,6 +50,10 @@ func TestRootsKeepOutOfKernelDirs(t *testing.T) {
 			}
 		})
 	}
+	// Minting such a root is refused at once, with the reason.
+	if _, err := h.k.Mint(TokenRequest{AgentID: "m", Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: parent, Mode: "r"}}}); err == nil || !strings.Contains(err.Error(), "reaches the kernel's data dir") {
+		t.Fatalf("minting a root that holds the data dir: %v", err)
+	}
 	h.write("beside.txt", "ok")
 	if r := h.invoke("fs.read", map[string]any{"path": "beside.txt"}); r.Status != StatusOK {
 		t.Fatalf("a root beside the data dir: %+v", r.Error)
