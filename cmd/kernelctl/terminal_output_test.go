@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
+	"github.com/capkernel/capkernel/telemetry"
 )
 
 // JSON kernelctl prints escapes what a terminal acts on as JSON does, so
@@ -34,6 +36,29 @@ func TestJSONSafe(t *testing.T) {
 		var in, out any
 		if json.Unmarshal([]byte(c.in), &in) == nil && (json.Unmarshal(b.Bytes(), &out) != nil || !equalJSON(in, out)) {
 			t.Errorf("%q: read back as %v, want %v", c.in, out, in)
+		}
+	}
+}
+
+// serve's log lines quote agents' text: in either format they reach the
+// terminal escaped, and a JSON line stays JSON with the same values.
+func TestServeLogTerminalSafe(t *testing.T) {
+	const agent = "a\u009b2J\u202e\x7f\x1b[8m"
+	for _, format := range []string{"json", "text"} {
+		var b bytes.Buffer
+		log, err := telemetry.NewLogger(jsonSafe{&b}, format, slog.LevelInfo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("call failed", slog.String("agent_id", agent))
+		if strings.ContainsAny(b.String(), "\u009b\u202e\x7f\x1b") {
+			t.Errorf("%s: logged %q", format, b.String())
+		}
+		var r struct {
+			AgentID string `json:"agent_id"`
+		}
+		if format == "json" && (json.Unmarshal(b.Bytes(), &r) != nil || r.AgentID != agent) {
+			t.Errorf("json: logged %q, want a JSON line with agent_id %q", b.String(), agent)
 		}
 	}
 }
