@@ -277,7 +277,7 @@ func receiptCases() []Case {
 				// The record commits to the args under the caller's salt.
 				b, _ := json.Marshal(args)
 				canon, _ := jcs.Canonicalize(b)
-				if commitment(r.R.AuditSalt, "args", canon) != rc.ArgsCommitment {
+				if got, err := commitment(r.R.AuditSalt, "args", canon); err != nil || got != rc.ArgsCommitment {
 					t.Failf("the receipt's record does not commit to the args sent under the result's audit_salt")
 				}
 				rc.ArgsHash = argsHash(args)

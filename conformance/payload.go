@@ -3,6 +3,8 @@ package conformance
 import (
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"strings"
 
 	"github.com/zeebo/blake3"
 
@@ -17,18 +19,36 @@ import (
 // (docs/formats.md), independently of the kernel's code.
 
 // commitment is the spec's commitment to part name's canonical bytes b
-// under salt (hex): keyed BLAKE3 under BLAKE3-derive_key("capkernel audit
-// commitment v1 <name>", salt).
-func commitment(salt, name string, b []byte) string {
-	raw, err := hex.DecodeString(salt)
-	if err != nil || len(raw) != 32 {
-		return ""
+// under salt: keyed BLAKE3 under BLAKE3-derive_key("capkernel audit
+// commitment v1 <name>", salt). The salt must be 32 bytes in lowercase
+// hex, the one spelling the verifiers (kernel.CheckPayload, receipts
+// verify, the console) accept: a kernel whose salts they refuse does not
+// pass the suite.
+func commitment(salt, name string, b []byte) (string, error) {
+	if len(salt) != 64 || strings.Trim(salt, "0123456789abcdef") != "" {
+		return "", fmt.Errorf("audit salt %q is not 32 bytes of lowercase hex", salt)
 	}
+	raw, _ := hex.DecodeString(salt)
 	var key [32]byte
 	blake3.DeriveKey("capkernel audit commitment v1 "+name, raw, key[:])
 	h, _ := blake3.NewKeyed(key[:])
 	h.Write(b)
-	return digest.Format([32]byte(h.Sum(nil)))
+	return digest.Format([32]byte(h.Sum(nil))), nil
+}
+
+// exactCanonical is the canonical form of the JSON text b, refusing a
+// number whose decimal is not that of its canonical form
+// (jcs.CanonicalizeExact), as the verifiers do: such a number would open
+// the commitment to another decimal.
+func exactCanonical(b []byte) ([]byte, error) { return jcs.CanonicalizeExact(b) }
+
+// exactMarshal is v encoded with encoding/json in exactCanonical form.
+func exactMarshal(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return exactCanonical(b)
 }
 
 // OpenBody returns e's body as TOOL-01 §3 names its fields: for a record
@@ -55,11 +75,15 @@ func (t *T) OpenBody(e Entry) map[string]json.RawMessage {
 		if !ok {
 			continue
 		}
-		canon, err := jcs.Canonicalize(part)
+		canon, err := exactCanonical(part)
 		if err != nil {
 			t.Failf("entry %d payload %s: %v", e.Seq, name, err)
 		}
-		if got, want := commitment(salt, name, canon), str(body[name+"_commitment"]); got != want {
+		got, err := commitment(salt, name, canon)
+		if err != nil {
+			t.Failf("entry %d payload: %v", e.Seq, err)
+		}
+		if want := str(body[name+"_commitment"]); got != want {
 			t.Failf("entry %d: payload %s does not open the record's commitment (%s, recomputed %s)", e.Seq, name, want, got)
 		}
 		sum, _ := json.Marshal(digest.Sum(canon))
@@ -92,14 +116,14 @@ func (t *T) OpenBody(e Entry) map[string]json.RawMessage {
 
 // resultCanonical is the canonical {"status","result"} or
 // {"status","error"} object of a result envelope: what result_hash hashes
-// and the record's result commitment commits to.
-func resultCanonical(r *Result) []byte {
+// and the record's result commitment commits to. It fails on a result
+// holding a number that is not its canonical decimal (exactCanonical).
+func resultCanonical(r *Result) ([]byte, error) {
 	v := map[string]any{"status": r.Status}
 	if r.Error != nil {
 		v["error"] = r.Error
 	} else {
 		v["result"] = r.Result
 	}
-	b, _ := jcs.Marshal(v)
-	return b
+	return exactMarshal(v)
 }

@@ -276,10 +276,18 @@ func (t *T) VerifyReceipt(r *Resp) *Receipt {
 	if rc.ResultCommitment != "" {
 		// The record commits to the result under the salt the caller got:
 		// the receipt states the result's hash once it opens.
-		if got := commitment(res.AuditSalt, "result", resultCanonical(res)); got != rc.ResultCommitment {
+		canon, err := resultCanonical(res)
+		if err != nil {
+			t.Failf("the result envelope's result: %v", err)
+		}
+		got, err := commitment(res.AuditSalt, "result", canon)
+		if err != nil {
+			t.Failf("the result envelope's audit_salt: %v", err)
+		}
+		if got != rc.ResultCommitment {
 			t.Failf("the receipt's record does not commit to the result envelope's result under its audit_salt (%s, recomputed %s)", rc.ResultCommitment, got)
 		}
-		rc.ResultHash = digest.Sum(resultCanonical(res))
+		rc.ResultHash = digest.Sum(canon)
 		if hashRE.MatchString(rc.ArgsCommitment) {
 			rc.ArgsHash = rc.ArgsCommitment
 		}
@@ -338,11 +346,15 @@ func (t *T) contextDiffs(res *Result, rc *Receipt) []string {
 	if len(res.Notes) > 0 {
 		part["notes"] = res.Notes
 	}
-	b, err := jcs.Marshal(part)
+	b, err := exactMarshal(part)
 	if err != nil {
-		return []string{fmt.Sprintf("the envelope's provenance or notes are not JSON: %v", err)}
+		return []string{fmt.Sprintf("the envelope's provenance or notes are not exact canonical JSON: %v", err)}
 	}
-	if commitment(res.AuditSalt, "context", b) == rc.ContextCommitment {
+	got, err := commitment(res.AuditSalt, "context", b)
+	if err != nil {
+		return []string{fmt.Sprintf("the envelope's audit_salt: %v", err)}
+	}
+	if got == rc.ContextCommitment {
 		return nil
 	}
 	return []string{fmt.Sprintf("the record does not commit to the envelope's context %s under its audit_salt: its risk_basis, provenance or notes are not the record's", b)}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -161,8 +160,7 @@ func printResult(cmd *cobra.Command, r *kernel.Result, asJSON bool) error {
 	if asJSON {
 		return printJSON(cmd.OutOrStdout(), r)
 	}
-	// The result holds what the call read or was sent: terminal safe.
-	w := io.Writer(terminalSafe{cmd.OutOrStdout()})
+	w := cmd.OutOrStdout()
 	replayed := ""
 	if r.Replayed {
 		replayed = " (replayed)"

@@ -94,7 +94,7 @@ fails, or when --run matches no case id.`,
 			}
 			rep := conformance.Run(cmd.Context(), cfg)
 			if asJSON {
-				enc := json.NewEncoder(out)
+				enc := json.NewEncoder(jsonSafe{out})
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(rep); err != nil {
 					return err

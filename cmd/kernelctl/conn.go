@@ -190,7 +190,7 @@ func (t *target) adminClient() (*httpapi.Client, error) {
 func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
 	k, err := kernel.Open(ctx, kernel.Config{DataDir: t.data})
 	if err != nil && strings.Contains(err.Error(), "is locked by another process") {
-		return nil, fmt.Errorf("%w\nA kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
+		return nil, fmt.Errorf("%w; a kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
 	}
 	if err == nil {
 		go exitOnFailStop(k)
@@ -371,14 +371,15 @@ func readSecret(path string) (string, error) {
 
 // printJSON writes v as indented JSON. Both print <, > and & as they are
 // (encoding/json escapes them for HTML pages, which a terminal or a file
-// is not: a fetched page's markup would be unreadable).
+// is not: a fetched page's markup would be unreadable), and escape what a
+// terminal acts on (jsonSafe).
 func printJSON(w io.Writer, v any) error { return encodeJSON(w, v, "  ") }
 
 // printJSONLine writes v as one line of JSON.
 func printJSONLine(w io.Writer, v any) error { return encodeJSON(w, v, "") }
 
 func encodeJSON(w io.Writer, v any, indent string) error {
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(jsonSafe{w})
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", indent)
 	return enc.Encode(v)

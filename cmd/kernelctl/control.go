@@ -100,7 +100,7 @@ func decideCmd(verb, decision string) *cobra.Command {
 			if t.json {
 				return printJSON(cmd.OutOrStdout(), a)
 			}
-			fmt.Fprintf(terminalSafe{cmd.OutOrStdout()}, "approval %s %s by %s (%s %s of %s)\n", a.ID, a.State, a.DecidedBy, a.ToolID, a.OperationID, a.AgentID)
+			fmt.Fprintf(cmd.OutOrStdout(), "approval %s %s by %s (%s %s of %s)\n", a.ID, a.State, a.DecidedBy, a.ToolID, a.OperationID, a.AgentID)
 			return nil
 		},
 	}
@@ -230,7 +230,6 @@ token (--token) only its own agent.`,
 			n := 0
 			out := cmd.OutOrStdout()
 			if !t.json {
-				out = terminalSafe{out}
 				fmt.Fprintf(out, "%s\t%-28s\t%s\t%s\t%s\t%s\t%s\n", "TIME", "KIND", "AGENT", "SESSION", "TOOL", "OPERATION", "DETAIL")
 			}
 			err = c.Events(ctx, f, func(e kernel.Event) error {

@@ -64,7 +64,10 @@ func exitCode(err error) int {
 // before a command was found) returned: "kernelctl VERB: what failed".
 // Package and verb prefixes the kernel's errors carry for Go callers
 // are dropped, so that nothing is said twice; an answer of the API names
-// its class and HTTP status once; a usage error points to --help.
+// its class and HTTP status once; a usage error points to --help. The
+// message is quoted (cell) when it holds a tab, newline or carriage
+// return, so that what a kernel or a file said cannot print lines that
+// look like kernelctl's own.
 func errorLine(cmd *cobra.Command, err error) string {
 	verb := ""
 	if cmd != nil && cmd.HasParent() {
@@ -90,6 +93,7 @@ func errorLine(cmd *cobra.Command, err error) string {
 	if errors.As(err, &ue) && cmd != nil && cmd.Name() != "help" {
 		msg += " (see " + cmd.CommandPath() + " --help)"
 	}
+	msg = cell(msg)
 	if verb == "" {
 		return "kernelctl: " + msg
 	}

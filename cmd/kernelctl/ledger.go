@@ -279,7 +279,9 @@ func ledgerTailCmd() *cobra.Command {
 			if hd.Size > n {
 				from = hd.Size - n
 			}
-			out := bufio.NewWriter(cmd.OutOrStdout())
+			// The records are the stored bytes; printEntry makes the
+			// summary lines terminal safe.
+			out := bufio.NewWriter(rawOut(cmd))
 			if !t.json {
 				fmt.Fprintln(out, "SEQ\tTIME\tKIND\tHASH\tBODY")
 			}
@@ -345,7 +347,7 @@ func ledgerExportCmd() *cobra.Command {
 				return err
 			}
 			defer h.Close()
-			out := bufio.NewWriterSize(cmd.OutOrStdout(), 1<<20)
+			out := bufio.NewWriterSize(rawOut(cmd), 1<<20) // the stored bytes, which verify --export hashes
 			if err := h.Export(cmd.Context(), out); err != nil {
 				return err
 			}

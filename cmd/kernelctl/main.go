@@ -35,13 +35,17 @@ func main() {
 	root.InitDefaultCompletionCmd()
 	requireSubcommand(root)
 	argsAreUsage(root)
+	// Every verb prints through terminalSafe (terminal.go): what it
+	// prints holds text others made.
+	root.SetOut(terminalSafe{os.Stdout})
+	root.SetErr(terminalSafe{os.Stderr})
 	cmd, err := root.ExecuteC()
 	if err == nil {
 		return
 	}
 	var ae agentExit
 	if !errors.As(err, &ae) {
-		fmt.Fprintln(os.Stderr, errorLine(cmd, err))
+		fmt.Fprintln(root.ErrOrStderr(), errorLine(cmd, err))
 	}
 	os.Exit(exitCode(err))
 }

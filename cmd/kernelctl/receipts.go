@@ -338,10 +338,11 @@ func reportCheck(cmd *cobra.Command, asJSON bool, check ReceiptCheck, needLedger
 		}
 	} else {
 		// The id of a receipt that did not verify, and the messages that
-		// quote it, are what its author chose: each value is one cell of
-		// terminal-safe text, so that a forged receipt can neither print
-		// lines of its own nor hide the verdict (ESC [ 8 m).
-		w := terminalSafe{cmd.OutOrStdout()}
+		// quote it, are what its author chose: each value is one cell
+		// (written terminal safe, as all output), so that a forged receipt
+		// can neither print lines of its own nor hide the verdict
+		// (ESC [ 8 m).
+		w := cmd.OutOrStdout()
 		id := cell(check.ReceiptID)
 		switch {
 		case check.ReceiptID == "":
@@ -475,7 +476,8 @@ func receiptsJWKSCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+			// The kernel's JSON, escaped as JSON rather than as text.
+			_, err = fmt.Fprintf(jsonSafe{cmd.OutOrStdout()}, "%s\n", b)
 			return err
 		},
 	}

@@ -235,7 +235,7 @@ func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, chan
 		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		c.Env = append(agentEnviron(os.Environ()), "CAPKERNEL_IPC_FD=3", "CAPKERNEL_SESSION_ID="+s.ID)
 		c.ExtraFiles = []*os.File{channel}
-		c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+		c.Stdout, c.Stderr = rawOut(cmd), rawErr(cmd) // the agent's own output
 		err := c.Run()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -267,7 +267,7 @@ func startAgent(ctx context.Context, cmd *cobra.Command, s *runner.Session, chan
 	}
 	res, err := sb.Run(ctx, p, sandbox.Command{
 		Argv: append([]string{bin}, argv[1:]...), Dir: scratch, Channel: channel,
-		Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr(),
+		Stdout: rawOut(cmd), Stderr: rawErr(cmd), // the agent's own output
 	})
 	if err != nil {
 		return 0, fmt.Errorf("run: %w", err)

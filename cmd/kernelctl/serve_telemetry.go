@@ -65,7 +65,9 @@ type serverTelemetry struct {
 // setup makes the logger, the metrics and the trace exporter and sets
 // them in cfg.
 func (f *telemetryFlags) setup(cmd *cobra.Command, cfg *kernel.Config) (*serverTelemetry, error) {
-	log, _ := telemetry.NewLogger(cmd.ErrOrStderr(), f.logFormat, slog.LevelInfo) // checked by check
+	// A log line quotes agents' text: jsonSafe escapes what a terminal
+	// acts on the way JSON does, so a JSON line stays the same JSON.
+	log, _ := telemetry.NewLogger(jsonSafe{cmd.ErrOrStderr()}, f.logFormat, slog.LevelInfo) // checked by check
 	t := &serverTelemetry{flags: *f, log: log}
 	obs := telemetry.Observers{telemetry.CallLog{Log: log}, &telemetry.UpstreamLog{Log: log}}
 	if f.metrics != "off" {

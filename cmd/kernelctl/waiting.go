@@ -32,7 +32,6 @@ const followTimeout = 3 * time.Second
 // done: after the decision's line, when the call was held, for up to
 // decisionGrace (its event can arrive just after the call's result).
 func announceApproval(ctx context.Context, c *httpapi.Client, agent, op string, w io.Writer) (stop func()) {
-	w = terminalSafe{w} // a reason or a decider's name is anyone's text
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	ready := make(chan struct{})
