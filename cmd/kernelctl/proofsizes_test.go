@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/mod/sumdb/note"
+
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
@@ -33,12 +35,14 @@ type lyingKernel struct {
 	inclusion   kernel.InclusionResponse
 }
 
-func newLyingKernel(t *testing.T) *lyingKernel {
+// checkpointKey makes a fresh key for checkpoints of origin: its public
+// key, its signer and its verifier key.
+func checkpointKey(t *testing.T, origin string) (ed25519.PublicKey, note.Signer, string) {
+	t.Helper()
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const origin = "ck-00000000-0000-4000-8000-00000000f1f1"
 	signer, err := ledger.NewCheckpointSigner(origin, priv)
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +51,12 @@ func newLyingKernel(t *testing.T) *lyingKernel {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pub, signer, vkey
+}
+
+func newLyingKernel(t *testing.T) *lyingKernel {
+	const origin = "ck-00000000-0000-4000-8000-00000000f1f1"
+	pub, signer, vkey := checkpointKey(t, origin)
 	k := &lyingKernel{t: t}
 	k.signer = func(size uint64, root [32]byte) kernel.SignedCheckpoint {
 		n, err := ledger.SignCheckpoint(signer, ledger.Checkpoint{Origin: origin, Size: size, Root: root})

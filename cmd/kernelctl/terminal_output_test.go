@@ -116,19 +116,8 @@ func TestErrorLineTerminalSafe(t *testing.T) {
 // F4: U+009B 2J cleared the screen on terminals that honour C1); with
 // --json as a JSON escape, which reads back as the same origin.
 func TestProofOriginTerminalSafe(t *testing.T) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const origin = "ck-1\u009b2J\u202eKO\u202c"
-	signer, err := ledger.NewCheckpointSigner(origin, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vkey, err := ledger.CheckpointVerifierKey(origin, pub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub, signer, vkey := checkpointKey(t, origin)
 	var leaf [32]byte
 	rand.Read(leaf[:])
 	n, err := ledger.SignCheckpoint(signer, ledger.Checkpoint{Origin: origin, Size: 1, Root: leaf})
