@@ -23,8 +23,9 @@
 // The records stay bounded without losing one that matters: every allowed
 // request's record is kept, and a proxy allows at most Options.MaxAllowed
 // requests (default 10,000; later ones are refused with ReasonLimit).
-// Refused requests (denied, malformed, over a limit) are kept in full up
-// to Options.MaxRefusedRecords (default 100); later ones are only counted,
+// Refused requests (denied, malformed, over a limit, or admitted and then
+// refused by the dialer: ReasonAddress, ReasonBudgetRefused) are kept in
+// full up to Options.MaxRefusedRecords (default 100); later ones are only counted,
 // by reason, in Dropped. So a command cannot push the record of its real
 // connection out with a flood of refused ones.
 //
@@ -214,8 +215,9 @@ type Proxy struct {
 
 	mu        sync.Mutex
 	records   []Record
-	allowed   int // allowed requests so far
-	refused   int // records of refused requests kept
+	gone      map[int]bool // records refused after admission beyond MaxRefusedRecords: not returned
+	allowed   int          // allowed requests so far
+	refused   int          // records of refused requests kept
 	drops     Drops
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
@@ -458,6 +460,15 @@ func (p *Proxy) report() ([]Record, Drops) {
 			d.ByReason[k] = n
 		}
 	}
+	if len(p.gone) > 0 {
+		kept := all[:0]
+		for i, r := range all {
+			if !p.gone[i] {
+				kept = append(kept, r)
+			}
+		}
+		all = kept
+	}
 	p.mu.Unlock()
 
 	// The refused records are few (MaxRefusedRecords) and each bounded:
@@ -610,14 +621,28 @@ func (p *Proxy) admit(c *conn, r Record) bool {
 // pay for its DNS lookup (ReasonBudgetRefused). An audit looking for
 // refused requests finds it there, not among the allowed ones with a
 // failed dial. It still counts against MaxAllowed, which bounds the dials
-// (and DNS lookups) one proxy makes and the records it keeps.
+// (and DNS lookups) one proxy makes; and its record against
+// MaxRefusedRecords, as any refused one: beyond, it is counted in the
+// drops and no longer returned.
 func (p *Proxy) refuse(c *conn, reason string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c.rec >= 0 && c.rec < len(p.records) {
-		r := &p.records[c.rec]
-		r.Allowed, r.Reason = false, clip(reason)
+	if c.rec < 0 || c.rec >= len(p.records) {
+		return
 	}
+	r := &p.records[c.rec]
+	r.Allowed, r.Reason = false, clip(reason)
+	if p.refused < p.opts.MaxRefusedRecords {
+		p.refused++
+		return
+	}
+	// The record stays in place (other connections' indices point past
+	// it), marked gone.
+	if p.gone == nil {
+		p.gone = map[int]bool{}
+	}
+	p.gone[c.rec] = true
+	p.drop(r.Reason)
 }
 
 // keep appends r as the record of c, within the bounds of a Record;
@@ -629,18 +654,24 @@ func (p *Proxy) keep(c *conn, r Record) {
 	}
 	if !r.Allowed {
 		if p.refused >= p.opts.MaxRefusedRecords {
-			why, _, _ := strings.Cut(r.Reason, ": ")
-			if p.drops.ByReason == nil {
-				p.drops.ByReason = map[string]int{}
-			}
-			p.drops.Total++
-			p.drops.ByReason[why]++
+			p.drop(r.Reason)
 			return
 		}
 		p.refused++
 	}
 	p.records = append(p.records, r)
 	c.rec = len(p.records) - 1
+}
+
+// drop counts a refused request whose record is not kept, by the
+// constant part of its reason; p.mu is held.
+func (p *Proxy) drop(reason string) {
+	why, _, _ := strings.Cut(reason, ": ")
+	if p.drops.ByReason == nil {
+		p.drops.ByReason = map[string]int{}
+	}
+	p.drops.Total++
+	p.drops.ByReason[why]++
 }
 
 // clip cuts the detail of reason (what follows its constant part and
