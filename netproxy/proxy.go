@@ -12,7 +12,9 @@
 //     allowed host's address serves: a CDN's other customers, say);
 //   - absolute-URI requests (GET http://host:port/path HTTP/1.1, any method)
 //     — plain HTTP, forwarded to the origin in origin form with
-//     "Connection: close", one request per client connection.
+//     "Connection: close", one request per client connection; the
+//     origin's interim (1xx) responses ("100 Continue", "103 Early
+//     Hints") are relayed before its final one.
 //
 // Every request is checked against Options.Allow, a predicate over the host
 // (lower case, without a trailing dot or IPv6 brackets) and port. A denied
@@ -900,19 +902,32 @@ func (p *Proxy) tunnel(c *conn, br *bufio.Reader, up *metered) {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Upgrade"}
 
-// forward sends one plain-HTTP request to the origin and relays the
-// response, then closes the client connection.
-func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
-	for _, h := range req.Header.Values("Connection") {
-		for _, f := range strings.Split(h, ",") {
+// maxInterim is the most interim (1xx) responses forward relays before
+// the final one, as net/http's client takes.
+const maxInterim = 5
+
+// dropHopHeaders removes the hop-by-hop fields from h: those of
+// hopHeaders and those its Connection fields name.
+func dropHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
-				req.Header.Del(f)
+				h.Del(f)
 			}
 		}
 	}
-	for _, h := range hopHeaders {
-		req.Header.Del(h)
+	for _, f := range hopHeaders {
+		h.Del(f)
 	}
+}
+
+// forward sends one plain-HTTP request to the origin and relays the
+// response, then closes the client connection. Interim (1xx) responses
+// before it, but 101, are relayed as they come (at most maxInterim; a
+// request's "Expect: 100-continue" is forwarded, and its body sent whole
+// without waiting for the "100 Continue" it asks for).
+func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
+	dropHopHeaders(req.Header)
 	req.RequestURI = ""
 	req.Host = req.URL.Host // the checked host, whatever the Host header said
 	req.Close = true
@@ -923,19 +938,48 @@ func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
 		}
 		return
 	}
-	head := &io.LimitedReader{R: up, N: int64(p.opts.MaxHeaderBytes)}
-	resp, err := http.ReadResponse(bufio.NewReader(head), req)
-	if err != nil {
-		switch {
-		case errors.Is(err, ErrBudget):
-		case head.N <= 0:
-			c.setReason(fmt.Sprintf("%sresponse head larger than %d bytes", reasonUpstreamPrefix, p.opts.MaxHeaderBytes))
-			reply(c.client, http.StatusBadGateway, "upstream response head too large")
-		default:
-			c.setReason(reasonUpstreamPrefix + err.Error())
-			reply(c.client, http.StatusBadGateway, "bad upstream response")
+	head := &io.LimitedReader{R: up}
+	br := bufio.NewReader(head)
+	var resp *http.Response
+	for interim := 0; ; interim++ {
+		head.N = int64(p.opts.MaxHeaderBytes) // each head
+		var err error
+		resp, err = http.ReadResponse(br, req)
+		if err != nil {
+			switch {
+			case errors.Is(err, ErrBudget):
+			case head.N <= 0:
+				c.setReason(fmt.Sprintf("%sresponse head larger than %d bytes", reasonUpstreamPrefix, p.opts.MaxHeaderBytes))
+				reply(c.client, http.StatusBadGateway, "upstream response head too large")
+			default:
+				c.setReason(reasonUpstreamPrefix + err.Error())
+				reply(c.client, http.StatusBadGateway, "bad upstream response")
+			}
+			return
 		}
-		return
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		if interim == maxInterim {
+			c.setReason(fmt.Sprintf("%smore than %d interim (1xx) responses", reasonUpstreamPrefix, maxInterim))
+			reply(c.client, http.StatusBadGateway, "bad upstream response")
+			return
+		}
+		// An interim response has no body and no Content-Length: its
+		// head is relayed as it is, without "Connection: close" (the
+		// final response follows on the connection).
+		dropHopHeaders(resp.Header)
+		text, _ := strings.CutPrefix(resp.Status, strconv.Itoa(resp.StatusCode)+" ")
+		var b strings.Builder
+		fmt.Fprintf(&b, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, text)
+		resp.Header.Write(&b)
+		b.WriteString("\r\n")
+		if _, err := io.WriteString(c.client, b.String()); err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				c.setReason(reasonUpstreamPrefix + err.Error())
+			}
+			return
+		}
 	}
 	head.N = math.MaxInt64 // the body
 	defer resp.Body.Close()
