@@ -133,7 +133,12 @@ func TestFetchRedirectsKeepTheBudget(t *testing.T) {
 	var got atomic.Int64
 	var hops atomic.Int32
 	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		// Only a request that arrived whole counts: a hop cut by the
+		// budget mid-body may reach the handler before or after the
+		// call has returned.
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			return
+		}
 		n := hops.Add(1)
 		code := 307
 		if strings.HasPrefix(r.URL.Path, "/308") {
@@ -175,7 +180,7 @@ func TestFetchRedirectsKeepTheBudget(t *testing.T) {
 				t.Fatalf("error %v, want class %q", err, tt.class)
 			}
 			if n := hops.Load(); n != tt.hops {
-				t.Fatalf("the server answered %d requests, want %d", n, tt.hops)
+				t.Fatalf("the server received %d requests whole, want %d", n, tt.hops)
 			}
 			if tt.left >= 0 && (got.Load() > tt.left || h.charged[syscalls.BudgetNetBytes] > tt.left+1<<10) {
 				t.Fatalf("the server received %d bytes and %d were charged under a net_bytes budget of %d", got.Load(), h.charged[syscalls.BudgetNetBytes], tt.left)
