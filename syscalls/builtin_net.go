@@ -195,8 +195,12 @@ func (c countingConn) Write(b []byte) (int, error) {
 	if c.capped && c.m.spent()+int64(len(b)) >= c.m.left {
 		return 0, errNetBudget
 	}
+	// Counted before it is written: the origin may answer, and the
+	// transport read that answer (computing the room left), before
+	// Write returns.
+	c.m.wire.Add(int64(len(b)))
 	n, err := c.Conn.Write(b)
-	c.m.wire.Add(int64(n))
+	c.m.wire.Add(int64(n - len(b)))
 	c.wrote.Store(true)
 	return n, err
 }
