@@ -310,7 +310,8 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			}
 			hp, err := target(req.URL)
 			if err != nil {
-				return fail(FailScope, "redirect to %s: %v", clipText(req.URL.Redacted()), err)
+				// Both the URL and the error (quoting it) are the origin's.
+				return fail(FailScope, "%s", clipText(fmt.Sprintf("redirect to %s: %v", req.URL.Redacted(), err)))
 			}
 			if len(hp.Host) > netproxy.MaxHostBytes {
 				// No DNS name is longer; the record keeps hosts short.

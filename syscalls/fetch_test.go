@@ -259,6 +259,9 @@ func TestFetchRecordBounds(t *testing.T) {
 			http.Redirect(w, r, "/loop/"+long, http.StatusFound)
 		case r.URL.Path == "/far":
 			http.Redirect(w, r, "http://"+strings.Repeat("h", 300)+".test/", http.StatusFound)
+		case r.URL.Path == "/scheme":
+			w.Header().Set("Location", strings.Repeat("s", 60<<10)+"://h/")
+			w.WriteHeader(http.StatusFound)
 		}
 	}), &got)
 	tests := []struct {
@@ -267,6 +270,7 @@ func TestFetchRecordBounds(t *testing.T) {
 		{"a sent request, then too many redirects", "POST", "/loop", syscalls.FailUnknown},
 		{"a GET, then too many redirects", "GET", "/loop", syscalls.FailScope},
 		{"a redirect to a host over 253 bytes", "GET", "/far", syscalls.FailScope},
+		{"a redirect to a scheme of 60 KiB", "GET", "/scheme", syscalls.FailScope},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
