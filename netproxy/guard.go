@@ -62,7 +62,8 @@ var metadata = []netip.Addr{
 // specialPrefixes are the ranges of the IANA special-purpose address
 // registries (RFC 6890) that are not globally reachable, beyond those the
 // netip predicates in Special cover, and the prefixes that translate or
-// tunnel to IPv4 (which reach the IPv4 specials).
+// tunnel to IPv4 by an embedding Special does not decode (which may reach
+// the IPv4 specials).
 var specialPrefixes = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"),   // carrier-grade NAT
@@ -73,8 +74,7 @@ var specialPrefixes = []netip.Prefix{
 	netip.MustParsePrefix("198.51.100.0/24"), // documentation (TEST-NET-2)
 	netip.MustParsePrefix("203.0.113.0/24"),  // documentation (TEST-NET-3)
 	netip.MustParsePrefix("240.0.0.0/4"),     // reserved
-	netip.MustParsePrefix("64:ff9b::/96"),    // NAT64 can reach IPv4 specials
-	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64 (RFC 8215) likewise
+	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64 (RFC 8215): its embedding is the network's choice
 	netip.MustParsePrefix("100::/64"),        // discard-only (RFC 6666)
 	netip.MustParsePrefix("2001::/32"),       // Teredo tunnels to IPv4
 	netip.MustParsePrefix("2001:2::/48"),     // benchmarking
@@ -86,14 +86,33 @@ var specialPrefixes = []netip.Prefix{
 	netip.MustParsePrefix("fec0::/10"),       // site-local (deprecated)
 }
 
+// nat64 is NAT64's well-known prefix (RFC 6052), whose addresses embed an
+// IPv4 address in their last 32 bits.
+var nat64 = netip.MustParsePrefix("64:ff9b::/96")
+
+// embedded returns the IPv4 address a reaches: a itself unmapped if a is
+// IPv4-mapped, the address a NAT64 address (in the well-known prefix)
+// embeds, else a.
+func embedded(a netip.Addr) netip.Addr {
+	a = a.Unmap()
+	if nat64.Contains(a) {
+		b := a.As16()
+		return netip.AddrFrom4([4]byte(b[12:]))
+	}
+	return a
+}
+
 // Special reports whether a is an address the guard refuses by default:
 // unspecified, loopback, private (RFC 1918, unique local), link-local
 // (169.254/16 holds the cloud metadata endpoint), multicast, broadcast,
 // carrier-grade NAT, documentation, benchmarking, discard-only, site-local
-// and reserved ranges, the NAT64, 6to4 and Teredo prefixes, and known
-// metadata addresses. IPv4-mapped IPv6 addresses are judged as IPv4.
+// and reserved ranges, the local-use NAT64, 6to4 and Teredo prefixes, and
+// known metadata addresses. IPv4-mapped IPv6 addresses, and addresses in
+// NAT64's well-known prefix 64:ff9b::/96 (what DNS64 answers for an
+// IPv4-only name on an IPv6-only host), are judged by the IPv4 address
+// they embed.
 func Special(a netip.Addr) bool {
-	a = a.Unmap()
+	a = embedded(a)
 	if !a.IsValid() || a.IsUnspecified() || a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() ||
 		a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast() || a.IsMulticast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
 		return true
@@ -139,10 +158,11 @@ func ownAddr(a netip.Addr) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("listing the host's own addresses: %w", err)
 	}
-	a = a.Unmap().WithZone("")
+	// Through NAT64, the IPv4 address embedded is the one reached.
+	a, v4 := a.Unmap().WithZone(""), embedded(a)
 	for _, ia := range addrs {
 		if n, ok := ia.(*net.IPNet); ok {
-			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a {
+			if b, ok := netip.AddrFromSlice(n.IP); ok && (b.Unmap() == a || b.Unmap() == v4) {
 				return true, nil
 			}
 		}

@@ -22,6 +22,11 @@ func TestSpecial(t *testing.T) {
 		{"2001:db8::1", true}, {"3fff::1", true}, {"5f00::1", true}, {"fec0::1", true},
 		{"192.0.3.1", false}, {"198.51.101.1", false}, {"2001:4860:4860::8888", false}, {"2a00:1450::1", false},
 		{"93.184.215.14", false}, {"2606:2800:21f:cb07:6820:80da:af6b:8b2c", false}, {"8.8.8.8", false}, {"::ffff:8.8.8.8", false},
+		// NAT64's well-known prefix is judged by the IPv4 address it
+		// embeds (review rev2-fronts F6: DNS64 answers for every IPv4-only
+		// site were refused); the local-use prefix stays refused whole.
+		{"64:ff9b::5db8:d822", false}, {"64:ff9b::808:808", false}, {"64:ff9b::a00:1", true}, {"64:ff9b::a9fe:a9fe", true},
+		{"64:ff9b::c000:202", true}, {"64:ff9b::", true}, {"64:ff9b:1::5db8:d822", true},
 	}
 	for _, tt := range tests {
 		if got := Special(netip.MustParseAddr(tt.addr)); got != tt.special {
@@ -81,6 +86,15 @@ func TestGuardRefusesOwnAddresses(t *testing.T) {
 		a = a.Unmap()
 		if own, err := ownAddr(a); !own || err != nil {
 			t.Errorf("ownAddr(%s) = %v, %v; want true", a, own, err)
+		}
+		if a.Is4() {
+			// Through NAT64 the address is reached all the same.
+			b := netip.MustParseAddr("64:ff9b::").As16()
+			v4 := a.As4()
+			copy(b[12:], v4[:])
+			if own, err := ownAddr(netip.AddrFrom16(b)); !own || err != nil {
+				t.Errorf("ownAddr(%s) = %v, %v; want true", netip.AddrFrom16(b), own, err)
+			}
 		}
 		if a.IsLinkLocalUnicast() {
 			continue // needs a zone to dial

@@ -64,3 +64,79 @@ func TestHeadLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestInterimResponses: an origin's interim (1xx) responses, such as the
+// "100 Continue" a client's "Expect: 100-continue" asks for, are relayed
+// and the final response after them too; more than 5 are a bad upstream
+// response. Before, the first interim response was relayed as the whole
+// answer and the final one lost (review rev2-fronts F2).
+func TestInterimResponses(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				interim := "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+				if req.URL.Path == "/many" {
+					interim = strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 6)
+				}
+				io.WriteString(c, interim)
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")
+			}()
+		}
+	}()
+	f := newFixture(t, 0, allowHosts("allowed.test"))
+	tests := []struct {
+		path    string
+		interim []int
+		code    int
+		body    string
+		reason  string
+	}{
+		{"/", []int{100, 103}, 200, "done", ""},
+		{"/many", []int{100, 100, 100, 100, 100}, 502, "bad upstream response", "upstream: more than 5 interim (1xx) responses"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			c, err := net.Dial("unix", f.proxy.SocketPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST http://allowed.test:%d%s HTTP/1.1\r\nHost: allowed.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello", l.Addr().(*net.TCPAddr).Port, tt.path)
+			br := bufio.NewReader(c)
+			var interim []int
+			var resp *http.Response
+			for {
+				if resp, err = http.ReadResponse(br, nil); err != nil {
+					t.Fatalf("after interim responses %v: %v", interim, err)
+				}
+				if resp.StatusCode >= 200 {
+					break
+				}
+				interim = append(interim, resp.StatusCode)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if fmt.Sprint(interim) != fmt.Sprint(tt.interim) || resp.StatusCode != tt.code || !strings.Contains(string(body), tt.body) {
+				t.Fatalf("interim %v, then %d %q; want interim %v, then %d containing %q", interim, resp.StatusCode, body, tt.interim, tt.code, tt.body)
+			}
+			recs := f.proxy.Records()
+			if r := recs[len(recs)-1]; !r.Allowed || r.Reason != tt.reason {
+				t.Fatalf("record %+v, want allowed, reason %q", r, tt.reason)
+			}
+		})
+	}
+}

@@ -12,7 +12,9 @@
 //     allowed host's address serves: a CDN's other customers, say);
 //   - absolute-URI requests (GET http://host:port/path HTTP/1.1, any method)
 //     — plain HTTP, forwarded to the origin in origin form with
-//     "Connection: close", one request per client connection.
+//     "Connection: close", one request per client connection; the
+//     origin's interim (1xx) responses ("100 Continue", "103 Early
+//     Hints") are relayed before its final one.
 //
 // Every request is checked against Options.Allow, a predicate over the host
 // (lower case, without a trailing dot or IPv6 brackets) and port. A denied
@@ -23,8 +25,9 @@
 // The records stay bounded without losing one that matters: every allowed
 // request's record is kept, and a proxy allows at most Options.MaxAllowed
 // requests (default 10,000; later ones are refused with ReasonLimit).
-// Refused requests (denied, malformed, over a limit) are kept in full up
-// to Options.MaxRefusedRecords (default 100); later ones are only counted,
+// Refused requests (denied, malformed, over a limit, or admitted and then
+// refused by the dialer: ReasonAddress, ReasonBudgetRefused) are kept in
+// full up to Options.MaxRefusedRecords (default 100); later ones are only counted,
 // by reason, in Dropped. So a command cannot push the record of its real
 // connection out with a flood of refused ones.
 //
@@ -214,8 +217,9 @@ type Proxy struct {
 
 	mu        sync.Mutex
 	records   []Record
-	allowed   int // allowed requests so far
-	refused   int // records of refused requests kept
+	gone      map[int]bool // records refused after admission beyond MaxRefusedRecords: not returned
+	allowed   int          // allowed requests so far
+	refused   int          // records of refused requests kept
 	drops     Drops
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
@@ -458,6 +462,15 @@ func (p *Proxy) report() ([]Record, Drops) {
 			d.ByReason[k] = n
 		}
 	}
+	if len(p.gone) > 0 {
+		kept := all[:0]
+		for i, r := range all {
+			if !p.gone[i] {
+				kept = append(kept, r)
+			}
+		}
+		all = kept
+	}
 	p.mu.Unlock()
 
 	// The refused records are few (MaxRefusedRecords) and each bounded:
@@ -610,14 +623,28 @@ func (p *Proxy) admit(c *conn, r Record) bool {
 // pay for its DNS lookup (ReasonBudgetRefused). An audit looking for
 // refused requests finds it there, not among the allowed ones with a
 // failed dial. It still counts against MaxAllowed, which bounds the dials
-// (and DNS lookups) one proxy makes and the records it keeps.
+// (and DNS lookups) one proxy makes; and its record against
+// MaxRefusedRecords, as any refused one: beyond, it is counted in the
+// drops and no longer returned.
 func (p *Proxy) refuse(c *conn, reason string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c.rec >= 0 && c.rec < len(p.records) {
-		r := &p.records[c.rec]
-		r.Allowed, r.Reason = false, clip(reason)
+	if c.rec < 0 || c.rec >= len(p.records) {
+		return
 	}
+	r := &p.records[c.rec]
+	r.Allowed, r.Reason = false, clip(reason)
+	if p.refused < p.opts.MaxRefusedRecords {
+		p.refused++
+		return
+	}
+	// The record stays in place (other connections' indices point past
+	// it), marked gone.
+	if p.gone == nil {
+		p.gone = map[int]bool{}
+	}
+	p.gone[c.rec] = true
+	p.drop(r.Reason)
 }
 
 // keep appends r as the record of c, within the bounds of a Record;
@@ -629,18 +656,24 @@ func (p *Proxy) keep(c *conn, r Record) {
 	}
 	if !r.Allowed {
 		if p.refused >= p.opts.MaxRefusedRecords {
-			why, _, _ := strings.Cut(r.Reason, ": ")
-			if p.drops.ByReason == nil {
-				p.drops.ByReason = map[string]int{}
-			}
-			p.drops.Total++
-			p.drops.ByReason[why]++
+			p.drop(r.Reason)
 			return
 		}
 		p.refused++
 	}
 	p.records = append(p.records, r)
 	c.rec = len(p.records) - 1
+}
+
+// drop counts a refused request whose record is not kept, by the
+// constant part of its reason; p.mu is held.
+func (p *Proxy) drop(reason string) {
+	why, _, _ := strings.Cut(reason, ": ")
+	if p.drops.ByReason == nil {
+		p.drops.ByReason = map[string]int{}
+	}
+	p.drops.Total++
+	p.drops.ByReason[why]++
 }
 
 // clip cuts the detail of reason (what follows its constant part and
@@ -869,19 +902,32 @@ func (p *Proxy) tunnel(c *conn, br *bufio.Reader, up *metered) {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Upgrade"}
 
-// forward sends one plain-HTTP request to the origin and relays the
-// response, then closes the client connection.
-func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
-	for _, h := range req.Header.Values("Connection") {
-		for _, f := range strings.Split(h, ",") {
+// maxInterim is the most interim (1xx) responses forward relays before
+// the final one, as net/http's client takes.
+const maxInterim = 5
+
+// dropHopHeaders removes the hop-by-hop fields from h: those of
+// hopHeaders and those its Connection fields name.
+func dropHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
-				req.Header.Del(f)
+				h.Del(f)
 			}
 		}
 	}
-	for _, h := range hopHeaders {
-		req.Header.Del(h)
+	for _, f := range hopHeaders {
+		h.Del(f)
 	}
+}
+
+// forward sends one plain-HTTP request to the origin and relays the
+// response, then closes the client connection. Interim (1xx) responses
+// before it, but 101, are relayed as they come (at most maxInterim; a
+// request's "Expect: 100-continue" is forwarded, and its body sent whole
+// without waiting for the "100 Continue" it asks for).
+func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
+	dropHopHeaders(req.Header)
 	req.RequestURI = ""
 	req.Host = req.URL.Host // the checked host, whatever the Host header said
 	req.Close = true
@@ -892,19 +938,48 @@ func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
 		}
 		return
 	}
-	head := &io.LimitedReader{R: up, N: int64(p.opts.MaxHeaderBytes)}
-	resp, err := http.ReadResponse(bufio.NewReader(head), req)
-	if err != nil {
-		switch {
-		case errors.Is(err, ErrBudget):
-		case head.N <= 0:
-			c.setReason(fmt.Sprintf("%sresponse head larger than %d bytes", reasonUpstreamPrefix, p.opts.MaxHeaderBytes))
-			reply(c.client, http.StatusBadGateway, "upstream response head too large")
-		default:
-			c.setReason(reasonUpstreamPrefix + err.Error())
-			reply(c.client, http.StatusBadGateway, "bad upstream response")
+	head := &io.LimitedReader{R: up}
+	br := bufio.NewReader(head)
+	var resp *http.Response
+	for interim := 0; ; interim++ {
+		head.N = int64(p.opts.MaxHeaderBytes) // each head
+		var err error
+		resp, err = http.ReadResponse(br, req)
+		if err != nil {
+			switch {
+			case errors.Is(err, ErrBudget):
+			case head.N <= 0:
+				c.setReason(fmt.Sprintf("%sresponse head larger than %d bytes", reasonUpstreamPrefix, p.opts.MaxHeaderBytes))
+				reply(c.client, http.StatusBadGateway, "upstream response head too large")
+			default:
+				c.setReason(reasonUpstreamPrefix + err.Error())
+				reply(c.client, http.StatusBadGateway, "bad upstream response")
+			}
+			return
 		}
-		return
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		if interim == maxInterim {
+			c.setReason(fmt.Sprintf("%smore than %d interim (1xx) responses", reasonUpstreamPrefix, maxInterim))
+			reply(c.client, http.StatusBadGateway, "bad upstream response")
+			return
+		}
+		// An interim response has no body and no Content-Length: its
+		// head is relayed as it is, without "Connection: close" (the
+		// final response follows on the connection).
+		dropHopHeaders(resp.Header)
+		text, _ := strings.CutPrefix(resp.Status, strconv.Itoa(resp.StatusCode)+" ")
+		var b strings.Builder
+		fmt.Fprintf(&b, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, text)
+		resp.Header.Write(&b)
+		b.WriteString("\r\n")
+		if _, err := io.WriteString(c.client, b.String()); err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				c.setReason(reasonUpstreamPrefix + err.Error())
+			}
+			return
+		}
 	}
 	head.N = math.MaxInt64 // the body
 	defer resp.Body.Close()

@@ -2,10 +2,12 @@ package netproxy_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"strings"
 	"sync"
@@ -114,5 +116,46 @@ func TestRecordLimits(t *testing.T) {
 	recs := f.proxy.Records()
 	if !recs[0].Allowed || recs[1].Allowed || !recs[2].Allowed {
 		t.Fatalf("records %+v, want allowed, denied, allowed", recs)
+	}
+}
+
+// TestRefusedByAddressCounted: requests the dialer refuses (an allowed
+// host resolving to a private address) are refused records like the
+// others, kept up to MaxRefusedRecords and counted in Dropped beyond.
+// Before, each was kept, outside the limit: 10,000 of them made 6.7 MB of
+// records (review rev2-fronts F3).
+func TestRefusedByAddressCounted(t *testing.T) {
+	g := &netproxy.Guard{Lookup: func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("10.0.0.1")}, nil
+	}}
+	const kept, n = 3, 5
+	p := netproxy.New(netproxy.Options{Allow: func(string, int) bool { return true }, Dial: g.DialContext, MaxRefusedRecords: kept})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Serve(l)
+	defer p.Close()
+	for i := range n {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET http://h%d.test/ HTTP/1.1\r\nHost: x\r\n\r\n", i)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil || resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("request %d: %v, %v; want 403", i, resp, err)
+		}
+	}
+	p.Close()
+	recs, d := p.Records(), p.Dropped()
+	for _, r := range recs {
+		if r.Allowed || !strings.HasPrefix(r.Reason, netproxy.ReasonAddress) {
+			t.Errorf("record %+v, want refused with %q", r, netproxy.ReasonAddress)
+		}
+	}
+	if len(recs) != kept || d.Total != n-kept || d.ByReason[netproxy.ReasonAddress] != n-kept {
+		t.Fatalf("%d records, dropped %+v; want %d records and %d dropped as %q", len(recs), d, kept, n-kept, netproxy.ReasonAddress)
 	}
 }

@@ -129,33 +129,89 @@ func (f *fetchSys) Definition() Definition {
 	}
 }
 
-// countingConn counts the bytes a connection carries. A capped one
-// sends nothing of a write that would take the count past limit, and
-// fails it with errNetBudget.
-type countingConn struct {
-	net.Conn
-	n      *atomic.Int64
-	capped bool
-	limit  int64
+// netMeter counts the net_bytes of one net.fetch call: the bytes on the
+// wire (both ways, heads included) and the DNS lookups' cost.
+type netMeter struct {
+	wire, dns atomic.Int64
+	// limited: left bounds wire + dns.
+	limited bool
+	left    int64
+	// body is set once the final response's head is in: from then on
+	// every read stops at left (the body is cut there).
+	body atomic.Bool
 }
 
-// errNetBudget is what a capped countingConn's refused write returns.
-var errNetBudget = fail(FailBudget, "budget net_bytes: a redirect would send past what is left")
+// spent is what the call has used of net_bytes so far.
+func (m *netMeter) spent() int64 { return m.wire.Load() + m.dns.Load() }
+
+// countingConn counts the bytes a connection carries. A capped one (a
+// redirect's hop) sends nothing of a write, and reads nothing, past what
+// is left, failing with errNetBudget or errHopBudget; once the final
+// response's body is read (netMeter.body), every connection reads nothing
+// past it, failing with errBodyBudget.
+type countingConn struct {
+	net.Conn
+	m      *netMeter
+	capped bool
+	// wrote is set by the connection's first write. The transport starts
+	// reading a connection before it writes the request: on a capped
+	// connection that read takes at most one byte, as the room left is
+	// not known until the request is out (and Write leaves that byte).
+	wrote *atomic.Bool
+}
+
+var (
+	// errNetBudget is what a capped countingConn's refused write returns.
+	errNetBudget = fail(FailBudget, "budget net_bytes: a redirect would send past what is left")
+	// errHopBudget is what a capped countingConn's refused read returns.
+	errHopBudget = fail(FailBudget, "budget net_bytes: a redirect's response would take past what is left")
+	// errBodyBudget ends the read of a body at what is left: the body
+	// returned is cut there (truncated), not failed.
+	errBodyBudget = errors.New("net_bytes budget reached")
+)
 
 func (c countingConn) Read(b []byte) (int, error) {
+	if c.m.limited && (c.capped || c.m.body.Load()) {
+		room := c.m.left - c.m.spent()
+		if room <= 0 {
+			if c.m.body.Load() {
+				return 0, errBodyBudget
+			}
+			return 0, errHopBudget
+		}
+		if c.capped && !c.wrote.Load() {
+			room = 1
+		}
+		if int64(len(b)) > room {
+			b = b[:room]
+		}
+	}
 	n, err := c.Conn.Read(b)
-	c.n.Add(int64(n))
+	c.m.wire.Add(int64(n))
 	return n, err
 }
 
 func (c countingConn) Write(b []byte) (int, error) {
-	if c.capped && c.n.Load()+int64(len(b)) > c.limit {
+	if c.capped && c.m.spent()+int64(len(b)) >= c.m.left {
 		return 0, errNetBudget
 	}
+	// Counted before it is written: the origin may answer, and the
+	// transport read that answer (computing the room left), before
+	// Write returns.
+	c.m.wire.Add(int64(len(b)))
 	n, err := c.Conn.Write(b)
-	c.n.Add(int64(n))
+	c.m.wire.Add(int64(n - len(b)))
+	c.wrote.Store(true)
 	return n, err
 }
+
+// clippedError is err with its message cut by clipText: a transport's
+// error quotes what an origin sent (a malformed header line, the names
+// of a certificate), up to the 64 KiB of a response head.
+type clippedError struct{ err error }
+
+func (e clippedError) Error() string { return clipText(e.err.Error()) }
+func (e clippedError) Unwrap() error { return e.err }
 
 func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	var a fetchArgs
@@ -192,19 +248,16 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if limited && left < int64(len(body)) {
 		return Output{}, fail(FailBudget, "budget net_bytes: %d left, the request body alone is %d", left, len(body))
 	}
-	if limited && left-int64(len(body)) < limit {
-		limit = left - int64(len(body))
-	}
 	// Wire bytes (headers included) are counted, and each DNS lookup
 	// costs netproxy.LookupCost (the name goes to the resolver, resolved
 	// or not); net_bytes is charged with both, whatever the outcome.
-	var wire, dns atomic.Int64
-	defer func() { c.Charge(BudgetNetBytes, wire.Load()+dns.Load()) }()
+	meter := &netMeter{limited: limited, left: left}
+	defer func() { c.Charge(BudgetNetBytes, meter.spent()) }()
 	lookup := func(n int64) error {
-		if spent := wire.Load() + dns.Load(); limited && spent+n > left {
+		if spent := meter.spent(); limited && spent+n > left {
 			return fail(FailBudget, "budget net_bytes: a DNS lookup costs %d, %d of %d are spent", n, spent, left)
 		}
-		dns.Add(n)
+		meter.dns.Add(n)
 		return nil
 	}
 	guard := &netproxy.Guard{Explicit: g.NamesHost, Lookup: f.o.Lookup, Timeout: timeout}
@@ -216,15 +269,11 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			if err != nil {
 				return nil, err
 			}
-			cc := countingConn{Conn: conn, n: &wire}
-			if limited && dials.Add(1) > 1 {
-				// Only the first request may overdraw the budget (by
-				// its head: its size is known once it is sent); a
-				// redirect's hop (one connection each) sends nothing
-				// past it.
-				cc.capped, cc.limit = true, left-dns.Load()
-			}
-			return cc, nil
+			// Only the first request may overdraw the budget (by its
+			// heads: the request's size is known once it is sent); a
+			// redirect's hop (one connection each) sends and reads
+			// nothing past it.
+			return countingConn{Conn: conn, m: meter, capped: limited && dials.Add(1) > 1, wrote: new(atomic.Bool)}, nil
 		},
 		TLSClientConfig:        f.o.TLS,
 		DisableKeepAlives:      true,
@@ -247,7 +296,7 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: method})
 	}
 	defer func() {
-		c.Note("net_connections", map[string]any{"hops": trail, "bytes": wire.Load(), "dns_bytes": dns.Load()})
+		c.Note("net_connections", map[string]any{"hops": trail, "bytes": meter.wire.Load(), "dns_bytes": meter.dns.Load()})
 	}()
 	client := &http.Client{
 		Transport: tr,
@@ -261,7 +310,8 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			}
 			hp, err := target(req.URL)
 			if err != nil {
-				return fail(FailScope, "redirect to %s: %v", clipURL(req.URL.Redacted()), err)
+				// Both the URL and the error (quoting it) are the origin's.
+				return fail(FailScope, "%s", clipText(fmt.Sprintf("redirect to %s: %v", req.URL.Redacted(), err)))
 			}
 			if len(hp.Host) > netproxy.MaxHostBytes {
 				// No DNS name is longer; the record keeps hosts short.
@@ -270,16 +320,16 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 			}
 			if !g.AllowsHost(hp.Host, hp.Port) {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "host not allowed"})
-				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", clipURL(req.URL.Redacted()), hp.Host, hp.Port)
+				return fail(FailScope, "redirect to %s: host %s port %d is outside the capability token's net patterns", clipText(req.URL.Redacted()), hp.Host, hp.Port)
 			}
 			// A 307 or 308 re-sends the body: the hop goes only if it
 			// and a byte of its head fit in what is left.
-			if spent, body := wire.Load()+dns.Load(), max(req.ContentLength, 0); limited && spent+body >= left {
+			if spent, body := meter.spent(), max(req.ContentLength, 0); limited && spent+body >= left {
 				trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method, Reason: "net_bytes budget"})
-				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", clipURL(req.URL.Redacted()), spent, left, body)
+				return fail(FailBudget, "budget net_bytes: redirect to %s not followed: %d of %d bytes spent, and it would send a body of %d again", clipText(req.URL.Redacted()), spent, left, body)
 			}
 			trail = append(trail, hop{Host: hp.Host, Port: hp.Port, Method: req.Method})
-			hops = append(hops, req.URL.Redacted())
+			hops = append(hops, clipText(req.URL.Redacted()))
 			return nil
 		},
 	}
@@ -306,7 +356,11 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		// A redirect's error names its Location, as long as an origin
 		// makes it (up to the 64 KiB of a response head): the messages
 		// and the record keep its start.
-		ue.URL = clipURL(ue.URL)
+		ue.URL = clipText(ue.URL)
+	}
+	if err != nil {
+		// The rest of the message may quote the origin too.
+		err = clippedError{err}
 	}
 	if err != nil && len(trail) > 0 && trail[len(trail)-1].Reason == "" {
 		trail[len(trail)-1].Reason = err.Error()
@@ -332,8 +386,16 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 	if len(trail) > 0 {
 		trail[len(trail)-1].Status = resp.StatusCode
 	}
+	// The body is read up to what is left of the budget (the final
+	// connection reads no byte past it): cut there, it is truncated.
+	meter.body.Store(true)
 	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	budgetCut := errors.Is(err, errBodyBudget)
+	if budgetCut {
+		err = nil
+	}
 	if err != nil {
+		err = clippedError{err}
 		if mutating {
 			return Output{}, fail(FailUnknown, "net.fetch %s %s: reading the response failed (%v) after status %d; it will not be sent again", method, req.URL.Redacted(), err, resp.StatusCode)
 		}
@@ -342,8 +404,8 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		}
 		return Output{}, fmt.Errorf("net.fetch: reading the response: %w", err)
 	}
-	truncated := int64(len(data)) > limit
-	if truncated {
+	truncated := budgetCut || int64(len(data)) > limit
+	if int64(len(data)) > limit {
 		data = data[:limit]
 	}
 	headers := map[string]string{}
@@ -356,28 +418,29 @@ func (f *fetchSys) Execute(ctx context.Context, c *Call) (Output, error) {
 		headers[strings.ToLower(k)] = strings.Join(resp.Header.Values(k), ", ")
 	}
 	out := map[string]any{
-		"status": resp.StatusCode, "headers": headers, "truncated": truncated, "final_url": resp.Request.URL.Redacted(),
-		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": wire.Load() + dns.Load(),
+		"status": resp.StatusCode, "headers": headers, "truncated": truncated, "final_url": clipText(resp.Request.URL.Redacted()),
+		"redirects": append([]string{}, hops...), "bytes_returned": len(data), "net_bytes": meter.spent(),
 	}
 	putText(out, "body", data)
 	return output(out)
 }
 
-// maxURLText is the most of a URL that net.fetch's messages and record
-// keep.
-const maxURLText = 1024
+// maxOriginText is the most of a text an origin makes (a redirect's URL,
+// a transport error quoting its response) that net.fetch's messages,
+// record and result keep.
+const maxOriginText = 1024
 
-// clipURL cuts u to maxURLText bytes (at a UTF-8 boundary), marking the
-// cut with "…".
-func clipURL(u string) string {
-	if len(u) <= maxURLText {
-		return u
+// clipText cuts s to maxOriginText bytes (at a UTF-8 boundary), marking
+// the cut with "…".
+func clipText(s string) string {
+	if len(s) <= maxOriginText {
+		return s
 	}
-	n := maxURLText
-	for n > 0 && !utf8.RuneStart(u[n]) {
+	n := maxOriginText
+	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return u[:n] + "…"
+	return s[:n] + "…"
 }
 
 // RegisterFetch registers net.fetch with o (defaults filled in).
