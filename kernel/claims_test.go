@@ -120,11 +120,41 @@ func TestPublicClaimsOtherMembers(t *testing.T) {
 	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
 		e.TaskClass, e.StateSnapshotID, e.AutonomyMode = "triage", "3:"+digest.Sum([]byte("x")), "autopilot"
 	}))
-	// A session id is published too (approval requests, events): bounded.
-	if r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
-		e.Provenance = json.RawMessage(`{"session_id":"` + strings.Repeat("s", 300) + `"}`)
-	}); errClass(r) != ErrInvalidArgs {
-		t.Fatalf("a session id of 300 bytes: %+v", r.Error)
+	// A session id is published too (approval requests, events): bounded
+	// as the handles' (MaxSessionIDBytes), and a refused one reaches no
+	// event whole; the admin credential is none.
+	sub := h.k.Subscribe(EventFilter{}, 64)
+	defer sub.Close()
+	for _, session := range []string{strings.Repeat("s", 300<<10), AdminPrefix + "s3cr3tAdminCredential"} {
+		if r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
+			e.Provenance = json.RawMessage(`{"session_id":"` + session + `"}`)
+		}); errClass(r) != ErrInvalidArgs || strings.Contains(r.Error.Message, session) {
+			t.Fatalf("a session id of %d bytes: %+v", len(session), r.Error != nil)
+		}
+	drain:
+		for {
+			select {
+			case e := <-sub.C:
+				if b, _ := json.Marshal(e); strings.Contains(string(b), session) {
+					t.Fatalf("an event holds the refused session id (%d bytes)", len(session))
+				}
+			default:
+				break drain
+			}
+		}
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
+		e.Provenance = json.RawMessage(`{"session_id":"` + strings.Repeat("s", MaxSessionIDBytes) + `"}`)
+	}))
+	// Values quoted in refusals are cut to their size and digest.
+	for _, mod := range []func(*Envelope){
+		func(e *Envelope) { e.AutonomyMode = big },
+		func(e *Envelope) { e.PolicyHash = h.token },
+		func(e *Envelope) { e.OperationID = h.token },
+	} {
+		if r := h.invoke("echo", map[string]any{"text": "x"}, mod); r.Status == StatusOK || strings.Contains(r.Error.Message, h.token) || len(r.Error.Message) > 1024 {
+			t.Fatalf("a refusal quoting what was sent: %d bytes", len(r.Error.Message))
+		}
 	}
 	// The admin credential obeys the task class's rule; a call carrying it
 	// there runs, and its record (and result) keep its digest.

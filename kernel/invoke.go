@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -266,7 +267,7 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	c.lap(StageVerify)
 	// 6. Policy.
 	if env.PolicyHash != k.policy.Hash() {
-		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %q does not match the active policy %s", env.PolicyHash, k.policy.Hash()))
+		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %s does not match the active policy %s", quoted(env.PolicyHash), k.policy.Hash()))
 	}
 	c.input = k.policyInput(c, resources)
 	// The input is encoded once, canonically: the policy decides on those
@@ -372,6 +373,17 @@ const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control
 // published, and the credential pasted as one must not be.
 func validAgentID(id string) bool { return validLabel(id) && !strings.HasPrefix(id, AdminPrefix) }
 
+// quoted returns s quoted for an error message, which the call's result
+// and events carry: whole when it is short text of no secret's form,
+// else its size and digest (a value pasted in the wrong member may be a
+// token, the admin credential or a megabyte of text).
+func quoted(s string) string {
+	if len(s) <= 80 && validLabel(s) && !strings.HasPrefix(s, AdminPrefix) {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("(a value of %d bytes, %s)", len(s), digest.Sum([]byte(s)))
+}
+
 // validLabel reports whether s is at most 255 bytes of UTF-8 with no
 // control characters: the rule of the envelope's short text members
 // (agent_id, idempotency_key, task_class).
@@ -388,7 +400,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 	case env.AgentID == "":
 		return errors.New("agent_id is required")
 	case env.AutonomyMode != "" && !policy.ValidMode(env.AutonomyMode):
-		return fmt.Errorf("autonomy_mode %q is not one of no_go, soft_gate, autopilot, escalated", env.AutonomyMode)
+		return fmt.Errorf("autonomy_mode %s is not one of no_go, soft_gate, autopilot, escalated", quoted(env.AutonomyMode))
 	case env.RiskScore != nil && !(*env.RiskScore >= 0 && *env.RiskScore <= 1):
 		return fmt.Errorf("risk_score %v is outside [0,1]", *env.RiskScore)
 	case !validAgentID(env.AgentID):
@@ -406,7 +418,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 	if env.OperationID == "" {
 		env.OperationID, c.minted = newID(), true
 	} else if u, err := uuid.Parse(env.OperationID); err != nil || u.String() != env.OperationID {
-		return fmt.Errorf("operation_id %q is not a UUID in canonical form", env.OperationID)
+		return fmt.Errorf("operation_id %s is not a UUID in canonical form", quoted(env.OperationID))
 	}
 	for _, p := range env.PreconditionRefs {
 		if err := p.Validate(); err != nil {
@@ -414,9 +426,11 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.session, c.staleState = sessionOf(env.Provenance)
-	if !validLabel(c.session) {
-		// It is published: in approval requests and events.
-		return errors.New("provenance.session_id must be at most 255 bytes of UTF-8 with no control characters")
+	if len(c.session) > MaxSessionIDBytes || !utf8.ValidString(c.session) || strings.ContainsFunc(c.session, unicode.IsControl) || strings.HasPrefix(c.session, AdminPrefix) {
+		// It is published, in approval requests and events (this
+		// refusal's too): by its digest.
+		c.session = digest.Sum([]byte(c.session))
+		return fmt.Errorf("provenance.session_id must be at most %d bytes of UTF-8 with no control characters, and not start with %s", MaxSessionIDBytes, AdminPrefix)
 	}
 	if c.canonArgs == nil {
 		// A call that came through neither decode nor invoke.
