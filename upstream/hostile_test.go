@@ -588,10 +588,12 @@ func TestRPCErrorMessageCapped(t *testing.T) {
 // than passed unchecked: an id written as 1.0 (the SDK takes it for 1),
 // a result holding a number a double cannot hold, and a second member
 // "Result" beside "result" (the SDK matches names exactly) all end as
-// upstream_error, never as the rounded number.
+// upstream_error, never as the rounded number; an honest answer with a
+// lone surrogate escape (a string cut inside an emoji) passes, as the SDK
+// reads it.
 func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
 	s := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
-	objectTools(s, "float-id", "twice", "plain")
+	objectTools(s, "float-id", "twice", "plain", "surrogate")
 	url := hostile(t, s, &mcp.StreamableHTTPOptions{JSONResponse: true}, func(w http.ResponseWriter, m rpc) bool {
 		if m.Method != "tools/call" {
 			return false
@@ -604,6 +606,9 @@ func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s.0,"result":%s}`, m.ID, bad)
 		case "twice":
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s,"Result":%s}`, m.ID, bad, good)
+		case "surrogate":
+			// A string cut inside an emoji, as the TypeScript SDK writes it.
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"cut \ud83d"}],"structuredContent":{"n":1}}}`, m.ID)
 		default:
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, good)
 		}
@@ -616,7 +621,9 @@ func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
 			t.Errorf("%s: %s %v", tool, out.Result, err)
 		}
 	}
-	if out, err := call(t, reg, "mcp.h.plain"); err != nil || !strings.Contains(string(out.Result), `"n":1`) {
-		t.Errorf("a plain answer: %s %v", out.Result, err)
+	for _, tool := range []string{"plain", "surrogate"} {
+		if out, err := call(t, reg, "mcp.h."+tool); err != nil || !strings.Contains(string(out.Result), `"n":1`) {
+			t.Errorf("an honest answer (%s): %s %v", tool, out.Result, err)
+		}
 	}
 }

@@ -310,7 +310,10 @@ func (b *cappedBody) keep(msg []byte) {
 		ID     jsontext.Value `json:"id"`
 		Result jsontext.Value `json:"result"`
 	}
-	if jsonv2.Unmarshal(msg, &r) == nil && r.Result != nil && sameID(r.ID, b.id) {
+	// Invalid UTF-8 and lone surrogate escapes are let through, as the
+	// SDK's decoder lets them (as U+FFFD): a string cut inside an emoji
+	// is an honest answer.
+	if jsonv2.Unmarshal(msg, &r, jsontext.AllowInvalidUTF8(true)) == nil && r.Result != nil && sameID(r.ID, b.id) {
 		b.answer.set(json.RawMessage(r.Result))
 	}
 }
