@@ -557,6 +557,12 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 	default:
 		return fmt.Errorf("network posture %q is not off, allowlist or full", r.Network)
 	}
+	if r.Workspace || r.Dir != "" || r.Network != "" {
+		// A sandboxed run: it sees /usr and the like whole.
+		if err := k.checkSystemBinds(); err != nil {
+			return err
+		}
+	}
 	if r.Workspace || r.Dir != "" {
 		w, err := workspace()
 		if err != nil {

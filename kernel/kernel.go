@@ -36,12 +36,15 @@ import (
 
 // Kernel is an open data dir serving calls. It is safe for concurrent use.
 type Kernel struct {
-	cfg      Config
-	private  []privateDir // the kernel's own directories, which no root may reach (private.go)
-	settings settings
-	db       *store.DB
-	kv       syscalls.KVReader // the kv store as syscalls read it, made once (a call's would allocate)
-	registry *syscalls.Registry
+	cfg     Config
+	private []privateDir // the kernel's own directories, which no root may reach (private.go)
+	// systemDirs are those every sandboxed run sees whole
+	// (sandbox.SystemDirs), which none of private may lie in.
+	systemDirs []string
+	settings   settings
+	db         *store.DB
+	kv         syscalls.KVReader // the kv store as syscalls read it, made once (a call's would allocate)
+	registry   *syscalls.Registry
 	// upstreams are the connected upstream MCP servers (nil before Open
 	// reaches them and after Close).
 	upstreams  *upstream.Set
@@ -166,7 +169,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 			os.RemoveAll(p)
 		}
 	}
-	k.private = privateDirs(cfg)
+	k.private, k.systemDirs = privateDirs(cfg), sandbox.SystemDirs()
 	k.sandbox = sandbox.New(sandbox.Options{Bwrap: cfg.Bwrap, StagingDir: cfg.SandboxDir})
 	if err := syscalls.RegisterExec(k.registry, syscalls.ExecOptions{
 		Sandbox: k.sandbox, EnvAllow: cfg.ExecEnvAllow, MaxOutput: cfg.ExecMaxOutput, Processes: cfg.ExecProcesses,

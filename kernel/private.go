@@ -65,6 +65,21 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 	return nil
 }
 
+// checkSystemBinds refuses a sandboxed run when one of the kernel's own
+// directories lies in a host directory every run sees whole (a data dir
+// under /usr/local, say: sandbox.SystemDirs): whatever its roots, the
+// command could read it there.
+func (k *Kernel) checkSystemBinds() error {
+	for _, d := range k.private {
+		for _, sys := range k.systemDirs {
+			if within(d.path, sys) {
+				return &syscalls.ScopeError{Path: d.path, Reason: fmt.Sprintf("the kernel's %s lies in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, sys)}
+			}
+		}
+	}
+	return nil
+}
+
 // within reports whether path p is dir or lies below it.
 func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")

@@ -85,3 +85,18 @@ func TestRootSwappedForKernelDir(t *testing.T) {
 		t.Fatalf("proc.exec in a root swapped for the data dir: %+v %s", r.Error, r.Result)
 	}
 }
+
+// TestDataDirInSystemDir: a kernel whose data dir lies in a directory
+// every sandboxed run sees whole (here the test's stand-in for /usr, where
+// a data dir under /usr/local would be) refuses proc.exec, whatever the
+// token's roots: a command read admin.token from /usr with a root
+// elsewhere. Other calls go on.
+func TestDataDirInSystemDir(t *testing.T) {
+	h := newExecHarness(t)
+	h.k.systemDirs = []string{filepath.Dir(h.data)}
+	r := h.invoke("proc.exec", execArgs("cat", filepath.Join(h.data, "admin.token")), key("read-admin"))
+	if errClass(r) != ErrScopeDenied || !strings.Contains(r.Error.Message, "every sandboxed command sees") || strings.Contains(string(r.Result), "ckadmin_") {
+		t.Fatalf("proc.exec with the data dir in a system dir: %+v %s", r.Error, r.Result)
+	}
+	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}))
+}

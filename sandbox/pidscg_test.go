@@ -120,3 +120,18 @@ func TestMemCgroupBoundsTCP(t *testing.T) {
 		}
 	}
 }
+
+// TestSystemDirs: what every run sees whole includes /usr, by real path,
+// and only directories (merged-/usr links are the links they are).
+func TestSystemDirs(t *testing.T) {
+	dirs := SystemDirs()
+	usr, _ := filepath.EvalSymlinks("/usr")
+	if len(dirs) == 0 || dirs[0] != usr {
+		t.Fatalf("SystemDirs %v, want /usr (%s) first", dirs, usr)
+	}
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			t.Errorf("%s: %v", d, err)
+		}
+	}
+}

@@ -39,6 +39,25 @@ func Secret(name string) bool {
 // as the same symlinks when they are links (merged /usr).
 var systemDirs = []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
 
+// SystemDirs returns the host directories every run sees whole, read-only
+// (/usr, and those of systemDirs that are directories rather than links),
+// by real path: what lies in them (a data dir under /usr/local, say) every
+// command can read, whatever its roots.
+func SystemDirs() []string {
+	out := []string{"/usr"}
+	for _, d := range systemDirs {
+		if fi, err := os.Lstat(d); err == nil && fi.IsDir() {
+			out = append(out, d)
+		}
+	}
+	for i, d := range out {
+		if real, err := filepath.EvalSymlinks(d); err == nil {
+			out[i] = real
+		}
+	}
+	return out
+}
+
 type rootPlan struct {
 	Root
 	real   string          // the host directory, symlinks resolved
