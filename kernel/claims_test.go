@@ -125,7 +125,7 @@ func TestPublicClaimsOtherMembers(t *testing.T) {
 	// event whole; the admin credential is none.
 	sub := h.k.Subscribe(EventFilter{}, 64)
 	defer sub.Close()
-	for _, session := range []string{strings.Repeat("s", 300<<10), AdminPrefix + "s3cr3tAdminCredential"} {
+	for _, session := range []string{strings.Repeat("s", 300<<10), AdminPrefix + "s3cr3tAdminCredential", "Bearer " + AdminPrefix + "s3cr3tAdminCredential"} {
 		if r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) {
 			e.Provenance = json.RawMessage(`{"session_id":"` + session + `"}`)
 		}); errClass(r) != ErrInvalidArgs || strings.Contains(r.Error.Message, session) {
@@ -147,18 +147,21 @@ func TestPublicClaimsOtherMembers(t *testing.T) {
 		e.Provenance = json.RawMessage(`{"session_id":"` + strings.Repeat("s", MaxSessionIDBytes) + `"}`)
 	}))
 	// Values quoted in refusals are cut to their size and digest.
+	cred := AdminPrefix + "s3cr3tAdminCredential"
 	for _, mod := range []func(*Envelope){
 		func(e *Envelope) { e.AutonomyMode = big },
 		func(e *Envelope) { e.PolicyHash = h.token },
 		func(e *Envelope) { e.OperationID = h.token },
+		func(e *Envelope) { e.PolicyHash = " " + cred },
+		func(e *Envelope) { e.AutonomyMode = "Bearer " + cred },
 	} {
-		if r := h.invoke("echo", map[string]any{"text": "x"}, mod); r.Status == StatusOK || strings.Contains(r.Error.Message, h.token) || len(r.Error.Message) > 1024 {
+		if r := h.invoke("echo", map[string]any{"text": "x"}, mod); r.Status == StatusOK || strings.Contains(r.Error.Message, h.token) ||
+			strings.Contains(r.Error.Message, cred) || len(r.Error.Message) > 1024 {
 			t.Fatalf("a refusal quoting what was sent: %d bytes", len(r.Error.Message))
 		}
 	}
 	// The admin credential obeys the task class's rule; a call carrying it
 	// there runs, and its record (and result) keep its digest.
-	cred := AdminPrefix + "s3cr3tAdminCredential"
 	before := h.headSize()
 	r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) { e.TaskClass = cred })
 	mustOK(t, r)

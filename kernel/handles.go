@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/syscalls"
@@ -80,8 +78,9 @@ var (
 	// to one.
 	ErrNoSession = errors.New("handles: a session id is required")
 	// ErrSessionID refuses a session id over MaxSessionIDBytes, or not
-	// UTF-8 without control characters.
-	ErrSessionID = errors.New("handles: a session id is at most 256 bytes of UTF-8 without control characters")
+	// UTF-8 without control characters, or holding the admin
+	// credential's prefix (validSessionID).
+	ErrSessionID = errors.New("handles: a session id is at most 256 bytes of UTF-8 without control characters or " + AdminPrefix)
 	// ErrHandleRole refuses an approver's or auditor's token: it calls no
 	// tool.
 	ErrHandleRole = errors.New("handles: approver and auditor tokens call no tools, so they get no handles")
@@ -104,7 +103,7 @@ func (k *Kernel) Handles(token, session string) ([]Handle, error) {
 	switch {
 	case session == "":
 		return nil, ErrNoSession
-	case len(session) > MaxSessionIDBytes || !utf8.ValidString(session) || strings.ContainsFunc(session, unicode.IsControl):
+	case !validSessionID(session):
 		return nil, ErrSessionID
 	case tok.Claims.Cap.Role != "":
 		return nil, ErrHandleRole

@@ -364,21 +364,34 @@ func (k *Kernel) verifyToken(env *Envelope) (tok *captoken.Token, class, msg str
 // agentIDRule is what an agent id must be: in an envelope, and in the
 // tokens minted and attenuated for one (a token for another id could make
 // no call).
-const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control characters, and not start with " + AdminPrefix
+const agentIDRule = "agent_id must be at most 255 bytes of UTF-8 with no control characters, and not hold " + AdminPrefix
 
 // validAgentID reports whether id obeys agentIDRule. Invalid UTF-8 is
 // refused because records hold text: two ids differing only in invalid
 // bytes would read as one id in the audit, while the idempotency table
 // told them apart; the admin credential's prefix, because an id is
 // published, and the credential pasted as one must not be.
-func validAgentID(id string) bool { return validLabel(id) && !strings.HasPrefix(id, AdminPrefix) }
+func validAgentID(id string) bool { return validLabel(id) && !holdsAdminCredential(id) }
+
+// holdsAdminCredential reports whether s may hold the admin credential:
+// it holds its prefix anywhere (pasted after "Bearer ", a space, a
+// variable's name), so it is never published as it is.
+func holdsAdminCredential(s string) bool { return strings.Contains(s, AdminPrefix) }
+
+// validSessionID reports whether session may name a session: the rule
+// of handles' sessions (at most MaxSessionIDBytes of UTF-8, no control
+// character) and no admin credential, since events and approval
+// requests publish it.
+func validSessionID(session string) bool {
+	return len(session) <= MaxSessionIDBytes && utf8.ValidString(session) && !strings.ContainsFunc(session, unicode.IsControl) && !holdsAdminCredential(session)
+}
 
 // quoted returns s quoted for an error message, which the call's result
 // and events carry: whole when it is short text of no secret's form,
 // else its size and digest (a value pasted in the wrong member may be a
 // token, the admin credential or a megabyte of text).
 func quoted(s string) string {
-	if len(s) <= 80 && validLabel(s) && !strings.HasPrefix(s, AdminPrefix) {
+	if len(s) <= 80 && validLabel(s) && !holdsAdminCredential(s) {
 		return strconv.Quote(s)
 	}
 	return fmt.Sprintf("(a value of %d bytes, %s)", len(s), digest.Sum([]byte(s)))
@@ -426,11 +439,11 @@ func (k *Kernel) checkEnvelope(c *call) error {
 		}
 	}
 	c.session, c.staleState = sessionOf(env.Provenance)
-	if len(c.session) > MaxSessionIDBytes || !utf8.ValidString(c.session) || strings.ContainsFunc(c.session, unicode.IsControl) || strings.HasPrefix(c.session, AdminPrefix) {
+	if !validSessionID(c.session) {
 		// It is published, in approval requests and events (this
 		// refusal's too): by its digest.
 		c.session = digest.Sum([]byte(c.session))
-		return fmt.Errorf("provenance.session_id must be at most %d bytes of UTF-8 with no control characters, and not start with %s", MaxSessionIDBytes, AdminPrefix)
+		return fmt.Errorf("provenance.session_id must be at most %d bytes of UTF-8 with no control characters, and not hold %s", MaxSessionIDBytes, AdminPrefix)
 	}
 	if c.canonArgs == nil {
 		// A call that came through neither decode nor invoke.

@@ -650,7 +650,7 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 // refuses such an envelope, and this is its refusal's record); and, for
 // a call whose token did not verify, an agent id that breaks agentIDRule
 // and a capability token id that is no UUID in canonical form; and any of
-// them that starts with AdminPrefix (the admin credential pasted there):
+// them that holds AdminPrefix (the admin credential pasted there):
 // each becomes the digest of its bytes ("blake3:<hex>", which stays as it
 // is). Such a record is public and its body is never erased: kept as
 // sent, these members would publish whatever a client put there — its
@@ -675,7 +675,7 @@ func (c *call) publicClaims() {
 	for _, m := range claims {
 		// The admin credential obeys the label rule: it is digested by
 		// its prefix wherever it was pasted.
-		if *m.v != "" && (!m.ok(*m.v) || strings.HasPrefix(*m.v, AdminPrefix)) && !isDigest(*m.v) {
+		if *m.v != "" && (!m.ok(*m.v) || holdsAdminCredential(*m.v)) && !isDigest(*m.v) {
 			*m.v = digest.Sum([]byte(*m.v))
 		}
 	}
