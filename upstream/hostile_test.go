@@ -593,7 +593,7 @@ func TestRPCErrorMessageCapped(t *testing.T) {
 // reads it.
 func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
 	s := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
-	objectTools(s, "float-id", "twice", "plain", "surrogate")
+	objectTools(s, "float-id", "twice", "plain", "surrogate", "surrogate-big")
 	url := hostile(t, s, &mcp.StreamableHTTPOptions{JSONResponse: true}, func(w http.ResponseWriter, m rpc) bool {
 		if m.Method != "tools/call" {
 			return false
@@ -606,6 +606,10 @@ func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s.0,"result":%s}`, m.ID, bad)
 		case "twice":
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s,"Result":%s}`, m.ID, bad, good)
+		case "surrogate-big":
+			// A lone surrogate beside a number a double cannot hold: the
+			// number is checked all the same.
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"cut \ud83d"}],"structuredContent":{"n":9007199254740993}}}`, m.ID)
 		case "surrogate":
 			// A string cut inside an emoji, as the TypeScript SDK writes it.
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"cut \ud83d"}],"structuredContent":{"n":1}}}`, m.ID)
@@ -615,7 +619,7 @@ func TestHTTPAnswerReadAsTheSDK(t *testing.T) {
 		return true
 	})
 	reg, _ := start(t, map[string]Server{"h": {URL: url, SideEffect: syscalls.Read}})
-	for _, tool := range []string{"float-id", "twice"} {
+	for _, tool := range []string{"float-id", "twice", "surrogate-big"} {
 		out, err := call(t, reg, "mcp.h."+strings.ReplaceAll(tool, "-", "_"))
 		if class, _ := failure(err); class != syscalls.FailUpstreamError || strings.Contains(string(out.Result), "9007199254740992") {
 			t.Errorf("%s: %s %v", tool, out.Result, err)

@@ -12,8 +12,10 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -701,18 +703,24 @@ func (t *tool) withheld(why string) error {
 // another decimal value (9007199254740993 reads as 9007199254740992). The
 // SDK decodes numbers into float64s, and the kernel audits results in
 // RFC 8785's form, whose numbers are doubles: such a number would reach
-// the agent, and the record, as another number than the upstream sent. A
-// result refused on other grounds (jcs.Canonicalize's too) is left to the
-// checks that come after.
+// the agent, and the record, as another number than the upstream sent.
+// Each number is checked on its own, token by token, so that nothing
+// else in the result (a lone surrogate escape, invalid UTF-8, which the
+// SDK lets through) keeps the check from seeing it.
 func exactNumbers(raw json.RawMessage) error {
-	_, err := jcs.CanonicalizeExact(raw)
-	if err == nil {
-		return nil
+	dec := jsontext.NewDecoder(bytes.NewReader(raw), jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true))
+	for {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return nil // the end, or what the SDK read otherwise: not a number's matter
+		}
+		if tok.Kind() != '0' {
+			continue
+		}
+		if _, err := jcs.CanonicalizeExact([]byte(tok.String())); err != nil {
+			return fmt.Errorf("the result is withheld: %v", strings.TrimPrefix(err.Error(), "jcs: "))
+		}
 	}
-	if _, other := jcs.Canonicalize(raw); other != nil {
-		return nil
-	}
-	return fmt.Errorf("the result is withheld: %v", strings.TrimPrefix(err.Error(), "jcs: "))
 }
 
 // maxErrorText bounds the text of an isError answer kept in the call's
