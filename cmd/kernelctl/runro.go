@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+
+	"github.com/capkernel/capkernel/sandbox"
 )
 
 // checkReadOnly refuses a `run --ro` path that would show the agent what
@@ -25,6 +27,16 @@ func checkReadOnly(paths []string, data, tokenFile string) error {
 	if tokenFile != "" && tokenFile != "-" {
 		if tokenReal, err = resolve(tokenFile); err != nil {
 			return fmt.Errorf("run: --token: %w", err)
+		}
+	}
+	// What the sandbox shows every agent whole (/usr and the like) is
+	// read-only to it as --ro paths are.
+	for _, sys := range systemDirs() {
+		switch {
+		case dataReal != "" && inside(dataReal, sys):
+			return usagef("run: the kernel's data dir %s lies in %s, which the sandbox shows every agent: the agent would read its keys and admin credential; move the data dir out", data, sys)
+		case tokenReal != "" && inside(tokenReal, sys):
+			return usagef("run: the token file %s lies in %s, which the sandbox shows every agent: move it out", tokenFile, sys)
 		}
 	}
 	for _, ro := range paths {
@@ -59,3 +71,6 @@ func resolve(path string) (string, error) {
 func inside(p, dir string) bool {
 	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
+
+// systemDirs is sandbox.SystemDirs (a test stands another in).
+var systemDirs = sandbox.SystemDirs

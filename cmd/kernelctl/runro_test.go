@@ -116,3 +116,27 @@ func written(t *testing.T, dir, name string) string {
 	}
 	return found
 }
+
+// checkReadOnly refuses a data dir or token file that lies in a
+// directory the sandbox shows every agent whole (/usr and the like:
+// with the data dir under /usr/local an agent read admin.token, review
+// rev4 F1); here a stand-in for /usr.
+func TestCheckReadOnlySystemDirs(t *testing.T) {
+	sys := t.TempDir()
+	data := filepath.Join(sys, "local", "capkernel")
+	os.MkdirAll(data, 0o700)
+	tok := filepath.Join(t.TempDir(), "agent.token")
+	os.WriteFile(tok, []byte("x"), 0o600)
+	old := systemDirs
+	systemDirs = func() []string { return []string{sys} }
+	defer func() { systemDirs = old }()
+	if err := checkReadOnly(nil, data, tok); err == nil || !strings.Contains(err.Error(), "which the sandbox shows every agent") {
+		t.Fatalf("a data dir in a system dir: %v", err)
+	}
+	if err := checkReadOnly(nil, filepath.Dir(tok), filepath.Join(sys, "local")); err == nil {
+		t.Fatal("a token file in a system dir was let through")
+	}
+	if err := checkReadOnly(nil, filepath.Dir(tok), tok); err != nil {
+		t.Fatalf("a data dir elsewhere: %v", err)
+	}
+}
