@@ -118,7 +118,7 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	// at every call (private.go): said now, to whoever mints it.
 	roots := make([]syscalls.RootSpec, 0, len(req.FS))
 	for _, r := range req.FS {
-		roots = append(roots, syscalls.RootSpec{Path: r.Path})
+		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw"})
 	}
 	if err := k.checkRoots(roots); err != nil {
 		return nil, fmt.Errorf("mint: %w", err)

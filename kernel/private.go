@@ -2,7 +2,9 @@ package kernel
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -16,6 +18,9 @@ import (
 type privateDir struct {
 	what, path string
 	dev, ino   uint64
+	// writes marks a directory that only writes threaten (the policy
+	// dir: its bundle is no secret, but what the next start loads).
+	writes bool
 }
 
 // privateDirs finds the kernel's directories of cfg (after Open made
@@ -38,7 +43,7 @@ func privateDirs(cfg Config) []privateDir {
 		if syscall.Stat(real, &st) != nil {
 			continue
 		}
-		out = append(out, privateDir{what: d.what, path: real, dev: uint64(st.Dev), ino: st.Ino})
+		out = append(out, privateDir{what: d.what, path: real, dev: uint64(st.Dev), ino: st.Ino, writes: d.what == "policy dir"})
 	}
 	return out
 }
@@ -46,7 +51,7 @@ func privateDirs(cfg Config) []privateDir {
 // checkRoots refuses fs roots that reach one of the kernel's own
 // directories: a root that is one, lies inside one (found by identity on
 // its way up, so a bind mount of the data dir elsewhere is found too), or
-// holds one. No token may read the admin credential or the audit
+// holds one — for the policy dir, an rw root only. No token may read the admin credential or the audit
 // payloads, nor write the configuration or policy the next start reads,
 // however its roots were granted; the operator moves the data dir out of
 // the tree, or grants a narrower root.
@@ -57,6 +62,9 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 			continue // the workspace reports a root it cannot open
 		}
 		for _, d := range k.private {
+			if d.writes && !r.Writable {
+				continue
+			}
 			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) {
 				return &syscalls.ScopeError{Path: r.Path, Reason: fmt.Sprintf("reaches the kernel's %s %s: no token's root may hold it or lie in it", d.what, d.path)}
 			}
@@ -70,14 +78,93 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 // under /usr/local, say: sandbox.SystemDirs): whatever its roots, the
 // command could read it there.
 func (k *Kernel) checkSystemBinds() error {
+	mounts := mountPoints()
 	for _, d := range k.private {
+		if d.writes {
+			continue // system dirs are read-only to every run
+		}
+		up := ancestorIDs(d.path)
 		for _, sys := range k.systemDirs {
+			at := ""
 			if within(d.path, sys) {
-				return &syscalls.ScopeError{Path: d.path, Reason: fmt.Sprintf("the kernel's %s lies in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, sys)}
+				at = d.path
+			}
+			// A bind mount of it, or of a directory above it, below
+			// sys shows it there too.
+			for _, m := range mounts {
+				if at == "" && within(m, sys) && up[statID(m)] {
+					at = m
+				}
+			}
+			if at != "" {
+				return &syscalls.ScopeError{Path: at, Reason: fmt.Sprintf("the kernel's %s %s is seen at %s, in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, d.path, at, sys)}
 			}
 		}
 	}
 	return nil
+}
+
+// fileID is a file's identity: device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// statID returns the identity of path, or the zero one.
+func statID(path string) fileID {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return fileID{}
+	}
+	return fileID{uint64(st.Dev), st.Ino}
+}
+
+// ancestorIDs returns the identities of p and every directory above it.
+func ancestorIDs(p string) map[fileID]bool {
+	out := map[fileID]bool{}
+	for {
+		if id := statID(p); id != (fileID{}) {
+			out[id] = true
+		}
+		up := filepath.Dir(p)
+		if up == p {
+			return out
+		}
+		p = up
+	}
+}
+
+// mountPoints returns the mount points of this process's mount namespace
+// (/proc/self/mountinfo's fifth field, its octal escapes decoded).
+func mountPoints() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 {
+			out = append(out, unescapeMount(f[4]))
+		}
+	}
+	return out
+}
+
+// unescapeMount decodes mountinfo's \ooo escapes (of space, tab,
+// newline and backslash).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // within reports whether path p is dir or lies below it.

@@ -50,6 +50,20 @@ func TestRootsKeepOutOfKernelDirs(t *testing.T) {
 			}
 		})
 	}
+	// The policy dir only against writes: a read-only root holding it
+	// serves, an rw one is refused.
+	pol := filepath.Join(h.ws, "policy")
+	if err := os.MkdirAll(pol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.k.private = append(h.k.private, privateDirs(Config{PolicyDir: pol})...)
+	for _, mode := range []string{"r", "rw"} {
+		_, err := h.k.Mint(TokenRequest{AgentID: "p", Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: mode}}})
+		if (err == nil) != (mode == "r") {
+			t.Errorf("minting a %s root holding the policy dir: %v", mode, err)
+		}
+	}
+	h.k.private = h.k.private[:len(h.k.private)-1]
 	// Minting such a root is refused at once, with the reason.
 	if _, err := h.k.Mint(TokenRequest{AgentID: "m", Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: parent, Mode: "r"}}}); err == nil || !strings.Contains(err.Error(), "reaches the kernel's data dir") {
 		t.Fatalf("minting a root that holds the data dir: %v", err)
@@ -99,4 +113,20 @@ func TestDataDirInSystemDir(t *testing.T) {
 		t.Fatalf("proc.exec with the data dir in a system dir: %+v %s", r.Error, r.Result)
 	}
 	mustOK(t, h.invoke("echo", map[string]any{"text": "x"}))
+	// The data dir bound into a system dir from elsewhere is found by its
+	// identity there (the sandbox shows mounts below /usr too).
+	sys := t.TempDir()
+	at := filepath.Join(sys, "local", "bound")
+	if err := os.MkdirAll(at, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if syscall.Mount(filepath.Dir(h.data), at, "", syscall.MS_BIND, "") != nil {
+		t.Skip("no bind mounts here")
+	}
+	t.Cleanup(func() { syscall.Unmount(at, syscall.MNT_DETACH) })
+	h.k.systemDirs = []string{sys}
+	r = h.invoke("proc.exec", execArgs("true"), key("bound"))
+	if errClass(r) != ErrScopeDenied || !strings.Contains(r.Error.Message, at) {
+		t.Fatalf("proc.exec with the data dir's parent bound into a system dir: %+v", r.Error)
+	}
 }
