@@ -90,8 +90,12 @@ func TestInterimResponses(t *testing.T) {
 				}
 				io.Copy(io.Discard, req.Body)
 				interim := "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
-				if req.URL.Path == "/many" {
+				switch req.URL.Path {
+				case "/many":
 					interim = strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 6)
+				case "/upgrade":
+					// Unasked for: the proxy took Upgrade off the request.
+					interim = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 				}
 				io.WriteString(c, interim)
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")
@@ -108,6 +112,7 @@ func TestInterimResponses(t *testing.T) {
 	}{
 		{"/", []int{100, 103}, 200, "done", ""},
 		{"/many", []int{100, 100, 100, 100, 100}, 502, "bad upstream response", "upstream: more than 5 interim (1xx) responses"},
+		{"/upgrade", nil, 502, "bad upstream response", "upstream: 101 Switching Protocols to a request that asked for no upgrade"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {

@@ -957,7 +957,13 @@ func (p *Proxy) forward(c *conn, req *http.Request, up *metered) {
 			}
 			return
 		}
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			// Never asked for: the proxy takes Upgrade off every request.
+			c.setReason(reasonUpstreamPrefix + "101 Switching Protocols to a request that asked for no upgrade")
+			reply(c.client, http.StatusBadGateway, "bad upstream response")
+			return
+		}
+		if resp.StatusCode >= 200 {
 			break
 		}
 		if interim == maxInterim {
