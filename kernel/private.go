@@ -2,12 +2,11 @@ package kernel
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/capkernel/capkernel/sandbox"
 	"github.com/capkernel/capkernel/syscalls"
 )
 
@@ -65,7 +64,7 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 			if d.writes && !r.Writable {
 				continue
 			}
-			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) {
+			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) || seenIn(d, real) {
 				return &syscalls.ScopeError{Path: r.Path, Reason: fmt.Sprintf("reaches the kernel's %s %s: no token's root may hold it or lie in it", d.what, d.path)}
 			}
 		}
@@ -74,97 +73,36 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 }
 
 // checkSystemBinds refuses a sandboxed run when one of the kernel's own
-// directories lies in a host directory every run sees whole (a data dir
-// under /usr/local, say: sandbox.SystemDirs): whatever its roots, the
+// directories is visible in a host directory every run sees whole (a
+// data dir under /usr/local, or bound into it whole or in part:
+// sandbox.SystemDirs, sandbox.VisibleAt): whatever its roots, the
 // command could read it there.
 func (k *Kernel) checkSystemBinds() error {
-	mounts := mountPoints()
 	for _, d := range k.private {
 		if d.writes {
 			continue // system dirs are read-only to every run
 		}
-		up := ancestorIDs(d.path)
-		for _, sys := range k.systemDirs {
-			at := ""
-			if within(d.path, sys) {
-				at = d.path
-			}
-			// A bind mount of it, or of a directory above it, below
-			// sys shows it there too.
-			for _, m := range mounts {
-				if at == "" && within(m, sys) && up[statID(m)] {
-					at = m
+		for _, at := range sandbox.VisibleAt(d.path) {
+			for _, sys := range k.systemDirs {
+				if within(at, sys) {
+					return &syscalls.ScopeError{Path: at, Reason: fmt.Sprintf("the kernel's %s %s is seen at %s, in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, d.path, at, sys)}
 				}
-			}
-			if at != "" {
-				return &syscalls.ScopeError{Path: at, Reason: fmt.Sprintf("the kernel's %s %s is seen at %s, in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, d.path, at, sys)}
 			}
 		}
 	}
 	return nil
 }
 
-// fileID is a file's identity: device and inode.
-type fileID struct{ dev, ino uint64 }
-
-// statID returns the identity of path, or the zero one.
-func statID(path string) fileID {
-	var st syscall.Stat_t
-	if syscall.Stat(path, &st) != nil {
-		return fileID{}
-	}
-	return fileID{uint64(st.Dev), st.Ino}
-}
-
-// ancestorIDs returns the identities of p and every directory above it.
-func ancestorIDs(p string) map[fileID]bool {
-	out := map[fileID]bool{}
-	for {
-		if id := statID(p); id != (fileID{}) {
-			out[id] = true
-		}
-		up := filepath.Dir(p)
-		if up == p {
-			return out
-		}
-		p = up
-	}
-}
-
-// mountPoints returns the mount points of this process's mount namespace
-// (/proc/self/mountinfo's fifth field, its octal escapes decoded).
-func mountPoints() []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) > 4 {
-			out = append(out, unescapeMount(f[4]))
+// seenIn reports whether d, or a part of it, is visible within root
+// through a mount (sandbox.VisibleAt: a bind mount of the data dir, or of
+// a file in it, below the root).
+func seenIn(d privateDir, root string) bool {
+	for _, at := range sandbox.VisibleAt(d.path) {
+		if within(at, root) {
+			return true
 		}
 	}
-	return out
-}
-
-// unescapeMount decodes mountinfo's \ooo escapes (of space, tab,
-// newline and backslash).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return false
 }
 
 // within reports whether path p is dir or lies below it.

@@ -129,4 +129,39 @@ func TestDataDirInSystemDir(t *testing.T) {
 	if errClass(r) != ErrScopeDenied || !strings.Contains(r.Error.Message, at) {
 		t.Fatalf("proc.exec with the data dir's parent bound into a system dir: %+v", r.Error)
 	}
+	syscall.Unmount(at, syscall.MNT_DETACH)
+	// So is a single file of it bound there.
+	file := filepath.Join(sys, "etc-token")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(filepath.Join(h.data, "admin.token"), file, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(file, syscall.MNT_DETACH) })
+	r = h.invoke("proc.exec", execArgs("cat", file), key("file bound"))
+	if errClass(r) != ErrScopeDenied || strings.Contains(string(r.Result), "ckadmin_") {
+		t.Fatalf("proc.exec with admin.token bound into a system dir: %+v %s", r.Error, r.Result)
+	}
+}
+
+// TestRootHoldsDataDirMount: a root that holds a bind mount of the data
+// dir, or of a file in it, reaches it as a root that holds the data dir
+// does: refused (its path text compared alone said nothing).
+func TestRootHoldsDataDirMount(t *testing.T) {
+	h := newHarness(t)
+	root := t.TempDir()
+	at := filepath.Join(root, "d")
+	if err := os.MkdirAll(at, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if syscall.Mount(h.data, at, "", syscall.MS_BIND, "") != nil {
+		t.Skip("no bind mounts here")
+	}
+	t.Cleanup(func() { syscall.Unmount(at, syscall.MNT_DETACH) })
+	tok, jti := h.mint("m", captoken.Capability{Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: root, Mode: "r"}}})
+	r := h.invoke("fs.read", map[string]any{"path": "d/admin.token"}, func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "m", tok, jti })
+	if errClass(r) != ErrScopeDenied || strings.Contains(string(r.Result), "ckadmin_") {
+		t.Fatalf("fs.read through a root holding a bind mount of the data dir: %+v %s", r.Error, r.Result)
+	}
 }

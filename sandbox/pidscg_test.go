@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -132,6 +133,33 @@ func TestSystemDirs(t *testing.T) {
 	for _, d := range dirs {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			t.Errorf("%s: %v", d, err)
+		}
+	}
+}
+
+// TestVisibleAt: a directory is visible at its own path, where a bind
+// mount of it or of a directory above it shows it (its path there), and
+// at the mount point of a bind mount of a file inside it.
+func TestVisibleAt(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "data")
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "secret"), []byte("s"), 0o600)
+	up, file := filepath.Join(t.TempDir(), "up"), filepath.Join(t.TempDir(), "file")
+	os.MkdirAll(up, 0o755)
+	os.WriteFile(file, nil, 0o600)
+	if syscall.Mount(base, up, "", syscall.MS_BIND, "") != nil {
+		t.Skip("no bind mounts here")
+	}
+	defer syscall.Unmount(up, syscall.MNT_DETACH)
+	if err := syscall.Mount(filepath.Join(dir, "secret"), file, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Unmount(file, syscall.MNT_DETACH)
+	got := VisibleAt(dir)
+	for _, want := range []string{dir, filepath.Join(up, "data"), file} {
+		if !slices.Contains(got, want) {
+			t.Errorf("VisibleAt(%s) = %v, want %s among them", dir, got, want)
 		}
 	}
 }

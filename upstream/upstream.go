@@ -718,7 +718,8 @@ func exactNumbers(raw json.RawMessage) error {
 			continue
 		}
 		if _, err := jcs.CanonicalizeExact([]byte(tok.String())); err != nil {
-			return fmt.Errorf("the result is withheld: %v", strings.TrimPrefix(err.Error(), "jcs: "))
+			canon, _ := jcs.Canonicalize([]byte(tok.String()))
+			return fmt.Errorf("the result is withheld: number %s, ending at offset %d of the result, is not the decimal its canonical form %s is (it has more digits than a double keeps): send it as a string", tok.String(), dec.InputOffset(), canon)
 		}
 	}
 }

@@ -29,14 +29,27 @@ func checkReadOnly(paths []string, data, tokenFile string) error {
 			return fmt.Errorf("run: --token: %w", err)
 		}
 	}
+	// Where they are visible, through mounts too (a bind mount of the
+	// data dir, or of a file in it, elsewhere: sandbox.VisibleAt).
+	var dataSeen, tokenSeen []string
+	if dataReal != "" {
+		dataSeen = sandbox.VisibleAt(dataReal)
+	}
+	if tokenReal != "" {
+		tokenSeen = sandbox.VisibleAt(tokenReal)
+	}
 	// What the sandbox shows every agent whole (/usr and the like) is
 	// read-only to it as --ro paths are.
 	for _, sys := range systemDirs() {
-		switch {
-		case dataReal != "" && inside(dataReal, sys):
-			return usagef("run: the kernel's data dir %s lies in %s, which the sandbox shows every agent: the agent would read its keys and admin credential; move the data dir out", data, sys)
-		case tokenReal != "" && inside(tokenReal, sys):
-			return usagef("run: the token file %s lies in %s, which the sandbox shows every agent: move it out", tokenFile, sys)
+		for _, at := range dataSeen {
+			if inside(at, sys) {
+				return usagef("run: the kernel's data dir %s is seen at %s, in %s, which the sandbox shows every agent: the agent would read its keys and admin credential; move the data dir out", data, at, sys)
+			}
+		}
+		for _, at := range tokenSeen {
+			if inside(at, sys) {
+				return usagef("run: the token file %s is seen at %s, in %s, which the sandbox shows every agent: move it out", tokenFile, at, sys)
+			}
 		}
 	}
 	for _, ro := range paths {
@@ -44,7 +57,13 @@ func checkReadOnly(paths []string, data, tokenFile string) error {
 		if err != nil {
 			return usagef("run: --ro %s: %v", ro, err)
 		}
+		seenHere := false
+		for _, at := range dataSeen[min(1, len(dataSeen)):] { // mounts of it, besides its own path
+			seenHere = seenHere || inside(at, real)
+		}
 		switch {
+		case seenHere:
+			return usagef("run: --ro %s holds a mount of the kernel's data dir %s: the agent would read its keys and admin credential", ro, data)
 		case dataReal != "" && (inside(real, dataReal) || inside(dataReal, real)):
 			what := "holds"
 			if inside(real, dataReal) {

@@ -139,4 +139,20 @@ func TestCheckReadOnlySystemDirs(t *testing.T) {
 	if err := checkReadOnly(nil, filepath.Dir(tok), tok); err != nil {
 		t.Fatalf("a data dir elsewhere: %v", err)
 	}
+	// A data dir elsewhere, bound into a system dir, or into an --ro path.
+	elsewhere := filepath.Join(t.TempDir(), "data")
+	os.MkdirAll(elsewhere, 0o700)
+	at := filepath.Join(sys, "bound")
+	os.MkdirAll(at, 0o755)
+	if syscall.Mount(elsewhere, at, "", syscall.MS_BIND, "") != nil {
+		t.Skip("no bind mounts here")
+	}
+	defer syscall.Unmount(at, syscall.MNT_DETACH)
+	if err := checkReadOnly(nil, elsewhere, tok); err == nil || !strings.Contains(err.Error(), "is seen at "+at) {
+		t.Fatalf("a data dir bound into a system dir: %v", err)
+	}
+	systemDirs = func() []string { return nil }
+	if err := checkReadOnly([]string{sys}, elsewhere, tok); err == nil || !strings.Contains(err.Error(), "holds a mount of the kernel's data dir") {
+		t.Fatalf("an --ro path holding a mount of the data dir: %v", err)
+	}
 }

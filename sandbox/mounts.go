@@ -1,0 +1,72 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// VisibleAt returns the paths at which dir (a file or directory, by real
+// path), or a part of it, is visible in this process's mount namespace:
+// dir itself; where a mount shows it whole (a bind mount of it or of a
+// directory above it: the path it has there); and the mount point of
+// every mount that shows a part of it (a bind mount of a file or
+// directory inside it). It reads /proc/self/mountinfo, matching mounts
+// by device and by the path within the device's file system each one
+// shows; it errs on the side of more paths (a mount hidden under
+// another still counts). Without mountinfo it returns dir alone.
+func VisibleAt(dir string) []string {
+	out := []string{dir}
+	mounts := readMountinfo()
+	// The mount dir is reached through: the last of those whose mount
+	// point holds it (a later mount covers an earlier one).
+	home := -1
+	for i, m := range mounts {
+		if within(dir, m.point) && (home < 0 || len(m.point) >= len(mounts[home].point)) {
+			home = i
+		}
+	}
+	if home < 0 {
+		return out
+	}
+	h := mounts[home]
+	rel := filepath.Join(h.root, strings.TrimPrefix(dir, h.point))
+	seen := map[string]bool{dir: true}
+	for _, m := range mounts {
+		if m.dev != h.dev {
+			continue
+		}
+		var p string
+		switch {
+		case within(rel, m.root):
+			p = filepath.Join(m.point, strings.TrimPrefix(rel, m.root))
+		case within(m.root, rel):
+			p = m.point
+		default:
+			continue
+		}
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// mountEntry is one line of mountinfo: the mount's device, the path
+// within its file system it shows, and where.
+type mountEntry struct{ dev, root, point string }
+
+func readMountinfo() []mountEntry {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []mountEntry
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 {
+			out = append(out, mountEntry{dev: f[2], root: unescapeMount(f[3]), point: unescapeMount(f[4])})
+		}
+	}
+	return out
+}
