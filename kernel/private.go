@@ -55,6 +55,7 @@ func privateDirs(cfg Config) []privateDir {
 // however its roots were granted; the operator moves the data dir out of
 // the tree, or grants a narrower root.
 func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
+	mounts := sandbox.ReadMounts()
 	for _, r := range roots {
 		real, err := filepath.EvalSymlinks(r.Path)
 		if err != nil {
@@ -64,7 +65,7 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 			if d.writes && !r.Writable {
 				continue
 			}
-			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) || seenIn(d, real) {
+			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) || seenIn(mounts, d, real) {
 				return &syscalls.ScopeError{Path: r.Path, Reason: fmt.Sprintf("reaches the kernel's %s %s: no token's root may hold it or lie in it", d.what, d.path)}
 			}
 		}
@@ -78,11 +79,12 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 // sandbox.SystemDirs, sandbox.VisibleAt): whatever its roots, the
 // command could read it there.
 func (k *Kernel) checkSystemBinds() error {
+	mounts := sandbox.ReadMounts()
 	for _, d := range k.private {
 		if d.writes {
 			continue // system dirs are read-only to every run
 		}
-		for _, at := range sandbox.VisibleAt(d.path) {
+		for _, at := range mounts.VisibleAt(d.path) {
 			for _, sys := range k.systemDirs {
 				if within(at, sys) {
 					return &syscalls.ScopeError{Path: at, Reason: fmt.Sprintf("the kernel's %s %s is seen at %s, in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, d.path, at, sys)}
@@ -96,8 +98,8 @@ func (k *Kernel) checkSystemBinds() error {
 // seenIn reports whether d, or a part of it, is visible within root
 // through a mount (sandbox.VisibleAt: a bind mount of the data dir, or of
 // a file in it, below the root).
-func seenIn(d privateDir, root string) bool {
-	for _, at := range sandbox.VisibleAt(d.path) {
+func seenIn(mounts sandbox.MountTable, d privateDir, root string) bool {
+	for _, at := range mounts.VisibleAt(d.path) {
 		if within(at, root) {
 			return true
 		}

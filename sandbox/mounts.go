@@ -6,33 +6,42 @@ import (
 	"strings"
 )
 
+// MountTable is this process's mount namespace as /proc/self/mountinfo
+// describes it (ReadMounts), read once for several questions.
+type MountTable []mountEntry
+
+// ReadMounts reads the mount table; without mountinfo it is empty.
+func ReadMounts() MountTable { return readMountinfo() }
+
+// VisibleAt is ReadMounts().VisibleAt(dir).
+func VisibleAt(dir string) []string { return ReadMounts().VisibleAt(dir) }
+
 // VisibleAt returns the paths at which dir (a file or directory, by real
-// path), or a part of it, is visible in this process's mount namespace:
-// dir itself; where a mount shows it whole (a bind mount of it or of a
-// directory above it: the path it has there); and the mount point of
-// every mount that shows a part of it (a bind mount of a file or
-// directory inside it). It reads /proc/self/mountinfo, matching mounts
-// by device and by the path within the device's file system each one
-// shows; it errs on the side of more paths (a mount hidden under
-// another still counts). Without mountinfo it returns dir alone.
-func VisibleAt(dir string) []string {
+// path), or a part of it, is visible in the mount namespace: dir itself;
+// where a mount shows it whole (a bind mount of it or of a directory
+// above it: the path it has there); and the mount point of every mount
+// that shows a part of it (a bind mount of a file or directory inside
+// it). Mounts are matched by device and by the path within the device's
+// file system each one shows; it errs on the side of more paths (a mount
+// hidden under another still counts). With an empty table it returns dir
+// alone.
+func (t MountTable) VisibleAt(dir string) []string {
 	out := []string{dir}
-	mounts := readMountinfo()
 	// The mount dir is reached through: the last of those whose mount
 	// point holds it (a later mount covers an earlier one).
 	home := -1
-	for i, m := range mounts {
-		if within(dir, m.point) && (home < 0 || len(m.point) >= len(mounts[home].point)) {
+	for i, m := range t {
+		if within(dir, m.point) && (home < 0 || len(m.point) >= len(t[home].point)) {
 			home = i
 		}
 	}
 	if home < 0 {
 		return out
 	}
-	h := mounts[home]
+	h := t[home]
 	rel := filepath.Join(h.root, strings.TrimPrefix(dir, h.point))
 	seen := map[string]bool{dir: true}
-	for _, m := range mounts {
+	for _, m := range t {
 		if m.dev != h.dev {
 			continue
 		}
