@@ -718,8 +718,11 @@ func exactNumbers(raw json.RawMessage) error {
 			continue
 		}
 		if _, err := jcs.CanonicalizeExact([]byte(tok.String())); err != nil {
-			canon, _ := jcs.Canonicalize([]byte(tok.String()))
-			return fmt.Errorf("the result is withheld: number %s, ending at offset %d of the result, is not the decimal its canonical form %s is (it has more digits than a double keeps): send it as a string", tok.String(), dec.InputOffset(), canon)
+			what := "no finite double"
+			if canon, err := jcs.Canonicalize([]byte(tok.String())); err == nil {
+				what = fmt.Sprintf("not the decimal its canonical form %s is (it has more digits than a double keeps)", canon)
+			}
+			return fmt.Errorf("the result is withheld: number %s, ending at offset %d of the result, is %s: send it as a string", cut(tok.String(), 64), dec.InputOffset(), what)
 		}
 	}
 }
