@@ -48,12 +48,13 @@ func privateDirs(cfg Config) []privateDir {
 }
 
 // checkRoots refuses fs roots that reach one of the kernel's own
-// directories: a root that is one, lies inside one (found by identity on
-// its way up, so a bind mount of the data dir elsewhere is found too), or
-// holds one — for the policy dir, an rw root only. No token may read the admin credential or the audit
-// payloads, nor write the configuration or policy the next start reads,
-// however its roots were granted; the operator moves the data dir out of
-// the tree, or grants a narrower root.
+// directories — for the policy dir, an rw root only: a root that is one,
+// lies inside one (found by identity on its way up, so a bind mount of
+// the data dir elsewhere is found too), holds one, or holds a mount that
+// shows one whole or in part (seenIn). No token may read the admin
+// credential or the audit payloads, nor write the configuration or policy
+// the next start reads, however its roots were granted; the operator
+// moves the data dir out of the tree, or grants a narrower root.
 func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 	mounts := sandbox.ReadMounts()
 	for _, r := range roots {
