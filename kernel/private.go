@@ -96,12 +96,12 @@ func (k *Kernel) checkSystemBinds() error {
 	return nil
 }
 
-// seenIn reports whether d, or a part of it, is visible within root
-// through a mount (sandbox.VisibleAt: a bind mount of the data dir, or of
-// a file in it, below the root).
+// seenIn reports whether d, or a part of it, is visible within root, or
+// root within it, through a mount (sandbox.VisibleAt: a bind mount of the
+// data dir, or of a file in it, below the root, or holding it).
 func seenIn(mounts sandbox.MountTable, d privateDir, root string) bool {
 	for _, at := range mounts.VisibleAt(d.path) {
-		if within(at, root) {
+		if within(at, root) || within(root, at) {
 			return true
 		}
 	}

@@ -159,9 +159,11 @@ func TestRootHoldsDataDirMount(t *testing.T) {
 		t.Skip("no bind mounts here")
 	}
 	t.Cleanup(func() { syscall.Unmount(at, syscall.MNT_DETACH) })
-	tok, jti := h.mint("m", captoken.Capability{Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: root, Mode: "r"}}})
-	r := h.invoke("fs.read", map[string]any{"path": "d/admin.token"}, func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "m", tok, jti })
-	if errClass(r) != ErrScopeDenied || strings.Contains(string(r.Result), "ckadmin_") {
-		t.Fatalf("fs.read through a root holding a bind mount of the data dir: %+v %s", r.Error, r.Result)
+	for _, tc := range []struct{ root, path string }{{root, "d/admin.token"}, {filepath.Join(at, "keys"), "receipt.pub"}} {
+		tok, jti := h.mint("m", captoken.Capability{Tools: []string{"fs.read"}, FS: []captoken.FSRoot{{Path: tc.root, Mode: "r"}}})
+		r := h.invoke("fs.read", map[string]any{"path": tc.path}, func(e *Envelope) { e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "m", tok, jti })
+		if errClass(r) != ErrScopeDenied || strings.Contains(string(r.Result), "ckadmin_") {
+			t.Fatalf("fs.read of %s through root %s, which holds or lies in a bind mount of the data dir: %+v %s", tc.path, tc.root, r.Error, r.Result)
+		}
 	}
 }

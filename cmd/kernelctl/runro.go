@@ -57,13 +57,20 @@ func checkReadOnly(paths []string, data, tokenFile string) error {
 		if err != nil {
 			return usagef("run: --ro %s: %v", ro, err)
 		}
-		seenHere := false
-		for _, at := range dataSeen[min(1, len(dataSeen)):] { // mounts of it, besides its own path
-			seenHere = seenHere || inside(at, real)
+		// A mount of it (besides its own path), holding the --ro path or
+		// held by it.
+		dataHere, tokenHere := false, false
+		for _, at := range dataSeen[min(1, len(dataSeen)):] {
+			dataHere = dataHere || inside(at, real) || inside(real, at)
+		}
+		for _, at := range tokenSeen[min(1, len(tokenSeen)):] {
+			tokenHere = tokenHere || inside(at, real)
 		}
 		switch {
-		case seenHere:
-			return usagef("run: --ro %s holds a mount of the kernel's data dir %s: the agent would read its keys and admin credential", ro, data)
+		case dataHere:
+			return usagef("run: --ro %s reaches a mount of the kernel's data dir %s: the agent would read its keys and admin credential", ro, data)
+		case tokenHere:
+			return usagef("run: --ro %s holds a mount of the token file %s: the agent reaches the kernel through the channel alone", ro, tokenFile)
 		case dataReal != "" && (inside(real, dataReal) || inside(dataReal, real)):
 			what := "holds"
 			if inside(real, dataReal) {

@@ -152,7 +152,23 @@ func TestCheckReadOnlySystemDirs(t *testing.T) {
 		t.Fatalf("a data dir bound into a system dir: %v", err)
 	}
 	systemDirs = func() []string { return nil }
-	if err := checkReadOnly([]string{sys}, elsewhere, tok); err == nil || !strings.Contains(err.Error(), "holds a mount of the kernel's data dir") {
+	if err := checkReadOnly([]string{sys}, elsewhere, tok); err == nil || !strings.Contains(err.Error(), "reaches a mount of the kernel's data dir") {
 		t.Fatalf("an --ro path holding a mount of the data dir: %v", err)
+	}
+	// An --ro path inside such a mount (review rev6 F1).
+	os.MkdirAll(filepath.Join(elsewhere, "keys"), 0o700)
+	if err := checkReadOnly([]string{filepath.Join(at, "keys")}, elsewhere, tok); err == nil || !strings.Contains(err.Error(), "reaches a mount of the kernel's data dir") {
+		t.Fatalf("an --ro path inside a mount of the data dir: %v", err)
+	}
+	// An --ro path holding a mount of the token file (review rev6 F2).
+	view := t.TempDir()
+	tokAt := filepath.Join(view, "t")
+	os.WriteFile(tokAt, nil, 0o600)
+	if err := syscall.Mount(tok, tokAt, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Unmount(tokAt, syscall.MNT_DETACH)
+	if err := checkReadOnly([]string{view}, t.TempDir(), tok); err == nil || !strings.Contains(err.Error(), "holds a mount of the token file") {
+		t.Fatalf("an --ro path holding a mount of the token file: %v", err)
 	}
 }
