@@ -21,6 +21,7 @@ import (
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/policy"
+	"github.com/capkernel/capkernel/sandbox"
 	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/txn"
@@ -570,9 +571,11 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 	default:
 		return fmt.Errorf("network posture %q is not off, allowlist or full", r.Network)
 	}
+	var seen map[string][]string // where the kernel's directories are visible, read once
 	if r.Workspace || r.Dir != "" || r.Network != "" {
 		// A sandboxed run: it sees /usr and the like whole.
-		if err := k.checkSystemBinds(); err != nil {
+		seen = k.privateSeen(sandbox.ReadMounts())
+		if err := k.checkSystemBinds(seen); err != nil {
 			return err
 		}
 	}
@@ -594,7 +597,7 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 		// opened: the sandbox binds each root by its path as it resolves
 		// now, and a root swapped for a link since would bind what it
 		// points to.
-		if err := k.checkRoots(g.Roots); err != nil {
+		if err := k.checkRootsIn(seen, g.Roots); err != nil {
 			return err
 		}
 		if r.Dir != "" {

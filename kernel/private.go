@@ -56,7 +56,22 @@ func privateDirs(cfg Config) []privateDir {
 // the next start reads, however its roots were granted; the operator
 // moves the data dir out of the tree, or grants a narrower root.
 func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
-	mounts := sandbox.ReadMounts()
+	return k.checkRootsIn(k.privateSeen(sandbox.ReadMounts()), roots)
+}
+
+// privateSeen returns where each of the kernel's directories is visible
+// in mounts (MountTable.VisibleAt), computed once for a check.
+func (k *Kernel) privateSeen(mounts sandbox.MountTable) map[string][]string {
+	seen := make(map[string][]string, len(k.private))
+	for _, d := range k.private {
+		seen[d.path] = mounts.VisibleAt(d.path)
+	}
+	return seen
+}
+
+// checkRootsIn is checkRoots with the directories' places (privateSeen)
+// at hand.
+func (k *Kernel) checkRootsIn(seen map[string][]string, roots []syscalls.RootSpec) error {
 	for _, r := range roots {
 		real, err := filepath.EvalSymlinks(r.Path)
 		if err != nil {
@@ -66,7 +81,7 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 			if d.writes && !r.Writable {
 				continue
 			}
-			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) || seenIn(mounts, d, real) {
+			if within(d.path, real) || within(real, d.path) || insideByIdentity(real, d) || seenIn(seen[d.path], real) {
 				return &syscalls.ScopeError{Path: r.Path, Reason: fmt.Sprintf("reaches the kernel's %s %s: no token's root may hold it or lie in it", d.what, d.path)}
 			}
 		}
@@ -79,13 +94,12 @@ func (k *Kernel) checkRoots(roots []syscalls.RootSpec) error {
 // data dir under /usr/local, or bound into it whole or in part:
 // sandbox.SystemDirs, sandbox.VisibleAt): whatever its roots, the
 // command could read it there.
-func (k *Kernel) checkSystemBinds() error {
-	mounts := sandbox.ReadMounts()
+func (k *Kernel) checkSystemBinds(seen map[string][]string) error {
 	for _, d := range k.private {
 		if d.writes {
 			continue // system dirs are read-only to every run
 		}
-		for _, at := range mounts.VisibleAt(d.path) {
+		for _, at := range seen[d.path] {
 			for _, sys := range k.systemDirs {
 				if within(at, sys) {
 					return &syscalls.ScopeError{Path: at, Reason: fmt.Sprintf("the kernel's %s %s is seen at %s, in %s, which every sandboxed command sees read-only: proc.exec is refused until it is moved out", d.what, d.path, at, sys)}
@@ -96,11 +110,11 @@ func (k *Kernel) checkSystemBinds() error {
 	return nil
 }
 
-// seenIn reports whether d, or a part of it, is visible within root, or
-// root within it, through a mount (sandbox.VisibleAt: a bind mount of the
-// data dir, or of a file in it, below the root, or holding it).
-func seenIn(mounts sandbox.MountTable, d privateDir, root string) bool {
-	for _, at := range mounts.VisibleAt(d.path) {
+// seenIn reports whether one of the places a kernel directory, or a part
+// of it, is visible at (privateSeen: a bind mount of the data dir, or of
+// a file in it) lies within root, or holds it.
+func seenIn(places []string, root string) bool {
+	for _, at := range places {
 		if within(at, root) || within(root, at) {
 			return true
 		}
