@@ -221,7 +221,6 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	tool, ok := k.resolveTool(c)
 	entry, found := k.registry.Get(tool)
 	if !ok || !found {
-		c.publicClaims() // the message names what the record may
 		return k.deny(ctx, c, ErrToolNotFound, fmt.Sprintf("no syscall %q", env.ToolID))
 	}
 	if tool != env.ToolID {
@@ -431,7 +430,7 @@ func (k *Kernel) checkEnvelope(c *call) error {
 	}
 	if env.OperationID == "" {
 		env.OperationID, c.minted = newID(), true
-	} else if u, err := uuid.Parse(env.OperationID); err != nil || u.String() != env.OperationID {
+	} else if !canonicalUUID(env.OperationID) {
 		return fmt.Errorf("operation_id %s is not a UUID in canonical form", quoted(env.OperationID))
 	}
 	for _, p := range env.PreconditionRefs {
@@ -1019,7 +1018,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	// refuses it from here on, its key keeps that outcome (a syscall that
 	// failed says whether its effect may have happened: outcome_unknown).
 	// An external read (a GET) has none to keep: refused, it rolls back.
-	effected := in.External && class == "" && c.effect.Mutating()
+	effected := in.External && !in.Read && class == ""
 	if class == "" {
 		class, msg = c.checkFiles()
 	}

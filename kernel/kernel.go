@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"go.etcd.io/bbolt"
 	"golang.org/x/mod/sumdb/note"
 
@@ -388,7 +387,7 @@ func (k *Kernel) MintToken(c captoken.Claims) (string, captoken.Claims, error) {
 	}
 	if c.ID == "" {
 		c.ID = newID()
-	} else if u, err := uuid.Parse(c.ID); err != nil || u.String() != c.ID {
+	} else if !canonicalUUID(c.ID) {
 		return "", c, fmt.Errorf("mint: jti %q: %w", c.ID, ErrNotTokenID)
 	}
 	now := k.cfg.Now()
@@ -414,7 +413,7 @@ var ErrNotTokenID = errors.New("not a token id (the kernel's are UUIDs in canoni
 // the ledger in one transaction, and every later call with the token is
 // refused with token_revoked. A jti that is not a UUID is ErrNotTokenID.
 func (k *Kernel) Revoke(ctx context.Context, jti, reason string) error {
-	if u, err := uuid.Parse(jti); err != nil || u.String() != jti {
+	if !canonicalUUID(jti) {
 		return fmt.Errorf("revoke: %q: %w", jti, ErrNotTokenID)
 	}
 	now := k.cfg.Now()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strconv"
 	"testing"
 )
 
@@ -124,6 +125,14 @@ func TestGuardRefusesOwnAddresses(t *testing.T) {
 // until the test ends; it returns the port.
 func closingListener(t *testing.T, addr string) string {
 	t.Helper()
+	return strconv.Itoa(ListenTCP(t, addr, func(c net.Conn) { c.Close() }))
+}
+
+// ListenTCP (for the tests of package netproxy_test too) listens on addr
+// until the test ends, handing each connection it accepts to serve in a
+// goroutine of its own; it returns the port.
+func ListenTCP(t *testing.T, addr string, serve func(net.Conn)) int {
+	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -135,9 +144,8 @@ func closingListener(t *testing.T, addr string) string {
 			if err != nil {
 				return
 			}
-			c.Close()
+			go serve(c)
 		}
 	}()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -71,37 +71,24 @@ func TestHeadLimits(t *testing.T) {
 // response. Before, the first interim response was relayed as the whole
 // answer and the final one lost (review rev2-fronts F2).
 func TestInterimResponses(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				interim := "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
-				switch req.URL.Path {
-				case "/many":
-					interim = strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 6)
-				case "/upgrade":
-					// Unasked for: the proxy took Upgrade off the request.
-					interim = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
-				}
-				io.WriteString(c, interim)
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")
-			}()
+	port := netproxy.ListenTCP(t, "127.0.0.1:0", func(c net.Conn) {
+		defer c.Close()
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
+		io.Copy(io.Discard, req.Body)
+		interim := "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+		switch req.URL.Path {
+		case "/many":
+			interim = strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 6)
+		case "/upgrade":
+			// Unasked for: the proxy took Upgrade off the request.
+			interim = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+		}
+		io.WriteString(c, interim)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")
+	})
 	f := newFixture(t, 0, allowHosts("allowed.test"))
 	tests := []struct {
 		path    string
@@ -121,7 +108,7 @@ func TestInterimResponses(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			fmt.Fprintf(c, "POST http://allowed.test:%d%s HTTP/1.1\r\nHost: allowed.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello", l.Addr().(*net.TCPAddr).Port, tt.path)
+			fmt.Fprintf(c, "POST http://allowed.test:%d%s HTTP/1.1\r\nHost: allowed.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello", port, tt.path)
 			br := bufio.NewReader(c)
 			var interim []int
 			var resp *http.Response

@@ -381,27 +381,14 @@ func TestByteBudget(t *testing.T) {
 
 // Close cuts open tunnels and returns.
 func TestCloseCutsTunnels(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go io.Copy(c, c) // echo, never closes
-		}
-	}()
+	port := netproxy.ListenTCP(t, "127.0.0.1:0", func(c net.Conn) { io.Copy(c, c) }) // echo, never closes
 	f := newFixture(t, 0, allowHosts("echo.test"))
 	conn, err := net.Dial("unix", f.proxy.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "CONNECT echo.test:%d HTTP/1.1\r\nHost: echo.test\r\n\r\n", ln.Addr().(*net.TCPAddr).Port)
+	fmt.Fprintf(conn, "CONNECT echo.test:%d HTTP/1.1\r\nHost: echo.test\r\n\r\n", port)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != 200 {

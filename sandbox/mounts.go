@@ -11,7 +11,10 @@ import (
 type MountTable []mountEntry
 
 // ReadMounts reads the mount table; without mountinfo it is empty.
-func ReadMounts() MountTable { return readMountinfo() }
+func ReadMounts() MountTable {
+	t, _ := readMountinfo()
+	return t
+}
 
 // VisibleAt is ReadMounts().VisibleAt(dir).
 func VisibleAt(dir string) []string { return ReadMounts().VisibleAt(dir) }
@@ -63,19 +66,28 @@ func (t MountTable) VisibleAt(dir string) []string {
 }
 
 // mountEntry is one line of mountinfo: the mount's device, the path
-// within its file system it shows, and where.
-type mountEntry struct{ dev, root, point string }
+// within its file system it shows, where, and its file system type.
+type mountEntry struct{ dev, root, point, fstype string }
 
-func readMountinfo() []mountEntry {
+// readMountinfo parses /proc/self/mountinfo:
+// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPER.
+func readMountinfo() ([]mountEntry, error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	var out []mountEntry
 	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) > 4 {
-			out = append(out, mountEntry{dev: f[2], root: unescapeMount(f[3]), point: unescapeMount(f[4])})
+		pre, post, _ := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 {
+			continue
 		}
+		e := mountEntry{dev: f[2], root: unescapeMount(f[3]), point: unescapeMount(f[4])}
+		if len(g) > 0 {
+			e.fstype = g[0]
+		}
+		out = append(out, e)
 	}
-	return out
+	return out, nil
 }

@@ -345,19 +345,15 @@ func (p *plan) planReadOnly(paths []string) ([]*rootPlan, error) {
 // kernelFSMounts returns the mount points of the proc and sysfs file
 // systems in this process's mount namespace (/proc/self/mountinfo).
 func kernelFSMounts() ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := readMountinfo()
 	if err != nil {
 		return nil, err
 	}
 	out := []string{} // not nil: read
-	for line := range strings.Lines(string(b)) {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPER
-		pre, post, ok := strings.Cut(line, " - ")
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(g) < 1 || (g[0] != "proc" && g[0] != "sysfs") {
-			continue
+	for _, m := range mounts {
+		if m.fstype == "proc" || m.fstype == "sysfs" {
+			out = append(out, m.point)
 		}
-		out = append(out, unescapeMount(f[4]))
 	}
 	return out, nil
 }
