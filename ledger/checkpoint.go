@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -18,9 +17,11 @@ import (
 	"github.com/capkernel/capkernel/digest"
 )
 
-// bucketCheckpoints keeps every checkpoint written: key = counter (8 bytes
-// big-endian, from 0), value = the signed note. Sizes never decrease with
-// the counter.
+// bucketCheckpoints kept every checkpoint written in files of layouts 1
+// and 2: key = counter (8 bytes big-endian, from 0), value = the signed
+// note (packed). Init moves them into bucketEntries (layoutOneBucket),
+// each under checkpointKey(size, counter). Sizes never decrease with the
+// counter.
 var bucketCheckpoints = []byte("ledger_checkpoints")
 
 // ErrNoCheckpoint is returned (wrapped) by LatestCheckpoint when no
@@ -268,19 +269,11 @@ type StoredCheckpoint struct {
 	Signed []byte
 }
 
-func checkpointsBucket(tx *bbolt.Tx) (*bbolt.Bucket, error) {
-	b := tx.Bucket(bucketCheckpoints)
-	if b == nil {
-		return nil, errors.New("ledger: checkpoint bucket missing (run Init)")
-	}
-	return b, nil
-}
-
 func decodeStored(k, v []byte) (StoredCheckpoint, *note.Note, error) {
-	if len(k) != 8 {
+	_, num, ok := parseCheckpointKey(k)
+	if !ok {
 		return StoredCheckpoint{}, nil, fmt.Errorf("ledger: malformed checkpoint key %x", k)
 	}
-	num := binary.BigEndian.Uint64(k)
 	signed, err := loadCheckpoint(v)
 	if err != nil {
 		return StoredCheckpoint{}, nil, fmt.Errorf("ledger: checkpoint #%d: %w", num, err)
@@ -300,27 +293,51 @@ func LatestCheckpoint(tx *bbolt.Tx) (StoredCheckpoint, error) {
 }
 
 func latest(tx *bbolt.Tx) (StoredCheckpoint, *note.Note, error) {
-	b := tx.Bucket(bucketCheckpoints)
-	if b == nil {
-		return StoredCheckpoint{}, nil, ErrNoCheckpoint
+	entries, meta, err := oneBucket(tx)
+	if err != nil {
+		return StoredCheckpoint{}, nil, err
 	}
-	k, v := b.Cursor().Last()
+	k := meta.Get(keyLastCheckpoint)
 	if k == nil {
 		return StoredCheckpoint{}, nil, ErrNoCheckpoint
+	}
+	v := entries.Get(k)
+	if v == nil {
+		return StoredCheckpoint{}, nil, fmt.Errorf("ledger: the latest checkpoint (meta key %q) is recorded under key %x, which holds none (run Verify)", keyLastCheckpoint, k)
 	}
 	return decodeStored(k, v)
 }
 
+// CheckpointAt returns checkpoint #num of tree size size, or an error
+// wrapping ErrNoCheckpoint when none is stored under that size and number.
+func CheckpointAt(tx *bbolt.Tx, size, num uint64) (StoredCheckpoint, error) {
+	entries, _, err := oneBucket(tx)
+	if err != nil {
+		return StoredCheckpoint{}, err
+	}
+	k := checkpointKey(size, num)
+	v := entries.Get(k)
+	if v == nil {
+		return StoredCheckpoint{}, fmt.Errorf("%w: #%d of size %d", ErrNoCheckpoint, num, size)
+	}
+	cp, _, err := decodeStored(k, v)
+	return cp, err
+}
+
 // Checkpoints calls fn for every stored checkpoint numbered from or higher,
 // in order, and stops at the first error, which it returns as is if fn
-// returned it.
+// returned it. It walks the keys of the whole ledger (checkpoints are
+// keyed by size first: see layoutOneBucket); CheckpointAt reads one.
 func Checkpoints(tx *bbolt.Tx, from uint64, fn func(StoredCheckpoint) error) error {
-	b, err := checkpointsBucket(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return err
 	}
-	c := b.Cursor()
-	for k, v := c.Seek(seqKey(from)); k != nil; k, v = c.Next() {
+	c := newKindCursor(entries, kindCheckpoint)
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if _, num, _ := parseCheckpointKey(k); num < from {
+			continue
+		}
 		cp, _, err := decodeStored(k, v)
 		if err != nil {
 			return err
@@ -349,10 +366,6 @@ func putCheckpoint(tx *bbolt.Tx, c Checkpoint, signed []byte) (StoredCheckpoint,
 	if err != nil {
 		return StoredCheckpoint{}, err
 	}
-	b, err := checkpointsBucket(tx)
-	if err != nil {
-		return StoredCheckpoint{}, err
-	}
 	if c.Size > n {
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint: size %d exceeds the ledger's %d entries", c.Size, n)
 	}
@@ -374,19 +387,27 @@ func putCheckpoint(tx *bbolt.Tx, c Checkpoint, signed []byte) (StoredCheckpoint,
 	case !errors.Is(err, ErrNoCheckpoint):
 		return StoredCheckpoint{}, fmt.Errorf("ledger: put checkpoint: %w", err)
 	}
-	if err := storeCheckpoint(b, num, bytes.Clone(signed)); err != nil {
+	if err := storeCheckpoint(tx, c.Size, num, bytes.Clone(signed)); err != nil {
 		return StoredCheckpoint{}, err
 	}
 	return StoredCheckpoint{num, c, bytes.Clone(signed)}, nil
 }
 
-// storeCheckpoint stores the signed checkpoint note signed as number num
-// of the checkpoints bucket b (packed; bbolt holds signed until the
-// transaction ends, so it must not change).
-func storeCheckpoint(b *bbolt.Bucket, num uint64, signed []byte) error {
-	b.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
-	if err := b.Put(seqKey(num), packCheckpoint(signed)); err != nil {
+// storeCheckpoint stores the signed checkpoint note signed, of tree size
+// size, as number num (packed; bbolt holds signed until the transaction
+// ends, so it must not change), and records it as the latest.
+func storeCheckpoint(tx *bbolt.Tx, size, num uint64, signed []byte) error {
+	entries, meta, err := oneBucket(tx)
+	if err != nil {
+		return err
+	}
+	entries.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
+	k := checkpointKey(size, num)
+	if err := entries.Put(k, packCheckpoint(signed)); err != nil {
 		return fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
+	}
+	if err := meta.Put(keyLastCheckpoint, k); err != nil {
+		return fmt.Errorf("ledger: put checkpoint #%d: record it as the latest: %w", num, err)
 	}
 	return nil
 }

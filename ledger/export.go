@@ -42,15 +42,22 @@ func marshalCheckpointLine(signed []byte) ([]byte, error) {
 // or whose size is below an earlier one's, is written where the walk
 // stands, and checkpoints for sizes beyond the entries come last.
 func Export(tx *bbolt.Tx, w io.Writer) error {
-	entries, _, err := buckets(tx)
+	entries, meta, err := buckets(tx)
 	if err != nil {
 		return err
+	}
+	layout, err := treeLayout(meta)
+	if err != nil {
+		return fmt.Errorf("ledger: export: %w", err)
+	}
+	if layout != layoutOneBucket && tx.Bucket(bucketCheckpoints) != nil {
+		return errOldLayout
 	}
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var n uint64
 	var ck, cs []byte
 	var csize uint64
-	var cc *bbolt.Cursor
+	var cc *kindCursor
 	var cerr error // why the stored value of checkpoint ck does not unpack
 	load := func(k, v []byte) {
 		ck, csize = k, 0
@@ -76,11 +83,11 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 		}
 		return nil
 	}
-	if b := tx.Bucket(bucketCheckpoints); b != nil {
-		cc = b.Cursor()
+	if layout == layoutOneBucket {
+		cc = newKindCursor(entries, kindCheckpoint)
 		load(cc.First())
 	}
-	c := entries.Cursor()
+	c := newKindCursor(entries, kindEntry)
 	var rec []byte
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if err := writeCheckpoints(false); err != nil {

@@ -48,37 +48,15 @@ func (t storedTree) setKey(k []byte, id compact.NodeID) {
 	setTreeKey(k, id)
 }
 
-// beyond describes a stored key past the tree of the first n entries, or
-// returns "": in layoutCompletion the first key at or after completion
-// position n (one Seek), in layoutLevelMajor leaf n.
-func (t storedTree) beyond(n uint64) string {
-	if t.levelMajor {
-		var k [treeKeyLen]byte
-		setLevelMajorKey(k[:], compact.NewNodeID(0, n))
-		if t.b.Get(k[:]) != nil {
-			return nodeName(compact.NewNodeID(0, n))
-		}
-		return ""
-	}
-	k, _ := t.b.Cursor().Seek(binary.BigEndian.AppendUint64(make([]byte, 0, 8), n))
-	if k == nil {
-		return ""
-	}
-	if id, ok := completionID(k); ok {
-		return nodeName(id)
-	}
-	return fmt.Sprintf("a malformed key %x", k)
-}
-
 // treeLayout returns the key layout recorded in meta.
 func treeLayout(meta *bbolt.Bucket) (int, error) {
 	switch v := meta.Get(keyTreeLayout); {
 	case v == nil:
 		return layoutLevelMajor, nil
-	case len(v) == 1 && v[0] == layoutCompletion:
-		return layoutCompletion, nil
+	case len(v) == 1 && (v[0] == layoutCompletion || v[0] == layoutOneBucket):
+		return int(v[0]), nil
 	default:
-		return 0, fmt.Errorf("Merkle tree key layout %x (meta key %q) is unknown to this build, which reads layouts 1 (not recorded) and 2 (recorded as 02)", v, keyTreeLayout)
+		return 0, fmt.Errorf("ledger key layout %x (meta key %q) is unknown to this build, which reads layout 3 (recorded as 03) and moves layouts 1 (not recorded) and 2 (recorded as 02) to it", v, keyTreeLayout)
 	}
 }
 
@@ -191,7 +169,7 @@ func rekeyTree(tx *bbolt.Tx, meta *bbolt.Bucket) error {
 			return fmt.Errorf("ledger: rekey the Merkle tree: %w", err)
 		}
 	}
-	return putLayout(meta)
+	return putLayout(meta, layoutCompletion)
 }
 
 // checkOtherLayout refuses a tree bucket whose head leaf is missing under
@@ -225,10 +203,10 @@ func checkOtherLayout(b, meta *bbolt.Bucket, levelMajor bool) error {
 	return fmt.Errorf("ledger: %w: the layout is %s in ledger_meta, but the leaf of the head (entry %d) is stored under %s; a build from before layouts were recorded wrote to this file, or the meta key %q was changed (the database is unchanged; restore it from a backup)", ErrLayoutMismatch, recorded, n-1, found, keyTreeLayout)
 }
 
-// putLayout records layoutCompletion in meta.
-func putLayout(meta *bbolt.Bucket) error {
-	if err := meta.Put(keyTreeLayout, []byte{layoutCompletion}); err != nil {
-		return fmt.Errorf("ledger: record the Merkle tree key layout: %w", err)
+// putLayout records layout in meta.
+func putLayout(meta *bbolt.Bucket, layout byte) error {
+	if err := meta.Put(keyTreeLayout, []byte{layout}); err != nil {
+		return fmt.Errorf("ledger: record the key layout: %w", err)
 	}
 	return nil
 }

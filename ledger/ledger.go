@@ -53,33 +53,47 @@ var (
 
 const headLen = 8 + digest.Size
 
-// Init creates the ledger's buckets if they are missing. Call it in a write
-// transaction when the database is opened. On a ledger made before the
-// Merkle tree existed, it builds the tree once from the stored entries
-// (their stored entry_hash values; Verify checks them). On a tree stored
-// in the level-major key layout, it rewrites the tree under the keys of
-// the completion-order layout, values unchanged (see rekeyTree). Either
-// happens within tx: a rolled-back or interrupted tx leaves the database
-// as it was. It refuses a tree whose recorded key layout it does not know.
+// Init creates the ledger's buckets if they are missing and moves an older
+// file to the current key layout, layoutOneBucket (see onebucket.go): on
+// a ledger made before the Merkle tree existed, it builds the tree once
+// from the stored entries (their stored entry_hash values; Verify checks
+// them); a tree stored in the level-major key layout is rekeyed (see
+// rekeyTree); then the tree and the checkpoints move into the entries'
+// bucket (moveToOneBucket). All of it happens within tx: a rolled-back or
+// interrupted tx leaves the database as it was. It refuses a file whose
+// recorded key layout it does not know.
 func Init(tx *bbolt.Tx) error {
-	build := tx.Bucket(bucketTree) == nil
-	for _, name := range [][]byte{bucketEntries, bucketMeta, bucketTree, bucketCheckpoints} {
+	for _, name := range [][]byte{bucketEntries, bucketMeta} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("ledger: create bucket %q: %w", name, err)
 		}
 	}
-	if build {
-		return migrateTree(tx)
-	}
-	meta := tx.Bucket(bucketMeta)
+	entries, meta := tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
 	layout, err := treeLayout(meta)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	if layout == layoutLevelMajor {
-		return rekeyTree(tx, meta)
+	if layout == layoutOneBucket {
+		for _, name := range [][]byte{bucketTree, bucketCheckpoints} {
+			if tx.Bucket(name) != nil {
+				return fmt.Errorf("ledger: the file is in key layout %d, yet holds the bucket %q of an older layout (a build from before layout %d wrote to it; the database is unchanged: restore it from a backup)", layoutOneBucket, name, layoutOneBucket)
+			}
+		}
+		return nil
 	}
-	return nil
+	if tx.Bucket(bucketTree) == nil {
+		if _, err := tx.CreateBucket(bucketTree); err != nil {
+			return fmt.Errorf("ledger: create bucket %q: %w", bucketTree, err)
+		}
+		if err := migrateTree(tx); err != nil {
+			return err
+		}
+	} else if layout == layoutLevelMajor {
+		if err := rekeyTree(tx, meta); err != nil {
+			return err
+		}
+	}
+	return moveToOneBucket(tx, entries, meta)
 }
 
 // Append adds an entry after the current head within tx and returns it.
@@ -231,7 +245,7 @@ func Scan(tx *bbolt.Tx, from uint64, fn func(Entry) error) error {
 	if err != nil {
 		return err
 	}
-	c := entries.Cursor()
+	c := newKindCursor(entries, kindEntry)
 	for k, rec := c.Seek(seqKey(from)); k != nil; k, rec = c.Next() {
 		if len(k) != 8 {
 			return fmt.Errorf("ledger: malformed key %x", k)
@@ -251,6 +265,18 @@ func buckets(tx *bbolt.Tx) (entries, meta *bbolt.Bucket, err error) {
 	entries, meta = tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
 	if entries == nil || meta == nil {
 		return nil, nil, errors.New("ledger: buckets missing (Init was not run on this database)")
+	}
+	return entries, meta, nil
+}
+
+// oneBucket is buckets for the readers and writers of what layoutOneBucket
+// keeps beside the entries: the tree, the checkpoints, the attachments.
+func oneBucket(tx *bbolt.Tx) (entries, meta *bbolt.Bucket, err error) {
+	if entries, meta, err = buckets(tx); err != nil {
+		return nil, nil, err
+	}
+	if v := meta.Get(keyTreeLayout); len(v) != 1 || v[0] != layoutOneBucket {
+		return nil, nil, errOldLayout
 	}
 	return entries, meta, nil
 }

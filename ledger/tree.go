@@ -12,10 +12,10 @@ import (
 	"github.com/capkernel/capkernel/digest"
 )
 
-// bucketTree holds the hash of every perfect subtree of the Merkle tree:
-// key = completion position (8 bytes big-endian) || level (1 byte), value
-// = 32 raw bytes (layoutCompletion; files of layoutLevelMajor are read
-// too). Level 0 holds the leaves (entry hashes); node (l, i) covers
+// bucketTree held the hash of every perfect subtree of the Merkle tree in
+// files of layouts 1 and 2, which Init moves into bucketEntries
+// (layoutOneBucket) under the keys of layoutCompletion: completion
+// position (8 bytes big-endian) || level (1 byte), value = 32 raw bytes. Level 0 holds the leaves (entry hashes); node (l, i) covers
 // entries [i·2^l, (i+1)·2^l), and its completion position is the last of
 // them, (i+1)·2^l − 1: the entry whose append completes it.
 var bucketTree = []byte("ledger_tree")
@@ -115,15 +115,7 @@ func getNodes(tree storedTree, ids []compact.NodeID) ([][]byte, error) {
 
 // treeAt returns the stored tree and the number of entries in the ledger.
 func treeAt(tx *bbolt.Tx) (storedTree, uint64, error) {
-	_, meta, err := buckets(tx)
-	if err != nil {
-		return storedTree{}, 0, err
-	}
-	b := tx.Bucket(bucketTree)
-	if b == nil {
-		return storedTree{}, 0, errors.New("ledger: Merkle tree bucket missing (run Init, which builds it for a ledger made before it existed)")
-	}
-	tree, err := openTree(b, meta)
+	entries, meta, err := oneBucket(tx)
 	if err != nil {
 		return storedTree{}, 0, err
 	}
@@ -131,7 +123,7 @@ func treeAt(tx *bbolt.Tx) (storedTree, uint64, error) {
 	if err != nil {
 		return storedTree{}, 0, fmt.Errorf("ledger: %w", err)
 	}
-	return tree, size, nil
+	return storedTree{b: entries}, size, nil
 }
 
 // rootOf computes the root of the tree of the first size leaves from the
@@ -244,7 +236,7 @@ func CheckTree(tx *bbolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	_, head, _ := readHead(tx.Bucket(bucketMeta))
+	_, head, _ := readHead(tx.Bucket(bucketMeta)) // treeAt read it
 	if n > 0 {
 		leaf, err := getNode(tree, compact.NewNodeID(0, n-1))
 		if err != nil {
@@ -254,7 +246,7 @@ func CheckTree(tx *bbolt.Tx) error {
 			return fmt.Errorf("ledger: tree check: leaf %d is %s but the head's entry hash is %s", n-1, digest.Format(leaf), digest.Format(head))
 		}
 	}
-	if what := tree.beyond(n); what != "" {
+	if what := beyondHead(tree.b, n); what != "" {
 		return fmt.Errorf("ledger: tree check: %s is stored beyond the head's %d entries", what, n)
 	}
 	root, err := rootOf(tree, n)
@@ -323,5 +315,5 @@ func migrateTree(tx *bbolt.Tx) error {
 	if n != size {
 		return fmt.Errorf("ledger: build Merkle tree: %d entries stored, the head counts %d (run Verify)", n, size)
 	}
-	return putLayout(meta)
+	return putLayout(meta, layoutCompletion)
 }

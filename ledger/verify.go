@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"bytes"
-	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/transparency-dev/merkle/compact"
@@ -128,31 +126,32 @@ func Verify(tx *bbolt.Tx) (n uint64, err error) {
 // counts fewer, and the last entry when only the hash differs.
 //
 // A ledger that Init has not yet migrated (it has neither the tree nor the
-// checkpoint bucket, as when opened read-only) is checked as a hash chain.
+// checkpoint bucket, as when opened read-only) is checked as a hash chain;
+// one of an older key layout with them (layouts 1 and 2) is refused.
 func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	entries, meta, err := buckets(tx)
 	if err != nil {
 		return Report{}, err
 	}
-	tree, cps := tx.Bucket(bucketTree), tx.Bucket(bucketCheckpoints)
-	if (tree == nil) != (cps == nil) {
-		return Report{}, errors.New("ledger: one of the Merkle tree and checkpoint buckets is missing")
+	layout, err := treeLayout(meta)
+	if err != nil {
+		return Report{}, fmt.Errorf("ledger: %w", err)
+	}
+	full := layout == layoutOneBucket
+	if !full && (tx.Bucket(bucketTree) != nil || tx.Bucket(bucketCheckpoints) != nil) {
+		return Report{}, errOldLayout
 	}
 	v := newChain(opts)
-	if tree != nil {
-		t, err := openTree(tree, meta)
-		if err != nil {
-			return Report{}, err
-		}
-		v.nodes = &nodeChecker{tree: t}
+	if full {
+		v.nodes = &nodeChecker{c: newKindCursor(entries, kindNode)}
 	}
 	v.misplaced = func(size uint64) string {
 		return fmt.Sprintf("is for tree size %d, below the size of a checkpoint stored before it", size)
 	}
-	src := &dbSource{entries: entries.Cursor()}
+	src := &dbSource{entries: newKindCursor(entries, kindEntry)}
 	src.k, src.rec = src.entries.First()
-	if cps != nil {
-		src.walk.c = cps.Cursor()
+	if full {
+		src.walk.c = newKindCursor(entries, kindCheckpoint)
 		src.walk.load(src.walk.c.First())
 	}
 	if err := v.run(src); err != nil {
@@ -181,6 +180,11 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	v.misplaced = func(size uint64) string {
 		return fmt.Sprintf("is for tree size %d but the ledger has %d entries", size, n)
 	}
+	if full {
+		if err := src.walk.checkLatest(meta.Get(keyLastCheckpoint)); err != nil {
+			return v.report, err
+		}
+	}
 	for src.walk.k != nil {
 		it := src.walk.next()
 		it.prepare(&v.opts, nil, nil)
@@ -194,7 +198,7 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 // dbSource reads a ledger's entries in key order, with each stored
 // checkpoint placed before the first entry beyond its size.
 type dbSource struct {
-	entries *bbolt.Cursor
+	entries *kindCursor
 	k, rec  []byte // the next entry; k is nil at the end
 	pos     uint64 // entries read
 	walk    checkpointWalk
@@ -219,13 +223,14 @@ func (s *dbSource) fill(b *batch) (bool, error) {
 	return true, nil
 }
 
-// checkpointWalk reads the stored checkpoints in order.
+// checkpointWalk reads the stored checkpoints in key order.
 type checkpointWalk struct {
-	c    *bbolt.Cursor
+	c    *kindCursor
 	k, s []byte // the next checkpoint's key and signed note; k nil at the end
 	err  error  // why its stored value does not unpack (the chain reports it)
 	size uint64 // its size, or 0 if it does not parse (the chain reports it)
 	num  uint64 // its expected number
+	last []byte // the key of the last one walked
 }
 
 func (w *checkpointWalk) load(k, v []byte) {
@@ -241,24 +246,43 @@ func (w *checkpointWalk) load(k, v []byte) {
 // next returns the next checkpoint as an item and moves on.
 func (w *checkpointWalk) next() item {
 	it := item{kind: itemCheckpoint, data: w.s, num: w.num, err: w.err}
-	if !bytes.Equal(w.k, seqKey(w.num)) {
-		it.err = fmt.Errorf("stored under key %x, want %x", w.k, seqKey(w.num))
+	if want := checkpointKey(w.size, w.num); it.err == nil && !bytes.Equal(w.k, want) {
+		it.err = fmt.Errorf("stored under key %x, want %x", w.k, want)
 	}
 	w.num++
+	w.last = w.k
 	w.load(w.c.Next())
 	return it
 }
 
+// checkLatest compares the latest checkpoint's key that meta records
+// (recorded) with the key of the last one stored, once the walk has
+// passed every checkpoint of a tree size within the entries.
+func (w *checkpointWalk) checkLatest(recorded []byte) error {
+	last := w.last
+	if w.k != nil {
+		// Checkpoints of sizes beyond the entries are left: the chain
+		// reports the first of them, unless the record names another.
+		last = nil
+		for c, k := w.c, w.k; k != nil; k, _ = c.Next() {
+			last = k
+		}
+		w.c.Seek(w.k)
+	}
+	if !bytes.Equal(recorded, last) {
+		return &CheckpointError{Num: w.num - min(w.num, 1), Reason: fmt.Sprintf("the latest checkpoint's key recorded in the metadata (%q) is %x, the last stored checkpoint's is %x", keyLastCheckpoint, recorded, last)}
+	}
+	return nil
+}
+
 // nodeChecker compares the stored Merkle tree with the nodes of the tree
-// recomputed from the entries. In layoutCompletion the stored keys ascend
-// in the order the nodes are recomputed, so one cursor walks the bucket in
-// step; in layoutLevelMajor (a file not yet rekeyed) one cursor per level
-// does.
+// recomputed from the entries. The stored keys ascend in the order the
+// nodes are recomputed (layoutCompletion), so one cursor walks them in
+// step.
 type nodeChecker struct {
-	tree    storedTree
-	c       *bbolt.Cursor   // layoutCompletion
-	cursors []*bbolt.Cursor // layoutLevelMajor, by level
-	err     error           // the first difference
+	c       *kindCursor
+	started bool
+	err     error // the first difference
 	want    [treeKeyLen]byte
 	last    compact.NodeID // the last node visited
 	visited bool
@@ -271,9 +295,9 @@ func (nc *nodeChecker) visit(id compact.NodeID, hash *[32]byte) {
 		return
 	}
 	nc.last, nc.visited = id, true
-	k, v := nc.step(id.Level)
+	k, v := nc.step()
 	want := nc.want[:] // the key of id, without allocating
-	nc.tree.setKey(want, id)
+	setTreeKey(want, id)
 	switch {
 	case bytes.Equal(k, want) && bytes.Equal(v, hash[:]):
 	case bytes.Equal(k, want):
@@ -283,7 +307,8 @@ func (nc *nodeChecker) visit(id compact.NodeID, hash *[32]byte) {
 		}
 		nc.err = nodeDiffers(id, fmt.Sprintf("stored hash %s differs from the recomputed %s", stored, digest.Format(*hash)))
 	case k != nil && bytes.Compare(k, want) < 0:
-		nc.err = &NodeError{Level: id.Level, Index: id.Index, Reason: fmt.Sprintf("malformed key %x stored before it", k)}
+		other, _ := completionID(k)
+		nc.err = &NodeError{Level: id.Level, Index: id.Index, Reason: fmt.Sprintf("%s, which is no node of the tree, is stored before it", nodeName(other))}
 	default:
 		nc.err = nodeDiffers(id, "missing from the stored tree")
 	}
@@ -296,25 +321,13 @@ func nodeDiffers(id compact.NodeID, reason string) error {
 	return &NodeError{Level: id.Level, Index: id.Index, Reason: reason}
 }
 
-// step returns the next stored key: in layoutCompletion the bucket's next,
-// in layoutLevelMajor the next at level (or after it).
-func (nc *nodeChecker) step(level uint) (k, v []byte) {
-	if !nc.tree.levelMajor {
-		if nc.c == nil {
-			nc.c = nc.tree.b.Cursor()
-			return nc.c.First()
-		}
-		return nc.c.Next()
+// step returns the next stored node's key and hash.
+func (nc *nodeChecker) step() (k, v []byte) {
+	if !nc.started {
+		nc.started = true
+		return nc.c.First()
 	}
-	for uint(len(nc.cursors)) <= level {
-		nc.cursors = append(nc.cursors, nil)
-	}
-	if c := nc.cursors[level]; c != nil {
-		return c.Next()
-	}
-	c := nc.tree.b.Cursor()
-	nc.cursors[level] = c
-	return c.Seek([]byte{byte(level)})
+	return nc.c.Next()
 }
 
 // rest reports a stored node beyond the tree of size n, once every node of
@@ -323,32 +336,10 @@ func (nc *nodeChecker) rest(n uint64) error {
 	if nc.err != nil {
 		return nc.err
 	}
-	if !nc.tree.levelMajor {
-		k, _ := nc.step(0)
-		if k == nil {
-			return nil
-		}
-		id, ok := completionID(k)
-		if !ok && nc.visited {
-			return &NodeError{Level: nc.last.Level, Index: nc.last.Index, Reason: fmt.Sprintf("malformed key %x stored after it, the last node of the tree of %d entries", k, n)}
-		}
-		if !ok {
-			return &NodeError{Reason: fmt.Sprintf("malformed key %x in the stored tree of an empty ledger", k)}
-		}
-		return &NodeError{Level: id.Level, Index: id.Index, Reason: fmt.Sprintf("stored, but not part of the tree of %d entries", n)}
+	k, _ := nc.step()
+	if k == nil {
+		return nil
 	}
-	for level := range uint(64) {
-		k, _ := nc.step(level)
-		if k == nil || k[0] != byte(level) {
-			continue
-		}
-		if len(k) != treeKeyLen {
-			return &NodeError{Level: level, Reason: fmt.Sprintf("malformed key %x in the stored tree", k)}
-		}
-		return &NodeError{Level: level, Index: binary.BigEndian.Uint64(k[1:]), Reason: fmt.Sprintf("stored, but not part of the tree of %d entries", n)}
-	}
-	if k, _ := nc.tree.b.Cursor().Seek([]byte{64}); k != nil {
-		return &NodeError{Level: uint(k[0]), Reason: fmt.Sprintf("malformed key %x in the stored tree", k)}
-	}
-	return nil
+	id, _ := completionID(k)
+	return &NodeError{Level: id.Level, Index: id.Index, Reason: fmt.Sprintf("stored, but not part of the tree of %d entries", n)}
 }

@@ -118,11 +118,7 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if err != nil {
 		return Appended{}, err
 	}
-	tree := tx.Bucket(bucketTree)
-	if tree == nil {
-		return Appended{}, errors.New("ledger: append: Merkle tree bucket missing (run Init)")
-	}
-	head, err := w.begin(tx, meta, tree)
+	head, err := w.begin(tx, meta, entries)
 	if err != nil {
 		return Appended{}, fmt.Errorf("ledger: append: %w", err)
 	}
@@ -145,16 +141,15 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if !putTime(&tb, t) {
 		return Appended{}, fmt.Errorf("ledger: append %q entry %d: time %q is not of the form %s", kind, e.Seq, FormatTime(t), TimeLayout)
 	}
-	// Keys only ever grow (the tree's in completion order), so pages can
-	// be filled completely before they split.
-	entries.FillPercent, tree.FillPercent = 1, 1
+	// Keys only ever grow (layoutOneBucket), so pages can be filled
+	// completely before they split.
+	entries.FillPercent = 1
 	if !p.checked {
-		// Once per edge established in tx: nothing may be stored at or
-		// after the head, which every later append of tx then extends.
-		if k, _ := entries.Cursor().Last(); len(k) == 8 && binary.BigEndian.Uint64(k) >= e.Seq {
-			return Appended{}, fmt.Errorf("ledger: append: entry %d already exists although the head says %d entries (run Verify)", binary.BigEndian.Uint64(k), e.Seq)
-		} else if k != nil && len(k) != 8 {
-			return Appended{}, fmt.Errorf("ledger: append: malformed key %x stored after entry %d (run Verify)", k, e.Seq)
+		// Once per edge established in tx: nothing but checkpoints of its
+		// size may be stored at or after the head, which every later
+		// append of tx then extends.
+		if what := beyondHead(entries, e.Seq); what != "" {
+			return Appended{}, fmt.Errorf("ledger: append: %s is stored although the head says %d entries (run Verify)", what, e.Seq)
 		}
 		p.checked = true
 	}
@@ -204,7 +199,7 @@ func (w *Writer) AppendCanonical(tx *bbolt.Tx, kind string, t time.Time, body Bo
 	if err := w.putHead(meta, head); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: update head: %w", e.Seq, err)
 	}
-	if err := putNodes(tree, buf[8:8+nodesLen], w.nodes); err != nil {
+	if err := putNodes(entries, buf[8:8+nodesLen], w.nodes); err != nil {
 		return Appended{}, fmt.Errorf("ledger: append entry %d: %w", e.Seq, err)
 	}
 	return Appended{Entry: e, Record: rec, Batch: w.batch}, nil
@@ -266,12 +261,12 @@ func (w *Writer) begin(tx *bbolt.Tx, meta, b *bbolt.Bucket) ([]byte, error) {
 		}
 		return v, nil
 	}
-	// Once per transaction: the Writer stores nodes in layoutCompletion
-	// only, which must be the file's (Init rekeys an older one).
+	// Once per transaction: the Writer writes layoutOneBucket only,
+	// which must be the file's (Init moves an older one to it).
 	if layout, err := treeLayout(meta); err != nil {
 		return nil, err
-	} else if layout != layoutCompletion {
-		return nil, fmt.Errorf("the Merkle tree is stored in key layout %d, this Writer writes layout %d (run Init, which rekeys it)", layout, layoutCompletion)
+	} else if layout != layoutOneBucket {
+		return nil, fmt.Errorf("the ledger is stored in key layout %d, this Writer writes layout %d (run Init, which moves it)", layout, layoutOneBucket)
 	}
 	c := w.committed
 	if c.lastHex != "" && c.size == size && c.last == last {
@@ -337,7 +332,7 @@ func (w *Writer) Pending(tx *bbolt.Tx, origin string) (c Checkpoint, ok bool, er
 	if w.tx != tx {
 		return Checkpoint{}, false, nil
 	}
-	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
+	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketEntries)); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("ledger: checkpoint: %w", err)
 	}
 	return Checkpoint{Origin: origin, Size: w.pending.size, Root: w.pending.tree.root()}, true, nil
@@ -354,7 +349,7 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 		_, err := WriteCheckpoint(tx, s, origin)
 		return nil, err
 	}
-	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketTree)); err != nil {
+	if _, err := w.begin(tx, tx.Bucket(bucketMeta), tx.Bucket(bucketEntries)); err != nil {
 		return nil, fmt.Errorf("ledger: checkpoint: %w", err)
 	}
 	c := Checkpoint{Origin: origin, Size: w.pending.size, Root: w.pending.tree.root()}
@@ -367,18 +362,15 @@ func (w *Writer) CheckpointPresigned(tx *bbolt.Tx, s note.Signer, origin string,
 			return nil, err
 		}
 	}
-	b, err := checkpointsBucket(tx)
-	if err != nil {
-		return nil, err
-	}
 	var num uint64
-	if k, _ := b.Cursor().Last(); k != nil {
-		if len(k) != 8 {
-			return nil, fmt.Errorf("ledger: checkpoint: malformed checkpoint key %x", k)
+	if k := tx.Bucket(bucketMeta).Get(keyLastCheckpoint); k != nil {
+		_, last, ok := parseCheckpointKey(k)
+		if !ok {
+			return nil, fmt.Errorf("ledger: checkpoint: the latest checkpoint's key %x (meta key %q) is malformed (run Verify)", k, keyLastCheckpoint)
 		}
-		num = binary.BigEndian.Uint64(k) + 1
+		num = last + 1
 	}
-	if err := storeCheckpoint(b, num, signed); err != nil {
+	if err := storeCheckpoint(tx, c.Size, num, signed); err != nil {
 		return nil, err
 	}
 	w.batch.Signed, w.batch.Checkpoint, w.batch.note = signed, c, string(signed)

@@ -1,0 +1,284 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+)
+
+// layoutOneBucket (recorded in ledger_meta under keyTreeLayout as the
+// single byte 03) keeps everything the ledger stores per entry in one
+// bucket, bucketEntries, under keys that ascend in the order appends
+// write them:
+//
+//	seq (8 bytes big-endian)                      the entry's record
+//	completion (8) || level (1 byte, 0..63)       a Merkle tree node (layoutCompletion's key)
+//	seq (8) || 0x80                               the entry's attachment (Attach)
+//	size (8) || 0xC0 || num (8 bytes big-endian)  checkpoint #num, of tree size size
+//
+// A group commit then writes its entries, their nodes, their attachments
+// and its checkpoint at the tail of one B+tree: one path of pages, where
+// a bucket of their own for each wrote one path each (17 pages a commit
+// of one fs.read call, 9 in this layout). Every key of a tree of size n
+// sorts before n's own 8 bytes, but for the checkpoints of size n, which
+// sort after every key of entry n−1 and before entry n's.
+//
+// Readers walk one kind of key with a kindCursor. ledger_meta records the
+// latest checkpoint's key (keyLastCheckpoint), so that finding it, and
+// the next checkpoint's number, reads no more than one key.
+const layoutOneBucket = 3
+
+// Tags: the byte after the first 8 of a key, for the keys longer than 8.
+const (
+	tagAttachment = 0x80
+	tagCheckpoint = 0xC0
+)
+
+const (
+	attachmentKeyLen = 9
+	checkpointKeyLen = 17
+)
+
+// keyLastCheckpoint is the meta key holding the latest checkpoint's key.
+var keyLastCheckpoint = []byte("checkpoint_last")
+
+// keyKind is the kind of record a key of layoutOneBucket names.
+type keyKind uint8
+
+const (
+	kindMalformed keyKind = iota // a key of no kind: damage, or another build's
+	kindEntry
+	kindNode
+	kindAttachment
+	kindCheckpoint
+)
+
+// kindOf returns the kind of record key k names, by its length and tag.
+// A node key is also checked to name a node (completionID).
+func kindOf(k []byte) keyKind {
+	switch len(k) {
+	case 8:
+		return kindEntry
+	case treeKeyLen:
+		if k[8] == tagAttachment {
+			return kindAttachment
+		}
+		if _, ok := completionID(k); ok {
+			return kindNode
+		}
+	case checkpointKeyLen:
+		if k[8] == tagCheckpoint {
+			return kindCheckpoint
+		}
+	}
+	return kindMalformed
+}
+
+// kindCursor walks the keys of one kind of the one bucket, in key order,
+// stepping over the others. The entries' cursor (withMalformed) also
+// stops at keys of no kind, so that the entry walks, which every check
+// makes, report them.
+type kindCursor struct {
+	c             *bbolt.Cursor
+	kind          keyKind
+	withMalformed bool
+}
+
+func newKindCursor(b *bbolt.Bucket, kind keyKind) *kindCursor {
+	return &kindCursor{c: b.Cursor(), kind: kind, withMalformed: kind == kindEntry}
+}
+
+func (kc *kindCursor) wants(k []byte) bool {
+	kind := kindOf(k)
+	return kind == kc.kind || (kc.withMalformed && kind == kindMalformed)
+}
+
+func (kc *kindCursor) forward(k, v []byte) ([]byte, []byte) {
+	for k != nil && !kc.wants(k) {
+		k, v = kc.c.Next()
+	}
+	return k, v
+}
+
+// First moves to the first key of the kind.
+func (kc *kindCursor) First() ([]byte, []byte) { return kc.forward(kc.c.First()) }
+
+// Next moves to the next key of the kind.
+func (kc *kindCursor) Next() ([]byte, []byte) { return kc.forward(kc.c.Next()) }
+
+// Seek moves to the first key of the kind at or after seek.
+func (kc *kindCursor) Seek(seek []byte) ([]byte, []byte) { return kc.forward(kc.c.Seek(seek)) }
+
+// attachmentKey returns the key of entry seq's attachment.
+func attachmentKey(seq uint64) []byte {
+	return append(binary.BigEndian.AppendUint64(make([]byte, 0, attachmentKeyLen), seq), tagAttachment)
+}
+
+// checkpointKey returns the key of checkpoint num, of tree size size.
+func checkpointKey(size, num uint64) []byte {
+	k := binary.BigEndian.AppendUint64(make([]byte, 0, checkpointKeyLen), size)
+	return binary.BigEndian.AppendUint64(append(k, tagCheckpoint), num)
+}
+
+// parseCheckpointKey returns the size and number a checkpoint key holds.
+func parseCheckpointKey(k []byte) (size, num uint64, ok bool) {
+	if len(k) != checkpointKeyLen || k[8] != tagCheckpoint {
+		return 0, 0, false
+	}
+	return binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(k[9:]), true
+}
+
+// Attach stores v as the attachment of entry seq, which must be stored,
+// in place of any it had: a record kept beside the entry, outside its
+// hash, that can be changed or removed (Detach) without touching a hashed
+// byte (the kernel keeps audit payloads so). The ledger does not read
+// attachments; bbolt keeps v until the transaction ends, so it must not
+// change.
+func Attach(tx *bbolt.Tx, seq uint64, v []byte) error {
+	entries, meta, err := buckets(tx)
+	if err != nil {
+		return err
+	}
+	if size, _, err := readHead(meta); err != nil {
+		return fmt.Errorf("ledger: attach to entry %d: %w", seq, err)
+	} else if seq >= size {
+		return fmt.Errorf("ledger: attach to entry %d: the ledger has %d entries", seq, size)
+	}
+	entries.FillPercent = 1 // see Writer.AppendCanonical
+	if err := entries.Put(attachmentKey(seq), v); err != nil {
+		return fmt.Errorf("ledger: attach to entry %d: %w", seq, err)
+	}
+	return nil
+}
+
+// Attachment returns the attachment of entry seq, or nil when it has none.
+// The value is bbolt's: valid while tx is open, and not to be changed.
+func Attachment(tx *bbolt.Tx, seq uint64) ([]byte, error) {
+	entries, _, err := buckets(tx)
+	if err != nil {
+		return nil, err
+	}
+	return entries.Get(attachmentKey(seq)), nil
+}
+
+// Detach removes the attachment of entry seq and reports whether it had
+// one.
+func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
+	entries, _, err := buckets(tx)
+	if err != nil {
+		return false, err
+	}
+	k := attachmentKey(seq)
+	if entries.Get(k) == nil {
+		return false, nil
+	}
+	if err := entries.Delete(k); err != nil {
+		return false, fmt.Errorf("ledger: detach from entry %d: %w", seq, err)
+	}
+	return true, nil
+}
+
+// Attachments calls fn with every stored attachment, in sequence order,
+// and stops at the first error, which it returns as is if fn returned it.
+// It walks the keys of the whole ledger. fn must not change the bucket
+// (collect, then Detach).
+func Attachments(tx *bbolt.Tx, fn func(seq uint64, v []byte) error) error {
+	entries, _, err := buckets(tx)
+	if err != nil {
+		return err
+	}
+	c := newKindCursor(entries, kindAttachment)
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if err := fn(binary.BigEndian.Uint64(k), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// beyondHead describes the first key stored at or after position n (the
+// head's entry count) that no ledger of n entries holds, or returns "":
+// only checkpoints of size n may sort there.
+func beyondHead(entries *bbolt.Bucket, n uint64) string {
+	c := entries.Cursor()
+	for k, _ := c.Seek(seqKey(n)); k != nil; k, _ = c.Next() {
+		switch kindOf(k) {
+		case kindCheckpoint:
+			if binary.BigEndian.Uint64(k) == n {
+				continue
+			}
+			return fmt.Sprintf("a checkpoint of size %d", binary.BigEndian.Uint64(k))
+		case kindEntry:
+			return fmt.Sprintf("entry %d", binary.BigEndian.Uint64(k))
+		case kindNode:
+			id, _ := completionID(k)
+			return nodeName(id)
+		case kindAttachment:
+			return fmt.Sprintf("the attachment of entry %d", binary.BigEndian.Uint64(k))
+		default:
+			return fmt.Sprintf("a malformed key %x", k)
+		}
+	}
+	return ""
+}
+
+// moveToOneBucket moves the tree (layoutCompletion) and the checkpoints of
+// a layoutCompletion file into bucketEntries, deletes their buckets and
+// records layoutOneBucket, all in tx: bbolt commits the whole of it or
+// nothing. Nodes keep their keys; checkpoint #num goes under
+// checkpointKey(size, num). A checkpoint that does not parse has no size
+// to be keyed by: it is refused, and tx must be rolled back. Everything
+// moved is held in memory by bbolt until tx commits.
+func moveToOneBucket(tx *bbolt.Tx, entries, meta *bbolt.Bucket) error {
+	entries.FillPercent = 1
+	if tree := tx.Bucket(bucketTree); tree != nil {
+		c := tree.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if kindOf(k) != kindNode || v == nil {
+				return fmt.Errorf("ledger: move the Merkle tree into the %q bucket: key %x names no tree node (the database is unchanged; verify it)", bucketEntries, k)
+			}
+			if err := entries.Put(k, v); err != nil {
+				return fmt.Errorf("ledger: move the Merkle tree: %w", err)
+			}
+		}
+		if err := tx.DeleteBucket(bucketTree); err != nil {
+			return fmt.Errorf("ledger: move the Merkle tree: %w", err)
+		}
+	}
+	if cps := tx.Bucket(bucketCheckpoints); cps != nil {
+		var last []byte
+		c := cps.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) != 8 || v == nil {
+				return fmt.Errorf("ledger: move the checkpoints into the %q bucket: malformed checkpoint key %x (the database is unchanged; verify it)", bucketEntries, k)
+			}
+			num := binary.BigEndian.Uint64(k)
+			signed, err := loadCheckpoint(v)
+			if err != nil {
+				return fmt.Errorf("ledger: move checkpoint #%d: %w (the database is unchanged; verify it)", num, err)
+			}
+			cp, _, err := parseSigned(signed)
+			if err != nil {
+				return fmt.Errorf("ledger: move checkpoint #%d: %w (the database is unchanged; verify it)", num, err)
+			}
+			last = checkpointKey(cp.Size, num)
+			if err := entries.Put(last, v); err != nil {
+				return fmt.Errorf("ledger: move checkpoint #%d: %w", num, err)
+			}
+		}
+		if last != nil {
+			if err := meta.Put(keyLastCheckpoint, last); err != nil {
+				return fmt.Errorf("ledger: move the checkpoints: %w", err)
+			}
+		}
+		if err := tx.DeleteBucket(bucketCheckpoints); err != nil {
+			return fmt.Errorf("ledger: move the checkpoints: %w", err)
+		}
+	}
+	return putLayout(meta, layoutOneBucket)
+}
+
+// errOldLayout is the error of a reader of a file Init has not migrated.
+var errOldLayout = errors.New("ledger: the database is stored in an older layout (open it once with the kernel, whose Init moves it to the current one)")
