@@ -23,7 +23,9 @@ import (
 // batch. Marks are kept, like the checkpoints they name.
 
 // bucketStable lists the stable checkpoints: counter (8 bytes big-endian,
-// from 0) -> number of the checkpoint marked (8 bytes big-endian).
+// from 0) -> number of the checkpoint marked (8 bytes big-endian) || its
+// tree size (8 bytes big-endian), by which ledger.CheckpointAt finds it.
+// Marks of builds before the size was kept hold the number alone.
 var bucketStable = []byte("stable_checkpoints")
 
 // afterBatch signs and stores a checkpoint of the ledger when the batch
@@ -31,8 +33,8 @@ var bucketStable = []byte("stable_checkpoints")
 // it (ledger.Batch), which makes their receipts.
 func (k *Kernel) afterBatch(tx *bbolt.Tx) error {
 	defer k.onSequencer(time.Now())
-	if tx.Bucket(bucketStable) == nil {
-		return nil // the ledger's buckets are created in the first batch, by load
+	if k.upgrading || tx.Bucket(bucketStable) == nil {
+		return nil // the ledger's buckets are created, or moved, by load
 	}
 	pre := k.presigned
 	k.presigned = presigned{}
@@ -57,7 +59,7 @@ type presigned struct {
 func (k *Kernel) batchWork(tx *bbolt.Tx) func() error {
 	defer k.onSequencer(time.Now())
 	k.presigned = presigned{}
-	if tx.Bucket(bucketStable) == nil {
+	if k.upgrading || tx.Bucket(bucketStable) == nil {
 		return nil
 	}
 	c, ok, err := k.lw.Pending(tx, k.settings.KernelID)
@@ -82,14 +84,15 @@ func (k *Kernel) markStable(ctx context.Context) error {
 			return err
 		}
 		b := tx.Bucket(bucketStable)
-		if _, v := b.Cursor().Last(); len(v) == 8 && binary.BigEndian.Uint64(v) == cp.Num {
+		if _, v := b.Cursor().Last(); len(v) >= 8 && binary.BigEndian.Uint64(v) == cp.Num {
 			return nil
 		}
 		n, err := b.NextSequence()
 		if err != nil {
 			return store.Abort(err)
 		}
-		return abortIf(b.Put(binary.BigEndian.AppendUint64(nil, n-1), binary.BigEndian.AppendUint64(nil, cp.Num)))
+		mark := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(make([]byte, 0, 16), cp.Num), cp.Size)
+		return abortIf(b.Put(binary.BigEndian.AppendUint64(nil, n-1), mark))
 	})
 }
 
@@ -119,10 +122,19 @@ func latestStable(tx *bbolt.Tx) (ledger.StoredCheckpoint, error) {
 	if v == nil {
 		return ledger.StoredCheckpoint{}, ledger.ErrNoCheckpoint
 	}
-	if len(v) != 8 {
-		return ledger.StoredCheckpoint{}, errors.New("stable checkpoint mark is not 8 bytes")
+	if len(v) != 16 && len(v) != 8 {
+		return ledger.StoredCheckpoint{}, fmt.Errorf("stable checkpoint mark is %d bytes, want 16 (or 8 from older builds)", len(v))
 	}
 	num := binary.BigEndian.Uint64(v)
+	if len(v) == 16 {
+		cp, err := ledger.CheckpointAt(tx, binary.BigEndian.Uint64(v[8:]), num)
+		if errors.Is(err, ledger.ErrNoCheckpoint) {
+			return cp, fmt.Errorf("stable checkpoint #%d is not stored", num)
+		}
+		return cp, err
+	}
+	// A mark from before sizes were kept: found by walking the ledger,
+	// until the next mark (StableCheckpointInterval) replaces it.
 	var out ledger.StoredCheckpoint
 	found := false
 	err := ledger.Checkpoints(tx, num, func(c ledger.StoredCheckpoint) error {

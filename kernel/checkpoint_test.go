@@ -128,6 +128,51 @@ func TestStableCheckpoint(t *testing.T) {
 	}
 }
 
+// TestStableMarkOfOlderBuilds: a stable mark holding the checkpoint's
+// number alone, as builds before the size was kept wrote it, still names
+// its checkpoint; marks of other lengths are refused.
+func TestStableMarkOfOlderBuilds(t *testing.T) {
+	h := newHarness(t)
+	h.burst(6)
+	var cps []ledger.StoredCheckpoint
+	h.k.View(func(tx *bbolt.Tx) error {
+		return ledger.Checkpoints(tx, 0, func(c ledger.StoredCheckpoint) error {
+			cps = append(cps, c)
+			return nil
+		})
+	})
+	if len(cps) < 3 {
+		t.Fatalf("%d checkpoints, want 3 or more", len(cps))
+	}
+	want := cps[1]
+	for _, tc := range []struct {
+		mark    []byte
+		wantErr string
+	}{
+		{binary8(want.Num), ""},
+		{append(binary8(want.Num), binary8(want.Size)...), ""},
+		{append(binary8(want.Num), binary8(want.Size+1)...), "is not stored"},
+		{binary8(want.Num)[:7], "is 7 bytes"},
+	} {
+		if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+			b := tx.Bucket(bucketStable)
+			n, _ := b.NextSequence()
+			return b.Put(binary8(n-1), tc.mark)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var got ledger.StoredCheckpoint
+		var err error
+		h.k.View(func(tx *bbolt.Tx) error { got, err = latestStable(tx); return nil })
+		switch {
+		case tc.wantErr == "" && (err != nil || got.Num != want.Num || got.Size != want.Size):
+			t.Errorf("mark %x: checkpoint #%d of size %d, %v; want #%d of size %d", tc.mark, got.Num, got.Size, err, want.Num, want.Size)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("mark %x: %v, want an error saying %q", tc.mark, err, tc.wantErr)
+		}
+	}
+}
+
 // Open rebuilds the tree's right edge and refuses a ledger that does not
 // match its newest checkpoint: cut short, or forked.
 func TestOpenChecksTreeAgainstCheckpoint(t *testing.T) {
@@ -144,14 +189,20 @@ func TestOpenChecksTreeAgainstCheckpoint(t *testing.T) {
 			forged.Root[0] ^= 1
 			s, _ := ledger.NewCheckpointSigner(origin, key)
 			signed, _ := ledger.SignCheckpoint(s, forged)
-			putRaw(t, tx, "ledger_checkpoints", last.Num+1, signed)
+			k := checkpointKey(forged.Size, last.Num+1)
+			if err := tx.Bucket(bucketLedger).Put(k, signed); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Bucket([]byte("ledger_meta")).Put([]byte("checkpoint_last"), k); err != nil {
+				t.Fatal(err)
+			}
 		}},
 		{"entries cut off after the checkpoint", func(t *testing.T, tx *bbolt.Tx, _ ed25519.PrivateKey, _ string) {
 			hd, _ := ledger.HeadOf(tx)
 			prev, _ := ledger.Get(tx, hd.Size-2)
 			h, _ := digest.Parse(prev.Hash)
 			tx.Bucket([]byte("ledger")).Delete(binary8(hd.Size - 1))
-			tx.Bucket([]byte("ledger_tree")).Delete(append(binary8(hd.Size-1), 0)) // key: completion position, level
+			tx.Bucket(bucketLedger).Delete(append(binary8(hd.Size-1), 0)) // the leaf's key: completion position, level
 			tx.Bucket([]byte("ledger_meta")).Put([]byte("head"), append(binary8(hd.Size-1), h[:]...))
 		}},
 	}
@@ -191,13 +242,6 @@ func binary8(n uint64) []byte {
 		b[7-i] = byte(n >> (8 * i))
 	}
 	return b
-}
-
-func putRaw(t *testing.T, tx *bbolt.Tx, bucket string, n uint64, v []byte) {
-	t.Helper()
-	if err := tx.Bucket([]byte(bucket)).Put(binary8(n), v); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // Every entry proves into the newest checkpoint, every older checkpoint

@@ -3,7 +3,6 @@ package kernel
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	"github.com/capkernel/capkernel/internal/tailpad"
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/txn"
 )
@@ -135,13 +133,9 @@ func eraseReplays(tx *bbolt.Tx, ops []string) (seqs []uint64, replayOps []string
 // erasePayload removes the payload of audit record seq, of the operation
 // who names, and reports whether it had one; forgetStored does the rest.
 func erasePayload(tx *bbolt.Tx, seq uint64, who recordOwner) (bool, error) {
-	b := tx.Bucket(bucketPayloads)
-	key := binary.BigEndian.AppendUint64(nil, seq)
-	if b == nil || b.Get(key) == nil {
-		return false, nil // erased already, or never kept
-	}
-	if err := b.Delete(key); err != nil {
-		return false, err
+	had, err := ledger.Detach(tx, seq)
+	if err != nil || !had {
+		return false, err // erased already, or never kept
 	}
 	return true, forgetStored(tx, who, seq)
 }
@@ -256,42 +250,40 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 	var ops []string
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		n, ops = 0, ops[:0]
-		b := tx.Bucket(bucketPayloads)
-		if b == nil {
-			return nil
-		}
 		var seqs []uint64
-		c := b.Cursor()
-		for key, _ := c.First(); key != nil && len(seqs) < maxErasedPerRecord; key, _ = c.Next() {
-			if tailpad.Is(key) {
-				continue
+		var whos []recordOwner
+		err := ledger.Attachments(tx, func(seq uint64, _ []byte) error {
+			if len(seqs) == maxErasedPerRecord {
+				return errStop
 			}
-			seq := binary.BigEndian.Uint64(key)
 			e, err := ledger.Get(tx, seq)
 			if err != nil {
-				return abortIf(err)
+				return err
 			}
 			if e.Time >= cutoff {
-				continue
+				return nil
 			}
 			var who recordOwner
 			if err := json.Unmarshal(e.Body, &who); err != nil {
-				return abortIf(fmt.Errorf("audit record %d: %w", seq, err))
+				return fmt.Errorf("audit record %d: %w", seq, err)
 			}
-			if !r.matches(who.ToolID, who.agent()) {
-				continue
+			if r.matches(who.ToolID, who.agent()) {
+				seqs, whos = append(seqs, seq), append(whos, who)
 			}
-			seqs = append(seqs, seq)
-			ops = append(ops, who.OperationID)
-			if err := forgetStored(tx, who, seq); err != nil {
-				return abortIf(err)
-			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStop) {
+			return err // nothing written yet
 		}
 		if len(seqs) == 0 {
 			return nil
 		}
-		for _, seq := range seqs {
-			if err := b.Delete(binary.BigEndian.AppendUint64(nil, seq)); err != nil {
+		for i, seq := range seqs {
+			ops = append(ops, whos[i].OperationID)
+			if _, err := ledger.Detach(tx, seq); err != nil {
+				return abortIf(err)
+			}
+			if err := forgetStored(tx, whos[i], seq); err != nil {
 				return abortIf(err)
 			}
 		}
@@ -474,26 +466,25 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 		return t.rep, bad, err
 	}
 	// A payload no audit record commits to was put there by hand.
-	if b := tx.Bucket(bucketPayloads); b != nil {
-		h, err := ledger.HeadOf(tx)
-		if err != nil {
-			return t.rep, nil, err
-		}
-		c := b.Cursor()
-		for key, v := c.First(); key != nil; key, v = c.Next() {
-			if tailpad.Is(key) && len(v) == 0 {
-				continue
-			}
-			seq := binary.BigEndian.Uint64(key)
-			if seq >= h.Size || !committed[seq] {
-				return t.rep, &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for entry %d, which is no audit record with commitments (tampered)", seq)}, nil
-			}
-			if t.erased[seq] {
-				return t.rep, &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for audit record %d, which an erasure record says was erased (tampered)", seq)}, nil
-			}
-		}
+	h, err := ledger.HeadOf(tx)
+	if err != nil {
+		return t.rep, nil, err
 	}
-	return t.rep, nil, nil
+	err = ledger.Attachments(tx, func(seq uint64, _ []byte) error {
+		switch {
+		case seq >= h.Size || !committed[seq]:
+			bad = &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for entry %d, which is no audit record with commitments (tampered)", seq)}
+		case t.erased[seq]:
+			bad = &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for audit record %d, which an erasure record says was erased (tampered)", seq)}
+		default:
+			return nil
+		}
+		return stop
+	})
+	if errors.Is(err, stop) {
+		err = nil
+	}
+	return t.rep, bad, err
 }
 
 // verifyPayloads adds the payload check to an intact ledger check.

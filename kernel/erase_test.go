@@ -3,7 +3,6 @@ package kernel
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -212,39 +211,39 @@ func TestCommitmentsAndErasure(t *testing.T) {
 		seq    uint64
 	}{
 		{"result changed", func(tx *bbolt.Tx) error {
-			k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
-			v, err := unpackPayload(tx.Bucket(bucketPayloads).Get(k))
+			k := payloadKey(r.LedgerSeq)
+			v, err := unpackPayload(tx.Bucket(bucketLedger).Get(k))
 			if err != nil || !bytes.Contains(v, []byte("pin 4711")) {
 				t.Fatalf("stored payload %s (%v) lacks the result", v, err)
 			}
-			return tx.Bucket(bucketPayloads).Put(k, packPayload(bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1)))
+			return tx.Bucket(bucketLedger).Put(k, packPayload(bytes.Replace(v, []byte("pin 4711"), []byte("pin 4712"), 1)))
 		}, r.LedgerSeq},
 		{"payload garbled", func(tx *bbolt.Tx) error {
-			return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), []byte(`{"args":`))
+			return tx.Bucket(bucketLedger).Put(payloadKey(r.LedgerSeq), []byte(`{"args":`))
 		}, r.LedgerSeq},
 		{"payload frame damaged", func(tx *bbolt.Tx) error {
 			frame := packPayload([]byte(`{"result":"` + strings.Repeat("pin 4711 ", 400) + `"}`))
 			frame[len(frame)/2] ^= 0xff
-			return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, r.LedgerSeq), frame)
+			return tx.Bucket(bucketLedger).Put(payloadKey(r.LedgerSeq), frame)
 		}, r.LedgerSeq},
 		{"payload dropped without an erasure record", func(tx *bbolt.Tx) error {
-			return tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, r.LedgerSeq))
+			return tx.Bucket(bucketLedger).Delete(payloadKey(r.LedgerSeq))
 		}, r.LedgerSeq},
 		{"erased payload put back", func(tx *bbolt.Tx) error {
 			b, _ := marshalPayload(wp)
-			return tx.Bucket(bucketPayloads).Put(binary.BigEndian.AppendUint64(nil, w.LedgerSeq), b)
+			return tx.Bucket(bucketLedger).Put(payloadKey(w.LedgerSeq), b)
 		}, w.LedgerSeq},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var saved []byte
-			k := binary.BigEndian.AppendUint64(nil, r.LedgerSeq)
+			k := payloadKey(r.LedgerSeq)
 			h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
-				saved = bytes.Clone(tx.Bucket(bucketPayloads).Get(k))
+				saved = bytes.Clone(tx.Bucket(bucketLedger).Get(k))
 				return tc.tamper(tx)
 			})
 			defer h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
-				tx.Bucket(bucketPayloads).Delete(binary.BigEndian.AppendUint64(nil, w.LedgerSeq))
-				return tx.Bucket(bucketPayloads).Put(k, saved)
+				tx.Bucket(bucketLedger).Delete(payloadKey(w.LedgerSeq))
+				return tx.Bucket(bucketLedger).Put(k, saved)
 			})
 			c, err := h.k.Inspector().Verify(nil)
 			if err != nil || c.Intact || c.BadSeq == nil || *c.BadSeq != tc.seq || !strings.Contains(c.Reason, "tampered") {

@@ -46,7 +46,9 @@ func (k *Kernel) Inspector() *Inspector {
 
 // OpenInspector opens the data dir of a kernel that is not running, its
 // bbolt file read-only. When a kernel serves the dir, it fails at once
-// with an error wrapping ErrLocked.
+// with an error wrapping ErrLocked. A file in the storage layout of an
+// older build, which only a read-write open moves to the current one
+// (Open), is refused, saying so.
 func OpenInspector(dir string) (*Inspector, error) {
 	s, err := loadSettings(dir)
 	if err != nil {
@@ -63,6 +65,18 @@ func OpenInspector(dir string) (*Inspector, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", p, err)
+	}
+	if err := db.View(func(tx *bbolt.Tx) error {
+		if err := ledger.CheckLayout(tx); err != nil {
+			return err
+		}
+		if tx.Bucket(bucketPayloads) != nil {
+			return errors.New("the audit payloads are stored in an older layout (open the data dir once with the kernel, which moves them)")
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	return &Inspector{view: db.View, receiptKey: key.Public().(ed25519.PublicKey), origin: s.KernelID, close: db.Close}, nil
 }

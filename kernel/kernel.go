@@ -58,6 +58,7 @@ type Kernel struct {
 	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
 	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
 	presigned  presigned      // the batch's checkpoint, signed beside its Work steps (sequencer's: batchWork, afterBatch)
+	upgrading  bool           // upgrade's transactions run: no checkpoint (set and cleared around them, before any other write)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
@@ -251,8 +252,46 @@ func checkTail(tx *bbolt.Tx) error {
 	return nil
 }
 
+// upgradeStep bounds what one transaction of upgrade moves: bbolt holds
+// it in memory until the commit.
+var upgradeStep = 20_000
+
+// upgrade moves a file of an older build to the current storage layout
+// (ledger.Move, then movePayloads) in transactions of at most upgradeStep
+// keys each, once it has checked that every key can be moved: on a ledger
+// of a million calls one transaction would hold gigabytes. A crash between
+// steps leaves a file that the next Open goes on moving; load's own Init
+// and movePayloads then find nothing left.
+func (k *Kernel) upgrade(ctx context.Context) error {
+	k.upgrading = true
+	defer func() { k.upgrading = false }()
+	if err := k.db.View(func(tx *bbolt.Tx) error {
+		if err := ledger.CheckMove(tx); err != nil {
+			return err
+		}
+		return checkPayloadMove(tx)
+	}); err != nil {
+		return fmt.Errorf("open: upgrade the storage layout: %w", err)
+	}
+	for _, step := range []func(*bbolt.Tx, int) (bool, error){ledger.Move, movePayloads} {
+		for done := false; !done; {
+			if err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+				var err error
+				done, err = step(tx, upgradeStep)
+				return abortIf(err)
+			}); err != nil {
+				return fmt.Errorf("open: upgrade the storage layout: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
 // load creates buckets, reads revocations, recovers and records the policy.
 func (k *Kernel) load(ctx context.Context) error {
+	if err := k.upgrade(ctx); err != nil {
+		return err
+	}
 	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
 		for _, b := range [][]byte{bucketRevoked, bucketTokens, bucketStable} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -260,6 +299,9 @@ func (k *Kernel) load(ctx context.Context) error {
 			}
 		}
 		if err := ledger.Init(tx); err != nil {
+			return store.Abort(err)
+		}
+		if _, err := movePayloads(tx, 0); err != nil {
 			return store.Abort(err)
 		}
 		if err := ledger.CheckTree(tx); errors.Is(err, ledger.ErrLayoutMismatch) {
@@ -271,9 +313,6 @@ func (k *Kernel) load(ctx context.Context) error {
 			return store.Abort(fmt.Errorf("open: %w", err))
 		}
 		if err := indexReceipts(tx); err != nil {
-			return store.Abort(err)
-		}
-		if err := initPayloads(tx); err != nil {
 			return store.Abort(err)
 		}
 		return abortIf(txn.Init(tx))

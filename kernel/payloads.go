@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/capkernel/capkernel/digest"
 	"github.com/capkernel/capkernel/internal/b3"
-	"github.com/capkernel/capkernel/internal/tailpad"
 	"github.com/capkernel/capkernel/jcs"
 	"github.com/capkernel/capkernel/ledger"
 )
@@ -27,9 +25,13 @@ import (
 // beside the chain, in bucketPayloads, where they can be erased without
 // touching a hashed byte. docs/formats.md specifies the encoding; this
 // file is its one implementation.
-
-// bucketPayloads holds audit payloads: the audit entry's seq (8 bytes
-// big-endian) -> the canonical JSON of its Payload.
+//
+// A payload is its audit entry's attachment in the ledger (ledger.Attach),
+// stored beside the entry's record, so that a commit writes both on one
+// path of pages. Builds before that kept payloads in a bucket of their
+// own, bucketPayloads (the audit entry's seq, 8 bytes big-endian -> the
+// stored Payload, and two empty pad keys: internal/tailpad), which the
+// kernel moves into the ledger when it opens (movePayloads).
 var bucketPayloads = []byte("audit_payloads")
 
 // Payload parts, in the order they are committed to.
@@ -338,17 +340,89 @@ func canonicalPart(v any) ([]byte, error) {
 	return jcs.Canonicalize(b)
 }
 
-// initPayloads creates the payload bucket and its pad keys. With one
-// payload per transaction, pages would hold two payloads fewer than fit
-// (half a page for an fs.read's): see tailpad. Once there, the pads stay
-// (erasure and retention delete payloads by seq only), so the kernel
-// puts them when it opens, not on every call.
-func initPayloads(tx *bbolt.Tx) error {
-	b, err := tx.CreateBucketIfNotExists(bucketPayloads)
+// payloadPads are the keys of the pads bucketPayloads held, with empty
+// values, to fill its pages (above every seq a ledger reaches).
+var payloadPads = [2][]byte{
+	{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe},
+	{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+}
+
+// movePayloads moves up to max payloads (all when max is 0) of
+// bucketPayloads, when a file of an older build has it, into the ledger,
+// as its entries' attachments, deleting each from the bucket, in tx (the
+// ledger in its current layout: after ledger.Move); once none is left it
+// deletes the bucket, pads and all, and reports done. Steps may be
+// committed apart; a file between them has payloads in both places, which
+// OpenInspector refuses. A payload for no stored entry, or a pad that
+// holds a value, is refused (checkPayloadMove), and tx must be rolled
+// back.
+func movePayloads(tx *bbolt.Tx, max int) (done bool, err error) {
+	b := tx.Bucket(bucketPayloads)
+	if b == nil {
+		return true, nil
+	}
+	var keys [][]byte
+	c := b.Cursor()
+	for key, v := c.First(); key != nil && (max == 0 || len(keys) < max); key, v = c.Next() {
+		pad, err := checkMovedPayload(key, v)
+		if err != nil {
+			return false, err
+		}
+		if pad {
+			continue
+		}
+		if err := ledger.Attach(tx, binary.BigEndian.Uint64(key), v); err != nil {
+			return false, fmt.Errorf("move the audit payloads into the ledger: %w", err)
+		}
+		keys = append(keys, key)
+	}
+	if len(keys) > 0 {
+		// bbolt keeps the values attached above valid until tx ends; a key
+		// is deleted once the cursor has passed it.
+		for _, key := range keys {
+			if err := b.Delete(key); err != nil {
+				return false, fmt.Errorf("move the audit payloads into the ledger: %w", err)
+			}
+		}
+		if max > 0 && len(keys) == max {
+			return false, nil
+		}
+	}
+	return false, tx.DeleteBucket(bucketPayloads)
+}
+
+// checkPayloadMove checks, writing nothing, that movePayloads can move
+// every payload bucketPayloads holds to an entry the ledger stores.
+func checkPayloadMove(tx *bbolt.Tx) error {
+	b := tx.Bucket(bucketPayloads)
+	if b == nil {
+		return nil
+	}
+	h, err := ledger.HeadOf(tx)
 	if err != nil {
 		return err
 	}
-	return tailpad.Ensure(b)
+	c := b.Cursor()
+	for key, v := c.First(); key != nil; key, v = c.Next() {
+		if pad, err := checkMovedPayload(key, v); err != nil {
+			return err
+		} else if !pad && binary.BigEndian.Uint64(key) >= h.Size {
+			return fmt.Errorf("move the audit payloads into the ledger: a payload is stored for entry %d, beyond the ledger's %d entries (verify the data dir with the build that wrote it)", binary.BigEndian.Uint64(key), h.Size)
+		}
+	}
+	return nil
+}
+
+// checkMovedPayload checks a key and value of bucketPayloads, and reports
+// whether it is a pad.
+func checkMovedPayload(key, v []byte) (pad bool, err error) {
+	if len(v) == 0 && (bytes.Equal(key, payloadPads[0]) || bytes.Equal(key, payloadPads[1])) {
+		return true, nil
+	}
+	if len(key) != 8 || v == nil {
+		return false, fmt.Errorf("move the audit payloads into the ledger: malformed key %x in %q (verify the data dir with the build that wrote it)", key, bucketPayloads)
+	}
+	return false, nil
 }
 
 // putPayload keeps the payload of the audit entry seq.
@@ -356,16 +430,9 @@ func putPayload(tx *bbolt.Tx, seq uint64, payload []byte) error {
 	if payload == nil {
 		return nil
 	}
-	b := tx.Bucket(bucketPayloads)
-	if b == nil {
-		return errors.New("the audit payload bucket is missing (the kernel creates it when it opens)")
-	}
-	// Keys only grow (seq order), so a page split may leave the left page
-	// full: the default half-full split would waste half of every page.
-	b.FillPercent = 1
 	// payload is the entry's own, never modified after: bbolt may keep it
 	// until the commit without a copy.
-	return b.Put(binary.BigEndian.AppendUint64(nil, seq), payload)
+	return ledger.Attach(tx, seq, payload)
 }
 
 // openedPayload is getPayload for readers that serve the payload (auditor
@@ -407,13 +474,9 @@ func openedPayloadOf(tx *bbolt.Tx, seq uint64, body []byte) (*Payload, error) {
 // getPayload returns the stored payload of the audit entry seq, or nil
 // when none is stored (never kept, or erased).
 func getPayload(tx *bbolt.Tx, seq uint64) (*Payload, error) {
-	b := tx.Bucket(bucketPayloads)
-	if b == nil {
-		return nil, nil
-	}
-	v := b.Get(binary.BigEndian.AppendUint64(nil, seq))
-	if v == nil {
-		return nil, nil
+	v, err := ledger.Attachment(tx, seq)
+	if err != nil || v == nil {
+		return nil, err
 	}
 	p, err := unmarshalPayload(v)
 	if err != nil {

@@ -54,46 +54,21 @@ var (
 const headLen = 8 + digest.Size
 
 // Init creates the ledger's buckets if they are missing and moves an older
-// file to the current key layout, layoutOneBucket (see onebucket.go): on
-// a ledger made before the Merkle tree existed, it builds the tree once
-// from the stored entries (their stored entry_hash values; Verify checks
-// them); a tree stored in the level-major key layout is rekeyed (see
-// rekeyTree); then the tree and the checkpoints move into the entries'
-// bucket (moveToOneBucket). All of it happens within tx: a rolled-back or
-// interrupted tx leaves the database as it was. It refuses a file whose
-// recorded key layout it does not know.
+// file to the current key layout, layoutOneBucket (see onebucket.go), all
+// within tx: Move with no bound. A rolled-back or interrupted tx leaves
+// the database as it was. It refuses a file whose recorded key layout it
+// does not know. A caller with a large file to move runs Move in bounded
+// steps first.
 func Init(tx *bbolt.Tx) error {
 	for _, name := range [][]byte{bucketEntries, bucketMeta} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("ledger: create bucket %q: %w", name, err)
 		}
 	}
-	entries, meta := tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
-	layout, err := treeLayout(meta)
-	if err != nil {
-		return fmt.Errorf("ledger: %w", err)
+	if _, err := Move(tx, 0); err != nil {
+		return err
 	}
-	if layout == layoutOneBucket {
-		for _, name := range [][]byte{bucketTree, bucketCheckpoints} {
-			if tx.Bucket(name) != nil {
-				return fmt.Errorf("ledger: the file is in key layout %d, yet holds the bucket %q of an older layout (a build from before layout %d wrote to it; the database is unchanged: restore it from a backup)", layoutOneBucket, name, layoutOneBucket)
-			}
-		}
-		return nil
-	}
-	if tx.Bucket(bucketTree) == nil {
-		if _, err := tx.CreateBucket(bucketTree); err != nil {
-			return fmt.Errorf("ledger: create bucket %q: %w", bucketTree, err)
-		}
-		if err := migrateTree(tx); err != nil {
-			return err
-		}
-	} else if layout == layoutLevelMajor {
-		if err := rekeyTree(tx, meta); err != nil {
-			return err
-		}
-	}
-	return moveToOneBucket(tx, entries, meta)
+	return nil
 }
 
 // Append adds an entry after the current head within tx and returns it.

@@ -224,60 +224,188 @@ func beyondHead(entries *bbolt.Bucket, n uint64) string {
 	return ""
 }
 
-// moveToOneBucket moves the tree (layoutCompletion) and the checkpoints of
-// a layoutCompletion file into bucketEntries, deletes their buckets and
-// records layoutOneBucket, all in tx: bbolt commits the whole of it or
-// nothing. Nodes keep their keys; checkpoint #num goes under
-// checkpointKey(size, num). A checkpoint that does not parse has no size
-// to be keyed by: it is refused, and tx must be rolled back. Everything
-// moved is held in memory by bbolt until tx commits.
-func moveToOneBucket(tx *bbolt.Tx, entries, meta *bbolt.Bucket) error {
+// Move moves a file of an older layout a step towards layoutOneBucket
+// within tx, and reports whether it is there (nothing written then). A
+// step does one of:
+//
+//   - on a ledger made before the Merkle tree existed, build the tree
+//     (migrateTree), in a bucket of layout 2;
+//   - on a tree of layout 1, rekey it to layout 2 (rekeyTree);
+//   - move up to max keys (all when max is 0) of the layout-2 tree and
+//     checkpoint buckets into bucketEntries, deleting each moved key:
+//     nodes under their own keys, then checkpoint #num under
+//     checkpointKey(size, num), each recorded as the latest as it moves;
+//   - once both are empty, delete them and record layoutOneBucket.
+//
+// The first two hold the whole tree in memory (see rekeyTree); a bounded
+// move holds at most max keys. Steps may be committed apart, each in a
+// transaction of its own: a file between steps is of layout 2 with some
+// of its keys already moved, which Move goes on with and every reader
+// refuses (errOldLayout), as it does a layout-2 file. A key that cannot
+// be moved (see CheckMove) is refused, and tx must then be rolled back;
+// a caller that commits steps apart runs CheckMove first, so that a
+// damaged key stops the move before any step is committed and the file
+// stays as the build that wrote it left it.
+func Move(tx *bbolt.Tx, max int) (done bool, err error) {
+	entries, meta := tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
+	if entries == nil && meta == nil {
+		return true, nil // a new file: Init makes it in layoutOneBucket
+	}
+	if entries == nil || meta == nil {
+		return false, errors.New("ledger: one of the buckets is missing (the ledger is damaged)")
+	}
+	layout, err := treeLayout(meta)
+	if err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	tree, cps := tx.Bucket(bucketTree), tx.Bucket(bucketCheckpoints)
+	if layout == layoutOneBucket {
+		for _, name := range [][]byte{bucketTree, bucketCheckpoints} {
+			if tx.Bucket(name) != nil {
+				return false, fmt.Errorf("ledger: the file is in key layout %d, yet holds the bucket %q of an older layout (a build from before layout %d wrote to it; the database is unchanged: restore it from a backup)", layoutOneBucket, name, layoutOneBucket)
+			}
+		}
+		return true, nil
+	}
+	switch {
+	case tree == nil:
+		if _, err := tx.CreateBucket(bucketTree); err != nil {
+			return false, fmt.Errorf("ledger: create bucket %q: %w", bucketTree, err)
+		}
+		if err := migrateTree(tx); err != nil {
+			return false, err
+		}
+		if max > 0 {
+			return false, nil
+		}
+	case layout == layoutLevelMajor:
+		if err := rekeyTree(tx, meta); err != nil {
+			return false, err
+		}
+		if max > 0 {
+			return false, nil
+		}
+	default:
+		if err := checkOtherLayout(tree, meta, false); err != nil {
+			return false, err
+		}
+	}
+	tree, cps = tx.Bucket(bucketTree), tx.Bucket(bucketCheckpoints)
 	entries.FillPercent = 1
-	if tree := tx.Bucket(bucketTree); tree != nil {
-		c := tree.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if kindOf(k) != kindNode || v == nil {
-				return fmt.Errorf("ledger: move the Merkle tree into the %q bucket: key %x names no tree node (the database is unchanged; verify it)", bucketEntries, k)
+	left := max
+	if left <= 0 {
+		left = -1
+	}
+	for _, b := range []*bbolt.Bucket{tree, cps} {
+		if b == nil {
+			continue
+		}
+		var keys [][]byte
+		c := b.Cursor()
+		for k, v := c.First(); k != nil && left != 0; k, v = c.Next() {
+			nk, err := movedKey(b == cps, k, v)
+			if err != nil {
+				return false, err
 			}
-			if err := entries.Put(k, v); err != nil {
-				return fmt.Errorf("ledger: move the Merkle tree: %w", err)
+			if b == cps {
+				if err := meta.Put(keyLastCheckpoint, nk); err != nil {
+					return false, fmt.Errorf("ledger: move checkpoint #%d: %w", binary.BigEndian.Uint64(k), err)
+				}
+			}
+			if err := entries.Put(nk, v); err != nil {
+				return false, fmt.Errorf("ledger: move key %x into %q: %w", k, bucketEntries, err)
+			}
+			keys = append(keys, k)
+			left--
+		}
+		// bbolt keeps the values put above valid until tx ends; a key is
+		// deleted once the cursor has passed it.
+		for _, k := range keys {
+			if err := b.Delete(k); err != nil {
+				return false, fmt.Errorf("ledger: move key %x out of %q: %w", k, bucketTreeOrCheckpoints(b == cps), err)
 			}
 		}
-		if err := tx.DeleteBucket(bucketTree); err != nil {
-			return fmt.Errorf("ledger: move the Merkle tree: %w", err)
+		if left == 0 {
+			return false, nil
 		}
 	}
-	if cps := tx.Bucket(bucketCheckpoints); cps != nil {
-		var last []byte
-		c := cps.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != 8 || v == nil {
-				return fmt.Errorf("ledger: move the checkpoints into the %q bucket: malformed checkpoint key %x (the database is unchanged; verify it)", bucketEntries, k)
+	for _, name := range [][]byte{bucketTree, bucketCheckpoints} {
+		if tx.Bucket(name) != nil {
+			if err := tx.DeleteBucket(name); err != nil {
+				return false, fmt.Errorf("ledger: delete bucket %q: %w", name, err)
 			}
-			num := binary.BigEndian.Uint64(k)
-			signed, err := loadCheckpoint(v)
-			if err != nil {
-				return fmt.Errorf("ledger: move checkpoint #%d: %w (the database is unchanged; verify it)", num, err)
-			}
-			cp, _, err := parseSigned(signed)
-			if err != nil {
-				return fmt.Errorf("ledger: move checkpoint #%d: %w (the database is unchanged; verify it)", num, err)
-			}
-			last = checkpointKey(cp.Size, num)
-			if err := entries.Put(last, v); err != nil {
-				return fmt.Errorf("ledger: move checkpoint #%d: %w", num, err)
-			}
-		}
-		if last != nil {
-			if err := meta.Put(keyLastCheckpoint, last); err != nil {
-				return fmt.Errorf("ledger: move the checkpoints: %w", err)
-			}
-		}
-		if err := tx.DeleteBucket(bucketCheckpoints); err != nil {
-			return fmt.Errorf("ledger: move the checkpoints: %w", err)
 		}
 	}
-	return putLayout(meta, layoutOneBucket)
+	return false, putLayout(meta, layoutOneBucket)
+}
+
+func bucketTreeOrCheckpoints(cps bool) []byte {
+	if cps {
+		return bucketCheckpoints
+	}
+	return bucketTree
+}
+
+// CheckMove checks, writing nothing, that every key left in the layout-2
+// tree and checkpoint buckets can be moved (movedKey), and refuses the
+// first that cannot, naming it.
+func CheckMove(tx *bbolt.Tx) error {
+	for _, cps := range []bool{false, true} {
+		b := tx.Bucket(bucketTreeOrCheckpoints(cps))
+		if b == nil {
+			continue
+		}
+		c := b.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if _, err := movedKey(cps, k, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// movedKey returns the layoutOneBucket key of the tree node (cps false) or
+// checkpoint stored under k with value v in layout 2: a node keeps its
+// key, which must name one; a checkpoint, stored under its 8-byte number,
+// must parse, for its size keys it.
+func movedKey(cps bool, k, v []byte) ([]byte, error) {
+	if !cps {
+		if kindOf(k) != kindNode || v == nil {
+			return nil, fmt.Errorf("ledger: move the Merkle tree into the %q bucket: key %x names no tree node (verify it with the build that wrote it)", bucketEntries, k)
+		}
+		return k, nil
+	}
+	if len(k) != 8 || v == nil {
+		return nil, fmt.Errorf("ledger: move the checkpoints into the %q bucket: malformed checkpoint key %x (verify it with the build that wrote it)", bucketEntries, k)
+	}
+	num := binary.BigEndian.Uint64(k)
+	signed, err := loadCheckpoint(v)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: move checkpoint #%d: %w (verify it with the build that wrote it)", num, err)
+	}
+	c, _, err := parseSigned(signed)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: move checkpoint #%d: %w (verify it with the build that wrote it)", num, err)
+	}
+	return checkpointKey(c.Size, num), nil
+}
+
+// CheckLayout returns nil when tx's file is in the current key layout, or
+// has no ledger yet, and else an error that says how to move it (readers
+// refuse older files: see Move).
+func CheckLayout(tx *bbolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		return nil
+	}
+	if v := meta.Get(keyTreeLayout); len(v) == 1 && v[0] == layoutOneBucket {
+		return nil
+	}
+	if _, err := treeLayout(meta); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	return errOldLayout
 }
 
 // errOldLayout is the error of a reader of a file Init has not migrated.
