@@ -137,7 +137,7 @@ func parseCheckpointKey(k []byte) (size, num uint64, ok bool) {
 // attachments; bbolt keeps v until the transaction ends, so it must not
 // change.
 func Attach(tx *bbolt.Tx, seq uint64, v []byte) error {
-	entries, meta, err := buckets(tx)
+	entries, meta, err := oneBucket(tx)
 	if err != nil {
 		return err
 	}
@@ -156,7 +156,7 @@ func Attach(tx *bbolt.Tx, seq uint64, v []byte) error {
 // Attachment returns the attachment of entry seq, or nil when it has none.
 // The value is bbolt's: valid while tx is open, and not to be changed.
 func Attachment(tx *bbolt.Tx, seq uint64) ([]byte, error) {
-	entries, _, err := buckets(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +166,7 @@ func Attachment(tx *bbolt.Tx, seq uint64) ([]byte, error) {
 // Detach removes the attachment of entry seq and reports whether it had
 // one.
 func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
-	entries, _, err := buckets(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return false, err
 	}
@@ -185,7 +185,7 @@ func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
 // It walks the keys of the whole ledger. fn must not change the bucket
 // (collect, then Detach).
 func Attachments(tx *bbolt.Tx, fn func(seq uint64, v []byte) error) error {
-	entries, _, err := buckets(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return err
 	}
