@@ -92,6 +92,10 @@ func Init(tx *bbolt.Tx) error {
 		if err := rekeyTree(tx, meta); err != nil {
 			return err
 		}
+	} else if err := checkOtherLayout(tx.Bucket(bucketTree), meta, false); err != nil {
+		// Level-major keys under layout 2's record would be moved as
+		// nodes of the wrong place, or refused as no node at all.
+		return err
 	}
 	return moveToOneBucket(tx, entries, meta)
 }
