@@ -21,9 +21,12 @@ import (
 // A group commit then writes its entries, their nodes, their attachments
 // and its checkpoint at the tail of one B+tree: one path of pages, where
 // a bucket of their own for each wrote one path each (17 pages a commit
-// of one fs.read call, 9 in this layout). Every key of a tree of size n
-// sorts before n's own 8 bytes, but for the checkpoints of size n, which
-// sort after every key of entry n−1 and before entry n's.
+// of one fs.read call, 9 in this layout). Every key of a ledger of n
+// entries sorts before n's own 8 bytes but for the checkpoints of size n,
+// which sort after them (beyondHead): once entry n is appended, they sort
+// after its keys (entry, nodes, attachment) and before entry n+1's, so
+// the first keys of the commit after a checkpoint go just before it, not
+// after.
 //
 // Readers walk one kind of key with a kindCursor. ledger_meta records the
 // latest checkpoint's key (keyLastCheckpoint), so that finding it, and
