@@ -495,3 +495,36 @@ func TestCheckpointAt(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMoveRefusesUndecodableCheckpoint: a checkpoint of an old file whose
+// note does not unpack or parse has no size to be keyed by in layout 3:
+// Init refuses the file, naming it, and leaves it as it was.
+func TestMoveRefusesUndecodableCheckpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    []byte
+		want string
+	}{
+		{"malformed note", []byte("garbage"), "move checkpoint #1: ledger: checkpoint: signed note: malformed note"},
+		{"undecodable packed note", packedNote("o", repeat("", 100), 0), "move checkpoint #1: "},
+	} {
+		for _, layout := range oldLayouts {
+			t.Run(fmt.Sprintf("%s/layout%d", tc.name, layout), func(t *testing.T) {
+				db := checkpointed(t)
+				toOldLayout(t, db, layout)
+				if err := db.Update(func(tx *bbolt.Tx) error {
+					return tx.Bucket(bucketCheckpoints).Put(seqKey(1), tc.v)
+				}); err != nil {
+					t.Fatal(err)
+				}
+				before := dumpAll(t, db)
+				if err := db.Update(Init); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the database is unchanged") {
+					t.Errorf("Init = %v, want %q", err, tc.want)
+				}
+				if !equalDumpAll(dumpAll(t, db), before) {
+					t.Error("the refused Init changed the file")
+				}
+			})
+		}
+	}
+}
