@@ -278,7 +278,7 @@ func BenchmarkLedger1M(b *testing.B) {
 				if c.proof, err = InclusionProof(tx, c.index, n); err != nil {
 					return err
 				}
-				node, err := getNode(storedTree{b: tx.Bucket(bucketTree)}, compact.NewNodeID(0, c.index))
+				node, err := getNode(storedTree{b: tx.Bucket(bucketEntries)}, compact.NewNodeID(0, c.index))
 				if err != nil {
 					return err
 				}

@@ -79,7 +79,7 @@ func TestCheckpointUnpackBounded(t *testing.T) {
 	appendN(t, db, 3)
 	writeCheckpoint(t, db, testSigner(t))
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketCheckpoints).Put(seqKey(0), packedNote(long, repeat("", 100), 0))
+		return putRawCheckpoint(tx, 0, packedNote(long, repeat("", 100), 0))
 	}); err != nil {
 		t.Fatal(err)
 	}

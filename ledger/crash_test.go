@@ -204,7 +204,8 @@ const rekeyCrashDBEnv = "CAPK_LEDGER_REKEY_CRASH_DB"
 
 // TestRekeyCrashChild is the child process of TestRekeyCrash: it opens
 // the level-major ledger at the path given, prints "open", runs Init
-// (which rekeys the tree) and prints "rekeyed", then waits to be killed.
+// (which rekeys the tree and moves it and the checkpoints into the
+// entries' bucket) and prints "rekeyed", then waits to be killed.
 func TestRekeyCrashChild(t *testing.T) {
 	path := os.Getenv(rekeyCrashDBEnv)
 	if path == "" {
@@ -225,12 +226,13 @@ func TestRekeyCrashChild(t *testing.T) {
 	t.Fatal("not killed")
 }
 
-// TestRekeyCrash kills (SIGKILL) a process while Init rekeys a level-major
-// tree of 20k entries, at several moments from before the transaction to
-// after its commit. The file must then hold the old layout exactly (no
-// layout recorded, the level-major tree as it was) or the new one exactly
-// (layout 2 recorded, the tree of a ledger written in it), never a mix,
-// and open and verify either way.
+// TestRekeyCrash kills (SIGKILL) a process while Init moves a level-major
+// file of 20k entries to layout 3, at several moments from before the
+// transaction to after its commit. The file must then hold the old layout
+// exactly (no layout recorded, the level-major tree and the checkpoints in
+// buckets of their own, as they were) or the new one exactly (layout 3
+// recorded, every bucket as in a ledger written in it), never a mix, and
+// open and verify either way.
 func TestRekeyCrash(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")
@@ -242,9 +244,9 @@ func TestRekeyCrash(t *testing.T) {
 		appendBatch(t, db, 5000)
 		writeCheckpoint(t, db, testSigner(t))
 	}
-	fresh := dumpBucket(t, db, bucketTree)
-	toLevelMajor(t, db)
-	old := dumpBucket(t, db, bucketTree)
+	fresh := dumpAll(t, db)
+	toOldLayout(t, db, layoutLevelMajor)
+	old := dumpAll(t, db)
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -278,15 +280,15 @@ func TestRekeyCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		layout := recordedLayout(t, raw)
-		left := dumpBucket(t, raw, bucketTree)
+		left := dumpAll(t, raw)
 		raw.Close()
 		outcome := "old layout"
 		switch {
-		case layout == nil && equalDumps(left, old):
-		case bytes.Equal(layout, []byte{layoutCompletion}) && equalDumps(left, fresh):
+		case layout == nil && equalDumpAll(left, old):
+		case bytes.Equal(layout, []byte{layoutOneBucket}) && equalDumpAll(left, fresh):
 			outcome = "new layout"
 		default:
-			t.Fatalf("round %d (killed %v after open): layout %x and a tree of %d nodes that is neither the old nor the rekeyed one", round, delay, layout, len(left))
+			t.Fatalf("round %d (killed %v after open): layout %x and %d buckets that are neither the old file nor the moved one", round, delay, layout, len(left))
 		}
 		outcomes[outcome]++
 
@@ -297,8 +299,8 @@ func TestRekeyCrash(t *testing.T) {
 		if err := d.View(CheckTree); err != nil {
 			t.Errorf("round %d (%s): %v", round, outcome, err)
 		}
-		if !equalDumps(dumpBucket(t, d, bucketTree), fresh) {
-			t.Errorf("round %d (%s): the tree after Init differs from the rekeyed one", round, outcome)
+		if !equalDumpAll(dumpAll(t, d), fresh) {
+			t.Errorf("round %d (%s): the file after Init differs from the moved one", round, outcome)
 		}
 		d.Close()
 	}

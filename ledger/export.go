@@ -33,14 +33,17 @@ func marshalCheckpointLine(signed []byte) ([]byte, error) {
 //     in sequence order from 0;
 //   - a checkpoint: {"checkpoint":"<signed note>"} in RFC 8785 canonical
 //     JSON, right after the entry that completes its tree size (a
-//     checkpoint of size 0 comes first), in the order they were stored.
+//     checkpoint of size 0 comes first), in the order of their keys: by
+//     the size they are stored under, then by number.
 //
 // Export copies what is stored without verifying it, so that a
 // damaged ledger can still be examined (but a stored record that does not
 // unpack, which has no JSON to write, ends the export with an error naming
 // it): a checkpoint that cannot be parsed,
-// or whose size is below an earlier one's, is written where the walk
-// stands, and checkpoints for sizes beyond the entries come last.
+// or whose size is below an earlier one's (one stored under another size
+// than its own), is written where the walk stands, and checkpoints for
+// sizes beyond the entries come last. The numbers the checkpoints are
+// stored under are not exported.
 func Export(tx *bbolt.Tx, w io.Writer) error {
 	entries, meta, err := buckets(tx)
 	if err != nil {

@@ -273,14 +273,18 @@ func flipHexAfter(t *testing.T, s, marker string) string {
 func TestExportOfDamagedLedger(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		// put returns checkpoint #2, stored under the key of size size.
+		size uint64
 		put  func(db *bbolt.DB) []byte
 		want error
 	}{
-		{"malformed checkpoint", func(*bbolt.DB) []byte { return []byte("garbage") }, &CheckpointError{Num: 2}},
-		{"checkpoint beyond the entries", func(*bbolt.DB) []byte {
+		{"malformed checkpoint", 6, func(*bbolt.DB) []byte { return []byte("garbage") }, &CheckpointError{Num: 2}},
+		{"checkpoint beyond the entries", 99, func(*bbolt.DB) []byte {
 			return mustSign(t, testSigner(t), Checkpoint{Origin: testOrigin, Size: 99})
 		}, &CheckpointError{Num: 2}},
-		{"checkpoint size going down", func(db *bbolt.DB) []byte {
+		// Stored after #1 (size 4): keys sort by size, so a checkpoint of
+		// a smaller size stored after it is stored under another size.
+		{"checkpoint size going down", 4, func(db *bbolt.DB) []byte {
 			return mustSign(t, testSigner(t), Checkpoint{Origin: testOrigin, Size: 1, Root: rootAt(t, db, 1)})
 		}, &CheckpointError{Num: 2}},
 	} {
@@ -292,7 +296,7 @@ func TestExportOfDamagedLedger(t *testing.T) {
 			writeCheckpoint(t, db, testSigner(t))
 			appendBatch(t, db, 2)
 			if err := db.Update(func(tx *bbolt.Tx) error {
-				return tx.Bucket(bucketCheckpoints).Put(seqKey(2), tc.put(db))
+				return putCheckpointAt(tx, tc.size, 2, tc.put(db))
 			}); err != nil {
 				t.Fatal(err)
 			}

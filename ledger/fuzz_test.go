@@ -290,14 +290,6 @@ func proofHashes(b []byte) [][32]byte {
 	return out
 }
 
-func joinHashes(p [][32]byte) []byte {
-	var out []byte
-	for _, h := range p {
-		out = append(out, h[:]...)
-	}
-	return out
-}
-
 // hash32 returns b as a hash if it is 32 bytes long, or else def.
 func hash32(b []byte, def [32]byte) [32]byte {
 	if len(b) == 32 {

@@ -11,12 +11,13 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// The key layouts of bucketTree. The layout in use is recorded in
-// bucketMeta under keyTreeLayout: absent means layoutLevelMajor (files
-// written before the layout was recorded), the single byte
-// layoutCompletion means layoutCompletion; any other value is refused.
-// Init rekeys a layoutLevelMajor tree to layoutCompletion; read-only
-// transactions read either.
+// The key layouts of bucketTree, in the files of older builds. The layout
+// in use is recorded in bucketMeta under keyTreeLayout: absent means
+// layoutLevelMajor (files written before the layout was recorded), the
+// single byte layoutCompletion means layoutCompletion, layoutOneBucket
+// the current layout (onebucket.go); any other value is refused. Init
+// rekeys a layoutLevelMajor tree to layoutCompletion, then moves it into
+// layoutOneBucket; no other function reads the older layouts.
 const (
 	// layoutLevelMajor: level (1 byte) || index (8 bytes big-endian).
 	// Each level has a key range of its own, so a batch of appends writes
@@ -33,19 +34,11 @@ const (
 // keyTreeLayout is the meta key recording the tree's key layout.
 var keyTreeLayout = []byte("tree_layout")
 
-// storedTree is the tree bucket read with the key layout of its file.
+// storedTree is a bucket holding tree nodes under the keys of
+// layoutCompletion: the ledger's (layoutOneBucket), or an older file's
+// bucketTree while Init moves it.
 type storedTree struct {
-	b          *bbolt.Bucket
-	levelMajor bool // layoutLevelMajor: a file not yet rekeyed, read-only
-}
-
-// setKey writes the key of node id into k (treeKeyLen bytes).
-func (t storedTree) setKey(k []byte, id compact.NodeID) {
-	if t.levelMajor {
-		setLevelMajorKey(k, id)
-		return
-	}
-	setTreeKey(k, id)
+	b *bbolt.Bucket
 }
 
 // treeLayout returns the key layout recorded in meta.
@@ -58,21 +51,6 @@ func treeLayout(meta *bbolt.Bucket) (int, error) {
 	default:
 		return 0, fmt.Errorf("ledger key layout %x (meta key %q) is unknown to this build, which reads layout 3 (recorded as 03) and moves layouts 1 (not recorded) and 2 (recorded as 02) to it", v, keyTreeLayout)
 	}
-}
-
-// openTree returns the tree bucket with the layout meta records, refusing
-// one whose keys are of the other layout (checkOtherLayout), so that every
-// reader names that cause rather than a missing node.
-func openTree(tree, meta *bbolt.Bucket) (storedTree, error) {
-	layout, err := treeLayout(meta)
-	if err != nil {
-		return storedTree{}, fmt.Errorf("ledger: %w", err)
-	}
-	levelMajor := layout == layoutLevelMajor
-	if err := checkOtherLayout(tree, meta, levelMajor); err != nil {
-		return storedTree{}, err
-	}
-	return storedTree{b: tree, levelMajor: levelMajor}, nil
 }
 
 // ErrLayoutMismatch is the cause of the error for a tree whose keys are of
@@ -184,15 +162,19 @@ func checkOtherLayout(b, meta *bbolt.Bucket, levelMajor bool) error {
 		return nil // readHead's callers report its errors
 	}
 	leaf := compact.NewNodeID(0, n-1)
+	recordedKey, otherKey := setTreeKey, setLevelMajorKey
+	if levelMajor {
+		recordedKey, otherKey = setLevelMajorKey, setTreeKey
+	}
 	var k [treeKeyLen]byte
-	storedTree{levelMajor: levelMajor}.setKey(k[:], leaf)
+	recordedKey(k[:], leaf)
 	if b.Get(k[:]) != nil {
 		return nil
 	}
 	// The other layout's key of the leaf may name another node in this
 	// one (a lost leaf is not a mix of layouts): only the head's own hash
 	// there tells of the other layout.
-	storedTree{levelMajor: !levelMajor}.setKey(k[:], leaf)
+	otherKey(k[:], leaf)
 	if !bytes.Equal(b.Get(k[:]), head[:]) {
 		return nil
 	}

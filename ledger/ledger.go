@@ -251,6 +251,9 @@ func oneBucket(tx *bbolt.Tx) (entries, meta *bbolt.Bucket, err error) {
 		return nil, nil, err
 	}
 	if v := meta.Get(keyTreeLayout); len(v) != 1 || v[0] != layoutOneBucket {
+		if _, err := treeLayout(meta); err != nil {
+			return nil, nil, fmt.Errorf("ledger: %w", err) // not older: unknown
+		}
 		return nil, nil, errOldLayout
 	}
 	return entries, meta, nil

@@ -223,7 +223,7 @@ func TestAppendRefusesToOverwrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		if _, err := Append(tx, KindAudit, t0, json.RawMessage(`{}`)); err == nil || !strings.Contains(err.Error(), "already exists") {
+		if _, err := Append(tx, KindAudit, t0, json.RawMessage(`{}`)); err == nil || !strings.Contains(err.Error(), "entry 1 is stored although the head says 1 entries") {
 			t.Errorf("Append over entry 1: %v", err)
 		}
 		got, err := Get(tx, 1)

@@ -21,9 +21,12 @@ import (
 // A group commit then writes its entries, their nodes, their attachments
 // and its checkpoint at the tail of one B+tree: one path of pages, where
 // a bucket of their own for each wrote one path each (17 pages a commit
-// of one fs.read call, 9 in this layout). Every key of a tree of size n
-// sorts before n's own 8 bytes, but for the checkpoints of size n, which
-// sort after every key of entry n−1 and before entry n's.
+// of one fs.read call, 9 in this layout). Every key of a ledger of n
+// entries sorts before n's own 8 bytes but for the checkpoints of size n,
+// which sort after them (beyondHead): once entry n is appended, they sort
+// after its keys (entry, nodes, attachment) and before entry n+1's, so
+// the first keys of the commit after a checkpoint go just before it, not
+// after.
 //
 // Readers walk one kind of key with a kindCursor. ledger_meta records the
 // latest checkpoint's key (keyLastCheckpoint), so that finding it, and
@@ -137,7 +140,7 @@ func parseCheckpointKey(k []byte) (size, num uint64, ok bool) {
 // attachments; bbolt keeps v until the transaction ends, so it must not
 // change.
 func Attach(tx *bbolt.Tx, seq uint64, v []byte) error {
-	entries, meta, err := buckets(tx)
+	entries, meta, err := oneBucket(tx)
 	if err != nil {
 		return err
 	}
@@ -156,7 +159,7 @@ func Attach(tx *bbolt.Tx, seq uint64, v []byte) error {
 // Attachment returns the attachment of entry seq, or nil when it has none.
 // The value is bbolt's: valid while tx is open, and not to be changed.
 func Attachment(tx *bbolt.Tx, seq uint64) ([]byte, error) {
-	entries, _, err := buckets(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +169,7 @@ func Attachment(tx *bbolt.Tx, seq uint64) ([]byte, error) {
 // Detach removes the attachment of entry seq and reports whether it had
 // one.
 func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
-	entries, _, err := buckets(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return false, err
 	}
@@ -185,7 +188,7 @@ func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
 // It walks the keys of the whole ledger. fn must not change the bucket
 // (collect, then Detach).
 func Attachments(tx *bbolt.Tx, fn func(seq uint64, v []byte) error) error {
-	entries, _, err := buckets(tx)
+	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return err
 	}

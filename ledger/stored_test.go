@@ -294,7 +294,7 @@ func TestCheckpointsArePacked(t *testing.T) {
 	s := testSigner(t)
 	cp := writeCheckpoint(t, db, s)
 	if err := db.View(func(tx *bbolt.Tx) error {
-		v := tx.Bucket(bucketCheckpoints).Get(seqKey(cp.Num))
+		v := tx.Bucket(bucketEntries).Get(checkpointKey(cp.Size, cp.Num))
 		if v[0] != checkpointTag || len(v)+50 > len(cp.Signed) {
 			t.Errorf("checkpoint stored in %d bytes for a %d-byte note: %q", len(v), len(cp.Signed), v)
 		}
@@ -320,9 +320,8 @@ func TestCheckpointsArePacked(t *testing.T) {
 		}
 	}
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketCheckpoints)
-		v := bytes.Clone(b.Get(seqKey(cp.Num)))
-		return b.Put(seqKey(cp.Num), v[:len(v)-1])
+		v := bytes.Clone(tx.Bucket(bucketEntries).Get(checkpointKey(cp.Size, cp.Num)))
+		return putRawCheckpoint(tx, cp.Num, v[:len(v)-1])
 	}); err != nil {
 		t.Fatal(err)
 	}

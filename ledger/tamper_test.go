@@ -87,11 +87,12 @@ func TestVerifyNamesFirstBadEntry(t *testing.T) {
 			}
 		}, 1, "record says seq 3"},
 		{"malformed key among the entries", func(t *testing.T, e, _ *bbolt.Bucket) {
-			// 9 bytes: sorts after entry 2's key, before entry 3's.
-			if err := e.Put(append(seqKey(2), 0), bytes.Clone(e.Get(seqKey(2)))); err != nil {
+			// 9 bytes, of no kind (seq 2 || 0x00 is leaf 2's key): sorts
+			// after entry 2's key, before entry 3's.
+			if err := e.Put(append(seqKey(2), 0x40), bytes.Clone(e.Get(seqKey(2)))); err != nil {
 				t.Fatal(err)
 			}
-		}, 3, "malformed key 000000000000000200"},
+		}, 3, "malformed key 000000000000000240"},
 		{"value truncated", edit(2, func(r []byte) []byte { return r[:len(r)/2] }), 2, "undecodable"},
 		{"value emptied", edit(3, func(r []byte) []byte { return []byte{} }), 3, "undecodable"},
 		{"whitespace between members", edit(2, func(r []byte) []byte {
@@ -260,25 +261,45 @@ func truncateTail(t *testing.T, db *bbolt.DB, keep uint64, dropCheckpoints bool)
 				}
 			}
 		}
-		deleteWhere(tx.Bucket(bucketEntries), func(k, _ []byte) bool { return binary.BigEndian.Uint64(k) >= keep })
-		deleteWhere(tx.Bucket(bucketTree), func(k, _ []byte) bool {
-			return binary.BigEndian.Uint64(k) >= keep // completed by a dropped entry
+		entries, meta := tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
+		deleteWhere(entries, func(k, v []byte) bool {
+			if kindOf(k) != kindCheckpoint {
+				// An entry, its attachment, or a node completed by a
+				// dropped entry.
+				return binary.BigEndian.Uint64(k) >= keep
+			}
+			if !dropCheckpoints {
+				return false
+			}
+			signed, err := loadCheckpoint(v)
+			if err != nil {
+				return true
+			}
+			c, _, err := parseSigned(signed)
+			return err != nil || c.Size > keep
 		})
 		if dropCheckpoints {
-			deleteWhere(tx.Bucket(bucketCheckpoints), func(_, v []byte) bool {
-				signed, err := loadCheckpoint(v)
-				if err != nil {
-					return true
-				}
-				c, _, err := parseSigned(signed)
-				return err != nil || c.Size > keep
-			})
+			// The latest checkpoint recorded is then the last one left.
+			var last []byte
+			c := newKindCursor(entries, kindCheckpoint)
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
+				last = bytes.Clone(k)
+			}
+			var err error
+			if last == nil {
+				err = meta.Delete(keyLastCheckpoint)
+			} else {
+				err = meta.Put(keyLastCheckpoint, last)
+			}
+			if err != nil {
+				return err
+			}
 		}
-		last, err := getNode(storedTree{b: tx.Bucket(bucketTree)}, compact.NewNodeID(0, keep-1))
+		last, err := getNode(storedTree{b: entries}, compact.NewNodeID(0, keep-1))
 		if err != nil {
 			return err
 		}
-		return tx.Bucket(bucketMeta).Put(keyHead, encodeHead(keep, last))
+		return meta.Put(keyHead, encodeHead(keep, last))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +335,7 @@ func TestTailTruncation(t *testing.T) {
 		truncateTail(t, db, 4, false)
 		_, err := verifyDBWith(db, opts)
 		checkErr(t, err, &CheckpointError{Num: 1}, "is for tree size 5 but the ledger has 4 entries")
-		if err := db.View(CheckTree); err == nil || !strings.Contains(err.Error(), "latest checkpoint #2 is for 8 entries but the ledger has 4") {
+		if err := db.View(CheckTree); err == nil || !strings.Contains(err.Error(), "a checkpoint of size 5 is stored beyond the head's 4 entries") {
 			t.Errorf("CheckTree = %v", err)
 		}
 		_, err = VerifyExport(strings.NewReader(joinLines(exportLines(t, db))), opts)
@@ -388,11 +409,10 @@ func TestVerifyNamesLowestBadSeqAcrossBatches(t *testing.T) {
 			edit(seq, func(r []byte) []byte { return flipAfter(t, r, `"tool_id":"`) })(t, entries, meta)
 			if i == 0 {
 				// A forged signature on the checkpoint of size 2*batchItems+100·k.
-				cps := tx.Bucket(bucketCheckpoints)
-				k := seqKey(uint64(2*batchItems/100 + 1))
-				sig := bytes.Clone(cps.Get(k))
+				num := uint64(2*batchItems/100 + 1)
+				sig := bytes.Clone(entries.Get(storedCheckpointKey(tx, num)))
 				sig[len(sig)-3] ^= 1
-				return cps.Put(k, sig)
+				return putRawCheckpoint(tx, num, sig)
 			}
 			return nil
 		}); err != nil {

@@ -15,9 +15,10 @@ import (
 // bucketTree held the hash of every perfect subtree of the Merkle tree in
 // files of layouts 1 and 2, which Init moves into bucketEntries
 // (layoutOneBucket) under the keys of layoutCompletion: completion
-// position (8 bytes big-endian) || level (1 byte), value = 32 raw bytes. Level 0 holds the leaves (entry hashes); node (l, i) covers
-// entries [i·2^l, (i+1)·2^l), and its completion position is the last of
-// them, (i+1)·2^l − 1: the entry whose append completes it.
+// position (8 bytes big-endian) || level (1 byte), value = 32 raw bytes.
+// Level 0 holds the leaves (entry hashes); node (l, i) covers entries
+// [i·2^l, (i+1)·2^l), and its completion position is the last of them,
+// (i+1)·2^l − 1: the entry whose append completes it.
 var bucketTree = []byte("ledger_tree")
 
 const treeKeyLen = 9
@@ -88,7 +89,7 @@ func putNodes(tree *bbolt.Bucket, buf []byte, nodes []node) error {
 
 func getNode(tree storedTree, id compact.NodeID) (h [32]byte, err error) {
 	var k [treeKeyLen]byte
-	tree.setKey(k[:], id)
+	setTreeKey(k[:], id)
 	v := tree.b.Get(k[:])
 	if v == nil {
 		return h, fmt.Errorf("%s missing", nodeName(id))

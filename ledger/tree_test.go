@@ -216,7 +216,7 @@ func TestTreeIndependentOfBatching(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	a, b := dumpBucket(t, one, bucketTree), dumpBucket(t, many, bucketTree)
+	a, b := dumpKind(t, one, kindNode), dumpKind(t, many, kindNode)
 	if len(a) != 2*37-bits.OnesCount(37) {
 		t.Errorf("%d nodes stored for 37 entries, want %d", len(a), 2*37-bits.OnesCount(37))
 	}
@@ -297,14 +297,14 @@ func TestProofsReadOnlyTheirNodes(t *testing.T) {
 			keep[string(treeKey(id))] = true
 		}
 		err := db.Update(func(tx *bbolt.Tx) error {
-			tree := tx.Bucket(bucketTree)
+			tree := tx.Bucket(bucketEntries)
 			var drop [][]byte
-			tree.ForEach(func(k, _ []byte) error {
+			c := newKindCursor(tree, kindNode)
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
 				if !keep[string(k)] {
 					drop = append(drop, bytes.Clone(k))
 				}
-				return nil
-			})
+			}
 			for _, k := range drop {
 				if err := tree.Delete(k); err != nil {
 					return err
@@ -328,10 +328,10 @@ func TestProofErrors(t *testing.T) {
 	db := newDB(t)
 	appendBatch(t, db, 10)
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		if err := tx.Bucket(bucketTree).Delete(treeKey(compact.NewNodeID(1, 4))); err != nil {
+		if err := tx.Bucket(bucketEntries).Delete(treeKey(compact.NewNodeID(1, 4))); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketTree).Delete(treeKey(compact.NewNodeID(2, 1)))
+		return tx.Bucket(bucketEntries).Delete(treeKey(compact.NewNodeID(2, 1)))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -406,9 +406,12 @@ func TestVerifyChecksTree(t *testing.T) {
 		tamper tamper
 		want   error
 		reason string
-		// levelMajor, if set, replaces want and reason in that layout.
+		// levelMajor, if set, replaces want and reason in a file of
+		// layout 1 tampered with, then moved by Init; levelMajorInit is
+		// Init's refusal there instead.
 		levelMajor       error
 		levelMajorReason string
+		levelMajorInit   string
 	}{
 		{name: "leaf flipped", tamper: flip(id(0, 6)), want: &VerifyError{Seq: 6}, reason: "Merkle tree leaf: stored hash"},
 		{name: "last leaf flipped", tamper: flip(id(0, 12)), want: &VerifyError{Seq: 12}, reason: "Merkle tree leaf: stored hash"},
@@ -422,42 +425,54 @@ func TestVerifyChecksTree(t *testing.T) {
 		{name: "node of an absent level", tamper: put(id(9, 0), make([]byte, 32)), want: &NodeError{Level: 9, Index: 0}, reason: "not part of the tree"},
 		{
 			name: "malformed key among nodes", tamper: raw([]byte{0, 0, 0, 0}),
-			want: &NodeError{Level: 0, Index: 0}, reason: "malformed key 00000000 stored before it",
-			levelMajor: &NodeError{Level: 0, Index: 0}, levelMajorReason: "malformed key 00000000 stored before it",
+			want: &VerifyError{Seq: 0}, reason: "malformed key 00000000",
+			levelMajorInit: "key 00000000 names no tree node",
 		},
 		{
 			name: "malformed key past the nodes", tamper: raw([]byte{1, 0, 0, 0}),
-			want: &NodeError{Level: 0, Index: 12}, reason: "malformed key 01000000 stored after it, the last node of the tree of 13 entries",
-			levelMajor: &NodeError{Level: 1, Index: 0}, levelMajorReason: "malformed key 01000000",
+			want: &VerifyError{Seq: 13}, reason: "malformed key 01000000",
+			levelMajorInit: "key 01000000 names no tree node",
 		},
 		{
 			name: "key of no node between nodes", tamper: raw([]byte{0, 0, 0, 0, 0, 0, 0, 4, 1}),
-			want: &NodeError{Level: 0, Index: 5}, reason: "malformed key 000000000000000401 stored before it",
+			want: &VerifyError{Seq: 5}, reason: "malformed key 000000000000000401",
 			levelMajor: &NodeError{Level: 0, Index: 1025}, levelMajorReason: "not part of the tree of 13 entries",
 		},
 		{
 			name: "malformed key after the levels", tamper: raw([]byte{200}),
-			want: &NodeError{Level: 0, Index: 12}, reason: "malformed key c8 stored after it",
-			levelMajor: &NodeError{Level: 200}, levelMajorReason: "malformed key c8",
+			want: &VerifyError{Seq: 13}, reason: "malformed key c8",
+			levelMajorInit: "key c8 names no tree node",
 		},
 	} {
 		for _, levelMajor := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/levelMajor=%v", tc.name, levelMajor), func(t *testing.T) {
 				db := newDB(t)
 				appendBatch(t, db, 13)
-				key, want, reason := treeKey, tc.want, tc.reason
+				b, key, want, reason := bucketEntries, treeKey, tc.want, tc.reason
 				if levelMajor {
-					toLevelMajor(t, db)
-					key = levelMajorKey
+					toOldLayout(t, db, layoutLevelMajor)
+					b, key = bucketTree, levelMajorKey
 					if tc.levelMajor != nil {
 						want, reason = tc.levelMajor, tc.levelMajorReason
 					}
 				}
 				if err := db.Update(func(tx *bbolt.Tx) error {
-					tc.tamper(t, tx.Bucket(bucketTree), key)
+					tc.tamper(t, tx.Bucket(b), key)
 					return nil
 				}); err != nil {
 					t.Fatal(err)
+				}
+				if levelMajor {
+					err := db.Update(Init)
+					if tc.levelMajorInit != "" {
+						if err == nil || !strings.Contains(err.Error(), tc.levelMajorInit) {
+							t.Errorf("Init = %v, want %q", err, tc.levelMajorInit)
+						}
+						return
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
 				}
 				db.View(func(tx *bbolt.Tx) error {
 					_, err := Verify(tx)
@@ -511,7 +526,7 @@ func TestRewrittenEntryAndLeaf(t *testing.T) {
 			return err
 		}
 		h, _ := digest.Parse(e.Hash)
-		return tx.Bucket(bucketTree).Put(treeKey(compact.NewNodeID(0, 2)), h[:])
+		return tx.Bucket(bucketEntries).Put(treeKey(compact.NewNodeID(0, 2)), h[:])
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -534,41 +549,89 @@ func TestCheckTree(t *testing.T) {
 			}
 		}, ""},
 		{"no checkpoint", func(t *testing.T, tx *bbolt.Tx) {
-			if err := tx.DeleteBucket(bucketCheckpoints); err != nil {
-				t.Fatal(err)
+			for _, num := range []uint64{0, 1} {
+				if err := tx.Bucket(bucketEntries).Delete(storedCheckpointKey(tx, num)); err != nil {
+					t.Fatal(err)
+				}
 			}
-			if _, err := tx.CreateBucket(bucketCheckpoints); err != nil {
+			if err := tx.Bucket(bucketMeta).Delete(keyLastCheckpoint); err != nil {
 				t.Fatal(err)
 			}
 		}, ""},
 		{"right edge node flipped", func(t *testing.T, tx *bbolt.Tx) {
-			b := tx.Bucket(bucketTree)
+			b := tx.Bucket(bucketEntries)
 			v := bytes.Clone(b.Get(treeKey(compact.NewNodeID(3, 0))))
 			v[0] ^= 1
 			b.Put(treeKey(compact.NewNodeID(3, 0)), v)
 		}, "latest checkpoint #1 has root"},
 		{"right edge node missing", func(t *testing.T, tx *bbolt.Tx) {
-			tx.Bucket(bucketTree).Delete(treeKey(compact.NewNodeID(1, 4)))
+			tx.Bucket(bucketEntries).Delete(treeKey(compact.NewNodeID(1, 4)))
 		}, "right edge at size 11: tree node (level 1, index 4) missing"},
 		{"last leaf differs from the head", func(t *testing.T, tx *bbolt.Tx) {
-			tx.Bucket(bucketTree).Put(treeKey(compact.NewNodeID(0, 10)), make([]byte, 32))
+			tx.Bucket(bucketEntries).Put(treeKey(compact.NewNodeID(0, 10)), make([]byte, 32))
 		}, "leaf 10 is blake3:0000"},
 		{"leaf beyond the head", func(t *testing.T, tx *bbolt.Tx) {
-			tx.Bucket(bucketTree).Put(treeKey(compact.NewNodeID(0, 11)), make([]byte, 32))
+			tx.Bucket(bucketEntries).Put(treeKey(compact.NewNodeID(0, 11)), make([]byte, 32))
 		}, "tree node (level 0, index 11) is stored beyond the head's 11 entries"},
+		{"node beyond the head", func(t *testing.T, tx *bbolt.Tx) {
+			tx.Bucket(bucketEntries).Put(treeKey(compact.NewNodeID(2, 2)), make([]byte, 32))
+		}, "tree node (level 2, index 2) is stored beyond the head's 11 entries"},
+		{"entry beyond the head", func(t *testing.T, tx *bbolt.Tx) {
+			tx.Bucket(bucketEntries).Put(seqKey(12), []byte("{}"))
+		}, "entry 12 is stored beyond the head's 11 entries"},
+		{"attachment beyond the head", func(t *testing.T, tx *bbolt.Tx) {
+			tx.Bucket(bucketEntries).Put(attachmentKey(11), []byte("x"))
+		}, "the attachment of entry 11 is stored beyond the head's 11 entries"},
+		{"malformed key beyond the head", func(t *testing.T, tx *bbolt.Tx) {
+			tx.Bucket(bucketEntries).Put([]byte{0, 0, 0, 0, 0, 0, 0, 11, 0x40}, []byte("x"))
+		}, "a malformed key 000000000000000b40 is stored beyond the head's 11 entries"},
+		{"attachments within the head", func(t *testing.T, tx *bbolt.Tx) {
+			for _, seq := range []uint64{0, 6, 10} {
+				if err := Attach(tx, seq, []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, ""},
+		{"checkpoint of the head's size", func(t *testing.T, tx *bbolt.Tx) {
+			// A second checkpoint of size 11, after #1, e.g. by another key.
+			root, err := Root(tx, 11)
+			if err != nil {
+				t.Fatal(err)
+			}
+			signed, err := SignCheckpoint(otherSigner(t), Checkpoint{Origin: testOrigin, Size: 11, Root: root})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := putRawCheckpoint(tx, 2, signed); err != nil {
+				t.Fatal(err)
+			}
+		}, ""},
 		{"checkpoint beyond the entries", func(t *testing.T, tx *bbolt.Tx) {
 			signed, err := SignCheckpoint(signer, Checkpoint{Origin: testOrigin, Size: 12})
 			if err != nil {
 				t.Fatal(err)
 			}
-			tx.Bucket(bucketCheckpoints).Put(seqKey(2), signed)
+			if err := putRawCheckpoint(tx, 2, signed); err != nil {
+				t.Fatal(err)
+			}
+		}, "a checkpoint of size 12 is stored beyond the head's 11 entries"},
+		{"checkpoint beyond the entries under the head's size", func(t *testing.T, tx *bbolt.Tx) {
+			signed, err := SignCheckpoint(signer, Checkpoint{Origin: testOrigin, Size: 12})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := putCheckpointAt(tx, 11, 2, signed); err != nil {
+				t.Fatal(err)
+			}
 		}, "latest checkpoint #2 is for 12 entries but the ledger has 11"},
 		{"checkpoint with another root", func(t *testing.T, tx *bbolt.Tx) {
 			signed, err := SignCheckpoint(signer, Checkpoint{Origin: testOrigin, Size: 7})
 			if err != nil {
 				t.Fatal(err)
 			}
-			tx.Bucket(bucketCheckpoints).Put(seqKey(2), signed)
+			if err := putRawCheckpoint(tx, 2, signed); err != nil {
+				t.Fatal(err)
+			}
 		}, "latest checkpoint #2 has root blake3:0000000000000000000000000000000000000000000000000000000000000000 for size 7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -595,28 +658,21 @@ func TestInitMigratesTreelessLedger(t *testing.T) {
 	db := newDB(t)
 	appendN(t, db, 5)
 	appendBatch(t, db, 20)
-	want := dumpBucket(t, db, bucketTree)
-	if err := db.Update(func(tx *bbolt.Tx) error {
-		if err := tx.DeleteBucket(bucketTree); err != nil {
-			return err
-		}
-		return tx.DeleteBucket(bucketCheckpoints)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	want, wantAll := dumpKind(t, db, kindNode), dumpAll(t, db)
+	toOldLayout(t, db, layoutTreeless)
 
 	// Before Init: verified as a chain; the tree's functions say what to do.
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		if n, err := Verify(tx); n != 25 || err != nil {
 			t.Errorf("Verify of an unmigrated ledger = %d, %v", n, err)
 		}
-		if _, err := Root(tx, 1); err == nil || !strings.Contains(err.Error(), "run Init") {
+		if _, err := Root(tx, 1); !errors.Is(err, errOldLayout) || !strings.Contains(err.Error(), "Init moves it") {
 			t.Errorf("Root without a tree: %v", err)
 		}
 		if _, err := Append(tx, KindAudit, t0, json.RawMessage(`{}`)); err == nil || !strings.Contains(err.Error(), "run Init") {
 			t.Errorf("Append without a tree: %v", err)
 		}
-		if _, err := LatestCheckpoint(tx); !errors.Is(err, ErrNoCheckpoint) {
+		if _, err := LatestCheckpoint(tx); !errors.Is(err, errOldLayout) {
 			t.Errorf("LatestCheckpoint without a bucket: %v", err)
 		}
 		return nil
@@ -627,8 +683,11 @@ func TestInitMigratesTreelessLedger(t *testing.T) {
 	if err := db.Update(Init); err != nil {
 		t.Fatal(err)
 	}
-	if got := dumpBucket(t, db, bucketTree); !equalDumps(got, want) {
+	if got := dumpKind(t, db, kindNode); !equalDumps(got, want) {
 		t.Errorf("migrated tree has %d nodes, differs from the tree built by Append (%d nodes)", len(got), len(want))
+	}
+	if !equalDumpAll(dumpAll(t, db), wantAll) {
+		t.Error("the migrated file differs from the one Append wrote")
 	}
 	if err := db.View(CheckTree); err != nil {
 		t.Error(err)
@@ -641,12 +700,36 @@ func TestInitMigratesTreelessLedger(t *testing.T) {
 		t.Error(err)
 	}
 
-	// A half-migrated ledger is reported, not verified as a chain.
-	if err := db.Update(func(tx *bbolt.Tx) error { return tx.DeleteBucket(bucketTree) }); err != nil {
+	// A file of layout 3 whose tree is gone is reported, not verified as
+	// a chain.
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for _, kv := range dumpKind(t, db, kindNode) {
+			if err := tx.Bucket(bucketEntries).Delete(kv[0]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := verifyDB(db); err == nil || !strings.Contains(err.Error(), "one of the Merkle tree and checkpoint buckets is missing") {
-		t.Errorf("Verify without the tree bucket: %v", err)
+	_, err := verifyDB(db)
+	checkErr(t, err, &VerifyError{Seq: 0}, "Merkle tree leaf: missing")
+
+	// A file of an older layout with one of the tree and checkpoint
+	// buckets is refused, not verified as a chain.
+	for _, name := range [][]byte{bucketTree, bucketCheckpoints} {
+		old := newDB(t)
+		appendN(t, old, 3)
+		toOldLayout(t, old, layoutTreeless)
+		if err := old.Update(func(tx *bbolt.Tx) error {
+			_, err := tx.CreateBucket(name)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := verifyDB(old); !errors.Is(err, errOldLayout) {
+			t.Errorf("Verify of a file of layout 1 with only the bucket %q: %v, want errOldLayout", name, err)
+		}
 	}
 }
 
@@ -663,10 +746,8 @@ func TestInitMigrationRefusesBrokenLedger(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			db := newDB(t)
 			appendN(t, db, 3)
+			toOldLayout(t, db, layoutTreeless)
 			if err := db.Update(func(tx *bbolt.Tx) error {
-				if err := tx.DeleteBucket(bucketTree); err != nil {
-					return err
-				}
 				return tc.tamper(tx.Bucket(bucketEntries), tx.Bucket(bucketMeta))
 			}); err != nil {
 				t.Fatal(err)

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 
 	"github.com/transparency-dev/merkle/compact"
@@ -225,20 +226,21 @@ func (s *dbSource) fill(b *batch) (bool, error) {
 
 // checkpointWalk reads the stored checkpoints in key order.
 type checkpointWalk struct {
-	c    *kindCursor
-	k, s []byte // the next checkpoint's key and signed note; k nil at the end
-	err  error  // why its stored value does not unpack (the chain reports it)
-	size uint64 // its size, or 0 if it does not parse (the chain reports it)
-	num  uint64 // its expected number
-	last []byte // the key of the last one walked
+	c     *kindCursor
+	k, s  []byte // the next checkpoint's key and signed note; k nil at the end
+	err   error  // why its stored value does not unpack (the chain reports it)
+	size  uint64 // its size, or 0 if it does not parse (the chain reports it)
+	sized bool   // whether it parses, so that size is the one its key must hold
+	num   uint64 // its expected number
+	last  []byte // the key of the last one walked
 }
 
 func (w *checkpointWalk) load(k, v []byte) {
-	w.k, w.size = k, 0
+	w.k, w.size, w.sized = k, 0, false
 	w.s, w.err = loadCheckpoint(v)
 	if k != nil && w.err == nil {
 		if c, _, err := parseSigned(w.s); err == nil {
-			w.size = c.Size
+			w.size, w.sized = c.Size, true
 		}
 	}
 }
@@ -246,7 +248,13 @@ func (w *checkpointWalk) load(k, v []byte) {
 // next returns the next checkpoint as an item and moves on.
 func (w *checkpointWalk) next() item {
 	it := item{kind: itemCheckpoint, data: w.s, num: w.num, err: w.err}
-	if want := checkpointKey(w.size, w.num); it.err == nil && !bytes.Equal(w.k, want) {
+	want := checkpointKey(w.size, w.num)
+	if !w.sized {
+		// Its note does not parse, which the chain reports: its key's
+		// size cannot be checked, its number can.
+		want = checkpointKey(binary.BigEndian.Uint64(w.k), w.num)
+	}
+	if it.err == nil && !bytes.Equal(w.k, want) {
 		it.err = fmt.Errorf("stored under key %x, want %x", w.k, want)
 	}
 	w.num++
