@@ -403,6 +403,11 @@ func storeCheckpoint(tx *bbolt.Tx, size, num uint64, signed []byte) error {
 	}
 	entries.FillPercent = 1 // keys only grow: see Writer.AppendCanonical
 	k := checkpointKey(size, num)
+	if entries.Get(k) != nil {
+		// The record of the latest names an earlier one: a checkpoint is
+		// never written over.
+		return fmt.Errorf("ledger: put checkpoint #%d of size %d: one is stored under its key already (the latest checkpoint's record, meta key %q, is stale: run Verify)", num, size, keyLastCheckpoint)
+	}
 	if err := entries.Put(k, packCheckpoint(signed)); err != nil {
 		return fmt.Errorf("ledger: put checkpoint #%d: %w", num, err)
 	}

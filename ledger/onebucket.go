@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -299,6 +300,7 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 	if left <= 0 {
 		left = -1
 	}
+	prev := movedSize(meta)
 	for _, b := range []*bbolt.Bucket{tree, cps} {
 		if b == nil {
 			continue
@@ -306,9 +308,12 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 		var keys [][]byte
 		c := b.Cursor()
 		for k, v := c.First(); k != nil && left != 0; k, v = c.Next() {
-			nk, err := movedKey(b == cps, k, v)
+			nk, err := movedKey(b == cps, k, v, &prev)
 			if err != nil {
 				return false, err
+			}
+			if entries.Get(nk) != nil {
+				return false, fmt.Errorf("ledger: move key %x: its key in %q, %x, is taken (the database is unchanged; verify it with the build that wrote it)", k, bucketEntries, nk)
 			}
 			if b == cps {
 				if err := meta.Put(keyLastCheckpoint, nk); err != nil {
@@ -353,6 +358,11 @@ func bucketTreeOrCheckpoints(cps bool) []byte {
 // tree and checkpoint buckets can be moved (movedKey), and refuses the
 // first that cannot, naming it.
 func CheckMove(tx *bbolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		return nil
+	}
+	prev := movedSize(meta)
 	for _, cps := range []bool{false, true} {
 		b := tx.Bucket(bucketTreeOrCheckpoints(cps))
 		if b == nil {
@@ -360,7 +370,7 @@ func CheckMove(tx *bbolt.Tx) error {
 		}
 		c := b.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if _, err := movedKey(cps, k, v); err != nil {
+			if _, err := movedKey(cps, k, v, &prev); err != nil {
 				return err
 			}
 		}
@@ -368,30 +378,60 @@ func CheckMove(tx *bbolt.Tx) error {
 	return nil
 }
 
+// movedSize returns the size of the checkpoint moved last by an earlier
+// step (keyLastCheckpoint), or 0.
+func movedSize(meta *bbolt.Bucket) uint64 {
+	if size, _, ok := parseCheckpointKey(meta.Get(keyLastCheckpoint)); ok {
+		return size
+	}
+	return 0
+}
+
 // movedKey returns the layoutOneBucket key of the tree node (cps false) or
 // checkpoint stored under k with value v in layout 2: a node keeps its
-// key, which must name one; a checkpoint, stored under its 8-byte number,
-// must parse, for its size keys it.
-func movedKey(cps bool, k, v []byte) ([]byte, error) {
+// key, which must name one; checkpoint #num goes under its size, which
+// *prev then holds. A checkpoint whose note does not unpack or parse has
+// no size of its own: it goes under the size of the one before it (*prev),
+// its number kept, so that it stays where it was in the walk and Verify
+// reports it as it did in layout 2. A key that is no 8-byte number, or a
+// nested bucket, cannot be moved.
+func movedKey(cps bool, k, v []byte, prev *uint64) ([]byte, error) {
 	if !cps {
 		if kindOf(k) != kindNode || v == nil {
-			return nil, fmt.Errorf("ledger: move the Merkle tree into the %q bucket: key %x names no tree node (verify it with the build that wrote it)", bucketEntries, k)
+			return nil, fmt.Errorf("ledger: move the Merkle tree into the %q bucket: key %x names no tree node (the database is unchanged; verify it with the build that wrote it)", bucketEntries, k)
 		}
 		return k, nil
 	}
 	if len(k) != 8 || v == nil {
-		return nil, fmt.Errorf("ledger: move the checkpoints into the %q bucket: malformed checkpoint key %x (verify it with the build that wrote it)", bucketEntries, k)
+		return nil, fmt.Errorf("ledger: move the checkpoints into the %q bucket: malformed checkpoint key %x (the database is unchanged; verify it with the build that wrote it)", bucketEntries, k)
 	}
-	num := binary.BigEndian.Uint64(k)
-	signed, err := loadCheckpoint(v)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: move checkpoint #%d: %w (verify it with the build that wrote it)", num, err)
+	if signed, err := loadCheckpoint(v); err == nil {
+		if c, _, err := parseSigned(signed); err == nil {
+			*prev = c.Size
+		}
 	}
-	c, _, err := parseSigned(signed)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: move checkpoint #%d: %w (verify it with the build that wrote it)", num, err)
+	return checkpointKey(*prev, binary.BigEndian.Uint64(k)), nil
+}
+
+// checkLatestRecord compares the latest checkpoint's key that meta
+// records with the last checkpoint key stored, found from the end of the
+// bucket (past the entries appended since it, none in a kernel's file,
+// whose every commit ends with a checkpoint): a stale record would number
+// the next checkpoint as one already stored.
+func checkLatestRecord(entries, meta *bbolt.Bucket) error {
+	recorded := meta.Get(keyLastCheckpoint)
+	var last []byte
+	c := entries.Cursor()
+	for k, _ := c.Last(); k != nil; k, _ = c.Prev() {
+		if kindOf(k) == kindCheckpoint {
+			last = k
+			break
+		}
 	}
-	return checkpointKey(c.Size, num), nil
+	if !bytes.Equal(recorded, last) {
+		return fmt.Errorf("the latest checkpoint's key recorded in the metadata (%q) is %x, the last stored checkpoint's is %x", keyLastCheckpoint, recorded, last)
+	}
+	return nil
 }
 
 // CheckLayout returns nil when tx's file is in the current key layout, or

@@ -496,35 +496,83 @@ func TestCheckpointAt(t *testing.T) {
 	})
 }
 
-// TestMoveRefusesUndecodableCheckpoint: a checkpoint of an old file whose
-// note does not unpack or parse has no size to be keyed by in layout 3:
-// Init refuses the file, naming it, and leaves it as it was.
-func TestMoveRefusesUndecodableCheckpoint(t *testing.T) {
+// TestMoveKeepsUndecodableCheckpoint: a checkpoint of an old file whose
+// note does not unpack or parse has no size of its own to be keyed by in
+// layout 3: Init moves it under the size of the checkpoint before it,
+// number kept, and Verify then reports it as it did before the move,
+// naming its number; the checkpoints around it are moved as they were.
+func TestMoveKeepsUndecodableCheckpoint(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		v    []byte
 		want string
 	}{
-		{"malformed note", []byte("garbage"), "move checkpoint #1: ledger: checkpoint: signed note: malformed note"},
-		{"undecodable packed note", packedNote("o", repeat("", 100), 0), "move checkpoint #1: "},
+		{"malformed note", []byte("garbage"), "malformed note"},
+		{"undecodable packed note", packedNote("o", repeat("", 100), 0), "malformed note"},
 	} {
 		for _, layout := range oldLayouts {
 			t.Run(fmt.Sprintf("%s/layout%d", tc.name, layout), func(t *testing.T) {
 				db := checkpointed(t)
+				var first StoredCheckpoint
+				db.View(func(tx *bbolt.Tx) error {
+					var err error
+					first, err = CheckpointAt(tx, 1, 0)
+					return err
+				})
 				toOldLayout(t, db, layout)
 				if err := db.Update(func(tx *bbolt.Tx) error {
 					return tx.Bucket(bucketCheckpoints).Put(seqKey(1), tc.v)
 				}); err != nil {
 					t.Fatal(err)
 				}
-				before := dumpAll(t, db)
-				if err := db.Update(Init); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the database is unchanged") {
-					t.Errorf("Init = %v, want %q", err, tc.want)
+				if err := db.Update(Init); err != nil {
+					t.Fatalf("Init: %v", err)
 				}
-				if !equalDumpAll(dumpAll(t, db), before) {
-					t.Error("the refused Init changed the file")
-				}
+				db.View(func(tx *bbolt.Tx) error {
+					if v := tx.Bucket(bucketEntries).Get(checkpointKey(first.Size, 1)); !bytes.Equal(v, tc.v) {
+						t.Errorf("checkpoint #1 under the size of #0: %q, want %q", v, tc.v)
+					}
+					_, err := VerifyWith(tx, VerifyOptions{Verifier: testVerifier(t), Origin: testOrigin})
+					var ce *CheckpointError
+					if !errors.As(err, &ce) || ce.Num != 1 || !strings.Contains(err.Error(), tc.want) {
+						t.Errorf("Verify = %v, want checkpoint #1 reported: %q", err, tc.want)
+					}
+					if cp, err := LatestCheckpoint(tx); err != nil || cp.Num != 4 {
+						t.Errorf("latest checkpoint #%d, %v; want #4", cp.Num, err)
+					}
+					return nil
+				})
 			})
 		}
 	}
+}
+
+// TestCheckpointNeverWrittenOver: with the record of the latest checkpoint
+// naming an earlier one, the next checkpoint would be numbered as one
+// already stored: writing it is refused, and the stored one stays.
+func TestCheckpointNeverWrittenOver(t *testing.T) {
+	signer := testSigner(t)
+	db := newDB(t)
+	appendBatch(t, db, 7)
+	writeCheckpoint(t, db, signer)
+	appendBatch(t, db, 4)
+	writeCheckpoint(t, db, signer)
+	var before []byte
+	db.Update(func(tx *bbolt.Tx) error {
+		before = bytes.Clone(tx.Bucket(bucketEntries).Get(checkpointKey(11, 1)))
+		return tx.Bucket(bucketMeta).Put(keyLastCheckpoint, checkpointKey(7, 0))
+	})
+	err := db.Update(func(tx *bbolt.Tx) error {
+		_, err := WriteCheckpoint(tx, otherSigner(t), testOrigin)
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "one is stored under its key already") {
+		t.Fatalf("WriteCheckpoint over #1 = %v, want it refused", err)
+	}
+	db.View(func(tx *bbolt.Tx) error {
+		if got := tx.Bucket(bucketEntries).Get(checkpointKey(11, 1)); !bytes.Equal(got, before) {
+			t.Error("checkpoint #1 was changed")
+		}
+		return nil
+	})
 }

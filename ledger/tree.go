@@ -254,6 +254,9 @@ func CheckTree(tx *bbolt.Tx) error {
 	if err != nil {
 		return fmt.Errorf("ledger: tree check: right edge at size %d: %w", n, err)
 	}
+	if err := checkLatestRecord(tree.b, tx.Bucket(bucketMeta)); err != nil {
+		return fmt.Errorf("ledger: tree check: %w", err)
+	}
 	cp, err := LatestCheckpoint(tx)
 	if errors.Is(err, ErrNoCheckpoint) {
 		return nil

@@ -625,6 +625,17 @@ func TestCheckTree(t *testing.T) {
 			}
 		}, "latest checkpoint #2 is for 12 entries but the ledger has 11"},
 		{"checkpoint with another root", func(t *testing.T, tx *bbolt.Tx) {
+			signed, err := SignCheckpoint(signer, Checkpoint{Origin: testOrigin, Size: 11})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := putRawCheckpoint(tx, 2, signed); err != nil {
+				t.Fatal(err)
+			}
+		}, "latest checkpoint #2 has root blake3:0000000000000000000000000000000000000000000000000000000000000000 for size 11"},
+		{"checkpoint of a smaller size stored last", func(t *testing.T, tx *bbolt.Tx) {
+			// Sorts before #1 (size 11): the record names one that is
+			// not the last stored.
 			signed, err := SignCheckpoint(signer, Checkpoint{Origin: testOrigin, Size: 7})
 			if err != nil {
 				t.Fatal(err)
@@ -632,7 +643,17 @@ func TestCheckTree(t *testing.T) {
 			if err := putRawCheckpoint(tx, 2, signed); err != nil {
 				t.Fatal(err)
 			}
-		}, "latest checkpoint #2 has root blake3:0000000000000000000000000000000000000000000000000000000000000000 for size 7"},
+		}, "the latest checkpoint's key recorded in the metadata (\"checkpoint_last\") is 0000000000000007c00000000000000002, the last stored checkpoint's is 000000000000000bc00000000000000001"},
+		{"stale record of the latest", func(t *testing.T, tx *bbolt.Tx) {
+			if err := tx.Bucket(bucketMeta).Put(keyLastCheckpoint, checkpointKey(7, 0)); err != nil {
+				t.Fatal(err)
+			}
+		}, "the last stored checkpoint's is 000000000000000bc00000000000000001"},
+		{"record of the latest removed", func(t *testing.T, tx *bbolt.Tx) {
+			if err := tx.Bucket(bucketMeta).Delete(keyLastCheckpoint); err != nil {
+				t.Fatal(err)
+			}
+		}, "is , the last stored checkpoint's is 000000000000000bc00000000000000001"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db := newDB(t)
