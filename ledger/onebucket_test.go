@@ -576,3 +576,51 @@ func TestCheckpointNeverWrittenOver(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMoveInSteps: Move run in small steps, each committed on its own
+// after CheckMove accepted the file, leaves a file of every older layout
+// (0: made before the tree, 1: level-major tree, 2: tree and checkpoints in
+// buckets of their own) exactly as Init's single transaction does, and
+// every reader refuses the file until the last step.
+func TestMoveInSteps(t *testing.T) {
+	for _, layout := range []int{0, layoutLevelMajor, layoutCompletion} {
+		t.Run(fmt.Sprint("layout", layout), func(t *testing.T) {
+			file := checkpointed
+			if layout == 0 {
+				file = func(t *testing.T) *bbolt.DB { db := newDB(t); appendBatch(t, db, 40); return db }
+			}
+			oneShot, stepped := file(t), file(t)
+			toOldLayout(t, oneShot, layout)
+			toOldLayout(t, stepped, layout)
+			if err := oneShot.Update(Init); err != nil {
+				t.Fatal(err)
+			}
+			if err := stepped.View(CheckMove); err != nil {
+				t.Fatalf("CheckMove: %v", err)
+			}
+			steps := 0
+			for done := false; !done; steps++ {
+				readable := stepped.View(CheckLayout) == nil
+				if err := stepped.Update(func(tx *bbolt.Tx) error {
+					var err error
+					done, err = Move(tx, 3)
+					return err
+				}); err != nil {
+					t.Fatalf("Move, step %d: %v", steps, err)
+				}
+				if readable != done {
+					t.Fatalf("before step %d, CheckLayout accepted the file: %v; the step found it moved: %v", steps, readable, done)
+				}
+			}
+			if steps < 10 {
+				t.Fatalf("moved in %d steps of 3 keys", steps)
+			}
+			if !equalDumpAll(dumpAll(t, stepped), dumpAll(t, oneShot)) {
+				t.Fatal("the file moved in steps differs from the one Init moved")
+			}
+			if err := stepped.View(func(tx *bbolt.Tx) error { _, err := Verify(tx); return err }); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
