@@ -31,7 +31,7 @@ const (
 
 // maxErasedPerRecord bounds the seqs one erasure record lists (and one
 // retention transaction erases).
-const maxErasedPerRecord = 4096
+var maxErasedPerRecord = 4096
 
 // Erasure is the body of an erasure record.
 type Erasure struct {
@@ -228,32 +228,44 @@ func (k *Kernel) Retain(ctx context.Context) (int, error) {
 	for i := range k.audit.retention {
 		r := k.audit.retention[i]
 		before := k.cfg.Now().Add(-r.age)
-		for {
-			n, err := k.retainBatch(ctx, r, before)
+		from := k.attachFloor.Load()
+		for first := true; ; first = false {
+			n, next, err := k.retainBatch(ctx, r, before, from, first)
 			total += n
-			if err != nil || n < maxErasedPerRecord {
-				if err != nil {
-					return total, fmt.Errorf("retention rule %d: %w", i, err)
-				}
+			if err != nil {
+				return total, fmt.Errorf("retention rule %d: %w", i, err)
+			}
+			if next == 0 {
 				break
 			}
+			from = next
 		}
 	}
 	return total, nil
 }
 
 // retainBatch erases up to maxErasedPerRecord payloads rule r covers
-// whose records are older than before, in one transaction.
-func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time) (int, error) {
+// whose records are older than before, found from entry from on, and
+// returns how many it erased and where the next batch starts (0: the walk
+// reached the end). The walk, over every key of the ledger from from,
+// runs in a read transaction, off the sequencer; the write transaction
+// erases the payloads found that are still there. In a run's first batch
+// (first), the first payload found raises k.attachFloor, below which no
+// entry has one: attachments are added only at the ledger's tail, so the
+// next run starts there, past the payloads erased before.
+func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time, from uint64, first bool) (n int, next uint64, err error) {
 	cutoff := before.UTC().Format(ledger.TimeLayout)
-	n := 0
-	var ops []string
-	err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		n, ops = 0, ops[:0]
-		var seqs []uint64
-		var whos []recordOwner
-		err := ledger.Attachments(tx, func(seq uint64, _ []byte) error {
+	var seqs []uint64
+	var whos []recordOwner
+	err = k.db.View(func(tx *bbolt.Tx) error {
+		seqs, whos, next = seqs[:0], whos[:0], 0
+		err := ledger.Attachments(tx, from, func(seq uint64, _ []byte) error {
+			if first {
+				k.raiseAttachFloor(seq)
+				first = false
+			}
 			if len(seqs) == maxErasedPerRecord {
+				next = seq
 				return errStop
 			}
 			e, err := ledger.Get(tx, seq)
@@ -272,38 +284,62 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time)
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, errStop) {
-			return err // nothing written yet
+		if errors.Is(err, errStop) {
+			err = nil
 		}
-		if len(seqs) == 0 {
-			return nil
-		}
+		return err
+	})
+	if err != nil || len(seqs) == 0 {
+		return 0, next, err
+	}
+	var ops []string
+	err = k.db.Update(ctx, func(tx *bbolt.Tx) error {
+		n, ops = 0, ops[:0]
+		var erased []uint64
 		for i, seq := range seqs {
-			ops = append(ops, whos[i].OperationID)
-			if _, err := ledger.Detach(tx, seq); err != nil {
+			had, err := ledger.Detach(tx, seq)
+			if err != nil {
 				return abortIf(err)
 			}
+			if !had {
+				continue // erased since the walk
+			}
+			erased, ops = append(erased, seq), append(ops, whos[i].OperationID)
 			if err := forgetStored(tx, whos[i], seq); err != nil {
 				return abortIf(err)
 			}
+		}
+		if len(erased) == 0 {
+			return nil
 		}
 		// Their replays hold copies of what goes: they go too.
 		rseqs, rops, err := eraseReplays(tx, ops)
 		if err != nil {
 			return abortIf(err)
 		}
-		seqs, ops = append(seqs, rseqs...), append(ops, rops...)
+		erased, ops = append(erased, rseqs...), append(ops, rops...)
 		rule := r.RetentionRule
-		n = len(seqs)
-		return abortIf(k.appendErasure(tx, &Erasure{Seqs: seqs, By: ErasedByRetention, Rule: &rule, Before: cutoff,
+		n = len(erased)
+		return abortIf(k.appendErasure(tx, &Erasure{Seqs: erased, By: ErasedByRetention, Rule: &rule, Before: cutoff,
 			Reason: fmt.Sprintf("retention: payloads older than %s", r.OlderThan)}))
 	})
-	if err == nil {
-		for _, id := range ops {
-			k.ops.forgetResult(id)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, id := range ops {
+		k.ops.forgetResult(id)
+	}
+	return n, next, nil
+}
+
+// raiseAttachFloor records that no entry below seq has an attachment.
+func (k *Kernel) raiseAttachFloor(seq uint64) {
+	for {
+		cur := k.attachFloor.Load()
+		if seq <= cur || k.attachFloor.CompareAndSwap(cur, seq) {
+			return
 		}
 	}
-	return n, err
 }
 
 // startRetention runs the retention rules once now and then every
@@ -470,7 +506,7 @@ func checkPayloads(tx *bbolt.Tx) (PayloadReport, *ledger.VerifyError, error) {
 	if err != nil {
 		return t.rep, nil, err
 	}
-	err = ledger.Attachments(tx, func(seq uint64, _ []byte) error {
+	err = ledger.Attachments(tx, 0, func(seq uint64, _ []byte) error {
 		switch {
 		case seq >= h.Size || !committed[seq]:
 			bad = &ledger.VerifyError{Seq: seq, Reason: fmt.Sprintf("a payload is stored for entry %d, which is no audit record with commitments (tampered)", seq)}

@@ -921,3 +921,59 @@ func TestErasureDuringReplays(t *testing.T) {
 	}
 	mustVerify(t, h.k.Inspector())
 }
+
+// TestRetentionInBatches: a run that erases more payloads than one erasure
+// record lists goes on in batches, each batch's walk starting where the
+// last stopped, passing over the payloads its rule does not cover; the
+// next run starts at the first payload left, and erases what aged since.
+func TestRetentionInBatches(t *testing.T) {
+	defer func(n int) { maxErasedPerRecord = n }(maxErasedPerRecord)
+	maxErasedPerRecord = 3
+	clk := &clock{t: time.Now()}
+	h := newHarness(t, func(c *Config) { c.Now = clk.now })
+	h.write("a.txt", "text")
+	var reads []*Result
+	var write *Result
+	for i := range 10 {
+		if i == 4 {
+			write = h.invoke("fs.write", map[string]any{"path": "b.txt", "content": "x"}, key("w"))
+			mustOK(t, write)
+		}
+		r := h.invoke("fs.read", map[string]any{"path": "a.txt"})
+		mustOK(t, r)
+		reads = append(reads, r)
+	}
+	h.k.audit.retention = []retention{{RetentionRule: RetentionRule{OlderThan: "1h", Tool: "fs.read"}, age: time.Hour}}
+	clk.add(2 * time.Hour)
+	if n, err := h.k.Retain(context.Background()); err != nil || n != 10 {
+		t.Fatalf("Retain erased %d payloads, %v; want 10", n, err)
+	}
+	if ers := h.entries(KindErasure, 0); len(ers) != 4 {
+		t.Fatalf("%d erasure records, want 4 (of at most 3 payloads)", len(ers))
+	}
+	for _, r := range reads {
+		if _, p := h.entryOf(r); p != nil {
+			t.Fatalf("the payload of entry %d is left", r.LedgerSeq)
+		}
+	}
+	if _, p := h.entryOf(write); p == nil {
+		t.Fatal("the fs.write payload, which the rule does not cover, was erased")
+	}
+	tok, cl, err := h.k.MintToken(captoken.Claims{Subject: h.agent, IssuedAt: clk.now(), NotBefore: clk.now(), Expiry: clk.now().Add(24 * time.Hour),
+		Cap: captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.token, h.jti = tok, cl.ID
+	late := h.invoke("fs.read", map[string]any{"path": "a.txt"})
+	mustOK(t, late)
+	clk.add(2 * time.Hour)
+	if n, err := h.k.Retain(context.Background()); err != nil || n != 1 {
+		t.Fatalf("second Retain erased %d payloads, %v; want 1", n, err)
+	}
+	// The second run started at the first payload left: the fs.write's.
+	if f := h.k.attachFloor.Load(); f != write.LedgerSeq {
+		t.Fatalf("attachment floor %d after the second run, want the fs.write's %d", f, write.LedgerSeq)
+	}
+	mustVerify(t, h.k.Inspector())
+}

@@ -39,6 +39,10 @@ var keyTreeLayout = []byte("tree_layout")
 // bucketTree while Init moves it.
 type storedTree struct {
 	b *bbolt.Bucket
+	// moved, if set, is read for a node b lacks: during a bounded move
+	// from layout 2 (Move), a node is in ledger_tree or, moved, in the
+	// entries' bucket.
+	moved *bbolt.Bucket
 }
 
 // treeLayout returns the key layout recorded in meta.

@@ -186,7 +186,7 @@ var readers = map[string]func(*bbolt.Tx) error{
 	"CheckpointAt":     func(tx *bbolt.Tx) error { _, err := CheckpointAt(tx, 1, 0); return err },
 	"Checkpoints":      func(tx *bbolt.Tx) error { return Checkpoints(tx, 0, func(StoredCheckpoint) error { return nil }) },
 	"Attachment":       func(tx *bbolt.Tx) error { _, err := Attachment(tx, 0); return err },
-	"Attachments":      func(tx *bbolt.Tx) error { return Attachments(tx, func(uint64, []byte) error { return nil }) },
+	"Attachments":      func(tx *bbolt.Tx) error { return Attachments(tx, 0, func(uint64, []byte) error { return nil }) },
 	"Export":           func(tx *bbolt.Tx) error { return Export(tx, io.Discard) },
 }
 
@@ -430,13 +430,7 @@ func TestDamagedOldTree(t *testing.T) {
 					t.Fatal(err)
 				}
 				before := dumpAll(t, db)
-				// As the kernel opens: Init and CheckTree in one transaction.
-				err := db.Update(func(tx *bbolt.Tx) error {
-					if err := Init(tx); err != nil {
-						return err
-					}
-					return CheckTree(tx)
-				})
+				err := openAsKernel(db)
 				want := init
 				if want == "" {
 					want = tc.check
@@ -694,4 +688,97 @@ func recordedLayout(t *testing.T, db *bbolt.DB) []byte {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// openAsKernel opens db as the kernel does (kernel.upgrade, then load):
+// CheckMove; for a file it may move in steps, Move in committed steps of a
+// few keys; then Init and CheckTree in one transaction.
+func openAsKernel(db *bbolt.DB) error {
+	var steps bool
+	if err := db.View(func(tx *bbolt.Tx) error {
+		var err error
+		steps, err = CheckMove(tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	for done := !steps; !done; {
+		if err := db.Update(func(tx *bbolt.Tx) error {
+			var err error
+			done, err = Move(tx, 5)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return db.Update(func(tx *bbolt.Tx) error {
+		if err := Init(tx); err != nil {
+			return err
+		}
+		return CheckTree(tx)
+	})
+}
+
+// TestMoveOfDamageTheOldBuildOpened: a layout-2 file whose checkpoints the
+// layout-2 build opened and served although its Verify named them — a
+// checkpoint numbered after one of a larger size, one of a size beyond the
+// entries (a flipped bit), both not the latest — is moved as the kernel
+// moves it, in committed steps, and opens: each such checkpoint goes under
+// the size of the one before it, and Verify names it. A key of the
+// layout-2 entries bucket that a moved key would take is refused before
+// any step, the file left as it was.
+func TestMoveOfDamageTheOldBuildOpened(t *testing.T) {
+	s := testSigner(t)
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, root3 [32]byte, tx *bbolt.Tx) error
+		open   string // the refusal, "" when the open succeeds
+		verify string // what Verify names once opened
+	}{
+		{"checkpoint of a smaller size numbered after a larger", func(t *testing.T, root3 [32]byte, tx *bbolt.Tx) error {
+			signed := mustSign(t, s, Checkpoint{Origin: testOrigin, Size: 3, Root: root3})
+			return tx.Bucket(bucketCheckpoints).Put(seqKey(2), packCheckpoint(signed))
+		}, "", "checkpoint #2"},
+		{"middle checkpoint of a size beyond the entries", func(t *testing.T, root3 [32]byte, tx *bbolt.Tx) error {
+			signed := mustSign(t, s, Checkpoint{Origin: testOrigin, Size: 97, Root: root3})
+			return tx.Bucket(bucketCheckpoints).Put(seqKey(0), packCheckpoint(signed))
+		}, "", "checkpoint #0"},
+		{"stray key in the entries bucket at a node's key", func(t *testing.T, root3 [32]byte, tx *bbolt.Tx) error {
+			return tx.Bucket(bucketEntries).Put(treeKey(compact.NewNodeID(0, 4)), make([]byte, 32))
+		}, "is taken", ""},
+		{"entry beyond the head", func(t *testing.T, root3 [32]byte, tx *bbolt.Tx) error {
+			return tx.Bucket(bucketEntries).Put(seqKey(5), []byte("{}"))
+		}, "entry 5 is stored beyond the head's 5 entries", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := newDB(t)
+			appendBatch(t, db, 3)
+			writeCheckpoint(t, db, s)
+			appendBatch(t, db, 2)
+			writeCheckpoint(t, db, s)
+			root3 := rootAt(t, db, 3)
+			toOldLayout(t, db, layoutCompletion)
+			if err := db.Update(func(tx *bbolt.Tx) error { return tc.damage(t, root3, tx) }); err != nil {
+				t.Fatal(err)
+			}
+			before := dumpAll(t, db)
+			err := openAsKernel(db)
+			if tc.open != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.open) {
+					t.Fatalf("open = %v, want it refused: %q", err, tc.open)
+				}
+				if !equalDumpAll(dumpAll(t, db), before) {
+					t.Fatal("the refused open changed the file")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			_, err = verifyDB(db)
+			if err == nil || !strings.Contains(err.Error(), tc.verify) {
+				t.Fatalf("Verify = %v, want it to name %s", err, tc.verify)
+			}
+		})
+	}
 }

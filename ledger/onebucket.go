@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/capkernel/capkernel/digest"
+	"github.com/transparency-dev/merkle/compact"
 	"go.etcd.io/bbolt"
 )
 
@@ -184,17 +186,17 @@ func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
 	return true, nil
 }
 
-// Attachments calls fn with every stored attachment, in sequence order,
-// and stops at the first error, which it returns as is if fn returned it.
-// It walks the keys of the whole ledger. fn must not change the bucket
-// (collect, then Detach).
-func Attachments(tx *bbolt.Tx, fn func(seq uint64, v []byte) error) error {
+// Attachments calls fn with every stored attachment of an entry from seq
+// from on, in sequence order, and stops at the first error, which it
+// returns as is if fn returned it. It walks every key of the ledger from
+// entry from on. fn must not change the bucket (collect, then Detach).
+func Attachments(tx *bbolt.Tx, from uint64, fn func(seq uint64, v []byte) error) error {
 	entries, _, err := oneBucket(tx)
 	if err != nil {
 		return err
 	}
 	c := newKindCursor(entries, kindAttachment)
-	for k, v := c.First(); k != nil; k, v = c.Next() {
+	for k, v := c.Seek(seqKey(from)); k != nil; k, v = c.Next() {
 		if err := fn(binary.BigEndian.Uint64(k), v); err != nil {
 			return err
 		}
@@ -301,6 +303,10 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 		left = -1
 	}
 	prev := movedSize(meta)
+	n, _, err := readHead(meta)
+	if err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
 	for _, b := range []*bbolt.Bucket{tree, cps} {
 		if b == nil {
 			continue
@@ -308,12 +314,12 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 		var keys [][]byte
 		c := b.Cursor()
 		for k, v := c.First(); k != nil && left != 0; k, v = c.Next() {
-			nk, err := movedKey(b == cps, k, v, &prev)
+			nk, err := movedKey(b == cps, k, v, &prev, n)
+			if err == nil && entries.Get(nk) != nil {
+				err = takenError(k, nk)
+			}
 			if err != nil {
 				return false, err
-			}
-			if entries.Get(nk) != nil {
-				return false, fmt.Errorf("ledger: move key %x: its key in %q, %x, is taken (the database is unchanged; verify it with the build that wrote it)", k, bucketEntries, nk)
 			}
 			if b == cps {
 				if err := meta.Put(keyLastCheckpoint, nk); err != nil {
@@ -354,15 +360,47 @@ func bucketTreeOrCheckpoints(cps bool) []byte {
 	return bucketTree
 }
 
-// CheckMove checks, writing nothing, that every key left in the layout-2
-// tree and checkpoint buckets can be moved (movedKey), and refuses the
-// first that cannot, naming it.
-func CheckMove(tx *bbolt.Tx) error {
-	meta := tx.Bucket(bucketMeta)
-	if meta == nil {
-		return nil
+// CheckMove checks, writing nothing, that a file of an older layout can
+// be moved in steps each committed apart (Move), and that the moved file
+// will open: it refuses, naming the cause, what would stop a step after
+// others were committed, or what CheckTree refuses in layout 3 and the
+// file's own build refused too (so that a refused open leaves the file as
+// that build left it). On a file of layout 2, moved in part or not at all:
+//
+//   - every key left can be moved (movedKey) to a key not taken;
+//   - the checks of the layout-2 build's CheckTree: the head's leaf is the
+//     head's entry hash, no node lies at or past the head, and the root at
+//     the size of the latest checkpoint (by number) is that checkpoint's;
+//   - nothing is stored at or past the head in the entries' bucket but
+//     checkpoints of the head's size (beyondHead: CheckTree's check once
+//     moved, which the layout-2 build made only at its next append).
+//
+// and reports steps true: such a file may be moved in steps. A file of
+// layout 1, or made
+// before the tree, is moved by a first step that rebuilds or rekeys the
+// whole tree in one transaction; CheckMove then checks its tree's keys as
+// rekeyTree does (layout 1) and reports steps false: such a file is best
+// moved by Init, in the transaction that then runs CheckTree, so that a
+// file CheckTree refuses is left as it was.
+func CheckMove(tx *bbolt.Tx) (steps bool, err error) {
+	entries, meta := tx.Bucket(bucketEntries), tx.Bucket(bucketMeta)
+	if entries == nil || meta == nil {
+		return false, nil
 	}
 	layout, err := treeLayout(meta)
+	if err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	tree := tx.Bucket(bucketTree)
+	if layout == layoutOneBucket || tree == nil {
+		return false, nil // current, or a ledger made before the tree: built whole
+	}
+	return layout == layoutCompletion, checkMove(tx, entries, meta, tree, layout)
+}
+
+// checkMove is CheckMove's check of a file of layout 1 or 2.
+func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) error {
+	n, head, err := readHead(meta)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
@@ -376,17 +414,91 @@ func CheckMove(tx *bbolt.Tx) error {
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			if !cps && layout == layoutLevelMajor {
 				// Rekeyed before it moves: rekeyTree's check.
-				if _, ok := levelMajorID(k); !ok || v == nil {
+				if _, ok := levelMajorID(k); !ok {
 					return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: key %x names no tree node (the database is unchanged; verify it with the build that wrote it)", layoutCompletion, k)
+				}
+				if v == nil {
+					return fmt.Errorf("ledger: rekey the Merkle tree to layout %d: key %x holds a bucket, not a hash (the database is unchanged; verify it with the build that wrote it)", layoutCompletion, k)
 				}
 				continue
 			}
-			if _, err := movedKey(cps, k, v, &prev); err != nil {
+			nk, err := movedKey(cps, k, v, &prev, n)
+			if err == nil && entries.Get(nk) != nil {
+				err = takenError(k, nk)
+			}
+			if err != nil {
 				return err
 			}
 		}
 	}
+	if layout == layoutLevelMajor {
+		return nil
+	}
+	if err := checkOtherLayout(tree, meta, false); err != nil {
+		return err
+	}
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("ledger: the file does not match its latest checkpoint (the database is unchanged): "+format, a...)
+	}
+	st := storedTree{b: tree, moved: entries}
+	if n > 0 {
+		leaf, err := getNode(st, compact.NewNodeID(0, n-1))
+		if err != nil {
+			return fail("%v", err)
+		}
+		if leaf != head {
+			return fail("leaf %d is %s but the head's entry hash is %s", n-1, digest.Format(leaf), digest.Format(head))
+		}
+	}
+	if k, _ := tree.Cursor().Seek(seqKey(n)); k != nil {
+		id, _ := completionID(k)
+		return fail("%s is stored beyond the head's %d entries", nodeName(id), n)
+	}
+	if what := beyondHead(entries, n); what != "" {
+		return fail("%s is stored beyond the head's %d entries", what, n)
+	}
+	// The latest checkpoint: the last in ledger_checkpoints, or, all
+	// moved, the one recorded.
+	var num uint64
+	var signed []byte
+	if cps := tx.Bucket(bucketCheckpoints); cps != nil {
+		var k []byte
+		if k, signed = cps.Cursor().Last(); len(k) == 8 {
+			num = binary.BigEndian.Uint64(k)
+		}
+	}
+	if signed == nil {
+		if k := meta.Get(keyLastCheckpoint); k != nil {
+			_, num, _ = parseCheckpointKey(k)
+			signed = entries.Get(k)
+		}
+	}
+	if signed == nil {
+		return nil
+	}
+	note, err := loadCheckpoint(signed)
+	if err != nil {
+		return fail("latest checkpoint #%d: %v", num, err)
+	}
+	cp, _, err := parseSigned(note)
+	if err != nil {
+		return fail("latest checkpoint #%d: %v", num, err)
+	}
+	if cp.Size > n {
+		return fail("latest checkpoint #%d is for %d entries but the ledger has %d", num, cp.Size, n)
+	}
+	root, err := rootOf(st, cp.Size)
+	if err != nil {
+		return fail("root at size %d: %v", cp.Size, err)
+	}
+	if root != cp.Root {
+		return fail("latest checkpoint #%d has root %s for size %d, the tree's root is %s", num, digest.Format(cp.Root), cp.Size, digest.Format(root))
+	}
 	return nil
+}
+
+func takenError(k, nk []byte) error {
+	return fmt.Errorf("ledger: move key %x: its key in %q, %x, is taken (verify it with the build that wrote it)", k, bucketEntries, nk)
 }
 
 // movedSize returns the size of the checkpoint moved last by an earlier
@@ -399,14 +511,17 @@ func movedSize(meta *bbolt.Bucket) uint64 {
 }
 
 // movedKey returns the layoutOneBucket key of the tree node (cps false) or
-// checkpoint stored under k with value v in layout 2: a node keeps its
-// key, which must name one; checkpoint #num goes under its size, which
-// *prev then holds. A checkpoint whose note does not unpack or parse has
-// no size of its own: it goes under the size of the one before it (*prev),
-// its number kept, so that it stays where it was in the walk and Verify
-// reports it as it did in layout 2. A key that is no 8-byte number, or a
-// nested bucket, cannot be moved.
-func movedKey(cps bool, k, v []byte, prev *uint64) ([]byte, error) {
+// checkpoint stored under k with value v in layout 2, in a ledger of n
+// entries: a node keeps its key, which must name one; checkpoint #num goes
+// under its size, which *prev then holds. A checkpoint whose size cannot
+// key it — its note does not unpack or parse, or states a size below the
+// checkpoint's before it or beyond the entries (damage or tampering that
+// the layout-2 build opened, and its Verify named) — goes under the size
+// of the one before it (*prev), its number kept: the keys then ascend
+// with the numbers as the layout-2 build stored them, nothing lies beyond
+// the head, and Verify names that checkpoint, as it did. A key that is no
+// 8-byte number, or a nested bucket, cannot be moved.
+func movedKey(cps bool, k, v []byte, prev *uint64, n uint64) ([]byte, error) {
 	if !cps {
 		if kindOf(k) != kindNode || v == nil {
 			return nil, fmt.Errorf("ledger: move the Merkle tree into the %q bucket: key %x names no tree node (the database is unchanged; verify it with the build that wrote it)", bucketEntries, k)
@@ -417,7 +532,7 @@ func movedKey(cps bool, k, v []byte, prev *uint64) ([]byte, error) {
 		return nil, fmt.Errorf("ledger: move the checkpoints into the %q bucket: malformed checkpoint key %x (the database is unchanged; verify it with the build that wrote it)", bucketEntries, k)
 	}
 	if signed, err := loadCheckpoint(v); err == nil {
-		if c, _, err := parseSigned(signed); err == nil {
+		if c, _, err := parseSigned(signed); err == nil && c.Size >= *prev && c.Size <= n {
 			*prev = c.Size
 		}
 	}

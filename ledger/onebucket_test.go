@@ -311,7 +311,7 @@ func TestAttachments(t *testing.T) {
 				}
 			}
 			var seqs []uint64
-			if err := Attachments(tx, func(seq uint64, v []byte) error {
+			if err := Attachments(tx, 0, func(seq uint64, v []byte) error {
 				if string(v) != want[seq] {
 					t.Errorf("Attachments: %d holds %q, want %q", seq, v, want[seq])
 				}
@@ -322,6 +322,24 @@ func TestAttachments(t *testing.T) {
 			}
 			if w := slices.Sorted(maps.Keys(want)); !slices.Equal(seqs, w) {
 				t.Errorf("Attachments walked %v, want %v", seqs, w)
+			}
+			for _, from := range []uint64{1, 7, 8, 36, 37} {
+				var got []uint64
+				if err := Attachments(tx, from, func(seq uint64, _ []byte) error {
+					got = append(got, seq)
+					return nil
+				}); err != nil {
+					t.Error(err)
+				}
+				var w []uint64
+				for _, seq := range seqs {
+					if seq >= from {
+						w = append(w, seq)
+					}
+				}
+				if !slices.Equal(got, w) {
+					t.Errorf("Attachments from %d walked %v, want %v", from, got, w)
+				}
 			}
 			return nil
 		})
@@ -336,7 +354,7 @@ func TestAttachments(t *testing.T) {
 	errStop := errors.New("stop")
 	n := 0
 	if err := db.View(func(tx *bbolt.Tx) error {
-		return Attachments(tx, func(uint64, []byte) error { n++; return errStop })
+		return Attachments(tx, 0, func(uint64, []byte) error { n++; return errStop })
 	}); err != errStop || n != 1 {
 		t.Errorf("Attachments with fn failing = %v after %d calls, want fn's error after 1", err, n)
 	}
@@ -595,7 +613,13 @@ func TestMoveInSteps(t *testing.T) {
 			if err := oneShot.Update(Init); err != nil {
 				t.Fatal(err)
 			}
-			if err := stepped.View(CheckMove); err != nil {
+			if err := stepped.View(func(tx *bbolt.Tx) error {
+				steps, err := CheckMove(tx)
+				if err == nil && steps != (layout == layoutCompletion) {
+					t.Errorf("CheckMove reports steps %v for layout %d", steps, layout)
+				}
+				return err
+			}); err != nil {
 				t.Fatalf("CheckMove: %v", err)
 			}
 			steps := 0

@@ -91,6 +91,9 @@ func getNode(tree storedTree, id compact.NodeID) (h [32]byte, err error) {
 	var k [treeKeyLen]byte
 	setTreeKey(k[:], id)
 	v := tree.b.Get(k[:])
+	if v == nil && tree.moved != nil {
+		v = tree.moved.Get(k[:])
+	}
 	if v == nil {
 		return h, fmt.Errorf("%s missing", nodeName(id))
 	}
