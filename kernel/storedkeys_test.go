@@ -91,3 +91,41 @@ func toLayout2(t *testing.T, data string) {
 		t.Fatal(err)
 	}
 }
+
+// toLayout1 is toLayout2, then the tree keyed level-major (level || index)
+// and no tree_layout recorded: a data dir of a build before layouts were
+// recorded.
+func toLayout1(t *testing.T, data string) {
+	t.Helper()
+	toLayout2(t, data)
+	db, err := bbolt.Open(filepath.Join(data, DBFile), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		var kvs [][2][]byte
+		if err := tx.Bucket([]byte("ledger_tree")).ForEach(func(k, v []byte) error {
+			end, level := binary.BigEndian.Uint64(k), k[8]
+			kvs = append(kvs, [2][]byte{append([]byte{level}, binary.BigEndian.AppendUint64(nil, end>>level)...), bytes.Clone(v)})
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := tx.DeleteBucket([]byte("ledger_tree")); err != nil {
+			return err
+		}
+		b, err := tx.CreateBucket([]byte("ledger_tree"))
+		if err != nil {
+			return err
+		}
+		for _, kv := range kvs {
+			if err := b.Put(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket([]byte("ledger_meta")).Delete([]byte("tree_layout"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

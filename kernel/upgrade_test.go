@@ -3,8 +3,11 @@ package kernel
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -66,14 +69,24 @@ func upgradeHarness(t *testing.T) (h *harness, export, views []byte) {
 }
 
 // TestUpgradeFromLayout2: a data dir of the storage layout before layout
-// 3 (tree, checkpoints and payloads in buckets of their own) is refused by
+// 3 (tree, checkpoints and payloads in buckets of their own), or of the
+// one before that (the tree keyed level-major), is refused by
 // the offline inspector, saying what to do, and opened by the kernel in
 // many small steps; it then serves exactly what it served before — the
 // export byte for byte, every entry and payload — verifies, and takes
 // new calls.
 func TestUpgradeFromLayout2(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		layout func(*testing.T, string)
+	}{{"layout 2", toLayout2}, {"layout 1", toLayout1}} {
+		t.Run(tc.name, func(t *testing.T) { testUpgrade(t, tc.layout) })
+	}
+}
+
+func testUpgrade(t *testing.T, toLayout func(*testing.T, string)) {
 	h, export, views := upgradeHarness(t)
-	toLayout2(t, h.data)
+	toLayout(t, h.data)
 	if in, err := OpenInspector(h.data); err == nil {
 		in.Close()
 		t.Fatal("OpenInspector read a file of the older layout")
@@ -158,4 +171,74 @@ func firstDiff(a, b []byte) string {
 		}
 	}
 	return "one is a prefix of the other"
+}
+
+// TestUpgradeRefusedLeavesFile: a layout-2 data dir with a middle
+// checkpoint's size damaged beyond the entries (which the layout-2 build
+// opened, its open checking the latest checkpoint only) opens, the
+// checkpoint moved under the size of the one before it, and verification
+// names it; a data dir whose tree does not match its latest checkpoint
+// (which the layout-2 build refused too) is refused before anything
+// moves, the file left as it was.
+func TestUpgradeRefusedLeavesFile(t *testing.T) {
+	damage := func(t *testing.T, data string, fn func(tx *bbolt.Tx) error) {
+		db, err := bbolt.Open(filepath.Join(data, DBFile), 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.Update(fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("middle checkpoint's size", func(t *testing.T) {
+		h, _, _ := upgradeHarness(t)
+		key, err := LoadKey(filepath.Join(h.data, ReceiptKeyFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		toLayout2(t, h.data)
+		damage(t, h.data, func(tx *bbolt.Tx) error {
+			s, err := ledger.NewCheckpointSigner(h.k.ID(), key)
+			if err != nil {
+				return err
+			}
+			signed, err := ledger.SignCheckpoint(s, ledger.Checkpoint{Origin: h.k.ID(), Size: 1 << 20})
+			if err != nil {
+				return err
+			}
+			return tx.Bucket([]byte("ledger_checkpoints")).Put(binary8(1), signed)
+		})
+		h.open()
+		c, err := h.k.Inspector().Verify(nil)
+		if err != nil || c.Intact || !strings.Contains(c.Reason, "checkpoint #1") {
+			t.Fatalf("verify: %+v %v, want checkpoint #1 named", c, err)
+		}
+	})
+	t.Run("tree past the latest checkpoint", func(t *testing.T) {
+		h, _, _ := upgradeHarness(t)
+		toLayout2(t, h.data)
+		damage(t, h.data, func(tx *bbolt.Tx) error {
+			hd := tx.Bucket([]byte("ledger_meta")).Get([]byte("head"))
+			leaf := append(binary8(binary.BigEndian.Uint64(hd)-1), 0)
+			return tx.Bucket([]byte("ledger_tree")).Put(leaf, make([]byte, 32))
+		})
+		before, err := os.ReadFile(filepath.Join(h.data, DBFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k, err := Open(context.Background(), Config{DataDir: h.data}); err == nil {
+			k.Close()
+			t.Fatal("Open accepted a tree that does not match its head")
+		} else if !strings.Contains(err.Error(), "upgrade the storage layout") {
+			t.Fatalf("Open: %v", err)
+		}
+		after, err := os.ReadFile(filepath.Join(h.data, DBFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatal("the refused open changed the file")
+		}
+	})
 }
