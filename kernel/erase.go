@@ -228,9 +228,8 @@ func (k *Kernel) Retain(ctx context.Context) (int, error) {
 	for i := range k.audit.retention {
 		r := k.audit.retention[i]
 		before := k.cfg.Now().Add(-r.age)
-		from := k.attachFloor.Load()
-		for first := true; ; first = false {
-			n, next, err := k.retainBatch(ctx, r, before, from, first)
+		for from := uint64(0); ; {
+			n, next, err := k.retainBatch(ctx, r, before, from)
 			total += n
 			if err != nil {
 				return total, fmt.Errorf("retention rule %d: %w", i, err)
@@ -247,23 +246,16 @@ func (k *Kernel) Retain(ctx context.Context) (int, error) {
 // retainBatch erases up to maxErasedPerRecord payloads rule r covers
 // whose records are older than before, found from entry from on, and
 // returns how many it erased and where the next batch starts (0: the walk
-// reached the end). The walk, over every key of the ledger from from,
-// runs in a read transaction, off the sequencer; the write transaction
-// erases the payloads found that are still there. In a run's first batch
-// (first), the first payload found raises k.attachFloor, below which no
-// entry has one: attachments are added only at the ledger's tail, so the
-// next run starts there, past the payloads erased before.
-func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time, from uint64, first bool) (n int, next uint64, err error) {
+// reached the end). The walk, over the payloads from from on (the ledger's
+// attachments), runs in a read transaction, off the sequencer; the write
+// transaction erases the payloads found that are still there.
+func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time, from uint64) (n int, next uint64, err error) {
 	cutoff := before.UTC().Format(ledger.TimeLayout)
 	var seqs []uint64
 	var whos []recordOwner
 	err = k.db.View(func(tx *bbolt.Tx) error {
 		seqs, whos, next = seqs[:0], whos[:0], 0
 		err := ledger.Attachments(tx, from, func(seq uint64, _ []byte) error {
-			if first {
-				k.raiseAttachFloor(seq)
-				first = false
-			}
 			if len(seqs) == maxErasedPerRecord {
 				next = seq
 				return errStop
@@ -330,16 +322,6 @@ func (k *Kernel) retainBatch(ctx context.Context, r retention, before time.Time,
 		k.ops.forgetResult(id)
 	}
 	return n, next, nil
-}
-
-// raiseAttachFloor records that no entry below seq has an attachment.
-func (k *Kernel) raiseAttachFloor(seq uint64) {
-	for {
-		cur := k.attachFloor.Load()
-		if seq <= cur || k.attachFloor.CompareAndSwap(cur, seq) {
-			return
-		}
-	}
 }
 
 // startRetention runs the retention rules once now and then every

@@ -67,13 +67,7 @@ func OpenInspector(dir string) (*Inspector, error) {
 		return nil, fmt.Errorf("open %s: %w", p, err)
 	}
 	if err := db.View(func(tx *bbolt.Tx) error {
-		if err := ledger.CheckLayout(tx); err != nil {
-			return err
-		}
-		if tx.Bucket(bucketPayloads) != nil {
-			return errors.New("the audit payloads are stored in an older layout (open the data dir once with the kernel, which moves them)")
-		}
-		return nil
+		return ledger.CheckLayout(tx)
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("%s: %w", dir, err)

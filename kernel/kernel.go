@@ -46,20 +46,19 @@ type Kernel struct {
 	registry   *syscalls.Registry
 	// upstreams are the connected upstream MCP servers (nil before Open
 	// reaches them and after Close).
-	upstreams   *upstream.Set
-	policy      *policy.Engine
-	issuer      ed25519.PrivateKey
-	receiptPub  ed25519.PublicKey // verifies the checkpoints, and so the receipts
-	lw          *ledger.Writer    // every audit entry is appended through it (receipts.Logged)
-	verifier    *captoken.Verifier
-	locks       *pathLocks
-	netTurns    netBudgetLocks // calls spending one net_bytes budget take turns (netbudget.go)
-	syncer      *txn.Syncer
-	finishing   sync.WaitGroup // finish calls whose Finish is not queued yet
-	cpSigner    note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
-	presigned   presigned      // the batch's checkpoint, signed beside its Work steps (sequencer's: batchWork, afterBatch)
-	upgrading   bool           // upgrade's transactions run: no checkpoint (set and cleared around them, before any other write)
-	attachFloor atomic.Uint64  // no ledger entry below it has an attachment (a payload): retention starts there
+	upstreams  *upstream.Set
+	policy     *policy.Engine
+	issuer     ed25519.PrivateKey
+	receiptPub ed25519.PublicKey // verifies the checkpoints, and so the receipts
+	lw         *ledger.Writer    // every audit entry is appended through it (receipts.Logged)
+	verifier   *captoken.Verifier
+	locks      *pathLocks
+	netTurns   netBudgetLocks // calls spending one net_bytes budget take turns (netbudget.go)
+	syncer     *txn.Syncer
+	finishing  sync.WaitGroup // finish calls whose Finish is not queued yet
+	cpSigner   note.Signer    // signs the ledger checkpoints (receipt key, named by the kernel id)
+	presigned  presigned      // the batch's checkpoint, signed beside its Work steps (sequencer's: batchWork, afterBatch)
+	upgrading  bool           // upgrade's transactions run: no checkpoint (set and cleared around them, before any other write)
 
 	stopStable chan struct{} // closed by Close to end stableLoop
 	stableDone chan struct{} // closed when stableLoop has returned
@@ -258,47 +257,32 @@ func checkTail(tx *bbolt.Tx) error {
 var upgradeStep = 20_000
 
 // upgrade moves a file of an older build to the current storage layout in
-// transactions of at most upgradeStep keys each (ledger.Move, then
-// movePayloads), once it has checked that every key can be moved and that
-// the moved file will open (ledger.CheckMove, checkPayloadMove), so that
-// a file refused is left as its build left it: on a ledger of a million
-// calls one transaction would hold gigabytes. A crash between steps leaves
-// a file that the next Open goes on moving, and that readers refuse
-// meanwhile. A ledger of layout 1, or made before the tree, is moved by
-// load's own transaction (ledger.Init, then CheckTree), whole; its
-// payloads with it.
+// transactions of at most upgradeStep keys each (ledger.Move), once it
+// has checked that every key can be moved and that the moved file will
+// open (ledger.CheckMove), so that a file refused is left as its build
+// left it: on a ledger of a million calls one transaction would hold
+// gigabytes. A crash between steps leaves a file that the next Open goes
+// on moving, and that readers refuse meanwhile. A ledger of layout 1, or
+// made before the tree, is moved by load's own transaction (ledger.Init,
+// then CheckTree), whole.
 func (k *Kernel) upgrade(ctx context.Context) error {
 	k.upgrading = true
 	defer func() { k.upgrading = false }()
 	var steps bool
 	if err := k.db.View(func(tx *bbolt.Tx) error {
 		var err error
-		if steps, err = ledger.CheckMove(tx); err != nil {
-			return err
-		}
-		return checkPayloadMove(tx)
+		steps, err = ledger.CheckMove(tx)
+		return err
 	}); err != nil {
 		return fmt.Errorf("open: upgrade the storage layout: %w", err)
 	}
-	payloads := func(tx *bbolt.Tx, max int) (bool, error) {
-		if ledger.CheckLayout(tx) != nil {
-			return true, nil // moved by load, with the ledger
-		}
-		return movePayloads(tx, max)
-	}
-	moves := []func(*bbolt.Tx, int) (bool, error){payloads}
-	if steps {
-		moves = []func(*bbolt.Tx, int) (bool, error){ledger.Move, payloads}
-	}
-	for _, step := range moves {
-		for done := false; !done; {
-			if err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
-				var err error
-				done, err = step(tx, upgradeStep)
-				return abortIf(err)
-			}); err != nil {
-				return fmt.Errorf("open: upgrade the storage layout: %w", err)
-			}
+	for done := !steps; !done; {
+		if err := k.db.Update(ctx, func(tx *bbolt.Tx) error {
+			var err error
+			done, err = ledger.Move(tx, upgradeStep)
+			return abortIf(err)
+		}); err != nil {
+			return fmt.Errorf("open: upgrade the storage layout: %w", err)
 		}
 	}
 	return nil
@@ -316,9 +300,6 @@ func (k *Kernel) load(ctx context.Context) error {
 			}
 		}
 		if err := ledger.Init(tx); err != nil {
-			return store.Abort(err)
-		}
-		if _, err := movePayloads(tx, 0); err != nil {
 			return store.Abort(err)
 		}
 		if err := ledger.CheckTree(tx); errors.Is(err, ledger.ErrLayoutMismatch) {

@@ -158,8 +158,8 @@ func huffDecode(dst, v []byte) ([]byte, error) {
 var errNotPayload = errors.New("decodes to neither a packed value nor a JSON object")
 
 // unpackPayload returns the canonical JSON of the stored payload v: every
-// reader of bucketPayloads goes through it. A frame, Huffman coded
-// payload or packed value that does not decode is an error (the payload
+// reader of the payloads goes through it. A frame, Huffman coded payload
+// or packed value that does not decode is an error (the payload
 // was damaged or tampered with).
 func unpackPayload(v []byte) ([]byte, error) {
 	switch {

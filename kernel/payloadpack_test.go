@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -188,7 +187,7 @@ func TestPayloadHuffmanTampered(t *testing.T) {
 	k := payloadKey(r.LedgerSeq)
 	var stored []byte
 	h.k.View(func(tx *bbolt.Tx) error {
-		stored = bytes.Clone(tx.Bucket(bucketLedger).Get(k))
+		stored = bytes.Clone(tx.Bucket(bucketPayloads).Get(k))
 		return nil
 	})
 	if len(stored) == 0 || stored[0] != huffTag {
@@ -204,7 +203,7 @@ func TestPayloadHuffmanTampered(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			put := func(v []byte) {
 				if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
-					return tx.Bucket(bucketLedger).Put(k, v)
+					return tx.Bucket(bucketPayloads).Put(k, v)
 				}); err != nil {
 					t.Fatal(err)
 				}
@@ -277,115 +276,48 @@ func TestPayloadFramesOfEveryVersion(t *testing.T) {
 	}
 }
 
-// oldPayloadLayout rewrites the closed kernel's file in the layout of
-// builds before payloads were ledger attachments: each payload in the
-// bucket audit_payloads under its entry's seq, with the two empty pads,
-// and pad0's value as given.
-func oldPayloadLayout(t *testing.T, h *harness, pad0 []byte) map[uint64][]byte {
-	t.Helper()
-	db, err := bbolt.Open(filepath.Join(h.data, DBFile), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	moved := map[uint64][]byte{}
-	if err := db.Update(func(tx *bbolt.Tx) error {
-		old, err := tx.CreateBucket([]byte("audit_payloads"))
-		if err != nil {
-			return err
-		}
-		l := tx.Bucket(bucketLedger)
-		var keys [][]byte
-		c := l.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) == 9 && k[8] == 0x80 {
-				seq := binary.BigEndian.Uint64(k)
-				moved[seq] = bytes.Clone(v)
-				keys = append(keys, bytes.Clone(k))
-			}
-		}
-		for _, k := range keys {
-			if err := old.Put(k[:8], moved[binary.BigEndian.Uint64(k)]); err != nil {
-				return err
-			}
-			if err := l.Delete(k); err != nil {
-				return err
-			}
-		}
-		if err := old.Put(bytes.Repeat([]byte{0xff}, 8), []byte{}); err != nil {
-			return err
-		}
-		return old.Put(append(bytes.Repeat([]byte{0xff}, 7), 0xfe), pad0)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return moved
-}
-
-// TestMovePayloads: a file whose payloads are in the bucket of older
-// builds, audit_payloads, opens with each payload moved to its entry's
-// attachment, the old bucket and its pads gone; it verifies, and the
-// payloads are served and erased as before. A pad that holds a value was
-// put there by hand: the open is refused and the file left as it was.
-func TestMovePayloads(t *testing.T) {
+// TestPayloadPads: the payloads end with the two empty pad keys, which
+// verification and retention pass over; a pad that holds a value was put
+// there by hand and fails verification.
+func TestPayloadPads(t *testing.T) {
 	clk := &clock{t: time.Now()}
 	h := newHarness(t, func(c *Config) { c.Now = clk.now })
 	h.write("f.txt", "text")
-	var seqs []uint64
 	for range 3 {
-		r := h.invoke("fs.read", map[string]any{"path": "f.txt"})
-		mustOK(t, r)
-		seqs = append(seqs, r.LedgerSeq)
+		mustOK(t, h.invoke("fs.read", map[string]any{"path": "f.txt"}))
 	}
-	h.k.Close()
-	moved := oldPayloadLayout(t, h, []byte{})
-	if len(moved) < 3 {
-		t.Fatalf("%d payloads stored, want at least 3", len(moved))
-	}
-	h.open(func(c *Config) { c.Now = clk.now })
+	pad := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}
 	if err := h.k.View(func(tx *bbolt.Tx) error {
-		if tx.Bucket([]byte("audit_payloads")) != nil {
-			t.Error("audit_payloads still there after the open")
-		}
-		for seq, v := range moved {
-			if got := tx.Bucket(bucketLedger).Get(payloadKey(seq)); !bytes.Equal(got, v) {
-				t.Errorf("payload of entry %d after the move: %.20x…, want %.20x…", seq, got, v)
-			}
+		c := tx.Bucket(bucketPayloads).Cursor()
+		k, _ := c.Last()
+		k2, _ := c.Prev()
+		if !bytes.Equal(k, append(pad[:7:7], 0xff)) || !bytes.Equal(k2, pad) {
+			t.Fatalf("last payload keys %x, %x, want the pads", k2, k)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	mustVerify(t, h.k.Inspector())
-	h.k.audit.retention = []retention{{RetentionRule: RetentionRule{OlderThan: "1h"}, age: time.Hour}}
-	clk.add(2 * time.Hour)
-	if n, err := h.k.Retain(context.Background()); err != nil || n != len(moved) {
-		t.Fatalf("Retain erased %d payloads, %v; want %d", n, err, len(moved))
-	}
-	mustVerify(t, h.k.Inspector())
-
-	h2 := newHarness(t)
-	h2.write("f.txt", "text")
-	mustOK(t, h2.invoke("fs.read", map[string]any{"path": "f.txt"}))
-	h2.k.Close()
-	oldPayloadLayout(t, h2, []byte(`{"salt":"00"}`))
-	if k, err := Open(context.Background(), Config{DataDir: h2.data}); err == nil {
-		k.Close()
-		t.Fatal("Open accepted a pad that holds a value")
-	} else if !strings.Contains(err.Error(), "audit payloads") {
-		t.Fatalf("Open: %v", err)
-	}
-	db, err := bbolt.Open(filepath.Join(h2.data, DBFile), 0o600, nil)
-	if err != nil {
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketPayloads).Put(pad, []byte(`{"salt":"00"}`))
+	}); err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	db.View(func(tx *bbolt.Tx) error {
-		if b := tx.Bucket([]byte("audit_payloads")); b == nil || b.Stats().KeyN != 3 {
-			t.Errorf("audit_payloads after a refused open: %v, want its payload and pads", b)
-		}
-		return nil
-	})
+	if c, err := h.k.Inspector().Verify(nil); err != nil || c.Intact || !strings.Contains(c.Reason, "pad") {
+		t.Fatalf("verify with a filled pad: %+v %v", c, err)
+	}
+	if err := h.k.db.Update(context.Background(), func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketPayloads).Put(pad, []byte{})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.k.audit.retention = []retention{{RetentionRule: RetentionRule{OlderThan: "1h"}, age: time.Hour}}
+	clk.add(2 * time.Hour)
+	if n, err := h.k.Retain(context.Background()); err != nil || n != 3 {
+		t.Fatalf("Retain erased %d payloads, %v; want 3", n, err)
+	}
+	mustVerify(t, h.k.Inspector())
 }
 
 // damagePayload rewrites the stored payload of entry seq as edit leaves
@@ -402,7 +334,7 @@ func damagePayload(t *testing.T, h *harness, seq uint64, edit func(*Payload)) {
 		if err != nil {
 			return err
 		}
-		return tx.Bucket(bucketLedger).Put(payloadKey(seq), packPayload(b))
+		return tx.Bucket(bucketPayloads).Put(payloadKey(seq), packPayload(b))
 	}); err != nil {
 		t.Fatal(err)
 	}

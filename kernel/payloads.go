@@ -3,7 +3,6 @@ package kernel
 import (
 	"bytes"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -22,17 +21,10 @@ import (
 // An audit record's chained body holds commitments to what the call
 // carried — its arguments, its result, the policy input and its context
 // (provenance, notes, the approver's reason) — and the payloads live
-// beside the chain, in bucketPayloads, where they can be erased without
-// touching a hashed byte. docs/formats.md specifies the encoding; this
-// file is its one implementation.
-//
-// A payload is its audit entry's attachment in the ledger (ledger.Attach),
-// stored beside the entry's record, so that a commit writes both on one
-// path of pages. Builds before that kept payloads in a bucket of their
-// own, bucketPayloads (the audit entry's seq, 8 bytes big-endian -> the
-// stored Payload, and two empty pad keys: internal/tailpad), which the
-// kernel moves into the ledger when it opens (movePayloads).
-var bucketPayloads = []byte("audit_payloads")
+// beside the chain, each its audit entry's attachment (ledger.Attach),
+// where they can be erased without touching a hashed byte.
+// docs/formats.md specifies the encoding; this file is its one
+// implementation.
 
 // Payload parts, in the order they are committed to.
 const (
@@ -269,8 +261,8 @@ func seal(salt, depth string, parts map[string][]byte, noArgs []byte, known bool
 	return s, nil
 }
 
-// storedPayload is a Payload as bucketPayloads holds it. The policy
-// input copies the call's args; when its "args" member is exactly the args
+// storedPayload is a Payload as its entry's attachment holds it. The
+// policy input copies the call's args; when its "args" member is exactly the args
 // part it is stored without it and SharesArgs is set, which halves the
 // payload of a write.
 type storedPayload struct {
@@ -338,91 +330,6 @@ func canonicalPart(v any) ([]byte, error) {
 		return nil, err
 	}
 	return jcs.Canonicalize(b)
-}
-
-// payloadPads are the keys of the pads bucketPayloads held, with empty
-// values, to fill its pages (above every seq a ledger reaches).
-var payloadPads = [2][]byte{
-	{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe},
-	{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
-}
-
-// movePayloads moves up to max payloads (all when max is 0) of
-// bucketPayloads, when a file of an older build has it, into the ledger,
-// as its entries' attachments, deleting each from the bucket, in tx (the
-// ledger in its current layout: after ledger.Move); once none is left it
-// deletes the bucket, pads and all, and reports done. Steps may be
-// committed apart; a file between them has payloads in both places, which
-// OpenInspector refuses. A payload for no stored entry, or a pad that
-// holds a value, is refused (checkPayloadMove), and tx must be rolled
-// back.
-func movePayloads(tx *bbolt.Tx, max int) (done bool, err error) {
-	b := tx.Bucket(bucketPayloads)
-	if b == nil {
-		return true, nil
-	}
-	var keys [][]byte
-	c := b.Cursor()
-	for key, v := c.First(); key != nil && (max == 0 || len(keys) < max); key, v = c.Next() {
-		pad, err := checkMovedPayload(key, v)
-		if err != nil {
-			return false, err
-		}
-		if pad {
-			continue
-		}
-		if err := ledger.Attach(tx, binary.BigEndian.Uint64(key), v); err != nil {
-			return false, fmt.Errorf("move the audit payloads into the ledger: %w", err)
-		}
-		keys = append(keys, key)
-	}
-	if len(keys) > 0 {
-		// bbolt keeps the values attached above valid until tx ends; a key
-		// is deleted once the cursor has passed it.
-		for _, key := range keys {
-			if err := b.Delete(key); err != nil {
-				return false, fmt.Errorf("move the audit payloads into the ledger: %w", err)
-			}
-		}
-		if max > 0 && len(keys) == max {
-			return false, nil
-		}
-	}
-	return false, tx.DeleteBucket(bucketPayloads)
-}
-
-// checkPayloadMove checks, writing nothing, that movePayloads can move
-// every payload bucketPayloads holds to an entry the ledger stores.
-func checkPayloadMove(tx *bbolt.Tx) error {
-	b := tx.Bucket(bucketPayloads)
-	if b == nil {
-		return nil
-	}
-	h, err := ledger.HeadOf(tx)
-	if err != nil {
-		return err
-	}
-	c := b.Cursor()
-	for key, v := c.First(); key != nil; key, v = c.Next() {
-		if pad, err := checkMovedPayload(key, v); err != nil {
-			return err
-		} else if !pad && binary.BigEndian.Uint64(key) >= h.Size {
-			return fmt.Errorf("move the audit payloads into the ledger: a payload is stored for entry %d, beyond the ledger's %d entries (verify the data dir with the build that wrote it)", binary.BigEndian.Uint64(key), h.Size)
-		}
-	}
-	return nil
-}
-
-// checkMovedPayload checks a key and value of bucketPayloads, and reports
-// whether it is a pad.
-func checkMovedPayload(key, v []byte) (pad bool, err error) {
-	if len(v) == 0 && (bytes.Equal(key, payloadPads[0]) || bytes.Equal(key, payloadPads[1])) {
-		return true, nil
-	}
-	if len(key) != 8 || v == nil {
-		return false, fmt.Errorf("move the audit payloads into the ledger: malformed key %x in %q (verify the data dir with the build that wrote it)", key, bucketPayloads)
-	}
-	return false, nil
 }
 
 // putPayload keeps the payload of the audit entry seq.

@@ -9,14 +9,17 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// The keys of the ledger's one bucket (ledger/onebucket.go), written here
-// independently of the ledger package, for tests that damage what it
-// stores.
-var bucketLedger = []byte("ledger")
+// The ledger's buckets and keys (ledger/onebucket.go, ledger/attachments.go),
+// written here independently of the ledger package, for tests that damage
+// what it stores.
+var (
+	bucketLedger   = []byte("ledger")
+	bucketPayloads = []byte("audit_payloads") // the ledger's attachments
+)
 
 // payloadKey is the key of the payload (the ledger attachment) of entry seq.
 func payloadKey(seq uint64) []byte {
-	return append(binary.BigEndian.AppendUint64(nil, seq), 0x80)
+	return binary.BigEndian.AppendUint64(nil, seq)
 }
 
 // checkpointKey is the key of checkpoint num, of tree size size.
@@ -28,8 +31,8 @@ func checkpointKey(size, num uint64) []byte {
 // toLayout2 rewrites the closed kernel's file in the storage layout of
 // builds before layout 3 (docs/formats.md): tree nodes in ledger_tree
 // under their own keys, checkpoints in ledger_checkpoints under their
-// number alone, tree_layout 02 and no checkpoint_last, payloads in
-// audit_payloads under the seq alone, ending with the two empty pads.
+// number alone, tree_layout 02 and no checkpoint_last (payloads are in
+// audit_payloads in both).
 func toLayout2(t *testing.T, data string) {
 	t.Helper()
 	db, err := bbolt.Open(filepath.Join(data, DBFile), 0o600, nil)
@@ -46,10 +49,6 @@ func toLayout2(t *testing.T, data string) {
 		if err != nil {
 			return err
 		}
-		payloads, err := tx.CreateBucket([]byte("audit_payloads"))
-		if err != nil {
-			return err
-		}
 		l := tx.Bucket(bucketLedger)
 		var moved [][]byte
 		c := l.Cursor()
@@ -60,8 +59,6 @@ func toLayout2(t *testing.T, data string) {
 				continue
 			case len(k) == 9 && k[8] < 64:
 				err = tree.Put(bytes.Clone(k), bytes.Clone(v))
-			case len(k) == 9 && k[8] == 0x80:
-				err = payloads.Put(bytes.Clone(k[:8]), bytes.Clone(v))
 			case len(k) == 17 && k[8] == 0xC0:
 				err = cps.Put(bytes.Clone(k[9:]), bytes.Clone(v))
 			default:
@@ -74,11 +71,6 @@ func toLayout2(t *testing.T, data string) {
 		}
 		for _, k := range moved {
 			if err := l.Delete(k); err != nil {
-				return err
-			}
-		}
-		for _, pad := range [][]byte{bytes.Repeat([]byte{0xff}, 8), append(bytes.Repeat([]byte{0xff}, 7), 0xfe)} {
-			if err := payloads.Put(pad, []byte{}); err != nil {
 				return err
 			}
 		}

@@ -68,7 +68,7 @@ func Init(tx *bbolt.Tx) error {
 	if _, err := Move(tx, 0); err != nil {
 		return err
 	}
-	return nil
+	return initAttachments(tx)
 }
 
 // Append adds an entry after the current head within tx and returns it.

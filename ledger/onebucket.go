@@ -12,40 +12,35 @@ import (
 )
 
 // layoutOneBucket (recorded in ledger_meta under keyTreeLayout as the
-// single byte 03) keeps everything the ledger stores per entry in one
+// single byte 03) keeps the records, the tree and the checkpoints in one
 // bucket, bucketEntries, under keys that ascend in the order appends
 // write them:
 //
 //	seq (8 bytes big-endian)                      the entry's record
 //	completion (8) || level (1 byte, 0..63)       a Merkle tree node (layoutCompletion's key)
-//	seq (8) || 0x80                               the entry's attachment (Attach)
 //	size (8) || 0xC0 || num (8 bytes big-endian)  checkpoint #num, of tree size size
 //
-// A group commit then writes its entries, their nodes, their attachments
-// and its checkpoint at the tail of one B+tree: one path of pages, where
-// a bucket of their own for each wrote one path each (17 pages a commit
-// of one fs.read call, 9 in this layout). Every key of a ledger of n
-// entries sorts before n's own 8 bytes but for the checkpoints of size n,
-// which sort after them (beyondHead): once entry n is appended, they sort
-// after its keys (entry, nodes, attachment) and before entry n+1's, so
-// the first keys of the commit after a checkpoint go just before it, not
-// after.
+// A group commit then writes its entries, their nodes and its checkpoint
+// at the tail of one B+tree: one path of pages, where buckets of their
+// own wrote three. (Attachments, which are most of a call's bytes, keep a
+// bucket of their own: see attachments.go.)
+//
+// Every key of a ledger of n entries sorts before n's own 8 bytes but for
+// the checkpoints of size n, which sort after them (beyondHead): once
+// entry n is appended, they sort after its keys (entry, nodes) and before
+// entry n+1's, so the first keys of the commit after a checkpoint go just
+// before it, in the bucket's last page (which bbolt never leaves with
+// fewer than two keys).
 //
 // Readers walk one kind of key with a kindCursor. ledger_meta records the
 // latest checkpoint's key (keyLastCheckpoint), so that finding it, and
 // the next checkpoint's number, reads no more than one key.
 const layoutOneBucket = 3
 
-// Tags: the byte after the first 8 of a key, for the keys longer than 8.
-const (
-	tagAttachment = 0x80
-	tagCheckpoint = 0xC0
-)
+// tagCheckpoint is the byte after the first 8 of a checkpoint's key.
+const tagCheckpoint = 0xC0
 
-const (
-	attachmentKeyLen = 9
-	checkpointKeyLen = 17
-)
+const checkpointKeyLen = 17
 
 // keyLastCheckpoint is the meta key holding the latest checkpoint's key.
 var keyLastCheckpoint = []byte("checkpoint_last")
@@ -57,24 +52,20 @@ const (
 	kindMalformed keyKind = iota // a key of no kind: damage, or another build's
 	kindEntry
 	kindNode
-	kindAttachment
 	kindCheckpoint
 )
 
 // kindOf returns the kind of record key k names, by its length and tag.
 // A node key is also checked to name a node (completionID).
 func kindOf(k []byte) keyKind {
-	switch len(k) {
-	case 8:
+	switch {
+	case len(k) == 8:
 		return kindEntry
-	case treeKeyLen:
-		if k[8] == tagAttachment {
-			return kindAttachment
-		}
+	case len(k) == treeKeyLen:
 		if _, ok := completionID(k); ok {
 			return kindNode
 		}
-	case checkpointKeyLen:
+	case len(k) == checkpointKeyLen:
 		if k[8] == tagCheckpoint {
 			return kindCheckpoint
 		}
@@ -96,16 +87,13 @@ func newKindCursor(b *bbolt.Bucket, kind keyKind) *kindCursor {
 	return &kindCursor{c: b.Cursor(), kind: kind, withMalformed: kind == kindEntry}
 }
 
-func (kc *kindCursor) wants(k []byte) bool {
-	kind := kindOf(k)
-	return kind == kc.kind || (kc.withMalformed && kind == kindMalformed)
-}
-
 func (kc *kindCursor) forward(k, v []byte) ([]byte, []byte) {
-	for k != nil && !kc.wants(k) {
-		k, v = kc.c.Next()
+	for ; k != nil; k, v = kc.c.Next() {
+		if kind := kindOf(k); kind == kc.kind || kc.withMalformed && kind == kindMalformed {
+			return k, v
+		}
 	}
-	return k, v
+	return nil, nil
 }
 
 // First moves to the first key of the kind.
@@ -116,11 +104,6 @@ func (kc *kindCursor) Next() ([]byte, []byte) { return kc.forward(kc.c.Next()) }
 
 // Seek moves to the first key of the kind at or after seek.
 func (kc *kindCursor) Seek(seek []byte) ([]byte, []byte) { return kc.forward(kc.c.Seek(seek)) }
-
-// attachmentKey returns the key of entry seq's attachment.
-func attachmentKey(seq uint64) []byte {
-	return append(binary.BigEndian.AppendUint64(make([]byte, 0, attachmentKeyLen), seq), tagAttachment)
-}
 
 // checkpointKey returns the key of checkpoint num, of tree size size.
 func checkpointKey(size, num uint64) []byte {
@@ -136,77 +119,10 @@ func parseCheckpointKey(k []byte) (size, num uint64, ok bool) {
 	return binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(k[9:]), true
 }
 
-// Attach stores v as the attachment of entry seq, which must be stored,
-// in place of any it had: a record kept beside the entry, outside its
-// hash, that can be changed or removed (Detach) without touching a hashed
-// byte (the kernel keeps audit payloads so). The ledger does not read
-// attachments; bbolt keeps v until the transaction ends, so it must not
-// change.
-func Attach(tx *bbolt.Tx, seq uint64, v []byte) error {
-	entries, meta, err := oneBucket(tx)
-	if err != nil {
-		return err
-	}
-	if size, _, err := readHead(meta); err != nil {
-		return fmt.Errorf("ledger: attach to entry %d: %w", seq, err)
-	} else if seq >= size {
-		return fmt.Errorf("ledger: attach to entry %d: the ledger has %d entries", seq, size)
-	}
-	entries.FillPercent = 1 // see Writer.AppendCanonical
-	if err := entries.Put(attachmentKey(seq), v); err != nil {
-		return fmt.Errorf("ledger: attach to entry %d: %w", seq, err)
-	}
-	return nil
-}
-
-// Attachment returns the attachment of entry seq, or nil when it has none.
-// The value is bbolt's: valid while tx is open, and not to be changed.
-func Attachment(tx *bbolt.Tx, seq uint64) ([]byte, error) {
-	entries, _, err := oneBucket(tx)
-	if err != nil {
-		return nil, err
-	}
-	return entries.Get(attachmentKey(seq)), nil
-}
-
-// Detach removes the attachment of entry seq and reports whether it had
-// one.
-func Detach(tx *bbolt.Tx, seq uint64) (bool, error) {
-	entries, _, err := oneBucket(tx)
-	if err != nil {
-		return false, err
-	}
-	k := attachmentKey(seq)
-	if entries.Get(k) == nil {
-		return false, nil
-	}
-	if err := entries.Delete(k); err != nil {
-		return false, fmt.Errorf("ledger: detach from entry %d: %w", seq, err)
-	}
-	return true, nil
-}
-
-// Attachments calls fn with every stored attachment of an entry from seq
-// from on, in sequence order, and stops at the first error, which it
-// returns as is if fn returned it. It walks every key of the ledger from
-// entry from on. fn must not change the bucket (collect, then Detach).
-func Attachments(tx *bbolt.Tx, from uint64, fn func(seq uint64, v []byte) error) error {
-	entries, _, err := oneBucket(tx)
-	if err != nil {
-		return err
-	}
-	c := newKindCursor(entries, kindAttachment)
-	for k, v := c.Seek(seqKey(from)); k != nil; k, v = c.Next() {
-		if err := fn(binary.BigEndian.Uint64(k), v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // beyondHead describes the first key stored at or after position n (the
 // head's entry count) that no ledger of n entries holds, or returns "":
-// only checkpoints of size n may sort there.
+// only checkpoints of size n may sort there. (attachedBeyond checks the
+// attachments.)
 func beyondHead(entries *bbolt.Bucket, n uint64) string {
 	c := entries.Cursor()
 	for k, _ := c.Seek(seqKey(n)); k != nil; k, _ = c.Next() {
@@ -221,8 +137,6 @@ func beyondHead(entries *bbolt.Bucket, n uint64) string {
 		case kindNode:
 			id, _ := completionID(k)
 			return nodeName(id)
-		case kindAttachment:
-			return fmt.Sprintf("the attachment of entry %d", binary.BigEndian.Uint64(k))
 		default:
 			return fmt.Sprintf("a malformed key %x", k)
 		}

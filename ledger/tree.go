@@ -253,6 +253,9 @@ func CheckTree(tx *bbolt.Tx) error {
 	if what := beyondHead(tree.b, n); what != "" {
 		return fmt.Errorf("ledger: tree check: %s is stored beyond the head's %d entries", what, n)
 	}
+	if what := attachedBeyond(tx, n); what != "" {
+		return fmt.Errorf("ledger: tree check: %s is stored beyond the head's %d entries", what, n)
+	}
 	root, err := rootOf(tree, n)
 	if err != nil {
 		return fmt.Errorf("ledger: tree check: right edge at size %d: %w", n, err)

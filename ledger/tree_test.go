@@ -580,8 +580,11 @@ func TestCheckTree(t *testing.T) {
 			tx.Bucket(bucketEntries).Put(seqKey(12), []byte("{}"))
 		}, "entry 12 is stored beyond the head's 11 entries"},
 		{"attachment beyond the head", func(t *testing.T, tx *bbolt.Tx) {
-			tx.Bucket(bucketEntries).Put(attachmentKey(11), []byte("x"))
+			tx.Bucket(bucketAttachments).Put(seqKey(11), []byte("x"))
 		}, "the attachment of entry 11 is stored beyond the head's 11 entries"},
+		{"attachments' pad holding a value", func(t *testing.T, tx *bbolt.Tx) {
+			tx.Bucket(bucketAttachments).Put(attachmentPads[0], []byte("x"))
+		}, "the attachments' pad fffffffffffffffe, holding a value, is stored beyond the head's 11 entries"},
 		{"malformed key beyond the head", func(t *testing.T, tx *bbolt.Tx) {
 			tx.Bucket(bucketEntries).Put([]byte{0, 0, 0, 0, 0, 0, 0, 11, 0x40}, []byte("x"))
 		}, "a malformed key 000000000000000b40 is stored beyond the head's 11 entries"},

@@ -185,6 +185,9 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 		if err := src.walk.checkLatest(meta.Get(keyLastCheckpoint)); err != nil {
 			return v.report, err
 		}
+		if err := checkAttachmentKeys(tx, n); err != nil {
+			return v.report, err
+		}
 	}
 	for src.walk.k != nil {
 		it := src.walk.next()

@@ -326,8 +326,7 @@ func TestWriterHeadInTransaction(t *testing.T) {
 
 // TestWriterRefusesEntriesBeyondHead: a key stored anywhere after the
 // head (not only at the next sequence number) that no ledger of the head's
-// size holds — an entry, a node, an attachment, a checkpoint of a larger
-// size — stops a Writer's append in a new transaction before it writes; a
+// size holds — an entry, a node, a checkpoint of a larger size — stops a Writer's append in a new transaction before it writes; a
 // checkpoint of the head's size does not.
 func TestWriterRefusesEntriesBeyondHead(t *testing.T) {
 	for _, tc := range []struct {
@@ -337,7 +336,6 @@ func TestWriterRefusesEntriesBeyondHead(t *testing.T) {
 	}{
 		{"entry", seqKey(7), []byte(`{}`), "entry 7 is stored although the head says 2 entries"},
 		{"node", treeKey(compact.NewNodeID(1, 2)), make([]byte, 32), "tree node (level 1, index 2) is stored although the head says 2 entries"},
-		{"attachment", attachmentKey(2), []byte("x"), "the attachment of entry 2 is stored although the head says 2 entries"},
 		{"malformed key", []byte{0, 0, 0, 0, 0, 0, 0, 3, 0x40}, []byte("x"), "a malformed key 000000000000000340 is stored although the head says 2 entries"},
 		{"checkpoint of a larger size", checkpointKey(3, 1), []byte("x"), "a checkpoint of size 3 is stored although the head says 2 entries"},
 		{"checkpoint of the head's size", checkpointKey(2, 1), []byte("x"), ""},
