@@ -573,12 +573,7 @@ func TestRetention(t *testing.T) {
 	if _, p := h.entryOf(w); p == nil {
 		t.Fatal("retention erased an fs.write payload its rule does not cover")
 	}
-	tok, cl, err := h.k.MintToken(captoken.Claims{Subject: h.agent, IssuedAt: clk.now(), NotBefore: clk.now(), Expiry: clk.now().Add(24 * time.Hour),
-		Cap: captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.token, h.jti = tok, cl.ID
+	h.remintAt(clk.now())
 	ers := h.entries(KindErasure, 0)
 	if len(ers) != 1 || !bytes.Contains(ers[0].Body, []byte(`"by":"retention"`)) {
 		t.Fatalf("erasure records %v", ers)
@@ -959,12 +954,7 @@ func TestRetentionInBatches(t *testing.T) {
 	if _, p := h.entryOf(write); p == nil {
 		t.Fatal("the fs.write payload, which the rule does not cover, was erased")
 	}
-	tok, cl, err := h.k.MintToken(captoken.Claims{Subject: h.agent, IssuedAt: clk.now(), NotBefore: clk.now(), Expiry: clk.now().Add(24 * time.Hour),
-		Cap: captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.token, h.jti = tok, cl.ID
+	h.remintAt(clk.now())
 	late := h.invoke("fs.read", map[string]any{"path": "a.txt"})
 	mustOK(t, late)
 	clk.add(2 * time.Hour)
@@ -972,4 +962,16 @@ func TestRetentionInBatches(t *testing.T) {
 		t.Fatalf("second Retain erased %d payloads, %v; want 1", n, err)
 	}
 	mustVerify(t, h.k.Inspector())
+}
+
+// remintAt gives h a token for its agent and workspace valid for a day
+// from now, for tests that move the kernel's clock past the first one.
+func (h *harness) remintAt(now time.Time) {
+	h.t.Helper()
+	tok, cl, err := h.k.MintToken(captoken.Claims{Subject: h.agent, IssuedAt: now, NotBefore: now, Expiry: now.Add(24 * time.Hour),
+		Cap: captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}}})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.token, h.jti = tok, cl.ID
 }

@@ -431,11 +431,7 @@ func TestVerifyChecksCheckpoints(t *testing.T) {
 		}, opts, &CheckpointError{Num: 0}, "does not verify"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDB(t)
-			appendBatch(t, db, 3)
-			writeCheckpoint(t, db, s)
-			appendBatch(t, db, 2)
-			writeCheckpoint(t, db, s)
+			db := twoCommits(t, s, 3, 2)
 			var roots [][32]byte
 			for i := range uint64(6) {
 				roots = append(roots, rootAt(t, db, i))
@@ -471,4 +467,16 @@ func TestVerifyWithoutVerifierIgnoresSignatures(t *testing.T) {
 	if _, err := verifyDBWith(db, VerifyOptions{Verifier: testVerifier(t)}); err == nil {
 		t.Error("Verify with the test key's verifier accepted another key's checkpoint")
 	}
+}
+
+// twoCommits returns a ledger of two batches of a and b entries, each
+// ending with a checkpoint signed by s.
+func twoCommits(t *testing.T, s note.Signer, a, b int) *bbolt.DB {
+	t.Helper()
+	db := newDB(t)
+	appendBatch(t, db, a)
+	writeCheckpoint(t, db, s)
+	appendBatch(t, db, b)
+	writeCheckpoint(t, db, s)
+	return db
 }

@@ -751,11 +751,7 @@ func TestMoveOfDamageTheOldBuildOpened(t *testing.T) {
 		}, "entry 5 is stored beyond the head's 5 entries", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDB(t)
-			appendBatch(t, db, 3)
-			writeCheckpoint(t, db, s)
-			appendBatch(t, db, 2)
-			writeCheckpoint(t, db, s)
+			db := twoCommits(t, s, 3, 2)
 			root3 := rootAt(t, db, 3)
 			toOldLayout(t, db, layoutCompletion)
 			if err := db.Update(func(tx *bbolt.Tx) error { return tc.damage(t, root3, tx) }); err != nil {

@@ -425,12 +425,7 @@ func TestVerifyChecksLatestCheckpointRecord(t *testing.T) {
 		{"names an entry", seqKey(2), "malformed checkpoint key 0000000000000002"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDB(t)
-			s := testSigner(t)
-			appendBatch(t, db, 3)
-			writeCheckpoint(t, db, s)
-			appendBatch(t, db, 2)
-			writeCheckpoint(t, db, s)
+			db := twoCommits(t, testSigner(t), 3, 2)
 			if err := db.Update(func(tx *bbolt.Tx) error {
 				if tc.record == nil {
 					return tx.Bucket(bucketMeta).Delete(keyLastCheckpoint)
@@ -568,11 +563,7 @@ func TestMoveKeepsUndecodableCheckpoint(t *testing.T) {
 // already stored: writing it is refused, and the stored one stays.
 func TestCheckpointNeverWrittenOver(t *testing.T) {
 	signer := testSigner(t)
-	db := newDB(t)
-	appendBatch(t, db, 7)
-	writeCheckpoint(t, db, signer)
-	appendBatch(t, db, 4)
-	writeCheckpoint(t, db, signer)
+	db := twoCommits(t, signer, 7, 4)
 	var before []byte
 	db.Update(func(tx *bbolt.Tx) error {
 		before = bytes.Clone(tx.Bucket(bucketEntries).Get(checkpointKey(11, 1)))

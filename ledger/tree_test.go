@@ -659,11 +659,7 @@ func TestCheckTree(t *testing.T) {
 		}, "is , the last stored checkpoint's is 000000000000000bc00000000000000001"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDB(t)
-			appendBatch(t, db, 7)
-			writeCheckpoint(t, db, signer)
-			appendBatch(t, db, 4)
-			writeCheckpoint(t, db, signer)
+			db := twoCommits(t, signer, 7, 4)
 			if err := db.Update(func(tx *bbolt.Tx) error { tc.tamper(t, tx); return nil }); err != nil {
 				t.Fatal(err)
 			}
