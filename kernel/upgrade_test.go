@@ -214,6 +214,33 @@ func TestUpgradeRefusedLeavesFile(t *testing.T) {
 			t.Fatalf("verify: %+v %v, want checkpoint #1 named", c, err)
 		}
 	})
+	t.Run("payload past the head", func(t *testing.T) {
+		// One flipped bit in a payload's key: the layout-2 build opened
+		// it (its verification named it); the moved file's open would
+		// refuse it, so the move is refused first.
+		h, _, _ := upgradeHarness(t)
+		toLayout2(t, h.data)
+		damage(t, h.data, func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketPayloads).Put(binary8(1<<40), []byte("x"))
+		})
+		before, err := os.ReadFile(filepath.Join(h.data, DBFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k, err := Open(context.Background(), Config{DataDir: h.data}); err == nil {
+			k.Close()
+			t.Fatal("Open accepted a payload past the head")
+		} else if !strings.Contains(err.Error(), "the attachment of entry 1099511627776 is stored beyond the head") {
+			t.Fatalf("Open: %v", err)
+		}
+		after, err := os.ReadFile(filepath.Join(h.data, DBFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatal("the refused open changed the file")
+		}
+	})
 	t.Run("tree past the latest checkpoint", func(t *testing.T) {
 		h, _, _ := upgradeHarness(t)
 		toLayout2(t, h.data)

@@ -29,6 +29,13 @@ const (
 	// nodes (a leaf, then the parents it completes, bottom up), so a
 	// batch appends its nodes at the tail of the bucket.
 	layoutCompletion = 2
+	// layoutMoving: a file of layoutCompletion that Move has moved in
+	// part (its tree and checkpoints split between their own buckets and
+	// the entries'), recorded as the byte 0x82 so that a build of
+	// layoutCompletion, which knows no other value, refuses it by name
+	// rather than reading nodes as missing. Move goes on with it; every
+	// reader refuses it.
+	layoutMoving = 0x82
 )
 
 // keyTreeLayout is the meta key recording the tree's key layout.
@@ -50,7 +57,7 @@ func treeLayout(meta *bbolt.Bucket) (int, error) {
 	switch v := meta.Get(keyTreeLayout); {
 	case v == nil:
 		return layoutLevelMajor, nil
-	case len(v) == 1 && (v[0] == layoutCompletion || v[0] == layoutOneBucket):
+	case len(v) == 1 && (v[0] == layoutCompletion || v[0] == layoutOneBucket || v[0] == layoutMoving):
 		return int(v[0]), nil
 	default:
 		return 0, fmt.Errorf("ledger key layout %x (meta key %q) is unknown to this build, which reads layout 3 (recorded as 03) and moves layouts 1 (not recorded) and 2 (recorded as 02) to it", v, keyTreeLayout)

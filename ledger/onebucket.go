@@ -205,7 +205,7 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 		if max > 0 {
 			return false, nil
 		}
-	default:
+	case layout == layoutCompletion:
 		if err := checkOtherLayout(tree, meta, false); err != nil {
 			return false, err
 		}
@@ -216,7 +216,7 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 	if left <= 0 {
 		left = -1
 	}
-	prev := movedSize(meta)
+	prev := movedSize(entries, meta)
 	n, _, err := readHead(meta)
 	if err != nil {
 		return false, fmt.Errorf("ledger: %w", err)
@@ -254,7 +254,9 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 			}
 		}
 		if left == 0 {
-			return false, nil
+			// Moved in part: recorded so (layoutMoving) for the builds
+			// of layout 2, which would read the moved nodes as missing.
+			return false, putLayout(meta, layoutMoving)
 		}
 	}
 	for _, name := range [][]byte{bucketTree, bucketCheckpoints} {
@@ -309,7 +311,7 @@ func CheckMove(tx *bbolt.Tx) (steps bool, err error) {
 	if layout == layoutOneBucket || tree == nil {
 		return false, nil // current, or a ledger made before the tree: built whole
 	}
-	return layout == layoutCompletion, checkMove(tx, entries, meta, tree, layout)
+	return layout != layoutLevelMajor, checkMove(tx, entries, meta, tree, layout)
 }
 
 // checkMove is CheckMove's check of a file of layout 1 or 2.
@@ -318,7 +320,7 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	prev := movedSize(meta)
+	prev := movedSize(entries, meta)
 	for _, cps := range []bool{false, true} {
 		b := tx.Bucket(bucketTreeOrCheckpoints(cps))
 		if b == nil {
@@ -348,8 +350,10 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 	if layout == layoutLevelMajor {
 		return nil
 	}
-	if err := checkOtherLayout(tree, meta, false); err != nil {
-		return err
+	if layout == layoutCompletion {
+		if err := checkOtherLayout(tree, meta, false); err != nil {
+			return err
+		}
 	}
 	fail := func(format string, a ...any) error {
 		return fmt.Errorf("ledger: the file does not match its latest checkpoint (the database is unchanged): "+format, a...)
@@ -371,6 +375,12 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 	if what := beyondHead(entries, n); what != "" {
 		return fail("%s is stored beyond the head's %d entries", what, n)
 	}
+	if what := attachedBeyond(tx, n); what != "" {
+		return fail("%s is stored beyond the head's %d entries", what, n)
+	}
+	if _, err := rootOf(st, n); err != nil {
+		return fail("right edge at size %d: %v", n, err)
+	}
 	// The latest checkpoint: the last in ledger_checkpoints, or, all
 	// moved, the one recorded.
 	var num uint64
@@ -381,7 +391,7 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 			num = binary.BigEndian.Uint64(k)
 		}
 	}
-	if signed == nil {
+	if signed == nil && layout == layoutMoving {
 		if k := meta.Get(keyLastCheckpoint); k != nil {
 			_, num, _ = parseCheckpointKey(k)
 			signed = entries.Get(k)
@@ -416,9 +426,11 @@ func takenError(k, nk []byte) error {
 }
 
 // movedSize returns the size of the checkpoint moved last by an earlier
-// step (keyLastCheckpoint), or 0.
-func movedSize(meta *bbolt.Bucket) uint64 {
-	if size, _, ok := parseCheckpointKey(meta.Get(keyLastCheckpoint)); ok {
+// step (keyLastCheckpoint), or 0: a record that names no moved checkpoint
+// (before the first step, a layout-2 file has none) is not one.
+func movedSize(entries, meta *bbolt.Bucket) uint64 {
+	k := meta.Get(keyLastCheckpoint)
+	if size, _, ok := parseCheckpointKey(k); ok && entries.Get(k) != nil {
 		return size
 	}
 	return 0

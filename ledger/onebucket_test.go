@@ -612,6 +612,7 @@ func TestMoveInSteps(t *testing.T) {
 				t.Fatalf("CheckMove: %v", err)
 			}
 			steps := 0
+			seen := map[int]bool{}
 			for done := false; !done; steps++ {
 				readable := stepped.View(CheckLayout) == nil
 				if err := stepped.Update(func(tx *bbolt.Tx) error {
@@ -624,6 +625,14 @@ func TestMoveInSteps(t *testing.T) {
 				if readable != done {
 					t.Fatalf("before step %d, CheckLayout accepted the file: %v; the step found it moved: %v", steps, readable, done)
 				}
+				if l := recordedLayout(t, stepped); len(l) == 1 {
+					seen[int(l[0])] = true
+				}
+			}
+			// Moved in part, the file is recorded as such (0x82), which the
+			// build of layout 2 refuses by name.
+			if !seen[layoutMoving] {
+				t.Errorf("no step recorded layout %x; recorded %v", layoutMoving, seen)
 			}
 			if steps < 10 {
 				t.Fatalf("moved in %d steps of 3 keys", steps)
