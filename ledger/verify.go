@@ -113,7 +113,11 @@ func Verify(tx *bbolt.Tx) (n uint64, err error) {
 //   - checkpoints: each is a well-formed signed note (signed by
 //     opts.Verifier, if set, with origin opts.Origin, if set), sizes do not
 //     decrease, no size exceeds the entries, each root is the recomputed
-//     root at its size, and no two of one size have different roots.
+//     root at its size, and no two of one size have different roots; each
+//     is stored under its size and number, and ledger_meta's record of the
+//     latest names the last;
+//   - attachments: each key is the seq of a stored entry, or an empty pad
+//     (their values are the ledger's users' to check).
 //
 // At the first failure it returns a *VerifyError (an entry, including a
 // tree leaf that differs from its entry's hash), a *NodeError, a
