@@ -43,6 +43,10 @@ func isPad(k []byte) bool {
 	return bytes.Equal(k, attachmentPads[0]) || bytes.Equal(k, attachmentPads[1])
 }
 
+// emptyPad reports whether k and v are a pad as it should be: empty (a
+// nested bucket, v nil, is not).
+func emptyPad(k, v []byte) bool { return isPad(k) && v != nil && len(v) == 0 }
+
 // initAttachments creates the attachments' bucket and its pads if they
 // are missing.
 func initAttachments(tx *bbolt.Tx) error {
@@ -136,10 +140,10 @@ func Attachments(tx *bbolt.Tx, from uint64, fn func(seq uint64, v []byte) error)
 	}
 	c := b.Cursor()
 	for k, v := c.Seek(seqKey(from)); k != nil; k, v = c.Next() {
-		if len(k) != 8 {
+		if len(k) != 8 || v == nil {
 			return fmt.Errorf("ledger: a malformed key %x among the attachments", k)
 		}
-		if len(v) == 0 && isPad(k) {
+		if emptyPad(k, v) {
 			continue
 		}
 		if err := fn(binary.BigEndian.Uint64(k), v); err != nil {
@@ -160,7 +164,7 @@ func attachedBeyond(tx *bbolt.Tx, n uint64) string {
 	}
 	c := b.Cursor()
 	for k, v := c.Seek(seqKey(n)); k != nil; k, v = c.Next() {
-		if !isPad(k) || len(v) != 0 {
+		if !emptyPad(k, v) {
 			return describeAttachmentKey(k, v)
 		}
 	}
@@ -177,7 +181,7 @@ func checkAttachmentKeys(tx *bbolt.Tx, n uint64) error {
 	}
 	c := b.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) == 8 && binary.BigEndian.Uint64(k) < n && v != nil || isPad(k) && len(v) == 0 {
+		if len(k) == 8 && binary.BigEndian.Uint64(k) < n && v != nil || emptyPad(k, v) {
 			continue
 		}
 		seq := n
@@ -191,9 +195,11 @@ func checkAttachmentKeys(tx *bbolt.Tx, n uint64) error {
 
 func describeAttachmentKey(k, v []byte) string {
 	switch {
+	case v == nil:
+		return fmt.Sprintf("a nested bucket at key %x among the attachments", k)
 	case isPad(k):
 		return fmt.Sprintf("the attachments' pad %x, holding a value,", k)
-	case len(k) != 8 || v == nil:
+	case len(k) != 8:
 		return fmt.Sprintf("a malformed key %x among the attachments", k)
 	}
 	return fmt.Sprintf("the attachment of entry %d", binary.BigEndian.Uint64(k))

@@ -778,3 +778,67 @@ func TestMoveOfDamageTheOldBuildOpened(t *testing.T) {
 		})
 	}
 }
+
+// TestKernelOpenAgreesWithCheckMove: damage in a layout-2 file that the
+// moved file's open (CheckTree) would refuse is refused by CheckMove
+// before any step commits, so the file stays as its build left it; what
+// CheckTree accepts once moved, CheckMove lets through.
+func TestKernelOpenAgreesWithCheckMove(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(tx *bbolt.Tx) error
+		open   string // the refusal; "" for an open that succeeds
+	}{
+		{"stray checkpoint key of the head's size in the entries' bucket", func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketEntries).Put(checkpointKey(37, 1<<40), []byte("x"))
+		}, "a malformed key 0000000000000025c00000010000000000 in the \"ledger\" bucket"},
+		{"stray node key in the entries' bucket", func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketEntries).Put(treeKey(compact.NewNodeID(0, 3)), make([]byte, 32))
+		}, "its key in \"ledger\", 000000000000000300, is taken"},
+		{"stray record of a latest checkpoint, none stored", func(tx *bbolt.Tx) error {
+			if err := tx.DeleteBucket(bucketCheckpoints); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(bucketCheckpoints); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketMeta).Put(keyLastCheckpoint, checkpointKey(3, 0))
+		}, ""},
+		{"nested bucket at an attachments' pad", func(tx *bbolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists(bucketAttachments)
+			if err != nil {
+				return err
+			}
+			if err := b.Delete(attachmentPads[1]); err != nil {
+				return err
+			}
+			_, err = b.CreateBucket(attachmentPads[1])
+			return err
+		}, "a nested bucket at key ffffffffffffffff among the attachments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := checkpointed(t) // 37 entries
+			toOldLayout(t, db, layoutCompletion)
+			if err := db.Update(tc.damage); err != nil {
+				t.Fatal(err)
+			}
+			before := dumpAll(t, db)
+			err := openAsKernel(db)
+			if tc.open == "" {
+				if err != nil {
+					t.Fatalf("open: %v", err)
+				}
+				if _, err := verifyDB(db); err != nil {
+					t.Fatalf("verify after the open: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.open) {
+				t.Fatalf("open = %v, want it refused: %q", err, tc.open)
+			}
+			if !equalDumpAll(dumpAll(t, db), before) {
+				t.Fatal("the refused open changed the file")
+			}
+		})
+	}
+}

@@ -209,6 +209,10 @@ func Move(tx *bbolt.Tx, max int) (done bool, err error) {
 		if err := checkOtherLayout(tree, meta, false); err != nil {
 			return false, err
 		}
+		// Nothing moved yet: a record of a latest checkpoint is stray.
+		if err := meta.Delete(keyLastCheckpoint); err != nil {
+			return false, fmt.Errorf("ledger: %w", err)
+		}
 	}
 	tree, cps = tx.Bucket(bucketTree), tx.Bucket(bucketCheckpoints)
 	entries.FillPercent = 1
@@ -353,6 +357,16 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 	if layout == layoutCompletion {
 		if err := checkOtherLayout(tree, meta, false); err != nil {
 			return err
+		}
+		// Nothing moved yet: the entries' bucket holds records only. A
+		// key of a node's or a checkpoint's form there would sit among
+		// the moved ones, where the moved file's open (CheckTree) reads
+		// it as one.
+		c := entries.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) != 8 || v == nil {
+				return fmt.Errorf("ledger: a malformed key %x in the %q bucket (the database is unchanged; verify it with the build that wrote it)", k, bucketEntries)
+			}
 		}
 	}
 	fail := func(format string, a ...any) error {
