@@ -223,23 +223,7 @@ func TestUpgradeRefusedLeavesFile(t *testing.T) {
 		damage(t, h.data, func(tx *bbolt.Tx) error {
 			return tx.Bucket(bucketPayloads).Put(binary8(1<<40), []byte("x"))
 		})
-		before, err := os.ReadFile(filepath.Join(h.data, DBFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if k, err := Open(context.Background(), Config{DataDir: h.data}); err == nil {
-			k.Close()
-			t.Fatal("Open accepted a payload past the head")
-		} else if !strings.Contains(err.Error(), "the attachment of entry 1099511627776 is stored beyond the head") {
-			t.Fatalf("Open: %v", err)
-		}
-		after, err := os.ReadFile(filepath.Join(h.data, DBFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(before, after) {
-			t.Fatal("the refused open changed the file")
-		}
+		openRefusedUnchanged(t, h.data, "the attachment of entry 1099511627776 is stored beyond the head")
 	})
 	t.Run("tree past the latest checkpoint", func(t *testing.T) {
 		h, _, _ := upgradeHarness(t)
@@ -249,22 +233,29 @@ func TestUpgradeRefusedLeavesFile(t *testing.T) {
 			leaf := append(binary8(binary.BigEndian.Uint64(hd)-1), 0)
 			return tx.Bucket([]byte("ledger_tree")).Put(leaf, make([]byte, 32))
 		})
-		before, err := os.ReadFile(filepath.Join(h.data, DBFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if k, err := Open(context.Background(), Config{DataDir: h.data}); err == nil {
-			k.Close()
-			t.Fatal("Open accepted a tree that does not match its head")
-		} else if !strings.Contains(err.Error(), "upgrade the storage layout") {
-			t.Fatalf("Open: %v", err)
-		}
-		after, err := os.ReadFile(filepath.Join(h.data, DBFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(before, after) {
-			t.Fatal("the refused open changed the file")
-		}
+		openRefusedUnchanged(t, h.data, "upgrade the storage layout")
 	})
+}
+
+// openRefusedUnchanged opens the data dir and wants it refused, with an
+// error saying want, and its bbolt file left byte for byte as it was.
+func openRefusedUnchanged(t *testing.T, data, want string) {
+	t.Helper()
+	before, err := os.ReadFile(filepath.Join(data, DBFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := Open(context.Background(), Config{DataDir: data}); err == nil {
+		k.Close()
+		t.Fatalf("Open accepted the data dir; want it refused: %q", want)
+	} else if !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open: %v, want %q", err, want)
+	}
+	after, err := os.ReadFile(filepath.Join(data, DBFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Fatal("the refused open changed the file")
+	}
 }

@@ -49,12 +49,9 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	layout, err := treeLayout(meta)
+	full, err := readsWhole(tx, meta)
 	if err != nil {
 		return fmt.Errorf("ledger: export: %w", err)
-	}
-	if layout != layoutOneBucket && tx.Bucket(bucketCheckpoints) != nil {
-		return errOldLayout
 	}
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var n uint64
@@ -86,7 +83,7 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 		}
 		return nil
 	}
-	if layout == layoutOneBucket {
+	if full {
 		cc = newKindCursor(entries, kindCheckpoint)
 		load(cc.First())
 	}

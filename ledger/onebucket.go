@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/capkernel/capkernel/digest"
-	"github.com/transparency-dev/merkle/compact"
 	"go.etcd.io/bbolt"
 )
 
@@ -296,9 +294,8 @@ func bucketTreeOrCheckpoints(cps bool) []byte {
 //     moved, which the layout-2 build made only at its next append).
 //
 // and reports steps true: such a file may be moved in steps. A file of
-// layout 1, or made
-// before the tree, is moved by a first step that rebuilds or rekeys the
-// whole tree in one transaction; CheckMove then checks its tree's keys as
+// layout 1, or made before the tree, is moved by a first step that
+// rebuilds or rekeys the whole tree in one transaction; CheckMove then checks its tree's keys as
 // rekeyTree does (layout 1) and reports steps false: such a file is best
 // moved by Init, in the transaction that then runs CheckTree, so that a
 // file CheckTree refuses is left as it was.
@@ -372,16 +369,6 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 	fail := func(format string, a ...any) error {
 		return fmt.Errorf("ledger: the file does not match its latest checkpoint (the database is unchanged): "+format, a...)
 	}
-	st := storedTree{b: tree, moved: entries}
-	if n > 0 {
-		leaf, err := getNode(st, compact.NewNodeID(0, n-1))
-		if err != nil {
-			return fail("%v", err)
-		}
-		if leaf != head {
-			return fail("leaf %d is %s but the head's entry hash is %s", n-1, digest.Format(leaf), digest.Format(head))
-		}
-	}
 	if k, _ := tree.Cursor().Seek(seqKey(n)); k != nil {
 		id, _ := completionID(k)
 		return fail("%s is stored beyond the head's %d entries", nodeName(id), n)
@@ -392,11 +379,9 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 	if what := attachedBeyond(tx, n); what != "" {
 		return fail("%s is stored beyond the head's %d entries", what, n)
 	}
-	if _, err := rootOf(st, n); err != nil {
-		return fail("right edge at size %d: %v", n, err)
-	}
 	// The latest checkpoint: the last in ledger_checkpoints, or, all
 	// moved, the one recorded.
+	var latest *StoredCheckpoint
 	var num uint64
 	var signed []byte
 	if cps := tx.Bucket(bucketCheckpoints); cps != nil {
@@ -411,26 +396,19 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 			signed = entries.Get(k)
 		}
 	}
-	if signed == nil {
-		return nil
+	if signed != nil {
+		note, err := loadCheckpoint(signed)
+		if err != nil {
+			return fail("latest checkpoint #%d: %v", num, err)
+		}
+		cp, _, err := parseSigned(note)
+		if err != nil {
+			return fail("latest checkpoint #%d: %v", num, err)
+		}
+		latest = &StoredCheckpoint{Num: num, Checkpoint: cp}
 	}
-	note, err := loadCheckpoint(signed)
-	if err != nil {
-		return fail("latest checkpoint #%d: %v", num, err)
-	}
-	cp, _, err := parseSigned(note)
-	if err != nil {
-		return fail("latest checkpoint #%d: %v", num, err)
-	}
-	if cp.Size > n {
-		return fail("latest checkpoint #%d is for %d entries but the ledger has %d", num, cp.Size, n)
-	}
-	root, err := rootOf(st, cp.Size)
-	if err != nil {
-		return fail("root at size %d: %v", cp.Size, err)
-	}
-	if root != cp.Root {
-		return fail("latest checkpoint #%d has root %s for size %d, the tree's root is %s", num, digest.Format(cp.Root), cp.Size, digest.Format(root))
+	if err := checkEdge(storedTree{b: tree, moved: entries}, n, head, latest); err != nil {
+		return fail("%v", err)
 	}
 	return nil
 }
@@ -515,6 +493,25 @@ func CheckLayout(tx *bbolt.Tx) error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	return errOldLayout
+}
+
+// readsWhole reports whether the readers of the whole ledger (Verify,
+// Export) read tx's file with its tree and checkpoints (layoutOneBucket)
+// or as a hash chain alone (a ledger made before the tree and the
+// checkpoints existed, not yet opened by Init); a file of another older
+// layout is refused (errOldLayout).
+func readsWhole(tx *bbolt.Tx, meta *bbolt.Bucket) (full bool, err error) {
+	layout, err := treeLayout(meta)
+	if err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	if layout == layoutOneBucket {
+		return true, nil
+	}
+	if tx.Bucket(bucketTree) != nil || tx.Bucket(bucketCheckpoints) != nil {
+		return false, errOldLayout
+	}
+	return false, nil
 }
 
 // errOldLayout is the error of a reader of a file Init has not migrated.

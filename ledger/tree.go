@@ -241,45 +241,60 @@ func CheckTree(tx *bbolt.Tx) error {
 		return err
 	}
 	_, head, _ := readHead(tx.Bucket(bucketMeta)) // treeAt read it
-	if n > 0 {
-		leaf, err := getNode(tree, compact.NewNodeID(0, n-1))
-		if err != nil {
-			return fmt.Errorf("ledger: tree check: %w", err)
-		}
-		if leaf != head {
-			return fmt.Errorf("ledger: tree check: leaf %d is %s but the head's entry hash is %s", n-1, digest.Format(leaf), digest.Format(head))
-		}
-	}
 	if what := beyondHead(tree.b, n); what != "" {
 		return fmt.Errorf("ledger: tree check: %s is stored beyond the head's %d entries", what, n)
 	}
 	if what := attachedBeyond(tx, n); what != "" {
 		return fmt.Errorf("ledger: tree check: %s is stored beyond the head's %d entries", what, n)
 	}
-	root, err := rootOf(tree, n)
-	if err != nil {
-		return fmt.Errorf("ledger: tree check: right edge at size %d: %w", n, err)
-	}
 	if err := checkLatestRecord(tree.b, tx.Bucket(bucketMeta)); err != nil {
 		return fmt.Errorf("ledger: tree check: %w", err)
 	}
 	cp, err := LatestCheckpoint(tx)
-	if errors.Is(err, ErrNoCheckpoint) {
-		return nil
+	switch {
+	case errors.Is(err, ErrNoCheckpoint):
+		err = checkEdge(tree, n, head, nil)
+	case err == nil:
+		err = checkEdge(tree, n, head, &cp)
 	}
 	if err != nil {
 		return fmt.Errorf("ledger: tree check: %w", err)
 	}
+	return nil
+}
+
+// checkEdge checks a tree of n entries against its head and its latest
+// checkpoint (nil when none is stored): the head's leaf is the head's
+// entry hash, the right edge rebuilds from the stored nodes, and the root
+// at the checkpoint's size, which the tree must reach, is the
+// checkpoint's. CheckTree makes it at every open, CheckMove before a move.
+func checkEdge(tree storedTree, n uint64, head [32]byte, cp *StoredCheckpoint) error {
+	if n > 0 {
+		leaf, err := getNode(tree, compact.NewNodeID(0, n-1))
+		if err != nil {
+			return err
+		}
+		if leaf != head {
+			return fmt.Errorf("leaf %d is %s but the head's entry hash is %s", n-1, digest.Format(leaf), digest.Format(head))
+		}
+	}
+	root, err := rootOf(tree, n)
+	if err != nil {
+		return fmt.Errorf("right edge at size %d: %w", n, err)
+	}
+	if cp == nil {
+		return nil
+	}
 	if cp.Size > n {
-		return fmt.Errorf("ledger: tree check: latest checkpoint #%d is for %d entries but the ledger has %d", cp.Num, cp.Size, n)
+		return fmt.Errorf("latest checkpoint #%d is for %d entries but the ledger has %d", cp.Num, cp.Size, n)
 	}
 	if cp.Size < n {
 		if root, err = rootOf(tree, cp.Size); err != nil {
-			return fmt.Errorf("ledger: tree check: root at size %d: %w", cp.Size, err)
+			return fmt.Errorf("root at size %d: %w", cp.Size, err)
 		}
 	}
 	if root != cp.Root {
-		return fmt.Errorf("ledger: tree check: latest checkpoint #%d has root %s for size %d, the tree's root is %s", cp.Num, digest.Format(cp.Root), cp.Size, digest.Format(root))
+		return fmt.Errorf("latest checkpoint #%d has root %s for size %d, the tree's root is %s", cp.Num, digest.Format(cp.Root), cp.Size, digest.Format(root))
 	}
 	return nil
 }

@@ -138,13 +138,9 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	layout, err := treeLayout(meta)
+	full, err := readsWhole(tx, meta)
 	if err != nil {
-		return Report{}, fmt.Errorf("ledger: %w", err)
-	}
-	full := layout == layoutOneBucket
-	if !full && (tx.Bucket(bucketTree) != nil || tx.Bucket(bucketCheckpoints) != nil) {
-		return Report{}, errOldLayout
+		return Report{}, err
 	}
 	v := newChain(opts)
 	if full {
