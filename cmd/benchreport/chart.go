@@ -23,10 +23,11 @@ func (r *report) chart() []byte {
 		colorKernelRead  = "#2ca02c"
 		colorOPAServer   = "#d62728"
 		colorKernelEval  = "#ff7f0e"
+		colorFloor       = "#7f7f7f"
 		seriesStrokeSize = 2
 	)
 	series := []struct{ name, color string }{
-		{kernelEcho, colorKernelEcho}, {kernelRead, colorKernelRead}, {kernelEchoEval, colorKernelEval}, {opaServer, colorOPAServer},
+		{kernelEcho, colorKernelEcho}, {kernelRead, colorKernelRead}, {kernelEchoEval, colorKernelEval}, {opaServer, colorOPAServer}, {floorTarget, colorFloor},
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">`+"\n", w, h, w, h)
@@ -65,9 +66,9 @@ func (r *report) chart() []byte {
 	panel(left0, "Throughput", "calls/s", point.Rate)
 	panel(left1, "p99 latency", "ms", func(p point) float64 { return float64(p.P99) / float64(time.Millisecond) })
 	for i, s := range series {
-		x := left0 + i*230
-		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="14" height="4" fill="%s"/>`+"\n", x, legendY-4, s.color)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" %s>%s</text>`+"\n", x+20, legendY+2, fontAttrs, s.name)
+		x, y := left0+i%3*300, legendY+i/3*18
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="14" height="4" fill="%s"/>`+"\n", x, y-4, s.color)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" %s>%s</text>`+"\n", x+20, y+2, fontAttrs, s.name)
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" %s fill="#555">%s · %d CPUs · %s · OPA %s · %s</text>`+"\n", left0, h-12, fontAttrs, html.EscapeString(r.CPU), r.CPUs, r.GoVersion, r.OPAVersion, r.Began.UTC().Format("2006-01-02"))
 	b.WriteString("</svg>\n")

@@ -64,6 +64,7 @@ func main() {
 	svg := flag.String("svg", "docs/benchmarks.svg", "chart to write")
 	benchtime := flag.String("benchtime", "2s", "go test -benchtime of the in-process benchmarks")
 	inProcess := flag.Bool("in-process", true, "run the in-process benchmarks too (false: HTTP only, for a quick look)")
+	httpOnly := flag.Bool("http-only", false, "only measure section 1–2 (the kernel, OPA and the floor over HTTP; with -profile, a CPU profile); print it, write nothing")
 	telemetryOnly := flag.Bool("telemetry-only", false, "only compare the audited HTTP call with metrics and traces on and off; print that section, write nothing")
 	telemetryProfile := flag.String("telemetry-profile", "", "with -telemetry-only, write CPU profiles of both kernels at c=32 to PREFIX-off.pprof and PREFIX-on.pprof")
 	memoryOnly := flag.Bool("memory-only", false, "only measure serve's memory under 200 clients; print that section, write nothing")
@@ -72,6 +73,8 @@ func main() {
 	writesOnly := flag.Bool("writes-only", false, "only measure the durable writes against bare bbolt on the machine's disk and on a journaled ext4 on a loop device (section 4); print that section, write nothing")
 	gatewayProfile := flag.String("gateway-profile", "", "write a CPU profile of the gateway's server process during tools/call at c=8 to this file")
 	serveGatewayData := flag.String("serve-gateway", "", "internal: be the gateway comparison's server process on this data dir")
+	serveFloorDir := flag.String("serve-floor", "", "internal: be section 1–2's floor server on this dir")
+	floorAnswer := flag.String("floor-answer", "", "internal: with -serve-floor, the file whose bytes it answers")
 	gatewayPprof := flag.String("gateway-pprof", "", "internal: with -serve-gateway, serve the profiler on this address")
 	flag.Parse()
 	if *serveGatewayData != "" {
@@ -81,8 +84,31 @@ func main() {
 		}
 		return
 	}
+	if *serveFloorDir != "" {
+		if err := serveFloor(*serveFloorDir, *floorAnswer); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var section func(r *report, bin, tmp string, d time.Duration) error
 	switch {
+	case *httpOnly:
+		section = func(r *report, bin, tmp string, d time.Duration) error {
+			if err := sh([]string{"GOBIN=" + bin}, "go", "install", "github.com/open-policy-agent/opa"); err != nil {
+				return err
+			}
+			if err := r.measureHTTP(bin, tmp, *profile, d); err != nil {
+				return err
+			}
+			r.httpMarkdown(printLine)
+			for _, g := range r.goals() {
+				if strings.Contains(g.goal, "HTTP") && !strings.Contains(g.goal, "MCP") {
+					printLine("%s: %s (met: %s)", g.goal, g.measured, g.met)
+				}
+			}
+			return nil
+		}
 	case *telemetryOnly:
 		section = func(r *report, bin, tmp string, d time.Duration) error {
 			r.TelemetryProfile = *telemetryProfile
@@ -285,6 +311,16 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 	}
 	defer opa.stop()
 	opaBody, _ := json.Marshal(map[string]json.RawMessage{"input": input})
+	answer, err := rawCall(ks.url+"/v1/syscalls", readEnv(0, 0))
+	if err != nil {
+		return err
+	}
+	r.FloorAnswer = len(answer)
+	floor, err := startFloor(filepath.Join(tmp, "floor"), answer)
+	if err != nil {
+		return err
+	}
+	defer floor.stop()
 
 	targets := []target{
 		{name: kernelEcho, url: ks.url + "/v1/syscalls", pid: ks.pid, body: sessionCall(tok, ph, "echo", same(`{"text":"hello"}`)), fixed: true, want: []byte(`"status":"ok"`)},
@@ -294,6 +330,7 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 		{name: kernelEchoEval, url: ks.url + "/v1/syscalls", pid: ks.pid, body: sessionCall(tok, ph, "echo", evalArgs()), want: []byte(`"status":"ok"`)},
 		{name: opaServer, url: opa.url + "/v1/data/capkernel/decision", pid: opa.pid,
 			body: func(int, int) []byte { return opaBody }, fixed: true, want: []byte(`"autonomy_mode":"autopilot"`)},
+		{name: floorTarget, url: floor.url, pid: floor.pid, body: readEnv, fixed: true, want: []byte(`"status":"ok"`)},
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 128}}
 	points, err := alternate(client, targets, concurrencies, httpRounds, httpWarm, d/httpRounds, func(t target, c, round int) func() error {
@@ -308,7 +345,24 @@ func (r *report) measureHTTP(bin, tmp, profile string, d time.Duration) error {
 		return err
 	}
 	r.HTTP = combine(points)
-	return nil
+	last, err := rawCall(ks.url+"/v1/syscalls", readEnv(0, 0))
+	r.LastAnswer = len(last)
+	return err
+}
+
+// rawCall posts body to url and returns the answer's bytes, which must
+// be a 200.
+func rawCall(url string, body []byte) ([]byte, error) {
+	resp, err := http.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("POST %s: status %d: %.300s", url, resp.StatusCode, b)
+	}
+	return b, err
 }
 
 // initKernel makes a kernel's data dir and workspace ws holding a.txt,
@@ -346,12 +400,16 @@ func policyInput(ctx context.Context, caller, admin *httpapi.Client, envelope []
 }
 
 type proc struct {
-	cmd *exec.Cmd
-	pid int
-	url string
+	cmd   *exec.Cmd
+	pid   int
+	url   string
+	stdin io.Closer // if set, the server's stdin, held open until stop
 }
 
 func (p *proc) stop() {
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
 	p.cmd.Process.Kill()
 	p.cmd.Wait()
 }

@@ -15,6 +15,8 @@ type report struct {
 	CPU, Kernel, Commit   string
 	CPUs                  int
 	OPAInput              string
+	FloorAnswer           int // bytes the floor server answers: the kernel's first fs.read answer
+	LastAnswer            int // bytes of the kernel's fs.read answer after section 1–2
 	HTTP                  []point
 	Telemetry             []point // measureTelemetry's rounds
 	TelemetryProfile      string  // file prefix of CPU profiles of the telemetry kernels, or ""
@@ -110,37 +112,7 @@ func (r *report) markdown() []byte {
 		w("| %s | %s | %s |", g.goal, g.measured, g.met)
 	}
 	w("")
-	w("## 1–2. HTTP: kernel against OPA's own server")
-	w("")
-	w("A separate load-generating process (this program) on loopback, closed loop: each of c workers sends its next request when the previous answer is in. The kernel answers `POST /v1/syscalls` with a full audited call: token verification, scope checks, the policy decision, an audit record in the hash-chained ledger (group-committed, fsync'd) and its receipt (the record proven under the checkpoint signed once per group commit). Each worker is its own agent session and makes its request body once, as it does for OPA (but for \"new args each call\", whose body is new each time). OPA's server (`opa run --server`, decision logs off) is asked `POST /v1/data/capkernel/decision` with the very input the kernel decided fs.read with (read back from that call's audit record): the cost of a bare policy check with no token, no audit and no receipt. CPU per call is the server process's user+system time (from /proc) over the calls it answered. The four targets are measured in turn, %d rounds per concurrency, each round starting with the next target, so that OPA and the kernel share the machine's drifting load; a row takes its target's rounds together (throughput and CPU over all rounds, latency the median of the rounds' p50s and, apart, of their p99s).", httpRounds)
-	w("")
-	w("| target | c | calls/s | p50 µs | p99 µs | server CPU µs/call | load-generator CPU µs/call |")
-	w("|---|---:|---:|---:|---:|---:|---:|")
-	for _, p := range r.HTTP {
-		w("| %s | %d | %s | %s | %s | %s | %s |", p.Target, p.Concurrency, num(p.Rate()), µs(p.P50), µs(p.P99), µs(p.ServerCPU), µs(p.ClientCPU))
-	}
-	w("")
-	w("Kernel throughput as a multiple of the OPA server's at the same concurrency:")
-	w("")
-	w("| c | echo / OPA | fs.read / OPA | echo, new args / OPA | fs.read CPU per call / OPA's |")
-	w("|---:|---:|---:|---:|---:|")
-	for _, c := range concurrencies {
-		e, _ := r.point(kernelEcho, c)
-		k, _ := r.point(kernelRead, c)
-		n, _ := r.point(kernelEchoEval, c)
-		o, ok := r.point(opaServer, c)
-		if !ok || o.Calls == 0 || o.ServerCPU == 0 {
-			continue
-		}
-		w("| %d | %.2f× | %.2f× | %.2f× | %.2f× |", c, e.Rate()/o.Rate(), k.Rate()/o.Rate(), n.Rate()/o.Rate(), float64(k.ServerCPU)/float64(o.ServerCPU))
-	}
-	w("")
-	w("The input OPA was asked:")
-	w("")
-	w("```json")
-	w("%s", r.OPAInput)
-	w("```")
-	w("")
+	r.httpMarkdown(w)
 	r.telemetryMarkdown(w)
 	w("## 3. In-process Invoke")
 	w("")
@@ -188,6 +160,42 @@ func (r *report) markdown() []byte {
 	r.memoryMarkdown(w)
 	r.storageMarkdown(w)
 	return b.Bytes()
+}
+
+// httpMarkdown writes section 1–2 with w.
+func (r *report) httpMarkdown(w func(format string, a ...any)) {
+	w("## 1–2. HTTP: kernel against OPA's own server")
+	w("")
+	w("A separate load-generating process (this program) on loopback, closed loop: each of c workers sends its next request when the previous answer is in. The kernel answers `POST /v1/syscalls` with a full audited call: token verification, scope checks, the policy decision, an audit record in the hash-chained ledger (group-committed, fsync'd) and its receipt (the record proven under the checkpoint signed once per group commit). Each worker is its own agent session and makes its request body once, as it does for OPA (but for \"new args each call\", whose body is new each time). OPA's server (`opa run --server`, decision logs off) is asked `POST /v1/data/capkernel/decision` with the very input the kernel decided fs.read with (read back from that call's audit record): the cost of a bare policy check with no token, no audit and no receipt. The floor is what any server that answers a call only once a record of it is durable must spend, with nothing of governance: a server process of this program that reads the fs.read request, puts its bytes in a bbolt file under the next sequence number (group committed as the kernel's store commits: every request queued while a transaction committed goes into the next, one fdatasync'd transaction, the kernel's bbolt options) and then answers the kernel's own answer to that fs.read (%s bytes, the run's first; the kernel's last was %s, its inclusion proof having grown with the ledger). CPU per call is the server process's user+system time (from /proc) over the calls it answered. The five targets are measured in turn, %d rounds per concurrency, each round starting with the next target, so that OPA and the kernel share the machine's drifting load; a row takes its target's rounds together (throughput and CPU over all rounds, latency the median of the rounds' p50s and, apart, of their p99s).", num(float64(r.FloorAnswer)), num(float64(r.LastAnswer)), httpRounds)
+	w("")
+	w("| target | c | calls/s | p50 µs | p99 µs | server CPU µs/call | load-generator CPU µs/call |")
+	w("|---|---:|---:|---:|---:|---:|---:|")
+	for _, p := range r.HTTP {
+		w("| %s | %d | %s | %s | %s | %s | %s |", p.Target, p.Concurrency, num(p.Rate()), µs(p.P50), µs(p.P99), µs(p.ServerCPU), µs(p.ClientCPU))
+	}
+	w("")
+	w("Kernel throughput as a multiple of the OPA server's at the same concurrency, and the floor's: how much of the distance to OPA durability alone takes on this machine, and how much of the floor the audited call keeps:")
+	w("")
+	w("| c | echo / OPA | fs.read / OPA | echo, new args / OPA | fs.read CPU per call / OPA's | floor / OPA | fs.read / floor |")
+	w("|---:|---:|---:|---:|---:|---:|---:|")
+	for _, c := range concurrencies {
+		e, _ := r.point(kernelEcho, c)
+		k, _ := r.point(kernelRead, c)
+		n, _ := r.point(kernelEchoEval, c)
+		f, _ := r.point(floorTarget, c)
+		o, ok := r.point(opaServer, c)
+		if !ok || o.Calls == 0 || o.ServerCPU == 0 || f.Calls == 0 {
+			continue
+		}
+		w("| %d | %.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %.2f× |", c, e.Rate()/o.Rate(), k.Rate()/o.Rate(), n.Rate()/o.Rate(), float64(k.ServerCPU)/float64(o.ServerCPU), f.Rate()/o.Rate(), k.Rate()/f.Rate())
+	}
+	w("")
+	w("The input OPA was asked:")
+	w("")
+	w("```json")
+	w("%s", r.OPAInput)
+	w("```")
+	w("")
 }
 
 // goal is one line of the report's goals table (issue 17's figures).
