@@ -163,3 +163,39 @@ func TestVisibleAt(t *testing.T) {
 		}
 	}
 }
+
+// TestReadMountsSeesChanges: the mount table ReadMounts keeps between
+// calls is read again after every mount and unmount, so a check right
+// after one sees it, however often the table was read before.
+func TestReadMountsSeesChanges(t *testing.T) {
+	dir := t.TempDir()
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) }) // after a failed round
+	has := func() bool {
+		return slices.ContainsFunc(ReadMounts(), func(m mountEntry) bool { return m.point == dir })
+	}
+	if has() {
+		t.Fatalf("%s is a mount point before the test mounted it", dir)
+	}
+	for i := range 20 {
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+			if i == 0 {
+				t.Skipf("no tmpfs mounts here: %v", err)
+			}
+			t.Fatal(err)
+		}
+		if !has() {
+			t.Fatalf("round %d: ReadMounts does not show the tmpfs just mounted at %s", i, dir)
+		}
+		if err := syscall.Unmount(dir, 0); err != nil {
+			t.Fatal(err)
+		}
+		if has() {
+			t.Fatalf("round %d: ReadMounts still shows the tmpfs just unmounted from %s", i, dir)
+		}
+	}
+	// Unchanged, the table is the one read last (not read again).
+	a, b := ReadMounts(), ReadMounts()
+	if len(a) == 0 || &a[0] != &b[0] {
+		t.Errorf("two reads with no mount between gave different tables")
+	}
+}
