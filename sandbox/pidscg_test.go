@@ -193,9 +193,13 @@ func TestReadMountsSeesChanges(t *testing.T) {
 			t.Fatalf("round %d: ReadMounts still shows the tmpfs just unmounted from %s", i, dir)
 		}
 	}
-	// Unchanged, the table is the one read last (not read again).
-	a, b := ReadMounts(), ReadMounts()
-	if len(a) == 0 || &a[0] != &b[0] {
-		t.Errorf("two reads with no mount between gave different tables")
+	// Unchanged, the table is the one read last, not read again. Other
+	// processes may mount meanwhile (tests of other packages): one pair
+	// of reads in ten with none between them is enough.
+	for range 10 {
+		if a, b := ReadMounts(), ReadMounts(); len(a) > 0 && &a[0] == &b[0] {
+			return
+		}
 	}
+	t.Errorf("ten pairs of reads in a row each gave two tables: the table is read every time")
 }
