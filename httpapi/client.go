@@ -26,7 +26,10 @@ type Client struct {
 	// capability token. It may be empty for public endpoints and calls.
 	Credential string
 	// HTTP is the client used; nil means one with a 15-minute timeout
-	// (calls may run for minutes).
+	// for every request but calls (POST /v1/syscalls), which have none of
+	// the client's own: they may wait for an approval, then run, for as
+	// long as the server's timeouts allow, and the caller's context ends
+	// them sooner.
 	HTTP *http.Client
 }
 
@@ -42,6 +45,12 @@ func (e *APIError) Error() string {
 }
 
 var defaultHTTP = &http.Client{Timeout: 15 * time.Minute}
+
+// callHTTP sends calls: a call may wait for an approval and then run for
+// as long as the server allows (its approval timeout and the syscall's
+// own), so no whole-request timeout of the client's ends it first; the
+// caller's context does.
+var callHTTP = &http.Client{}
 
 // do sends a request and decodes a 2xx JSON answer into out (unless nil);
 // any other answer is an *APIError.
@@ -86,6 +95,11 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 
 // sendHeader is send with the extra request headers in header.
 func (c *Client) sendHeader(ctx context.Context, method, path string, body io.Reader, header http.Header) (*http.Response, error) {
+	return c.sendVia(ctx, c.httpClient(), method, path, body, header)
+}
+
+// sendVia is sendHeader through hc.
+func (c *Client) sendVia(ctx context.Context, hc *http.Client, method, path string, body io.Reader, header http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, body)
 	if err != nil {
 		return nil, err
@@ -99,7 +113,7 @@ func (c *Client) sendHeader(ctx context.Context, method, path string, body io.Re
 	if c.Credential != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Credential)
 	}
-	resp, err := c.httpClient().Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -109,7 +123,7 @@ func (c *Client) sendHeader(ctx context.Context, method, path string, body io.Re
 // Call sends a call envelope and returns its result envelope and the HTTP
 // status. Every answer of POST /v1/syscalls is a result envelope.
 func (c *Client) Call(ctx context.Context, envelope []byte) (*kernel.Result, int, error) {
-	resp, err := c.send(ctx, http.MethodPost, "/v1/syscalls", bytes.NewReader(envelope))
+	resp, err := c.sendVia(ctx, c.callClient(), http.MethodPost, "/v1/syscalls", bytes.NewReader(envelope), nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -518,6 +532,15 @@ func (c *Client) httpClient() *http.Client {
 		return c.HTTP
 	}
 	return defaultHTTP
+}
+
+// callClient is the client calls are sent with: HTTP, or one with no
+// timeout of its own (callHTTP).
+func (c *Client) callClient() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return callHTTP
 }
 
 // apiError reads an error answer.

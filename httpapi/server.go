@@ -199,6 +199,10 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 		res = s.k.InvokeJSON(ctx, data)
+		// The call may have waited for an approval or run for minutes,
+		// past the server's WriteTimeout (set when the request was read):
+		// its result, committed or not, is still written.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(resultWriteTimeout))
 	}
 	switch {
 	case status != 0:
@@ -209,6 +213,12 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request) {
 	}
 	writeResult(w, status, res)
 }
+
+// resultWriteTimeout bounds the write of a call's result, counted from
+// the end of the call: a client that stops reading for that long loses
+// its answer (the call's outcome is in the ledger and, for a keyed call,
+// replayed to a retry).
+const resultWriteTimeout = 60 * time.Second
 
 func errClass(r *kernel.Result) string {
 	if r.Error == nil {
