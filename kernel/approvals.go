@@ -308,9 +308,20 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 	if a == nil {
 		for i := range k.approvals.recent {
 			if k.approvals.recent[i].ID == id {
-				done = &k.approvals.recent[i]
+				d := k.approvals.recent[i] // a copy: recent changes once unlocked
+				done = &d
 			}
 		}
+	}
+	// The role and agent the request was made with, pending or decided:
+	// a refusal on either grounds is the same (403, recorded), whether or
+	// not someone decided first.
+	var role, agent string
+	switch {
+	case a != nil:
+		role, agent = a.req.RequiredRole, a.req.AgentID
+	case done != nil:
+		role, agent = done.RequiredRole, done.AgentID
 	}
 	k.approvals.mu.Unlock()
 	tok, err := k.verifier.VerifyBearer(approverToken, k.cfg.Now())
@@ -338,14 +349,14 @@ func (k *Kernel) Decide(id, approverToken, decision, reason string) (ApprovalReq
 		return refuse(fmt.Sprintf("token %s of %s is not an approver token", tok.Claims.ID, tok.Claims.Subject))
 	case a == nil && done == nil:
 		return ApprovalRequest{}, fmt.Errorf("approval %q: %w", id, ErrNotFound)
-	case a == nil:
-		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
-	case a.req.RequiredRole == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:
+	case role == captoken.RoleEscalation && tok.Claims.Cap.Role != captoken.RoleEscalation:
 		return refuse(fmt.Sprintf("approval %s is for an escalated call; %s holds role %s, not escalation", id, tok.Claims.Subject, tok.Claims.Cap.Role))
-	case captoken.SubAgent(tok.Claims.Subject, a.req.AgentID):
+	case captoken.SubAgent(tok.Claims.Subject, agent):
 		// A sub-agent speaks for its parent: approving its call is
 		// approving one's own.
-		return refuse(fmt.Sprintf("%s may not approve a call of its own agent %s", tok.Claims.Subject, a.req.AgentID))
+		return refuse(fmt.Sprintf("%s may not approve a call of its own agent %s", tok.Claims.Subject, agent))
+	case a == nil:
+		return *done, fmt.Errorf("%w: approval %s is %s (by %s)", ErrApprovalConflict, id, done.State, orNobody(done.DecidedBy))
 	}
 	return k.decided(a, id, decision, tok.Claims.Subject, tok.Claims.ID, reason, ChannelApprover)
 }

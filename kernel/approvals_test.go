@@ -179,6 +179,20 @@ func TestApprovalRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, <-res)
+	// Once decided, the same attempts are refused the same way (not told
+	// the decided request, which a plain approver never sees) and
+	// recorded; a rightful one learns who decided first (rev10-approve F10).
+	for name, tok := range map[string]string{"plain approver": h.approver("alice", captoken.RoleApprover), "the calling agent": self.Token} {
+		if got, err := h.k.Decide(a.ID, tok, "deny", "late"); !errors.Is(err, ErrApprovalForbidden) || got.ID != "" {
+			t.Fatalf("%s on the decided approval: %+v, %v; want forbidden, no request", name, got, err)
+		}
+	}
+	if n := len(h.ledgerKinds(KindApprovalRefused)); n != 7 {
+		t.Fatalf("%d refused attempts in the ledger, want 7", n)
+	}
+	if got, err := h.k.Decide(a.ID, h.approver("erin", captoken.RoleEscalation), "deny", "late"); !errors.Is(err, ErrApprovalConflict) || got.DecidedBy != "carol" {
+		t.Fatalf("escalation approver on the decided approval: %+v, %v; want a conflict naming carol", got, err)
+	}
 	// An id naming no approval is not found (a credential that decides
 	// nothing is told so), and nothing is recorded: anyone could otherwise
 	// write an id of their choosing into the ledger (rev-audit #1,
