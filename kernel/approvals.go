@@ -112,6 +112,9 @@ type approvals struct {
 	pending map[string]*approval
 	recent  []ApprovalRequest // decided, newest last, bounded
 	byAgent map[string]int    // pending requests per agent family (agentFamily)
+	// draining is set by Drain: a request made from then on is abandoned
+	// as soon as it is recorded, since no approver will decide it.
+	draining bool
 }
 
 // MaxPendingApprovalsPerAgent bounds the approval requests pending for
@@ -184,7 +187,13 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	requested := a.req
 	k.approvals.mu.Lock()
 	k.approvals.pending[a.req.ID] = a
+	draining := k.approvals.draining
 	k.approvals.mu.Unlock()
+	if draining {
+		// Drain ran before this request was pending: it would wait out
+		// its timeout and hold the shutdown for it.
+		k.closeApproval(a, ApprovalAbandoned, "", "", shuttingDown)
+	}
 	e := c.event(EventConfirmationRequested)
 	e.Approval = &requested
 	k.events.publish(e)

@@ -518,3 +518,33 @@ func TestPendingApprovalsBounded(t *testing.T) {
 	h.k.Close() // ends the calls still waiting
 	<-res
 }
+
+// TestDrainEndsLaterApprovals: Drain ends the calls waiting for an
+// approval, and a call that asks for one after Drain (its body still
+// arriving, or its policy deciding, when the shutdown began) is recorded
+// and ends cancelled at once, rather than wait out the approval timeout
+// and hold the shutdown (rev10-approve F6).
+func TestDrainEndsLaterApprovals(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.ApprovalTimeout = time.Hour })
+	h.write("dir/x", "x")
+	_, waiting := h.gated("fs.delete", map[string]any{"path": "dir"}, key("before"))
+	h.k.Drain()
+	for name, res := range map[string]<-chan *Result{"waiting at Drain": waiting} {
+		if r := <-res; r.Error == nil || r.Error.Class != ErrCancelled {
+			t.Fatalf("%s: %+v, want cancelled", name, r)
+		}
+	}
+	done := make(chan *Result, 1)
+	go func() { done <- h.k.Invoke(context.Background(), h.env("fs.delete", map[string]any{"path": "dir"}, key("after"))) }()
+	select {
+	case r := <-done:
+		if r.Error == nil || r.Error.Class != ErrCancelled || !strings.Contains(r.Error.Message, "shutting down") {
+			t.Fatalf("call gated after Drain: %+v, want cancelled, the kernel shutting down", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a call gated after Drain still waits for an approval")
+	}
+	if n := len(h.ledgerKinds(KindApprovalRequested)); n != 2 {
+		t.Fatalf("%d approval requests recorded, want 2", n)
+	}
+}

@@ -480,17 +480,23 @@ func (k *Kernel) WaitBackground(ctx context.Context) error {
 
 // Drain prepares a shutdown: event subscriptions end (their channels
 // close, and new ones start closed), and calls waiting for an approval
-// give up with cancelled. Calls already executing are not touched; they
-// commit or roll back as usual.
+// give up with cancelled, as does every call that asks for one after
+// Drain (it is recorded, and abandoned at once). Calls already executing
+// are not touched; they commit or roll back as usual.
 func (k *Kernel) Drain() {
 	k.events.close()
 	k.approvals.mu.Lock()
+	k.approvals.draining = true
 	pending := make([]*approval, 0, len(k.approvals.pending))
 	for _, a := range k.approvals.pending {
 		pending = append(pending, a)
 	}
 	k.approvals.mu.Unlock()
 	for _, a := range pending {
-		k.closeApproval(a, ApprovalAbandoned, "", "", "the kernel is shutting down")
+		k.closeApproval(a, ApprovalAbandoned, "", "", shuttingDown)
 	}
 }
+
+// shuttingDown is why Drain abandons approvals, those pending and those
+// requested after it.
+const shuttingDown = "the kernel is shutting down"

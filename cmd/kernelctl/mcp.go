@@ -82,8 +82,10 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			// The kernel in this process can put a call waiting for
 			// approval to the client's user (elicitation), when the policy
 			// lets the session confirm it; a remote one leaves it to approvers.
+			var drain func() // the kernel's, when it runs in this process
 			if ki, ok := ak.invoker.(kernelInvoker); ok {
 				cfg.Confirmer = mcpgateway.ConfirmerOf(ki.k)
+				drain = ki.k.Drain
 			}
 			if err := json.Unmarshal(defs, &cfg.Tools); err != nil {
 				return fmt.Errorf("mcp: tool definitions: %w", err)
@@ -92,7 +94,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			if httpAddr == "" {
 				return g.ServeStdio(ctx)
 			}
-			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins, SessionIdle: sessionIdle}), httpAddr)
+			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins, SessionIdle: sessionIdle}), httpAddr, drain)
 		},
 	}
 	t.addTarget(cmd, false)
@@ -115,13 +117,18 @@ const mcpOffLoopback = "mcp serves streamable HTTP on loopback only (127.0.0.1:P
 	"or put an authenticating TLS proxy in front of a loopback --http"
 
 // serveMCPHTTP serves g until ctx ends, printing
-// "mcp gateway on http://ADDR/" on stdout when it accepts clients.
-func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, h http.Handler, addr string) error {
+// "mcp gateway on http://ADDR/" on stdout when it accepts clients. drain,
+// unless nil, runs when the shutdown begins (kernel.Drain: calls waiting
+// for an approval end cancelled rather than hold the shutdown).
+func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, h http.Handler, addr string, drain func()) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("mcp: %w", err)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	if drain != nil {
+		srv.RegisterOnShutdown(drain)
+	}
 	fmt.Fprintf(cmd.OutOrStdout(), "mcp gateway on http://%s/\n", ln.Addr())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
