@@ -361,6 +361,22 @@ func (k *Kernel) verifyToken(env *Envelope) (tok *captoken.Token, class, msg str
 	return tok, "", ""
 }
 
+// tokenLapsed is the check of c's token again, after the call waited
+// and at its commit: revoked (it or an ancestor) or expired since step 2
+// verified it. A revocation refuses every call not yet run or committed
+// (docs/kernel.md, "Revocation"), not only those that ask later. It
+// returns the refusal's class and message, or "" while the token holds.
+func (k *Kernel) tokenLapsed(c *call) (class, msg string) {
+	e := k.verifier.Current(c.token.Claims, k.cfg.Now())
+	switch {
+	case e == nil:
+		return "", ""
+	case e.Code == ErrTokenRevoked:
+		return ErrTokenRevoked, e.Reason
+	}
+	return ErrTokenInvalid, e.Reason
+}
+
 // agentIDRule is what an agent id must be: in an envelope, and in the
 // tokens minted and attenuated for one (a token for another id could make
 // no call).
@@ -862,6 +878,11 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 		return k.deny(ctx, c, refused.Class, refused.Message)
 	}
 	defer release()
+	// The call may have waited since its token verified (its session's
+	// slot, precondition locks, a net_bytes turn).
+	if class, msg := k.tokenLapsed(c); class != "" {
+		return k.deny(ctx, c, class, msg)
+	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	c.lap(StageExecute)
 	c.setOutcome(out, class, msg, NoOp)
@@ -952,6 +973,11 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	}
 	defer release()
 	if class, msg := c.checkFiles(); class != "" {
+		return k.deny(ctx, c, class, msg)
+	}
+	// The call may have waited since its token verified (its session's
+	// slot, path locks, a net_bytes turn).
+	if class, msg := k.tokenLapsed(c); class != "" {
 		return k.deny(ctx, c, class, msg)
 	}
 	prep := txn.Prepare{
@@ -1064,6 +1090,9 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		committed = false
 		if why := k.checkApproval(c); why != "" {
 			return refuse(tx, ErrApprovalDenied, why)
+		}
+		if class, msg := k.tokenLapsed(c); class != "" {
+			return refuse(tx, class, msg)
 		}
 		err := txn.CanCommit(tx, in, c.env.PreconditionRefs, prep.Limits, effects)
 		var te *txn.Error
