@@ -86,7 +86,7 @@ func (s *Server) cancelOperation(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	if !s.k.Cancel(id, agent) {
-		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no call in flight with operation id %q", id))
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("no call in flight with operation id %q that a cancel can still stop (its outcome may be decided already: GET /v1/operations/%s)", id, id))
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"operation_id": id, "cancelled": true})

@@ -535,7 +535,9 @@ func TestDrainEndsLaterApprovals(t *testing.T) {
 		}
 	}
 	done := make(chan *Result, 1)
-	go func() { done <- h.k.Invoke(context.Background(), h.env("fs.delete", map[string]any{"path": "dir"}, key("after"))) }()
+	go func() {
+		done <- h.k.Invoke(context.Background(), h.env("fs.delete", map[string]any{"path": "dir"}, key("after")))
+	}()
 	select {
 	case r := <-done:
 		if r.Error == nil || r.Error.Class != ErrCancelled || !strings.Contains(r.Error.Message, "shutting down") {

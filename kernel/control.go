@@ -141,6 +141,10 @@ type inflight struct {
 	agent   string
 	session string
 	cancel  context.CancelCauseFunc
+	// cancelled: Cancel or CancelSession cancelled the call; settled: its
+	// outcome was decided in its record's transaction (settle), after
+	// which a cancel changes nothing and is not reported as done.
+	cancelled, settled bool
 }
 
 type registry struct {
@@ -175,15 +179,39 @@ func (r *registry) add(op string, f *inflight) (remove func(), ok bool) {
 // session slot) at once; a running syscall gets its context cancelled
 // and is abandoned after Config.CancelGrace if it ignores that; either way
 // its transaction is rolled back and its result is cancelled.
+//
+// A call whose outcome is already decided (its record's transaction
+// settled it: committed, or recorded as it ended) is not cancelled, and
+// Cancel reports false: a cancel up to that point is honoured there, so
+// a call reported cancelled never commits (settle).
 func (k *Kernel) Cancel(op, agent string) bool {
 	k.inflight.mu.Lock()
 	defer k.inflight.mu.Unlock()
 	f, ok := k.inflight.calls[op]
-	if !ok || (agent != "" && f.agent != agent) {
+	if !ok || (agent != "" && f.agent != agent) || f.settled {
 		return false
 	}
+	f.cancelled = true
 	f.cancel(ErrCancelledByRequest)
 	return true
+}
+
+// settle decides, in the transaction that records the call with
+// operation id op, whether a cancel reached it: true when Cancel or
+// CancelSession did (the record then says cancelled, and nothing
+// commits), false otherwise; from then on neither cancels it. The same
+// answer every time, so a transaction run again after a batch's abort
+// decides alike. A call not in flight (crash recovery's) was not
+// cancelled.
+func (r *registry) settle(op string) (cancelled bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.calls[op]
+	if !ok {
+		return false
+	}
+	f.settled = true
+	return f.cancelled
 }
 
 // CancelSession cancels every call in flight of session id (of agent
@@ -193,7 +221,8 @@ func (k *Kernel) CancelSession(id, agent string) int {
 	defer k.inflight.mu.Unlock()
 	n := 0
 	for _, f := range k.inflight.calls {
-		if f.session == id && (agent == "" || f.agent == agent) {
+		if f.session == id && (agent == "" || f.agent == agent) && !f.settled {
+			f.cancelled = true
 			f.cancel(ErrCancelledByRequest)
 			n++
 		}

@@ -665,3 +665,38 @@ func TestStartRefusesMalformedOperationID(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelRacingCommit: a cancel that lands after a call's syscall
+// returned, before its commit, is honoured there (the call rolls back
+// with cancelled, nothing lands) and reported; one that lands after the
+// commit was decided is reported false and the call commits. Cancel
+// never says cancelled of a call that commits (rev10-race F2).
+func TestCancelRacingCommit(t *testing.T) {
+	defer func() { crashHook = nil }()
+	for _, tc := range []struct {
+		point     string
+		cancelled bool
+	}{{"staged", true}, {"decided", false}} {
+		h := newHarness(t)
+		op := newID()
+		var got, gotSession bool
+		crashHook = func(p string) {
+			if p == tc.point {
+				got = h.k.Cancel(op, h.agent)
+				gotSession = h.k.CancelSession("s", h.agent) > 0
+			}
+		}
+		r := h.invoke("fs.write", map[string]any{"path": "c.txt", "content": "x"}, key("c"), opID(op), session("s"))
+		crashHook = nil
+		_, err := os.Stat(filepath.Join(h.ws, "c.txt"))
+		if got != tc.cancelled || gotSession != tc.cancelled {
+			t.Fatalf("cancel at %s: Cancel %v, CancelSession %v; want %v", tc.point, got, gotSession, tc.cancelled)
+		}
+		if tc.cancelled && (errClass(r) != ErrCancelled || r.TxOutcome != RolledBack || err == nil) {
+			t.Fatalf("cancelled at %s: %s %s %s, file landed %v; want rolled back, cancelled", tc.point, r.Status, errClass(r), r.TxOutcome, err == nil)
+		}
+		if !tc.cancelled && (r.Status != StatusOK || r.TxOutcome != Committed || err != nil) {
+			t.Fatalf("cancel at %s: %s %s %s, file landed %v; want committed", tc.point, r.Status, errClass(r), r.TxOutcome, err == nil)
+		}
+	}
+}

@@ -888,6 +888,9 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
+		if k.inflight.settle(c.env.OperationID) && class == "" {
+			c.setOutcome(nil, ErrCancelled, cancelledBefore, NoOp)
+		}
 		if !c.minted && txn.OperationUsed(tx, c.env.OperationID) {
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
@@ -913,6 +916,12 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	}
 	return &c.res
 }
+
+// cancelledBefore is the message of a call cancelled after its syscall
+// returned, before its record was committed: the cancel is honoured
+// there (nothing commits, a result is withheld), since the caller was
+// told the call was cancelled (Kernel.Cancel).
+const cancelledBefore = "cancelled on request before its commit"
 
 // oneCall is the charge of one call; never modified.
 var oneCall = txn.Usage{txn.BudgetCalls: 1}
@@ -1093,6 +1102,9 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 		}
 		if class, msg := k.tokenLapsed(c); class != "" {
 			return refuse(tx, class, msg)
+		}
+		if k.inflight.settle(c.env.OperationID) {
+			return refuse(tx, ErrCancelled, cancelledBefore)
 		}
 		err := txn.CanCommit(tx, in, c.env.PreconditionRefs, prep.Limits, effects)
 		var te *txn.Error
