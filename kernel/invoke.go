@@ -885,12 +885,13 @@ func (k *Kernel) direct(ctx context.Context, c *call, resources []*syscalls.Reso
 	}
 	out, class, msg := k.execute(ctx, c, resources, nil)
 	c.lap(StageExecute)
+	// Decided now, off the sequencer: a cancel from here on is too late.
+	if k.inflight.settle(c.env.OperationID) && class == "" {
+		out, class, msg = nil, ErrCancelled, cancelledBefore
+	}
 	c.setOutcome(out, class, msg, NoOp)
 	_, err := k.record(context.WithoutCancel(ctx), c, func(tx *bbolt.Tx) error {
 		c.setOutcome(out, class, msg, NoOp)
-		if k.inflight.settle(c.env.OperationID) && class == "" {
-			c.setOutcome(nil, ErrCancelled, cancelledBefore, NoOp)
-		}
 		if !c.minted && txn.OperationUsed(tx, c.env.OperationID) {
 			c.setOutcome(nil, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", c.env.OperationID), NoOp)
 			return nil
