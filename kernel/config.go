@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/store"
 	"github.com/capkernel/capkernel/strictjson"
 	"github.com/capkernel/capkernel/syscalls"
 	"github.com/capkernel/capkernel/upstream"
@@ -194,6 +195,12 @@ func Init(dir string) (*InitResult, error) {
 	if err := syncPaths(dir, IssuerKeyFile, ReceiptKeyFile, ReceiptPublicKeyFile, AdminFile, "keys", "."); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
+	// The database is made here, before kernel.json: Open refuses a data
+	// dir whose kernel.db is missing or empty (a lost file must not pass
+	// for a new kernel's).
+	if err := CreateDatabase(dir); err != nil {
+		return nil, fmt.Errorf("init: %w", err)
+	}
 	s := settings{KernelID: id, Issuer: res.Issuer, AdminCredentialHash: digest.Sum([]byte(res.AdminCredential))}
 	b, _ := json.MarshalIndent(s, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, ConfigFile), append(b, '\n'), 0o600); err != nil {
@@ -203,6 +210,26 @@ func Init(dir string) (*InitResult, error) {
 		return nil, fmt.Errorf("init: %w", err)
 	}
 	return res, nil
+}
+
+// CreateDatabase makes the empty database (kernel.db) of data dir dir,
+// durably; it refuses a dir that has one. Init calls it; on its own it is
+// for a data dir that an older build made without its database, and
+// that was never opened (kernelctl init --database): Open refuses a
+// missing kernel.db, which it cannot tell from a lost one.
+func CreateDatabase(dir string) error {
+	p := filepath.Join(dir, DBFile)
+	if _, err := os.Stat(p); err == nil {
+		return fmt.Errorf("%s exists", p)
+	}
+	db, err := store.Open(p, store.Options{})
+	if err != nil {
+		return err
+	}
+	if err := db.Close(); err != nil {
+		return err
+	}
+	return syncPaths(dir, DBFile, ".")
 }
 
 // syncPaths fsyncs each of names, files or directories under dir, in

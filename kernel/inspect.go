@@ -14,6 +14,7 @@ import (
 
 	"github.com/capkernel/capkernel/ledger"
 	"github.com/capkernel/capkernel/receipts"
+	"github.com/capkernel/capkernel/store"
 )
 
 // ErrNotFound is returned (wrapped) by the Inspector's lookups of an id
@@ -59,6 +60,9 @@ func OpenInspector(dir string) (*Inspector, error) {
 		return nil, err
 	}
 	p := filepath.Join(dir, DBFile)
+	if err := store.CheckLength(p); err != nil {
+		return nil, err
+	}
 	db, err := bbolt.Open(p, 0o600, &bbolt.Options{ReadOnly: true, Timeout: 200 * time.Millisecond})
 	if errors.Is(err, bbolt.ErrTimeout) {
 		return nil, fmt.Errorf("%s: %w (use --server to ask it, or stop it)", dir, ErrLocked)

@@ -184,7 +184,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		return nil, err
 	}
 	if k.db, err = store.Open(filepath.Join(cfg.DataDir, DBFile), store.Options{
-		NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit,
+		MustExist: true, NoSync: cfg.NoSync, AfterBatch: k.afterBatch, BatchWork: k.batchWork, Observe: k.groupCommit,
 		// Budget charges are coalesced per group commit: each token's
 		// usage is decoded and stored once per transaction, not per call.
 		BeginTx: txn.CacheBudgets, EndTx: txn.DiscardBudgets,
@@ -192,7 +192,10 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 			defer k.onSequencer(time.Now())
 			return txn.FlushBudgets(tx)
 		},
-	}); err != nil {
+	}); errors.Is(err, store.ErrNoFile) {
+		return nil, fmt.Errorf("%w; this data dir holds kernel %s (%s): its idempotency keys, revocations, budgets and ledger are in %s, and a new one would run committed calls again and forget revoked tokens. Restore %s from a backup. (A data dir made by kernelctl init of a build before the database was made there, and never opened since, gets its empty one with kernelctl init --data %s --database.)",
+			err, s.KernelID, ConfigFile, DBFile, DBFile, cfg.DataDir)
+	} else if err != nil {
 		return nil, err
 	}
 	k.kv = &txn.KV{View: k.db.View}

@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -79,6 +80,11 @@ type Options struct {
 	OpenTimeout time.Duration
 	// NoSync turns off fsync (tests and benchmarks of non-durable paths only).
 	NoSync bool
+	// MustExist refuses a file that is missing or empty (ErrNoFile),
+	// which bbolt would otherwise make a new database of: for a caller
+	// whose file was made once (kernel.Init) and whose loss must not pass
+	// for a fresh start.
+	MustExist bool
 	// AfterBatch, if set, runs at the end of every batch transaction in
 	// which at least one op succeeded: after every op's Finish, before the
 	// commit, in the same transaction (the kernel signs one ledger
@@ -206,6 +212,10 @@ type abortError struct{ err error }
 func (a *abortError) Error() string { return a.err.Error() }
 func (a *abortError) Unwrap() error { return a.err }
 
+// ErrNoFile is the error of a file Open with MustExist finds missing or
+// empty.
+var ErrNoFile = errors.New("no database where one was made")
+
 // Abort wraps the error of a function that failed after it had written to
 // the transaction, so that the sequencer discards the whole batch.
 func Abort(err error) error { return &abortError{err} }
@@ -213,7 +223,25 @@ func Abort(err error) error { return &abortError{err} }
 // Open opens (creating if needed) the bbolt file at path and starts the
 // sequencer. A file locked by another process fails after opts.OpenTimeout
 // (default 1s) with an error that says so.
+//
+// A file shorter than its metadata says is refused (CheckLength,
+// ErrTruncated), and with opts.MustExist a missing or empty one
+// (ErrNoFile).
 func Open(path string, opts Options) (*DB, error) {
+	if opts.MustExist {
+		fi, err := os.Stat(path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("store: %s is missing: %w", path, ErrNoFile)
+		case err != nil:
+			return nil, fmt.Errorf("store: %w", err)
+		case fi.Size() == 0:
+			return nil, fmt.Errorf("store: %s is empty (0 bytes): %w", path, ErrNoFile)
+		}
+	}
+	if err := CheckLength(path); err != nil {
+		return nil, err
+	}
 	timeout := opts.OpenTimeout
 	if timeout == 0 {
 		timeout = time.Second

@@ -1,0 +1,79 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/capkernel/capkernel/store"
+)
+
+// TestLostDatabaseRefused: a data dir whose kernel.db is missing, empty
+// or cut short is refused by Open and by the offline inspector, by name,
+// and left as it was — never taken for a new kernel's, which would run
+// committed calls again and forget revocations (rev10-disk #1, #3). Init
+// makes the database; CreateDatabase makes one only where none is.
+func TestLostDatabaseRefused(t *testing.T) {
+	h := newHarness(t)
+	h.write("a.txt", "a")
+	for range 50 {
+		mustOK(t, h.invoke("fs.read", map[string]any{"path": "a.txt"}))
+	}
+	h.k.Close()
+	db := filepath.Join(h.data, DBFile)
+	whole, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64 // the pages in use; bbolt grows the file ahead of them
+	b, err := bbolt.Open(db, 0o600, &bbolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil })
+	b.Close()
+	for _, tc := range []struct {
+		name string
+		make func() error
+		want error
+	}{
+		{"missing", func() error { return os.Remove(db) }, store.ErrNoFile},
+		{"empty", func() error { return os.WriteFile(db, nil, 0o600) }, store.ErrNoFile},
+		{"cut to its meta pages", func() error { return os.WriteFile(db, whole[:2*os.Getpagesize()], 0o600) }, store.ErrTruncated},
+		{"cut in the middle", func() error { return os.WriteFile(db, whole[:used/2], 0o600) }, store.ErrTruncated},
+	} {
+		if err := tc.make(); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := os.ReadFile(db)
+		if k, err := Open(context.Background(), Config{DataDir: h.data}); !errors.Is(err, tc.want) {
+			if err == nil {
+				k.Close()
+			}
+			t.Fatalf("%s: Open: %v, want %v", tc.name, err, tc.want)
+		} else if tc.want == store.ErrNoFile && !strings.Contains(err.Error(), "Restore kernel.db from a backup") {
+			t.Fatalf("%s: Open: %v, want it to say to restore the file", tc.name, err)
+		}
+		if i, err := OpenInspector(h.data); err == nil {
+			i.Close()
+			t.Fatalf("%s: the inspector opened it", tc.name)
+		}
+		after, err := os.ReadFile(db)
+		if tc.name == "missing" && !errors.Is(err, os.ErrNotExist) || tc.name != "missing" && string(after) != string(before) {
+			t.Fatalf("%s: the refused opens changed the file (%d bytes, %v)", tc.name, len(after), err)
+		}
+	}
+	if err := os.WriteFile(db, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateDatabase(h.data); err == nil {
+		t.Fatal("CreateDatabase over an existing kernel.db succeeded")
+	}
+	h.open()
+	mustOK(t, h.invoke("fs.read", map[string]any{"path": "a.txt"}))
+}
