@@ -255,6 +255,36 @@ func checkTail(tx *bbolt.Tx) error {
 	return nil
 }
 
+// checkOwner refuses a ledger that is not this kernel's: its latest
+// checkpoint names another origin, or its signature does not verify
+// with this data dir's receipt key. Another kernel's kernel.db, put here
+// by a mixed-up restore or copy, would otherwise be served: its
+// idempotency keys, revocations and budgets applied to this kernel's
+// tokens, and this kernel's records appended to the other's history and
+// signed under this origin, damaging it for both. One signature check per
+// open. A ledger without a checkpoint (none before checkpoints) has
+// nothing to tell.
+func (k *Kernel) checkOwner(tx *bbolt.Tx) error {
+	cp, err := ledger.LatestCheckpoint(tx)
+	if errors.Is(err, ledger.ErrNoCheckpoint) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if cp.Origin != k.settings.KernelID {
+		return fmt.Errorf("%s holds the ledger of kernel %q, and this data dir is kernel %s (%s): restore this kernel's %s, or serve that one's data dir", DBFile, cp.Origin, k.settings.KernelID, ConfigFile, DBFile)
+	}
+	v, err := ledger.NewCheckpointVerifier(k.settings.KernelID, k.receiptPub)
+	if err != nil {
+		return err
+	}
+	if _, err := ledger.OpenCheckpoint(cp.Signed, v); err != nil {
+		return fmt.Errorf("the latest checkpoint of %s (#%d, size %d) does not verify with this data dir's receipt key %s (%w): the file or the key is another kernel's; restore the matching one", DBFile, cp.Num, cp.Size, ReceiptKeyFile, err)
+	}
+	return nil
+}
+
 // upgradeStep bounds what one transaction of upgrade moves: bbolt holds
 // it in memory until the commit.
 var upgradeStep = 20_000
@@ -311,6 +341,9 @@ func (k *Kernel) load(ctx context.Context) error {
 			return store.Abort(fmt.Errorf("open: the ledger does not match its last checkpoint: %w", err))
 		}
 		if err := checkTail(tx); err != nil {
+			return store.Abort(fmt.Errorf("open: %w", err))
+		}
+		if err := k.checkOwner(tx); err != nil {
 			return store.Abort(fmt.Errorf("open: %w", err))
 		}
 		if err := indexReceipts(tx); err != nil {

@@ -77,3 +77,39 @@ func TestLostDatabaseRefused(t *testing.T) {
 	h.open()
 	mustOK(t, h.invoke("fs.read", map[string]any{"path": "a.txt"}))
 }
+
+// TestOtherKernelsDatabaseRefused: a kernel.db from another kernel's data
+// dir (its checkpoints under another origin, signed with another key) is
+// refused by Open and left unchanged, where it was served and appended
+// to; so is one whose latest checkpoint does not verify with this data
+// dir's key (rev10-disk #5).
+func TestOtherKernelsDatabaseRefused(t *testing.T) {
+	mine, other := newHarness(t), newHarness(t)
+	for _, h := range []*harness{mine, other} {
+		h.write("a.txt", "a")
+		mustOK(t, h.invoke("fs.read", map[string]any{"path": "a.txt"}))
+		h.k.Close()
+	}
+	theirs, err := os.ReadFile(filepath.Join(other.data, DBFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mine.data, DBFile), theirs, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	openRefusedUnchanged(t, mine.data, "holds the ledger of kernel")
+	// Same origin, another key: the key file swapped instead.
+	if err := os.WriteFile(filepath.Join(other.data, DBFile), theirs, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{ReceiptKeyFile, ReceiptPublicKeyFile} {
+		b, err := os.ReadFile(filepath.Join(mine.data, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(other.data, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openRefusedUnchanged(t, other.data, "does not verify with this data dir's receipt key")
+}
