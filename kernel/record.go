@@ -398,6 +398,14 @@ func (k *Kernel) noteToken(tx *bbolt.Tx, c *call) (bool, error) {
 	return err == nil, err
 }
 
+// setApproval copies the approval the call waited for (nil: none) into
+// its record.
+func (a *auditRecord) setApproval(ap *ApprovalRequest) {
+	if ap != nil {
+		a.ApprovalID, a.ApprovalState, a.ApprovedBy, a.ApprovalReason = ap.ID, ap.State, ap.DecidedBy, ap.Reason
+	}
+}
+
 // audit builds the call's audit record from its current state.
 func (c *call) audit(k *Kernel) *auditRecord {
 	env, r := c.env, &c.res
@@ -417,9 +425,7 @@ func (c *call) audit(k *Kernel) *auditRecord {
 		a.ClaimedAgentID, a.ClaimedTokenID = a.AgentID, a.CapabilityTokenID
 		a.AgentID, a.CapabilityTokenID = "", ""
 	}
-	if ap := c.approval; ap != nil {
-		a.ApprovalID, a.ApprovalState, a.ApprovedBy, a.ApprovalReason = ap.ID, ap.State, ap.DecidedBy, ap.Reason
-	}
+	a.setApproval(c.approval)
 	c.mu.Lock()
 	if len(c.notes) > 0 {
 		a.Notes = make(map[string]json.RawMessage, len(c.notes))
@@ -573,7 +579,7 @@ func resultMarshalled(r *Result) []byte {
 // recoveryContext is what recovery needs to audit the call should the
 // kernel stop before it commits: its audit record as of prepare.
 func (c *call) recoveryContext() json.RawMessage {
-	b, _ := json.Marshal(&auditRecord{
+	a := &auditRecord{
 		OperationID: c.env.OperationID, AgentID: c.env.AgentID, StateSnapshotID: c.env.StateSnapshotID,
 		CapabilityTokenID: c.env.CapabilityTokenID, TokenHash: c.token.Hash, ToolID: c.env.ToolID,
 		ArgsHash: c.argsHash, Provenance: c.env.Provenance, TaskClass: c.env.TaskClass,
@@ -581,7 +587,12 @@ func (c *call) recoveryContext() json.RawMessage {
 		RiskScore: c.res.RiskScore, RiskBasis: c.res.RiskBasis, IdempotencyKey: c.env.IdempotencyKey,
 		StartedAt: ledger.FormatTime(c.start), PolicyInput: c.input,
 		RecoverySalt: c.auditSalt(), RecoveryArgs: c.canonArgs,
-	})
+		// The policy the call was decided under (step 6 checked the
+		// envelope names the active one): the restart may load another.
+		PolicyHash: c.env.PolicyHash,
+	}
+	a.setApproval(c.approval) // as its record would have said
+	b, _ := json.Marshal(a)
 	return b
 }
 
@@ -591,7 +602,9 @@ func (k *Kernel) auditRecovery(tx *bbolt.Tx, in *txn.Intent) error {
 	if err := json.Unmarshal(in.Audit, &a); err != nil {
 		return fmt.Errorf("intent %s: audit context: %w", in.OperationID, err)
 	}
-	a.PolicyHash = k.policy.Hash()
+	if a.PolicyHash == "" {
+		a.PolicyHash = k.policy.Hash() // an intent written before it was kept
+	}
 	r := &Result{
 		OperationID: a.OperationID, ToolID: a.ToolID, AgentID: a.AgentID, Status: StatusError,
 		Error:     &Error{Class: ErrInternal, Message: "the kernel stopped before this call committed; rolled back at recovery"},
