@@ -94,7 +94,7 @@ func TestBrowser(t *testing.T) {
 		os.Remove(filepath.Join(art, s+".png")) // a stale one must not pass
 	}
 	cfg, _ := json.Marshal(map[string]any{
-		"url": w.srv.URL, "admin": w.admin, "alice": w.alice.Token, "bob": w.bob.Token, "dave": w.dave.Token,
+		"url": w.srv.URL, "admin": w.admin, "alice": w.alice.Token, "bob": w.bob.Token, "carol": w.carol.Token, "dave": w.dave.Token,
 		"agent":       map[string]string{"token": w.agent.Token, "id": w.agent.ID, "agent_id": w.agent.AgentID},
 		"policy_hash": w.k.PolicyHash(), "ws": w.ws, "artifacts": art, "chromium": chromium,
 	})

@@ -4,13 +4,13 @@
 // first argument, runs this file with node, and checks the kernel's side
 // afterwards (files committed or not). Run: node browser/console.mjs CONFIG.
 //
-// The config: {url, admin, alice, bob (approver credentials), dave (an
-// auditor credential), agent
+// The config: {url, admin, alice, bob (approver credentials), carol (an
+// escalation approver's), dave (an auditor credential), agent
 // {token, id, agent_id}, policy_hash, ws (the agent's workspace),
 // artifacts (where screenshots go), chromium (the executable)}.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { launch, signIn as signInAt } from "./chromium.mjs";
 
@@ -114,6 +114,95 @@ test("a gated fs.write is approved end to end and committed", async () => {
   approved = await result(id);
   assert.equal(approved.status, "ok", JSON.stringify(approved.error));
   assert.equal(approved.tx_outcome, "committed");
+  await page.close();
+});
+
+// An agent's gated rewrite of a long file with other lines: the page
+// diffed it unbounded on its only thread, for 45 s with 12,001 lines
+// each side (rev10-approve F1), no Approve or Deny meanwhile. Bounded,
+// the card says it is too different to diff and shows the new content.
+test("a rewrite too different to diff is shown as its new content, and the page answers", async () => {
+  const lines = (prefix) => Array.from({ length: 12001 }, (_, i) => prefix + i).join("\n") + "\n";
+  writeFileSync(join(cfg.ws, "big.txt"), lines("old line "));
+  const page = await signIn(alice, cfg.alice);
+  const id = await startCall("fs.write", { path: join(cfg.ws, "big.txt"), content: lines("new line ") });
+  const c = card(page, id);
+  await c.locator(".too-different", { hasText: "Too different to diff here: 12001 lines before, 12001 after." }).waitFor();
+  const shown = await c.locator("pre.content").textContent();
+  assert.ok(shown.startsWith("new line 0\nnew line 1\n"), shown.slice(0, 40));
+  assert.match(await c.locator(".hidden-lines").textContent(), /^7001 more lines not shown here/);
+  assert.equal(await c.locator(".diff").count(), 0);
+  assert.equal(await page.evaluate(() => 1), 1);
+  await c.getByRole("button", { name: "Deny" }).click();
+  await decidedCard(page, id).locator(".state.denied").waitFor();
+  await page.close();
+});
+
+// A card's detail (arguments, file, diff) is fetched when the card comes
+// on screen, not for every pending card at load: the page fetched them
+// all, up to 256 requests of every agent, each up to ~1.3 MiB.
+test("a card's detail is loaded when the card is shown", async () => {
+  const page = await alice.newPage();
+  await page.addInitScript(() => {
+    const fetch = window.fetch;
+    window.fetched = [];
+    window.fetch = (url, opts) => {
+      window.fetched.push(String(url));
+      return fetch(url, opts);
+    };
+  });
+  const ids = [];
+  for (let i = 0; i < 8; i++) ids.push(await startCall("fs.write", { path: join(cfg.ws, `lazy-${i}.txt`), content: `lazy ${i}\n` }));
+  await alice.clearCookies();
+  await page.goto(cfg.url + "/console");
+  await page.getByLabel("Credential").fill(cfg.alice);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  const cards = page.locator("#approvals-list > li");
+  await cards.nth(7).waitFor({ state: "attached" });
+  assert.equal(await cards.count(), 8);
+  const [first, last] = [cards.first(), cards.last()];
+  await first.locator(".diff .add").waitFor();
+  const approval = await last.getAttribute("data-id");
+  const detailed = () => page.evaluate((a) => window.fetched.filter((u) => u.endsWith("/console/api/approvals/" + encodeURIComponent(a))).length, approval);
+  assert.equal(await detailed(), 0, "the last card's detail was fetched before it was shown");
+  assert.match(await last.locator(".detail").textContent(), /^Loading the arguments/);
+  await last.scrollIntoViewIfNeeded();
+  await last.locator(".diff .add", { hasText: /\+ lazy \d$/ }).waitFor();
+  assert.equal(await detailed(), 1);
+  for (const id of ids) {
+    await card(page, id).getByRole("button", { name: "Deny" }).click();
+    await decidedCard(page, id).locator(".state.denied").waitFor();
+  }
+  await page.close();
+});
+
+// The detail titles a file with where the call acts, not the agent's
+// spelling: through a link inside the workspace an approver saw a diff
+// titled "docs/ci.yml" for a write to .github/workflows/ci.yml; and it
+// says what a deleted directory holds, where it said "now 0 bytes" and
+// "Not text: no diff" (rev10-approve F9).
+test("the detail names where a write lands and what a deleted directory holds", async () => {
+  mkdirSync(join(cfg.ws, ".github", "workflows"), { recursive: true });
+  writeFileSync(join(cfg.ws, ".github", "workflows", "ci.yml"), "on: push\n");
+  symlinkSync(join(".github", "workflows"), join(cfg.ws, "docs"));
+  for (let i = 0; i < 12; i++) {
+    mkdirSync(join(cfg.ws, "tree", "d" + (i % 3)), { recursive: true });
+    writeFileSync(join(cfg.ws, "tree", "d" + (i % 3), `f${i}`), "x".repeat(100));
+  }
+  const page = await signIn(alice, cfg.carol);
+  const write = await startCall("fs.write", { path: join(cfg.ws, "docs", "ci.yml"), content: "on: pull_request\n" });
+  const del = await startCall("fs.delete", { path: join(cfg.ws, "tree") });
+  const w = card(page, write), d = card(page, del);
+  const diff = w.getByRole("region", { name: "Diff of .github/workflows/ci.yml" });
+  await diff.locator(".add", { hasText: "on: pull_request" }).waitFor();
+  assert.equal(await w.locator("h4", { hasText: "ci.yml" }).textContent(), ".github/workflows/ci.yml (now 9 bytes, spelled docs/ci.yml)");
+  await d.locator("p.dir").waitFor();
+  assert.equal(await d.locator("h4").last().textContent(), "tree (directory)");
+  assert.equal(await d.locator("p.dir").textContent(), "A directory of 15 entries (at any depth), 1200 bytes in files.");
+  for (const id of [write, del]) {
+    await card(page, id).getByRole("button", { name: "Deny" }).click();
+    await decidedCard(page, id).locator(".state.denied").waitFor();
+  }
   await page.close();
 });
 

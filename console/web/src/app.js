@@ -6,10 +6,10 @@
 // X-Console-Key header of every console API request, together with the
 // HttpOnly cookie binding it to this browser. The cookie alone is no
 // session: cookies are not scoped by port.
-import { diffLines } from "diff";
 import { verifyBundle, parseEntry, unhex } from "./verify.js";
 import { witness } from "./witness.js";
 import { openPayload, payloadState, PARTS } from "./commitments.js";
+import { lineChanges, changeRows, firstLines, countLines } from "./changes.js";
 
 const $ = (sel) => document.querySelector(sel);
 let session = null; // {role, subject, canDecide, can_revoke, reads_all}
@@ -171,7 +171,11 @@ async function loadApprovals() {
 function renderApprovals() {
   const list = $("#approvals-list");
   const keep = new Set(pending.keys());
-  for (const li of [...list.children]) if (!keep.has(li.dataset.id)) li.remove();
+  for (const li of [...list.children]) {
+    if (keep.has(li.dataset.id)) continue;
+    detailWatch.unobserve(li.querySelector(".detail"));
+    li.remove();
+  }
   for (const a of pending.values()) {
     if (!list.querySelector(`[data-id="${CSS.escape(a.approval_id)}"]`)) list.append(approvalCard(a));
   }
@@ -227,9 +231,22 @@ function approvalCard(a) {
   } else {
     li.append(el("p", { class: "read-only" }, "Read-only: your credential cannot decide approvals."));
   }
-  loadDetail(id, detail);
+  detail.dataset.approval = id;
+  detailWatch.observe(detail);
   return li;
 }
+
+// detailWatch loads a card's detail (its arguments and the change it
+// would make) once the card is on screen or near it, not for every card
+// at once: each detail may carry a megabyte and a diff to compute, and
+// up to 256 requests of every agent may be pending.
+const detailWatch = new IntersectionObserver((seen) => {
+  for (const e of seen) {
+    if (!e.isIntersecting) continue;
+    detailWatch.unobserve(e.target);
+    loadDetail(e.target.dataset.approval, e.target);
+  }
+}, { rootMargin: "200px" });
 
 async function loadDetail(id, box) {
   try {
@@ -241,9 +258,24 @@ async function loadDetail(id, box) {
   }
 }
 
-// fileDiff shows the change fs.write or fs.patch would make to f.
+// fileDiff shows f, a file the call would write or delete, titled with
+// where the call acts (and, when it differs, the agent's spelling), and
+// the change fs.write or fs.patch would make to it, as a diff bounded by
+// changes.js: a change too different to diff here is shown as its new
+// content.
 function fileDiff(tool, args, f) {
-  const title = el("h4", {}, `${f.path} (${f.exists ? "now " + f.size + " bytes" : "new file"})`);
+  const spelled = f.spelled ? `, spelled ${f.spelled}` : "";
+  const state = f.dir ? "directory" : f.link !== undefined ? "symbolic link" : f.exists ? "now " + f.size + " bytes" : "new file";
+  const title = el("h4", {}, `${f.path} (${state}${spelled})`);
+  if (f.dir) {
+    const more = f.more ? " or more" : "";
+    return el("div", {}, title, el("p", { class: "dir" }, `A directory of ${f.entries || 0}${more} entries (at any depth), ${f.size}${more} bytes in files.`));
+  }
+  if (f.link !== undefined) {
+    const note = el("p", {}, `A symbolic link to ${f.link}: the call replaces or removes the link itself, not what it leads to.`);
+    if (tool !== "fs.write" || typeof args.content !== "string") return el("div", {}, title, note);
+    return el("div", {}, title, note, diffBox(f.path, lineChanges("", args.content)));
+  }
   if (f.binary || f.truncated) return el("div", {}, title, el("p", {}, f.truncated ? "Too large to show." : "Not text: no diff."));
   const before = f.exists ? f.content || "" : "";
   let after;
@@ -253,17 +285,33 @@ function fileDiff(tool, args, f) {
     if (i < 0) return el("div", {}, title, el("p", {}, "The text to replace is not in the current file: the call will fail."));
     after = before.slice(0, i) + args.new + before.slice(i + args.old.length);
   } else {
-    return el("div", {}, title, el("pre", {}, before));
+    return el("div", {}, title, shownText(before));
   }
-  const box = el("div", { class: "diff", role: "region", "aria-label": "Diff of " + f.path });
-  for (const part of diffLines(before, after)) {
-    const cls = part.added ? "add" : part.removed ? "del" : "ctx";
-    const sign = part.added ? "+" : part.removed ? "-" : " ";
-    for (const line of part.value.replace(/\n$/, "").split("\n")) {
-      box.append(el("div", { class: cls }, el("span", { class: "sr-only" }, part.added ? "added: " : part.removed ? "removed: " : ""), sign + " " + line));
-    }
+  const parts = lineChanges(before, after);
+  if (!parts) {
+    return el("div", {}, title,
+      el("p", { class: "too-different" }, `Too different to diff here: ${countLines(before)} lines before, ${countLines(after)} after. The new content:`),
+      shownText(after));
   }
-  return el("div", {}, title, box);
+  return el("div", {}, title, diffBox(f.path, parts));
+}
+
+// diffBox shows the rows of parts (changes.js), at most MAX_SHOWN_LINES.
+function diffBox(path, parts) {
+  const { rows, hidden } = changeRows(parts);
+  const box = el("div", { class: "diff", role: "region", "aria-label": "Diff of " + path });
+  for (const r of rows) {
+    const sign = r.kind === "add" ? "+" : r.kind === "del" ? "-" : " ";
+    box.append(el("div", { class: r.kind }, el("span", { class: "sr-only" }, r.kind === "add" ? "added: " : r.kind === "del" ? "removed: " : ""), sign + " " + r.text));
+  }
+  return hidden ? el("div", {}, box, el("p", { class: "hidden-lines" }, `${hidden} more lines not shown here (the arguments above hold the whole call).`)) : box;
+}
+
+// shownText is text in a <pre>, at most MAX_SHOWN_LINES lines of it.
+function shownText(text) {
+  const { text: shown, hidden } = firstLines(text);
+  const pre = el("pre", { class: "content" }, shown);
+  return hidden ? el("div", {}, pre, el("p", { class: "hidden-lines" }, `${hidden} more lines not shown here (the arguments above hold the whole call).`)) : pre;
 }
 
 function decidedCard(a) {
