@@ -82,7 +82,7 @@ func TestApprovalAllowDenyTimeout(t *testing.T) {
 		t.Fatalf("audit record: %+v", audit)
 	}
 	rc := verifyReceipt(t, h.k, r)
-	if rc.ApprovalID != a.ID || rc.ApprovedBy != "alice" || rc.ApprovalReason != "looks right" {
+	if rc.ApprovalID != a.ID || rc.ApprovalState != ApprovalAllowed || rc.ApprovedBy != "alice" || rc.ApprovalReason != "looks right" {
 		t.Fatalf("receipt %+v", rc)
 	}
 
@@ -91,8 +91,14 @@ func TestApprovalAllowDenyTimeout(t *testing.T) {
 	if _, err := h.k.Decide(a.ID, alice, "deny", "no"); err != nil {
 		t.Fatal(err)
 	}
-	if r := <-res; errClass(r) != ErrApprovalDenied || h.read("Makefile") != "all:\n" {
+	r = <-res
+	if errClass(r) != ErrApprovalDenied || h.read("Makefile") != "all:\n" {
 		t.Fatalf("denied write: %q, file %q", errClass(r), h.read("Makefile"))
+	}
+	// Its receipt says alice denied it, not that she approved it
+	// (rev10-approve F5).
+	if rc := verifyReceipt(t, h.k, r); rc.ApprovalState != ApprovalDenied || rc.ApprovedBy != "alice" {
+		t.Fatalf("denied call's receipt: %+v", rc)
 	}
 
 	// timeout: nobody answers; a late answer is a conflict.

@@ -43,9 +43,13 @@ type Receipt struct {
 	LedgerSeq         uint64  `json:"ledger_seq"`        // seq of the ledger entry attested (the call's audit record)
 	LedgerEntryHash   string  `json:"ledger_entry_hash"` // entry_hash of that entry
 	IssuedAt          string  `json:"issued_at"`         // RFC 3339 with nanoseconds, UTC
-	// For a call that waited for an approval: its id, the approver (the
-	// approver token's subject; empty when nobody decided) and reason.
+	// For a call that waited for an approval: its id, how it was closed
+	// (allowed, denied, expired or abandoned; read from a v2 receipt's
+	// audit record, absent from v1 receipts), who decided it (the approver
+	// token's subject, whichever the decision; empty when nobody did) and
+	// why.
 	ApprovalID     string `json:"approval_id,omitempty"`
+	ApprovalState  string `json:"approval_state,omitempty"`
 	ApprovedBy     string `json:"approved_by,omitempty"`
 	ApprovalReason string `json:"approval_reason,omitempty"`
 }

@@ -163,7 +163,7 @@ func printReceipt(w io.Writer, r *receipts.Receipt, extra ...[2]string) {
 		{"tx_outcome", r.TxOutcome}, {"commit_delta_id", r.CommitDeltaID}, {"error_class", r.ErrorClass},
 		{"policy_hash", r.PolicyHash}, {"autonomy_mode", r.AutonomyMode}, {"risk_score", fmt.Sprint(r.RiskScore)},
 		{"ledger_seq", fmt.Sprint(r.LedgerSeq)}, {"ledger_entry_hash", r.LedgerEntryHash}, {"issued_at", r.IssuedAt},
-		{"approval_id", r.ApprovalID}, {"approved_by", r.ApprovedBy}, {"approval_reason", r.ApprovalReason},
+		{"approval_id", r.ApprovalID}, {"approval_state", r.ApprovalState}, {"approved_by", r.ApprovedBy}, {"approval_reason", r.ApprovalReason},
 	}, extra...) {
 		if kv[1] != "" {
 			fmt.Fprintf(tw, "%s\t%s\n", kv[0], cell(kv[1]))
