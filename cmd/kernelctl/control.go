@@ -36,7 +36,54 @@ func (t *target) controlClient(verb, tokenFile string) (*httpapi.Client, error) 
 
 func approvalsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "approvals", Short: "List and decide the approvals soft_gate and escalated calls wait for"}
-	cmd.AddCommand(approvalsListCmd(), decideCmd("approve", "allow"), decideCmd("deny", "deny"))
+	cmd.AddCommand(approvalsListCmd(), approvalsShowCmd(), decideCmd("approve", "allow"), decideCmd("deny", "deny"))
+	return cmd
+}
+
+// approvalsShowCmd prints one approval request whole: what an approver
+// needs to decide it (the call's input, its risk and why, the session,
+// where it acts), which the list's table has no room for.
+func approvalsShowCmd() *cobra.Command {
+	var t target
+	var tokenFile string
+	cmd := &cobra.Command{
+		Use:   "show APPROVAL_ID --data DIR|--server URL [--token APPROVER_TOKEN_FILE]",
+		Short: "Print an approval request whole: the call's input, risk and basis, session and effects",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := t.controlClient("approvals show", tokenFile)
+			if err != nil {
+				return err
+			}
+			list, err := c.Approvals(cmd.Context(), true)
+			if err != nil {
+				return err
+			}
+			for _, a := range list {
+				if a.ID != args[0] {
+					continue
+				}
+				if t.json {
+					return printJSON(cmd.OutOrStdout(), a)
+				}
+				tw := newTable(cmd.OutOrStdout())
+				for _, f := range [][2]string{
+					{"approval", a.ID}, {"state", a.State}, {"mode", a.Mode}, {"role", a.RequiredRole},
+					{"agent", a.AgentID}, {"session", orDash(a.SessionID)}, {"tool", a.ToolID}, {"operation", a.OperationID},
+					{"input", a.InputSummary}, {"risk", fmt.Sprintf("%.2f", a.RiskScore)}, {"risk basis", strings.Join(a.RiskBasis, "; ")},
+					{"effects", strings.Join(a.ProjectedEffects, "; ")}, {"side effect", a.SideEffect},
+					{"requested", a.RequestedAt}, {"decide by", a.DecideBy}, {"decided by", orDash(a.DecidedBy)}, {"reason", orDash(a.Reason)},
+				} {
+					fmt.Fprintf(tw, "%s\t%s\n", f[0], cell(f[1]))
+				}
+				return tw.Flush()
+			}
+			return fmt.Errorf("approvals show: no approval %q pending or recently decided that this credential may see", args[0])
+		},
+	}
+	t.addTarget(cmd, true)
+	jsonShape(cmd, "the approval request as one JSON object, as GET /v1/approvals lists it")
+	cmd.Flags().StringVar(&tokenFile, "token", "", "approver token file (default: the admin credential)")
 	return cmd
 }
 
