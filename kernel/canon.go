@@ -263,6 +263,10 @@ func appendResource(b []byte, r *policy.Resource) ([]byte, error) {
 	o.Opt("key", r.Key)
 	o.Str("kind", r.Kind)
 	o.Str("op", r.Op)
+	if len(r.OtherPaths) > 0 {
+		o.Key("other_paths")
+		o.B = appendStrings(o.B, r.OtherPaths)
+	}
 	o.Opt("path", r.Path)
 	if r.Port != 0 {
 		if r.Port > 1<<53 || r.Port < -(1<<53) {

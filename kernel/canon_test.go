@@ -59,7 +59,11 @@ func randomRecord(r *rand.Rand) (*auditRecord, []byte) {
 		in := &policy.Input{ToolID: s(), SideEffect: s(), AgentID: s(), TaskClass: s(), Ceiling: s(), RequestedMode: s(),
 			ResourcesUndeclared: r.IntN(2) == 0}
 		for range r.IntN(3) {
-			in.Resources = append(in.Resources, policy.Resource{Kind: s(), Op: s(), Path: s(), RealPath: s(), Root: s(),
+			var others []string
+			for range r.IntN(3) {
+				others = append(others, s())
+			}
+			in.Resources = append(in.Resources, policy.Resource{Kind: s(), Op: s(), Path: s(), RealPath: s(), Root: s(), OtherPaths: others,
 				IsDir: r.IntN(2) == 0, Exists: r.IntN(2) == 0, Key: s(), Host: s(), Port: r.IntN(3) * 443})
 		}
 		if r.IntN(3) == 0 {

@@ -696,7 +696,7 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 			return
 		}
 		in.Resources = append(in.Resources, policy.Resource{
-			Kind: "fs", Op: op, Path: r.Rel, RealPath: r.Real, Root: r.RootPath, IsDir: r.IsDir, Exists: r.Exists,
+			Kind: "fs", Op: op, Path: r.Rel, RealPath: r.Real, Root: r.RootPath, IsDir: r.IsDir, Exists: r.Exists, OtherPaths: r.OtherPaths,
 		})
 	}
 	for _, r := range resources {

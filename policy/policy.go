@@ -60,11 +60,16 @@ type Resource struct {
 	Path     string `json:"path,omitempty"`      // fs: slash path relative to the root, "." for the root
 	RealPath string `json:"real_path,omitempty"` // fs: Path with symlinks inside the root resolved
 	Root     string `json:"root,omitempty"`      // fs: the root directory
-	IsDir    bool   `json:"is_dir,omitempty"`
-	Exists   bool   `json:"exists,omitempty"`
-	Key      string `json:"key,omitempty"` // kv
-	Host     string `json:"host,omitempty"`
-	Port     int    `json:"port,omitempty"`
+	// OtherPaths (fs) is RealPath as seen from each other root of the
+	// token that holds it (its roots nest): the policy matches paths
+	// against every name a file has, so that how a path is spelled, which
+	// picks the root it resolves in, does not pick what the policy sees.
+	OtherPaths []string `json:"other_paths,omitempty"`
+	IsDir      bool     `json:"is_dir,omitempty"`
+	Exists     bool     `json:"exists,omitempty"`
+	Key        string   `json:"key,omitempty"` // kv
+	Host       string   `json:"host,omitempty"`
+	Port       int      `json:"port,omitempty"`
 }
 
 // Input is the document a decision is made on (input in Rego). The audit

@@ -167,12 +167,20 @@ type Resource struct {
 	// one, to the missing name, which is last), each in Real's form (its
 	// resolved parent plus its name): what a write or delete of that name
 	// acts on; nil otherwise.
-	Links  []string
-	Exists bool
-	IsDir  bool
-	Size   int64
-	Access Access
-	dir    syscall.RawConn // the root directory's (the Workspace's), for openRead; nil for none
+	Links []string
+	// OtherPaths are Real as seen from each other root of the workspace
+	// that holds it (the token's roots nest), in the roots' order: a
+	// path resolves in one root by how it is spelled (a relative one in
+	// the first, an absolute one in the innermost holding it), and a check
+	// of where a file lies — the policy's sensitive and secret paths —
+	// must see it from every root, or the spelling picks what it sees.
+	// Nil when no other root holds it.
+	OtherPaths []string
+	Exists     bool
+	IsDir      bool
+	Size       int64
+	Access     Access
+	dir        syscall.RawConn // the root directory's (the Workspace's), for openRead; nil for none
 }
 
 // ScopeError is a path outside the token's scopes; the kernel reports it as
@@ -206,8 +214,12 @@ func (e *ScopeError) Error() string {
 // unlink(2) — so Real is the resolved parent directory plus the last name.
 func (w *Workspace) Resolve(p string, a Access) (*Resource, error) {
 	r, err := w.resolve(p, a)
-	if err != nil || !a.Writes() {
+	if err != nil {
 		return r, err
+	}
+	r.OtherPaths = w.otherPaths(r)
+	if !a.Writes() {
+		return r, nil
 	}
 	return r, w.checkWritable(p, r)
 }
@@ -500,6 +512,27 @@ func (m *mount) follow(rel string, links *[]string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: more than %d symlinks", rel, maxLinks)
+}
+
+// otherPaths returns Resource.OtherPaths of r.
+func (w *Workspace) otherPaths(r *Resource) []string {
+	if len(w.mounts) < 2 || r.RealRoot == "" {
+		return nil
+	}
+	abs := path.Join(r.RealRoot, r.Real)
+	var out []string
+	for i := range w.mounts {
+		m := &w.mounts[i]
+		if m.real == r.RealRoot || !within(abs, m.real) {
+			continue
+		}
+		rel := "."
+		if abs != m.real {
+			rel = strings.TrimPrefix(abs, strings.TrimSuffix(m.real, "/")+"/")
+		}
+		out = append(out, rel)
+	}
+	return out
 }
 
 // mountFor picks the root for p and returns p relative to it.

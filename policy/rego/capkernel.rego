@@ -153,8 +153,12 @@ findings contains {"mode": "escalated", "risk": 0.8, "basis": sprintf("delete of
 	r.is_dir
 }
 
-# fs_paths are the names a resource goes by: as given and as resolved.
-fs_paths(r) := {p | some p in [object.get(r, "path", ""), object.get(r, "real_path", "")]; p != ""}
+# fs_paths are the names a resource goes by: as given, as resolved, and
+# as seen from every other root of the token that holds it (nested roots).
+fs_paths(r) := {p |
+	some p in array.concat([object.get(r, "path", ""), object.get(r, "real_path", "")], object.get(r, "other_paths", []))
+	p != ""
+}
 
 secret_path(p) if {
 	some c in split(p, "/")

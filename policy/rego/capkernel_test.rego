@@ -41,6 +41,15 @@ test_sensitive_match_is_anchored if {
 
 test_sensitive_dir_itself if decide(call("WRITE", [fs("delete", ".git")])).autonomy_mode == "soft_gate"
 
+# A file seen from another root of the token that holds it (nested roots)
+# is matched there too: app/.git/config is .git/config in the root app.
+test_sensitive_in_another_root if {
+	r := object.union(fs("write", "app/.git/config"), {"other_paths": [".git/config"]})
+	decide(call("WRITE", [r])).autonomy_mode == "soft_gate"
+	s := object.union(fs("write", "config"), {"other_paths": [".ssh/config"]})
+	decide(call("WRITE", [s])).autonomy_mode == "no_go"
+}
+
 test_reading_sensitive_path_is_autopilot if decide(call("READ", [fs("read", ".git/config")])).autonomy_mode == "autopilot"
 
 test_sensitive_via_real_path if {
