@@ -105,6 +105,7 @@ type approval struct {
 	decided chan struct{} // closed on the first decision
 	expires time.Time
 	view    approvalView // what a console shows of the call (approvalview.go)
+	bytes   int64        // what the waiting call holds (waitingBytes)
 }
 
 type approvals struct {
@@ -112,6 +113,10 @@ type approvals struct {
 	pending map[string]*approval
 	recent  []ApprovalRequest // decided, newest last, bounded
 	byAgent map[string]int    // pending requests per agent family (agentFamily)
+	// bytesByAgent and bytes are what the waiting calls hold
+	// (waitingBytes), per agent family and in all.
+	bytesByAgent map[string]int64
+	bytes        int64
 	// draining is set by Drain: a request made from then on is abandoned
 	// as soon as it is recorded, since no approver will decide it.
 	draining bool
@@ -124,13 +129,35 @@ type approvals struct {
 // approvers' queue is everyone's.
 const MaxPendingApprovalsPerAgent = MaxBackgroundPerAgent
 
+// MaxPendingApprovalBytesPerAgent and MaxPendingApprovalBytes bound the
+// memory calls waiting for an approval hold (waitingBytes), for one agent
+// with its sub-agents and for all: a count alone let one agent pin ~3 MiB
+// a waiting call of a 1 MiB envelope, 256 calls of it (rev10-approve F7).
+// A call over either bound is refused concurrency_exceeded, as over the
+// count.
+const (
+	MaxPendingApprovalBytesPerAgent int64 = 64 << 20
+	MaxPendingApprovalBytes         int64 = 512 << 20
+)
+
+// waitingBytes estimates what call c holds while it waits: its envelope's
+// bytes as the front end read them, its decoded and canonical args, and
+// its policy input, each about the size of the args.
+func waitingBytes(c *call) int64 {
+	return int64(len(c.env.Args))*3 + int64(len(c.canonArgs)) + 4096
+}
+
 const keepDecided = 256
 
 // release ends one pending request of agent family family (under mu).
-func (a *approvals) release(family string) {
+func (a *approvals) release(family string, bytes int64) {
 	if a.byAgent[family]--; a.byAgent[family] <= 0 {
 		delete(a.byAgent, family)
 	}
+	if a.bytesByAgent[family] -= bytes; a.bytesByAgent[family] <= 0 {
+		delete(a.bytesByAgent, family)
+	}
+	a.bytes -= bytes
 }
 
 // Approvals lists pending approval requests, oldest first, and with all
@@ -169,18 +196,29 @@ func (k *Kernel) awaitApproval(ctx context.Context, c *call) *Result {
 	// escalated call, whatever the policy says; and only in a session.
 	a.req.SessionConfirm = c.sessionConfirm && c.res.AutonomyMode == policy.SoftGate && c.session != ""
 	family := agentFamily(c.env.AgentID)
+	a.bytes = waitingBytes(c)
 	k.approvals.mu.Lock()
-	full := k.approvals.byAgent[family] >= MaxPendingApprovalsPerAgent
-	if !full {
-		k.approvals.byAgent[family]++ // held until closeApproval
+	var full string
+	switch {
+	case k.approvals.byAgent[family] >= MaxPendingApprovalsPerAgent:
+		full = fmt.Sprintf("%d approval requests of %s (with its sub-agents) are pending, the most there may be", MaxPendingApprovalsPerAgent, family)
+	case k.approvals.bytesByAgent[family]+a.bytes > MaxPendingApprovalBytesPerAgent:
+		full = fmt.Sprintf("the calls of %s (with its sub-agents) waiting for approvals hold %d MiB with this one, over the %d MiB one agent's may", family, (k.approvals.bytesByAgent[family]+a.bytes)>>20, MaxPendingApprovalBytesPerAgent>>20)
+	case k.approvals.bytes+a.bytes > MaxPendingApprovalBytes:
+		full = fmt.Sprintf("the calls waiting for approvals hold %d MiB with this one, over the %d MiB all may", (k.approvals.bytes+a.bytes)>>20, MaxPendingApprovalBytes>>20)
+	default:
+		// Held until closeApproval.
+		k.approvals.byAgent[family]++
+		k.approvals.bytesByAgent[family] += a.bytes
+		k.approvals.bytes += a.bytes
 	}
 	k.approvals.mu.Unlock()
-	if full {
-		return k.deny(ctx, c, ErrConcurrencyExceeded, fmt.Sprintf("%d approval requests of %s (with its sub-agents) are pending, the most there may be; retry once some are decided", MaxPendingApprovalsPerAgent, family))
+	if full != "" {
+		return k.deny(ctx, c, ErrConcurrencyExceeded, full+"; retry once some are decided")
 	}
 	if err := k.appendApproval(KindApprovalRequested, a.req.ledgerBody()); err != nil {
 		k.approvals.mu.Lock()
-		k.approvals.release(family)
+		k.approvals.release(family, a.bytes)
 		k.approvals.mu.Unlock()
 		return k.deny(ctx, c, ErrInternal, "recording the approval request: "+err.Error())
 	}
@@ -276,7 +314,7 @@ func (k *Kernel) closeApprovalVia(a *approval, state, by, tokenID, reason, chann
 		a.req.State, a.req.Reason = ApprovalDenied, "recording the decision failed: "+err.Error()
 	}
 	delete(k.approvals.pending, a.req.ID)
-	k.approvals.release(agentFamily(a.req.AgentID))
+	k.approvals.release(agentFamily(a.req.AgentID), a.bytes)
 	k.approvals.recent = append(k.approvals.recent, a.req.decided())
 	if len(k.approvals.recent) > keepDecided {
 		k.approvals.recent = k.approvals.recent[len(k.approvals.recent)-keepDecided:]

@@ -525,6 +525,43 @@ func TestPendingApprovalsBounded(t *testing.T) {
 	<-res
 }
 
+// TestPendingApprovalBytesBounded: the calls of one agent waiting for
+// approvals hold at most MaxPendingApprovalBytesPerAgent (waitingBytes):
+// big calls are refused concurrency_exceeded long before the count's
+// bound, and a small call of another agent still asks (rev10-approve F7).
+func TestPendingApprovalBytesBounded(t *testing.T) {
+	h := newHarness(t)
+	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 64)
+	defer sub.Close()
+	big := strings.Repeat("x", 900<<10)
+	per := waitingBytes(&call{env: &Envelope{Args: make([]byte, len(big)+40)}, canonArgs: make([]byte, len(big)+40)})
+	fit := int(MaxPendingApprovalBytesPerAgent / per)
+	results := make(chan *Result, fit+1)
+	for i := range fit {
+		env := h.env("fs.write", map[string]any{"path": "Makefile", "content": big}, key(fmt.Sprint("big", i)))
+		go func() { results <- h.k.Invoke(context.Background(), env) }()
+	}
+	for i := range fit {
+		select {
+		case <-sub.C:
+		case r := <-results:
+			t.Fatalf("call %d ended before its approval: %+v", i, r.Error)
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%d approval requests, want %d", i, fit)
+		}
+	}
+	r := h.invoke("fs.write", map[string]any{"path": "Makefile", "content": big}, key("one-more"))
+	if errClass(r) != ErrConcurrencyExceeded || !strings.Contains(r.Error.Message, "MiB") || r.ReceiptID == "" {
+		t.Fatalf("one big call more (%d waiting): %+v", fit, r.Error)
+	}
+	tok, jti := h.mint("other", captoken.Capability{Tools: []string{"fs.write"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "rw"}}})
+	_, res := h.gated("fs.write", map[string]any{"path": "Makefile", "content": "y"}, key("other"), func(e *Envelope) {
+		e.AgentID, e.CapabilityToken, e.CapabilityTokenID = "other", tok, jti
+	})
+	h.k.Close() // ends the calls still waiting
+	<-res
+}
+
 // TestDrainEndsLaterApprovals: Drain ends the calls waiting for an
 // approval, and a call that asks for one after Drain (its body still
 // arriving, or its policy deciding, when the shutdown began) is recorded

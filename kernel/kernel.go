@@ -127,7 +127,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 		cfg: cfg, settings: s, locks: newPathLocks(),
 		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: map[string]*syscalls.Workspace{},
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
-		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}, byAgent: map[string]int{}},
+		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}, byAgent: map[string]int{}, bytesByAgent: map[string]int64{}},
 		ops: newOperations(), audit: audit,
 	}
 	if k.issuer, err = LoadKey(filepath.Join(cfg.DataDir, IssuerKeyFile)); err != nil {
