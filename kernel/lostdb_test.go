@@ -113,3 +113,37 @@ func TestOtherKernelsDatabaseRefused(t *testing.T) {
 	}
 	openRefusedUnchanged(t, other.data, "does not verify with this data dir's receipt key")
 }
+
+// TestLayoutRecordChanged: a layout-3 file whose recorded layout was
+// changed to 02, or deleted, is refused by Open and by the offline
+// inspector as a mismatch between its keys and its record (restore it),
+// not taken for an older file to rebuild ("entry 1 missing") or to open
+// with the kernel; and it is left unchanged (rev10-disk #6).
+func TestLayoutRecordChanged(t *testing.T) {
+	for name, change := range map[string]func(*bbolt.Bucket) error{
+		"02":      func(m *bbolt.Bucket) error { return m.Put([]byte("tree_layout"), []byte{2}) },
+		"deleted": func(m *bbolt.Bucket) error { return m.Delete([]byte("tree_layout")) },
+	} {
+		h := newHarness(t)
+		h.write("a.txt", "a")
+		for range 5 {
+			mustOK(t, h.invoke("fs.read", map[string]any{"path": "a.txt"}))
+		}
+		h.k.Close()
+		db, err := bbolt.Open(filepath.Join(h.data, DBFile), 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Update(func(tx *bbolt.Tx) error { return change(tx.Bucket([]byte("ledger_meta"))) }); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		openRefusedUnchanged(t, h.data, "the meta key was changed")
+		if i, err := OpenInspector(h.data); err == nil || !strings.Contains(err.Error(), "the meta key was changed") {
+			if err == nil {
+				i.Close()
+			}
+			t.Fatalf("tree_layout %s: inspector: %v, want a layout mismatch", name, err)
+		}
+	}
+}

@@ -266,7 +266,7 @@ func TestUpstreamDeclaredNet(t *testing.T) {
 	h.token, h.jti = h.mint(h.agent, captoken.Capability{Tools: []string{"mcp.*"}, KV: []captoken.KVScope{{Keys: "prog*", Mode: "r"}}})
 	before := h.headSize()
 	mustOK(t, h.invoke("mcp.ev.echo", map[string]any{"message": "progress"}))
-	if a := h.audits(before); len(a) != 1 || fmt.Sprint(a[0].PolicyInput.Resources) != "[{kv read    false false progress  0}]" {
+	if a := h.audits(before); len(a) != 1 || fmt.Sprint(a[0].PolicyInput.Resources) != "[{kv read    [] false false progress  0}]" {
 		t.Fatalf("audit %+v", a[0].PolicyInput)
 	}
 }

@@ -309,6 +309,11 @@ func CheckMove(tx *bbolt.Tx) (steps bool, err error) {
 		return false, fmt.Errorf("ledger: %w", err)
 	}
 	tree := tx.Bucket(bucketTree)
+	if layout != layoutOneBucket && tree == nil {
+		if err := recordedOlder(entries, layout); err != nil {
+			return false, err
+		}
+	}
 	if layout == layoutOneBucket || tree == nil {
 		return false, nil // current, or a ledger made before the tree: built whole
 	}
@@ -489,10 +494,34 @@ func CheckLayout(tx *bbolt.Tx) error {
 	if v := meta.Get(keyTreeLayout); len(v) == 1 && v[0] == layoutOneBucket {
 		return nil
 	}
-	if _, err := treeLayout(meta); err != nil {
+	layout, err := treeLayout(meta)
+	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
+	if entries := tx.Bucket(bucketEntries); entries != nil {
+		if err := recordedOlder(entries, layout); err != nil {
+			return err
+		}
+	}
 	return errOldLayout
+}
+
+// recordedOlder refuses an entries' bucket that holds the keys of layout
+// 3 while ledger_meta records an older layout (or none) than one moved in
+// part: only layout 3 has keys there that are not 8 bytes long, and one of
+// them always sorts last (the latest checkpoint's, size||C0||num, or the
+// head's node, completion||level, after the head's record). Such a file
+// had its recorded layout changed; taken for an older one, it was rebuilt
+// as one and refused with a misleading reason (an entry "missing"), or
+// sent back to the kernel by the offline readers.
+func recordedOlder(entries *bbolt.Bucket, layout int) error {
+	if layout == layoutOneBucket || layout == layoutMoving {
+		return nil
+	}
+	if k, _ := entries.Cursor().Last(); k != nil && len(k) != 8 {
+		return fmt.Errorf("ledger: %w: ledger_meta records layout %02x (%q), but the keys of bucket %q are of layout 3 (last key %x): the meta key was changed; restore the data dir from a backup", ErrLayoutMismatch, layout, keyTreeLayout, bucketEntries, k)
+	}
+	return nil
 }
 
 // readsWhole reports whether the readers of the whole ledger (Verify,
