@@ -185,3 +185,27 @@ func TestRedoNoRoomIsRefused(t *testing.T) {
 	}
 	t.Fatal("no rename was refused")
 }
+
+// TestFullFileSystemMkdir: on a full ext4 file system a mkdir, which
+// needs a block for the directory it makes, is refused at staging with a
+// *NotApplicableError naming ENOSPC; an unchecked mkdir that the file
+// system refuses at Apply is a lasting refusal (Refused). Before, the
+// mkdir was staged and its apply failed after the commit.
+func TestFullFileSystemMkdir(t *testing.T) {
+	ws := fullWorkspace(t)
+	s := newStager(t, ws)
+	err := s.do("mkdir", "n", "")
+	var na *NotApplicableError
+	if !errors.As(err, &na) || !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("stage mkdir: %v, want a NotApplicableError of ENOSPC", err)
+	}
+	root, err := os.OpenRoot(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	err = Apply([]Effect{{Op: OpMkdir, Root: ws, Path: "n", Mode: 0o755}}, func(string) (*os.Root, error) { return root, nil })
+	if !errors.Is(err, syscall.ENOSPC) || !Refused(err) {
+		t.Errorf("apply mkdir: %v (Refused %v), want a refused ENOSPC", err, Refused(err))
+	}
+}
