@@ -83,13 +83,24 @@ func Chattr(t testing.TB, base, flags, path string) {
 	})
 }
 
-// FullExt4 mounts at dir (made first) a new 8 MiB ext4 file system (1 KiB
-// blocks, no inline data) on a loop device, with directories mkdirs made
-// in it, then fills it: a file of zeros takes every block the caller
-// (root, so the reserved blocks too) can allocate. When t ends, every
-// mount under base is detached, which frees the loop device. It skips t
-// when mkfs.ext4 or a loop device is missing.
+// FullExt4 mounts a new ext4 file system at dir (Ext4), makes the
+// directories mkdirs in it, and fills it (Fill).
 func FullExt4(t testing.TB, base, dir string, mkdirs ...string) {
+	t.Helper()
+	Ext4(t, base, dir)
+	for _, d := range mkdirs {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	Fill(t, dir)
+}
+
+// Ext4 mounts at dir (made first) a new 8 MiB ext4 file system (1 KiB
+// blocks, no inline data) on a loop device. When t ends, every mount
+// under base is detached, which frees the loop device. It skips t when
+// mkfs.ext4 or a loop device is missing.
+func Ext4(t testing.TB, base, dir string) {
 	t.Helper()
 	img := filepath.Join(t.TempDir(), "ext4.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
@@ -108,12 +119,14 @@ func FullExt4(t testing.TB, base, dir string, mkdirs ...string) {
 		t.Skipf("mount %s on a loop device: %v %s", img, err, out)
 	}
 	unmountUnder(t, base)
-	for _, d := range mkdirs {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f, err := os.Create(filepath.Join(dir, "filler"))
+}
+
+// Fill fills the file system of directory dir: a new file of zeros
+// there (named .filler-N) takes every block the caller (root, so the
+// reserved blocks too) can allocate.
+func Fill(t testing.TB, dir string) {
+	t.Helper()
+	f, err := os.CreateTemp(dir, ".filler-")
 	if err != nil {
 		t.Fatal(err)
 	}
