@@ -209,3 +209,50 @@ func TestFullFileSystemMkdir(t *testing.T) {
 		t.Errorf("apply mkdir: %v (Refused %v), want a refused ENOSPC", err, Refused(err))
 	}
 }
+
+// TestRoomForRootReserve: on an ext4 file system with no blocks left for
+// unprivileged users (statfs f_bavail 0) but root's reserved blocks free,
+// a root kernel's write of a new name is staged and applied: checkRoom
+// asks the file system rather than refusing on statfs alone.
+func TestRoomForRootReserve(t *testing.T) {
+	needRoot(t)
+	base := t.TempDir()
+	mnt := filepath.Join(base, "mnt")
+	obstacles.Ext4(t, base, mnt)
+	f, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 16<<10)
+	for {
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(mnt, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Bavail == 0 {
+			break
+		}
+		if _, err := f.Write(chunk[:min(int64(len(chunk)), int64(st.Bavail)*st.Bsize)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root, err := os.OpenRoot(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	effects, err := stageOne(t, root, mnt, opID(0), "write", "n")
+	if err != nil {
+		t.Fatalf("stage a new name with root's reserve free: %v", err)
+	}
+	if err := Apply(effects, func(string) (*os.Root, error) { return root, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(mnt, "n") {
+		t.Error("n was not written")
+	}
+}
