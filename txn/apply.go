@@ -329,8 +329,9 @@ func refusal(op string, e Effect, err error) Conflict {
 }
 
 // Refused reports whether err, from Apply, is a refusal by the file
-// system that trying again cannot cure (see lasting): Redo reports such
-// an effect as a ConflictRefused instead of failing.
+// system that trying again cannot cure, or a rename or mkdir that found
+// no room for its entry (see lasting): Redo reports such an effect as a
+// ConflictRefused instead of failing.
 func Refused(err error) bool { return lasting(err) }
 
 // lasting reports whether err is a refusal by the file system that trying

@@ -33,8 +33,9 @@ import (
 // take either), quotas (which statfs does not show; so a quota is checked
 // only on a file system low on room). Blocks that ext4 frees return to
 // its allocator only once its journal commits; the syncfs before the
-// commit (Stage.FileRoots) commits it, and ext4's mkdir(2) forces a
-// commit itself before it refuses. A file system or process that takes
+// commit (Stage.FileRoots) commits it (on another mount than the root's
+// top, the staging file's fsync most likely does), and ext4's mkdir(2)
+// forces a commit itself before it refuses. A file system or process that takes
 // the room between the check and the apply can still refuse the apply:
 // the kernel then fails stop once, and recovery reports the effect as a
 // ConflictRefused (see noRoomError), so the next start is not kept from

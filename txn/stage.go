@@ -167,6 +167,16 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	if err == nil {
 		err = f.Chmod(perm)
 	}
+	if err == nil && old == "" {
+		// A new name: the rename onto it adds a directory entry. Checked
+		// after the content took its blocks, and before the fsync on
+		// another mount (see checkRoom for the syncfs elsewhere), whose
+		// journal commit most likely holds the check's freeing too.
+		if err = checkRoom(r.Root, path.Dir(r.Rel), r.Rel); err != nil {
+			f.Close()
+			return err
+		}
+	}
 	if err == nil && mounted {
 		err = fsync(f, name)
 	}
@@ -178,10 +188,6 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	}
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", r.Rel, err)
-	}
-	if old == "" {
-		// A new name: the rename onto it adds a directory entry.
-		return checkRoom(r.Root, path.Dir(r.Rel), r.Rel)
 	}
 	return nil
 }
