@@ -54,16 +54,28 @@ func (k *Kernel) failStop(op, path string, err error) error {
 func (k *Kernel) watchFailure(stop <-chan struct{}) {
 	select {
 	case <-k.db.Failed():
-		err := k.db.Err()
-		var f *store.FatalError
-		if errors.As(err, &f) {
-			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls; remount the file system holding path (or reboot), then restart it to recover from what is durable",
-				"op", f.Op, "path", f.Path, "error", f.Err.Error())
-		} else {
-			k.cfg.Logger.Error("durability failure: the kernel accepts no more calls", "error", err.Error())
-		}
+		msg, attrs := failureLog(k.db.Err())
+		k.cfg.Logger.Error(msg, attrs...)
 	case <-stop:
 	}
+}
+
+// failureLog returns the message and attributes that log err, the
+// failure the kernel stopped on, with what the operator is to do.
+func failureLog(err error) (string, []any) {
+	var f *store.FatalError
+	switch {
+	case errors.As(err, &f) && txn.Refused(f.Err):
+		// Nothing about the disk is in doubt (an apply the file system
+		// refused, ENOSPC of a rename included): a restart alone
+		// recovers, reporting the effect as apply_refused.
+		return "durability failure: the file system refused a committed effect, and the kernel accepts no more calls; restart it (no remount is needed): the next start reports the effect as apply_refused and serves",
+			[]any{"op", f.Op, "path", f.Path, "error", f.Err.Error()}
+	case f != nil:
+		return "durability failure: the kernel accepts no more calls; remount the file system holding path (or reboot), then restart it to recover from what is durable",
+			[]any{"op", f.Op, "path", f.Path, "error", f.Err.Error()}
+	}
+	return "durability failure: the kernel accepts no more calls", []any{"error", err.Error()}
 }
 
 // stopped is the answer to a call caught in a fail stop: internal, naming
@@ -115,7 +127,10 @@ func (k *Kernel) apply(c *call, effects []txn.Effect, stage *txn.Stage) *Result 
 	op := "apply of committed operation " + c.env.OperationID + " to"
 	if txn.Refused(err) {
 		// No repair is needed: the next start reports the effect as
-		// apply_refused and goes on.
+		// apply_refused and goes on. ENOSPC or EDQUOT from a rename or
+		// mkdir is such a refusal (nothing was changed; staging checked
+		// the room, so the file system was filled meanwhile): see
+		// txn.Refused.
 		op = "apply (refused for good by the file system: the next start reports it as apply_refused) of committed operation " +
 			c.env.OperationID + " to"
 	}

@@ -76,7 +76,7 @@ func checkReplace(root *os.Root, rel string) (m mountID, ok bool, err error) {
 	return parent.mount, true, nil
 }
 
-// checkDelete checks that rel can be moved aside and removed: its
+// checkDelete checks that rel can be removed: its
 // directory is writable and not append-only, and neither rel nor any
 // entry under it is a mount point, immutable or append-only, another
 // user's in a sticky directory, or in a directory the kernel's user

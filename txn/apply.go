@@ -12,7 +12,8 @@ import (
 )
 
 // Apply makes decided effects visible: staged files are renamed onto their
-// targets, deleted targets are moved aside and removed, directories are
+// targets, deleted targets are removed where they are (needing no new
+// directory entry, so a full file system cannot refuse it), directories are
 // made, and a cleanup effect removes a staging pool emptied by the
 // renames. A directory is made with owner rwx added to its mode, and is
 // given its final mode only after every other effect has landed, so that
@@ -57,22 +58,26 @@ func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
 	var err error
 	switch e := effects[i]; e.Op {
 	case OpWrite:
-		if err = r.Rename(e.Stage, e.Path); absent(err) {
+		if err = noRoom(r.Rename(e.Stage, e.Path)); absent(err) {
 			var done bool
 			if done, err = renamedAlready(r, effects, i); err == nil && !done {
 				err = fmt.Errorf("staging file %s is gone and %s does not hold the committed content %s", e.Stage, e.Path, e.NewHash)
 			}
 		}
 	case OpDelete:
+		// Removed where it is: a rename aside would need a new entry
+		// in the directory, which a full file system refuses (ENOSPC)
+		// after the commit. A tree removed in part before a crash is
+		// still a directory, and Redo removes the rest.
 		if !landed(r, effects, later[i]) {
-			err = r.Rename(e.Path, e.Stage)
+			err = removeTree(r, e.Path)
 		}
 		if err == nil || absent(err) {
-			err = removeTree(r, e.Stage)
+			err = removeTrash(r, e)
 		}
 	case OpMkdir:
 		// Owner rwx until finalModes: see Apply.
-		err = r.Mkdir(e.Path, fs.FileMode(e.Mode).Perm()|0o700)
+		err = noRoom(r.Mkdir(e.Path, fs.FileMode(e.Mode).Perm()|0o700))
 		if errors.Is(err, fs.ErrExist) {
 			err = nil
 		}
@@ -83,6 +88,17 @@ func applyEffect(r *os.Root, effects []Effect, i int, later []int) error {
 		return nil
 	}
 	return err
+}
+
+// removeTrash removes the trash entry of delete e, if it names one: a
+// build before in-place deletes moved the deleted entry aside under
+// e.Stage (TrashPrefix) and removed it there, and may have stopped in
+// between. Deletes staged now name none.
+func removeTrash(r *os.Root, e Effect) error {
+	if e.Stage == "" {
+		return nil
+	}
+	return removeTree(r, e.Stage)
 }
 
 // renamedAlready reports, of a write, effects[i], whose staging file is
@@ -258,7 +274,7 @@ func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later [
 			switch {
 			case err != nil:
 			case staged == e.NewHash:
-				err = r.Rename(e.Stage, e.Path)
+				err = noRoom(r.Rename(e.Stage, e.Path))
 				if absent(err) {
 					// The staging file is there (above), so the target's
 					// directory is missing or is no directory (its mkdir was
@@ -281,13 +297,13 @@ func redoEffect(operationID string, r *os.Root, effects []Effect, i int, later [
 		switch {
 		case !present, landed(r, effects, later[i]):
 		case e.OldHash == "" && !mode.IsRegular(), e.OldHash != "" && mode.IsRegular() && cur == e.OldHash:
-			err = r.Rename(e.Path, e.Stage)
+			err = removeTree(r, e.Path)
 		case madeLater(effects[i+1:], e, cur, mode):
 		default:
 			conflict(ConflictTarget, e.OldHash, cur)
 		}
 		if err == nil || absent(err) {
-			err = removeTree(r, e.Stage)
+			err = removeTrash(r, e)
 		}
 	}
 	if absent(err) {
@@ -313,8 +329,9 @@ func refusal(op string, e Effect, err error) Conflict {
 }
 
 // Refused reports whether err, from Apply, is a refusal by the file
-// system that trying again cannot cure (see lasting): Redo reports such
-// an effect as a ConflictRefused instead of failing.
+// system that trying again cannot cure, or a rename or mkdir that found
+// no room for its entry (see lasting): Redo reports such an effect as a
+// ConflictRefused instead of failing.
 func Refused(err error) bool { return lasting(err) }
 
 // lasting reports whether err is a refusal by the file system that trying
@@ -322,14 +339,21 @@ func Refused(err error) bool { return lasting(err) }
 // write permission, a sticky directory, an immutable or append-only
 // file), a mount point or another file system (EBUSY, EXDEV), a read-only
 // file system (EROFS), an entry the operation cannot take (ENOTEMPTY,
-// EISDIR, ELOOP, ENAMETOOLONG, EMLINK, EINVAL), or a path that now leads
-// out of its root (os.Root refuses to follow it). A disk error (EIO), a
-// full disk or quota (ENOSPC, EDQUOT), a failed fsync of a change made
-// (ErrNotDurable, whatever its errno) and anything else may pass, or mean
-// that what is on the disk cannot be trusted: they are not lasting.
+// EISDIR, ELOOP, ENAMETOOLONG, EMLINK, EINVAL), a path that now leads
+// out of its root (os.Root refuses to follow it), or a rename or mkdir
+// refused for want of room for its directory entry (ENOSPC, EDQUOT: see
+// noRoom). A disk error (EIO), a full disk or quota met by anything else
+// (a write, whose data may be partly on the disk), a failed fsync of a
+// change made (ErrNotDurable, whatever its errno) and anything else may
+// pass, or mean that what is on the disk cannot be trusted: they are not
+// lasting.
 func lasting(err error) bool {
 	if errors.Is(err, ErrNotDurable) {
 		return false // an fsync failed after the change: see ErrNotDurable
+	}
+	var nr *noRoomError
+	if errors.As(err, &nr) {
+		return true
 	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) && pe.Err.Error() == escapes {
@@ -345,6 +369,29 @@ func lasting(err error) bool {
 		return true
 	}
 	return false
+}
+
+// noRoomError is the error of a rename(2) or mkdir(2) that the file
+// system refused for want of room for the new directory entry (ENOSPC,
+// EDQUOT). Either call is atomic, so the refusal changed nothing; and
+// it lasts as long as the file system stays full, which may be as long
+// as an agent keeps it full. Unlike a write's ENOSPC, it says nothing
+// about the disk: recovery reports the effect as a ConflictRefused
+// rather than refusing to start (staging checks the room before the
+// commit, see checkRoom, so only a file system filled meanwhile by
+// someone else gets here).
+type noRoomError struct{ err error }
+
+func (e *noRoomError) Error() string { return e.err.Error() }
+func (e *noRoomError) Unwrap() error { return e.err }
+
+// noRoom returns err, from a rename or a mkdir, as a *noRoomError if it
+// is ENOSPC or EDQUOT.
+func noRoom(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return &noRoomError{err}
+	}
+	return err
 }
 
 // laterWrites returns, for each delete of effects, the index of the first

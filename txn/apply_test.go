@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -108,16 +109,19 @@ func TestRedoReplacedPaths(t *testing.T) {
 					effects := stageSteps(t, dir, tc.before, tc.steps)
 					open, closeAll := OpenRoots()
 					// crash/2 effects applied, and for odd crash the next
-					// delete's target moved to its trash name only.
+					// delete's target moved to a trash name only, as a
+					// build before in-place deletes did, its intent naming
+					// the trash.
 					if err := Apply(effects[:crash/2], open); err != nil {
 						t.Fatal(err)
 					}
 					if crash%2 == 1 {
-						e := effects[crash/2]
+						e := &effects[crash/2]
 						if e.Op != OpDelete {
 							closeAll()
 							continue
 						}
+						e.Stage = TrashPrefix + "op-" + strconv.Itoa(crash/2)
 						r, _ := open(dir)
 						if err := r.Rename(e.Path, e.Stage); err != nil {
 							t.Fatal(err)
@@ -142,6 +146,35 @@ func TestRedoReplacedPaths(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedoDeleteHalfDone: a delete of a directory tree, removed in part
+// when the process stopped (Apply removes it where it is, children
+// first), is finished by Redo and by Apply, with no conflict, and a
+// second pass changes nothing.
+func TestRedoDeleteHalfDone(t *testing.T) {
+	for _, retry := range []string{"redo", "apply"} {
+		dir := t.TempDir()
+		effects := stageSteps(t, dir, map[string]string{"d": "/", "d/x": "x", "d/e": "/", "d/e/y": "y", "k": "k"},
+			[]treeStep{{"delete", "d", ""}})
+		if err := os.Remove(filepath.Join(dir, "d/e/y")); err != nil {
+			t.Fatal(err)
+		}
+		open, closeAll := OpenRoots()
+		for pass := range 2 {
+			var conflicts []Conflict
+			var err error
+			if retry == "redo" {
+				conflicts, err = Redo("op", effects, open)
+			} else {
+				err = Apply(effects, open)
+			}
+			if got, want := tree(t, dir), map[string]string{"k": "k"}; err != nil || len(conflicts) != 0 || !maps.Equal(got, want) {
+				t.Errorf("%s, pass %d: %v, conflicts %+v, tree %v, want %v", retry, pass+1, err, conflicts, got, want)
+			}
+		}
+		closeAll()
 	}
 }
 

@@ -22,7 +22,7 @@
 //     intent is encoded before the transaction (Decide); the transaction
 //     adds only the commit sequence number it assigns.
 //  4. Apply: staged files are renamed into place, deleted targets are
-//     moved aside and removed, and the renames are made durable
+//     removed where they are, and the changes are made durable
 //     (Syncer.SyncLater, after the answer). Then the Intent is removed
 //     (Finish, in the next transaction that commits anyway: redoing an
 //     applied effect is harmless).
@@ -35,6 +35,17 @@
 //     starts after the last staging write and ends before step 3 is
 //     queued): a durable decided intent names staging files whose content
 //     and names are durable, so recovery can always redo it.
+//   - What Apply will need is there before the commit (staging refuses
+//     the call otherwise: see applicable.go and room.go), so that an
+//     agent cannot make the kernel fail stop: no step of Apply needs a
+//     directory entry that staging did not check the file system can
+//     take. A rename onto an existing name reuses its entry, a delete
+//     removes entries where they are (moving it aside first would need a
+//     new entry, which a full file system refuses), and a rename onto a
+//     new name or a mkdir is staged only while the file system can take
+//     the blocks its directory grows by. A rename or mkdir refused all
+//     the same (the file system filled meanwhile) changed nothing, and
+//     recovery reports it as a ConflictRefused rather than failing.
 //   - The commit is durable before the answer (bbolt fdatasync).
 //   - The renames of step 4 are durable before the Intent's removal is
 //     queued: the SyncLater round starts after the renames, and Finish is
@@ -97,5 +108,9 @@
 // replaced them: a proc.exec delta that turns a directory into a file, or
 // a file into a directory, deletes the path and then makes it) and rolls
 // back every prepared one. A multi-file commit is therefore all or
-// nothing across a crash.
+// nothing across a crash. A delete of a tree stopped part way leaves a
+// directory, which the redo's pre-image check (anything but a regular
+// file) accepts, and the redo removes the rest; an intent decided by a
+// build that moved deleted entries aside first (Effect.Stage, a
+// TrashPrefix name) is finished the same way, its trash removed.
 package txn

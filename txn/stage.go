@@ -35,8 +35,10 @@ const (
 )
 
 // Effect is one staged change. For OpWrite, Stage is the staging file that
-// Apply renames onto Path; for OpDelete, Stage is the name Path is moved to
-// before it is removed. Paths are relative to Root.
+// Apply renames onto Path; an OpDelete has none (Apply removes Path where
+// it is), but one decided by an older build may name the trash entry it
+// moved Path to before removing it, which Apply and Redo remove too.
+// Paths are relative to Root.
 type Effect struct {
 	Op      string          `json:"op"`
 	Root    string          `json:"root,omitempty"`
@@ -65,8 +67,9 @@ func (e Effect) change() DeltaChange {
 }
 
 // StagePrefix starts the names of staging files; TrashPrefix the names that
-// deleted targets take just before removal. Both are followed by the
-// operation id, "-" and a sequence number.
+// deleted targets took just before removal, in builds before deletes were
+// made in place (recovery and the workspace check still know them). Both
+// are followed by the operation id, "-" and a sequence number.
 const (
 	StagePrefix = ".capk-stage-"
 	TrashPrefix = ".capk-trash-"
@@ -107,7 +110,8 @@ func (s *Stage) name(prefix, rel string) string {
 // keeps the mode of an existing file (0644 for a new one). The caller makes
 // staged files durable (Syncer) before it commits. A target Apply could
 // not replace (a mount point, an immutable file, another user's file in
-// a sticky directory: see checkReplace) is refused with a
+// a sticky directory: see checkReplace), or a new one on a file system
+// too full to take its directory entry (see checkRoom), is refused with a
 // *NotApplicableError.
 func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode) error {
 	s.mu.Lock()
@@ -163,6 +167,16 @@ func (s *Stage) WriteFile(r *syscalls.Resource, content []byte, perm fs.FileMode
 	if err == nil {
 		err = f.Chmod(perm)
 	}
+	if err == nil && old == "" {
+		// A new name: the rename onto it adds a directory entry. Checked
+		// after the content took its blocks, and before the fsync on
+		// another mount (see checkRoom for the syncfs elsewhere), whose
+		// journal commit most likely holds the check's freeing too.
+		if err = checkRoom(r.Root, path.Dir(r.Rel), r.Rel); err != nil {
+			f.Close()
+			return err
+		}
+	}
 	if err == nil && mounted {
 		err = fsync(f, name)
 	}
@@ -198,8 +212,9 @@ func (s *Stage) use(r *syscalls.Resource) error {
 // content is streamed, never held in memory. Apply renames it into place
 // and a cleanup effect, added by Effects, removes the pool. A target Apply
 // could not write (on another mount than the pool, in a directory the
-// kernel's user cannot write: see checkCreate) is refused with a
-// *NotApplicableError.
+// kernel's user cannot write: see checkCreate), or a new one on a file
+// system too full to take its directory entry (see checkRoom), is
+// refused with a *NotApplicableError.
 func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -248,12 +263,19 @@ func (s *Stage) WriteFrom(r *syscalls.Resource, src io.Reader, perm fs.FileMode)
 	h.Sum(sum[:0])
 	e := Effect{Op: OpWrite, Root: r.RootPath, Path: r.Rel, Stage: name, OldHash: old, NewHash: digest.Format(sum), Size: n}
 	s.effects, s.touched = append(s.effects, e), append(s.touched, r)
+	if old == "" {
+		// A new name (or one a directory or link holds now, which an
+		// earlier delete of the call removes): the rename adds an entry.
+		if err := checkRoom(r.Root, path.Dir(r.Rel), r.Rel); err != nil {
+			return "", err
+		}
+	}
 	return e.NewHash, nil
 }
 
 // Mkdir stages making directory r (absent now) with mode perm. A
-// directory Apply could not make (see checkCreate) is refused with a
-// *NotApplicableError.
+// directory Apply could not make (see checkCreate; on a file system too
+// full to take it, see checkRoom) is refused with a *NotApplicableError.
 func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -266,6 +288,9 @@ func (s *Stage) Mkdir(r *syscalls.Resource, perm fs.FileMode) error {
 	}
 	dirMount, err := checkCreate(r.Root, r.Rel, nil)
 	if err != nil {
+		return err
+	}
+	if err := checkRoom(r.Root, path.Dir(r.Rel), r.Rel); err != nil {
 		return err
 	}
 	if err := s.use(r); err != nil {
@@ -308,7 +333,7 @@ func (s *Stage) Delete(r *syscalls.Resource) error {
 		return err
 	}
 	s.effects = append(s.effects, Effect{
-		Op: OpDelete, Root: r.RootPath, Path: r.Rel, Stage: s.name(TrashPrefix, r.Rel),
+		Op: OpDelete, Root: r.RootPath, Path: r.Rel,
 		OldHash: old, Size: fi.Size(), Mounted: dirMount.id != top.id,
 	})
 	s.touched = append(s.touched, r)

@@ -1,11 +1,13 @@
 // Package obstacles sets up, for tests, what makes a file system refuse a
 // change for good: a mount (Tmpfs), a read-only bind mount (ReadOnly), a
-// chattr flag (Chattr), and an unprivileged user (Nobody: permission
-// checks bind a non-root process only). Each needs root; without it the
+// chattr flag (Chattr), an unprivileged user (Nobody: permission
+// checks bind a non-root process only), and a full file system
+// (FullExt4). Each needs root; without it the
 // test is skipped.
 package obstacles
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,4 +81,66 @@ func Chattr(t testing.TB, base, flags, path string) {
 			return nil
 		})
 	})
+}
+
+// FullExt4 mounts a new ext4 file system at dir (Ext4), makes the
+// directories mkdirs in it, and fills it (Fill).
+func FullExt4(t testing.TB, base, dir string, mkdirs ...string) {
+	t.Helper()
+	Ext4(t, base, dir)
+	for _, d := range mkdirs {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	Fill(t, dir)
+}
+
+// Ext4 mounts at dir (made first) a new 8 MiB ext4 file system (1 KiB
+// blocks, no inline data) on a loop device. When t ends, every mount
+// under base is detached, which frees the loop device. It skips t when
+// mkfs.ext4 or a loop device is missing.
+func Ext4(t testing.TB, base, dir string) {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "ext4.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^inline_data", img).CombinedOutput(); err != nil {
+		t.Skipf("mkfs.ext4: %v %s", err, out)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
+		t.Skipf("mount %s on a loop device: %v %s", img, err, out)
+	}
+	unmountUnder(t, base)
+}
+
+// Fill fills the file system of directory dir: a new file of zeros
+// there (named .filler-N) takes every block the caller (root, so the
+// reserved blocks too) can allocate.
+func Fill(t testing.TB, dir string) {
+	t.Helper()
+	f, err := os.CreateTemp(dir, ".filler-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zeros := make([]byte, 1024)
+	for {
+		if _, err := f.Write(zeros); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill %s: %v", dir, err)
+			}
+			break
+		}
+	}
+	if err := f.Sync(); err != nil && !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill %s: %v", dir, err)
+	}
 }
