@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"unsafe"
@@ -220,11 +221,12 @@ func (v *chain) run(src source) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			debug.SetPanicOnFault(true) // a damaged page is the item's error (fault.go)
 			leaf := keyedHasher(leafKey)().(*blake3.Hasher)
 			for b := range work {
 				b.unpacked = b.unpacked[:0]
 				for i := range b.items {
-					b.items[i].prepare(&v.opts, &b.unpacked, leaf)
+					b.items[i].prepareGuarded(&v.opts, &b.unpacked, leaf)
 				}
 				close(b.done)
 			}

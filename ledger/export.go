@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 
 	"go.etcd.io/bbolt"
 
@@ -44,7 +45,10 @@ func marshalCheckpointLine(signed []byte) ([]byte, error) {
 // than its own), is written where the walk stands, and checkpoints for
 // sizes beyond the entries come last. The numbers the checkpoints are
 // stored under are not exported.
-func Export(tx *bbolt.Tx, w io.Writer) error {
+func Export(tx *bbolt.Tx, w io.Writer) (err error) {
+	var n uint64
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer guardFaults(&err, func() string { return fmt.Sprintf("export after %d entries", n) }) // fault.go
 	entries, meta, err := buckets(tx)
 	if err != nil {
 		return err
@@ -54,7 +58,6 @@ func Export(tx *bbolt.Tx, w io.Writer) error {
 		return fmt.Errorf("ledger: export: %w", err)
 	}
 	bw := bufio.NewWriterSize(w, 256<<10)
-	var n uint64
 	var ck, cs []byte
 	var csize uint64
 	var cc *kindCursor

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/transparency-dev/merkle/compact"
 	"go.etcd.io/bbolt"
@@ -133,7 +134,10 @@ func Verify(tx *bbolt.Tx) (n uint64, err error) {
 // A ledger that Init has not yet migrated (it has neither the tree nor the
 // checkpoint bucket, as when opened read-only) is checked as a hash chain;
 // one of an older key layout with them (layouts 1 and 2) is refused.
-func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
+func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (rep Report, err error) {
+	v := newChain(opts)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer guardFaults(&err, func() string { return fmt.Sprintf("verifying after entry %d", v.n) }) // fault.go
 	entries, meta, err := buckets(tx)
 	if err != nil {
 		return Report{}, err
@@ -142,7 +146,6 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	v := newChain(opts)
 	if full {
 		v.nodes = &nodeChecker{c: newKindCursor(entries, kindNode)}
 	}
@@ -191,7 +194,7 @@ func VerifyWith(tx *bbolt.Tx, opts VerifyOptions) (Report, error) {
 	}
 	for src.walk.k != nil {
 		it := src.walk.next()
-		it.prepare(&v.opts, nil, nil)
+		it.prepareGuarded(&v.opts, nil, nil)
 		if err := v.consume(&it); err != nil {
 			return v.report, err
 		}
