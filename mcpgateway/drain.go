@@ -23,6 +23,8 @@ type drainConn struct {
 	mu      sync.Mutex
 	pending map[jsonrpc.ID]bool // requests read and not answered (1 and "1" are two ids)
 	idle    *sync.Cond          // signalled when pending shrinks
+
+	ended func() // unless nil, runs when the input ends, before the wait
 }
 
 func newDrainConn(c mcp.Connection) *drainConn {
@@ -36,6 +38,9 @@ func newDrainConn(c mcp.Connection) *drainConn {
 func (d *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	m, err := d.Connection.Read(ctx)
 	if err != nil {
+		if d.ended != nil {
+			d.ended()
+		}
 		d.wait(ctx)
 		return m, err
 	}

@@ -184,7 +184,10 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 // serveIO serves one client reading newline-delimited JSON-RPC messages
 // from in and writing answers to out, until in ends or ctx is done.
 func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) error {
-	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals})
+	// At the end of input, a call whose question is open can have no
+	// answer: it ends cancelled, while the others are waited for.
+	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals,
+		ended: func() { g.pending.endSession(g.session) }})
 	if g.handles != nil {
 		g.handles.end(g.session)
 	}
@@ -298,7 +301,7 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 	stop := g.progress(ctx, req)
 	defer stop()
 	if e.OperationID != "" {
-		res, err, ask := g.invokeConfirmable(ctx, session, e.OperationID, tool, p.Name, env)
+		res, err, ask := g.invokeConfirmable(ctx, req, session, e.OperationID, tool, env)
 		if ask != nil {
 			return ask, nil
 		}

@@ -131,6 +131,7 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			// would wait for an approver, then act).
 			if deleteTaken(r, ss) {
 				g.inflight.endSession(sid)
+				g.pending.endSession(sid)
 				if idle != nil {
 					defer func() {
 						// Only once the SDK has ended it: a DELETE it
@@ -362,6 +363,7 @@ func deleteTaken(r *http.Request, ss *mcp.ServerSession) bool {
 func (g *Gateway) endSession(id string) {
 	if ss := g.sessionByID(id); ss != nil {
 		g.inflight.endSession(id)
+		g.pending.endSession(id)
 		ss.Close()
 	}
 }

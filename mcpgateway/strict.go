@@ -179,6 +179,9 @@ type lineTransport struct {
 	in    io.Reader
 	out   io.WriteCloser
 	seals *sealer
+	// ended, if set, runs when the client's input ends, before the
+	// answers of the requests in flight are waited for (drainConn).
+	ended func()
 }
 
 // Connect starts reading the client's lines.
@@ -192,7 +195,9 @@ func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newDrainConn(c), nil
+	d := newDrainConn(c)
+	d.ended = t.ended
+	return d, nil
 }
 
 // screenLines reads in line by line until it ends, writing each prepared
