@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -299,4 +301,49 @@ func TestProgressWhileAsking(t *testing.T) {
 		b, _ := json.Marshal(r)
 		t.Fatalf("the confirmed write: %s %v", b, err)
 	}
+}
+
+// goneWriter is a client's end of stdout that fails with EPIPE once the
+// client has gone.
+type goneWriter struct {
+	mu   sync.Mutex
+	gone bool
+}
+
+func (w *goneWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gone {
+		return 0, syscall.EPIPE
+	}
+	return len(p), nil
+}
+
+// A stdio client that exits while a gated call waits for an approver
+// (with a progress token): the gateway's next write fails, and serving
+// ends, the call cancelled and audited. serveIO waited on for the call's
+// answer, which the SDK no longer writes after a failed write, forever
+// (rev10-mcp #2).
+func TestClientGoneEndsStdio(t *testing.T) {
+	k, g, ws, _ := newGatedWriteGateway(t, time.Minute, false, nil)
+	g.progressEvery = 10 * time.Millisecond
+	ended := k.Subscribe(kernel.EventFilter{Kinds: []string{kernel.EventCompleted, kernel.EventFailed, kernel.EventDenied}}, 64)
+	defer ended.Close()
+	in, client := io.Pipe()
+	out := &goneWriter{}
+	served := make(chan error, 1)
+	go func() { served <- g.serveIO(context.Background(), in, out) }()
+	io.WriteString(client, strictInit+"\n"+strictInitialized+"\n")
+	io.WriteString(client, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"gone.txt","content":"x"},"_meta":{"progressToken":"p"}}}`+"\n")
+	ar := onePending(t, k)
+	out.mu.Lock()
+	out.gone = true
+	out.mu.Unlock()
+	client.Close()
+	select {
+	case <-served:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serveIO still serving after its client went (approvals pending %d)", len(k.Approvals(false)))
+	}
+	checkCancelled(t, k, ended, ar, ws, "gone.txt")
 }

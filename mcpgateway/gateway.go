@@ -10,11 +10,13 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -176,9 +178,14 @@ func (g *Gateway) sessionOf(ss *mcp.ServerSession) string {
 }
 
 // ServeStdio serves one client on stdin and stdout until it disconnects
-// or ctx is done.
+// (ends stdin, or closes stdout: a write fails with EPIPE, when SIGPIPE is
+// ignored, which is no error) or ctx is done.
 func (g *Gateway) ServeStdio(ctx context.Context) error {
-	return g.serveIO(ctx, os.Stdin, os.Stdout)
+	err := g.serveIO(ctx, os.Stdin, os.Stdout)
+	if errors.Is(err, syscall.EPIPE) {
+		return nil // the client went away, as at the end of stdin
+	}
+	return err
 }
 
 // serveIO serves one client reading newline-delimited JSON-RPC messages

@@ -92,6 +92,11 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			}
 			g := mcpgateway.New(cfg)
 			if httpAddr == "" {
+				// A client that exits closes our stdout: the next answer
+				// fails with EPIPE, which ends the session (its calls
+				// cancelled, audited, the kernel closed), where Go's
+				// default for fd 1 killed the process mid-call.
+				signal.Ignore(syscall.SIGPIPE)
 				return g.ServeStdio(ctx)
 			}
 			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins, SessionIdle: sessionIdle}), httpAddr, drain)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -373,5 +374,50 @@ garbage{
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("answers lack %s:\n%s", want, out)
 		}
+	}
+}
+
+// A stdio client that exits while a gated call waits for an approver
+// (with a progress token, so the gateway writes again soon): kernelctl mcp
+// ends, the call cancelled and audited, its kernel closed. The gateway's
+// next write killed the process with SIGPIPE (Go's default on fd 1), and
+// the call was left unaudited (rev10-mcp #2).
+func TestMCPStdioClientExits(t *testing.T) {
+	f := newRunFixture(t)
+	cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"Makefile","content":"x"},"_meta":{"progressToken":"p1"}}}
+`)
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() && !strings.Contains(lines.Text(), "notifications/progress") {
+	}
+	stdout.Close() // the client exits: both pipes close
+	stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("kernelctl mcp ended: %v (stderr %q)", err, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("kernelctl mcp still serving 60 s after its client exited")
+	}
+	out := mustRun(t, "ledger", "tail", "--data", f.data, "--json")
+	audited := false
+	for _, l := range strings.Split(out, "\n") {
+		audited = audited || strings.Contains(l, `"kind":"audit"`) && strings.Contains(l, `"fs.write"`) && strings.Contains(l, `"cancelled"`)
+	}
+	if !audited {
+		t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
 	}
 }
