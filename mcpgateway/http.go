@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/json/jsontext"
 	"fmt"
@@ -365,6 +366,34 @@ func (g *Gateway) endSession(id string) {
 		g.inflight.endSession(id)
 		g.pending.endSession(id)
 		ss.Close()
+	}
+}
+
+// Shutdown ends the gateway's HTTP sessions for a server that stops: it
+// waits until no tools/call of any session is in flight (on either path)
+// or ctx is done, then ends every session as its client's DELETE does (a
+// call still in flight is cancelled, audited, and a session's GET stream
+// closes), so that http.Server.Shutdown, which waits for every active
+// connection, is not held by the streams clients hold open to listen.
+func (g *Gateway) Shutdown(ctx context.Context) {
+	// The calls end by themselves (kernel.Drain ends those waiting for
+	// an approval); inflight has no signal for its last one, so it is
+	// looked at every few milliseconds, which costs nothing next to the
+	// calls.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for g.inflight.any() && ctx.Err() == nil {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+		}
+	}
+	var ids []string
+	for ss := range g.server.Sessions() {
+		ids = append(ids, ss.ID())
+	}
+	for _, id := range ids {
+		g.endSession(id)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -419,5 +420,58 @@ func TestMCPStdioClientExits(t *testing.T) {
 	}
 	if !audited {
 		t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
+	}
+}
+
+// kernelctl mcp --http stops on SIGINT with a client connected, which
+// holds its GET stream open to listen (as the Go and TypeScript SDKs do),
+// and a gated call of it waiting for an approver: the call is answered
+// (cancelled by the kernel's drain, receipted), the session and its
+// stream end, and the command exits 0. The stream held the shutdown for
+// all of its 30 s, after which the command failed (rev10-mcp #3).
+func TestMCPHTTPSignalEndsSessions(t *testing.T) {
+	f := newRunFixture(t)
+	cmd := exec.Command(kernelctl, "mcp", "--http", "127.0.0.1:0", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	url, ok := strings.CutPrefix(strings.TrimSpace(line), "mcp gateway on ")
+	if !ok {
+		t.Fatalf("ready line %q", line)
+	}
+	waiting := make(chan struct{}, 1)
+	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	answered := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "x"},
+			Meta: mcp.Meta{"progressToken": "p"}})
+		if err != nil {
+			t.Errorf("the call in flight at the shutdown: %v", err)
+		}
+		answered <- r
+	}()
+	<-waiting // the gated write waits for an approver
+	cmd.Process.Signal(syscall.SIGINT)
+	if r := <-answered; r != nil && (!r.IsError || !strings.HasPrefix(text(r), "cancelled: ") || resultMeta(r, mcpgateway.MetaReceiptID) == "") {
+		t.Errorf("the call in flight at the shutdown: %s %v, want it cancelled with a receipt", text(r), r.Meta)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kernelctl mcp after SIGINT: %v (stderr %q)", err, stderr.String())
 	}
 }
