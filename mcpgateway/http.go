@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -345,8 +346,10 @@ func messages(body []byte) []json.RawMessage {
 
 // deleteTaken reports whether the SDK will take r, a DELETE of live
 // session ss, rather than refuse it before it ends ss (a non-loopback Host
-// on a loopback address, a protocol header naming another version than
-// the session's): only then are the session's calls ended ahead of it.
+// on a loopback address, a protocol header naming a version before
+// leanProtocolLimit that the SDK does not support: the SDK does not
+// compare it with the session's): only then are the session's calls ended
+// ahead of it.
 func deleteTaken(r *http.Request, ss *mcp.ServerSession) bool {
 	if ss == nil {
 		return false
@@ -355,9 +358,12 @@ func deleteTaken(r *http.Request, ss *mcp.ServerSession) bool {
 		return false
 	}
 	v := r.Header.Get(protocolVersionHeader)
-	ip := ss.InitializeParams()
-	return v == "" || v >= leanProtocolLimit || ip != nil && v == ip.ProtocolVersion
+	return v == "" || v >= leanProtocolLimit || slices.Contains(sdkVersions, v)
 }
+
+// sdkVersions are the protocol versions the gateway's server supports
+// (it narrows none).
+var sdkVersions = mcp.SupportedProtocolVersions()
 
 // endSession ends the server's session of id, if it is live, as its
 // client's DELETE does: its calls first, then the SDK's session.
