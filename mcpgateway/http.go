@@ -36,7 +36,8 @@ type HTTPOptions struct {
 	// counts as one being served), no call of it running or waiting to
 	// be resumed. Its calls and handles end with it, as with its
 	// client's DELETE; the client's next request is answered 404, and
-	// it starts a new session. Zero keeps every session until its client
+	// it must connect again for a new session (the SDK clients do not
+	// on their own). Zero keeps every session until its client
 	// ends it or the gateway stops.
 	SessionIdle time.Duration
 }

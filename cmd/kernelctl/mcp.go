@@ -43,7 +43,7 @@ resets its request timeout on progress never times out while a human decides.
 Over HTTP, a request with an Origin header that is not a loopback origin or
 one given by --allow-origin is answered 403; request bodies are limited to 8 MiB;
 a session idle for --session-idle (no request of it served, no call of it
-running) ends, its calls and handles with it, and its client starts another.
+running) ends, its calls and handles with it; its client must connect again.
 
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
