@@ -140,7 +140,8 @@ const confirmInput = "capkernel/confirm"
 const pendingGrace = 5 * time.Minute
 
 // pendingCall is a call that asked its client for a decision and runs on
-// in the kernel until the client's retry (with the answer) resumes it.
+// in the kernel: until the client's retry (with the answer) resumes it
+// (multi round-trip), or, asked within its request (ask), until it ends.
 type pendingCall struct {
 	session, tool, name string
 	approval            kernel.ApprovalRequest
