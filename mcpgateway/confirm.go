@@ -140,7 +140,8 @@ const confirmInput = "capkernel/confirm"
 const pendingGrace = 5 * time.Minute
 
 // pendingCall is a call that asked its client for a decision and runs on
-// in the kernel until the client's retry (with the answer) resumes it.
+// in the kernel: until the client's retry (with the answer) resumes it
+// (multi round-trip), or, asked within its request (ask), until it ends.
 type pendingCall struct {
 	session, tool, name string
 	approval            kernel.ApprovalRequest
@@ -151,10 +152,53 @@ type pendingCall struct {
 }
 
 // pendingCalls are the calls waiting for their client's retry, by the
-// requestState handed out (128 random bits).
+// requestState handed out (128 random bits), and the calls whose
+// question is open within their request (asking).
 type pendingCalls struct {
-	mu sync.Mutex
-	by map[string]*pendingCall
+	mu     sync.Mutex
+	by     map[string]*pendingCall
+	asking map[*pendingCall]bool
+}
+
+// ask records pc as asking its client within its request, until the
+// returned release: the end of its session (endSession) cancels it.
+func (p *pendingCalls) ask(pc *pendingCall) (release func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.asking == nil {
+		p.asking = map[*pendingCall]bool{}
+	}
+	p.asking[pc] = true
+	return func() {
+		p.mu.Lock()
+		delete(p.asking, pc)
+		p.mu.Unlock()
+	}
+}
+
+// endSession cancels the calls of session that wait for their client's
+// answer, which can no longer come (the session or its input ended):
+// those asking within their request, and those waiting for a retry,
+// which are forgotten (a retry naming one is refused as stale). The
+// kernel ends each as cancelled, audited; no approver can let it run.
+func (p *pendingCalls) endSession(session string) {
+	p.mu.Lock()
+	var ended []*pendingCall
+	for pc := range p.asking {
+		if pc.session == session {
+			ended = append(ended, pc)
+		}
+	}
+	for state, pc := range p.by {
+		if pc.session == session {
+			ended = append(ended, pc)
+			delete(p.by, state)
+		}
+	}
+	p.mu.Unlock()
+	for _, pc := range ended {
+		pc.cancel()
+	}
 }
 
 func (p *pendingCalls) add(pc *pendingCall) string {
@@ -196,20 +240,20 @@ func (p *pendingCalls) take(state, session string) *pendingCall {
 	return pc
 }
 
-// invokeConfirmable runs the call env (operation op) in the kernel and
-// watches for its approval request. It returns the call's result, or,
-// when the policy lets the session's user decide it, an input_required
-// result that asks the user through the client (SEP-2322 multi
-// round-trip: the client answers in a retry carrying the requestState,
-// which resume takes up; for clients of earlier protocols the SDK asks
-// with elicitation/create in the request and retries for them). The call
-// runs on meanwhile, bounded by the kernel's approval timeout, so an
-// approver can still decide first.
-func (g *Gateway) invokeConfirmable(ctx context.Context, session, op, tool, name string, env []byte) (*kernel.Result, error, *mcp.CallToolResult) {
+// invokeConfirmable runs the call env (operation op) of req in the
+// kernel and watches for its approval request. It returns the call's
+// result, or, when the policy lets the session's user decide it, asks
+// the user through the client: a client of protocol 2026-07-28 or later
+// gets an input_required result (SEP-2322 multi round-trip: it answers in
+// a retry carrying the requestState, which resume takes up); a client of
+// an earlier protocol is asked with elicitation/create within the request
+// (ask). The call runs on meanwhile, bounded by the kernel's approval
+// timeout, so an approver can still decide first.
+func (g *Gateway) invokeConfirmable(ctx context.Context, req *mcp.CallToolRequest, session, op, tool string, env []byte) (*kernel.Result, error, *mcp.CallToolResult) {
 	reqs, unwatch := g.confirmer.Watch(session)
 	defer unwatch()
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	pc := &pendingCall{session: session, tool: tool, name: name, cancel: cancel, done: make(chan struct{})}
+	pc := &pendingCall{session: session, tool: tool, name: req.Params.Name, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		pc.res, pc.err = g.invoker.Invoke(cctx, env)
 		close(pc.done)
@@ -232,10 +276,65 @@ func (g *Gateway) invokeConfirmable(ctx context.Context, session, op, tool, name
 				continue
 			}
 			pc.approval = ar
+			if !multiRoundTrip(req.Session) {
+				g.ask(ctx, req.Session, pc)
+				cancel()
+				return pc.res, pc.err, nil
+			}
 			state := g.pending.add(pc)
 			return nil, nil, &mcp.CallToolResult{RequestState: state,
-				InputRequests: mcp.InputRequestMap{confirmInput: confirmParams(ar)}}
+				InputRequests: mcp.InputRequestMap{confirmInput: confirmParams(pc.approval)}}
 		}
+	}
+}
+
+// multiRoundTrip reports whether the client of ss negotiated a protocol
+// with multi round-trip requests (SEP-2322), which answers a question in
+// a retry of its request rather than within it.
+func multiRoundTrip(ss *mcp.ServerSession) bool {
+	ip := ss.InitializeParams()
+	return ip != nil && ip.ProtocolVersion >= leanProtocolLimit
+}
+
+// ask puts pc's question to the client of ss within the call's request
+// (ctx: elicitation/create) and returns once pc has ended. The call is
+// bound to its request as any other: when the client cannot answer (its
+// elicitation/create fails), cancels the request, or its session or input
+// ends (pendingCalls.endSession), the call is cancelled, and the kernel
+// ends it as cancelled, audited, so that no approver can let it run after
+// its client was told it failed; when the call ends first (an approver
+// decided, the approval timed out), the question is withdrawn (the SDK
+// sends notifications/cancelled for it) and the call's result answered at
+// once. The caller's progress notifications go on throughout.
+func (g *Gateway) ask(ctx context.Context, ss *mcp.ServerSession, pc *pendingCall) {
+	qctx, withdraw := context.WithCancel(ctx)
+	defer withdraw()
+	go func() {
+		select {
+		case <-pc.done:
+			withdraw()
+		case <-qctx.Done():
+		}
+	}()
+	release := g.pending.ask(pc)
+	ans, err := ss.Elicit(qctx, confirmParams(pc.approval))
+	release()
+	select {
+	case <-pc.done:
+		return // decided first: the answer, if any, comes too late
+	default:
+	}
+	if err != nil {
+		pc.cancel()
+		<-pc.done
+		return
+	}
+	g.decide(pc, ans)
+	select {
+	case <-pc.done:
+	case <-ctx.Done():
+		pc.cancel()
+		<-pc.done
 	}
 }
 

@@ -16,13 +16,18 @@ import (
 // its answer reach the client. A request never answered (one waiting for
 // an approval) holds the end until it is answered or ctx is done, so the
 // gateway's life after the end of input is bounded by the kernel's call and
-// approval timeouts.
+// approval timeouts. Once a write to the client has failed (it is gone: no
+// answer can reach it, and the SDK writes nothing more) the end is held no
+// longer, and the SDK's end of the session cancels the calls still running.
 type drainConn struct {
 	mcp.Connection
 
 	mu      sync.Mutex
 	pending map[jsonrpc.ID]bool // requests read and not answered (1 and "1" are two ids)
-	idle    *sync.Cond          // signalled when pending shrinks
+	idle    *sync.Cond          // signalled when pending shrinks or a write fails
+	broken  bool                // a write failed
+
+	ended func() // unless nil, runs when the input ends, before the wait
 }
 
 func newDrainConn(c mcp.Connection) *drainConn {
@@ -36,6 +41,9 @@ func newDrainConn(c mcp.Connection) *drainConn {
 func (d *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	m, err := d.Connection.Read(ctx)
 	if err != nil {
+		if d.ended != nil {
+			d.ended()
+		}
 		d.wait(ctx)
 		return m, err
 	}
@@ -47,19 +55,25 @@ func (d *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	return m, nil
 }
 
-// Write writes a message; a response settles its request.
+// Write writes a message; a response settles its request, and a failed
+// write every request.
 func (d *drainConn) Write(ctx context.Context, m jsonrpc.Message) error {
 	err := d.Connection.Write(ctx, m)
-	if r, ok := m.(*jsonrpc.Response); ok && r.ID.IsValid() {
+	r, ok := m.(*jsonrpc.Response)
+	if err != nil || ok && r.ID.IsValid() {
 		d.mu.Lock()
-		delete(d.pending, r.ID)
+		if err != nil {
+			d.broken = true
+		} else {
+			delete(d.pending, r.ID)
+		}
 		d.idle.Broadcast()
 		d.mu.Unlock()
 	}
 	return err
 }
 
-// wait returns once no request is pending or ctx is done.
+// wait returns once no request is pending, a write failed or ctx is done.
 func (d *drainConn) wait(ctx context.Context) {
 	stop := context.AfterFunc(ctx, func() {
 		d.mu.Lock()
@@ -69,7 +83,7 @@ func (d *drainConn) wait(ctx context.Context) {
 	defer stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for len(d.pending) > 0 && ctx.Err() == nil {
+	for len(d.pending) > 0 && !d.broken && ctx.Err() == nil {
 		d.idle.Wait()
 	}
 }

@@ -10,11 +10,13 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -176,15 +178,23 @@ func (g *Gateway) sessionOf(ss *mcp.ServerSession) string {
 }
 
 // ServeStdio serves one client on stdin and stdout until it disconnects
-// or ctx is done.
+// (ends stdin, or closes stdout: a write fails with EPIPE, when SIGPIPE is
+// ignored, which is no error) or ctx is done.
 func (g *Gateway) ServeStdio(ctx context.Context) error {
-	return g.serveIO(ctx, os.Stdin, os.Stdout)
+	err := g.serveIO(ctx, os.Stdin, os.Stdout)
+	if errors.Is(err, syscall.EPIPE) {
+		return nil // the client went away, as at the end of stdin
+	}
+	return err
 }
 
 // serveIO serves one client reading newline-delimited JSON-RPC messages
 // from in and writing answers to out, until in ends or ctx is done.
 func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) error {
-	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals})
+	// At the end of input, a call whose question is open can have no
+	// answer: it ends cancelled, while the others are waited for.
+	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals,
+		ended: func() { g.pending.endSession(g.session) }})
 	if g.handles != nil {
 		g.handles.end(g.session)
 	}
@@ -298,7 +308,7 @@ func (g *Gateway) call(ctx context.Context, req *mcp.CallToolRequest, mk marks) 
 	stop := g.progress(ctx, req)
 	defer stop()
 	if e.OperationID != "" {
-		res, err, ask := g.invokeConfirmable(ctx, session, e.OperationID, tool, p.Name, env)
+		res, err, ask := g.invokeConfirmable(ctx, req, session, e.OperationID, tool, env)
 		if ask != nil {
 			return ask, nil
 		}

@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/json/jsontext"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,7 +36,8 @@ type HTTPOptions struct {
 	// counts as one being served), no call of it running or waiting to
 	// be resumed. Its calls and handles end with it, as with its
 	// client's DELETE; the client's next request is answered 404, and
-	// it starts a new session. Zero keeps every session until its client
+	// it must connect again for a new session (the SDK clients do not
+	// on their own). Zero keeps every session until its client
 	// ends it or the gateway stops.
 	SessionIdle time.Duration
 }
@@ -131,6 +134,7 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 			// would wait for an approver, then act).
 			if deleteTaken(r, ss) {
 				g.inflight.endSession(sid)
+				g.pending.endSession(sid)
 				if idle != nil {
 					defer func() {
 						// Only once the SDK has ended it: a DELETE it
@@ -343,8 +347,10 @@ func messages(body []byte) []json.RawMessage {
 
 // deleteTaken reports whether the SDK will take r, a DELETE of live
 // session ss, rather than refuse it before it ends ss (a non-loopback Host
-// on a loopback address, a protocol header naming another version than
-// the session's): only then are the session's calls ended ahead of it.
+// on a loopback address, a protocol header naming a version before
+// leanProtocolLimit that the SDK does not support: the SDK does not
+// compare it with the session's): only then are the session's calls ended
+// ahead of it.
 func deleteTaken(r *http.Request, ss *mcp.ServerSession) bool {
 	if ss == nil {
 		return false
@@ -353,16 +359,48 @@ func deleteTaken(r *http.Request, ss *mcp.ServerSession) bool {
 		return false
 	}
 	v := r.Header.Get(protocolVersionHeader)
-	ip := ss.InitializeParams()
-	return v == "" || v >= leanProtocolLimit || ip != nil && v == ip.ProtocolVersion
+	return v == "" || v >= leanProtocolLimit || slices.Contains(sdkVersions, v)
 }
+
+// sdkVersions are the protocol versions the gateway's server supports
+// (it narrows none).
+var sdkVersions = mcp.SupportedProtocolVersions()
 
 // endSession ends the server's session of id, if it is live, as its
 // client's DELETE does: its calls first, then the SDK's session.
 func (g *Gateway) endSession(id string) {
 	if ss := g.sessionByID(id); ss != nil {
 		g.inflight.endSession(id)
+		g.pending.endSession(id)
 		ss.Close()
+	}
+}
+
+// Shutdown ends the gateway's HTTP sessions for a server that stops: it
+// waits until no tools/call of any session is in flight (on either path)
+// or ctx is done, then ends every session as its client's DELETE does (a
+// call still in flight is cancelled, audited, and a session's GET stream
+// closes), so that http.Server.Shutdown, which waits for every active
+// connection, is not held by the streams clients hold open to listen.
+func (g *Gateway) Shutdown(ctx context.Context) {
+	// The calls end by themselves (kernel.Drain ends those waiting for
+	// an approval); inflight has no signal for its last one, so it is
+	// looked at every few milliseconds, which costs nothing next to the
+	// calls.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for g.inflight.any() && ctx.Err() == nil {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+		}
+	}
+	var ids []string
+	for ss := range g.server.Sessions() {
+		ids = append(ids, ss.ID())
+	}
+	for _, id := range ids {
+		g.endSession(id)
 	}
 }
 

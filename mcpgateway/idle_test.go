@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -342,5 +343,37 @@ func TestIdleCountAfterRequest(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("never ended once idle after the request")
 		}
+	}
+}
+
+// After its session ended as idle, the Go SDK's client (v1.8.0, default
+// retries) does not start a new session: its next call fails, the session
+// missing (mcp.ErrSessionMissing), its client closed, every later call
+// fails too, and the application must
+// connect again, which works (docs/mcp.md "Idle sessions", rev10-mcp #6).
+func TestIdleEndedClientMustReconnect(t *testing.T) {
+	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{}))
+	t.Cleanup(srv.Close) // after the clients' Close
+	connect := func() *mcp.ClientSession {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(context.Background(),
+			&mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	cs := connect()
+	g.endSession(cs.ID()) // what the idle count calls
+	echo := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "x"}}
+	if _, err := cs.CallTool(context.Background(), echo); !errors.Is(err, mcp.ErrSessionMissing) {
+		t.Fatalf("a call after the session ended: %v, want the session missing", err)
+	}
+	if _, err := cs.CallTool(context.Background(), echo); err == nil {
+		t.Fatal("the client started a new session after all (docs/mcp.md says it does not)")
+	}
+	if r, err := connect().CallTool(context.Background(), echo); err != nil || r.IsError {
+		t.Fatalf("a call on a new session: %v %v", r, err)
 	}
 }

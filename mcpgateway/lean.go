@@ -407,6 +407,13 @@ func (f *inflight) busy(session string) bool {
 	return len(f.by[session]) > 0 || len(f.sdk[session]) > 0
 }
 
+// any reports whether a call of any session is in flight, on either path.
+func (f *inflight) any() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.by) > 0 || len(f.sdk) > 0
+}
+
 // cancel cancels lean call id of session, if it is in flight.
 func (f *inflight) cancel(session, id string) {
 	f.mu.Lock()

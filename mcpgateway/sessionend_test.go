@@ -34,12 +34,16 @@ func TestDeleteEndsSessionCalls(t *testing.T) {
 	progress := `,"_meta":{"progressToken":"p"}`
 	for _, c := range []struct {
 		name, id, meta string
-		abandon        bool // the client drops its POST before the DELETE
+		abandon        bool   // the client drops its POST before the DELETE
+		version        string // the DELETE's protocol header, if not the session's
 	}{
-		{"sdk", "70", progress, false},
-		{"lean", "70", "", false},
-		{"sdk, id past 2^53", "1764219000123456789", progress, false},
-		{"sdk, POST abandoned", "71", progress, true},
+		{"sdk", "70", progress, false, ""},
+		{"lean", "70", "", false, ""},
+		{"sdk, id past 2^53", "1764219000123456789", progress, false, ""},
+		{"sdk, POST abandoned", "71", progress, true, ""},
+		// The SDK takes a DELETE naming any version it supports
+		// (rev10-mcp #5: only the session's own ended the calls first).
+		{"sdk, another supported version", "72", progress, false, "2025-06-18"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := newRawMCP(t, g)
@@ -74,6 +78,9 @@ func TestDeleteEndsSessionCalls(t *testing.T) {
 			req, _ := http.NewRequest(http.MethodDelete, m.url, nil)
 			req.Header.Set("Mcp-Session-Id", m.cs.ID())
 			req.Header.Set("Mcp-Protocol-Version", m.cs.InitializeResult().ProtocolVersion)
+			if c.version != "" {
+				req.Header.Set("Mcp-Protocol-Version", c.version)
+			}
 			resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 			if err != nil {
 				t.Fatalf("DELETE of the session: %v", err)

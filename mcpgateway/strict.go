@@ -179,6 +179,9 @@ type lineTransport struct {
 	in    io.Reader
 	out   io.WriteCloser
 	seals *sealer
+	// ended, if set, runs when the client's input ends, before the
+	// answers of the requests in flight are waited for (drainConn).
+	ended func()
 }
 
 // Connect starts reading the client's lines.
@@ -192,7 +195,9 @@ func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newDrainConn(c), nil
+	d := newDrainConn(c)
+	d.ended = t.ended
+	return d, nil
 }
 
 // screenLines reads in line by line until it ends, writing each prepared
@@ -212,8 +217,8 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer) {
 			// whitespace there is still JSON.
 			prepared, reject := prepare(s, line)
 			if reject == nil {
-				if err := decodable(prepared); err != nil {
-					reject = errorResponse(nil, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error())
+				if id, err := decodable(prepared); err != nil {
+					reject = errorResponse(id, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error())
 				}
 			}
 			var werr error
@@ -237,27 +242,41 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer) {
 	}
 }
 
-// decodable reports why the SDK could not decode msg, one JSON-RPC message
+// decodable reports why the SDK could not take msg, one JSON-RPC message
 // or a batch of them, or nil: JSON that is no JSON-RPC message ([], 42,
-// {"x":1}) would end the SDK's session.
-func decodable(msg []byte) error {
+// {"x":1}), or a batch in which two requests (or notifications) share an
+// id, would end the SDK's session. id is what to answer the refusal to:
+// the repeated request id, else nil (null). The whole batch is refused,
+// none of it run, as over HTTP.
+func decodable(msg []byte) (id any, err error) {
 	if msg[0] != '[' {
 		_, err := jsonrpc.DecodeMessage(msg)
-		return err
+		return nil, err
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(msg, &elems); err != nil {
-		return err
+		return nil, err
 	}
 	if len(elems) == 0 {
-		return errors.New("an empty batch")
+		return nil, errors.New("an empty batch")
 	}
+	seen := map[jsonrpc.ID]bool{}
 	for i, e := range elems {
-		if _, err := jsonrpc.DecodeMessage(e); err != nil {
-			return fmt.Errorf("batch element %d: %w", i, err)
+		m, err := jsonrpc.DecodeMessage(e)
+		if err != nil {
+			return nil, fmt.Errorf("batch element %d: %w", i, err)
+		}
+		if r, ok := m.(*jsonrpc.Request); ok {
+			if seen[r.ID] {
+				if !r.ID.IsValid() {
+					return nil, fmt.Errorf("batch element %d: a second notification in one batch, which the SDK takes for a repeated id", i)
+				}
+				return r.ID.Raw(), fmt.Errorf("batch element %d: request id %v repeated in the batch", i, r.ID.Raw())
+			}
+			seen[r.ID] = true
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // readLine reads the next line without its end (\n or \r\n); tooLong

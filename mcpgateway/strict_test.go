@@ -303,3 +303,32 @@ func TestStdioLinesSDKCannotRead(t *testing.T) {
 		t.Errorf("tagFull escaped the args: %s", tagged)
 	}
 }
+
+// A stdio batch in which two requests share an id (or two notifications
+// are, to the SDK, one id) is answered -32600, to the repeated id, none of
+// it run, and the session goes on, as for any other bad line: the SDK's
+// reader failed on it, ending the session, and the lines after it were
+// never read (rev10-mcp #4).
+func TestStdioBatchRepeatedID(t *testing.T) {
+	for _, c := range []struct{ name, batch, answer string }{
+		{"integer id", `[{"jsonrpc":"2.0","id":5,"method":"ping"},{"jsonrpc":"2.0","id":5,"method":"ping"}]`, "5"},
+		{"string id", `[{"jsonrpc":"2.0","id":"a","method":"ping"},{"jsonrpc":"2.0","id":"b","method":"ping"},{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}]`, `"a"`},
+		{"two notifications", `[{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}},{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}]`, "null"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
+			init := strings.Replace(strictInit, "2025-06-18", "2025-03-26", 1)
+			answers := serveLines(t, g, []string{init, strictInitialized, c.batch,
+				`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`}, "\n")
+			if a := answers[c.answer]; len(a) != 1 || !strings.Contains(string(a[0]), `"code":-32600`) {
+				t.Fatalf("the batch's answers to %s: %s", c.answer, a)
+			}
+			if len(answers) != 3 {
+				t.Fatalf("answers %v, want to 1, %s and 9 only (none of the batch run)", answers, c.answer)
+			}
+			if a := answers["9"]; len(a) != 1 || !strings.Contains(string(a[0]), "after") {
+				t.Fatalf("the call after the batch: %s", a)
+			}
+		})
+	}
+}

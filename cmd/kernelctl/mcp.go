@@ -43,7 +43,7 @@ resets its request timeout on progress never times out while a human decides.
 Over HTTP, a request with an Origin header that is not a loopback origin or
 one given by --allow-origin is answered 403; request bodies are limited to 8 MiB;
 a session idle for --session-idle (no request of it served, no call of it
-running) ends, its calls and handles with it, and its client starts another.
+running) ends, its calls and handles with it; its client must connect again.
 
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
@@ -92,9 +92,14 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			}
 			g := mcpgateway.New(cfg)
 			if httpAddr == "" {
+				// A client that exits closes our stdout: the next answer
+				// fails with EPIPE, which ends the session (its calls
+				// cancelled, audited, the kernel closed), where Go's
+				// default for fd 1 killed the process mid-call.
+				signal.Ignore(syscall.SIGPIPE)
 				return g.ServeStdio(ctx)
 			}
-			return serveMCPHTTP(ctx, cmd, g.HTTPHandler(mcpgateway.HTTPOptions{AllowedOrigins: origins, SessionIdle: sessionIdle}), httpAddr, drain)
+			return serveMCPHTTP(ctx, cmd, g, mcpgateway.HTTPOptions{AllowedOrigins: origins, SessionIdle: sessionIdle}, httpAddr, drain)
 		},
 	}
 	t.addTarget(cmd, false)
@@ -116,16 +121,19 @@ const mcpOffLoopback = "mcp serves streamable HTTP on loopback only (127.0.0.1:P
 	"for a client elsewhere run kernelctl mcp on that host over stdio (--server URL reaches this kernel), " +
 	"or put an authenticating TLS proxy in front of a loopback --http"
 
-// serveMCPHTTP serves g until ctx ends, printing
+// serveMCPHTTP serves g over HTTP with o until ctx ends, printing
 // "mcp gateway on http://ADDR/" on stdout when it accepts clients. drain,
 // unless nil, runs when the shutdown begins (kernel.Drain: calls waiting
-// for an approval end cancelled rather than hold the shutdown).
-func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, h http.Handler, addr string, drain func()) error {
+// for an approval end cancelled rather than hold the shutdown). The
+// shutdown stops accepting, lets the calls in flight finish (for up to
+// drainMCP), ends the sessions, whose GET streams would hold it for all
+// of drainMCP otherwise, and returns nil once every connection closed.
+func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, g *mcpgateway.Gateway, o mcpgateway.HTTPOptions, addr string, drain func()) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("mcp: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	srv := &http.Server{Handler: g.HTTPHandler(o), ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
 	if drain != nil {
 		srv.RegisterOnShutdown(drain)
 	}
@@ -139,5 +147,12 @@ func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, h http.Handler, addr 
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), drainMCP)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(sctx) }()
+	g.Shutdown(sctx)
+	if err := <-shut; err != nil {
+		srv.Close()
+		return fmt.Errorf("mcp: requests still open %s after the shutdown began, cut off: %w", drainMCP, err)
+	}
+	return nil
 }

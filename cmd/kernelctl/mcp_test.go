@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -373,5 +375,103 @@ garbage{
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("answers lack %s:\n%s", want, out)
 		}
+	}
+}
+
+// A stdio client that exits while a gated call waits for an approver
+// (with a progress token, so the gateway writes again soon): kernelctl mcp
+// ends, the call cancelled and audited, its kernel closed. The gateway's
+// next write killed the process with SIGPIPE (Go's default on fd 1), and
+// the call was left unaudited (rev10-mcp #2).
+func TestMCPStdioClientExits(t *testing.T) {
+	f := newRunFixture(t)
+	cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"Makefile","content":"x"},"_meta":{"progressToken":"p1"}}}
+`)
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() && !strings.Contains(lines.Text(), "notifications/progress") {
+	}
+	stdout.Close() // the client exits: both pipes close
+	stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("kernelctl mcp ended: %v (stderr %q)", err, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("kernelctl mcp still serving 60 s after its client exited")
+	}
+	out := mustRun(t, "ledger", "tail", "--data", f.data, "--json")
+	audited := false
+	for _, l := range strings.Split(out, "\n") {
+		audited = audited || strings.Contains(l, `"kind":"audit"`) && strings.Contains(l, `"fs.write"`) && strings.Contains(l, `"cancelled"`)
+	}
+	if !audited {
+		t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
+	}
+}
+
+// kernelctl mcp --http stops on SIGINT with a client connected, which
+// holds its GET stream open to listen (as the Go and TypeScript SDKs do),
+// and a gated call of it waiting for an approver: the call is answered
+// (cancelled by the kernel's drain, receipted), the session and its
+// stream end, and the command exits 0. The stream held the shutdown for
+// all of its 30 s, after which the command failed (rev10-mcp #3).
+func TestMCPHTTPSignalEndsSessions(t *testing.T) {
+	f := newRunFixture(t)
+	cmd := exec.Command(kernelctl, "mcp", "--http", "127.0.0.1:0", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	url, ok := strings.CutPrefix(strings.TrimSpace(line), "mcp gateway on ")
+	if !ok {
+		t.Fatalf("ready line %q", line)
+	}
+	waiting := make(chan struct{}, 1)
+	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, opts).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	answered := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "fs.write", Arguments: map[string]any{"path": "Makefile", "content": "x"},
+			Meta: mcp.Meta{"progressToken": "p"}})
+		if err != nil {
+			t.Errorf("the call in flight at the shutdown: %v", err)
+		}
+		answered <- r
+	}()
+	<-waiting // the gated write waits for an approver
+	cmd.Process.Signal(syscall.SIGINT)
+	if r := <-answered; r != nil && (!r.IsError || !strings.HasPrefix(text(r), "cancelled: ") || resultMeta(r, mcpgateway.MetaReceiptID) == "") {
+		t.Errorf("the call in flight at the shutdown: %s %v, want it cancelled with a receipt", text(r), r.Meta)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kernelctl mcp after SIGINT: %v (stderr %q)", err, stderr.String())
 	}
 }
