@@ -433,6 +433,14 @@ func (c *Client) Approvals(ctx context.Context, all bool) ([]kernel.ApprovalRequ
 	return out.Approvals, err
 }
 
+// ApprovalDetail returns a pending approval whole: the request, the
+// call's args and the files it writes or deletes as they are now.
+func (c *Client) ApprovalDetail(ctx context.Context, id string) (kernel.ApprovalDetail, error) {
+	var out kernel.ApprovalDetail
+	err := c.do(ctx, http.MethodGet, "/v1/approvals/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
 // Decide allows or denies an approval; the client's credential must be an
 // approver token.
 func (c *Client) Decide(ctx context.Context, id, decision, reason string) (kernel.ApprovalRequest, error) {

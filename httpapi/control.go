@@ -178,6 +178,27 @@ func (s *Server) approvals(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// approval answers GET /v1/approvals/{id}: a pending approval whole, as
+// the console's detail shows it (kernel.ApprovalDetail: the call's args,
+// and each file it writes or deletes as it is now), to the admin or an
+// approver token whose role sees it; 404 for one not pending or not seen.
+func (s *Server) approval(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return
+	}
+	if !c.admin && c.role() == "" {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "reading approvals needs the admin credential or an approver token")
+		return
+	}
+	d, err := s.k.ApprovalDetail(r.PathValue("id"))
+	if err != nil || !kernel.SeesApproval(c.role(), d.RequiredRole) {
+		writeError(w, http.StatusNotFound, kernel.ErrInvalidArgs, fmt.Sprintf("approval %q is not pending", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
 // Decision is the body of POST /v1/approvals/{id}.
 type Decision struct {
 	Decision string `json:"decision"` // allow or deny

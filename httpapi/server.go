@@ -83,6 +83,7 @@ func New(k *kernel.Kernel) *Server {
 	s.mux.HandleFunc("POST /v1/sessions/{id}/handles", s.sessionHandles)
 	s.mux.HandleFunc("POST /v1/sessions/{id}/end", s.endSession)
 	s.mux.HandleFunc("GET /v1/approvals", s.approvals)
+	s.mux.HandleFunc("GET /v1/approvals/{id}", s.approval)
 	s.mux.HandleFunc("POST /v1/approvals/{id}", s.decide)
 	s.mux.HandleFunc("GET /v1/events", s.eventStream)
 	s.mux.HandleFunc("POST /v1/tokens", s.admin(s.mint))

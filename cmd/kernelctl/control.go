@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -55,15 +59,27 @@ func approvalsShowCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := c.Approvals(cmd.Context(), true)
-			if err != nil {
+			// A pending one whole (its args, its files as they are now);
+			// one decided since, as the list keeps it.
+			d, err := c.ApprovalDetail(cmd.Context(), args[0])
+			var apiErr *httpapi.APIError
+			if err != nil && !(errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound) {
 				return err
+			}
+			list := []kernel.ApprovalRequest{d.ApprovalRequest}
+			if err != nil {
+				if list, err = c.Approvals(cmd.Context(), true); err != nil {
+					return err
+				}
 			}
 			for _, a := range list {
 				if a.ID != args[0] {
 					continue
 				}
 				if t.json {
+					if d.ID == a.ID {
+						return printJSON(cmd.OutOrStdout(), d)
+					}
 					return printJSON(cmd.OutOrStdout(), a)
 				}
 				tw := newTable(cmd.OutOrStdout())
@@ -76,7 +92,39 @@ func approvalsShowCmd() *cobra.Command {
 				} {
 					fmt.Fprintf(tw, "%s\t%s\n", f[0], cell(f[1]))
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if d.ID != a.ID {
+					return nil
+				}
+				// The whole of what the call carries, which the input's
+				// summary cuts: its args, and each file as it is now.
+				out := terminalSafe{cmd.OutOrStdout()}
+				var args bytes.Buffer
+				if json.Indent(&args, d.Args, "", "  ") != nil {
+					args.Write(d.Args)
+				}
+				fmt.Fprintf(out, "\nargs:\n%s\n", args.Bytes())
+				for _, f := range d.Files {
+					state := "absent"
+					switch {
+					case f.Link != "":
+						state = "a link to " + f.Link
+					case f.Dir:
+						state = fmt.Sprintf("a directory of %d entries, %d bytes in files", f.Entries, f.Size)
+						if f.More {
+							state = fmt.Sprintf("a directory of %d or more entries, %d or more bytes in files", f.Entries, f.Size)
+						}
+					case f.Exists:
+						state = fmt.Sprintf("%d bytes", f.Size)
+					}
+					fmt.Fprintf(out, "\nfile %s (now %s):\n", filepath.Join(f.Root, f.Path), state)
+					if f.Content != "" {
+						fmt.Fprintln(out, f.Content)
+					}
+				}
+				return nil
 			}
 			return fmt.Errorf("approvals show: no approval %q pending or recently decided that this credential may see", args[0])
 		},

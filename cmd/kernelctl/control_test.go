@@ -77,13 +77,18 @@ func TestApprovalsOverServer(t *testing.T) {
 	if !strings.Contains(list, st.Approval.ID) || !strings.Contains(list, "write fs:"+filepath.Join(ws, "Makefile")) {
 		t.Fatalf("approvals list:\n%s", list)
 	}
-	// show prints what the call carries: its input, session, risk basis
-	// (rev10-approve F8: the list's table has none of them).
+	// show prints what the call carries: its input, session, risk basis,
+	// its args whole and the file as it is now (rev10-approve F8: the
+	// list's table has none of them; rev11 #3: the input's summary is
+	// cut at 512 bytes).
 	shown := must(append([]string{"approvals", "show", st.Approval.ID, "--token", alice}, srv...)...)
-	for _, want := range []string{`fs.write {"content":"hi","path":"Makefile"}`, "sess-1", "sensitive path: Makefile", "write fs:" + filepath.Join(ws, "Makefile")} {
+	for _, want := range []string{`fs.write {"content":"hi","path":"Makefile"}`, "sess-1", "sensitive path: Makefile", `"content": "hi"`, "file " + filepath.Join(ws, "Makefile") + " (now", "write fs:" + filepath.Join(ws, "Makefile")} {
 		if !strings.Contains(shown, want) {
 			t.Fatalf("approvals show lacks %q:\n%s", want, shown)
 		}
+	}
+	if code, body := s.get("/v1/approvals/"+st.Approval.ID, tok.Token); code != http.StatusForbidden {
+		t.Fatalf("an agent's token read an approval's detail: %d %s", code, body)
 	}
 	if code, body := s.get("/v1/approvals", tok.Token); code != http.StatusForbidden {
 		t.Fatalf("an agent's token listed approvals: %d %s", code, body)
