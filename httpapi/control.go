@@ -153,15 +153,26 @@ type ApprovalList struct {
 	Approvals []kernel.ApprovalRequest `json:"approvals"`
 }
 
+// approvalReader is who reads approvals: the admin or an approver token
+// (which sees those its role decides: kernel.SeesApproval); anyone else
+// is answered 403.
+func (s *Server) approvalReader(w http.ResponseWriter, r *http.Request) (caller, bool) {
+	c, ok := s.who(w, r)
+	if !ok {
+		return c, false
+	}
+	if !c.admin && c.role() == "" {
+		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "reading approvals needs the admin credential or an approver token")
+		return c, false
+	}
+	return c, true
+}
+
 // approvals answers GET /v1/approvals[?all=true] to the admin and to
 // approver tokens.
 func (s *Server) approvals(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.who(w, r)
+	c, ok := s.approvalReader(w, r)
 	if !ok {
-		return
-	}
-	if !c.admin && c.role() == "" {
-		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "listing approvals needs the admin credential or an approver token")
 		return
 	}
 	all, err := boolParam(r.URL.Query().Get("all"))
@@ -183,12 +194,8 @@ func (s *Server) approvals(w http.ResponseWriter, r *http.Request) {
 // and each file it writes or deletes as it is now), to the admin or an
 // approver token whose role sees it; 404 for one not pending or not seen.
 func (s *Server) approval(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.who(w, r)
+	c, ok := s.approvalReader(w, r)
 	if !ok {
-		return
-	}
-	if !c.admin && c.role() == "" {
-		writeError(w, http.StatusForbidden, kernel.ErrPermissionDenied, "reading approvals needs the admin credential or an approver token")
 		return
 	}
 	d, err := s.k.ApprovalDetail(r.PathValue("id"))
