@@ -158,13 +158,25 @@ type pendingCalls struct {
 	mu     sync.Mutex
 	by     map[string]*pendingCall
 	asking map[*pendingCall]bool
+	// ended are the sessions whose input ended for good (stdio: the end
+	// of stdin, the end of serving), kept so that a call reaching its
+	// question after the sweep is cancelled too: the kernel evaluates a
+	// call's policy after its line was read, so its question can come
+	// after the end of the input that carried it.
+	ended map[string]bool
 }
 
 // ask records pc as asking its client within its request, until the
-// returned release: the end of its session (endSession) cancels it.
-func (p *pendingCalls) ask(pc *pendingCall) (release func()) {
+// returned release: the end of its session (endSession) cancels it. For a
+// session that ended for good (endInput) it cancels pc at once and
+// reports false: no question is to be put.
+func (p *pendingCalls) ask(pc *pendingCall) (release func(), ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.ended[pc.session] {
+		pc.cancel()
+		return func() {}, false
+	}
 	if p.asking == nil {
 		p.asking = map[*pendingCall]bool{}
 	}
@@ -173,7 +185,7 @@ func (p *pendingCalls) ask(pc *pendingCall) (release func()) {
 		p.mu.Lock()
 		delete(p.asking, pc)
 		p.mu.Unlock()
-	}
+	}, true
 }
 
 // endSession cancels the calls of session that wait for their client's
@@ -181,8 +193,23 @@ func (p *pendingCalls) ask(pc *pendingCall) (release func()) {
 // those asking within their request, and those waiting for a retry,
 // which are forgotten (a retry naming one is refused as stale). The
 // kernel ends each as cancelled, audited; no approver can let it run.
-func (p *pendingCalls) endSession(session string) {
+func (p *pendingCalls) endSession(session string) { p.end(session, false) }
+
+// endInput ends session as endSession does, and for good: a call of it
+// registered later (ask, add) is cancelled at once. The mark and the
+// sweep are one step under p.mu, so no registration falls between them.
+// Only for the stdio session, which is one per gateway: an HTTP
+// session's mark would be kept for the life of the process.
+func (p *pendingCalls) endInput(session string) { p.end(session, true) }
+
+func (p *pendingCalls) end(session string, sticky bool) {
 	p.mu.Lock()
+	if sticky {
+		if p.ended == nil {
+			p.ended = map[string]bool{}
+		}
+		p.ended[session] = true
+	}
 	var ended []*pendingCall
 	for pc := range p.asking {
 		if pc.session == session {
@@ -201,16 +228,24 @@ func (p *pendingCalls) endSession(session string) {
 	}
 }
 
-func (p *pendingCalls) add(pc *pendingCall) string {
-	state := rand.Text()
+// add records pc as waiting for its client's retry and returns the
+// requestState naming it; for a session that ended for good (endInput)
+// it cancels pc at once and reports false: no retry can come.
+func (p *pendingCalls) add(pc *pendingCall) (state string, ok bool) {
+	state = rand.Text()
 	p.mu.Lock()
+	if p.ended[pc.session] {
+		p.mu.Unlock()
+		pc.cancel()
+		return "", false
+	}
 	p.by[state] = pc
 	p.mu.Unlock()
 	go func() {
 		<-pc.done
 		time.AfterFunc(pendingGrace, func() { p.take(state, pc.session) })
 	}()
-	return state
+	return state, true
 }
 
 // holds reports whether a call of session is pending: running, or
@@ -281,7 +316,11 @@ func (g *Gateway) invokeConfirmable(ctx context.Context, req *mcp.CallToolReques
 				cancel()
 				return pc.res, pc.err, nil
 			}
-			state := g.pending.add(pc)
+			state, ok := g.pending.add(pc)
+			if !ok {
+				<-pc.done // cancelled: its input ended
+				return pc.res, pc.err, nil
+			}
 			return nil, nil, &mcp.CallToolResult{RequestState: state,
 				InputRequests: mcp.InputRequestMap{confirmInput: confirmParams(pc.approval)}}
 		}
@@ -316,7 +355,11 @@ func (g *Gateway) ask(ctx context.Context, ss *mcp.ServerSession, pc *pendingCal
 		case <-qctx.Done():
 		}
 	}()
-	release := g.pending.ask(pc)
+	release, ok := g.pending.ask(pc)
+	if !ok {
+		<-pc.done // cancelled: its input ended, nobody can answer
+		return
+	}
 	ans, err := ss.Elicit(qctx, confirmParams(pc.approval))
 	release()
 	select {

@@ -248,7 +248,7 @@ func TestPendingTakenByItsSessionOnly(t *testing.T) {
 	p := &pendingCalls{by: map[string]*pendingCall{}}
 	pc := &pendingCall{session: "a", done: make(chan struct{})}
 	defer close(pc.done)
-	state := p.add(pc)
+	state, _ := p.add(pc)
 	if p.take(state, "b") != nil {
 		t.Fatal("session b took session a's pending call")
 	}
@@ -260,6 +260,43 @@ func TestPendingTakenByItsSessionOnly(t *testing.T) {
 	}
 	if p.take(state, "a") != nil {
 		t.Fatal("a state was taken twice")
+	}
+}
+
+// The end of a stdio session's input is sticky: a call of it that reaches
+// its question (ask) or the multi round-trip list (add) after the
+// end-of-input sweep is cancelled at once, registered nowhere; another
+// session's calls are untouched. The sweep was one-shot: a gated call
+// read before the end of a piped input, whose approval request came after
+// it, was asked anyway and ran when an approver allowed it (rev12 #1).
+func TestEndedInputCancelsLaterCalls(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		register func(p *pendingCalls, pc *pendingCall) bool
+	}{
+		{"ask", func(p *pendingCalls, pc *pendingCall) bool { release, ok := p.ask(pc); release(); return ok }},
+		{"add", func(p *pendingCalls, pc *pendingCall) bool { _, ok := p.add(pc); return ok }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := &pendingCalls{by: map[string]*pendingCall{}}
+			p.endInput("a")
+			call := func(session string) (pc *pendingCall, cancelled *bool) {
+				cancelled = new(bool)
+				return &pendingCall{session: session, done: make(chan struct{}), cancel: func() { *cancelled = true }}, cancelled
+			}
+			pa, ca := call("a")
+			if c.register(p, pa) || !*ca {
+				t.Errorf("a call of the ended session: registered, cancelled %v; want refused and cancelled", *ca)
+			}
+			pb, cb := call("b")
+			if !c.register(p, pb) || *cb {
+				t.Errorf("a call of another session: refused or cancelled (%v)", *cb)
+			}
+			close(pb.done)
+			if p.holds("a") {
+				t.Error("the ended session holds a pending call")
+			}
+		})
 	}
 }
 

@@ -194,7 +194,7 @@ func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) erro
 	// At the end of input, a call whose question is open can have no
 	// answer: it ends cancelled, while the others are waited for.
 	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals,
-		ended: func() { g.pending.endSession(g.session) }})
+		ended: func() { g.pending.endInput(g.session) }})
 	if g.handles != nil {
 		g.handles.end(g.session)
 	}
