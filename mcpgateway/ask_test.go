@@ -347,3 +347,63 @@ func TestClientGoneEndsStdio(t *testing.T) {
 	}
 	checkCancelled(t, k, ended, ar, ws, "gone.txt")
 }
+
+// The end of serving stdio (ServeStdio's ctx: kernelctl mcp's SIGTERM or
+// SIGINT) ends the session's calls with the client still connected: a
+// gated call with its question open, with its question dismissed (the
+// client answered cancel: it waits for approvers) and one whose client
+// cannot be asked, each cancelled and audited, and serving returns. The
+// SDK's close waited for the calls without cancelling them: serving ran
+// on until an approver decided or the approval timed out, and an
+// approver's allow ran the write after the gateway was stopped (rev12 #2).
+func TestStdioServeEndCancelsCalls(t *testing.T) {
+	for _, c := range []struct {
+		name, caps, answer string // answer: the client's answer to the question, if any
+		confirm            bool   // the gateway asks its clients
+	}{
+		{"question open", `{"elicitation":{}}`, "", true},
+		{"question dismissed", `{"elicitation":{}}`, `{"action":"cancel"}`, true},
+		{"no question", `{}`, "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k, g, ws, _ := newGatedWriteGateway(t, time.Minute, c.confirm, nil)
+			ended := k.Subscribe(kernel.EventFilter{Kinds: []string{kernel.EventCompleted, kernel.EventFailed, kernel.EventDenied}}, 64)
+			defer ended.Close()
+			inR, inW := io.Pipe()
+			outR, outW := io.Pipe()
+			defer inW.Close() // the client stays connected throughout
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			served := make(chan error, 1)
+			go func() { served <- g.serveIO(ctx, inR, outW) }()
+			file := strings.ReplaceAll(c.name, " ", "_") + ".txt"
+			go func() {
+				io.WriteString(inW, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"`+askVersion+`","capabilities":`+c.caps+`,"clientInfo":{"name":"t","version":"1"}}}`+"\n")
+				io.WriteString(inW, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
+				io.WriteString(inW, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"`+file+`","content":"hi"}}}`+"\n")
+			}()
+			lines := bufio.NewScanner(outR)
+			if c.confirm { // the question is put before the approval is read
+				for lines.Scan() {
+					if l := lines.Text(); strings.Contains(l, `"method":"elicitation/create"`) {
+						if c.answer != "" {
+							var m struct{ ID json.RawMessage }
+							json.Unmarshal([]byte(l), &m)
+							io.WriteString(inW, `{"jsonrpc":"2.0","id":`+string(m.ID)+`,"result":`+c.answer+`}`+"\n")
+						}
+						break
+					}
+				}
+			}
+			go io.Copy(io.Discard, outR)
+			ar := onePending(t, k)
+			stop() // the signal
+			select {
+			case <-served:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("serveIO still serving after its ctx ended (approvals pending %d)", len(k.Approvals(false)))
+			}
+			checkCancelled(t, k, ended, ar, ws, file)
+		})
+	}
+}

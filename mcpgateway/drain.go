@@ -26,6 +26,7 @@ type drainConn struct {
 	pending map[jsonrpc.ID]bool // requests read and not answered (1 and "1" are two ids)
 	idle    *sync.Cond          // signalled when pending shrinks or a write fails
 	broken  bool                // a write failed
+	closed  bool                // the SDK closed the connection: it writes nothing more
 
 	ended func() // unless nil, runs when the input ends, before the wait
 }
@@ -73,7 +74,20 @@ func (d *drainConn) Write(ctx context.Context, m jsonrpc.Message) error {
 	return err
 }
 
-// wait returns once no request is pending, a write failed or ctx is done.
+// Close closes the connection. The SDK closes it when serving ends (its
+// ctx is done) and writes no answer after that, so the end of input is
+// held no longer: the SDK's close waits for its reader, which would wait
+// for those answers.
+func (d *drainConn) Close() error {
+	d.mu.Lock()
+	d.closed = true
+	d.idle.Broadcast()
+	d.mu.Unlock()
+	return d.Connection.Close()
+}
+
+// wait returns once no request is pending, a write failed, the
+// connection was closed or ctx is done.
 func (d *drainConn) wait(ctx context.Context) {
 	stop := context.AfterFunc(ctx, func() {
 		d.mu.Lock()
@@ -83,7 +97,7 @@ func (d *drainConn) wait(ctx context.Context) {
 	defer stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for len(d.pending) > 0 && !d.broken && ctx.Err() == nil {
+	for len(d.pending) > 0 && !d.broken && !d.closed && ctx.Err() == nil {
 		d.idle.Wait()
 	}
 }

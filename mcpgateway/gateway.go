@@ -87,10 +87,11 @@ type Gateway struct {
 	typed                   map[string]bool // the served tools that declare an outputSchema
 	progressEvery           time.Duration
 	confirmer               Confirmer
-	pending                 pendingCalls // calls that asked their client (confirm.go)
-	inflight                inflight     // tools/calls in flight over HTTP (lean.go)
-	handles                 *handleMode  // nil unless the token is in handle mode
-	seals                   *sealer      // seals the transports' marks (seal.go)
+	pending                 pendingCalls    // calls that asked their client (confirm.go)
+	inflight                inflight        // tools/calls in flight over HTTP (lean.go)
+	stdioCtx                context.Context // serveIO's: its end ends the stdio session's calls; set before serving
+	handles                 *handleMode     // nil unless the token is in handle mode
+	seals                   *sealer         // seals the transports' marks (seal.go)
 }
 
 // Config is what a gateway needs: a way to run envelopes, the token and
@@ -191,6 +192,13 @@ func (g *Gateway) ServeStdio(ctx context.Context) error {
 // serveIO serves one client reading newline-delimited JSON-RPC messages
 // from in and writing answers to out, until in ends or ctx is done.
 func (g *Gateway) serveIO(ctx context.Context, in io.Reader, out io.Writer) error {
+	// The end of serving (kernelctl mcp's SIGTERM) ends the session's
+	// calls, cancelled and audited, as its client's input can no longer
+	// carry an answer: the SDK's close waits for its handlers without
+	// cancelling them, so a call waiting for an approver held serving
+	// until one decided, and then ran.
+	g.stdioCtx = ctx
+	defer context.AfterFunc(ctx, func() { g.pending.endInput(g.session) })()
 	// At the end of input, a call whose question is open can have no
 	// answer: it ends cancelled, while the others are waited for.
 	err := g.server.Run(ctx, lineTransport{in: in, out: nopCloser{out}, seals: g.seals,
@@ -211,6 +219,12 @@ func (g *Gateway) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 		c, cancel := context.WithCancel(ctx)
 		defer cancel()
 		defer g.inflight.running(req.Session.ID(), cancel)()
+		ctx = c
+	} else if g.stdioCtx != nil {
+		// Over stdio: the end of serving ends the call (serveIO).
+		c, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(g.stdioCtx, cancel)()
 		ctx = c
 	}
 	return g.call(ctx, req, g.seals.marksOf(req.Params.Meta))
