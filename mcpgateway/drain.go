@@ -56,14 +56,19 @@ func (d *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	return m, nil
 }
 
-// Write writes a message; a response settles its request, and a failed
-// write every request.
+// Write writes a message; a response settles its request, and a write
+// that failed other than by its ctx's end every request.
 func (d *drainConn) Write(ctx context.Context, m jsonrpc.Message) error {
 	err := d.Connection.Write(ctx, m)
+	// A write refused because its own context was done (a progress
+	// notification racing the client's cancel) wrote nothing and says
+	// nothing of the client: the SDK does not count it as a failed
+	// connection either.
+	failed := err != nil && ctx.Err() == nil
 	r, ok := m.(*jsonrpc.Response)
-	if err != nil || ok && r.ID.IsValid() {
+	if failed || err == nil && ok && r.ID.IsValid() {
 		d.mu.Lock()
-		if err != nil {
+		if failed {
 			d.broken = true
 		} else {
 			delete(d.pending, r.ID)

@@ -407,6 +407,9 @@ func (g *Gateway) progress(ctx context.Context, req *mcp.CallToolRequest) (stop 
 			case <-ctx.Done():
 				return
 			case now := <-tick.C:
+				if ctx.Err() != nil {
+					return // the select took the tick over the call's end
+				}
 				waited := now.Sub(start).Round(time.Second)
 				// A failed notification (the client is gone) is not the
 				// call's failure: the call goes on and is audited.
