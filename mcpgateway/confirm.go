@@ -22,7 +22,8 @@ import (
 // approval to the approvers.
 type Confirmer interface {
 	// Watch delivers the approval requests of session's calls as the
-	// kernel makes them, until stop is called.
+	// kernel makes them, until stop is called; stop may be called more
+	// than once, and frees the watch whether or not requests are read.
 	Watch(session string) (requests <-chan kernel.ApprovalRequest, stop func())
 	// ConfirmInSession records the session user's decision, as
 	// kernel.Kernel.ConfirmInSession.
@@ -44,15 +45,25 @@ type kernelConfirmer struct{ k *kernel.Kernel }
 func (c kernelConfirmer) Watch(session string) (<-chan kernel.ApprovalRequest, func()) {
 	sub := c.k.Subscribe(kernel.EventFilter{SessionID: session, Kinds: []string{kernel.EventConfirmationRequested}}, 64)
 	out := make(chan kernel.ApprovalRequest, 64)
+	stopped := make(chan struct{})
 	go func() {
 		defer close(out)
 		for e := range sub.C {
-			if e.Approval != nil {
-				out <- *e.Approval
+			if e.Approval == nil {
+				continue
+			}
+			// A reader that stopped reading (its call is asking its
+			// client, for minutes) may never read out again: the stop
+			// frees the forwarder whatever out holds.
+			select {
+			case out <- *e.Approval:
+			case <-stopped:
+				return
 			}
 		}
 	}()
-	return out, sub.Close
+	var once sync.Once
+	return out, func() { once.Do(func() { close(stopped); sub.Close() }) }
 }
 
 func (c kernelConfirmer) ConfirmInSession(id, token, session, decision, reason string) (kernel.ApprovalRequest, error) {
@@ -311,6 +322,7 @@ func (g *Gateway) invokeConfirmable(ctx context.Context, req *mcp.CallToolReques
 				continue
 			}
 			pc.approval = ar
+			unwatch() // the call's own request is found: the session's others are not its to hold
 			if !multiRoundTrip(req.Session) {
 				g.ask(ctx, req.Session, pc)
 				cancel()

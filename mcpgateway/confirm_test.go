@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -408,5 +410,51 @@ func TestResumeAfterErasure(t *testing.T) {
 				t.Fatalf("the retry's salt %q does not open the record: %v", salt, err)
 			}
 		})
+	}
+}
+
+// watchForwarders counts the goroutines of kernelConfirmer.Watch that
+// forward a session's confirmation requests.
+func watchForwarders() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "mcpgateway.kernelConfirmer.Watch.func1")
+}
+
+// A watch whose reader stopped reading (its call asking its client, for
+// minutes) ends at its stop however many of the session's confirmation
+// requests came meanwhile. Its forwarder blocked on a full channel that
+// nobody read again, for the life of the process, once 64 had (rev12 #5).
+func TestWatchStopsUnread(t *testing.T) {
+	k, _, _, cfg := newGatedWriteGateway(t, time.Minute, true, nil)
+	before := watchForwarders()
+	_, stop := ConfirmerOf(k).Watch(cfg.StdioSession)
+	ctx, cancel := context.WithCancel(context.Background())
+	var calls sync.WaitGroup
+	defer func() { cancel(); calls.Wait() }()
+	const n = 140 // over the watch's buffers (64 each)
+	for i := range n {
+		env, _ := json.Marshal(kernel.Envelope{ToolID: "fs.write", AgentID: cfg.AgentID, CapabilityToken: cfg.Token, CapabilityTokenID: cfg.TokenID, PolicyHash: cfg.PolicyHash, IdempotencyKey: fmt.Sprintf("w%d", i),
+			Args:       mustJSON(map[string]any{"path": fmt.Sprintf("w%d.txt", i), "content": "x"}),
+			Provenance: mustJSON(map[string]any{"session_id": cfg.StdioSession, "source": "mcp"})})
+		calls.Add(1)
+		go func() {
+			defer calls.Done()
+			if res, err := cfg.Invoker.Invoke(ctx, env); ctx.Err() == nil {
+				t.Errorf("call %d ended before its approval: %v %v", i, res.Error, err)
+			}
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(k.Approvals(false)) < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d calls asked for an approval", len(k.Approvals(false)), n)
+		}
+	}
+	stop()
+	stop() // a second stop is harmless
+	for deadline := time.Now().Add(10 * time.Second); watchForwarders() > before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch's forwarder still runs after its stop (%d)", watchForwarders()-before)
+		}
 	}
 }
