@@ -180,11 +180,15 @@ func (g *Gateway) sessionOf(ss *mcp.ServerSession) string {
 
 // ServeStdio serves one client on stdin and stdout until it disconnects
 // (ends stdin, or closes stdout: a write fails with EPIPE, when SIGPIPE is
-// ignored, which is no error) or ctx is done.
+// ignored, which is no error) or ctx is done (no error either: the
+// session's calls still running or waiting are cancelled, audited).
 func (g *Gateway) ServeStdio(ctx context.Context) error {
 	err := g.serveIO(ctx, os.Stdin, os.Stdout)
 	if errors.Is(err, syscall.EPIPE) {
 		return nil // the client went away, as at the end of stdin
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil // stopped, as asked
 	}
 	return err
 }

@@ -475,3 +475,50 @@ func TestMCPHTTPSignalEndsSessions(t *testing.T) {
 		t.Fatalf("kernelctl mcp after SIGINT: %v (stderr %q)", err, stderr.String())
 	}
 }
+
+// kernelctl mcp (stdio) stops on SIGTERM with its client connected and a
+// gated call of it waiting for an approver: the call ends cancelled,
+// audited, and the command exits 0, as --http does. It ran on until an approver decided or
+// the approval timed out, writing progress to the client, so the MCP
+// stdio shutdown (stdin closed, SIGTERM, SIGKILL) ended in SIGKILL
+// (rev12 #2).
+func TestMCPStdioSignalEndsCall(t *testing.T) {
+	f := newRunFixture(t)
+	cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	defer stdin.Close() // the client stays connected until the end
+	io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"Makefile","content":"x"},"_meta":{"progressToken":"p1"}}}
+`)
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() && !strings.Contains(lines.Text(), "notifications/progress") {
+	}
+	go io.Copy(io.Discard, stdout)
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("kernelctl mcp after SIGTERM: %v (stderr %q)", err, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("kernelctl mcp (stdio) still running 60 s after SIGTERM, its client connected")
+	}
+	out := mustRun(t, "ledger", "tail", "--data", f.data, "--json")
+	audited := false
+	for _, l := range strings.Split(out, "\n") {
+		audited = audited || strings.Contains(l, `"kind":"audit"`) && strings.Contains(l, `"fs.write"`) && strings.Contains(l, `"cancelled"`)
+	}
+	if !audited {
+		t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
+	}
+}
