@@ -28,7 +28,8 @@ type drainConn struct {
 	broken  bool                // a write failed
 	closed  bool                // the SDK closed the connection: it writes nothing more
 
-	ended func() // unless nil, runs when the input ends, before the wait
+	ended   func()    // unless nil, runs when the input ends, before the wait
+	batches *batchIDs // unless nil, the open batches' ids, each forgotten as it is answered
 }
 
 func newDrainConn(c mcp.Connection) *drainConn {
@@ -72,6 +73,9 @@ func (d *drainConn) Write(ctx context.Context, m jsonrpc.Message) error {
 			d.broken = true
 		} else {
 			delete(d.pending, r.ID)
+			if d.batches != nil {
+				d.batches.answered(r.ID)
+			}
 		}
 		d.idle.Broadcast()
 		d.mu.Unlock()

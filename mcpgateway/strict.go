@@ -188,7 +188,8 @@ type lineTransport struct {
 func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	pr, pw := io.Pipe()
 	out := &lockedWriter{w: t.out}
-	go screenLines(t.in, pw, out, t.seals)
+	open := &batchIDs{ids: map[jsonrpc.ID]bool{}}
+	go screenLines(t.in, pw, out, t.seals, open)
 	// The SDK reads the prepared lines, which may be longer than the
 	// client's by the tags (a refused call's message in base64).
 	c, err := (&mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: 3 * MaxLineBytes}).Connect(ctx)
@@ -197,12 +198,15 @@ func (t lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	}
 	d := newDrainConn(c)
 	d.ended = t.ended
+	d.batches = open
 	return d, nil
 }
 
 // screenLines reads in line by line until it ends, writing each prepared
 // line to sdk and each rejection to out; it ends sdk's input with in's.
-func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer) {
+// open are the request ids of the batches passed to the SDK and not yet
+// answered.
+func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer, open *batchIDs) {
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		line, tooLong, err := readLine(br)
@@ -217,7 +221,11 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer) {
 			// whitespace there is still JSON.
 			prepared, reject := prepare(s, line)
 			if reject == nil {
-				if id, err := decodable(prepared); err != nil {
+				id, batch, err := decodable(prepared)
+				if err == nil && len(batch) > 0 {
+					id, err = open.add(batch)
+				}
+				if err != nil {
 					reject = errorResponse(id, jsonrpc.CodeInvalidRequest, "invalid request: "+err.Error())
 				}
 			}
@@ -248,35 +256,72 @@ func screenLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, s *sealer) {
 // id, would end the SDK's session. id is what to answer the refusal to:
 // the repeated request id, else nil (null). The whole batch is refused,
 // none of it run, as over HTTP.
-func decodable(msg []byte) (id any, err error) {
+func decodable(msg []byte) (id any, batch []jsonrpc.ID, err error) {
 	if msg[0] != '[' {
 		_, err := jsonrpc.DecodeMessage(msg)
-		return nil, err
+		return nil, nil, err
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(msg, &elems); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(elems) == 0 {
-		return nil, errors.New("an empty batch")
+		return nil, nil, errors.New("an empty batch")
 	}
 	seen := map[jsonrpc.ID]bool{}
 	for i, e := range elems {
 		m, err := jsonrpc.DecodeMessage(e)
 		if err != nil {
-			return nil, fmt.Errorf("batch element %d: %w", i, err)
+			return nil, nil, fmt.Errorf("batch element %d: %w", i, err)
 		}
 		if r, ok := m.(*jsonrpc.Request); ok {
 			if seen[r.ID] {
 				if !r.ID.IsValid() {
-					return nil, fmt.Errorf("batch element %d: a second notification in one batch, which the SDK takes for a repeated id", i)
+					return nil, nil, fmt.Errorf("batch element %d: a second notification in one batch, which the SDK takes for a repeated id", i)
 				}
-				return r.ID.Raw(), fmt.Errorf("batch element %d: request id %v repeated in the batch", i, r.ID.Raw())
+				return r.ID.Raw(), nil, fmt.Errorf("batch element %d: request id %v repeated in the batch", i, r.ID.Raw())
 			}
 			seen[r.ID] = true
+			batch = append(batch, r.ID)
 		}
 	}
+	return nil, batch, nil
+}
+
+// batchIDs are the request ids of the batches the SDK has read and not
+// answered, which it keeps as ioConn.addBatch does: a later batch naming
+// one ends its reader ("batch contains previously seen request"), so no
+// line after it would be read. A notification's id (none) is kept for
+// good, as the SDK keeps it: it is never answered.
+type batchIDs struct {
+	mu  sync.Mutex
+	ids map[jsonrpc.ID]bool
+}
+
+// add records batch's request ids, or reports the first already open
+// (its raw id, nil for a notification's) and records none.
+func (b *batchIDs) add(batch []jsonrpc.ID) (id any, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, id := range batch {
+		if b.ids[id] {
+			if !id.IsValid() {
+				return nil, errors.New("a notification in a batch after an earlier batch's, which the SDK takes for a repeated id")
+			}
+			return id.Raw(), fmt.Errorf("request id %v of an earlier batch not yet answered", id.Raw())
+		}
+	}
+	for _, id := range batch {
+		b.ids[id] = true
+	}
 	return nil, nil
+}
+
+// answered forgets id, answered (the SDK forgets it as it writes it).
+func (b *batchIDs) answered(id jsonrpc.ID) {
+	b.mu.Lock()
+	delete(b.ids, id)
+	b.mu.Unlock()
 }
 
 // readLine reads the next line without its end (\n or \r\n); tooLong

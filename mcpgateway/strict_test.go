@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/kernel"
@@ -331,4 +332,53 @@ func TestStdioBatchRepeatedID(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A batch naming a request id of an earlier batch not yet answered (a
+// client resending a batch whose gated call still waits), or holding a
+// notification after an earlier batch's (the SDK keeps a batch's
+// notification as an id never answered), is refused with -32600 and the
+// session goes on: the lines after it are read and answered. The SDK's
+// reader ended on it, leaving every later line unread (rev12 #4).
+func TestStdioBatchIDOfEarlierBatch(t *testing.T) {
+	k, g, _, _ := newGatedWriteGateway(t, time.Minute, false, nil)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	served := make(chan error, 1)
+	go func() { served <- g.serveIO(context.Background(), inR, outW) }()
+	lines := bufio.NewScanner(outR)
+	next := func() string {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("no answer: %v", lines.Err())
+		}
+		return lines.Text()
+	}
+	io.WriteString(inW, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`+"\n")
+	next()
+	io.WriteString(inW, `[{"jsonrpc":"2.0","method":"notifications/initialized"}]`+"\n")
+	io.WriteString(inW, `[{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"b.txt","content":"x"}}}]`+"\n")
+	onePending(t, k)
+	for _, c := range []struct{ batch, id string }{ // id: of the refusal, as JSON
+		{`[{"jsonrpc":"2.0","id":5,"method":"ping"}]`, `5`},
+		{`[{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":77}}]`, `null`},
+	} {
+		io.WriteString(inW, c.batch+"\n")
+		if l := next(); !strings.Contains(l, `"code":-32600`) || !strings.Contains(l, `"id":`+c.id+`,`) {
+			t.Errorf("%s: answered %s, want -32600 to id %s", c.batch, l, c.id)
+		}
+		io.WriteString(inW, `{"jsonrpc":"2.0","id":9,"method":"ping"}`+"\n")
+		if l := next(); !strings.Contains(l, `"id":9,`) || !strings.Contains(l, `"result"`) {
+			t.Errorf("the ping after %s: answered %s", c.batch, l)
+		}
+	}
+	go io.Copy(io.Discard, outR)
+	// An approver ends the waiting call, so that the end of input is
+	// not held for it.
+	alice, _ := k.Mint(kernel.TokenRequest{AgentID: "alice", Role: captoken.RoleApprover})
+	for _, ar := range k.Approvals(false) {
+		k.Decide(ar.ID, alice.Token, "deny", "test")
+	}
+	inW.Close()
+	<-served
 }
