@@ -246,7 +246,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if timeout == 0 {
 		timeout = time.Second
 	}
-	b, err := openBolt(path, &bbolt.Options{
+	b, err := bbolt.Open(path, 0o600, &bbolt.Options{
 		Timeout:         timeout,
 		NoFreelistSync:  true,
 		FreelistType:    bbolt.FreelistMapType,
@@ -262,26 +262,6 @@ func Open(path string, opts Options) (*DB, error) {
 	d := &DB{bolt: b, queue: make(chan *request, MaxBatch), lazyWake: make(chan struct{}, 1), afterBatch: opts.AfterBatch, batchWork: opts.BatchWork, beginTx: opts.BeginTx, beforeCommit: opts.BeforeCommit, endTx: opts.EndTx, observe: opts.Observe, done: make(chan struct{}), failed: make(chan struct{})}
 	go d.sequence()
 	return d, nil
-}
-
-// openBolt is bbolt.Open, with a damaged file refused by name: bbolt
-// rebuilds the freelist by walking every page at open (NoFreelistSync),
-// and panics, with every damaged key in hex, when the walk finds one. A
-// fault reading the file on bbolt's walking goroutine still ends the
-// process (no recover reaches it); the length check before (CheckLength)
-// keeps a truncated file from getting that far.
-func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			msg := fmt.Sprint(p)
-			if len(msg) > 300 {
-				msg = msg[:300] + "…"
-			}
-			err = fmt.Errorf("store: %s is damaged, bbolt cannot read it (%s): restore it from a backup", path, msg)
-		}
-	}()
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	return bbolt.Open(path, 0o600, o)
 }
 
 // View runs fn in a read-only transaction.
