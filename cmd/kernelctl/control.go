@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -46,93 +47,106 @@ func approvalsCmd() *cobra.Command {
 
 // approvalsShowCmd prints one approval request whole: what an approver
 // needs to decide it (the call's input, its risk and why, the session,
-// where it acts), which the list's table has no room for.
+// where it acts; for a pending one its args and files as they are now),
+// which the list's table has no room for.
 func approvalsShowCmd() *cobra.Command {
 	var t target
 	var tokenFile string
 	cmd := &cobra.Command{
 		Use:   "show APPROVAL_ID --data DIR|--server URL [--token APPROVER_TOKEN_FILE]",
-		Short: "Print an approval request whole: the call's input, risk and basis, session and effects",
+		Short: "Print an approval request whole: the call's input, args and files, risk and basis, session and effects",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := t.controlClient("approvals show", tokenFile)
 			if err != nil {
 				return err
 			}
-			// A pending one whole (its args, its files as they are now);
-			// one decided since, as the list keeps it.
+			// A pending one whole; one decided since, as the list keeps it.
 			d, err := c.ApprovalDetail(cmd.Context(), args[0])
+			pending := err == nil
 			var apiErr *httpapi.APIError
-			if err != nil && !(errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound) {
-				return err
-			}
-			list := []kernel.ApprovalRequest{d.ApprovalRequest}
-			if err != nil {
-				if list, err = c.Approvals(cmd.Context(), true); err != nil {
+			if !pending {
+				if !errors.As(err, &apiErr) || apiErr.Status != http.StatusNotFound {
+					return err
+				}
+				if d.ApprovalRequest, err = recentApproval(cmd.Context(), c, args[0]); err != nil {
 					return err
 				}
 			}
-			for _, a := range list {
-				if a.ID != args[0] {
-					continue
+			if t.json {
+				if pending {
+					return printJSON(cmd.OutOrStdout(), d)
 				}
-				if t.json {
-					if d.ID == a.ID {
-						return printJSON(cmd.OutOrStdout(), d)
-					}
-					return printJSON(cmd.OutOrStdout(), a)
-				}
-				tw := newTable(cmd.OutOrStdout())
-				for _, f := range [][2]string{
-					{"approval", a.ID}, {"state", a.State}, {"mode", a.Mode}, {"role", a.RequiredRole},
-					{"agent", a.AgentID}, {"session", orDash(a.SessionID)}, {"tool", a.ToolID}, {"operation", a.OperationID},
-					{"input", a.InputSummary}, {"risk", fmt.Sprintf("%.2f", a.RiskScore)}, {"risk basis", strings.Join(a.RiskBasis, "; ")},
-					{"effects", strings.Join(a.ProjectedEffects, "; ")}, {"side effect", a.SideEffect},
-					{"requested", a.RequestedAt}, {"decide by", a.DecideBy}, {"decided by", orDash(a.DecidedBy)}, {"reason", orDash(a.Reason)},
-				} {
-					fmt.Fprintf(tw, "%s\t%s\n", f[0], cell(f[1]))
-				}
-				if err := tw.Flush(); err != nil {
-					return err
-				}
-				if d.ID != a.ID {
-					return nil
-				}
-				// The whole of what the call carries, which the input's
-				// summary cuts: its args, and each file as it is now.
-				out := terminalSafe{cmd.OutOrStdout()}
-				var args bytes.Buffer
-				if json.Indent(&args, d.Args, "", "  ") != nil {
-					args.Write(d.Args)
-				}
-				fmt.Fprintf(out, "\nargs:\n%s\n", args.Bytes())
-				for _, f := range d.Files {
-					state := "absent"
-					switch {
-					case f.Link != "":
-						state = "a link to " + f.Link
-					case f.Dir:
-						state = fmt.Sprintf("a directory of %d entries, %d bytes in files", f.Entries, f.Size)
-						if f.More {
-							state = fmt.Sprintf("a directory of %d or more entries, %d or more bytes in files", f.Entries, f.Size)
-						}
-					case f.Exists:
-						state = fmt.Sprintf("%d bytes", f.Size)
-					}
-					fmt.Fprintf(out, "\nfile %s (now %s):\n", filepath.Join(f.Root, f.Path), state)
-					if f.Content != "" {
-						fmt.Fprintln(out, f.Content)
-					}
-				}
-				return nil
+				return printJSON(cmd.OutOrStdout(), d.ApprovalRequest)
 			}
-			return fmt.Errorf("approvals show: no approval %q pending or recently decided that this credential may see", args[0])
+			return printApproval(cmd.OutOrStdout(), d, pending)
 		},
 	}
 	t.addTarget(cmd, true)
-	jsonShape(cmd, "the approval request as one JSON object, as GET /v1/approvals lists it")
+	jsonShape(cmd, "one JSON object: a pending approval as GET /v1/approvals/{id} answers it (with args and files), a decided one as GET /v1/approvals lists it")
 	cmd.Flags().StringVar(&tokenFile, "token", "", "approver token file (default: the admin credential)")
 	return cmd
+}
+
+// recentApproval finds approval id among those pending or recently
+// decided that c's credential sees.
+func recentApproval(ctx context.Context, c *httpapi.Client, id string) (kernel.ApprovalRequest, error) {
+	list, err := c.Approvals(ctx, true)
+	if err != nil {
+		return kernel.ApprovalRequest{}, err
+	}
+	for _, a := range list {
+		if a.ID == id {
+			return a, nil
+		}
+	}
+	return kernel.ApprovalRequest{}, fmt.Errorf("approvals show: no approval %q pending or recently decided that this credential may see", id)
+}
+
+// printApproval writes approval d as a table of its request, then, when
+// it is pending (withFiles), the whole of what the call carries, which
+// the input's summary cuts: its args, and each file as it is now.
+func printApproval(w io.Writer, d kernel.ApprovalDetail, withFiles bool) error {
+	a := d.ApprovalRequest
+	tw := newTable(w)
+	for _, f := range [][2]string{
+		{"approval", a.ID}, {"state", a.State}, {"mode", a.Mode}, {"role", a.RequiredRole},
+		{"agent", a.AgentID}, {"session", orDash(a.SessionID)}, {"tool", a.ToolID}, {"operation", a.OperationID},
+		{"input", a.InputSummary}, {"risk", fmt.Sprintf("%.2f", a.RiskScore)}, {"risk basis", strings.Join(a.RiskBasis, "; ")},
+		{"effects", strings.Join(a.ProjectedEffects, "; ")}, {"side effect", a.SideEffect},
+		{"requested", a.RequestedAt}, {"decide by", a.DecideBy}, {"decided by", orDash(a.DecidedBy)}, {"reason", orDash(a.Reason)},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\n", f[0], cell(f[1]))
+	}
+	if err := tw.Flush(); err != nil || !withFiles {
+		return err
+	}
+	out := terminalSafe{w}
+	var args bytes.Buffer
+	if json.Indent(&args, d.Args, "", "  ") != nil {
+		args.Write(d.Args)
+	}
+	fmt.Fprintf(out, "\nargs:\n%s\n", args.Bytes())
+	for _, f := range d.Files {
+		state := "absent"
+		or := ""
+		if f.More {
+			or = " or more"
+		}
+		switch {
+		case f.Link != "":
+			state = "a link to " + f.Link
+		case f.Dir:
+			state = fmt.Sprintf("a directory of %d%s entries, %d%s bytes in files", f.Entries, or, f.Size, or)
+		case f.Exists:
+			state = fmt.Sprintf("%d bytes", f.Size)
+		}
+		fmt.Fprintf(out, "\nfile %s (now %s):\n", filepath.Join(f.Root, f.Path), state)
+		if f.Content != "" {
+			fmt.Fprintln(out, f.Content)
+		}
+	}
+	return nil
 }
 
 func approvalsListCmd() *cobra.Command {

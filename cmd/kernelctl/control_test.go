@@ -94,6 +94,10 @@ func TestApprovalsOverServer(t *testing.T) {
 		t.Fatalf("an agent's token listed approvals: %d %s", code, body)
 	}
 	must("approvals", "approve", st.Approval.ID, "--token", alice, "--reason", "reviewed", "--server", s.url)
+	// Decided, it is shown as the list keeps it: no args or files.
+	if shown := must(append([]string{"approvals", "show", st.Approval.ID, "--token", alice}, srv...)...); !strings.Contains(shown, "allowed") || !strings.Contains(shown, "reviewed") || strings.Contains(shown, "args:") {
+		t.Fatalf("approvals show of the decided approval:\n%s", shown)
+	}
 	if out := must(append([]string{"wait", op}, srv...)...); !strings.Contains(out, "fs.write ok") {
 		t.Fatalf("wait:\n%s", out)
 	}

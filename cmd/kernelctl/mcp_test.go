@@ -378,48 +378,65 @@ garbage{
 	}
 }
 
-// A stdio client that exits while a gated call waits for an approver
-// (with a progress token, so the gateway writes again soon): kernelctl mcp
-// ends, the call cancelled and audited, its kernel closed. The gateway's
-// next write killed the process with SIGPIPE (Go's default on fd 1), and
-// the call was left unaudited (rev10-mcp #2).
-func TestMCPStdioClientExits(t *testing.T) {
-	f := newRunFixture(t)
-	cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
+// kernelctl mcp (stdio) with a gated call of its client waiting for an
+// approver (with a progress token, so the gateway writes again soon)
+// ends with exit 0, the call cancelled and audited and its kernel closed,
+// when the client exits (both pipes close) and when it is sent SIGTERM
+// with its client connected, as --http does. On the client's exit the
+// gateway's next write killed the process with SIGPIPE (Go's default on
+// fd 1), the call left unaudited (rev10-mcp #2); on SIGTERM it ran on
+// until an approver decided or the approval timed out, so the MCP stdio
+// shutdown (stdin closed, SIGTERM, SIGKILL) ended in SIGKILL (rev12 #2).
+func TestMCPStdioEndCancelsGatedCall(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(cmd *exec.Cmd, stdin, stdout io.Closer)
+	}{
+		{"the client exits", func(_ *exec.Cmd, stdin, stdout io.Closer) { stdout.Close(); stdin.Close() }},
+		{"SIGTERM", func(cmd *exec.Cmd, _, stdout io.Closer) {
+			go io.Copy(io.Discard, stdout.(io.Reader))
+			cmd.Process.Signal(syscall.SIGTERM)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRunFixture(t)
+			cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
+			stdin, _ := cmd.StdinPipe()
+			stdout, _ := cmd.StdoutPipe()
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			defer stdin.Close()
+			io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
 {"jsonrpc":"2.0","method":"notifications/initialized"}
 {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"Makefile","content":"x"},"_meta":{"progressToken":"p1"}}}
 `)
-	lines := bufio.NewScanner(stdout)
-	for lines.Scan() && !strings.Contains(lines.Text(), "notifications/progress") {
-	}
-	stdout.Close() // the client exits: both pipes close
-	stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("kernelctl mcp ended: %v (stderr %q)", err, stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("kernelctl mcp still serving 60 s after its client exited")
-	}
-	out := mustRun(t, "ledger", "tail", "--data", f.data, "--json")
-	audited := false
-	for _, l := range strings.Split(out, "\n") {
-		audited = audited || strings.Contains(l, `"kind":"audit"`) && strings.Contains(l, `"fs.write"`) && strings.Contains(l, `"cancelled"`)
-	}
-	if !audited {
-		t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
+			lines := bufio.NewScanner(stdout)
+			for lines.Scan() && !strings.Contains(lines.Text(), "notifications/progress") {
+			}
+			tc.end(cmd, stdin, stdout)
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("kernelctl mcp ended: %v (stderr %q)", err, stderr.String())
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("kernelctl mcp still serving 60 s later")
+			}
+			out := mustRun(t, "ledger", "tail", "--data", f.data, "--json")
+			audited := false
+			for _, l := range strings.Split(out, "\n") {
+				audited = audited || strings.Contains(l, `"kind":"audit"`) && strings.Contains(l, `"fs.write"`) && strings.Contains(l, `"cancelled"`)
+			}
+			if !audited {
+				t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
+			}
+		})
 	}
 }
 
@@ -473,52 +490,5 @@ func TestMCPHTTPSignalEndsSessions(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("kernelctl mcp after SIGINT: %v (stderr %q)", err, stderr.String())
-	}
-}
-
-// kernelctl mcp (stdio) stops on SIGTERM with its client connected and a
-// gated call of it waiting for an approver: the call ends cancelled,
-// audited, and the command exits 0, as --http does. It ran on until an approver decided or
-// the approval timed out, writing progress to the client, so the MCP
-// stdio shutdown (stdin closed, SIGTERM, SIGKILL) ended in SIGKILL
-// (rev12 #2).
-func TestMCPStdioSignalEndsCall(t *testing.T) {
-	f := newRunFixture(t)
-	cmd := exec.Command(kernelctl, "mcp", "--data", f.data, "--token", f.token, "--progress-interval", "20ms")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	defer stdin.Close() // the client stays connected until the end
-	io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}
-{"jsonrpc":"2.0","method":"notifications/initialized"}
-{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fs.write","arguments":{"path":"Makefile","content":"x"},"_meta":{"progressToken":"p1"}}}
-`)
-	lines := bufio.NewScanner(stdout)
-	for lines.Scan() && !strings.Contains(lines.Text(), "notifications/progress") {
-	}
-	go io.Copy(io.Discard, stdout)
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("kernelctl mcp after SIGTERM: %v (stderr %q)", err, stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("kernelctl mcp (stdio) still running 60 s after SIGTERM, its client connected")
-	}
-	out := mustRun(t, "ledger", "tail", "--data", f.data, "--json")
-	audited := false
-	for _, l := range strings.Split(out, "\n") {
-		audited = audited || strings.Contains(l, `"kind":"audit"`) && strings.Contains(l, `"fs.write"`) && strings.Contains(l, `"cancelled"`)
-	}
-	if !audited {
-		t.Fatalf("no audit record of the cancelled fs.write in the ledger:\n%s", out)
 	}
 }
