@@ -174,24 +174,14 @@ func unescape(s []byte) string {
 			continue
 		}
 		i++
-		switch s[i] {
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
-			v, _ := strconv.ParseUint(string(s[i+1:i+5]), 16, 8)
-			out = append(out, byte(v))
-			i += 4
-		default: // '"' or '\\'
-			out = append(out, s[i])
+		if c, ok := unescaped(s[i]); ok {
+			out = append(out, c)
+			continue
 		}
+		// \u00XX: the canonical form escapes only control characters so.
+		v, _ := strconv.ParseUint(string(s[i+1:i+5]), 16, 8)
+		out = append(out, byte(v))
+		i += 4
 	}
 	return string(out)
 }
@@ -361,4 +351,24 @@ func plain8(w uint64) bool {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	zero := func(v uint64) uint64 { return (v - ones) &^ v }
 	return (w|(w-0x20*ones)&^w|zero(w^'"'*ones)|zero(w^'\\'*ones))&highs == 0
+}
+
+// unescaped returns the byte that the two-character escape \e stands for
+// in a JSON string, and false for any other e (\u begins a longer escape).
+func unescaped(e byte) (byte, bool) {
+	switch e {
+	case '"', '\\', '/':
+		return e, true
+	case 'b':
+		return '\b', true
+	case 'f':
+		return '\f', true
+	case 'n':
+		return '\n', true
+	case 'r':
+		return '\r', true
+	case 't':
+		return '\t', true
+	}
+	return 0, false
 }

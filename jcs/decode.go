@@ -228,44 +228,34 @@ func (d *decoder) str() (string, error) {
 		}
 		e := d.in[d.pos+1]
 		d.pos += 2
-		switch e {
-		case '"', '\\', '/':
-			b = append(b, e)
-		case 'b':
-			b = append(b, '\b')
-		case 'f':
-			b = append(b, '\f')
-		case 'n':
-			b = append(b, '\n')
-		case 'r':
-			b = append(b, '\r')
-		case 't':
-			b = append(b, '\t')
-		case 'u':
-			r, ok := d.hex4()
-			if !ok {
-				return "", d.errorf("invalid \\u escape")
-			}
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if d.pos+1 < len(d.in) && d.in[d.pos] == '\\' && d.in[d.pos+1] == 'u' {
-					save := d.pos
-					d.pos += 2
-					if r2, ok = d.hex4(); !ok {
-						return "", d.errorf("invalid \\u escape")
-					}
-					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-						b = utf8.AppendRune(b, dec)
-						continue
-					}
-					d.pos = save // not a pair: the second escape stands alone
-				}
-				r = utf8.RuneError
-			}
-			b = utf8.AppendRune(b, r)
-		default:
+		if c, ok := unescaped(e); ok {
+			b = append(b, c)
+			continue
+		}
+		if e != 'u' {
 			return "", d.errorf("invalid escape \\%c", e)
 		}
+		r, ok := d.hex4()
+		if !ok {
+			return "", d.errorf("invalid \\u escape")
+		}
+		if utf16.IsSurrogate(r) {
+			r2 := rune(-1)
+			if d.pos+1 < len(d.in) && d.in[d.pos] == '\\' && d.in[d.pos+1] == 'u' {
+				save := d.pos
+				d.pos += 2
+				if r2, ok = d.hex4(); !ok {
+					return "", d.errorf("invalid \\u escape")
+				}
+				if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+					b = utf8.AppendRune(b, dec)
+					continue
+				}
+				d.pos = save // not a pair: the second escape stands alone
+			}
+			r = utf8.RuneError
+		}
+		b = utf8.AppendRune(b, r)
 	}
 	return "", d.errorf("unterminated string")
 }

@@ -341,42 +341,32 @@ func (p *parser) str() (string, error) {
 		}
 		e := p.in[p.pos+1]
 		p.pos += 2
-		switch e {
-		case '"', '\\', '/':
-			buf = append(buf, e)
-		case 'b':
-			buf = append(buf, '\b')
-		case 'f':
-			buf = append(buf, '\f')
-		case 'n':
-			buf = append(buf, '\n')
-		case 'r':
-			buf = append(buf, '\r')
-		case 't':
-			buf = append(buf, '\t')
-		case 'u':
-			r, err := p.hex4()
+		if c, ok := unescaped(e); ok {
+			buf = append(buf, c)
+			continue
+		}
+		if e != 'u' {
+			return "", p.errorf("invalid escape \\%c", e)
+		}
+		r, err := p.hex4()
+		if err != nil {
+			return "", err
+		}
+		if utf16.IsSurrogate(r) {
+			if r >= 0xDC00 || p.pos+1 >= len(p.in) || p.in[p.pos] != '\\' || p.in[p.pos+1] != 'u' {
+				return "", p.errorf("lone surrogate \\u%04x", r)
+			}
+			p.pos += 2
+			lo, err := p.hex4()
 			if err != nil {
 				return "", err
 			}
-			if utf16.IsSurrogate(r) {
-				if r >= 0xDC00 || p.pos+1 >= len(p.in) || p.in[p.pos] != '\\' || p.in[p.pos+1] != 'u' {
-					return "", p.errorf("lone surrogate \\u%04x", r)
-				}
-				p.pos += 2
-				lo, err := p.hex4()
-				if err != nil {
-					return "", err
-				}
-				if lo < 0xDC00 || lo > 0xDFFF {
-					return "", p.errorf("lone surrogate \\u%04x", r)
-				}
-				r = utf16.DecodeRune(r, lo)
+			if lo < 0xDC00 || lo > 0xDFFF {
+				return "", p.errorf("lone surrogate \\u%04x", r)
 			}
-			buf = utf8.AppendRune(buf, r)
-		default:
-			return "", p.errorf("invalid escape \\%c", e)
+			r = utf16.DecodeRune(r, lo)
 		}
+		buf = utf8.AppendRune(buf, r)
 	}
 	return "", p.errorf("unterminated string")
 }
