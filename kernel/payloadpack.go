@@ -21,11 +21,13 @@ import (
 // payloads hold what calls read and wrote, text for the most part. Below
 // huffMax packed bytes the bytes are Huffman coded on their own (huffTag,
 // huff0: the literals coding of zstd, RFC 8878 section 4.2.1, with no
-// match finding); from huffMax on they are one zstd frame (RFC 8878,
+// match finding), with the fixed table payloadTable (tableTag) or, for
+// bytes it fits poorly, a table of their own (huffTag); from huffMax on
+// they are one zstd frame (RFC 8878,
 // without its checksum: the commitments check the payload). Packing runs
 // in the caller, off the sequencer. Readers tell the forms apart by the
 // first byte: a zstd frame starts with its magic number, a Huffman coded
-// payload with huffTag, a packed value with jsonpack.Tag, and a payload
+// payload with tableTag or huffTag, a packed value with jsonpack.Tag, and a payload
 // stored before any of them with the '{' of its JSON (a frame or a
 // Huffman coded payload may hold JSON or a packed value).
 
@@ -110,22 +112,51 @@ func packPayload(b []byte) []byte {
 	return bytes.Clone(p)
 }
 
-// huffCode returns p Huffman coded (huffTag, its length, huff0's single
-// stream), or nil when that is not smaller than p (huff0 refuses bytes
-// whose histogram promises no gain).
+// huffCode returns p Huffman coded, or nil when that is not smaller than
+// p: with payloadTable (tableTag) when that saves an eighth of p or more,
+// else with a table of its own (ownCode), which codes bytes the fixed
+// table fits poorly shorter (one byte repeated) or refuses them (random
+// bytes). The fixed table's size is counted from p's histogram, so p is
+// coded once.
 func huffCode(p []byte) []byte {
+	var hist [256]uint32
+	for _, b := range p {
+		hist[b]++
+	}
+	if n := payloadCoder.EstimateSize(&hist); n >= 0 && n <= len(p)-len(p)/8 {
+		return tableCode(p)
+	}
+	return ownCode(p)
+}
+
+// ownCode returns p Huffman coded with a table of its own (huffTag, its
+// length, huff0's single stream: the table, then the bit stream), or nil
+// when that is not smaller than p (huff0 refuses bytes whose histogram
+// promises no gain).
+func ownCode(p []byte) []byte {
 	s := huffScratch.Get().(*huff0.Scratch)
 	defer huffScratch.Put(s)
 	h, _, err := huff0.Compress1X(p, s)
-	if err != nil || 1+binary.MaxVarintLen64+len(h) >= len(p) {
+	if err != nil {
+		return nil
+	}
+	return codedForm(huffTag, p, h)
+}
+
+// codedForm returns the stored form of p Huffman coded as h: tag, the
+// length of p, h; or nil when that is not smaller than p. h may be a
+// scratch's buffer: the form is a copy.
+func codedForm(tag byte, p, h []byte) []byte {
+	if 1+binary.MaxVarintLen64+len(h) >= len(p) {
 		return nil
 	}
 	v := make([]byte, 0, 1+binary.MaxVarintLen64+len(h))
-	v = binary.AppendUvarint(append(v, huffTag), uint64(len(p)))
-	return append(v, h...) // h is the scratch's buffer: copied before it goes back
+	v = binary.AppendUvarint(append(v, tag), uint64(len(p)))
+	return append(v, h...)
 }
 
-// huffDecode appends the bytes of the Huffman coded payload v to dst. A
+// huffDecode appends the bytes of the Huffman coded payload v (huffTag:
+// with the table it holds; tableTag: with payloadTable) to dst. A
 // value whose table or stream does not decode to exactly the length it
 // states is an error; so is a length no stream of v's size could hold
 // (each byte costs at least one bit), which bounds what a damaged value
@@ -135,15 +166,19 @@ func huffDecode(dst, v []byte) ([]byte, error) {
 	if k <= 0 || n == 0 || n > huff0.BlockSizeMax || n > 8*uint64(len(v)) {
 		return dst, fmt.Errorf("Huffman coded payload of %d bytes: bad length", len(v))
 	}
-	s := huffScratch.Get().(*huff0.Scratch)
-	defer huffScratch.Put(s)
-	s, stream, err := huff0.ReadTable(v[1+k:], s)
-	if err != nil {
-		return dst, fmt.Errorf("Huffman coded payload of %d bytes: table: %w", len(v), err)
+	dec, stream := tableDecoder, v[1+k:]
+	if v[0] == huffTag {
+		s := huffScratch.Get().(*huff0.Scratch)
+		defer huffScratch.Put(s)
+		var err error
+		if s, stream, err = huff0.ReadTable(stream, s); err != nil {
+			return dst, fmt.Errorf("Huffman coded payload of %d bytes: table: %w", len(v), err)
+		}
+		dec = s.Decoder()
 	}
 	start := len(dst)
 	dst = slices.Grow(dst, int(n))
-	out, err := s.Decoder().Decompress1X(dst[start:start:start+int(n)], stream)
+	out, err := dec.Decompress1X(dst[start:start:start+int(n)], stream)
 	if err == nil && len(out) != int(n) {
 		err = fmt.Errorf("%d bytes decoded, %d stated", len(out), n)
 	}
@@ -169,7 +204,7 @@ func unpackPayload(v []byte) ([]byte, error) {
 			return nil, fmt.Errorf("zstd frame of %d bytes: %w", len(v), err)
 		}
 		v = b
-	case len(v) > 0 && v[0] == huffTag:
+	case len(v) > 0 && (v[0] == huffTag || v[0] == tableTag):
 		bp := packBufs.Get().(*[]byte)
 		b, err := huffDecode((*bp)[:0], v)
 		defer putBuf(bp, b)

@@ -21,8 +21,10 @@ import (
 )
 
 // TestPackPayload: a stored payload is packed, Huffman coded exactly when
-// it is from packMin to huffMax bytes packed and coding makes it smaller,
-// a zstd frame from huffMax on when the frame is smaller; every stored
+// it is from packMin to huffMax bytes packed and coding makes it smaller
+// (with the fixed table, or with a table of its own when that is shorter
+// and the fixed table saves less than an eighth), a zstd frame from
+// huffMax on when the frame is smaller; every stored
 // form, and the JSON of payloads stored before packing, reads back to the
 // same JSON, and a damaged frame, coded payload or packed value is an
 // error, never other bytes.
@@ -37,6 +39,7 @@ func TestPackPayload(t *testing.T) {
 	}
 	const (
 		none = iota
+		table
 		huff
 		frame
 	)
@@ -48,11 +51,12 @@ func TestPackPayload(t *testing.T) {
 	}{
 		{"small", `{"salt":"00"}`, true, none},
 		{"no text", `{"args":{"path":"f.txt"},"salt":"be3d3b6a23fafb4de18fb41db8609db9221604bd7e0e3bc496243545ce55e0fa"}`, true, none},
-		{"text", `{"result":"` + strings.Repeat("a receipt. ", 100) + `"}`, true, huff},
+		{"text", `{"result":"` + strings.Repeat("a receipt. ", 100) + `"}`, true, table},
+		{"one byte repeated", `{"result":"` + strings.Repeat("x", 900) + `"}`, true, huff},
 		{"long text", `{"result":"` + strings.Repeat("a receipt. ", 200) + `"}`, true, frame},
 		{"short noise", `{"result":"` + string(noise[:800]) + `"}`, false, none}, // neither is smaller
 		{"noise", `{"result":"` + string(noise) + `"}`, false, none},
-		{"whitespace", `{"result": "` + strings.Repeat("a receipt. ", 100) + `"}`, false, huff},
+		{"whitespace", `{"result": "` + strings.Repeat("a receipt. ", 100) + `"}`, false, table},
 		{"repeated path", `{"args":{"path":"docs/a-long/path.md"},"result":{"path":"docs/a-long/path.md"}}`, true, none},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,8 +70,11 @@ func TestPackPayload(t *testing.T) {
 				if inner, err = unpacker.DecodeAll(v, nil); err != nil {
 					t.Fatal(err)
 				}
-			case v[0] == huffTag:
+			case v[0] == huffTag || v[0] == tableTag:
 				form = huff
+				if v[0] == tableTag {
+					form = table
+				}
 				var err error
 				if inner, err = huffDecode(nil, v); err != nil {
 					t.Fatal(err)
@@ -100,78 +107,131 @@ func TestPackPayload(t *testing.T) {
 	}
 }
 
-// goldenPayload is an fs.read payload and goldenHuffman its stored form:
-// huffTag, the uvarint length 533 of the packed payload (its path
-// stored once and referenced twice), huff0's table and stream.
+// goldenPayload is an fs.read payload; goldenTable is its stored form:
+// tableTag, the uvarint length 725 of the packed payload (its path
+// stored once and referenced twice), the stream coded with payloadTable;
+// goldenHuffman is its form with a table of its own (stored by kernels
+// before payloadTable): huffTag, 725, huff0's table and stream.
 const goldenPayload = `{"args":{"path":"docs/notes.md"},"policy_input":{"agent_id":"agent-1","resources":[{"kind":"fs","op":"read","path":"docs/notes.md","real_path":"docs/notes.md","root":"/srv/ws"}],"side_effect":"READ","tool_id":"fs.read"},"policy_input_shares_args":true,"result":{"result":{"content":"The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. The kernel answers every call with a receipt; the ledger proves it. ","path":"docs/notes.md"},"status":"ok"},"salt":"be3d3b6a23fafb4de18fb41db8609db9221604bd7e0e3bc496243545ce55e0fa"}`
 
 const goldenHuffman = "02d50536401308007a8fb96f637025c3a864efae06295324e5f3fe38fe523d32913ebdbdd744ab02364950fb67c8f23c38a2996c46c23c1f8b03131a2e34b4b0e0604109160b81102a360c244861c2030a042748bcc0508386820fcbc70acf7830b95060c21102626599f50ecac879a739fa6bbd6cc4ae9e4e5ecb9e11937224ef6ecd3f6dc9f8967ffcc5585966bd833272de698efe5a2f1bb1aba793d7b267c4a41cc9bb5bf34f5b32bee51f7f31569659efa08c9c779aa3bfd6cb46eceae9e4b5ec19312947f2eed6fcd3968c6ff9c75f8c9565d63b2823e79de6e8aff5b211bb7a3a792d7b464cca91bcbb35ffb425e35bfef117636599f50ecac879a739fa6bbd6cc4ae9e4e5ecb9e11937224ef6ecd3f6dc9f8967ffcc5585966bd833272de698efe5a2f1bb1aba793d7b267c4a41cc9bb5bf34f5b32bee51f7f31569659efa08c9c779aa3bfd6cb46eceae9e4b5ec19312947f2eed6fcd3968c6ff9c75f8c9565d63b2823e79de6e8aff5b211bb7a3a792d7b464cca91bcbb35ffb425e35bfef117636599f50ecac879a739fa6bbd6cc4ae9e4e5ecb9e11937224ef6ecd3f6dc9f8967ffcc56cc0705141d221e988b14c3a0ce0f03199e8f370a91e2226708448e00801d940214300898c080d186cbb934408904098342014fd42cd4315d48c00911c900008"
 
-// TestPayloadHuffmanGolden: the golden stored form reads back to its
-// payload (what every kernel that wrote it must keep reading), and this
-// kernel stores the payload in exactly those bytes. A newer huff0 may
-// build other tables: then the second check fails, and a new golden form
-// goes next to this one, which must still read.
+const goldenTable = "03d5052742a4a18131b858a00231c842900378600a016800f5841b347102134b5001952ddc2004059c040151e16b4c71ca2289d3117b1072abe1e7ce44c95d6e08dbedabf5833407f75af977ad21e9dbf6ae9be4ceeca75cd2e4f76d59aee8ab2db9d5f07367a2e42e3784edf6d5fa419a837badfcbbd690f46d7bd74d7267f6532e69f2fbb62c57f4d596dc6af8b9335172971bc276fb6afd20cdc1bd56fe5d6b48fab6bdeb26b933fb299734f97d5b962bfa6a4b6e35fcdc9928b9cb0d61bb7db57e90e6e05e2bffae35247ddbde7593dc99fd944b9afcbe2dcb157db525b71a7eee4c94dce586b0ddbe5a3f487370af957fd71a92be6defba49eecc7eca254d7edf96e58abeda925b0d3f77264aee7243d86e5fad1fa439b8d7cabf6b0d49dfb677dd2477663fe59226bf6fcb72455f6dc9ad869f3b132577b9216cb7afd60fd21cdc6be5dfb586a46fdbbb6e923bb39f724993dfb765b9a2afb6e456c3cf9d8992bbdc10b6db57eb07690eeeb5f2ef5a43d2b7ed5d37c99dd94fb9a4c9efdbb25cd1575b72abe1e7ce44c95d6e08dbedabf5833407f75af977ad21e9dbf6ae9be4ceeca75cd2e4f76d59aee8ab2d09801dd268b9d171a3c34a90134c8e3040a7d3247966e4f444b1e2883d0c39620f42be20f252c4cd952a80fc68ded08b82c4cde7848dacb91dd933af88491172a3c40d1101"
+
+// TestPayloadHuffmanGolden: both golden stored forms read back to their
+// payload (what every kernel that wrote them must keep reading), this
+// kernel stores the payload in exactly goldenTable's bytes, and codes it
+// with a table of its own in exactly goldenHuffman's. A newer huff0 may
+// code or build tables otherwise: then a form check fails, and a new
+// golden form goes next to the old one, which must still read.
 func TestPayloadHuffmanGolden(t *testing.T) {
-	golden, err := hex.DecodeString(goldenHuffman)
-	if err != nil {
-		t.Fatal(err)
+	table, huff := mustHex(t, goldenTable), mustHex(t, goldenHuffman)
+	for _, golden := range [][]byte{table, huff} {
+		if b, err := unpackPayload(golden); err != nil || string(b) != goldenPayload {
+			t.Fatalf("golden form %.8x… reads as %.60q, %v", golden, b, err)
+		}
 	}
-	if b, err := unpackPayload(golden); err != nil || string(b) != goldenPayload {
-		t.Fatalf("golden form reads as %.60q, %v", b, err)
+	if v := packPayload([]byte(goldenPayload)); !bytes.Equal(v, table) {
+		t.Errorf("stored form of the golden payload:\n%x\nwant\n%x", v, table)
 	}
-	if v := packPayload([]byte(goldenPayload)); !bytes.Equal(v, golden) {
-		t.Errorf("stored form of the golden payload:\n%x\nwant\n%x", v, golden)
+	if v := ownCode(jsonpack.PackRefs(nil, []byte(goldenPayload))); !bytes.Equal(v, huff) {
+		t.Errorf("the golden payload coded with its own table:\n%x\nwant\n%x", v, huff)
 	}
 }
 
-// TestPayloadHuffmanDamaged: a Huffman coded payload that is cut short,
-// states another length or a length no stream of its size holds, has a
-// broken table, or decodes to bytes that are no payload is an error; any
+// TestPayloadTableCodesEveryByte: payloadTable has a code for every byte
+// value, so any payload codes with it (when that is shorter) and reads
+// back.
+func TestPayloadTableCodesEveryByte(t *testing.T) {
+	p := []byte(strings.Repeat("the ledger proves it. ", 30))
+	for b := range 256 {
+		p = append(p, byte(b))
+	}
+	v := tableCode(p)
+	if v == nil || v[0] != tableTag {
+		t.Fatalf("coded as %.8x…", v)
+	}
+	if b, err := huffDecode(nil, v); err != nil || !bytes.Equal(b, p) {
+		t.Fatalf("reads back as %.40q, %v", b, err)
+	}
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestPayloadHuffmanDamaged: a Huffman coded payload (of either form)
+// that is cut short, states another length or a length no stream of its
+// size holds, has a broken table, or decodes to bytes that are no
+// payload is an error; any
 // byte changed reads as an error or as other text (which the commitments
 // refuse: TestPayloadHuffmanTampered), never a panic. (Like a zstd frame
 // without its checksum, the form does not itself detect a changed
 // symbol: the payload's commitments do.)
 func TestPayloadHuffmanDamaged(t *testing.T) {
-	golden, _ := hex.DecodeString(goldenHuffman)
-	_, k := binary.Uvarint(golden[1:])
-	withLen := func(n uint64) []byte {
-		return append(binary.AppendUvarint([]byte{huffTag}, n), golden[1+k:]...)
-	}
-	notPayload := huffCode(bytes.Repeat([]byte("no payload starts like this. "), 30))
-	if notPayload == nil {
-		t.Fatal("text did not code")
-	}
-	for _, tc := range []struct {
-		name string
-		v    []byte
-		want string
+	text := bytes.Repeat([]byte("no payload starts like this. "), 30)
+	for _, form := range []struct {
+		golden   string
+		code     func([]byte) []byte
+		ownTable bool
 	}{
-		{"tag only", []byte{huffTag}, "bad length"},
-		{"length 0", withLen(0), "bad length"},
-		{"length longer than 8 per byte", withLen(8*uint64(len(golden)) + 1), "bad length"},
-		{"length over huff0's block", withLen(huff0.BlockSizeMax + 1), "bad length"},
-		{"length one more", withLen(533 + 1), "Huffman coded payload of 489 bytes"},
-		{"length one less", withLen(533 - 1), "Huffman coded payload of 489 bytes"},
-		{"broken table", append(bytes.Clone(golden[:1+k]), bytes.Repeat([]byte{0xff}, 100)...), "table"},
-		{"not a payload", notPayload, "neither a packed value nor a JSON object"},
+		{goldenTable, tableCode, false},
+		{goldenHuffman, ownCode, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if b, err := unpackPayload(tc.v); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("read as %.40q, %v; want an error with %q", b, err, tc.want)
-			}
-		})
-	}
-	for i := 1; i < len(golden); i++ {
-		if b, err := unpackPayload(golden[:i]); err == nil {
-			t.Errorf("cut to %d bytes: read as %.40q", i, b)
+		golden := mustHex(t, form.golden)
+		tag := golden[0]
+		n, k := binary.Uvarint(golden[1:])
+		withLen := func(n uint64) []byte {
+			return append(binary.AppendUvarint([]byte{tag}, n), golden[1+k:]...)
 		}
-	}
-	for i := range golden {
-		for _, x := range []byte{0x01, 0x80, 0xff} {
-			v := bytes.Clone(golden)
-			v[i] ^= x
-			unpackPayload(v) // an error, other text or (a padding bit) the same: no panic
+		notPayload := form.code(text)
+		if notPayload == nil {
+			t.Fatal("text did not code")
+		}
+		ofLen := func(n uint64) string { return fmt.Sprintf("Huffman coded payload of %d bytes", len(withLen(n))) }
+		cases := []struct {
+			name string
+			v    []byte
+			want string
+		}{
+			{"tag only", []byte{tag}, "bad length"},
+			{"length 0", withLen(0), "bad length"},
+			{"length longer than 8 per byte", withLen(8*uint64(len(golden)) + 1), "bad length"},
+			{"length over huff0's block", withLen(huff0.BlockSizeMax + 1), "bad length"},
+			{"length one more", withLen(n + 1), ofLen(n + 1)},
+			{"length one less", withLen(n - 1), ofLen(n - 1)},
+			{"not a payload", notPayload, "neither a packed value nor a JSON object"},
+		}
+		if form.ownTable {
+			cases = append(cases, struct {
+				name string
+				v    []byte
+				want string
+			}{"broken table", append(bytes.Clone(golden[:1+k]), bytes.Repeat([]byte{0xff}, 100)...), "table"})
+		}
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%02x/%s", tag, tc.name), func(t *testing.T) {
+				if b, err := unpackPayload(tc.v); err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("read as %.40q, %v; want an error with %q", b, err, tc.want)
+				}
+			})
+		}
+		for i := 1; i < len(golden); i++ {
+			if b, err := unpackPayload(golden[:i]); err == nil {
+				t.Errorf("%02x cut to %d bytes: read as %.40q", tag, i, b)
+			}
+		}
+		for i := range golden {
+			for _, x := range []byte{0x01, 0x80, 0xff} {
+				v := bytes.Clone(golden)
+				v[i] ^= x
+				unpackPayload(v) // an error, other text or (a padding bit) the same: no panic
+			}
 		}
 	}
 }
@@ -190,7 +250,7 @@ func TestPayloadHuffmanTampered(t *testing.T) {
 		stored = bytes.Clone(tx.Bucket(bucketPayloads).Get(k))
 		return nil
 	})
-	if len(stored) == 0 || stored[0] != huffTag {
+	if len(stored) == 0 || stored[0] != tableTag {
 		t.Fatalf("stored payload %.20x…: not Huffman coded", stored)
 	}
 	for _, tc := range []struct {
@@ -222,8 +282,10 @@ func TestPayloadHuffmanTampered(t *testing.T) {
 // FuzzUnpackPayload: any stored bytes read as an error or as at most
 // packMaxSize bytes, never a panic.
 func FuzzUnpackPayload(f *testing.F) {
-	golden, _ := hex.DecodeString(goldenHuffman)
-	f.Add(golden)
+	for _, g := range []string{goldenTable, goldenHuffman} {
+		golden, _ := hex.DecodeString(g)
+		f.Add(golden)
+	}
 	f.Add(packPayload([]byte(`{"result":"` + strings.Repeat("a receipt. ", 200) + `"}`)))
 	f.Add(packPayload([]byte(`{"args":{"path":"f.txt"},"salt":"00"}`)))
 	f.Add([]byte(`{"salt":"00"}`))
