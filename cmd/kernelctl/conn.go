@@ -42,7 +42,13 @@ type target struct {
 // record in full) or as an agent (its own records in full, the public
 // part of the others') instead of as the admin.
 func (t *target) addReadToken(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&t.readToken, "token", "", "with --server: read with this token file (an auditor token reads everything; an agent's token its own records in full, others' public parts) instead of the admin credential")
+	t.addTokenFlag(cmd, "with --server: read with this token file (an auditor token reads everything; an agent's token its own records in full, others' public parts) instead of the admin credential")
+}
+
+// addTokenFlag adds --token, described by help, to a verb that reads
+// with a token file instead of the admin credential.
+func (t *target) addTokenFlag(cmd *cobra.Command, help string) {
+	cmd.Flags().StringVar(&t.readToken, "token", "", help)
 }
 
 // Environment variables the target flags fall back on.

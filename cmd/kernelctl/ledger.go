@@ -355,6 +355,6 @@ func ledgerExportCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, true)
-	t.addReadToken(cmd)
+	t.addTokenFlag(cmd, "with --server: export with this auditor token file (every record in full, payloads included) instead of the admin credential; an agent's token is refused")
 	return cmd
 }
