@@ -116,7 +116,7 @@ func (r *report) markdown() []byte {
 	r.telemetryMarkdown(w)
 	w("## 3. In-process Invoke")
 	w("")
-	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`). CPU is the process's user+system time per call (every goroutine, GC included); serial is the time per call the store's sequencer goroutine spent in the kernel's functions and in bbolt's commit work (spill, rebalance), which bounds throughput at 1/serial however many cores there are; pages are bbolt page writes and fsyncs the fdatasyncs (two per group commit) per call.")
+	w("`kernel.Invoke` called by p goroutines in the benchmark process: the same pipeline without HTTP (`BenchmarkInvoke`); fs.read reads, and fs.write writes, 1 KiB of text (the first KiB of docs/kernel.md, whose audit payload is coded as text's is). CPU is the process's user+system time per call (every goroutine, GC included); serial is the time per call the store's sequencer goroutine spent in the kernel's functions and in bbolt's commit work (spill, rebalance), which bounds throughput at 1/serial however many cores there are; pages are bbolt page writes and fsyncs the fdatasyncs (two per group commit) per call.")
 	w("")
 	w("| call | p | calls/s | ns/op | CPU µs/call | serial µs/call | pages/call | fsyncs/call | B/op | allocs/op |")
 	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
