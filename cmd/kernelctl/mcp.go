@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/mcpgateway"
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -134,6 +135,9 @@ func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, g *mcpgateway.Gateway
 		return fmt.Errorf("mcp: %w", err)
 	}
 	srv := &http.Server{Handler: g.HTTPHandler(o), ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	// Each connection is a descriptor of this process, which may run the
+	// kernel (--data).
+	ln = httpapi.LimitConns(srv, ln, httpapi.MaxConns())
 	if drain != nil {
 		srv.RegisterOnShutdown(drain)
 	}
