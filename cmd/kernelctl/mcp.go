@@ -45,6 +45,8 @@ Over HTTP, a request with an Origin header that is not a loopback origin or
 one given by --allow-origin is answered 403; request bodies are limited to 8 MiB;
 a session idle for --session-idle (no request of it served, no call of it
 running) ends, its calls and handles with it; its client must connect again.
+One with no request after its initialize ends after a minute. At most 1024
+sessions live at once: an initialize past them is answered 503.
 
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
