@@ -34,17 +34,17 @@ func ConnsFor(nofile uint64) int {
 	return int(min(max(nofile/2, minConns), maxConns))
 }
 
-// LimitConns returns ln serving at most max connections of srv at once,
-// and holding one more while it waits to serve it; it sets srv's ConnState
-// (calling the one srv had too). At the bound a new connection takes the
-// place of the one idle the longest — a keep-alive connection between
-// requests, which is closed — so that idle connections held open do not
-// keep new clients out; when none is idle the new one waits until one
-// closes or goes idle. A connection closed idle
-// is one net/http's Server.Shutdown would close too: a client retries its
-// next request on a new connection.
-func LimitConns(srv *http.Server, ln net.Listener, max int) net.Listener {
-	l := &connLimit{Listener: ln, slots: make(chan struct{}, max), idle: map[*limitedConn]uint64{},
+// LimitConns returns ln serving at most limit connections of srv at once,
+// and holding one more while it waits to serve it; it sets srv's
+// ConnState (calling the one srv had too). At the bound a new connection
+// takes the place of the one idle the longest — a keep-alive connection
+// between requests, which is closed — so that idle connections held open
+// do not keep new clients out; when none is idle the new one waits until
+// one closes or goes idle. A client finds its idle connection closed as
+// after the server's idle timeout, and sends its next request over a new
+// one (Go's client does so itself for a request it may repeat).
+func LimitConns(srv *http.Server, ln net.Listener, limit int) net.Listener {
+	l := &connLimit{Listener: ln, slots: make(chan struct{}, limit), idle: map[*limitedConn]uint64{},
 		wake: make(chan struct{}, 1), closed: make(chan struct{})}
 	prev := srv.ConnState
 	srv.ConnState = func(c net.Conn, s http.ConnState) {
