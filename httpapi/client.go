@@ -166,7 +166,8 @@ func (c *Client) Head(ctx context.Context) (Head, error) {
 	return h, err
 }
 
-// Entries returns up to limit entries from seq from on.
+// Entries returns up to limit entries from seq from on: fewer, with More
+// set, when they reached the page's byte bound (MaxEntriesPageBytes).
 func (c *Client) Entries(ctx context.Context, from uint64, limit int) (Entries, error) {
 	var e Entries
 	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/ledger/entries?from=%d&limit=%d", from, limit), nil, &e)
@@ -341,7 +342,9 @@ func (c *Client) ScanViews(ctx context.Context, from uint64, fn func(kernel.Entr
 				return err
 			}
 		}
-		if len(page.Entries) < MaxEntriesPage {
+		// A page short of its limit is the ledger's end unless it
+		// stopped at its byte bound (More).
+		if len(page.Entries) < MaxEntriesPage && !page.More {
 			return nil
 		}
 		from = page.Next

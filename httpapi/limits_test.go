@@ -275,3 +275,61 @@ func openEvents(t *testing.T, base, cred string) (status int, body []byte, stop 
 	t.Cleanup(stop)
 	return resp.StatusCode, nil, stop
 }
+
+// TestEntriesPageIsBoundedInBytes: a page of GET /v1/ledger/entries stops
+// at MaxEntriesPageBytes of JSON, says so (more) and where to go on
+// (next), and paging on from next reads every entry once, in order. An
+// agent reads its own records with their payloads; the page was bounded
+// by count alone, so 1000 of them of ~1 MiB each were one answer of
+// gigabytes, built whole in the server.
+func TestEntriesPageIsBoundedInBytes(t *testing.T) {
+	f := newAccessFixture(t)
+	big := strings.Repeat("x", 900<<10)
+	const calls = 8 // ~1.8 MB of payload each (args and the echoed result): ~14 MB in all
+	for i := range calls {
+		if res := f.call(t, f.a, "echo", fmt.Sprintf(`{"text":%q}`, big), fmt.Sprintf("k%d", i), ""); res.Status != kernel.StatusOK {
+			t.Fatalf("echo %d: %+v", i, res.Error)
+		}
+	}
+	status, body := f.get(t, f.a.token, "/v1/ledger/entries?from=0&limit=1000")
+	if status != http.StatusOK {
+		t.Fatalf("GET entries: %d %s", status, body)
+	}
+	// The page's JSON past its last entry is `],"next":N,"more":true}` and a newline.
+	if len(body) > httpapi.MaxEntriesPageBytes+64 {
+		t.Fatalf("a page is %d bytes, over the %d-byte bound", len(body), httpapi.MaxEntriesPageBytes)
+	}
+	var page httpapi.Entries
+	if err := json.Unmarshal(body, &page); err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.k.Inspector().Head()
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := h.Size
+	if n := len(page.Entries); n == 0 || uint64(n) >= head || !page.More || page.Next != page.Entries[n-1].Seq+1 {
+		t.Fatalf("page of %d entries of %d, more %v, next %d: want a short page, more, next after its last", n, head, page.More, page.Next)
+	}
+	var seqs []uint64
+	payloads := 0
+	c := &httpapi.Client{BaseURL: f.srv.URL, Credential: f.a.token}
+	err = c.ScanViews(context.Background(), 0, func(v kernel.EntryView) error {
+		seqs = append(seqs, v.Seq)
+		if v.Payload != nil {
+			payloads++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range seqs {
+		if s != uint64(i) {
+			t.Fatalf("paging read seqs %v, want 0..%d once each", seqs, head-1)
+		}
+	}
+	if uint64(len(seqs)) != head || payloads < calls {
+		t.Fatalf("paging read %d entries (%d payloads), want %d (at least %d payloads)", len(seqs), payloads, head, calls)
+	}
+}

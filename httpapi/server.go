@@ -41,8 +41,15 @@ import (
 
 // Limits of the API.
 const (
-	MaxEntriesPage = 1000    // entries one GET /v1/ledger/entries returns
-	maxAdminBody   = 1 << 20 // bytes of a token request or revocation
+	MaxEntriesPage = 1000 // entries one GET /v1/ledger/entries returns
+	// MaxEntriesPageBytes bounds the entries of one GET /v1/ledger/entries
+	// page: an entry whose JSON would take the page's entries past it is
+	// left for the next page, unless it is the page's first. A reader's
+	// own records carry their payloads (up to about twice the envelope
+	// limit each), so a page of MaxEntriesPage of them was gigabytes,
+	// built whole in the server's memory.
+	MaxEntriesPageBytes = 8 << 20
+	maxAdminBody        = 1 << 20 // bytes of a token request or revocation
 )
 
 // Server serves the API of one kernel.
@@ -289,11 +296,19 @@ func HeadOf(h ledger.Head) Head {
 }
 
 // Entries is the body of GET /v1/ledger/entries: each entry as the
-// reader may see it (kernel.Access.Entry).
+// reader may see it (kernel.Access.Entry). A page holds up to limit
+// entries and stops early at MaxEntriesPageBytes; More says it did, so a
+// short page ends the ledger only when More is false.
 type Entries struct {
 	Entries []kernel.EntryView `json:"entries"`
 	Next    uint64             `json:"next"` // the from of the next page
+	// More is set when the page stopped at its byte bound before limit
+	// entries: the entries from Next on were left for the next page.
+	More bool `json:"more,omitempty"`
 }
+
+// errPageFull stops the scan of an entries page at its byte bound.
+var errPageFull = errors.New("page full")
 
 func (s *Server) entries(w http.ResponseWriter, r *http.Request, acc kernel.Access) {
 	q := r.URL.Query()
@@ -307,16 +322,40 @@ func (s *Server) entries(w http.ResponseWriter, r *http.Request, acc kernel.Acce
 		writeError(w, http.StatusBadRequest, kernel.ErrInvalidArgs, "from and limit must be integers, limit at least 1: "+why)
 		return
 	}
-	views, err := s.k.Inspector().EntryViews(from, int(min(limit, MaxEntriesPage)), acc)
-	if err != nil {
+	limit = min(limit, MaxEntriesPage)
+	// Each view is encoded as it is read, so the server holds the page's
+	// JSON and one view, never every view of the page (a payload's view
+	// is several times its JSON).
+	page := []byte(`{"entries":[`)
+	n, next, more := uint64(0), from, false
+	err := s.k.Inspector().ScanViews(from, acc, func(v kernel.EntryView) error {
+		if n == limit {
+			return errPageFull
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("entry %d: %w", v.Seq, err)
+		}
+		if n > 0 && len(page)+1+len(b) > MaxEntriesPageBytes {
+			more = true
+			return errPageFull
+		}
+		if n > 0 {
+			page = append(page, ',')
+		}
+		page = append(page, b...)
+		n, next = n+1, v.Seq+1
+		return nil
+	})
+	if err != nil && !errors.Is(err, errPageFull) {
 		writeError(w, http.StatusInternalServerError, kernel.ErrInternal, err.Error())
 		return
 	}
-	next := from
-	if len(views) > 0 {
-		next = views[len(views)-1].Seq + 1
+	page = fmt.Appendf(page, `],"next":%d`, next)
+	if more {
+		page = append(page, `,"more":true`...)
 	}
-	writeJSON(w, http.StatusOK, Entries{Entries: views, Next: next})
+	writeBody(w, http.StatusOK, append(page, '}'), newline)
 }
 
 // ReceiptList is the body of GET /v1/receipts.

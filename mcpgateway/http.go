@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"encoding/json/jsontext"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -40,7 +42,32 @@ type HTTPOptions struct {
 	// on their own). Zero keeps every session until its client
 	// ends it or the gateway stops.
 	SessionIdle time.Duration
+	// MaxSessions bounds the sessions live at once (DefaultMaxSessions
+	// when zero). A request that would make one more
+	// (a POST without Mcp-Session-Id: initialize) is answered 503 with a
+	// JSON-RPC error (CodeSessionsFull) while the gateway holds that many;
+	// each session holds ~24 KiB of the process for as long as it lives.
+	MaxSessions int
+
+	freshIdle time.Duration // FreshSessionIdle when zero; tests set it shorter
 }
+
+// DefaultMaxSessions is the default of HTTPOptions.MaxSessions.
+const DefaultMaxSessions = 1024
+
+// FreshSessionIdle is how long a session lives, when idle sessions end
+// (HTTPOptions.SessionIdle set), with no request after the initialize
+// that made it (a client initializes, then at once sends
+// notifications/initialized and opens its stream): unless SessionIdle is
+// shorter, such a session ends after FreshSessionIdle rather than
+// SessionIdle, so that sessions made and dropped do not keep their places
+// under MaxSessions for the idle hour.
+const FreshSessionIdle = time.Minute
+
+// CodeSessionsFull is the JSON-RPC error code of a new session refused
+// because the gateway holds HTTPOptions.MaxSessions (an implementation-
+// defined server error of JSON-RPC 2.0).
+const CodeSessionsFull = -32000
 
 // CheckOrigin reports whether an Origin header value is allowed: absent
 // (not a browser), a loopback origin (http or https on localhost,
@@ -86,9 +113,58 @@ func (g *Gateway) HTTPHandler(o HTTPOptions) http.Handler {
 		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: 3 * MaxHTTPBody})
 	var idle *idleSessions
 	if o.SessionIdle > 0 {
-		idle = newIdleSessions(o.SessionIdle, g.busy, g.endSession)
+		fresh := cmp.Or(o.freshIdle, FreshSessionIdle)
+		idle = newIdleSessions(o.SessionIdle, min(fresh, o.SessionIdle), g.busy, g.endSession)
 	}
-	return checkOrigins(o.AllowedOrigins, g.tagHTTP(h, idle))
+	gate := &sessionGate{max: cmp.Or(o.MaxSessions, DefaultMaxSessions), live: g.liveSessions}
+	return checkOrigins(o.AllowedOrigins, g.tagHTTP(h, idle, gate))
+}
+
+// sessionGate bounds the live HTTP sessions: a request that may make one
+// (no Mcp-Session-Id) is let through while the sessions live and those
+// being made are fewer than max. A session is counted twice while its
+// initialize is served (live, and being made), so at the bound a
+// concurrent initialize may be refused one session early, never let
+// through one late.
+type sessionGate struct {
+	max  int
+	live func() int // the sessions the SDK holds
+
+	mu     sync.Mutex
+	making int // requests let through that may make a session, not yet served
+}
+
+// enter reports whether a request that may make a session is let
+// through; if so, done must be called once it was served (a session it
+// made is then live).
+func (s *sessionGate) enter() (done func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live()+s.making >= s.max {
+		return nil, false
+	}
+	s.making++
+	return func() {
+		s.mu.Lock()
+		s.making--
+		s.mu.Unlock()
+	}, true
+}
+
+// writeSessionsFull answers a POST that would make a session past max:
+// 503, with a JSON-RPC error answering the request's id (null when it
+// has none that can be read).
+func writeSessionsFull(w http.ResponseWriter, body []byte, max int) {
+	id := "null"
+	if m, ok := readMessage(body); ok && (m.id.Kind() == '"' || m.id.Kind() == '0') {
+		id = string(m.id)
+	}
+	text, _ := jsonNoHTML(fmt.Sprintf("the gateway holds %d MCP sessions, the most it may: no new session until one ends (its client's DELETE, or idle)", max))
+	msg := []byte(`{"jsonrpc":"2.0","id":` + id + `,"error":{"code":` + strconv.Itoa(CodeSessionsFull) + `,"message":` + string(text) + `}}`)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(msg)))
+	w.WriteHeader(http.StatusServiceUnavailable)
+	w.Write(msg)
 }
 
 // checkOrigins answers 403 to a request whose Origin is not allowed (see
@@ -107,10 +183,11 @@ func checkOrigins(allowed []string, h http.Handler) http.Handler {
 // lean path (lean.go) and reads every other body as the stdio transport
 // reads a line (prepare: the strictjson rules, and each tools/call's
 // JSON-RPC id copied into its _meta) before h serves it; a body prepare
-// rejects is answered 400 with its JSON-RPC error. With idle set, every
-// request of a live session is one of its activity, and a session the
-// SDK makes is tracked from its first answer.
-func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
+// rejects is answered 400 with its JSON-RPC error. A POST that may make a
+// session passes gate first. With idle set, every request of a live
+// session is one of its activity, and a session the SDK makes is tracked
+// from its first answer.
+func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions, gate *sessionGate) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The request's session, looked up once (the lookup scans the
 		// server's sessions).
@@ -160,6 +237,16 @@ func (g *Gateway) tagHTTP(h http.Handler, idle *idleSessions) http.Handler {
 		if len(body) > MaxHTTPBody {
 			http.Error(w, "request body over "+strconv.Itoa(MaxHTTPBody)+" bytes", http.StatusRequestEntityTooLarge)
 			return
+		}
+		if sid == "" {
+			// The SDK makes a session for a POST without one (and
+			// drops it again unless it was initialized).
+			done, ok := gate.enter()
+			if !ok {
+				writeSessionsFull(w, body, gate.max)
+				return
+			}
+			defer done()
 		}
 		if g.serveLean(w, r, ss, body) {
 			return
@@ -408,6 +495,15 @@ func (g *Gateway) Shutdown(ctx context.Context) {
 // for its client to resume it.
 func (g *Gateway) busy(session string) bool {
 	return g.inflight.busy(session) || g.pending.holds(session)
+}
+
+// liveSessions counts the server's sessions.
+func (g *Gateway) liveSessions() int {
+	n := 0
+	for range g.server.Sessions() {
+		n++
+	}
+	return n
 }
 
 // sessionByID returns the server's session of id, or nil.

@@ -15,11 +15,13 @@ const DefaultSessionIdle = time.Hour
 // call outlives its request while it waits for an approver or for its
 // client's answer). Every request passes through the gateway (tagHTTP),
 // those the lean path answers too, which the SDK never sees: its own
-// SessionTimeout would end sessions busy there, so none is set.
+// SessionTimeout would end sessions busy there, so none is set. A session
+// with no request after the one that made it is idle after fresh.
 type idleSessions struct {
-	idle time.Duration
-	busy func(session string) bool // a call of session runs or may be resumed
-	end  func(session string)      // ends session, if it is live
+	idle  time.Duration
+	fresh time.Duration             // the idle time of a session with no request after the one that made it
+	busy  func(session string) bool // a call of session runs or may be resumed
+	end   func(session string)      // ends session, if it is live
 
 	mu sync.Mutex
 	by map[string]*idleSession
@@ -30,27 +32,38 @@ type idleSession struct {
 	timer *time.Timer // counts idle down while refs is 0
 	last  time.Time   // when the last request of it was served, or it began
 	ended bool        // its client ended it (DELETE): forgotten once refs is 0
+	fresh bool        // no request of it since the one that made it
 }
 
-func newIdleSessions(idle time.Duration, busy func(string) bool, end func(string)) *idleSessions {
-	return &idleSessions{idle: idle, busy: busy, end: end, by: map[string]*idleSession{}}
+func newIdleSessions(idle, fresh time.Duration, busy func(string) bool, end func(string)) *idleSessions {
+	return &idleSessions{idle: idle, fresh: fresh, busy: busy, end: end, by: map[string]*idleSession{}}
 }
 
-// record returns session's record, made with its timer running (under mu).
-func (s *idleSessions) record(session string) *idleSession {
+// record returns session's record, made with its timer running (under
+// mu); a record made fresh counts down s.fresh.
+func (s *idleSessions) record(session string, fresh bool) *idleSession {
 	r := s.by[session]
 	if r == nil {
-		r = &idleSession{last: time.Now()}
-		r.timer = time.AfterFunc(s.idle, func() { s.fire(session, r) })
+		r = &idleSession{last: time.Now(), fresh: fresh}
+		r.timer = time.AfterFunc(s.limit(r), func() { s.fire(session, r) })
 		s.by[session] = r
 	}
 	return r
 }
 
-// track starts the idle count of a new session.
+// limit is how long r may be idle (under mu).
+func (s *idleSessions) limit(r *idleSession) time.Duration {
+	if r.fresh {
+		return s.fresh
+	}
+	return s.idle
+}
+
+// track starts the idle count of a new session: s.fresh, until a request
+// of it comes.
 func (s *idleSessions) track(session string) {
 	s.mu.Lock()
-	s.record(session)
+	s.record(session, true)
 	s.mu.Unlock()
 }
 
@@ -59,7 +72,7 @@ func (s *idleSessions) track(session string) {
 // again from done.
 func (s *idleSessions) begin(session string) (done func()) {
 	s.mu.Lock()
-	r := s.record(session)
+	r := s.record(session, false)
 	s.started(r)
 	s.mu.Unlock()
 	return func() {
@@ -72,6 +85,7 @@ func (s *idleSessions) begin(session string) (done func()) {
 // started and served are begin's and done's steps (under mu).
 func (s *idleSessions) started(r *idleSession) {
 	r.refs++
+	r.fresh = false
 	r.timer.Stop()
 }
 
@@ -107,7 +121,7 @@ func (s *idleSessions) fire(session string, r *idleSession) {
 		s.mu.Unlock()
 		return
 	}
-	if left := s.idle - time.Since(r.last); left > 0 {
+	if left := s.limit(r) - time.Since(r.last); left > 0 {
 		r.timer.Reset(left)
 		s.mu.Unlock()
 		return

@@ -242,7 +242,7 @@ func TestIdleSessionsCount(t *testing.T) {
 	var mu sync.Mutex
 	ended := map[string]int{}
 	busy := map[string]bool{"busy": true}
-	s := newIdleSessions(50*time.Millisecond, func(id string) bool {
+	s := newIdleSessions(50*time.Millisecond, 50*time.Millisecond, func(id string) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return busy[id]
@@ -327,11 +327,11 @@ func TestIdleSessionRefusedDelete(t *testing.T) {
 // ending the session just used (rev-gate #5).
 func TestIdleCountAfterRequest(t *testing.T) {
 	var ended atomic.Int32
-	s := newIdleSessions(50*time.Millisecond, func(string) bool { return false }, func(string) { ended.Add(1) })
+	s := newIdleSessions(50*time.Millisecond, 50*time.Millisecond, func(string) bool { return false }, func(string) { ended.Add(1) })
 	s.track("x")
 	s.mu.Lock()
 	time.Sleep(150 * time.Millisecond) // the count ran out: fire waits for the lock
-	r := s.record("x")
+	r := s.record("x", false)
 	s.started(r) // a request, served whole before fire gets the lock
 	s.served("x", r)
 	s.mu.Unlock()

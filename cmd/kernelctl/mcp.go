@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/mcpgateway"
 	"github.com/capkernel/capkernel/syscalls"
 )
@@ -44,6 +45,8 @@ Over HTTP, a request with an Origin header that is not a loopback origin or
 one given by --allow-origin is answered 403; request bodies are limited to 8 MiB;
 a session idle for --session-idle (no request of it served, no call of it
 running) ends, its calls and handles with it; its client must connect again.
+One with no request after its initialize ends after a minute. At most 1024
+sessions live at once: an initialize past them is answered 503.
 
 The idempotency key of a call is the client's _meta "capkernel/idempotency_key"
 if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md.`,
@@ -134,6 +137,9 @@ func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, g *mcpgateway.Gateway
 		return fmt.Errorf("mcp: %w", err)
 	}
 	srv := &http.Server{Handler: g.HTTPHandler(o), ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	// Each connection is a descriptor of this process, which may run the
+	// kernel (--data).
+	ln = httpapi.LimitConns(srv, ln, httpapi.MaxConns())
 	if drain != nil {
 		srv.RegisterOnShutdown(drain)
 	}

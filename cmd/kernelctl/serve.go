@@ -191,6 +191,10 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen s
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 	}
+	// Each connection is a descriptor of the kernel's process: a bound
+	// keeps descriptors for the kernel's own files.
+	maxConns := httpapi.MaxConns()
+	ln = httpapi.LimitConns(srv, ln, maxConns)
 	// On shutdown, event streams end and calls waiting for an approval
 	// give up, so that only calls doing work hold the drain.
 	srv.RegisterOnShutdown(k.Drain)
@@ -217,7 +221,7 @@ func serve(cmd *cobra.Command, cfg kernel.Config, tel *serverTelemetry, listen s
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s://%s (policy %s)\n", k.ID(), scheme, ln.Addr(), k.PolicyHash())
 	fmt.Fprintf(cmd.ErrOrStderr(), "kernelctl: control socket %s: kernelctl verbs given --data %s reach this kernel through it\n", ctl.Path(), cfg.DataDir)
-	tel.log.Info("serving", "kernel_id", k.ID(), "url", scheme+"://"+ln.Addr().String(), "policy_hash", k.PolicyHash())
+	tel.log.Info("serving", "kernel_id", k.ID(), "url", scheme+"://"+ln.Addr().String(), "policy_hash", k.PolicyHash(), "max_conns", maxConns)
 	served := make(chan error, 1)
 	go func() {
 		if pair != nil {
