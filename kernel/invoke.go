@@ -963,7 +963,10 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 			kvKeys = append(kvKeys, "kv:"+name)
 		}
 	}
-	locks := k.locks.plan(fsKeys, kvKeys)
+	locks, err := k.locks.plan(fsKeys, kvKeys)
+	if err != nil {
+		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
+	}
 	if err := k.locks.lock(ctx, locks); err != nil {
 		class, msg := ctxClass(ctx, "while it waited for its paths' locks, before it ran")
 		return k.deny(ctx, c, class, msg)
@@ -1010,7 +1013,7 @@ func (k *Kernel) transact(ctx context.Context, c *call, resources []*syscalls.Re
 	if c.entry.Def.Gated {
 		gated = k.startGated(ctx, c, resources, stage) // execgate.go
 	}
-	err := prep.Encode() // off the sequencer
+	err = prep.Encode() // off the sequencer
 	if err == nil {
 		err = k.db.Update(ctx, func(tx *bbolt.Tx) error {
 			defer k.onSequencer(time.Now())

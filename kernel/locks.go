@@ -2,9 +2,10 @@ package kernel
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
-	"path"
 	"slices"
+	"strings"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -47,22 +48,58 @@ type lockSet struct {
 	exclusive []bool
 }
 
+// MaxLockKeys bounds the keys one call locks: its fs paths (each link
+// of a read's chain counted), their ancestor directories, a proc.exec's
+// writable roots, its kv keys and the kv keys its refs name, each
+// counted once. A call naming more is refused (invalid_args) before it
+// locks anything. The bound is what one call can hold of the 4096
+// stripes while it runs: without it, 64 absent fs refs of deep paths
+// named tens of thousands of ancestors, every stripe, and held them
+// shared across a net.fetch, so no write of any agent could run. It
+// leaves room for MaxPreconditions refs each naming a file six
+// directories below its root, no two sharing a directory (448 keys),
+// with the call's own resources and its roots' ancestors.
+const MaxLockKeys = 512
+
+// errTooManyLocks is the refusal of a plan over MaxLockKeys.
+var errTooManyLocks = fmt.Errorf("the call would lock more than %d paths and keys (its fs paths and their ancestor directories, a command's writable roots, kv keys and the kv keys of its refs, each counted once); name fewer or shallower paths", MaxLockKeys)
+
 // plan collects the stripes for exclusive keys and for the ancestors
-// (shared) of the slash-separated fs keys among them.
-func (l *pathLocks) plan(fsKeys, otherKeys []string) lockSet {
-	modes := map[int]bool{}
-	add := func(key string, excl bool) {
-		i := int(maphash.String(l.seed, key) % uint64(len(l.stripes)))
-		modes[i] = modes[i] || excl
-	}
+// (shared) of the slash-separated fs keys among them, or returns
+// errTooManyLocks when they are more than MaxLockKeys keys.
+//
+// Every ancestor is locked, up to the top, not only those within the
+// key's root: roots nest (two tokens' roots, or a token's own), and a
+// directory above a root is a key of the outer root's calls — deleted
+// there (exclusive), or locked whole as a proc.exec's writable root —
+// while a write through the inner root runs beneath it. The ancestors
+// above a root are the same for every path in it, so they count once.
+func (l *pathLocks) plan(fsKeys, otherKeys []string) (lockSet, error) {
+	keys := make(map[string]bool, min(8*len(fsKeys)+len(otherKeys), MaxLockKeys+1)) // key -> exclusive
 	for _, k := range fsKeys {
-		add(k, true)
-		for d := path.Dir(k); d != "/" && d != "."; d = path.Dir(d) {
-			add(d, false)
+		_, seen := keys[k] // and so are its ancestors
+		keys[k] = true
+		// Slicing at the last slash is linear in k; path.Dir cleans
+		// what is left at each step, quadratic in a deep path.
+		for i := strings.LastIndexByte(k, '/'); !seen && i > 0; i = strings.LastIndexByte(k[:i], '/') {
+			if _, seen = keys[k[:i]]; !seen {
+				keys[k[:i]] = false
+			}
+			if len(keys) > MaxLockKeys {
+				return lockSet{}, errTooManyLocks
+			}
 		}
 	}
 	for _, k := range otherKeys {
-		add(k, true)
+		keys[k] = true
+	}
+	if len(keys) > MaxLockKeys {
+		return lockSet{}, errTooManyLocks
+	}
+	modes := map[int]bool{}
+	for k, excl := range keys {
+		i := int(maphash.String(l.seed, k) % uint64(len(l.stripes)))
+		modes[i] = modes[i] || excl
 	}
 	var s lockSet
 	for i := range modes {
@@ -72,7 +109,7 @@ func (l *pathLocks) plan(fsKeys, otherKeys []string) lockSet {
 	for _, i := range s.idx {
 		s.exclusive = append(s.exclusive, modes[i])
 	}
-	return s
+	return s, nil
 }
 
 // lock takes s's stripes in index order. When ctx ends while it waits,

@@ -2,6 +2,9 @@ package kernel
 
 import (
 	"context"
+	"fmt"
+	"hash/maphash"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,8 +31,8 @@ func TestPathLocksOnWait(t *testing.T) {
 			l := newPathLocks()
 			waited := make(chan struct{}, 1)
 			l.onWait = func() { waited <- struct{}{} }
-			held := l.plan(tc.held, nil)
-			want := l.plan(tc.want, nil)
+			held := mustPlan(t, l, tc.held)
+			want := mustPlan(t, l, tc.want)
 			if !tc.waits && conflict(held, want) {
 				t.Skip("the two keys hash onto one stripe")
 			}
@@ -78,8 +81,8 @@ func conflict(a, b lockSet) bool {
 func TestPathLocksShareAndCancel(t *testing.T) {
 	l := newPathLocks()
 	ctx := context.Background()
-	dir := l.plan([]string{"/ws/d"}, nil)                                      // d exclusive
-	a, b := l.plan([]string{"/ws/d/a"}, nil), l.plan([]string{"/ws/d/b"}, nil) // d shared
+	dir := mustPlan(t, l, []string{"/ws/d"})                                         // d exclusive
+	a, b := mustPlan(t, l, []string{"/ws/d/a"}), mustPlan(t, l, []string{"/ws/d/b"}) // d shared
 	if conflict(a, b) {
 		t.Skip("the two files hash onto one stripe")
 	}
@@ -108,8 +111,8 @@ func TestPathLocksShareAndCancel(t *testing.T) {
 
 	// A two-stripe set whose second stripe is held: the first, taken
 	// before the wait, is given back when the wait ends.
-	x, y := l.plan([]string{"/x"}, nil), l.plan([]string{"/y"}, nil)
-	both := l.plan([]string{"/x", "/y"}, nil)
+	x, y := mustPlan(t, l, []string{"/x"}), mustPlan(t, l, []string{"/y"})
+	both := mustPlan(t, l, []string{"/x", "/y"})
 	if len(both.idx) != 2 || conflict(x, y) {
 		t.Skip("the two keys hash onto one stripe")
 	}
@@ -147,7 +150,7 @@ func TestCancelWhileWaitingForLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := h.k.locks.plan([]string{real}, nil)
+	held := mustPlan(t, h.k.locks, []string{real})
 	if err := h.k.locks.lock(context.Background(), held); err != nil {
 		t.Fatal(err)
 	}
@@ -201,4 +204,99 @@ func TestCancelWhileWaitingForLock(t *testing.T) {
 	}
 	mustOK(t, h.invoke("fs.write", map[string]any{"path": "c.txt", "content": "new"}, key("c")))
 	mustVerify(t, h.k.Inspector())
+}
+
+// mustPlan is l.plan of fsKeys, which must be within MaxLockKeys.
+func mustPlan(t testing.TB, l *pathLocks, fsKeys []string) lockSet {
+	t.Helper()
+	s, err := l.plan(fsKeys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestPathLocksPlan: a plan takes each fs key exclusively and every
+// ancestor of it shared, up to the top (not only within its root: a
+// write through a nested root must wait for the outer root's command,
+// which locks that root whole), and kv keys exclusively; the ancestors
+// are those path.Dir gives, found in time linear in the key. More than
+// MaxLockKeys keys, each counted once, are refused.
+func TestPathLocksPlan(t *testing.T) {
+	chain := func(n int) string { // a key with n-1 ancestors
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "/c%d", i)
+		}
+		return b.String()
+	}
+	refs := func(n int, f string) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf(f, i))
+		}
+		return out
+	}
+	cases := []struct {
+		name         string
+		fsKeys, kv   []string
+		tooMany      bool
+		conflictWith []string // fs keys whose plan must conflict with this one
+	}{
+		{name: "a file", fsKeys: []string{"/ws/d/a.txt"}, conflictWith: []string{"/ws/d", "/ws"}},
+		{name: "a directory and a file in it", fsKeys: []string{"/ws/d", "/ws/d/a.txt"}, conflictWith: []string{"/ws/d/b.txt", "/ws"}},
+		{name: "a file and its directory", fsKeys: []string{"/ws/d/a.txt", "/ws/d"}, conflictWith: []string{"/ws/d/b.txt", "/ws"}},
+		{name: "a relative key", fsKeys: []string{"a/b/c"}, conflictWith: []string{"a/b", "a"}},
+		{name: "a write in a nested root", fsKeys: []string{"/outer/a/inner/f"}, conflictWith: []string{"/outer", "/outer/a"}},
+		{name: "kv keys", fsKeys: []string{"/ws/f"}, kv: []string{"kv:a", "kv:b"}, conflictWith: []string{"/ws"}},
+		{name: "refs six directories down", fsKeys: refs(MaxPreconditions, "/home/u/ws/r%d/d1/d2/d3/d4/d5/f")},
+		{name: "MaxLockKeys keys", fsKeys: []string{chain(MaxLockKeys)}},
+		{name: "MaxLockKeys keys with kv", fsKeys: []string{chain(MaxLockKeys - 2)}, kv: []string{"kv:a", "kv:b"}},
+		{name: "one key more", fsKeys: []string{chain(MaxLockKeys + 1)}, tooMany: true},
+		{name: "one kv key more", fsKeys: []string{chain(MaxLockKeys - 1)}, kv: []string{"kv:a", "kv:b"}, tooMany: true},
+		{name: "rev14's deep refs", fsKeys: refs(MaxPreconditions, "/ws/p%d/"+strings.Repeat("a/", 600)+"x"), tooMany: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newPathLocks()
+			got, err := l.plan(tc.fsKeys, tc.kv)
+			if tc.tooMany {
+				if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d paths and keys", MaxLockKeys)) {
+					t.Fatalf("plan of %d fs keys: %v, want refused over %d keys", len(tc.fsKeys), err, MaxLockKeys)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The stripes path.Dir's ancestors take.
+			modes := map[int]bool{}
+			add := func(k string, excl bool) {
+				i := int(maphash.String(l.seed, k) % uint64(len(l.stripes)))
+				modes[i] = modes[i] || excl
+			}
+			for _, k := range tc.fsKeys {
+				add(k, true)
+				for d := path.Dir(k); d != "/" && d != "."; d = path.Dir(d) {
+					add(d, false)
+				}
+			}
+			for _, k := range tc.kv {
+				add(k, true)
+			}
+			if len(got.idx) != len(modes) {
+				t.Fatalf("%d stripes, want %d", len(got.idx), len(modes))
+			}
+			for n, i := range got.idx {
+				if excl, ok := modes[i]; !ok || excl != got.exclusive[n] {
+					t.Fatalf("stripe %d exclusive %v; want it %v (taken %v)", i, got.exclusive[n], excl, ok)
+				}
+			}
+			for _, k := range tc.conflictWith {
+				if !conflict(got, mustPlan(t, l, []string{k})) {
+					t.Errorf("no conflict with a plan of %s", k)
+				}
+			}
+		})
+	}
 }

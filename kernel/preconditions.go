@@ -25,8 +25,8 @@ import (
 
 // holdPreconditions takes the locks of a direct call that carries
 // precondition refs and checks them. It returns the function releasing the
-// locks (a no-op for a call without refs) and, when a ref does not hold,
-// its error class and message.
+// locks (a no-op for a call without refs) and, when a ref does not hold
+// or the locks are more than MaxLockKeys, the error class and message.
 func (k *Kernel) holdPreconditions(ctx context.Context, c *call, resources []*syscalls.Resource) (unlock func(), class, msg string) {
 	if len(c.env.PreconditionRefs) == 0 {
 		return func() {}, "", ""
@@ -45,7 +45,10 @@ func (k *Kernel) holdPreconditions(ctx context.Context, c *call, resources []*sy
 			kvKeys = append(kvKeys, "kv:"+name)
 		}
 	}
-	locks := k.locks.plan(fsKeys, kvKeys)
+	locks, err := k.locks.plan(fsKeys, kvKeys)
+	if err != nil {
+		return func() {}, ErrInvalidArgs, err.Error()
+	}
 	if err := k.locks.lock(ctx, locks); err != nil {
 		class, msg = ctxClass(ctx, "while it waited for its paths' locks, before it ran")
 		return func() {}, class, msg
@@ -54,7 +57,7 @@ func (k *Kernel) holdPreconditions(ctx context.Context, c *call, resources []*sy
 	if class, msg = c.checkFiles(); class != "" {
 		return unlock, class, msg
 	}
-	err := k.db.View(func(tx *bbolt.Tx) error {
+	err = k.db.View(func(tx *bbolt.Tx) error {
 		class, msg = c.storedRefs(tx)
 		return nil
 	})

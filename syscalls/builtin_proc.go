@@ -307,7 +307,7 @@ func stageDelta(c *Call, g *Grant, d *sandbox.Delta) ([]DeltaEntry, error) {
 		if ch.Kind == sandbox.Deleted {
 			access = AccessDelete
 		}
-		r, err := g.Workspace.Resolve(ch.Path(), access)
+		r, err := g.Workspace.resolveAnySize(ch.Path(), access)
 		if err != nil {
 			return nil, fmt.Errorf("proc.exec: delta entry %s: %w", ch.Path(), err)
 		}

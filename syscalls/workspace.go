@@ -202,7 +202,9 @@ func (e *ScopeError) Error() string {
 // Relative paths are relative to the first root; an absolute path must lie,
 // lexically, inside a root (the longest match wins). All access then goes
 // through that root's os.Root, which refuses ".." escapes and symlinks
-// leading out in any component. Resolve refuses with a *ScopeError: an
+// leading out in any component. Resolve refuses a path longer than
+// MaxPathBytes or of more than MaxPathComponents components with a
+// *PathSizeError, first; then with a *ScopeError: an
 // empty path, a NUL byte, an absolute path outside every root, any escape
 // (including a symlink, as the last component or a parent directory, that
 // leads outside, even for writes and deletes), a write or delete in a
@@ -213,6 +215,17 @@ func (e *ScopeError) Error() string {
 // symlink there is replaced or removed, never followed, like rename(2) and
 // unlink(2) — so Real is the resolved parent directory plus the last name.
 func (w *Workspace) Resolve(p string, a Access) (*Resource, error) {
+	if err := CheckPathSize(p); err != nil {
+		return nil, err
+	}
+	return w.resolveAnySize(p, a)
+}
+
+// resolveAnySize is Resolve without the bounds on p's size: for the
+// paths of a command's delta (stageDelta), which the file system made
+// and which may nest deeper than any path an agent names; it locks none
+// of them (proc.exec locks its roots whole).
+func (w *Workspace) resolveAnySize(p string, a Access) (*Resource, error) {
 	r, err := w.resolve(p, a)
 	if err != nil {
 		return r, err
@@ -346,6 +359,51 @@ func RemovableLink(p string, writable []string) (link string, dangles bool) {
 // within reports whether path p is dir or inside it.
 func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, dir+"/") || dir == "/"
+}
+
+// Bounds on a path an fs syscall or an fs precondition ref names, as
+// spelled, checked by Resolve before anything else: Linux's PATH_MAX, and
+// a component count no real tree reaches. Every later step (the lock
+// plan's ancestors, the policy input, the audit record) is bounded by
+// them; without them, a path of megabytes of "a/" was walked component
+// by component wherever it went.
+const (
+	MaxPathBytes      = 4096
+	MaxPathComponents = 255
+)
+
+// PathSizeError is a path over MaxPathBytes or MaxPathComponents. It
+// tells the path's size, never the path (which may be megabytes); the
+// kernel reports it as invalid_args.
+type PathSizeError struct {
+	Bytes      int // len(path)
+	Components int // its non-empty components; 0 when Bytes alone is over
+}
+
+func (e *PathSizeError) Error() string {
+	if e.Components == 0 {
+		return fmt.Sprintf("a path of %d bytes is longer than the limit of %d bytes", e.Bytes, MaxPathBytes)
+	}
+	return fmt.Sprintf("a path of %d components (%d bytes) has more than the limit of %d components", e.Components, e.Bytes, MaxPathComponents)
+}
+
+// CheckPathSize returns a *PathSizeError when p is longer than
+// MaxPathBytes or has more than MaxPathComponents non-empty components.
+// It reads at most MaxPathBytes of p.
+func CheckPathSize(p string) error {
+	if len(p) > MaxPathBytes {
+		return &PathSizeError{Bytes: len(p)}
+	}
+	n := 0
+	for i := 0; i < len(p); i++ {
+		if p[i] != '/' && (i == 0 || p[i-1] == '/') {
+			n++
+		}
+	}
+	if n > MaxPathComponents {
+		return &PathSizeError{Bytes: len(p), Components: n}
+	}
+	return nil
 }
 
 func (w *Workspace) resolve(p string, a Access) (*Resource, error) {

@@ -151,6 +151,53 @@ func TestResolveRefuses(t *testing.T) {
 	}
 }
 
+// TestResolvePathSize: a path over MaxPathBytes or MaxPathComponents is
+// refused with a *PathSizeError (the kernel's invalid_args), whatever its
+// access, before anything else: even one escaping its root, or naming a
+// root the token has not; the error tells its size, not the path. One
+// at the limits resolves (absent).
+func TestResolvePathSize(t *testing.T) {
+	tr := newTree(t)
+	w := tr.workspace(t)
+	comps := func(n int) string { return strings.Repeat("a/", n-1) + "x" }
+	atBytes := strings.Repeat(strings.Repeat("b", 63)+"/", 63) + strings.Repeat("c", 64) // 4096 bytes
+	tests := []struct {
+		name       string
+		path       string
+		bytes, n   int // the error's; bytes 0: it resolves
+		inTheError string
+	}{
+		{"4096 bytes", atBytes, 0, 0, ""},
+		{"255 components", comps(255), 0, 0, ""},
+		{"255 components and slashes to spare", "/" + strings.ReplaceAll(tr.root+"/"+comps(255-strings.Count(tr.root, "/")), "/", "//"), 0, 0, ""},
+		{"4097 bytes", atBytes + "c", 4097, 0, "limit of 4096 bytes"},
+		{"256 components", comps(256), 511, 256, "limit of 255 components"},
+		{"256 components absolute", tr.root + "/" + comps(256-strings.Count(tr.root, "/")), len(tr.root) + 1 + 2*(256-strings.Count(tr.root, "/")) - 1, 256, "limit of 255 components"},
+		{"a megabyte, escaping", "../" + strings.Repeat("a/", 1<<19), 3 + 1<<20, 0, "limit of 4096 bytes"},
+		{"256 components outside every root", "/elsewhere/" + comps(255), 11 + 509, 256, "limit of 255 components"},
+	}
+	for _, tt := range tests {
+		for _, a := range allAccesses {
+			t.Run(tt.name+"/"+string(a), func(t *testing.T) {
+				r, err := w.Resolve(tt.path, a)
+				if tt.bytes == 0 {
+					if err != nil || r.Exists {
+						t.Fatalf("Resolve of %d bytes = %+v, %v; want it absent", len(tt.path), r, err)
+					}
+					return
+				}
+				var pe *syscalls.PathSizeError
+				if !errors.As(err, &pe) || r != nil {
+					t.Fatalf("Resolve of %d bytes = %+v, %v; want a *PathSizeError", len(tt.path), r, err)
+				}
+				if pe.Bytes != tt.bytes || pe.Components != tt.n || !strings.Contains(err.Error(), tt.inTheError) || len(err.Error()) > 120 {
+					t.Errorf("%+v %q, want %d bytes, %d components, saying %q", pe, err, tt.bytes, tt.n, tt.inTheError)
+				}
+			})
+		}
+	}
+}
+
 func TestResolveNoRoots(t *testing.T) {
 	w := openWorkspace(t)
 	var se *syscalls.ScopeError
