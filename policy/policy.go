@@ -138,7 +138,12 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []func(*rego.Rego){rego.Query(Query), rego.SetRegoVersion(ast.RegoV1)}
+	// Strict builtin errors: a builtin that fails (a bad pattern, a
+	// conversion, a division by zero) fails the evaluation, so the call is
+	// refused. OPA's default makes the failing expression undefined, which
+	// drops the rule it is in: a refusing rule would drop out of the
+	// decision and the rules that remain would let the call run.
+	opts := []func(*rego.Rego){rego.Query(Query), rego.SetRegoVersion(ast.RegoV1), rego.StrictBuiltinErrors(true)}
 	data := map[string]any{}
 	var modules []*ast.Module
 	for _, f := range b.files {
