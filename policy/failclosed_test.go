@@ -74,3 +74,92 @@ func TestBuiltinErrorFailsClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestErrorMessages: a refusal says what is wrong in one line (the kernel
+// prints errors on one line, and quotes a message that has line breaks):
+// a value of the wrong type by its JSON type, OPA's multi-line errors as
+// "; "-separated lines, a bundle that defines no decision at load.
+func TestErrorMessages(t *testing.T) {
+	cases := []struct {
+		name, rego string
+		load       bool // the error is Load's, not Decide's
+		want       string
+	}{
+		{"score a string", `decision := {"autonomy_mode": "autopilot", "risk_score": "0.1", "risk_basis": []}`, false,
+			`policy: risk_score is the string "0.1", not a number in [0,1]`},
+		{"score absent", `decision := {"autonomy_mode": "autopilot", "risk_basis": []}`, false,
+			`policy: risk_score is absent, not a number in [0,1]`},
+		{"score out of range", `decision := {"autonomy_mode": "autopilot", "risk_score": 1.5, "risk_basis": []}`, false,
+			`policy: risk_score 1.5 is outside [0,1]`},
+		{"mode a number", `decision := {"autonomy_mode": 1, "risk_score": 0, "risk_basis": []}`, false,
+			`policy: autonomy_mode is the number 1, not one of autopilot, soft_gate, escalated, no_go`},
+		{"basis a string", `decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": "x"}`, false,
+			`policy: risk_basis is the string "x", not a list of strings`},
+		{"basis holds a number", `decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": ["a", 2]}`, false,
+			`policy: risk_basis[1] is the number 2, not a string`},
+		{"net_full a string", `decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": [], "net_full": "true"}`, false,
+			`policy: net_full is the string "true", not a boolean`},
+		{"decision a string", `decision := "autopilot"`, false,
+			`policy: data.capkernel.decision is the string "autopilot", not an object`},
+		{"conflict", "decision := {\"autonomy_mode\": \"autopilot\", \"risk_score\": 0, \"risk_basis\": []} if true\ndecision := {\"autonomy_mode\": \"no_go\", \"risk_score\": 0, \"risk_basis\": []} if true", false,
+			`p.rego:3: eval_conflict_error: rule data.capkernel.decision produced conflicting values: {"autonomy_mode": "autopilot", "risk_basis": [], "risk_score": 0} at p.rego:2; {"autonomy_mode": "no_go", "risk_basis": [], "risk_score": 0} at p.rego:3`},
+		{"parse error", "decision := {\n", true,
+			`: p.rego:4: rego_parse_error: unexpected eof token; p.rego:4: rego_parse_error: unexpected eof token: expected rule value term`},
+		{"no decision rule", `desicion := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": []}`, true,
+			`: no rule defines data.capkernel.decision (a rule named decision in package capkernel); every call would be refused`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, dir, "p.rego", "package capkernel\n"+c.rego+"\n")
+			e, err := Load(context.Background(), dir)
+			if err == nil && !c.load {
+				_, err = e.Decide(context.Background(), &Input{SideEffect: "READ"})
+			} else if c.load != (err != nil) {
+				t.Fatalf("Load: %v, want an error: %v", err, c.load)
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.ContainsAny(err.Error(), "\n\t") {
+				t.Fatalf("error %q, want one line holding %q", err, c.want)
+			}
+		})
+	}
+}
+
+// A bundle whose package is misspelt, or that holds data alone, defines no
+// decision: it is refused at load, not answered undefined on every call.
+func TestNoDecisionRefusedAtLoad(t *testing.T) {
+	cases := map[string]map[string]string{
+		"misspelt package": {"p.rego": "package capkernal\ndecision := {\"autonomy_mode\": \"autopilot\", \"risk_score\": 0, \"risk_basis\": []}\n"},
+		"data alone":       {"data.json": `{"capkernel": {"config": {}}}`},
+		"tests alone":      {"p_test.rego": "package capkernel\ntest_x if true\n"},
+		"other rule ref":   {"p.rego": "package capkernel\ndecisions[k] := 1 if some k in [\"a\"]\n"},
+	}
+	for name, files := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			for f, content := range files {
+				write(t, dir, f, content)
+			}
+			if _, err := Load(context.Background(), dir); err == nil || !strings.Contains(err.Error(), "no rule defines data.capkernel.decision") {
+				t.Fatalf("Load: %v, want the missing decision named", err)
+			}
+		})
+	}
+	defines := map[string]string{
+		"ref head":    "package capkernel\ndecision.autonomy_mode := \"autopilot\"\ndecision.risk_score := 0\ndecision.risk_basis := []\n",
+		"sub-package": "package capkernel.decision\nautonomy_mode := \"autopilot\"\nrisk_score := 0\nrisk_basis := []\n",
+	}
+	for name, src := range defines {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, dir, "p.rego", src)
+			e, err := Load(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d, err := e.Decide(context.Background(), &Input{}); err != nil || d.AutonomyMode != Autopilot {
+				t.Fatalf("decided %+v, %v", d, err)
+			}
+		})
+	}
+}

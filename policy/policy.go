@@ -9,8 +9,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -153,7 +155,7 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 		case strings.HasSuffix(f.path, ".rego"):
 			m, err := ast.ParseModuleWithOpts(f.path, string(f.content), ast.ParserOptions{RegoVersion: ast.RegoV1})
 			if err != nil {
-				return nil, fmt.Errorf("policy %s: %w", b.name, err)
+				return nil, fmt.Errorf("policy %s: %s", b.name, oneLine(err))
 			}
 			modules = append(modules, m)
 			opts = append(opts, rego.ParsedModule(m))
@@ -165,9 +167,12 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 	}
 	// The store hands out AST values: no conversion of data on every read.
 	opts = append(opts, rego.Store(inmem.NewFromObjectWithOpts(data, inmem.OptReturnASTValuesOnRead(true))))
+	if !definesDecision(modules, data) {
+		return nil, fmt.Errorf("policy %s: no rule defines %s (a rule named decision in package capkernel); every call would be refused", b.name, Query)
+	}
 	q, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("policy %s: %w", b.name, err)
+		return nil, fmt.Errorf("policy %s: %s", b.name, oneLine(err))
 	}
 	e := &Engine{hash: b.hash(), query: q, argsFree: !readsArgs(modules)}
 	if nondeterministic(modules) == "" {
@@ -230,7 +235,7 @@ func (e *Engine) DecideKeyed(ctx context.Context, in, key []byte) (Decision, err
 	}
 	rs, err := e.query.Eval(ctx, rego.EvalParsedInput(v))
 	if err != nil {
-		return Decision{}, fmt.Errorf("policy evaluation: %w", err)
+		return Decision{}, fmt.Errorf("policy evaluation: %s", oneLine(err))
 	}
 	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
 		return Decision{}, fmt.Errorf("policy: %s is undefined for this call", Query)
@@ -242,47 +247,152 @@ func (e *Engine) DecideKeyed(ctx context.Context, in, key []byte) (Decision, err
 	return d, err
 }
 
+// queryRef is Query as a reference.
+var queryRef = ast.MustParseRef(Query)
+
+// definesDecision reports whether a rule of modules, or the bundle's data,
+// may define Query: a rule whose full reference (package path and head)
+// agrees with Query on every term both have, a variable term of a rule's
+// head (p[k]) agreeing with anything. A bundle that defines no decision
+// (a misspelt package, a missing rule) would refuse every call, each with
+// "undefined"; it is refused at load instead, saying why.
+func definesDecision(modules []*ast.Module, data map[string]any) bool {
+	for _, m := range modules {
+		for _, r := range m.Rules {
+			ref := r.Ref()
+			agrees := true
+			for i := 0; i < len(ref) && i < len(queryRef); i++ {
+				if _, isVar := ref[i].Value.(ast.Var); !(isVar && i > 0) && !ref[i].Equal(queryRef[i]) {
+					agrees = false
+					break
+				}
+			}
+			if agrees {
+				return true
+			}
+		}
+	}
+	if ck, ok := data["capkernel"].(map[string]any); ok {
+		_, ok := ck["decision"]
+		return ok
+	}
+	return false
+}
+
+// oneLine returns err's message on one line, as the kernel's errors are:
+// OPA's lists of parse or compile errors become "file:row: code: message"
+// joined by "; ", without the excerpt of the source each adds on lines of
+// its own, and any other line breaks (an evaluation conflict lists its
+// values on lines of their own) become "; " too.
+func oneLine(err error) string {
+	var list ast.Errors
+	if errors.As(err, &list) && len(list) > 0 {
+		msgs := make([]string, 0, len(list))
+		for _, e := range list {
+			c := *e
+			c.Details = nil
+			msgs = append(msgs, flatten(c.Error()))
+		}
+		return strings.Join(msgs, "; ")
+	}
+	return flatten(err.Error())
+}
+
+// flatten joins the non-blank lines of s, trimmed: after a line ending in
+// ":" with a space, otherwise with "; ".
+func flatten(s string) string {
+	var b strings.Builder
+	for line := range strings.Lines(s) {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			if strings.HasSuffix(b.String(), ":") {
+				b.WriteByte(' ')
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
 func decode(v any) (Decision, error) {
 	var d Decision
 	obj, ok := v.(map[string]any)
 	if !ok {
-		return d, fmt.Errorf("policy: %s is %T, not an object", Query, v)
+		return d, fmt.Errorf("policy: %s is %s, not an object", Query, describe(v, true))
 	}
 	mode, _ := obj["autonomy_mode"].(string)
 	if !ValidMode(mode) {
-		return d, fmt.Errorf("policy: autonomy_mode %v is not one of autopilot, soft_gate, escalated, no_go", obj["autonomy_mode"])
+		return d, fmt.Errorf("policy: autonomy_mode is %s, not one of autopilot, soft_gate, escalated, no_go", member(obj, "autonomy_mode"))
 	}
 	score, err := number(obj["risk_score"])
-	if err != nil || math.IsNaN(score) || score < 0 || score > 1 {
-		return d, fmt.Errorf("policy: risk_score %v is not a number in [0,1]", obj["risk_score"])
+	if err != nil {
+		return d, fmt.Errorf("policy: risk_score is %s, not a number in [0,1]", member(obj, "risk_score"))
+	}
+	if math.IsNaN(score) || score < 0 || score > 1 {
+		return d, fmt.Errorf("policy: risk_score %v is outside [0,1]", obj["risk_score"])
 	}
 	basis, ok := obj["risk_basis"].([]any)
 	if !ok {
-		return d, fmt.Errorf("policy: risk_basis %v is not a list of strings", obj["risk_basis"])
+		return d, fmt.Errorf("policy: risk_basis is %s, not a list of strings", member(obj, "risk_basis"))
 	}
 	d = Decision{AutonomyMode: mode, RiskScore: score, RiskBasis: make([]string, 0, len(basis))}
 	if nf, ok := obj["net_full"]; ok {
 		b, isBool := nf.(bool)
 		if !isBool {
-			return Decision{}, fmt.Errorf("policy: net_full %v is not a boolean", nf)
+			return Decision{}, fmt.Errorf("policy: net_full is %s, not a boolean", describe(nf, true))
 		}
 		d.NetFull = b
 	}
 	if sc, ok := obj["session_confirm"]; ok {
 		b, isBool := sc.(bool)
 		if !isBool {
-			return Decision{}, fmt.Errorf("policy: session_confirm %v is not a boolean", sc)
+			return Decision{}, fmt.Errorf("policy: session_confirm is %s, not a boolean", describe(sc, true))
 		}
 		d.SessionConfirm = b
 	}
-	for _, b := range basis {
+	for i, b := range basis {
 		s, ok := b.(string)
 		if !ok {
-			return Decision{}, fmt.Errorf("policy: risk_basis holds %v, not a string", b)
+			return Decision{}, fmt.Errorf("policy: risk_basis[%d] is %s, not a string", i, describe(b, true))
 		}
 		d.RiskBasis = append(d.RiskBasis, s)
 	}
 	return d, nil
+}
+
+// member describes the member name of obj, or says it is absent.
+func member(obj map[string]any, name string) string {
+	v, ok := obj[name]
+	return describe(v, ok)
+}
+
+// describe names the JSON type of v, a value of a decision, and shows it
+// when it is a scalar: `the string "0.1"` for what %v would print as the
+// number 0.1. present is false for a member that is not there.
+func describe(v any, present bool) string {
+	switch v := v.(type) {
+	case nil:
+		if !present {
+			return "absent"
+		}
+		return "null"
+	case string:
+		return "the string " + strconv.Quote(v)
+	case bool:
+		return "the boolean " + strconv.FormatBool(v)
+	case json.Number, float64, int, int64:
+		return fmt.Sprintf("the number %v", v)
+	case []any:
+		return fmt.Sprintf("an array of %d", len(v))
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("a %T", v)
 }
 
 func number(v any) (float64, error) {
