@@ -163,3 +163,30 @@ func TestNoDecisionRefusedAtLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestDataFileStrict: a bundle's data file is one JSON value with no
+// member named twice, or the bundle is refused at load naming the file;
+// `opa test` reading the same bytes refuses them too.
+func TestDataFileStrict(t *testing.T) {
+	cases := map[string]struct{ data, want string }{
+		"second value":   {`{"capkernel":{"config":{"risk":0.1}}}` + "\n" + `{"capkernel":{"config":{"risk":5}}}`, "policy data data.json: malformed JSON"},
+		"trailing text":  {`{"capkernel":{}} x`, "policy data data.json: malformed JSON"},
+		"duplicate name": {`{"capkernel":{"config":{"allow_net_full":false,"allow_net_full":true}}}`, `policy data data.json: duplicate member name "allow_net_full" in /capkernel/config`},
+		"escaped twin":   {`{"capkernel":{"a":1,"\u0061":2}}`, `duplicate member name "a"`},
+		"not an object":  {`[1]`, "policy data data.json: holds an array of 1, not an object"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, dir, "p.rego", "package capkernel\ndecision := {\"autonomy_mode\": \"autopilot\", \"risk_score\": 0, \"risk_basis\": []}\n")
+			write(t, dir, "data.json", c.data)
+			_, err := Load(context.Background(), dir)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Load: %v, want an error holding %q", err, c.want)
+			}
+			if _, err := Test(context.Background(), dir); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Test: %v, want an error holding %q", err, c.want)
+			}
+		})
+	}
+}
