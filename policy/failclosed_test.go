@@ -190,3 +190,73 @@ func TestDataFileStrict(t *testing.T) {
 		})
 	}
 }
+
+// copyDefault writes the default bundle into a new directory, with each
+// file of edit replaced by the function of its old content.
+func copyDefault(t *testing.T, edit map[string]func(string) string) string {
+	t.Helper()
+	b, err := readBundle("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range b.files {
+		content := string(f.content)
+		if fn, ok := edit[f.path]; ok {
+			content = fn(content)
+		}
+		write(t, dir, f.path, content)
+	}
+	return dir
+}
+
+// TestDefaultBundleFailsClosed: the default bundle, extended as
+// docs/policy.md says, refuses a call it cannot decide as written rather
+// than dropping what it cannot read: a finding whose mode is no mode
+// refuses the call, and settings of the wrong type refuse the bundle at
+// load, naming the setting.
+func TestDefaultBundleFailsClosed(t *testing.T) {
+	kv := &Input{ToolID: "kv.put", SideEffect: "WRITE", AgentID: "a", Resources: []Resource{{Kind: "kv", Op: "write", Key: "deploy/prod"}}}
+	rules := []struct{ name, rule, basis string }{
+		{"mode a setting", `findings contains {"mode": "deny", "risk": 1.0, "basis": "deploy keys are off limits"} if {
+	some r in input.resources
+	startswith(r.key, "deploy/")
+}`, `malformed finding {"basis": "deploy keys are off limits", "mode": "deny", "risk": 1.0}`},
+		{"no mode", `findings contains {"risk": 1.0, "basis": "deploy keys"} if true`, `malformed finding {"basis": "deploy keys", "risk": 1.0}`},
+	}
+	for _, c := range rules {
+		t.Run(c.name, func(t *testing.T) {
+			dir := copyDefault(t, map[string]func(string) string{"capkernel.rego": func(s string) string { return s + "\n" + c.rule + "\n" }})
+			e, err := Load(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := e.Decide(context.Background(), kv)
+			if err != nil || d.AutonomyMode != NoGo || len(d.RiskBasis) == 0 || !strings.HasPrefix(d.RiskBasis[0], c.basis) {
+				t.Fatalf("decided %+v, %v; want no_go naming %s", d, err, c.basis)
+			}
+		})
+	}
+	data := []struct{ name, from, to, want string }{
+		{"sensitive_paths a string", `"sensitive_paths": [".git/", ".github/", ".gitlab-ci.yml", ".ci/", "Makefile", "Dockerfile"]`, `"sensitive_paths": ".git/"`,
+			`config.sensitive_paths is the string ".git/", not a list of strings`},
+		{"allow_net_full a string", `"allow_net_full": false`, `"allow_net_full": "false"`, `config.allow_net_full is the string "false", not a boolean`},
+		{"unknown setting", `"WRITE": "auto"`, `"WRITE": "ask"`, `config.confirmation.default["WRITE"] is the string "ask", not one of`},
+		{"misspelt member", `"per_tool": {}`, `"per-tool": {}`, `config.confirmation has the member "per-tool"`},
+		{"trusted_workspaces a string", `"trusted_workspaces": []`, `"trusted_workspaces": "/srv/ws"`, `config.confirmation.trusted_workspaces is the string "/srv/ws", not a list of strings`},
+	}
+	for _, c := range data {
+		t.Run(c.name, func(t *testing.T) {
+			dir := copyDefault(t, map[string]func(string) string{"data.json": func(s string) string {
+				if !strings.Contains(s, c.from) {
+					t.Fatalf("data.json has no %s", c.from)
+				}
+				return strings.Replace(s, c.from, c.to, 1)
+			}})
+			_, err := Load(context.Background(), dir)
+			if err == nil || !strings.Contains(err.Error(), "the bundle's data does not fit its rules (data.capkernel.config_errors): "+c.want) {
+				t.Fatalf("Load: %v, want the data refused naming %s", err, c.want)
+			}
+		})
+	}
+}

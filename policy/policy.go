@@ -12,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
 
@@ -165,14 +167,27 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 			}
 		}
 	}
-	// The store hands out AST values: no conversion of data on every read.
-	opts = append(opts, rego.Store(inmem.NewFromObjectWithOpts(data, inmem.OptReturnASTValuesOnRead(true))))
-	if !definesDecision(modules, data) {
+	// A bundle that defines no decision (a misspelt package, a missing
+	// rule) would refuse every call, each "undefined": it is refused here,
+	// saying why.
+	if !defines(modules, data, ast.MustParseRef(Query)) {
 		return nil, fmt.Errorf("policy %s: no rule defines %s (a rule named decision in package capkernel); every call would be refused", b.name, Query)
 	}
+	// The store hands out AST values: no conversion of data on every read.
+	store := inmem.NewFromObjectWithOpts(data, inmem.OptReturnASTValuesOnRead(true))
+	// The compiler is the one rego.New would make, made here so that
+	// checkConfig evaluates on the same compiled modules, not a second
+	// compilation.
+	compiler := ast.NewCompiler().WithDefaultRegoVersion(ast.RegoV1).WithUseTypeCheckAnnotations(true)
+	opts = append(opts, rego.Store(store), rego.Compiler(compiler))
 	q, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %s", b.name, oneLine(err))
+	}
+	if defines(modules, data, ast.MustParseRef(ConfigErrorsQuery)) {
+		if err := checkConfig(ctx, compiler, store); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", b.name, err)
+		}
 	}
 	e := &Engine{hash: b.hash(), query: q, argsFree: !readsArgs(modules)}
 	if nondeterministic(modules) == "" {
@@ -247,22 +262,22 @@ func (e *Engine) DecideKeyed(ctx context.Context, in, key []byte) (Decision, err
 	return d, err
 }
 
-// queryRef is Query as a reference.
-var queryRef = ast.MustParseRef(Query)
+// ConfigErrorsQuery is the rule Load evaluates, when the bundle defines
+// it, to check the bundle's data: a set (or array) of strings, each saying
+// what is wrong with the data's shape. The default bundle defines it.
+const ConfigErrorsQuery = "data.capkernel.config_errors"
 
-// definesDecision reports whether a rule of modules, or the bundle's data,
-// may define Query: a rule whose full reference (package path and head)
-// agrees with Query on every term both have, a variable term of a rule's
-// head (p[k]) agreeing with anything. A bundle that defines no decision
-// (a misspelt package, a missing rule) would refuse every call, each with
-// "undefined"; it is refused at load instead, saying why.
-func definesDecision(modules []*ast.Module, data map[string]any) bool {
+// defines reports whether a rule of modules, or the bundle's data, may
+// define the document at ref: a rule whose full reference (package path
+// and head) agrees with ref on every term both have, a variable term of a
+// rule's head (p[k]) agreeing with anything, or data that holds the path.
+func defines(modules []*ast.Module, data map[string]any, ref ast.Ref) bool {
 	for _, m := range modules {
 		for _, r := range m.Rules {
-			ref := r.Ref()
+			rr := r.Ref()
 			agrees := true
-			for i := 0; i < len(ref) && i < len(queryRef); i++ {
-				if _, isVar := ref[i].Value.(ast.Var); !(isVar && i > 0) && !ref[i].Equal(queryRef[i]) {
+			for i := 0; i < len(rr) && i < len(ref); i++ {
+				if _, isVar := rr[i].Value.(ast.Var); !(isVar && i > 0) && !rr[i].Equal(ref[i]) {
 					agrees = false
 					break
 				}
@@ -272,11 +287,50 @@ func definesDecision(modules []*ast.Module, data map[string]any) bool {
 			}
 		}
 	}
-	if ck, ok := data["capkernel"].(map[string]any); ok {
-		_, ok := ck["decision"]
-		return ok
+	var node any = data
+	for _, t := range ref[1:] {
+		obj, ok := node.(map[string]any)
+		key, isString := t.Value.(ast.String)
+		if !ok || !isString {
+			return false
+		}
+		if node, ok = obj[string(key)]; !ok {
+			return false
+		}
 	}
-	return false
+	return true
+}
+
+// checkConfig evaluates ConfigErrorsQuery once, on the compiled bundle,
+// and returns an error listing what it holds, if anything. A bundle whose
+// data a rule cannot read (a string where it iterates a list) would have
+// that rule undefined, switched off, on every call; refusing it at load
+// says what is wrong before any call is decided.
+func checkConfig(ctx context.Context, c *ast.Compiler, store storage.Store) error {
+	rs, err := rego.New(rego.Query(ConfigErrorsQuery), rego.Compiler(c), rego.Store(store), rego.StrictBuiltinErrors(true)).Eval(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %s", ConfigErrorsQuery, oneLine(err))
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return nil // undefined: nothing to say
+	}
+	list, ok := rs[0].Expressions[0].Value.([]any)
+	if !ok {
+		return fmt.Errorf("%s is %s, not a set of strings", ConfigErrorsQuery, describe(rs[0].Expressions[0].Value, true))
+	}
+	msgs := make([]string, 0, len(list))
+	for i, m := range list {
+		s, ok := m.(string)
+		if !ok {
+			return fmt.Errorf("%s holds %s at %d, not a string", ConfigErrorsQuery, describe(m, true), i)
+		}
+		msgs = append(msgs, s)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	sort.Strings(msgs)
+	return fmt.Errorf("the bundle's data does not fit its rules (%s): %s", ConfigErrorsQuery, strings.Join(msgs, "; "))
 }
 
 // oneLine returns err's message on one line, as the kernel's errors are:
