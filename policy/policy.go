@@ -88,8 +88,16 @@ type Input struct {
 	CallerRiskScore *float64        `json:"caller_risk_score,omitempty"`
 	CallerRiskBasis []string        `json:"caller_risk_basis,omitempty"`
 	Ceiling         string          `json:"autonomy_ceiling,omitempty"`
-	Args            json.RawMessage `json:"args,omitempty"`
-	Provenance      json.RawMessage `json:"provenance,omitempty"`
+	// Args are the call's args when they are at most 16 KiB (the
+	// kernel's bound on what it copies into every input and audit
+	// record). Larger ones are left out, and ArgsOmitted and ArgsSize
+	// (their length in bytes as the envelope carried them) say so: the
+	// agent chooses the size, so a rule that decides on the args must
+	// decide on their absence too, or padding the args undoes it.
+	Args        json.RawMessage `json:"args,omitempty"`
+	ArgsOmitted bool            `json:"args_omitted,omitempty"`
+	ArgsSize    int             `json:"args_size,omitempty"`
+	Provenance  json.RawMessage `json:"provenance,omitempty"`
 	// Network is the network posture a call asks for (proc.exec), with the
 	// token's net patterns; absent for calls that ask for none.
 	Network *Network `json:"network,omitempty"`

@@ -331,3 +331,26 @@ findings contains {"mode": "no_go", "risk": 1.0, "basis": sprintf("unknown confi
 	not confirmation.per_tool[input.tool_id]
 	not confirm_modes[undeclared_setting]
 }
+
+# Rules that decide on a call's args must see them. The kernel leaves args
+# over 16 KiB out of the input and says so (args_omitted, args_size), and
+# the agent chooses their size: a rule on the args would simply not fire
+# on a call whose args were padded. A bundle that adds a rule reading
+# input.args names the tools it reads them of in args_tools (data:
+# config.args_tools, or rules `args_tools contains "echo"`; "*" for
+# every tool), and a call of one of them whose args were left out is
+# escalated: an approver sees the args the policy could not.
+args_tools contains t if {
+	some t in object.get(config_data, "args_tools", [])
+}
+
+findings contains {"mode": "escalated", "risk": 0.8, "basis": sprintf("args of %v bytes left out of the policy input, and a rule reads the args of %s", [object.get(input, "args_size", "?"), input.tool_id])} if {
+	input.args_omitted == true
+	some t in {input.tool_id, "*"}
+	args_tools[t]
+}
+
+config_errors contains sprintf("config.args_tools is %s, not a list of strings", [shape(x)]) if {
+	x := config_data.args_tools
+	not strings_list(x)
+}

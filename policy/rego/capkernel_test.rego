@@ -324,3 +324,32 @@ test_config_absent_members_take_defaults if {
 	d := capkernel.decision with input as call("WRITE", [fs("write", ".git/config")]) with data.capkernel.config as {}
 	d.autonomy_mode == "autopilot"
 }
+
+# Args over 16 KiB are left out of the input: a tool whose args a rule
+# reads is escalated then, not decided as if the args said nothing.
+omitted(tool) := object.union(call("NONE", []), {"tool_id": tool, "args_omitted": true, "args_size": 17000})
+
+test_omitted_args_escalate_tools_whose_args_are_read if {
+	cfg := object.union(data.capkernel.config, {"args_tools": ["echo"]})
+	d := capkernel.decision with input as omitted("echo") with data.capkernel.config as cfg
+	d.autonomy_mode == "escalated"
+	"args of 17000 bytes left out of the policy input, and a rule reads the args of echo" in d.risk_basis
+	o := capkernel.decision with input as omitted("fs.write") with data.capkernel.config as cfg
+	o.autonomy_mode == "autopilot"
+	all := capkernel.decision with input as omitted("fs.write") with data.capkernel.config as object.union(data.capkernel.config, {"args_tools": ["*"]})
+	all.autonomy_mode == "escalated"
+}
+
+test_omitted_args_of_tools_no_rule_reads_are_decided_as_before if {
+	decide(omitted("echo")).autonomy_mode == "autopilot"
+	decide(object.union(omitted("echo"), {"args_omitted": false})).autonomy_mode == "autopilot"
+}
+
+test_args_tools_in_rules if {
+	d := capkernel.decision with input as omitted("echo") with capkernel.args_tools as {"echo"}
+	d.autonomy_mode == "escalated"
+}
+
+test_args_tools_shape if {
+	`config.args_tools is the string "echo", not a list of strings` in config_error({"args_tools": "echo"})
+}
