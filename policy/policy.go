@@ -79,15 +79,15 @@ type Resource struct {
 // Input is the document a decision is made on (input in Rego). The audit
 // record keeps it, so any stretch of history can be decided again.
 type Input struct {
-	ToolID          string          `json:"tool_id"`
-	SideEffect      string          `json:"side_effect"`
-	Resources       []Resource      `json:"resources"`
-	AgentID         string          `json:"agent_id"`
-	TaskClass       string          `json:"task_class,omitempty"`
-	RequestedMode   string          `json:"requested_mode,omitempty"`
-	CallerRiskScore *float64        `json:"caller_risk_score,omitempty"`
-	CallerRiskBasis []string        `json:"caller_risk_basis,omitempty"`
-	Ceiling         string          `json:"autonomy_ceiling,omitempty"`
+	ToolID          string     `json:"tool_id"`
+	SideEffect      string     `json:"side_effect"`
+	Resources       []Resource `json:"resources"`
+	AgentID         string     `json:"agent_id"`
+	TaskClass       string     `json:"task_class,omitempty"`
+	RequestedMode   string     `json:"requested_mode,omitempty"`
+	CallerRiskScore *float64   `json:"caller_risk_score,omitempty"`
+	CallerRiskBasis []string   `json:"caller_risk_basis,omitempty"`
+	Ceiling         string     `json:"autonomy_ceiling,omitempty"`
 	// Args are the call's args when they are at most 16 KiB (the
 	// kernel's bound on what it copies into every input and audit
 	// record). Larger ones are left out, and ArgsOmitted and ArgsSize
