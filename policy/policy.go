@@ -78,6 +78,12 @@ type Resource struct {
 
 // Input is the document a decision is made on (input in Rego). The audit
 // record keeps it, so any stretch of history can be decided again.
+//
+// ToolID, SideEffect, Resources, AgentID (verified against the token),
+// Ceiling, Network, ResourcesUndeclared and the args markers are the
+// kernel's; TaskClass, RequestedMode, CallerRiskScore, CallerRiskBasis,
+// Provenance and Args are whatever the caller put in its envelope, so a
+// rule may tighten on them but must not loosen on them.
 type Input struct {
 	ToolID          string     `json:"tool_id"`
 	SideEffect      string     `json:"side_effect"`
