@@ -103,17 +103,17 @@ func (b *bundle) hash() string {
 // no member named twice (which one counts would be the reader's choice).
 func mergeData(data map[string]any, f file) error {
 	if err := strictjson.Check(f.content); err != nil {
-		return fmt.Errorf("policy data %s: %w", f.path, err)
+		return fmt.Errorf("data file %s: %w", f.path, err)
 	}
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(f.content))
 	dec.UseNumber()
 	if err := dec.Decode(&doc); err != nil {
-		return fmt.Errorf("policy data %s: %w", f.path, err)
+		return fmt.Errorf("data file %s: %w", f.path, err)
 	}
 	v, ok := doc.(map[string]any)
 	if !ok {
-		return fmt.Errorf("policy data %s: holds %s, not an object", f.path, describe(doc, true))
+		return fmt.Errorf("data file %s: holds %s, not an object", f.path, describe(doc, true))
 	}
 	node := data
 	if d := path.Dir(f.path); d != "." {
@@ -128,7 +128,7 @@ func mergeData(data map[string]any, f file) error {
 	}
 	for k, val := range v {
 		if _, dup := node[k]; dup {
-			return fmt.Errorf("policy data %s: key %q is defined twice", f.path, k)
+			return fmt.Errorf("data file %s: key %q is defined twice", f.path, k)
 		}
 		node[k] = val
 	}

@@ -169,11 +169,11 @@ func TestNoDecisionRefusedAtLoad(t *testing.T) {
 // `opa test` reading the same bytes refuses them too.
 func TestDataFileStrict(t *testing.T) {
 	cases := map[string]struct{ data, want string }{
-		"second value":   {`{"capkernel":{"config":{"risk":0.1}}}` + "\n" + `{"capkernel":{"config":{"risk":5}}}`, "policy data data.json: malformed JSON"},
-		"trailing text":  {`{"capkernel":{}} x`, "policy data data.json: malformed JSON"},
-		"duplicate name": {`{"capkernel":{"config":{"allow_net_full":false,"allow_net_full":true}}}`, `policy data data.json: duplicate member name "allow_net_full" in /capkernel/config`},
+		"second value":   {`{"capkernel":{"config":{"risk":0.1}}}` + "\n" + `{"capkernel":{"config":{"risk":5}}}`, "data file data.json: malformed JSON"},
+		"trailing text":  {`{"capkernel":{}} x`, "data file data.json: malformed JSON"},
+		"duplicate name": {`{"capkernel":{"config":{"allow_net_full":false,"allow_net_full":true}}}`, `data file data.json: duplicate member name "allow_net_full" in /capkernel/config`},
 		"escaped twin":   {`{"capkernel":{"a":1,"\u0061":2}}`, `duplicate member name "a"`},
-		"not an object":  {`[1]`, "policy data data.json: holds an array of 1, not an object"},
+		"not an object":  {`[1]`, "data file data.json: holds an array of 1, not an object"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -177,7 +177,7 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 			opts = append(opts, rego.ParsedModule(m))
 		default:
 			if err := mergeData(data, f); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("policy %s: %w", b.name, err)
 			}
 		}
 	}

@@ -49,7 +49,7 @@ func Test(ctx context.Context, dir string) ([]TestResult, error) {
 			}
 			modules[f.path] = m
 		} else if err := mergeData(data, f); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("policy %s: %w", b.name, err)
 		}
 	}
 	store := inmem.NewFromObject(data)
