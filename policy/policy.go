@@ -150,7 +150,13 @@ type Engine struct {
 }
 
 // Load compiles a bundle: the embedded default when dir is "", otherwise
-// every file under dir, which replaces the default entirely.
+// every file under dir, which replaces the default entirely. It refuses,
+// with a one-line error naming the bundle, a bundle that does not parse or
+// compile, a data file that is not one JSON object without duplicate
+// member names, a bundle no rule of which can define Query, and one that
+// defines ConfigErrorsQuery as anything but empty. Its decisions are
+// evaluated with strict builtin errors: a builtin that fails fails the
+// evaluation (Decide's error) rather than dropping the rule it is in.
 func Load(ctx context.Context, dir string) (*Engine, error) {
 	b, err := readBundle(dir)
 	if err != nil {
