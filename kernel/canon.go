@@ -197,6 +197,12 @@ func appendPolicyInput(b []byte, in *policy.Input, args []byte) ([]byte, error) 
 	if args != nil {
 		o.Raw("args", args)
 	}
+	if in.ArgsOmitted {
+		o.Bool("args_omitted", true)
+	}
+	if in.ArgsSize != 0 {
+		o.Int("args_size", int64(in.ArgsSize))
+	}
 	o.Opt("autonomy_ceiling", in.Ceiling)
 	if len(in.CallerRiskBasis) > 0 {
 		o.Key("caller_risk_basis")

@@ -57,7 +57,7 @@ func randomRecord(r *rand.Rand) (*auditRecord, []byte) {
 	if r.IntN(4) > 0 {
 		score := 0.5
 		in := &policy.Input{ToolID: s(), SideEffect: s(), AgentID: s(), TaskClass: s(), Ceiling: s(), RequestedMode: s(),
-			ResourcesUndeclared: r.IntN(2) == 0}
+			ResourcesUndeclared: r.IntN(2) == 0, ArgsOmitted: r.IntN(2) == 0, ArgsSize: r.IntN(2) * (16<<10 + r.IntN(1<<20))}
 		for range r.IntN(3) {
 			var others []string
 			for range r.IntN(3) {

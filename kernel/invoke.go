@@ -689,6 +689,10 @@ func (k *Kernel) policyInput(c *call, resources []*syscalls.Resource) *policy.In
 		// The canonical form: the same value, and the policy part of the
 		// audit record (canonical) then copies it as it is.
 		in.Args = c.canonArgs
+	} else {
+		// Said, not just left out: a rule on the args would otherwise
+		// not fire on a call whose agent padded them.
+		in.ArgsOmitted, in.ArgsSize = true, len(env.Args)
 	}
 	add := func(r *syscalls.Resource, op string) {
 		if r.Root == nil {
@@ -742,7 +746,8 @@ func jsonKind(v any) string {
 const MaxPreconditions = 64
 
 // maxPolicyArgs bounds the args copied into the policy input (and so into
-// every audit record); larger args are decided on their resources alone.
+// every audit record); larger args are left out, and the input says so
+// (args_omitted, args_size).
 const maxPolicyArgs = 16 << 10
 
 func kvOp(a syscalls.Access) string {

@@ -4,9 +4,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capkernel/capkernel/captoken"
+	"github.com/capkernel/capkernel/policy"
 )
 
 // A policy that reads the args decides each call on its own args: the
@@ -63,5 +67,78 @@ decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": ["slow
 	}
 	if a := h.audits(before); len(a) != 1 || a[0].ErrorClass != ErrTimeout {
 		t.Fatalf("audit records %+v, want one timeout", a)
+	}
+}
+
+// Args over maxPolicyArgs are left out of the policy input, and the input
+// says so (args_omitted, args_size: the args' length as the envelope
+// carried them), in the decision and in the audit record: a rule on the
+// args is not undone by padding them. The default bundle, extended with a
+// rule on echo's text as docs/policy.md says (the tool named in
+// args_tools), escalates a padded call instead of running it.
+func TestPolicyArgsOmittedSaid(t *testing.T) {
+	const rule = `
+findings contains {"mode": "no_go", "risk": 1.0, "basis": "launch code"} if {
+	input.tool_id == "echo"
+	contains(input.args.text, "0000-LAUNCH")
+}
+`
+	dir := t.TempDir()
+	for _, f := range []string{"capkernel.rego", "data.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "policy", "rego", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch f {
+		case "capkernel.rego":
+			b = append(b, rule...)
+		case "data.json":
+			b = []byte(strings.Replace(string(b), `"args_tools": []`, `"args_tools": ["echo"]`, 1))
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHarness(t, func(c *Config) { c.PolicyDir = dir })
+	pad := strings.Repeat("x", maxPolicyArgs)
+	for _, c := range []struct {
+		name, text string
+		mode       string // the decided mode
+		omitted    bool
+	}{
+		{"small", "code 0000-LAUNCH", policy.NoGo, false},
+		{"small harmless", "hello", policy.Autopilot, false},
+		{"padded", "code 0000-LAUNCH " + pad, policy.Escalated, true},
+		{"padded harmless", "hello " + pad, policy.Escalated, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := h.headSize()
+			var r *Result
+			if c.mode == policy.Escalated {
+				a, out := h.gated("echo", map[string]any{"text": c.text})
+				if a.Mode != policy.Escalated || !slices.ContainsFunc(a.RiskBasis, func(b string) bool {
+					return strings.HasPrefix(b, "args of ") && strings.HasSuffix(b, " bytes left out of the policy input, and a rule reads the args of echo")
+				}) {
+					t.Fatalf("approval request %s %q, want escalated for the args left out", a.Mode, a.RiskBasis)
+				}
+				if _, err := h.k.Decide(a.ID, h.approver("carol", captoken.RoleEscalation), "deny", "padded"); err != nil {
+					t.Fatal(err)
+				}
+				r = <-out
+			} else {
+				r = h.invoke("echo", map[string]any{"text": c.text})
+			}
+			if r.AutonomyMode != c.mode {
+				t.Fatalf("mode %s (%q), want %s", r.AutonomyMode, r.RiskBasis, c.mode)
+			}
+			audits := h.audits(before)
+			if len(audits) == 0 {
+				t.Fatal("no audit record")
+			}
+			in := audits[len(audits)-1].PolicyInput
+			if in == nil || in.ArgsOmitted != c.omitted || (len(in.Args) == 0) != c.omitted || (in.ArgsSize > maxPolicyArgs) != c.omitted {
+				t.Fatalf("audited policy input: args %d bytes, args_omitted %v, args_size %d; want omitted %v", len(in.Args), in.ArgsOmitted, in.ArgsSize, c.omitted)
+			}
+		})
 	}
 }

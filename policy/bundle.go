@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/capkernel/capkernel/digest"
+	"github.com/capkernel/capkernel/strictjson"
 )
 
 //go:embed rego/*.rego rego/*.json
@@ -95,13 +96,24 @@ func (b *bundle) hash() string {
 }
 
 // mergeData puts a data file's object at the data path of its directory
-// (as OPA bundles do: a/b/data.json is data.a.b).
+// (as OPA bundles do: a/b/data.json is data.a.b). The file is read as
+// strictly as every other JSON the kernel takes from outside (strictjson):
+// one value and nothing after it (OPA refuses what follows, so the kernel
+// and `opa test` would read different data from the same hashed bytes),
+// no member named twice (which one counts would be the reader's choice).
 func mergeData(data map[string]any, f file) error {
-	var v map[string]any
+	if err := strictjson.Check(f.content); err != nil {
+		return fmt.Errorf("data file %s: %w", f.path, err)
+	}
+	var doc any
 	dec := json.NewDecoder(bytes.NewReader(f.content))
 	dec.UseNumber()
-	if err := dec.Decode(&v); err != nil {
-		return fmt.Errorf("policy data %s: %w", f.path, err)
+	if err := dec.Decode(&doc); err != nil {
+		return fmt.Errorf("data file %s: %w", f.path, err)
+	}
+	v, ok := doc.(map[string]any)
+	if !ok {
+		return fmt.Errorf("data file %s: holds %s, not an object", f.path, describe(doc, true))
 	}
 	node := data
 	if d := path.Dir(f.path); d != "." {
@@ -116,7 +128,7 @@ func mergeData(data map[string]any, f file) error {
 	}
 	for k, val := range v {
 		if _, dup := node[k]; dup {
-			return fmt.Errorf("policy data %s: key %q is defined twice", f.path, k)
+			return fmt.Errorf("data file %s: key %q is defined twice", f.path, k)
 		}
 		node[k] = val
 	}

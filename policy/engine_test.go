@@ -84,7 +84,6 @@ func TestFailClosed(t *testing.T) {
 		"risk not a number":      `decision := {"autonomy_mode": "autopilot", "risk_score": "high", "risk_basis": []}`,
 		"basis not strings":      `decision := {"autonomy_mode": "autopilot", "risk_score": 0, "risk_basis": [1]}`,
 		"basis missing":          `decision := {"autonomy_mode": "autopilot", "risk_score": 0}`,
-		"no decision":            `other := 1`,
 		"decision not an object": `decision := "autopilot"`,
 	}
 	for name, rule := range decideErr {
@@ -107,9 +106,10 @@ func TestFailClosed(t *testing.T) {
 			write(t, dir, "real.rego", "package capkernel\n")
 			os.Symlink("real.rego", filepath.Join(dir, "p.rego"))
 		},
-		"empty":    func(string) {},
-		"bad data": func(dir string) { write(t, dir, "p.rego", "package capkernel\n"); write(t, dir, "data.json", "{") },
-		"missing":  func(dir string) { os.RemoveAll(dir) },
+		"empty":       func(string) {},
+		"no decision": func(dir string) { write(t, dir, "p.rego", "package capkernel\nother := 1\n") },
+		"bad data":    func(dir string) { write(t, dir, "p.rego", "package capkernel\n"); write(t, dir, "data.json", "{") },
+		"missing":     func(dir string) { os.RemoveAll(dir) },
 	}
 	for name, mk := range loadErr {
 		t.Run(name, func(t *testing.T) {

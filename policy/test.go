@@ -45,11 +45,11 @@ func Test(ctx context.Context, dir string) ([]TestResult, error) {
 		if strings.HasSuffix(f.path, ".rego") {
 			m, err := ast.ParseModuleWithOpts(f.path, string(f.content), ast.ParserOptions{RegoVersion: ast.RegoV1})
 			if err != nil {
-				return nil, fmt.Errorf("policy %s: %w", b.name, err)
+				return nil, fmt.Errorf("policy %s: %s", b.name, oneLine(err))
 			}
 			modules[f.path] = m
 		} else if err := mergeData(data, f); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("policy %s: %w", b.name, err)
 		}
 	}
 	store := inmem.NewFromObject(data)
@@ -60,13 +60,13 @@ func Test(ctx context.Context, dir string) ([]TestResult, error) {
 	defer store.Abort(ctx, txn)
 	ch, err := tester.NewRunner().SetStore(store).SetModules(modules).SetDefaultRegoVersion(ast.RegoV1).RunTests(ctx, txn)
 	if err != nil {
-		return nil, fmt.Errorf("policy %s: %w", b.name, err)
+		return nil, fmt.Errorf("policy %s: %s", b.name, oneLine(err))
 	}
 	var out []TestResult
 	for r := range ch {
 		tr := TestResult{Package: r.Package, Name: r.Name, Pass: r.Pass(), Duration: r.Duration}
 		if r.Error != nil {
-			tr.Error = r.Error.Error()
+			tr.Error = oneLine(r.Error)
 		} else if r.Fail {
 			tr.Error = "test rule is false or undefined"
 		}

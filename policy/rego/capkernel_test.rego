@@ -262,3 +262,94 @@ test_session_confirm_never_for_autopilot_escalated_or_sensitive if {
 	sec.autonomy_mode == "no_go"
 	sec.session_confirm == false
 }
+
+# A finding that is not {"mode": a mode, "risk": a number in [0,1],
+# "basis": a string} refuses the call, naming it: dropped from the mode
+# alone, it would let the call run at autopilot with its risk and basis.
+test_malformed_finding_is_no_go if {
+	every f in [
+		{"mode": "deny", "risk": 1.0, "basis": "deploy keys are off limits"},
+		{"risk": 1.0, "basis": "no mode"},
+		{"mode": "no-go", "risk": 1.0, "basis": "misspelt"},
+		{"mode": "escalated", "risk": "0.9", "basis": "risk a string"},
+		{"mode": "escalated", "risk": 2, "basis": "risk above 1"},
+		{"mode": "escalated", "risk": 0.5, "basis": ["a list"]},
+		"not an object",
+	] {
+		d := capkernel.decision with input as call("WRITE", [fs("write", "a")]) with capkernel.findings as {f, {"mode": "autopilot", "risk": 0.3, "basis": "write in scope"}}
+		d.autonomy_mode == "no_go"
+		d.risk_score == 1
+		some b in d.risk_basis
+		startswith(b, sprintf("malformed finding %v: a finding is", [f]))
+	}
+}
+
+test_well_formed_findings_decide if {
+	d := capkernel.decision with input as call("WRITE", []) with capkernel.findings as {{"mode": "escalated", "risk": 0.8, "basis": "x"}, {"mode": "autopilot", "risk": 0, "basis": "y"}}
+	d.autonomy_mode == "escalated"
+	d.risk_score == 0.8
+	d.risk_basis == ["x", "y"]
+}
+
+# Settings of a type the rules cannot read would switch a rule off: each
+# is named in config_errors, and the kernel refuses such a bundle at load.
+config_error(cfg) := e if {
+	e := capkernel.config_errors with data.capkernel.config as cfg
+}
+
+test_default_config_has_no_errors if count(capkernel.config_errors) == 0
+
+test_config_errors_named if {
+	every c in [
+		[{"sensitive_paths": ".git/"}, `config.sensitive_paths is the string ".git/", not a list of strings`],
+		[{"sensitive_paths": [".git/", 1]}, `config.sensitive_paths is an array, not a list of strings`],
+		[{"allow_net_full": "true"}, `config.allow_net_full is the string "true", not a boolean`],
+		[{"confirmation": []}, "config.confirmation is an array, not an object"],
+		[{"confirmation": {"per-tool": {}}}, `config.confirmation has the member "per-tool", not one of ["default", "per_tool", "session", "trusted_workspace_overrides", "trusted_workspaces", "undeclared"]`],
+		[{"confirmation": {"default": {"WRIET": "prompt"}}}, `config.confirmation.default names the class "WRIET", not one of ["EXECUTE", "NETWORK", "NONE", "READ", "WRITE"]`],
+		[{"confirmation": {"default": {"WRITE": "deney"}}}, `config.confirmation.default["WRITE"] is the string "deney", not one of ["auto", "deny", "escalate", "prompt"]`],
+		[{"confirmation": {"per_tool": {"net.post": "no_go"}}}, `config.confirmation.per_tool["net.post"] is the string "no_go", not one of ["auto", "deny", "escalate", "prompt"]`],
+		[{"confirmation": {"per_tool": ["net.post"]}}, "config.confirmation.per_tool is an array, not an object (a setting for each tool id)"],
+		[{"confirmation": {"session": {"EXECUTE": "yes"}}}, `config.confirmation.session["EXECUTE"] is the string "yes", not a boolean`],
+		[{"confirmation": {"trusted_workspaces": "/srv/ws"}}, `config.confirmation.trusted_workspaces is the string "/srv/ws", not a list of strings`],
+		[{"confirmation": {"undeclared": 1}}, `config.confirmation.undeclared is the number 1, not one of ["auto", "deny", "escalate", "prompt"]`],
+		["none", `config is the string "none", not an object`],
+	] {
+		c[1] in config_error(c[0])
+	}
+}
+
+test_config_absent_members_take_defaults if {
+	count(config_error({})) == 0
+	d := capkernel.decision with input as call("WRITE", [fs("write", ".git/config")]) with data.capkernel.config as {}
+	d.autonomy_mode == "autopilot"
+}
+
+# Args over 16 KiB are left out of the input: a tool whose args a rule
+# reads is escalated then, not decided as if the args said nothing.
+omitted(tool) := object.union(call("NONE", []), {"tool_id": tool, "args_omitted": true, "args_size": 17000})
+
+test_omitted_args_escalate_tools_whose_args_are_read if {
+	cfg := object.union(data.capkernel.config, {"args_tools": ["echo"]})
+	d := capkernel.decision with input as omitted("echo") with data.capkernel.config as cfg
+	d.autonomy_mode == "escalated"
+	"args of 17000 bytes left out of the policy input, and a rule reads the args of echo" in d.risk_basis
+	o := capkernel.decision with input as omitted("fs.write") with data.capkernel.config as cfg
+	o.autonomy_mode == "autopilot"
+	all := capkernel.decision with input as omitted("fs.write") with data.capkernel.config as object.union(data.capkernel.config, {"args_tools": ["*"]})
+	all.autonomy_mode == "escalated"
+}
+
+test_omitted_args_of_tools_no_rule_reads_are_decided_as_before if {
+	decide(omitted("echo")).autonomy_mode == "autopilot"
+	decide(object.union(omitted("echo"), {"args_omitted": false})).autonomy_mode == "autopilot"
+}
+
+test_args_tools_in_rules if {
+	d := capkernel.decision with input as omitted("echo") with capkernel.args_tools as {"echo"}
+	d.autonomy_mode == "escalated"
+}
+
+test_args_tools_shape if {
+	`config.args_tools is the string "echo", not a list of strings` in config_error({"args_tools": "echo"})
+}
