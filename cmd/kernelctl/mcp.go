@@ -68,7 +68,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			useServerGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			ak, err := t.agentKernel(ctx, "mcp", tokenFile)
+			ak, err := t.agentKernel(ctx, "mcp", tokenFile, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
