@@ -286,6 +286,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the agent's capability token (- for stdin)")
 	cmd.Flags().StringArrayVar(&readOnly, "ro", nil, "host path the agent may read, bound read-only at the same (absolute) path; relative to the working directory (repeatable)")
 	cmd.Flags().BoolVar(&noSandbox, "no-sandbox", false, "run the agent as a plain child process (it keeps the user's authority)")

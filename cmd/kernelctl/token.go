@@ -134,6 +134,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&agent, "agent", "", "agent id (the token's sub)")
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs")
 	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw: an existing directory (repeatable)")
@@ -221,6 +222,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&parentFile, "parent", "", `file holding the parent token ("-": stdin)`)
 	cmd.Flags().StringVar(&agent, "agent", "", "the sub-agent's id, PARENT_AGENT/NAME (default: the parent's agent)")
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs, within the parent's")
@@ -274,6 +276,7 @@ func tokenInspectCmd() *cobra.Command {
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	return cmd
 }
 
@@ -387,6 +390,7 @@ issues (a UUID).`,
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the ledger)")
 	return cmd
 }
