@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -21,6 +23,7 @@ import (
 // one, policy_mismatch otherwise, and keeps the hashes it was sent.
 type policyKernel struct {
 	active string
+	mu     sync.Mutex
 	sent   []string
 }
 
@@ -32,7 +35,9 @@ func (k *policyKernel) Invoke(_ context.Context, env []byte) (*kernel.Result, er
 	if err := json.Unmarshal(env, &e); err != nil {
 		return nil, err
 	}
+	k.mu.Lock()
 	k.sent = append(k.sent, e.PolicyHash)
+	k.mu.Unlock()
 	if e.PolicyHash != k.active {
 		return &kernel.Result{Status: kernel.StatusError, Error: &kernel.Error{Class: kernel.ErrPolicyMismatch}}, nil
 	}
@@ -85,6 +90,27 @@ func TestPolicyFollower(t *testing.T) {
 				t.Errorf("%d notices, want %d", notices, tt.notices)
 			}
 		})
+	}
+}
+
+// Calls racing into a policy change are each answered under the new
+// policy, and the change is told once.
+func TestPolicyFollowerConcurrent(t *testing.T) {
+	k := &policyKernel{active: "p1"}
+	var notices atomic.Int32
+	f := newPolicyFollower(k, "p0", func(context.Context) (string, error) { return "p1", nil }, func(string, string) { notices.Add(1) })
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			res, err := f.Invoke(context.Background(), []byte(`{"tool_id":"echo","args":{},"policy_hash":"p0"}`))
+			if err != nil || res.Status != kernel.StatusOK {
+				t.Errorf("%+v, %v", res, err)
+			}
+		})
+	}
+	wg.Wait()
+	if notices.Load() != 1 {
+		t.Errorf("%d notices, want 1", notices.Load())
 	}
 }
 
