@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"unicode/utf8"
 )
 
 // AllowsHost reports whether c grants reaching host on port.
@@ -177,26 +178,47 @@ func parsePort(s string) (int, error) {
 // validDNSName accepts lower-case ASCII names of at most 253 bytes made of
 // 1–63 byte labels of letters, digits, '-' and '_' (the latter appears in
 // service names such as _dmarc), with no trailing dot and a last label
-// that is not all digits.
+// that is not all digits. Its error names the first fault found, the
+// offending character as a character (not a byte of its UTF-8 form).
 func validDNSName(s string) error {
 	if s == "" || len(s) > 253 {
 		return fmt.Errorf("host %q is not a DNS name of 1 to 253 bytes", s)
 	}
-	last := s[strings.LastIndexByte(s, '.')+1:]
-	if strings.Trim(last, "0123456789") == "" {
-		return fmt.Errorf("host %q ends in an all-digit label, which resolvers may read as an IPv4 address", s)
+	if strings.HasSuffix(s, ".") {
+		return fmt.Errorf("host %q ends in a dot: write the name without it (a host called with one trailing dot matches the name without it)", s)
 	}
 	for label := range strings.SplitSeq(s, ".") {
-		if label == "" || len(label) > 63 {
-			return fmt.Errorf("host %q has a label that is empty or longer than 63 bytes", s)
+		if label == "" {
+			return fmt.Errorf("host %q has an empty label (two dots in a row, or a leading dot)", s)
+		}
+		if len(label) > 63 {
+			return fmt.Errorf("host %q has a label longer than 63 bytes", s)
 		}
 		for i := 0; i < len(label); i++ {
 			if c := label[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return fmt.Errorf("host %q has character %q; only ASCII letters, digits, '-' and '_' are allowed", s, c)
+				return badHostChar(s, label[i:])
 			}
 		}
 	}
+	if last := s[strings.LastIndexByte(s, '.')+1:]; strings.Trim(last, "0123456789") == "" {
+		return fmt.Errorf("host %q ends in an all-digit label, which resolvers may read as an IPv4 address", s)
+	}
 	return nil
+}
+
+// badHostChar is the error for host s whose first character outside a DNS
+// name's alphabet starts rest.
+func badHostChar(s, rest string) error {
+	r, size := utf8.DecodeRuneInString(rest)
+	switch {
+	case r == utf8.RuneError && size == 1:
+		return fmt.Errorf("host %q has the byte 0x%02x, which is not UTF-8; only ASCII letters, digits, '-' and '_' are allowed", s, rest[0])
+	case r >= utf8.RuneSelf:
+		return fmt.Errorf("host %q has the character %q (U+%04X); only ASCII letters, digits, '-' and '_' are allowed: write an internationalised name in its xn-- (punycode) form", s, r, r)
+	case r == '*':
+		return fmt.Errorf("host %q has the character '*': a wildcard is only a whole first label, \"*.example.com\", or the pattern \"*\"", s)
+	}
+	return fmt.Errorf("host %q has the character %q; only ASCII letters, digits, '-' and '_' are allowed", s, r)
 }
 
 // lowerASCII lower-cases ASCII letters only. strings.ToLower would also fold

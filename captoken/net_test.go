@@ -1,6 +1,9 @@
 package captoken
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestAllowsHost(t *testing.T) {
 	tests := []struct {
@@ -125,5 +128,29 @@ func TestNamesHost(t *testing.T) {
 	}
 	if !(Capability{Net: []string{"a.example.com", "*"}}).AllowsAnyHost() || (Capability{Net: []string{"*.example.com"}}).AllowsAnyHost() {
 		t.Error("AllowsAnyHost")
+	}
+}
+
+// A refused pattern's error names its real fault, with the offending
+// character as a character.
+func TestHostPatternFault(t *testing.T) {
+	for _, tt := range []struct{ pattern, want string }{
+		{"api.example.com.", `host "api.example.com." ends in a dot`},
+		{"example.com.:443", `ends in a dot`},
+		{"example..com", `has an empty label`},
+		{".example.com", `has an empty label`},
+		{strings.Repeat("a", 64) + ".com", `has a label longer than 63 bytes`},
+		{"bücher.de", `host "bücher.de" has the character 'ü' (U+00FC)`},
+		{"bücher.de", `xn--`},
+		{"b\xfccher.de", `has the byte 0xfc, which is not UTF-8`},
+		{"exa mple.com", `has the character ' '`},
+		{"*.*.example.com", `host "*.example.com" has the character '*': a wildcard is only a whole first label`},
+		{"127.1", `ends in an all-digit label`},
+		{"a.0", `ends in an all-digit label`},
+	} {
+		_, err := parseHostPattern(tt.pattern)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("parseHostPattern(%q) = %v, want an error with %q", tt.pattern, err, tt.want)
+		}
 	}
 }

@@ -352,12 +352,57 @@ func loadSettings(dir string) (settings, error) {
 	return s, nil
 }
 
+// policyDir is the bundle dir kernel.json names for data dir dir: its
+// policy_dir, resolved against dir when relative; "" when it names none.
+func (s settings) policyDir(dir string) string {
+	if s.PolicyDir == "" || filepath.IsAbs(s.PolicyDir) {
+		return s.PolicyDir
+	}
+	return filepath.Join(dir, s.PolicyDir)
+}
+
+// PolicyDir returns the policy bundle dir Open loads for data dir dataDir
+// when Config.PolicyDir is empty: kernel.json's policy_dir, resolved
+// against dataDir (made absolute) when relative, or "" when it names none
+// (the embedded default bundle). It fails when kernel.json cannot be read,
+// and when policy_dir names no directory, naming the setting, its value
+// and the path it resolves to, where Open's error named only ".".
+func PolicyDir(dataDir string) (string, error) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return "", fmt.Errorf("resolving %s: %w", dataDir, err)
+	}
+	s, err := loadSettings(abs)
+	if err != nil {
+		return "", err
+	}
+	dir := s.policyDir(abs)
+	if dir == "" {
+		return "", nil
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		err = errors.New("no such directory")
+	case err == nil && !fi.IsDir():
+		err = errors.New("not a directory")
+	case err != nil:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("%s: policy_dir %q (%s, resolved against the data dir): %v; it names the policy bundle's directory", filepath.Join(abs, ConfigFile), s.PolicyDir, dir, err)
+	}
+	return dir, nil
+}
+
 // resolve fills unset fields from s and the defaults.
 func (c Config) resolve(s settings) Config {
 	if c.PolicyDir == "" {
-		c.PolicyDir = s.PolicyDir
-	}
-	if c.PolicyDir != "" && !filepath.IsAbs(c.PolicyDir) {
+		c.PolicyDir = s.policyDir(c.DataDir)
+	} else if !filepath.IsAbs(c.PolicyDir) {
 		c.PolicyDir = filepath.Join(c.DataDir, c.PolicyDir)
 	}
 	pick := func(v, fromFile, def int64) int64 {

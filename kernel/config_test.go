@@ -1,6 +1,10 @@
 package kernel
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +31,40 @@ func TestTimeoutByClass(t *testing.T) {
 	for _, tc := range tests {
 		if got := tc.cfg.timeout(tc.se); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// PolicyDir resolves kernel.json's policy_dir against the data dir and
+// names the setting and the resolved path when it is no directory.
+func TestPolicyDir(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if _, err := Init(data); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(data, "pol"), 0o755)
+	os.WriteFile(filepath.Join(dir, "file.json"), []byte("{}"), 0o644)
+	for _, tt := range []struct{ policyDir, want, err string }{
+		{"", "", ""},
+		{"pol", filepath.Join(data, "pol"), ""},
+		{filepath.Join(data, "pol"), filepath.Join(data, "pol"), ""},
+		{"nope", "", `policy_dir "nope" (` + filepath.Join(data, "nope") + `, resolved against the data dir): no such directory`},
+		{"../file.json", "", `policy_dir "../file.json" (` + filepath.Join(dir, "file.json") + `, resolved against the data dir): not a directory`},
+	} {
+		cfg := filepath.Join(data, ConfigFile)
+		var m map[string]any
+		b, _ := os.ReadFile(cfg)
+		json.Unmarshal(b, &m)
+		m["policy_dir"] = tt.policyDir
+		b, _ = json.Marshal(m)
+		os.WriteFile(cfg, b, 0o600)
+		got, err := PolicyDir(data)
+		switch {
+		case tt.err == "" && (err != nil || got != tt.want):
+			t.Errorf("policy_dir %q: PolicyDir = %q, %v; want %q", tt.policyDir, got, err, tt.want)
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), cfg)):
+			t.Errorf("policy_dir %q: PolicyDir = %q, %v; want an error naming %s with %q", tt.policyDir, got, err, cfg, tt.err)
 		}
 	}
 }

@@ -145,6 +145,7 @@ needs one, and kernelctl wait OP prints its result.`,
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token (- for stdin)")
 	cmd.Flags().StringVar(&argsJSON, "args", "", "arguments as one JSON object")
 	cmd.Flags().StringArrayVar(&kv, "arg", nil, "argument K=V; V is JSON if it parses, else a string (repeatable)")
@@ -352,6 +353,7 @@ and points to POST /v1/sessions/{id}/handles.`,
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token (- for stdin)")
 	cmd.Flags().StringVar(&format, "format", "openai", "openai, anthropic or mcp")
 	return cmd

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,6 +16,7 @@ import (
 	"github.com/capkernel/capkernel/httpapi"
 	"github.com/capkernel/capkernel/kernel"
 	"github.com/capkernel/capkernel/ledger"
+	"github.com/capkernel/capkernel/policy"
 	"github.com/capkernel/capkernel/receipts"
 )
 
@@ -36,6 +38,16 @@ type target struct {
 	// readToken is --token of the history verbs: a token file to read
 	// with instead of the admin credential (addReadToken).
 	readToken string
+	// policy is --policy of the verbs that may open the kernel in this
+	// process (addPolicy).
+	policy string
+}
+
+// addPolicy adds --policy to a verb that opens a stopped kernel's data dir
+// in this process (openKernel).
+func (t *target) addPolicy(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&t.policy, "policy", "", "with --data of a stopped kernel: the policy bundle dir to run it under, relative to the working directory "+
+		"(default: kernel.json's policy_dir, else the embedded bundle, which must be the policy the kernel last ran under)")
 }
 
 // addReadToken adds --token to a history verb: read as an auditor (every
@@ -104,6 +116,13 @@ func (t *target) check(verb string) error {
 		if c, ok := httpapi.ControlClient(t.data); ok {
 			t.socket = c
 		}
+	}
+	if t.policy != "" && t.remote() {
+		where := "the kernel at " + t.server
+		if t.socket != nil {
+			where = "the kernel serving " + t.data
+		}
+		return usagef("%s --policy: %s runs under the policy it was started with; --policy chooses the bundle of a stopped kernel opened in this process", verb, where)
 	}
 	return nil
 }
@@ -192,9 +211,15 @@ func (t *target) adminClient() (*httpapi.Client, error) {
 	return t.client(cred), nil
 }
 
-// openKernel opens the kernel of --data in this process.
+// openKernel opens the kernel of --data in this process, under the policy
+// bundle of --policy or else the data dir's (choosePolicy).
 func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
-	k, err := kernel.Open(ctx, kernel.Config{DataDir: t.data})
+	cfg := kernel.Config{DataDir: t.data}
+	var err error
+	if cfg.PolicyDir, err = t.choosePolicy(); err != nil {
+		return nil, err
+	}
+	k, err := kernel.Open(ctx, cfg)
 	if err != nil && strings.Contains(err.Error(), "is locked by another process") {
 		return nil, fmt.Errorf("%w; a kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
 	}
@@ -202,6 +227,86 @@ func (t *target) openKernel(ctx context.Context) (*kernel.Kernel, error) {
 		go exitOnFailStop(k)
 	}
 	return k, err
+}
+
+// choosePolicy returns the policy bundle dir to open --data under ("" the
+// embedded default bundle). --policy is the operator's choice, taken as
+// given. Without it the bundle is the data dir's (kernel.json's policy_dir,
+// else the embedded one), and it must be the one the kernel last ran under,
+// by the ledger's last policy_loaded record: serve --policy is kept nowhere
+// but in that record, and a verb that silently decided calls under another
+// bundle (the default, typically) would drop the operator's rules. A data
+// dir that cannot be opened read-only here is left to kernel.Open, which
+// says why; one kept in an older storage layout, which only Open moves to
+// the current one, is opened unchecked once, and so is one without a
+// ledger yet. One a kernel holds is refused.
+func (t *target) choosePolicy() (string, error) {
+	if t.policy != "" {
+		return bundleDir("--policy", t.policy)
+	}
+	dir, err := kernel.PolicyDir(t.data)
+	if err != nil {
+		return "", err
+	}
+	want, err := policy.Hash(dir)
+	if err != nil {
+		return "", err
+	}
+	in, err := kernel.OpenInspector(t.data)
+	if errors.Is(err, kernel.ErrLocked) {
+		return "", fmt.Errorf("%w; a kernel is serving %s without a control socket (%s): run this verb with --server URL", err, t.data, httpapi.ControlSocket)
+	} else if err != nil {
+		return dir, nil
+	}
+	defer in.Close()
+	h, err := in.Head()
+	if err != nil {
+		// No ledger yet: a data dir kernelctl init made and no kernel opened.
+		return dir, nil
+	}
+	last, seq, err := lastPolicyLoaded(in, h.Size)
+	if err != nil {
+		return "", fmt.Errorf("reading the policy the kernel last ran under: %w", err)
+	}
+	if last == "" || last == want {
+		return dir, nil
+	}
+	which := "the embedded default bundle (" + kernel.ConfigFile + " names no policy_dir)"
+	if dir != "" {
+		which = "the bundle " + dir + " (policy_dir in " + kernel.ConfigFile + ")"
+	}
+	return "", fmt.Errorf("the kernel on %s last ran under policy %s (ledger seq %d) and this verb would load %s, %s: refused, so that no call is decided under another policy. "+
+		"Give the bundle the kernel ran under with --policy DIR (kernelctl policy hash DIR prints a bundle's hash) or name it in policy_dir of %s; "+
+		"to change the policy, give the new bundle with --policy once: later verbs follow the policy the ledger last recorded",
+		t.data, last, seq, want, which, filepath.Join(t.data, kernel.ConfigFile))
+}
+
+// lastPolicyLoaded returns the policy hash and seq of the last
+// policy_loaded record of in's ledger of size entries, reading backwards
+// from its head; "" when it has none.
+func lastPolicyLoaded(in *kernel.Inspector, size uint64) (string, uint64, error) {
+	const page = 512
+	for end := size; end > 0; {
+		from := end - min(end, page)
+		es, err := in.Entries(from, int(end-from))
+		if err != nil {
+			return "", 0, err
+		}
+		for i := len(es) - 1; i >= 0; i-- {
+			if es[i].Kind != ledger.KindPolicyLoaded {
+				continue
+			}
+			var b struct {
+				PolicyHash string `json:"policy_hash"`
+			}
+			if err := json.Unmarshal(es[i].Body, &b); err != nil || b.PolicyHash == "" {
+				return "", 0, fmt.Errorf("ledger seq %d: a policy_loaded record without a policy_hash", es[i].Seq)
+			}
+			return b.PolicyHash, es[i].Seq, nil
+		}
+		end = from
+	}
+	return "", 0, nil
 }
 
 // history is what the read verbs need, from a data dir or a server.

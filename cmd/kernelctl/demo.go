@@ -39,6 +39,9 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 			if t.data != "" && t.server != "" {
 				return &usageError{errors.New("demo: give --data or --server, not both")}
 			}
+			if t.policy != "" && t.server != "" {
+				return &usageError{errors.New("demo --policy: the kernel at " + t.server + " runs under the policy it was started with; --policy chooses the bundle of a kernel opened in this process")}
+			}
 			if t.server != "" {
 				if err := checkServerURL("--server", t.server); err != nil {
 					return err
@@ -100,6 +103,7 @@ tokens); the workspace is made beside a temporary dir on this machine.`,
 	cmd.Flags().StringVar(&t.data, "data", "", "data dir (created if missing; default: a temporary dir)")
 	cmd.Flags().StringVar(&t.server, "server", "", "URL of a running kernel to drive instead")
 	cmd.Flags().StringVar(&t.adminFile, "admin-token", "", "file holding the admin credential, for --server (default: env CAPKERNEL_ADMIN_TOKEN)")
+	t.addPolicy(cmd)
 	return cmd
 }
 

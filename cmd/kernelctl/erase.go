@@ -57,6 +57,7 @@ loses its result and salt too. Needs the admin credential.`,
 		},
 	}
 	t.addTarget(cmd, true)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&op, "operation", "", "the operation id of the call")
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the ledger)")
 	return cmd

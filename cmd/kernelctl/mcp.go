@@ -71,7 +71,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 			useServerGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			ak, err := t.agentKernel(ctx, "mcp", tokenFile)
+			ak, err := t.agentKernel(ctx, "mcp", tokenFile, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -106,6 +106,7 @@ if it sends one, else "mcp:<MCP session>:<JSON-RPC request id>". See docs/mcp.md
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the capability token whose syscalls are served (- for stdin)")
 	cmd.Flags().DurationVar(&progressEvery, "progress-interval", mcpgateway.DefaultProgressInterval,
 		"how often a waiting call sends notifications/progress to a client that gave a progressToken")

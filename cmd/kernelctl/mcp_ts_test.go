@@ -180,9 +180,11 @@ func TestMCPGatewayTypeScriptClient(t *testing.T) {
 }
 
 // sessionConfirmPolicy writes the default policy bundle with WRITE calls
-// prompted and confirmable in the session into dir, and points the data
-// dir's kernel.json at it.
-func sessionConfirmPolicy(t *testing.T, data string) {
+// prompted and confirmable in the session into a dir, points the data
+// dir's kernel.json at it and returns it. The data dir's kernel last ran
+// under another policy, so the first verb to open it needs --policy DIR
+// (docs/kernel.md, "The policy of a data dir").
+func sessionConfirmPolicy(t *testing.T, data string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "policy")
 	os.MkdirAll(dir, 0o755)
@@ -208,6 +210,7 @@ func sessionConfirmPolicy(t *testing.T, data string) {
 	m["policy_dir"] = dir
 	b, _ = json.Marshal(m)
 	os.WriteFile(cfg, b, 0o600)
+	return dir
 }
 
 // The TypeScript client, declaring elicitation, is asked to confirm a
@@ -217,8 +220,8 @@ func sessionConfirmPolicy(t *testing.T, data string) {
 func TestMCPGatewayTypeScriptElicitation(t *testing.T) {
 	needTSClient(t)
 	f, _ := tsFixture(t)
-	sessionConfirmPolicy(t, f.data)
-	steps := tsRun(t, nil, "stdio", "elicit", kernelctl, "mcp", "--data", f.data, "--token", f.token)
+	pol := sessionConfirmPolicy(t, f.data)
+	steps := tsRun(t, nil, "stdio", "elicit", kernelctl, "mcp", "--data", f.data, "--token", f.token, "--policy", pol)
 	e := steps["elicit"]
 	asked, _ := json.Marshal(e["asked"])
 	if e["isError"] != false || !strings.Contains(string(asked), "fs.write") || !strings.Contains(string(asked), "notes2.txt") || !strings.Contains(string(asked), "write in scope") {

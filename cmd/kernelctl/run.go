@@ -1,16 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/google/uuid"
@@ -55,6 +58,95 @@ func (i clientInvoker) Invoke(ctx context.Context, env []byte) (*kernel.Result, 
 	return r, err
 }
 
+// policyFollower runs envelopes through a served kernel that may restart
+// under another policy while the runner or gateway in front of it lives
+// on. Those put in every envelope the policy hash the kernel had when they
+// started (they choose no policy of their own: the kernel's policy governs
+// the agent, whichever it is), so without this every call after such a
+// restart was refused policy_mismatch until they were restarted too.
+//
+// A call refused policy_mismatch (audited as refused: nothing of it ran)
+// makes the follower read the kernel's policy hash; when it is another
+// than the one the call carried, the call is sent again, once, with it and
+// its answer is the call's; later calls carry it from the start. The
+// follower tells the operator on notice.
+type policyFollower struct {
+	invoker runner.Invoker
+	// fetch returns the kernel's active policy hash.
+	fetch func(ctx context.Context) (string, error)
+	// notice is told each change of policy the follower takes up.
+	notice func(from, to string)
+	// start is the hash the envelopes come with.
+	start string
+
+	mu      sync.Mutex
+	current string // the hash they go with
+}
+
+func newPolicyFollower(inv runner.Invoker, start string, fetch func(context.Context) (string, error), notice func(from, to string)) *policyFollower {
+	return &policyFollower{invoker: inv, fetch: fetch, notice: notice, start: start, current: start}
+}
+
+func (f *policyFollower) hash() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.current
+}
+
+// Invoke sends env with the current policy hash and, when the kernel
+// answers policy_mismatch and its policy is another by now, once more
+// with that one.
+func (f *policyFollower) Invoke(ctx context.Context, env []byte) (*kernel.Result, error) {
+	sent := f.hash()
+	if sent != f.start {
+		if e, err := withPolicyHash(env, sent); err == nil {
+			env = e
+		}
+	}
+	res, err := f.invoker.Invoke(ctx, env)
+	if err != nil || res.Status == kernel.StatusOK || res.Error == nil || res.Error.Class != kernel.ErrPolicyMismatch {
+		return res, err
+	}
+	now, ferr := f.fetch(ctx)
+	if ferr != nil || now == "" || now == sent {
+		return res, nil
+	}
+	retry, merr := withPolicyHash(env, now)
+	if merr != nil {
+		return res, nil
+	}
+	f.mu.Lock()
+	from := f.current
+	changed := from != now
+	f.current = now
+	f.mu.Unlock()
+	if changed && f.notice != nil {
+		f.notice(from, now)
+	}
+	return f.invoker.Invoke(ctx, retry)
+}
+
+// withPolicyHash returns envelope env with its policy_hash member set to h,
+// its other members' values as they were (no HTML escaping added).
+func withPolicyHash(env []byte, h string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(env, &m); err != nil {
+		return nil, err
+	}
+	v, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	m["policy_hash"] = v
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
 // agentKernel is a capability token's way into a kernel, embedded (--data)
 // or served (--server): what kernelctl run and kernelctl mcp act through.
 type agentKernel struct {
@@ -72,7 +164,7 @@ type agentKernel struct {
 // agentKernel reads the token in tokenFile, opens t's kernel and verifies
 // the token there, so a verb fails at once, with the reason, on a token
 // that would only have its calls refused.
-func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agentKernel, error) {
+func (t *target) agentKernel(ctx context.Context, verb, tokenFile string, stderr io.Writer) (*agentKernel, error) {
 	if tokenFile == "" {
 		return nil, &usageError{fmt.Errorf("%s: --token FILE (or - for stdin) is required", verb)}
 	}
@@ -99,7 +191,10 @@ func (t *target) agentKernel(ctx context.Context, verb, tokenFile string) (*agen
 		// control socket a request without one is the admin's, which
 		// makes no calls.
 		bearer := t.client(tok)
-		ak.invoker, ak.tools = clientInvoker{bearer}, bearer.Tools
+		ak.invoker = newPolicyFollower(clientInvoker{bearer}, ak.policyHash, c.PolicyHash, func(from, to string) {
+			fmt.Fprintf(stderr, "kernelctl %s: the kernel's policy changed from %s to %s; calls now go under it (the one refused policy_mismatch on the change was sent again)\n", verb, from, to)
+		})
+		ak.tools = bearer.Tools
 		if in.Claims != nil && in.Claims.Cap.Handles {
 			ak.handles = clientHandles{bearer}
 		}
@@ -181,7 +276,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			ak, err := t.agentKernel(ctx, "run", tokenFile)
+			ak, err := t.agentKernel(ctx, "run", tokenFile, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -191,6 +286,7 @@ machines without bubblewrap; the agent then has the user's ambient authority.`,
 		},
 	}
 	t.addTarget(cmd, false)
+	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&tokenFile, "token", "", "file holding the agent's capability token (- for stdin)")
 	cmd.Flags().StringArrayVar(&readOnly, "ro", nil, "host path the agent may read, bound read-only at the same (absolute) path; relative to the working directory (repeatable)")
 	cmd.Flags().BoolVar(&noSandbox, "no-sandbox", false, "run the agent as a plain child process (it keeps the user's authority)")

@@ -79,8 +79,12 @@ transaction that was interrupted.`,
 				pair = &p
 			}
 			// --policy is relative to the working directory (kernel.json's
-			// policy_dir is relative to the data dir).
+			// policy_dir is relative to the data dir, and a wrong one is
+			// named here, where loading it would say "stat .").
 			pd, err := bundleDir("--policy", policyDir)
+			if err == nil && pd == "" {
+				pd, err = kernel.PolicyDir(data)
+			}
 			if err != nil {
 				return err
 			}
