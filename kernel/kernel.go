@@ -386,7 +386,10 @@ func (k *Kernel) load(ctx context.Context) error {
 	}
 	body, _ := json.Marshal(map[string]any{"policy_hash": k.policy.Hash(), "files": k.policy.Files(), "kernel_id": k.settings.KernelID})
 	return k.db.Update(ctx, func(tx *bbolt.Tx) error {
-		_, err := ledger.Append(tx, ledger.KindPolicyLoaded, k.cfg.Now(), body)
+		e, err := ledger.Append(tx, ledger.KindPolicyLoaded, k.cfg.Now(), body)
+		if err == nil {
+			err = recordPolicyLoaded(tx, e)
+		}
 		return abortIf(err)
 	})
 }

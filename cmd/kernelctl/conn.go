@@ -259,16 +259,15 @@ func (t *target) choosePolicy() (string, error) {
 		return dir, nil
 	}
 	defer in.Close()
-	h, err := in.Head()
-	if err != nil {
+	if _, err := in.Head(); err != nil {
 		// No ledger yet: a data dir kernelctl init made and no kernel opened.
 		return dir, nil
 	}
-	last, seq, err := lastPolicyLoaded(in, h.Size)
+	last, seq, found, err := in.LastPolicy()
 	if err != nil {
 		return "", fmt.Errorf("reading the policy the kernel last ran under: %w", err)
 	}
-	if last == "" || last == want {
+	if !found || last == want {
 		return dir, nil
 	}
 	which := "the embedded default bundle (" + kernel.ConfigFile + " names no policy_dir)"
@@ -279,34 +278,6 @@ func (t *target) choosePolicy() (string, error) {
 		"Give the bundle the kernel ran under with --policy DIR (kernelctl policy hash DIR prints a bundle's hash) or name it in policy_dir of %s; "+
 		"to change the policy, give the new bundle with --policy once: later verbs follow the policy the ledger last recorded",
 		t.data, last, seq, want, which, filepath.Join(t.data, kernel.ConfigFile))
-}
-
-// lastPolicyLoaded returns the policy hash and seq of the last
-// policy_loaded record of in's ledger of size entries, reading backwards
-// from its head; "" when it has none.
-func lastPolicyLoaded(in *kernel.Inspector, size uint64) (string, uint64, error) {
-	const page = 512
-	for end := size; end > 0; {
-		from := end - min(end, page)
-		es, err := in.Entries(from, int(end-from))
-		if err != nil {
-			return "", 0, err
-		}
-		for i := len(es) - 1; i >= 0; i-- {
-			if es[i].Kind != ledger.KindPolicyLoaded {
-				continue
-			}
-			var b struct {
-				PolicyHash string `json:"policy_hash"`
-			}
-			if err := json.Unmarshal(es[i].Body, &b); err != nil || b.PolicyHash == "" {
-				return "", 0, fmt.Errorf("ledger seq %d: a policy_loaded record without a policy_hash", es[i].Seq)
-			}
-			return b.PolicyHash, es[i].Seq, nil
-		}
-		end = from
-	}
-	return "", 0, nil
 }
 
 // history is what the read verbs need, from a data dir or a server.
