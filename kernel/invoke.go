@@ -62,7 +62,7 @@ type call struct {
 	effect syscalls.SideEffect // the call's class: Definition.SideEffect or Reach.Class
 	reach  *syscalls.Reach     // for syscalls with a Reach
 	grant  *syscalls.Grant     // what the token grants such a call
-	ws     *cachedWorkspace    // the workspace the call holds (Kernel.workspace)
+	ws     *workspaceHold      // the workspace the call holds (Kernel.workspace)
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
@@ -266,10 +266,11 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	}
 	if err != nil {
 		var se *syscalls.ScopeError
+		var busy workspaceBusyError
 		switch {
 		case errors.As(err, &se):
 			return k.deny(ctx, c, ErrScopeDenied, err.Error())
-		case errors.Is(err, errWorkspacesBusy):
+		case errors.As(err, &busy):
 			return k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())
 		}
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())

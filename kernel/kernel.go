@@ -125,7 +125,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	}
 	k := &Kernel{
 		cfg: cfg, settings: s, locks: newPathLocks(),
-		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: newWorkspaceCache(MaxOpenRoots),
+		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: newWorkspaceCache(MaxOpenRoots, MaxFamilyRoots),
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}, byAgent: map[string]int{}, bytesByAgent: map[string]int64{}},
 		ops: newOperations(), audit: audit,

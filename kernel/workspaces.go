@@ -2,7 +2,6 @@ package kernel
 
 import (
 	"container/list"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -18,10 +17,18 @@ import (
 // roots.
 const MaxOpenRoots = 1024
 
-// errWorkspacesBusy refuses a call whose workspace would take the open
-// roots past MaxOpenRoots while calls in flight hold every one of them
-// (run reports it as concurrency_exceeded).
-var errWorkspacesBusy = errors.New("the kernel holds its limit of open workspace roots for calls in flight; try again when they are done")
+// MaxFamilyRoots bounds the roots of the workspaces one agent family's
+// calls in flight hold (a workspace counted once however many of its
+// calls hold it): one family holding its share cannot take every open
+// root from the others' calls.
+const MaxFamilyRoots = MaxOpenRoots / 4
+
+// A workspaceBusyError refuses a call whose workspace would pass
+// MaxOpenRoots or MaxFamilyRoots for roots calls in flight hold (run
+// reports it as concurrency_exceeded); nothing was opened.
+type workspaceBusyError string
+
+func (e workspaceBusyError) Error() string { return string(e) }
 
 // workspaceCache holds opened workspaces by root set (workspaceKey), each
 // shared by the calls of every token with that set. A call holds its
@@ -30,12 +37,13 @@ var errWorkspacesBusy = errors.New("the kernel holds its limit of open workspace
 // used first, when a workspace to open would take the roots open past
 // limit. It never closes a workspace a call holds.
 type workspaceCache struct {
-	limit int // roots open at most; MaxOpenRoots but in tests
+	limit, familyLimit int // MaxOpenRoots and MaxFamilyRoots but in tests
 
-	mu    sync.Mutex
-	byKey map[string]*cachedWorkspace
-	idle  list.List // of *cachedWorkspace no call holds, least recently used first
-	open  int       // roots of the workspaces in byKey
+	mu       sync.Mutex
+	byKey    map[string]*cachedWorkspace
+	idle     list.List // of *cachedWorkspace no call holds, least recently used first
+	open     int       // roots of the workspaces in byKey
+	families map[string]*familyHolds
 }
 
 // cachedWorkspace is one entry of a workspaceCache.
@@ -50,72 +58,108 @@ type cachedWorkspace struct {
 	elem  *list.Element // its place in idle when users is 0
 }
 
-func newWorkspaceCache(limit int) *workspaceCache {
-	return &workspaceCache{limit: limit, byKey: map[string]*cachedWorkspace{}}
+// familyHolds are the workspaces an agent family's calls hold.
+type familyHolds struct {
+	roots int            // of the workspaces in calls
+	calls map[string]int // calls holding each, by key
 }
 
-// acquire returns the workspace of key, holding it for the caller until
-// release, opening it with open (roots being its number of roots) if no
-// entry has it. Opening happens outside the cache's lock: a slow file
-// system delays the calls needing that workspace, not every call. When
-// roots more would pass the limit even with every idle workspace closed,
-// it returns errWorkspacesBusy and opens nothing.
-func (c *workspaceCache) acquire(key string, roots int, open func() (*syscalls.Workspace, error)) (*cachedWorkspace, error) {
+// workspaceHold is one call's hold of a workspace (acquire).
+type workspaceHold struct {
+	e      *cachedWorkspace
+	family string
+}
+
+func newWorkspaceCache(limit, familyLimit int) *workspaceCache {
+	return &workspaceCache{limit: limit, familyLimit: familyLimit, byKey: map[string]*cachedWorkspace{}, families: map[string]*familyHolds{}}
+}
+
+// acquire returns the workspace of key, holding it for a call of agent
+// family family until release, opening it with open (roots being its
+// number of roots) if no entry has it. Opening happens outside the
+// cache's lock: a slow file system delays the calls needing that
+// workspace, not every call. It returns a workspaceBusyError, and opens
+// nothing, when the family's calls would hold more than familyLimit roots,
+// or when roots more would pass limit even with every idle workspace
+// closed.
+func (c *workspaceCache) acquire(family, key string, roots int, open func() (*syscalls.Workspace, error)) (*workspaceHold, error) {
 	c.mu.Lock()
-	if e, ok := c.byKey[key]; ok {
+	fam := c.families[family]
+	if fam == nil {
+		fam = &familyHolds{calls: map[string]int{}}
+	}
+	if fam.calls[key] == 0 && fam.roots+roots > c.familyLimit {
+		c.mu.Unlock()
+		return nil, workspaceBusyError(fmt.Sprintf("the calls in flight of agent %s and its sub-agents hold workspaces of %d roots; with this one's %d they would pass the limit of %d: try again when they are done", family, fam.roots, roots, c.familyLimit))
+	}
+	e, cached := c.byKey[key]
+	var evicted []*syscalls.Workspace
+	if cached {
 		e.users++
 		if e.elem != nil {
 			c.idle.Remove(e.elem)
 			e.elem = nil
 		}
-		c.mu.Unlock()
-		<-e.ready
-		if e.err != nil {
-			c.release(e)
-			return nil, e.err
+	} else {
+		for c.open+roots > c.limit && c.idle.Len() > 0 {
+			old := c.idle.Remove(c.idle.Front()).(*cachedWorkspace)
+			delete(c.byKey, old.key)
+			c.open -= old.roots
+			evicted = append(evicted, old.w)
 		}
-		return e, nil
+		if c.open+roots > c.limit {
+			c.mu.Unlock()
+			closeAll(evicted)
+			return nil, workspaceBusyError(fmt.Sprintf("calls in flight hold workspaces of %d roots; with this one's %d they would pass the kernel's limit of %d: try again when they are done", c.open, roots, c.limit))
+		}
+		e = &cachedWorkspace{key: key, roots: roots, ready: make(chan struct{}), users: 1}
+		c.byKey[key] = e
+		c.open += roots
 	}
-	var evicted []*syscalls.Workspace
-	for c.open+roots > c.limit && c.idle.Len() > 0 {
-		old := c.idle.Remove(c.idle.Front()).(*cachedWorkspace)
-		delete(c.byKey, old.key)
-		c.open -= old.roots
-		evicted = append(evicted, old.w)
+	if fam.calls[key]++; fam.calls[key] == 1 {
+		fam.roots += roots
 	}
-	if c.open+roots > c.limit {
-		c.mu.Unlock()
-		closeAll(evicted)
-		return nil, errWorkspacesBusy
-	}
-	e := &cachedWorkspace{key: key, roots: roots, ready: make(chan struct{}), users: 1}
-	c.byKey[key] = e
-	c.open += roots
+	c.families[family] = fam
 	c.mu.Unlock()
 	closeAll(evicted)
 
-	e.w, e.err = open()
-	if e.err != nil {
-		// Not kept: the next call opens it again (a root may be made
-		// meanwhile). Calls waiting for it see the error.
-		c.mu.Lock()
-		delete(c.byKey, key)
-		c.open -= roots
-		c.mu.Unlock()
+	h := &workspaceHold{e: e, family: family}
+	if cached {
+		<-e.ready
+	} else {
+		e.w, e.err = open()
+		if e.err != nil {
+			// Not kept: the next call opens it again (a root may be
+			// made meanwhile). Calls waiting for it see the error.
+			c.mu.Lock()
+			delete(c.byKey, key)
+			c.open -= roots
+			c.mu.Unlock()
+		}
+		close(e.ready)
 	}
-	close(e.ready)
 	if e.err != nil {
-		c.release(e)
+		c.release(h)
 		return nil, e.err
 	}
-	return e, nil
+	return h, nil
 }
 
-// release ends the caller's hold of e (acquire). Once no call holds it, it
-// is the most recently used idle workspace.
-func (c *workspaceCache) release(e *cachedWorkspace) {
+// release ends the hold h (acquire). Once no call holds its workspace, it
+// is the most recently used idle one.
+func (c *workspaceCache) release(h *workspaceHold) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	e := h.e
+	if fam := c.families[h.family]; fam != nil {
+		if fam.calls[e.key]--; fam.calls[e.key] <= 0 {
+			delete(fam.calls, e.key)
+			fam.roots -= e.roots
+		}
+		if len(fam.calls) == 0 {
+			delete(c.families, h.family)
+		}
+	}
 	if e.users--; e.users == 0 && e.err == nil && c.byKey[e.key] == e {
 		e.elem = c.idle.PushBack(e)
 	}
@@ -194,7 +238,7 @@ func workspaceKey(roots []syscalls.RootSpec, as []captoken.Ancestor) string {
 // resolved point into it.
 func (k *Kernel) workspace(c *call) (*syscalls.Workspace, error) {
 	if c.ws != nil {
-		return c.ws.w, nil
+		return c.ws.e.w, nil
 	}
 	tok := c.token
 	if len(tok.Claims.Cap.FS) == 0 {
@@ -205,7 +249,7 @@ func (k *Kernel) workspace(c *call) (*syscalls.Workspace, error) {
 		// A token signed before Mint bounded its roots.
 		return nil, &syscalls.ScopeError{Reason: fmt.Sprintf("the capability token grants %d fs roots; the kernel opens at most %d for a token", len(roots), captoken.MaxFSRoots)}
 	}
-	e, err := k.workspaces.acquire(workspaceKey(roots, tok.Claims.Cap.Ancestors), len(roots), func() (*syscalls.Workspace, error) {
+	h, err := k.workspaces.acquire(agentFamily(c.env.AgentID), workspaceKey(roots, tok.Claims.Cap.Ancestors), len(roots), func() (*syscalls.Workspace, error) {
 		if err := k.checkRoots(roots); err != nil {
 			return nil, err
 		}
@@ -218,8 +262,8 @@ func (k *Kernel) workspace(c *call) (*syscalls.Workspace, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.ws = e
-	return e.w, nil
+	c.ws = h
+	return h.e.w, nil
 }
 
 // releaseWorkspace ends c's hold of its workspace, if it took one.

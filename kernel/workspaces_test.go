@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/capkernel/capkernel/captoken"
@@ -149,7 +150,7 @@ func TestPolicyMismatchOpensNoWorkspace(t *testing.T) {
 
 // The cache closes idle workspaces, least recently used first, to open
 // another within its limit; never one a call holds: when those fill the
-// limit, a workspace to open is refused (errWorkspacesBusy).
+// limit, a workspace to open is refused (workspaceBusyError).
 func TestWorkspaceCacheEviction(t *testing.T) {
 	dir := t.TempDir()
 	opened := map[string]*syscalls.Workspace{}
@@ -164,49 +165,123 @@ func TestWorkspaceCacheEviction(t *testing.T) {
 		_, err := opened[name].Resolve(".", syscalls.AccessList)
 		return err == nil
 	}
-	c := newWorkspaceCache(6) // three workspaces of two roots
+	c := newWorkspaceCache(6, 100) // three workspaces of two roots
 	defer c.close()
-	held, err := c.acquire("a", 2, open("a"))
+	acquire := func(key, name string) (*workspaceHold, error) { return c.acquire("agent", key, 2, open(name)) }
+	held, err := acquire("a", "a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"b", "c"} {
-		e, err := c.acquire(name, 2, open(name))
+		h, err := acquire(name, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.release(e)
+		c.release(h)
 	}
-	// b is the least recently used idle one: "d" takes its place.
-	e, err := c.acquire("c", 2, open("c-again"))
+	// c is used again: b is the least recently used idle workspace.
+	h, err := acquire("c", "c-again")
 	if err != nil || opened["c-again"] != nil {
 		t.Fatalf("acquire of a cached workspace: %v, opened again: %v", err, opened["c-again"] != nil)
 	}
-	c.release(e)
-	d, err := c.acquire("d", 2, open("d"))
+	c.release(h)
+	d, err := acquire("d", "d")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if usable("b") || !usable("a") || !usable("c") || !usable("d") {
 		t.Errorf("after d: usable a %v, b %v, c %v, d %v; want b alone closed", usable("a"), usable("b"), usable("c"), usable("d"))
 	}
-	e2, err := c.acquire("e", 2, open("e")) // closes c, the one idle
+	e, err := acquire("e", "e") // closes c, the one idle
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.acquire("f", 2, open("f")); !errors.Is(err, errWorkspacesBusy) || opened["f"] != nil {
-		t.Errorf("acquire past the limit with every workspace held: %v (opened %v); want errWorkspacesBusy, nothing opened", err, opened["f"] != nil)
+	var busy workspaceBusyError
+	if _, err := acquire("f", "f"); !errors.As(err, &busy) || opened["f"] != nil {
+		t.Errorf("acquire past the limit with every workspace held: %v (opened %v); want a workspaceBusyError, nothing opened", err, opened["f"] != nil)
 	}
 	if !usable("a") || usable("c") || !usable("d") || !usable("e") {
-		t.Errorf("held workspaces: usable a %v, d %v, e %v; idle c %v", usable("a"), usable("d"), usable("e"), usable("c"))
+		t.Errorf("held workspaces: usable a %v, d %v, e %v; idle c %v (want closed)", usable("a"), usable("d"), usable("e"), usable("c"))
 	}
 	if n := c.openRoots(); n != 6 {
 		t.Errorf("%d roots open; want 6", n)
 	}
-	c.release(held)
-	c.release(d)
-	c.release(e2)
-	if _, err := c.acquire("f", 2, open("f")); err != nil {
+	for _, h := range []*workspaceHold{held, d, e} {
+		c.release(h)
+	}
+	if _, err := acquire("f", "f"); err != nil {
 		t.Errorf("acquire once workspaces are released: %v", err)
+	}
+}
+
+// An agent family's calls hold workspaces of at most familyLimit roots,
+// a workspace counted once however many of its calls hold it; another
+// family's calls are not refused for them.
+func TestWorkspaceCacheFamilyLimit(t *testing.T) {
+	dir := t.TempDir()
+	open := func() (*syscalls.Workspace, error) {
+		return syscalls.OpenWorkspace([]syscalls.RootSpec{{Path: dir}, {Path: dir}})
+	}
+	c := newWorkspaceCache(100, 4) // two workspaces of two roots a family
+	defer c.close()
+	var busy workspaceBusyError
+	for _, step := range []struct {
+		family, key string
+		busy        bool
+	}{
+		{"a1", "w1", false},
+		{"a1", "w1", false}, // held already: counted once
+		{"a1", "w2", false},
+		{"a1", "w3", true},
+		{"a1", "w2", false},
+		{"b1", "w3", false},
+		{"b1", "w1", false}, // a1 holds it too: b1's share
+		{"b1", "w2", true},
+	} {
+		_, err := c.acquire(step.family, step.key, 2, open)
+		if got := errors.As(err, &busy); got != step.busy || (err != nil && !got) {
+			t.Errorf("%s acquires %s: %v; want busy %v", step.family, step.key, err, step.busy)
+		}
+	}
+}
+
+// Calls acquiring and releasing workspaces at once, more of them than the
+// limits hold, always use an open one: the cache closes none a call holds
+// and keeps its roots within the limit.
+func TestWorkspaceCacheConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	c := newWorkspaceCache(6, 4) // three workspaces of two roots, two a family
+	defer c.close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				name := fmt.Sprintf("w%d", (g+i)%5)
+				h, err := c.acquire(fmt.Sprintf("a%d", g%2), name, 2, func() (*syscalls.Workspace, error) {
+					return syscalls.OpenWorkspace([]syscalls.RootSpec{{Path: dir}, {Path: dir}})
+				})
+				var busy workspaceBusyError
+				if errors.As(err, &busy) {
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if _, err := h.e.w.Resolve(".", syscalls.AccessList); err != nil {
+					errs <- fmt.Errorf("%s, held: %w", name, err)
+				}
+				if n := c.openRoots(); n > 6 {
+					errs <- fmt.Errorf("%d roots open; the limit is 6", n)
+				}
+				c.release(h)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
