@@ -62,7 +62,7 @@ type call struct {
 	effect syscalls.SideEffect // the call's class: Definition.SideEffect or Reach.Class
 	reach  *syscalls.Reach     // for syscalls with a Reach
 	grant  *syscalls.Grant     // what the token grants such a call
-	ws     *workspaceHold      // the workspace the call holds (Kernel.workspace)
+	ws     workspaceHold       // the workspace the call holds (Kernel.workspace)
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage

@@ -39,11 +39,12 @@ func (e workspaceBusyError) Error() string { return string(e) }
 type workspaceCache struct {
 	limit, familyLimit int // MaxOpenRoots and MaxFamilyRoots but in tests
 
-	mu       sync.Mutex
-	byKey    map[string]*cachedWorkspace
-	idle     list.List // of *cachedWorkspace no call holds, least recently used first
-	open     int       // roots of the workspaces in byKey
-	families map[string]*familyHolds
+	mu          sync.Mutex
+	byKey       map[string]*cachedWorkspace
+	idle        list.List             // of *cachedWorkspace no call holds, least recently used first
+	open        int                   // roots of the workspaces in byKey
+	familyRoots map[string]int        // roots of the workspaces each agent family's calls hold
+	familyCalls map[workspaceHold]int // calls holding each (family, workspace)
 }
 
 // cachedWorkspace is one entry of a workspaceCache.
@@ -58,20 +59,16 @@ type cachedWorkspace struct {
 	elem  *list.Element // its place in idle when users is 0
 }
 
-// familyHolds are the workspaces an agent family's calls hold.
-type familyHolds struct {
-	roots int            // of the workspaces in calls
-	calls map[string]int // calls holding each, by key
-}
-
-// workspaceHold is one call's hold of a workspace (acquire).
+// workspaceHold is one call's hold of a workspace (acquire); the zero
+// value holds none.
 type workspaceHold struct {
 	e      *cachedWorkspace
 	family string
 }
 
 func newWorkspaceCache(limit, familyLimit int) *workspaceCache {
-	return &workspaceCache{limit: limit, familyLimit: familyLimit, byKey: map[string]*cachedWorkspace{}, families: map[string]*familyHolds{}}
+	return &workspaceCache{limit: limit, familyLimit: familyLimit, byKey: map[string]*cachedWorkspace{},
+		familyRoots: map[string]int{}, familyCalls: map[workspaceHold]int{}}
 }
 
 // acquire returns the workspace of key, holding it for a call of agent
@@ -82,17 +79,14 @@ func newWorkspaceCache(limit, familyLimit int) *workspaceCache {
 // nothing, when the family's calls would hold more than familyLimit roots,
 // or when roots more would pass limit even with every idle workspace
 // closed.
-func (c *workspaceCache) acquire(family, key string, roots int, open func() (*syscalls.Workspace, error)) (*workspaceHold, error) {
+func (c *workspaceCache) acquire(family string, key []byte, roots int, open func() (*syscalls.Workspace, error)) (workspaceHold, error) {
 	c.mu.Lock()
-	fam := c.families[family]
-	if fam == nil {
-		fam = &familyHolds{calls: map[string]int{}}
-	}
-	if fam.calls[key] == 0 && fam.roots+roots > c.familyLimit {
+	e, cached := c.byKey[string(key)]
+	if (!cached || c.familyCalls[workspaceHold{e, family}] == 0) && c.familyRoots[family]+roots > c.familyLimit {
+		err := workspaceBusyError(fmt.Sprintf("the calls in flight of agent %s and its sub-agents hold workspaces of %d roots; with this one's %d they would pass the limit of %d: try again when they are done", family, c.familyRoots[family], roots, c.familyLimit))
 		c.mu.Unlock()
-		return nil, workspaceBusyError(fmt.Sprintf("the calls in flight of agent %s and its sub-agents hold workspaces of %d roots; with this one's %d they would pass the limit of %d: try again when they are done", family, fam.roots, roots, c.familyLimit))
+		return workspaceHold{}, err
 	}
-	e, cached := c.byKey[key]
 	var evicted []*syscalls.Workspace
 	if cached {
 		e.users++
@@ -108,22 +102,22 @@ func (c *workspaceCache) acquire(family, key string, roots int, open func() (*sy
 			evicted = append(evicted, old.w)
 		}
 		if c.open+roots > c.limit {
+			err := workspaceBusyError(fmt.Sprintf("calls in flight hold workspaces of %d roots; with this one's %d they would pass the kernel's limit of %d: try again when they are done", c.open, roots, c.limit))
 			c.mu.Unlock()
 			closeAll(evicted)
-			return nil, workspaceBusyError(fmt.Sprintf("calls in flight hold workspaces of %d roots; with this one's %d they would pass the kernel's limit of %d: try again when they are done", c.open, roots, c.limit))
+			return workspaceHold{}, err
 		}
-		e = &cachedWorkspace{key: key, roots: roots, ready: make(chan struct{}), users: 1}
-		c.byKey[key] = e
+		e = &cachedWorkspace{key: string(key), roots: roots, ready: make(chan struct{}), users: 1}
+		c.byKey[e.key] = e
 		c.open += roots
 	}
-	if fam.calls[key]++; fam.calls[key] == 1 {
-		fam.roots += roots
+	h := workspaceHold{e, family}
+	if c.familyCalls[h]++; c.familyCalls[h] == 1 {
+		c.familyRoots[family] += roots
 	}
-	c.families[family] = fam
 	c.mu.Unlock()
 	closeAll(evicted)
 
-	h := &workspaceHold{e: e, family: family}
 	if cached {
 		<-e.ready
 	} else {
@@ -132,7 +126,7 @@ func (c *workspaceCache) acquire(family, key string, roots int, open func() (*sy
 			// Not kept: the next call opens it again (a root may be
 			// made meanwhile). Calls waiting for it see the error.
 			c.mu.Lock()
-			delete(c.byKey, key)
+			delete(c.byKey, e.key)
 			c.open -= roots
 			c.mu.Unlock()
 		}
@@ -140,24 +134,21 @@ func (c *workspaceCache) acquire(family, key string, roots int, open func() (*sy
 	}
 	if e.err != nil {
 		c.release(h)
-		return nil, e.err
+		return workspaceHold{}, e.err
 	}
 	return h, nil
 }
 
 // release ends the hold h (acquire). Once no call holds its workspace, it
 // is the most recently used idle one.
-func (c *workspaceCache) release(h *workspaceHold) {
+func (c *workspaceCache) release(h workspaceHold) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := h.e
-	if fam := c.families[h.family]; fam != nil {
-		if fam.calls[e.key]--; fam.calls[e.key] <= 0 {
-			delete(fam.calls, e.key)
-			fam.roots -= e.roots
-		}
-		if len(fam.calls) == 0 {
-			delete(c.families, h.family)
+	if c.familyCalls[h]--; c.familyCalls[h] == 0 {
+		delete(c.familyCalls, h)
+		if c.familyRoots[h.family] -= e.roots; c.familyRoots[h.family] == 0 {
+			delete(c.familyRoots, h.family)
 		}
 	}
 	if e.users--; e.users == 0 && e.err == nil && c.byKey[e.key] == e {
@@ -193,42 +184,45 @@ func closeAll(ws []*syscalls.Workspace) {
 }
 
 // workspaceRoots returns the roots of tok's workspace: its fs roots in
-// order, each (path, base) once, the first of a path named twice kept.
-// The workspace resolves a path in the first of its roots with that path
-// (syscalls.Workspace.Resolve), so a later copy changed nothing but the
-// descriptors it took; tokens minted now cannot name a path twice
-// (captoken.Mint), ones minted before may.
+// order, each (path, base) once, the first of a path named twice kept
+// (repeated). The workspace resolves a path in the first of its roots
+// with that path (syscalls.Workspace.Resolve), so a later copy changed
+// nothing but the descriptors it took; tokens minted now cannot name a
+// path twice (captoken.Mint), ones minted before may.
 func workspaceRoots(tok *captoken.Token) []syscalls.RootSpec {
 	fsr := tok.Claims.Cap.FS
 	roots := make([]syscalls.RootSpec, 0, len(fsr))
 	for i, r := range fsr {
-		dup := false
-		for _, q := range fsr[:i] {
-			if q.Path == r.Path && q.Base == r.Base {
-				dup = true
-				break
-			}
-		}
-		if !dup {
+		if !repeated(fsr, i) {
 			roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
 		}
 	}
 	return roots
 }
 
-// workspaceKey returns the cache key of a workspace of roots for a token
-// with ancestors as: the roots in order (the first takes relative paths)
-// and the ancestors' roots the workspace holds it to (appendAncestorsKey).
-func workspaceKey(roots []syscalls.RootSpec, as []captoken.Ancestor) string {
-	key := make([]byte, 0, 256)
-	for _, r := range roots {
-		mode := "r"
-		if r.Writable {
-			mode = "rw"
+// repeated reports whether a root before fsr[i] has its path and base.
+func repeated(fsr []captoken.FSRoot, i int) bool {
+	for _, q := range fsr[:i] {
+		if q.Path == fsr[i].Path && q.Base == fsr[i].Base {
+			return true
 		}
-		key = append(append(append(append(append(append(key, mode...), 0), r.Path...), 0), r.Base...), 0)
 	}
-	return string(appendAncestorsKey(key, as))
+	return false
+}
+
+// appendWorkspaceKey appends to key the cache key of tok's workspace and
+// returns it with the number of its roots (workspaceRoots): the roots in
+// order (the first takes relative paths) and the ancestors' roots the
+// workspace holds it to (appendAncestorsKey).
+func appendWorkspaceKey(key []byte, tok *captoken.Token) ([]byte, int) {
+	fsr, n := tok.Claims.Cap.FS, 0
+	for i, r := range fsr {
+		if !repeated(fsr, i) {
+			key = append(append(append(append(append(append(key, r.Mode...), 0), r.Path...), 0), r.Base...), 0)
+			n++
+		}
+	}
+	return appendAncestorsKey(key, tok.Claims.Cap.Ancestors), n
 }
 
 // workspace returns the opened roots of c's token's fs scopes, holding it
@@ -237,19 +231,23 @@ func workspaceKey(roots []syscalls.RootSpec, as []captoken.Ancestor) string {
 // first use until releaseWorkspace, which run defers: the resources it
 // resolved point into it.
 func (k *Kernel) workspace(c *call) (*syscalls.Workspace, error) {
-	if c.ws != nil {
+	if c.ws.e != nil {
 		return c.ws.e.w, nil
 	}
 	tok := c.token
 	if len(tok.Claims.Cap.FS) == 0 {
 		return nil, &syscalls.ScopeError{Reason: "the capability token grants no file system roots"}
 	}
-	roots := workspaceRoots(tok)
-	if len(roots) > captoken.MaxFSRoots {
-		// A token signed before Mint bounded its roots.
-		return nil, &syscalls.ScopeError{Reason: fmt.Sprintf("the capability token grants %d fs roots; the kernel opens at most %d for a token", len(roots), captoken.MaxFSRoots)}
+	if len(tok.Claims.Cap.FS) > captoken.MaxFSRoots {
+		// A token signed before Mint bounded its roots (repeats
+		// aside, which it had no reason to make).
+		return nil, &syscalls.ScopeError{Reason: fmt.Sprintf("the capability token grants %d fs roots; the kernel opens at most %d for a token", len(tok.Claims.Cap.FS), captoken.MaxFSRoots)}
 	}
-	h, err := k.workspaces.acquire(agentFamily(c.env.AgentID), workspaceKey(roots, tok.Claims.Cap.Ancestors), len(roots), func() (*syscalls.Workspace, error) {
+	// The key is built on the stack; the cache's lookup of it does not
+	// allocate.
+	key, n := appendWorkspaceKey(make([]byte, 0, 256), tok)
+	h, err := k.workspaces.acquire(agentFamily(c.env.AgentID), key, n, func() (*syscalls.Workspace, error) {
+		roots := workspaceRoots(tok)
 		if err := k.checkRoots(roots); err != nil {
 			return nil, err
 		}
@@ -268,8 +266,8 @@ func (k *Kernel) workspace(c *call) (*syscalls.Workspace, error) {
 
 // releaseWorkspace ends c's hold of its workspace, if it took one.
 func (k *Kernel) releaseWorkspace(c *call) {
-	if c.ws != nil {
+	if c.ws.e != nil {
 		k.workspaces.release(c.ws)
-		c.ws = nil
+		c.ws = workspaceHold{}
 	}
 }

@@ -167,7 +167,7 @@ func TestWorkspaceCacheEviction(t *testing.T) {
 	}
 	c := newWorkspaceCache(6, 100) // three workspaces of two roots
 	defer c.close()
-	acquire := func(key, name string) (*workspaceHold, error) { return c.acquire("agent", key, 2, open(name)) }
+	acquire := func(key, name string) (workspaceHold, error) { return c.acquire("agent", []byte(key), 2, open(name)) }
 	held, err := acquire("a", "a")
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestWorkspaceCacheEviction(t *testing.T) {
 	if n := c.openRoots(); n != 6 {
 		t.Errorf("%d roots open; want 6", n)
 	}
-	for _, h := range []*workspaceHold{held, d, e} {
+	for _, h := range []workspaceHold{held, d, e} {
 		c.release(h)
 	}
 	if _, err := acquire("f", "f"); err != nil {
@@ -238,7 +238,7 @@ func TestWorkspaceCacheFamilyLimit(t *testing.T) {
 		{"b1", "w1", false}, // a1 holds it too: b1's share
 		{"b1", "w2", true},
 	} {
-		_, err := c.acquire(step.family, step.key, 2, open)
+		_, err := c.acquire(step.family, []byte(step.key), 2, open)
 		if got := errors.As(err, &busy); got != step.busy || (err != nil && !got) {
 			t.Errorf("%s acquires %s: %v; want busy %v", step.family, step.key, err, step.busy)
 		}
@@ -258,7 +258,7 @@ func TestWorkspaceCacheConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 50 {
 				name := fmt.Sprintf("w%d", (g+i)%5)
-				h, err := c.acquire(fmt.Sprintf("a%d", g%2), name, 2, func() (*syscalls.Workspace, error) {
+				h, err := c.acquire(fmt.Sprintf("a%d", g%2), []byte(name), 2, func() (*syscalls.Workspace, error) {
 					return syscalls.OpenWorkspace([]syscalls.RootSpec{{Path: dir}, {Path: dir}})
 				})
 				var busy workspaceBusyError
@@ -283,5 +283,41 @@ func TestWorkspaceCacheConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// A token signed before Mint refused repeated roots opens each (path,
+// base) once, the first naming it counting, as the workspace resolved
+// it; the key tells apart only what changes the workspace.
+func TestWorkspaceKeyRepeatedRoots(t *testing.T) {
+	tok := func(fs ...captoken.FSRoot) *captoken.Token {
+		return &captoken.Token{Claims: captoken.Claims{Cap: captoken.Capability{FS: fs}}}
+	}
+	ws, sub := captoken.FSRoot{Path: "/w", Mode: "r"}, captoken.FSRoot{Path: "/w/s", Mode: "rw", Base: "/w"}
+	wsRW, subR := captoken.FSRoot{Path: "/w", Mode: "rw"}, captoken.FSRoot{Path: "/w/s", Mode: "r", Base: "/w"}
+	subOther := captoken.FSRoot{Path: "/w/s", Mode: "rw", Base: "/w/s"}
+	key := func(tk *captoken.Token) string {
+		k, n := appendWorkspaceKey(nil, tk)
+		if roots := workspaceRoots(tk); len(roots) != n {
+			t.Errorf("%v: key counts %d roots, the workspace opens %d", tk.Claims.Cap.FS, n, len(roots))
+		}
+		return string(k)
+	}
+	for _, tc := range []struct {
+		name string
+		a, b *captoken.Token
+		same bool
+	}{
+		{"repeats dropped", tok(ws, sub, wsRW, subR, ws), tok(ws, sub), true},
+		{"the first of a path counts", tok(wsRW, ws), tok(ws, wsRW), false},
+		{"order kept", tok(ws, sub), tok(sub, ws), false},
+		{"another base kept", tok(sub, subOther), tok(sub), false},
+	} {
+		if got := key(tc.a) == key(tc.b); got != tc.same {
+			t.Errorf("%s: keys of %v and %v equal %v; want %v", tc.name, tc.a.Claims.Cap.FS, tc.b.Claims.Cap.FS, got, tc.same)
+		}
+	}
+	if roots := workspaceRoots(tok(ws, sub, wsRW, subR, ws)); len(roots) != 2 || roots[0].Writable || !roots[1].Writable {
+		t.Errorf("roots of a token repeating both: %+v; want /w read-only, /w/s writable", roots)
 	}
 }
