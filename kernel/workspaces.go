@@ -30,7 +30,7 @@ type workspaceBusyError string
 
 func (e workspaceBusyError) Error() string { return string(e) }
 
-// workspaceCache holds opened workspaces by root set (workspaceKey), each
+// workspaceCache holds opened workspaces by root set (appendWorkspaceKey), each
 // shared by the calls of every token with that set. A call holds its
 // workspace from its first use to the end of the call (acquire, release);
 // one no call holds is kept for the next, and closed, least recently
@@ -177,6 +177,7 @@ func (c *workspaceCache) close() {
 	c.open = 0
 }
 
+// closeAll closes ws: workspaces evicted, closed outside the cache's lock.
 func closeAll(ws []*syscalls.Workspace) {
 	for _, w := range ws {
 		w.Close()
