@@ -2,6 +2,7 @@ package captoken
 
 import (
 	"crypto/ed25519"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +131,41 @@ func TestMintOversize(t *testing.T) {
 	c.Subject = strings.Repeat("a", MaxTokenSize)
 	if _, err := Mint(newKey(t), c); err == nil || !strings.Contains(err.Error(), "over the 16384-byte limit") {
 		t.Fatalf("Mint of an oversize token: error %v, want the size limit", err)
+	}
+}
+
+// TestMintFSRoots checks that Mint refuses a path named in two roots,
+// whatever their modes, and more than MaxFSRoots roots, and signs up to
+// MaxFSRoots distinct ones.
+func TestMintFSRoots(t *testing.T) {
+	roots := func(n int) []FSRoot {
+		out := make([]FSRoot, n)
+		for i := range out {
+			out[i] = FSRoot{Path: fmt.Sprintf("/w/d%d", i), Mode: "r"}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		fs   []FSRoot
+		want string // "" for a token
+	}{
+		{"distinct, nested", []FSRoot{{Path: "/w", Mode: "rw"}, {Path: "/w/ro", Mode: "r"}}, ""},
+		{"at the limit", roots(MaxFSRoots), ""},
+		{"over the limit", roots(MaxFSRoots + 1), fmt.Sprintf("cap.fs holds %d roots; the limit is %d", MaxFSRoots+1, MaxFSRoots)},
+		{"a path twice, one mode", []FSRoot{{Path: "/w", Mode: "r"}, {Path: "/w", Mode: "r"}}, "cap.fs[1] names /w, as cap.fs[0] does"},
+		{"a path twice, two modes", []FSRoot{{Path: "/w", Mode: "rw"}, {Path: "/v", Mode: "r"}, {Path: "/w", Mode: "r"}}, "cap.fs[2] names /w, as cap.fs[0] does"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testClaims()
+			c.Cap.FS = tc.fs
+			_, err := Mint(newKey(t), c)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Mint: %v; want a token", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Mint: %v; want an error saying %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -32,15 +32,27 @@ func KeyID(pub ed25519.PublicKey) string {
 	return base64.RawURLEncoding.EncodeToString(tp)
 }
 
+// MaxFSRoots bounds the fs roots of a token Mint signs. A kernel opens
+// every root of a token that makes a file call, two descriptors each, and
+// keeps them open while its workspace is cached: the bound keeps one
+// token's workspace a small share of what the kernel holds open.
+const MaxFSRoots = 64
+
 // Mint validates c and returns it as a token signed with key, with kid
 // KeyID of key's public key. Times lose any fraction of a second. It fails
-// if the token would be longer than MaxTokenSize.
+// if the token would be longer than MaxTokenSize, and, beyond Validate,
+// if it grants more than MaxFSRoots fs roots or names one path in two of
+// them (a path is granted once, in one mode). Verify holds tokens to
+// Validate alone, so a token signed before these checks still verifies.
 func Mint(key ed25519.PrivateKey, c Claims) (string, error) {
 	if len(key) != ed25519.PrivateKeySize {
 		return "", fmt.Errorf("captoken: mint: private key is %d bytes, want %d", len(key), ed25519.PrivateKeySize)
 	}
 	if err := c.Validate(); err != nil {
 		return "", err
+	}
+	if err := checkFSRoots(c.Cap.FS); err != nil {
+		return "", fmt.Errorf("captoken: mint: %w", err)
 	}
 	b, err := marshalClaims(c)
 	if err != nil {
@@ -63,4 +75,21 @@ func Mint(key ed25519.PrivateKey, c Claims) (string, error) {
 		return "", fmt.Errorf("captoken: mint: token is %d bytes, over the %d-byte limit Verify accepts", len(tok), MaxTokenSize)
 	}
 	return string(tok), nil
+}
+
+// checkFSRoots refuses fs roots Mint does not sign: more than MaxFSRoots,
+// or a path named twice, whatever the modes (which of two would count is
+// a question no token needs to ask).
+func checkFSRoots(roots []FSRoot) error {
+	if len(roots) > MaxFSRoots {
+		return fmt.Errorf("cap.fs holds %d roots; the limit is %d", len(roots), MaxFSRoots)
+	}
+	for i, r := range roots {
+		for j := range i {
+			if roots[j].Path == r.Path {
+				return fmt.Errorf("cap.fs[%d] names %s, as cap.fs[%d] does: grant a path once, in one mode", i, r.Path, j)
+			}
+		}
+	}
+	return nil
 }

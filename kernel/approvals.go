@@ -488,7 +488,7 @@ func (k *Kernel) movedSince(c *call, a *ApprovalRequest) string {
 		name, _ := c.args[r.Arg].(string)
 		if ws == nil {
 			var err error
-			if ws, err = k.workspace(c.token); err != nil {
+			if ws, err = k.workspace(c); err != nil {
 				return fmt.Sprintf("%s: %v", name, err)
 			}
 		}

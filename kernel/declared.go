@@ -104,7 +104,7 @@ func (k *Kernel) resolveDeclared(ctx context.Context, c *call) error {
 // roots and returns the path to send upstream, its policy resource and its
 // lock key.
 func (k *Kernel) resolveUpstreamPath(c *call, t *upstream.Tool, r upstream.Ref) (string, policy.Resource, string, error) {
-	w, err := k.workspace(c.token)
+	w, err := k.workspace(c)
 	if err != nil {
 		return "", policy.Resource{}, "", err
 	}

@@ -62,6 +62,7 @@ type call struct {
 	effect syscalls.SideEffect // the call's class: Definition.SideEffect or Reach.Class
 	reach  *syscalls.Reach     // for syscalls with a Reach
 	grant  *syscalls.Grant     // what the token grants such a call
+	ws     workspaceHold       // the workspace the call holds (Kernel.workspace)
 	mu     sync.Mutex          // guards used and notes, set by the running syscall
 	used   txn.Usage           // consumed by the execution (cpu_ms, net_bytes)
 	notes  map[string]json.RawMessage
@@ -153,6 +154,7 @@ func (k *Kernel) invoke(ctx context.Context, c *call) *Result {
 
 // run is the pipeline of docs/kernel.md, steps 1 to 12.
 func (k *Kernel) run(ctx context.Context, c *call) *Result {
+	defer k.releaseWorkspace(c) // last: the work left running may use it
 	defer c.cleanups.wait()
 	env := c.env
 	k.observe(c)
@@ -252,6 +254,11 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	if c.effect.Mutating() && env.IdempotencyKey == "" {
 		return k.deny(ctx, c, ErrIdempotencyKeyRequired, fmt.Sprintf("%s is a %s syscall: idempotency_key is required", env.ToolID, c.effect))
 	}
+	// The policy the caller read, checked before step 5 opens the token's
+	// roots for a call it would refuse.
+	if env.PolicyHash != k.policy.Hash() {
+		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %s does not match the active policy %s", quoted(env.PolicyHash), k.policy.Hash()))
+	}
 	// 5. Resources, inside the token's scopes.
 	resources, err := k.resolve(c)
 	if err == nil {
@@ -259,16 +266,17 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 	}
 	if err != nil {
 		var se *syscalls.ScopeError
-		if errors.As(err, &se) {
+		var busy workspaceBusyError
+		switch {
+		case errors.As(err, &se):
 			return k.deny(ctx, c, ErrScopeDenied, err.Error())
+		case errors.As(err, &busy):
+			return k.deny(ctx, c, ErrConcurrencyExceeded, err.Error())
 		}
 		return k.deny(ctx, c, ErrInvalidArgs, err.Error())
 	}
 	c.lap(StageVerify)
 	// 6. Policy.
-	if env.PolicyHash != k.policy.Hash() {
-		return k.deny(ctx, c, ErrPolicyMismatch, fmt.Sprintf("policy_hash %s does not match the active policy %s", quoted(env.PolicyHash), k.policy.Hash()))
-	}
 	c.input = k.policyInput(c, resources)
 	// The input is encoded once, canonically: the policy decides on those
 	// bytes and the audit record commits to them (seal).
@@ -493,7 +501,7 @@ func (k *Kernel) resolve(c *call) ([]*syscalls.Resource, error) {
 			return ws, nil
 		}
 		var err error
-		ws, err = k.workspace(c.token)
+		ws, err = k.workspace(c)
 		return ws, err
 	}
 	var out []*syscalls.Resource
@@ -626,47 +634,6 @@ func (k *Kernel) resolveReach(c *call, workspace func() (*syscalls.Workspace, er
 	}
 	c.grant = g
 	return nil
-}
-
-// workspace returns the opened roots of tok's fs scopes, holding it to
-// its ancestors' read-only paths (ancestorRoots), shared by every token
-// with the same roots and ancestors' roots.
-func (k *Kernel) workspace(tok *captoken.Token) (*syscalls.Workspace, error) {
-	fsr := tok.Claims.Cap.FS
-	if len(fsr) == 0 {
-		return nil, &syscalls.ScopeError{Reason: "the capability token grants no file system roots"}
-	}
-	// The key is built on the stack; the lookup of string(key) does not
-	// allocate.
-	key := make([]byte, 0, 256)
-	for _, r := range fsr {
-		key = append(append(append(append(append(append(key, r.Mode...), 0), r.Path...), 0), r.Base...), 0)
-	}
-	key = appendAncestorsKey(key, tok.Claims.Cap.Ancestors)
-	k.mu.RLock()
-	w, ok := k.workspaces[string(key)]
-	k.mu.RUnlock()
-	if ok {
-		return w, nil
-	}
-	roots := make([]syscalls.RootSpec, 0, len(fsr))
-	for _, r := range fsr {
-		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw", Base: r.Base})
-	}
-	if err := k.checkRoots(roots); err != nil {
-		return nil, err
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if w, ok := k.workspaces[string(key)]; ok {
-		return w, nil
-	}
-	w, err := syscalls.OpenAttenuatedWorkspace(roots, ancestorRoots(tok.Claims.Cap.Ancestors))
-	if err != nil {
-		return nil, &syscalls.ScopeError{Reason: err.Error()}
-	}
-	k.workspaces[string(key)] = w
-	return w, nil
 }
 
 // policyInput is the document the policy decides on; the audit record keeps

@@ -74,10 +74,10 @@ type Kernel struct {
 	sandbox    *sandbox.Sandbox
 
 	mu         sync.RWMutex
-	revoked    map[string]bool                // jti -> revoked
-	handles    *handles                       // per-session tool handles (handles.go)
-	seen       map[string]bool                // jti -> token_first_seen recorded
-	workspaces map[string]*syscalls.Workspace // by root set
+	revoked    map[string]bool // jti -> revoked
+	handles    *handles        // per-session tool handles (handles.go)
+	seen       map[string]bool // jti -> token_first_seen recorded
+	workspaces *workspaceCache // opened workspaces by root set (workspaces.go)
 
 	// Recovered reports what Open's crash recovery did.
 	Recovered txn.Recovered
@@ -125,7 +125,7 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	}
 	k := &Kernel{
 		cfg: cfg, settings: s, locks: newPathLocks(),
-		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: map[string]*syscalls.Workspace{},
+		revoked: map[string]bool{}, seen: map[string]bool{}, handles: newHandles(), workspaces: newWorkspaceCache(MaxOpenRoots, MaxFamilyRoots),
 		events: newEventBus(), sessions: newSessions(cfg.SessionConcurrency, cfg.SessionQueue),
 		inflight: registry{calls: map[string]*inflight{}}, approvals: approvals{pending: map[string]*approval{}, byAgent: map[string]int{}, bytesByAgent: map[string]int64{}},
 		ops: newOperations(), audit: audit,
@@ -423,12 +423,7 @@ func (k *Kernel) Close() error {
 	if k.sandbox != nil {
 		k.sandbox.Close()
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for key, w := range k.workspaces {
-		w.Close()
-		delete(k.workspaces, key)
-	}
+	k.workspaces.close()
 	return err
 }
 
