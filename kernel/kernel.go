@@ -200,6 +200,9 @@ func Open(ctx context.Context, cfg Config) (*Kernel, error) {
 	}
 	k.kv = &txn.KV{View: k.db.View}
 	k.syncer = txn.NewSyncer()
+	// A closed workspace's roots are forgotten: the cache closes and
+	// opens roots for as long as the kernel runs.
+	k.workspaces.closing = func(w *syscalls.Workspace) { k.syncer.Forget(w.Roots()...) }
 	k.locks.onWait = k.syncer.Hurry
 	k.stopWatch = make(chan struct{})
 	go k.watchFailure(k.stopWatch)

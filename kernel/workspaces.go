@@ -38,6 +38,9 @@ func (e workspaceBusyError) Error() string { return string(e) }
 // limit. It never closes a workspace a call holds.
 type workspaceCache struct {
 	limit, familyLimit int // MaxOpenRoots and MaxFamilyRoots but in tests
+	// closing runs before the cache closes a workspace (the kernel's
+	// Syncer forgets its roots); nil for none.
+	closing func(*syscalls.Workspace)
 
 	mu          sync.Mutex
 	byKey       map[string]*cachedWorkspace
@@ -104,7 +107,7 @@ func (c *workspaceCache) acquire(family string, key []byte, roots int, open func
 		if c.open+roots > c.limit {
 			err := workspaceBusyError(fmt.Sprintf("calls in flight hold workspaces of %d roots; with this one's %d they would pass the kernel's limit of %d: try again when they are done", c.open, roots, c.limit))
 			c.mu.Unlock()
-			closeAll(evicted)
+			c.closeAll(evicted)
 			return workspaceHold{}, err
 		}
 		e = &cachedWorkspace{key: string(key), roots: roots, ready: make(chan struct{}), users: 1}
@@ -116,7 +119,7 @@ func (c *workspaceCache) acquire(family string, key []byte, roots int, open func
 		c.familyRoots[family] += roots
 	}
 	c.mu.Unlock()
-	closeAll(evicted)
+	c.closeAll(evicted)
 
 	if cached {
 		<-e.ready
@@ -169,7 +172,7 @@ func (c *workspaceCache) close() {
 	defer c.mu.Unlock()
 	for key, e := range c.byKey {
 		if e.w != nil {
-			e.w.Close()
+			c.closeAll([]*syscalls.Workspace{e.w})
 		}
 		delete(c.byKey, key)
 	}
@@ -178,8 +181,11 @@ func (c *workspaceCache) close() {
 }
 
 // closeAll closes ws: workspaces evicted, closed outside the cache's lock.
-func closeAll(ws []*syscalls.Workspace) {
+func (c *workspaceCache) closeAll(ws []*syscalls.Workspace) {
 	for _, w := range ws {
+		if c.closing != nil {
+			c.closing(w)
+		}
 		w.Close()
 	}
 }

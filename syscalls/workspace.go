@@ -144,6 +144,17 @@ func openRoot(r RootSpec) (*os.Root, error) {
 	return root, nil
 }
 
+// Roots returns the opened roots, in the order of the specs it was opened
+// with (a path named twice once); they are the Workspace's and close with
+// it.
+func (w *Workspace) Roots() []*os.Root {
+	roots := make([]*os.Root, len(w.mounts))
+	for i, m := range w.mounts {
+		roots[i] = m.root
+	}
+	return roots
+}
+
 // Close closes the roots.
 func (w *Workspace) Close() error {
 	var errs []error

@@ -50,8 +50,12 @@ type Syncer struct {
 // Syncer); the error wrapping it also wraps that round's failure.
 var ErrSyncFailed = errors.New("txn: an earlier syncfs failed, so changes made before it may not be on disk; nothing is durable any more")
 
+// syncReq is a request for a round: the file systems of its roots,
+// resolved when it was made (the caller holds its roots open then; they
+// may be closed and forgotten before the round), or why they could not be.
 type syncReq struct {
-	roots []*os.Root
+	fss   []namedFS
+	err   error
 	done  func(error)
 	later bool
 }
@@ -83,7 +87,8 @@ func (s *Syncer) Sync(roots ...*os.Root) error {
 		return nil
 	}
 	done := make(chan error, 1)
-	s.reqs <- &syncReq{roots: roots, done: func(err error) { done <- err }}
+	fss, err := s.fs.resolve(roots)
+	s.reqs <- &syncReq{fss: fss, err: err, done: func(err error) { done <- err }}
 	return <-done
 }
 
@@ -97,8 +102,15 @@ func (s *Syncer) SyncLater(then func(error), roots ...*os.Root) {
 		then(nil)
 		return
 	}
-	s.reqs <- &syncReq{roots: roots, done: then, later: true}
+	fss, err := s.fs.resolve(roots)
+	s.reqs <- &syncReq{fss: fss, err: err, done: then, later: true}
 }
+
+// Forget drops what the Syncer remembers of roots, which their owner is
+// closing: requests already made for them still sync their file systems
+// (a request holds file systems, not roots). A root seen again after
+// Forget is watched again, as a new one.
+func (s *Syncer) Forget(roots ...*os.Root) { s.fs.forget(roots) }
 
 // Hurry asks for a round now for the SyncLater requests waiting, or, if
 // none waits, for the next one to come: the caller is about to wait for
@@ -175,11 +187,13 @@ func (s *Syncer) round(batch []*syncReq) {
 	if s.failed != nil {
 		err = fmt.Errorf("%w: %w", ErrSyncFailed, s.failed)
 	} else {
-		var roots []*os.Root
+		var errs []error
+		var fss []namedFS
 		for _, r := range batch {
-			roots = append(roots, r.roots...)
+			errs = append(errs, r.err)
+			fss = append(fss, r.fss...)
 		}
-		err = s.fs.sync(roots)
+		err = errors.Join(append(errs, s.fs.syncAll(fss))...)
 		s.failed = err
 	}
 	s.rounds.Add(1)
@@ -251,16 +265,50 @@ func (f *fileSystems) watch(root *os.Root) (rootFS, error) {
 	return fs, nil
 }
 
-// sync runs syncfs(2) once for each file system holding roots.
-func (f *fileSystems) sync(roots []*os.Root) error {
+// namedFS is a file system, by device, and a root on it that names it.
+type namedFS struct {
+	dev  uint64
+	name string
+}
+
+// resolve watches roots and returns their file systems, and the error of
+// any root that could not be watched.
+func (f *fileSystems) resolve(roots []*os.Root) ([]namedFS, error) {
 	var errs []error
-	names := map[uint64]string{} // a root naming each file system
+	fss := make([]namedFS, 0, len(roots))
 	for _, root := range roots {
 		fs, err := f.watch(root)
 		if err != nil {
 			errs = append(errs, err)
-		} else if _, ok := names[fs.dev]; !ok {
-			names[fs.dev] = root.Name()
+		} else {
+			fss = append(fss, namedFS{fs.dev, root.Name()})
+		}
+	}
+	return fss, errors.Join(errs...)
+}
+
+// forget drops roots from seen.
+func (f *fileSystems) forget(roots []*os.Root) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range roots {
+		delete(f.seen, r)
+	}
+}
+
+// sync runs syncfs(2) once for each file system holding roots.
+func (f *fileSystems) sync(roots []*os.Root) error {
+	fss, err := f.resolve(roots)
+	return errors.Join(err, f.syncAll(fss))
+}
+
+// syncAll runs syncfs(2) once for each file system of fss.
+func (f *fileSystems) syncAll(fss []namedFS) error {
+	var errs []error
+	names := map[uint64]string{} // a root naming each file system
+	for _, fs := range fss {
+		if _, ok := names[fs.dev]; !ok {
+			names[fs.dev] = fs.name
 		}
 	}
 	for d, name := range names {

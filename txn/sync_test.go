@@ -280,3 +280,52 @@ func TestSyncerFailureSticky(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncerForget: a root its owner forgets and closes while a request
+// made for it waits is still synced by that request's round (a request
+// holds the file system, not the root), and the Syncer no longer holds
+// the root: a kernel that opens and closes roots for as long as it runs
+// (its workspace cache) would otherwise keep every root it ever synced.
+func TestSyncerForget(t *testing.T) {
+	s := NewSyncer()
+	defer s.Close()
+	s.delay = time.Hour
+	roots := make([]*os.Root, 3)
+	for i := range roots {
+		r, err := os.OpenRoot(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots[i] = r
+	}
+	done := make(chan error, 1)
+	s.SyncLater(func(err error) { done <- err }, roots...)
+	s.Forget(roots...)
+	for _, r := range roots {
+		r.Close()
+	}
+	s.Hurry()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the round of a request whose roots were forgotten and closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request was never answered")
+	}
+	s.fs.mu.Lock()
+	held, files := len(s.fs.seen), len(s.fs.files)
+	s.fs.mu.Unlock()
+	if held != 0 || files != 1 {
+		t.Fatalf("after Forget: %d roots and %d file system descriptors held, want 0 and 1", held, files)
+	}
+	// A new root on the same file system is watched again and synced.
+	r, err := os.OpenRoot(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := s.Sync(r); err != nil {
+		t.Fatal(err)
+	}
+}
