@@ -141,7 +141,7 @@ func Attachments(tx *bbolt.Tx, from uint64, fn func(seq uint64, v []byte) error)
 	c := b.Cursor()
 	for k, v := c.Seek(seqKey(from)); k != nil; k, v = c.Next() {
 		if len(k) != 8 || v == nil {
-			return fmt.Errorf("ledger: a malformed key %x among the attachments", k)
+			return fmt.Errorf("ledger: a malformed key %s among the attachments", keyText(k))
 		}
 		if emptyPad(k, v) {
 			continue
@@ -200,7 +200,7 @@ func describeAttachmentKey(k, v []byte) string {
 	case isPad(k):
 		return fmt.Sprintf("the attachments' pad %x, holding a value,", k)
 	case len(k) != 8:
-		return fmt.Sprintf("a malformed key %x among the attachments", k)
+		return fmt.Sprintf("a malformed key %s among the attachments", keyText(k))
 	}
 	return fmt.Sprintf("the attachment of entry %d", binary.BigEndian.Uint64(k))
 }

@@ -142,7 +142,7 @@ func (it *item) prepare(opts *VerifyOptions, unpacked *[]byte, leaf *blake3.Hash
 	case itemEntry:
 		if it.stored {
 			if len(it.key) != 8 {
-				it.err = fmt.Errorf("malformed key %x after entry %d", it.key, it.num)
+				it.err = fmt.Errorf("malformed key %s after entry %d", keyText(it.key), it.num)
 				return
 			} else if seq := binary.BigEndian.Uint64(it.key); seq != it.num {
 				it.err = fmt.Errorf("entry missing (the next stored entry is %d)", seq)

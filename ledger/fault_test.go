@@ -16,7 +16,10 @@ import (
 // size, which then points 16 MiB past the element) is damage Verify
 // reports as an error naming where it was, and that Export survives, not
 // a fault that ends the process (rev10-disk #4: SIGBUS from ledger
-// verify and export).
+// verify and export). Where the 16 MiB land in memory the process can
+// read (another mapping after bbolt's), nothing faults and the key is
+// read as a malformed one: Verify names it by its first bytes and length,
+// where its message held the whole key in hex (33 MB).
 func TestVerifyReportsFaultingPage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	db := openDB(t, path)
@@ -53,8 +56,11 @@ func TestVerifyReportsFaultingPage(t *testing.T) {
 	}
 	defer ro.Close()
 	ro.View(func(tx *bbolt.Tx) error {
-		if _, err := VerifyWith(tx, VerifyOptions{}); err == nil || !strings.Contains(err.Error(), "damaged") {
-			t.Errorf("Verify of the damaged file: %v, want the damage named", err)
+		_, err := VerifyWith(tx, VerifyOptions{})
+		if err == nil || !strings.Contains(err.Error(), "damaged") && !strings.Contains(err.Error(), "malformed key") {
+			t.Errorf("Verify of the damaged file: %.300v, want the damage named", err)
+		} else if len(err.Error()) > 1000 {
+			t.Errorf("Verify's error is %d bytes long: %.300s…", len(err.Error()), err)
 		}
 		// Export writes what it can read of a damaged ledger (its own
 		// verification names what is missing); it must not fault.

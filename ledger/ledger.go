@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -223,7 +224,7 @@ func Scan(tx *bbolt.Tx, from uint64, fn func(Entry) error) error {
 	c := newKindCursor(entries, kindEntry)
 	for k, rec := c.Seek(seqKey(from)); k != nil; k, rec = c.Next() {
 		if len(k) != 8 {
-			return fmt.Errorf("ledger: malformed key %x", k)
+			return fmt.Errorf("ledger: malformed key %s", keyText(k))
 		}
 		var e Entry
 		if err := decodeStoredRecord(&e, rec); err != nil {
@@ -313,4 +314,14 @@ func Record(tx *bbolt.Tx, seq uint64) ([]byte, error) {
 		return nil, fmt.Errorf("ledger: entry %d: %w", seq, err)
 	}
 	return rec, nil
+}
+
+// keyText is a key for an error message: its hex, or for a key over 32
+// bytes (a damaged page's size may make one megabytes long) the hex of
+// its first 32 and its length.
+func keyText(k []byte) string {
+	if len(k) <= 32 {
+		return hex.EncodeToString(k)
+	}
+	return fmt.Sprintf("%x… (%d bytes)", k[:32], len(k))
 }

@@ -136,7 +136,7 @@ func beyondHead(entries *bbolt.Bucket, n uint64) string {
 			id, _ := completionID(k)
 			return nodeName(id)
 		default:
-			return fmt.Sprintf("a malformed key %x", k)
+			return fmt.Sprintf("a malformed key %s", keyText(k))
 		}
 	}
 	return ""
@@ -367,7 +367,7 @@ func checkMove(tx *bbolt.Tx, entries, meta, tree *bbolt.Bucket, layout int) erro
 		c := entries.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			if len(k) != 8 || v == nil {
-				return fmt.Errorf("ledger: a malformed key %x in the %q bucket (the database is unchanged; verify it with the build that wrote it)", k, bucketEntries)
+				return fmt.Errorf("ledger: a malformed key %s in the %q bucket (the database is unchanged; verify it with the build that wrote it)", keyText(k), bucketEntries)
 			}
 		}
 	}
