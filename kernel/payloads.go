@@ -340,17 +340,17 @@ func argsDigestPart(canon []byte) []byte {
 	return append(strconv.AppendInt(b, int64(len(canon)), 10), ']')
 }
 
-// argsDigestOf reads an args part in its digest form: the digest and
-// size, and whether it is that form (else it is the args).
-func argsDigestOf(part []byte) (sum string, size int64, ok bool) {
+// argsDigestOf reads an args part in its digest form: the args' digest,
+// and whether it is that form (else it is the args).
+func argsDigestOf(part []byte) (sum string, ok bool) {
 	if len(part) == 0 || part[0] != '[' {
-		return "", 0, false
+		return "", false
 	}
 	var v [2]json.RawMessage
-	if json.Unmarshal(part, &v) != nil || json.Unmarshal(v[0], &sum) != nil || json.Unmarshal(v[1], &size) != nil {
-		return "", 0, false
+	if json.Unmarshal(part, &v) != nil || json.Unmarshal(v[0], &sum) != nil {
+		return "", false
 	}
-	return sum, size, true
+	return sum, true
 }
 
 // canonicalPart returns the canonical JSON of v, or nil for nil or an
@@ -608,7 +608,7 @@ func (c *CallRecord) plainHashes(tx *bbolt.Tx) (args, result string, err error) 
 	if err != nil || p == nil {
 		return "", "", err
 	}
-	if sum, _, ok := argsDigestOf(p.Args); ok {
+	if sum, ok := argsDigestOf(p.Args); ok {
 		args = sum
 	} else if p.Args != nil {
 		args = digest.Sum(p.Args)
@@ -629,7 +629,7 @@ func openRecord(e ledger.Entry, p *Payload) (*auditRecord, error) {
 	if p == nil {
 		return &a, nil
 	}
-	if sum, _, ok := argsDigestOf(p.Args); ok {
+	if sum, ok := argsDigestOf(p.Args); ok {
 		a.ArgsHash = sum
 	} else if p.Args != nil {
 		a.ArgsHash = digest.Sum(p.Args)
