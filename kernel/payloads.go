@@ -45,10 +45,10 @@ const (
 	DepthCommitmentsOnly = "commitments_only" // nothing: neither the parts nor the salt is stored
 )
 
-// RefusedArgsLimit is the most canonical bytes of args a record of a
-// call refused before the policy step keeps whole, its token verified:
-// larger args are kept in their digest form (argsDigestPart), as are
-// every args of a call refused before its token verified.
+// RefusedArgsLimit is the most canonical bytes of args that the record
+// of a call refused before the policy step, its token verified, keeps
+// whole: larger args are kept in their digest form (argsDigestPart), as
+// are the args of every call refused before its token verified.
 const RefusedArgsLimit = 4 << 10
 
 // SaltSize is the length in bytes of an audit record's salt.

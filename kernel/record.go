@@ -132,9 +132,9 @@ func (c *call) withholdProvenance() {
 // step whose token did not verify, or whose args are over
 // RefusedArgsLimit. Refusals cost no budget and, before the token, need
 // no credential: kept whole, each would store up to an envelope's
-// megabyte in kernel.db (rev14 F5). After the policy step the policy
-// input, which the record keeps for replay policy, holds the args
-// anyway, and the call passed every check a budget's charge follows.
+// megabyte in kernel.db (rev14 F5). From the policy step on, the policy
+// input, which the record keeps whole for replay policy, holds the args
+// anyway.
 func (c *call) argsPart() []byte {
 	if c.canonArgs != nil && c.input == nil && c.res.Error != nil && (c.token == nil || len(c.canonArgs) > RefusedArgsLimit) {
 		return argsDigestPart(c.canonArgs)
