@@ -90,6 +90,9 @@ func (t *T) OpenBody(e Entry) map[string]json.RawMessage {
 		switch name {
 		case "args":
 			body["args_hash"] = sum
+			if form, ok := argsDigestForm(canon); ok {
+				body["args_hash"], _ = json.Marshal(form)
+			}
 		case "result":
 			body["result_hash"] = sum
 			var r struct {
@@ -112,6 +115,24 @@ func (t *T) OpenBody(e Entry) map[string]json.RawMessage {
 		}
 	}
 	return body
+}
+
+// argsDigestForm reads an args part in the digest form a refused call's
+// record may keep instead of its args (docs/formats.md, "Refused calls
+// keep their args' digest"): the canonical array ["<args_hash>",<size>].
+// It returns the args_hash, and whether the part is that form (args are
+// an object).
+func argsDigestForm(canon []byte) (string, bool) {
+	var v []json.RawMessage
+	if json.Unmarshal(canon, &v) != nil || len(v) != 2 {
+		return "", false
+	}
+	var sum string
+	var size uint64
+	if json.Unmarshal(v[0], &sum) != nil || !hashRE.MatchString(sum) || json.Unmarshal(v[1], &size) != nil {
+		return "", false
+	}
+	return sum, true
 }
 
 // resultCanonical is the canonical {"status","result"} or

@@ -218,6 +218,13 @@ func (k *Kernel) run(ctx context.Context, c *call) *Result {
 			return k.deny(ctx, c, ErrInvalidArgs, fmt.Sprintf("operation_id %s is already used", id))
 		}
 	}
+	// Admitted: what the call holds counts until its record
+	// (inflightbytes.go).
+	release, full := k.held.admit(c)
+	if full != "" {
+		return k.deny(ctx, c, ErrConcurrencyExceeded, full)
+	}
+	defer release()
 	// 3. The syscall, by name or by the session's handle, and the token's
 	// grant of it.
 	tool, ok := k.resolveTool(c)

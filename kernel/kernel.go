@@ -68,6 +68,7 @@ type Kernel struct {
 	sessions   *sessions
 	inflight   registry
 	approvals  approvals
+	held       inflightBytes // what calls hold from admission to record
 	ops        operations
 	background sync.WaitGroup // calls begun by Start
 	calls      gate           // every call running, for Close

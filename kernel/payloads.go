@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/zeebo/blake3"
@@ -43,6 +44,12 @@ const (
 	DepthFull            = "full"             // every part and the salt
 	DepthCommitmentsOnly = "commitments_only" // nothing: neither the parts nor the salt is stored
 )
+
+// RefusedArgsLimit is the most canonical bytes of args that the record
+// of a call refused before the policy step, its token verified, keeps
+// whole: larger args are kept in their digest form (argsDigestPart), as
+// are the args of every call refused before its token verified.
+const RefusedArgsLimit = 4 << 10
 
 // SaltSize is the length in bytes of an audit record's salt.
 const SaltSize = 32
@@ -322,6 +329,30 @@ func unmarshalPayload(v []byte) (*Payload, error) {
 	return &sp.Payload, nil
 }
 
+// argsDigestPart is the digest form of the canonical args canon, which
+// the args part of a refused call's record holds in their place
+// (call.argsPart): the canonical JSON array ["blake3:<hex>",<size>] of
+// their plain args_hash and their length in bytes. Args are an object, so
+// the form is never a call's args.
+func argsDigestPart(canon []byte) []byte {
+	b := make([]byte, 0, len(digest.Prefix)+2*digest.Size+24)
+	b = append(append(append(b, `["`...), digest.Sum(canon)...), `",`...)
+	return append(strconv.AppendInt(b, int64(len(canon)), 10), ']')
+}
+
+// argsDigestOf reads an args part in its digest form: the args' digest,
+// and whether it is that form (else it is the args).
+func argsDigestOf(part []byte) (sum string, ok bool) {
+	if len(part) == 0 || part[0] != '[' {
+		return "", false
+	}
+	var v [2]json.RawMessage
+	if json.Unmarshal(part, &v) != nil || json.Unmarshal(v[0], &sum) != nil {
+		return "", false
+	}
+	return sum, true
+}
+
 // canonicalPart returns the canonical JSON of v, or nil for nil or an
 // empty value.
 func canonicalPart(v any) ([]byte, error) {
@@ -455,7 +486,8 @@ func commitmentsOf(body []byte) (Commitments, string, error) {
 // Parts p leaves out are not checked; a part that does not open its
 // commitment, or holds a number that is not the decimal of its canonical
 // form (jcs.CanonicalizeExact), is an error naming it, and so is a salt
-// not in lowercase hex.
+// not in lowercase hex. Args open a record that keeps their digest form
+// (a refused call's, argsDigestPart) as well as that form itself does.
 func CheckPayload(e ledger.Entry, p Payload) error {
 	if e.Kind != ledger.KindAudit {
 		return fmt.Errorf("entry %d is a %s entry, not an audit record", e.Seq, e.Kind)
@@ -481,6 +513,9 @@ func CheckPayload(e ledger.Entry, p Payload) error {
 		got, err := CommitPart(p.Salt, name, canon)
 		if err != nil {
 			return err
+		}
+		if want := c.of(name); got != want && name == PartArgs && canon[0] == '{' {
+			got, _ = CommitPart(p.Salt, name, argsDigestPart(canon))
 		}
 		if want := c.of(name); got != want {
 			return fmt.Errorf("audit record %d does not commit to this %s: commitment %q, the payload gives %s", e.Seq, name, want, got)
@@ -573,7 +608,9 @@ func (c *CallRecord) plainHashes(tx *bbolt.Tx) (args, result string, err error) 
 	if err != nil || p == nil {
 		return "", "", err
 	}
-	if p.Args != nil {
+	if sum, ok := argsDigestOf(p.Args); ok {
+		args = sum
+	} else if p.Args != nil {
 		args = digest.Sum(p.Args)
 	}
 	if p.Result != nil {
@@ -592,7 +629,9 @@ func openRecord(e ledger.Entry, p *Payload) (*auditRecord, error) {
 	if p == nil {
 		return &a, nil
 	}
-	if p.Args != nil {
+	if sum, ok := argsDigestOf(p.Args); ok {
+		a.ArgsHash = sum
+	} else if p.Args != nil {
 		a.ArgsHash = digest.Sum(p.Args)
 	}
 	if p.Result != nil {

@@ -100,6 +100,7 @@ type receiptBody struct {
 func (k *Kernel) deny(ctx context.Context, c *call, class, msg string) *Result {
 	if c.token == nil {
 		c.disown() // anyone may send an envelope naming any id
+		c.withholdProvenance()
 	}
 	c.publicClaims()
 	c.setOutcome(nil, class, msg, NoOp)
@@ -107,6 +108,38 @@ func (k *Kernel) deny(ctx context.Context, c *call, class, msg string) *Result {
 		return k.internal(c, err)
 	}
 	return &c.res
+}
+
+// withholdProvenance replaces a provenance over RefusedArgsLimit bytes,
+// of a call whose token did not verify, by the note
+// "provenance_withheld": the digest form (argsDigestPart) of its
+// canonical bytes. Kept, it would stand in the record's context part and
+// the stored envelope, as args would (argsPart), for anyone to send.
+func (c *call) withholdProvenance() {
+	if len(c.env.Provenance) <= RefusedArgsLimit {
+		return
+	}
+	canon, err := jcs.Canonicalize(c.env.Provenance)
+	if err != nil {
+		canon = c.env.Provenance // refused as it is: its bytes
+	}
+	c.Note("provenance_withheld", json.RawMessage(argsDigestPart(canon)))
+	c.env.Provenance = nil
+}
+
+// argsPart is the args part of c's audit record: its canonical args, or
+// their digest form (argsDigestPart) for a call refused before the policy
+// step whose token did not verify, or whose args are over
+// RefusedArgsLimit. Refusals cost no budget and, before the token, need
+// no credential: kept whole, each would store up to an envelope's
+// megabyte in kernel.db (rev14 F5). From the policy step on, the policy
+// input, which the record keeps whole for replay policy, holds the args
+// anyway.
+func (c *call) argsPart() []byte {
+	if c.canonArgs != nil && c.input == nil && c.res.Error != nil && (c.token == nil || len(c.canonArgs) > RefusedArgsLimit) {
+		return argsDigestPart(c.canonArgs)
+	}
+	return c.canonArgs
 }
 
 // internal is the result of a call whose recording failed, returned
@@ -141,7 +174,7 @@ func (k *Kernel) record(ctx context.Context, c *call, before func(*bbolt.Tx) err
 	c.fill(k)
 	r := &recording{k: k, c: c, before: before, after: after, depth: k.recordDepth(c)}
 	var err error
-	if r.planned, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.canonArgs); err != nil {
+	if r.planned, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.argsPart()); err != nil {
 		return nil, err
 	}
 	r.plannedRes = c.res
@@ -209,7 +242,7 @@ func (r *recording) Prepare(tx *bbolt.Tx) error {
 		}
 		if !sameOutcome(&c.res, &r.plannedRes) {
 			var err error
-			if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.canonArgs); err != nil {
+			if ae, err = newAuditEntry(c.audit(k), &c.res, c.canonResult(), c.salt, r.depth, c.argsPart()); err != nil {
 				return abortIf(err)
 			}
 		}
