@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"go.etcd.io/bbolt"
 )
@@ -541,6 +543,38 @@ func TestRunWork(t *testing.T) {
 			if got := ran[i].Load(); got != 1 {
 				t.Errorf("%d functions: function %d ran %d times", n, i, got)
 			}
+		}
+	}
+}
+
+// TestCommittedRequestsNotHeld: once Update returns, the sequencer holds
+// nothing of the function it ran: its batch slice, reused for the next
+// batch, kept every request until a later batch overwrote it, and with it
+// what the function held (a call's args, megabytes of them under a burst
+// of calls).
+func TestCommittedRequestsNotHeld(t *testing.T) {
+	d := openTest(t, Options{})
+	const n = 16
+	ws := make([]weak.Pointer[[1 << 20]byte], n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			held := new([1 << 20]byte) // reachable from the function alone
+			if err := d.Update(context.Background(), func(tx *bbolt.Tx) error {
+				return tx.Bucket([]byte("b")).Put([]byte(fmt.Sprint(i)), held[:8])
+			}); err != nil {
+				t.Error(err)
+			}
+			ws[i] = weak.Make(held)
+		})
+	}
+	wg.Wait()
+	for range 3 {
+		runtime.GC()
+	}
+	for i, w := range ws {
+		if w.Value() != nil {
+			t.Fatalf("the sequencer still holds what committed request %d's function held", i)
 		}
 	}
 }

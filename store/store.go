@@ -462,6 +462,9 @@ func (d *DB) sequence() {
 				close(r.done)
 			}
 		}
+		// The slice is reused: its requests (and what their functions
+		// hold, a call's args) must not stay reachable until overwritten.
+		clear(batch)
 	}
 }
 
