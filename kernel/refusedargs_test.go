@@ -43,7 +43,8 @@ func TestRefusedArgsKeptAsDigest(t *testing.T) {
 		{"garbage token, small args", small, []func(*Envelope){func(e *Envelope) { e.CapabilityToken = "garbage" }}, ErrTokenInvalid, true},
 		{"tool not granted", big, []func(*Envelope){asEchoOnly}, ErrPermissionDenied, true},
 		{"tool not granted, small args", small, []func(*Envelope){asEchoOnly}, ErrPermissionDenied, false},
-		{"out of scope", map[string]any{"path": "../" + strings.Repeat("y", 8<<10)}, nil, ErrScopeDenied, true},
+		{"out of scope", map[string]any{"path": "../" + strings.Repeat("y", 4090)}, nil, ErrScopeDenied, true}, // args over 4 KiB, a path within MaxPathBytes
+		{"path over its bound", map[string]any{"path": strings.Repeat("y", 8<<10)}, nil, ErrInvalidArgs, true},
 		{"policy_denied keeps its policy input", map[string]any{"text": strings.Repeat("z", 8<<10)},
 			[]func(*Envelope){func(e *Envelope) { e.ToolID, e.AutonomyMode = "echo", "no_go" }}, ErrPolicyDenied, false},
 	} {
