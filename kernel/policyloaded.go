@@ -35,7 +35,9 @@ func recordPolicyLoaded(tx *bbolt.Tx, e ledger.Entry) error {
 // policy_loaded record (what the kernel last ran under), found false
 // when the ledger has none. A file no kernel of this build has opened
 // since it was written has no note of it: the ledger is then read back
-// from its head.
+// from its head. A build from before the note appends its record without
+// moving the note, which then names the record of this build's last
+// start until this build starts the kernel again.
 func (i *Inspector) LastPolicy() (hash string, seq uint64, found bool, err error) {
 	err = i.view(func(tx *bbolt.Tx) error {
 		if b := tx.Bucket(bucketPolicyLoaded); b != nil {
