@@ -56,16 +56,14 @@ func BenchmarkDecideUnprepared(b *testing.B) {
 		b.Fatal(err)
 	}
 	opts := []func(*rego.Rego){rego.Query(Query)}
-	data := map[string]any{}
 	for _, f := range bd.files {
-		switch f.path {
-		case "capkernel.rego":
+		if f.path == "capkernel.rego" {
 			opts = append(opts, rego.Module(f.path, string(f.content)))
-		case "data.json":
-			if err := mergeData(data, f); err != nil {
-				b.Fatal(err)
-			}
 		}
+	}
+	data, err := bd.data()
+	if err != nil {
+		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {

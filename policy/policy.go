@@ -168,7 +168,6 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 	// drops the rule it is in: a refusing rule would drop out of the
 	// decision and the rules that remain would let the call run.
 	opts := []func(*rego.Rego){rego.Query(Query), rego.SetRegoVersion(ast.RegoV1), rego.StrictBuiltinErrors(true)}
-	data := map[string]any{}
 	var modules []*ast.Module
 	for _, f := range b.files {
 		switch {
@@ -181,11 +180,11 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 			}
 			modules = append(modules, m)
 			opts = append(opts, rego.ParsedModule(m))
-		default:
-			if err := mergeData(data, f); err != nil {
-				return nil, fmt.Errorf("policy %s: %w", b.name, err)
-			}
 		}
+	}
+	data, err := b.data()
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", b.name, err)
 	}
 	// A bundle that defines no decision (a misspelt package, a missing
 	// rule) would refuse every call, each "undefined": it is refused here,

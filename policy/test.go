@@ -40,7 +40,6 @@ func Test(ctx context.Context, dir string) ([]TestResult, error) {
 		return nil, err
 	}
 	modules := map[string]*ast.Module{}
-	data := map[string]any{}
 	for _, f := range b.files {
 		if strings.HasSuffix(f.path, ".rego") {
 			m, err := ast.ParseModuleWithOpts(f.path, string(f.content), ast.ParserOptions{RegoVersion: ast.RegoV1})
@@ -48,9 +47,11 @@ func Test(ctx context.Context, dir string) ([]TestResult, error) {
 				return nil, fmt.Errorf("policy %s: %s", b.name, oneLine(err))
 			}
 			modules[f.path] = m
-		} else if err := mergeData(data, f); err != nil {
-			return nil, fmt.Errorf("policy %s: %w", b.name, err)
 		}
+	}
+	data, err := b.data()
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", b.name, err)
 	}
 	store := inmem.NewFromObject(data)
 	txn, err := store.NewTransaction(ctx, storage.TransactionParams{})
