@@ -141,10 +141,30 @@ const (
 )
 
 // waitingBytes estimates what call c holds while it waits: its envelope's
-// bytes as the front end read them, its decoded and canonical args, and
-// its policy input, each about the size of the args.
+// bytes as the front end read them, the envelope decoded, and its policy
+// input (which carries its args and provenance again), each about the
+// envelope's size (envelopeBytes), and its decoded args, about their
+// canonical size. Every part of the envelope counts, not its args alone:
+// calls with tiny args and 900 KB of provenance each held 2.7 MB and
+// counted 4 KiB (rev16a #1).
 func waitingBytes(c *call) int64 {
-	return int64(len(c.env.Args))*3 + int64(len(c.canonArgs)) + 4096
+	return 3*envelopeBytes(c.env) + int64(len(c.canonArgs)) + 4096
+}
+
+// envelopeBytes is about the size of env encoded: the bytes of each of its
+// members (of any size the envelope limit allows), with a few bytes of
+// JSON around each.
+func envelopeBytes(env *Envelope) int64 {
+	n := 256 + len(env.ToolID) + len(env.AgentID) + len(env.CapabilityToken) + len(env.CapabilityTokenID) +
+		len(env.StateSnapshotID) + len(env.PolicyHash) + len(env.Provenance) + len(env.OperationID) +
+		len(env.TaskClass) + len(env.AutonomyMode) + len(env.IdempotencyKey) + len(env.Args)
+	for _, b := range env.RiskBasis {
+		n += len(b) + 3
+	}
+	for _, p := range env.PreconditionRefs {
+		n += len(p.Ref) + len(p.Hash) + 64
+	}
+	return int64(n)
 }
 
 const keepDecided = 256

@@ -534,7 +534,8 @@ func TestPendingApprovalBytesBounded(t *testing.T) {
 	sub := h.k.Subscribe(EventFilter{Kinds: []string{EventConfirmationRequested}}, 64)
 	defer sub.Close()
 	big := strings.Repeat("x", 900<<10)
-	per := waitingBytes(&call{env: &Envelope{Args: make([]byte, len(big)+40)}, canonArgs: make([]byte, len(big)+40)})
+	one := h.env("fs.write", map[string]any{"path": "Makefile", "content": big}, key("big0"))
+	per := waitingBytes(&call{env: one, canonArgs: one.Args}) // as admitted: env.Args is canonArgs
 	fit := int(MaxPendingApprovalBytesPerAgent / per)
 	results := make(chan *Result, fit+1)
 	for i := range fit {

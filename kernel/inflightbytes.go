@@ -10,7 +10,8 @@ import (
 // id taken) to their record, as waitingBytes estimates it: the calls of
 // one agent with its sub-agents, and all calls. A call waiting for path
 // locks, a net_bytes turn, its session's line or an approval holds its
-// envelope, decoded and canonical args and policy input all that time,
+// envelope (its args, provenance and every other member), decoded and
+// canonical args and policy input all that time,
 // and no other bound counted them: one agent parked 300 synchronous
 // 1 MiB writes behind one held lock, 1.28 GB (rev14 F6). A call over
 // either bound is refused at admission, concurrency_exceeded. The bounds

@@ -1,12 +1,14 @@
 package kernel
 
 import (
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/capkernel/capkernel/captoken"
 	"github.com/capkernel/capkernel/syscalls"
+	"github.com/capkernel/capkernel/txn"
 )
 
 // TestInflightBytesBounded: the calls of one agent with its sub-agents
@@ -71,5 +73,54 @@ func TestInflightBytesBounded(t *testing.T) {
 	defer h.k.held.mu.Unlock()
 	if h.k.held.total != 0 || len(h.k.held.byFamily) != 0 {
 		t.Fatalf("after every call ended, %d bytes are counted in flight (%v)", h.k.held.total, h.k.held.byFamily)
+	}
+}
+
+// TestInflightBytesCountWholeEnvelope: a call counts what it holds of its
+// whole envelope, not of its args alone: a call with tiny args and 900 KB
+// of provenance, or of risk_basis, is refused over a 1 MiB bound, where
+// it counted 4 KiB and calls parking 2.7 MB each were admitted without
+// bound (rev16a #1). A small call within the bound still runs. The
+// approvals' bounds count the same estimate (waitingBytes), which grows
+// by at least twice the bytes added to any member of unbounded size.
+func TestInflightBytesCountWholeEnvelope(t *testing.T) {
+	h := newHarness(t)
+	h.k.held.perAgent, h.k.held.all = 1<<20, 1<<20
+	big := strings.Repeat("p", 900<<10)
+	for _, tc := range []struct {
+		name    string
+		mod     func(*Envelope)
+		refused bool
+	}{
+		{"900 KB of provenance", func(e *Envelope) { e.Provenance = json.RawMessage(`{"model":"` + big + `"}`) }, true},
+		{"900 KB of risk_basis", func(e *Envelope) { e.RiskBasis = []string{big} }, true},
+		{"small", func(*Envelope) {}, false},
+	} {
+		r := h.invoke("echo", map[string]any{"text": "x"}, tc.mod)
+		if got := errClass(r) == ErrConcurrencyExceeded && strings.Contains(r.Error.Message, "in flight"); got != tc.refused {
+			t.Errorf("%s: class %q, %+v; refused over the in-flight bound: %v, want %v", tc.name, errClass(r), r.Error, got, tc.refused)
+		}
+	}
+	const more = 100 << 10
+	pad := strings.Repeat("a", more)
+	base := &Envelope{ToolID: "echo", AgentID: "a", Args: json.RawMessage(`{}`)}
+	for name, grow := range map[string]func(*Envelope){
+		"args":                func(e *Envelope) { e.Args = json.RawMessage(`{"t":"` + pad + `"}`) },
+		"provenance":          func(e *Envelope) { e.Provenance = json.RawMessage(`{"t":"` + pad + `"}`) },
+		"risk_basis":          func(e *Envelope) { e.RiskBasis = []string{pad} },
+		"capability_token":    func(e *Envelope) { e.CapabilityToken = pad },
+		"capability_token_id": func(e *Envelope) { e.CapabilityTokenID = pad },
+		"tool_id":             func(e *Envelope) { e.ToolID = pad },
+		"policy_hash":         func(e *Envelope) { e.PolicyHash = pad },
+		"state_snapshot_id":   func(e *Envelope) { e.StateSnapshotID = pad },
+		"operation_id":        func(e *Envelope) { e.OperationID = pad },
+		"autonomy_mode":       func(e *Envelope) { e.AutonomyMode = pad },
+		"precondition_refs":   func(e *Envelope) { e.PreconditionRefs = []txn.Precondition{{Ref: "fs:" + pad}} },
+	} {
+		env := *base
+		grow(&env)
+		if d := waitingBytes(&call{env: &env}) - waitingBytes(&call{env: base}); d < 2*more {
+			t.Errorf("%d more bytes of %s: waitingBytes grew %d, want at least %d", more, name, d, 2*more)
+		}
 	}
 }

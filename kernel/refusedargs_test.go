@@ -23,8 +23,8 @@ import (
 // so the stored payload opens it (ledger verify), the caller's args check
 // against it (CheckPayload), and it erases like any payload. A verified
 // refusal's small args, and a refusal after the policy step, keep the
-// args. A big provenance of a call whose token did not verify is kept
-// as its digest form too, in a note.
+// args. A big provenance of a call refused before the policy step, its
+// token verified or not, is kept as its digest form too, in a note.
 func TestRefusedArgsKeptAsDigest(t *testing.T) {
 	h := newHarness(t)
 	echoOnly, echoJTI := h.mint("echo-only", captoken.Capability{Tools: []string{"echo"}})
@@ -102,16 +102,45 @@ func TestRefusedArgsKeptAsDigest(t *testing.T) {
 			}
 		})
 	}
-	// So does a big provenance of a call whose token did not verify: its
-	// digest form is a note, in the record's context and the result.
+	// So does a big provenance of a call refused before the policy step,
+	// its token verified or not (a verified agent's stored 0.86 MB per
+	// refusal, rev16a #2): its digest form is a note, in the record's
+	// context and the result. A small one, and one from the policy step
+	// on, is kept.
 	prov := []byte(`{"model":"` + strings.Repeat("p", 64<<10) + `"}`)
-	r := h.invoke("echo", map[string]any{"text": "x"}, func(e *Envelope) { e.CapabilityToken, e.Provenance = "garbage", prov })
-	want := fmt.Sprintf(`[%q,%d]`, digest.Sum(prov), len(prov))
-	if errClass(r) != ErrTokenInvalid || r.Provenance != nil || string(r.Notes["provenance_withheld"]) != want {
-		t.Fatalf("a refusal of %d bytes of provenance: class %q, provenance %.40s…, notes %s; want the note %s", len(prov), errClass(r), r.Provenance, r.Notes, want)
-	}
-	if a := h.audits(r.LedgerSeq)[0]; a.Provenance != nil || string(a.Notes["provenance_withheld"]) != want {
-		t.Fatalf("its record: provenance %.40s…, notes %s", a.Provenance, a.Notes)
+	smallProv := []byte(`{"model":"m"}`)
+	var r *Result
+	for _, tc := range []struct {
+		name     string
+		tool     string
+		prov     []byte
+		mod      func(*Envelope)
+		class    string
+		withheld bool
+	}{
+		{"garbage token", "echo", prov, func(e *Envelope) { e.CapabilityToken = "garbage" }, ErrTokenInvalid, true},
+		{"tool not granted", "fs.read", prov, asEchoOnly, ErrPermissionDenied, true},
+		{"policy mismatch", "echo", prov, func(e *Envelope) { e.PolicyHash = "sha256:other" }, ErrPolicyMismatch, true},
+		{"tool not granted, small provenance", "fs.read", smallProv, asEchoOnly, ErrPermissionDenied, false},
+		{"policy_denied", "echo", prov, func(e *Envelope) { e.AutonomyMode = "no_go" }, ErrPolicyDenied, false},
+		{"ran", "echo", prov, func(*Envelope) {}, "", false},
+	} {
+		r = h.invoke(tc.tool, map[string]any{"text": "x"}, func(e *Envelope) { e.Provenance = tc.prov; tc.mod(e) })
+		if errClass(r) != tc.class || r.ReceiptID == "" {
+			t.Fatalf("%s: class %q (%+v), receipt %q; want %q, recorded", tc.name, errClass(r), r.Error, r.ReceiptID, tc.class)
+		}
+		a := h.audits(r.LedgerSeq)[0]
+		if tc.withheld {
+			want := fmt.Sprintf(`[%q,%d]`, digest.Sum(tc.prov), len(tc.prov))
+			if r.Provenance != nil || string(r.Notes["provenance_withheld"]) != want {
+				t.Fatalf("%s: a refusal of %d bytes of provenance: provenance %.40s…, notes %s; want the note %s", tc.name, len(tc.prov), r.Provenance, r.Notes, want)
+			}
+			if a.Provenance != nil || string(a.Notes["provenance_withheld"]) != want {
+				t.Fatalf("%s: its record: provenance %.40s…, notes %s", tc.name, a.Provenance, a.Notes)
+			}
+		} else if len(r.Provenance) != len(tc.prov) || len(a.Provenance) != len(tc.prov) || r.Notes["provenance_withheld"] != nil {
+			t.Fatalf("%s: provenance %d bytes in the result, %d in the record, notes %s; want its %d bytes kept", tc.name, len(r.Provenance), len(a.Provenance), r.Notes, len(tc.prov))
+		}
 	}
 	verifyReceipt(t, h.k, r)
 	mustVerify(t, h.k.Inspector())
