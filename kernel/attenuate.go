@@ -109,8 +109,8 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 		r.Base = ""
 		if req.FS != nil {
 			// A root the request names must be a directory the kernel
-			// can open (rootDir), as at Mint: refused below, after a
-			// widening, which says more. One inherited is the parent's,
+			// can open (rootDir), as at Mint: refused below, after the
+			// widenings, which say more. One inherited is the parent's,
 			// refused at a call if it vanished since. Its links are
 			// resolved when that keeps it in a parent root as spelled,
 			// as the parent's were at Mint; else it stays as spelled,
@@ -148,9 +148,6 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	if err := captoken.Narrows(p, child); err != nil {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: err.Error()}
 	}
-	if notDir != nil {
-		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: notDir.Error()}
-	}
 	// Narrows compares paths as spelled; the workspace takes a path's
 	// mode from the real paths of its roots (syscalls.Workspace). This
 	// gives a clear refusal now; the links resolved at each call (the
@@ -162,6 +159,9 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	}
 	if msg := unsteadyReadOnly(child.Cap.Ancestors, childReal); msg != "" {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: (&captoken.WideningError{Field: "fs", Reason: msg}).Error()}
+	}
+	if notDir != nil {
+		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: notDir.Error()}
 	}
 	tok, c, err := k.MintToken(child)
 	if err != nil {

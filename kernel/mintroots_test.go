@@ -75,5 +75,8 @@ func TestMintRootMustBeADirectory(t *testing.T) {
 	// inheriting its roots; the call is what refuses them.
 	gone := filepath.Join(dir, "gone")
 	old, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: gone, Mode: "rw"}}})
-	h.attenuate(AttenuateRequest{Parent: old})
+	oldChild := h.attenuate(AttenuateRequest{Parent: old})
+	if r := h.invoke("fs.list", map[string]any{"path": gone}, as(oldChild)); errClass(r) != ErrScopeDenied {
+		t.Fatalf("a call of a token whose root is gone: %+v, want scope_denied", r)
+	}
 }
