@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,7 +50,9 @@ type AttenuateError struct {
 func (e *AttenuateError) Error() string { return "attenuate: " + e.Message }
 
 // Attenuate signs a child of req.Parent that grants no more than it (see
-// captoken.Narrows) and records it in the ledger with its chain. Holding
+// captoken.Narrows) and records it in the ledger with its chain. An fs
+// root the request names must be an existing directory as the kernel
+// sees it (invalid_args otherwise, as at Mint). Holding
 // the parent is the authority to attenuate it: an agent delegates to a
 // sub-agent without the admin credential. The child's calls are charged to
 // its own budgets and to every ancestor's; revoking any ancestor refuses
@@ -101,8 +104,23 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	// Each root names the root token's root it lies in, which the kernel
 	// opens it from (see captoken.FSRoot.Base).
 	fs := make([]captoken.FSRoot, len(child.Cap.FS))
+	var notDir error
 	for i, r := range child.Cap.FS {
 		r.Base = ""
+		if req.FS != nil {
+			// A root the request names must be a directory the kernel
+			// can open (rootDir), as at Mint: refused below, after the
+			// widenings, which say more. One inherited is the parent's,
+			// refused at a call if it vanished since. Its links are
+			// resolved when that keeps it in a parent root as spelled,
+			// as the parent's were at Mint; else it stays as spelled,
+			// for Narrows and the base check to judge.
+			if real, err := rootDir(r.Path); err != nil {
+				notDir = cmp.Or(notDir, err)
+			} else if _, ok := captoken.CoveringRoot(p.Cap.FS, captoken.FSRoot{Path: real, Mode: r.Mode}); ok {
+				r.Path = real
+			}
+		}
 		if cover, ok := captoken.CoveringRoot(p.Cap.FS, r); ok {
 			r.Base = cover.BaseOrPath()
 		}
@@ -141,6 +159,9 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 	}
 	if msg := unsteadyReadOnly(child.Cap.Ancestors, childReal); msg != "" {
 		return nil, &AttenuateError{Class: ErrScopeDenied, Message: (&captoken.WideningError{Field: "fs", Reason: msg}).Error()}
+	}
+	if notDir != nil {
+		return nil, &AttenuateError{Class: ErrInvalidArgs, Message: notDir.Error()}
 	}
 	tok, c, err := k.MintToken(child)
 	if err != nil {

@@ -227,6 +227,7 @@ func TestAttenuatedRootSymlinks(t *testing.T) {
 		t.Fatalf("child rooted at a link out of the parent's root: %+v", r)
 	}
 
+	os.Mkdir(filepath.Join(h.ws, "sub", "deeper"), 0o755)
 	sub := h.attenuate(AttenuateRequest{Parent: parent, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "sub"), Mode: "r"}}})
 	grand := h.attenuate(AttenuateRequest{Parent: sub.Token, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "sub", "deeper"), Mode: "r"}}})
 	if grand.Cap.FS[0].Base != h.ws {
@@ -241,8 +242,8 @@ func TestAttenuatedRootSymlinks(t *testing.T) {
 		t.Fatalf("child after its root was swapped for a link: %+v", r)
 	}
 
-	narrow := h.attenuate(AttenuateRequest{Parent: parent, Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "other"), Mode: "rw"}}})
 	os.MkdirAll(filepath.Join(h.ws, "other"), 0o755)
+	narrow := h.attenuate(AttenuateRequest{Parent: parent, Tools: []string{"proc.exec"}, FS: []captoken.FSRoot{{Path: filepath.Join(h.ws, "other"), Mode: "rw"}}})
 	if r := h.invoke("proc.exec", execArgs("true"), as(narrow), key("narrow-exec")); errClass(r) != ErrScopeDenied {
 		t.Fatalf("proc.exec in a narrowed root: %+v", r)
 	}
@@ -321,6 +322,7 @@ func TestAttenuateResolvesLinkedRoots(t *testing.T) {
 	if err := os.Symlink(h.ws, proj); err != nil {
 		t.Fatal(err)
 	}
+	os.Mkdir(filepath.Join(h.ws, "other"), 0o755)
 	ptok, _ := h.mint(h.agent, captoken.Capability{
 		Tools: []string{"fs.*"},
 		FS:    []captoken.FSRoot{{Path: proj, Mode: "rw"}, {Path: ro, Mode: "r"}},

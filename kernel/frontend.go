@@ -6,6 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,7 +106,12 @@ type MintedToken struct {
 }
 
 // Mint signs a capability token for req with the kernel's issuer key. It
-// refuses requests whose claims would not verify (see captoken.Claims.Validate).
+// refuses requests whose claims would not verify (see captoken.Claims.Validate),
+// an fs root that is not an existing directory as the kernel sees it
+// (rootDir: the kernel opens it at every fs call of the token) and one
+// that reaches the kernel's own directories (checkRoots). Each root's
+// path is minted with its links resolved, so that the token names the
+// tree the root named when it was minted.
 func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	ttl := time.Duration(req.TTLSeconds) * time.Second
 	switch {
@@ -114,10 +124,20 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	case !validTTL(req.TTLSeconds):
 		return nil, fmt.Errorf("mint: ttl_seconds %d is outside 1..%d", req.TTLSeconds, int64(MaxTokenTTL/time.Second))
 	}
+	// A root the kernel cannot open as a directory would fail every fs
+	// call of the token: said now, to whoever mints it.
+	fsRoots := slices.Clone(req.FS)
+	for i, r := range fsRoots {
+		real, err := rootDir(r.Path)
+		if err != nil {
+			return nil, fmt.Errorf("mint: %w", err)
+		}
+		fsRoots[i].Path = real
+	}
 	// A root that reaches the kernel's own directories would be refused
 	// at every call (private.go): said now, to whoever mints it.
-	roots := make([]syscalls.RootSpec, 0, len(req.FS))
-	for _, r := range req.FS {
+	roots := make([]syscalls.RootSpec, 0, len(fsRoots))
+	for _, r := range fsRoots {
 		roots = append(roots, syscalls.RootSpec{Path: r.Path, Writable: r.Mode == "rw"})
 	}
 	if err := k.checkRoots(roots); err != nil {
@@ -126,10 +146,62 @@ func (k *Kernel) Mint(req TokenRequest) (*MintedToken, error) {
 	now := k.cfg.Now()
 	tok, c, err := k.MintToken(captoken.Claims{
 		Subject: req.AgentID, IssuedAt: now, NotBefore: now, Expiry: now.Add(ttl),
-		Cap: captoken.Capability{Tools: req.Tools, FS: req.FS, Net: req.Net, KV: req.KV, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role, Handles: req.Handles},
+		Cap: captoken.Capability{Tools: req.Tools, FS: fsRoots, Net: req.Net, KV: req.KV, Budgets: req.Budgets, Autonomy: req.Autonomy, Role: req.Role, Handles: req.Handles},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mint: %w", err)
 	}
 	return &MintedToken{Token: tok, ID: c.ID, AgentID: c.Subject, ExpiresAt: c.Expiry.UTC().Format(time.RFC3339), Cap: c.Cap}, nil
+}
+
+// globChars are the characters of a shell glob, which a root's path
+// takes literally.
+const globChars = "*?["
+
+// rootDir checks that the absolute, clean path of an fs root is an
+// existing directory as the kernel sees it (the file system and mount
+// namespace of the kernel's process, with its permissions: what its
+// workspaces open) and returns it with its links resolved. A root that
+// is not absolute and clean is returned as given, for captoken's
+// validation to refuse. A path holding a glob character that does not
+// exist is explained: a root is one directory taken literally (ws/*
+// would name a directory called "*"), never a pattern.
+//
+// Tokens minted before this check are not refused for it: a root that
+// is missing at a call fails that call (scope_denied), as one that
+// vanishes after minting does.
+func rootDir(path string) (string, error) {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return path, nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		if real, err := filepath.EvalSymlinks(path); err == nil {
+			return real, nil
+		}
+		return path, nil
+	case err == nil:
+		return "", fmt.Errorf("fs root %s is not a directory: a root is a directory (the token's calls name files under it)", path)
+	case errors.Is(err, fs.ErrNotExist) && strings.ContainsAny(path, globChars):
+		return "", fmt.Errorf("fs root %s does not exist: a root is one directory taken literally, not a pattern (%s is no wildcard there); give the directory itself to grant everything under it", path, quoteGlob(path))
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("fs root %s does not exist where the kernel runs: a root must be an existing directory (make it first)", path)
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err // the path is said once
+	}
+	return "", fmt.Errorf("fs root %s cannot be opened by the kernel: %w", path, err)
+}
+
+// quoteGlob names the glob characters in s.
+func quoteGlob(s string) string {
+	var q []string
+	for _, c := range globChars {
+		if strings.ContainsRune(s, c) {
+			q = append(q, strconv.QuoteRune(c))
+		}
+	}
+	return strings.Join(q, " and ")
 }

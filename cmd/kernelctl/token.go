@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -40,9 +38,9 @@ func tokenMintCmd() *cobra.Command {
   --tools 'fs.*,echo'            tool ids or globs ("*" all, "p.*" a prefix)
   --fs ./ws:rw --fs /data:r      file trees and their mode; relative paths are
                                  made absolute from the current directory; each
-                                 an existing directory, taken literally (no
-                                 globs), checked when the kernel is on this host
-                                 (--data, or a loopback --server)
+                                 an existing directory where the kernel runs
+                                 (the kernel checks it and resolves its links),
+                                 taken literally (no globs)
   --net api.example.com:443      host[:port] patterns ("*.example.com"; "*" every host)
   --kv 'a1/*:rw' --kv motd:r     keys of the kernel's kv store and their mode ("*"
                                  every key, "p*" a prefix); without --kv, none
@@ -92,7 +90,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 				return usagef("--ttl %s is longer than a token may live (%s, 90 days)", ttl, kernel.MaxTokenTTL)
 			}
 			var err error
-			if req.FS, err = parseFSRoots(fsRoots, t.kernelLocal()); err != nil {
+			if req.FS, err = parseFSRoots(fsRoots); err != nil {
 				return &usageError{err}
 			}
 			if req.KV, err = parseKVScopes(kv); err != nil {
@@ -137,7 +135,7 @@ With --json it prints the token with its id, agent, expiry and grants.`,
 	t.addPolicy(cmd)
 	cmd.Flags().StringVar(&agent, "agent", "", "agent id (the token's sub)")
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs")
-	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw: an existing directory (repeatable)")
+	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw: an existing directory where the kernel runs (repeatable)")
 	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern (repeatable)")
 	cmd.Flags().StringArrayVar(&kv, "kv", nil, `kv keys KEYS:r or KEYS:rw: "*" every key, "p*" a prefix, else one key (repeatable)`)
 	cmd.Flags().StringVar(&budgets, "budget", "", "budgets, e.g. calls=100,disk_write_bytes=1MiB")
@@ -187,7 +185,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 				return err
 			}
 			req := kernel.AttenuateRequest{Parent: parent, AgentID: agent, Tools: splitList(tools), Net: net, Autonomy: autonomy, TTLSeconds: int64(ttl / time.Second)}
-			if req.FS, err = parseFSRoots(fsRoots, t.kernelLocal()); err != nil {
+			if req.FS, err = parseFSRoots(fsRoots); err != nil {
 				return &usageError{err}
 			}
 			if req.KV, err = parseKVScopes(kv); err != nil {
@@ -226,7 +224,7 @@ it. The ledger records the child with its chain (kind token_attenuated).`,
 	cmd.Flags().StringVar(&parentFile, "parent", "", `file holding the parent token ("-": stdin)`)
 	cmd.Flags().StringVar(&agent, "agent", "", "the sub-agent's id, PARENT_AGENT/NAME (default: the parent's agent)")
 	cmd.Flags().StringVar(&tools, "tools", "", "comma-separated tool ids or globs, within the parent's")
-	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw inside a parent root: an existing directory (repeatable)")
+	cmd.Flags().StringArrayVar(&fsRoots, "fs", nil, "file tree PATH:r or PATH:rw inside a parent root: an existing directory where the kernel runs (repeatable)")
 	cmd.Flags().StringArrayVar(&net, "net", nil, "host[:port] pattern within the parent's (repeatable)")
 	cmd.Flags().StringArrayVar(&kv, "kv", nil, "kv keys KEYS:r or KEYS:rw within the parent's scopes (repeatable)")
 	cmd.Flags().StringVar(&budgets, "budget", "", "budgets at most the parent's, e.g. calls=10")
@@ -472,14 +470,12 @@ func splitMode(flag, what, spec string) (string, string, error) {
 	return spec[:i], spec[i+1:], nil
 }
 
-// parseFSRoots reads PATH:r|rw specs; relative paths become absolute.
-// With local (the kernel sees this host's file system: --data, or a
-// --server on a loopback address), each root must be an existing
-// directory: the kernel opens every root of a token for each of its fs
-// calls, so one it cannot open fails them all. Without local, a root
-// holding a glob character is refused: roots are taken literally, and
-// one such as ws/* is almost always a pattern meant as its directory.
-func parseFSRoots(specs []string, local bool) ([]captoken.FSRoot, error) {
+// parseFSRoots reads PATH:r|rw specs; relative paths are made absolute
+// from the current directory. Whether a root is an existing directory,
+// and where its links lead, is the kernel's to say (kernel.Kernel.Mint,
+// Attenuate): only it sees the file system its calls open, which through
+// an SSH tunnel or from another mount namespace is not this one.
+func parseFSRoots(specs []string) ([]captoken.FSRoot, error) {
 	var out []captoken.FSRoot
 	for _, s := range specs {
 		path, mode, err := splitMode("--fs", "PATH", s)
@@ -490,72 +486,9 @@ func parseFSRoots(specs []string, local bool) ([]captoken.FSRoot, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--fs %q: %v", s, err)
 		}
-		if local {
-			if err := checkRoot(abs); err != nil {
-				return nil, fmt.Errorf("--fs %q: %w", s, err)
-			}
-		} else if strings.ContainsAny(abs, globChars) {
-			return nil, fmt.Errorf("--fs %q: %s holds %s, and a root is one directory taken literally, not a pattern: give the directory itself to grant everything under it", s, abs, quoteChars(abs))
-		}
-		// Symlinks in the root's own path are resolved here, once, so the
-		// token names the tree it was meant to.
-		if real, err := filepath.EvalSymlinks(abs); err == nil {
-			abs = real
-		}
 		out = append(out, captoken.FSRoot{Path: abs, Mode: mode})
 	}
 	return out, nil
-}
-
-// globChars are the characters of a shell glob, which a root path takes
-// literally.
-const globChars = "*?["
-
-// quoteChars names the glob characters in s.
-func quoteChars(s string) string {
-	var q []string
-	for _, c := range globChars {
-		if strings.ContainsRune(s, c) {
-			q = append(q, strconv.QuoteRune(c))
-		}
-	}
-	return strings.Join(q, " and ")
-}
-
-// checkRoot refuses as a root an absolute path abs that is not an
-// existing directory, saying why.
-func checkRoot(abs string) error {
-	fi, err := os.Stat(abs)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil
-	case err == nil:
-		return fmt.Errorf("%s is not a directory; a root is a directory (the token's calls name files under it)", abs)
-	case errors.Is(err, os.ErrNotExist) && strings.ContainsAny(abs, globChars):
-		return fmt.Errorf("%s does not exist: a root is one directory taken literally, not a pattern (%s is no wildcard there); give the directory itself to grant everything under it", abs, quoteChars(abs))
-	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("%s does not exist; a root must be an existing directory (make it first)", abs)
-	}
-	return fmt.Errorf("%s: %w", abs, unwrapPath(err))
-}
-
-// kernelLocal reports whether the kernel t reaches sees this host's file
-// system: one on --data (in this process or through its control socket),
-// or a --server whose host is a loopback address.
-func (t *target) kernelLocal() bool {
-	if t.data != "" {
-		return true
-	}
-	u, err := url.Parse(t.server)
-	if err != nil {
-		return false
-	}
-	if h := u.Hostname(); h == "localhost" {
-		return true
-	} else if ip := net.ParseIP(h); ip != nil {
-		return ip.IsLoopback()
-	}
-	return false
 }
 
 // parseBudgets reads k=v,... with sizes in bytes or KiB/MiB/GiB/KB/MB/GB.
