@@ -42,13 +42,14 @@ func ConnsFor(nofile uint64) int {
 // ConnState (calling the one srv had too). srv accepts from one goroutine,
 // as http.Server does.
 //
-// At the bound a new connection takes the place of the quiet one quiet
+// At the bound a new connection takes the place of the connection quiet
 // the longest: a connection is quiet while it has no request in progress —
 // accepted and nothing read from it yet, or kept alive between requests
 // with nothing read since its last answer. So neither idle keep-alive
 // connections nor connections that never send a request keep new clients
-// out: a slot is held only by a request being read or served. When no
-// connection is quiet, the new one waits until one closes or goes quiet.
+// out: a slot is held only by a request being read (a request sent slowly
+// holds it until srv's read timeouts) or served. When no connection is
+// quiet, the new one waits until one closes or goes quiet.
 //
 // The connection chosen is not closed under the server. Its read side is
 // shut (TCPConn.CloseRead), so the server, waiting for its next request,
