@@ -87,6 +87,72 @@ func TestServersBoundConnections(t *testing.T) {
 	}
 }
 
+// TestServersCutSlowRequests: serve and mcp --http end a connection whose
+// request is still being read after their read timeout (60 s): a POST
+// whose body stalls does not hold its connection, which LimitConns does
+// not close for a new one, for good. mcp --http had no read timeout.
+func TestServersCutSlowRequests(t *testing.T) {
+	f := newRunFixture(t)
+	data := filepath.Join(t.TempDir(), "data")
+	if _, stderr, code := run(t, "init", "--data", data); code != 0 {
+		t.Fatal(stderr)
+	}
+	for _, tt := range []struct {
+		name  string
+		args  []string
+		ready string
+		path  string
+	}{
+		{"serve", []string{"serve", "--data", data, "--listen", "127.0.0.1:0"}, "serving", "/v1/syscalls"},
+		{"mcp", []string{"mcp", "--data", f.data, "--token", f.token, "--http", "127.0.0.1:0"}, "mcp gateway on", "/"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := dialKept(startReady(t, tt.args, tt.ready))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// The deadline only keeps a server that never ends it from
+			// hanging the test.
+			c.SetDeadline(time.Now().Add(3 * readTimeout))
+			if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{", tt.path, c.RemoteAddr()); err != nil {
+				t.Fatal(err)
+			}
+			_, err = io.Copy(io.Discard, c)
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatalf("the connection of a request whose body stalled is still open after %s", 3*readTimeout)
+			}
+		})
+	}
+}
+
+// startReady starts kernelctl with args and returns the address it
+// serves on, read from its ready line (which starts with ready).
+func startReady(t *testing.T, args []string, ready string) string {
+	t.Helper()
+	cmd := exec.Command(kernelctl, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	rest, ok := strings.CutPrefix(line, ready+" ")
+	if err != nil || !ok {
+		t.Fatalf("ready line %q: %v (%s)", line, err, stderr.String())
+	}
+	if ready == "serving" {
+		rest = strings.Fields(rest)[2] // "<id> on http://ADDR (policy …)"
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(rest), "http://"), "/")
+}
+
 // keptConn is a client's keep-alive connection.
 type keptConn struct {
 	net.Conn

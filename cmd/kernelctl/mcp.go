@@ -137,7 +137,10 @@ func serveMCPHTTP(ctx context.Context, cmd *cobra.Command, g *mcpgateway.Gateway
 	if err != nil {
 		return fmt.Errorf("mcp: %w", err)
 	}
-	srv := &http.Server{Handler: g.HTTPHandler(o), ReadHeaderTimeout: readHeaderTimeout, MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
+	// serve's read timeouts: a request read slowly holds a connection of
+	// LimitConns, which closes only quiet ones, for at most readTimeout.
+	srv := &http.Server{Handler: g.HTTPHandler(o), ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
+		MaxHeaderBytes: maxHeaderBytes, IdleTimeout: idleTimeout}
 	// Each connection is a descriptor of this process, which may run the
 	// kernel (--data).
 	ln = httpapi.LimitConns(srv, ln, httpapi.MaxConns())
