@@ -112,12 +112,15 @@ func (k *Kernel) Attenuate(ctx context.Context, req AttenuateRequest) (*MintedTo
 			// can open (rootDir), as at Mint: refused below, after the
 			// widenings, which say more. One inherited is the parent's,
 			// refused at a call if it vanished since. Its links are
-			// resolved when that keeps it in a parent root as spelled,
-			// as the parent's were at Mint; else it stays as spelled,
-			// for Narrows and the base check to judge.
+			// resolved when that keeps it in a parent root as spelled
+			// that grants its mode, as the parent's were at Mint; else
+			// it stays as spelled, for Narrows and the base check to
+			// judge (a parent minted before roots were resolved may
+			// write through a link root whose target lies in one of its
+			// read-only roots).
 			if real, err := rootDir(r.Path); err != nil {
 				notDir = cmp.Or(notDir, err)
-			} else if _, ok := captoken.CoveringRoot(p.Cap.FS, captoken.FSRoot{Path: real, Mode: r.Mode}); ok {
+			} else if cover, ok := captoken.CoveringRoot(p.Cap.FS, captoken.FSRoot{Path: real, Mode: r.Mode}); ok && (r.Mode != "rw" || cover.Mode == "rw") {
 				r.Path = real
 			}
 		}

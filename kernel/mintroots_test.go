@@ -3,6 +3,7 @@ package kernel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,5 +79,36 @@ func TestMintRootMustBeADirectory(t *testing.T) {
 	oldChild := h.attenuate(AttenuateRequest{Parent: old})
 	if r := h.invoke("fs.list", map[string]any{"path": gone}, as(oldChild)); errClass(r) != ErrScopeDenied {
 		t.Fatalf("a call of a token whose root is gone: %+v, want scope_denied", r)
+	}
+}
+
+// TestAttenuateOldLinkRoot: a parent minted before the kernel resolved
+// roots' links (its roots as spelled) that writes through a link root
+// whose target lies in one of its read-only roots may restate that root,
+// or narrow below it, for a child: resolving the child's root to the
+// target put it under the read-only root, and Attenuate refused it as a
+// widening (rev17 #3). The child writes where its parent does.
+func TestAttenuateOldLinkRoot(t *testing.T) {
+	h := newHarness(t)
+	if err := os.MkdirAll(filepath.Join(h.ws, "real", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(h.ws, "link")
+	if err := os.Symlink(filepath.Join(h.ws, "real"), link); err != nil {
+		t.Fatal(err)
+	}
+	// Signed as Mint signed before: roots as spelled.
+	old, _ := h.mint(h.agent, captoken.Capability{Tools: []string{"*"}, FS: []captoken.FSRoot{{Path: h.ws, Mode: "r"}, {Path: link, Mode: "rw"}}})
+	for i, p := range []string{link, filepath.Join(link, "sub")} {
+		m, err := h.k.Attenuate(context.Background(), AttenuateRequest{Parent: old, FS: []captoken.FSRoot{{Path: p, Mode: "rw"}}})
+		if err != nil {
+			t.Fatalf("Attenuate(%s:rw) of a parent that writes there: %v", p, err)
+		}
+		r := h.invoke("fs.write", map[string]any{"path": filepath.Join(p, "f.txt"), "content": "x"}, func(e *Envelope) {
+			e.CapabilityToken, e.CapabilityTokenID = m.Token, m.ID
+		}, key(fmt.Sprint("old-link-", i)))
+		if r.Status != StatusOK {
+			t.Fatalf("the child's write through %s: %+v", p, r.Error)
+		}
 	}
 }
