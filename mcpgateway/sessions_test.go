@@ -68,7 +68,9 @@ func TestHTTPSessionsBounded(t *testing.T) {
 // hour.
 func TestFreshSessionEnds(t *testing.T) {
 	_, g := newTestGateway(t, captoken.Capability{Tools: []string{"echo"}}, Config{})
-	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: time.Hour, freshIdle: 100 * time.Millisecond}))
+	// freshIdle is long enough that the used session's notification,
+	// sent right after its initialize, comes within it on a loaded machine.
+	srv := httptest.NewServer(g.HTTPHandler(HTTPOptions{SessionIdle: time.Hour, freshIdle: time.Second}))
 	t.Cleanup(srv.Close)
 	used := newRawSession(t, srv.URL) // initialize, then notifications/initialized
 	dropped := &rawSession{t: t, url: srv.URL}
