@@ -196,6 +196,9 @@ test("the detail names where a write lands and what a deleted directory holds", 
   const diff = w.getByRole("region", { name: "Diff of .github/workflows/ci.yml" });
   await diff.locator(".add", { hasText: "on: pull_request" }).waitFor();
   assert.equal(await w.locator("h4", { hasText: "ci.yml" }).textContent(), ".github/workflows/ci.yml (now 9 bytes, spelled docs/ci.yml)");
+  // A card's detail loads once the card is on screen (detailWatch): the
+  // delete's card may lie below the write's diff, as an approver scrolls.
+  await d.scrollIntoViewIfNeeded();
   await d.locator("p.dir").waitFor();
   assert.equal(await d.locator("h4").last().textContent(), "tree (directory)");
   assert.equal(await d.locator("p.dir").textContent(), "A directory of 15 entries (at any depth), 1200 bytes in files.");
