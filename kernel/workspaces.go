@@ -159,13 +159,6 @@ func (c *workspaceCache) release(h workspaceHold) {
 	}
 }
 
-// openRoots returns how many roots the cache holds open.
-func (c *workspaceCache) openRoots() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.open
-}
-
 // close closes every workspace, held or not; no call may be in flight.
 func (c *workspaceCache) close() {
 	c.mu.Lock()

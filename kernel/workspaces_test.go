@@ -321,3 +321,10 @@ func TestWorkspaceKeyRepeatedRoots(t *testing.T) {
 		t.Errorf("roots of a token repeating both: %+v; want /w read-only, /w/s writable", roots)
 	}
 }
+
+// openRoots returns how many roots the cache holds open.
+func (c *workspaceCache) openRoots() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open
+}

@@ -42,26 +42,7 @@ func TestServersBoundConnections(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// sh sets the descriptor limit (soft and hard) of the server it becomes.
-			cmd := exec.Command("sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), kernelctl}, tt.args...)...)
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			rest, ok := strings.CutPrefix(line, tt.ready+" ")
-			if err != nil || !ok {
-				t.Fatalf("ready line %q: %v (%s)", line, err, stderr.String())
-			}
-			if tt.name == "serve" {
-				rest = strings.Fields(rest)[2] // "<id> on http://ADDR (policy …)"
-			}
-			addr := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(rest), "http://"), "/")
+			addr := startReady(t, exec.Command("sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), kernelctl}, tt.args...)...), tt.ready)
 			conns := make([]*keptConn, clients)
 			for i := range conns {
 				c, err := dialKept(addr)
@@ -71,7 +52,7 @@ func TestServersBoundConnections(t *testing.T) {
 				t.Cleanup(func() { c.Close() })
 				conns[i] = c
 				if err := c.get(tt.path); err != nil {
-					t.Fatalf("client %d of %d keeping its connection: %v (%s)", i, clients, err, stderr.String())
+					t.Fatalf("client %d of %d keeping its connection: %v", i, clients, err)
 				}
 			}
 			open := 0
@@ -108,7 +89,7 @@ func TestServersCutSlowRequests(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			c, err := dialKept(startReady(t, tt.args, tt.ready))
+			c, err := dialKept(startReady(t, exec.Command(kernelctl, tt.args...), tt.ready))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,11 +108,10 @@ func TestServersCutSlowRequests(t *testing.T) {
 	}
 }
 
-// startReady starts kernelctl with args and returns the address it
+// startReady starts cmd, a kernelctl server, and returns the address it
 // serves on, read from its ready line (which starts with ready).
-func startReady(t *testing.T, args []string, ready string) string {
+func startReady(t *testing.T, cmd *exec.Cmd, ready string) string {
 	t.Helper()
-	cmd := exec.Command(kernelctl, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
